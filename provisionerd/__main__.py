@@ -1,0 +1,5 @@
+import sys
+
+from provisionerd.cli import main
+
+sys.exit(main())

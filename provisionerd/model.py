@@ -1,0 +1,280 @@
+"""Frozen values shared by every layer: epochs, demand, offers, facts, host states.
+
+Nothing here does I/O or knows about trio. The wire codec, the reference controller's fact log, the reconciler and
+the orphan classifier all speak these types. Times are float seconds: ``launch_time`` and ``since`` are wall-clock
+epoch seconds as the provider or controller reported them; the daemon's own deadlines live elsewhere, on trio's
+monotonic clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Union
+
+import attrs
+
+PROTOCOL_VERSION = 1
+
+
+# --- lease epochs ----------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(order=True)
+class Epoch:
+    """``(HA term, seq)``: totally ordered; unique per grant because a term has one primary."""
+
+    term: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.term}.{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> Epoch:
+        term, sep, seq = text.partition(".")
+        if not sep or not term.isdigit() or not seq.isdigit():
+            raise ValueError(f"epoch must look like '<term>.<seq>', not {text!r}")
+        return cls(int(term), int(seq))
+
+
+NO_EPOCH = Epoch(0, 0)
+
+
+class Role(enum.Enum):
+    CONTROLLER = "controller"
+    PROVISIONER = "provisioner"
+    WORKER = "worker"
+    ADMIN = "admin"
+
+
+# --- demand ----------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ResourceShape:
+    """What one machine must offer. ``attributes`` are extra equality constraints (e.g. ``{"zone": "a"}``)."""
+
+    ncpus: int = 1
+    mem_mb: int = 0
+    gpus: int = 0
+    gpu_type: str | None = None
+    arch: str | None = None
+    attributes: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class DemandItem:
+    """``count`` machines of ``shape`` wanted now (the whole wanted level, not a delta).
+
+    ``providers`` restricts placement (empty = any provider this daemon serves); ``max_hourly_cost`` caps the
+    price per machine-hour (``None`` = no cap; with a cap an unpriced offer is rejected).
+    """
+
+    demand_id: str
+    shape: ResourceShape
+    count: int
+    max_hourly_cost: float | None = None
+    providers: tuple[str, ...] = ()
+    placement: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class DemandSnapshot:
+    """The controller's full wanted state. Level-triggered: a higher ``seq`` replaces everything before it."""
+
+    seq: int
+    items: tuple[DemandItem, ...] = ()
+
+
+# --- offers ----------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PriceQuote:
+    amount: float
+    currency: str
+    unit: str  # "hour"
+    source: str
+    timestamp: str  # RFC 3339, as the provider gave it
+
+
+@attrs.frozen
+class Offer:
+    """One provider template. ``attributes`` keep the LSF shape: ``{"ncpus": ("Numeric", "8")}``."""
+
+    provider: str
+    template_id: str
+    max_number: int
+    attributes: Mapping[str, tuple[str, str]] = attrs.field(factory=dict)
+    price: PriceQuote | None = None
+
+
+# --- facts (the controller's durable log) ----------------------------------------------------------------------
+# Every fact names its provider and carries the lease epoch it was written under; the controller rejects a fact
+# whose epoch is not the provider's current lease epoch. ``op_id`` is the action's idempotency key.
+
+
+@attrs.frozen
+class RequestIntent:
+    """Committed before ``requestMachines``. One instance_ref and token hash per machine, in order."""
+
+    provider: str
+    epoch: Epoch
+    op_id: str
+    template_id: str
+    count: int
+    instance_refs: tuple[str, ...]
+    token_hashes: tuple[str, ...]  # hex SHA-256 of each single-use join token
+    demand_id: str = ""
+
+
+@attrs.frozen
+class InstanceFact:
+    """A machine the provider created for ``op_id``; the worker joining with ``token_hash``'s token is it."""
+
+    provider: str
+    epoch: Epoch
+    op_id: str
+    instance_ref: str
+    machine_id: str
+    template_id: str
+    token_hash: str
+    hostname: str = ""
+    address: str = ""
+    launch_time: float = 0.0
+
+
+@attrs.frozen
+class RequestFailed:
+    """An intent ended without (more) machines: rejected, timed out, or found to have created none."""
+
+    provider: str
+    epoch: Epoch
+    op_id: str
+    reason: str
+
+
+@attrs.frozen
+class ReturnIntent:
+    """Committed before ``requestReturnMachines`` (or ``stopMachines``)."""
+
+    provider: str
+    epoch: Epoch
+    op_id: str
+    machine_ids: tuple[str, ...]
+    reason: str
+
+
+@attrs.frozen
+class Returned:
+    provider: str
+    epoch: Epoch
+    op_id: str
+    machine_ids: tuple[str, ...]
+
+
+@attrs.frozen
+class Lost:
+    """The machine is gone without our return (reclaimed, vanished, retired ghost)."""
+
+    provider: str
+    epoch: Epoch
+    op_id: str
+    machine_id: str
+    reason: str
+
+
+@attrs.frozen
+class OrphanReported:
+    provider: str
+    epoch: Epoch
+    op_id: str
+    machine_id: str
+    orphan_class: str  # never_joined | tagged_unknown | ghost | license
+    evidence: str  # JSON text
+
+
+@attrs.frozen
+class OrphanAdopted:
+    provider: str
+    epoch: Epoch
+    op_id: str
+    machine_id: str
+    instance_ref: str
+    hostname: str = ""
+    address: str = ""
+
+
+Fact = Union[
+    RequestIntent, InstanceFact, RequestFailed, ReturnIntent, Returned, Lost, OrphanReported, OrphanAdopted
+]
+FACT_TYPES: tuple[type, ...] = (
+    RequestIntent,
+    InstanceFact,
+    RequestFailed,
+    ReturnIntent,
+    Returned,
+    Lost,
+    OrphanReported,
+    OrphanAdopted,
+)
+
+
+@attrs.frozen
+class CommittedFact:
+    """A fact as stored: ``index`` is its position in the controller's log (strictly increasing)."""
+
+    index: int
+    fact: Fact
+
+
+# --- hosts -----------------------------------------------------------------------------------------------------
+
+
+class HostStatus(enum.Enum):
+    JOINED = "joined"
+    IDLE = "idle"
+    BUSY = "busy"
+    LOST = "lost"
+
+
+@attrs.frozen
+class HostState:
+    """What the controller knows of a worker host. ``since`` is when it entered ``status`` (epoch seconds)."""
+
+    instance_ref: str
+    provider: str
+    machine_id: str
+    status: HostStatus
+    since: float
+    hostname: str = ""
+    address: str = ""
+
+
+# --- what a provider reports -----------------------------------------------------------------------------------
+
+#: Owner tag keys put on every resource we create (our extension of the LSF contract).
+TAG_CLUSTER = "provisionerd:cluster"
+TAG_PROVIDER = "provisionerd:provider"
+TAG_OP = "provisionerd:op"
+TAG_EPOCH = "provisionerd:epoch"
+TAG_INSTANCE = "provisionerd:instance"
+
+
+@attrs.frozen
+class ProviderMachine:
+    """A machine as ``getRequestStatus`` or ``listMachines`` reported it.
+
+    ``result`` is the LSF machine result (``executing|succeed|fail``); ``status`` the provider's own word
+    (``running``, ``pending``, ``terminated``...); ``launch_time`` epoch seconds from the provider (0 = unknown).
+    """
+
+    machine_id: str
+    name: str = ""
+    result: str = "executing"
+    status: str = ""
+    launch_time: float = 0.0
+    address: str = ""
+    instance_ref: str = ""
+    tags: Mapping[str, str] = attrs.field(factory=dict)
