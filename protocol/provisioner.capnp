@@ -1,0 +1,343 @@
+# provisionerd wire protocol, version 1. The spec around this schema is docs/protocol.md.
+#
+# A frame on the stream is an 8-byte little-endian unsigned body length followed by the body: one *unpacked*
+# Cap'n Proto message in standard serialization (segment table included) whose root is `Frame`.
+#
+# Compatibility rules (Cap'n Proto's own): fields and union members are only ever added with new ordinals, never
+# renumbered or retyped. Every message is a struct (even the empty ones) so that fields can be added later.
+# Names here are lowerCamelCase; the Python side uses the same names in snake_case.
+
+@0xb40be66711139fd0;
+
+# --- shared values ---------------------------------------------------------------------------------------------
+
+struct Epoch {
+  # A lease epoch: (HA term, grant sequence within the term). Ordered lexicographically.
+  term @0 :UInt64;
+  seq @1 :UInt64;
+}
+
+enum Role {
+  controller @0;
+  provisioner @1;
+  worker @2;
+  admin @3;
+}
+
+enum HostStatus {
+  joined @0;
+  idle @1;
+  busy @2;
+  lost @3;
+}
+
+struct KeyValue {
+  # One entry of a string map. A map is a List(KeyValue) with unique keys (duplicates are a decode error).
+  key @0 :Text;
+  value @1 :Text;
+}
+
+# Optional values: a null pointer reads as the default, `none`, so an absent field means "no value".
+struct OptionalText {
+  union {
+    none @0 :Void;
+    some @1 :Text;
+  }
+}
+
+struct OptionalFloat64 {
+  union {
+    none @0 :Void;
+    some @1 :Float64;
+  }
+}
+
+# --- demand ----------------------------------------------------------------------------------------------------
+
+struct ResourceShape {
+  ncpus @0 :UInt32;
+  memMb @1 :UInt64;
+  gpus @2 :UInt32;
+  gpuType @3 :OptionalText;
+  arch @4 :OptionalText;
+  attributes @5 :List(KeyValue);  # extra equality constraints, e.g. zone=a
+}
+
+struct DemandItem {
+  demandId @0 :Text;
+  shape @1 :ResourceShape;
+  count @2 :UInt32;
+  maxHourlyCost @3 :OptionalFloat64;  # cap on the price per machine-hour; none = no cap
+  providers @4 :List(Text);           # empty = any provider this daemon serves
+  placement @5 :List(KeyValue);       # placement hints
+}
+
+# --- facts -----------------------------------------------------------------------------------------------------
+
+struct Fact {
+  # Every fact names its provider and carries the lease epoch it was written under; the controller rejects a
+  # fact whose epoch is not the provider's current lease epoch. opId is the action's idempotency key.
+  provider @0 :Text;
+  epoch @1 :Epoch;
+  opId @2 :Text;
+  union {
+    requestIntent @3 :RequestIntent;
+    instanceFact @4 :InstanceFact;
+    requestFailed @5 :RequestFailed;
+    returnIntent @6 :ReturnIntent;
+    returned @7 :Returned;
+    lost @8 :Lost;
+    orphanReported @9 :OrphanReported;
+    orphanAdopted @10 :OrphanAdopted;
+  }
+}
+
+struct RequestIntent {
+  templateId @0 :Text;
+  count @1 :UInt32;
+  instanceRefs @2 :List(Text);
+  tokenHashes @3 :List(Text);     # hex SHA-256 of each single-use join token, never the token
+  demandId @4 :Text;
+}
+
+struct InstanceFact {
+  instanceRef @0 :Text;
+  machineId @1 :Text;
+  templateId @2 :Text;
+  tokenHash @3 :Text;
+  hostname @4 :Text;
+  address @5 :Text;
+  launchTime @6 :Float64;         # epoch seconds as the provider reported them; 0 = unknown
+}
+
+struct RequestFailed {
+  reason @0 :Text;
+}
+
+struct ReturnIntent {
+  machineIds @0 :List(Text);
+  reason @1 :Text;
+}
+
+struct Returned {
+  machineIds @0 :List(Text);
+}
+
+struct Lost {
+  machineId @0 :Text;
+  reason @1 :Text;
+}
+
+struct OrphanReported {
+  machineId @0 :Text;
+  orphanClass @1 :Text;           # never_joined | tagged_unknown | ghost | license
+  evidence @2 :Text;              # JSON text
+}
+
+struct OrphanAdopted {
+  machineId @0 :Text;
+  instanceRef @1 :Text;
+  hostname @2 :Text;
+  address @3 :Text;
+}
+
+struct CommittedFact {
+  index @0 :UInt64;               # position in the controller's log, strictly increasing
+  fact @1 :Fact;
+}
+
+struct HostState {
+  instanceRef @0 :Text;
+  provider @1 :Text;
+  machineId @2 :Text;
+  status @3 :HostStatus;
+  since @4 :Float64;              # epoch seconds
+  hostname @5 :Text;
+  address @6 :Text;
+}
+
+# --- session ---------------------------------------------------------------------------------------------------
+
+struct Join {
+  role @0 :Role;
+  identity @1 :Text;
+  protocolVersion @2 :UInt32;
+  providers @3 :List(Text);
+  instanceRef @4 :Text;           # worker only
+  token @5 :Text;                 # worker only: the single-use join token (a secret: never log it)
+}
+
+struct JoinReply {
+  accepted @0 :Bool;
+  term @1 :UInt64;
+  primary @2 :Bool;
+  redirect @3 :Text;              # "host:port" of the primary when a standby refuses
+  controllerId @4 :Text;
+  protocolVersion @5 :UInt32;
+  reason @6 :Text;
+}
+
+struct Heartbeat {
+  seq @0 :UInt64;
+}
+
+struct HeartbeatAck {
+  seq @0 :UInt64;
+  term @1 :UInt64;
+}
+
+enum ErrorCode {
+  versionMismatch @0;
+  notAllowed @1;
+  badFrame @2;
+  notJoined @3;
+  tokenInvalid @4;
+  internal @5;
+}
+
+struct ErrorMsg {
+  code @0 :ErrorCode;
+  message @1 :Text;
+}
+
+enum RejectReason {
+  staleEpoch @0;
+  noQuorum @1;
+  notPrimary @2;
+  noLease @3;
+  invalid @4;
+  tokenInvalid @5;
+}
+
+struct Rejected {
+  reason @0 :RejectReason;
+  detail @1 :Text;
+}
+
+struct Ack {}
+
+# --- leases ----------------------------------------------------------------------------------------------------
+
+struct LeaseAcquire {
+  provider @0 :Text;
+}
+
+struct LeaseRenew {
+  provider @0 :Text;
+  epoch @1 :Epoch;
+}
+
+struct LeaseRelease {
+  provider @0 :Text;
+  epoch @1 :Epoch;
+}
+
+struct LeaseGrant {
+  provider @0 :Text;
+  epoch @1 :Epoch;
+  ttlMs @2 :UInt64;
+}
+
+enum DenyReason {
+  held @0;
+  grace @1;
+  noQuorum @2;
+  notPrimary @3;
+  staleEpoch @4;
+  noLease @5;
+}
+
+struct LeaseDenied {
+  provider @0 :Text;
+  reason @1 :DenyReason;
+  retryAfterMs @2 :UInt64;
+}
+
+# --- demand, facts, hosts --------------------------------------------------------------------------------------
+
+struct DemandPage {
+  snapshotSeq @0 :UInt64;
+  page @1 :UInt32;                # 0-based
+  pageCount @2 :UInt32;           # >= 1
+  items @3 :List(DemandItem);
+}
+
+struct FactCommit {
+  fact @0 :Fact;
+}
+
+struct FactAck {
+  index @0 :UInt64;
+}
+
+struct ResyncRequest {
+  providers @0 :List(Text);
+}
+
+struct ResyncPage {
+  page @0 :UInt32;                # 0-based
+  pageCount @1 :UInt32;           # >= 1
+  facts @2 :List(CommittedFact);  # in log order across all pages
+  hosts @3 :List(HostState);
+}
+
+struct HostStatePush {
+  hosts @0 :List(HostState);
+}
+
+struct WorkerStatus {
+  status @0 :HostStatus;
+}
+
+# --- admin -----------------------------------------------------------------------------------------------------
+
+struct AdminSetDemand {
+  items @0 :List(DemandItem);
+}
+
+struct AdminFailover {
+  target @0 :Int32;               # replica index; -1 = the next replica
+}
+
+struct AdminQuorum {
+  fresh @0 :Bool;
+}
+
+struct AdminStatus {}
+
+struct AdminReply {
+  ok @0 :Bool;
+  json @1 :Text;
+}
+
+# --- the root --------------------------------------------------------------------------------------------------
+
+struct Frame {
+  corr @0 :UInt64;                # chosen by the requester, echoed in the reply; 0 for pushes
+  body :union {
+    join @1 :Join;
+    joinReply @2 :JoinReply;
+    heartbeat @3 :Heartbeat;
+    heartbeatAck @4 :HeartbeatAck;
+    errorMsg @5 :ErrorMsg;
+    rejected @6 :Rejected;
+    ack @7 :Ack;
+    leaseAcquire @8 :LeaseAcquire;
+    leaseRenew @9 :LeaseRenew;
+    leaseRelease @10 :LeaseRelease;
+    leaseGrant @11 :LeaseGrant;
+    leaseDenied @12 :LeaseDenied;
+    demandPage @13 :DemandPage;
+    factCommit @14 :FactCommit;
+    factAck @15 :FactAck;
+    resyncRequest @16 :ResyncRequest;
+    resyncPage @17 :ResyncPage;
+    hostStatePush @18 :HostStatePush;
+    workerStatus @19 :WorkerStatus;
+    adminSetDemand @20 :AdminSetDemand;
+    adminFailover @21 :AdminFailover;
+    adminQuorum @22 :AdminQuorum;
+    adminStatus @23 :AdminStatus;
+    adminReply @24 :AdminReply;
+  }
+}

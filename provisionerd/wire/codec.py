@@ -1,0 +1,270 @@
+"""Frame bodies <-> messages: ``encode(msg, corr) -> bytes`` and ``decode(body) -> Envelope``.
+
+Pure and synchronous. The mapping is driven by the attrs fields of each class and the naming rule of the schema
+(snake_case here, lowerCamelCase there; class ``LeaseGrant`` is union member ``leaseGrant``), checked once at import
+so a class and the schema cannot drift apart silently. How each Python type travels:
+
+    int, float, bool, str          the scalar / Text field of the same name
+    enum (Role, HostStatus)        the schema enum whose enumerant names equal the Python values
+    str with metadata wire_enum    that schema enum, "stale_epoch" <-> staleEpoch
+    X | None                       an Optional* struct (union none/some; a null pointer means none)
+    Mapping[str, str]              List(KeyValue), written in key order; a duplicate key is a decode error
+    tuple[str, ...]                List(Text)
+    tuple[attrs class, ...]        List(struct)
+    attrs class (Epoch, ...)       a struct
+    Fact                           struct Fact: provider, epoch and opId, then a union of the kinds
+
+``decode`` treats the body as hostile: the reader is bounded (traversal and nesting limits), every field is read
+inside the ``try``, and whatever is wrong surfaces as ``DecodeError`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import capnp
+
+from provisionerd import model
+from provisionerd.errors import DecodeError
+from provisionerd.wire.messages import MESSAGE_TYPES, Envelope, Message
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "protocol" / "provisioner.capnp"
+#: Deep enough for the schema (Frame > ResyncPage > CommittedFact > Fact > kind > list is 6), far from the default.
+NESTING_LIMIT = 16
+_FACT_HEADER = ("provider", "epoch", "op_id")
+
+
+@functools.cache
+def schema() -> Any:
+    """The loaded ``protocol/provisioner.capnp`` module (pycapnp), found relative to this package."""
+    if not SCHEMA_PATH.is_file():
+        raise FileNotFoundError(f"wire schema not found at {str(SCHEMA_PATH)!r}")
+    return capnp.load(str(SCHEMA_PATH))
+
+
+def wire_name(name: str) -> str:
+    """``protocol_version`` -> ``protocolVersion``; ``LeaseGrant`` -> ``leaseGrant``."""
+    head, *rest = name.split("_")
+    return head[:1].lower() + head[1:] + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def opcode(msg: object) -> str:
+    """The ``Frame.body`` union member that carries ``msg`` (a message or its class), e.g. ``"leaseAcquire"``."""
+    cls = msg if isinstance(msg, type) else type(msg)
+    return wire_name(cls.__name__)
+
+
+# --- per-field read/write plans --------------------------------------------------------------------------------
+
+Writer = Callable[[Any, str, Any], None]  # (capnp builder, wire field name, python value)
+Reader = Callable[[Any, str], Any]  # (capnp reader, wire field name) -> python value
+
+
+def _enum_table(enum_name: str) -> dict[int, str]:
+    """Schema enum ``enum_name`` as ``{raw value: enumerant name}``; decoding maps raw values itself because
+    pycapnp raises a bare RuntimeError for a value the schema lacks."""
+    return {raw: name for name, raw in getattr(schema(), enum_name).schema.enumerants.items()}
+
+
+def _read_enum_name(reader: Any, wire: str, by_raw: dict[int, str]) -> str:
+    raw = getattr(reader, wire).raw
+    try:
+        return by_raw[raw]
+    except KeyError:
+        raise DecodeError(f"unknown enum value {raw} in field {wire!r}") from None
+
+
+def _plan_type(tp: Any, field: attrs.Attribute | None = None) -> tuple[Writer, Reader]:
+    wire_enum = field.metadata.get("wire_enum") if field is not None else None
+    if wire_enum:
+        by_raw = _enum_table(wire_enum)
+        return (
+            lambda b, w, v: setattr(b, w, wire_name(v)),
+            lambda r, w: _snake(_read_enum_name(r, w, by_raw)),
+        )
+    if tp in (int, float, bool, str):
+        return setattr, getattr
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        by_raw = _enum_table(tp.__name__)
+        return (lambda b, w, v: setattr(b, w, tp(v).value), lambda r, w: tp(_read_enum_name(r, w, by_raw)))
+    if tp is model.Fact:
+        return (lambda b, w, v: _write_fact(b.init(w), v), lambda r, w: _read_fact(getattr(r, w)))
+    if attrs.has(tp):
+        return (lambda b, w, v: _write_struct(b.init(w), v), lambda r, w: _read_struct(tp, getattr(r, w)))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union) and len(args) == 2 and type(None) in args:
+        return _write_optional, _read_optional
+    if origin is Mapping:
+        return _write_map, _read_map
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _plan_list(args[0])
+    raise TypeError(f"no wire mapping for {tp!r}")
+
+
+def _write_optional(b: Any, w: str, v: Any) -> None:
+    opt = b.init(w)
+    if v is None:
+        opt.none = None
+    else:
+        opt.some = v
+
+
+def _read_optional(r: Any, w: str) -> Any:
+    opt = getattr(r, w)
+    return opt.some if opt.which() == "some" else None
+
+
+def _write_map(b: Any, w: str, v: Mapping[str, str]) -> None:
+    entries = b.init(w, len(v))
+    for entry, (key, value) in zip(entries, sorted(v.items())):
+        entry.key = key
+        entry.value = value
+
+
+def _read_map(r: Any, w: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for entry in getattr(r, w):
+        key = entry.key
+        if key in out:
+            raise DecodeError(f"duplicate key in map field {w!r}")
+        out[key] = entry.value
+    return out
+
+
+def _plan_list(item: Any) -> tuple[Writer, Reader]:
+    if item is str:
+        return (lambda b, w, v: setattr(b, w, list(v)), lambda r, w: tuple(getattr(r, w)))
+    if not attrs.has(item):
+        raise TypeError(f"no wire mapping for a list of {item!r}")
+
+    def write(b: Any, w: str, v: tuple[Any, ...]) -> None:
+        elements = b.init(w, len(v))
+        for element, value in zip(elements, v):
+            _write_struct(element, value)
+
+    return write, lambda r, w: tuple(_read_struct(item, element) for element in getattr(r, w))
+
+
+@functools.cache
+def _plan(cls: type, skip: tuple[str, ...] = ()) -> tuple[tuple[str, str, Writer, Reader], ...]:
+    """``(attr name, wire name, writer, reader)`` for each field of ``cls`` (minus ``skip``)."""
+    attrs.resolve_types(cls)
+    return tuple(
+        (f.name, wire_name(f.name), *_plan_type(f.type, f)) for f in attrs.fields(cls) if f.name not in skip
+    )
+
+
+def _write_struct(builder: Any, value: Any, skip: tuple[str, ...] = ()) -> None:
+    for name, wire, write, _ in _plan(type(value), skip):
+        write(builder, wire, getattr(value, name))
+
+
+def _read_struct(cls: type, reader: Any, skip: tuple[str, ...] = (), **extra: Any) -> Any:
+    kwargs = {name: read(reader, wire) for name, wire, _, read in _plan(cls, skip)}
+    return cls(**kwargs, **extra)
+
+
+_FACT_BY_MEMBER: dict[str, type] = {wire_name(cls.__name__): cls for cls in model.FACT_TYPES}
+_MESSAGE_BY_MEMBER: dict[str, type] = {opcode(cls): cls for cls in MESSAGE_TYPES}
+
+
+def _write_fact(builder: Any, fact: Any) -> None:
+    if type(fact) not in model.FACT_TYPES:
+        raise TypeError(f"not a fact: {type(fact).__name__}")
+    for name in _FACT_HEADER:
+        _, wire, write, _ = next(p for p in _plan(type(fact)) if p[0] == name)
+        write(builder, wire, getattr(fact, name))
+    _write_struct(builder.init(wire_name(type(fact).__name__)), fact, skip=_FACT_HEADER)
+
+
+def _read_fact(reader: Any) -> Any:
+    cls = _FACT_BY_MEMBER[reader.which()]
+    header = {name: read(reader, wire) for name, wire, _, read in _plan(cls) if name in _FACT_HEADER}
+    return _read_struct(cls, getattr(reader, wire_name(cls.__name__)), skip=_FACT_HEADER, **header)
+
+
+# --- the public pair -------------------------------------------------------------------------------------------
+
+
+def encode(msg: Message, corr: int = 0) -> bytes:
+    """The frame body (unpacked, standard serialization) carrying ``msg`` with correlation id ``corr``.
+
+    Raises:
+        TypeError: ``msg`` is not a wire message (or holds a value of the wrong type).
+        ValueError: a value does not fit its wire field (negative or too large an integer, a lone surrogate).
+    """
+    member = opcode(msg)
+    if _MESSAGE_BY_MEMBER.get(member) is not type(msg):
+        raise TypeError(f"not a wire message: {type(msg).__name__}")
+    frame = schema().Frame.new_message()
+    try:
+        frame.corr = corr
+        _write_struct(frame.body.init(member), msg)
+        return frame.to_bytes()
+    except (capnp.KjException, OverflowError, UnicodeError) as exc:
+        raise ValueError(f"cannot encode {type(msg).__name__}: {exc}") from None
+
+
+#: Everything pycapnp or our own checks raise for malformed input: KjException from the reader, ValueError for a
+#: length not a multiple of 8 or bad UTF-8, RuntimeError for an enumerant the schema lacks, and the rest from
+#: building the attrs value (a validator, an unknown union member).
+_MALFORMED = (capnp.KjException, ValueError, RuntimeError, TypeError, KeyError, IndexError, OverflowError)
+
+
+def decode(body: bytes) -> Envelope:
+    """Parse one frame body. Any byte string either decodes or raises ``DecodeError``; work is bounded by its size.
+
+    The traversal limit is twice the body's size in words (a well-formed message reads each word once), which
+    stops amplification through overlapping pointers or lists of empty elements.
+    """
+    if len(body) % 8 or not body:
+        raise DecodeError(f"frame body of {len(body)} bytes is not a whole number of 8-byte words")
+    try:
+        with schema().Frame.from_bytes(
+            body, traversal_limit_in_words=2 * (len(body) // 8) + 64, nesting_limit=NESTING_LIMIT
+        ) as root:
+            corr = root.corr
+            member = root.body.which()
+            cls = _MESSAGE_BY_MEMBER[member]
+            msg = _read_struct(cls, getattr(root.body, member))
+    except DecodeError:
+        raise
+    except _MALFORMED as exc:
+        raise DecodeError(f"malformed frame body: {type(exc).__name__}: {_first_line(exc)}") from None
+    return Envelope(corr, msg)
+
+
+def _first_line(exc: BaseException) -> str:
+    # KjException messages carry a multi-line C++ stack trace; the first line says what was wrong.
+    return str(exc).splitlines()[0][:200] if str(exc) else ""
+
+
+def _self_check() -> None:
+    """Fail at import if a class and the schema disagree on a name, rather than on the first frame that uses it."""
+    sch = schema()
+    structs = [*MESSAGE_TYPES, model.Epoch, model.ResourceShape, model.DemandItem, model.HostState]
+    checks = [(cls, ()) for cls in structs] + [(cls, _FACT_HEADER) for cls in model.FACT_TYPES]
+    checks += [(model.CommittedFact, ())]
+    for cls, skip in checks:
+        fields = getattr(sch, cls.__name__).schema.fields
+        missing = [wire for _, wire, _, _ in _plan(cls, skip) if wire not in fields]
+        if missing:
+            raise TypeError(f"schema struct {cls.__name__} lacks fields {missing}")
+    frame = sch.Frame.new_message()
+    for member in [*_MESSAGE_BY_MEMBER, *_FACT_BY_MEMBER]:
+        target = frame.body if member in _MESSAGE_BY_MEMBER else frame.body.init("factCommit").init("fact")
+        target.init(member)  # raises if the union has no such member
+
+
+_self_check()

@@ -1,0 +1,237 @@
+"""The wire messages: one frozen class per body kind of ``Frame`` in ``protocol/provisioner.capnp``.
+
+Field names are the schema's in snake_case (``protocolVersion`` -> ``protocol_version``); the codec relies on that
+rule, so a field added here must be added to the schema under the same name. Sequence fields accept any iterable
+and are stored as tuples, so a message built from a list equals the one decoded from the wire.
+
+The string codes (``ErrorMsg.code``, ``Rejected.reason``, ``LeaseDenied.reason``) are enums in the schema; here they
+are checked against ``ERROR_CODES``, ``REJECT_REASONS`` and ``DENY_REASONS`` when the message is built, so a typo
+fails at its source rather than at encode time on the other side of the program.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from provisionerd.model import (
+    PROTOCOL_VERSION,
+    CommittedFact,
+    DemandItem,
+    Epoch,
+    Fact,
+    HostState,
+    HostStatus,
+    Role,
+)
+
+#: ``ErrorMsg.code`` values. The sender closes the connection after most of them (see docs/protocol.md).
+ERROR_CODES = ("version_mismatch", "not_allowed", "bad_frame", "not_joined", "token_invalid", "internal")
+#: ``Rejected.reason`` values: a typed refusal of one request; the connection stays up.
+REJECT_REASONS = ("stale_epoch", "no_quorum", "not_primary", "no_lease", "invalid", "token_invalid")
+#: ``LeaseDenied.reason`` values.
+DENY_REASONS = ("held", "grace", "no_quorum", "not_primary", "stale_epoch", "no_lease")
+
+
+def _strs() -> tuple[str, ...]:
+    return attrs.field(converter=tuple, default=())
+
+
+def _code(allowed: tuple[str, ...], wire_enum: str) -> str:
+    # ``wire_enum`` names the schema enum; the codec maps "stale_epoch" <-> staleEpoch through it.
+    return attrs.field(validator=attrs.validators.in_(allowed), metadata={"wire_enum": wire_enum})
+
+
+# --- session (all roles) ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Join:
+    """client -> ctl, the first frame of every connection. Workers fill ``instance_ref`` and ``token``."""
+
+    role: Role
+    identity: str
+    protocol_version: int = PROTOCOL_VERSION
+    providers: tuple[str, ...] = _strs()
+    instance_ref: str = ""
+    # The single-use join token is a secret: kept out of repr so it cannot reach a log line by accident.
+    token: str = attrs.field(default="", repr=False)
+
+
+@attrs.frozen
+class JoinReply:
+    """ctl -> client. A standby answers ``accepted=False, primary=False, redirect="host:port"``."""
+
+    accepted: bool
+    term: int = 0
+    primary: bool = False
+    redirect: str = ""
+    controller_id: str = ""
+    protocol_version: int = PROTOCOL_VERSION
+    reason: str = ""
+
+
+@attrs.frozen
+class Heartbeat:
+    seq: int
+
+
+@attrs.frozen
+class HeartbeatAck:
+    seq: int
+    term: int
+
+
+@attrs.frozen
+class ErrorMsg:
+    """ctl -> client: a connection-level error; the controller may close right after sending it."""
+
+    code: str = _code(ERROR_CODES, "ErrorCode")
+    message: str = ""
+
+
+@attrs.frozen
+class Rejected:
+    """A typed refusal of one request (same ``corr``); the connection stays up."""
+
+    reason: str = _code(REJECT_REASONS, "RejectReason")
+    detail: str = ""
+
+
+@attrs.frozen
+class Ack:
+    """A generic empty success reply."""
+
+
+# --- leases (provisioner) --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class LeaseAcquire:
+    provider: str
+
+
+@attrs.frozen
+class LeaseRenew:
+    provider: str
+    epoch: Epoch
+
+
+@attrs.frozen
+class LeaseRelease:
+    provider: str
+    epoch: Epoch
+
+
+@attrs.frozen
+class LeaseGrant:
+    """Reply to acquire or renew. The holder trusts it until ``renew_sent + ttl - margin`` on its own clock."""
+
+    provider: str
+    epoch: Epoch
+    ttl_ms: int
+
+
+@attrs.frozen
+class LeaseDenied:
+    provider: str
+    reason: str = _code(DENY_REASONS, "DenyReason")
+    retry_after_ms: int = 0
+
+
+# --- demand, facts, hosts --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class DemandPage:
+    """ctl -> provisioner push. A snapshot is pages ``0..page_count-1`` sharing one ``snapshot_seq``."""
+
+    snapshot_seq: int
+    page: int
+    page_count: int
+    items: tuple[DemandItem, ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
+class FactCommit:
+    fact: Fact
+
+
+@attrs.frozen
+class FactAck:
+    index: int
+
+
+@attrs.frozen
+class ResyncRequest:
+    providers: tuple[str, ...] = _strs()
+
+
+@attrs.frozen
+class ResyncPage:
+    page: int
+    page_count: int
+    facts: tuple[CommittedFact, ...] = attrs.field(converter=tuple, default=())
+    hosts: tuple[HostState, ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
+class HostStatePush:
+    hosts: tuple[HostState, ...] = attrs.field(converter=tuple, default=())
+
+
+# --- worker ----------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class WorkerStatus:
+    status: HostStatus
+
+
+# --- admin -----------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AdminSetDemand:
+    items: tuple[DemandItem, ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
+class AdminFailover:
+    target: int = -1  # replica index; -1 = the next replica
+
+
+@attrs.frozen
+class AdminQuorum:
+    fresh: bool
+
+
+@attrs.frozen
+class AdminStatus:
+    pass
+
+
+@attrs.frozen
+class AdminReply:
+    ok: bool
+    json: str = ""
+
+
+Message = Union[
+    Join, JoinReply, Heartbeat, HeartbeatAck, ErrorMsg, Rejected, Ack,
+    LeaseAcquire, LeaseRenew, LeaseRelease, LeaseGrant, LeaseDenied,
+    DemandPage, FactCommit, FactAck, ResyncRequest, ResyncPage, HostStatePush,
+    WorkerStatus, AdminSetDemand, AdminFailover, AdminQuorum, AdminStatus, AdminReply,
+]  # fmt: skip
+
+#: Every message class, in the order of the ``Frame.body`` union in the schema.
+MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
+
+
+@attrs.frozen
+class Envelope:
+    """A decoded frame: the correlation id (echoed in replies, 0 for pushes) and the message."""
+
+    corr: int
+    msg: Message
