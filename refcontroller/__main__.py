@@ -1,0 +1,5 @@
+import sys
+
+from refcontroller.cli import main
+
+sys.exit(main())

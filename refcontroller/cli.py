@@ -1,0 +1,150 @@
+"""The ``refcontroller`` command.
+
+    refcontroller serve --certs DIR --data DIR --listen ADDR[,ADDR...]
+                        [--lease-ttl S] [--check-interval S] [--heartbeat-timeout S] [--max-frame BYTES]
+                        [--log-level LEVEL]
+    refcontroller admin --certs DIR --connect ADDR[,ADDR...] [--timeout S] COMMAND
+        demand (--file PATH | --clear)     PATH is a JSON array of demand items ('-' = stdin)
+        failover [--target N]              default: the next replica
+        quorum {lost,restored}
+        status
+
+``serve`` runs one replica per ``--listen`` address (port 0 = any free port) and, once every listener is up,
+prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", ...], "term": N}``. It logs to
+stderr and stops cleanly on SIGTERM or SIGINT. ``admin`` prints the controller's JSON answer on stdout.
+
+Exit codes: 0 success, 1 the controller refused or could not be reached, 2 bad arguments or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from provisionerd.errors import ConfigError
+from provisionerd.model import DemandItem
+from refcontroller import addresses as addr
+from refcontroller.admin import AdminClient, AdminError
+from refcontroller.demand_file import parse_demand
+from refcontroller.listeners import ServeConfig, serve
+from refcontroller.server import Timeouts
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="refcontroller", description="the reference cluster controller")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    s = commands.add_parser("serve", help="run the replicas")
+    s.add_argument("--certs", required=True, type=Path, help="directory made by 'provisionerd certs init'")
+    s.add_argument("--data", required=True, type=Path, help="directory of the durable fact log")
+    s.add_argument("--listen", required=True, help="HOST:PORT per replica, comma-separated (port 0 = any)")
+    s.add_argument("--lease-ttl", type=_positive, default=30.0, help="lease TTL in seconds (default 30)")
+    s.add_argument("--check-interval", type=_positive, default=5.0, help="quorum check interval T_check (5)")
+    s.add_argument("--heartbeat-timeout", type=_positive, default=15.0, help="drop silent peers after (15)")
+    s.add_argument("--max-frame", type=int, default=1 << 20, help="largest frame body in bytes (1 MiB)")
+    s.add_argument("--log-level", default="INFO")
+
+    a = commands.add_parser("admin", help="talk to a running controller with the admin certificate")
+    a.add_argument("--certs", required=True, type=Path)
+    a.add_argument("--connect", required=True, help="HOST:PORT of any replica, comma-separated")
+    a.add_argument("--timeout", type=_positive, default=10.0)
+    ops = a.add_subparsers(dest="op", required=True)
+    d = ops.add_parser("demand", help="replace the demand")
+    source = d.add_mutually_exclusive_group(required=True)
+    source.add_argument("--file", help="JSON array of demand items ('-' = stdin)")
+    source.add_argument("--clear", action="store_true", help="set zero demand")
+    f = ops.add_parser("failover", help="promote another replica in a new term")
+    f.add_argument("--target", type=int, default=None, help="replica index (default: the next one)")
+    q = ops.add_parser("quorum", help="simulate losing or regaining the quorum")
+    q.add_argument("state", choices=["lost", "restored"])
+    ops.add_parser("status", help="replicas, term, leases, demand, facts, hosts")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            return _serve(args) if args.command == "serve" else _admin(args)
+        except BaseExceptionGroup as group:  # trio wraps what a nursery raised; show the one cause plainly
+            raise _only_cause(group) from None
+    except ConfigError as exc:
+        print(f"refcontroller: {exc}", file=sys.stderr)
+        return 2
+    except (AdminError, OSError) as exc:
+        print(f"refcontroller: {exc}", file=sys.stderr)
+        return 1
+
+
+def _only_cause(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    listen = tuple(addr.format(*a) for a in addr.parse_list(args.listen))
+    if args.max_frame < 64 * 1024:
+        raise ConfigError(f"--max-frame must be at least 65536 bytes, not {args.max_frame}")
+    config = ServeConfig(
+        certs_dir=args.certs,
+        data_dir=args.data,
+        listen=listen,
+        lease_ttl=args.lease_ttl,
+        check_interval=args.check_interval,
+        timeouts=Timeouts(heartbeat=args.heartbeat_timeout, send=args.heartbeat_timeout),
+        max_frame=args.max_frame,
+    )
+    trio.run(_serve_until_signalled, config)
+    return 0
+
+
+async def _serve_until_signalled(config: ServeConfig) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(serve, config)
+            ready = {"ready": True, "listen": list(running.addresses), "term": running.server.cluster.term}
+            print(json.dumps(ready), flush=True)
+            async for signum in signals:
+                logging.getLogger("refcontroller").info("stopping on signal %s", signum)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def _admin(args: argparse.Namespace) -> int:
+    addresses = [addr.format(*a) for a in addr.parse_list(args.connect)]
+    items: tuple[DemandItem, ...] = ()
+    if args.op == "demand" and not args.clear:  # check the input before touching certificates or the network
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the demand file: {exc}") from exc
+        items = parse_demand(text, "stdin" if args.file == "-" else args.file)
+    client = AdminClient(args.certs, addresses, timeout=args.timeout)
+    if args.op == "demand":
+        result = trio.run(client.set_demand, items)
+    elif args.op == "failover":
+        result = trio.run(client.fail_over, args.target)
+    elif args.op == "quorum":
+        result = trio.run(client.set_quorum, args.state == "restored")
+    else:
+        result = trio.run(client.status)
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,208 @@
+"""The whole controller state behind one synchronous facade: what every request does, given ``now``.
+
+The trio server (``server.py``, ``session.py``) only moves frames; every decision is made here, on plain values,
+so the rules can be tested with an injected clock. Two clocks are passed in: ``now`` is the controller's monotonic
+clock (leases, grace) and ``wall`` is wall-clock epoch seconds (``HostState.since``, token use times).
+
+Requests name the ``replica`` they arrived on: only the primary serves leases and facts (``not_primary``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import attrs
+
+from provisionerd.model import CommittedFact, DemandItem, DemandSnapshot, Epoch, Fact, HostState, HostStatus
+from refcontroller import commits, demand
+from refcontroller.jsonconv import unstructure
+from refcontroller.leases import Denied, Granted, LeaseTable
+from refcontroller.paging import page_bounds
+from refcontroller.replicas import ReplicaSet
+from refcontroller.store import FactStore
+from refcontroller.workers import HostTable, admit
+
+NOT_PRIMARY = "not_primary"
+
+
+@attrs.frozen
+class ResyncPlan:
+    """What one resync sends: fact index ranges (inclusive, one per page) fixed when it starts, and the hosts.
+
+    No facts means no ranges; the session adds the host pages and sends one empty page when there is nothing.
+    """
+
+    providers: tuple[str, ...]
+    fact_ranges: tuple[tuple[int, int], ...]  # (first_index, last_index) per page of facts
+    hosts: tuple[HostState, ...]
+
+
+@attrs.define(eq=False)
+class Cluster:
+    store: FactStore
+    replicas: ReplicaSet
+    leases: LeaseTable
+    ttl: float
+    check_interval: float
+    demand: DemandSnapshot
+    hosts: HostTable = attrs.field(factory=HostTable)
+
+    @classmethod
+    def open(cls, store: FactStore, replica_count: int, ttl: float, check_interval: float, now: float) -> Cluster:
+        """Start after a (re)start: elect replica 0 in a new term (saved), with an empty lease table."""
+        replicas = ReplicaSet.elect(replica_count, store.load_term(), store.save_term, now)
+        return cls(
+            store=store,
+            replicas=replicas,
+            leases=LeaseTable(replicas.term, now, ttl, check_interval),
+            ttl=ttl,
+            check_interval=check_interval,
+            demand=store.load_demand(),
+        )
+
+    @property
+    def term(self) -> int:
+        return self.replicas.term
+
+    def is_primary(self, replica: int) -> bool:
+        return self.replicas.is_primary(replica)
+
+    # --- leases -----------------------------------------------------------------------------------------------
+
+    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied:
+        if not self.is_primary(replica):
+            return Denied(provider, NOT_PRIMARY)
+        latest = self.store.latest(provider)
+        return self.leases.acquire(
+            provider,
+            holder,
+            now,
+            quorum_fresh=self.replicas.quorum_fresh,
+            previous_holder=latest.holder if latest is not None else None,
+        )
+
+    def renew(self, replica: int, provider: str, holder: str, epoch: Epoch, now: float) -> Granted | Denied:
+        if not self.is_primary(replica):
+            return Denied(provider, NOT_PRIMARY)
+        return self.leases.renew(provider, holder, epoch, now, quorum_fresh=self.replicas.quorum_fresh)
+
+    def release(self, replica: int, provider: str, holder: str, epoch: Epoch, now: float) -> commits.Rejection | None:
+        if not self.is_primary(replica):
+            return commits.Rejection(NOT_PRIMARY)
+        if not self.leases.release(provider, holder, epoch, now):
+            return commits.Rejection(commits.STALE_EPOCH, f"the live lease on {provider!r} is not {epoch} of yours")
+        return None
+
+    # --- facts ------------------------------------------------------------------------------------------------
+
+    def commit(self, replica: int, fact: Fact, sender: str, now: float) -> CommittedFact | commits.Rejection:
+        """Commit ``fact`` for lease holder ``sender`` or reject it (see ``commits.py`` for the order of checks)."""
+        if not self.is_primary(replica):
+            return commits.Rejection(NOT_PRIMARY)
+        found = commits.problems(fact)
+        if found:
+            return commits.Rejection(commits.INVALID, "; ".join(found))
+        if not self.replicas.quorum_fresh:
+            return commits.Rejection(commits.NO_QUORUM)
+        existing = self.store.find(fact)
+        if existing is not None:
+            return existing
+        rejection = commits.epoch_rejection(
+            fact,
+            sender=sender,
+            lease=self.leases.live(fact.provider, now),
+            term=self.term,
+            latest=self.store.latest(fact.provider),
+        )
+        if rejection is not None:
+            return rejection
+        return self.store.append(fact, sender)
+
+    def resync_plan(self, providers: Collection[str]) -> ResyncPlan:
+        """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends."""
+        providers = tuple(sorted(set(providers)))
+        sizes = self.store.fact_sizes(providers, self.store.last_index())
+        ranges = [
+            (sizes[page.start][0], sizes[page.stop - 1][0])
+            for page in page_bounds([size for _, size in sizes])
+            if len(page)
+        ]
+        return ResyncPlan(providers, tuple(ranges), tuple(self.hosts.for_providers(providers)))
+
+    def resync_facts(self, plan: ResyncPlan, page: int) -> list[CommittedFact]:
+        first, last = plan.fact_ranges[page]
+        return self.store.facts(plan.providers, first, last)
+
+    # --- workers ----------------------------------------------------------------------------------------------
+
+    def admit_worker(self, replica: int, instance_ref: str, token: str, wall: float) -> HostState | commits.Rejection:
+        if not self.is_primary(replica):
+            return commits.Rejection(NOT_PRIMARY)
+        admitted = admit(self.store, instance_ref, token, wall)
+        if isinstance(admitted, HostState):
+            self.hosts.add(admitted)
+        return admitted
+
+    def worker_status(self, instance_ref: str, status: HostStatus, wall: float) -> HostState | None:
+        """Record a status the worker reported (``idle``/``busy``); ``None`` when nothing changed."""
+        if status not in (HostStatus.IDLE, HostStatus.BUSY):
+            raise ValueError(f"a worker reports idle or busy, not {status.value!r}")
+        return self.hosts.set_status(instance_ref, status, wall)
+
+    def worker_lost(self, instance_ref: str, wall: float) -> HostState | None:
+        return self.hosts.set_status(instance_ref, HostStatus.LOST, wall)
+
+    # --- admin ------------------------------------------------------------------------------------------------
+
+    def set_demand(self, items: Sequence[DemandItem]) -> DemandSnapshot | None:
+        """Replace the demand (stored before it takes effect); the new snapshot, or ``None`` if unchanged.
+
+        Raises ``ValueError`` listing every problem of an unacceptable demand.
+        """
+        found = demand.problems(items)
+        if found:
+            raise ValueError("; ".join(found))
+        snapshot = demand.next_snapshot(self.demand, items)
+        if snapshot is not None:
+            self.store.save_demand(snapshot)
+            self.demand = snapshot
+        return snapshot
+
+    def fail_over(self, now: float, target: int | None = None) -> int:
+        """Promote ``target`` (default: the next replica) in a new term, with an empty lease table."""
+        primary = self.replicas.fail_over(now, target)
+        self.leases = LeaseTable(self.term, now, self.ttl, self.check_interval)
+        return primary
+
+    def set_quorum(self, fresh: bool) -> None:
+        self.replicas.set_quorum(fresh)
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The admin status document (JSON-ready)."""
+        replicas = self.replicas
+        return {
+            "replicas": [
+                {"index": i, "address": replicas.address_of(i), "primary": replicas.is_primary(i)}
+                for i in range(replicas.count)
+            ],
+            "primary": replicas.primary,
+            "term": replicas.term,
+            "quorum_fresh": replicas.quorum_fresh,
+            "grace_remaining_s": round(max(0.0, self.leases.grace_ends_at - now), 3),
+            "lease_ttl_s": self.ttl,
+            "check_interval_s": self.check_interval,
+            "leases": [
+                {
+                    "provider": lease.provider,
+                    "holder": lease.holder,
+                    "epoch": str(lease.epoch),
+                    "expires_in_s": round(lease.expires_at - now, 3),
+                }
+                for lease in self.leases.live_leases(now)
+            ],
+            "latest_epochs": {p: str(e) for p, e in sorted(self.store.latest_epochs().items())},
+            "demand": {"seq": self.demand.seq, "items": unstructure(self.demand.items, tuple[DemandItem, ...])},
+            "facts": {"count": self.store.count(), "last_index": self.store.last_index()},
+            "hosts": [unstructure(host, HostState) for host in self.hosts.all()],
+        }

@@ -1,0 +1,95 @@
+"""``serve``: the reference controller on real sockets, one mutual-TLS listener per replica, in one process.
+
+Replica ``i`` listens on ``listen[i]``; redirects name the address a replica actually listens on (so listen on an
+address clients can reach, not ``0.0.0.0``). The fact log is ``<data_dir>/facts.sqlite``. Starting is an election:
+the term grows by one (see ``replicas.py``), replica 0 is the primary, and its grace period starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import trio
+
+from provisionerd.wire.framing import DEFAULT_MAX_FRAME
+from provisionerd.wire.tls import server_ssl_context
+from refcontroller import addresses as addr
+from refcontroller.cluster import Cluster
+from refcontroller.server import ControllerServer, Timeouts, open_controller_server
+from refcontroller.store import FactStore
+
+log = logging.getLogger(__name__)
+
+FACTS_FILE = "facts.sqlite"
+
+
+@attrs.frozen
+class ServeConfig:
+    certs_dir: Path
+    data_dir: Path
+    listen: tuple[str, ...]  # one HOST:PORT per replica; port 0 picks a free port
+    lease_ttl: float = 30.0
+    check_interval: float = 5.0
+    timeouts: Timeouts = Timeouts()
+    max_frame: int = DEFAULT_MAX_FRAME
+
+
+@attrs.frozen
+class Running:
+    """What ``serve`` hands to ``nursery.start``: the actual addresses (one per replica) and the server."""
+
+    addresses: tuple[str, ...]
+    server: ControllerServer
+
+
+async def open_replica_listeners(
+    listen: Sequence[str], certs_dir: Path
+) -> tuple[list[list[trio.SSLListener[trio.SocketStream]]], list[str]]:
+    """Open a TLS listener (or one per resolved address of a host name) for each replica."""
+    context = server_ssl_context(certs_dir, "controller")
+    per_replica: list[list[trio.SSLListener[trio.SocketStream]]] = []
+    actual: list[str] = []
+    try:
+        for text in listen:
+            host, port = addr.parse(text)
+            listeners = await trio.open_ssl_over_tcp_listeners(port, context, host=host)
+            per_replica.append(listeners)
+            sockname = listeners[0].transport_listener.socket.getsockname()
+            actual.append(addr.format(host, sockname[1]))
+    except BaseException:
+        await _close_all(per_replica)
+        raise
+    return per_replica, actual
+
+
+async def _close_all(per_replica: list[list[trio.SSLListener[trio.SocketStream]]]) -> None:
+    with trio.CancelScope(shield=True):
+        for listeners in per_replica:
+            for listener in listeners:
+                await listener.aclose()
+
+
+async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the controller until cancelled. ``await nursery.start(serve, config)`` returns a ``Running``."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = FactStore.open(config.data_dir / FACTS_FILE)
+    try:
+        per_replica, actual = await open_replica_listeners(config.listen, config.certs_dir)
+        try:
+            cluster = Cluster.open(store, len(actual), config.lease_ttl, config.check_interval, trio.current_time())
+            cluster.replicas.addresses = list(actual)
+            log.info("controller term=%s primary=0 listen=%s", cluster.term, ",".join(actual))
+            options = {"timeouts": config.timeouts, "max_frame": config.max_frame}
+            async with open_controller_server(cluster, **options) as server, trio.open_nursery() as nursery:
+                for replica, listeners in enumerate(per_replica):
+                    handler = functools.partial(server.handle_stream, replica=replica)
+                    nursery.start_soon(trio.serve_listeners, handler, listeners)
+                task_status.started(Running(tuple(actual), server))
+        finally:
+            await _close_all(per_replica)
+    finally:
+        store.close()

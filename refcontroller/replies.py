@@ -1,0 +1,70 @@
+"""Request -> reply for the simple request/response messages: the core's answers turned into wire messages.
+
+Synchronous: each function asks the ``Cluster`` once and builds the reply. Messages with side effects on other
+connections (demand, failover, host changes, resync) are handled in ``session.py``, which calls these for the rest.
+"""
+
+from __future__ import annotations
+
+from provisionerd.model import CommittedFact, HostStatus
+from provisionerd.wire.messages import (
+    Ack,
+    FactAck,
+    FactCommit,
+    Heartbeat,
+    HeartbeatAck,
+    LeaseAcquire,
+    LeaseDenied,
+    LeaseGrant,
+    LeaseRelease,
+    LeaseRenew,
+    Message,
+    Rejected,
+)
+from refcontroller.cluster import Cluster
+from refcontroller.commits import INVALID, Rejection
+from refcontroller.leases import Denied, Granted
+
+
+def lease_reply(result: Granted | Denied) -> LeaseGrant | LeaseDenied:
+    if isinstance(result, Granted):
+        return LeaseGrant(result.lease.provider, result.lease.epoch, result.ttl_ms)
+    return LeaseDenied(result.provider, result.reason, result.retry_after_ms)
+
+
+def rejected(rejection: Rejection) -> Rejected:
+    return Rejected(rejection.reason, rejection.detail)
+
+
+def undeclared(provider: str) -> Rejected:
+    return Rejected(INVALID, f"provider {provider!r} was not declared in this connection's Join")
+
+
+def provisioner_reply(
+    cluster: Cluster, replica: int, identity: str, providers: frozenset[str], msg: Message, now: float
+) -> Message:
+    """The reply to a heartbeat, lease operation or fact commit from provisioner ``identity``."""
+    match msg:
+        case Heartbeat(seq=seq):
+            return HeartbeatAck(seq, cluster.term)
+        case LeaseAcquire(provider=provider) | LeaseRenew(provider=provider) | LeaseRelease(provider=provider) if (
+            provider not in providers
+        ):
+            return undeclared(provider)
+        case LeaseAcquire(provider=provider):
+            return lease_reply(cluster.acquire(replica, provider, identity, now))
+        case LeaseRenew(provider=provider, epoch=epoch):
+            return lease_reply(cluster.renew(replica, provider, identity, epoch, now))
+        case LeaseRelease(provider=provider, epoch=epoch):
+            rejection = cluster.release(replica, provider, identity, epoch, now)
+            return Ack() if rejection is None else rejected(rejection)
+        case FactCommit(fact=fact):
+            if fact.provider not in providers:
+                return undeclared(fact.provider)
+            result = cluster.commit(replica, fact, identity, now)
+            return FactAck(result.index) if isinstance(result, CommittedFact) else rejected(result)
+    raise ValueError(f"not a simple provisioner request: {type(msg).__name__}")
+
+
+def worker_status_valid(status: HostStatus) -> bool:
+    return status in (HostStatus.IDLE, HostStatus.BUSY)

@@ -1,0 +1,251 @@
+"""The controller's connection handling, independent of sockets: give it any trio ``Stream`` and a replica index.
+
+``ControllerServer.handle_stream`` runs one connection to its end and never raises: a peer that breaks the
+protocol, fails TLS or goes silent is dropped, and every other peer keeps being served. Time comes from trio
+(``trio.current_time()``), so a simulation can run the server on in-memory streams and ``MockClock``.
+
+The join (the first frame of every connection), in order:
+
+1. For a TLS stream, the handshake (within ``handshake_timeout``) and the role from the peer's certificate. A
+   stream that is not TLS must be given its ``role`` (in-memory tests and simulations).
+2. A first frame that is not ``Join`` gets ``ErrorMsg{not_joined}``; another protocol version gets
+   ``ErrorMsg{version_mismatch}``; a ``Join.role`` other than the certificate's (or the controller role) gets
+   ``ErrorMsg{not_allowed}``. The connection is then closed.
+3. A standby answers ``JoinReply(accepted=False, primary=False, redirect=<primary host:port>)`` and closes.
+4. A worker is admitted by its single-use token (``workers.py``) or gets ``ErrorMsg{token_invalid}``; a
+   provisioner must name itself (``identity``) and its providers.
+5. ``JoinReply(accepted=True, term, primary=True, controller_id="replica-<i>")``, then the session (``session.py``).
+
+When a worker's connection ends, its host becomes ``lost`` one heartbeat timeout later (a token is single-use, so
+it cannot come back). On failover every session of the old primary is disconnected so its clients rejoin.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.errors import AuthError, ProtocolError
+from provisionerd.model import PROTOCOL_VERSION, HostState, Role
+from provisionerd.wire.framing import DEFAULT_MAX_FRAME, FramedStream
+from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
+from provisionerd.wire.tls import peer_role
+from refcontroller.cluster import Cluster
+from refcontroller.commits import Rejection
+from refcontroller.session import PEER_ERRORS, Session
+
+log = logging.getLogger(__name__)
+
+MAX_PROVIDERS = 1000
+MAX_NAME = 256
+
+
+@attrs.frozen
+class Timeouts:
+    """Seconds. ``heartbeat``: silence after which a peer is dropped, and the time from a worker's disconnect to
+    its host becoming ``lost``; ``handshake``: TLS handshake plus the Join frame; ``send``: one write to a peer
+    that does not read (it is dropped)."""
+
+    heartbeat: float = 15.0
+    handshake: float = 10.0
+    send: float = 15.0
+
+
+@attrs.define(eq=False)
+class ControllerServer:
+    """All replicas' connections over one ``Cluster``. ``stats`` counts drops and refusals (shown in status)."""
+
+    cluster: Cluster
+    timeouts: Timeouts = Timeouts()
+    max_frame: int = DEFAULT_MAX_FRAME
+    wall_clock: Callable[[], float] = time.time
+    sessions: set[Session] = attrs.field(factory=set)
+    stats: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    _nursery: trio.Nursery | None = None
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        return self.timeouts.heartbeat
+
+    @property
+    def send_timeout(self) -> float:
+        return self.timeouts.send
+
+    # --- connections ------------------------------------------------------------------------------------------
+
+    async def handle_stream(self, stream: trio.abc.Stream, replica: int, role: Role | None = None) -> None:
+        """Serve one connection on ``replica`` until it ends; closes ``stream``. Never raises peer errors.
+
+        ``role`` is for streams without TLS (in-memory tests, simulations); a TLS stream's role is its certificate's.
+        """
+        if role is None and not isinstance(stream, trio.SSLStream):
+            raise TypeError("a stream without TLS must be given the peer's role")
+        framed = FramedStream(stream, self.max_frame)
+        try:
+            session = await self._join(framed, replica, role)
+            if session is not None:
+                self.sessions.add(session)
+                try:
+                    await session.run()
+                finally:
+                    self.sessions.discard(session)
+                    if session.role is Role.WORKER:
+                        self._start_lost_timer(session.join.instance_ref)
+        except (*PEER_ERRORS, AuthError) as exc:
+            # Before the join this is a refusal: a failed TLS handshake (no or foreign certificate), a certificate
+            # without a role, a garbage first frame, or a peer too slow to join.
+            log.info("peer refused before join on replica %s: %r", replica, exc)
+            self.stats["peers_dropped"] += 1
+            if isinstance(exc, ProtocolError):
+                await self.send_error_and_close(framed, "bad_frame", str(exc))
+        except Exception:
+            log.exception("internal error on replica %s", replica)
+            self.stats["internal_errors"] += 1
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _join(self, framed: FramedStream, replica: int, role: Role | None) -> Session | None:
+        with trio.fail_after(self.timeouts.handshake):
+            if role is None:
+                assert isinstance(framed.stream, trio.SSLStream)
+                await framed.stream.do_handshake()
+                role = peer_role(framed.stream)
+            envelope = await framed.receive()
+        if envelope is None:
+            return None
+        join, corr = envelope.msg, envelope.corr
+        cluster = self.cluster
+        if not isinstance(join, Join):
+            await self.send_error_and_close(framed, "not_joined", "the first frame must be Join", corr)
+            return None
+        if join.protocol_version != PROTOCOL_VERSION:
+            await self.send_error_and_close(
+                framed,
+                "version_mismatch",
+                f"controller speaks {PROTOCOL_VERSION}, peer {join.protocol_version}",
+                corr,
+            )
+            return None
+        if join.role is not role or role is Role.CONTROLLER:
+            self.stats["not_allowed"] += 1
+            await self.send_error_and_close(
+                framed, "not_allowed", f"Join role {join.role.value!r} but certificate role {role.value!r}", corr
+            )
+            return None
+        if not cluster.is_primary(replica):
+            await self._send_quietly(
+                framed,
+                JoinReply(
+                    accepted=False,
+                    term=cluster.term,
+                    primary=False,
+                    redirect=cluster.replicas.primary_address,
+                    controller_id=f"replica-{replica}",
+                    reason="not_primary",
+                ),
+                corr,
+            )
+            return None
+        refusal = self._admit(join, replica)
+        if refusal is not None and refusal.reason == "token_invalid":
+            await self.send_error_and_close(framed, "token_invalid", refusal.detail, corr)
+            return None
+        if refusal is not None:
+            reply = JoinReply(accepted=False, term=cluster.term, primary=True, reason=refusal.detail)
+            await self._send_quietly(framed, reply, corr)
+            return None
+        session = Session(self, framed, replica, role, join)
+        await session.send(
+            JoinReply(accepted=True, term=cluster.term, primary=True, controller_id=f"replica-{replica}"), corr
+        )
+        return session
+
+    def _admit(self, join: Join, replica: int) -> Rejection | None:
+        if not join.identity or len(join.identity) > MAX_NAME:
+            return Rejection("invalid", f"identity must be 1..{MAX_NAME} characters")
+        if join.role is Role.PROVISIONER:
+            if len(join.providers) > MAX_PROVIDERS or not all(0 < len(p) <= MAX_NAME for p in join.providers):
+                return Rejection("invalid", f"at most {MAX_PROVIDERS} provider names of 1..{MAX_NAME} characters")
+        if join.role is Role.WORKER:
+            admitted = self.cluster.admit_worker(replica, join.instance_ref, join.token, self.wall_clock())
+            if isinstance(admitted, Rejection):
+                log.warning("worker refused instance_ref=%r: %s", join.instance_ref, admitted.detail)
+                self.stats["workers_refused"] += 1
+                return admitted
+            self.broadcast_host(admitted)
+        return None
+
+    async def send_error_and_close(self, framed: FramedStream, code: str, message: str, corr: int = 0) -> None:
+        """Best effort: tell the peer why (echoing the offending request's ``corr``), then close.
+
+        A peer that does not take the error within the send timeout is closed anyway.
+        """
+        await self._send_quietly(framed, ErrorMsg(code, message[:1000]), corr)
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(framed.stream)
+
+    async def _send_quietly(self, framed: FramedStream, msg: Any, corr: int) -> None:
+        with trio.move_on_after(self.timeouts.send):
+            try:
+                await framed.send(msg, corr)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                pass
+
+    # --- fan-out ----------------------------------------------------------------------------------------------
+
+    def broadcast_demand(self) -> None:
+        for session in self.sessions:
+            session.notify_demand()
+
+    def broadcast_host(self, host: HostState) -> None:
+        for session in self.sessions:
+            session.notify_host(host)
+
+    def disconnect_replica(self, replica: int) -> None:
+        for session in list(self.sessions):
+            if session.replica == replica:
+                session.disconnect()
+
+    def _start_lost_timer(self, instance_ref: str) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._mark_lost_later, instance_ref)
+
+    async def _mark_lost_later(self, instance_ref: str) -> None:
+        await trio.sleep(self.timeouts.heartbeat)
+        host = self.cluster.worker_lost(instance_ref, self.wall_clock())
+        if host is not None:
+            log.info("host lost instance_ref=%r", instance_ref)
+            self.broadcast_host(host)
+
+    def status(self) -> dict[str, Any]:
+        document = self.cluster.status(trio.current_time())
+        document["sessions"] = sorted(
+            (s.describe() for s in self.sessions), key=lambda d: (d["replica"], d["role"], d["identity"])
+        )
+        document["stats"] = dict(sorted(self.stats.items()))
+        return document
+
+
+@asynccontextmanager
+async def open_controller_server(cluster: Cluster, **options: Any) -> AsyncIterator[ControllerServer]:
+    """A ``ControllerServer`` with a nursery for its background timers; closed (timers cancelled) on exit.
+
+    Connections are handed to it by the caller (``serve_listeners`` in ``listeners.py``, or a test's in-memory
+    streams): ``nursery.start_soon(server.handle_stream, stream, replica)``.
+    """
+    server = ControllerServer(cluster, **options)
+    async with trio.open_nursery() as nursery:
+        server._nursery = nursery
+        try:
+            yield server
+        finally:
+            server._nursery = None
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,250 @@
+"""One joined client connection: a reader that answers requests and, for provisioners, a pusher.
+
+The reader enforces the per-role allowlist on every frame (``ErrorMsg{not_allowed}`` and close), drops a peer that
+stays silent for the heartbeat timeout, and answers requests in order with the request's ``corr``.
+
+The pusher sends what changed since the last push: host states (coalesced per instance, latest wins) of the
+providers this provisioner declared, and the demand snapshot when its ``seq`` moved, or when forced (after the join
+and after a resync). A resync holds ``push_lock`` from taking its snapshot until its last page is sent, so every
+push that follows it is newer than the resync, and the pages of one demand snapshot go in one write.
+
+Any send that takes longer than the send timeout (a peer that does not read) drops the peer: memory per peer stays
+bounded by one demand snapshot plus one pending state per host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from provisionerd.errors import ProtocolError
+from provisionerd.model import HostState, Role
+from provisionerd.wire.framing import FramedStream
+from provisionerd.wire.messages import (
+    Ack,
+    AdminFailover,
+    AdminQuorum,
+    AdminReply,
+    AdminSetDemand,
+    AdminStatus,
+    Heartbeat,
+    HeartbeatAck,
+    Join,
+    Message,
+    Rejected,
+    ResyncPage,
+    ResyncRequest,
+    WorkerStatus,
+)
+from provisionerd.wire.codec import opcode
+from provisionerd.wire.paging import HOSTS_PAGE_ITEMS, demand_pages, host_pushes, paginate_by_size
+from provisionerd.wire.roles import is_allowed
+from refcontroller.commits import INVALID
+from refcontroller.replies import provisioner_reply, worker_status_valid
+
+if TYPE_CHECKING:
+    from refcontroller.server import ControllerServer
+
+log = logging.getLogger(__name__)
+
+#: Errors that mean "this peer is gone or misbehaved": drop it, keep serving everyone else.
+PEER_ERRORS = (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+
+
+@attrs.define(eq=False)
+class Session:
+    server: ControllerServer
+    framed: FramedStream
+    replica: int
+    role: Role
+    join: Join
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    push_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+    force_demand: bool = True  # a snapshot follows every join
+    demand_sent: int = -1
+    pending_hosts: dict[str, HostState] = attrs.field(factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return self.join.identity
+
+    @property
+    def providers(self) -> frozenset[str]:
+        return frozenset(self.join.providers)
+
+    def describe(self) -> dict[str, object]:
+        return {"replica": self.replica, "role": self.role.value, "identity": self.identity}
+
+    # --- what the server tells a session ----------------------------------------------------------------------
+
+    def notify_demand(self) -> None:
+        self.changed.set()
+
+    def notify_host(self, host: HostState) -> None:
+        if self.role is Role.PROVISIONER and host.provider in self.providers:
+            self.pending_hosts[host.instance_ref] = host
+            self.changed.set()
+
+    def disconnect(self) -> None:
+        self.cancel_scope.cancel()
+
+    # --- tasks ------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until the peer leaves, misbehaves, or the server disconnects it. Never raises peer errors."""
+        with self.cancel_scope:
+            async with trio.open_nursery() as nursery:
+                if self.role is Role.PROVISIONER:
+                    nursery.start_soon(self._guarded, self._push_loop, "push")
+                await self._guarded(self._read_loop, "read")
+                nursery.cancel_scope.cancel()
+
+    async def _guarded(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
+        try:
+            await loop()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            # The peer went away without a clean close (no TLS close_notify, a reset): a disconnect, not a fault.
+            if not self.cancel_scope.cancel_called:
+                log.info("peer disconnected replica=%s role=%s identity=%r: %r", self.replica, self.role.value,
+                         self.identity, exc)
+                self.server.stats["disconnects"] += 1
+        except PEER_ERRORS as exc:
+            if self.cancel_scope.cancel_called:
+                return  # the other loop already dropped this peer
+            log.info("peer dropped replica=%s role=%s identity=%r in=%s: %r", self.replica, self.role.value,
+                     self.identity, name, exc)
+            self.server.stats["peers_dropped"] += 1
+            if isinstance(exc, ProtocolError):
+                await self.server.send_error_and_close(self.framed, "bad_frame", str(exc))
+        except Exception:
+            # A bug in this reference controller: keep serving the other peers, and count it so tests notice.
+            log.exception("internal error replica=%s role=%s", self.replica, self.role.value)
+            self.server.stats["internal_errors"] += 1
+        self.cancel_scope.cancel()
+
+    async def send(self, msg: Message, corr: int) -> None:
+        with trio.fail_after(self.server.send_timeout):
+            await self.framed.send(msg, corr)
+
+    async def _read_loop(self) -> None:
+        server = self.server
+        while True:
+            with trio.move_on_after(server.heartbeat_timeout) as silent:
+                envelope = await self.framed.receive()
+            if silent.cancelled_caught:
+                log.info("peer silent for %ss replica=%s identity=%r", server.heartbeat_timeout, self.replica,
+                         self.identity)
+                return
+            if envelope is None:
+                return
+            msg, corr = envelope.msg, envelope.corr
+            if not is_allowed(self.role, msg):
+                log.warning("opcode %s not allowed for role %s identity=%r", opcode(msg), self.role.value,
+                            self.identity)
+                server.stats["not_allowed"] += 1
+                await server.send_error_and_close(
+                    self.framed, "not_allowed", f"role {self.role.value} may not send {opcode(msg)}", corr
+                )
+                return
+            await self._answer(msg, corr)
+
+    async def _answer(self, msg: Message, corr: int) -> None:
+        server, cluster = self.server, self.server.cluster
+        now, wall = trio.current_time(), server.wall_clock()
+        match msg:
+            case Join():
+                await self.send(Rejected(INVALID, "already joined"), corr)
+            case Heartbeat(seq=seq):
+                await self.send(HeartbeatAck(seq, cluster.term), corr)
+            case ResyncRequest(providers=providers):
+                await self._resync(providers, corr)
+            case WorkerStatus(status=status):
+                if not worker_status_valid(status):
+                    await self.send(Rejected(INVALID, "a worker reports idle or busy"), corr)
+                    return
+                host = cluster.worker_status(self.join.instance_ref, status, wall)
+                if host is not None:
+                    server.broadcast_host(host)
+                await self.send(Ack(), corr)
+            case AdminSetDemand(items=items):
+                try:
+                    snapshot = cluster.set_demand(items)
+                except ValueError as exc:
+                    await self.send(_admin(False, error=str(exc)), corr)
+                    return
+                if snapshot is not None:
+                    server.broadcast_demand()
+                await self.send(_admin(True, seq=cluster.demand.seq, changed=snapshot is not None), corr)
+            case AdminFailover(target=target):
+                old = cluster.replicas.primary
+                try:
+                    new = cluster.fail_over(now, None if target < 0 else target)
+                except ValueError as exc:
+                    await self.send(_admin(False, error=str(exc)), corr)
+                    return
+                await self.send(_admin(True, primary=new, term=cluster.term, previous=old), corr)
+                server.disconnect_replica(old)  # this admin connection included: everyone rejoins
+            case AdminQuorum(fresh=fresh):
+                cluster.set_quorum(fresh)
+                await self.send(_admin(True, quorum_fresh=fresh), corr)
+            case AdminStatus():
+                await self.send(AdminReply(True, json.dumps(server.status(), sort_keys=True)), corr)
+            case _:
+                reply = provisioner_reply(cluster, self.replica, self.identity, self.providers, msg, now)
+                await self.send(reply, corr)
+
+    async def _resync(self, providers: tuple[str, ...], corr: int) -> None:
+        wanted = frozenset(providers) or self.providers
+        if not wanted <= self.providers:
+            await self.send(Rejected(INVALID, "resync of providers not declared in this connection's Join"), corr)
+            return
+        cluster = self.server.cluster
+        async with self.push_lock:
+            plan = cluster.resync_plan(wanted)
+            host_chunks = (
+                paginate_by_size(plan.hosts, lambda c: ResyncPage(0, 1, (), c), HOSTS_PAGE_ITEMS)
+                if plan.hosts
+                else []
+            )
+            for host in plan.hosts:  # the resync carries them; a pending older push would only repeat them
+                if self.pending_hosts.get(host.instance_ref) == host:
+                    del self.pending_hosts[host.instance_ref]
+            page_count = max(1, len(plan.fact_ranges) + len(host_chunks))
+            page = 0
+            for page in range(len(plan.fact_ranges)):
+                facts = cluster.resync_facts(plan, page)
+                await self.send(ResyncPage(page, page_count, facts, ()), corr)
+            for i, chunk in enumerate(host_chunks):
+                await self.send(ResyncPage(len(plan.fact_ranges) + i, page_count, (), chunk), corr)
+            if not plan.fact_ranges and not host_chunks:
+                await self.send(ResyncPage(0, 1, (), ()), corr)
+            self.force_demand = True
+            self.changed.set()
+
+    async def _push_loop(self) -> None:
+        cluster = self.server.cluster
+        while True:
+            async with self.push_lock:
+                # Reset first: a change that lands while we send sets the new event and we loop again.
+                self.changed = trio.Event()
+                hosts = list(self.pending_hosts.values())
+                self.pending_hosts.clear()
+                frames: list[tuple[Message, int]] = [(push, 0) for push in host_pushes(hosts)] if hosts else []
+                snapshot = cluster.demand
+                if self.force_demand or snapshot.seq != self.demand_sent:
+                    frames += [(page, 0) for page in demand_pages(snapshot.seq, snapshot.items)]
+                    self.force_demand, self.demand_sent = False, snapshot.seq
+                if frames:
+                    with trio.fail_after(self.server.send_timeout):
+                        await self.framed.send_many(frames)
+            await self.changed.wait()
+
+
+def _admin(ok: bool, **fields: object) -> AdminReply:
+    return AdminReply(ok, json.dumps(fields, sort_keys=True))

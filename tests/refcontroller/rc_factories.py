@@ -1,0 +1,41 @@
+"""Small builders of facts and demand for the reference controller's tests."""
+
+from __future__ import annotations
+
+import hashlib
+
+from provisionerd.model import DemandItem, Epoch, InstanceFact, RequestIntent, ResourceShape
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def intent(provider: str, epoch: Epoch, op_id: str = "op-1", refs: tuple[str, ...] = ("i-1",)) -> RequestIntent:
+    """An intent whose instance ``ref`` joins with the token ``"tok-" + ref``."""
+    return RequestIntent(
+        provider=provider,
+        epoch=epoch,
+        op_id=op_id,
+        template_id="t1",
+        count=len(refs),
+        instance_refs=refs,
+        token_hashes=tuple(sha(f"tok-{ref}") for ref in refs),
+    )
+
+
+def instance(provider: str, epoch: Epoch, ref: str, op_id: str = "op-1", token: str | None = None) -> InstanceFact:
+    return InstanceFact(
+        provider=provider,
+        epoch=epoch,
+        op_id=op_id,
+        instance_ref=ref,
+        machine_id=f"m-{ref}",
+        template_id="t1",
+        token_hash=sha(token if token is not None else f"tok-{ref}"),
+        hostname=f"host-{ref}",
+    )
+
+
+def item(demand_id: str = "d1", count: int = 2, ncpus: int = 4) -> DemandItem:
+    return DemandItem(demand_id=demand_id, shape=ResourceShape(ncpus=ncpus), count=count)
