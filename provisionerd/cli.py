@@ -13,8 +13,12 @@ from provisionerd import __version__
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("provisionerd.agent_cli", "run the worker agent on a machine (agent --certs DIR --controllers ADDRS ...)"),
     "certs": ("provisionerd.certs_cli", "create a cluster CA and role certificates (certs init DIR --cluster NAME)"),
     "provider": ("provisionerd.provider.check_cli", "provider plugin tools (provider check PATH)"),
+    "config": ("provisionerd.config_cli", "check a daemon config file (config check FILE)"),
+    "status": ("provisionerd.status_cli", "show a running daemon's link, primary and leases (status --config FILE)"),
+    "run": ("provisionerd.run_cli", "run the daemon (run --config FILE)"),
 }
 
 

@@ -13,12 +13,15 @@ Messages never carry credentials or join tokens: the code that raises is respons
     │   └── OpcodeNotAllowed   the peer's role may not send this message
     ├── AuthError              TLS/certificate/token refusal
     ├── ControllerRejected     the controller answered with a typed rejection (stale_epoch, no_quorum, not_primary, ...)
+    ├── LinkDown               the controller link is down or broke mid-request (outcome unknown)
     ├── LeaseError             no valid lease for a provider (never acquired, lapsed, lost)
     └── ProviderError          a provider plugin call failed
         ├── ProviderTimeout    the call exceeded its deadline; the process group was killed
         ├── ProviderCrashed    the plugin exited/died before answering
         ├── ProviderProtocolViolation   output that is not JSON, too large, or fails the schema
-        └── ProviderRejected   the plugin answered with a typed error document (``code``, ``retryable``)
+        ├── ProviderRejected   the plugin answered with a typed error document (``code``, ``retryable``)
+        │   └── ProviderInputInvalid    the daemon's own input failed the schema; nothing was sent (invalid_request)
+        └── ProviderUnsupported         the plugin does not implement the action (e.g. no ``<action>.sh``)
 """
 
 from __future__ import annotations
@@ -98,6 +101,13 @@ class ControllerRejected(ProvisionerdError):
         super().__init__(f"controller rejected: {reason}" + (f" ({detail})" if detail else ""))
 
 
+class LinkDown(ProvisionerdError):
+    """The controller link is down, or broke (or a reply did not come in time) while a request was in flight.
+
+    A request that fails this way has an unknown outcome: a fact may or may not have been committed.
+    """
+
+
 class LeaseError(ProvisionerdError):
     """No valid lease for the provider: never acquired, lapsed on the local clock, or lost."""
 
@@ -158,3 +168,20 @@ class ProviderRejected(ProviderError):
     @property
     def retryable(self) -> bool:
         return self.code in RETRYABLE_CODES
+
+
+class ProviderInputInvalid(ProviderRejected):
+    """The input failed the action's input schema, so nothing was sent: a daemon bug, never retryable.
+
+    ``problems`` lists each one as ``"<json path>: <message>"`` (redacted of secrets).
+    """
+
+    def __init__(self, provider: str, action: str, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__(provider, action, "invalid_request", "input fails the schema: " + "; ".join(self.problems))
+
+
+class ProviderUnsupported(ProviderError):
+    """The plugin does not implement the action (a one-shot plugin without ``<action>.sh``). Nothing ran."""
+
+    outcome_unknown = False
