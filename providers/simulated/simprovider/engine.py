@@ -1,0 +1,239 @@
+"""The simulated cloud: every contract action as a function of (config, state, input, now).
+
+No I/O here: the transports (``oneshot``, ``persistent``) load and save the state around a call. ``handle`` returns
+an ``Outcome`` that says what to answer, how late, whether to lose the answer (hang/crash/garbage faults), and how
+much the state changed: ``SOFT`` (poll counters, fault counters: saved without fsync) or ``DURABLE`` (machines
+created or returned: saved with fsync before answering, as a cloud commits before it acknowledges).
+
+State layout (``state.json``): ``next`` (id counters), ``ops`` (op_id -> request id), ``requests``, ``machines``,
+``faults`` (per-rule call counters). A machine's ``state`` is ``pending``, ``running``, ``shutting-down``,
+``terminated`` (returned) or ``vanished``. Join tokens are never stored: only their SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from . import faults, lifecycle
+from .errors import Fault
+from .inputs import bootstrap_list, machine_refs, non_empty_str, obj, op_and_tags, request_refs, tag_filter
+
+NONE, SOFT, DURABLE = 0, 1, 2
+VERSION = "1.0.0"
+PRICE_SOURCE = "simulated (not a real price)"
+
+
+class Outcome:
+    __slots__ = ("result", "error", "delay", "disrupt", "change")
+
+    def __init__(self) -> None:
+        self.result: dict | None = None
+        self.error: dict | None = None
+        self.delay = 0.0
+        self.disrupt: str | None = None
+        self.change = NONE
+
+
+def new_state() -> dict:
+    return {"version": 1, "next": {"machine": 0, "request": 0}, "ops": {}, "requests": {}, "machines": {}, "faults": {}}
+
+
+def _ident(seed: str, kind: str, n: int, width: int) -> str:
+    return hashlib.sha256(f"{seed}/{kind}/{n}".encode()).hexdigest()[:width]
+
+
+def _rfc3339(now: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+
+
+class Call:
+    """One action being handled: the inputs plus what it changed."""
+
+    __slots__ = ("config", "state", "now", "plan", "change")
+
+    def __init__(self, config: dict, state: dict, now: float, plan: faults.Plan) -> None:
+        self.config, self.state, self.now, self.plan = config, state, now, plan
+        self.change = SOFT if plan.fired else NONE
+
+    def touched(self, level: int) -> None:
+        self.change = max(self.change, level)
+
+    def next_id(self, kind: str) -> int:
+        counters = self.state["next"]
+        counters[kind] += 1
+        return counters[kind]
+
+
+def describe_provider(call: Call, inp: dict) -> dict:
+    config = call.config
+    return {
+        "name": config["name"],
+        "version": VERSION,
+        "contractVersion": 1,
+        "features": {
+            "idempotentRequest": True,
+            "listMachines": True,
+            "stopMachines": False,
+            "tags": True,
+            "priceQuotes": any(t["price"] is not None for t in config["templates"]),
+        },
+    }
+
+
+def get_available_templates(call: Call, inp: dict) -> dict:
+    stamp = _rfc3339(call.now)
+    out = []
+    for t in call.config["templates"]:
+        doc = {"templateId": t["templateId"], "maxNumber": t["maxNumber"], "attributes": t["attributes"]}
+        if t["price"] is not None:
+            p = t["price"]
+            doc["price"] = {
+                "amount": p["amount"],
+                "currency": p["currency"],
+                "unit": p["unit"],
+                "source": PRICE_SOURCE,
+                "timestamp": p.get("timestamp", stamp),
+            }
+        out.append(doc)
+    return {"templates": out}
+
+
+def request_machines(call: Call, inp: dict) -> dict:
+    template = obj(inp.get("template"), "template")
+    tid = non_empty_str(template.get("templateId"), "template.templateId")
+    count = template.get("machineCount")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise Fault("invalid_request", f"template.machineCount: expected an integer >= 1, got {count!r}")
+    op_id, tags = op_and_tags(inp)
+    boots = bootstrap_list(inp.get("bootstrap"), count)  # before the op_id lookup: a replay is checked too
+    state = call.state
+    fingerprint = ["create", tid, count]
+    known = state["ops"].get(op_id)
+    if known is not None:
+        if state["requests"][known]["fingerprint"] != fingerprint:
+            raise Fault("invalid_request", f"op_id {op_id!r} was already used for a different request")
+        return {"requestId": known, "message": f"op_id {op_id!r} already requested: same request, no new machines"}
+    t = call.config["templatesById"].get(tid)
+    if t is None:
+        raise Fault("invalid_request", f"unknown template {tid!r}")
+    live = [m for m in state["machines"].values() if m["state"] in lifecycle.LIVE]
+    live_t = sum(1 for m in live if m["templateId"] == tid)
+    if len(live) + count > call.config["maxMachines"]:
+        raise Fault("quota_exceeded", f"account quota: {len(live)} live + {count} > {call.config['maxMachines']}")
+    if live_t + count > t["maxNumber"]:
+        raise Fault("quota_exceeded", f"template {tid!r}: {live_t} live + {count} > maxNumber {t['maxNumber']}")
+    available = t["capacity"] - live_t
+    if available <= 0:
+        raise Fault("capacity_unavailable", f"template {tid!r}: no capacity left")
+    made = min(count, available)
+    why = "capacity"
+    rule = call.plan.partial
+    if rule is not None:
+        limit = int(rule["fraction"] * count) if "fraction" in rule else rule["count"]
+        if limit < made:
+            made, why = limit, "partial fulfilment fault"
+    seed = call.config["seed"]
+    rid = "req-" + _ident(seed, "request", call.next_id("request"), 12)
+    ids = []
+    for i in range(made):
+        n = call.next_id("machine")
+        mid = "i-" + _ident(seed, "machine", n, 17)
+        ip = f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+        boot = boots[i]
+        machine = {"machineId": mid, "name": "ip-" + ip.replace(".", "-"), "privateIpAddress": ip, "seq": n,
+                   "templateId": tid, "requestId": rid, "launchtime": int(call.now), "state": "pending",
+                   "tags": {**tags, "provisionerd:instance": boot["instanceRef"]}, "instanceRef": boot["instanceRef"],
+                   # Models "the machine received its bootstrap" without keeping the secret itself.
+                   "joinTokenSha256": hashlib.sha256(boot["joinToken"].encode()).hexdigest()}
+        state["machines"][mid] = machine
+        ids.append(mid)
+    message = "" if made == count else f"created {made} of {count} machines ({why})"
+    state["requests"][rid] = {"kind": "create", "opId": op_id, "fingerprint": fingerprint, "asked": count,
+                              "machineIds": ids, "polls": 0, "createdAt": int(call.now), "message": message}
+    state["ops"][op_id] = rid
+    lifecycle.advance_boot(call.config, state, ids, 0, call.now)
+    call.touched(DURABLE)
+    return {"requestId": rid, "message": f"requested {count} x {tid}"}
+
+
+def get_request_status(call: Call, inp: dict) -> dict:
+    out = []
+    for rid in request_refs(inp):
+        req = call.state["requests"].get(rid)
+        if req is None:
+            out.append({"requestId": rid, "status": "complete_with_error", "message": "unknown request",
+                        "machines": []})
+            continue
+        if lifecycle.poll(call.config, call.state, req, call.now):
+            call.touched(SOFT)
+        out.append(lifecycle.request_view(call.state, rid, req))
+    return {"requests": out}
+
+
+def request_return_machines(call: Call, inp: dict) -> dict:
+    refs = machine_refs(inp, required=True)
+    op_id, tags = op_and_tags(inp)
+    state = call.state
+    fingerprint = ["return", sorted(r["machineId"] for r in refs)]
+    known = state["ops"].get(op_id)
+    if known is not None:
+        if state["requests"][known]["fingerprint"] != fingerprint:
+            raise Fault("invalid_request", f"op_id {op_id!r} was already used for a different request")
+        return {"requestId": known, "message": f"op_id {op_id!r} already requested: same return request"}
+    rid = "ret-" + _ident(call.config["seed"], "request", call.next_id("request"), 12)
+    entries = [lifecycle.start_return(call.config, state, ref, tags, rid) for ref in refs]
+    state["requests"][rid] = {"kind": "return", "opId": op_id, "fingerprint": fingerprint, "entries": entries,
+                              "polls": 0, "createdAt": int(call.now), "message": ""}
+    state["ops"][op_id] = rid
+    call.touched(DURABLE)
+    return {"requestId": rid, "message": f"returning {len(refs)} machine(s)"}
+
+
+def get_return_requests(call: Call, inp: dict) -> dict:
+    asked = {r["machineId"] for r in machine_refs(inp, required=False)}
+    return {"status": "complete", "message": "", "requests": lifecycle.return_requests(call.state, asked, call.now)}
+
+
+def list_machines(call: Call, inp: dict) -> dict:
+    wanted = tag_filter(inp.get("tags"))
+    return {"machines": lifecycle.listing(call.state, wanted)}
+
+
+ACTIONS = {
+    "describeProvider": describe_provider,
+    "getAvailableTemplates": get_available_templates,
+    "requestMachines": request_machines,
+    "getRequestStatus": get_request_status,
+    "requestReturnMachines": request_return_machines,
+    "getReturnRequests": get_return_requests,
+    "listMachines": list_machines,
+}
+
+
+def handle(config: dict, state: dict, action: str, inp: object, now: float) -> Outcome:
+    """Answer one call: faults first (they may refuse it), then world events (vanish, reclaim), then the action."""
+    outcome = Outcome()
+    handler = ACTIONS.get(action)
+    if handler is None:
+        detail = "not supported (features.stopMachines is false)" if action == "stopMachines" else "unknown action"
+        outcome.error = Fault("invalid_request", f"{action!r}: {detail}").document()
+        return outcome
+    template = inp.get("template") if isinstance(inp, dict) else None
+    tid = template.get("templateId") if isinstance(template, dict) else None
+    plan = faults.plan(config, state, action, tid)
+    call = Call(config, state, now, plan)
+    outcome.delay, outcome.disrupt = plan.delay, plan.disrupt
+    try:
+        if plan.error is not None:
+            raise plan.error
+        if plan.vanish or plan.reclaim:
+            if lifecycle.world_events(state, plan, now):
+                call.touched(DURABLE)
+        if not isinstance(inp, dict):
+            raise Fault("invalid_request", f"input: expected a JSON object, got {type(inp).__name__}")
+        outcome.result = handler(call, inp)
+    except Fault as fault:
+        outcome.result, outcome.error = None, fault.document()
+    outcome.change = call.change
+    return outcome

@@ -1,0 +1,1 @@
+"""Provider plugins: the contract's schemas, the one-shot and persistent runtimes, and the conformance kit."""

@@ -1,0 +1,309 @@
+"""The persistent transport: one long-lived plugin process speaking JSON lines, many calls in flight.
+
+The daemon writes ``{"id", "action", "input"}`` lines; the plugin answers ``{"id", "result"}`` or
+``{"id", "error"}`` lines in any order. One writer task coalesces queued lines into one write (a write per line
+costs ~5x throughput, notes/trio-patterns.md); one reader task splits stdout into bounded lines and hands each
+answer to the waiting call by id. Outputs are validated in the caller's task, not the reader's.
+
+Decisions (the contract lets the daemon choose; docs/providers.md tells authors):
+- A line that is not a well-formed answer, or answers an id nobody asked, poisons the stream: we cannot tell
+  which call it belonged to. All pending calls fail with ``ProviderProtocolViolation`` and the plugin is killed
+  and restarted. Late answers to calls that were cancelled or timed out are *not* violations: they are dropped.
+- A call that times out raises ``ProviderTimeout`` and the plugin is killed and restarted (the whole process
+  group, as in one-shot): a plugin that does not answer in time is presumed wedged, and a hung action must not
+  keep running in the cloud. Other calls in flight then fail with ``ProviderCrashed`` (outcome unknown).
+  A call cancelled by its caller (not timed out) only abandons its id.
+- When the plugin dies, every pending call fails with ``ProviderCrashed`` and the plugin is restarted after an
+  exponential backoff on trio's clock (``Backoff``); calls made meanwhile wait for it within their own timeout,
+  and fail with ``ProviderCrashed`` (nothing sent, outcome known) if it is not back in time.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.errors import ProviderCrashed, ProviderError, ProviderProtocolViolation, ProviderTimeout
+from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
+from provisionerd.provider.process import StderrTail, kill_group, open_group_process
+from provisionerd.provider.runtime import (
+    ProviderConfig,
+    Redactor,
+    check_input,
+    check_output,
+    dump_json,
+    join_tokens,
+    redactor_for,
+    rejection,
+    snippet,
+)
+
+log = logging.getLogger(__name__)
+_BATCH = 512  # lines per write at most
+_ABANDONED = 4096  # ids of cancelled/timed-out calls remembered, so their late answers are dropped quietly
+_RECENT_TOKENS = 4096  # join tokens remembered for redacting the shared stderr tail
+_EXITED = "the plugin exited or closed its stdout before answering"
+
+
+@attrs.frozen
+class Backoff:
+    """Restart delays: ``initial`` after a first death, times ``factor`` per consecutive death up to ``maximum``;
+    a process that lived ``reset_after`` seconds starts the sequence over."""
+
+    initial: float = 0.1
+    factor: float = 2.0
+    maximum: float = 30.0
+    reset_after: float = 30.0
+
+    def next_delay(self, previous: float | None, lived: float) -> float:
+        if previous is None or lived >= self.reset_after:
+            return self.initial
+        return min(self.maximum, previous * self.factor)
+
+
+@attrs.define(eq=False)
+class _Pending:
+    action: str
+    done: trio.Event = attrs.field(factory=trio.Event)
+    answer: Answer | None = None
+    failure: ProviderError | None = None
+
+
+@attrs.define(eq=False)
+class _Generation:
+    """One run of the plugin process; ``reason`` is the first reason it stopped (None while serving)."""
+
+    send: trio.MemorySendChannel[bytes]
+    scope: trio.CancelScope
+    reason: tuple[type[ProviderError], str] | None = None
+
+
+class PersistentProvider:
+    """A ``ProviderClient`` over one supervised plugin process. Start ``run`` in a nursery (or use
+    ``open_persistent_provider``); ``call`` is safe from many tasks at once."""
+
+    def __init__(self, config: ProviderConfig, *, backoff: Backoff = Backoff()) -> None:
+        self.config = config
+        self.name = config.name
+        self.backoff = backoff
+        self.restarts = 0  # generations started after the first (observable by tests and metrics)
+        self._argv = [config.path, *config.args]
+        self._env = config.plugin_env()
+        self._redact = redactor_for(config)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._abandoned: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._tokens: collections.deque[str] = collections.deque(maxlen=_RECENT_TOKENS)
+        self._room = trio.lowlevel.ParkingLot()  # callers waiting for fewer than max_in_flight pending calls
+        self._gen: _Generation | None = None
+        self._up = trio.Event()
+        self._last_failure = "the plugin has not started yet"
+        self._closed = False
+
+    # --- calls ---------------------------------------------------------------------------------------------------
+
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        tokens = join_tokens(action, input)
+        redact = self._redact.including(tokens)
+        check_input(self.name, action, input, redact)
+        deadline = self.config.timeout_for(action) if timeout is None else timeout
+        ident = next(self._ids)
+        line = (dump_json({"id": ident, "action": action, "input": input}) + "\n").encode()
+        pending: _Pending | None = None
+        with trio.move_on_after(deadline) as scope:
+            while len(self._pending) >= self.config.limits.max_in_flight:
+                await self._room.park()
+            gen = await self._serving()
+            pending = self._pending[ident] = _Pending(action)
+            self._tokens.extend(tokens)
+            gen.send.send_nowait(line)  # unbounded channel, bounded by max_in_flight
+            try:
+                await pending.done.wait()
+            finally:
+                if not pending.done.is_set():  # timed out or cancelled: the answer may still come
+                    self._abandon(ident)
+                self._room.unpark()
+        if pending is None:
+            error = ProviderCrashed(self.name, action, f"the plugin was not running for {deadline:g} s: "
+                                    f"{self._last_failure}")
+            error.outcome_unknown = False  # nothing was sent
+            raise error
+        if scope.cancelled_caught and not pending.done.is_set():
+            self._end(gen, ProviderCrashed, f"the plugin was restarted after a {action} call timed out")
+            raise ProviderTimeout(self.name, action, f"no answer within {deadline:g} s; the plugin was restarted")
+        return self._outcome(action, pending, redact)
+
+    def _outcome(self, action: str, pending: _Pending, redact: Redactor) -> dict[str, Any]:
+        if pending.failure is not None:
+            raise pending.failure
+        answer = pending.answer
+        assert answer is not None
+        if answer.is_error:
+            typed = rejection(self.name, action, answer.error, redact)
+            if typed is None:
+                raise ProviderProtocolViolation(
+                    self.name, action, f"the error is not an error body: {snippet(json.dumps(answer.error), redact)}"
+                )
+            raise typed
+        return check_output(self.name, action, answer.result, redact)
+
+    async def _serving(self) -> _Generation:
+        """The generation serving now, waiting for a (re)start if there is none."""
+        while self._gen is None:
+            if self._closed:
+                raise ProviderCrashed(self.name, "call", "the provider client is closed")
+            await self._up.wait()
+        return self._gen
+
+    def _abandon(self, ident: int) -> None:
+        self._pending.pop(ident, None)
+        self._abandoned[ident] = None
+        while len(self._abandoned) > _ABANDONED:
+            self._abandoned.popitem(last=False)
+
+    async def aclose(self) -> None:
+        """Stop serving: pending and later calls fail with ``ProviderCrashed``; the supervisor's scope is
+        cancelled by whoever runs it (``open_persistent_provider`` does)."""
+        self._closed = True
+        if self._gen is not None:
+            self._end(self._gen, ProviderCrashed, "the provider client was closed")
+        self._up.set()  # wake waiting callers so they see the closed flag
+
+    def _end(self, gen: _Generation, kind: type[ProviderError], detail: str) -> None:
+        """Stop ``gen`` (first reason wins): no new call may join it; its pending calls fail once it is dead."""
+        if gen.reason is None:
+            gen.reason = (kind, detail)
+        gen.scope.cancel()
+        if self._gen is gen:
+            self._gen = None
+            self._up = trio.Event()
+
+    # --- supervision ---------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the plugin, serve it, and restart it after each death until cancelled or closed."""
+        task_status.started()
+        delay: float | None = None
+        while not self._closed:
+            started = trio.current_time()
+            await self._serve_once()
+            if self._closed:
+                return
+            delay = self.backoff.next_delay(delay, trio.current_time() - started)
+            log.warning("provider %s: %s; restarting in %.2f s", self.name, self._last_failure, delay)
+            await trio.sleep(delay)
+            self.restarts += 1
+
+    async def _serve_once(self) -> None:
+        limits = self.config.limits
+        tail = StderrTail(limits.stderr_tail)
+        send, receive = trio.open_memory_channel[bytes](float("inf"))
+        gen = _Generation(send, trio.CancelScope())
+        workdir = tempfile.mkdtemp(prefix="provisionerd-plugin-")
+        proc: trio.Process | None = None
+        try:
+            async with open_group_process(self._argv, env=self._env, cwd=workdir, grace=limits.term_grace) as proc:
+                with gen.scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._write, gen, proc.stdin, receive)
+                        nursery.start_soon(self._read, gen, proc.stdout)
+                        nursery.start_soon(tail.drain, proc.stderr)
+                        nursery.start_soon(self._reap, proc, limits.term_grace)
+                        self._gen = gen
+                        self._up.set()
+        except OSError as exc:
+            self._end(gen, ProviderCrashed, f"cannot start {self._argv[0]!r}: {exc.strerror}")
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._end(gen, ProviderCrashed, _EXITED)
+            send.close()
+        assert gen.reason is not None
+        kind, detail = gen.reason
+        if detail == _EXITED and proc is not None:
+            detail += f" (exit status {proc.returncode})"
+        stderr = Redactor(self._redact.secrets).including(self._tokens)(tail.text())
+        if stderr:
+            detail += f"; stderr tail: {snippet(stderr[-1000:], self._redact, 1000)}"
+        self._last_failure = detail
+        pending, self._pending = self._pending, {}
+        for item in pending.values():
+            item.failure = kind(self.name, item.action, detail)
+            item.done.set()
+
+    async def _write(
+        self, gen: _Generation, stdin: trio.abc.SendStream, receive: trio.MemoryReceiveChannel[bytes]
+    ) -> None:
+        try:
+            async for first in receive:
+                batch = [first]
+                while len(batch) < _BATCH:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await stdin.send_all(b"".join(batch))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._end(gen, ProviderCrashed, "the plugin stopped reading its stdin")
+
+    async def _read(self, gen: _Generation, stdout: trio.abc.ReceiveStream) -> None:
+        splitter = LineSplitter(self.config.limits.max_line)
+        try:
+            while chunk := await stdout.receive_some(65536):
+                for line in splitter.feed(chunk):
+                    if line and not line.isspace() and not self._dispatch(gen, line):
+                        return
+        except LineTooLong as exc:
+            self._end(gen, ProviderProtocolViolation, f"an output line exceeds {exc.limit} bytes; the plugin was killed")
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self._end(gen, ProviderCrashed, _EXITED)
+
+    def _dispatch(self, gen: _Generation, line: bytes) -> bool:
+        try:
+            answer = parse_answer(line)
+        except BadFrame as exc:
+            redact = self._redact.including(self._tokens)
+            self._end(gen, ProviderProtocolViolation, f"{exc}: {snippet(line, redact)}; the plugin was killed")
+            return False
+        pending = self._pending.pop(answer.id, None)
+        if pending is None:
+            if answer.id in self._abandoned:
+                del self._abandoned[answer.id]
+                return True
+            self._end(gen, ProviderProtocolViolation, f"an answer for unknown id {answer.id}; the plugin was killed")
+            return False
+        pending.answer = answer
+        pending.done.set()
+        return True
+
+    async def _reap(self, proc: trio.Process, grace: float) -> None:
+        """When the leader exits, kill what is left of its group, so stdout reaches EOF and the reader ends
+        the generation after reading every answer already written."""
+        await proc.wait()
+        await kill_group(proc, grace)
+
+
+@asynccontextmanager
+async def open_persistent_provider(
+    config: ProviderConfig, *, backoff: Backoff = Backoff()
+) -> AsyncIterator[PersistentProvider]:
+    """A running ``PersistentProvider``; on exit the plugin's process group is killed."""
+    client = PersistentProvider(config, backoff=backoff)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,215 @@
+"""What both transports share: the client interface, the plugin's config and environment, redaction of secrets, and
+the checks every call goes through (input before sending, output on arrival).
+
+A call's life, whatever the transport::
+
+    input ──validate (ProviderInputInvalid, nothing sent)──> plugin ──stdout──> decode JSON ──validate──> dict
+                                                              │ no answer in time: ProviderTimeout
+                                                              │ died/killed: ProviderCrashed
+                                                              │ not JSON/too big/bad shape: ProviderProtocolViolation
+                                                              └ error document: ProviderRejected(code)
+
+Every text that reaches an error comes through a ``Redactor`` holding the configured credential values and the
+join tokens of the input: plugins echo their input and environment in tracebacks, and we quote their output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from provisionerd.errors import (
+    RETRYABLE_CODES,
+    ProviderInputInvalid,
+    ProviderProtocolViolation,
+    ProviderRejected,
+)
+from provisionerd.provider.schemas import ACTIONS, contract
+
+#: Seconds a call may take before its plugin is killed; per action, overridable in ``ProviderConfig.timeouts``.
+DEFAULT_TIMEOUTS: Mapping[str, float] = {
+    "describeProvider": 30.0,
+    "getAvailableTemplates": 60.0,
+    "getRequestStatus": 60.0,
+    "getReturnRequests": 60.0,
+    "listMachines": 120.0,
+    "requestMachines": 180.0,
+    "requestReturnMachines": 120.0,
+    "stopMachines": 120.0,
+}
+#: Variables of the daemon's own environment a plugin inherits; nothing else leaks from the daemon.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+REDACTED = "***"
+_SNIPPET = 200
+
+
+@attrs.frozen
+class Limits:
+    """Bounds on what one plugin can make the daemon hold or wait for."""
+
+    max_output: int = 8 << 20  # one-shot stdout bytes
+    max_line: int = 8 << 20  # persistent: bytes of one JSON line
+    stderr_tail: int = 8 << 10  # the last bytes of stderr kept for error details
+    term_grace: float = 1.0  # seconds between SIGTERM and SIGKILL of the process group
+    max_in_flight: int = 1024  # persistent: calls waiting for an answer at once (more wait their turn)
+
+
+@attrs.frozen
+class ProviderConfig:
+    """One configured provider plugin.
+
+    ``path`` is the directory of ``<action>.sh`` scripts (one-shot) or the executable (persistent), started with
+    ``args`` after it. ``env`` adds plain variables; ``credentials`` adds secret ones: both reach only the plugin's
+    environment, and the credential values are redacted from everything the runtime reports.
+    """
+
+    name: str
+    cluster: str
+    path: str
+    transport: str = "oneshot"
+    args: tuple[str, ...] = ()
+    conf_dir: str = ""
+    data_dir: str = ""
+    log_dir: str = ""
+    lsf_top: str = ""
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    credentials: Mapping[str, str] = attrs.field(factory=dict, repr=lambda _: "{...}")
+    timeouts: Mapping[str, float] = attrs.field(factory=dict)
+    limits: Limits = Limits()
+
+    def timeout_for(self, action: str) -> float:
+        return float(self.timeouts.get(action, DEFAULT_TIMEOUTS.get(action, 60.0)))
+
+    def plugin_env(self) -> dict[str, str]:
+        """The plugin's whole environment (LSF resource connector names, plus ours)."""
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env.update(
+            PROVIDER_NAME=self.name,
+            PRO_CONF_DIR=self.conf_dir,
+            PRO_DATA_DIR=self.data_dir,
+            PRO_LSF_LOGDIR=self.log_dir or self.data_dir,
+            PRO_LSF_TOP=self.lsf_top,
+            PROVISIONERD_CLUSTER=self.cluster,
+            PROVISIONERD_PYTHON=sys.executable,
+        )
+        env.update(self.env)
+        env.update(self.credentials)
+        return env
+
+
+class ProviderClient(Protocol):
+    """A provider plugin behind either transport (or an in-memory fake).
+
+    ``call`` validates ``input`` against the action's input schema, runs the action within ``timeout`` seconds
+    (default: the config's per-action timeout) and returns the validated output document. It raises only
+    ``ProviderError`` subclasses: ``ProviderInputInvalid`` (nothing sent), ``ProviderUnsupported``,
+    ``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation`` or ``ProviderRejected`` (``code``).
+    """
+
+    name: str
+
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        ...
+
+    async def aclose(self) -> None:
+        ...
+
+
+@attrs.frozen
+class Redactor:
+    """Replaces every secret (and its JSON-escaped form) in a text by ``***``. Values shorter than 4 characters
+    are not redacted: they are not credentials, and blanking every "a" would make errors unreadable."""
+
+    secrets: frozenset[str] = frozenset()
+
+    def including(self, more: Collection[str]) -> Redactor:
+        if not more:  # the common case (no join tokens in the input), on every call
+            return self
+        extra = {s for s in more if len(s) >= 4} - self.secrets
+        return Redactor(self.secrets | extra) if extra else self
+
+    def __call__(self, text: str) -> str:
+        for secret in sorted(self.secrets, key=len, reverse=True):  # longest first: one may contain another
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+            escaped = json.dumps(secret)[1:-1]
+            if escaped != secret and escaped in text:
+                text = text.replace(escaped, REDACTED)
+        return text
+
+
+def redactor_for(config: ProviderConfig) -> Redactor:
+    return Redactor().including(config.credentials.values())
+
+
+def join_tokens(action: str, document: Mapping[str, Any]) -> list[str]:
+    """The secrets an input carries (the bootstrap join tokens of ``requestMachines``)."""
+    if action != "requestMachines":
+        return []
+    bootstrap = document.get("bootstrap")
+    if not isinstance(bootstrap, list):
+        return []
+    return [b["joinToken"] for b in bootstrap if isinstance(b, dict) and isinstance(b.get("joinToken"), str)]
+
+
+def snippet(text: str | bytes, redact: Redactor, limit: int = _SNIPPET) -> str:
+    """A short, redacted, printable quote of plugin output for an error detail."""
+    if isinstance(text, bytes):
+        text = text[: limit * 4].decode("utf-8", "replace")
+    text = redact(text)
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def check_input(provider: str, action: str, document: Mapping[str, Any], redact: Redactor) -> None:
+    """Raise ``ProviderInputInvalid`` (nothing is sent) unless ``document`` is a valid input of ``action``."""
+    if action not in ACTIONS:
+        raise ProviderInputInvalid(provider, action, [f"unknown action {action!r}"])
+    problems = contract().input_problems(action, document)
+    if problems:
+        raise ProviderInputInvalid(provider, action, [redact(p) for p in problems])
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Built once: json.loads/dumps with non-default options build a new decoder/encoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Strict JSON (no NaN/Infinity, as the standard says). Raises ``ValueError``."""
+    text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw  # UnicodeDecodeError is a ValueError
+    return _DECODER.decode(text)
+
+
+def dump_json(document: Any) -> str:
+    """Compact JSON; ``ValueError`` for NaN/Infinity (not JSON)."""
+    return _ENCODER.encode(document)
+
+
+def check_output(provider: str, action: str, document: Any, redact: Redactor) -> dict[str, Any]:
+    """The output document if valid for ``action``, else ``ProviderProtocolViolation`` with the problems."""
+    problems = contract().output_problems(action, document)
+    if problems:
+        detail = "; ".join(redact(p) for p in problems)
+        raise ProviderProtocolViolation(provider, action, f"output fails the schema: {detail}")
+    return document  # type: ignore[no-any-return]
+
+
+def rejection(provider: str, action: str, body: Any, redact: Redactor) -> ProviderRejected | None:
+    """The ``ProviderRejected`` an error body ``{"code", "message", "retryable"?}`` stands for; None if it is not
+    a valid error body."""
+    if contract().error_problems({"error": body}):
+        return None
+    error = ProviderRejected(provider, action, body["code"], redact(body["message"]))
+    if "retryable" in body and body["retryable"] != (body["code"] in RETRYABLE_CODES):
+        # The code decides retries (callers must not parse texts); a contradicting flag is only noted.
+        error.add_note(f"the plugin said retryable={body['retryable']!r} for code {body['code']!r}")
+    return error

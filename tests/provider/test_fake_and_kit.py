@@ -1,0 +1,57 @@
+"""The in-memory fake keeps the contract (the conformance kit passes it) and runs on trio's MockClock."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from provisionerd.errors import ProviderCrashed, ProviderInputInvalid, ProviderRejected, ProviderTimeout
+from provisionerd.provider.check import Kit, KitOptions
+from provisionerd.provider.fake import FakeProvider
+
+
+def run_mock(fn):
+    return trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_the_fake_passes_the_kit_on_the_mock_clock():
+    async def main():
+        fake = FakeProvider(latency=0.5, prices={"small": 0.1})
+        rows = await Kit(fake, KitOptions(timeout=5)).run()
+        return rows, trio.current_time()
+
+    rows, elapsed = run_mock(main)
+    assert all(r.ok for r in rows), [r for r in rows if not r.ok]
+    assert len(rows) >= 14 and elapsed > 0  # virtual time passed, real time did not
+
+
+def test_the_kit_reports_injected_failures_by_type():
+    async def main():
+        fake = FakeProvider()
+        fake.fail_next("getRequestStatus", ProviderTimeout("fake", "getRequestStatus", "no answer"))
+        fake.fail_next("describeProvider", ProviderCrashed("fake", "describeProvider", "exit 1"))
+        return {r.name: r for r in await Kit(fake).run()}
+
+    rows = run_mock(main)
+    assert rows["describeProvider is valid and honest"].detail.startswith("ProviderCrashed")
+    assert rows["getRequestStatus reaches complete"].detail.startswith("ProviderTimeout")
+    assert rows["same op_id twice gives the same machines"].detail.startswith("skipped")
+
+
+def test_the_fake_checks_inputs_and_capacity():
+    async def main():
+        fake = FakeProvider(templates={"t": 1})
+        with pytest.raises(ProviderInputInvalid):
+            await fake.call("listMachines", {"tags": {}})
+        tags = {"provisionerd:cluster": "c", "provisionerd:provider": "fake", "provisionerd:op": "op1",
+                "provisionerd:epoch": "1.1"}
+        boot = [{"instanceRef": f"r{i}", "controllers": ["h:1"], "joinToken": "t" * 20 + str(i)} for i in range(2)]
+        doc = {"template": {"templateId": "t", "machineCount": 2}, "op_id": "op1", "tags": tags, "bootstrap": boot}
+        with pytest.raises(ProviderRejected) as info:
+            await fake.call("requestMachines", doc)
+        assert info.value.code == "capacity_unavailable" and info.value.retryable
+        return fake.calls
+
+    calls = run_mock(main)
+    assert [a for a, _ in calls] == ["requestMachines"]  # the invalid input never reached the fake
