@@ -1,0 +1,132 @@
+"""One plugin instance: the config, a lazily built EC2 client, and the table of contract actions.
+
+Both transports (one-shot ``<action>.sh`` and the persistent ``provider``) call :meth:`Plugin.handle`; it returns
+the action's result document or raises :class:`PluginError`. The client is built on first use, so
+``describeProvider`` and ``getAvailableTemplates`` work without credentials or network.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aws_ec2_plugin import __version__, inputs, machines, release, status
+from aws_ec2_plugin.config import Config
+from aws_ec2_plugin.create import request_machines
+from aws_ec2_plugin.ec2client import make_client
+from aws_ec2_plugin.ec2ops import Ec2, tag_filters
+from aws_ec2_plugin.failures import PluginError, from_exception
+from aws_ec2_plugin.records import Records
+from aws_ec2_plugin.redact import Redactor
+
+CONTRACT_VERSION = 1
+
+
+class Plugin:
+    def __init__(self, config: Config, redactor: Redactor, *, cluster: str | None, provider_name: str,
+                 data_dir: str | None, client_factory: Callable[[Config, Redactor], Any] = make_client) -> None:
+        self.config = config
+        self.redactor = redactor
+        self.cluster = cluster or None
+        self.provider_name = provider_name
+        self.records = Records(data_dir)
+        self._client_factory = client_factory
+        self._ec2: Ec2 | None = None
+        self._lock = threading.Lock()
+        self._actions: dict[str, Callable[[Any], dict[str, Any]]] = {
+            "describeProvider": self.describe_provider,
+            "getAvailableTemplates": self.get_available_templates,
+            "requestMachines": self.request_machines,
+            "getRequestStatus": self.get_request_status,
+            "requestReturnMachines": self.request_return_machines,
+            "getReturnRequests": self.get_return_requests,
+            "listMachines": self.list_machines,
+            "stopMachines": self.stop_machines,
+        }
+
+    @classmethod
+    def from_environment(cls, redactor: Redactor) -> Plugin:
+        """Config from ``$PRO_CONF_DIR``, records under ``$PRO_DATA_DIR``, cluster from ``$PROVISIONERD_CLUSTER``."""
+        return cls(
+            Config.from_conf_dir(),
+            redactor,
+            cluster=os.environ.get("PROVISIONERD_CLUSTER"),
+            provider_name=os.environ.get("PROVIDER_NAME") or "aws_ec2",
+            data_dir=os.environ.get("PRO_DATA_DIR") or None,
+        )
+
+    @property
+    def ec2(self) -> Ec2:
+        with self._lock:
+            if self._ec2 is None:
+                try:
+                    client = self._client_factory(self.config, self.redactor)
+                except Exception as exc:  # noqa: BLE001 - profile/credential resolution raises botocore types
+                    raise from_exception(exc, "client setup") from None
+                self._ec2 = Ec2(client, self.config.describe_batch_size)
+            return self._ec2
+
+    def handle(self, action: str, doc: Any) -> dict[str, Any]:
+        handler = self._actions.get(action)
+        if handler is None:
+            raise PluginError("invalid_request", f"unknown action {action!r}")
+        if not isinstance(doc, dict):
+            raise PluginError("invalid_request", "input must be a JSON object")
+        return handler(doc)
+
+    # --- read-only --------------------------------------------------------------------------------------------
+
+    def describe_provider(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": self.provider_name,
+            "version": __version__,
+            "contractVersion": CONTRACT_VERSION,
+            "features": {
+                "idempotentRequest": True,
+                "listMachines": True,
+                "stopMachines": True,
+                "tags": True,
+                # Only prices the config documents (source and date); this plugin queries no price API.
+                "priceQuotes": self.config.has_prices,
+            },
+        }
+
+    def get_available_templates(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return {"templates": [t.as_contract() for t in self.config.templates.values()]}
+
+    def get_request_status(self, doc: dict[str, Any]) -> dict[str, Any]:
+        ids = inputs.request_ids(doc)
+        return status.request_status(self.ec2, self.records, ids, self.cluster, self.config.visibility_grace)
+
+    def get_return_requests(self, doc: dict[str, Any]) -> dict[str, Any]:
+        ids = inputs.machine_ids(doc, required=False)
+        return status.return_requests(self.ec2, ids, self.cluster, self.config.reclaim_tag,
+                                      self.config.reclaim_grace_period)
+
+    def list_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
+        tags = inputs.tag_filter(doc)
+        filters = tag_filters(tags) + [{"Name": "instance-state-name", "Values": list(machines.LIVE_STATES)}]
+        return {"machines": [machines.listed(i) for i in self.ec2.describe(filters)]}
+
+    # --- mutations --------------------------------------------------------------------------------------------
+
+    def request_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
+        request = inputs.create_request(doc, self.config, self.cluster)
+        with self.records.exclusive(request.op_id):
+            return request_machines(self.ec2, self.records, request)
+
+    def request_return_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return self._release(doc, machines.RETURN)
+
+    def stop_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return self._release(doc, machines.STOP)
+
+    def _release(self, doc: dict[str, Any], kind: str) -> dict[str, Any]:
+        ids = inputs.machine_ids(doc, required=True)
+        op_id = inputs.op_id_of(doc)
+        tags = inputs.owner_tags(doc, op_id, self.cluster)
+        with self.records.exclusive(op_id):
+            return release.release(self.ec2, self.records, kind, op_id, tags[inputs.TAG_CLUSTER], ids,
+                                   self.config.terminate_batch_size)

@@ -1,0 +1,89 @@
+"""``getRequestStatus`` and ``getReturnRequests``: DescribeInstances read through the pure rules of ``machines``.
+
+A request id is the op_id of a create, return or stop request. One DescribeInstances with a ``tag-value`` filter
+finds the instances of up to 200 requests at once; the tag that carries the id (``provisionerd:op``,
+``provisionerd:return-op`` or ``provisionerd:stop-op``) says which kind of request it was. This host's record adds
+what tags cannot say (failed launch slots, ids not visible yet, returns of already terminated machines).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aws_ec2_plugin import machines
+from aws_ec2_plugin.bootstrap import TAG_CLUSTER, TAG_OP, TAG_RETURN_OP, TAG_STOP_OP, tag_dict
+from aws_ec2_plugin.ec2ops import Ec2
+from aws_ec2_plugin.records import Records
+
+_ID_TAGS = (TAG_OP, TAG_RETURN_OP, TAG_STOP_OP)
+
+
+def cluster_filter(cluster: str | None) -> list[dict[str, Any]]:
+    """Our cluster's instances; without a known cluster name, at least instances with a cluster tag at all."""
+    if cluster:
+        return [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
+    return [{"Name": "tag-key", "Values": [TAG_CLUSTER]}]
+
+
+def request_status(ec2: Ec2, records: Records, request_ids: Sequence[str], cluster: str | None,
+                   visibility_grace: float) -> dict[str, Any]:
+    found = ec2.describe_values("tag-value", sorted(set(request_ids)), cluster_filter(cluster))
+    by_request: dict[str, list[Mapping[str, Any]]] = {rid: [] for rid in request_ids}
+    for instance in found:
+        tags = tag_dict(instance)
+        for key in _ID_TAGS:
+            if tags.get(key) in by_request:
+                by_request[tags[key]].append(instance)
+    now = time.time()
+    return {"requests": [
+        _one(rid, by_request[rid], records.load(rid), now, visibility_grace) for rid in request_ids
+    ]}
+
+
+def _one(request_id: str, instances: Sequence[Mapping[str, Any]], record: Mapping[str, Any] | None, now: float,
+         grace: float) -> dict[str, Any]:
+    if not instances and record is None:
+        return {"requestId": request_id, "status": "complete_with_error", "machines": [],
+                "message": "unknown request: no machine carries this request id"}
+    if record is not None:
+        kind = str(record.get("kind", machines.CREATE))
+    else:
+        kind = machines.kind_of(request_id, tag_dict(instances[0]))
+    entries = [machines.status_machine(kind, i) for i in instances if machines.kind_of(request_id, tag_dict(i)) == kind]
+    seen = {e["machineId"] for e in entries}
+    failed_slots = 0
+    if record is not None:
+        age = now - float(record.get("updated", now))
+        if kind == machines.CREATE:
+            for ref, machine_id in dict(record.get("launched", {})).items():
+                if machine_id not in seen:
+                    entries.append(machines.unseen_machine(kind, machine_id, ref, age, grace))
+            failed_slots = len(record.get("failed", {}))
+        else:
+            done = dict(record.get("done", {}))
+            for machine_id in record.get("ids", []):
+                if machine_id in seen:
+                    continue
+                if machine_id in done:
+                    result, message = machines.result_for(kind, done[machine_id])
+                    entries.append({"machineId": machine_id, "name": machine_id, "result": result,
+                                    "status": done[machine_id], "message": message or "already done"})
+                else:
+                    entries.append(machines.unseen_machine(kind, machine_id, "", age, grace))
+    status, message = machines.request_status(entries, failed_slots)
+    if failed_slots and record is not None:
+        codes = sorted(set(dict(record["failed"]).values()))
+        message = f"{message}; not launched: {', '.join(codes)}"
+    return {"requestId": request_id, "status": status, "message": message, "machines": entries}
+
+
+def return_requests(ec2: Ec2, ids: Sequence[str], cluster: str | None, reclaim_tag: str,
+                    default_grace: int) -> dict[str, Any]:
+    """The given machines the cloud reclaimed or an operator marked; see :func:`machines.reclaimed`."""
+    if not ids:
+        return {"status": "complete", "message": "", "requests": []}
+    found = ec2.describe_values("instance-id", ids, cluster_filter(cluster))
+    wanted = machines.reclaimed(found, reclaim_tag, default_grace)
+    return {"status": "complete", "message": f"{len(wanted)} of {len(ids)} machines wanted back", "requests": wanted}
