@@ -139,6 +139,9 @@ class Cluster:
     def admit_worker(self, replica: int, instance_ref: str, token: str, wall: float) -> HostState | commits.Rejection:
         if not self.is_primary(replica):
             return commits.Rejection(NOT_PRIMARY)
+        known = self.hosts.get(instance_ref)
+        if known is not None and known.status is HostStatus.LOST:
+            return commits.Rejection("token_invalid", f"instance {instance_ref!r} is lost: it cannot rejoin")
         admitted = admit(self.store, instance_ref, token, wall)
         if isinstance(admitted, HostState):
             self.hosts.add(admitted)

@@ -162,6 +162,9 @@ class ControllerServer:
             reply = JoinReply(accepted=False, term=cluster.term, primary=True, reason=refusal.detail)
             await self._send_quietly(framed, reply, corr)
             return None
+        if role is Role.WORKER:  # a rejoin replaces whatever connection the same instance still has
+            for other in [s for s in self.sessions if s.role is Role.WORKER and s.join.instance_ref == join.instance_ref]:
+                other.disconnect()
         session = Session(self, framed, replica, role, join)
         await session.send(
             JoinReply(accepted=True, term=cluster.term, primary=True, controller_id=f"replica-{replica}"), corr
@@ -220,6 +223,8 @@ class ControllerServer:
 
     async def _mark_lost_later(self, instance_ref: str) -> None:
         await trio.sleep(self.timeouts.heartbeat)
+        if any(s.role is Role.WORKER and s.join.instance_ref == instance_ref for s in self.sessions):
+            return  # it rejoined meanwhile
         host = self.cluster.worker_lost(instance_ref, self.wall_clock())
         if host is not None:
             log.info("host lost instance_ref=%r", instance_ref)

@@ -50,6 +50,11 @@ CREATE TABLE IF NOT EXISTS used_tokens (
     instance_ref TEXT NOT NULL,
     used_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS rejoin_hashes (
+    instance_ref TEXT PRIMARY KEY,
+    rejoin_hash TEXT NOT NULL,
+    token_hash TEXT NOT NULL
+);
 """
 
 
@@ -224,14 +229,29 @@ class FactStore:
         )
         return [TokenClaim(*row) for row in rows]
 
-    def use_token(self, token_hash: str, instance_ref: str, at: float) -> bool:
-        """Mark the token used; ``False`` if it already was (the check and the mark are one statement)."""
+    def use_token(self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "") -> bool:
+        """Mark the token used; ``False`` if it already was (the check and the mark are one statement).
+
+        ``rejoin_hash`` (``agent_token.rejoin_hash``) is stored with it, in the same transaction.
+        """
         with self._transaction():
             cursor = self._conn.execute(
                 "INSERT OR IGNORE INTO used_tokens (token_hash, instance_ref, used_at) VALUES (?, ?, ?)",
                 (token_hash, instance_ref, at),
             )
+            if cursor.rowcount == 1 and rejoin_hash:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO rejoin_hashes (instance_ref, rejoin_hash, token_hash) VALUES (?, ?, ?)",
+                    (instance_ref, rejoin_hash, token_hash),
+                )
         return cursor.rowcount == 1
+
+    def rejoin_token_hash(self, instance_ref: str, rejoin_hash: str) -> str | None:
+        """The token hash the instance was admitted with, if ``rejoin_hash`` is the one stored for it."""
+        row = self._conn.execute(
+            "SELECT token_hash FROM rejoin_hashes WHERE instance_ref = ? AND rejoin_hash = ?", (instance_ref, rejoin_hash)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
 
 class _Transaction:

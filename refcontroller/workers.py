@@ -26,6 +26,7 @@ from collections.abc import Collection
 
 import attrs
 
+from provisionerd.agent_token import rejoin_hash, rejoin_hash_of_credential
 from provisionerd.model import HostState, HostStatus
 from refcontroller.commits import Rejection
 from refcontroller.store import FactStore
@@ -43,12 +44,19 @@ def admit(store: FactStore, instance_ref: str, token: str, wall_now: float) -> H
     """Admit a worker (consuming its token) or say why not. The detail never contains the token."""
     if not instance_ref or not token or len(token) > MAX_TOKEN_CHARS:
         return Rejection(TOKEN_INVALID, "a worker joins with an instance_ref and a token")
-    digest = token_hash(token)
-    claims = [claim for claim in store.token_claims(digest) if claim.instance_ref == instance_ref]
-    if not claims:
-        return Rejection(TOKEN_INVALID, f"no committed fact gives this token to instance {instance_ref!r}")
-    if not store.use_token(digest, instance_ref, wall_now):
-        return Rejection(TOKEN_INVALID, f"the token of instance {instance_ref!r} was already used")
+    proof = rejoin_hash_of_credential(token)
+    if proof is not None:  # a rejoin: the proof of the token this instance was admitted with
+        digest = store.rejoin_token_hash(instance_ref, proof) or ""
+        claims = [claim for claim in store.token_claims(digest) if claim.instance_ref == instance_ref]
+        if not claims:
+            return Rejection(TOKEN_INVALID, f"instance {instance_ref!r} was never admitted with this rejoin proof")
+    else:
+        digest = token_hash(token)
+        claims = [claim for claim in store.token_claims(digest) if claim.instance_ref == instance_ref]
+        if not claims:
+            return Rejection(TOKEN_INVALID, f"no committed fact gives this token to instance {instance_ref!r}")
+        if not store.use_token(digest, instance_ref, wall_now, rejoin_hash(token, instance_ref)):
+            return Rejection(TOKEN_INVALID, f"the token of instance {instance_ref!r} was already used")
     # Prefer the claim that came from an instance fact: it knows the machine id, hostname and address.
     claim = max(claims, key=lambda c: bool(c.machine_id))
     return HostState(

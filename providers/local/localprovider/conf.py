@@ -1,0 +1,163 @@
+"""``$PRO_CONF_DIR/local.json``: the templates on offer and how agents are started.
+
+    {
+      "templates": [{"templateId": "local-1", "maxNumber": 64, "ncpus": "auto", "memMb": "auto", "ngpus": 0,
+                     "type": "auto", "price": 0}],
+      "certsDir": "",            agents' --certs: absolute, or relative to PRO_CONF_DIR; "" = $PRO_DATA_DIR/certs
+      "heartbeatSeconds": 5,     agents' --heartbeat
+      "replyTimeoutSeconds": 15, agents' --reply-timeout
+      "killGraceSeconds": 10,    SIGTERM to SIGKILL when a returned agent does not exit
+      "agentCommand": []         argv prefix; [] = [this Python, "-m", "provisionerd", "agent"]
+    }
+
+Every key is optional (no file at all = these defaults). ``"auto"`` takes the value from this host. ``price`` is
+per machine-hour in USD with source ``"local"``; leave it out (or ``null``) for no price quote. A bad file is a
+``provider_error`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localprovider.errors import PluginError
+
+DEFAULT_TEMPLATE = {"templateId": "local-1", "maxNumber": 64, "ncpus": "auto", "memMb": "auto", "ngpus": 0,
+                    "type": "auto", "price": 0}  # fmt: skip
+KEYS = {"templates", "certsDir", "heartbeatSeconds", "replyTimeoutSeconds", "killGraceSeconds", "agentCommand"}
+TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price"}
+
+
+@dataclass(frozen=True)
+class Template:
+    template_id: str
+    max_number: int
+    ncpus: int
+    mem_mb: int
+    ngpus: int
+    arch: str
+    price: float | None
+
+    def document(self, available: int) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "templateId": self.template_id,
+            "maxNumber": available,
+            "attributes": {
+                "type": ["String", self.arch],
+                "ncpus": ["Numeric", str(self.ncpus)],
+                "mem": ["Numeric", str(self.mem_mb)],
+                "ngpus": ["Numeric", str(self.ngpus)],
+            },
+        }
+        if self.price is not None:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            doc["price"] = {"amount": self.price, "currency": "USD", "unit": "hour", "source": "local",
+                            "timestamp": stamp}  # fmt: skip
+        return doc
+
+
+@dataclass(frozen=True)
+class Conf:
+    templates: tuple[Template, ...]
+    certs_dir: str
+    heartbeat: float = 5.0
+    reply_timeout: float = 15.0
+    kill_grace: float = 10.0
+    agent_command: tuple[str, ...] = field(default=())
+
+    def template(self, template_id: str) -> Template | None:
+        return next((t for t in self.templates if t.template_id == template_id), None)
+
+
+def _host_mem_mb() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20))
+
+
+def _int(doc: dict[str, Any], key: str, where: str, auto: int | None = None, default: int = 0) -> int:
+    value = doc.get(key, default)
+    if value == "auto" and auto is not None:
+        return auto
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PluginError("provider_error", f"local.json {where}.{key}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _number(doc: dict[str, Any], key: str, default: float, minimum: float = 0.0) -> float:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= minimum:
+        raise PluginError("provider_error", f"local.json {key}: expected a number > {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _template(doc: Any, index: int) -> Template:
+    where = f"templates[{index}]"
+    if not isinstance(doc, dict) or not isinstance(doc.get("templateId"), str) or not doc["templateId"]:
+        raise PluginError("provider_error", f"local.json {where}: needs a non-empty templateId")
+    unknown = set(doc) - TEMPLATE_KEYS
+    if unknown:
+        raise PluginError("provider_error", f"local.json {where}: unknown keys {sorted(unknown)}")
+    arch = doc.get("type", "auto")
+    if not isinstance(arch, str) or not arch:
+        raise PluginError("provider_error", f"local.json {where}.type: expected a string")
+    price = doc.get("price")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
+        raise PluginError("provider_error", f"local.json {where}.price: expected a number >= 0 or null")
+    return Template(
+        template_id=doc["templateId"],
+        max_number=_int(doc, "maxNumber", where, default=64),
+        ncpus=_int(doc, "ncpus", where, auto=os.cpu_count() or 1, default=1),
+        mem_mb=_int(doc, "memMb", where, auto=_host_mem_mb(), default=1024),
+        ngpus=_int(doc, "ngpus", where),
+        arch=platform.machine().upper() if arch == "auto" else arch,
+        price=None if price is None else float(price),
+    )
+
+
+def load(conf_dir: str, data_dir: str) -> Conf:
+    """The configuration from ``conf_dir/local.json`` (defaults when there is none)."""
+    doc: dict[str, Any] = {}
+    path = Path(conf_dir) / "local.json" if conf_dir else None
+    if path is not None and path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise PluginError("provider_error", f"cannot read {path}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise PluginError("provider_error", f"{path}: expected a JSON object")
+    unknown = set(doc) - KEYS
+    if unknown:
+        raise PluginError("provider_error", f"local.json: unknown keys {sorted(unknown)}")
+    raw_templates = doc.get("templates", [DEFAULT_TEMPLATE])
+    if not isinstance(raw_templates, list):
+        raise PluginError("provider_error", "local.json templates: expected a list")
+    templates = tuple(_template(t, i) for i, t in enumerate(raw_templates))
+    if len({t.template_id for t in templates}) != len(templates):
+        raise PluginError("provider_error", "local.json templates: templateIds must be unique")
+    certs = doc.get("certsDir", "")
+    if not isinstance(certs, str):
+        raise PluginError("provider_error", "local.json certsDir: expected a string")
+    if not certs:
+        certs = str(Path(data_dir) / "certs")
+    elif not Path(certs).is_absolute():
+        certs = str(Path(conf_dir or ".") / certs)
+    command = doc.get("agentCommand", [])
+    if not isinstance(command, list) or not all(isinstance(part, str) and part for part in command):
+        raise PluginError("provider_error", "local.json agentCommand: expected a list of non-empty strings")
+    heartbeat = _number(doc, "heartbeatSeconds", 5.0)
+    reply_timeout = _number(doc, "replyTimeoutSeconds", max(15.0, 3 * heartbeat))
+    if reply_timeout < 2 * heartbeat:
+        raise PluginError("provider_error", "local.json: replyTimeoutSeconds must be at least 2 x heartbeatSeconds")
+    return Conf(
+        templates=templates,
+        certs_dir=str(Path(certs).resolve()),
+        heartbeat=heartbeat,
+        reply_timeout=reply_timeout,
+        kill_grace=_number(doc, "killGraceSeconds", 10.0),
+        agent_command=tuple(command) or (sys.executable, "-m", "provisionerd", "agent"),
+    )

@@ -1,0 +1,98 @@
+"""``provisionerd agent`` as a real process: where the token may come from, and where it must never show."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from agent_procs import alive, catches, cmdline, environ, wait_for
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "SeCrEt-join-token-0123456789abcdef"
+
+
+def agent_argv(certs: Path, tmp_path: Path, *source: str) -> list[str]:
+    return [sys.executable, "-m", "provisionerd", "agent", "--certs", str(certs), "--controllers", "127.0.0.1:9",
+            "--instance-ref", "c1/i-proc", "--label", f"test-dir={tmp_path}", *source]  # fmt: skip
+
+
+@contextmanager
+def running(argv: list[str], stdin: bytes | None = None, close_stdin: bool = True) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True, env={"PATH": os.environ["PATH"], "AGENT_TEST": "1"})  # fmt: skip
+    try:
+        assert process.stdin is not None
+        if stdin is not None:
+            process.stdin.write(stdin)
+        if close_stdin:
+            process.stdin.close()
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        assert process.stdin is not None and process.stderr is not None
+        process.stdin.close()
+        process.stderr.close()
+
+
+def test_a_token_file_readable_by_others_is_refused(certs: Path, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o644)
+    with running(agent_argv(certs, tmp_path, "--token-file", str(token_file))) as agent:
+        assert agent.wait(timeout=60) == 2
+        assert agent.stderr is not None
+        err = agent.stderr.read().decode()
+    assert "0644" in err and TOKEN not in err
+    assert token_file.read_text() == TOKEN  # left in place for the operator to see
+
+
+def test_there_is_no_way_to_pass_the_token_as_an_argument(certs: Path, tmp_path: Path) -> None:
+    for flags in (["--token", TOKEN], ["--token-stdin", "--token-file", "x"], []):
+        with running(agent_argv(certs, tmp_path, *flags)) as agent:
+            assert agent.wait(timeout=60) == 2
+
+
+@pytest.mark.parametrize("source", ["stdin", "file"])
+def test_the_token_is_in_neither_argv_nor_environment_and_sigterm_stops_it(
+    certs: Path, tmp_path: Path, source: str
+) -> None:
+    token_file = tmp_path / "token"
+    if source == "file":
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, TOKEN.encode())
+        os.close(fd)
+        argv, stdin = agent_argv(certs, tmp_path, "--token-file", str(token_file)), None
+    else:
+        argv, stdin = agent_argv(certs, tmp_path, "--token-stdin"), TOKEN.encode() + b"\n"
+    with running(argv, stdin) as agent:
+        # The token has been read once the file is gone / stdin is swapped for /dev/null (it then retries port 9).
+        if source == "file":
+            wait_for(lambda: not token_file.exists(), timeout=60, what="the token file to be deleted")
+        else:
+            wait_for(lambda: os.readlink(f"/proc/{agent.pid}/fd/0") == os.devnull, timeout=60, what="stdin read")
+        assert alive(agent.pid)
+        assert TOKEN not in "\0".join(cmdline(agent.pid))
+        assert TOKEN.encode() not in environ(agent.pid)
+        agent.send_signal(signal.SIGUSR1)  # busy/idle signals do not stop it
+        agent.send_signal(signal.SIGUSR2)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 0
+        assert agent.stderr is not None
+        log = agent.stderr.read().decode()
+    assert "starting instance_ref='c1/i-proc'" in log and TOKEN not in log
+
+
+def test_sigterm_while_waiting_for_the_token_on_stdin_stops_it(certs: Path, tmp_path: Path) -> None:
+    with running(agent_argv(certs, tmp_path, "--token-stdin"), close_stdin=False) as agent:
+        wait_for(lambda: catches(agent.pid, signal.SIGTERM), timeout=60, what="the agent's signal handlers")
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 0

@@ -1,0 +1,260 @@
+"""The worker agent's connection logic on MockClock over in-memory streams: exact virtual times."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+import trio.testing
+from agent_fakes import FakeController
+
+from provisionerd.agent import (
+    EXIT_REFUSED,
+    EXIT_TOKEN_REFUSED,
+    AgentConfig,
+    Credentials,
+    Elsewhere,
+    Joined,
+    JoinRefused,
+    Redirect,
+    Refused,
+    WorkerAgent,
+    backoff_delay,
+    judge_join_reply,
+)
+from provisionerd.agent_token import REJOIN_PREFIX
+from provisionerd.model import HostStatus
+from provisionerd.wire.messages import ErrorMsg, HeartbeatAck, JoinReply
+
+TOKEN = "t0ken-" + "x" * 30
+REF = "c1/i-0001"
+ADDRS = ("a:1", "b:2", "c:3")
+
+
+class NoJitter(random.Random):
+    def random(self) -> float:
+        return 0.0
+
+
+def on_mock_clock(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    @functools.wraps(fn)
+    def wrapper(*args: object, **kwargs: object) -> None:
+        trio.run(functools.partial(fn, *args, **kwargs), clock=trio.testing.MockClock(autojump_threshold=0))
+
+    return wrapper
+
+
+def make(nursery: trio.Nursery, **config: object) -> tuple[FakeController, WorkerAgent]:
+    fake = FakeController(nursery, ADDRS)
+    fake.allow(REF, TOKEN)
+    agent = WorkerAgent(AgentConfig(ADDRS, REF, **config), TOKEN, fake.connect, rng=NoJitter())  # type: ignore[arg-type]
+    return fake, agent
+
+
+def events(fake: FakeController) -> list[tuple[float, str, str]]:
+    return [(round(t, 6), address, what) for t, address, what in fake.log]
+
+
+# --- pure parts ----------------------------------------------------------------------------------------------
+
+
+def test_judge_join_reply() -> None:
+    assert judge_join_reply(JoinReply(True, 3, primary=True, controller_id="r1")) == Joined(3, "r1")
+    assert judge_join_reply(JoinReply(False, 3, primary=False, redirect="h:9")) == Redirect("h:9")
+    assert isinstance(judge_join_reply(JoinReply(False, 3, primary=False)), Elsewhere)
+    assert judge_join_reply(JoinReply(False, 3, primary=True, reason="bad identity")) == Refused("refused", "bad identity")
+    assert judge_join_reply(JoinReply(True, 3, primary=True, protocol_version=2)).code == "version_mismatch"
+    assert judge_join_reply(ErrorMsg("token_invalid", "no")) == Refused("token_invalid", "no")
+    assert judge_join_reply(ErrorMsg("not_allowed", "x")).code == "not_allowed"
+    assert isinstance(judge_join_reply(ErrorMsg("internal", "x")), Elsewhere)
+    assert isinstance(judge_join_reply(None), Elsewhere)
+    assert isinstance(judge_join_reply(HeartbeatAck(1, 1)), Elsewhere)
+
+
+def test_backoff_doubles_up_to_the_cap_with_bounded_jitter() -> None:
+    assert [backoff_delay(n, 0.2, 5.0, NoJitter()) for n in range(7)] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    rng = random.Random(7)
+    for n in range(100):
+        assert 0.5 * min(5.0, 0.2 * 2**n) <= backoff_delay(n, 0.2, 5.0, rng) <= min(5.0, 0.2 * 2**n)
+
+
+def test_credentials_switch_to_the_proof_and_forget_the_token() -> None:
+    creds = Credentials(REF, TOKEN)
+    assert creds.current() == TOKEN
+    assert not creds.refused()  # refused without any doubt about the token: give up
+    creds = Credentials(REF, TOKEN)
+    creds.current()
+    creds.sent_without_answer()
+    assert creds.refused()  # our unanswered join may have spent it: try the proof once
+    assert creds.current().startswith(REJOIN_PREFIX)
+    assert not creds.refused()
+    creds = Credentials(REF, TOKEN)
+    creds.accepted()
+    assert creds.current().startswith(REJOIN_PREFIX) and TOKEN not in repr(creds) and creds._token is None
+
+
+# --- the trio shell ------------------------------------------------------------------------------------------
+
+
+@on_mock_clock
+async def test_follows_the_redirect_joins_reports_idle_and_heartbeats() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        fake.primary = 1
+        nursery.start_soon(agent.run)
+        await trio.sleep(12)
+        assert events(fake) == [(0, "a:1", "connect"), (0, "a:1", "join:token"), (0, "a:1", "redirect"),
+                                (0, "b:2", "connect"), (0, "b:2", "join:token")]  # fmt: skip
+        assert fake.statuses == [(0, HostStatus.IDLE)]
+        assert fake.heartbeats == [5, 10]
+        assert agent.joins == 1 and agent.connected_to == "b:2" and agent.term == 1
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_rotates_through_the_addresses_with_backoff() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        fake.down = set(ADDRS)
+        nursery.start_soon(agent.run)
+        await trio.sleep(6.0)
+        assert [(t, a) for t, a, _ in events(fake)] == [(0, "a:1"), (0.2, "b:2"), (0.6, "c:3"), (1.4, "a:1"),
+                                                        (3.0, "b:2")]  # fmt: skip
+        fake.down = {"a:1", "c:3"}  # b comes back as the primary; c fails at 6.2, a at 11.2, then b at 16.2
+        fake.primary = 1
+        await trio.sleep(11)
+        assert [(t, a) for t, a, w in events(fake) if w == "connect"][-3:] == [(6.2, "c:3"), (11.2, "a:1"),
+                                                                               (16.2, "b:2")]  # fmt: skip
+        assert agent.joins == 1 and fake.statuses == [(16.2, HostStatus.IDLE)]
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_sessions_that_end_at_once_do_not_cause_a_reconnect_storm() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        fake.close_after_accept = True
+        nursery.start_soon(agent.run)
+        await trio.sleep(4)
+        assert [t for t, _, w in events(fake) if w == "connect"] == [0, 0.2, 0.6, 1.4, 3.0]
+        assert agent.joins == 5
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_reports_busy_and_idle_when_told() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        agent.set_status(HostStatus.BUSY)  # before the join: reported right after it
+        nursery.start_soon(agent.run)
+        await trio.sleep(7)
+        agent.set_status(HostStatus.IDLE)
+        await trio.sleep(1)
+        agent.set_status(HostStatus.BUSY)
+        await trio.sleep(1)
+        assert fake.statuses == [(0, HostStatus.BUSY), (7, HostStatus.IDLE), (8, HostStatus.BUSY)]
+        with pytest.raises(ValueError):
+            agent.set_status(HostStatus.LOST)
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_rejoins_the_new_primary_with_the_proof_after_a_failover() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        agent.set_status(HostStatus.BUSY)
+        nursery.start_soon(agent.run)
+        await trio.sleep(20)
+        fake.fail_over()  # replica b is primary in term 2; a closes every session
+        await trio.sleep(1)
+        assert events(fake)[2:] == [(20.2, "a:1", "connect"), (20.2, "a:1", "join:proof"), (20.2, "a:1", "redirect"),
+                                    (20.2, "b:2", "connect"), (20.2, "b:2", "join:proof")]  # fmt: skip
+        assert agent.joins == 2 and agent.term == 2 and agent.connected_to == "b:2"
+        assert fake.statuses == [(0, HostStatus.BUSY), (20.2, HostStatus.BUSY)]  # the status is reported again
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_a_refused_token_ends_the_agent_with_exit_code_3() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        fake.token_hashes.clear()
+        with pytest.raises(JoinRefused) as refused:
+            await agent.run()
+        assert refused.value.exit_code == EXIT_TOKEN_REFUSED
+        assert [w for _, _, w in fake.log] == ["connect", "join:token", "refused"]  # no proof: nothing was spent
+        assert TOKEN not in str(refused.value)
+
+
+@on_mock_clock
+async def test_an_unanswered_join_then_a_refused_token_tries_the_proof() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        fake.drop_after_join_frame = True  # the controller admits the token but the reply never arrives
+        nursery.start_soon(agent.run)
+        await trio.sleep(1)
+        assert [(a, w) for _, a, w in fake.log] == [
+            ("a:1", "connect"), ("a:1", "join:token"),  # admitted, but the reply is lost
+            ("b:2", "connect"), ("b:2", "join:token"), ("b:2", "redirect"),
+            ("a:1", "connect"), ("a:1", "join:token"), ("a:1", "refused"),  # spent by our own first join
+            ("a:1", "connect"), ("a:1", "join:proof"),
+        ]  # fmt: skip
+        assert agent.joins == 1
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_without_rejoin_support_a_failover_ends_the_agent() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        fake.rejoin_supported = False
+
+        async def fail_over_later() -> None:
+            await trio.sleep(10)
+            fake.fail_over()
+
+        nursery.start_soon(fail_over_later)
+        with pytest.raises(JoinRefused) as refused:
+            await agent.run()
+        assert refused.value.exit_code == EXIT_TOKEN_REFUSED
+        assert events(fake)[-3:] == [(10.2, "b:2", "connect"), (10.2, "b:2", "join:proof"), (10.2, "b:2", "refused")]
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_a_silent_controller_is_left_and_rejoined() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery)
+        nursery.start_soon(agent.run)
+        await trio.sleep(1)
+        fake.mute = True  # heartbeats go unanswered from now on
+        await trio.sleep(20)
+        # Heard last at t=0 (the join). Beats at 5, 10, 15; at 20 the silence exceeds 15 s: reconnect at 20.2.
+        assert fake.heartbeats == [5, 10, 15]
+        assert [(t, w) for t, _, w in events(fake)][-2:] == [(20.2, "connect"), (20.2, "join:proof")]
+        assert agent.joins == 2
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_a_join_that_hangs_times_out_and_moves_on() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery, connect_timeout=3.0)
+        fake.hang_joins = True
+        nursery.start_soon(agent.run)
+        await trio.sleep(3.1)
+        fake.hang_joins = False
+        await trio.sleep(1)
+        # a hangs until the 3 s timeout; b (a standby) at 3.2 redirects to a, which now answers.
+        assert [(t, a) for t, a, w in events(fake) if w == "connect"] == [(0, "a:1"), (3.2, "b:2"), (3.2, "a:1")]
+        assert agent.joins == 1 and agent.connected_to == "a:1"
+        nursery.cancel_scope.cancel()
+
+
+def test_other_final_refusals_exit_with_code_4() -> None:
+    assert JoinRefused("version_mismatch", "x").exit_code == EXIT_REFUSED
+    assert JoinRefused("refused", "x").exit_code == EXIT_REFUSED
+    assert JoinRefused("token_invalid", "x").exit_code == EXIT_TOKEN_REFUSED
