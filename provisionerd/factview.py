@@ -52,6 +52,7 @@ class MachineRecord:
     state: MachineState = MachineState.ACTIVE
     return_op: str = ""
     adopted: bool = False
+    demand_id: str = ""  # the demand item its intent served ("" for adopted machines)
 
 
 @attrs.define
@@ -86,6 +87,11 @@ class FactView:
     reported_orphans: dict[str, OrphanReported] = attrs.field(factory=dict)  # machine_id -> latest report
     latest_epoch: dict[str, Epoch] = attrs.field(factory=dict)  # provider -> epoch on its latest fact
     last_index: int = 0
+    # Indexes kept in step with the records on every change, so the planner need not scan 100k machines:
+    active_refs: dict[str, MachineRecord] = attrs.field(factory=dict)  # instance_ref -> ACTIVE machine
+    active_by_demand: dict[str, int] = attrs.field(factory=dict)  # demand_id -> ACTIVE machines
+    live_by_offer: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (provider, template) -> live machines
+    open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
 
     def live_machines(self, provider: str | None = None) -> list[MachineRecord]:
         return [
@@ -110,19 +116,23 @@ class FactView:
         self.latest_epoch[fact.provider] = max(current, fact.epoch)
         match fact:
             case RequestIntent():
-                self.intents.setdefault(fact.op_id, IntentRecord(fact))
+                if fact.op_id not in self.intents:
+                    record = self.intents[fact.op_id] = IntentRecord(fact)
+                    if record.open:
+                        self.open_ops[fact.op_id] = None
             case InstanceFact():
                 self._add_instance(fact)
             case RequestFailed():
                 record = self.intents.get(fact.op_id)
                 if record is not None and not record.failed_reason:
                     record.failed_reason = fact.reason
+                    self.open_ops.pop(fact.op_id, None)
             case ReturnIntent():
                 self.returns.setdefault(fact.op_id, ReturnRecord(fact))
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state is MachineState.ACTIVE:
-                        machine.state = MachineState.RETURNING
+                        self._set_state(machine, MachineState.RETURNING)
                         machine.return_op = fact.op_id
             case Returned():
                 if fact.op_id in self.returns:
@@ -130,48 +140,75 @@ class FactView:
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state.live:
-                        machine.state = MachineState.RETURNED
+                        self._set_state(machine, MachineState.RETURNED)
             case Lost():
                 machine = self.machines.get(fact.machine_id)
                 if machine is not None and machine.state.live:
-                    machine.state = MachineState.LOST
+                    self._set_state(machine, MachineState.LOST)
             case OrphanReported():
                 self.reported_orphans[fact.machine_id] = fact
             case OrphanAdopted():
-                self.machines.setdefault(
-                    fact.machine_id,
-                    MachineRecord(
-                        provider=fact.provider,
-                        machine_id=fact.machine_id,
-                        instance_ref=fact.instance_ref,
-                        op_id=fact.op_id,
-                        template_id="",
-                        token_hash="",
-                        hostname=fact.hostname,
-                        address=fact.address,
-                        launch_time=0.0,
-                        adopted=True,
-                    ),
-                )
+                if fact.machine_id not in self.machines:
+                    self._track(
+                        MachineRecord(
+                            provider=fact.provider,
+                            machine_id=fact.machine_id,
+                            instance_ref=fact.instance_ref,
+                            op_id=fact.op_id,
+                            template_id="",
+                            token_hash="",
+                            hostname=fact.hostname,
+                            address=fact.address,
+                            launch_time=0.0,
+                            adopted=True,
+                        )
+                    )
                 self.reported_orphans.pop(fact.machine_id, None)
 
     def _add_instance(self, fact: InstanceFact) -> None:
         if fact.machine_id in self.machines:
             return  # the same machine reported twice (a retried status poll): one record
-        self.machines[fact.machine_id] = MachineRecord(
-            provider=fact.provider,
-            machine_id=fact.machine_id,
-            instance_ref=fact.instance_ref,
-            op_id=fact.op_id,
-            template_id=fact.template_id,
-            token_hash=fact.token_hash,
-            hostname=fact.hostname,
-            address=fact.address,
-            launch_time=fact.launch_time,
-        )
         record = self.intents.get(fact.op_id)
+        self._track(
+            MachineRecord(
+                provider=fact.provider,
+                machine_id=fact.machine_id,
+                instance_ref=fact.instance_ref,
+                op_id=fact.op_id,
+                template_id=fact.template_id,
+                token_hash=fact.token_hash,
+                hostname=fact.hostname,
+                address=fact.address,
+                launch_time=fact.launch_time,
+                demand_id="" if record is None else record.intent.demand_id,
+            )
+        )
+        # An instance fact explains the machine: an earlier orphan report about it no longer stands.
+        self.reported_orphans.pop(fact.machine_id, None)
         if record is not None and fact.machine_id not in record.machine_ids:
             record.machine_ids.append(fact.machine_id)
+            if not record.open:
+                self.open_ops.pop(fact.op_id, None)
+
+    def _track(self, machine: MachineRecord) -> None:
+        """Add a new ACTIVE machine to the records and the indexes."""
+        self.machines[machine.machine_id] = machine
+        if machine.instance_ref:
+            self.active_refs.setdefault(machine.instance_ref, machine)
+        self.active_by_demand[machine.demand_id] = self.active_by_demand.get(machine.demand_id, 0) + 1
+        key = (machine.provider, machine.template_id)
+        self.live_by_offer[key] = self.live_by_offer.get(key, 0) + 1
+
+    def _set_state(self, machine: MachineRecord, state: MachineState) -> None:
+        """Move ``machine`` to ``state``, keeping the indexes in step."""
+        old = machine.state
+        machine.state = state
+        if old is MachineState.ACTIVE and state is not MachineState.ACTIVE:
+            if self.active_refs.get(machine.instance_ref) is machine:
+                del self.active_refs[machine.instance_ref]
+            self.active_by_demand[machine.demand_id] -= 1
+        if old.live and not state.live:
+            self.live_by_offer[(machine.provider, machine.template_id)] -= 1
 
 
 def fold(facts: Iterable[CommittedFact], view: FactView | None = None) -> FactView:

@@ -1,0 +1,76 @@
+"""What the planner decides: frozen action values for the driver to run through the mutation gate, and notes.
+
+Every action that starts something new carries a fresh ``op_id`` (see :mod:`provisionerd.reconcile` for the
+scheme). The driver commits the matching fact first (``RequestIntent``, ``ReturnIntent``, ``Lost``,
+``RequestFailed``) and only then calls the provider, so an action the gate refuses or never commits must be
+reported back as :class:`provisionerd.plannerstate.ActionDropped`; until then the planner counts it as in flight and
+does not plan it again.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+
+@attrs.frozen
+class RequestMachines:
+    """Commit a ``RequestIntent(op_id, ..., count, demand_id)``, then ``requestMachines`` with that op_id."""
+
+    op_id: str
+    provider: str
+    template_id: str
+    count: int
+    demand_id: str
+
+
+@attrs.frozen
+class ReturnMachines:
+    """Commit a ``ReturnIntent(op_id, machine_ids, reason)``, then ``requestReturnMachines``.
+
+    ``reason`` is one of ``idle``, ``never_joined``, ``max_ttl``, ``provisioning_timeout``.
+    """
+
+    op_id: str
+    provider: str
+    machine_ids: tuple[str, ...]
+    reason: str
+
+
+@attrs.frozen
+class MarkLost:
+    """Commit a ``Lost(op_id, machine_id, reason)`` fact; no provider call (the provider took the machine)."""
+
+    op_id: str
+    provider: str
+    machine_id: str
+    reason: str
+
+
+@attrs.frozen
+class FailRequest:
+    """Commit ``RequestFailed(op_id, reason)`` for an open intent. ``op_id`` is the intent's own, not a new one."""
+
+    op_id: str
+    provider: str
+    reason: str
+
+
+Action = Union[RequestMachines, ReturnMachines, MarkLost, FailRequest]
+
+
+@attrs.frozen
+class Note:
+    """Something the planner wants logged or raised as an event (``kind`` is a stable word for machines).
+
+    From :func:`provisionerd.reconcile.plan`: ``stale_snapshot``, ``no_snapshot``, ``invalid_demand``,
+    ``unmet_demand`` (with why: step limit, or no eligible offer with room), ``deferred`` (returns waiting for a
+    throttle), ``unknown_reclaim``, ``duplicate_offer``. From :func:`provisionerd.plannerstate.observe`:
+    ``offer_unavailable``, ``provider_throttled``, ``provider_paused`` (raise it as an event), ``provider_resumed``.
+    """
+
+    kind: str
+    detail: str
+    provider: str = ""
+    demand_id: str = ""

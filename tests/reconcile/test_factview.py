@@ -1,0 +1,174 @@
+"""The fact view: folding the controller's facts into intents and machines, and the indexes kept beside them."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+from reconcile_world import EPOCH, fuzz_settings, token_hash
+
+from provisionerd.factview import FactView, MachineState, fold
+from provisionerd.model import (
+    CommittedFact,
+    Epoch,
+    InstanceFact,
+    Lost,
+    OrphanAdopted,
+    OrphanReported,
+    RequestFailed,
+    RequestIntent,
+    ReturnIntent,
+    Returned,
+)
+
+
+def intent(op_id="op1", count=2, demand_id="d1", provider="p", template="t", epoch=EPOCH):
+    refs = tuple(f"{op_id}/{i}" for i in range(count))
+    return RequestIntent(provider, epoch, op_id, template, count, refs, tuple(map(token_hash, refs)), demand_id)
+
+
+def instance(op_id="op1", i=0, machine_id=None, provider="p", template="t", epoch=EPOCH):
+    ref = f"{op_id}/{i}"
+    return InstanceFact(provider, epoch, op_id, ref, machine_id or f"{op_id}-m{i}", template, token_hash(ref),
+                        launch_time=100.0 + i)
+
+
+def committed(*facts, start=1):
+    return [CommittedFact(start + i, f) for i, f in enumerate(facts)]
+
+
+def test_intent_stays_open_until_every_machine_or_a_failure():
+    view = fold(committed(intent(count=2), instance(i=0)))
+    record = view.intents["op1"]
+    assert record.open and record.outstanding == 1
+    assert list(view.open_ops) == ["op1"]
+    view.apply(CommittedFact(3, instance(i=1)))
+    assert not record.open and record.outstanding == 0 and record.machine_ids == ["op1-m0", "op1-m1"]
+    assert view.open_ops == {}
+
+    failed = fold(committed(intent(count=3), instance(i=0), RequestFailed("p", EPOCH, "op1", "capacity")))
+    assert failed.intents["op1"].failed_reason == "capacity"
+    assert failed.intents["op1"].outstanding == 0 and failed.open_ops == {}
+    # a later failure does not overwrite the first reason
+    failed.apply(CommittedFact(4, RequestFailed("p", EPOCH, "op1", "again")))
+    assert failed.intents["op1"].failed_reason == "capacity"
+
+
+def test_machine_lifecycle_active_returning_returned_and_lost():
+    view = fold(committed(intent(count=2), instance(i=0), instance(i=1)))
+    m0, m1 = view.machines["op1-m0"], view.machines["op1-m1"]
+    assert m0.state is MachineState.ACTIVE and m0.demand_id == "d1" and m0.launch_time == 100.0
+    view.apply(CommittedFact(4, ReturnIntent("p", EPOCH, "r1", ("op1-m0",), "idle")))
+    assert m0.state is MachineState.RETURNING and m0.return_op == "r1"
+    assert {m.machine_id for m in view.live_machines()} == {"op1-m0", "op1-m1"}
+    view.apply(CommittedFact(5, Returned("p", EPOCH, "r1", ("op1-m0",))))
+    assert m0.state is MachineState.RETURNED and view.returns["r1"].done
+    view.apply(CommittedFact(6, Lost("p", EPOCH, "l1", "op1-m1", "reclaimed")))
+    assert m1.state is MachineState.LOST
+    assert view.live_machines() == []
+    # a return or loss after the end changes nothing
+    view.apply(CommittedFact(7, Lost("p", EPOCH, "l2", "op1-m0", "late")))
+    assert m0.state is MachineState.RETURNED
+
+
+def test_second_return_intent_keeps_the_first_return_op():
+    view = fold(committed(intent(count=1), instance(i=0), ReturnIntent("p", EPOCH, "r1", ("op1-m0",), "idle"),
+                          ReturnIntent("p", EPOCH, "r2", ("op1-m0",), "idle")))
+    assert view.machines["op1-m0"].return_op == "r1"
+    assert set(view.returns) == {"r1", "r2"}
+
+
+def test_refolding_and_retried_facts_change_nothing():
+    facts = committed(intent(count=2), instance(i=0), instance(i=0), instance(i=1),
+                      ReturnIntent("p", EPOCH, "r1", ("op1-m1",), "idle"))
+    once = fold(facts)
+    assert len(once.machines) == 2 and once.intents["op1"].machine_ids == ["op1-m0", "op1-m1"]
+    twice = fold(facts, fold(facts))
+    assert twice == once
+    # an index at or below last_index is ignored, even with a different fact
+    once.apply(CommittedFact(3, Lost("p", EPOCH, "l1", "op1-m0", "x")))
+    assert once.machines["op1-m0"].state is MachineState.ACTIVE
+
+
+def test_duplicate_intent_keeps_the_first():
+    view = fold(committed(intent(count=2, demand_id="a"), intent(count=5, demand_id="b")))
+    assert view.intents["op1"].intent.count == 2 and view.intents["op1"].intent.demand_id == "a"
+
+
+def test_latest_epoch_only_grows():
+    view = fold(committed(intent(epoch=Epoch(2, 5)), intent(op_id="op2", epoch=Epoch(1, 9))))
+    assert view.epoch_of("p") == Epoch(2, 5)
+    assert view.epoch_of("other") == Epoch(0, 0)
+
+
+def test_orphans_reported_then_adopted_or_explained():
+    view = fold(committed(
+        OrphanReported("p", EPOCH, "o1", "x1", "tagged_unknown", "{}"),
+        OrphanReported("p", EPOCH, "o2", "x2", "tagged_unknown", "{}"),
+        intent(count=1),
+    ))
+    view.apply(CommittedFact(4, OrphanAdopted("p", EPOCH, "o3", "x1", "ref-x1", hostname="h1")))
+    adopted = view.machines["x1"]
+    assert adopted.adopted and adopted.state is MachineState.ACTIVE and adopted.demand_id == ""
+    assert "x1" not in view.reported_orphans
+    assert view.active_refs["ref-x1"] is adopted
+    # an instance fact that explains a reported machine withdraws the report (the fix in factview)
+    view.apply(CommittedFact(5, instance(i=0, machine_id="x2")))
+    assert "x2" not in view.reported_orphans
+
+
+# --- the indexes: always equal to a recount of the records ---------------------------------------------------
+
+OPS = ("a", "b", "c")
+
+
+@st.composite
+def fact_sequences(draw):
+    facts = []
+    for _ in range(draw(st.integers(0, 40))):
+        op = draw(st.sampled_from(OPS))
+        i = draw(st.integers(0, 2))
+        machine_id = f"{op}-m{i}"
+        kind = draw(st.sampled_from(["intent", "instance", "failed", "return", "returned", "lost", "adopt"]))
+        provider = draw(st.sampled_from(["p", "q"]))
+        template = draw(st.sampled_from(["t1", "t2"]))
+        if kind == "intent":
+            facts.append(intent(op, draw(st.integers(0, 3)), draw(st.sampled_from(["d1", "d2"])), provider, template))
+        elif kind == "instance":
+            facts.append(instance(op, i, provider=provider, template=template))
+        elif kind == "failed":
+            facts.append(RequestFailed(provider, EPOCH, op, "x"))
+        elif kind == "return":
+            facts.append(ReturnIntent(provider, EPOCH, f"r-{op}{i}", (machine_id,), "idle"))
+        elif kind == "returned":
+            facts.append(Returned(provider, EPOCH, f"r-{op}{i}", (machine_id,)))
+        elif kind == "lost":
+            facts.append(Lost(provider, EPOCH, f"l-{op}{i}", machine_id, "x"))
+        else:
+            facts.append(OrphanAdopted(provider, EPOCH, f"o-{op}{i}", machine_id, f"ref-{machine_id}"))
+    return facts
+
+
+def recount(view: FactView):
+    active_refs, by_demand, by_offer = {}, {}, {}
+    for m in view.machines.values():
+        if m.state is MachineState.ACTIVE:
+            active_refs.setdefault(m.instance_ref, m.machine_id)
+            by_demand[m.demand_id] = by_demand.get(m.demand_id, 0) + 1
+        if m.state.live:
+            by_offer[(m.provider, m.template_id)] = by_offer.get((m.provider, m.template_id), 0) + 1
+    open_ops = [op for op, r in view.intents.items() if r.open]
+    return active_refs, by_demand, by_offer, open_ops
+
+
+@fuzz_settings(150)
+@given(fact_sequences(), st.integers(0, 40))
+def test_indexes_match_a_recount_and_incremental_equals_batch(facts, split):
+    log = committed(*facts)
+    view = fold(log[:split])
+    fold(log[split:], view)
+    assert view == fold(log)
+    active_refs, by_demand, by_offer, open_ops = recount(view)
+    assert {ref: m.machine_id for ref, m in view.active_refs.items()} == active_refs
+    assert {k: v for k, v in view.active_by_demand.items() if v} == by_demand
+    assert {k: v for k, v in view.live_by_offer.items() if v} == by_offer
+    assert sorted(view.open_ops) == sorted(open_ops)
+    assert all(n >= 0 for n in (*view.active_by_demand.values(), *view.live_by_offer.values()))
+    assert sorted(r.intent.op_id for r in view.open_intents()) == sorted(open_ops)

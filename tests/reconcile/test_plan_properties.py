@@ -1,0 +1,283 @@
+"""Hypothesis properties of the planner over arbitrary worlds.
+
+A world is a set of offers, facts in every state (open, fulfilled and failed intents; active, returning, returned
+and lost machines, some adopted), hosts in every status, capacity back-off, reclaim notices, a planner state left
+by an earlier plan, a policy with caps and a step limit, and a snapshot.
+"""
+
+import attrs
+from hypothesis import given
+from hypothesis import strategies as st
+from reconcile_world import EPOCH, NOW, World, fuzz_settings, item, offer, snapshot, token_hash
+
+from provisionerd.actions import FailRequest, MarkLost, RequestMachines
+from provisionerd.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.factview import FactView, MachineState, fold
+from provisionerd.model import (
+    CommittedFact,
+    HostState,
+    HostStatus,
+    InstanceFact,
+    Lost,
+    OrphanAdopted,
+    RequestFailed,
+    RequestIntent,
+    ReturnIntent,
+)
+from provisionerd.offers import Catalog, compatibility_reasons, offer_sort_key
+from provisionerd.plannerstate import PlannerState, Reclaimed, observe
+from provisionerd.policy import Policy
+from provisionerd.reconcile import plan
+
+PROVIDERS = ("p", "q")
+TEMPLATES = ("t1", "t2", "t3")
+DEMANDS = ("d1", "d2", "d3")
+
+
+@attrs.frozen
+class Case:
+    offers: tuple
+    view: FactView
+    facts: tuple
+    hosts: dict
+    state: PlannerState
+    policy: Policy
+    snap: object
+    now: float
+
+
+offers_st = st.lists(
+    st.builds(
+        offer,
+        provider=st.sampled_from(PROVIDERS),
+        template=st.sampled_from(TEMPLATES),
+        max_number=st.integers(0, 8),
+        ncpus=st.integers(1, 4),
+        gpus=st.integers(0, 1),
+        price=st.none() | st.sampled_from([0.1, 0.2, 0.3, 0.5]),
+    ),
+    min_size=1,
+    max_size=6,
+)
+items_st = st.lists(
+    st.builds(
+        item,
+        demand_id=st.sampled_from(DEMANDS),
+        count=st.integers(0, 10),
+        ncpus=st.integers(1, 4),
+        gpus=st.integers(0, 1),
+        cap=st.none() | st.sampled_from([0.15, 0.3, 1.0]),
+        providers=st.lists(st.sampled_from(PROVIDERS), max_size=1),
+    ),
+    max_size=4,
+    unique_by=lambda i: i.demand_id,
+)
+
+
+@st.composite
+def cases(draw):
+    offers = tuple(draw(offers_st))
+    facts, hosts = [], {}
+    machine_no = 0
+    for n in range(draw(st.integers(0, 6))):
+        provider, template = draw(st.sampled_from(PROVIDERS)), draw(st.sampled_from(TEMPLATES))
+        op_id = f"old{n}"
+        count = draw(st.integers(1, 4))
+        refs = tuple(f"{op_id}/{i}" for i in range(count))
+        facts.append(RequestIntent(provider, EPOCH, op_id, template, count, refs, tuple(map(token_hash, refs)),
+                                   draw(st.sampled_from(DEMANDS + ("gone",)))))
+        for i in range(draw(st.integers(0, count))):
+            machine_no += 1
+            machine_id = f"m{machine_no}"
+            launch = NOW - draw(st.sampled_from([0, 100, 1000, 5000])) if draw(st.booleans()) else 0.0
+            facts.append(InstanceFact(provider, EPOCH, op_id, refs[i], machine_id, template, token_hash(refs[i]),
+                                      launch_time=launch))
+            fate = draw(st.sampled_from(["active"] * 4 + ["returning", "returned", "lost"]))
+            if fate in ("returning", "returned"):
+                facts.append(ReturnIntent(provider, EPOCH, f"ret-{machine_id}", (machine_id,), "idle"))
+            if fate == "lost":
+                facts.append(Lost(provider, EPOCH, f"lost-{machine_id}", machine_id, "x"))
+            status = draw(st.none() | st.sampled_from(list(HostStatus)))
+            if status is not None:
+                since = NOW - draw(st.sampled_from([0, 100, 400, 2000]))
+                hosts[refs[i]] = HostState(refs[i], provider, machine_id, status, since)
+        if draw(st.booleans()):
+            facts.append(RequestFailed(provider, EPOCH, op_id, "x"))
+    if draw(st.booleans()):
+        facts.append(OrphanAdopted("p", EPOCH, "adopt", "x1", "ref-x1"))
+        hosts["ref-x1"] = HostState("ref-x1", "p", "x1", HostStatus.IDLE, NOW - 1000)
+    committed = tuple(CommittedFact(i + 1, f) for i, f in enumerate(facts))
+    view = fold(committed)
+    policy = Policy(
+        cluster="c1",
+        step_limit=draw(st.integers(1, 12)),
+        provider_caps=draw(st.dictionaries(st.sampled_from(PROVIDERS), st.integers(0, 10), max_size=2)),
+        max_ttl=draw(st.none() | st.just(3000.0)),
+        provisioning_timeout=draw(st.sampled_from([50.0, 1200.0])),
+        idle_time=300.0,
+    )
+    state = PlannerState.initial("i0", jitter_seed=draw(st.integers(0, 5)))
+    # an earlier plan leaves pending actions, the step log and first-seen times behind
+    earlier = NOW - draw(st.sampled_from([0.0, 30.0, 100.0]))
+    state = plan(state, snapshot(1, *draw(items_st)), view, offers, hosts, earlier, policy).state
+    backoffs = [CapacityUnavailable(p, t, earlier) for p in PROVIDERS for t in TEMPLATES]
+    backoffs += [Throttled(p, earlier, 1.0) for p in PROVIDERS] + [QuotaExceeded(p, earlier) for p in PROVIDERS]
+    reclaims = st.lists(st.sampled_from(["m1", "m2", "m3", "zz"])).map(lambda ids: Reclaimed("p", tuple(ids), earlier))
+    for obs in draw(st.lists(st.sampled_from(backoffs) | reclaims, max_size=3)):
+        state = observe(state, obs, policy).state
+    snap = snapshot(draw(st.integers(0, 3)), *draw(items_st))
+    return Case(offers, view, committed, hosts, state, policy, snap, NOW)
+
+
+def run(case, state=None, view=None):
+    return plan(case.state if state is None else state, case.snap, case.view if view is None else view,
+                case.offers, case.hosts, case.now, case.policy)
+
+
+def loads(case, state):
+    """Live machines + outstanding + in-flight requests per offer, before planning (as the planner must count)."""
+    load = {}
+    for m in case.view.machines.values():
+        if m.state.live:
+            load[(m.provider, m.template_id)] = load.get((m.provider, m.template_id), 0) + 1
+    for r in case.view.intents.values():
+        key = (r.intent.provider, r.intent.template_id)
+        load[key] = load.get(key, 0) + r.outstanding
+    for op_id, r in state.pending_requests.items():
+        if op_id not in case.view.intents:
+            load[(r.provider, r.template_id)] = load.get((r.provider, r.template_id), 0) + r.count
+    return load
+
+
+SETTINGS = fuzz_settings(60)
+
+
+@SETTINGS
+@given(cases())
+def test_replaying_the_same_snapshot_plans_nothing_new(case):
+    first = run(case)
+    if case.snap.seq < case.state.applied_seq:
+        return
+    assert run(case, first.state).actions == ()  # same view: everything planned is in flight
+    # and once the gate has committed every action's fact, still nothing -- unless an intent was failed or a
+    # machine marked lost: the plan held their capacity (and the intent's missing machines) until the fact landed,
+    # and freeing them is the point of those facts
+    if not any(isinstance(a, (FailRequest, MarkLost)) for a in first.actions):
+        world = World(list(case.offers), policy=case.policy, view=fold(case.facts), facts=list(case.facts))
+        world.commit_actions(first.actions)
+        again = run(case, first.state, world.view)
+        assert again.actions == (), (first.actions, again.actions, first.notes)
+
+
+@SETTINGS
+@given(cases())
+def test_never_exceeds_max_number_provider_caps_or_the_step_limit(case):
+    result = run(case)
+    load = loads(case, case.state)
+    requested = {}
+    for a in result.actions:
+        if isinstance(a, RequestMachines):
+            assert a.count > 0
+            requested[(a.provider, a.template_id)] = requested.get((a.provider, a.template_id), 0) + a.count
+    by_key = Catalog(case.offers).by_key
+    for key, n in requested.items():
+        assert load.get(key, 0) + n <= by_key[key].offer.max_number
+    for provider, cap in case.policy.provider_caps.items():
+        new = sum(n for (p, _), n in requested.items() if p == provider)
+        if new:
+            assert sum(n for (p, _), n in load.items() if p == provider) + new <= cap
+    recent = sum(n for t, n in case.state.step_log if t > case.now - case.policy.step_interval)
+    assert recent + sum(requested.values()) <= case.policy.step_limit
+    window = sum(n for t, n in result.state.step_log if t > case.now - case.policy.step_interval)
+    assert window <= case.policy.step_limit
+
+
+@SETTINGS
+@given(cases())
+def test_never_picks_a_more_expensive_eligible_offer(case):
+    result = run(case)
+    catalog = Catalog(case.offers)
+    items = {i.demand_id: i for i in case.snap.items}
+    load = loads(case, case.state)
+    for a in result.actions:
+        if isinstance(a, RequestMachines):
+            load[(a.provider, a.template_id)] = load.get((a.provider, a.template_id), 0) + a.count
+    provider_load = {}
+    for (p, _), n in load.items():
+        provider_load[p] = provider_load.get(p, 0) + n
+    capacity = case.state.capacity
+    for a in result.actions:
+        if not isinstance(a, RequestMachines):
+            continue
+        chosen = catalog.by_key[(a.provider, a.template_id)]
+        assert not compatibility_reasons(items[a.demand_id], chosen.offer)
+        for other in catalog.by_key.values():
+            cheaper = offer_sort_key(other) < offer_sort_key(chosen)
+            if not cheaper or compatibility_reasons(items[a.demand_id], other.offer):
+                continue
+            cap = case.policy.provider_caps.get(other.key[0])
+            # a cheaper compatible offer was passed over only because it could not be used
+            assert (
+                capacity.offer_block(other.key, case.now) is not None
+                or load.get(other.key, 0) >= other.offer.max_number
+                or (cap is not None and provider_load.get(other.key[0], 0) >= cap)
+            )
+
+
+@SETTINGS
+@given(cases())
+def test_a_stale_snapshot_plans_nothing(case):
+    applied = run(case).state
+    stale = attrs.evolve(case.snap, seq=applied.applied_seq - 1)
+    result = plan(applied, stale, case.view, case.offers, case.hosts, case.now, case.policy)
+    assert result.actions == () and result.state is applied
+    assert [n.kind for n in result.notes] == ["stale_snapshot"]
+
+
+@SETTINGS
+@given(cases())
+def test_every_rejected_offer_is_reported_with_its_reasons(case):
+    result = run(case)
+    catalog = Catalog(case.offers)
+    items = {i.demand_id: i for i in case.snap.items}
+    recent = sum(n for t, n in case.state.step_log if t > case.now - case.policy.step_interval)
+    bought = sum(a.count for a in result.actions if isinstance(a, RequestMachines))
+    step_exhausted = recent + bought >= case.policy.step_limit
+    for decision in result.decisions:
+        rejected = {(r.provider, r.template_id): r.reasons for r in decision.rejected}
+        used = {key for key, _ in decision.requested}
+        for key, parsed in catalog.by_key.items():
+            reasons = compatibility_reasons(items[decision.demand_id], parsed.offer)
+            if reasons:
+                assert rejected[key] == reasons
+            elif key in rejected:
+                assert key not in used and len(rejected[key]) == 1
+        if decision.unmet and not step_exhausted:
+            # demand left unmet: every compatible offer was either used to the full or says why not
+            for key, parsed in catalog.by_key.items():
+                if not compatibility_reasons(items[decision.demand_id], parsed.offer):
+                    assert key in used or key in rejected
+
+
+@SETTINGS
+@given(cases())
+def test_new_op_ids_are_fresh_and_in_flight_until_committed(case):
+    result = run(case)
+    fresh = [a.op_id for a in result.actions if not isinstance(a, FailRequest)]
+    assert len(fresh) == len(set(fresh))
+    for op_id in fresh:
+        assert op_id.startswith("c1:") and ":i0:" in op_id
+        assert op_id not in case.view.intents and op_id not in case.view.returns
+        assert op_id not in case.state.pending_requests
+    for a in result.actions:
+        if isinstance(a, FailRequest):
+            assert case.view.intents[a.op_id].open
+    # nothing retires a busy machine, or one already on its way out
+    retired = [m for a in result.actions for m in getattr(a, "machine_ids", ())]
+    assert len(retired) == len(set(retired))
+    for machine_id in retired:
+        machine = case.view.machines[machine_id]
+        assert machine.state is MachineState.ACTIVE
+        host = case.hosts.get(machine.instance_ref)
+        assert host is None or host.status is not HostStatus.BUSY
+        assert machine_id not in case.state.pending_returns
