@@ -1,0 +1,88 @@
+"""The plugin's own records in ``$PRO_DATA_DIR``: a cache of what it did, never the truth about what exists.
+
+Slurm is the truth (``squeue`` by owner tags); these files only remember what Slurm cannot tell us cheaply or at all:
+which jobs a request made (once they have been purged from slurmctld), and which jobs we cancelled ourselves (so a
+cancellation by anyone else reads as a reclaim). Losing the directory loses no machine: a request is found again by
+its op tag, and our cancellations are also marked in the job's comment.
+
+Layout: ``requests/<sha>.json`` (one per requestId), ``returned/<job id>`` (empty markers), ``locks/<sha>.lock``.
+Writes are atomic (temporary file, fsync, rename); ``locked`` serialises work on one op_id across threads and
+processes (one-shot calls may run concurrently).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from slurm_plugin.errors import PluginError
+
+_MAX_RECORD = 4 << 20
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        try:
+            for sub in ("requests", "returned", "locks"):
+                (root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            why = f"cannot use the data directory {str(root)!r}: {exc.strerror}"
+            raise PluginError("provider_error", why) from None
+
+    @classmethod
+    def from_environment(cls) -> Store:
+        data_dir = os.environ.get("PRO_DATA_DIR")
+        if not data_dir:
+            raise PluginError("invalid_request", "PRO_DATA_DIR is not set: the plugin keeps its request records there")
+        return cls(Path(data_dir))
+
+    @contextlib.contextmanager
+    def locked(self, key: str) -> Iterator[None]:
+        """Exclusive for ``key`` across threads and processes (flock locks belong to each open file)."""
+        fd = os.open(self.root / "locks" / f"{_digest(key)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def load(self, request_id: str) -> dict[str, Any] | None:
+        path = self.root / "requests" / f"{_digest(request_id)}.json"
+        try:
+            with open(path, "rb") as f:
+                data = f.read(_MAX_RECORD + 1)
+            record = json.loads(data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise PluginError("provider_error", f"the record of request {request_id!r} is unreadable: {exc}") from None
+        if not isinstance(record, dict) or record.get("requestId") != request_id:
+            raise PluginError("provider_error", f"the record of request {request_id!r} is corrupt")
+        return record
+
+    def save(self, record: dict[str, Any]) -> None:
+        path = self.root / "requests" / f"{_digest(record['requestId'])}.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def mark_returned(self, job_id: str) -> None:
+        if job_id.isdigit():  # a job id names the file: nothing else may
+            (self.root / "returned" / job_id).touch()
+
+    def is_returned(self, job_id: str) -> bool:
+        return job_id.isdigit() and (self.root / "returned" / job_id).exists()

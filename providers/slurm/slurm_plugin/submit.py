@@ -1,0 +1,206 @@
+"""``requestMachines``: one pilot job per machine, submitted at most once per (op_id, instanceRef).
+
+The pilot job runs the worker agent. Its join token goes into a 0600 file in ``<workdir>/tokens/`` (a 0700
+directory) that the agent reads and deletes; the job script only names that file. The token is never on a command
+line (ours or the agent's), in the job name, the comment, the script, or the job's environment (``--export=NONE``
+by default: the job inherits nothing from the plugin either).
+
+Idempotency: before submitting, the plugin lists this user's jobs and takes, for each instanceRef, a job already
+carrying the same cluster, op and instance tags (whatever its state: a job that already ran and ended is still that
+machine). Only the missing ones are submitted. So the same op_id twice gives the same jobs, and a retry after an
+unknown outcome (an sbatch that timed out) finds what the first attempt made.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_plugin import tags as tagmod
+from slurm_plugin.cluster import SlurmCluster
+from slurm_plugin.config import Config, Template
+from slurm_plugin.errors import PluginError
+from slurm_plugin.jobs import HOPELESS_REASONS, STARTING, JobRecord
+from slurm_plugin.store import Store
+
+
+def request_id_for(kind: str, cluster: str, op_id: str) -> str:
+    """``slurm-req@<cluster hash>@<op_id>`` (``@`` cannot occur in an op_id, so the parts always split back)."""
+    return f"slurm-{kind}@{tagmod.cluster_hash(cluster)}@{op_id}"
+
+
+def parse_request_id(request_id: str) -> tuple[str, str, str] | None:
+    """``(kind, cluster hash, op_id)`` or None for an id this plugin did not make."""
+    parts = request_id.split("@")
+    if len(parts) != 3 or parts[0] not in ("slurm-req", "slurm-ret") or not parts[2]:
+        return None
+    return parts[0][len("slurm-"):], parts[1], parts[2]
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` as a 0700 directory owned by us (created if missing); refuses one another user owns."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PluginError("provider_error", f"{str(path)!r} is not a directory owned by this user")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def write_token(path: Path, token: str) -> None:
+    """Create ``path`` as a fresh 0600 file holding ``token`` (an old file of that name is replaced)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+
+
+def remove_token(config: Config, machine_tags: Mapping[str, str]) -> None:
+    """Delete the token file of a machine whose agent never read it (the job ended or was cancelled first)."""
+    key = tagmod.machine_key(machine_tags.get(tagmod.CLUSTER, ""), machine_tags.get(tagmod.OP, ""),
+                             machine_tags.get(tagmod.INSTANCE, ""))  # fmt: skip
+    try:
+        os.unlink(config.workdir / "tokens" / f"{key}.token")
+    except OSError:
+        pass
+
+
+#: A token file this old whose job is not live is left over (the job ended or was cancelled before its agent read
+#: it, and nobody asked about it since). Younger files may belong to a submission in progress.
+STALE_TOKEN_SECONDS = 120
+
+
+def sweep_tokens(config: Config, live_keys: set[str], now: float) -> int:
+    """Delete left-over token files (see ``STALE_TOKEN_SECONDS``); ``live_keys``: the machine keys of our live
+    jobs. Returns how many were deleted."""
+    removed = 0
+    try:
+        entries = list(os.scandir(config.workdir / "tokens"))
+    except OSError:
+        return 0
+    for entry in entries:
+        key = entry.name.removesuffix(".token")
+        if not entry.name.endswith(".token") or key in live_keys:
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TOKEN_SECONDS:
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def live_keys(records: Iterable[JobRecord]) -> set[str]:
+    return {tagmod.machine_key(r.tags.get(tagmod.CLUSTER, ""), r.tags.get(tagmod.OP, ""),
+                               r.tags.get(tagmod.INSTANCE, ""))
+            for r in records if r.tags is not None and r.live}  # fmt: skip
+
+
+def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str:
+    """The batch script: exec the agent. Everything in it is visible to whoever can read the job; no secret is."""
+    argv = [*config.agent_command, "--certs", config.certs, "--controllers", ",".join(boot["controllers"]),
+            "--instance-ref", boot["instanceRef"], "--token-file", str(token_file),
+            *config.agent_extra_args]  # fmt: skip
+    line = " ".join(shlex.quote(a) for a in argv)
+    return ("#!/bin/sh\n"
+            "# provisionerd pilot job: runs the worker agent, which reads (and deletes) its join token from the\n"
+            "# 0600 file named by --token-file.\n"
+            f'exec {line} --machine-id "$SLURM_JOB_ID"\n')  # fmt: skip
+
+
+def sbatch_args(config: Config, template: Template, machine_tags: Mapping[str, str], key: str) -> list[str]:
+    args = [f"--job-name=pvd-{key}", f"--comment={tagmod.encode(machine_tags)}", f"--partition={config.partition}",
+            *template.resource_args(), f"--output={config.workdir / 'logs' / f'pvd-{key}-%j.out'}",
+            f"--chdir={config.workdir}", f"--export={config.export}", "--no-requeue"]  # fmt: skip
+    if config.account:
+        args.append(f"--account={config.account}")
+    if config.qos:
+        args.append(f"--qos={config.qos}")
+    return args
+
+
+def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: Mapping[str, Any]) -> dict[str, Any]:
+    template = config.templates.get(doc["template"]["templateId"])
+    if template is None:
+        raise PluginError("invalid_request", f"unknown templateId {doc['template']['templateId']!r}")
+    count = doc["template"]["machineCount"]
+    if count > template.max_number:
+        raise PluginError("invalid_request", f"{count} machines of template {template.template_id!r} requested; "
+                                             f"its maxNumber is {template.max_number}")  # fmt: skip
+    owner = {k: doc["tags"][k] for k in (tagmod.CLUSTER, tagmod.PROVIDER, tagmod.OP, tagmod.EPOCH)}
+    op_id = doc["op_id"]
+    request_id = request_id_for("req", owner[tagmod.CLUSTER], op_id)
+    with store.locked(request_id):
+        record = store.load(request_id) or {
+            "requestId": request_id, "kind": "req", "opId": op_id, "templateId": template.template_id,
+            "tags": owner, "machines": {},
+        }  # fmt: skip
+        jobs = cluster.my_jobs()
+        sweep_tokens(config, live_keys(jobs.values()), time.time())
+        existing = cluster.owned(jobs, {tagmod.CLUSTER: owner[tagmod.CLUSTER], tagmod.OP: op_id})
+        by_instance = {r.tags[tagmod.INSTANCE]: r.job_id for r in existing if r.tags and tagmod.INSTANCE in r.tags}
+        machines: dict[str, str] = record["machines"]
+        for ref, job_id in by_instance.items():
+            machines.setdefault(ref, job_id)
+        missing = [b for b in doc["bootstrap"] if b["instanceRef"] not in machines]
+        if missing:
+            tokens = _private_dir(config.workdir / "tokens")
+            (config.workdir / "logs").mkdir(exist_ok=True)
+        submitted: list[tuple[str, dict[str, str]]] = []
+        for boot in missing:
+            machine_tags = {**owner, tagmod.INSTANCE: boot["instanceRef"]}
+            key = tagmod.machine_key(owner[tagmod.CLUSTER], op_id, boot["instanceRef"])
+            token_file = tokens / f"{key}.token"
+            write_token(token_file, boot["joinToken"])
+            try:
+                job_id = cluster.submit(sbatch_args(config, template, machine_tags, key),
+                                        job_script(config, boot, token_file))  # fmt: skip
+            except PluginError as err:
+                if err.code != "throttled":
+                    os.unlink(token_file)  # refused for good: no agent will ever read it
+                # A throttled submit may have made the job after all (timeout): its agent needs the file, and the
+                # retry (which finds that job by its tags) or the return removes it.
+                store.save(record)  # the jobs submitted so far stay recorded for the retry
+                raise
+            machines[boot["instanceRef"]] = job_id
+            submitted.append((job_id, machine_tags))
+        store.save(record)
+        if submitted:
+            _refuse_hopeless(config, cluster, store, template, submitted)
+    made = len(missing)
+    again = len(doc["bootstrap"]) - made
+    message = f"{made} pilot job(s) submitted to partition {config.partition!r}"
+    if again:
+        message += f"; {again} already existed for op_id {op_id!r}"
+    return {"requestId": request_id, "message": message}
+
+
+def _refuse_hopeless(config: Config, cluster: SlurmCluster, store: Store, template: Template,
+                     submitted: list[tuple[str, dict[str, str]]]) -> None:  # fmt: skip
+    """Slurm accepts some impossible jobs instead of refusing them: more CPUs than the whole partition has gives
+    ``PENDING (PartitionConfig)`` forever, where one more than a node has is refused at once. Such a job is no
+    queue delay, so the jobs just made are cancelled (they are ours, made by this very call) and the request is
+    refused as ``invalid_request``, exactly like an sbatch refusal."""
+    jobs = cluster.my_jobs()
+    hopeless = {j: jobs[j].reason for j, _ in submitted if j in jobs and jobs[j].state in STARTING
+                and jobs[j].reason in HOPELESS_REASONS}  # fmt: skip
+    if not hopeless:
+        return
+    for job_id, machine_tags in submitted:
+        store.mark_returned(job_id)
+        cluster.cancel(job_id, tagmod.job_name(machine_tags))
+        remove_token(config, machine_tags)
+    reasons = ", ".join(sorted(set(hopeless.values())))
+    raise PluginError("invalid_request", f"Slurm can never run template {template.template_id!r} in partition "
+                                         f"{config.partition!r} (pending reason {reasons}); the {len(submitted)} "
+                                         "job(s) just submitted were cancelled")  # fmt: skip
