@@ -19,6 +19,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("provisionerd.config_cli", "check a daemon config file (config check FILE)"),
     "status": ("provisionerd.status_cli", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.run_cli", "run the daemon (run --config FILE)"),
+    "simulate": ("provisionerd.simulate_cli", "seeded whole-system simulation campaign (simulate --seeds N)"),
+    "demo": ("provisionerd.demo_cli", "run the whole system on this host: controller, daemon, workers (demo [--workers N])"),
+    "orphans": ("provisionerd.orphans_cli", "report what looks orphaned (orphans --config FILE --dry-run [--json])"),
 }
 
 

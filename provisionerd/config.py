@@ -117,12 +117,21 @@ class ProviderTimeouts:
 
 @attrs.frozen
 class OrphanSettings:
+    """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphan_policy``. ``interval`` (seconds
+    between two orphan passes) and ``settle`` (seconds after every (re)join before any automatic action) are read
+    by ``provisionerd.orphan_cycle``."""
+
     action: str = "report"  # report | stop | terminate
     grace: float = 1800.0
     max_cleanup_per_interval: int = 10
     protect_tag: str = "provisionerd:protect"
     dry_run: bool = False
     ghost_confirmations: int = 2
+    breaker_max_failures: int = 3
+    breaker_max_share: float = 0.5
+    breaker_min_orphans: int = 3
+    interval: float = 60.0
+    settle: float = 60.0
 
 
 @attrs.frozen

@@ -1,24 +1,84 @@
 """The daemon's controller side wired together: session, lease keepers, mutation gate, admin socket, events.
 
 ``DaemonCore(config)`` builds the pieces; ``await nursery.start(core.run)`` runs them until cancelled; then
-``await core.release_leases()`` gives every lease back (SIGTERM path). The reconciler and the provider runtime are
-not wired here yet: they will read ``core.session.view`` and pass every mutation through ``core.gate``.
+``await core.release_leases()`` gives every lease back (SIGTERM path).
+
+The provisioning side: one provider client per configured provider (``provider_clients``; persistent plugins are
+supervised in ``run``), the offer feed, the executor (every mutation through ``core.gate``) and the reconcile loop,
+which reads ``core.session.view``. Tests may inject ``providers`` (e.g. in-memory fakes), a ``policy`` and the
+loop/executor settings.
+
+The planner's policy is global while the config's limits are per provider (``policy_from_config``): each
+provider's ``max_machines`` is its cap, the step limit is the sum of the providers' step limits, ``join_deadline``
+and ``idle_time`` take the largest configured value (never return a machine earlier than any provider allows) and
+``max_ttl`` the smallest non-zero one.
 """
 
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 
 from provisionerd.admin_socket import serve_admin_socket
-from provisionerd.config import Config
+from provisionerd.config import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
+from provisionerd.executor import Executor, ExecutorSettings
+from provisionerd.factview import FactView
+from provisionerd.offer_feed import OfferFeed
+from provisionerd.policy import Policy
+from provisionerd.provider import runtime
+from provisionerd.provider.oneshot import OneShotProvider
+from provisionerd.provider.persistent import PersistentProvider
+from provisionerd.reconcile_loop import LoopSettings, ReconcileLoop
 from provisionerd.controller_ops import ControllerOps
 from provisionerd.events import EventLog
 from provisionerd.gate import MutationGate
 from provisionerd.lease import LeaseKeeper
+from provisionerd.orphan_daemon import run_orphan_cycles
 from provisionerd.session import ControllerSession, SessionSettings, StreamFactory
+
+
+def runtime_config(config: Config, provider: ProviderConfig) -> runtime.ProviderConfig:
+    """The plugin runtime's view of one configured provider (its ``env`` values are credentials: redacted)."""
+    if provider.transport == "persistent":
+        command = provider.command
+        path = command[0] if command else ""
+        if not provider.argv and provider.path is not None and provider.path.is_dir():
+            path = str(provider.path / "provider")
+        args = tuple(command[1:])
+    else:
+        path, args = str(provider.path or ""), ()
+    return runtime.ProviderConfig(
+        name=provider.name, cluster=config.cluster, path=path, transport=provider.transport, args=args,
+        conf_dir=str(provider.conf_dir or ""), data_dir=str(provider.data_dir or ""),
+        credentials=dict(provider.env),
+        timeouts={action: provider.timeouts.for_action(action) for action in ACTION_TIMEOUT_KEYS},
+    )  # fmt: skip
+
+
+def provider_clients(config: Config) -> dict[str, Any]:
+    """One ``ProviderClient`` per configured provider (persistent ones must be ``run`` in a nursery)."""
+    clients: dict[str, Any] = {}
+    for provider in config.providers:
+        rc = runtime_config(config, provider)
+        clients[provider.name] = PersistentProvider(rc) if provider.transport == "persistent" else OneShotProvider(rc)
+    return clients
+
+
+def policy_from_config(config: Config) -> Policy:
+    providers = config.providers
+    ttls = [p.max_ttl for p in providers if p.max_ttl > 0]
+    return Policy(
+        cluster=config.cluster,
+        join_deadline=max(p.join_deadline for p in providers),
+        idle_time=max(max(p.idle_time for p in providers), 0.001),
+        max_ttl=min(ttls) if ttls else None,
+        step_limit=sum(p.step_limit for p in providers),
+        provider_caps={p.name: p.max_machines for p in providers},
+    )
 
 
 class DaemonCore:
@@ -29,6 +89,12 @@ class DaemonCore:
         connect: StreamFactory | None = None,
         events: EventLog | None = None,
         rng: random.Random | None = None,
+        providers: Mapping[str, Any] | None = None,
+        policy: Policy | None = None,
+        loop_settings: LoopSettings = LoopSettings(),
+        executor_settings: ExecutorSettings | None = None,
+        offer_interval: float = 60.0,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if connect is None:
             from provisionerd.connect import tls_connector  # loads the TLS files now: a bad path fails at start
@@ -46,6 +112,18 @@ class DaemonCore:
         }
         self.gate = MutationGate(self.keepers, self.ops, self.events)
         self._keepers_nursery: trio.Nursery | None = None
+        self.providers = dict(providers) if providers is not None else provider_clients(config)
+        self.policy = policy if policy is not None else policy_from_config(config)
+        self.feed = OfferFeed(self.providers, self.events, interval=offer_interval)
+        if executor_settings is None:
+            executor_settings = ExecutorSettings(cluster=config.cluster, controllers=config.controller.addresses,
+                                                 provisioning_timeout=self.policy.provisioning_timeout,
+                                                 return_timeout=self.policy.provisioning_timeout)  # fmt: skip
+        self.executor = Executor(executor_settings, self.providers, self.gate, self.keepers, self.ops, self.events,
+                                 facts=self._facts, wall=wall)  # fmt: skip
+        self.wall = wall  # the clock of cloud launch times (the orphan cycles read it too)
+        self.loop = ReconcileLoop(self.session, self.keepers, self.executor, self.feed, self.policy, self.events,
+                                  settings=loop_settings, wall=wall, jitter_seed=rng.randrange(1 << 30))  # fmt: skip
         # A new primary may not know our leases: confirm them at once instead of at the next scheduled renewal.
         self.session.on_resync.append(lambda _view: [k.renew_now() for k in self.keepers.values()])
 
@@ -59,7 +137,13 @@ class DaemonCore:
                 "remaining": None if s.remaining is None else round(s.remaining, 3), "reason": s.reason,
             })  # fmt: skip
         return {"cluster": self.config.cluster, "identity": self.config.identity, "link": self.session.status(),
-                "leases": leases}
+                "leases": leases,
+                "reconcile": {"cycles": self.loop.cycles, "busy_ops": len(self.executor.busy_ops),
+                              "offers": len(self.feed.catalog)}}  # fmt: skip
+
+    def _facts(self) -> FactView | None:
+        view = self.session.view
+        return None if view is None else view.facts
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled. For a clean stop call ``release_leases`` first, while the link is still up."""
@@ -68,6 +152,13 @@ class DaemonCore:
                 await nursery.start(serve_admin_socket, self.config.daemon.admin_socket, self.status)
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)
+            for client in self.providers.values():
+                if isinstance(client, PersistentProvider):
+                    await nursery.start(client.run)
+            await nursery.start(self.feed.run)
+            await nursery.start(self.loop.run)
+            # Orphan cycles (provisionerd.orphan_daemon): one per provider, every action through the executor.
+            self.orphan_cycles = await nursery.start(run_orphan_cycles, self, self.providers, self.executor)
             self.events.emit("daemon_started", identity=self.config.identity, providers=list(self.keepers))
             task_status.started()
 

@@ -1,0 +1,204 @@
+"""Typed provider failures on MockClock: throttle back-off, capacity fall-over, quota pause, unknown outcomes."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from lifecycle_fakes import BootingProvider
+from lifecycle_rig import BASE, build_rig, item, start_rig
+from provisionerd.errors import ProviderRejected, ProviderTimeout
+from provisionerd.model import TAG_OP, InstanceFact, RequestFailed, RequestIntent
+
+
+def request_times(provider: BootingProvider) -> list[float]:
+    return [t for t, action in provider.call_log if action == "requestMachines"]
+
+
+def test_throttled_requests_back_off_exponentially_with_jitter(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+        for _ in range(3):
+            provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "throttled", "slow down"))
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 1))
+            windows = []
+            for _ in range(3):
+                n = len(rig.facts(RequestFailed))
+                await rig.wait_for(lambda: len(rig.facts(RequestFailed)) > n)
+                await trio.sleep(0)
+                windows.append(rig.loop.state.capacity.throttles["p"].until - BASE)
+            await rig.wait_for(lambda: rig.facts(InstanceFact))
+            seen.update(rig=rig, windows=windows)
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig, windows = seen["rig"], seen["windows"]
+    times = request_times(rig.providers["p"])
+    assert len(times) == 4 and times[0] == 0.0
+    # Each retry starts the instant the back-off window of the throttle before it ends...
+    assert times[1:] == pytest.approx(windows, abs=1e-5)
+    # ...and the n-th window lasts between half and all of base * 2**(n-1) (base 2 s, jittered).
+    for n, (start, end) in enumerate(zip(times, windows), 1):
+        assert 2.0 * 2 ** (n - 1) * 0.5 <= end - start <= 2.0 * 2 ** (n - 1)
+    assert [f.reason for f in rig.facts(RequestFailed)] == ["throttled"] * 3
+    assert len(rig.running()) == 1
+    assert "p" not in rig.loop.state.capacity.throttles  # the success reset the back-off
+
+
+def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"cheap": 10, "dear": 10}, prices={"cheap": 0.1, "dear": 0.5},
+                                   launch_time=int(BASE))
+        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "capacity_unavailable", "none"))
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 2))
+            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
+            seen["filled_at"] = trio.current_time()
+            # More demand within the 180 s back-off still goes to the dear offer; after it, to the cheap one again.
+            rig.session.set_demand(2, item("d", 3))
+            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
+            await trio.sleep(200)
+            rig.session.set_demand(3, item("d", 4))
+            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 4)
+            seen["rig"] = rig
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig = seen["rig"]
+    asked = [doc["template"]["templateId"] for _, doc in rig.calls("p", "requestMachines")]
+    assert asked == ["cheap", "dear", "dear", "cheap"]
+    assert request_times(rig.providers["p"])[:2] == [0.0, 0.0]  # the fall-over is the very next plan
+    assert seen["filled_at"] == 1.0  # the first status poll
+    assert rig.facts(RequestFailed)[0].reason == "capacity_unavailable"
+    notes = rig.events_of("plan_note", kind="offer_unavailable")
+    assert notes and "p/cheap" in notes[0]["detail"]
+
+
+def test_quota_exceeded_pauses_the_provider_and_raises_an_event(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "quota_exceeded", "vCPU limit"))
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 1))
+            await rig.wait_for(lambda: rig.facts(InstanceFact))
+            seen["rig"] = rig
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig = seen["rig"]
+    times = request_times(rig.providers["p"])
+    assert times[0] == 0.0
+    assert times[1] == pytest.approx(rig.policy.quota_pause, abs=1e-5)  # paused 900 s, then tried again
+    assert len(times) == 2
+    (event,) = rig.events_of("provider_paused")
+    assert event["provider"] == "p" and "vCPU limit" in event["detail"]
+    assert rig.events_of("plan_note", kind="provider_paused")
+
+
+def test_a_crash_after_the_effect_lists_by_op_then_retries_the_same_op_without_duplicates(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+        provider.crash_after_effect = 1
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 3))
+            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
+            await trio.sleep(60)
+            seen["rig"] = rig
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig = seen["rig"]
+    provider = rig.providers["p"]
+    actions = [action for _, action in provider.call_log if action != "getAvailableTemplates"]
+    assert actions[:3] == ["requestMachines", "listMachines", "requestMachines"]
+    first, retry = (doc for _, doc in rig.calls("p", "requestMachines"))
+    assert first["op_id"] == retry["op_id"] and first["bootstrap"] == retry["bootstrap"]  # same op, same tokens
+    (listing,) = (doc for _, doc in rig.calls("p", "listMachines"))
+    assert listing["tags"][TAG_OP] == first["op_id"]
+    assert len(rig.running()) == 3 and len(provider.requests) == 1  # no duplicate machines
+    assert len(rig.facts(RequestIntent)) == 1 and not rig.facts(RequestFailed)
+    recovery = rig.events_of("action", phase="recovery")
+    assert recovery[0]["error"] == "ProviderCrashed" and recovery[0]["found"] == 3
+
+
+def test_a_timeout_before_any_effect_retries_the_same_op_once(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+        provider.fail_next("requestMachines", ProviderTimeout("p", "requestMachines", "no answer in 180 s"))
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 2))
+            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
+            seen["rig"] = rig
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig = seen["rig"]
+    ops = {doc["op_id"] for _, doc in rig.calls("p", "requestMachines")}
+    assert len(ops) == 1 and len(rig.calls("p", "requestMachines")) == 2
+    assert rig.events_of("action", phase="recovery")[0]["found"] == 0
+    assert len(rig.running()) == 2
+
+
+def test_provider_error_with_nothing_made_is_a_refusal(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "provider_error", "API 500"))
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 1))
+            await rig.wait_for(lambda: rig.facts(InstanceFact))
+            seen["rig"] = rig
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig = seen["rig"]
+    failed = rig.facts(RequestFailed)
+    assert [f.reason for f in failed] == ["provider_error"]
+    ops = [doc["op_id"] for _, doc in rig.calls("p", "requestMachines")]
+    assert len(ops) == 2 and ops[0] != ops[1]  # refused, so the planner asked again under a new op
+    assert len(rig.running()) == 1
+
+
+def test_an_unexpected_error_in_one_action_does_not_stop_the_loop(mock_run):
+    seen: dict = {}
+
+    async def main():
+        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+        provider.fail_next("requestMachines", RuntimeError("a bug in a plugin client"))  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            rig = build_rig(nursery, {"p": provider})
+            await start_rig(nursery, rig)
+            rig.session.set_demand(1, item("d", 1))
+            await rig.wait_for(lambda: rig.facts(InstanceFact), limit=2000)
+            seen["rig"] = rig
+            nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    rig = seen["rig"]
+    (crash,) = rig.events_of("action", phase="crashed")
+    assert crash["error"] == "RuntimeError"
+    assert len(rig.running()) == 1  # the intent of the crashed action was left to the loop's recovery

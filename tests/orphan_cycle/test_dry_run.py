@@ -1,0 +1,207 @@
+"""The dry-run report in-process (MockClock, in-memory controller, in-memory provider): it reads both views,
+makes no provider mutation (asserted on the provider's call log), takes no lease, commits nothing, and says which
+view it could not read. Then the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from cycle_world import OLD, tags
+from lease_holder import holding_lease
+from memory_ctl import daemon_config, memory_controller
+
+from provisionerd import cli
+from provisionerd.errors import ProviderCrashed, ProviderUnsupported
+from provisionerd.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, RequestIntent
+from provisionerd.orphan_daemon import ReadOnlyClient
+from provisionerd.orphans_cli import dry_run, render
+from provisionerd.provider.fake import FakeProvider
+
+NOW = OLD + 4000.0
+
+
+def mock_run(fn, limit: float = 10_000.0):
+    async def bounded():
+        with trio.fail_after(limit):
+            return await fn()
+
+    return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def provider_with_machines() -> FakeProvider:
+    fake = FakeProvider("sim", launch_time=OLD)
+    for n, (machine_id, machine_tags) in enumerate([
+        ("i-nj", tags("op-nj", **{"provisionerd:instance": "clu/op-nj/0"})),
+        ("i-stray", tags("op-stray")),
+        ("i-untagged", {}),
+        ("i-cluster-only", {TAG_CLUSTER: "clu"}),
+    ]):  # fmt: skip
+        fake.machines[machine_id] = {
+            "machineId": machine_id, "name": f"host-{n}", "status": "running", "template": "small",
+            "launchtime": OLD, "privateIpAddress": f"10.2.0.{n + 1}", "instanceRef": "", "tags": machine_tags,
+        }  # fmt: skip
+    return fake
+
+
+FACTS = [
+    RequestIntent("sim", NO_EPOCH, "op-nj", "small", 1, ("clu/op-nj/0",), ("a" * 64,)),
+    InstanceFact("sim", NO_EPOCH, "op-nj", "clu/op-nj/0", "i-nj", "small", "a" * 64, launch_time=OLD),
+    RequestIntent("sim", NO_EPOCH, "op-ghost", "small", 1, ("clu/op-ghost/0",), ("b" * 64,)),
+    InstanceFact("sim", NO_EPOCH, "op-ghost", "clu/op-ghost/0", "i-ghost", "small", "b" * 64, launch_time=OLD),
+]
+
+
+def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
+    fake = provider_with_machines()
+    seen = {}
+
+    async def main():
+        async with memory_controller(tmp_path) as net:
+            config = daemon_config(tmp_path, net.addresses)
+            async with holding_lease(config, "sim", net.connect) as holder:
+                await holder.commit(*FACTS)
+            facts_before = net.facts()
+            report = await dry_run(config, clients={"sim": fake}, connect=net.connect, timeout=10,
+                                   wall_clock=lambda: NOW)  # fmt: skip
+            seen.update(report=report, facts_before=facts_before, facts_after=net.facts(), leases=net.live_leases())
+
+    mock_run(main)
+    report = seen["report"]
+    assert fake.calls == [("listMachines", {"tags": {TAG_CLUSTER: "clu"}})]  # the provider's call log
+    assert report.mutations == 0 and report.calls == {"sim": ("listMachines",)}
+    assert report.unreadable == ()
+    got = {(f.orphan_class, f.machine_id, f.action) for f in report.findings}
+    assert got == {("never_joined", "i-nj", "return"), ("tagged_unknown", "i-stray", "report"),
+                   ("ghost", "i-ghost", "retire")}  # fmt: skip
+    for finding in report.findings:
+        assert {"no_lease", "dry_run"} <= set(finding.blocked_by)
+    assert seen["facts_after"] == seen["facts_before"] and seen["leases"] == []
+    document = json.loads(render(report, as_json=True))
+    assert document["mutations"] == 0 and len(document["findings"]) == 3
+    table = render(report, as_json=False)
+    assert "never_joined" in table and "no_lease" in table and "i-untagged" not in table
+
+
+def test_the_report_says_which_view_it_could_not_read(tmp_path):
+    fake = provider_with_machines()
+    fake.fail_next("listMachines", ProviderCrashed("sim", "listMachines", "exit status 70"))
+    seen = {}
+
+    async def main():
+        async with memory_controller(tmp_path) as net:
+            config = daemon_config(tmp_path, net.addresses)
+            async with holding_lease(config, "sim", net.connect) as holder:
+                await holder.commit(*FACTS)
+            seen["no_listing"] = await dry_run(config, clients={"sim": fake}, connect=net.connect, timeout=10,
+                                               wall_clock=lambda: NOW)  # fmt: skip
+            net.down = True
+            seen["no_view"] = await dry_run(config, clients={"sim": fake}, connect=net.connect, timeout=10,
+                                            wall_clock=lambda: NOW)  # fmt: skip
+
+    mock_run(main)
+    no_listing = seen["no_listing"]
+    assert no_listing.unreadable == ("the listing of provider 'sim' could not be read: "
+                                     "provider 'sim' listMachines: exit status 70",)  # fmt: skip
+    # Without the listing only what the facts prove remains: machines with a fact and no host, blocked.
+    assert [(f.orphan_class, f.machine_id) for f in no_listing.findings] == [("never_joined", "i-ghost"),
+                                                                             ("never_joined", "i-nj")]
+    assert all("listing_unreadable" in f.blocked_by for f in no_listing.findings)
+    no_view = seen["no_view"]
+    assert len(no_view.unreadable) == 1 and "controller's view could not be read" in no_view.unreadable[0]
+    assert "cannot reach" in no_view.unreadable[0] and no_view.findings == ()
+    assert [action for action, _ in fake.calls] == ["listMachines", "listMachines"]
+
+
+def test_the_read_only_client_refuses_every_mutation_before_the_plugin_sees_it():
+    fake = FakeProvider("sim")
+    guarded = ReadOnlyClient(fake)
+
+    async def main():
+        for action, document in [
+            ("requestReturnMachines", {"machines": [{"name": "", "machineId": "i-1"}], "op_id": "x",
+                                       "tags": tags("x")}),
+            ("requestMachines", {}),
+            ("stopMachines", {}),
+        ]:  # fmt: skip
+            with pytest.raises(ProviderUnsupported, match="read-only"):
+                await guarded.call(action, document)
+        await guarded.call("listMachines", {"tags": {TAG_CLUSTER: "clu"}})
+
+    mock_run(main)
+    assert [action for action, _ in fake.calls] == ["listMachines"]
+    assert guarded.refused == 3 and guarded.mutations == 0
+
+
+def write_config(path: Path, address: str, orphans: str = "") -> None:
+    root = Path(__file__).resolve().parents[2]
+    path.write_text(f"""
+cluster = "clu"
+identity = "prov-1"
+[controller]
+addresses = ["{address}"]
+connect_timeout = 0.5
+backoff = {{initial = 0.05, max = 0.2}}
+[tls]
+ca = "ca.pem"
+cert = "provisioner.pem"
+key = "provisioner.key"
+[[providers]]
+name = "sim"
+transport = "oneshot"
+path = "{root}/providers/simulated"
+data_dir = "{path.parent}/simdata"
+[providers.orphans]
+{orphans}
+""")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "{config}"], "--dry-run"),
+    (["--config", "{missing}", "--dry-run"], "cannot read config"),
+    (["--config", "{config}", "--dry-run", "--provider", "nope"], "no provider named 'nope'"),
+    (["--config", "{config}", "--dry-run", "--timeout", "0"], "--timeout"),
+    (["--config", "{config}", "--dry-run"], "cannot load the TLS files"),
+])  # fmt: skip
+def test_bad_arguments_and_config_exit_2(tmp_path, capsys, argv, message):
+    config = tmp_path / "pd.toml"
+    write_config(config, "127.0.0.1:9")
+    argv = [a.format(config=config, missing=tmp_path / "missing.toml") for a in argv]
+    assert cli.main(["orphans", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_config_with_an_invalid_orphan_knob_exits_2(tmp_path, capsys):
+    config = tmp_path / "pd.toml"
+    write_config(config, "127.0.0.1:9", orphans="ghost_confirmations = 1")
+    assert cli.main(["orphans", "--config", str(config), "--dry-run"]) == 2
+    assert "ghost_confirmations" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_unreachable_controller_exits_1_and_says_so(tmp_path):
+    """Real TLS files, a controller address nobody listens on, the simulated plugin: the listing is read, the
+    view is not, exit status 1."""
+    from provisionerd.certs import init_certs
+
+    certs = tmp_path / "certs"
+    init_certs(certs, "clu")
+    config = tmp_path / "pd.toml"
+    write_config(config, "127.0.0.1:9")
+    text = config.read_text().replace('"ca.pem"', f'"{certs}/ca.pem"')
+    text = text.replace('"provisioner.pem"', f'"{certs}/provisioner.pem"')
+    config.write_text(text.replace('"provisioner.key"', f'"{certs}/provisioner.key"'))
+
+    async def main():
+        return await trio.run_process([sys.executable, "-m", "provisionerd", "orphans", "--config", str(config),
+                                       "--dry-run", "--json", "--timeout", "1"], capture_stdout=True,
+                                      capture_stderr=True, check=False)  # fmt: skip
+
+    result = trio.run(main)
+    assert result.returncode == 1
+    assert json.loads(result.stdout) == {"findings": [], "mutations": 0}
+    assert b"the controller's view could not be read" in result.stderr
