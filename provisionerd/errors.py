@@ -21,6 +21,7 @@ Messages never carry credentials or join tokens: the code that raises is respons
         ├── ProviderProtocolViolation   output that is not JSON, too large, or fails the schema
         ├── ProviderRejected   the plugin answered with a typed error document (``code``, ``retryable``)
         │   └── ProviderInputInvalid    the daemon's own input failed the schema; nothing was sent (invalid_request)
+        ├── ProviderOutcomeUnknown      a retry refused: an earlier attempt's outcome is unknown (legacy plugins)
         └── ProviderUnsupported         the plugin does not implement the action (e.g. no ``<action>.sh``)
 """
 
@@ -179,6 +180,12 @@ class ProviderInputInvalid(ProviderRejected):
     def __init__(self, provider: str, action: str, problems: Sequence[str]) -> None:
         self.problems = tuple(problems)
         super().__init__(provider, action, "invalid_request", "input fails the schema: " + "; ".join(self.problems))
+
+
+class ProviderOutcomeUnknown(ProviderError):
+    """A mutation was refused because an earlier attempt of the same op has an unknown outcome and the plugin
+    cannot make a retry safe (a legacy LSF plugin: no op_id idempotency, no listing to look for what it made).
+    Nothing ran now; whatever the earlier attempt created is invisible to the daemon. Never retry it."""
 
 
 class ProviderUnsupported(ProviderError):

@@ -6,7 +6,8 @@ timeout: a hung action becomes a failed row ("timed out"), never a hung kit. Che
 returned at the end even when a check failed.
 
 A legacy LSF plugin (one-shot, without ``describeProvider.sh``/``listMachines.sh``) is detected and reported as
-such; ``legacy_checks`` is the hook where a later legacy mode will run the LSF subset of the contract.
+such; ``legacy_checks`` runs the LSF subset of the contract through the legacy adapter
+(:mod:`provisionerd.provider.legacy_check`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
 from provisionerd.errors import ProviderError, ProviderRejected
+from provisionerd.provider.legacy import detect_legacy
 from provisionerd.provider.runtime import ProviderClient
+
+__all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy", "legacy_checks"]
 
 CLUSTER = "conformance"
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
@@ -43,13 +46,6 @@ class KitOptions:
 
 class CheckFailed(Exception):
     """A check's expectation did not hold; the message is the row's detail."""
-
-
-def detect_legacy(path: Path, transport: str) -> bool:
-    """A one-shot plugin without our extension actions is an LSF resource connector plugin."""
-    if transport != "oneshot":
-        return False
-    return not all((path / f"{a}.sh").is_file() for a in ("describeProvider", "listMachines"))
 
 
 class _Recorder:
@@ -316,17 +312,13 @@ class Kit:
 
 
 async def legacy_checks(client: ProviderClient, options: KitOptions) -> list[CheckResult]:
-    """The hook for a later legacy mode. Today: say what was found, and check what is safe to check."""
-    kit = Kit(client, options)
-    kit.rows.append(
-        CheckResult(
-            "legacy LSF plugin detected",
-            False,
-            "no describeProvider.sh/listMachines.sh: provisionerd needs both (legacy mode is not supported yet)",
-        )
-    )
-    await kit.step("getAvailableTemplates is valid", lambda: kit.check_templates(None))
-    return kit.rows
+    """The LSF checks for a legacy plugin, run through the legacy adapter; ``client`` is its one-shot client."""
+    from provisionerd.provider.legacy_check import run_legacy_kit  # it builds on this module's Kit
+    from provisionerd.provider.oneshot import OneShotProvider
+
+    if not isinstance(client, OneShotProvider):
+        return [CheckResult("legacy LSF plugin detected", False, "legacy mode runs one-shot plugins only")]
+    return await run_legacy_kit(client, options)
 
 
 def _describe(exc: BaseException) -> str:

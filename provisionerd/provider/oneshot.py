@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,37 @@ class OneShotProvider:
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         redact = self._redact.including(join_tokens(action, input))
         check_input(self.name, action, input, redact)
+        return await self._execute(action, input, timeout, redact, validate=True)
+
+    async def run_document(
+        self,
+        action: str,
+        document: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        secrets: Collection[str] = (),
+        partial: bytearray | None = None,
+    ) -> Any:
+        """Run ``<action>.sh`` on ``document`` as it is: no input or output schema check (the caller, the legacy
+        adapter, sends LSF shapes and normalises what LSF plugins print before checking it). Everything else is as
+        for ``call``: timeouts, process-group kill, caps, typed errors, and ``secrets`` redacted from them. Returns
+        the parsed JSON of a successful answer.
+
+        ``partial``, when given, receives stdout as it arrives (up to the cap): after a ``ProviderTimeout`` it holds
+        whatever the plugin printed before it was killed (a requestId printed before a hang is not lost)."""
+        redact = self._redact.including(secrets)
+        return await self._execute(action, document, timeout, redact, validate=False, partial=partial)
+
+    async def _execute(
+        self,
+        action: str,
+        document: Mapping[str, Any],
+        timeout: float | None,
+        redact: Redactor,
+        *,
+        validate: bool,
+        partial: bytearray | None = None,
+    ) -> Any:
         script = self.script(action)
         if not script.is_file():
             raise ProviderUnsupported(self.name, action, f"no {script.name} in the plugin directory")
@@ -77,17 +108,25 @@ class OneShotProvider:
             infile = os.path.join(workdir, "in.json")
             fd = os.open(infile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(_dumps(input))
-            return await self._run(action, [str(script), "-f", infile], workdir, deadline, redact)
+                f.write(_dumps(document))
+            argv = [str(script), "-f", infile]
+            return await self._run(action, argv, workdir, deadline, redact, validate, partial)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
     async def _run(
-        self, action: str, argv: list[str], workdir: str, deadline: float, redact: Redactor
-    ) -> dict[str, Any]:
+        self,
+        action: str,
+        argv: list[str],
+        workdir: str,
+        deadline: float,
+        redact: Redactor,
+        validate: bool = True,
+        partial: bytearray | None = None,
+    ) -> Any:
         limits = self.config.limits
         tail = StderrTail(limits.stderr_tail)
-        capture = _Capture()
+        capture = _Capture(partial)
         with trio.move_on_after(deadline) as scope:
             try:
                 async with open_group_process(argv, env=self._env, cwd=workdir, grace=limits.term_grace) as proc:
@@ -120,17 +159,17 @@ class OneShotProvider:
         returncode = proc.returncode
         assert returncode is not None  # the group was reaped on leaving the process block
         if returncode == 0:
-            return self._success(action, stdout, tail, redact)
+            return self._success(action, stdout, tail, redact, validate)
         raise self._failure(action, returncode, stdout, tail, redact)
 
-    def _success(self, action: str, stdout: bytes, tail: StderrTail, redact: Redactor) -> dict[str, Any]:
+    def _success(self, action: str, stdout: bytes, tail: StderrTail, redact: Redactor, validate: bool) -> Any:
         try:
             document = parse_json(stdout)
         except ValueError:
             raise ProviderProtocolViolation(
                 self.name, action, f"stdout is not JSON: {snippet(stdout, redact)}{self._stderr(tail, redact)}"
             ) from None
-        return check_output(self.name, action, document, redact)
+        return check_output(self.name, action, document, redact) if validate else document
 
     def _failure(
         self, action: str, returncode: int, stdout: bytes, tail: StderrTail, redact: Redactor
@@ -163,18 +202,36 @@ class OneShotProvider:
 class _Capture:
     """A call's stdout, read to EOF in its own task (a pipe must be drained while the plugin writes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, partial: bytearray | None = None) -> None:
         self.stdout = b""
         self.too_large = False
         self.done = trio.Event()
+        self._partial = partial
 
     async def read(self, stream: trio.abc.ReceiveStream, limit: int, scope: trio.CancelScope) -> None:
+        if self._partial is not None:
+            await self._read_keeping(stream, limit, scope, self._partial)
+            return
         try:
             self.stdout = await read_capped(stream, limit)
             self.done.set()
         except OutputTooLarge:
             self.too_large = True
             scope.cancel()  # the group is killed on leaving the process block
+
+    async def _read_keeping(
+        self, stream: trio.abc.ReceiveStream, limit: int, scope: trio.CancelScope, into: bytearray
+    ) -> None:
+        # The same as read_capped, but every chunk lands in the caller's buffer at once: a cancellation (the
+        # call's deadline) leaves there what had arrived.
+        while chunk := await stream.receive_some(65536):
+            into += chunk
+            if len(into) > limit:
+                self.too_large = True
+                scope.cancel()
+                return
+        self.stdout = bytes(into)
+        self.done.set()
 
 
 def _dumps(document: Mapping[str, Any]) -> str:

@@ -1,0 +1,3 @@
+#!/bin/sh
+# LSF resource connector script: requestMachines -f <input.json>; JSON on stdout, exit 0 on success.
+exec python3 -S "$(dirname "$0")/lsfexample.py" requestMachines "$@"
