@@ -1,0 +1,251 @@
+"""The whole daemon on Slurm: the reference controller (in this process, real TLS sockets), the real ``DaemonCore``
+(session, leases, gate, executor, reconcile loop) and the Slurm plugin over its persistent transport.
+
+Demand for 2 machines makes the daemon request two pilot jobs; they run on n1 and n2, and the worker agents inside
+them join the controller with the tokens the daemon minted (delivered by the plugin's 0600 files). Demand dropping
+to 0 makes the daemon return the idle machines: the jobs are cancelled, the agents end, and no job of ours is left.
+Nothing here plays the daemon or the machines: the test only sets demand and watches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from provisionerd.certs import init_certs
+from provisionerd.config import Config
+from provisionerd.daemon import DaemonCore, provider_clients
+from provisionerd.executor import ExecutorSettings
+from provisionerd.model import (
+    DemandItem,
+    InstanceFact,
+    Lost,
+    RequestFailed,
+    RequestIntent,
+    ResourceShape,
+    Returned,
+    ReturnIntent,
+)
+from provisionerd.policy import Policy
+from provisionerd.provider.persistent import PersistentProvider
+from provisionerd.reconcile_loop import LoopSettings
+from refcontroller.api import open_refcontroller
+from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config, processes_mentioning, secret_in_processes
+
+pytestmark = pytest.mark.slow
+
+PROVIDER = "slurm"
+CLUSTER_TAG = "e2e-daemon"  # our owner tag: the jobs of this test are the ones whose comment carries it
+TAG = f"provisionerd:cluster={CLUSTER_TAG}"
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+         "OUT_OF_MEMORY"}  # fmt: skip
+
+
+class Recorder:
+    """Wraps the daemon's provider client and keeps the join tokens it hands the plugin (instanceRef -> token),
+    so the test can prove they stay secret. It changes nothing in the calls."""
+
+    def __init__(self, inner: PersistentProvider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.tokens: dict[str, str] = {}
+
+    async def call(self, action: str, input: Any, *, timeout: float | None = None) -> dict[str, Any]:
+        if action == "requestMachines":
+            for boot in input["bootstrap"]:
+                self.tokens[boot["instanceRef"]] = boot["joinToken"]
+        return await self.inner.call(action, input, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def write_config(tmp: Path, cluster: SlurmTestCluster, certs: Path, addresses: tuple[str, ...]) -> Config:
+    conf_dir, data_dir = tmp / "slurm-conf", tmp / "slurm-data"
+    conf_dir.mkdir()
+    data_dir.mkdir()
+    # One template that fills a node (2 CPUs), so the two pilots land one per node.
+    templates = [{"templateId": "node", "maxNumber": 2, "cpus": 2, "memMB": 400}]
+    plugin = plugin_config(cluster, templates=templates)
+    plugin["agent"] = dict(plugin["agent"], certs=str(certs))  # the nodes share this host's file system
+    (conf_dir / "slurm.json").write_text(json.dumps(plugin))
+    text = textwrap.dedent(f"""
+        cluster = "{CLUSTER_TAG}"
+        identity = "prov-slurm-e2e"
+        [controller]
+        addresses = {json.dumps(list(addresses))}
+        heartbeat_interval = 0.5
+        heartbeat_timeout = 10
+        request_timeout = 10
+        connect_timeout = 10
+        backoff = {{initial = 0.05, max = 0.5, multiplier = 2, jitter = 0.5}}
+        [tls]
+        ca = "{certs}/ca.pem"
+        cert = "{certs}/provisioner.pem"
+        key = "{certs}/provisioner.key"
+        [lease]
+        margin = 0.5
+        [daemon]
+        events_log = "{tmp}/events.jsonl"
+        [[providers]]
+        name = "{PROVIDER}"
+        transport = "persistent"
+        path = "{PLUGIN}"
+        conf_dir = "{conf_dir}"
+        data_dir = "{data_dir}"
+        max_machines = 2
+        [providers.timeouts]
+        default = 40
+    """)
+    (tmp / "pd.toml").write_text(text)
+    return Config.from_file(tmp / "pd.toml")
+
+
+def facts_of(ctl: Any, kind: type) -> list[Any]:
+    assert ctl.server is not None
+    return [c.fact for c in ctl.server.cluster.store.all_facts() if isinstance(c.fact, kind)]
+
+
+def our_jobs(cluster: SlurmTestCluster, live: bool = True) -> dict[str, dict[str, str]]:
+    """This test's jobs by their owner tag (``live``: not ended)."""
+    jobs = cluster.jobs()
+    return {j: info for j, info in jobs.items() if TAG in info["comment"] and not (live and info["state"] in ENDED)}
+
+
+async def poll(predicate: Any, limit: float, what: str, interval: float = 0.2) -> Any:
+    """Await ``predicate()`` (sync or async) until it is truthy; fail naming ``what`` after ``limit`` seconds."""
+    with trio.move_on_after(limit):
+        while True:
+            value = predicate()
+            if hasattr(value, "__await__"):
+                value = await value
+            if value:
+                return value
+            await trio.sleep(interval)
+    raise AssertionError(f"timed out after {limit:g} s waiting for {what}")
+
+
+async def in_thread(fn: Any, *args: Any) -> Any:
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+def test_the_daemon_grows_onto_slurm_and_shrinks_back(clean_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    out = trio.run(_scenario, clean_cluster, tmp_path)
+    cluster = clean_cluster
+
+    intents = [f for f in out["facts"] if isinstance(f, RequestIntent)]
+    made = [f for f in out["facts"] if isinstance(f, InstanceFact)]
+    assert len(intents) == 1 and intents[0].count == 2 and intents[0].template_id == "node", intents
+    assert not [f for f in out["facts"] if isinstance(f, (RequestFailed, Lost))]
+    # The daemon's facts name the Slurm jobs, and each machine is the one holding the token of its instance ref.
+    assert {f.machine_id for f in made} == set(out["jobs_up"])
+    hashes = dict(zip(intents[0].instance_refs, intents[0].token_hashes, strict=True))
+    assert set(out["tokens"]) == set(hashes)
+    for fact in made:
+        assert fact.token_hash == hashes[fact.instance_ref]
+        assert fact.token_hash == hashlib.sha256(out["tokens"][fact.instance_ref].encode()).hexdigest()
+    # Two pilots RUNNING, one per node; their agents joined as those very machines.
+    assert sorted(info["state"] for info in out["jobs_up"].values()) == ["RUNNING", "RUNNING"]
+    assert sorted(info["nodes"] for info in out["jobs_up"].values()) == ["n1", "n2"]
+    assert {(h["instance_ref"], h["machine_id"]) for h in out["hosts"]} == {(f.instance_ref, f.machine_id)
+                                                                         for f in made}  # fmt: skip
+    assert all(h["status"] in ("joined", "idle") and h["provider"] == PROVIDER for h in out["hosts"])
+    # Demand 0: each machine returned once as idle (one return or one each, as they went idle), and done.
+    returns = [f for f in out["facts"] if isinstance(f, ReturnIntent)]
+    assert {f.reason for f in returns} == {"idle"}
+    assert sorted(m for f in returns for m in f.machine_ids) == sorted(out["jobs_up"])
+    assert {m for f in out["facts"] if isinstance(f, Returned) for m in f.machine_ids} == set(out["jobs_up"])
+    kinds = [type(f).__name__ for f in out["facts"]]
+    assert kinds.index("RequestIntent") < kinds.index("InstanceFact") < kinds.index("ReturnIntent")
+    assert kinds.index("ReturnIntent") < kinds.index("Returned")
+    # The jobs were cancelled (by us, so Slurm says CANCELLED), and none of ours is live any more.
+    assert out["jobs_down"] == {} and {info["state"] for info in out["ended"].values()} == {"CANCELLED"}
+    assert set(out["ended"]) == set(out["jobs_up"])
+    assert not our_jobs(cluster)
+    # Secrets: never in Slurm's view of the jobs, a process's argv or environment, the events, or the agents' logs.
+    logs = ""
+    for job_id in out["jobs_up"]:
+        (log,) = (cluster.workdir / "logs").glob(f"pvd-*-{job_id}.out")
+        logs += log.read_text()
+        assert "stopping on SIGTERM" in log.read_text()  # each agent ran in its job and ended by the cancel
+    assert all(out["agents_up"].values()) and not any(out["agents_down"].values())
+    for job_id in out["jobs_up"]:
+        assert f"JobId={job_id} " in out["scontrol"]
+    for token in out["tokens"].values():
+        assert token not in out["scontrol"] and token not in out["events"] and token not in logs
+        assert not out["secret_hits"][token]
+
+
+async def _scenario(cluster: SlurmTestCluster, tmp: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    certs = tmp / "certs"  # the certificates name the cluster: ours, not the other Slurm tests'
+    init_certs(certs, CLUSTER_TAG)
+    async with open_refcontroller(certs, tmp / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.5) as ctl:
+        config = write_config(tmp, cluster, certs, ctl.addresses)
+        client = provider_clients(config)[PROVIDER]
+        assert isinstance(client, PersistentProvider)
+        recorder = Recorder(client)
+        policy = Policy(cluster=CLUSTER_TAG, idle_time=1.0, join_deadline=120.0, provisioning_timeout=120.0,
+                        capacity_backoff=60.0, provider_caps={PROVIDER: 2})  # fmt: skip
+        core = DaemonCore(
+            config, providers={PROVIDER: recorder}, policy=policy, offer_interval=10.0,
+            loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),
+            executor_settings=ExecutorSettings(cluster=CLUSTER_TAG, controllers=ctl.addresses, poll_initial=0.2,
+                                               poll_max=1.0, retry_delay=0.2, provisioning_timeout=120.0,
+                                               return_timeout=120.0),
+        )  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.run)  # wrapped, so the core does not start it
+            await nursery.start(core.run)
+            try:
+                await _grow_and_shrink(cluster, ctl, recorder, out)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await core.release_leases()
+                nursery.cancel_scope.cancel()
+        core.events.close()
+    out["events"] = (tmp / "events.jsonl").read_text()
+    out["tokens"] = dict(recorder.tokens)
+    return out
+
+
+async def _grow_and_shrink(cluster: SlurmTestCluster, ctl: Any, recorder: Recorder, out: dict[str, Any]) -> None:
+    await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
+
+    # Two pilot jobs with our tags, RUNNING on the Slurm nodes, and the daemon's facts for both.
+    def running() -> dict[str, dict[str, str]] | None:
+        jobs = our_jobs(cluster)
+        return jobs if len(jobs) == 2 and all(i["state"] == "RUNNING" for i in jobs.values()) else None
+
+    out["jobs_up"] = await poll(lambda: in_thread(running), 60, "two RUNNING pilot jobs")
+    await poll(lambda: len(facts_of(ctl, InstanceFact)) == 2, 60, "two instance facts")
+
+    # Their agents join the controller as those machines.
+    async def joined() -> list[dict[str, Any]] | None:
+        hosts = [h for h in (await ctl.status())["hosts"] if h["provider"] == PROVIDER]
+        ok = len(hosts) == 2 and all(h["status"] in ("joined", "idle") for h in hosts)
+        return hosts if ok else None
+
+    out["hosts"] = await poll(joined, 90, "both agents to join", interval=0.3)
+    show = lambda: "".join(cluster.run("scontrol", "show", "job", j).stdout for j in out["jobs_up"])  # noqa: E731
+    out["scontrol"] = await in_thread(show)
+    out["secret_hits"] = {t: secret_in_processes(t) for t in recorder.tokens.values()}
+    refs = [f.instance_ref for f in facts_of(ctl, InstanceFact)]
+    out["agents_up"] = {ref: processes_mentioning(ref) for ref in refs}  # the agent's argv names its instance
+
+    # Demand drops: the idle machines are returned, the jobs cancelled, the agents gone.
+    await ctl.set_demand([])
+    returned = lambda: {m for f in facts_of(ctl, Returned) for m in f.machine_ids}  # noqa: E731
+    await poll(lambda: returned() >= set(out["jobs_up"]), 60, "both machines Returned")
+    await poll(lambda: in_thread(lambda: not our_jobs(cluster)), 30, "no live job of ours")
+    out["jobs_down"] = await in_thread(our_jobs, cluster)
+    out["ended"] = await in_thread(lambda: our_jobs(cluster, live=False))
+    await poll(lambda: not any(processes_mentioning(ref) for ref in refs), 30, "the agents to exit")
+    out["agents_down"] = {ref: processes_mentioning(ref) for ref in refs}
+    out["facts"] = [c.fact for c in ctl.server.cluster.store.all_facts()]
