@@ -135,6 +135,30 @@ class OrphanSettings:
 
 
 @attrs.frozen
+class LegacyOptions:
+    """``[providers.legacy]``: how a one-shot provider may run as an unmodified LSF resource-connector plugin.
+
+    ``mode`` is ``"auto"`` (TOML ``"auto"``, the default: legacy when the plugin directory lacks
+    ``describeProvider.sh`` or ``listMachines.sh``), ``"on"`` (TOML ``true``: always through the legacy adapter) or
+    ``"off"`` (TOML ``false``: never). The other keys are the adapter's settings
+    (``provisionerd.provider.legacy_config.legacy_settings`` checks them once more when the client is built)."""
+
+    mode: str = "auto"
+    user_data: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)
+    rc_account: str = "default"
+    journal: Path | None = None
+    max_ops: int = 4096
+
+    def settings_table(self) -> dict[str, Any]:
+        """The table ``legacy_settings`` takes (without ``mode``)."""
+        table: dict[str, Any] = {"user_data": dict(self.user_data), "rc_account": self.rc_account,
+                                 "max_ops": self.max_ops}
+        if self.journal is not None:
+            table["journal"] = str(self.journal)
+        return table
+
+
+@attrs.frozen
 class ProviderConfig:
     """One provider this daemon serves. ``path`` is the oneshot scripts' directory or the persistent executable;
     ``argv`` the persistent command line (one of the two). ``max_ttl == 0`` means no limit."""
@@ -150,7 +174,9 @@ class ProviderConfig:
     join_deadline: float = 900.0
     idle_time: float = 300.0
     max_ttl: float = 0.0
+    provisioning_timeout: float = 1200.0
     timeouts: ProviderTimeouts = ProviderTimeouts()
+    legacy: LegacyOptions = LegacyOptions()
     orphans: OrphanSettings = OrphanSettings()
     # A frozen config must not hand out a mutable dict of credentials.
     env: Mapping[str, str] = attrs.field(factory=dict, repr=_redact_env, converter=_read_only)
@@ -243,6 +269,13 @@ def _resolve_paths(doc: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
         for key in ("path", "conf_dir", "data_dir"):
             if key in p:
                 p[key] = resolve(p[key])
+        if "legacy" in p:
+            legacy = dict(p["legacy"])
+            if "journal" in legacy:
+                legacy["journal"] = resolve(legacy["journal"])
+            if "mode" in legacy:  # TOML says "auto" | true | false; one string type here
+                legacy["mode"] = {True: "on", False: "off"}.get(legacy["mode"], legacy["mode"])
+            p["legacy"] = legacy
         if "timeouts" in p:
             p["timeouts"] = {("return_" if k == "return" else k): v for k, v in p["timeouts"].items()}
         providers.append(p)

@@ -146,6 +146,27 @@ def _semantic_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
                 yield ["providers", i, "path"], "is required for transport 'oneshot' (the scripts' directory)"
         elif transport == "persistent" and has_path == has_argv:
             yield ["providers", i], "a 'persistent' provider needs exactly one of path or argv"
+        yield from _legacy_problems(i, provider)
+
+
+def _legacy_problems(i: int, provider: Mapping[str, Any]) -> Iterator[tuple[list[str | int], str]]:
+    """``[providers.legacy]``: only for a one-shot plugin, and a userData template with known placeholders only."""
+    legacy = provider.get("legacy")
+    if not isinstance(legacy, Mapping):
+        return
+    if provider.get("transport") == "persistent" and legacy.get("mode", "auto") is not False:
+        yield ["providers", i, "legacy"], "an LSF plugin is one-shot: legacy mode needs transport 'oneshot'"
+    user_data = legacy.get("user_data")
+    if isinstance(user_data, Mapping) and all(isinstance(v, str) for v in user_data.values()):
+        from provisionerd.errors import ConfigError
+        from provisionerd.provider.legacy_rules import UserDataTemplate  # pure: the placeholder vocabulary
+
+        try:
+            UserDataTemplate.parse(user_data, "user_data")
+        except ConfigError as exc:
+            for problem in exc.problems:
+                key, _, message = problem.partition(": ")
+                yield ["providers", i, "legacy", *key.split(".")], message
 
 
 def find_problems(doc: Any) -> list[str]:

@@ -9,9 +9,9 @@ which reads ``core.session.view``. Tests may inject ``providers`` (e.g. in-memor
 loop/executor settings.
 
 The planner's policy is global while the config's limits are per provider (``policy_from_config``): each
-provider's ``max_machines`` is its cap, the step limit is the sum of the providers' step limits, ``join_deadline``
-and ``idle_time`` take the largest configured value (never return a machine earlier than any provider allows) and
-``max_ttl`` the smallest non-zero one.
+provider's ``max_machines`` is its cap, the step limit is the sum of the providers' step limits, ``join_deadline``,
+``idle_time`` and ``provisioning_timeout`` take the largest configured value (never return a machine or fail a
+request earlier than any provider allows) and ``max_ttl`` the smallest non-zero one.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from provisionerd.factview import FactView
 from provisionerd.offer_feed import OfferFeed
 from provisionerd.policy import Policy
 from provisionerd.provider import runtime
+from provisionerd.provider.legacy_config import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import PersistentProvider
 from provisionerd.reconcile_loop import LoopSettings, ReconcileLoop
@@ -59,13 +60,25 @@ def runtime_config(config: Config, provider: ProviderConfig) -> runtime.Provider
     )  # fmt: skip
 
 
+def provider_client(config: Config, provider: ProviderConfig) -> Any:
+    """The ``ProviderClient`` of one configured provider. A one-shot plugin runs through the legacy LSF adapter
+    when ``[providers.legacy] mode`` is ``true``, or ``"auto"`` (the default) and its directory lacks our
+    extension scripts (``describeProvider.sh``/``listMachines.sh``); ``false`` never. ``ConfigError`` for bad
+    legacy settings."""
+    rc = runtime_config(config, provider)
+    if provider.transport == "persistent":
+        return PersistentProvider(rc)
+    runner = OneShotProvider(rc)
+    mode = provider.legacy.mode
+    if mode == "off":
+        return runner
+    settings = legacy_settings(provider.legacy.settings_table(), f"providers[{provider.name}].legacy")
+    return client_for(runner, settings, force=mode == "on")
+
+
 def provider_clients(config: Config) -> dict[str, Any]:
     """One ``ProviderClient`` per configured provider (persistent ones must be ``run`` in a nursery)."""
-    clients: dict[str, Any] = {}
-    for provider in config.providers:
-        rc = runtime_config(config, provider)
-        clients[provider.name] = PersistentProvider(rc) if provider.transport == "persistent" else OneShotProvider(rc)
-    return clients
+    return {provider.name: provider_client(config, provider) for provider in config.providers}
 
 
 def policy_from_config(config: Config) -> Policy:
@@ -74,6 +87,7 @@ def policy_from_config(config: Config) -> Policy:
     return Policy(
         cluster=config.cluster,
         join_deadline=max(p.join_deadline for p in providers),
+        provisioning_timeout=max(p.provisioning_timeout for p in providers),
         idle_time=max(max(p.idle_time for p in providers), 0.001),
         max_ttl=min(ttls) if ttls else None,
         step_limit=sum(p.step_limit for p in providers),

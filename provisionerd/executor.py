@@ -26,6 +26,10 @@ instance facts for those that exist (they keep the tokens they booted with) and,
 ``RequestFailed`` so the planner requests the shortfall as a new op with fresh tokens. A machine of the old op
 that appears later carries its op tag and no fact: the orphan scan reports it.
 
+A **legacy LSF plugin** (``client.legacy``) is never listed nor retried after a failed ``requestMachines``: see
+``provisionerd.executor_legacy`` (an unknown outcome is committed as ``RequestFailed`` saying so, and the planner
+re-plans the shortfall).
+
 Return flow (``return_machines``): gate with ``ReturnIntent`` -> ``requestReturnMachines`` (or ``stopMachines``)
 with op_id and tags -> poll -> ``Returned``. Returns hold no secret, so an unknown outcome (or a restart) is simply
 retried with the same op_id (``resume_return``).
@@ -57,6 +61,7 @@ from provisionerd.executor_docs import (
     request_input,
     status_of,
 )
+from provisionerd.executor_legacy import LegacyRequestFlow, is_legacy
 from provisionerd.executor_returns import ReturnFlow
 from provisionerd.executor_values import (
     DEFINITE_CODES,
@@ -84,7 +89,7 @@ __all__ = ["DEFINITE_CODES", "GATE_ERRORS", "Executor", "ExecutorSettings", "Req
 
 log = logging.getLogger(__name__)
 
-class Executor(ReturnFlow):
+class Executor(ReturnFlow, LegacyRequestFlow):
     def __init__(
         self,
         settings: ExecutorSettings,
@@ -243,6 +248,8 @@ class Executor(ReturnFlow):
             code = exc.reason if isinstance(exc, ControllerRejected) else type(exc).__name__
             return RequestOutcome(op_id, provider, "dropped", code=code, detail=str(exc))
         deadline = started + s.provisioning_timeout
+        if error is not None and is_legacy(client):
+            return await self._legacy_after_error(run, intent, client, error)
         if error is not None:
             accepted, outcome = await self._after_request_error(run, action, intent, issued, error, deadline)
             if outcome is not None:
@@ -342,6 +349,10 @@ class Executor(ReturnFlow):
             return RequestOutcome(op_id, provider, "dropped", code="busy")
         self.busy_ops.add(op_id)
         try:
+            if is_legacy(self._clients[provider]):
+                settled = await self.settle_legacy_recovery(intent, self._clients[provider])
+                if settled is not None:
+                    return settled
             found = await self._list_op(provider, op_id)
             self._emit("recovery", "request", op_id, provider, found=None if found is None else len(found))
             if found is None:

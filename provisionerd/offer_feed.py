@@ -7,14 +7,15 @@ the planner's rankings stay cached between cycles.
 A read that fails keeps nothing stale: that provider's offers are dropped until the next successful read, and
 ``fresh(providers, now)`` says whether every named provider was read successfully within ``max_age`` seconds. The
 loop plans only when it is (a cycle that could not read its inputs takes no action). Failures are typed
-``ProviderError`` values in ``errors``; a provider that answers more than ``MAX_TEMPLATES`` templates is refused
+``ProviderError`` values in ``errors`` (and handed to ``on_failure``: a ``throttled`` read backs the provider off
+in the planner like any other throttled call); a provider that answers more than ``MAX_TEMPLATES`` templates is refused
 with ``ProviderProtocolViolation`` (bounded memory whatever a plugin says).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -88,6 +89,9 @@ class OfferFeed:
         self.version = 0
         self._changed = trio.Event()
         self._poked = trio.Event()
+        #: Called with (provider, error) for every failed read; the reconcile loop turns a ``throttled`` one into
+        #: the planner's throttle back-off, as it does for the other calls.
+        self.on_failure: Callable[[str, ProviderError], None] = lambda provider, error: None
 
     def fresh(self, providers: Sequence[str], now: float | None = None) -> bool:
         """Whether every provider in ``providers`` has a successful read younger than ``max_age``."""
@@ -131,6 +135,7 @@ class OfferFeed:
                 changed = True
             self._events.emit("offers_failed", provider=name, error=type(exc).__name__,
                               code=getattr(exc, "code", None), detail=exc.detail)  # fmt: skip
+            self.on_failure(name, exc)
         if changed:
             self._rebuild()
         self._changed.set()  # fresh() may have changed even when the offers did not

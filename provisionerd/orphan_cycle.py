@@ -2,8 +2,10 @@
 
 A pass (``OrphanCycle.run_pass``):
 
-1. reads the provider's ``listMachines`` (or notes it ``Unreadable``), *then* the controller's view, hosts and the
-   lease (``provisionerd.orphan_reads``);
+1. reads the provider's ``listMachines`` (or notes it ``Unreadable``; a provider that has no listing at all, a
+   legacy LSF plugin, is ``ListingAbsent``: not called, every action blocked by ``listing_absent``, and each
+   ``orphan_pass`` event says ``listing: "absent"``, the ``invisible`` classes and the adapter's
+   ``unknown_outcomes``), *then* the controller's view, hosts and the lease (``provisionerd.orphan_reads``);
 2. classifies them (``provisionerd.orphans.classify``, pure) with the memory of the previous pass;
 3. writes the audit: ``orphan_pass`` (counts, breaker, skipped views), ``orphan_detected`` for every finding that
    is new or whose action or blockers changed since the last pass (with its evidence), ``orphan_resolved`` for a
@@ -49,8 +51,8 @@ from provisionerd.errors import ProviderError, ProvisionerdError
 from provisionerd.events import EventLog
 from provisionerd.factview import FactView
 from provisionerd.model import Fact
-from provisionerd.orphan_model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, Unreadable, thaw
-from provisionerd.orphan_reads import ControllerReader, LeaseReader, read_listing
+from provisionerd.orphan_model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
+from provisionerd.orphan_reads import ControllerReader, LeaseReader, read_listing, unknown_outcomes
 from provisionerd.orphans import Classification, ClassifierMemory, Observation, OrphanPolicy, PlannedAction, classify
 from provisionerd.provider.runtime import ProviderClient
 
@@ -251,14 +253,21 @@ class OrphanCycle:
     # --- audit ---------------------------------------------------------------------------------------------------
 
     def _audit_pass(self, obs: Observation, result: Classification, findings: Sequence[Finding]) -> None:
+        absent = obs.listing if isinstance(obs.listing, ListingAbsent) else None
         skipped = {
             name: view.reason
             for name, view in (("listing_unreadable", obs.listing), ("view_unreadable", obs.view))
-            if isinstance(view, Unreadable)
+            if isinstance(view, Unreadable) and view is not absent
         }
+        # A provider without a listing is not "unreadable" every pass: it says once per pass what it cannot see.
+        extra: dict[str, Any] = {}
+        if absent is not None:
+            extra = {"listing": "absent", "invisible": list(absent.invisible),
+                     "unknown_outcomes": list(unknown_outcomes(self._client))}  # fmt: skip
         self._events.emit(
             "orphan_pass",
             provider=self.provider,
+            **extra,
             findings=len(findings),
             allowed=len(result.allowed),
             skipped=skipped,

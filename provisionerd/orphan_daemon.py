@@ -42,6 +42,15 @@ class ReadOnlyClient:
         return self.inner.name
 
     @property
+    def features(self) -> Mapping[str, bool] | None:
+        """The inner client's own feature record, if it keeps one (the legacy adapter does)."""
+        return getattr(self.inner, "features", None)
+
+    def unknown_outcomes(self) -> list[dict[str, Any]]:
+        read = getattr(self.inner, "unknown_outcomes", None)
+        return list(read()) if callable(read) else []
+
+    @property
     def mutations(self) -> int:
         """Mutating calls that reached the plugin: none, by construction (counted, so the report states it)."""
         return 0

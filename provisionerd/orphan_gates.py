@@ -7,6 +7,8 @@ explains each one; a finding is allowed only with an empty list. Which precondit
 blocker             applies to
 ==================  ======================================================================================
 listing_unreadable  every action (the whole pass acts on nothing)
+listing_absent      every action: the provider cannot list at all (legacy LSF), so nothing that rests on a
+                    listing may happen; only the facts' findings are reported
 view_unreadable     every action (the whole pass acts on nothing)
 no_lease            every action: each one commits a fact stamped with the lease epoch
 not_primary         every action
@@ -33,6 +35,7 @@ from provisionerd.orphan_model import (
     CLEANUP_ACTIONS,
     DRY_RUN,
     GHOST,
+    LISTING_ABSENT,
     LISTING_UNREADABLE,
     NEVER_JOINED,
     NO_LEASE,
@@ -46,6 +49,7 @@ from provisionerd.orphan_model import (
     BreakerState,
     ClassifierMemory,
     Observation,
+    ListingAbsent,
     Unreadable,
     ordered_blockers,
 )
@@ -58,7 +62,9 @@ SHARE_CLASSES = frozenset({NEVER_JOINED, TAGGED_UNKNOWN, GHOST})
 def pass_blockers(obs: Observation) -> tuple[str, ...]:
     """The blockers that hold for every action this pass, whatever the finding."""
     blockers = []
-    if isinstance(obs.listing, Unreadable):
+    if isinstance(obs.listing, ListingAbsent):
+        blockers.append(LISTING_ABSENT)
+    elif isinstance(obs.listing, Unreadable):
         blockers.append(LISTING_UNREADABLE)
     if isinstance(obs.view, Unreadable):
         blockers.append(VIEW_UNREADABLE)

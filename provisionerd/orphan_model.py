@@ -39,6 +39,7 @@ BREAKER_ACTIONS = CLEANUP_ACTIONS | {"adopt"}
 PROTECTED_ACTIONS = frozenset({"return", "stop", "terminate", "adopt"})
 
 LISTING_UNREADABLE = "listing_unreadable"  # the provider's listMachines failed this cycle
+LISTING_ABSENT = "listing_absent"  # the provider has no listMachines at all (a legacy LSF plugin)
 VIEW_UNREADABLE = "view_unreadable"  # the controller's facts/hosts could not be read this cycle
 NO_LEASE = "no_lease"  # no lease held, or no epoch to stamp on the action
 NOT_PRIMARY = "not_primary"  # the controller we read is not the primary
@@ -55,6 +56,7 @@ RATE_CAP = "rate_cap"  # max_cleanup_per_interval reached this pass
 DRY_RUN = "dry_run"  # policy.dry_run: nothing is acted on
 BLOCKERS = (
     LISTING_UNREADABLE,
+    LISTING_ABSENT,
     VIEW_UNREADABLE,
     NO_LEASE,
     NOT_PRIMARY,
@@ -104,6 +106,16 @@ class Unreadable:
     """Marker for a view that could not be read this cycle. ``reason`` is for humans and must hold no secrets."""
 
     reason: str = ""
+
+
+@attrs.frozen
+class ListingAbsent(Unreadable):
+    """Marker for a provider that cannot list at all (no ``listMachines``: a legacy LSF plugin). It is never
+    read, so it is not *unreadable*; but nothing that rests on a listing may happen, so the classifier treats it
+    like one (the pass is narrowed, every action blocked by ``listing_absent``). ``invisible``: the orphan classes
+    nothing can reveal for this provider (``legacy_rules.invisible_classes``)."""
+
+    invisible: tuple[str, ...] = ()
 
 
 @attrs.frozen

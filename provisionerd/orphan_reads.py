@@ -23,7 +23,8 @@ from provisionerd.errors import LeaseError, ProviderError
 from provisionerd.factview import FactView
 from provisionerd.lease import LeaseKeeper
 from provisionerd.model import TAG_CLUSTER, TAG_INSTANCE, HostState, ProviderMachine
-from provisionerd.orphan_model import ControllerState, LeaseState, Listing, Unreadable
+from provisionerd.orphan_model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
+from provisionerd.provider.legacy_rules import invisible_classes
 from provisionerd.provider.runtime import ProviderClient
 from provisionerd.session import ControllerSession, LinkState
 
@@ -77,8 +78,30 @@ def machines_from_listing(document: Mapping[str, Any]) -> tuple[ProviderMachine,
     return tuple(out)
 
 
+def listing_absent(client: ProviderClient) -> ListingAbsent | None:
+    """``ListingAbsent`` for a client that says it has no ``listMachines`` (its ``features``, as the legacy LSF
+    adapter has them), else ``None``. Clients without a ``features`` attribute are asked, never presumed."""
+    features = getattr(client, "features", None)
+    if not isinstance(features, Mapping) or features.get("listMachines", False):
+        return None
+    invisible = invisible_classes(features)
+    return ListingAbsent(f"the provider has no listMachines: {', '.join(invisible)} orphans are invisible",
+                         invisible)  # fmt: skip
+
+
+def unknown_outcomes(client: ProviderClient) -> tuple[dict[str, Any], ...]:
+    """The create requests whose outcome the client knows to be unknown (the legacy adapter's journal); their
+    machines, if any, no listing can show. Empty for a client that does not keep such a record."""
+    read = getattr(client, "unknown_outcomes", None)
+    return tuple(read()) if callable(read) else ()
+
+
 async def read_listing(client: ProviderClient, cluster: str, *, timeout: float | None = None) -> Listing:
-    """``listMachines`` for this cluster's machines, or ``Unreadable`` with the reason it could not be read."""
+    """``listMachines`` for this cluster's machines, or ``Unreadable`` with the reason it could not be read
+    (``ListingAbsent``, without calling anything, for a provider that has no listing)."""
+    absent = listing_absent(client)
+    if absent is not None:
+        return absent
     try:
         document = await client.call("listMachines", listing_filter(cluster), timeout=timeout)
         return machines_from_listing(document)

@@ -4,6 +4,10 @@ Pure: strings in, strings out. The JSON document is the one ``provisionerd orpha
 
     {"findings": [{"class", "provider", "machine_id", "evidence", "action", "blocked_by"}], "mutations": 0}
 
+and, when a provider cannot list machines (a legacy LSF plugin), also
+``"invisible": {"<provider>": ["tagged_unknown", "ghost"]}`` and ``"unknown_outcomes": {"<provider>": [{"op_id",
+"template", "instance_refs", "detail"}]}``: what the report cannot see there, instead of claiming none.
+
 ``mutations`` is the number of provider mutations the command made: 0 for a dry run, by definition; the caller
 passes its own count (taken from the provider call log) so the document states what happened, not what was meant.
 Text that came from a provider (ids, names, tags) is escaped in the table so a hostile name cannot forge lines or
@@ -33,19 +37,65 @@ def finding_document(finding: Finding) -> dict[str, Any]:
     }
 
 
-def report_document(findings: Sequence[Finding], mutations: int = 0) -> dict[str, Any]:
-    return {"findings": [finding_document(f) for f in findings], "mutations": mutations}
+def report_document(
+    findings: Sequence[Finding],
+    mutations: int = 0,
+    invisible: Mapping[str, Sequence[str]] | None = None,
+    unknown: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The JSON document. ``invisible`` (provider -> orphan classes its scan cannot see) and ``unknown``
+    (provider -> its create requests with an unknown outcome) add the keys ``invisible`` and ``unknown_outcomes``
+    when some provider cannot see a class; otherwise the document is exactly ``{"findings", "mutations"}``."""
+    document: dict[str, Any] = {"findings": [finding_document(f) for f in findings], "mutations": mutations}
+    blind = {name: list(classes) for name, classes in (invisible or {}).items() if classes}
+    if blind:
+        document["invisible"] = blind
+        document["unknown_outcomes"] = {name: [dict(u) for u in (unknown or {}).get(name, ())] for name in blind}
+    return document
 
 
-def render_json(findings: Sequence[Finding], mutations: int = 0) -> str:
+def render_json(
+    findings: Sequence[Finding],
+    mutations: int = 0,
+    invisible: Mapping[str, Sequence[str]] | None = None,
+    unknown: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> str:
     """The report as one JSON document (strict JSON: no NaN or Infinity)."""
-    return json.dumps(report_document(findings, mutations), indent=2, allow_nan=False)
+    return json.dumps(report_document(findings, mutations, invisible, unknown), indent=2, allow_nan=False)
 
 
-def render_table(findings: Sequence[Finding], mutations: int = 0, breaker: BreakerState | None = None) -> str:
-    """A fixed-width table, one row per finding, then a summary line (and why the breaker is open, if it is)."""
+def blind_spots(
+    invisible: Mapping[str, Sequence[str]] | None, unknown: Mapping[str, Sequence[Mapping[str, Any]]] | None
+) -> list[str]:
+    """One line per provider whose scan cannot see some classes (it lacks a listing), and one per request of it
+    whose outcome is unknown: "none found" would be a false claim there."""
+    lines = []
+    for name, classes in sorted((invisible or {}).items()):
+        if not classes:
+            continue
+        lines.append(f"provider {_clean(name)}: cannot list machines; invisible here: {', '.join(classes)} "
+                     "(not reported as none)")  # fmt: skip
+        for entry in (unknown or {}).get(name, ()):
+            refs = ",".join(_clean(str(r)) for r in entry.get("instance_refs", ())) or "-"
+            lines.append(f"provider {_clean(name)}: request {_clean(str(entry.get('op_id', '?')))} has an unknown "
+                         f"outcome (template {_clean(str(entry.get('template', '?')))}, refs {refs}): any machines "
+                         "it made are invisible")  # fmt: skip
+    return lines
+
+
+def render_table(
+    findings: Sequence[Finding],
+    mutations: int = 0,
+    breaker: BreakerState | None = None,
+    *,
+    invisible: Mapping[str, Sequence[str]] | None = None,
+    unknown: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> str:
+    """A fixed-width table, one row per finding, then a summary line (and why the breaker is open, if it is),
+    then what some providers cannot see (``blind_spots``)."""
+    blind = blind_spots(invisible, unknown)
     if not findings:
-        return f"no orphan findings (mutations: {mutations})"
+        return "\n".join([f"no orphan findings (mutations: {mutations})", *blind])
     rows = [
         (
             f.orphan_class,
@@ -69,6 +119,7 @@ def render_table(findings: Sequence[Finding], mutations: int = 0, breaker: Break
             f"circuit breaker open: {', '.join(breaker.reasons)} "
             f"({breaker.suspects} of {breaker.known} known machines look orphaned)"
         )
+    lines += blind
     return "\n".join(line.rstrip() for line in lines)
 
 

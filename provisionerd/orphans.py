@@ -63,6 +63,7 @@ from provisionerd.orphan_model import (
     Classification,
     ClassifierMemory,
     Finding,
+    ListingAbsent,
     Observation,
     PlannedAction,
     Unreadable,
@@ -111,9 +112,10 @@ def classify(obs: Observation, policy: OrphanPolicy, memory: ClassifierMemory | 
         findings.append(finding)
         if finding.allowed and epoch is not None:  # without an epoch, no_lease has blocked it already
             allowed.append(_planned(candidate, finding, obs.provider, epoch))
+    listing_skip = "listing_absent" if isinstance(obs.listing, ListingAbsent) else "listing_unreadable"
     skipped = tuple(
         name
-        for name, view in (("listing_unreadable", obs.listing), ("view_unreadable", obs.view))
+        for name, view in ((listing_skip, obs.listing), ("view_unreadable", obs.view))
         if isinstance(view, Unreadable)
     )
     next_memory = ClassifierMemory(ghost_misses=detection.ghost_misses, failed_cleanups=memory.failed_cleanups)

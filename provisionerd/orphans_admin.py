@@ -45,6 +45,7 @@ from provisionerd.orphan_cycle import return_outcome
 from provisionerd.orphan_daemon import policy_of
 from provisionerd.orphan_model import (
     AMBIGUOUS_MATCH,
+    LISTING_ABSENT,
     LISTING_UNREADABLE,
     NEVER_JOINED,
     NO_LEASE,
@@ -64,7 +65,7 @@ from provisionerd.session import ControllerSession, SessionSettings, StreamFacto
 
 PROG = "provisionerd orphans"
 #: Blockers the admin's explicit word never overrides.
-HARD_BLOCKERS = frozenset({LISTING_UNREADABLE, VIEW_UNREADABLE, NO_LEASE, NOT_PRIMARY, PROTECTED})
+HARD_BLOCKERS = frozenset({LISTING_UNREADABLE, LISTING_ABSENT, VIEW_UNREADABLE, NO_LEASE, NOT_PRIMARY, PROTECTED})
 
 
 @attrs.frozen

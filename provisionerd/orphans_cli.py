@@ -6,8 +6,9 @@
     no lease and commits nothing, and its provider clients refuse every action but the read-only ones. It then
     classifies as the daemon would, with no lease held, so each automatic action shows the action that would be
     taken and everything that blocks it (``no_lease`` and ``dry_run`` at least), and prints a table or, with
-    ``--json``, ``{"findings": [...], "mutations": 0}``. The controller is taken as settled: the settle window
-    is the running daemon's own, which this command cannot see.
+    ``--json``, ``{"findings": [...], "mutations": 0}`` (plus ``invisible`` and ``unknown_outcomes`` when a
+    provider, such as a legacy LSF plugin, cannot list machines: that is stated, not an unreadable listing). The
+    controller is taken as settled: the settle window is the running daemon's own, which this command cannot see.
 
 ``provisionerd orphans adopt|return --config FILE --provider P --machine ID``
     Acts on one finding explicitly; see :mod:`provisionerd.orphans_admin`.
@@ -25,6 +26,7 @@ import random
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -34,9 +36,17 @@ from provisionerd.errors import ConfigError
 from provisionerd.events import EventLog
 from provisionerd.orphan_cycle import open_ops_of, with_owners
 from provisionerd.orphan_daemon import ReadOnlyClient, policy_of
-from provisionerd.orphan_model import BreakerState, ControllerState, Finding, LeaseState, Listing, Unreadable
-from provisionerd.orphan_reads import ControllerRead, read_listing
-from provisionerd.orphan_report import render_json, render_table
+from provisionerd.orphan_model import (
+    BreakerState,
+    ControllerState,
+    Finding,
+    LeaseState,
+    Listing,
+    ListingAbsent,
+    Unreadable,
+)
+from provisionerd.orphan_reads import ControllerRead, read_listing, unknown_outcomes
+from provisionerd.orphan_report import blind_spots, render_json, render_table
 from provisionerd.orphans import Observation, OrphanPolicy, classify
 from provisionerd.provider.persistent import PersistentProvider
 from provisionerd.provider.runtime import ProviderClient
@@ -96,6 +106,8 @@ class DryRunReport:
     unreadable: tuple[str, ...]  # one line per view that could not be read
     mutations: int
     calls: Mapping[str, tuple[str, ...]]  # provider -> every action asked of it
+    invisible: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)  # provider -> classes it cannot see
+    unknown_outcomes: Mapping[str, tuple[dict[str, Any], ...]] = attrs.field(factory=dict)  # of those providers
 
 
 async def dry_run(
@@ -135,8 +147,11 @@ async def _dry_run(
         timeout_for = config.provider(name).timeouts.for_action("listMachines")
         listings[name] = await read_listing(guarded[name], config.cluster, timeout=timeout_for)
     controller = await read_controller_once(config, connect, timeout, identity=side_identity(config.identity, "report"))
+    # A provider without a listing (ListingAbsent) is not unreadable: the report states what it cannot see.
     unreadable = [f"the listing of provider {name!r} could not be read: {listing.reason}"
-                  for name, listing in listings.items() if isinstance(listing, Unreadable)]  # fmt: skip
+                  for name, listing in listings.items()
+                  if isinstance(listing, Unreadable) and not isinstance(listing, ListingAbsent)]  # fmt: skip
+    absent = {name: listing for name, listing in listings.items() if isinstance(listing, ListingAbsent)}
     if isinstance(controller.view, Unreadable):
         unreadable.append(f"the controller's view could not be read: {controller.view.reason}")
     findings: list[Finding] = []
@@ -162,17 +177,21 @@ async def _dry_run(
         unreadable=tuple(unreadable),
         mutations=sum(c.mutations for c in guarded.values()),
         calls={name: tuple(c.calls) for name, c in guarded.items()},
+        invisible={name: listing.invisible for name, listing in absent.items()},
+        unknown_outcomes={name: unknown_outcomes(guarded[name]) for name in absent},
     )
 
 
 def render(report: DryRunReport, as_json: bool) -> str:
     if as_json:
-        return render_json(report.findings, report.mutations)
+        return render_json(report.findings, report.mutations, report.invisible, report.unknown_outcomes)
     text = render_table(report.findings, report.mutations)
     for name, breaker in report.breakers.items():
         if breaker.open:
             text += (f"\nprovider {name!r}: circuit breaker open: {', '.join(breaker.reasons)} "
                      f"({breaker.suspects} of {breaker.known} known machines look orphaned)")  # fmt: skip
+    for line in blind_spots(report.invisible, report.unknown_outcomes):
+        text += "\n" + line
     return text
 
 

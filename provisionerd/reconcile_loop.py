@@ -123,6 +123,7 @@ class ReconcileLoop:
         self._last_notes: set[tuple[str, str, str, str]] = set()
         self._skip = ""
         executor.observe = self.apply
+        feed.on_failure = self._offers_failed
 
     # --- observations -------------------------------------------------------------------------------------------
 
@@ -132,6 +133,11 @@ class ReconcileLoop:
         self.state = observed.state
         self._emit_notes(observed.notes, dedupe=False)
         self.wake()
+
+    def _offers_failed(self, provider: str, error: ProviderError) -> None:
+        """A ``getAvailableTemplates`` read failed: ``throttled`` backs the provider off like any other call."""
+        if isinstance(error, ProviderRejected) and error.code == "throttled":
+            self.apply(Throttled(provider, self.wall()))
 
     def wake(self) -> None:
         self._dirty.set()

@@ -59,8 +59,9 @@ EXTENSION_ACTIONS = ("describeProvider", "listMachines")
 
 
 def detect_legacy(path: Path, transport: str) -> bool:
-    """A one-shot plugin without our extension actions is an LSF resource connector plugin."""
-    if transport != "oneshot":
+    """A one-shot plugin without our extension actions is an LSF resource connector plugin. It must have
+    ``requestMachines.sh``: an empty or mistyped directory is not taken for one (its calls fail as they would)."""
+    if transport != "oneshot" or not (path / "requestMachines.sh").is_file():
         return False
     return not all((path / f"{a}.sh").is_file() for a in EXTENSION_ACTIONS)
 

@@ -56,13 +56,15 @@ def legacy_settings(table: Mapping[str, Any], where: str = "providers.legacy") -
     return LegacySettings(user_data=user_data, rc_account=rc_account, journal_path=journal, max_ops=max_ops)
 
 
-def client_for(runner: OneShotProvider, settings: LegacySettings | None = None) -> OneShotProvider | LegacyProvider:
-    """The client for a one-shot provider: ``LegacyProvider`` over it when its directory is a legacy LSF plugin.
+def client_for(runner: OneShotProvider, settings: LegacySettings | None = None, *, force: bool = False
+               ) -> OneShotProvider | LegacyProvider:
+    """The client for a one-shot provider: ``LegacyProvider`` over it when its directory is a legacy LSF plugin
+    (or always, with ``force``: the operator's ``mode = true``).
 
     A legacy plugin without a ``journal`` path still runs, but a daemon restart then forgets which requestIds the
     plugin gave (an open request is then recovered as unknown); the journal's directory must exist and must not be
     the plugin's own data directory (that belongs to the plugin)."""
-    if not detect_legacy(Path(runner.config.path), "oneshot"):
+    if not force and not detect_legacy(Path(runner.config.path), "oneshot"):
         return runner
     settings = settings or LegacySettings()
     if settings.journal_path and runner.config.data_dir:

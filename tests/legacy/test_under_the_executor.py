@@ -27,8 +27,9 @@ pytestmark = pytest.mark.slow
 TOKEN_TEMPLATE = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}"}
 
 
-async def with_executor(adapter: LegacyProvider, body: Any) -> tuple[Any, FakeController]:
-    events = EventLog(keep=10_000)
+async def with_executor(adapter: LegacyProvider, body: Any, events: EventLog | None = None
+                        ) -> tuple[Any, FakeController]:
+    events = events if events is not None else EventLog(keep=10_000)
     controller = FakeController(ttl=30.0, grace=0.0)
     link = controller.link("prov-a")
     keeper = LeaseKeeper("lsfex", link, margin=2.0, backoff=Backoff(initial=0.1, max=1.0), rng=random.Random(7),
@@ -88,12 +89,40 @@ def test_a_timed_out_request_is_not_retried_into_duplicates(world):
     async def body(executor):
         return await executor.request(RequestMachines("op-1", "lsfex", "lsfex-small", 2, "d1"))
 
-    outcome, controller = trio.run(with_executor, adapter, body)
-    assert outcome.status == "unknown"
-    assert len(world.inputs("requestMachines")) == 1  # the executor's retries never reached the plugin
+    events = EventLog(keep=10_000)
+    outcome, controller = trio.run(with_executor, adapter, body, events)
+    assert (outcome.status, outcome.code) == ("unknown", "outcome_unknown")
+    assert len(world.inputs("requestMachines")) == 1  # never retried
     assert len(world.plugin_state()["machines"]) == 2  # what the one attempt made, and no more
     assert facts(controller, InstanceFact) == []  # invisible: no listing can find them
     assert [u["op_id"] for u in adapter.unknown_outcomes()] == ["op-1"]
+    # Recorded as unknown (the planner re-plans the shortfall as a new op), saying why; nothing was listed.
+    (failed,) = facts(controller, RequestFailed)
+    assert failed.op_id == "op-1" and failed.reason.startswith("outcome unknown: ProviderTimeout")
+    assert "not retried" in failed.reason
+    (event,) = events.of_kind("request_outcome_unknown")
+    assert event["op_id"] == "op-1" and event["retried"] is False and event["error"] == "ProviderTimeout"
+    assert events.of_kind("action") and not [e for e in events.of_kind("action") if e["phase"] == "recovery"]
+
+
+def test_a_request_without_a_requestid_after_a_restart_is_recorded_as_unknown(world):
+    world.settings({"SLOW_REQUEST_SECONDS": 60})
+
+    async def body(executor):
+        return await executor.request(RequestMachines("op-1", "lsfex", "lsfex-small", 1, "d1"))
+
+    _, controller = trio.run(with_executor, world.adapter(timeouts={"requestMachines": 1.0}), body)
+    (intent,) = facts(controller, RequestIntent)
+
+    async def recover(executor):
+        return await executor.recover_request(intent)
+
+    # A new process over the same journal: the op's call is known to be unknown, so no listing is even tried.
+    recovered, again = trio.run(with_executor, world.adapter(), recover)
+    assert (recovered.status, recovered.code) == ("unknown", "outcome_unknown")
+    (failed,) = facts(again, RequestFailed)
+    assert "found after a restart" in failed.reason and len(world.inputs("requestMachines")) == 1
+    assert world.inputs("getRequestStatus") == []
 
 
 def test_a_return_that_lies_is_not_recorded_as_returned(world):
@@ -123,3 +152,14 @@ def test_an_open_intent_is_recovered_from_the_journal_after_a_restart(world):
     assert recovered.status == "fulfilled"
     assert sorted(recovered.machine_ids) == sorted(first.machine_ids)
     assert len(world.inputs("requestMachines")) == 1
+
+
+def test_a_requestid_printed_before_a_hang_is_polled_not_retried(world):
+    world.settings({"SLOW_REQUEST_SECONDS": 60, "SLOW_REQUEST_PHASE": "after_answer"})
+
+    async def body(executor):
+        return await executor.request(RequestMachines("op-1", "lsfex", "lsfex-small", 2, "d1"))
+
+    outcome, controller = trio.run(with_executor, world.adapter(timeouts={"requestMachines": 1.0}), body)
+    assert outcome.status == "fulfilled" and len(outcome.machine_ids) == 2  # through status polling
+    assert len(world.inputs("requestMachines")) == 1 and facts(controller, RequestFailed) == []

@@ -10,6 +10,7 @@ import pytest
 from orphan_world import NOW, World, only, owner_tags, run
 
 from provisionerd.model import NO_EPOCH, Epoch, HostStatus, OrphanReported
+from provisionerd.orphan_model import ListingAbsent
 from provisionerd.orphans import ClassifierMemory, ControllerState, LeaseState, OrphanPolicy, Unreadable
 
 
@@ -77,6 +78,11 @@ CASES = {
         never_joined,
         lambda w, o, p, m: (attrs.evolve(o, listing=Unreadable("timeout")), p, m),
         {"tags", "name", "status"},  # without a listing the evidence comes from the fact alone
+    ),
+    "listing_absent": (  # a provider without listMachines (legacy LSF): absent, and still nothing acts on it
+        never_joined,
+        lambda w, o, p, m: (attrs.evolve(o, listing=ListingAbsent("no listMachines")), p, m),
+        {"tags", "name", "status"},
     ),
     "view_unreadable": (license_return, lambda w, o, p, m: (attrs.evolve(o, view=Unreadable("no primary")), p, m), set()),
     "launch_time_unknown": (terminate, lambda w, o, p, m: (terminate(launch=0.0)[0].observe(), p, m), {"launch_time", "age"}),
