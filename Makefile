@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench simulate clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -16,6 +16,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# The CI fault campaign (docs/simulation.md): 500 seeded whole-system simulations. Gate runs only until the
+# lifecycle findings in tests/simulation/test_regressions.py are fixed; then drop --workload (both workloads).
+simulate: $(STAMP)
+	$(VENV)/bin/provisionerd simulate --seeds 500 --jobs 2 --workload gate
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/providers.py
