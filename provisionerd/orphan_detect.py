@@ -159,9 +159,15 @@ def _classify_listed(
     op_id = machine.tags.get(TAG_OP, "")
     intent = view.intents.get(op_id) if op_id else None
     if record is None and intent is not None and intent.intent.provider == obs.provider:
+        joined = hosts.joined(machine.machine_id, instance_ref) or bool(hosts.live_matches(machine, instance_ref))
+        if joined and intent.open:
+            # Explained by a pending intent: the executor (or its recovery after a restart) is about to commit
+            # this machine's instance fact. Adopting it here would race that fact and strip the machine of its
+            # demand attribution (seen in the demo: adopted, then returned as surplus while still wanted).
+            return None
         # A create that crashed before its instance fact: ours by the op tag, so the join deadline applies,
-        # unless a host already joined as it (then it is adopted below).
-        if not hosts.joined(machine.machine_id, instance_ref) and not hosts.live_matches(machine, instance_ref):
+        # unless a host already joined as it and its intent is closed (then it is adopted below).
+        if not joined:
             launch = launch_of(machine.launch_time)
             return _never_joined(machine, obs, policy, launch, "intent_tag", op_id, instance_ref)
     return _tagged_unknown(machine, obs, policy, view, hosts, instance_ref, record)

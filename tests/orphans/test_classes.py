@@ -1,8 +1,8 @@
 """One test (or a few) per orphan class: what makes a finding, its class, action and evidence."""
 
-from orphan_world import NOW, OLD, YOUNG, World, only, owner_tags, run
+from orphan_world import EPOCH, NOW, OLD, PROVIDER, YOUNG, World, only, owner_tags, run
 
-from provisionerd.model import Epoch, HostStatus, Lost, OrphanReported, Returned, ReturnIntent
+from provisionerd.model import Epoch, HostStatus, Lost, OrphanReported, RequestFailed, Returned, ReturnIntent
 from provisionerd.orphans import OrphanPolicy
 
 
@@ -42,8 +42,16 @@ def test_crashed_create_with_our_op_tag_maps_to_never_joined_not_tagged_unknown(
     assert finding.evidence["op_id"] == "op-7"
 
 
-def test_crashed_create_that_joined_is_adopted():
+def test_joined_machine_of_an_open_intent_is_explained_by_the_intent_not_adopted():
+    # The executor is about to commit its instance fact; adopting it would race that fact.
     world = World().intent("op-7").listed("m7", tags=owner_tags("op-7", "op-7-ref0"))
+    world.host(instance_ref="op-7-ref0", hostname="w7")
+    assert run(world.observe()).findings == ()
+
+
+def test_crashed_create_that_joined_after_its_intent_closed_is_adopted():
+    world = World().intent("op-7").listed("m7", tags=owner_tags("op-7", "op-7-ref0"))
+    world.fact(RequestFailed(PROVIDER, EPOCH, "op-7", "outcome unknown"))
     world.host(instance_ref="op-7-ref0", hostname="w7")
     finding = only(run(world.observe()), "m7")
     assert (finding.orphan_class, finding.action) == ("tagged_unknown", "adopt")
