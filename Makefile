@@ -1,17 +1,26 @@
 # Each target creates .venv and installs what it needs when missing, so both work on a fresh machine.
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed
+# Two stamps: the demo needs only the runtime dependencies (a fresh machine reaches the demo in seconds), the
+# tests also need pytest, hypothesis, boto3 and moto.
+RUN_STAMP := $(VENV)/.installed-run
+STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test bench simulate clean
 
-$(STAMP): pyproject.toml
-	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(RUN_STAMP) $(STAMP)
+
+demo: $(RUN_STAMP)
 	$(VENV)/bin/provisionerd demo
 
 test: $(STAMP)
