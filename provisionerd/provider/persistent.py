@@ -3,7 +3,9 @@
 The daemon writes ``{"id", "action", "input"}`` lines; the plugin answers ``{"id", "result"}`` or
 ``{"id", "error"}`` lines in any order. One writer task coalesces queued lines into one write (a write per line
 costs ~5x throughput, notes/trio-patterns.md); one reader task splits stdout into bounded lines and hands each
-answer to the waiting call by id. Outputs are validated in the caller's task, not the reader's.
+answer to the waiting call by id. Outputs are validated in the caller's task, not the reader's. Deadlines are
+kept by one watchdog task per plugin process (``_watch``) rather than a cancel scope per call, which costs more
+than the rest of a call's transport overhead together.
 
 Decisions (the contract lets the daemon choose; docs/providers.md tells authors):
 - A line that is not a well-formed answer, or answers an id nobody asked, poisons the stream: we cannot tell
@@ -11,7 +13,8 @@ Decisions (the contract lets the daemon choose; docs/providers.md tells authors)
   and restarted. Late answers to calls that were cancelled or timed out are *not* violations: they are dropped.
 - A call that times out raises ``ProviderTimeout`` and the plugin is killed and restarted (the whole process
   group, as in one-shot): a plugin that does not answer in time is presumed wedged, and a hung action must not
-  keep running in the cloud. Other calls in flight then fail with ``ProviderCrashed`` (outcome unknown).
+  keep running in the cloud. Other calls in flight then fail with ``ProviderCrashed`` (outcome unknown), also
+  those whose deadline passes while the plugin is being killed.
   A call cancelled by its caller (not timed out) only abandons its id.
 - When the plugin dies, every pending call fails with ``ProviderCrashed`` and the plugin is restarted after an
   exponential backoff on trio's clock (``Backoff``); calls made meanwhile wait for it within their own timeout,
@@ -24,6 +27,7 @@ import collections
 import itertools
 import json
 import logging
+import math
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -74,6 +78,8 @@ class Backoff:
 @attrs.define(eq=False)
 class _Pending:
     action: str
+    timeout: float
+    deadline: float  # on trio's clock
     done: trio.Event = attrs.field(factory=trio.Event)
     answer: Answer | None = None
     failure: ProviderError | None = None
@@ -81,11 +87,14 @@ class _Pending:
 
 @attrs.define(eq=False)
 class _Generation:
-    """One run of the plugin process; ``reason`` is the first reason it stopped (None while serving)."""
+    """One run of the plugin process; ``reason`` is the first reason it stopped (None while serving).
+
+    ``alarm`` is the watchdog's sleep: its deadline is the earliest deadline of the pending calls (or later)."""
 
     send: trio.MemorySendChannel[bytes]
     scope: trio.CancelScope
     reason: tuple[type[ProviderError], str] | None = None
+    alarm: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
 
 class PersistentProvider:
@@ -116,32 +125,48 @@ class PersistentProvider:
         tokens = join_tokens(action, input)
         redact = self._redact.including(tokens)
         check_input(self.name, action, input, redact)
-        deadline = self.config.timeout_for(action) if timeout is None else timeout
+        timeout = self.config.timeout_for(action) if timeout is None else timeout
+        if not timeout >= 0:  # as trio.move_on_after would say (NaN fails this test too)
+            raise ValueError(f"timeout must be non-negative, not {timeout!r}")
+        deadline = trio.current_time() + timeout
         ident = next(self._ids)
         line = (dump_json({"id": ident, "action": action, "input": input}) + "\n").encode()
-        pending: _Pending | None = None
-        with trio.move_on_after(deadline) as scope:
-            while len(self._pending) >= self.config.limits.max_in_flight:
-                await self._room.park()
-            gen = await self._serving()
-            pending = self._pending[ident] = _Pending(action)
-            self._tokens.extend(tokens)
-            gen.send.send_nowait(line)  # unbounded channel, bounded by max_in_flight
-            try:
-                await pending.done.wait()
-            finally:
-                if not pending.done.is_set():  # timed out or cancelled: the answer may still come
-                    self._abandon(ident)
+        gen = self._gen
+        if gen is None or len(self._pending) >= self.config.limits.max_in_flight:
+            gen = await self._admission(deadline)
+            if gen is None:
+                error = ProviderCrashed(self.name, action, f"the plugin was not running for {timeout:g} s: "
+                                        f"{self._last_failure}")
+                error.outcome_unknown = False  # nothing was sent
+                raise error
+        # Why no cancel scope around the wait: a ``move_on_after`` per call cost ~16 us of trio bookkeeping, the
+        # largest share of the transport's own overhead (bench/providers.py). The generation's watchdog (``_watch``)
+        # enforces the deadline instead; a call only has to move its alarm when its deadline is the earliest.
+        pending = self._pending[ident] = _Pending(action, timeout, deadline)
+        if deadline < gen.alarm.deadline:
+            gen.alarm.deadline = deadline
+        self._tokens.extend(tokens)
+        gen.send.send_nowait(line)  # unbounded channel, bounded by max_in_flight
+        try:
+            await pending.done.wait()
+        finally:
+            if not pending.done.is_set():  # cancelled by our caller: the answer may still come
+                self._abandon(ident)
+            if self._room:
                 self._room.unpark()
-        if pending is None:
-            error = ProviderCrashed(self.name, action, f"the plugin was not running for {deadline:g} s: "
-                                    f"{self._last_failure}")
-            error.outcome_unknown = False  # nothing was sent
-            raise error
-        if scope.cancelled_caught and not pending.done.is_set():
-            self._end(gen, ProviderCrashed, f"the plugin was restarted after a {action} call timed out")
-            raise ProviderTimeout(self.name, action, f"no answer within {deadline:g} s; the plugin was restarted")
         return self._outcome(action, pending, redact)
+
+    async def _admission(self, deadline: float) -> _Generation | None:
+        """The slow path of ``call``: wait (until ``deadline``) for room among the calls in flight and for a
+        serving generation; None if that did not happen in time."""
+        with trio.move_on_at(deadline):
+            while True:
+                while len(self._pending) >= self.config.limits.max_in_flight:
+                    await self._room.park()
+                gen = await self._serving()
+                if len(self._pending) < self.config.limits.max_in_flight:  # no one took the room meanwhile
+                    return gen
+        return None
 
     def _outcome(self, action: str, pending: _Pending, redact: Redactor) -> dict[str, Any]:
         if pending.failure is not None:
@@ -219,6 +244,7 @@ class PersistentProvider:
                         nursery.start_soon(self._read, gen, proc.stdout)
                         nursery.start_soon(tail.drain, proc.stderr)
                         nursery.start_soon(self._reap, proc, limits.term_grace)
+                        nursery.start_soon(self._watch, gen)
                         self._gen = gen
                         self._up.set()
         except OSError as exc:
@@ -286,6 +312,33 @@ class PersistentProvider:
         pending.answer = answer
         pending.done.set()
         return True
+
+    async def _watch(self, gen: _Generation) -> None:
+        """Time out the calls whose deadline passed: each fails with ``ProviderTimeout`` and the plugin is killed
+        (the others in flight then fail with ``ProviderCrashed``).
+
+        It sleeps until the earliest pending deadline, known at its last look; a call with an earlier deadline
+        moves the alarm forward. Calls usually finish long before their deadline, so this wakes about once per
+        timeout period and scans at most ``max_in_flight`` calls when it does.
+        """
+        while True:
+            now = trio.current_time()
+            overdue = [(ident, p) for ident, p in self._pending.items() if p.deadline <= now]
+            if overdue:
+                for ident, pending in overdue:
+                    self._abandon(ident)
+                    pending.failure = ProviderTimeout(
+                        self.name, pending.action, f"no answer within {pending.timeout:g} s; the plugin was restarted"
+                    )
+                    pending.done.set()
+                actions = sorted({p.action for _, p in overdue})
+                self._end(gen, ProviderCrashed, f"the plugin was restarted after a {', '.join(actions)} call "
+                          "timed out")
+                return
+            earliest = min((p.deadline for p in self._pending.values()), default=math.inf)
+            gen.alarm = trio.CancelScope(deadline=earliest)
+            with gen.alarm:
+                await trio.sleep_forever()
 
     async def _reap(self, proc: trio.Process, grace: float) -> None:
         """When the leader exits, kill what is left of its group, so stdout reaches EOF and the reader ends
