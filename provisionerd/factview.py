@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from provisionerd.hosttable import HostTable
 from provisionerd.model import (
     CommittedFact,
     Epoch,
@@ -92,6 +93,12 @@ class FactView:
     active_by_demand: dict[str, int] = attrs.field(factory=dict)  # demand_id -> ACTIVE machines
     live_by_offer: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (provider, template) -> live machines
     open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
+    # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.hosttable). Owned
+    # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
+    hosts: HostTable = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.hosts = HostTable(self.active_refs)
 
     def live_machines(self, provider: str | None = None) -> list[MachineRecord]:
         return [
@@ -193,8 +200,9 @@ class FactView:
     def _track(self, machine: MachineRecord) -> None:
         """Add a new ACTIVE machine to the records and the indexes."""
         self.machines[machine.machine_id] = machine
-        if machine.instance_ref:
-            self.active_refs.setdefault(machine.instance_ref, machine)
+        if machine.instance_ref and machine.instance_ref not in self.active_refs:
+            self.active_refs[machine.instance_ref] = machine
+            self.hosts.machine_added(machine)
         self.active_by_demand[machine.demand_id] = self.active_by_demand.get(machine.demand_id, 0) + 1
         key = (machine.provider, machine.template_id)
         self.live_by_offer[key] = self.live_by_offer.get(key, 0) + 1
@@ -206,6 +214,7 @@ class FactView:
         if old is MachineState.ACTIVE and state is not MachineState.ACTIVE:
             if self.active_refs.get(machine.instance_ref) is machine:
                 del self.active_refs[machine.instance_ref]
+                self.hosts.machine_removed(machine)
             self.active_by_demand[machine.demand_id] -= 1
         if old.live and not state.live:
             self.live_by_offer[(machine.provider, machine.template_id)] -= 1

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import attrs
 
 from provisionerd.factview import FactView, IntentRecord, MachineRecord, MachineState
-from provisionerd.model import HostState, HostStatus
+from provisionerd.hosttable import join_index
+from provisionerd.model import HostState
 from provisionerd.offers import OfferKey
 from provisionerd.plannerstate import PlannerState
 from provisionerd.policy import Policy
@@ -89,8 +90,10 @@ def tally(
     here (the orphan classifier's ghost rule owns it). Machines in flight (pending return or lost) count against
     the caps but not as supply.
 
-    Cost: a C-level set difference over instance refs, one loop over hosts that skips busy ones at once, and work
-    proportional to the machines not joined, idle, in flight or reclaimed; never a Python loop over every machine.
+    Cost: proportional to the machines not joined, joined and not busy (only those of items with excess, unless
+    ``max_ttl`` is set), in flight or reclaimed, when ``hosts`` is ``view.hosts`` (indexes kept as hosts and facts
+    change, see :mod:`provisionerd.hosttable`); any other mapping costs one more C-level pass over every machine
+    and a loop over every host to build the same index.
     """
     result = Tally()
     timed_out = _count_intents(result, state, view, now, policy)
@@ -116,35 +119,40 @@ def tally(
         result.machine_seen[machine.machine_id] = launched
         return launched
 
-    for ref in active_refs.keys() - hosts.keys():  # not joined (order does not matter: returns are sorted)
-        machine = active_refs[ref]
-        if machine.machine_id in skip:
+    # Not joined: only the machines that may retire are read (see provisionerd.hosttable), in precedence order:
+    # those of a timed-out intent, then those past the join deadline, then those whose launch time is unknown.
+    joins = join_index(active_refs, hosts)
+    for op_id in timed_out:
+        for machine in joins.unjoined_of(op_id):
+            if machine.machine_id not in skip:
+                result.retire.append(("provisioning_timeout", machine))
+                active[machine.demand_id] -= 1
+    # The cutoff has a second of slack, so float rounding never hides a machine; the test below decides.
+    late = joins.unjoined_launched_by(now - policy.join_deadline + 1.0)
+    for machine in (*late, *joins.unjoined_unknown_launch()):
+        if machine.machine_id in skip or machine.op_id in timed_out:
             continue
-        if machine.op_id in timed_out:
-            reason = "provisioning_timeout"
-        elif now - launched_at(machine) >= policy.join_deadline:
-            reason = "never_joined"
-        else:
-            continue
-        result.retire.append((reason, machine))
-        active[machine.demand_id] -= 1
-
-    givers = set() if wanted is None else {d for d, n in active.items() if n > wanted.get(d, 0)}
-    max_ttl, idle = policy.max_ttl, result.idle
-    busy_status, lost_status = HostStatus.BUSY, HostStatus.LOST
-    for host in hosts.values():
-        if host.status is busy_status or host.status is lost_status:
-            continue
-        machine = active_refs.get(host.instance_ref)
-        if machine is None or machine.machine_id in skip:
-            continue
-        if max_ttl is not None and now - launched_at(machine) >= max_ttl:
-            result.retire.append(("max_ttl", machine))
+        if now - launched_at(machine) >= policy.join_deadline:
+            result.retire.append(("never_joined", machine))
             active[machine.demand_id] -= 1
-        elif machine.demand_id in givers:
-            entry = (host.since, machine.machine_id, machine)
-            if machine.demand_id in idle:
-                idle[machine.demand_id].append(entry)
-            else:
-                idle[machine.demand_id] = [entry]
+
+    # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
+    givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
+    max_ttl, idle = policy.max_ttl, result.idle
+    aged: set[str] = set()
+    if max_ttl is not None:  # every joined machine not busy may be past max_ttl, whatever its item needs
+        for by_ref in joins.available.values():
+            for _, machine in by_ref.values():
+                if machine.machine_id not in skip and now - launched_at(machine) >= max_ttl:
+                    result.retire.append(("max_ttl", machine))
+                    active[machine.demand_id] -= 1
+                    aged.add(machine.machine_id)
+    for demand_id in givers:
+        entries = [
+            (host.since, machine.machine_id, machine)
+            for host, machine in joins.available[demand_id].values()
+            if machine.machine_id not in skip and machine.machine_id not in aged
+        ]
+        if entries:
+            idle[demand_id] = entries
     return result

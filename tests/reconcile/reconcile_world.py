@@ -7,7 +7,7 @@ planned action calls for, and lets a test fulfil requests and move hosts by hand
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 
 import attrs
 
@@ -87,7 +87,11 @@ class World:
     state: PlannerState = attrs.field(factory=lambda: PlannerState.initial("i0"))
     view: FactView = attrs.field(factory=FactView)
     facts: list[CommittedFact] = attrs.field(factory=list)
-    hosts: dict[str, HostState] = attrs.field(factory=dict)
+    # The view's own host table by default, so plans read the indexes it keeps as hosts and facts change (the
+    # property tests pass plain dicts, the other way in).
+    hosts: MutableMapping[str, HostState] = attrs.field(
+        default=attrs.Factory(lambda self: self.view.hosts, takes_self=True)
+    )
     machine_counter: int = 0
 
     def commit(self, fact: Fact) -> None:

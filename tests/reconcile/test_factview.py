@@ -5,9 +5,12 @@ from hypothesis import strategies as st
 from reconcile_world import EPOCH, fuzz_settings, token_hash
 
 from provisionerd.factview import FactView, MachineState, fold
+from provisionerd.hosttable import join_index
 from provisionerd.model import (
     CommittedFact,
     Epoch,
+    HostState,
+    HostStatus,
     InstanceFact,
     Lost,
     OrphanAdopted,
@@ -172,3 +175,45 @@ def test_indexes_match_a_recount_and_incremental_equals_batch(facts, split):
     assert sorted(view.open_ops) == sorted(open_ops)
     assert all(n >= 0 for n in (*view.active_by_demand.values(), *view.live_by_offer.values()))
     assert sorted(r.intent.op_id for r in view.open_intents()) == sorted(open_ops)
+
+
+def ids(machines):
+    return sorted(m.machine_id for m in machines)
+
+
+REFS = tuple(f"{op}/{i}" for op in OPS for i in range(3)) + tuple(f"ref-{op}-m{i}" for op in OPS for i in range(3))
+
+
+@fuzz_settings(60)
+@given(st.data())
+def test_host_table_index_matches_a_recount_as_hosts_and_facts_interleave(data):
+    facts = data.draw(fact_sequences())
+    view = FactView()
+    for index, fact in enumerate(facts, 1):
+        for _ in range(data.draw(st.integers(0, 2))):  # host pushes and removals between facts
+            ref = data.draw(st.sampled_from(REFS))
+            status = data.draw(st.none() | st.sampled_from(list(HostStatus)))
+            if status is None:
+                view.hosts.pop(ref, None)
+            else:
+                view.hosts[ref] = HostState(ref, "p", "", status, float(index))
+        view.apply(CommittedFact(index, fact))
+    hosts = dict(view.hosts)
+    unjoined = {ref: m for ref, m in view.active_refs.items() if ref not in hosts}
+    available = {}
+    for ref, m in view.active_refs.items():
+        host = hosts.get(ref)
+        if host is not None and host.status not in (HostStatus.BUSY, HostStatus.LOST):
+            available.setdefault(m.demand_id, {})[ref] = (host, m)
+    table, built = view.hosts.indexes(view.active_refs), join_index(view.active_refs, hosts)
+    for index in (table, built):
+        assert index is not None
+        assert index.unjoined == unjoined
+        assert index.available == available
+    for cutoff in (0.0, 100.5, 101.0, 1e9, 100.0, 1e9):  # the heap is popped and pushed back: asking twice agrees
+        assert ids(table.unjoined_launched_by(cutoff)) == ids(built.unjoined_launched_by(cutoff))
+    for op in OPS + ("nope",):
+        assert ids(table.unjoined_of(op)) == ids(built.unjoined_of(op)) == ids(m for m in unjoined.values()
+                                                                               if m.op_id == op)
+    assert ids(table.unjoined_unknown_launch()) == ids(built.unjoined_unknown_launch())
+    assert FactView().hosts.indexes(view.active_refs) is None  # a table of another view is not used

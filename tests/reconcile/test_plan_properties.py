@@ -281,3 +281,18 @@ def test_new_op_ids_are_fresh_and_in_flight_until_committed(case):
         host = case.hosts.get(machine.instance_ref)
         assert host is None or host.status is not HostStatus.BUSY
         assert machine_id not in case.state.pending_returns
+
+
+@SETTINGS
+@given(cases(), st.integers(0, 60))
+def test_the_view_host_table_plans_exactly_as_a_plain_dict_of_hosts(case, split):
+    """The kept join index (hosts written into the view's table, part before and part after the facts) gives the
+    same plan as the index built from a plain dict."""
+    view = fold(case.facts[:split])
+    hosts = list(case.hosts.values())
+    for host in hosts[: split % (len(hosts) + 1)]:
+        view.hosts[host.instance_ref] = host
+    fold(case.facts[split:], view)
+    for host in hosts[split % (len(hosts) + 1) :]:
+        view.hosts[host.instance_ref] = host
+    assert run(case) == plan(case.state, case.snap, view, case.offers, view.hosts, case.now, case.policy)
