@@ -26,10 +26,9 @@ demo: $(RUN_STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
-# The CI fault campaign (docs/simulation.md): 500 seeded whole-system simulations. Gate runs only until the
-# lifecycle findings in tests/simulation/test_regressions.py are fixed; then drop --workload (both workloads).
+# The CI fault campaign (docs/simulation.md): 500 seeded whole-system simulations, both workloads.
 simulate: $(STAMP)
-	$(VENV)/bin/provisionerd simulate --seeds 500 --jobs 2 --workload gate
+	$(VENV)/bin/provisionerd simulate --seeds 500 --jobs 2
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/providers.py

@@ -137,7 +137,12 @@ class DaemonCore:
                                  facts=self._facts, wall=wall)  # fmt: skip
         self.wall = wall  # the clock of cloud launch times (the orphan cycles read it too)
         self.loop = ReconcileLoop(self.session, self.keepers, self.executor, self.feed, self.policy, self.events,
-                                  settings=loop_settings, wall=wall, jitter_seed=rng.randrange(1 << 30))  # fmt: skip
+                                  settings=loop_settings, wall=wall, jitter_seed=rng.randrange(1 << 30),
+                                  view_ready=self.session.synced_for)  # fmt: skip
+        # After any acquisition the view may lack what the previous holder committed (never pushed to us): resync,
+        # and plan that provider only from a view resynced after the grant (``session.synced_for``).
+        for name, keeper in self.keepers.items():
+            keeper.on_acquired.append(lambda _epoch, name=name: self.session.resync_after_grant(name))
         # A new primary may not know our leases: confirm them at once instead of at the next scheduled renewal.
         self.session.on_resync.append(lambda _view: [k.renew_now() for k in self.keepers.values()])
 

@@ -11,10 +11,13 @@ Failures:
   ``auth_failed``) is an outcome known: ``RequestFailed`` is committed and the code becomes a planner observation
   (offer unavailable, throttle back-off, provider paused);
 - an unknown outcome (``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation``) lists the machines
-  tagged with the op_id, then retries ``requestMachines`` with the **same** op_id and the same tokens (the plugin
-  answers the first attempt's request instead of creating more). ``provider_error`` is treated the same way when
-  the listing shows the call took effect (the contract tells plugins to answer it when they do not know), and as a
-  refusal when it shows nothing;
+  tagged with the op_id. If they are all there they are committed and nothing is called again. Otherwise only a
+  provider declaring ``features.idempotentRequest`` gets a retry with the **same** op_id and the same tokens (the
+  plugin answers the first attempt's request instead of creating more), through the gate again; on any other
+  provider what exists is committed and the rest failed (``RequestFailed``), to be re-planned as a new op. See
+  ``executor_docs`` ("Every call is gated", "After an unknown outcome"). ``provider_error`` is treated the same way
+  when the listing shows the call took effect (the contract tells plugins to answer it when they do not know),
+  and as a refusal when it shows nothing;
 - a request still not complete at its provisioning deadline stops polling: whatever the provider made is listed by
   op tag and committed as instance facts, and the intent is left open, so the planner's provisioning timeout fails
   it and returns its machines.
@@ -32,7 +35,7 @@ re-plans the shortfall).
 
 Return flow (``return_machines``): gate with ``ReturnIntent`` -> ``requestReturnMachines`` (or ``stopMachines``)
 with op_id and tags -> poll -> ``Returned``. Returns hold no secret, so an unknown outcome (or a restart) is simply
-retried with the same op_id (``resume_return``).
+retried with the same op_id (``resume_return``), each call through the gate.
 
 The executor never runs two actions on one op_id or one machine at once (``busy_ops``, ``busy_machines``); a
 conflicting call returns ``dropped`` at once. Planner observations go to ``observe`` (set by the loop) and are also
@@ -51,7 +54,7 @@ import trio
 
 from provisionerd.actions import RequestMachines
 from provisionerd.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
-from provisionerd.errors import ControllerRejected, LeaseError, ProviderError, ProviderRejected
+from provisionerd.errors import ControllerRejected, LeaseError, ProviderError
 from provisionerd.events import EventLog
 from provisionerd.executor_docs import (
     RequestStatus,
@@ -63,6 +66,7 @@ from provisionerd.executor_docs import (
 )
 from provisionerd.executor_legacy import LegacyRequestFlow, is_legacy
 from provisionerd.executor_returns import ReturnFlow
+from provisionerd.executor_unknown import UnknownOutcomeFlow
 from provisionerd.executor_values import (
     DEFINITE_CODES,
     GATE_ERRORS,
@@ -82,14 +86,14 @@ from provisionerd.model import (
     RequestFailed,
     RequestIntent,
 )
-from provisionerd.plannerstate import ActionDropped, Observation
-from provisionerd.tokens import IssuedToken, instance_refs, issue
+from provisionerd.plannerstate import BACKOFF_CODES, ActionDropped, IntentRefused, Observation
+from provisionerd.tokens import instance_refs, issue
 
 __all__ = ["DEFINITE_CODES", "GATE_ERRORS", "Executor", "ExecutorSettings", "RequestOutcome", "ReturnOutcome"]
 
 log = logging.getLogger(__name__)
 
-class Executor(ReturnFlow, LegacyRequestFlow):
+class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
     def __init__(
         self,
         settings: ExecutorSettings,
@@ -113,6 +117,7 @@ class Executor(ReturnFlow, LegacyRequestFlow):
         self.observe: Callable[[Observation], None] = lambda obs: None
         self.busy_ops: set[str] = set()
         self.busy_machines: set[str] = set()
+        self._features: dict[str, dict[str, Any]] = {}  # provider -> describeProvider's features, once read
 
     def client(self, provider: str) -> Any:
         """The provider client of ``provider`` (``KeyError`` if this daemon does not serve it)."""
@@ -245,8 +250,8 @@ class Executor(ReturnFlow, LegacyRequestFlow):
                     error = exc
         except GATE_ERRORS as exc:
             run.add(ActionDropped(op_id))
-            code = exc.reason if isinstance(exc, ControllerRejected) else type(exc).__name__
-            return RequestOutcome(op_id, provider, "dropped", code=code, detail=str(exc))
+            self._gate_refused(run, provider, exc)
+            return RequestOutcome(op_id, provider, "dropped", code=self._gate_code(exc), detail=str(exc))
         deadline = started + s.provisioning_timeout
         if error is not None and is_legacy(client):
             return await self._legacy_after_error(run, intent, client, error)
@@ -261,43 +266,15 @@ class Executor(ReturnFlow, LegacyRequestFlow):
             return await self._timed_out(intent, status)
         return await self._finish(intent, status)
 
-    async def _after_request_error(
-        self, run: _Run, action: RequestMachines, intent: RequestIntent, issued: Sequence[IssuedToken],
-        error: ProviderError, deadline: float,
-    ) -> tuple[dict[str, Any] | None, RequestOutcome | None]:  # fmt: skip
-        """Decide after a failed ``requestMachines``: refuse, or list and retry with the same op_id."""
-        op_id, provider = action.op_id, action.provider
-        code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
-        if not error.outcome_unknown and code != "provider_error":
-            return None, await self._refused(run, intent, error)
-        attempt = 0
-        while True:
-            found = await self._list_op(provider, op_id)
-            self._emit("recovery", "request", op_id, provider, error=type(error).__name__, code=code,
-                       found=None if found is None else len(found), attempt=attempt)  # fmt: skip
-            if not error.outcome_unknown and found == ():
-                return None, await self._refused(run, intent, error)  # provider_error and nothing made: refused
-            epoch = self._epoch_now(provider)
-            if epoch is None or attempt >= self.settings.retries or trio.current_time() >= deadline:
-                if found:
-                    await self._commit_instances(intent, found)
-                return None, RequestOutcome(op_id, provider, "unknown", code=code or type(error).__name__,
-                                            detail=error.detail)  # fmt: skip
-            await trio.sleep(self.settings.retry_delay * 2**attempt)
-            attempt += 1
-            s = self.settings
-            document = request_input(s.cluster, provider, op_id, intent.template_id, issued, s.controllers, epoch)
-            self._emit("called", "request", op_id, provider, template=intent.template_id, count=intent.count,
-                       epoch=epoch, retry=attempt)  # fmt: skip
-            try:
-                return await self._clients[provider].call("requestMachines", document), None
-            except ProviderError as exc:
-                error = exc
-                code = getattr(exc, "code", "") if isinstance(exc, ProviderRejected) else ""
-                if not exc.outcome_unknown and code != "provider_error":
-                    if found:
-                        await self._commit_instances(intent, found)
-                    return None, await self._refused(run, intent, exc)
+    def _gate_code(self, exc: Exception) -> str:
+        return exc.reason if isinstance(exc, ControllerRejected) else type(exc).__name__
+
+    def _gate_refused(self, run: _Run, provider: str, exc: Exception) -> None:
+        """Tell the planner the controller would not take an intent now, so it backs off before planning the
+        same work again (``plannerstate.IntentRefused``)."""
+        code = self._gate_code(exc)
+        if code in BACKOFF_CODES:
+            run.add(IntentRefused(provider, code, self._wall()))
 
     async def _refused(self, run: _Run, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         code = getattr(error, "code", "") or type(error).__name__

@@ -3,7 +3,8 @@ with op_id and owner tags, poll to completion, ``Returned``.
 
 A mixin of :class:`provisionerd.executor.Executor`, split out to keep each module to one flow; it uses the
 executor's clients, gate, leases and helpers. Returns hold no secret, so an unknown outcome is retried with the
-same op_id, in process (``retries``) or later by the loop (``resume_return``). A refused return leaves its intent
+same op_id, in process (``retries``) or later by the loop (``resume_return``). Every call, the first, a retry and
+a resumed one, passes the gate as it starts (``executor_docs``, "Every call is gated"). A refused return leaves its intent
 committed (the machines are ``RETURNING``) for the loop to resume once any back-off has passed. A machine the
 final status reports ``fail`` stays ``RETURNING``; one the status leaves out was already gone (returning twice is
 harmless by contract).
@@ -18,7 +19,7 @@ import attrs
 import trio
 
 from provisionerd.capacity import CallSucceeded
-from provisionerd.errors import ControllerRejected, ProviderError
+from provisionerd.errors import ProviderError
 from provisionerd.executor_docs import return_input
 from provisionerd.model import NO_EPOCH, ReturnIntent, Returned
 from provisionerd.executor_values import GATE_ERRORS, ReturnOutcome, _Run
@@ -40,8 +41,7 @@ class ReturnFlow:
         self.busy_machines.update(ids)
         run = _Run(self.observe)
         try:
-            outcome = await self._return(run, provider, ReturnIntent(provider, NO_EPOCH, op_id, ids, reason), stop,
-                                         gated=True)  # fmt: skip
+            outcome = await self._return(run, provider, ReturnIntent(provider, NO_EPOCH, op_id, ids, reason), stop)
         finally:
             self.busy_ops.discard(op_id)
             self.busy_machines.difference_update(ids)
@@ -56,7 +56,7 @@ class ReturnFlow:
         self.busy_machines.update(ids)
         run = _Run(self.observe)
         try:
-            outcome = await self._return(run, intent.provider, intent, stop, gated=False)
+            outcome = await self._return(run, intent.provider, intent, stop)
         finally:
             self.busy_ops.discard(intent.op_id)
             self.busy_machines.difference_update(ids)
@@ -73,8 +73,7 @@ class ReturnFlow:
         records = {} if facts is None else facts.machines
         return [(mid, records[mid].hostname if mid in records else "") for mid in ids]
 
-    async def _return(self, run: _Run, provider: str, intent: ReturnIntent, stop: bool, *, gated: bool
-                      ) -> ReturnOutcome:  # fmt: skip
+    async def _return(self, run: _Run, provider: str, intent: ReturnIntent, stop: bool) -> ReturnOutcome:
         op_id, ids, s = intent.op_id, intent.machine_ids, self.settings
         client = self._clients.get(provider)
         if client is None:
@@ -87,18 +86,15 @@ class ReturnFlow:
         error: ProviderError | None = None
         while accepted is None:
             try:
-                if gated and attempt == 0:
-                    async with self._gate.mutation(provider, intent) as permit:
-                        accepted, error = await self._call_return(client, action, provider, intent, permit.epoch)
-                else:
-                    epoch = self._epoch_now(provider)
-                    if epoch is None:
-                        return ReturnOutcome(op_id, provider, "unknown", code="no_lease")
-                    accepted, error = await self._call_return(client, action, provider, intent, epoch)
+                # Every call passes the gate as it starts, a retry and a resumed return too: the intent is
+                # (re-)committed under the epoch held now (identical to the logged one if the epoch did not change,
+                # so the controller just acknowledges it) and a lapsed lease stops the call.
+                async with self._gate.mutation(provider, intent) as permit:
+                    accepted, error = await self._call_return(client, action, provider, intent, permit.epoch)
             except GATE_ERRORS as exc:
                 run.add(ActionDropped(op_id))
-                code = exc.reason if isinstance(exc, ControllerRejected) else type(exc).__name__
-                return ReturnOutcome(op_id, provider, "dropped", code=code, detail=str(exc))
+                self._gate_refused(run, provider, exc)
+                return ReturnOutcome(op_id, provider, "dropped", code=self._gate_code(exc), detail=str(exc))
             if error is None:
                 break
             if not error.outcome_unknown:

@@ -86,6 +86,11 @@ class FakeController:
             del self.leases[provider]
 
     def commit(self, identity: str, fact: Fact) -> int:
+        # As the reference controller does: a fact equal to one in the log (a retry whose ack was lost, or an
+        # intent re-gated under the same epoch) is acknowledged with its existing index, whatever the lease now.
+        for committed in reversed(self.facts):
+            if committed.fact == fact:
+                return committed.index
         current = self.holder(fact.provider)
         if current is None or current.holder != identity or current.epoch != fact.epoch:
             raise ControllerRejected("stale_epoch", f"epoch {fact.epoch} is not the current one")

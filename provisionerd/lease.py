@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import attrs
@@ -115,6 +115,9 @@ class LeaseKeeper:
         self._changed = trio.Event()
         self._hold_scope: trio.CancelScope | None = None
         self._poked = trio.Event()
+        #: Called with the epoch on every acquisition (never on a renewal), before anyone is woken: the daemon
+        #: uses it to resync before it plans from the view again (another holder's facts are not pushed to us).
+        self.on_acquired: list[Callable[[Epoch], None]] = []
 
     # --- reading ----------------------------------------------------------------------------------------------
 
@@ -189,6 +192,9 @@ class LeaseKeeper:
         kind = "lease_renewed" if renewed else "lease_acquired"
         self._events.emit(kind, provider=self.provider, epoch=grant.epoch, ttl=grant.ttl,
                           valid_for=round(self.valid_until - trio.current_time(), 6))
+        if not renewed:
+            for callback in self.on_acquired:
+                callback(grant.epoch)
         self._notify()
 
     def _lapse(self, reason: str) -> None:

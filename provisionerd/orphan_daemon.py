@@ -99,7 +99,7 @@ def build_cycles(
             provider=provider.name,
             policy=policy_of(provider),
             client=clients[provider.name],
-            read_controller=lambda tracker=tracker: read_session(session, tracker),
+            read_controller=lambda tracker=tracker, name=provider.name: read_session(session, tracker, name),
             read_lease=lambda keeper=keeper: read_keeper(keeper),
             executor=executor,
             events=events,

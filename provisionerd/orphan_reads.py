@@ -147,12 +147,19 @@ class SettleTracker:
         return now - self._since >= self.settle
 
 
-def read_session(session: ControllerSession, tracker: SettleTracker) -> ControllerRead:
-    """The session's current view, if it is joined to a primary and resynced; ``Unreadable`` otherwise."""
+def read_session(session: ControllerSession, tracker: SettleTracker, provider: str | None = None) -> ControllerRead:
+    """The session's current view, if it is joined to a primary and resynced; ``Unreadable`` otherwise.
+
+    With ``provider``, the view must also come from a resync sent after that provider's last lease grant: facts
+    another daemon committed while we held no lease are never pushed to us, so an older view would make its
+    machines look like orphans (seen in simulation seed 257 after a takeover).
+    """
     view = session.view
     if session.state is not LinkState.UP or view is None:
         why = f"controller link is {session.state.value}" + (f": {session.last_error}" if session.last_error else "")
         return ControllerRead(Unreadable(why))
+    if provider is not None and not session.synced_for(provider):
+        return ControllerRead(Unreadable(f"view predates the lease grant for {provider!r}; waiting for its resync"))
     # The session joins only a primary and breaks the link when told it no longer is one.
     settled = tracker.settled(view.generation)
     return ControllerRead(view.facts, tuple(view.hosts.values()), ControllerState(primary=True, settled=settled))

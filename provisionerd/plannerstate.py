@@ -44,6 +44,24 @@ class ReclaimNotice:
     at: float
 
 
+#: Gate refusals that say the controller cannot take an intent *for now* (it has no quorum, it is a standby, the
+#: link broke): the loop plans nothing until ``PlannerState.intent_backoff`` ends, instead of replanning the same
+#: work at once under a fresh op_id (found by the simulation: thousands of op_ids at one virtual instant).
+BACKOFF_CODES = frozenset({"no_quorum", "not_primary", "LinkDown"})
+#: The back-off after consecutive refusals doubles from ``INTENT_BACKOFF_BASE`` up to ``INTENT_BACKOFF_MAX``
+#: seconds; a refusal more than ``INTENT_BACKOFF_MAX`` after the last window ended starts over.
+INTENT_BACKOFF_BASE = 1.0
+INTENT_BACKOFF_MAX = 30.0
+
+
+@attrs.frozen
+class IntentBackoff:
+    """Refusals in a row (``attempts``) and the end of the current window (wall seconds, like every planner time)."""
+
+    attempts: int = 0
+    until: float = -math.inf
+
+
 @attrs.frozen
 class PlannerState:
     """Frozen; :func:`provisionerd.reconcile.plan` and :func:`observe` return new values.
@@ -66,6 +84,12 @@ class PlannerState:
     reclaimed: Mapping[str, ReclaimNotice] = attrs.field(factory=dict)  # machine_id -> notice
     step_log: tuple[tuple[float, int], ...] = ()  # (planned_at, machines requested), within the step window
     capacity: CapacityState = attrs.field(factory=CapacityState)
+    intent_backoff: IntentBackoff = attrs.field(factory=IntentBackoff)
+
+    def intents_refused_until(self, now: float) -> float | None:
+        """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""
+        until = self.intent_backoff.until
+        return until if now < until else None
 
     @classmethod
     def initial(cls, incarnation: str = "0", jitter_seed: int = 0) -> PlannerState:
@@ -97,11 +121,20 @@ class Reclaimed:
 
 
 @attrs.frozen
+class IntentRefused:
+    """The gate could not commit an intent for ``provider`` at ``at`` (wall) for a reason in ``BACKOFF_CODES``."""
+
+    provider: str
+    reason: str
+    at: float
+
+
+@attrs.frozen
 class SnapshotSeqReset:
     """A resync after a controller failover may restart snapshot numbering: accept the next snapshot's seq."""
 
 
-Observation = CapacityObservation | ActionDropped | Reclaimed | SnapshotSeqReset
+Observation = CapacityObservation | ActionDropped | Reclaimed | SnapshotSeqReset | IntentRefused
 
 
 @attrs.frozen
@@ -137,4 +170,17 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             return Observed(attrs.evolve(state, reclaimed=reclaimed))
         case SnapshotSeqReset():
             return Observed(attrs.evolve(state, applied_seq=-1))
+        case IntentRefused():
+            if not math.isfinite(obs.at):
+                raise ValueError(f"observation time must be finite, not {obs.at!r}")
+            previous = state.intent_backoff
+            if obs.at < previous.until:
+                return Observed(state)  # an action already in flight when the window opened: no escalation
+            quiet = obs.at - previous.until > INTENT_BACKOFF_MAX
+            attempts = 1 if quiet else previous.attempts + 1
+            delay = min(INTENT_BACKOFF_MAX, INTENT_BACKOFF_BASE * 2.0 ** min(attempts - 1, 60))
+            backoff = IntentBackoff(attempts, obs.at + delay)
+            note = Note("intents_refused", f"controller refused an intent ({obs.reason}) {attempts} in a row: "
+                                           f"plan nothing until {backoff.until:.1f}", obs.provider)  # fmt: skip
+            return Observed(attrs.evolve(state, intent_backoff=backoff), (note,))
     raise TypeError(f"not an observation: {obs!r}")

@@ -38,7 +38,7 @@ import trio
 
 from provisionerd.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
 from provisionerd.capacity import Throttled
-from provisionerd.errors import ProviderError, ProviderRejected
+from provisionerd.errors import ControllerRejected, ProviderError, ProviderRejected
 from provisionerd.events import EventLog
 from provisionerd.executor import GATE_ERRORS, Executor
 from provisionerd.factview import MachineState
@@ -46,7 +46,16 @@ from provisionerd.lease import LeaseKeeper
 from provisionerd.model import NO_EPOCH, Lost, RequestFailed
 from provisionerd.offer_feed import OfferFeed
 from provisionerd.offers import Catalog
-from provisionerd.plannerstate import ActionDropped, Observation, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.plannerstate import (
+    BACKOFF_CODES,
+    ActionDropped,
+    IntentRefused,
+    Observation,
+    PlannerState,
+    Reclaimed,
+    SnapshotSeqReset,
+    observe,
+)
 from provisionerd.policy import Policy
 from provisionerd.reconcile import plan
 from provisionerd.session import LinkState
@@ -100,6 +109,7 @@ class ReconcileLoop:
         wall: Callable[[], float] = time.time,
         incarnation: str | None = None,
         jitter_seed: int = 0,
+        view_ready: Callable[[str], bool] | None = None,
     ) -> None:
         self.session = session
         self.leases = leases
@@ -109,6 +119,8 @@ class ReconcileLoop:
         self.events = events
         self.settings = settings
         self.wall = wall
+        # Whether the view may be planned from for a provider (the daemon: resynced since its last lease grant).
+        self.view_ready = view_ready if view_ready is not None else (lambda _provider: True)
         self.state = PlannerState.initial(incarnation or secrets.token_hex(4), jitter_seed)
         self.cycles = 0
         self.outcomes: list[Any] = []  # every outcome, for tests and status (bounded below)
@@ -177,7 +189,7 @@ class ReconcileLoop:
         now, wall_now = trio.current_time(), self.wall()
         capacity = self.state.capacity
         ends = [*(t.until for t in capacity.throttles.values()), *capacity.unavailable.values(),
-                *(p.until for p in capacity.paused.values())]  # fmt: skip
+                *(p.until for p in capacity.paused.values()), self.state.intent_backoff.until]  # fmt: skip
         upcoming = [end - wall_now for end in ends if end > wall_now]
         return now + min([self.settings.replan_interval, *upcoming])
 
@@ -193,8 +205,10 @@ class ReconcileLoop:
         self._skip = why
 
     def leased(self) -> list[str]:
+        """Providers whose lease is valid now and whose view is ready (a lease without a resync since its grant
+        waits: until then the view may lack the facts the previous holder committed)."""
         now = trio.current_time()
-        return [name for name, keeper in self.leases.items() if keeper.valid(now)]
+        return [name for name, keeper in self.leases.items() if keeper.valid(now) and self.view_ready(name)]
 
     def _catalog_for(self, leased: list[str]) -> Catalog:
         key = (self.feed.version, tuple(leased))
@@ -217,6 +231,8 @@ class ReconcileLoop:
         leased = self.leased()
         if not leased:
             return self._skipped("no provider lease")
+        if self.state.intents_refused_until(self.wall()) is not None:  # the controller refused intents: wait
+            return self._skipped("controller refused intents: backing off")
         if not self.feed.fresh(leased):
             return self._skipped("offers not read")
         self._skipped("")
@@ -286,6 +302,9 @@ class ReconcileLoop:
             return f"committed {type(fact).__name__} {action.op_id}"
         except GATE_ERRORS as exc:
             self.apply(ActionDropped(action.op_id))
+            code = exc.reason if isinstance(exc, ControllerRejected) else type(exc).__name__
+            if code in BACKOFF_CODES:
+                self.apply(IntentRefused(action.provider, code, self.wall()))
             return f"dropped {type(fact).__name__} {action.op_id}: {exc}"
 
     def _record(self, outcome: Any) -> None:

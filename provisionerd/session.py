@@ -9,7 +9,15 @@ addresses with jittered exponential backoff (seeded RNG, trio's clock). Once joi
 - the heartbeat sends ``Heartbeat`` every ``heartbeat_interval`` and declares the link dead when no
   ``HeartbeatAck`` came for ``heartbeat_timeout``;
 - the resync asks for the facts and hosts of our providers and builds a **new** ``ControllerView`` (the next
-  generation) from them alone; the demand in it is the next snapshot received on this link.
+  generation) from them alone; the demand in it is the next snapshot received on this link. The link resyncs again
+  (a new view of the same generation) when asked (``request_resync``), when no demand snapshot came after a resync,
+  and every ``refresh_heartbeats`` heartbeat intervals (see ``session_link``).
+
+**A lease grant needs a resync.** Facts another daemon commits under its lease are never pushed to us, so after
+any acquisition (not a renewal of a lease held without a break) the view may lack them: ``resync_after_grant``
+registers a resync that must be *sent* after the grant, and ``synced_for(provider)`` stays false until a view built
+from such a resync is in place. The reconcile loop plans a provider only when it is true (DESIGN: the daemon's
+memory is a cache of the fact log, rebuilt from a resync).
 
 Requests (``request``) are refused with ``LinkDown`` until that resync is folded, so nothing this daemon commits
 can be folded before the facts that precede it. Any failure on the link (EOF, a protocol violation, an ``ErrorMsg``,
@@ -64,6 +72,8 @@ class SessionSettings:
     heartbeat_timeout: float = 6.0
     max_redirects: int = 3
     backoff: Backoff = Backoff()
+    #: Resync a joined link every this many heartbeat intervals (0: only on join, on want, on a missing snapshot).
+    refresh_heartbeats: int = 30
 
     @classmethod
     def from_config(cls, config: Config) -> SessionSettings:
@@ -106,6 +116,8 @@ class ControllerSession:
         self._corr = itertools.count(1)
         self._changed = trio.Event()
         self._ready = trio.Event()
+        self._sync_wanted = 0  # resync wants registered so far (a view answers those <= its sync_seq)
+        self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
         #: Called with each new generation's view once its resync is folded (e.g. to renew leases at once).
         self.on_resync: list[Callable[[ControllerView], None]] = []
 
@@ -170,6 +182,24 @@ class ControllerSession:
         if isinstance(reply, LeaseDenied) and reply.reason == "not_primary":
             link.break_("the controller is no longer primary")
         return reply
+
+    def request_resync(self) -> int:
+        """Ask for a resync sent after this call (on this link, or as the next link's first); returns the want's
+        number: a view with ``sync_seq`` at or above it holds every fact committed before the call."""
+        self._sync_wanted += 1
+        if self._link is not None:
+            self._link.request_resync(self._sync_wanted)
+        return self._sync_wanted
+
+    def resync_after_grant(self, provider: str) -> None:
+        """A lease for ``provider`` was just acquired: it is not ``synced_for`` until a resync after now is in."""
+        self._sync_needed[provider] = self.request_resync()
+
+    def synced_for(self, provider: str) -> bool:
+        """Whether the current view was resynced after ``provider``'s last lease grant (and the link is up)."""
+        view = self.view
+        return (self.state is LinkState.UP and view is not None
+                and view.sync_seq >= self._sync_needed.get(provider, 0))  # fmt: skip
 
     def break_link(self, reason: str) -> None:
         """End the current generation (e.g. the controller answered nonsense); the session rejoins."""
@@ -256,7 +286,9 @@ class ControllerSession:
         self._events.emit("link_up", address=address, generation=self.generation)
         link = Link(framed, self.generation, address, reply.term, s.heartbeat_interval, s.heartbeat_timeout,
                     s.request_timeout, on_resynced=self._resynced, on_view_changed=self._notify,
-                    corr=self._corr, providers=s.providers)
+                    corr=self._corr, providers=s.providers, wanted=self._sync_wanted,
+                    snapshot_wait=max(s.request_timeout, s.heartbeat_interval),
+                    refresh_interval=s.heartbeat_interval * s.refresh_heartbeats or float("inf"))  # fmt: skip
         self._link = link
         self._notify()
         try:
@@ -270,7 +302,14 @@ class ControllerSession:
             self._notify()
         raise LinkBroken(link.reason)
 
-    def _resynced(self, view: ControllerView) -> None:
+    def _resynced(self, view: ControllerView, reason: str) -> None:
+        if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:
+            # A later resync on the same link: the view is replaced; the link's state and leases are unchanged.
+            self.view = view
+            self._events.emit("refresh", generation=view.generation, reason=reason, sync_seq=view.sync_seq,
+                              facts=view.facts.last_index, hosts=len(view.hosts), demand=view.demand is not None)
+            self._notify()
+            return
         self.view = view
         self.state = LinkState.UP
         self._events.emit("resync", generation=view.generation, facts=view.facts.last_index,

@@ -3,6 +3,18 @@
 A ``Link`` lives for one generation. Everything that goes wrong on it calls ``break_(reason)``, which cancels its
 tasks; ``run`` then fails every pending request with ``LinkDown`` and returns. Nothing on a link survives it.
 
+The link resyncs when it starts and again, one resync at a time, whenever
+
+- the session wants one (``request_resync``: a lease was granted, and the daemon must plan from facts the controller
+  read after the grant, since another holder's facts are never pushed to us);
+- no demand snapshot came within ``snapshot_wait`` of a resync (pushes are fire-and-forget: the one after the join
+  may be lost, and demand is level-triggered only if we can always get the level again), with the wait doubling up
+  to ``refresh_interval``;
+- ``refresh_interval`` passed since the last one (a lost *change* push, of demand or hosts, heals within it).
+
+The controller answers every resync with its pages and then a fresh demand snapshot (protocol §6.3). Each resync
+builds a new view of the same generation; the link's latest demand carries over (demand seqs continue on a link).
+
 Sends go through one writer task fed by a bounded channel: a requester that is cancelled (say, by a lease lapse)
 while its frame is queued or being written cannot leave half a frame on the stream, and frames queued together
 go out in one write.
@@ -66,10 +78,13 @@ class Link:
         heartbeat_timeout: float,
         request_timeout: float,
         *,
-        on_resynced: Callable[[ControllerView], None],
+        on_resynced: Callable[[ControllerView, str], None],
         on_view_changed: Callable[[], None],
         corr: itertools.count[int],
         providers: tuple[str, ...],
+        wanted: int = 0,
+        snapshot_wait: float | None = None,
+        refresh_interval: float = float("inf"),
     ) -> None:
         self.framed = framed
         self.generation = generation
@@ -88,9 +103,16 @@ class Link:
         self.view: ControllerView | None = None
         self.demand: DemandSnapshot | None = None
         self._assembler = DemandAssembler()
-        self._resync = ResyncCollector()
+        self._resync: ResyncCollector | None = None  # the resync being collected
         self._resync_corr = 0
+        self._resync_seq = 0  # ``wanted`` when the resync being collected was sent
+        self._resync_reason = ""
         self._resync_progress = trio.Event()
+        #: The session's resync-want counter; a resync is due while it is above the current view's ``sync_seq``.
+        self.wanted = wanted
+        self._wake_resync = trio.Event()
+        self._snapshot_wait = snapshot_wait if snapshot_wait is not None else request_timeout
+        self._refresh_interval = refresh_interval
         self._scope = trio.CancelScope()
         self._outbox_send, self._outbox = trio.open_memory_channel[tuple[Message, int]](OUTBOX_SIZE)
 
@@ -99,6 +121,11 @@ class Link:
             self.reason = reason
             log.info("controller link to %s broken: %s", self.address, reason)
         self._scope.cancel()
+
+    def request_resync(self, seq: int) -> None:
+        """Resync (again) with a request sent after this call, answering want ``seq``."""
+        self.wanted = max(self.wanted, seq)
+        self._wake_resync.set()
 
     async def run(self) -> None:
         try:
@@ -162,10 +189,43 @@ class Link:
             await trio.sleep_until(min(next_send, self.last_ack + self._dead_after))
 
     async def _resync_loop(self) -> None:
-        self._resync_corr = next(self._corr)
+        reason = "join"
+        snapshot_wait = self._snapshot_wait
+        while True:
+            await self._resync_once(reason)
+            done = trio.current_time()
+            refresh_at, snapshot_by = done + self._refresh_interval, done + snapshot_wait
+            while True:
+                self._wake_resync = trio.Event()  # before the checks: a want registered after them wakes us
+                reason = self._resync_due(refresh_at, snapshot_by)
+                if reason:
+                    break
+                with trio.move_on_at(refresh_at if self.demand is not None else min(refresh_at, snapshot_by)):
+                    await self._wake_resync.wait()
+            if self.demand is not None:
+                snapshot_wait = self._snapshot_wait
+            elif reason == "no_demand_snapshot":
+                snapshot_wait = min(snapshot_wait * 2, max(self._refresh_interval, self._snapshot_wait))
+
+    def _resync_due(self, refresh_at: float, snapshot_by: float) -> str:
+        """Why the next resync is due now ("" if it is not)."""
+        assert self.view is not None
+        now = trio.current_time()
+        if self.wanted > self.view.sync_seq:
+            return "requested"
+        if self.demand is None and now >= snapshot_by:
+            return "no_demand_snapshot"
+        if now >= refresh_at:
+            return "refresh"
+        return ""
+
+    async def _resync_once(self, reason: str) -> None:
+        self._resync = ResyncCollector()
+        self._resync_corr, self._resync_seq, self._resync_reason = next(self._corr), self.wanted, reason
+        self._resync_progress = trio.Event()
         await self._outbox_send.send((ResyncRequest(self._providers), self._resync_corr))
         # Each page must follow the previous one within the request timeout; a big resync may take many.
-        while self.view is None:
+        while self._resync is not None:
             with trio.move_on_after(self._request_timeout) as scope:
                 await self._resync_progress.wait()
             if scope.cancelled_caught:
@@ -203,15 +263,18 @@ class Link:
                     self.view.apply_hosts(hosts)
                     self._on_view_changed()
             case ResyncPage(page=page, page_count=count, facts=facts, hosts=hosts) if corr == self._resync_corr:
-                if self.view is not None:
+                collector = self._resync
+                if collector is None:
                     raise ProtocolError("a resync page after the resync completed")
                 self._resync_progress.set()
-                if self._resync.add(page, count, facts, hosts):
-                    view = self._resync.build(self.generation, self.address, self.term)
-                    if self.demand is not None:
-                        view.demand = self.demand
+                if collector.add(page, count, facts, hosts):
+                    self._resync = None
+                    old = self.view
+                    view = collector.build(self.generation, self.address, self.term, sync_seq=self._resync_seq,
+                                           version=0 if old is None else old.version + 1)  # fmt: skip
+                    view.demand = self.demand
                     self.view = view
-                    self._on_resynced(view)
+                    self._on_resynced(view, self._resync_reason)
             case _ if corr in self.pending:
                 pending = self.pending[corr]
                 if pending.reply is None:

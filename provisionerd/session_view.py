@@ -3,6 +3,8 @@
 ``ControllerView`` is the daemon's whole picture of the controller for one *generation* (one joined link): the
 facts folded from that link's resync (plus the facts this daemon committed on it), the hosts from the resync and
 later pushes, and the demand snapshot received on it. A new generation never inherits anything from an older one.
+A link resyncs more than once (a lease was granted, the demand snapshot did not come, the periodic refresh): each
+resync builds a new view of the same generation, numbered by ``sync_seq``, that keeps only the link's demand.
 
 ``DemandAssembler`` turns ``DemandPage`` pushes into whole ``DemandSnapshot``s; ``ResyncCollector`` gathers the
 pages of one resync reply. Both bound what a hostile or broken controller can make us hold, and raise
@@ -35,6 +37,9 @@ class ControllerView:
     hosts: dict[str, HostState]  # instance_ref -> latest state
     demand: DemandSnapshot | None = None
     version: int = 0  # bumped on every change, so watchers can tell "changed since I looked"
+    #: The session's resync-want counter when this view's ResyncRequest was sent: every want registered at or
+    #: below it (e.g. "resync after this lease grant") is answered by facts the controller read after the want.
+    sync_seq: int = 0
 
     @property
     def complete(self) -> bool:
@@ -107,8 +112,10 @@ class ResyncCollector:
         self._pages.setdefault(page, (facts, hosts))
         return len(self._pages) == self._count
 
-    def build(self, generation: int, primary: str, term: int) -> ControllerView:
-        """The new generation's view: facts folded in log order, hosts keyed by instance_ref."""
+    def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0
+              ) -> ControllerView:  # fmt: skip
+        """The resynced view: facts folded in log order, hosts keyed by instance_ref."""
         facts = sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
         hosts = {h.instance_ref: h for i in sorted(self._pages) for h in self._pages[i][1]}
-        return ControllerView(generation=generation, primary=primary, term=term, facts=fold(facts), hosts=hosts)
+        return ControllerView(generation=generation, primary=primary, term=term, facts=fold(facts), hosts=hosts,
+                              version=version, sync_seq=sync_seq)  # fmt: skip

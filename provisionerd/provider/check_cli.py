@@ -93,7 +93,11 @@ def summary(rows: list[CheckResult]) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    """Exit code: 0 every check passed (or ``--help``), 1 a check failed, 2 bad arguments."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage (or the help); the caller gets a code, not an exit
+        return 0 if exc.code in (0, None) else 2
     if args.timeout <= 0:
         print("provisionerd provider check: --timeout must be positive", file=sys.stderr)
         return 2

@@ -47,6 +47,20 @@ from provisionerd.provider.runtime import (
 )
 
 
+def signal_name(number: int) -> str:
+    """A readable name for the signal that killed a plugin. Real-time signals (``SIGRTMIN..SIGRTMAX``) are valid
+    signals but not ``signal.Signals`` members, so they are named relative to ``SIGRTMIN``; anything else unknown
+    is its number. Never raises: a plugin's exit status must always become a typed ``ProviderCrashed``."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if low is not None and high is not None and low <= number <= high:
+        return f"SIGRTMIN+{number - low}"
+    return f"signal {number}"
+
+
 class OneShotProvider:
     """A ``ProviderClient`` that runs ``<config.path>/<action>.sh`` once per call. Calls may run concurrently."""
 
@@ -175,8 +189,8 @@ class OneShotProvider:
         self, action: str, returncode: int, stdout: bytes, tail: StderrTail, redact: Redactor
     ) -> ProviderRejected | ProviderCrashed:
         if returncode < 0:
-            name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-            return ProviderCrashed(self.name, action, f"killed by {name}{self._stderr(tail, redact)}")
+            return ProviderCrashed(self.name, action,
+                                   f"killed by {signal_name(-returncode)}{self._stderr(tail, redact)}")  # fmt: skip
         text = stdout.decode("utf-8", "replace").strip()
         if not text:
             return ProviderCrashed(

@@ -153,3 +153,27 @@ def test_config_check_on_any_file_content_gives_an_exit_code(content):
         path = Path(tmp) / "c.toml"
         path.write_text(content, encoding="utf-8", errors="surrogatepass")
         assert run_cli(["config", "check", str(path)]) in (1, 2)
+
+
+@FUZZ
+@given(st.lists(flags, max_size=4))
+def test_provider_check_returns_a_code_for_bad_arguments_instead_of_exiting(extra):
+    """``provider check`` without a PATH (and with any flags) is refused with 2 by ``main``; argparse's
+    ``SystemExit`` used to escape it."""
+    from provisionerd.provider import check_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = check_cli.main(["check", *[f for f in extra if f not in ("--help", "--h", "--he", "--hel")]])
+    assert code == 2
+    assert err.getvalue()  # it said why
+
+
+def test_provider_check_help_returns_0():
+    from provisionerd.provider import check_cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert check_cli.main(["check", "--help"]) == 0
+        assert check_cli.main(["--help"]) == 0
+    assert "PATH" in out.getvalue()

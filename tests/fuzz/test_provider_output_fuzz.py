@@ -84,7 +84,7 @@ ONE_SHOT = OneShotProvider(ProviderConfig(name="p", cluster="c", path="/nonexist
 @FUZZ
 @given(actions, st.one_of(st.binary(max_size=400), answer_like.map(lambda v: json.dumps(v).encode()),
                           st.just(b'{"error": {"code": "throttled", "message": "s3cr3t-v"}}')),
-       st.integers(-33, 255))  # -34..-64 (real-time signals): see the xfail below
+       st.integers(-64, 255))  # -34..-64: real-time signals
 def test_one_shot_stdout_is_a_document_or_a_typed_error(action, stdout, returncode):
     tail = StderrTail(1024)
     redact = Redactor(frozenset({"s3cr3t-v"}))
@@ -101,13 +101,11 @@ def test_one_shot_stdout_is_a_document_or_a_typed_error(action, stdout, returnco
     assert "s3cr3t-v" not in str(error)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "found by fuzzing: oneshot._failure calls signal.Signals(n) for every n in valid_signals(), but real-time "
-    "signals (SIGRTMIN..SIGRTMAX, 34..64 on Linux) are valid yet not Signals members: a plugin killed by one "
-    "raises ValueError instead of ProviderCrashed. Remove this mark when oneshot.py is fixed."))
 def test_a_plugin_killed_by_a_realtime_signal_is_a_typed_crash():
+    """Found by fuzzing: real-time signals are valid but not ``signal.Signals`` members (was ``ValueError``)."""
     error = ONE_SHOT._failure("requestMachines", -35, b"", StderrTail(1024), Redactor())
     assert isinstance(error, ProviderCrashed)
+    assert "SIGRTMIN+1" in str(error)
 
 
 def test_a_plugin_cannot_make_the_line_layer_hold_more_than_its_limit():

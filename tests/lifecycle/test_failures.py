@@ -108,7 +108,7 @@ def test_quota_exceeded_pauses_the_provider_and_raises_an_event(mock_run):
     assert rig.events_of("plan_note", kind="provider_paused")
 
 
-def test_a_crash_after_the_effect_lists_by_op_then_retries_the_same_op_without_duplicates(mock_run):
+def test_a_crash_after_the_effect_lists_by_op_and_settles_from_the_listing_without_calling_again(mock_run):
     seen: dict = {}
 
     async def main():
@@ -127,9 +127,9 @@ def test_a_crash_after_the_effect_lists_by_op_then_retries_the_same_op_without_d
     rig = seen["rig"]
     provider = rig.providers["p"]
     actions = [action for _, action in provider.call_log if action != "getAvailableTemplates"]
-    assert actions[:3] == ["requestMachines", "listMachines", "requestMachines"]
-    first, retry = (doc for _, doc in rig.calls("p", "requestMachines"))
-    assert first["op_id"] == retry["op_id"] and first["bootstrap"] == retry["bootstrap"]  # same op, same tokens
+    # The listing shows every machine of the op: they are committed, and requestMachines is not called again.
+    assert actions[:2] == ["requestMachines", "listMachines"] and "describeProvider" not in actions
+    (first,) = (doc for _, doc in rig.calls("p", "requestMachines"))
     (listing,) = (doc for _, doc in rig.calls("p", "listMachines"))
     assert listing["tags"][TAG_OP] == first["op_id"]
     assert len(rig.running()) == 3 and len(provider.requests) == 1  # no duplicate machines

@@ -1,16 +1,16 @@
 """Seeds the campaign found failing, one test each (see docs/simulation.md, "Turning a failing seed into a
 regression test").
 
-The bugs below are in code being written while the harness landed (the provisioning lifecycle); each test is a
-strict xfail naming the bug, so the suite stays green now and the test fails (XPASS) the moment the bug is fixed:
-then remove its mark and keep it as the regression test.
+The bugs below were in code being written while the harness landed (the provisioning lifecycle); each test was a
+strict xfail naming the bug until it was fixed; a new finding starts the same way (it fails with XPASS the moment
+the bug is fixed: then remove its mark and keep it as the regression test).
 """
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from provisionerd.simulation import run_seed
+from provisionerd.simulation import World, run_seed, run_world
 
 
 def violated(seed: int) -> set[str]:
@@ -18,45 +18,63 @@ def violated(seed: int) -> set[str]:
     return {v.invariant for v in result.violations}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "executor: a return resumed under a new epoch (after a failover) calls requestReturnMachines with only the "
-    "ReturnIntent of the older epoch committed; invariant 1 wants an intent carrying the current epoch"))
 def test_seed_44_a_resumed_return_carries_the_current_epoch():
+    """Was: a return resumed after a failover called requestReturnMachines with only the older epoch's
+    ReturnIntent committed. Fixed: every return call (first, retry, resumed) passes the gate as it starts."""
     assert "mutation_without_intent" not in violated(44)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "executor._after_request_error: retries requestMachines outside the gate, with the epoch read before a "
-    "sleep; after a failover the retry runs under epoch 3.1 while the intent carries 1.1 (and a lease that "
-    "lapsed during the sleep would not stop it)"))
 def test_seed_270_a_retried_request_passes_the_gate():
+    """Was: executor._after_request_error retried requestMachines outside the gate with an epoch read before a
+    sleep (retry under 3.1, intent under 1.1). Fixed: each retry passes the gate, re-committing the intent under
+    the epoch held when the retry starts."""
     assert "mutation_without_intent" not in violated(270)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "executor: after an unknown outcome it retries requestMachines with the same op_id even when the listing "
-    "already shows that op's machines and the provider does not declare idempotentRequest: machines twice"))
 def test_seed_84_no_second_creation_on_a_cloud_without_client_tokens():
+    """Was: after an unknown outcome the executor retried the same op_id although the listing showed its machines
+    and the cloud has no idempotency. Fixed: a complete listing settles the op; a provider that does not declare
+    features.idempotentRequest is never re-called with the same op_id (the shortfall becomes a new op)."""
     assert "op_created_twice" not in violated(84)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "liveness: the demand snapshot pushed after a (re)join was lost (drop_pushes); the view stays incomplete "
-    "and nothing asks for a snapshot again while the demand does not change, so the lease holder never plans"))
 def test_seed_281_a_lost_snapshot_after_a_join_is_recovered():
+    """Found by the campaign (kill, partitions, failovers, then drop_pushes@159): the demand snapshot pushed after a
+    (re)join was lost and nothing asked again, so the lease holder never planned. Fixed in ``session_link``: a
+    link without a snapshot after a resync resyncs again with backoff (and every ``refresh_heartbeats``)."""
     assert "no_convergence" not in violated(281)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a standby's view keeps the facts of its last resync: after it takes the lease over it plans with the "
-    "other daemon's machines as still active (their Returned facts came later), so it requests 1 of 4"))
+def plans_before_a_resync_after_the_grant(trace: list[str]) -> list[str]:
+    """Trace lines of actions a daemon planned after a lease grant and before a resync that followed it (the
+    join's, or one the grant requested). The simulation has one provider, so any grant counts."""
+    waiting: set[str] = set()
+    bad = []
+    for line in trace:
+        _at, who, what, fields = line.split(" ", 3)
+        if what == "lease_acquired":
+            waiting.add(who)
+        elif what == "resync" or (what == "refresh" and json.loads(fields)["reason"] == "requested"):
+            waiting.discard(who)
+        elif what == "action" and who in waiting and json.loads(fields).get("phase") == "planned":
+            bad.append(line)
+    return bad
+
+
 def test_seed_257_a_new_lease_holder_plans_from_current_facts():
-    assert "no_convergence" not in violated(257)
+    """Found by the campaign (b partitioned c2s, a returns its machines, quorum loss, b takes the lease over): b
+    planned from its last resync, with a's returned machines still active, and requested 1 of 4. Fixed: every
+    lease acquisition registers a resync (``session.resync_after_grant``) and the loop plans a provider only from
+    a view resynced after its grant (``session.synced_for``). The periodic refresh alone would also converge this
+    seed later, so the test checks the rule itself in the trace too."""
+    world = World(257, keep_trace=True)
+    result = run_world(world)
+    assert "no_convergence" not in {v.invariant for v in result.violations}, result.violations
+    assert plans_before_a_resync_after_the_grant(world.recorder.trace) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "livelock: during a quorum loss the gate refuses every ReturnIntent (no_quorum), the loop drops the action "
-    "and replans it at once under a fresh op_id, forever, at one virtual instant (thousands of op_ids burned)"))
 def test_seed_293_a_refused_intent_is_not_replanned_in_a_busy_loop():
+    """Was: during a quorum loss every ReturnIntent was refused no_quorum and replanned at once under a new op_id
+    at one virtual instant. Fixed: a no_quorum/not_primary/link refusal backs the loop off (IntentRefused)."""
     result = run_seed(293, wall_budget=3.0)
     assert "stuck" not in {v.invariant for v in result.violations}

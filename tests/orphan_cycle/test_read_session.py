@@ -1,0 +1,44 @@
+"""The controller view an orphan pass may use: only one resynced after the provider's last lease grant."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from provisionerd.factview import FactView
+from provisionerd.orphan_model import Unreadable
+from provisionerd.orphan_reads import SettleTracker, read_session
+from provisionerd.session import LinkState
+
+
+@attrs.define
+class _View:
+    generation: int = 1
+    facts: FactView = attrs.field(factory=FactView)
+    hosts: dict = attrs.field(factory=dict)
+
+
+@attrs.define
+class _Session:
+    synced: set[str] = attrs.field(factory=set)
+    state: LinkState = LinkState.UP
+    view: _View = attrs.field(factory=_View)
+    last_error: str = ""
+
+    def synced_for(self, provider: str) -> bool:
+        return provider in self.synced
+
+
+def test_a_view_older_than_the_lease_grant_is_unreadable_for_that_provider() -> None:
+    async def main() -> None:
+        session = _Session(synced={"other"})
+        stale = read_session(session, SettleTracker(0.0), "sim")  # type: ignore[arg-type]
+        assert isinstance(stale.view, Unreadable)
+        assert "predates the lease grant" in stale.view.reason
+        session.synced.add("sim")
+        fresh = read_session(session, SettleTracker(0.0), "sim")  # type: ignore[arg-type]
+        assert fresh.view is session.view.facts
+        # Without a provider (the admin commands) the grant does not matter.
+        assert read_session(_Session(), SettleTracker(0.0)).view is not None  # type: ignore[arg-type]
+
+    trio.run(main)
