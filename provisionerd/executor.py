@@ -299,6 +299,15 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
             committed.append(machine.machine_id)
         return tuple(committed)
 
+    async def attribute_op(self, intent: RequestIntent) -> tuple[str, ...] | None:
+        """List ``intent``'s op and commit an InstanceFact for each machine found not in the facts yet; the machine
+        ids (``None`` when the listing or a commit failed). Called before the op is failed: a machine a hung call
+        created after the deadline would otherwise have no fact and stay unattributed."""
+        if intent.provider not in self._clients:
+            return None
+        found = await self._list_op(intent.provider, intent.op_id)
+        return None if found is None else await self._commit_instances(intent, found)
+
     async def _finish(self, intent: RequestIntent, status: RequestStatus) -> RequestOutcome:
         made = [m for m in status.machines if m.result == "succeed"]
         committed = await self._commit_instances(intent, made)

@@ -53,6 +53,10 @@ class UnknownOutcomeFlow:
                     await self._commit_instances(intent, found)
                 return None, RequestOutcome(op_id, provider, "unknown", code=code or type(error).__name__,
                                             detail=error.detail)  # fmt: skip
+            if found:
+                # Record what the listing showed before retrying: if every later listing and poll fails, these
+                # machines would otherwise have no InstanceFact and stay unattributed (seed 3550).
+                await self._commit_instances(intent, found)
             await trio.sleep(self.settings.retry_delay * 2**attempt)
             attempt += 1
             try:

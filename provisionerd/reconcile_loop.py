@@ -289,12 +289,22 @@ class ReconcileLoop:
                     outcome = await ex.return_machines(action.provider, action.op_id, action.machine_ids,
                                                        action.reason)  # fmt: skip
                 case FailRequest():
+                    await self._attribute(action.op_id)
                     outcome = await self._commit(action, RequestFailed(action.provider, NO_EPOCH, action.op_id,
                                                                        action.reason))  # fmt: skip
                 case MarkLost():
                     outcome = await self._commit(
                         action, Lost(action.provider, NO_EPOCH, action.op_id, action.machine_id, action.reason))
         self._record(outcome)
+
+    async def _attribute(self, op_id: str) -> None:
+        """Before an op is failed, record the machines its listing shows (seed 5406: a hung requestMachines made
+        7 machines after the deadline; failed unlisted, they were never attributed and never returned). A listing
+        that fails leaves the fail as it was: the orphan pass is the net for what stays unlisted."""
+        view = self.session.view
+        record = view.facts.intents.get(op_id) if view is not None else None
+        if record is not None:
+            await self.executor.attribute_op(record.intent)
 
     async def _commit(self, action: Action, fact: Any) -> str:
         try:

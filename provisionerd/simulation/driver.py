@@ -10,7 +10,11 @@ controller invariant is exercised under faults. Every few virtual seconds a daem
 - or returns 1..2 of the provider's machines (``ReturnIntent`` through the gate, ``requestReturnMachines``,
   ``Returned``);
 - or, first, resolves a request whose outcome it does not know (timeout, crash, garbage answer): it looks for the
-  op_id's tag in ``listMachines`` and only when nothing carries it retries through the gate with the *same* op_id.
+  op_id's tag in ``listMachines`` and only when nothing carries it retries through the gate with the *same* op_id,
+  and only on a cloud with client tokens (``features.idempotentRequest``). On a cloud without them an empty listing
+  does not prove that nothing was made (the machine may have been made and have vanished since: the listing omits
+  terminated machines), so the op is settled as it stands and a later request makes up the shortfall under a new
+  op_id, as the executor does.
 
 Everything random (op_ids, tokens, choices, pauses) comes from the ``random.Random`` it is given.
 """
@@ -43,11 +47,12 @@ GATE_ERRORS = (LeaseError, ControllerRejected, LinkDown)
 
 
 class GateDriver:
-    #: Test-only seeded bug: retry an unknown outcome without looking for the op_id's machines first.
+    #: Test-only seeded bug: retry an unknown outcome at once with the same op_id, without looking for the op_id's
+    #: machines first or asking whether the cloud honours the op_id as a client token.
     skip_listing = False
 
     def __init__(self, node: Any, rng: random.Random, *, provider: str, template: str, cluster: str,
-                 controllers: tuple[str, ...], pace: float = 8.0) -> None:
+                 controllers: tuple[str, ...], pace: float = 8.0, idempotent: bool = True) -> None:
         self.node = node
         self.rng = rng
         self.provider = provider
@@ -55,6 +60,9 @@ class GateDriver:
         self.cluster = cluster
         self.controllers = controllers
         self.pace = pace
+        #: What the cloud's ``describeProvider`` declares as ``features.idempotentRequest`` (the world knows it; the
+        #: executor asks once): whether the same op_id again is safe.
+        self.idempotent = idempotent
         self.incarnation = f"{rng.getrandbits(24):06x}"
         self.counter = 0
         self.unknown: dict[str, RequestIntent] = {}  # op_id -> intent whose request outcome is unknown
@@ -147,7 +155,9 @@ class GateDriver:
                     "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_OP: op_id}}, timeout=CALL_TIMEOUT)
             except ProviderError:
                 return
-            if listed["machines"]:
+            if listed["machines"] or not self.idempotent:
+                # Without client tokens the same op_id again creates again, and an empty listing may only mean its
+                # machines vanished: settle the op with what lives; the next request is a new op.
                 del self.unknown[op_id]
                 await self._commit_instances(intent, listed["machines"])
                 return

@@ -194,7 +194,8 @@ class World:
         if self.lifecycle:
             return _Idle()  # the core's own reconcile loop and executor are the workload
         return GateDriver(node, rng, provider=PROVIDER, template=TEMPLATE, cluster=lifecycle.CLUSTER,
-                          controllers=self.addresses, pace=self.settings.pace)
+                          controllers=self.addresses, pace=self.settings.pace,
+                          idempotent=self.settings.idempotent)
 
     async def _run_node(self, node: DaemonNode) -> None:
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from provisionerd.simulation import World, run_seed, run_world
 
 
@@ -78,3 +80,47 @@ def test_seed_293_a_refused_intent_is_not_replanned_in_a_busy_loop():
     at one virtual instant. Fixed: a no_quorum/not_primary/link refusal backs the loop off (IntentRefused)."""
     result = run_seed(293, wall_budget=3.0)
     assert "stuck" not in {v.invariant for v in result.violations}
+
+
+def test_seed_4137_a_vanished_machine_is_not_made_again_under_its_op_id():
+    """Found by the 10,000-seed campaign (gate workload, cloud without client tokens; provider_fault garbage@104.963
+    then vanish@152.196): requestMachines for prov-b.9a67c1.5 made m-23 but answered garbage, m-23 vanished, the
+    stand-in driver's listing by op tag came back empty (terminated machines are not listed) and it retried the
+    same op_id, which made m-25. Fixed in ``driver.py``: on a cloud that does not declare idempotentRequest an
+    unknown outcome is settled from the listing and never retried under the same op_id (as the executor does)."""
+    result = run_seed(4137)
+    assert result.ok, result.violations
+
+
+def test_seed_5366_an_op_whose_machine_vanished_during_a_hang_is_not_retried():
+    """Found by the 10,000-seed campaign (gate workload, no client tokens; provider_fault hang@38.783, then
+    vanish@43.109 took m-2 of prov-a.5ff09c.1 while its call still hung): the empty listing led the driver to
+    retry the same op_id, making m-4. Same fix as seed 4137."""
+    result = run_seed(5366)
+    assert result.ok, result.violations
+
+
+def test_seed_3550_machines_listed_before_a_retry_are_recorded():
+    """Found by the campaign (lifecycle; provider hangs, then garbage): requestMachines timed out, the recovery
+    listing showed 4 of 5 machines, the same op_id was retried, and every later poll and listing failed, so the op
+    timed out with none recorded: 4 joined machines stayed unattributed (the orphan breaker, 4 of 7 suspects, kept
+    them), surplus forever. Fixed in ``executor_unknown``: what a listing shows is committed before the retry."""
+    assert "no_convergence" not in violated(3550)
+
+
+def test_seed_5406_an_op_is_listed_before_it_is_failed():
+    """Found by the campaign (lifecycle; a hung requestMachines made 7 machines, quorum loss, partitions): the
+    recovery listing failed and the planner failed the op (provisioning_timeout) without listing it, so its 7
+    machines never got a fact and were never returned. Fixed: ``ReconcileLoop`` lists the op and records its
+    machines (``Executor.attribute_op``) before committing RequestFailed."""
+    assert "no_convergence" not in violated(5406)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: at t=128.88 daemon b trusts epoch 3.1 (until 137.88) while a still trusts 2.1 (until 134.47); "
+    "the controller's grace after promotion should make the two windows disjoint. Not yet diagnosed.",
+)
+def test_seed_7001_two_daemons_never_trust_a_lease_at_once():
+    """Found by the 10,000-seed campaign (lifecycle workload): the lease safety property, two valid holders."""
+    assert "two_lease_holders" not in violated(7001)
