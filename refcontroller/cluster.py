@@ -73,14 +73,16 @@ class Cluster:
     def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied:
         if not self.is_primary(replica):
             return Denied(provider, NOT_PRIMARY)
-        latest = self.store.latest(provider)
-        return self.leases.acquire(
-            provider,
-            holder,
-            now,
-            quorum_fresh=self.replicas.quorum_fresh,
-            previous_holder=latest.holder if latest is not None else None,
+        previous = self.store.last_grantee(provider)
+        if previous is None:  # a store written before grantees were recorded: the latest fact's writer
+            latest = self.store.latest(provider)
+            previous = latest.holder if latest is not None else None
+        result = self.leases.acquire(
+            provider, holder, now, quorum_fresh=self.replicas.quorum_fresh, previous_holder=previous
         )
+        if isinstance(result, Granted) and previous != holder:
+            self.store.save_grantee(provider, holder)
+        return result
 
     def renew(self, replica: int, provider: str, holder: str, epoch: Epoch, now: float) -> Granted | Denied:
         if not self.is_primary(replica):

@@ -10,7 +10,7 @@ Rules (seed Q3; times are the controller's monotonic clock, in seconds):
   so the holder always gives up first.
 - **Grace after promotion.** Until ``promoted_at + ttl + check_interval`` this primary cannot know whether a lease
   granted by the previous primary is still believed valid by its holder, so it grants a provider only to the holder
-  that wrote that provider's latest committed fact (the caller passes it as ``previous_holder``); anyone else is
+  it was last granted to (durable in the store; the caller passes it as ``previous_holder``); anyone else is
   denied ``grace`` with the time left. That holder is re-granted at once, with a new epoch of this term.
 - Acquire by the holder of a live lease is idempotent: the same epoch, renewed. Acquire while another holder's
   lease is live is denied ``held`` with the time until it expires.
@@ -94,7 +94,7 @@ class LeaseTable:
     def acquire(
         self, provider: str, holder: str, now: float, *, quorum_fresh: bool, previous_holder: str | None
     ) -> Granted | Denied:
-        """Grant ``provider`` to ``holder`` or say why not. ``previous_holder``: who wrote its latest fact."""
+        """Grant ``provider`` to ``holder`` or say why not. ``previous_holder``: its last grantee."""
         if not quorum_fresh:
             return Denied(provider, NO_QUORUM, self.check_interval)
         current = self.live(provider, now)

@@ -1,8 +1,12 @@
-"""The controller's durable state in one SQLite file: the fact log, the HA term, the demand, and join tokens.
+"""The controller's durable state in one SQLite file: the fact log, the HA term, the demand, join tokens, and
+who was last granted each provider's lease.
 
 What is durable and what is not follows the lease design (seed Q3): the facts (each stamped with its lease epoch
 and the identity of the holder that committed it), the HA term and the set of used join tokens survive a restart;
-the lease table does not (it lives in the primary's memory, see ``leases.py``). The demand snapshot is stored too,
+the lease table does not (it lives in the primary's memory, see ``leases.py``), but the identity of each provider's
+last *grantee* does: after a failover only that holder can still believe in a lease, so the grace re-grants to it
+alone (the writer of the latest fact is not enough: a holder may be granted and lose the primary before it commits
+anything). The demand snapshot is stored too,
 so that its ``seq`` keeps growing across a restart and a daemon never ignores the first snapshot after one.
 
 Every write is one SQLite transaction with ``synchronous=FULL``: when a method returns, the change is on disk.
@@ -129,6 +133,20 @@ class FactStore:
             self._conn.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 [("demand_seq", str(snapshot.seq)), ("demand_items", demand_items_to_json(snapshot.items))],
+            )
+
+    # --- lease grantees ---------------------------------------------------------------------------------------
+
+    def last_grantee(self, provider: str) -> str | None:
+        """The holder ``provider``'s lease was last newly granted to (``None`` if never)."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (f"grantee:{provider}",)).fetchone()
+        return row[0] if row else None
+
+    def save_grantee(self, provider: str, holder: str) -> None:
+        """Record durably that ``provider``'s lease is granted to ``holder`` (before the grant is answered)."""
+        with self._transaction():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (f"grantee:{provider}", holder)
             )
 
     # --- the fact log -----------------------------------------------------------------------------------------

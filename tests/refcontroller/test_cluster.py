@@ -118,6 +118,21 @@ def test_failover_term_grace_and_immediate_regrant_to_previous_holder(cluster: C
     assert cluster.acquire(0, "aws", "d1", 51.0).reason == "not_primary"
 
 
+def test_grace_regrants_to_the_last_grantee_even_when_it_wrote_no_fact_yet(cluster: Cluster) -> None:
+    """Simulation seed 7001: d1 wrote the latest fact, then its lease lapsed and d2 was granted (and believed in it)
+    but lost the primary before committing anything. The new primary must not hand the lease back to d1 at once."""
+    e1 = grant(cluster, "aws", "d1", GRACE_END)
+    assert isinstance(commit(cluster, intent("aws", e1), "d1", 36.0), CommittedFact)
+    e2 = grant(cluster, "aws", "d2", 70.0)  # d1's lease expired at 65
+    assert e2 > e1 and cluster.store.latest("aws").holder == "d1"
+    cluster.fail_over(now=80.0)  # d2 still trusts e2 (until about 100)
+    denied = cluster.acquire(1, "aws", "d1", 80.0)
+    assert isinstance(denied, Denied) and denied.reason == "grace"
+    assert grant(cluster, "aws", "d2", 80.0, replica=1) == Epoch(2, 1)
+    # The grantee is durable: a store reopened elsewhere answers the same.
+    assert cluster.store.last_grantee("aws") == "d2"
+
+
 def test_failover_targets(cluster: Cluster) -> None:
     assert cluster.fail_over(1.0, target=2) == 2
     assert cluster.fail_over(2.0) == 0  # next wraps around
