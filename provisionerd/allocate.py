@@ -10,13 +10,13 @@ demand_id order, so a binding step limit or cap favours lower ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
 from provisionerd.actions import Note
 from provisionerd.model import DemandItem, Offer
-from provisionerd.offers import Catalog, OfferKey, Rejection, requirement_of
+from provisionerd.offers import Catalog, OfferKey, Rejection, Requirement, requirement_of
 from provisionerd.plannerstate import PlannerState
 from provisionerd.policy import Policy
 from provisionerd.supply import IdleEntry, Tally
@@ -77,17 +77,25 @@ class Allocator:
         self.requests: list[tuple[str, OfferKey, int]] = []  # (demand_id, offer, count)
         self.decisions: list[DemandDecision] = []
 
-    def serve(self, item: DemandItem, pool: dict[OfferKey, list[IdleEntry]], notes: list[Note]) -> None:
+    def serve(
+        self,
+        item: DemandItem,
+        pool: dict[OfferKey, list[IdleEntry]],
+        notes: list[Note],
+        requirement_of: Callable[[DemandItem], Requirement] = requirement_of,
+    ) -> None:
+        """Serve ``item``'s deficit, if it has one. ``requirement_of`` may be a cached one (see demandindex)."""
         active = self.counts.active.get(item.demand_id, 0)
         outstanding = self.counts.outstanding.get(item.demand_id, 0)
         wanted = max(item.count, 0)
         deficit = wanted - min(active, wanted) - outstanding
         if deficit <= 0:
             return
-        compatible, incompatible = self.catalog.ranking(requirement_of(item))
+        requirement = requirement_of(item)
+        compatible, incompatible = self.catalog.ranking(requirement)
         reused = 0
         if pool:  # reuse before buying: idle machines of compatible offers, cheapest offer first
-            rank = self.catalog.rank_index(requirement_of(item))
+            rank = self.catalog.rank_index(requirement)
             for key in sorted((k for k in pool if k in rank and pool[k]), key=rank.__getitem__):
                 entries = pool[key]
                 while entries and deficit > 0:

@@ -42,8 +42,9 @@ import attrs
 
 from provisionerd.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
 from provisionerd.allocate import Allocator, DemandDecision, excess_pool
+from provisionerd.demandindex import demand_index
 from provisionerd.factview import FactView, MachineRecord, MachineState
-from provisionerd.model import DemandItem, DemandSnapshot, HostState, Offer
+from provisionerd.model import DemandSnapshot, HostState, Offer
 from provisionerd.offers import Catalog, OfferKey, format_key
 from provisionerd.plannerstate import PendingRequest, PlannerState, ReclaimNotice
 from provisionerd.policy import Policy
@@ -103,16 +104,6 @@ def _settle(state: PlannerState, view: FactView) -> PlannerState:
     )
 
 
-def _items(snapshot: DemandSnapshot, notes: list[Note]) -> dict[str, DemandItem]:
-    items: dict[str, DemandItem] = {}
-    for item in snapshot.items:
-        if item.demand_id in items or not item.demand_id:
-            notes.append(Note("invalid_demand", "empty or duplicate demand_id: item ignored", demand_id=item.demand_id))
-            continue
-        items[item.demand_id] = item
-    return dict(sorted(items.items()))
-
-
 def _as_hosts(hosts: Mapping[str, HostState] | Iterable[HostState]) -> Mapping[str, HostState]:
     if isinstance(hosts, Mapping):
         return hosts
@@ -143,17 +134,22 @@ def plan(
     catalog = offers if isinstance(offers, Catalog) else Catalog(offers)
     notes = [Note("duplicate_offer", f"duplicate offer {format_key(k)} ignored", k[0]) for k in catalog.duplicates]
     state = _settle(state, view)
-    items = None if snapshot is None else _items(snapshot, notes)
-    wanted = None if items is None else {d: max(item.count, 0) for d, item in items.items()}
-    counts = tally(state, view, _as_hosts(hosts), now, policy, wanted)
+    demand = None if snapshot is None else demand_index(snapshot)
+    if demand is not None:
+        notes.extend(demand.notes)
+    counts = tally(state, view, _as_hosts(hosts), now, policy, None if demand is None else demand.wanted)
     planner = Allocator(state, catalog, counts, now, policy)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
-    if items is None:
+    if demand is None:
         notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
     else:
-        idle_pool = excess_pool(counts, items)
-        for item in items.values():
-            planner.serve(item, idle_pool, notes)
+        idle_pool = excess_pool(counts, demand.items)
+        active, outstanding = counts.active, counts.outstanding
+        for demand_id, wanted in demand.wanted.items():
+            # Only items with a deficit have anything to serve (the test Allocator.serve makes, inlined: most
+            # items of a big snapshot have none, and a call per item would be most of this loop's cost).
+            if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
+                planner.serve(demand.items[demand_id], idle_pool, notes, demand.requirement)
     retire = list(counts.retire)
     for entries in idle_pool.values():
         retire.extend(("idle", e[2]) for e in entries if now - e[0] >= policy.idle_time)

@@ -13,7 +13,7 @@ pages of one resync reply. Both bound what a hostile or broken controller can ma
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 
 import attrs
 
@@ -34,7 +34,9 @@ class ControllerView:
     primary: str
     term: int
     facts: FactView
-    hosts: dict[str, HostState]  # instance_ref -> latest state
+    #: instance_ref -> latest state. From a resync this is ``facts.hosts``, the host table the fact view keeps joined
+    #: against its machines, so a plan pass reads its indexes instead of scanning every host and machine.
+    hosts: MutableMapping[str, HostState]
     demand: DemandSnapshot | None = None
     version: int = 0  # bumped on every change, so watchers can tell "changed since I looked"
     #: The session's resync-want counter when this view's ResyncRequest was sent: every want registered at or
@@ -114,8 +116,16 @@ class ResyncCollector:
 
     def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0
               ) -> ControllerView:  # fmt: skip
-        """The resynced view: facts folded in log order, hosts keyed by instance_ref."""
+        """The resynced view: facts folded in log order, hosts keyed by instance_ref in the view's host table.
+
+        The hosts go in before the facts are folded: then no joined machine is ever counted as not joined in passing
+        and the table's not-joined index holds only the machines that really have no host.
+        """
         facts = sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
-        hosts = {h.instance_ref: h for i in sorted(self._pages) for h in self._pages[i][1]}
-        return ControllerView(generation=generation, primary=primary, term=term, facts=fold(facts), hosts=hosts,
+        view = FactView()
+        for i in sorted(self._pages):
+            for host in self._pages[i][1]:
+                view.hosts[host.instance_ref] = host
+        fold(facts, view)
+        return ControllerView(generation=generation, primary=primary, term=term, facts=view, hosts=view.hosts,
                               version=version, sync_seq=sync_seq)  # fmt: skip

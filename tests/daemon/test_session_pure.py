@@ -12,7 +12,18 @@ from provisionerd.admin_socket import query, serve_admin_socket
 from provisionerd.backoff import BackoffTimer
 from provisionerd.config import Backoff
 from provisionerd.errors import ProtocolError
-from provisionerd.model import CommittedFact, DemandItem, Epoch, HostState, HostStatus, Lost, ResourceShape
+from provisionerd.hosttable import join_index
+from provisionerd.model import (
+    CommittedFact,
+    DemandItem,
+    Epoch,
+    HostState,
+    HostStatus,
+    InstanceFact,
+    Lost,
+    RequestIntent,
+    ResourceShape,
+)
 from provisionerd.session_view import DemandAssembler, ResyncCollector
 from provisionerd.status_cli import main as status_main
 from provisionerd.status_cli import render
@@ -60,6 +71,28 @@ def test_resync_collector_folds_facts_in_log_order_and_keys_hosts():
     assert view.demand is None and not view.complete
     with pytest.raises(ProtocolError):
         ResyncCollector().add(2, 2, (), ())
+
+
+def test_resync_view_keeps_its_hosts_in_the_fact_views_indexed_table():
+    """The daemon's plan pass reads the kept join index, not a scan of every host, from the first resync on."""
+    epoch = Epoch(1, 1)
+    refs = ("ref-0", "ref-1", "ref-2")
+    intent = RequestIntent("sim", epoch, "op", "t", 3, refs, ("0" * 64,) * 3, "d1")
+    facts = [CommittedFact(1, intent)] + [
+        CommittedFact(2 + i, InstanceFact("sim", epoch, "op", ref, f"m{i}", "t", "0" * 64, launch_time=5.0))
+        for i, ref in enumerate(refs)
+    ]
+    c = ResyncCollector()
+    assert c.add(0, 1, tuple(facts), (HostState("ref-0", "sim", "m0", HostStatus.IDLE, 1.0),
+                                      HostState("ref-1", "sim", "m1", HostStatus.BUSY, 1.0)))  # fmt: skip
+    view = c.build(generation=1, primary="ctl0:1", term=1)
+    assert view.hosts is view.facts.hosts
+    index = join_index(view.facts.active_refs, view.hosts)
+    assert index is view.facts.hosts  # the kept index, not one built for this pass
+    assert set(index.unjoined) == {"ref-2"} and set(index.available["d1"]) == {"ref-0"}
+    # A later push goes through the same table and keeps its indexes right.
+    view.apply_hosts([HostState("ref-2", "sim", "m2", HostStatus.IDLE, 2.0)])
+    assert not index.unjoined and set(index.available["d1"]) == {"ref-0", "ref-2"}
 
 
 def test_backoff_is_seeded_jittered_exponential_and_capped():
