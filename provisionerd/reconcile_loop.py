@@ -41,6 +41,7 @@ from provisionerd.capacity import Throttled
 from provisionerd.errors import ControllerRejected, ProviderError, ProviderRejected
 from provisionerd.events import EventLog
 from provisionerd.executor import GATE_ERRORS, Executor
+from provisionerd.executor_values import ReturnOutcome
 from provisionerd.factview import MachineState
 from provisionerd.lease import LeaseKeeper
 from provisionerd.model import NO_EPOCH, Lost, RequestFailed
@@ -73,12 +74,21 @@ class ViewSource(Protocol):
     async def changed(self) -> None: ...
 
 
+#: Return outcomes that leave machines RETURNING for the loop to retry (``dropped`` is the planner's business).
+RETURN_FAILURES = ("partial", "rejected", "unknown")
+
+
 @attrs.frozen
 class LoopSettings:
     replan_interval: float = 10.0
     max_concurrent: int = 32
     reclaim_interval: float = 30.0
     recover_after: float = 30.0
+    #: A return that keeps failing (the provider answers ``fail`` for its machines, refuses it, or never finishes) is
+    #: retried after ``recover_after`` seconds, then twice as long each time up to ``return_retry_max``; from the
+    #: ``return_stuck_after``-th failure in a row on, each failure raises a ``return_stuck`` event.
+    return_retry_max: float = 1800.0
+    return_stuck_after: int = 3
 
 
 def _action_fields(action: Action) -> dict[str, Any]:
@@ -130,6 +140,7 @@ class ReconcileLoop:
         self._nursery: trio.Nursery | None = None
         self._settled_ops: set[str] = set()  # ops this process ran to a known end (the planner takes over)
         self._idle_since: dict[str, float] = {}  # open intent/return op -> first seen with no task (trio clock)
+        self._return_failures: dict[str, tuple[int, float]] = {}  # return op -> (failures in a row, retry not before)
         self._catalog_key: tuple[int, tuple[str, ...]] | None = None
         self._catalog = Catalog(())
         self._last_notes: set[tuple[str, str, str, str]] = set()
@@ -318,9 +329,25 @@ class ReconcileLoop:
             return f"dropped {type(fact).__name__} {action.op_id}: {exc}"
 
     def _record(self, outcome: Any) -> None:
+        if isinstance(outcome, ReturnOutcome):
+            self._note_return(outcome)
         self.outcomes.append(outcome)
         del self.outcomes[:-1000]
         self.wake()
+
+    def _note_return(self, outcome: ReturnOutcome) -> None:
+        """Back off a return that failed (exponentially, capped) and say so once it keeps failing."""
+        if outcome.status not in RETURN_FAILURES:
+            self._return_failures.pop(outcome.op_id, None)
+            return
+        failures = self._return_failures.get(outcome.op_id, (0, 0.0))[0] + 1
+        s = self.settings
+        delay = min(s.return_retry_max, s.recover_after * 2 ** min(failures - 1, 32))
+        self._return_failures[outcome.op_id] = (failures, trio.current_time() + delay)
+        if failures >= s.return_stuck_after:
+            self.events.emit("return_stuck", op_id=outcome.op_id, provider=outcome.provider, failures=failures,
+                             status=outcome.status, code=outcome.code, detail=outcome.detail[:200],
+                             retry_in=round(delay, 3))  # fmt: skip
 
     # --- recovery -----------------------------------------------------------------------------------------------
 
@@ -334,6 +361,9 @@ class ReconcileLoop:
             intent = facts.intents[op_id].intent
             if intent.provider in allowed and op_id not in ex.busy_ops and op_id not in self._settled_ops:
                 idle[op_id] = intent
+        open_returns = {op_id for op_id, record in facts.returns.items() if not record.done}
+        for op_id in self._return_failures.keys() - open_returns:  # bounded: only returns still open matter
+            del self._return_failures[op_id]
         for op_id, record in facts.returns.items():
             if record.done or record.intent.provider not in allowed or op_id in ex.busy_ops:
                 continue
@@ -345,6 +375,8 @@ class ReconcileLoop:
         for op_id, intent in idle.items():
             if now - self._idle_since[op_id] < self.settings.recover_after:
                 continue
+            if now < self._return_failures.get(op_id, (0, now))[1]:
+                continue  # a return backing off after a failure
             self._idle_since[op_id] = now  # once per recover_after, whatever the outcome
             assert self._nursery is not None
             self._nursery.start_soon(self._run_recovery, intent)
