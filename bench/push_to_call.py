@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from provisionerd.certs import init_certs  # noqa: E402
-from provisionerd.config import Config  # noqa: E402
+from provisionerd.config import Config, ControllerSettings, LeaseSettings, ProviderConfig  # noqa: E402
+from provisionerd.config_writer import provisioner_tls, write_daemon_config  # noqa: E402
 from provisionerd.daemon import DaemonCore, provider_clients  # noqa: E402
 from provisionerd.executor import ExecutorSettings  # noqa: E402
 from provisionerd.model import (  # noqa: E402
@@ -68,26 +68,13 @@ def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...]) -> Config:
     sim["delays"]["bootPolls"] = 0
     sim["quota"]["maxMachines"] = 100_000
     (conf / "simulated.json").write_text(json.dumps(sim))
-    (tmp / "pd.toml").write_text(textwrap.dedent(f"""
-        cluster = "{CLUSTER}"
-        identity = "bench"
-        [controller]
-        addresses = {json.dumps(list(addresses))}
-        [tls]
-        ca = "{certs}/ca.pem"
-        cert = "{certs}/provisioner.pem"
-        key = "{certs}/provisioner.key"
-        [lease]
-        margin = 0.5
-        [[providers]]
-        name = "sim"
-        transport = "persistent"
-        path = "{SIMULATED / 'provider'}"
-        conf_dir = "{conf}"
-        data_dir = "{data}"
-        max_machines = 1000000
-    """))
-    return Config.from_file(tmp / "pd.toml")
+    config = Config(
+        cluster=CLUSTER, identity="bench", controller=ControllerSettings(addresses), tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
+        providers=(ProviderConfig("sim", "persistent", path=SIMULATED / "provider", conf_dir=conf, data_dir=data,
+                                  max_machines=1_000_000),),
+    )  # fmt: skip
+    return write_daemon_config(config, tmp / "pd.toml")
 
 
 def seed(cluster: Any, tracked: int, identity: str) -> None:

@@ -26,7 +26,10 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.config import Config
+from provisionerd.config import (
+    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
+)  # fmt: skip
+from provisionerd.config_writer import provisioner_tls, write_daemon_config
 from provisionerd.demo_procs import Child, cluster_agents, processes_of_run, start_child, terminate_all
 from provisionerd.events import EventLog
 from provisionerd.factview import FactView
@@ -162,52 +165,20 @@ def write_local_conf(paths: DemoPaths, workers: int) -> None:
 
 
 def write_config(paths: DemoPaths, cluster: str, addresses: tuple[str, ...], workers: int) -> Config:
-    """The daemon's config for this run, checked by the daemon's own loader."""
-    q = json.dumps  # a JSON string is a valid TOML basic string
-    text = f"""# provisionerd demo: written by `provisionerd demo`, removed with its directory
-cluster = {q(cluster)}
-identity = "demo-provisioner"
-
-[controller]
-addresses = {json.dumps(list(addresses))}
-connect_timeout = 3
-request_timeout = 5
-heartbeat_interval = 0.5
-heartbeat_timeout = 3
-backoff = {{ initial = 0.05, max = 0.5, multiplier = 2, jitter = 0.5 }}
-
-[tls]
-ca = {q(str(paths.certs / "ca.pem"))}
-cert = {q(str(paths.certs / "provisioner.pem"))}
-key = {q(str(paths.certs / "provisioner.key"))}
-
-[lease]
-margin = 0.5
-
-[daemon]
-events_log = {q(str(paths.events))}
-admin_socket = {q(str(paths.admin_socket))}
-log_level = "info"
-
-[[providers]]
-name = {q(PROVIDER)}
-transport = "persistent"
-path = {q(str(LOCAL_PROVIDER))}
-conf_dir = {q(str(paths.local_conf))}
-data_dir = {q(str(paths.local_data))}
-max_machines = {workers + 8}
-step_limit = {max(10, workers)}
-join_deadline = 60
-idle_time = 1
-
-[providers.timeouts]
-default = 20
-
-[providers.orphans]
-action = "report"   # interval and settle keep their defaults (60 s): see the module docstring
-"""
-    paths.config.write_text(text)
-    return Config.from_file(paths.config)
+    """The daemon's config for this run, checked by the daemon's own loader. The orphan passes keep their default
+    interval and settle window (60 s): see the module docstring."""
+    config = Config(
+        cluster=cluster, identity="demo-provisioner",
+        controller=ControllerSettings(addresses, connect_timeout=3, request_timeout=5, heartbeat_interval=0.5,
+                                      heartbeat_timeout=3, backoff=Backoff(initial=0.05, max=0.5)),
+        tls=provisioner_tls(paths.certs), lease=LeaseSettings(margin=0.5),
+        daemon=DaemonSettings(events_log=paths.events, admin_socket=paths.admin_socket),
+        providers=(ProviderConfig(
+            PROVIDER, "persistent", path=LOCAL_PROVIDER, conf_dir=paths.local_conf, data_dir=paths.local_data,
+            max_machines=workers + 8, step_limit=max(10, workers), join_deadline=60, idle_time=1,
+            timeouts=ProviderTimeouts(default=20)),),
+    )  # fmt: skip
+    return write_daemon_config(config, paths.config)
 
 
 async def start_daemon(paths: DemoPaths) -> Child:

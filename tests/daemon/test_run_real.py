@@ -11,45 +11,30 @@ import json
 import os
 import signal
 import sys
-import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
 from provisionerd import cli
 from provisionerd.admin_socket import query
+from provisionerd.config import Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig
+from provisionerd.config_writer import daemon_config_toml, provisioner_tls, write_daemon_config
 from provisionerd.model import Epoch
 
 pytestmark = pytest.mark.slow
 
 
-def write_config(path: Path, certs: Path, addresses, state: Path) -> None:
-    path.write_text(textwrap.dedent(f"""
-        cluster = "testcluster"
-        identity = "prov-real"
-        [controller]
-        addresses = {json.dumps(list(addresses))}
-        heartbeat_interval = 0.5
-        heartbeat_timeout = 3
-        request_timeout = 3
-        connect_timeout = 3
-        backoff = {{initial = 0.1, max = 1, multiplier = 2, jitter = 0.5}}
-        [tls]
-        ca = "{certs}/ca.pem"
-        cert = "{certs}/provisioner.pem"
-        key = "{certs}/provisioner.key"
-        [lease]
-        margin = 0.5
-        [daemon]
-        events_log = "{state}/events.jsonl"
-        admin_socket = "{state}/admin.sock"
-        [[providers]]
-        name = "sim"
-        transport = "oneshot"
-        path = "plugins/sim"
-        env = {{SIM_SECRET = "do-not-leak-me"}}
-    """))
+def real_config(certs: Path, addresses, state: Path) -> Config:
+    return Config(
+        cluster="testcluster", identity="prov-real",
+        controller=ControllerSettings(tuple(addresses), connect_timeout=3, request_timeout=3, heartbeat_interval=0.5,
+                                      heartbeat_timeout=3, backoff=Backoff(initial=0.1, max=1)),
+        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
+        providers=(ProviderConfig("sim", "oneshot", path=Path("plugins/sim"), env={"SIM_SECRET": "do-not-leak-me"}),),
+    )  # fmt: skip
 
 
 async def poll_status(sock: Path, predicate, limit: float = 30.0):
@@ -75,7 +60,8 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
     async def main():
         async with open_refcontroller_process(certs, tmp_path / "ctl", replicas=2, lease_ttl=2.0,
                                               check_interval=0.5, heartbeat_timeout=5.0) as ctl:
-            write_config(config, certs, (ctl.addresses[1], ctl.addresses[0]), state)
+            spec = real_config(certs, (ctl.addresses[1], ctl.addresses[0]), state)
+            write_daemon_config(spec, config)
             with open(tmp_path / "daemon.log", "wb") as log_file:
                 proc = await trio.lowlevel.open_process(
                     [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
@@ -91,7 +77,7 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
                     and Epoch.parse(s["leases"][0]["epoch"]) > Epoch.parse(held["leases"][0]["epoch"]))
                 seen["second"] = moved
                 # A bad config on SIGHUP is reported and the running one kept.
-                config.write_text(config.read_text().replace("margin = 0.5", "margin = -1"))
+                config.write_text(daemon_config_toml(attrs.evolve(spec, lease=LeaseSettings(margin=-1))))
                 proc.send_signal(signal.SIGHUP)
                 await poll_status(sock, lambda s: True)
                 with trio.fail_after(10):

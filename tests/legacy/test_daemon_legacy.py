@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,11 @@ import trio
 
 from provisionerd.agent import AgentConfig, WorkerAgent
 from provisionerd.agent_cli import tls_connector as worker_connector
-from provisionerd.config import Config
+from provisionerd.config import (
+    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, LegacyOptions, OrphanSettings, ProviderConfig,
+    ProviderTimeouts,
+)  # fmt: skip
+from provisionerd.config_writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon import DaemonCore
 from provisionerd.executor import ExecutorSettings
 from provisionerd.model import DemandItem, InstanceFact, Lost, RequestIntent, ResourceShape, Returned
@@ -51,46 +54,20 @@ def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...]) -> Path:
     shutil.copy(EXAMPLE / "conf" / "lsfexampleprov_templates.json", conf)
     plugin_settings(tmp, {})
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-    text = textwrap.dedent(f"""
-        cluster = "{CLUSTER}"
-        identity = "prov-legacy"
-        [controller]
-        addresses = {json.dumps(list(addresses))}
-        heartbeat_interval = 0.5
-        heartbeat_timeout = 5
-        request_timeout = 5
-        connect_timeout = 5
-        backoff = {{initial = 0.05, max = 0.5, multiplier = 2, jitter = 0.5}}
-        [tls]
-        ca = "{certs}/ca.pem"
-        cert = "{certs}/provisioner.pem"
-        key = "{certs}/provisioner.key"
-        [lease]
-        margin = 0.5
-        [daemon]
-        events_log = "{tmp}/events.jsonl"
-        [[providers]]
-        name = "lsfex"
-        transport = "oneshot"
-        path = "{EXAMPLE}"
-        conf_dir = "{conf}"
-        data_dir = "{data}"
-        max_machines = 10
-        provisioning_timeout = 60
-        env = {{PATH = "{path}"}}
-        [providers.timeouts]
-        default = 20
-        [providers.orphans]
-        interval = 0.5
-        settle = 0
-        [providers.legacy]
-        journal = "{tmp}/lsfex.journal.json"
-        [providers.legacy.user_data]
-        PROVISIONERD_JOIN_TOKEN = "{{join_token}}"
-        PROVISIONERD_CONTROLLERS = "{{controllers}}"
-        PROVISIONERD_INSTANCE = "{{instance_ref}}"
-    """)
-    (tmp / "pd.toml").write_text(text)
+    user_data = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}",
+                 "PROVISIONERD_INSTANCE": "{instance_ref}"}  # fmt: skip
+    config = Config(
+        cluster=CLUSTER, identity="prov-legacy",
+        controller=ControllerSettings(addresses, connect_timeout=5, request_timeout=5, heartbeat_interval=0.5,
+                                      heartbeat_timeout=5, backoff=Backoff(initial=0.05, max=0.5)),
+        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
+        providers=(ProviderConfig(
+            "lsfex", "oneshot", path=EXAMPLE, conf_dir=conf, data_dir=data, max_machines=10, provisioning_timeout=60,
+            env={"PATH": path}, timeouts=ProviderTimeouts(default=20), orphans=OrphanSettings(interval=0.5, settle=0),
+            legacy=LegacyOptions(journal=tmp / "lsfex.journal.json", user_data=user_data)),),
+    )  # fmt: skip
+    write_daemon_config(config, tmp / "pd.toml")
     return tmp / "pd.toml"
 
 

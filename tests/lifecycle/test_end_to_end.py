@@ -9,7 +9,6 @@ The simulated provider boots nothing, so the test plays the machines: it reads e
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,10 @@ import trio
 
 from provisionerd.agent import AgentConfig, WorkerAgent
 from provisionerd.agent_cli import tls_connector as worker_connector
-from provisionerd.config import Config
+from provisionerd.config import (
+    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
+)  # fmt: skip
+from provisionerd.config_writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon import DaemonCore, provider_clients
 from provisionerd.executor import ExecutorSettings
 from provisionerd.model import (
@@ -71,36 +73,16 @@ def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...], transport: 
     sim["faults"] = faults
     (conf_dir / "simulated.json").write_text(json.dumps(sim))
     path = SIMULATED / "provider" if transport == "persistent" else SIMULATED
-    text = textwrap.dedent(f"""
-        cluster = "{CLUSTER}"
-        identity = "prov-e2e"
-        [controller]
-        addresses = {json.dumps(list(addresses))}
-        heartbeat_interval = 0.5
-        heartbeat_timeout = 5
-        request_timeout = 5
-        connect_timeout = 5
-        backoff = {{initial = 0.05, max = 0.5, multiplier = 2, jitter = 0.5}}
-        [tls]
-        ca = "{certs}/ca.pem"
-        cert = "{certs}/provisioner.pem"
-        key = "{certs}/provisioner.key"
-        [lease]
-        margin = 0.5
-        [daemon]
-        events_log = "{tmp}/events.jsonl"
-        [[providers]]
-        name = "sim"
-        transport = "{transport}"
-        path = "{path}"
-        conf_dir = "{conf_dir}"
-        data_dir = "{data_dir}"
-        max_machines = 20
-        [providers.timeouts]
-        default = 20
-    """)
-    (tmp / "pd.toml").write_text(text)
-    return Config.from_file(tmp / "pd.toml")
+    config = Config(
+        cluster=CLUSTER, identity="prov-e2e",
+        controller=ControllerSettings(addresses, connect_timeout=5, request_timeout=5, heartbeat_interval=0.5,
+                                      heartbeat_timeout=5, backoff=Backoff(initial=0.05, max=0.5)),
+        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
+        providers=(ProviderConfig("sim", transport, path=path, conf_dir=conf_dir, data_dir=data_dir, max_machines=20,
+                                  timeouts=ProviderTimeouts(default=20)),),
+    )  # fmt: skip
+    return write_daemon_config(config, tmp / "pd.toml")
 
 
 def facts_of(ctl: Any, kind: type) -> list[Any]:

@@ -9,7 +9,6 @@ import hashlib
 import json
 import secrets
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import sim_state
 import trio
 from lease_holder import holding_lease
 
-from provisionerd.config import Config
+from provisionerd.config import Backoff, Config, ControllerSettings, LeaseSettings, ProviderConfig
+from provisionerd.config_writer import provisioner_tls, write_daemon_config
 from provisionerd.model import (
     NO_EPOCH,
     TAG_CLUSTER,
@@ -37,29 +37,15 @@ CLUSTER = "testcluster"
 
 
 def write_config(path: Path, certs: Path, addresses, data: Path) -> None:
-    path.write_text(textwrap.dedent(f"""
-        cluster = "{CLUSTER}"
-        identity = "prov-main"
-        [controller]
-        addresses = {json.dumps(list(addresses))}
-        heartbeat_interval = 0.5
-        heartbeat_timeout = 5
-        request_timeout = 5
-        connect_timeout = 5
-        backoff = {{initial = 0.1, max = 1, multiplier = 2, jitter = 0.5}}
-        [tls]
-        ca = "{certs}/ca.pem"
-        cert = "{certs}/provisioner.pem"
-        key = "{certs}/provisioner.key"
-        [lease]
-        margin = 0.5
-        [[providers]]
-        name = "sim"
-        transport = "oneshot"
-        path = "{ROOT}/providers/simulated"
-        data_dir = "{data}"
-        env = {{SIM_SECRET = "do-not-leak-this-credential"}}
-    """))
+    config = Config(
+        cluster=CLUSTER, identity="prov-main",
+        controller=ControllerSettings(tuple(addresses), connect_timeout=5, request_timeout=5, heartbeat_interval=0.5,
+                                      heartbeat_timeout=5, backoff=Backoff(initial=0.1, max=1)),
+        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        providers=(ProviderConfig("sim", "oneshot", path=ROOT / "providers" / "simulated", data_dir=data,
+                                  env={"SIM_SECRET": "do-not-leak-this-credential"}),),
+    )  # fmt: skip
+    write_daemon_config(config, path)
 
 
 async def create_one(client, op_id: str, ref: str, token: str, controllers) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,10 @@ import pytest
 import trio
 
 from provisionerd.certs import init_certs
-from provisionerd.config import Config
+from provisionerd.config import (
+    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
+)  # fmt: skip
+from provisionerd.config_writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon import DaemonCore, provider_clients
 from provisionerd.executor import ExecutorSettings
 from provisionerd.model import (
@@ -75,36 +77,16 @@ def write_config(tmp: Path, cluster: SlurmTestCluster, certs: Path, addresses: t
     plugin = plugin_config(cluster, templates=templates)
     plugin["agent"] = dict(plugin["agent"], certs=str(certs))  # the nodes share this host's file system
     (conf_dir / "slurm.json").write_text(json.dumps(plugin))
-    text = textwrap.dedent(f"""
-        cluster = "{CLUSTER_TAG}"
-        identity = "prov-slurm-e2e"
-        [controller]
-        addresses = {json.dumps(list(addresses))}
-        heartbeat_interval = 0.5
-        heartbeat_timeout = 10
-        request_timeout = 10
-        connect_timeout = 10
-        backoff = {{initial = 0.05, max = 0.5, multiplier = 2, jitter = 0.5}}
-        [tls]
-        ca = "{certs}/ca.pem"
-        cert = "{certs}/provisioner.pem"
-        key = "{certs}/provisioner.key"
-        [lease]
-        margin = 0.5
-        [daemon]
-        events_log = "{tmp}/events.jsonl"
-        [[providers]]
-        name = "{PROVIDER}"
-        transport = "persistent"
-        path = "{PLUGIN}"
-        conf_dir = "{conf_dir}"
-        data_dir = "{data_dir}"
-        max_machines = 2
-        [providers.timeouts]
-        default = 40
-    """)
-    (tmp / "pd.toml").write_text(text)
-    return Config.from_file(tmp / "pd.toml")
+    config = Config(
+        cluster=CLUSTER_TAG, identity="prov-slurm-e2e",
+        controller=ControllerSettings(addresses, connect_timeout=10, request_timeout=10, heartbeat_interval=0.5,
+                                      heartbeat_timeout=10, backoff=Backoff(initial=0.05, max=0.5)),
+        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
+        providers=(ProviderConfig(PROVIDER, "persistent", path=PLUGIN, conf_dir=conf_dir, data_dir=data_dir,
+                                  max_machines=2, timeouts=ProviderTimeouts(default=40)),),
+    )  # fmt: skip
+    return write_daemon_config(config, tmp / "pd.toml")
 
 
 def facts_of(ctl: Any, kind: type) -> list[Any]:
