@@ -38,7 +38,7 @@ from provisionerd.controller_ops import ControllerOps
 from provisionerd.events import EventLog
 from provisionerd.gate import MutationGate
 from provisionerd.lease import LeaseKeeper
-from provisionerd.orphan_daemon import run_orphan_cycles
+from provisionerd.orphan_daemon import OrphanActions, run_orphan_cycles
 from provisionerd.session import ControllerSession, SessionSettings, StreamFactory
 
 
@@ -145,6 +145,8 @@ class DaemonCore:
             keeper.on_acquired.append(lambda _epoch, name=name: self.session.resync_after_grant(name))
         # A new primary may not know our leases: confirm them at once instead of at the next scheduled renewal.
         self.session.on_resync.append(lambda _view: [k.renew_now() for k in self.keepers.values()])
+        # ``provisionerd orphans adopt|return`` through the admin socket: decided and done with our own pieces.
+        self.orphan_actions = OrphanActions(self)
 
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
@@ -167,8 +169,10 @@ class DaemonCore:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled. For a clean stop call ``release_leases`` first, while the link is still up."""
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.orphan_actions.run)
             if self.config.daemon.admin_socket is not None:
-                await nursery.start(serve_admin_socket, self.config.daemon.admin_socket, self.status)
+                await nursery.start(serve_admin_socket, self.config.daemon.admin_socket, self.status,
+                                    {"orphan_action": self.orphan_actions.command})  # fmt: skip
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)
             for client in self.providers.values():

@@ -17,6 +17,9 @@ A pass (``OrphanCycle.run_pass``):
    confirmed it, the outcome and the provider's (or controller's) answer;
 5. keeps the memory: ghost counts from the classifier, and each cleanup's answer (``after_cleanup``).
 
+The admin's explicit action (``provisionerd orphans adopt|return``, ``provisionerd.orphans_admin``) uses the same
+steps: ``observe`` (1), ``carry_out`` (4) and ``audit_action``, with ``confirmed_by`` naming the admin.
+
 Invariant 5: a pass that could not read both views acts on nothing (the classifier allows nothing then; this module
 checks again before acting). A gate refusal (lease lapsed, link down, controller rejected) ends the pass's actions:
 the next ones would be refused the same way. A provider failure counts towards the circuit breaker; a gate
@@ -180,18 +183,8 @@ class OrphanCycle:
             await trio.sleep(interval)
 
     async def run_pass(self) -> PassResult:
-        listing = await read_listing(self._client, self.cluster, timeout=self._list_timeout)
-        controller = self._read_controller()  # after the listing, never before
-        obs = Observation(
-            cluster_id=self.cluster,
-            provider=self.provider,
-            now=self._wall_clock(),
-            listing=listing,
-            view=controller.view,
-            hosts=controller.hosts,
-            lease=self._read_lease(),
-            controller=controller.controller,
-        )
+        obs = await observe(self.cluster, self.provider, self._client, self._read_controller, self._read_lease,
+                            wall_clock=self._wall_clock, list_timeout=self._list_timeout)  # fmt: skip
         result = classify(obs, self.policy, self.memory)
         self.memory = result.memory
         self.passes += 1
@@ -213,41 +206,16 @@ class OrphanCycle:
     # --- actions -------------------------------------------------------------------------------------------------
 
     async def _carry_out(self, action: PlannedAction) -> ActionRecord:
-        try:
-            if action.kind in ("return", "stop", "terminate"):
-                reason = f"orphan {action.orphan_class}: {action.kind}"
-                outcome = await self._executor.return_machines(
-                    action.provider, action.op_id, (action.machine_id,), reason, stop=action.kind == "stop"
-                )
-                record = ActionRecord(action, return_outcome(outcome), _answer(outcome))
-            else:
-                index = await self._executor.commit_fact(action.fact())
-                record = ActionRecord(action, "ok", {"fact_index": index})
-        except ProviderError as exc:
-            record = ActionRecord(action, "failed", {"error": type(exc).__name__, "detail": str(exc)})
-        except ProvisionerdError as exc:  # the gate refused (lease, link, controller): the provider was not asked
-            record = ActionRecord(action, "refused", {"error": type(exc).__name__, "detail": str(exc)})
+        record = await carry_out(self._executor, action)
         if action.kind in CLEANUP_ACTIONS and record.outcome in ("ok", "failed"):
             self.memory = self.memory.after_cleanup(record.outcome == "ok")
-        self._events.emit(
-            "orphan_action",
-            provider=action.provider,
-            orphan_class=action.orphan_class,
-            machine_id=action.machine_id,
-            action=action.kind,
-            op_id=action.op_id,
-            epoch=action.epoch,
-            evidence=json.loads(action.evidence_json),
-            confirmed_by={
-                "by": "automatic",
-                "identity": self.identity,
-                "rule": RULES.get((action.orphan_class, action.kind), ""),
-                "preconditions": list(PRECONDITIONS),
-            },
-            outcome=record.outcome,
-            answer=record.answer,
-            failed_cleanups=self.memory.failed_cleanups,
-        )
+        confirmed_by = {
+            "by": "automatic",
+            "identity": self.identity,
+            "rule": RULES.get((action.orphan_class, action.kind), ""),
+            "preconditions": list(PRECONDITIONS),
+        }
+        audit_action(self._events, action, record, confirmed_by, failed_cleanups=self.memory.failed_cleanups)
         return record
 
     # --- audit ---------------------------------------------------------------------------------------------------
@@ -304,6 +272,73 @@ class OrphanCycle:
             blocked_by=list(finding.blocked_by),
             evidence=thaw(finding.evidence),
         )
+
+
+async def observe(
+    cluster: str,
+    provider: str,
+    client: ProviderClient,
+    read_controller: ControllerReader,
+    read_lease: LeaseReader,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    list_timeout: float | None = None,
+) -> Observation:
+    """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
+    ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
+    (``provisionerd.orphans_admin``); never raises for what it cannot read (``Unreadable``)."""
+    listing = await read_listing(client, cluster, timeout=list_timeout)
+    controller = read_controller()  # after the listing, never before
+    return Observation(
+        cluster_id=cluster,
+        provider=provider,
+        now=wall_clock(),
+        listing=listing,
+        view=controller.view,
+        hosts=controller.hosts,
+        lease=read_lease(),
+        controller=controller.controller,
+    )
+
+
+async def carry_out(executor: OrphanExecutor, action: PlannedAction, *, reason: str | None = None) -> ActionRecord:
+    """Carry out one action through ``executor`` (never around it): a return, stop or terminate by
+    ``return_machines`` (``reason`` defaults to ``orphan <class>: <kind>``), anything else by committing
+    ``action.fact()``. Outcome ``failed`` when the provider failed (it counts towards the breaker), ``refused``
+    when the gate refused (lease, link, controller: the provider was never asked), ``busy``, or ``ok``."""
+    try:
+        if action.kind in ("return", "stop", "terminate"):
+            reason = reason if reason is not None else f"orphan {action.orphan_class}: {action.kind}"
+            outcome = await executor.return_machines(
+                action.provider, action.op_id, (action.machine_id,), reason, stop=action.kind == "stop"
+            )
+            return ActionRecord(action, return_outcome(outcome), _answer(outcome))
+        index = await executor.commit_fact(action.fact())
+        return ActionRecord(action, "ok", {"fact_index": index})
+    except ProviderError as exc:
+        return ActionRecord(action, "failed", {"error": type(exc).__name__, "detail": str(exc)})
+    except ProvisionerdError as exc:
+        return ActionRecord(action, "refused", {"error": type(exc).__name__, "detail": str(exc)})
+
+
+def audit_action(
+    events: EventLog, action: PlannedAction, record: ActionRecord, confirmed_by: dict[str, Any], **extra: Any
+) -> None:
+    """The ``orphan_action`` audit event of one action carried out, whoever confirmed it (``confirmed_by``)."""
+    events.emit(
+        "orphan_action",
+        provider=action.provider,
+        orphan_class=action.orphan_class,
+        machine_id=action.machine_id,
+        action=action.kind,
+        op_id=action.op_id,
+        epoch=action.epoch,
+        evidence=json.loads(action.evidence_json),
+        confirmed_by=confirmed_by,
+        outcome=record.outcome,
+        answer=record.answer,
+        **extra,
+    )
 
 
 def return_outcome(outcome: Any) -> str:

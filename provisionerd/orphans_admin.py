@@ -1,33 +1,42 @@
-"""``provisionerd orphans adopt|return --config FILE --provider P --machine ID``: act on one finding explicitly.
+"""``provisionerd orphans adopt|return --config FILE --provider P --machine ID [--dry-run] [--json]``: act on one
+finding explicitly.
 
-The command joins the controller as its own identity (``<identity>-orphans-admin``), **acquires the provider's
-lease itself** and passes the same mutation gate and executor as the daemon. So the running daemon must not hold
-that provider's lease: while it does, the controller refuses ours (``held``) and the command exits 1 having
-changed nothing. Stop the daemon (or wait for it to give the lease up) first; the lease is released on exit.
-(Routing the command through the running daemon's admin socket would avoid that; it is not built yet.)
+Two paths, one decision. The command first asks the **running daemon**, through the admin socket named in the
+config (``[daemon] admin_socket``), with ``{"cmd": "orphan_action", ...}``: the daemon decides and acts with its
+own session view, lease keeper, mutation gate and executor (``provisionerd.orphan_daemon.OrphanActions``), so the
+intent is committed under the daemon's epoch before any provider call, and the audit event goes to the daemon's
+events log. Only when no daemon listens (no socket file, or the connection is refused: a stale socket) does the
+command act **directly**: it joins the controller as its own identity (``<identity>-orphans-admin``), acquires the
+provider's lease itself, passes the same gate and executor and gives the lease back on exit (while someone else
+holds that lease, the controller refuses it, ``held``, and nothing changes). Any other failure to reach the daemon
+(a timeout, a permission error, a reply that is not JSON) ends the command (exit 1) without acting: the daemon may
+be running, and the command never acts beside a running daemon. Both paths call :func:`decide_and_act`.
 
 What the admin's word overrides, and what it does not
 ------------------------------------------------------
 It reads both views and classifies like an orphan pass, with the lease held, then looks up the finding for
 ``--machine``. The admin *is* the confirmation, so policy blockers are overridden: ``grace``,
-``launch_time_unknown``, ``already_reported``, ``rate_cap``, ``breaker_open``, ``dry_run``, ``settling`` (this
-command's own link just joined). Never overridden: an unreadable view, no lease, a controller that is not the
-primary, the protect tag, and a machine that is not a finding at all (untagged or another cluster's, tracked, or
-not listed). ``adopt`` needs a ``tagged_unknown`` finding (a live host match is used when there is exactly one);
-``return`` needs a ``never_joined`` or ``tagged_unknown`` finding that matches no live host (returning a machine a
-worker runs on is a drain, not an orphan cleanup). The action is audited as ``orphan_action`` with
-``confirmed_by: {"by": "admin", "user": ..., "identity": ...}`` in the daemon's events log.
+``launch_time_unknown``, ``already_reported``, ``rate_cap``, ``breaker_open``, ``dry_run``, ``settling``. Never
+overridden: an unreadable view, no lease, a controller that is not the primary, the protect tag, and a machine
+that is not a finding at all (untagged or another cluster's, tracked, or not listed). ``adopt`` needs a
+``tagged_unknown`` finding (a live host match is used when there is exactly one); ``return`` needs a
+``never_joined`` or ``tagged_unknown`` finding that matches no live host (returning a machine a worker runs on is a
+drain, not an orphan cleanup). The action is audited as ``orphan_action`` with ``confirmed_by: {"by": "admin",
+"user": ..., "identity": ..., "via": "daemon"|"direct"}`` by whoever acts.
+
+``--dry-run`` says what would happen and changes nothing, on both paths: the daemon decides with its lease and
+stops before the gate; the direct path reads through a read-only provider client, joins without taking the lease
+(so ``no_lease`` is the one blocker it cannot judge) and commits nothing. Exit 0 when the action was done (or would
+be), 1 when refused, failed or not finished in time (the daemon carries on; its events log tells the outcome), 2 on
+bad arguments or config.
 """
 
 from __future__ import annotations
 
-import argparse
 import getpass
-import json
 import random
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -35,14 +44,13 @@ import trio
 
 from provisionerd.config import Config
 from provisionerd.controller_ops import ControllerOps
-from provisionerd.errors import ConfigError, ProvisionerdError
+from provisionerd.errors import ProtocolError
 from provisionerd.events import EventLog
 from provisionerd.executor import Executor, ExecutorSettings
 from provisionerd.gate import MutationGate
 from provisionerd.lease import LeaseKeeper
-from provisionerd.model import OrphanAdopted
-from provisionerd.orphan_cycle import return_outcome
-from provisionerd.orphan_daemon import policy_of
+from provisionerd.model import NO_EPOCH
+from provisionerd.orphan_cycle import OrphanExecutor, audit_action, carry_out, observe
 from provisionerd.orphan_model import (
     AMBIGUOUS_MATCH,
     LISTING_ABSENT,
@@ -54,29 +62,92 @@ from provisionerd.orphan_model import (
     TAGGED_UNKNOWN,
     VIEW_UNREADABLE,
     Finding,
-    Listing,
+    LeaseState,
+    PlannedAction,
+    evidence_json,
     orphan_op_id,
-    thaw,
 )
-from provisionerd.orphan_reads import SettleTracker, read_keeper, read_listing, read_session
-from provisionerd.orphans import Observation, classify
+from provisionerd.orphan_policy import OrphanPolicy
+from provisionerd.orphan_reads import ControllerReader, LeaseReader, SettleTracker, read_keeper, read_session
+from provisionerd.orphans import classify
 from provisionerd.provider.runtime import ProviderClient
 from provisionerd.session import ControllerSession, SessionSettings, StreamFactory
 
 PROG = "provisionerd orphans"
+KINDS = ("adopt", "return")
 #: Blockers the admin's explicit word never overrides.
 HARD_BLOCKERS = frozenset({LISTING_UNREADABLE, LISTING_ABSENT, VIEW_UNREADABLE, NO_LEASE, NOT_PRIMARY, PROTECTED})
+#: Added to a provider's own timeouts for the bound of one action through the daemon (see ``action_timeout``).
+ACTION_MARGIN = 10.0
+MAX_FIELD = 256  # machine ids, provider names and user names from the admin socket
+
+
+@attrs.frozen
+class AdminRequest:
+    """What the admin asks: ``kind`` (adopt | return) of ``machine_id`` at ``provider``, by ``user``."""
+
+    kind: str
+    provider: str
+    machine_id: str
+    user: str = ""
+    dry_run: bool = False
+
+    @classmethod
+    def from_json(cls, document: Any) -> AdminRequest:
+        """The request of an ``orphan_action`` admin-socket document; ``ProtocolError`` naming what is wrong."""
+        if not isinstance(document, Mapping):
+            raise ProtocolError("an orphan_action request must be a JSON object")
+        fields: dict[str, str] = {}
+        for key, name, required in (("action", "kind", True), ("provider", "provider", True),
+                                    ("machine", "machine_id", True), ("user", "user", False)):  # fmt: skip
+            value = document.get(key, None if required else "")
+            if not isinstance(value, str) or (required and not value) or len(value) > MAX_FIELD:
+                raise ProtocolError(f"orphan_action: {key!r} must be a {'non-empty ' if required else ''}string "
+                                    f"of at most {MAX_FIELD} characters, not {value!r:.80}")  # fmt: skip
+            if not value.isprintable():
+                raise ProtocolError(f"orphan_action: {key!r} must be printable, not {value!r:.80}")
+            fields[name] = value
+        if fields["kind"] not in KINDS:
+            raise ProtocolError(f"orphan_action: 'action' must be one of {', '.join(KINDS)}, not {fields['kind']!r}")
+        dry_run = document.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise ProtocolError(f"orphan_action: 'dry_run' must be true or false, not {dry_run!r:.80}")
+        return cls(dry_run=dry_run, **fields)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cmd": "orphan_action", "action": self.kind, "provider": self.provider, "machine": self.machine_id,
+                "user": self.user, "dry_run": self.dry_run}  # fmt: skip
 
 
 @attrs.frozen
 class AdminResult:
+    """``ok``: done (or, in a dry run, would be done). ``outcome``: ok | failed | busy | refused (the gate) |
+    would (dry run) | "" (not attempted: see ``message``). ``answer``: the provider's or controller's answer."""
+
     ok: bool
     message: str
     answer: Any = None
+    op_id: str = ""
+    orphan_class: str = ""
+    outcome: str = ""
+    via: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, document: Any) -> AdminResult:
+        """A result the daemon sent; ``ValueError`` when it is not one."""
+        if not isinstance(document, Mapping) or not isinstance(document.get("ok"), bool):
+            raise ValueError("the daemon's result is not an orphan action result")
+        names = {field.name for field in attrs.fields(cls)}
+        return cls(**{key: value for key, value in document.items() if key in names})
 
 
-def check(kind: str, finding: Finding | None, machine_id: str, protect_tag: str) -> str | None:
-    """Why ``kind`` may not be done to ``finding`` (``None`` when it may).
+def check(kind: str, finding: Finding | None, machine_id: str, protect_tag: str, *, lease_assumed: bool = False
+          ) -> str | None:  # fmt: skip
+    """Why ``kind`` may not be done to ``finding`` (``None`` when it may). ``lease_assumed``: the caller holds no
+    lease on purpose (the direct path's dry run) and would take it first, so ``no_lease`` is not counted.
 
     Protection is read from the machine's tags, not from ``blocked_by``: the finding's own action may be one the
     protect tag does not stop (``report``), while the admin asks for one it does."""
@@ -87,6 +158,8 @@ def check(kind: str, finding: Finding | None, machine_id: str, protect_tag: str)
     tags = finding.evidence.get("tags") or {}
     if protect_tag in tags:
         blockers.add(PROTECTED)
+    if lease_assumed:
+        blockers.discard(NO_LEASE)
     hard = sorted(HARD_BLOCKERS.intersection(blockers))
     if hard:
         return f"blocked by {', '.join(hard)}"
@@ -102,6 +175,83 @@ def check(kind: str, finding: Finding | None, machine_id: str, protect_tag: str)
     return None
 
 
+def admin_action(kind: str, finding: Finding, lease: LeaseState) -> PlannedAction:
+    """The action the admin confirmed, named by the finding's own orphan op_id (a retry reuses it)."""
+    host = finding.evidence.get("matching_host") or {}
+    return PlannedAction(
+        kind=kind,
+        orphan_class=finding.orphan_class,
+        provider=finding.provider,
+        machine_id=finding.machine_id,
+        op_id=orphan_op_id(finding.provider, finding.orphan_class, finding.machine_id, kind),
+        epoch=lease.epoch if lease.epoch is not None else NO_EPOCH,
+        machine_name=finding.evidence.get("name") or "",
+        instance_ref=host.get("instance_ref") or finding.evidence.get("instance_ref") or finding.machine_id,
+        hostname=host.get("hostname") or finding.evidence.get("name") or "",
+        address=host.get("address") or finding.evidence.get("address") or "",
+        evidence_json=evidence_json(finding.evidence),
+    )
+
+
+@attrs.frozen
+class Actor:
+    """Who decides and acts, with what: the daemon's own pieces (``via="daemon"``) or the command's own session,
+    lease and executor (``via="direct"``). ``executor`` is ``None`` for a direct dry run (it never acts).
+    ``witness`` is added to the audit's ``confirmed_by`` (e.g. the socket peer's ``uid``)."""
+
+    identity: str
+    via: str
+    client: ProviderClient
+    read_controller: ControllerReader
+    read_lease: LeaseReader
+    executor: OrphanExecutor | None
+    events: EventLog
+    wall_clock: Callable[[], float] = time.time
+    witness: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+async def decide_and_act(config: Config, request: AdminRequest, actor: Actor, *, lease_assumed: bool = False
+                         ) -> AdminResult:  # fmt: skip
+    """The one decision both paths run: observe (listing, then view and lease), classify, find the machine's
+    finding, ``check`` it, then carry the action out through the actor's executor and audit it (or, in a dry run,
+    say what would be done). Never raises for a refusal or a failure: see ``ok``."""
+    provider = config.provider(request.provider)
+    obs = await observe(config.cluster, request.provider, actor.client, actor.read_controller, actor.read_lease,
+                        wall_clock=actor.wall_clock, list_timeout=provider.timeouts.for_action("listMachines"))  # fmt: skip
+    policy = OrphanPolicy.from_provider_config(provider)
+    result = classify(obs, policy)
+    finding = next((f for f in result.findings if f.machine_id == request.machine_id and f.orphan_class != "license"),
+                   None)  # fmt: skip
+    refusal = check(request.kind, finding, request.machine_id, policy.protect_tag, lease_assumed=lease_assumed)
+    what = f"{request.kind} {request.machine_id}"
+    if refusal is not None or finding is None:
+        return AdminResult(False, f"{what}: refused: {refusal}", via=actor.via,
+                           orphan_class="" if finding is None else finding.orphan_class)  # fmt: skip
+    action = admin_action(request.kind, finding, obs.lease)
+    if request.dry_run or actor.executor is None:
+        lease_note = "; the lease would be taken first" if lease_assumed else ""
+        overriding = [b for b in finding.blocked_by if not (lease_assumed and b == NO_LEASE)]
+        return AdminResult(True, f"{what}: would {request.kind} it (op_id {action.op_id}, overriding "
+                                 f"{', '.join(overriding) or 'nothing'}){lease_note}; dry run: nothing changed",
+                           op_id=action.op_id, orphan_class=finding.orphan_class, outcome="would",
+                           via=actor.via)  # fmt: skip
+    record = await carry_out(actor.executor, action, reason=f"admin: orphan {finding.orphan_class}: {request.kind}")
+    confirmed_by = {"by": "admin", "user": request.user, "identity": actor.identity, "via": actor.via,
+                    **actor.witness, "overridden": list(finding.blocked_by)}  # fmt: skip
+    audit_action(actor.events, action, record, confirmed_by)
+    return AdminResult(record.outcome == "ok", f"{what}: {record.outcome} (by {actor.identity})", record.answer,
+                       action.op_id, finding.orphan_class, record.outcome, actor.via)  # fmt: skip
+
+
+def action_timeout(config: Config, provider: str) -> float:
+    """How long one action through the daemon may take before the socket answers ``pending``: the listing, the
+    return call and one status poll at the provider's own timeouts, two controller round trips (the intent, the
+    result), and ``ACTION_MARGIN``. The action itself is not cut short: the daemon finishes it and audits it."""
+    timeouts = config.provider(provider).timeouts
+    calls = sum(timeouts.for_action(a) for a in ("listMachines", "requestReturnMachines", "getRequestStatus"))
+    return calls + 2 * config.controller.request_timeout + ACTION_MARGIN
+
+
 async def act(
     config: Config,
     kind: str,
@@ -113,12 +263,17 @@ async def act(
     timeout: float = 30.0,
     events: EventLog | None = None,
     wall_clock: Callable[[], float] = time.time,
+    user: str | None = None,
+    dry_run: bool = False,
 ) -> AdminResult:
-    """Adopt or return one machine (see the module docstring). Never raises for a refusal: see ``ok``."""
+    """The direct path (see the module docstring): the command's own lease, gate and executor."""
     from provisionerd.orphans_cli import side_identity
 
     events = events if events is not None else EventLog()
+    request = AdminRequest(kind, provider, machine_id, current_user() if user is None else user, dry_run)
     identity = side_identity(config.identity, "admin")
+    if dry_run:
+        return await _dry_run_direct(config, request, client, connect, timeout, events, identity, wall_clock)
     settings = attrs.evolve(SessionSettings.from_config(config), identity=identity, providers=(provider,))
     session = ControllerSession(settings, connect, events, random.Random())
     ops = ControllerOps(session)
@@ -128,8 +283,8 @@ async def act(
     executor = Executor(ExecutorSettings(config.cluster, config.controller.addresses), {provider: client}, gate,
                         {provider: keeper}, ops, events,
                         facts=lambda: None if session.view is None else session.view.facts)  # fmt: skip
-    listing = await read_listing(client, config.cluster, timeout=config.provider(provider).timeouts.for_action(
-        "listMachines"))  # fmt: skip
+    actor = Actor(identity, "direct", client, lambda: read_session(session, SettleTracker(0.0)),
+                  lambda: read_keeper(keeper), executor, events, wall_clock)  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(session.run)
         keeper_scope = trio.CancelScope()
@@ -144,9 +299,8 @@ async def act(
                 await keeper.wait_valid()
             if not keeper.valid():
                 return AdminResult(False, f"could not get the lease for {provider!r} ({keeper.reason}); is the "
-                                          "daemon running for it? (see --help)")  # fmt: skip
-            result = await _act_held(config, kind, provider, machine_id, listing, session, keeper, executor, events,
-                                     identity, wall_clock)  # fmt: skip
+                                          "daemon running for it? (see --help)", via="direct")  # fmt: skip
+            result = await decide_and_act(config, request, actor)
         finally:
             keeper_scope.cancel()
             with trio.CancelScope(shield=True):
@@ -155,92 +309,34 @@ async def act(
     return result
 
 
-async def _act_held(
+async def _dry_run_direct(
     config: Config,
-    kind: str,
-    provider: str,
-    machine_id: str,
-    listing: Listing,
-    session: ControllerSession,
-    keeper: LeaseKeeper,
-    executor: Executor,
+    request: AdminRequest,
+    client: ProviderClient,
+    connect: StreamFactory,
+    timeout: float,
     events: EventLog,
     identity: str,
     wall_clock: Callable[[], float],
 ) -> AdminResult:
-    controller = read_session(session, SettleTracker(0.0))
-    obs = Observation(cluster_id=config.cluster, provider=provider, now=wall_clock(), listing=listing,
-                      view=controller.view, hosts=controller.hosts, lease=read_keeper(keeper),
-                      controller=controller.controller)  # fmt: skip
-    policy = policy_of(config.provider(provider))
-    result = classify(obs, policy)
-    finding = next((f for f in result.findings if f.machine_id == machine_id and f.orphan_class != "license"), None)
-    refusal = check(kind, finding, machine_id, policy.protect_tag)
-    if refusal is not None:
-        return AdminResult(False, refusal)
-    assert finding is not None and obs.lease.epoch is not None
-    op_id = orphan_op_id(provider, finding.orphan_class, machine_id, kind)
-    try:
-        if kind == "adopt":
-            host = finding.evidence.get("matching_host") or {}
-            fact = OrphanAdopted(provider, obs.lease.epoch, op_id, machine_id,
-                                 host.get("instance_ref") or finding.evidence.get("instance_ref") or machine_id,
-                                 host.get("hostname") or finding.evidence.get("name") or "",
-                                 host.get("address") or finding.evidence.get("address") or "")  # fmt: skip
-            answer: Any = {"fact_index": await executor.commit_fact(fact)}
-            outcome = "ok"
-        else:
-            returned = await executor.return_machines(provider, op_id, (machine_id,),
-                                                      f"admin: orphan {finding.orphan_class}: return")  # fmt: skip
-            answer = json.loads(json.dumps(attrs.asdict(returned), default=str))
-            outcome = return_outcome(returned)
-    except ProvisionerdError as exc:
-        answer, outcome = {"error": type(exc).__name__, "detail": str(exc)}, "refused"
-    events.emit("orphan_action", provider=provider, orphan_class=finding.orphan_class, machine_id=machine_id,
-                action=kind, op_id=op_id, epoch=obs.lease.epoch, evidence=thaw(finding.evidence),
-                confirmed_by={"by": "admin", "user": _user(), "identity": identity,
-                              "overridden": list(finding.blocked_by)},
-                outcome=outcome, answer=answer)  # fmt: skip
-    return AdminResult(outcome == "ok", f"{kind} {machine_id}: {outcome}", answer)
+    """The direct dry run: a read-only client, a join without a lease, no executor at all."""
+    # Imported here: orphan_daemon and orphans_cli import this module.
+    from provisionerd.orphan_daemon import ReadOnlyClient
+    from provisionerd.orphans_cli import read_controller_once
+
+    guarded = ReadOnlyClient(client)
+    controller = await read_controller_once(config, connect, timeout, identity=identity)
+    actor = Actor(identity, "direct", guarded, lambda: controller, lambda: LeaseState(), None, events, wall_clock)
+    return await decide_and_act(config, request, actor, lease_assumed=True)
 
 
-def _user() -> str:
+def current_user() -> str:
+    """The login name of whoever runs the command (for the audit; "" when it cannot be told)."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):
         return ""
 
 
-def main(argv: list[str]) -> int:
-    from provisionerd.orphans_cli import load_config, open_clients, print_config_error
-
-    parser = argparse.ArgumentParser(prog=f"{PROG} adopt|return", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("kind", choices=("adopt", "return"))
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--provider", required=True)
-    parser.add_argument("--machine", required=True)
-    parser.add_argument("--timeout", type=float, default=30.0)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
-    try:
-        config = load_config(args.config, [args.provider])
-        from provisionerd.connect import tls_connector
-
-        connect = tls_connector(config)
-    except ConfigError as exc:
-        print_config_error(exc)
-        return 2
-
-    async def run() -> AdminResult:
-        async with open_clients(config, [args.provider]) as clients:
-            return await act(config, args.kind, args.provider, args.machine, client=clients[args.provider],
-                             connect=connect, timeout=args.timeout, events=EventLog(config.daemon.events_log))
-    result = trio.run(run)
-    print(f"{PROG} {args.kind}: {result.message}", file=sys.stdout if result.ok else sys.stderr)
-    return 0 if result.ok else 1
-
-
-__all__ = ["AdminResult", "act", "check", "main"]
+__all__ = ["Actor", "AdminRequest", "AdminResult", "act", "action_timeout", "check", "current_user",
+           "decide_and_act"]

@@ -10,17 +10,21 @@
     provider, such as a legacy LSF plugin, cannot list machines: that is stated, not an unreadable listing). The
     controller is taken as settled: the settle window is the running daemon's own, which this command cannot see.
 
-``provisionerd orphans adopt|return --config FILE --provider P --machine ID``
-    Acts on one finding explicitly; see :mod:`provisionerd.orphans_admin`.
+``provisionerd orphans adopt|return --config FILE --provider P --machine ID [--dry-run] [--json]``
+    Acts on one finding explicitly (see :mod:`provisionerd.orphans_admin`): through the running daemon's admin
+    socket (``[daemon] admin_socket``), which acts with its own lease, gate and executor; only when no daemon
+    listens there (no socket file, connection refused) with the command's own lease. ``--dry-run`` changes nothing
+    on either path.
 
 Exit codes: 0 done; 1 a view could not be read (each one is named on stderr; the report is still printed, with
-those findings blocked) or the action was refused or failed; 2 bad arguments or config.
+those findings blocked) or the action was refused, failed or not finished in time; 2 bad arguments or config.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import random
 import sys
@@ -31,6 +35,7 @@ from typing import Any
 import attrs
 import trio
 
+from provisionerd.admin_socket import request as socket_request
 from provisionerd.config import Config
 from provisionerd.errors import ConfigError
 from provisionerd.events import EventLog
@@ -46,6 +51,7 @@ from provisionerd.orphan_model import (
     Unreadable,
 )
 from provisionerd.orphan_reads import ControllerRead, read_listing, unknown_outcomes
+from provisionerd.orphans_admin import KINDS, AdminRequest, AdminResult, act, action_timeout, current_user
 from provisionerd.orphan_report import blind_spots, render_json, render_table
 from provisionerd.orphans import Observation, OrphanPolicy, classify
 from provisionerd.provider.persistent import PersistentProvider
@@ -195,11 +201,21 @@ def render(report: DryRunReport, as_json: bool) -> str:
     return text
 
 
+ACTIONS_HELP = """\
+acting on one finding:
+  provisionerd orphans adopt|return --config FILE --provider P --machine ID [--dry-run] [--json]
+  asks the running daemon through its admin socket ([daemon] admin_socket); the daemon decides and acts with its
+  own lease, gate and executor. Only when no daemon listens (no socket file, connection refused) does the command
+  act itself, with its own lease (refused while anyone else holds it). --dry-run changes nothing on either path.
+  See provisionerd orphans adopt --help."""
+
+
 def _report_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="report what looks orphaned (changes nothing)")
+    parser = argparse.ArgumentParser(prog=PROG, description="report what looks orphaned (changes nothing)",
+                                     epilog=ACTIONS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the daemon's TOML config file")
     parser.add_argument("--dry-run", action="store_true", required=True,
-                        help="classify and report only (the only mode: the running daemon does the acting)")
+                        help="classify and report only (required; to act on one finding, see adopt|return below)")
     parser.add_argument("--json", action="store_true", help='print {"findings": [...], "mutations": N}')
     parser.add_argument("--provider", action="append", default=[], help="only this provider (repeatable)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller (30)")
@@ -225,9 +241,7 @@ def print_config_error(exc: ConfigError) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("adopt", "return"):
-        from provisionerd.orphans_admin import main as admin_main
-
+    if argv and argv[0] in KINDS:
         return admin_main(argv)
     try:
         args = _report_parser().parse_args(argv)
@@ -247,3 +261,79 @@ def main(argv: list[str]) -> int:
     for line in report.unreadable:
         print(f"{PROG}: {line}", file=sys.stderr)
     return 1 if report.unreadable else 0
+
+
+def via_daemon(config: Config, request: AdminRequest) -> AdminResult | None:
+    """Ask the running daemon (blocking); ``None`` when none listens on the config's admin socket (no socket
+    configured, no socket file, or the connection refused), so the caller may act directly. Any other failure is
+    a result (not ok) and must not lead to acting directly."""
+    path = config.daemon.admin_socket
+    if path is None:
+        return None
+    wait = action_timeout(config, request.provider) + 5.0  # the daemon answers "pending" before this
+    try:
+        reply = socket_request(path, request.to_json(), timeout=wait)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+    except (OSError, ValueError) as exc:
+        return AdminResult(False, f"cannot use the daemon's admin socket {path}: {exc}; not acting directly, as the "
+                                  "daemon may be running (it may hold the lease or be acting)", via="daemon")  # fmt: skip
+    if "result" in reply:
+        try:
+            return AdminResult.from_json(reply["result"])
+        except (TypeError, ValueError) as exc:
+            return AdminResult(False, f"the daemon's answer is malformed: {exc}", via="daemon")
+    error = str(reply.get("error") or "no result")
+    return AdminResult(False, f"the daemon answered: {error}", via="daemon",
+                       outcome="busy" if reply.get("busy") else "pending" if reply.get("pending") else "")  # fmt: skip
+
+
+def admin_main(argv: list[str]) -> int:
+    """``provisionerd orphans adopt|return``: through the daemon, else directly (see the module docstring)."""
+    from provisionerd import orphans_admin
+
+    parser = argparse.ArgumentParser(prog=f"{PROG} adopt|return", description=orphans_admin.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--machine", required=True)
+    parser.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="direct path: seconds to wait for the controller and the lease (30)")  # fmt: skip
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    if not args.timeout > 0:
+        print(f"{PROG}: --timeout must be a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config, [args.provider])
+    except ConfigError as exc:
+        print_config_error(exc)
+        return 2
+    request = AdminRequest(args.kind, args.provider, args.machine, current_user(), args.dry_run)
+    result = via_daemon(config, request)
+    if result is None:
+        try:
+            from provisionerd.connect import tls_connector
+
+            connect = tls_connector(config)
+        except ConfigError as exc:
+            print_config_error(exc)
+            return 2
+
+        async def run() -> AdminResult:
+            async with open_clients(config, [args.provider]) as clients:
+                return await act(config, args.kind, args.provider, args.machine, client=clients[args.provider],
+                                 connect=connect, timeout=args.timeout, events=EventLog(config.daemon.events_log),
+                                 user=request.user, dry_run=args.dry_run)  # fmt: skip
+
+        result = trio.run(run)
+    if args.json:
+        print(json.dumps(result.to_json(), sort_keys=True, default=str))
+    else:
+        print(f"{PROG} {args.kind}: {result.message}", file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
