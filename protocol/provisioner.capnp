@@ -165,6 +165,8 @@ struct Join {
   providers @3 :List(Text);
   instanceRef @4 :Text;           # worker only
   token @5 :Text;                 # worker only: the single-use join token (a secret: never log it)
+  instance @6 :Text;              # provisioner only: random per process start, at most 64 chars, never reused;
+                                  # the lease holder is identity + instance ("" from older clients: identity only)
 }
 
 struct JoinReply {

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import trio
 
 from provisionerd.admin_socket import serve_admin_socket
@@ -109,7 +110,10 @@ class DaemonCore:
         executor_settings: ExecutorSettings | None = None,
         offer_interval: float = 60.0,
         wall: Callable[[], float] = time.time,
+        instance: str = "",
     ) -> None:
+        """``instance``: this start's ``Join.instance`` (empty: drawn from ``rng``; the simulation names its own,
+        so that adding the field did not shift the draws every seeded run makes from ``rng``)."""
         if connect is None:
             from provisionerd.connect import tls_connector  # loads the TLS files now: a bad path fails at start
 
@@ -117,7 +121,8 @@ class DaemonCore:
         self.config = config
         self.events = events if events is not None else EventLog(config.daemon.events_log)
         rng = rng if rng is not None else random.Random()
-        self.session = ControllerSession(SessionSettings.from_config(config), connect, self.events, rng)
+        session_settings = attrs.evolve(SessionSettings.from_config(config), instance=instance)
+        self.session = ControllerSession(session_settings, connect, self.events, rng)
         self.ops = ControllerOps(self.session)
         self.keepers = {
             p.name: LeaseKeeper(p.name, self.ops, margin=config.lease.margin, backoff=config.controller.backoff,

@@ -24,6 +24,13 @@ can be folded before the facts that precede it. Any failure on the link (EOF, a 
 a dead heartbeat, a request without a reply in ``request_timeout``, a ``not_primary`` answer) ends the generation:
 every pending request fails with ``LinkDown`` and the loop connects again.
 
+**One instance per process start.** The ``Join`` carries ``instance``, drawn once when the session is built (one
+session per ``DaemonCore``) from its injected RNG, or taken from ``SessionSettings.instance``. Every rejoin of this
+session sends the same one, so the controller still counts us as the holder of the leases we held before a link
+break (re-acquiring is idempotent: the same epoch); a restarted process has a new one and is a new holder, so it
+cannot take over a lease its previous start may still be using, and a second live daemon with the same ``identity``
+is a competitor, not a twin that would be told it holds the same epoch.
+
 The daemon reads ``session.view`` and waits on ``session.changed()``: the view is level-triggered state, so a
 consumer that falls behind sees the latest picture instead of a queue of stale ones. ``updates()`` delivers the
 same as a stream of views through a zero-buffer memory channel.
@@ -74,6 +81,8 @@ class SessionSettings:
     backoff: Backoff = Backoff()
     #: Resync a joined link every this many heartbeat intervals (0: only on join, on want, on a missing snapshot).
     refresh_heartbeats: int = 30
+    #: This process start's ``Join.instance``; empty: the session draws one from its RNG (``new_instance``).
+    instance: str = ""
 
     @classmethod
     def from_config(cls, config: Config) -> SessionSettings:
@@ -84,6 +93,16 @@ class SessionSettings:
             heartbeat_interval=c.heartbeat_interval, heartbeat_timeout=c.heartbeat_timeout,
             max_redirects=c.max_redirects, backoff=c.backoff,
         )  # fmt: skip
+
+
+#: The longest ``Join.instance`` the protocol allows (docs/protocol.md §4).
+MAX_INSTANCE = 64
+
+
+def new_instance(rng: random.Random) -> str:
+    """A fresh ``Join.instance``: 16 hex characters (64 bits) from ``rng``. Production passes a ``random.Random()``
+    seeded from the OS, so two starts never share one; the simulation passes its seeded RNG to repeat a run."""
+    return f"{rng.getrandbits(64):016x}"
 
 
 class LinkState(enum.Enum):
@@ -102,10 +121,15 @@ class ControllerSession:
     def __init__(self, settings: SessionSettings, connect: StreamFactory, events: EventLog, rng: random.Random):
         if not settings.addresses:
             raise ValueError("at least one controller address is needed")
+        instance = settings.instance
+        if len(instance) > MAX_INSTANCE or "#" in instance or not instance.isprintable():
+            raise ValueError(f"instance must be at most {MAX_INSTANCE} printable characters without '#': {instance!r}")
         self.settings = settings
         self._connect = connect
         self._events = events
         self._backoff = BackoffTimer(settings.backoff, rng)
+        #: Sent in every Join of this session (rejoins included): the lease holder is identity + instance.
+        self.instance = settings.instance or new_instance(rng)
         self.state = LinkState.DOWN
         self.primary: str | None = None
         self.term = 0
@@ -155,6 +179,7 @@ class ControllerSession:
         link = self._link
         return {
             "state": self.state.value,
+            "instance": self.instance,
             "primary": self.primary,
             "term": self.term,
             "generation": self.generation,
@@ -258,7 +283,7 @@ class ControllerSession:
         try:
             with trio.fail_after(s.connect_timeout):
                 join = Join(role=Role.PROVISIONER, identity=s.identity, protocol_version=PROTOCOL_VERSION,
-                            providers=s.providers)
+                            providers=s.providers, instance=self.instance)
                 await framed.send(join, 1)
                 envelope = await framed.receive()
             reply = None if envelope is None else envelope.msg
@@ -282,7 +307,7 @@ class ControllerSession:
         self.primary, self.term, self.state = address, reply.term, LinkState.SYNCING
         self._backoff.reset()
         self._events.emit("join", address=address, term=reply.term, controller=reply.controller_id,
-                          generation=self.generation)
+                          generation=self.generation, instance=self.instance)
         self._events.emit("link_up", address=address, generation=self.generation)
         link = Link(framed, self.generation, address, reply.term, s.heartbeat_interval, s.heartbeat_timeout,
                     s.request_timeout, on_resynced=self._resynced, on_view_changed=self._notify,

@@ -4,7 +4,10 @@ The trio server (``server.py``, ``session.py``) only moves frames; every decisio
 so the rules can be tested with an injected clock. Two clocks are passed in: ``now`` is the controller's monotonic
 clock (leases, grace) and ``wall`` is wall-clock epoch seconds (``HostState.since``, token use times).
 
-Requests name the ``replica`` they arrived on: only the primary serves leases and facts (``not_primary``).
+Requests name the ``replica`` they arrived on: only the primary serves leases and facts (``not_primary``). A lease
+``holder`` (and a fact's ``sender``) is ``leases.holder_key(identity, instance)`` of the provisioner process that
+asks, never its configured identity alone: it is what the lease table compares, what ``save_grantee`` records and
+what a committed fact's ``holder`` column holds.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Whether a fact may be committed: shape checks, then the epoch rule. Pure functions; the caller writes the log.
 
 The epoch rule (invariant 7): a fact is committed only if its epoch is the provider's *current* lease epoch, the
-sender is that lease's holder, the quorum is fresh and this replica is the primary. The rejection reasons are the
-wire's ``Rejected.reason`` codes, checked in this order:
+sender is that lease's holder (the same ``leases.holder_key``: identity *and* process instance), the quorum is
+fresh and this replica is the primary. The rejection reasons are the wire's ``Rejected.reason`` codes, checked in
+this order:
 
 ``not_primary``  this replica is a standby (decided by the caller)
 ``invalid``      the fact is malformed (see :func:`problems`); nothing about leases is looked at
@@ -107,5 +108,5 @@ def epoch_rejection(
     if fact.epoch != lease.epoch:
         return Rejection(STALE_EPOCH, f"epoch {fact.epoch} is not the current {lease.epoch}")
     if sender != lease.holder:
-        return Rejection(NO_LEASE, f"the lease for {fact.provider!r} is held by another identity")
+        return Rejection(NO_LEASE, f"the lease for {fact.provider!r} is held by another process")
     return None

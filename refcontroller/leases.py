@@ -17,6 +17,11 @@ Rules (seed Q3; times are the controller's monotonic clock, in seconds):
 - Renew needs a live lease (else ``no_lease``: it expired or was never granted by this primary), its epoch (else
   ``stale_epoch``) and its holder (else ``held``).
 - Release with the current epoch and holder ends the lease at once; anything else changes nothing.
+
+A *holder* is a process, not a configured name: ``holder_key(identity, instance)`` of the provisioner's ``Join``.
+Two live daemons with the same identity (the same config on two hosts) have different instances, so they are two
+holders and never share an epoch; a daemon that rejoins keeps its instance and stays the holder; a restarted one is a
+new holder and waits for its previous start's lease to expire (or the grace to end).
 """
 
 from __future__ import annotations
@@ -31,6 +36,31 @@ GRACE = "grace"
 NO_QUORUM = "no_quorum"
 STALE_EPOCH = "stale_epoch"
 NO_LEASE = "no_lease"
+
+#: The longest ``Join.instance`` accepted (provisionerd sends 16 hex characters).
+MAX_INSTANCE = 64
+#: Separates identity and instance in a holder key; an instance may not contain it, so the key names one process.
+HOLDER_SEP = "#"
+
+
+def holder_key(identity: str, instance: str) -> str:
+    """The lease holder a provisioner's ``Join`` names: ``identity#instance``, or ``identity`` alone for a client
+    that sends no instance (an older one). Used for leases, the durable last grantee and the facts' ``holder``."""
+    return f"{identity}{HOLDER_SEP}{instance}" if instance else identity
+
+
+def instance_problem(identity: str, instance: str) -> str | None:
+    """Why a provisioner's ``(identity, instance)`` cannot name a lease holder, or ``None`` if it can.
+
+    The instance must be at most ``MAX_INSTANCE`` printable characters without ``#``. A client without an instance
+    may not have ``#`` in its identity: its key would be indistinguishable from another process's
+    ``identity#instance``.
+    """
+    if len(instance) > MAX_INSTANCE or not instance.isprintable() or HOLDER_SEP in instance:
+        return f"instance must be at most {MAX_INSTANCE} printable characters without {HOLDER_SEP!r}"
+    if not instance and HOLDER_SEP in identity:
+        return f"an identity with {HOLDER_SEP!r} needs an instance"
+    return None
 
 
 @attrs.frozen

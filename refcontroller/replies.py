@@ -41,9 +41,10 @@ def undeclared(provider: str) -> Rejected:
 
 
 def provisioner_reply(
-    cluster: Cluster, replica: int, identity: str, providers: frozenset[str], msg: Message, now: float
+    cluster: Cluster, replica: int, holder: str, providers: frozenset[str], msg: Message, now: float
 ) -> Message:
-    """The reply to a heartbeat, lease operation or fact commit from provisioner ``identity``."""
+    """The reply to a heartbeat, lease operation or fact commit from the provisioner process ``holder``
+    (``leases.holder_key`` of its Join: the lease holder and the sender of its facts)."""
     match msg:
         case Heartbeat(seq=seq):
             return HeartbeatAck(seq, cluster.term)
@@ -52,16 +53,16 @@ def provisioner_reply(
         ):
             return undeclared(provider)
         case LeaseAcquire(provider=provider):
-            return lease_reply(cluster.acquire(replica, provider, identity, now))
+            return lease_reply(cluster.acquire(replica, provider, holder, now))
         case LeaseRenew(provider=provider, epoch=epoch):
-            return lease_reply(cluster.renew(replica, provider, identity, epoch, now))
+            return lease_reply(cluster.renew(replica, provider, holder, epoch, now))
         case LeaseRelease(provider=provider, epoch=epoch):
-            rejection = cluster.release(replica, provider, identity, epoch, now)
+            rejection = cluster.release(replica, provider, holder, epoch, now)
             return Ack() if rejection is None else rejected(rejection)
         case FactCommit(fact=fact):
             if fact.provider not in providers:
                 return undeclared(fact.provider)
-            result = cluster.commit(replica, fact, identity, now)
+            result = cluster.commit(replica, fact, holder, now)
             return FactAck(result.index) if isinstance(result, CommittedFact) else rejected(result)
     raise ValueError(f"not a simple provisioner request: {type(msg).__name__}")
 

@@ -13,7 +13,8 @@ The join (the first frame of every connection), in order:
    ``ErrorMsg{not_allowed}``. The connection is then closed.
 3. A standby answers ``JoinReply(accepted=False, primary=False, redirect=<primary host:port>)`` and closes.
 4. A worker is admitted by its single-use token (``workers.py``) or gets ``ErrorMsg{token_invalid}``; a
-   provisioner must name itself (``identity``) and its providers.
+   provisioner must name itself (``identity``, and ``instance``: its process start, see ``leases.holder_key``)
+   and its providers. A bad name is refused with ``JoinReply(accepted=False, reason=...)``.
 5. ``JoinReply(accepted=True, term, primary=True, controller_id="replica-<i>")``, then the session (``session.py``).
 
 When a worker's connection ends, its host becomes ``lost`` one heartbeat timeout later (a token is single-use, so
@@ -39,6 +40,7 @@ from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
 from provisionerd.wire.tls import peer_role
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
+from refcontroller.leases import instance_problem
 from refcontroller.session import PEER_ERRORS, Session
 
 log = logging.getLogger(__name__)
@@ -177,6 +179,9 @@ class ControllerServer:
         if join.role is Role.PROVISIONER:
             if len(join.providers) > MAX_PROVIDERS or not all(0 < len(p) <= MAX_NAME for p in join.providers):
                 return Rejection("invalid", f"at most {MAX_PROVIDERS} provider names of 1..{MAX_NAME} characters")
+            problem = instance_problem(join.identity, join.instance)
+            if problem is not None:
+                return Rejection("invalid", problem)
         if join.role is Role.WORKER:
             admitted = self.cluster.admit_worker(replica, join.instance_ref, join.token, self.wall_clock())
             if isinstance(admitted, Rejection):

@@ -45,6 +45,7 @@ from provisionerd.wire.codec import opcode
 from provisionerd.wire.paging import HOSTS_PAGE_ITEMS, demand_pages, host_pushes, paginate_by_size
 from provisionerd.wire.roles import is_allowed
 from refcontroller.commits import INVALID
+from refcontroller.leases import holder_key
 from refcontroller.replies import provisioner_reply, worker_status_valid
 
 if TYPE_CHECKING:
@@ -75,11 +76,19 @@ class Session:
         return self.join.identity
 
     @property
+    def holder(self) -> str:
+        """This connection's lease holder key (``identity#instance``): the same for every rejoin of one process."""
+        return holder_key(self.join.identity, self.join.instance)
+
+    @property
     def providers(self) -> frozenset[str]:
         return frozenset(self.join.providers)
 
     def describe(self) -> dict[str, object]:
-        return {"replica": self.replica, "role": self.role.value, "identity": self.identity}
+        described: dict[str, object] = {"replica": self.replica, "role": self.role.value, "identity": self.identity}
+        if self.join.instance:
+            described["instance"] = self.join.instance
+        return described
 
     # --- what the server tells a session ----------------------------------------------------------------------
 
@@ -196,7 +205,7 @@ class Session:
             case AdminStatus():
                 await self.send(AdminReply(True, json.dumps(server.status(), sort_keys=True)), corr)
             case _:
-                reply = provisioner_reply(cluster, self.replica, self.identity, self.providers, msg, now)
+                reply = provisioner_reply(cluster, self.replica, self.holder, self.providers, msg, now)
                 await self.send(reply, corr)
 
     async def _resync(self, providers: tuple[str, ...], corr: int) -> None:

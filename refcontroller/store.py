@@ -2,12 +2,13 @@
 who was last granted each provider's lease.
 
 What is durable and what is not follows the lease design (seed Q3): the facts (each stamped with its lease epoch
-and the identity of the holder that committed it), the HA term and the set of used join tokens survive a restart;
-the lease table does not (it lives in the primary's memory, see ``leases.py``), but the identity of each provider's
-last *grantee* does: after a failover only that holder can still believe in a lease, so the grace re-grants to it
-alone (the writer of the latest fact is not enough: a holder may be granted and lose the primary before it commits
-anything). The demand snapshot is stored too,
-so that its ``seq`` keeps growing across a restart and a daemon never ignores the first snapshot after one.
+and the holder that committed it), the HA term and the set of used join tokens survive a restart; the lease table
+does not (it lives in the primary's memory, see ``leases.py``), but each provider's last *grantee* does: after a
+failover only that holder can still believe in a lease, so the grace re-grants to it alone (the writer of the
+latest fact is not enough: a holder may be granted and lose the primary before it commits anything). A holder is a
+daemon process (``leases.holder_key``: identity and instance), so after a failover another start of the same
+identity waits out the grace too. The demand snapshot is stored too, so that its ``seq`` keeps growing across a
+restart and a daemon never ignores the first snapshot after one.
 
 Every write is one SQLite transaction with ``synchronous=FULL``: when a method returns, the change is on disk.
 The store is synchronous on purpose: the reference controller calls it from the event loop so a run on trio's
@@ -64,7 +65,7 @@ CREATE TABLE IF NOT EXISTS rejoin_hashes (
 
 @attrs.frozen
 class LatestFact:
-    """The epoch on a provider's latest committed fact and the identity (from Join) of the holder that wrote it."""
+    """The epoch on a provider's latest committed fact and the holder that wrote it (``leases.holder_key``)."""
 
     epoch: Epoch
     holder: str

@@ -13,6 +13,9 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
 ``provider_slow``   provider calls take ``factor`` times longer
 ``vanish``          a running machine disappears behind the daemons' backs
 ``no_join``         machines created meanwhile never join the controller (lifecycle runs)
+``twin``            a second live daemon with slot ``slot``'s identity (the same config on another host) starts,
+                    competes for the provider, and after ``duration`` stops (``mode``: kill | stop, i.e. crash or
+                    clean stop with its leases released)
 
 Faults may overlap; the undo of one restores the normal state of what it touched (a later overlapping fault of the
 same kind may therefore end early). ``quiet_after`` is when the last fault is undone: from then on the world is
@@ -27,10 +30,14 @@ import attrs
 
 from provisionerd.simulation.cloud import FAULT_KINDS
 
-KINDS = ("failover", "quorum_loss", "partition", "drop_pushes", "delay", "kill", "provider_fault", "provider_slow",
-         "vanish", "no_join")  # fmt: skip
-#: Relative weights when drawing a fault's kind.
+#: The kinds drawn one by one, with these relative weights.
+WEIGHTED = ("failover", "quorum_loss", "partition", "drop_pushes", "delay", "kill", "provider_fault",
+            "provider_slow", "vanish", "no_join")  # fmt: skip
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
+#: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
+#: times drawn before it are the same as before it existed.
+KINDS = (*WEIGHTED, "twin")
+TWIN_CHANCE = 0.3
 
 
 @attrs.frozen
@@ -65,9 +72,10 @@ class FaultPlan:
 
 def draw_plan(rng: random.Random, *, horizon: float, slots: tuple[str, ...], replicas: int,
               max_faults: int = 10, kinds: tuple[str, ...] = KINDS) -> FaultPlan:
-    """Between 0 and ``max_faults`` faults starting in ``[5, horizon)``; each undone by ``horizon``."""
-    weights = [w for k, w in zip(KINDS, WEIGHTS, strict=True) if k in kinds]
-    chosen = [k for k in KINDS if k in kinds]
+    """Between 0 and ``max_faults`` faults starting in ``[5, horizon)``, and perhaps a twin (only when
+    ``max_faults`` allows faults at all); each undone by ``horizon``."""
+    weights = [w for k, w in zip(WEIGHTED, WEIGHTS, strict=True) if k in kinds]
+    chosen = [k for k in WEIGHTED if k in kinds]
     faults = []
     for _ in range(rng.randint(0, max_faults) if chosen else 0):
         at = round(rng.uniform(5.0, horizon * 0.9), 3)
@@ -99,4 +107,8 @@ def draw_plan(rng: random.Random, *, horizon: float, slots: tuple[str, ...], rep
                 faults.append(Fault(at, kind))
             case "no_join":
                 faults.append(Fault(at, kind, duration))
+    if "twin" in kinds and max_faults > 0 and rng.random() < TWIN_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.8), 3)
+        duration = round(min(horizon - at, rng.uniform(10.0, 120.0)), 3)
+        faults.append(Fault(at, "twin", duration, rng.choice(slots), mode=rng.choice(("kill", "stop"))))
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

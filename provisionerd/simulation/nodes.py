@@ -6,7 +6,10 @@ reported to the recorder as they are made: lease grants (acquire and renew) and 
 table's state at that instant.
 
 ``DaemonNode`` is one start of a daemon in a *slot* (``"a"``, ``"b"``): same identity across restarts, a new
-instance name (``a#1``, ``a#2``...), its own seeded RNG, events that feed the recorder, and a ``CloudClient``.
+instance name (``a#1``, ``a#2``...), its own seeded RNG, events that feed the recorder, and a ``CloudClient``. Its
+``Join.instance`` is that name (``a-1``: ``#`` is reserved), so every start is a new lease holder for the controller. A *twin*
+(slot ``"a.twin"``) is another live daemon configured with slot ``a``'s identity, as the same config deployed on two
+hosts would be: the controller must keep the two apart by their instances.
 """
 
 from __future__ import annotations
@@ -110,9 +113,9 @@ def lifecycle_options(settings: DaemonSettings, client: CloudClient, rng: random
 
 class DaemonNode:
     def __init__(self, slot: str, incarnation: int, settings: DaemonSettings, rng: random.Random,
-                 recorder: Recorder, cloud: SimCloud, connect: Any) -> None:
+                 recorder: Recorder, cloud: SimCloud, connect: Any, identity: str | None = None) -> None:
         self.slot = slot
-        self.identity = f"prov-{slot}"
+        self.identity = identity or f"prov-{slot}"
         self.instance = f"{slot}#{incarnation}"
         self.settings = settings
         self.rng = rng
@@ -138,6 +141,7 @@ class DaemonNode:
         )  # fmt: skip
         self.client = CloudClient(cloud, self.lease_snapshot)
         self.core = DaemonCore(config, connect=connect, events=self.events, rng=rng,
+                               instance=self.instance.replace("#", "-"),
                                **lifecycle_options(settings, self.client, rng))
         loop = getattr(self.core, "loop", None)
         if loop is not None and hasattr(loop, "state"):
@@ -164,3 +168,13 @@ class DaemonNode:
         self.scope.cancel()
         self.recorder.release(self.instance)
         self.recorder.note(self.instance, "killed")
+
+    async def stop(self) -> None:
+        """A clean stop (SIGTERM): give the leases back while the link is up (bounded), then end the process."""
+        if self.scope.cancel_called:
+            return
+        with trio.move_on_after(5.0):
+            await self.core.release_leases()
+        self.scope.cancel()
+        self.recorder.release(self.instance)
+        self.recorder.note(self.instance, "stopped")

@@ -7,8 +7,9 @@ injected (session and lease backoff), the workload draws op_ids and join tokens 
 controller's wall clock is trio's clock plus a constant.
 
 ``World.run`` (inside ``trio.run`` on ``MockClock``) starts the reference controller's server code with its
-replicas over an in-memory SQLite fact log, one or two daemon slots connected through ``SimNet``, the shared
-``SimCloud``, applies the fault plan, lets the world settle, and runs the final checks.
+replicas over an in-memory SQLite fact log, one or two daemon slots connected through ``SimNet`` (and, during a
+``twin`` fault, a second daemon with slot a's or b's identity), the shared ``SimCloud``, applies the fault plan,
+lets the world settle, and runs the final checks.
 """
 
 from __future__ import annotations
@@ -169,8 +170,12 @@ class World:
         assert self._nursery is not None
         self._nursery.start_soon(self.server.handle_stream, stream, replica, Role.PROVISIONER)
 
-    def _start(self, slot: str) -> DaemonNode:
+    def _start(self, slot: str, identity: str | None = None) -> DaemonNode:
+        """Start a daemon in ``slot`` (its network slot too, the first time); ``identity``: another slot's, for a
+        twin (default: the slot's own)."""
         assert self.net is not None and self._nursery is not None
+        if slot not in self.net.slots:
+            self.net.add_slot(slot)
         s = self.settings
         self.incarnations[slot] = self.incarnations.get(slot, 0) + 1
         settings = DaemonSettings(cluster=lifecycle.CLUSTER, provider=PROVIDER, addresses=self.addresses,
@@ -178,7 +183,7 @@ class World:
                                   heartbeat_timeout=s.heartbeat_timeout, request_timeout=s.request_timeout,
                                   lifecycle=lifecycle.core_options(self) if lifecycle.available() else {})
         node = DaemonNode(slot, self.incarnations[slot], settings, random.Random(self._spawn.getrandbits(64)),
-                          self.recorder, self.cloud, self.net.connector(slot))
+                          self.recorder, self.cloud, self.net.connector(slot), identity=identity)
         self.nodes[slot] = node
         self.instances.append(node)
         self.recorder.note(node.instance, "started")
@@ -260,9 +265,13 @@ class World:
                 self.cloud.vanish()
             case "no_join":
                 self.workers.no_join = True
+            case "twin":
+                twin = _twin_slot(fault.slot)
+                if twin not in self.nodes or self.nodes[twin].scope.cancel_called:
+                    self._start(twin, identity=self.nodes[fault.slot].identity)
 
     def _end(self, fault: Fault) -> None:
-        assert self.cluster is not None and self.net is not None
+        assert self.cluster is not None and self.net is not None and self._nursery is not None
         match fault.kind:
             case "quorum_loss":
                 self.cluster.set_quorum(True)
@@ -278,6 +287,12 @@ class World:
                 self.cloud.slow = 1.0
             case "no_join":
                 self.workers.no_join = False
+            case "twin":
+                node = self.nodes.get(_twin_slot(fault.slot))
+                if node is not None and fault.mode == "stop":
+                    self._nursery.start_soon(node.stop)
+                elif node is not None:
+                    node.kill()
 
     # --- the end ---------------------------------------------------------------------------------------------------
 
@@ -293,6 +308,10 @@ class World:
             lifecycle.check_convergence(self, self.demand)
         if self.server is not None and self.server.stats.get("internal_errors"):
             rec.violate("controller_error", f"{self.server.stats['internal_errors']} internal error(s)")
+
+
+def _twin_slot(slot: str) -> str:
+    return f"{slot}.twin"
 
 
 class _Idle:

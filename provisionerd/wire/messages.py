@@ -48,7 +48,12 @@ def _code(allowed: tuple[str, ...], wire_enum: str) -> str:
 
 @attrs.frozen
 class Join:
-    """client -> ctl, the first frame of every connection. Workers fill ``instance_ref`` and ``token``."""
+    """client -> ctl, the first frame of every connection. Workers fill ``instance_ref`` and ``token``.
+
+    A provisioner fills ``instance``: random per process start and never reused, so that two live daemons
+    configured with the same ``identity`` are two lease holders (``identity`` + ``instance``), not one. An older
+    peer's Join decodes with ``instance = ""``.
+    """
 
     role: Role
     identity: str
@@ -57,6 +62,7 @@ class Join:
     instance_ref: str = ""
     # The single-use join token is a secret: kept out of repr so it cannot reach a log line by accident.
     token: str = attrs.field(default="", repr=False)
+    instance: str = ""
 
 
 @attrs.frozen

@@ -75,7 +75,7 @@ def _small(strategy):
 MESSAGE_STRATEGIES = {
     m.Join: st.builds(
         m.Join, role=st.sampled_from(model.Role), identity=text, protocol_version=u32, providers=texts,
-        instance_ref=text, token=text,
+        instance_ref=text, token=text, instance=text,
     ),
     m.JoinReply: st.builds(
         m.JoinReply, accepted=st.booleans(), term=u64, primary=st.booleans(), redirect=text, controller_id=text,
