@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("provisionerd.run_cli", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.simulate_cli", "seeded whole-system simulation campaign (simulate --seeds N)"),
     "demo": ("provisionerd.demo_cli", "run the whole system on this host: controller, daemon, workers (demo [--workers N])"),
-    "orphans": ("provisionerd.orphans_cli", "report what looks orphaned (orphans --config FILE --dry-run [--json])"),
+    "orphans": ("provisionerd.orphans_cli", "report what looks orphaned (--dry-run), or adopt|return one finding"),
 }
 
 
