@@ -12,12 +12,21 @@ what a committed fact's ``holder`` column holds.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import attrs
 
-from provisionerd.model import CommittedFact, DemandItem, DemandSnapshot, Epoch, Fact, HostState, HostStatus
+from provisionerd.model import (
+    CommittedFact,
+    DemandItem,
+    DemandSnapshot,
+    Epoch,
+    Fact,
+    HostState,
+    HostStatus,
+    InstanceFact,
+)
 from refcontroller import commits, demand
 from refcontroller.jsonconv import unstructure
 from refcontroller.leases import Denied, Granted, LeaseTable
@@ -50,6 +59,8 @@ class Cluster:
     check_interval: float
     demand: DemandSnapshot
     hosts: HostTable = attrs.field(factory=HostTable)
+    #: Told of every host change a commit makes (the server pushes it to the provisioners).
+    on_host_change: Callable[[HostState], None] | None = None
 
     @classmethod
     def open(cls, store: FactStore, replica_count: int, ttl: float, check_interval: float, now: float) -> Cluster:
@@ -122,7 +133,12 @@ class Cluster:
         )
         if rejection is not None:
             return rejection
-        return self.store.append(fact, sender)
+        committed = self.store.append(fact, sender)
+        if isinstance(fact, InstanceFact):
+            host = self.hosts.identify(fact.instance_ref, fact.machine_id, fact.hostname, fact.address)
+            if host is not None and self.on_host_change is not None:
+                self.on_host_change(host)
+        return committed
 
     def resync_plan(self, providers: Collection[str]) -> ResyncPlan:
         """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends."""

@@ -72,6 +72,9 @@ class ControllerServer:
     stats: collections.Counter[str] = attrs.field(factory=collections.Counter)
     _nursery: trio.Nursery | None = None
 
+    def __attrs_post_init__(self) -> None:
+        self.cluster.on_host_change = self.broadcast_host
+
     @property
     def heartbeat_timeout(self) -> float:
         return self.timeouts.heartbeat

@@ -92,6 +92,20 @@ class HostTable:
         self._hosts[instance_ref] = changed
         return changed
 
+    def identify(self, instance_ref: str, machine_id: str, hostname: str, address: str) -> HostState | None:
+        """Fill in what an instance fact committed after the worker joined says about its host (a worker that
+        joined on its intent's token had no machine id yet). Only empty fields are filled; ``None`` if unknown or
+        nothing changed."""
+        host = self._hosts.get(instance_ref)
+        if host is None:
+            return None
+        changed = attrs.evolve(host, machine_id=host.machine_id or machine_id, hostname=host.hostname or hostname,
+                               address=host.address or address)  # fmt: skip
+        if changed == host:
+            return None
+        self._hosts[instance_ref] = changed
+        return changed
+
     def for_providers(self, providers: Collection[str]) -> list[HostState]:
         return sorted((h for h in self._hosts.values() if h.provider in providers), key=lambda h: h.instance_ref)
 

@@ -133,6 +133,23 @@ def test_grace_regrants_to_the_last_grantee_even_when_it_wrote_no_fact_yet(clust
     assert cluster.store.last_grantee("aws") == "d2"
 
 
+def test_a_worker_that_joined_on_its_intent_gets_its_machine_id_from_the_later_instance_fact(cluster: Cluster) -> None:
+    """A fast machine joins between the intent and the instance fact: the host is identified when the fact lands,
+    and the change is handed on (the server pushes it to the provisioners)."""
+    pushed: list = []
+    cluster.on_host_change = pushed.append
+    epoch = grant(cluster, "aws", "d1", GRACE_END)
+    commit(cluster, intent("aws", epoch, refs=("i-1", "i-2")), "d1", 36.0)
+    early = cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9)
+    assert early.machine_id == "" and early.hostname == ""
+    assert isinstance(commit(cluster, instance("aws", epoch, "i-1"), "d1", 37.0), CommittedFact)
+    host = cluster.hosts.get("i-1")
+    assert (host.machine_id, host.hostname, host.status, host.since) == ("m-i-1", "host-i-1", HostStatus.JOINED, 1e9)
+    assert pushed == [host]
+    commit(cluster, instance("aws", epoch, "i-2"), "d1", 38.0)  # no host for i-2 yet: nothing to identify
+    assert pushed == [host] and cluster.hosts.get("i-2") is None
+
+
 def test_failover_targets(cluster: Cluster) -> None:
     assert cluster.fail_over(1.0, target=2) == 2
     assert cluster.fail_over(2.0) == 0  # next wraps around
