@@ -26,3 +26,26 @@ def mock_run() -> Callable[[Callable[[], Awaitable[Any]]], Any]:
         return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
 
     return run
+
+
+@pytest.fixture
+def run_rig(mock_run: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``scenario(rig, nursery)`` on a started rig (``lifecycle_rig.build_rig`` with ``providers`` and
+    ``options``; ``loop=False`` leaves the reconcile loop for the scenario to start) on MockClock, then stop it all.
+
+    Returns the rig; a scenario records what else the test checks into its own closure."""
+    from lifecycle_rig import build_rig, start_rig
+
+    def run(scenario: Callable[..., Awaitable[Any]], providers: dict[str, Any], *, loop: bool = True,
+            **options: Any) -> Any:
+        async def main() -> Any:
+            async with trio.open_nursery() as nursery:
+                rig = build_rig(nursery, providers, **options)
+                await start_rig(nursery, rig, loop=loop)
+                await scenario(rig, nursery)
+                nursery.cancel_scope.cancel()
+            return rig
+
+        return mock_run(main)
+
+    return run

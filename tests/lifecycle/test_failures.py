@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from lifecycle_fakes import BootingProvider
-from lifecycle_rig import BASE, build_rig, item, start_rig
+from lifecycle_rig import BASE, item
 from provisionerd.errors import ProviderRejected, ProviderTimeout
 from provisionerd.model import TAG_OP, InstanceFact, RequestFailed, RequestIntent
 
@@ -15,29 +15,26 @@ def request_times(provider: BootingProvider) -> list[float]:
     return [t for t, action in provider.call_log if action == "requestMachines"]
 
 
-def test_throttled_requests_back_off_exponentially_with_jitter(mock_run):
+def test_throttled_requests_back_off_exponentially_with_jitter(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        for _ in range(3):
-            provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "throttled", "slow down"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 1))
-            windows = []
-            for _ in range(3):
-                n = len(rig.facts(RequestFailed))
-                await rig.wait_for(lambda: len(rig.facts(RequestFailed)) > n)
-                await trio.sleep(0)
-                windows.append(rig.loop.state.capacity.throttles["p"].until - BASE)
-            await rig.wait_for(lambda: rig.facts(InstanceFact))
-            seen.update(rig=rig, windows=windows)
-            nursery.cancel_scope.cancel()
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    for _ in range(3):
+        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "throttled", "slow down"))
 
-    mock_run(main)
-    rig, windows = seen["rig"], seen["windows"]
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 1))
+        windows = []
+        for _ in range(3):
+            n = len(rig.facts(RequestFailed))
+            await rig.wait_for(lambda: len(rig.facts(RequestFailed)) > n)
+            await trio.sleep(0)
+            windows.append(rig.loop.state.capacity.throttles["p"].until - BASE)
+        await rig.wait_for(lambda: rig.facts(InstanceFact))
+        seen.update(windows=windows)
+
+    rig = run_rig(scenario, {"p": provider})
+    windows = seen["windows"]
     times = request_times(rig.providers["p"])
     assert len(times) == 4 and times[0] == 0.0
     # Each retry starts the instant the back-off window of the throttle before it ends...
@@ -50,30 +47,25 @@ def test_throttled_requests_back_off_exponentially_with_jitter(mock_run):
     assert "p" not in rig.loop.state.capacity.throttles  # the success reset the back-off
 
 
-def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(mock_run):
+def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = BootingProvider("p", {"cheap": 10, "dear": 10}, prices={"cheap": 0.1, "dear": 0.5},
-                                   launch_time=int(BASE))
-        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "capacity_unavailable", "none"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 2))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
-            seen["filled_at"] = trio.current_time()
-            # More demand within the 180 s back-off still goes to the dear offer; after it, to the cheap one again.
-            rig.session.set_demand(2, item("d", 3))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
-            await trio.sleep(200)
-            rig.session.set_demand(3, item("d", 4))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 4)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    provider = BootingProvider("p", {"cheap": 10, "dear": 10}, prices={"cheap": 0.1, "dear": 0.5},
+                               launch_time=int(BASE))
+    provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "capacity_unavailable", "none"))
 
-    mock_run(main)
-    rig = seen["rig"]
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 2))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
+        seen["filled_at"] = trio.current_time()
+        # More demand within the 180 s back-off still goes to the dear offer; after it, to the cheap one again.
+        rig.session.set_demand(2, item("d", 3))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
+        await trio.sleep(200)
+        rig.session.set_demand(3, item("d", 4))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 4)
+
+    rig = run_rig(scenario, {"p": provider})
     asked = [doc["template"]["templateId"] for _, doc in rig.calls("p", "requestMachines")]
     assert asked == ["cheap", "dear", "dear", "cheap"]
     assert request_times(rig.providers["p"])[:2] == [0.0, 0.0]  # the fall-over is the very next plan
@@ -83,22 +75,15 @@ def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(mock_run):
     assert notes and "p/cheap" in notes[0]["detail"]
 
 
-def test_quota_exceeded_pauses_the_provider_and_raises_an_event(mock_run):
-    seen: dict = {}
+def test_quota_exceeded_pauses_the_provider_and_raises_an_event(run_rig):
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "quota_exceeded", "vCPU limit"))
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "quota_exceeded", "vCPU limit"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 1))
-            await rig.wait_for(lambda: rig.facts(InstanceFact))
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 1))
+        await rig.wait_for(lambda: rig.facts(InstanceFact))
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     times = request_times(rig.providers["p"])
     assert times[0] == 0.0
     assert times[1] == pytest.approx(rig.policy.quota_pause, abs=1e-5)  # paused 900 s, then tried again
@@ -108,23 +93,16 @@ def test_quota_exceeded_pauses_the_provider_and_raises_an_event(mock_run):
     assert rig.events_of("plan_note", kind="provider_paused")
 
 
-def test_a_crash_after_the_effect_lists_by_op_and_settles_from_the_listing_without_calling_again(mock_run):
-    seen: dict = {}
+def test_a_crash_after_the_effect_lists_by_op_and_settles_from_the_listing_without_calling_again(run_rig):
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.crash_after_effect = 1
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.crash_after_effect = 1
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 3))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
-            await trio.sleep(60)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 3))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
+        await trio.sleep(60)
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     provider = rig.providers["p"]
     actions = [action for _, action in provider.call_log if action != "getAvailableTemplates"]
     # The listing shows every machine of the op: they are committed, and requestMachines is not called again.
@@ -138,44 +116,30 @@ def test_a_crash_after_the_effect_lists_by_op_and_settles_from_the_listing_witho
     assert recovery[0]["error"] == "ProviderCrashed" and recovery[0]["found"] == 3
 
 
-def test_a_timeout_before_any_effect_retries_the_same_op_once(mock_run):
-    seen: dict = {}
+def test_a_timeout_before_any_effect_retries_the_same_op_once(run_rig):
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", ProviderTimeout("p", "requestMachines", "no answer in 180 s"))
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("requestMachines", ProviderTimeout("p", "requestMachines", "no answer in 180 s"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 2))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 2))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     ops = {doc["op_id"] for _, doc in rig.calls("p", "requestMachines")}
     assert len(ops) == 1 and len(rig.calls("p", "requestMachines")) == 2
     assert rig.events_of("action", phase="recovery")[0]["found"] == 0
     assert len(rig.running()) == 2
 
 
-def test_provider_error_with_nothing_made_is_a_refusal(mock_run):
-    seen: dict = {}
+def test_provider_error_with_nothing_made_is_a_refusal(run_rig):
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "provider_error", "API 500"))
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "provider_error", "API 500"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 1))
-            await rig.wait_for(lambda: rig.facts(InstanceFact))
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 1))
+        await rig.wait_for(lambda: rig.facts(InstanceFact))
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     failed = rig.facts(RequestFailed)
     assert [f.reason for f in failed] == ["provider_error"]
     ops = [doc["op_id"] for _, doc in rig.calls("p", "requestMachines")]
@@ -183,22 +147,15 @@ def test_provider_error_with_nothing_made_is_a_refusal(mock_run):
     assert len(rig.running()) == 1
 
 
-def test_an_unexpected_error_in_one_action_does_not_stop_the_loop(mock_run):
-    seen: dict = {}
+def test_an_unexpected_error_in_one_action_does_not_stop_the_loop(run_rig):
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", RuntimeError("a bug in a plugin client"))  # type: ignore[arg-type]
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("requestMachines", RuntimeError("a bug in a plugin client"))  # type: ignore[arg-type]
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 1))
-            await rig.wait_for(lambda: rig.facts(InstanceFact), limit=2000)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 1))
+        await rig.wait_for(lambda: rig.facts(InstanceFact), limit=2000)
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     (crash,) = rig.events_of("action", phase="crashed")
     assert crash["error"] == "RuntimeError"
     assert len(rig.running()) == 1  # the intent of the crashed action was left to the loop's recovery

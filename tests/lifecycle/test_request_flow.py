@@ -7,7 +7,7 @@ import json
 import trio
 
 from lifecycle_fakes import BootingProvider
-from lifecycle_rig import BASE, CLUSTER, build_rig, item, start_rig
+from lifecycle_rig import BASE, CLUSTER, item
 from provisionerd.model import (
     TAG_CLUSTER,
     TAG_EPOCH,
@@ -23,25 +23,21 @@ from provisionerd.model import (
 from provisionerd.tokens import token_hash
 
 
-def test_demand_becomes_an_intent_then_a_call_then_polled_instance_facts(mock_run):
+def test_demand_becomes_an_intent_then_a_call_then_polled_instance_facts(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, boot_polls=3, launch_time=int(BASE))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            start = trio.current_time()
-            rig.session.set_demand(1, item("d", 2))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
-            seen["done_at"] = trio.current_time() - start
-            await trio.sleep(1)  # let the action's task finish (its result event)
-            seen["rig"] = rig
-            seen["start"] = start
-            nursery.cancel_scope.cancel()
+    provider = BootingProvider("p", {"small": 10}, boot_polls=3, launch_time=int(BASE))
 
-    mock_run(main)
-    rig, start = seen["rig"], seen["start"]
+    async def scenario(rig, nursery):
+        start = trio.current_time()
+        rig.session.set_demand(1, item("d", 2))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
+        seen["done_at"] = trio.current_time() - start
+        await trio.sleep(1)  # let the action's task finish (its result event)
+        seen["start"] = start
+
+    rig = run_rig(scenario, {"p": provider})
+    start = seen["start"]
     intents = rig.facts(RequestIntent)
     assert len(intents) == 1
     intent = intents[0]
@@ -76,47 +72,35 @@ def test_demand_becomes_an_intent_then_a_call_then_polled_instance_facts(mock_ru
     assert any(e["outcome"] == "admitted" for e in rig.events_of("gate", op_id=intent.op_id))
 
 
-def test_replanning_the_same_snapshot_requests_nothing_more(mock_run):
-    seen: dict = {}
+def test_replanning_the_same_snapshot_requests_nothing_more(run_rig):
+    provider = BootingProvider("p", {"small": 10}, boot_polls=1, launch_time=int(BASE))
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, boot_polls=1, launch_time=int(BASE))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 3))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
-            await trio.sleep(200)  # many timer replans, a replayed snapshot
-            rig.session.set_demand(1, item("d", 3))
-            await trio.sleep(50)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 3))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
+        await trio.sleep(200)  # many timer replans, a replayed snapshot
+        rig.session.set_demand(1, item("d", 3))
+        await trio.sleep(50)
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     assert len(rig.calls("p", "requestMachines")) == 1
     assert len(rig.running()) == 3 and rig.loop.cycles > 10
 
 
-def test_a_request_not_complete_in_time_fails_and_its_machines_are_returned(mock_run):
+def test_a_request_not_complete_in_time_fails_and_its_machines_are_returned(run_rig):
     seen: dict = {}
 
-    async def main():
-        # One machine of two is made and never finishes booting; the request never completes.
-        provider = BootingProvider("p", {"small": 10}, boot_polls=float("inf"), make=1, launch_time=int(BASE))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            start = trio.current_time()
-            rig.session.set_demand(1, item("d", 2))
-            await rig.wait_for(lambda: rig.facts(Returned))
-            seen["returned_at"] = trio.current_time() - start
-            rig.session.set_demand(2, item("d", 0))  # stop asking, so no new request hangs around
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    # One machine of two is made and never finishes booting; the request never completes.
+    provider = BootingProvider("p", {"small": 10}, boot_polls=float("inf"), make=1, launch_time=int(BASE))
 
-    mock_run(main)
-    rig = seen["rig"]
+    async def scenario(rig, nursery):
+        start = trio.current_time()
+        rig.session.set_demand(1, item("d", 2))
+        await rig.wait_for(lambda: rig.facts(Returned))
+        seen["returned_at"] = trio.current_time() - start
+        rig.session.set_demand(2, item("d", 0))  # stop asking, so no new request hangs around
+
+    rig = run_rig(scenario, {"p": provider})
     intent = rig.facts(RequestIntent)[0]
     failed = rig.facts(RequestFailed)
     assert [f.op_id for f in failed] == [intent.op_id] and failed[0].reason == "provisioning_timeout"
@@ -132,27 +116,22 @@ def test_a_request_not_complete_in_time_fails_and_its_machines_are_returned(mock
     assert kinds.index("ReturnIntent") < kinds.index("Returned")
 
 
-def test_idle_machines_are_returned_when_demand_drops(mock_run):
+def test_idle_machines_are_returned_when_demand_drops(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 2))
-            await rig.wait_for(lambda: len(rig.session.view.facts.machines) == 2)  # folded into the view
-            for fact in rig.facts(InstanceFact):
-                rig.join(fact.machine_id, HostStatus.IDLE)
-            idle_from = trio.current_time()
-            rig.session.set_demand(2, item("d", 0))
-            await rig.wait_for(lambda: rig.facts(Returned))
-            seen["after"] = trio.current_time() - idle_from
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
 
-    mock_run(main)
-    rig = seen["rig"]
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 2))
+        await rig.wait_for(lambda: len(rig.session.view.facts.machines) == 2)  # folded into the view
+        for fact in rig.facts(InstanceFact):
+            rig.join(fact.machine_id, HostStatus.IDLE)
+        idle_from = trio.current_time()
+        rig.session.set_demand(2, item("d", 0))
+        await rig.wait_for(lambda: rig.facts(Returned))
+        seen["after"] = trio.current_time() - idle_from
+
+    rig = run_rig(scenario, {"p": provider})
     assert rig.running() == []
     (ret,) = rig.facts(ReturnIntent)
     assert ret.reason == "idle" and len(ret.machine_ids) == 2

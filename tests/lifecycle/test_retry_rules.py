@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from lifecycle_fakes import BootingProvider
-from lifecycle_rig import BASE, build_rig, item, start_rig
+from lifecycle_rig import BASE, item
 from provisionerd.actions import RequestMachines
 from provisionerd.errors import ProviderCrashed, ProviderTimeout
 from provisionerd.model import TAG_EPOCH, InstanceFact, RequestFailed, RequestIntent
@@ -55,22 +55,15 @@ class NoTokenProvider(BootingProvider):
         return super()._requestMachines(doc)
 
 
-def test_a_cloud_without_client_tokens_is_never_called_twice_with_one_op_id(mock_run):
-    seen: dict = {}
+def test_a_cloud_without_client_tokens_is_never_called_twice_with_one_op_id(run_rig):
+    provider = NoTokenProvider("p", {"small": 10}, launch_time=int(BASE), first_makes=1)
 
-    async def main():
-        provider = NoTokenProvider("p", {"small": 10}, launch_time=int(BASE), first_makes=1)
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 3))
-            await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
-            await trio.sleep(60)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 3))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 3)
+        await trio.sleep(60)
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider})
     ops = [doc["op_id"] for _, doc in rig.calls("p", "requestMachines")]
     assert len(ops) == len(set(ops)) == 2  # the crashed op, then the shortfall under a new op
     assert len(rig.calls("p", "describeProvider")) == 1  # asked once, then cached
@@ -80,46 +73,38 @@ def test_a_cloud_without_client_tokens_is_never_called_twice_with_one_op_id(mock
     assert len(rig.running()) == 3  # no machine made twice
 
 
-def test_a_complete_listing_settles_the_op_without_a_second_call(mock_run):
+def test_a_complete_listing_settles_the_op_without_a_second_call(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = NoTokenProvider("p", {"small": 10}, launch_time=int(BASE), first_makes=2)
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider})
-            await start_rig(nursery, rig, loop=False)
-            seen["outcome"] = await rig.executor.request(RequestMachines("op-1", "p", "small", 2, "d"))
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    provider = NoTokenProvider("p", {"small": 10}, launch_time=int(BASE), first_makes=2)
 
-    mock_run(main)
-    rig, outcome = seen["rig"], seen["outcome"]
+    async def scenario(rig, nursery):
+        seen["outcome"] = await rig.executor.request(RequestMachines("op-1", "p", "small", 2, "d"))
+
+    rig = run_rig(scenario, {"p": provider}, loop=False)
+    outcome = seen["outcome"]
     assert outcome.status == "fulfilled" and len(outcome.machine_ids) == 2
     assert len(rig.calls("p", "requestMachines")) == 1 and not rig.calls("p", "describeProvider")
     assert not rig.facts(RequestFailed)
 
 
-def test_a_retry_whose_lease_lapsed_during_the_back_off_is_not_called(mock_run):
+def test_a_retry_whose_lease_lapsed_during_the_back_off_is_not_called(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("requestMachines", ProviderTimeout("p", "requestMachines", "no answer"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider}, executor_settings={"retry_delay": 60.0})
-            await start_rig(nursery, rig, loop=False)
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", ProviderTimeout("p", "requestMachines", "no answer"))
 
-            async def partition_during_the_sleep():
-                await trio.sleep(5.0)
-                rig.link.partition()  # no renewal reaches the controller: the lease lapses before the retry
+    async def scenario(rig, nursery):
 
-            nursery.start_soon(partition_during_the_sleep)
-            seen["outcome"] = await rig.executor.request(RequestMachines("op-1", "p", "small", 2, "d"))
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+        async def partition_during_the_sleep():
+            await trio.sleep(5.0)
+            rig.link.partition()  # no renewal reaches the controller: the lease lapses before the retry
 
-    mock_run(main)
-    rig, outcome = seen["rig"], seen["outcome"]
+        nursery.start_soon(partition_during_the_sleep)
+        seen["outcome"] = await rig.executor.request(RequestMachines("op-1", "p", "small", 2, "d"))
+
+    rig = run_rig(scenario, {"p": provider}, executor_settings={"retry_delay": 60.0}, loop=False)
+    outcome = seen["outcome"]
     assert outcome.status == "unknown"
     assert len(rig.calls("p", "requestMachines")) == 1  # the retry never reached the provider
     refused = [d for d in rig.gate.decisions if d.op_id == "op-1" and d.outcome != "admitted"
@@ -127,29 +112,25 @@ def test_a_retry_whose_lease_lapsed_during_the_back_off_is_not_called(mock_run):
     assert refused and refused[-1].at >= 60.0  # refused by the gate when the retry was due, not before
 
 
-def test_a_retry_after_a_new_epoch_recommits_the_intent_under_it(mock_run):
+def test_a_retry_after_a_new_epoch_recommits_the_intent_under_it(run_rig):
     seen: dict = {}
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("requestMachines", ProviderCrashed("p", "requestMachines", "exit 70, no effect"))
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider}, executor_settings={"retry_delay": 10.0})
-            await start_rig(nursery, rig, loop=False)
-            keeper = rig.keepers["p"]
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", ProviderCrashed("p", "requestMachines", "exit 70, no effect"))
 
-            async def new_epoch_during_the_sleep():
-                await trio.sleep(2.0)
-                keeper.invalidate(keeper.epoch, "test: the controller moved on")  # re-acquired: a new epoch
-                await keeper.wait_valid()
+    async def scenario(rig, nursery):
+        keeper = rig.keepers["p"]
 
-            nursery.start_soon(new_epoch_during_the_sleep)
-            seen["outcome"] = await rig.executor.request(RequestMachines("op-1", "p", "small", 2, "d"))
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+        async def new_epoch_during_the_sleep():
+            await trio.sleep(2.0)
+            keeper.invalidate(keeper.epoch, "test: the controller moved on")  # re-acquired: a new epoch
+            await keeper.wait_valid()
 
-    mock_run(main)
-    rig, outcome = seen["rig"], seen["outcome"]
+        nursery.start_soon(new_epoch_during_the_sleep)
+        seen["outcome"] = await rig.executor.request(RequestMachines("op-1", "p", "small", 2, "d"))
+
+    rig = run_rig(scenario, {"p": provider}, executor_settings={"retry_delay": 10.0}, loop=False)
+    outcome = seen["outcome"]
     assert outcome.status == "fulfilled"
     first, second = rig.facts(RequestIntent)
     assert first.op_id == second.op_id == "op-1" and second.epoch > first.epoch

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import trio
-
 from lifecycle_fakes import BootingProvider
-from lifecycle_rig import BASE, build_rig, item, start_rig
+from lifecycle_rig import BASE, item
 from provisionerd.errors import ProviderRejected
 from provisionerd.model import HostStatus, InstanceFact, ReturnIntent, Returned
 from provisionerd.reconcile_loop import LoopSettings
@@ -13,30 +11,23 @@ from provisionerd.reconcile_loop import LoopSettings
 REFUSALS = 5
 
 
-def test_a_refused_return_backs_off_exponentially_then_completes(mock_run):
-    seen: dict = {}
+def test_a_refused_return_backs_off_exponentially_then_completes(run_rig):
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    for _ in range(REFUSALS):
+        provider.fail_next("requestReturnMachines",
+                           ProviderRejected("p", "requestReturnMachines", "internal", "api said no"))
+    settings = LoopSettings(replan_interval=1.0, reclaim_interval=30.0, recover_after=30.0,
+                            return_retry_max=400.0, return_stuck_after=3)
 
-    async def main():
-        provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        for _ in range(REFUSALS):
-            provider.fail_next("requestReturnMachines",
-                               ProviderRejected("p", "requestReturnMachines", "internal", "api said no"))
-        settings = LoopSettings(replan_interval=1.0, reclaim_interval=30.0, recover_after=30.0,
-                                return_retry_max=400.0, return_stuck_after=3)
-        async with trio.open_nursery() as nursery:
-            rig = build_rig(nursery, {"p": provider}, loop_settings=settings)
-            await start_rig(nursery, rig)
-            rig.session.set_demand(1, item("d", 1))
-            await rig.wait_for(lambda: len(rig.session.view.facts.machines) == 1)
-            for fact in rig.facts(InstanceFact):
-                rig.join(fact.machine_id, HostStatus.IDLE)
-            rig.session.set_demand(2, item("d", 0))
-            await rig.wait_for(lambda: rig.facts(Returned), limit=5_000.0)
-            seen["rig"] = rig
-            nursery.cancel_scope.cancel()
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 1))
+        await rig.wait_for(lambda: len(rig.session.view.facts.machines) == 1)
+        for fact in rig.facts(InstanceFact):
+            rig.join(fact.machine_id, HostStatus.IDLE)
+        rig.session.set_demand(2, item("d", 0))
+        await rig.wait_for(lambda: rig.facts(Returned), limit=5_000.0)
 
-    mock_run(main)
-    rig = seen["rig"]
+    rig = run_rig(scenario, {"p": provider}, loop_settings=settings)
     calls = [t for t, action in rig.providers["p"].call_log if action == "requestReturnMachines"]
     assert len(calls) == REFUSALS + 1
     assert len({f.op_id for f in rig.facts(ReturnIntent)}) == 1  # one op_id from first call to last
