@@ -31,16 +31,16 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from provisionerd.certs import init_certs  # noqa: E402
-from provisionerd.config import Config, ControllerSettings, LeaseSettings, ProviderConfig  # noqa: E402
-from provisionerd.config_writer import provisioner_tls, write_daemon_config  # noqa: E402
-from provisionerd.daemon import DaemonCore, provider_clients  # noqa: E402
-from provisionerd.executor import ExecutorSettings  # noqa: E402
-from provisionerd.model import (  # noqa: E402
+from provisionerd.pki.certs import init_certs  # noqa: E402
+from provisionerd.config.loader import Config, ControllerSettings, LeaseSettings, ProviderConfig  # noqa: E402
+from provisionerd.config.writer import provisioner_tls, write_daemon_config  # noqa: E402
+from provisionerd.daemon.root import DaemonCore, provider_clients  # noqa: E402
+from provisionerd.execution.executor import ExecutorSettings  # noqa: E402
+from provisionerd.domain.model import (  # noqa: E402
     DemandItem, Epoch, HostState, HostStatus, InstanceFact, RequestIntent, ResourceShape,
 )  # fmt: skip
-from provisionerd.policy import Policy  # noqa: E402
-from provisionerd.reconcile_loop import LoopSettings  # noqa: E402
+from provisionerd.planner.policy import Policy  # noqa: E402
+from provisionerd.execution.loop import LoopSettings  # noqa: E402
 from refcontroller.api import open_refcontroller  # noqa: E402
 
 SIMULATED = Path(__file__).resolve().parents[1] / "providers" / "simulated"

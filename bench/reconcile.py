@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from provisionerd.factview import FactView, fold  # noqa: E402
-from provisionerd.model import (  # noqa: E402
+from provisionerd.planner.fact_view import FactView, fold  # noqa: E402
+from provisionerd.domain.model import (  # noqa: E402
     CommittedFact,
     DemandItem,
     DemandSnapshot,
@@ -52,10 +52,10 @@ from provisionerd.model import (  # noqa: E402
     RequestIntent,
     ResourceShape,
 )
-from provisionerd.offers import Catalog  # noqa: E402
-from provisionerd.plannerstate import PlannerState  # noqa: E402
-from provisionerd.policy import Policy  # noqa: E402
-from provisionerd.reconcile import plan  # noqa: E402
+from provisionerd.planner.offers import Catalog  # noqa: E402
+from provisionerd.planner.state import PlannerState  # noqa: E402
+from provisionerd.planner.policy import Policy  # noqa: E402
+from provisionerd.planner.plan import plan  # noqa: E402
 
 PUSH_TO_CALL = Path(__file__).resolve().with_name("push_to_call.py")
 NOW = 1_800_000_000.0

@@ -1,5 +1,5 @@
 import sys
 
-from provisionerd.cli import main
+from provisionerd.cli.main import main
 
 sys.exit(main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provisionerd.errors import ConfigError
+from provisionerd.domain.errors import ConfigError
 
 
 def parse(text: str) -> tuple[str, int]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import trio
 
-from provisionerd.errors import ProtocolError, ProvisionerdError
-from provisionerd.model import DemandItem, Role
+from provisionerd.domain.errors import ProtocolError, ProvisionerdError
+from provisionerd.domain.model import DemandItem, Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
     AdminFailover,

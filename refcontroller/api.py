@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.model import DemandItem
+from provisionerd.domain.model import DemandItem
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.listeners import ServeConfig, serve
 from refcontroller.server import ControllerServer, Timeouts

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import trio
 
-from provisionerd.errors import ConfigError
-from provisionerd.model import DemandItem
+from provisionerd.domain.errors import ConfigError
+from provisionerd.domain.model import DemandItem
 from refcontroller import addresses as addr
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.demand_file import parse_demand

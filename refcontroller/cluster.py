@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from provisionerd.model import (
+from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
     DemandSnapshot,

@@ -23,7 +23,7 @@ import re
 
 import attrs
 
-from provisionerd.model import (
+from provisionerd.domain.model import (
     Fact,
     FACT_TYPES,
     InstanceFact,

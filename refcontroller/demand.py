@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from provisionerd.model import DemandItem, DemandSnapshot
+from provisionerd.domain.model import DemandItem, DemandSnapshot
 
 #: Bounds on what an admin may set: an item count and a demand_id length. Pages keep each frame small.
 MAX_ITEMS = 100_000

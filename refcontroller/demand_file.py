@@ -13,8 +13,8 @@ from typing import Any
 
 import jsonschema
 
-from provisionerd.errors import ConfigError
-from provisionerd.model import DemandItem
+from provisionerd.domain.errors import ConfigError
+from provisionerd.domain.model import DemandItem
 from refcontroller.jsonconv import JsonDocumentError, demand_items_from_json
 
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}

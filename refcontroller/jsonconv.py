@@ -15,8 +15,8 @@ import cattrs
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
-from provisionerd.errors import ProvisionerdError
-from provisionerd.model import DemandItem, Fact
+from provisionerd.domain.errors import ProvisionerdError
+from provisionerd.domain.model import DemandItem, Fact
 
 converter = make_converter(forbid_extra_keys=True)
 configure_tagged_union(Fact, converter, tag_name="kind")

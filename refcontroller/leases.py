@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import attrs
 
-from provisionerd.model import Epoch
+from provisionerd.domain.model import Epoch
 
 #: Denial reasons (the wire's ``LeaseDenied.reason``; ``not_primary`` is decided before the table is asked).
 HELD = "held"

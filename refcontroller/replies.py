@@ -6,7 +6,7 @@ connections (demand, failover, host changes, resync) are handled in ``session.py
 
 from __future__ import annotations
 
-from provisionerd.model import CommittedFact, HostStatus
+from provisionerd.domain.model import CommittedFact, HostStatus
 from provisionerd.wire.messages import (
     Ack,
     FactAck,

@@ -33,8 +33,8 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.errors import AuthError, ProtocolError
-from provisionerd.model import PROTOCOL_VERSION, HostState, Role
+from provisionerd.domain.errors import AuthError, ProtocolError
+from provisionerd.domain.model import PROTOCOL_VERSION, HostState, Role
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME, FramedStream
 from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
 from provisionerd.wire.tls import peer_role

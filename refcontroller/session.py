@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from provisionerd.errors import ProtocolError
-from provisionerd.model import HostState, Role
+from provisionerd.domain.errors import ProtocolError
+from provisionerd.domain.model import HostState, Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
     Ack,

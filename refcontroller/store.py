@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from provisionerd.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
+from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
 from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
 
 _SCHEMA = """

@@ -26,8 +26,8 @@ from collections.abc import Collection
 
 import attrs
 
-from provisionerd.agent_token import rejoin_hash, rejoin_hash_of_credential
-from provisionerd.model import HostState, HostStatus
+from provisionerd.agent.token import rejoin_hash, rejoin_hash_of_credential
+from provisionerd.domain.model import HostState, HostStatus
 from refcontroller.commits import Rejection
 from refcontroller.store import FactStore
 

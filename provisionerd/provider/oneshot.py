@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from provisionerd.errors import (
+from provisionerd.domain.errors import (
     ProviderCrashed,
     ProviderProtocolViolation,
     ProviderRejected,

@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.errors import ProviderCrashed, ProviderError, ProviderProtocolViolation, ProviderTimeout
+from provisionerd.domain.errors import ProviderCrashed, ProviderError, ProviderProtocolViolation, ProviderTimeout
 from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
 from provisionerd.provider.process import StderrTail, kill_group, open_group_process
 from provisionerd.provider.runtime import (

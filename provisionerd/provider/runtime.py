@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from provisionerd.errors import (
+from provisionerd.domain.errors import (
     RETRYABLE_CODES,
     ProviderInputInvalid,
     ProviderProtocolViolation,

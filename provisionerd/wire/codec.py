@@ -31,8 +31,8 @@ from typing import Any
 import attrs
 import capnp
 
-from provisionerd import model
-from provisionerd.errors import DecodeError
+from provisionerd.domain import model
+from provisionerd.domain.errors import DecodeError
 from provisionerd.wire.messages import MESSAGE_TYPES, Envelope, Message
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "protocol" / "provisioner.capnp"

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import trio
 
-from provisionerd.errors import FrameTooLarge, TruncatedFrame
+from provisionerd.domain.errors import FrameTooLarge, TruncatedFrame
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.messages import Envelope, Message
 

@@ -15,7 +15,7 @@ from typing import Union
 
 import attrs
 
-from provisionerd.model import (
+from provisionerd.domain.model import (
     PROTOCOL_VERSION,
     CommittedFact,
     DemandItem,

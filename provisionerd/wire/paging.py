@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from provisionerd.model import CommittedFact, DemandItem, HostState
+from provisionerd.domain.model import CommittedFact, DemandItem, HostState
 from provisionerd.wire.codec import encode
 from provisionerd.wire.messages import DemandPage, HostStatePush, Message, ResyncPage
 

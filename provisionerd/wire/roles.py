@@ -9,8 +9,8 @@ A client's role comes from its verified certificate (``tls.peer_role``), never f
 
 from __future__ import annotations
 
-from provisionerd.errors import OpcodeNotAllowed
-from provisionerd.model import Role
+from provisionerd.domain.errors import OpcodeNotAllowed
+from provisionerd.domain.model import Role
 from provisionerd.wire.codec import opcode
 from provisionerd.wire.messages import (
     Ack,

@@ -21,9 +21,9 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from provisionerd.certs import cert_paths, parse_role_uri, read_cluster
-from provisionerd.errors import AuthError, ConfigError
-from provisionerd.model import Role
+from provisionerd.pki.certs import cert_paths, parse_role_uri, read_cluster
+from provisionerd.domain.errors import AuthError, ConfigError
+from provisionerd.domain.model import Role
 
 
 class ClusterSSLContext(ssl.SSLContext):

@@ -12,8 +12,8 @@ import attrs
 import trio
 import trio.testing
 
-from provisionerd.agent_token import rejoin_hash, rejoin_hash_of_credential
-from provisionerd.model import HostStatus
+from provisionerd.agent.token import rejoin_hash, rejoin_hash_of_credential
+from provisionerd.domain.model import HostStatus
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import Ack, ErrorMsg, Heartbeat, HeartbeatAck, Join, JoinReply, WorkerStatus
 

@@ -22,7 +22,7 @@ from agent_procs import live_agents  # noqa: E402
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     directory = tmp_path_factory.mktemp("certs")
     init_certs(directory, "agentcluster")

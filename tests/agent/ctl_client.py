@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from provisionerd.model import Epoch, RequestIntent, Role
+from provisionerd.domain.model import Epoch, RequestIntent, Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import FactAck, FactCommit, Join, JoinReply, LeaseAcquire, LeaseGrant, Message
 from provisionerd.wire.tls import client_ssl_context

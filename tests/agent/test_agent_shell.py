@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from agent_fakes import FakeController
 
-from provisionerd.agent import (
+from provisionerd.agent.worker import (
     EXIT_REFUSED,
     EXIT_TOKEN_REFUSED,
     AgentConfig,
@@ -25,8 +25,8 @@ from provisionerd.agent import (
     backoff_delay,
     judge_join_reply,
 )
-from provisionerd.agent_token import REJOIN_PREFIX
-from provisionerd.model import HostStatus
+from provisionerd.agent.token import REJOIN_PREFIX
+from provisionerd.domain.model import HostStatus
 from provisionerd.wire.messages import ErrorMsg, HeartbeatAck, JoinReply
 
 TOKEN = "t0ken-" + "x" * 30

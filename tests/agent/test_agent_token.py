@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provisionerd.agent_token import (
+from provisionerd.agent.token import (
     REJOIN_PREFIX,
     read_token_file,
     read_token_stream,
@@ -17,7 +17,7 @@ from provisionerd.agent_token import (
     rejoin_hash_of_credential,
     rejoin_proof,
 )
-from provisionerd.errors import ConfigError
+from provisionerd.domain.errors import ConfigError
 
 TOKEN = "Abc-def_0123456789xyzXYZ"
 

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.config import Backoff
-from provisionerd.events import EventLog
-from provisionerd.lease import LeaseKeeper, LeaseTransport
+from provisionerd.config.loader import Backoff
+from provisionerd.telemetry.events import EventLog
+from provisionerd.controller.lease import LeaseKeeper, LeaseTransport
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ class MemoryNet:
         self.connects: list[tuple[float, str]] = []
 
     async def connect(self, address: str) -> trio.abc.Stream:
-        from provisionerd.model import Role
+        from provisionerd.domain.model import Role
 
         self.connects.append((trio.current_time(), address))
         if self.partitioned or address in self.down or address not in self.addresses:

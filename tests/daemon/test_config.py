@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from provisionerd import cli
-from provisionerd.config import Config
-from provisionerd.config_problems import find_problems, format_path
-from provisionerd.errors import ConfigError
+from provisionerd.cli import main as cli
+from provisionerd.config.loader import Config
+from provisionerd.config.problems import find_problems, format_path
+from provisionerd.domain.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "example-config.toml"

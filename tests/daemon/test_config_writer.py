@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisionerd.config import (
+from provisionerd.config.loader import (
     Backoff,
     Config,
     ControllerSettings,
@@ -25,8 +25,8 @@ from provisionerd.config import (
     ProviderTimeouts,
     TlsPaths,
 )
-from provisionerd.config_writer import daemon_config_toml, provisioner_tls, write_daemon_config
-from provisionerd.errors import ConfigError
+from provisionerd.config.writer import daemon_config_toml, provisioner_tls, write_daemon_config
+from provisionerd.domain.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 ODD = 'q"uote \\back\\slash\\ ünïcødé ✓ 雪 \U0001f680 tab\there\nnew line \x7f end'  # every escape TOML has
@@ -196,7 +196,7 @@ def test_an_unwritable_place_is_a_config_error(tmp_path):
 
 
 def test_provisioner_tls_names_the_files_certs_init_writes(tmp_path):
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     written = set(init_certs(tmp_path / "certs", "c1"))
     tls = provisioner_tls(tmp_path / "certs")

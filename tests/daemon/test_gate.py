@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from provisionerd.errors import ControllerRejected, LeaseError
-from provisionerd.events import EventLog
-from provisionerd.fake_controller import FakeController
-from provisionerd.gate import GateDecision, MutationGate, violations
-from provisionerd.model import NO_EPOCH, Epoch, RequestIntent, ReturnIntent
+from provisionerd.domain.errors import ControllerRejected, LeaseError
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_controller import FakeController
+from provisionerd.execution.gate import GateDecision, MutationGate, violations
+from provisionerd.domain.model import NO_EPOCH, Epoch, RequestIntent, ReturnIntent
 
 
 def intent(op_id: str, provider: str = "sim") -> RequestIntent:

@@ -17,11 +17,11 @@ import attrs
 import pytest
 import trio
 
-from provisionerd import cli
-from provisionerd.admin_socket import query
-from provisionerd.config import Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig
-from provisionerd.config_writer import daemon_config_toml, provisioner_tls, write_daemon_config
-from provisionerd.model import Epoch
+from provisionerd.cli import main as cli
+from provisionerd.daemon.admin_socket import query
+from provisionerd.config.loader import Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig
+from provisionerd.config.writer import daemon_config_toml, provisioner_tls, write_daemon_config
+from provisionerd.domain.model import Epoch
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ async def poll_status(sock: Path, predicate, limit: float = 30.0):
 
 
 def test_run_status_failover_reload_and_sigterm(tmp_path):
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller_process
 
     certs, state, config = tmp_path / "certs", tmp_path / "state", tmp_path / "pd.toml"

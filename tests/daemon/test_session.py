@@ -7,14 +7,14 @@ import random
 import pytest
 import trio
 
-from provisionerd.config import Backoff
-from provisionerd.controller_ops import ControllerOps
-from provisionerd.errors import ControllerRejected, LinkDown
-from provisionerd.events import EventLog
-from provisionerd.gate import MutationGate, violations
-from provisionerd.lease import LeaseKeeper, LeaseState
-from provisionerd.model import NO_EPOCH, DemandItem, Epoch, RequestIntent, ResourceShape
-from provisionerd.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.config.loader import Backoff
+from provisionerd.controller.ops import ControllerOps
+from provisionerd.domain.errors import ControllerRejected, LinkDown
+from provisionerd.telemetry.events import EventLog
+from provisionerd.execution.gate import MutationGate, violations
+from provisionerd.controller.lease import LeaseKeeper, LeaseState
+from provisionerd.domain.model import NO_EPOCH, DemandItem, Epoch, RequestIntent, ResourceShape
+from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
 
 
 def settings(addresses, identity="prov-a", providers=("sim",), **kw) -> SessionSettings:
@@ -281,7 +281,7 @@ def test_standby_daemon_takes_over_only_after_expiry_or_the_controllers_grace(mo
 
 
 def test_multi_page_demand_host_pushes_and_the_updates_channel(mock_run, memory_controller):
-    from provisionerd.model import HostState, HostStatus
+    from provisionerd.domain.model import HostState, HostStatus
 
     big = [DemandItem(demand_id=f"d{i}", shape=ResourceShape(ncpus=1 + i % 8), count=1) for i in range(1200)]
     host = HostState("ref-1", "sim", "m-1", HostStatus.IDLE, 100.0)

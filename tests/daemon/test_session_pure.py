@@ -8,12 +8,12 @@ import random
 import pytest
 import trio
 
-from provisionerd.admin_socket import query, serve_admin_socket
-from provisionerd.backoff import BackoffTimer
-from provisionerd.config import Backoff
-from provisionerd.errors import ProtocolError
-from provisionerd.hosttable import join_index
-from provisionerd.model import (
+from provisionerd.daemon.admin_socket import query, serve_admin_socket
+from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.config.loader import Backoff
+from provisionerd.domain.errors import ProtocolError
+from provisionerd.planner.host_table import join_index
+from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
     Epoch,
@@ -24,9 +24,9 @@ from provisionerd.model import (
     RequestIntent,
     ResourceShape,
 )
-from provisionerd.session_view import DemandAssembler, ResyncCollector
-from provisionerd.status_cli import main as status_main
-from provisionerd.status_cli import render
+from provisionerd.controller.view import DemandAssembler, ResyncCollector
+from provisionerd.cli.status import main as status_main
+from provisionerd.cli.status import render
 
 
 def item(n: int) -> DemandItem:

@@ -10,14 +10,14 @@ import random
 import trio
 import trio.testing
 
-from provisionerd.config import Backoff
-from provisionerd.controller_ops import ControllerOps
-from provisionerd.events import EventLog
-from provisionerd.gate import MutationGate
-from provisionerd.lease import LeaseKeeper
-from provisionerd.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
-from provisionerd.session import ControllerSession, LinkState, SessionSettings
-from provisionerd.simulation.network import _without_pushes
+from provisionerd.config.loader import Backoff
+from provisionerd.controller.ops import ControllerOps
+from provisionerd.telemetry.events import EventLog
+from provisionerd.execution.gate import MutationGate
+from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
+from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.testing.simulation.network import _without_pushes
 
 ITEM = DemandItem(demand_id="d1", shape=ResourceShape(ncpus=4), count=3)
 

@@ -12,12 +12,12 @@ import pytest
 import trio
 from demo_scan import processes_naming
 
-from provisionerd import demo as demo_mod
-from provisionerd import demo_cluster
-from provisionerd.demo import Summary, run_demo
-from provisionerd.demo_observe import EventsTail, EventTally, Snapshot, controller_fields, daemon_fields
-from provisionerd.demo_procs import ProcInfo, parse_agent, start_child
-from provisionerd.demo_progress import Progress, plain_line, status_lines
+from provisionerd.demo import run as demo_mod
+from provisionerd.demo import cluster as demo_cluster
+from provisionerd.demo.run import Summary, run_demo
+from provisionerd.demo.observe import EventsTail, EventTally, Snapshot, controller_fields, daemon_fields
+from provisionerd.demo.procs import ProcInfo, parse_agent, start_child
+from provisionerd.demo.progress import Progress, plain_line, status_lines
 
 
 def action(phase: str, kind: str, op_id: str, **fields) -> dict:
@@ -166,7 +166,7 @@ def test_a_failing_step_is_named_and_everything_is_cleaned_up(tmp_path: Path, mo
 
 
 def test_bad_arguments_exit_2_before_anything_starts(capsys, tmp_path: Path, monkeypatch) -> None:
-    from provisionerd import demo_cli
+    from provisionerd.cli import demo as demo_cli
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert demo_cli.main(["--workers", "0"]) == 2

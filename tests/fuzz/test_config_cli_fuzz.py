@@ -18,9 +18,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisionerd import cli
-from provisionerd.config import MAX_CONFIG_BYTES, Config
-from provisionerd.errors import ConfigError
+from provisionerd.cli import main as cli
+from provisionerd.config.loader import MAX_CONFIG_BYTES, Config
+from provisionerd.domain.errors import ConfigError
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BASE = Path("/nonexistent-base")
@@ -160,7 +160,7 @@ def test_config_check_on_any_file_content_gives_an_exit_code(content):
 def test_provider_check_returns_a_code_for_bad_arguments_instead_of_exiting(extra):
     """``provider check`` without a PATH (and with any flags) is refused with 2 by ``main``; argparse's
     ``SystemExit`` used to escape it."""
-    from provisionerd.provider import check_cli
+    from provisionerd.cli import provider as check_cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -170,7 +170,7 @@ def test_provider_check_returns_a_code_for_bad_arguments_instead_of_exiting(extr
 
 
 def test_provider_check_help_returns_0():
-    from provisionerd.provider import check_cli
+    from provisionerd.cli import provider as check_cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisionerd.errors import ProviderCrashed, ProviderProtocolViolation, ProviderRejected
+from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolation, ProviderRejected
 from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.process import StderrTail

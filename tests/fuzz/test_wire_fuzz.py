@@ -14,11 +14,11 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisionerd.errors import FrameTooLarge, ProtocolError
+from provisionerd.domain.errors import FrameTooLarge, ProtocolError
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.framing import FramedStream, frame_bytes
 from provisionerd.wire.messages import Envelope, Heartbeat, Join
-from provisionerd.model import Role
+from provisionerd.domain.model import Role
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import trio
 
-from provisionerd.provider.legacy import LegacyProvider, LegacySettings
-from provisionerd.provider.legacy_rules import UserDataTemplate
+from provisionerd.provider.legacy.adapter import LegacyProvider, LegacySettings
+from provisionerd.provider.legacy.rules import UserDataTemplate
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.runtime import Limits, ProviderConfig
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from provisionerd.config import Config
-from provisionerd.daemon import provider_clients
-from provisionerd.errors import ConfigError
-from provisionerd.provider.legacy import LegacyProvider
-from provisionerd.provider.legacy_config import client_for, legacy_settings
+from provisionerd.config.loader import Config
+from provisionerd.daemon.root import provider_clients
+from provisionerd.domain.errors import ConfigError
+from provisionerd.provider.legacy.adapter import LegacyProvider
+from provisionerd.provider.legacy.wiring import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.runtime import ProviderConfig
 

@@ -25,20 +25,20 @@ from typing import Any
 import pytest
 import trio
 
-from provisionerd.agent import AgentConfig, WorkerAgent
-from provisionerd.agent_cli import tls_connector as worker_connector
-from provisionerd.config import (
+from provisionerd.agent.worker import AgentConfig, WorkerAgent
+from provisionerd.cli.agent import tls_connector as worker_connector
+from provisionerd.config.loader import (
     Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, LegacyOptions, OrphanSettings, ProviderConfig,
     ProviderTimeouts,
 )  # fmt: skip
-from provisionerd.config_writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon import DaemonCore
-from provisionerd.executor import ExecutorSettings
-from provisionerd.model import DemandItem, InstanceFact, Lost, RequestIntent, ResourceShape, Returned
-from provisionerd.policy import Policy
-from provisionerd.provider.legacy import LegacyProvider
-from provisionerd.reconcile_loop import LoopSettings
-from provisionerd.tokens import token_hash
+from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.daemon.root import DaemonCore
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.domain.model import DemandItem, InstanceFact, Lost, RequestIntent, ResourceShape, Returned
+from provisionerd.planner.policy import Policy
+from provisionerd.provider.legacy.adapter import LegacyProvider
+from provisionerd.execution.loop import LoopSettings
+from provisionerd.domain.tokens import token_hash
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ async def wait_until(predicate: Any, limit: float = 40.0) -> None:
 
 
 def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(tmp_path):
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller
 
     certs = tmp_path / "certs"

@@ -8,10 +8,10 @@ import json
 import pytest
 import trio
 
-from provisionerd.errors import ProviderOutcomeUnknown, ProviderTimeout
-from provisionerd.provider.legacy import REQUEST_PREFIX, LegacyProvider
-from provisionerd.provider.legacy_rules import LEGACY_FEATURES, NextStep, after_request_error, fulfilment
-from provisionerd.provider.legacy_rules import invisible_classes
+from provisionerd.domain.errors import ProviderOutcomeUnknown, ProviderTimeout
+from provisionerd.provider.legacy.adapter import REQUEST_PREFIX, LegacyProvider
+from provisionerd.provider.legacy.rules import LEGACY_FEATURES, NextStep, after_request_error, fulfilment
+from provisionerd.provider.legacy.rules import invisible_classes
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisionerd.provider.check_cli import main
+from provisionerd.cli.provider import main
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "providers" / "examples" / "lsf_legacy"

@@ -7,10 +7,10 @@ import json
 
 import trio
 
-from provisionerd.orphan_daemon import ReadOnlyClient
-from provisionerd.orphan_model import ListingAbsent
-from provisionerd.orphan_reads import read_listing, unknown_outcomes
-from provisionerd.orphan_report import render_json, render_table, report_document
+from provisionerd.daemon.orphans import ReadOnlyClient
+from provisionerd.orphans.model import ListingAbsent
+from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
+from provisionerd.orphans.report import render_json, render_table, report_document
 
 UNKNOWN = {"op_id": "c1:lsfex:i1:3", "template": "lsfex-small", "instance_refs": ["c1:lsfex:i1:3/0"],
            "detail": "ProviderTimeout: no answer in 1s"}  # fmt: skip

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from provisionerd.errors import (
+from provisionerd.domain.errors import (
     ConfigError,
     ProviderCrashed,
     ProviderOutcomeUnknown,
@@ -15,8 +15,8 @@ from provisionerd.errors import (
     ProviderTimeout,
     ProviderUnsupported,
 )
-from provisionerd.provider.legacy_journal import ACCEPTED, CALLING, UNKNOWN, CreateOp, Journal, PluginCall, ReturnOp
-from provisionerd.provider.legacy_rules import (
+from provisionerd.provider.legacy.journal import ACCEPTED, CALLING, UNKNOWN, CreateOp, Journal, PluginCall, ReturnOp
+from provisionerd.provider.legacy.rules import (
     LEGACY_FEATURES,
     NextStep,
     ReturnVerdict,
@@ -26,8 +26,8 @@ from provisionerd.provider.legacy_rules import (
     lacking_guarantees,
     return_verdicts,
 )
-from provisionerd.provider.legacy_shapes import normalise
-from provisionerd.provider.legacy_status import create_entry, return_entry
+from provisionerd.provider.legacy.shapes import normalise
+from provisionerd.provider.legacy.status import create_entry, return_entry
 
 FULL = {"idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": True, "priceQuotes": True}
 

@@ -8,8 +8,8 @@ import json
 import pytest
 import trio
 
-from provisionerd.errors import ConfigError, ProviderUnsupported
-from provisionerd.provider.legacy_rules import UserDataTemplate
+from provisionerd.domain.errors import ConfigError, ProviderUnsupported
+from provisionerd.provider.legacy.rules import UserDataTemplate
 
 pytestmark = pytest.mark.slow
 

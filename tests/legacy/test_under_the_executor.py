@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 import trio
 
-from provisionerd.actions import RequestMachines
-from provisionerd.config import Backoff
-from provisionerd.events import EventLog
-from provisionerd.executor import Executor, ExecutorSettings
-from provisionerd.fake_controller import FakeController
-from provisionerd.gate import MutationGate
-from provisionerd.lease import LeaseKeeper
-from provisionerd.model import InstanceFact, RequestFailed, RequestIntent, Returned
-from provisionerd.provider.legacy import LegacyProvider
-from provisionerd.tokens import token_hash
+from provisionerd.domain.actions import RequestMachines
+from provisionerd.config.loader import Backoff
+from provisionerd.telemetry.events import EventLog
+from provisionerd.execution.executor import Executor, ExecutorSettings
+from provisionerd.testing.fake_controller import FakeController
+from provisionerd.execution.gate import MutationGate
+from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.model import InstanceFact, RequestFailed, RequestIntent, Returned
+from provisionerd.provider.legacy.adapter import LegacyProvider
+from provisionerd.domain.tokens import token_hash
 
 pytestmark = pytest.mark.slow
 TOKEN_TEMPLATE = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}"}

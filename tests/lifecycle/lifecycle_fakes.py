@@ -8,8 +8,8 @@ from typing import Any
 
 import trio
 
-from provisionerd.errors import ProviderCrashed
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.domain.errors import ProviderCrashed
+from provisionerd.testing.fake_provider import FakeProvider
 
 
 class BootingProvider(FakeProvider):

@@ -16,14 +16,14 @@ import attrs
 import trio
 import trio.testing
 
-from provisionerd.config import Backoff
-from provisionerd.events import EventLog
-from provisionerd.executor import Executor, ExecutorSettings
-from provisionerd.factview import FactView
-from provisionerd.fake_controller import FakeController, FakeLink
-from provisionerd.gate import MutationGate
-from provisionerd.lease import LeaseKeeper
-from provisionerd.model import (
+from provisionerd.config.loader import Backoff
+from provisionerd.telemetry.events import EventLog
+from provisionerd.execution.executor import Executor, ExecutorSettings
+from provisionerd.planner.fact_view import FactView
+from provisionerd.testing.fake_controller import FakeController, FakeLink
+from provisionerd.execution.gate import MutationGate
+from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
     DemandSnapshot,
@@ -32,12 +32,12 @@ from provisionerd.model import (
     HostStatus,
     ResourceShape,
 )
-from provisionerd.offer_feed import OfferFeed
-from provisionerd.policy import Policy
-from provisionerd.provider.fake import FakeProvider
-from provisionerd.reconcile_loop import LoopSettings, ReconcileLoop
-from provisionerd.session import LinkState
-from provisionerd.session_view import ControllerView
+from provisionerd.execution.offer_feed import OfferFeed
+from provisionerd.planner.policy import Policy
+from provisionerd.testing.fake_provider import FakeProvider
+from provisionerd.execution.loop import LoopSettings, ReconcileLoop
+from provisionerd.controller.session import LinkState
+from provisionerd.controller.view import ControllerView
 
 BASE = 1_700_000_000.0
 CLUSTER = "c1"

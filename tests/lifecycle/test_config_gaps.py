@@ -11,10 +11,10 @@ import trio
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, build_rig, item, start_rig
-from provisionerd.config import Config
-from provisionerd.daemon import policy_from_config
-from provisionerd.errors import ConfigError, ProviderRejected
-from provisionerd.model import InstanceFact
+from provisionerd.config.loader import Config
+from provisionerd.daemon.root import policy_from_config
+from provisionerd.domain.errors import ConfigError, ProviderRejected
+from provisionerd.domain.model import InstanceFact
 
 CONFIG = textwrap.dedent(
     """

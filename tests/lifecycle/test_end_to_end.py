@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 import trio
 
-from provisionerd.agent import AgentConfig, WorkerAgent
-from provisionerd.agent_cli import tls_connector as worker_connector
-from provisionerd.config import (
+from provisionerd.agent.worker import AgentConfig, WorkerAgent
+from provisionerd.cli.agent import tls_connector as worker_connector
+from provisionerd.config.loader import (
     Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
 )  # fmt: skip
-from provisionerd.config_writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon import DaemonCore, provider_clients
-from provisionerd.executor import ExecutorSettings
-from provisionerd.model import (
+from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.daemon.root import DaemonCore, provider_clients
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.domain.model import (
     TAG_CLUSTER,
     DemandItem,
     InstanceFact,
@@ -33,9 +33,9 @@ from provisionerd.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.policy import Policy
+from provisionerd.planner.policy import Policy
 from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.reconcile_loop import LoopSettings
+from provisionerd.execution.loop import LoopSettings
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +96,7 @@ async def wait_until(predicate, limit: float = 30.0, what: str = "") -> None:
 
 
 async def run_scenario(tmp: Path, transport: str, faults: list, body) -> dict[str, Any]:
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller
 
     certs = tmp / "certs"

@@ -7,8 +7,8 @@ import trio
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
-from provisionerd.errors import ProviderRejected, ProviderTimeout
-from provisionerd.model import TAG_OP, InstanceFact, RequestFailed, RequestIntent
+from provisionerd.domain.errors import ProviderRejected, ProviderTimeout
+from provisionerd.domain.model import TAG_OP, InstanceFact, RequestFailed, RequestIntent
 
 
 def request_times(provider: BootingProvider) -> list[float]:

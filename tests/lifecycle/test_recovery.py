@@ -6,7 +6,7 @@ import trio
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, CLUSTER, item
-from provisionerd.model import (
+from provisionerd.domain.model import (
     NO_EPOCH,
     HostStatus,
     InstanceFact,
@@ -16,7 +16,7 @@ from provisionerd.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.tokens import instance_refs, issue
+from provisionerd.domain.tokens import instance_refs, issue
 
 
 def test_an_open_intent_left_by_a_previous_process_is_settled_and_the_shortfall_is_a_new_op(run_rig):
@@ -114,7 +114,7 @@ def test_no_request_without_a_lease_and_none_after_it_lapses(run_rig):
 
 
 def test_a_refused_return_is_resumed_with_the_same_op_id(run_rig):
-    from provisionerd.errors import ProviderRejected
+    from provisionerd.domain.errors import ProviderRejected
 
     seen: dict = {}
 

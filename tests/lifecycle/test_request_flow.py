@@ -8,7 +8,7 @@ import trio
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, CLUSTER, item
-from provisionerd.model import (
+from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_EPOCH,
     TAG_OP,
@@ -20,7 +20,7 @@ from provisionerd.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.tokens import token_hash
+from provisionerd.domain.tokens import token_hash
 
 
 def test_demand_becomes_an_intent_then_a_call_then_polled_instance_facts(run_rig):

@@ -18,17 +18,17 @@ import trio
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
-from provisionerd.actions import RequestMachines
-from provisionerd.errors import ProviderCrashed, ProviderTimeout
-from provisionerd.model import TAG_EPOCH, InstanceFact, RequestFailed, RequestIntent
-from provisionerd.plannerstate import (
+from provisionerd.domain.actions import RequestMachines
+from provisionerd.domain.errors import ProviderCrashed, ProviderTimeout
+from provisionerd.domain.model import TAG_EPOCH, InstanceFact, RequestFailed, RequestIntent
+from provisionerd.planner.state import (
     INTENT_BACKOFF_BASE,
     INTENT_BACKOFF_MAX,
     IntentRefused,
     PlannerState,
     observe,
 )
-from provisionerd.policy import Policy
+from provisionerd.planner.policy import Policy
 
 CLUSTER = "testcluster"
 

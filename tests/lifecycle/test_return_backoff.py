@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
-from provisionerd.errors import ProviderRejected
-from provisionerd.model import HostStatus, InstanceFact, ReturnIntent, Returned
-from provisionerd.reconcile_loop import LoopSettings
+from provisionerd.domain.errors import ProviderRejected
+from provisionerd.domain.model import HostStatus, InstanceFact, ReturnIntent, Returned
+from provisionerd.execution.loop import LoopSettings
 
 REFUSALS = 5
 

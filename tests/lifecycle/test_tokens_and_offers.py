@@ -8,12 +8,12 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.errors import ProviderProtocolViolation, ProviderRejected
-from provisionerd.events import EventLog
-from provisionerd.model import Offer, PriceQuote
-from provisionerd.offer_feed import MAX_TEMPLATES, OfferFeed, templates_to_offers
-from provisionerd.provider.fake import FakeProvider
-from provisionerd.tokens import instance_refs, issue, token_hash
+from provisionerd.domain.errors import ProviderProtocolViolation, ProviderRejected
+from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import Offer, PriceQuote
+from provisionerd.execution.offer_feed import MAX_TEMPLATES, OfferFeed, templates_to_offers
+from provisionerd.testing.fake_provider import FakeProvider
+from provisionerd.domain.tokens import instance_refs, issue, token_hash
 
 
 def test_tokens_are_fresh_colon_free_and_kept_only_as_sha256():

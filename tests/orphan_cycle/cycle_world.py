@@ -12,11 +12,11 @@ import hashlib
 import attrs
 import trio
 
-from provisionerd.errors import LeaseError
-from provisionerd.events import EventLog
-from provisionerd.executor import ReturnOutcome
-from provisionerd.factview import fold
-from provisionerd.model import (
+from provisionerd.domain.errors import LeaseError
+from provisionerd.telemetry.events import EventLog
+from provisionerd.execution.executor import ReturnOutcome
+from provisionerd.planner.fact_view import fold
+from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_EPOCH,
     TAG_INSTANCE,
@@ -29,11 +29,11 @@ from provisionerd.model import (
     RequestFailed,
     RequestIntent,
 )
-from provisionerd.orphan_cycle import OrphanCycle
-from provisionerd.orphan_model import ControllerState, LeaseState, Unreadable
-from provisionerd.orphan_policy import OrphanPolicy
-from provisionerd.orphan_reads import ControllerRead
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.execution.orphan_cycle import OrphanCycle
+from provisionerd.orphans.model import ControllerState, LeaseState, Unreadable
+from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.execution.orphan_reads import ControllerRead
+from provisionerd.testing.fake_provider import FakeProvider
 
 CLUSTER = "clu"
 PROVIDER = "sim"

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 import attrs
 import trio
 
-from provisionerd.config import Config
-from provisionerd.controller_ops import ControllerOps
-from provisionerd.events import EventLog
-from provisionerd.lease import LeaseKeeper
-from provisionerd.model import Epoch
-from provisionerd.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.config.loader import Config
+from provisionerd.controller.ops import ControllerOps
+from provisionerd.telemetry.events import EventLog
+from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.model import Epoch
+from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
 
 
 @attrs.define(eq=False)
@@ -36,7 +36,7 @@ async def holding_lease(
 ) -> AsyncIterator[Holder]:
     """Join as ``identity`` (default: the config's), hold ``provider``'s lease, give it back on exit."""
     if connect is None:
-        from provisionerd.connect import tls_connector
+        from provisionerd.controller.connect import tls_connector
 
         connect = tls_connector(config)
     events = EventLog()

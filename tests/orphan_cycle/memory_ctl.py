@@ -11,8 +11,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from provisionerd.config import Config
-from provisionerd.model import Role
+from provisionerd.config.loader import Config
+from provisionerd.domain.model import Role
 
 
 class MemoryNet:

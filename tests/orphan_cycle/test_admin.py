@@ -10,11 +10,11 @@ from cycle_world import NOW, OLD, tags
 from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd.events import EventLog
-from provisionerd.model import NO_EPOCH, InstanceFact, OrphanAdopted, RequestIntent, Returned, ReturnIntent
-from provisionerd.orphan_model import orphan_op_id
-from provisionerd.orphans_admin import act
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import NO_EPOCH, InstanceFact, OrphanAdopted, RequestIntent, Returned, ReturnIntent
+from provisionerd.orphans.model import orphan_op_id
+from provisionerd.daemon.orphan_admin import act
+from provisionerd.testing.fake_provider import FakeProvider
 
 MUTATIONS = ("requestMachines", "requestReturnMachines", "stopMachines")
 
@@ -109,7 +109,7 @@ def test_refusals_change_nothing(tmp_path):
 def test_admin_command_line_errors_exit_2(tmp_path, capsys):
     from test_dry_run import write_config
 
-    from provisionerd import cli
+    from provisionerd.cli import main as cli
 
     config = tmp_path / "pd.toml"
     write_config(config, "127.0.0.1:9")

@@ -22,16 +22,17 @@ import trio.testing
 from cycle_world import OLD, World, tags
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd import admin_socket, cli
-from provisionerd.admin_socket import Command, query, request, serve_admin_socket
-from provisionerd.config import Config
-from provisionerd.daemon import DaemonCore
-from provisionerd.events import EventLog
-from provisionerd.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
-from provisionerd.orphan_model import orphan_op_id
-from provisionerd.orphans_admin import AdminRequest, AdminResult
-from provisionerd.orphans_cli import via_daemon
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.daemon import admin_socket
+from provisionerd.cli import main as cli
+from provisionerd.daemon.admin_socket import Command, query, request, serve_admin_socket
+from provisionerd.config.loader import Config
+from provisionerd.daemon.root import DaemonCore
+from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
+from provisionerd.orphans.model import orphan_op_id
+from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult
+from provisionerd.cli.orphans import via_daemon
+from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
 MUTATIONS = ("requestMachines", "requestReturnMachines", "stopMachines")
@@ -219,7 +220,7 @@ def test_one_action_per_machine_and_it_outlives_a_request_that_gave_up(tmp_path)
 
 def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
     """No daemon: ``--dry-run`` on the direct path reads through a read-only client and joins without a lease."""
-    from provisionerd.orphans_admin import act
+    from provisionerd.daemon.orphan_admin import act
 
     fake = world()
     events = EventLog()
@@ -437,7 +438,7 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
 
     import sim_state
 
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller
 
     root = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ import trio
 import trio.testing
 from cycle_world import CLUSTER, EPOCH, NOW, OLD, PROVIDER, World, tags
 
-from provisionerd.errors import LeaseError, ProviderTimeout
-from provisionerd.model import TAG_CLUSTER, Lost, OrphanAdopted, HostState, HostStatus, OrphanReported
-from provisionerd.orphan_model import orphan_op_id
-from provisionerd.orphan_policy import OrphanPolicy
+from provisionerd.domain.errors import LeaseError, ProviderTimeout
+from provisionerd.domain.model import TAG_CLUSTER, Lost, OrphanAdopted, HostState, HostStatus, OrphanReported
+from provisionerd.orphans.model import orphan_op_id
+from provisionerd.orphans.policy import OrphanPolicy
 
 TERMINATE = OrphanPolicy(orphan_action="terminate")
 

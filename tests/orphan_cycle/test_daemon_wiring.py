@@ -9,11 +9,11 @@ from cycle_world import OLD, tags
 from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd.daemon import DaemonCore
-from provisionerd.events import EventLog
-from provisionerd.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
-from provisionerd.orphan_model import orphan_op_id
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.daemon.root import DaemonCore
+from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
+from provisionerd.orphans.model import orphan_op_id
+from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
 SETTLE = 20.0

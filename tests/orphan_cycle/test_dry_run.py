@@ -15,12 +15,12 @@ from cycle_world import OLD, tags
 from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd import cli
-from provisionerd.errors import ProviderCrashed, ProviderUnsupported
-from provisionerd.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, RequestIntent
-from provisionerd.orphan_daemon import ReadOnlyClient
-from provisionerd.orphans_cli import dry_run, render
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.cli import main as cli
+from provisionerd.domain.errors import ProviderCrashed, ProviderUnsupported
+from provisionerd.domain.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, RequestIntent
+from provisionerd.daemon.orphans import ReadOnlyClient
+from provisionerd.cli.orphans import dry_run, render
+from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
 
@@ -186,7 +186,7 @@ def test_a_config_with_an_invalid_orphan_knob_exits_2(tmp_path, capsys):
 def test_an_unreachable_controller_exits_1_and_says_so(tmp_path):
     """Real TLS files, a controller address nobody listens on, the simulated plugin: the listing is read, the
     view is not, exit status 1."""
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     certs = tmp_path / "certs"
     init_certs(certs, "clu")

@@ -17,9 +17,9 @@ import sim_state
 import trio
 from lease_holder import holding_lease
 
-from provisionerd.config import Backoff, Config, ControllerSettings, LeaseSettings, ProviderConfig
-from provisionerd.config_writer import provisioner_tls, write_daemon_config
-from provisionerd.model import (
+from provisionerd.config.loader import Backoff, Config, ControllerSettings, LeaseSettings, ProviderConfig
+from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.domain.model import (
     NO_EPOCH,
     TAG_CLUSTER,
     TAG_EPOCH,
@@ -28,7 +28,7 @@ from provisionerd.model import (
     InstanceFact,
     RequestIntent,
 )
-from provisionerd.orphans_cli import open_clients
+from provisionerd.cli.orphans import open_clients
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ async def create_one(client, op_id: str, ref: str, token: str, controllers) -> s
 
 
 def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing(tmp_path):
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller
 
     certs, data, config_path = tmp_path / "certs", tmp_path / "simdata", tmp_path / "pd.toml"

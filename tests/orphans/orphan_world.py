@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from provisionerd.factview import fold
-from provisionerd.model import (
+from provisionerd.planner.fact_view import fold
+from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_EPOCH,
     TAG_INSTANCE,
@@ -19,7 +19,7 @@ from provisionerd.model import (
     ProviderMachine,
     RequestIntent,
 )
-from provisionerd.orphans import (
+from provisionerd.orphans.classify import (
     ClassifierMemory,
     ControllerState,
     CountedResource,

@@ -2,8 +2,8 @@
 
 from orphan_world import EPOCH, NOW, OLD, PROVIDER, YOUNG, World, only, owner_tags, run
 
-from provisionerd.model import Epoch, HostStatus, Lost, OrphanReported, RequestFailed, Returned, ReturnIntent
-from provisionerd.orphans import OrphanPolicy
+from provisionerd.domain.model import Epoch, HostStatus, Lost, OrphanReported, RequestFailed, Returned, ReturnIntent
+from provisionerd.orphans.classify import OrphanPolicy
 
 
 def test_never_joined_from_instance_fact_is_returned_after_the_join_deadline():

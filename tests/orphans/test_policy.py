@@ -5,8 +5,8 @@ import math
 import attrs
 import pytest
 
-from provisionerd.errors import ConfigError
-from provisionerd.orphans import ClassifierMemory, CountedResource, OrphanPolicy
+from provisionerd.domain.errors import ConfigError
+from provisionerd.orphans.classify import ClassifierMemory, CountedResource, OrphanPolicy
 
 
 def test_defaults_match_the_issue():
@@ -76,7 +76,7 @@ def test_from_provider_config_reports_config_paths():
 
 
 def test_from_the_real_config_defaults():
-    config = pytest.importorskip("provisionerd.config")
+    config = pytest.importorskip("provisionerd.config.loader")
     provider = config.ProviderConfig(name="sim", transport="oneshot")
     assert OrphanPolicy.from_provider_config(provider) == OrphanPolicy()
 

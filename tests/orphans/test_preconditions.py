@@ -9,9 +9,9 @@ import attrs
 import pytest
 from orphan_world import NOW, World, only, owner_tags, run
 
-from provisionerd.model import NO_EPOCH, Epoch, HostStatus, OrphanReported
-from provisionerd.orphan_model import ListingAbsent
-from provisionerd.orphans import ClassifierMemory, ControllerState, LeaseState, OrphanPolicy, Unreadable
+from provisionerd.domain.model import NO_EPOCH, Epoch, HostStatus, OrphanReported
+from provisionerd.orphans.model import ListingAbsent
+from provisionerd.orphans.classify import ClassifierMemory, ControllerState, LeaseState, OrphanPolicy, Unreadable
 
 
 def never_joined():
@@ -106,7 +106,7 @@ CASES = {
 
 
 def test_every_blocker_has_a_case():
-    from provisionerd.orphans import BLOCKERS
+    from provisionerd.orphans.classify import BLOCKERS
 
     assert set(CASES) == set(BLOCKERS)
 

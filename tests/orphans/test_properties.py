@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from orphan_world import CLUSTER, EPOCH, NOW, PROVIDER
 
-from provisionerd.factview import fold
-from provisionerd.model import (
+from provisionerd.planner.fact_view import fold
+from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_INSTANCE,
     TAG_OP,
@@ -32,9 +32,9 @@ from provisionerd.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.orphan_model import CLEANUP_ACTIONS, PROTECTED_ACTIONS
-from provisionerd.orphan_report import render_json, render_table
-from provisionerd.orphans import (
+from provisionerd.orphans.model import CLEANUP_ACTIONS, PROTECTED_ACTIONS
+from provisionerd.orphans.report import render_json, render_table
+from provisionerd.orphans.classify import (
     ClassifierMemory,
     ControllerState,
     CountedResource,

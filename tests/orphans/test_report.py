@@ -4,9 +4,9 @@ import json
 
 from orphan_world import World, owner_tags, run
 
-from provisionerd.model import HostStatus
-from provisionerd.orphan_report import format_duration, render_json, render_table
-from provisionerd.orphans import ControllerState, LeaseState, OrphanPolicy
+from provisionerd.domain.model import HostStatus
+from provisionerd.orphans.report import format_duration, render_json, render_table
+from provisionerd.orphans.classify import ControllerState, LeaseState, OrphanPolicy
 
 
 def issue_world() -> World:

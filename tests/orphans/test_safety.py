@@ -3,8 +3,8 @@
 import attrs
 from orphan_world import NOW, World, only, owner_tags, run
 
-from provisionerd.model import Epoch, HostStatus, OrphanAdopted
-from provisionerd.orphans import ClassifierMemory, OrphanPolicy, Unreadable
+from provisionerd.domain.model import Epoch, HostStatus, OrphanAdopted
+from provisionerd.orphans.classify import ClassifierMemory, OrphanPolicy, Unreadable
 
 CALM = OrphanPolicy(breaker_min_orphans=1000)  # keep the share trip out of tests about something else
 
@@ -165,7 +165,7 @@ def test_listed_untagged_or_terminated_machine():
 def test_ghost_memory_forgets_retired_facts():
     world = World().instance("g", "op-g")
     first = run(world.observe())
-    from provisionerd.model import Lost
+    from provisionerd.domain.model import Lost
 
     world.fact(Lost("sim", Epoch(4, 2), "l", "g", "ghost"))
     assert run(world.observe(), memory=first.memory).memory.ghost_misses == {}

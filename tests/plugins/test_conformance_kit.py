@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_kit_passes_over_the_persistent_transport():
-    pytest.importorskip("provisionerd.provider.check_cli")
+    pytest.importorskip("provisionerd.cli.provider")
     plugins = [SIMULATED] + ([NODE_EXAMPLE] if shutil.which("node") else [])
     runs = {
         plugin.name: subprocess.Popen(

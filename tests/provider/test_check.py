@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.provider.check import KitOptions
-from provisionerd.provider.check_cli import check_plugin, main, resolve_target
+from provisionerd.provider.kit import KitOptions
+from provisionerd.cli.provider import check_plugin, main, resolve_target
 from provisionerd.provider.schemas import ACTIONS
 
 pytestmark = pytest.mark.slow

@@ -6,9 +6,9 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.errors import ProviderCrashed, ProviderInputInvalid, ProviderRejected, ProviderTimeout
-from provisionerd.provider.check import Kit, KitOptions
-from provisionerd.provider.fake import FakeProvider
+from provisionerd.domain.errors import ProviderCrashed, ProviderInputInvalid, ProviderRejected, ProviderTimeout
+from provisionerd.provider.kit import Kit, KitOptions
+from provisionerd.testing.fake_provider import FakeProvider
 
 
 def run_mock(fn):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.errors import (
+from provisionerd.domain.errors import (
     ProviderCrashed,
     ProviderInputInvalid,
     ProviderProtocolViolation,

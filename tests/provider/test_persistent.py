@@ -10,7 +10,7 @@ import attrs
 import pytest
 import trio
 
-from provisionerd.errors import (
+from provisionerd.domain.errors import (
     ProviderCrashed,
     ProviderInputInvalid,
     ProviderProtocolViolation,

@@ -12,7 +12,7 @@ import time
 import pytest
 import trio
 
-from provisionerd.errors import ProviderCrashed, ProviderTimeout
+from provisionerd.domain.errors import ProviderCrashed, ProviderTimeout
 from provisionerd.provider.persistent import Backoff, open_persistent_provider
 
 pytestmark = pytest.mark.slow

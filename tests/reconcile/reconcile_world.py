@@ -11,9 +11,9 @@ from collections.abc import Iterable, MutableMapping
 
 import attrs
 
-from provisionerd.actions import Action, FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.factview import FactView
-from provisionerd.model import (
+from provisionerd.domain.actions import Action, FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.planner.fact_view import FactView
+from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
     DemandSnapshot,
@@ -31,9 +31,9 @@ from provisionerd.model import (
     ReturnIntent,
     Returned,
 )
-from provisionerd.plannerstate import PlannerState
-from provisionerd.policy import Policy
-from provisionerd.reconcile import Plan, plan
+from provisionerd.planner.state import PlannerState
+from provisionerd.planner.policy import Policy
+from provisionerd.planner.plan import Plan, plan
 
 NOW = 1_800_000_000.0
 EPOCH = Epoch(1, 1)

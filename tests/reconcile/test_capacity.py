@@ -5,10 +5,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import fuzz_settings
 
-from provisionerd.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
-from provisionerd.errors import ConfigError
-from provisionerd.plannerstate import ActionDropped, PendingRequest, PlannerState, Reclaimed, SnapshotSeqReset, observe
-from provisionerd.policy import Policy
+from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
+from provisionerd.domain.errors import ConfigError
+from provisionerd.planner.state import ActionDropped, PendingRequest, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.planner.policy import Policy
 
 POLICY = Policy(cluster="c1")
 

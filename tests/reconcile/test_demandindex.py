@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from provisionerd import demandindex
-from provisionerd.demandindex import build, demand_index
-from provisionerd.model import DemandItem, DemandSnapshot, ResourceShape
-from provisionerd.offers import requirement_of
+from provisionerd.planner import demand_index as demandindex
+from provisionerd.planner.demand_index import build, demand_index
+from provisionerd.domain.model import DemandItem, DemandSnapshot, ResourceShape
+from provisionerd.planner.offers import requirement_of
 
 
 def snapshot(seq: int, *ids: str) -> DemandSnapshot:

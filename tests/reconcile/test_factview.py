@@ -4,9 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, fuzz_settings, token_hash
 
-from provisionerd.factview import FactView, MachineState, fold
-from provisionerd.hosttable import join_index
-from provisionerd.model import (
+from provisionerd.planner.fact_view import FactView, MachineState, fold
+from provisionerd.planner.host_table import join_index
+from provisionerd.domain.model import (
     CommittedFact,
     Epoch,
     HostState,

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from reconcile_world import EPOCH, World, fuzz_settings, item, offer, snapshot
 
-from provisionerd.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
-from provisionerd.factview import MachineState
-from provisionerd.model import HostState, HostStatus, InstanceFact, RequestFailed
-from provisionerd.plannerstate import ActionDropped, Reclaimed, observe
-from provisionerd.policy import Policy
+from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.fact_view import MachineState
+from provisionerd.domain.model import HostState, HostStatus, InstanceFact, RequestFailed
+from provisionerd.planner.state import ActionDropped, Reclaimed, observe
+from provisionerd.planner.policy import Policy
 
 OFFERS = [
     offer("p", "small", max_number=4, ncpus=4, price=0.1),

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import fuzz_settings, item, offer
 
-from provisionerd.model import Offer, PriceQuote, ResourceShape
-from provisionerd.offers import Catalog, choose_offer, compatibility_reasons, offer_key
+from provisionerd.domain.model import Offer, PriceQuote, ResourceShape
+from provisionerd.planner.offers import Catalog, choose_offer, compatibility_reasons, offer_key
 
 
 def test_compatible_offer_has_no_reasons():

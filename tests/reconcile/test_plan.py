@@ -2,11 +2,11 @@
 
 from reconcile_world import CLUSTER, EPOCH, NOW, World, item, offer, snapshot
 
-from provisionerd.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.capacity import CapacityUnavailable, QuotaExceeded, Throttled
-from provisionerd.model import HostStatus, OrphanAdopted, RequestFailed
-from provisionerd.plannerstate import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
-from provisionerd.policy import Policy
+from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.domain.model import HostStatus, OrphanAdopted, RequestFailed
+from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.planner.policy import Policy
 
 
 def world(*offers, **policy):
@@ -315,8 +315,8 @@ SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
 from reconcile_world import World, item, offer, snapshot
-from provisionerd.model import HostStatus
-from provisionerd.plannerstate import Reclaimed, observe
+from provisionerd.domain.model import HostStatus
+from provisionerd.planner.state import Reclaimed, observe
 w = World([offer("p", "a", price=0.1, max_number=3), offer("q", "b", price=0.1), offer("q", "c", price=None)])
 first = w.plan(snapshot(1, item("x", 4), item("y", 2, ncpus=2), item("z", 1)))
 w.commit_actions(first.actions)

@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, NOW, World, fuzz_settings, item, offer, snapshot, token_hash
 
-from provisionerd.actions import FailRequest, MarkLost, RequestMachines
-from provisionerd.capacity import CapacityUnavailable, QuotaExceeded, Throttled
-from provisionerd.factview import FactView, MachineState, fold
-from provisionerd.model import (
+from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines
+from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.fact_view import FactView, MachineState, fold
+from provisionerd.domain.model import (
     CommittedFact,
     HostState,
     HostStatus,
@@ -24,10 +24,10 @@ from provisionerd.model import (
     RequestIntent,
     ReturnIntent,
 )
-from provisionerd.offers import Catalog, compatibility_reasons, offer_sort_key
-from provisionerd.plannerstate import PlannerState, Reclaimed, observe
-from provisionerd.policy import Policy
-from provisionerd.reconcile import plan
+from provisionerd.planner.offers import Catalog, compatibility_reasons, offer_sort_key
+from provisionerd.planner.state import PlannerState, Reclaimed, observe
+from provisionerd.planner.policy import Policy
+from provisionerd.planner.plan import plan
 
 PROVIDERS = ("p", "q")
 TEMPLATES = ("t1", "t2", "t3")

@@ -32,7 +32,7 @@ def cluster(store: FactStore) -> Cluster:
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cluster CA and role certificates (controller valid for localhost/127.0.0.1/::1)."""
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     directory = tmp_path_factory.mktemp("certs")
     init_certs(directory, "testcluster")
@@ -42,7 +42,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def foreign_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another CA with the same cluster name: its certificates must not be accepted."""
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     directory = tmp_path_factory.mktemp("foreign")
     init_certs(directory, "testcluster")

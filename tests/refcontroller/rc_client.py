@@ -11,7 +11,7 @@ import attrs
 import trio
 import trio.testing
 
-from provisionerd.model import Role
+from provisionerd.domain.model import Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import Envelope, Join, Message
 from refcontroller.cluster import Cluster

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from provisionerd.model import DemandItem, Epoch, InstanceFact, RequestIntent, ResourceShape
+from provisionerd.domain.model import DemandItem, Epoch, InstanceFact, RequestIntent, ResourceShape
 
 
 def sha(token: str) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.errors import ConfigError
-from provisionerd.model import DemandItem, ResourceShape, Role
+from provisionerd.domain.errors import ConfigError
+from provisionerd.domain.model import DemandItem, ResourceShape, Role
 from provisionerd.wire.messages import DemandPage, Join, JoinReply
 from rc_client import on_real_clock, tls_peer
 from refcontroller import addresses

@@ -7,7 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from provisionerd.model import CommittedFact, DemandSnapshot, Epoch, HostStatus, Lost
+from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, HostStatus, Lost
 from rc_factories import instance, intent, item, sha
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection

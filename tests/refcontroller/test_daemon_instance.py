@@ -16,12 +16,12 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.config import Backoff
-from provisionerd.controller_ops import ControllerOps
-from provisionerd.events import EventLog
-from provisionerd.lease import LeaseKeeper, LeaseState
-from provisionerd.model import Role
-from provisionerd.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.config.loader import Backoff
+from provisionerd.controller.ops import ControllerOps
+from provisionerd.telemetry.events import EventLog
+from provisionerd.controller.lease import LeaseKeeper, LeaseState
+from provisionerd.domain.model import Role
+from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
 from rc_client import Harness, memory_controller, on_mock_clock
 
 TTL, CHECK = 30.0, 5.0

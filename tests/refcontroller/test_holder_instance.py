@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.model import Epoch, Role
+from provisionerd.domain.model import Epoch, Role
 from provisionerd.wire.messages import (
     Ack,
     AdminFailover,

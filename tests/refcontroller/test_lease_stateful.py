@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from provisionerd.model import CommittedFact, Epoch
+from provisionerd.domain.model import CommittedFact, Epoch
 from rc_factories import intent
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from provisionerd.model import Epoch
+from provisionerd.domain.model import Epoch
 from refcontroller.leases import Denied, Granted, LeaseTable
 
 TTL, CHECK = 30.0, 5.0

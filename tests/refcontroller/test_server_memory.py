@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.model import CommittedFact, Epoch, HostStatus, Role
+from provisionerd.domain.model import CommittedFact, Epoch, HostStatus, Role
 from provisionerd.wire.framing import HEADER, FramedStream
 from provisionerd.wire.messages import (
     Ack,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.model import Epoch, Role
+from provisionerd.domain.model import Epoch, Role
 from provisionerd.wire.framing import FramedStream, HEADER
 from provisionerd.wire.messages import (
     DemandPage,

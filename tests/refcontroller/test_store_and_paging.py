@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from provisionerd.model import (
+from provisionerd.domain.model import (
     Epoch,
     Lost,
     OrphanAdopted,

@@ -12,13 +12,13 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.model import Epoch
-from provisionerd.simulation import World, run_seed
-from provisionerd.simulation import invariants
-from provisionerd.simulation.faults import KINDS, draw_plan
-from provisionerd.simulation.network import SimNet
-from provisionerd.simulation.observe import Belief, Recorder
-from provisionerd.simulation.runner import run_world
+from provisionerd.domain.model import Epoch
+from provisionerd.testing.simulation import World, run_seed
+from provisionerd.testing.simulation import invariants
+from provisionerd.testing.simulation.faults import KINDS, draw_plan
+from provisionerd.testing.simulation.network import SimNet
+from provisionerd.testing.simulation.observe import Belief, Recorder
+from provisionerd.testing.simulation.runner import run_world
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import DemandPage, Heartbeat, HeartbeatAck
 

@@ -11,13 +11,13 @@ import contextlib
 import pytest
 import trio
 
-from provisionerd.lease import LeaseKeeper
-from provisionerd.model import Epoch
-from provisionerd.simulation import run_seed
-from provisionerd.simulation.driver import GateDriver
-from provisionerd.simulation.faults import Fault, FaultPlan
-from provisionerd.simulation.runner import run_world
-from provisionerd.simulation.world import World
+from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.model import Epoch
+from provisionerd.testing.simulation import run_seed
+from provisionerd.testing.simulation.driver import GateDriver
+from provisionerd.testing.simulation.faults import Fault, FaultPlan
+from provisionerd.testing.simulation.runner import run_world
+from provisionerd.testing.simulation.world import World
 
 
 def first_seed_reporting(invariant: str, seeds=range(12), **overrides):
@@ -50,7 +50,7 @@ def test_a_daemon_that_ignores_its_lease_is_caught(monkeypatch):
 
 def test_a_gate_that_does_not_wait_for_the_ack_is_caught(monkeypatch):
     # The bug: the gate "commits" the intent without sending it (as if the ack had come).
-    from provisionerd.controller_ops import ControllerOps
+    from provisionerd.controller.ops import ControllerOps
 
     real_commit = ControllerOps.commit
     fake_index = iter(range(10_000_000, 20_000_000))
@@ -115,7 +115,7 @@ def test_a_failover_that_reuses_an_old_term_is_caught(monkeypatch):
 
 
 def test_a_daemon_task_that_dies_is_caught(monkeypatch):
-    from provisionerd.session_view import ControllerView
+    from provisionerd.controller.view import ControllerView
 
     def apply_hosts(self, hosts):
         raise RuntimeError("seeded bug in the view")
@@ -139,8 +139,8 @@ def test_a_controller_internal_error_is_caught(monkeypatch):
 
 
 def test_a_lifecycle_that_never_requests_is_caught(monkeypatch):
-    from provisionerd import reconcile_loop
-    from provisionerd.reconcile import Plan
+    from provisionerd.execution import loop as reconcile_loop
+    from provisionerd.planner.plan import Plan
 
     monkeypatch.setattr(reconcile_loop, "plan", lambda state, *a, **k: Plan(actions=(), state=state))
     _, found, result = first_seed_reporting("no_convergence", workload="lifecycle", max_faults=0)

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from provisionerd.simulation import World, run_seed, run_world
-from provisionerd.simulation.faults import WEIGHTED
+from provisionerd.testing.simulation import World, run_seed, run_world
+from provisionerd.testing.simulation.faults import WEIGHTED
 
 
 def violated(seed: int) -> set[str]:

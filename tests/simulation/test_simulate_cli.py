@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from provisionerd import cli
+from provisionerd.cli import main as cli
 
 
 def lines(capsys) -> list[dict]:
@@ -19,7 +19,7 @@ def test_a_clean_campaign_prints_only_the_summary(capsys):
 
 
 def test_a_failing_seed_gets_a_line_with_its_first_invariant(capsys, monkeypatch):
-    from provisionerd.controller_ops import ControllerOps
+    from provisionerd.controller.ops import ControllerOps
 
     real_commit = ControllerOps.commit
 

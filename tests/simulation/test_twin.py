@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from provisionerd.simulation.faults import KINDS, WEIGHTED, Fault, FaultPlan, draw_plan
-from provisionerd.simulation.runner import run_world
-from provisionerd.simulation.world import World
+from provisionerd.testing.simulation.faults import KINDS, WEIGHTED, Fault, FaultPlan, draw_plan
+from provisionerd.testing.simulation.runner import run_world
+from provisionerd.testing.simulation.world import World
 
 
 def events(world: World, who: str, what: str) -> list[tuple[float, dict]]:

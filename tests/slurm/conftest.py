@@ -64,7 +64,7 @@ def slurm() -> Iterator[SlurmTestCluster]:
     # A short path: munged's socket lives under it (unix socket paths are limited to ~107 bytes).
     root = Path(tempfile.mkdtemp(prefix="pvd-slurm-", dir="/tmp"))
     os.chmod(root, 0o755)
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     certs = root / "certs"
     init_certs(certs, "slurmtest")

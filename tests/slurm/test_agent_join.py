@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.model import RequestIntent, Role
+from provisionerd.domain.model import RequestIntent, Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import FactAck, FactCommit, Join, JoinReply, LeaseAcquire, LeaseGrant, Message
 from provisionerd.wire.tls import client_ssl_context

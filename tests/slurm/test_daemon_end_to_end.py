@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import trio
 
-from provisionerd.certs import init_certs
-from provisionerd.config import (
+from provisionerd.pki.certs import init_certs
+from provisionerd.config.loader import (
     Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
 )  # fmt: skip
-from provisionerd.config_writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon import DaemonCore, provider_clients
-from provisionerd.executor import ExecutorSettings
-from provisionerd.model import (
+from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.daemon.root import DaemonCore, provider_clients
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.domain.model import (
     DemandItem,
     InstanceFact,
     Lost,
@@ -34,9 +34,9 @@ from provisionerd.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.policy import Policy
+from provisionerd.planner.policy import Policy
 from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.reconcile_loop import LoopSettings
+from provisionerd.execution.loop import LoopSettings
 from refcontroller.api import open_refcontroller
 from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config, processes_mentioning, secret_in_processes
 

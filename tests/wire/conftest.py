@@ -28,7 +28,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 @pytest.fixture(scope="session")
 def certs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cluster ``alpha``: CA + every role."""
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     directory = tmp_path_factory.mktemp("certs-alpha")
     init_certs(directory, "alpha")
@@ -38,7 +38,7 @@ def certs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def foreign_certs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same cluster name, another CA: what an attacker with their own CA would present."""
-    from provisionerd.certs import init_certs
+    from provisionerd.pki.certs import init_certs
 
     directory = tmp_path_factory.mktemp("certs-foreign")
     init_certs(directory, "alpha")

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from wire_strategies import MESSAGE_STRATEGIES, u64
 
-from provisionerd import model
+from provisionerd.domain import model
 from provisionerd.wire import codec
 from provisionerd.wire import messages as m
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_strategies import FACT_STRATEGIES, MESSAGE_STRATEGIES, messages, u64
 
-from provisionerd import model
-from provisionerd.errors import DecodeError
+from provisionerd.domain import model
+from provisionerd.domain.errors import DecodeError
 from provisionerd.wire import codec
 from provisionerd.wire import messages as m
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_strategies import messages, u64
 
-from provisionerd.errors import DecodeError, FrameTooLarge, TruncatedFrame
+from provisionerd.domain.errors import DecodeError, FrameTooLarge, TruncatedFrame
 from provisionerd.wire import codec
 from provisionerd.wire import messages as m
 from provisionerd.wire.framing import HEADER_SIZE, FramedStream, frame_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import capnp
 import pytest
 
-from provisionerd import model
+from provisionerd.domain import model
 from provisionerd.wire import codec
 from provisionerd.wire import messages as m
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_strategies import committed, demand_items, hosts
 
-from provisionerd import model
+from provisionerd.domain import model
 from provisionerd.wire import codec, paging
 from provisionerd.wire import messages as m
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from provisionerd.errors import OpcodeNotAllowed
-from provisionerd.model import Epoch, Role
+from provisionerd.domain.errors import OpcodeNotAllowed
+from provisionerd.domain.model import Epoch, Role
 from provisionerd.wire import messages as m
 from provisionerd.wire.roles import ALLOWED, check_allowed, is_allowed
 

@@ -11,9 +11,9 @@ import trio
 import trio.testing
 from cryptography.hazmat.primitives import serialization
 
-from provisionerd import certs
-from provisionerd.errors import AuthError, ConfigError
-from provisionerd.model import Role
+from provisionerd.pki import certs
+from provisionerd.domain.errors import AuthError, ConfigError
+from provisionerd.domain.model import Role
 from provisionerd.wire import messages as m
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.tls import client_ssl_context, peer_role, server_ssl_context

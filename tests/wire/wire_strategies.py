@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from provisionerd import model
+from provisionerd.domain import model
 from provisionerd.wire import messages as m
 
 text = st.text(max_size=12)  # includes NUL and any non-surrogate code point

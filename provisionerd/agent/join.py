@@ -1,0 +1,123 @@
+"""The worker's join as plain decisions: what a controller's answer means, which secret to present, how long to wait.
+
+No I/O and no clock here: ``agent.py`` runs these against real connections on trio's clock.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+
+from provisionerd.agent.token import rejoin_credential
+from provisionerd.domain.errors import AuthError
+from provisionerd.domain.model import PROTOCOL_VERSION
+from provisionerd.wire.messages import ErrorMsg, JoinReply, Message
+
+#: Exit codes of ``provisionerd agent``.
+EXIT_STOPPED = 0  # returned (SIGTERM/SIGINT): a clean stop
+EXIT_USAGE = 2  # bad arguments or configuration (a token file readable by others, say)
+EXIT_TOKEN_REFUSED = 3  # the controller refused the join token (unknown, spent, another instance's)
+EXIT_REFUSED = 4  # refused for another reason: protocol version, role, refused by the primary
+
+
+class JoinRefused(AuthError):
+    """The controller refused this worker for good. ``exit_code`` is what ``provisionerd agent`` exits with."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.exit_code = EXIT_TOKEN_REFUSED if code == "token_invalid" else EXIT_REFUSED
+        super().__init__(f"join refused ({code}): {message}")
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
+    """``initial * 2**attempt`` capped at ``maximum``, scaled by a factor in ``[0.5, 1]`` (so agents that lost
+    the same controller at once do not reconnect in lockstep)."""
+    return min(maximum, initial * 2.0 ** min(attempt, 32)) * (1.0 - 0.5 * rng.random())
+
+
+@attrs.frozen
+class Joined:
+    term: int
+    controller_id: str
+
+
+@attrs.frozen
+class Redirect:
+    address: str
+
+
+@attrs.frozen
+class Elsewhere:
+    """Not now, not here: try the next address after a backoff."""
+
+    reason: str
+
+
+@attrs.frozen
+class Refused:
+    code: str
+    message: str
+
+
+JoinOutcome = Joined | Redirect | Elsewhere | Refused
+
+
+def judge_join_reply(msg: Message | None) -> JoinOutcome:
+    """What the first frame the controller sent back means for a worker."""
+    match msg:
+        case JoinReply(accepted=True, protocol_version=version) if version != PROTOCOL_VERSION:
+            return Refused("version_mismatch", f"controller speaks {version}, we speak {PROTOCOL_VERSION}")
+        case JoinReply(accepted=True, term=term, controller_id=controller_id):
+            return Joined(term, controller_id)
+        case JoinReply(primary=False, redirect=redirect) if redirect:
+            return Redirect(redirect)
+        case JoinReply(primary=False, reason=reason):
+            return Elsewhere(f"standby without a redirect ({reason or 'no reason given'})")
+        case JoinReply(reason=reason):
+            return Refused("refused", reason or "the primary refused the join")
+        case ErrorMsg(code=code, message=message) if code in ("token_invalid", "version_mismatch", "not_allowed"):
+            return Refused(code, message)
+        case ErrorMsg(code=code, message=message):
+            return Elsewhere(f"controller error {code}: {message}")
+        case None:
+            return Elsewhere("the controller closed the connection during the join")
+        case _:
+            return Elsewhere(f"unexpected answer to Join: {type(msg).__name__}")
+
+
+@attrs.define
+class Credentials:
+    """Which secret the next ``Join`` carries. The raw token is forgotten once a join has been accepted."""
+
+    instance_ref: str
+    _token: str | None = attrs.field(repr=False)
+    _proof: str = attrs.field(init=False, repr=False)
+    use_proof: bool = False
+    maybe_spent: bool = False  # a Join with the raw token went out and no answer came back
+    proof_tried: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        assert self._token is not None
+        self._proof = rejoin_credential(self._token, self.instance_ref)
+
+    def current(self) -> str:
+        if self.use_proof:
+            self.proof_tried = True
+            return self._proof
+        assert self._token is not None
+        return self._token
+
+    def sent_without_answer(self) -> None:
+        if not self.use_proof:
+            self.maybe_spent = True
+
+    def accepted(self) -> None:
+        self.use_proof, self._token = True, None
+
+    def refused(self) -> bool:
+        """The token (or proof) was refused. True: try the proof now; False: give up."""
+        if not self.use_proof and self.maybe_spent and not self.proof_tried:
+            self.use_proof = True
+            return True
+        return False

@@ -1,0 +1,251 @@
+"""The worker agent: what runs on a machine provisionerd created, joining the cluster controller as a worker.
+
+One ``WorkerAgent`` keeps one machine joined: it connects (through an injected ``Connector``, mutual TLS with the
+``worker`` certificate in production), follows a standby's redirect to the primary, joins with its instance
+reference and single-use token, reports its status (``idle`` at once, then ``idle``/``busy`` whenever
+``set_status`` changes it), heartbeats, and reconnects with jittered backoff, rotating through the configured
+addresses, whenever the connection breaks or goes quiet.
+
+Every join after the first presents the rejoin proof instead of the spent token (``agent_token``). If a join with
+the token got no answer (the connection broke in between), the controller may or may not have consumed it: when
+the token is then refused, the agent tries the proof once before giving up.
+
+``run`` returns only by cancellation (the machine is being returned) and raises ``JoinRefused`` when the controller
+refuses the worker for good: token refused, version mismatch, role not allowed, or refused by the primary. Time is
+trio's clock throughout, so tests drive it with ``MockClock`` over in-memory streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from provisionerd.agent.join import (
+    EXIT_REFUSED,
+    EXIT_STOPPED,
+    EXIT_TOKEN_REFUSED,
+    EXIT_USAGE,
+    Credentials,
+    Elsewhere,
+    Joined,
+    JoinOutcome,
+    JoinRefused,
+    Redirect,
+    Refused,
+    backoff_delay,
+    judge_join_reply,
+)
+from provisionerd.domain.errors import AuthError, ConfigError, LinkDown, ProtocolError
+from provisionerd.domain.model import HostStatus, Role
+from provisionerd.wire.framing import FramedStream
+from provisionerd.wire.messages import Ack, ErrorMsg, Heartbeat, HeartbeatAck, Join, Rejected, WorkerStatus
+
+log = logging.getLogger(__name__)
+
+__all__ = [  # the join's pure parts live in agent_join; re-exported for callers of the agent
+    "EXIT_REFUSED", "EXIT_STOPPED", "EXIT_TOKEN_REFUSED", "EXIT_USAGE", "AgentConfig", "Connector", "Credentials",
+    "Elsewhere", "JoinOutcome", "JoinRefused", "Joined", "Redirect", "Refused", "WorkerAgent", "backoff_delay",
+    "judge_join_reply",
+]  # fmt: skip
+
+#: Opens a stream to ``host:port`` (TCP + TLS, handshake done). Raises ``OSError``/``trio.BrokenResourceError``
+#: when the address cannot be reached, ``AuthError`` when the peer is not this cluster's controller, and
+#: ``ConfigError`` when our own TLS files cannot be loaded (retried: they may appear later).
+Connector = Callable[[str], Awaitable[trio.abc.Stream]]
+
+#: Failures of one connection attempt or session: log, back off, try again.
+RETRYABLE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, ProtocolError,
+             AuthError, ConfigError, LinkDown)  # fmt: skip
+
+
+@attrs.frozen
+class AgentConfig:
+    """Seconds for the times. ``reply_timeout``: silence (no frame at all) after which the connection is
+    presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together."""
+
+    controllers: tuple[str, ...] = attrs.field(converter=tuple)
+    instance_ref: str
+    identity: str = ""
+    heartbeat_interval: float = 5.0
+    reply_timeout: float = 15.0
+    connect_timeout: float = 10.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 5.0
+    max_redirects: int = 3
+
+    @controllers.validator
+    def _check_controllers(self, _attribute: object, value: tuple[str, ...]) -> None:
+        if not value:
+            raise ValueError("an agent needs at least one controller address")
+
+
+# --- the agent ---------------------------------------------------------------------------------------------------
+
+
+class WorkerAgent:
+    """Keeps one worker joined until cancelled. ``joins`` counts accepted joins; ``term`` is the latest seen."""
+
+    def __init__(self, config: AgentConfig, token: str, connect: Connector, rng: random.Random | None = None):
+        self.config = config
+        self._connect = connect
+        self._rng = rng if rng is not None else random.Random()
+        self._credentials = Credentials(config.instance_ref, token)
+        self.status = HostStatus.IDLE
+        self._wake = trio.Event()
+        self.joins = 0
+        self.term = 0
+        self.connected_to = ""
+        self._last_heard = 0.0
+
+    def set_status(self, status: HostStatus) -> None:
+        """Report ``idle`` or ``busy`` (now if joined, otherwise right after the next join)."""
+        if status not in (HostStatus.IDLE, HostStatus.BUSY):
+            raise ValueError(f"a worker reports idle or busy, not {status.value!r}")
+        self.status = status
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Stay joined until cancelled. Raises ``JoinRefused`` when the controller refuses this worker."""
+        addresses, cursor, attempt = self.config.controllers, 0, 0
+        while True:
+            lasted = await self._attempt(addresses[cursor])
+            if lasted is None:
+                cursor = (cursor + 1) % len(addresses)
+            elif lasted >= self.config.heartbeat_interval:
+                attempt = 0  # a session ran and ended (failover): start again quickly, at the same address
+            # A session that ends as soon as it starts keeps backing off: no reconnect storm.
+            delay = backoff_delay(attempt, self.config.backoff_initial, self.config.backoff_max, self._rng)
+            attempt += 1
+            await trio.sleep(delay)
+
+    async def _attempt(self, address: str) -> float | None:
+        """Join through ``address`` (following redirects) and serve the session: how long it lasted, or ``None``
+        when no session started."""
+        target = address
+        for _ in range(self.config.max_redirects + 1):
+            try:
+                framed, outcome = await self._join(target)
+            except RETRYABLE as exc:
+                log.warning("join via %s failed: %s", target, _describe(exc))
+                return None
+            if isinstance(outcome, Joined):
+                started = trio.current_time()
+                await self._serve(framed, target, outcome)
+                return trio.current_time() - started
+            await trio.aclose_forcefully(framed.stream)
+            match outcome:
+                case Redirect(address=redirect):
+                    log.info("redirected from %s to the primary at %s", target, redirect)
+                    target = redirect
+                case Refused(code="token_invalid") if self._credentials.refused():
+                    log.warning("token refused after an unanswered join via %s; presenting the rejoin proof", target)
+                case Refused(code=code, message=message):
+                    raise JoinRefused(code, message)
+                case Elsewhere(reason=reason):
+                    log.warning("join via %s: %s", target, reason)
+                    return None
+        log.warning("more than %d redirects starting from %s", self.config.max_redirects, address)
+        return None
+
+    async def _join(self, address: str) -> tuple[FramedStream, JoinOutcome]:
+        with trio.fail_after(self.config.connect_timeout):
+            stream = await self._connect(address)
+            framed = FramedStream(stream)
+            try:
+                join = Join(
+                    role=Role.WORKER,
+                    identity=self.config.identity or self.config.instance_ref,
+                    instance_ref=self.config.instance_ref,
+                    token=self._credentials.current(),
+                )
+                try:
+                    await framed.send(join, 1)
+                    envelope = await framed.receive()
+                except BaseException:
+                    self._credentials.sent_without_answer()
+                    raise
+                if envelope is None:
+                    self._credentials.sent_without_answer()
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+        return framed, judge_join_reply(None if envelope is None else envelope.msg)
+
+    async def _serve(self, framed: FramedStream, address: str, joined: Joined) -> None:
+        self._credentials.accepted()
+        self.joins += 1
+        self.term, self.connected_to = joined.term, address
+        log.info("joined via %s as %r (term %d, %s, join #%d)", address, self.config.instance_ref, joined.term,
+                 joined.controller_id, self.joins)
+        self._last_heard = trio.current_time()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._guard, self._read_loop, framed, nursery.cancel_scope)
+                nursery.start_soon(self._guard, self._write_loop, framed, nursery.cancel_scope)
+        finally:
+            self.connected_to = ""
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(framed.stream)
+
+    async def _guard(self, loop: Callable[[FramedStream], Awaitable[None]], framed: FramedStream,
+                     scope: trio.CancelScope) -> None:  # fmt: skip
+        try:
+            await loop(framed)
+        except RETRYABLE as exc:
+            if not scope.cancel_called:
+                log.warning("connection to the controller ended: %s", _describe(exc))
+        finally:
+            scope.cancel()
+
+    async def _read_loop(self, framed: FramedStream) -> None:
+        while True:
+            envelope = await framed.receive()
+            if envelope is None:
+                raise LinkDown("the controller closed the connection")
+            self._last_heard = trio.current_time()
+            match envelope.msg:
+                case HeartbeatAck(term=term):
+                    if term != self.term:
+                        log.info("controller term moved from %d to %d", self.term, term)
+                        self.term = term
+                case Ack():
+                    pass
+                case Rejected(reason=reason, detail=detail):
+                    log.warning("controller rejected a request (corr %d): %s %s", envelope.corr, reason, detail)
+                case ErrorMsg(code=code, message=message):
+                    raise LinkDown(f"controller error {code}: {message}")
+                case other:
+                    log.debug("ignoring %s from the controller", type(other).__name__)
+
+    async def _write_loop(self, framed: FramedStream) -> None:
+        interval, timeout = self.config.heartbeat_interval, self.config.reply_timeout
+        reported: HostStatus | None = None
+        seq, corr = 0, 1
+        next_beat = trio.current_time() + interval
+        while True:
+            self._wake = trio.Event()  # before comparing, so a change from now on wakes the next wait
+            if self.status is not reported:
+                corr += 1
+                with trio.fail_after(timeout):
+                    await framed.send(WorkerStatus(self.status), corr)
+                reported = self.status
+                log.info("reported status %s", reported.value)
+            now = trio.current_time()
+            if now >= next_beat:
+                if now - self._last_heard > timeout:
+                    raise LinkDown(f"nothing heard from the controller for {now - self._last_heard:.1f} s")
+                seq, corr = seq + 1, corr + 1
+                with trio.fail_after(timeout):
+                    await framed.send(Heartbeat(seq), corr)
+                next_beat = now + interval
+            with trio.move_on_after(max(0.0, next_beat - trio.current_time())):
+                await self._wake.wait()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

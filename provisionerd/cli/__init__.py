@@ -1,0 +1,1 @@
+"""The ``provisionerd`` command: one module per subcommand (argument parsing, output, exit codes)."""

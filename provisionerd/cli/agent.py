@@ -1,0 +1,220 @@
+"""``provisionerd agent``: run the worker agent on this machine until it is returned.
+
+    provisionerd agent --certs DIR --controllers HOST:PORT[,HOST:PORT...] --instance-ref REF
+                       (--token-file PATH | --token-stdin)
+                       [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
+                       [--heartbeat S] [--reply-timeout S] [--log-level LEVEL]
+
+The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
+pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
+logged and visible in the process list, which is how the local provider finds its agents by their tags.
+
+Signals: SIGTERM or SIGINT stop the agent (exit 0); SIGUSR1 reports ``busy``, SIGUSR2 reports ``idle``.
+Exit codes: 0 stopped, 2 bad arguments or token file, 3 join token refused, 4 refused for another reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import trio
+
+from provisionerd.agent.worker import (
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    AgentConfig,
+    Connector,
+    JoinRefused,
+    WorkerAgent,
+)
+from provisionerd.agent.token import read_token_file, read_token_stream
+from provisionerd.domain.errors import AuthError, ConfigError
+from provisionerd.domain.model import HostStatus, Role
+from provisionerd.wire.tls import ClusterSSLContext, client_ssl_context, peer_role
+
+log = logging.getLogger("provisionerd.agent")
+
+
+def parse_address(text: str) -> str:
+    """Check ``HOST:PORT`` (``[v6]:PORT`` for IPv6); returns it stripped. Raises ``ConfigError``."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"a controller address must look like HOST:PORT, not {text!r}")
+    return text.strip()
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def tls_connector(certs_dir: Path) -> Connector:
+    """TCP + mutual TLS with the ``worker`` certificate; the peer must be this cluster's controller.
+
+    The TLS files are loaded at the first attempt and again after every failure to load them, so an agent that
+    starts before its certificates arrive keeps trying (and says why) instead of dying.
+    """
+    context: ClusterSSLContext | None = None
+
+    async def connect(address: str) -> trio.abc.Stream:
+        nonlocal context
+        if context is None:
+            context = client_ssl_context(certs_dir, Role.WORKER)
+        host, port = split_address(address)
+        tcp = await trio.open_tcp_stream(host, port)
+        stream = trio.SSLStream(tcp, context, server_hostname=host)
+        try:
+            await stream.do_handshake()
+            role = peer_role(stream)
+            if role is not Role.CONTROLLER:
+                raise AuthError(f"{address} presented a {role.value} certificate, not a controller's")
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return stream
+
+    return connect
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"a label is KEY=VALUE, not {text!r}")
+    return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="provisionerd agent",
+        description="join the cluster controller as a worker and stay joined until returned",
+        allow_abbrev=False,  # so "--token" can never be mistaken for a way to pass the token
+    )
+    parser.add_argument("--certs", required=True, type=Path, help="directory with ca.pem, worker.pem, worker.key")
+    parser.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...] of the controller replicas")
+    parser.add_argument("--instance-ref", required=True, help="this machine's instance reference")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--token-file", type=Path, help="a 0600 file holding the join token (deleted once read)")
+    source.add_argument("--token-stdin", action="store_true", help="read the join token from standard input")
+    parser.add_argument("--identity", default="", help="the name to join with (default: the instance reference)")
+    parser.add_argument("--machine-id", default="", help="informational: the provider's id for this machine")
+    parser.add_argument("--label", action="append", type=_label, default=[], metavar="KEY=VALUE",
+                        help="informational label (repeatable), e.g. an owner tag")  # fmt: skip
+    parser.add_argument("--heartbeat", type=float, default=5.0, help="seconds between heartbeats (default 5)")
+    parser.add_argument("--reply-timeout", type=float, default=15.0,
+                        help="seconds of silence before reconnecting (default 15)")  # fmt: skip
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return parser
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    controllers = tuple(parse_address(part) for part in args.controllers.split(",") if part.strip())
+    if not controllers:
+        raise ConfigError("--controllers needs at least one HOST:PORT")
+    if not 0 < len(args.instance_ref) <= 256:
+        raise ConfigError("--instance-ref must be 1..256 characters")
+    if not (0 < args.heartbeat and args.heartbeat * 2 <= args.reply_timeout):
+        raise ConfigError("--heartbeat must be positive and at most half of --reply-timeout")
+    return AgentConfig(controllers, args.instance_ref, identity=args.identity,
+                       heartbeat_interval=args.heartbeat, reply_timeout=args.reply_timeout)  # fmt: skip
+
+
+def _read_token(args: argparse.Namespace) -> str:
+    if args.token_file is not None:
+        return read_token_file(args.token_file)
+    token = read_token_stream(sys.stdin.buffer)
+    # Nothing else comes on stdin; keep no pipe to whoever started us.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return token
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class EarlySignals:
+    """Our signals before trio takes over (SIGUSR1's default action would kill the agent).
+
+    While ``exit_on_stop`` (before ``trio.run``: nothing is connected, nothing to clean up), SIGTERM/SIGINT exit at
+    once with code 0, even while the agent waits for its token on stdin. Afterwards they are only noted, and
+    ``run_agent`` applies them first.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.exit_on_stop = True
+        for signum in SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.exit_on_stop and signum in (signal.SIGTERM, signal.SIGINT):
+            os._exit(EXIT_STOPPED)
+        self.pending.append(signum)
+
+
+async def run_agent(agent: WorkerAgent, early: list[int] | None = None) -> int:
+    """Run until a stop signal (exit 0) or a final refusal (its exit code). USR1/USR2 switch busy/idle.
+
+    ``early`` holds signals that arrived before this ran (``EarlySignals.pending``); they are applied first.
+    """
+    exit_code = EXIT_STOPPED
+    early = early if early is not None else []
+    with trio.open_signal_receiver(*SIGNALS) as receiver:
+        async with trio.open_nursery() as nursery:
+
+            async def keep_joined() -> None:
+                nonlocal exit_code
+                try:
+                    await agent.run()
+                except JoinRefused as exc:
+                    log.error("%s", exc)
+                    exit_code = exc.exit_code
+                nursery.cancel_scope.cancel()
+
+            async def signals() -> AsyncIterator[int]:
+                while early:
+                    yield early.pop(0)
+                async for signum in receiver:
+                    yield signum
+
+            nursery.start_soon(keep_joined)
+            async for signum in signals():
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    log.info("stopping on %s", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+                agent.set_status(HostStatus.BUSY if signum == signal.SIGUSR1 else HostStatus.IDLE)
+    return exit_code
+
+
+def main(argv: list[str]) -> int:
+    early = EarlySignals()
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level,
+        format=f"%(asctime)s agent[{os.getpid()}] %(levelname)s %(message)s",
+    )
+    try:
+        config = _config(args)
+        token = _read_token(args)
+    except ConfigError as exc:
+        print(f"provisionerd agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    log.info("starting instance_ref=%r machine_id=%r controllers=%s labels=%s", config.instance_ref,
+             args.machine_id, ",".join(config.controllers), dict(args.label))  # fmt: skip
+    agent = WorkerAgent(config, token, tls_connector(args.certs))
+    del token
+    early.exit_on_stop = False
+    code = trio.run(run_agent, agent, early.pending)
+    log.info("exiting with code %d", code)
+    return code

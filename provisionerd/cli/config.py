@@ -1,0 +1,62 @@
+"""``provisionerd config check FILE``: list every problem in a config file, or summarize a good one.
+
+Exit codes: 0 the file is valid; 1 it has problems (each printed as ``FILE: <path>: <message>`` on stderr);
+2 usage error. The summary never prints provider ``env`` values, only how many there are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from provisionerd.config.loader import Config
+from provisionerd.domain.errors import ConfigError
+
+
+def summarize(config: Config) -> list[str]:
+    """Human summary lines for a valid config (no secrets)."""
+    c = config.controller
+    lines = [
+        f"cluster {config.cluster!r}, identity {config.identity!r}",
+        f"controllers: {', '.join(c.addresses)} (heartbeat {c.heartbeat_interval:g}s, dead after"
+        f" {c.heartbeat_timeout:g}s)",
+        f"tls: ca {config.tls.ca}, cert {config.tls.cert}, key {config.tls.key}",
+        f"lease margin {config.lease.margin:g}s",
+    ]
+    for p in config.providers:
+        where = " ".join(p.argv) if p.argv else str(p.path)
+        lines.append(
+            f"provider {p.name!r}: {p.transport} {where}; max {p.max_machines} machines, step {p.step_limit},"
+            f" join deadline {p.join_deadline:g}s, orphans {p.orphans.action}"
+            f"{' (dry run)' if p.orphans.dry_run else ''}, {len(p.env)} env value(s)"
+        )
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="provisionerd config", description="configuration tools")
+    sub = parser.add_subparsers(dest="action", required=True)
+    check = sub.add_parser("check", help="validate a config file and list every problem with its path")
+    check.add_argument("file", help="the TOML config file")
+    check.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
+        return int(exc.code or 0)
+    try:
+        config = Config.from_file(args.file)
+    except ConfigError as exc:
+        print(f"{args.file}: {exc.args[0].splitlines()[0]}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"{args.file}: {problem}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"{args.file}: ok")
+        for line in summarize(config):
+            print(f"  {line}")
+    return 0

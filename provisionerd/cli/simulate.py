@@ -1,0 +1,97 @@
+"""``provisionerd simulate``: run a campaign of seeded whole-system simulations (see docs/simulation.md).
+
+    provisionerd simulate --seeds 500 [--start 0] [--jobs 2] [--workload any|gate|lifecycle]
+    provisionerd simulate --trace 17          # one seed's whole trace, to read a failure
+
+Prints one JSON line per failing seed (its first violated invariant), then a last line
+``{"runs": N, "violations": V, "virtual_hours": H, "wall_s": W}`` where ``V`` is the number of failing seeds.
+Exit status 0 when no seed failed, 1 when some did, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+WORKLOADS = ("any", "gate", "lifecycle")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="provisionerd simulate", description="seeded whole-system simulation campaign")
+    p.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
+    p.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--workload", choices=WORKLOADS, default="any",
+                   help="force the workload of every run (default: drawn from each seed)")
+    p.add_argument("--trace", type=int, metavar="SEED", help="run one seed and print its whole trace")
+    p.add_argument("--wall-budget", type=float, default=120.0, help="wall seconds one run may take (default 120)")
+    return p
+
+
+def _overrides(workload: str) -> dict[str, Any]:
+    return {} if workload == "any" else {"workload": workload}
+
+
+def _run(job: tuple[int, str, float]) -> dict[str, Any]:
+    from provisionerd.testing.simulation import World, run_world
+
+    seed, workload, budget = job
+    world = World(seed, keep_trace=False, **_overrides(workload))
+    result = run_world(world, wall_budget=budget)
+    first = result.first
+    line: dict[str, Any] = {"seed": seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
+    if first is not None:
+        line.update(invariant=first.invariant, at=round(first.at, 6), detail=first.detail,
+                    workload=world.settings.workload, violations=len(result.violations), faults=list(result.faults))
+    return line
+
+
+def _results(jobs: list[tuple[int, str, float]], processes: int) -> Iterator[dict[str, Any]]:
+    if processes <= 1:
+        yield from map(_run, jobs)
+        return
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        yield from pool.imap(_run, jobs, chunksize=4)
+
+
+def _trace(seed: int, workload: str, budget: float) -> int:
+    from provisionerd.testing.simulation import World, run_world
+
+    world = World(seed, keep_trace=True, **_overrides(workload))
+    print(json.dumps({"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}))
+    result = run_world(world, wall_budget=budget)
+    for line in world.recorder.trace:
+        print(line)
+    print(json.dumps({"seed": seed, "violations": [[v.at, v.invariant, v.detail] for v in result.violations],
+                      "digest": result.digest}))
+    return 1 if result.violations else 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse printed the problem (or the help)
+        return int(exc.code or 0)
+    if args.seeds < 0 or args.jobs < 1 or args.start < 0 or args.wall_budget <= 0:
+        print("provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0", file=sys.stderr)
+        return 2
+    if args.trace is not None:
+        return _trace(args.trace, args.workload, args.wall_budget)
+    started = time.perf_counter()
+    jobs = [(seed, args.workload, args.wall_budget) for seed in range(args.start, args.start + args.seeds)]
+    failing, virtual = 0, 0.0
+    for line in _results(jobs, args.jobs):
+        virtual += line["virtual_s"]
+        if "invariant" in line:
+            failing += 1
+            print(json.dumps({k: line[k] for k in ("seed", "invariant", "at", "detail", "workload", "violations",
+                                                   "faults")}), flush=True)  # fmt: skip
+    summary = {"runs": len(jobs), "violations": failing, "virtual_hours": round(virtual / 3600, 3),
+               "wall_s": round(time.perf_counter() - started, 3)}
+    print(json.dumps(summary), flush=True)
+    return 1 if failing else 0

@@ -1,0 +1,292 @@
+"""The daemon's configuration: a TOML file, checked by a JSON Schema, structured into frozen values.
+
+``Config.from_file(path)`` either returns a complete ``Config`` or raises ``ConfigError`` listing *every* problem
+with its path (``providers[1].timeouts.request: -3 is less than or equal to the minimum of 0``). The raw document is
+validated before cattrs sees it, because cattrs alone would coerce ``"5"`` or ``5.7`` into ``5``.
+
+Relative paths are resolved against the config file's directory. Durations are float seconds. Provider ``env``
+values are credentials: ``repr`` of any config value shows their names only, and no error repeats them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from types import MappingProxyType
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+
+from provisionerd.config.problems import find_problems
+from provisionerd.domain.errors import ConfigError
+
+#: A config file above this size is refused before parsing (bounded work on bad input).
+MAX_CONFIG_BYTES = 1 << 20
+
+#: Defaults shared with the cross-field checks in ``config_problems``.
+DEFAULTS: dict[str, float] = {
+    "heartbeat_interval": 2.0,
+    "heartbeat_timeout": 6.0,
+    "backoff_initial": 0.2,
+    "backoff_max": 10.0,
+}
+
+#: Contract action name -> the key of its timeout in ``[providers.timeouts]``.
+ACTION_TIMEOUT_KEYS: dict[str, str] = {
+    "describeProvider": "describe",
+    "getAvailableTemplates": "templates",
+    "requestMachines": "request",
+    "getRequestStatus": "status",
+    "requestReturnMachines": "return_",
+    "getReturnRequests": "return_requests",
+    "listMachines": "list",
+    "stopMachines": "stop",
+}
+
+
+def _redact_env(env: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{key!r}: '***'" for key in sorted(env)) + "}"
+
+
+def _read_only(env: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(env))
+
+
+@attrs.frozen
+class Backoff:
+    """Jittered exponential backoff: ``initial * multiplier**n`` capped at ``max``, each delay scaled by a random
+    factor in ``[1 - jitter, 1]``."""
+
+    initial: float = DEFAULTS["backoff_initial"]
+    max: float = DEFAULTS["backoff_max"]
+    multiplier: float = 2.0
+    jitter: float = 0.5
+
+
+@attrs.frozen
+class ControllerSettings:
+    addresses: tuple[str, ...]
+    server_name: str | None = None
+    connect_timeout: float = 5.0
+    request_timeout: float = 10.0
+    heartbeat_interval: float = DEFAULTS["heartbeat_interval"]
+    heartbeat_timeout: float = DEFAULTS["heartbeat_timeout"]
+    max_redirects: int = 3
+    backoff: Backoff = Backoff()
+
+
+@attrs.frozen
+class TlsPaths:
+    ca: Path
+    cert: Path
+    key: Path
+
+
+@attrs.frozen
+class LeaseSettings:
+    margin: float = 2.0
+
+
+@attrs.frozen
+class DaemonSettings:
+    events_log: Path | None = None
+    admin_socket: Path | None = None
+    log_level: str = "info"
+
+
+@attrs.frozen
+class ProviderTimeouts:
+    default: float = 60.0
+    describe: float | None = None
+    templates: float | None = None
+    request: float | None = None
+    status: float | None = None
+    return_: float | None = None  # TOML key "return"
+    return_requests: float | None = None
+    list: float | None = None
+    stop: float | None = None
+
+    def for_action(self, action: str) -> float:
+        """The timeout (seconds) for a contract action such as ``requestMachines``; ``default`` when unset."""
+        key = ACTION_TIMEOUT_KEYS.get(action)
+        value = getattr(self, key) if key else None
+        return self.default if value is None else value
+
+
+@attrs.frozen
+class OrphanSettings:
+    """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphan_policy``. ``interval`` (seconds
+    between two orphan passes) and ``settle`` (seconds after every (re)join before any automatic action) are read
+    by ``provisionerd.orphan_cycle``."""
+
+    action: str = "report"  # report | stop | terminate
+    grace: float = 1800.0
+    max_cleanup_per_interval: int = 10
+    protect_tag: str = "provisionerd:protect"
+    dry_run: bool = False
+    ghost_confirmations: int = 2
+    breaker_max_failures: int = 3
+    breaker_max_share: float = 0.5
+    breaker_min_orphans: int = 3
+    interval: float = 60.0
+    settle: float = 60.0
+
+
+@attrs.frozen
+class LegacyOptions:
+    """``[providers.legacy]``: how a one-shot provider may run as an unmodified LSF resource-connector plugin.
+
+    ``mode`` is ``"auto"`` (TOML ``"auto"``, the default: legacy when the plugin directory lacks
+    ``describeProvider.sh`` or ``listMachines.sh``), ``"on"`` (TOML ``true``: always through the legacy adapter) or
+    ``"off"`` (TOML ``false``: never). The other keys are the adapter's settings
+    (``provisionerd.provider.legacy_config.legacy_settings`` checks them once more when the client is built)."""
+
+    mode: str = "auto"
+    user_data: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)
+    rc_account: str = "default"
+    journal: Path | None = None
+    max_ops: int = 4096
+
+    def settings_table(self) -> dict[str, Any]:
+        """The table ``legacy_settings`` takes (without ``mode``)."""
+        table: dict[str, Any] = {"user_data": dict(self.user_data), "rc_account": self.rc_account,
+                                 "max_ops": self.max_ops}
+        if self.journal is not None:
+            table["journal"] = str(self.journal)
+        return table
+
+
+@attrs.frozen
+class ProviderConfig:
+    """One provider this daemon serves. ``path`` is the oneshot scripts' directory or the persistent executable;
+    ``argv`` the persistent command line (one of the two). ``max_ttl == 0`` means no limit."""
+
+    name: str
+    transport: str  # oneshot | persistent
+    path: Path | None = None
+    argv: tuple[str, ...] = ()
+    conf_dir: Path | None = None
+    data_dir: Path | None = None
+    max_machines: int = 100
+    step_limit: int = 10
+    join_deadline: float = 900.0
+    idle_time: float = 300.0
+    max_ttl: float = 0.0
+    provisioning_timeout: float = 1200.0
+    timeouts: ProviderTimeouts = ProviderTimeouts()
+    legacy: LegacyOptions = LegacyOptions()
+    orphans: OrphanSettings = OrphanSettings()
+    # A frozen config must not hand out a mutable dict of credentials.
+    env: Mapping[str, str] = attrs.field(factory=dict, repr=_redact_env, converter=_read_only)
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The persistent provider's argv (``argv``, or ``(path,)``)."""
+        return self.argv or ((str(self.path),) if self.path is not None else ())
+
+
+@attrs.frozen
+class Config:
+    cluster: str
+    identity: str
+    controller: ControllerSettings
+    tls: TlsPaths
+    providers: tuple[ProviderConfig, ...]
+    lease: LeaseSettings = LeaseSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    source: Path | None = attrs.field(default=None, eq=False)
+
+    def provider(self, name: str) -> ProviderConfig:
+        for provider in self.providers:
+            if provider.name == name:
+                return provider
+        raise KeyError(name)
+
+    @property
+    def provider_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.providers)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Config:
+        """Read, validate and structure ``path``. Raises ``ConfigError`` (with every problem) on any failure."""
+        path = Path(path)
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {str(path)!r}", [f"(file): {exc.strerror or exc}"]) from None
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): larger than {MAX_CONFIG_BYTES} bytes"])
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): not UTF-8 ({exc.reason})"]) from None
+        config = cls.from_toml(text, base_dir=path.resolve().parent, name=str(path))
+        return attrs.evolve(config, source=path.resolve())
+
+    @classmethod
+    def from_toml(cls, text: str, base_dir: Path, name: str = "<config>") -> Config:
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            # tomllib's message names a line and column, never the offending text.
+            raise ConfigError(f"config {name!r} is not valid TOML", [f"(file): {exc}"]) from None
+        return cls.from_document(doc, base_dir=base_dir, name=name)
+
+    @classmethod
+    def from_document(cls, doc: Any, base_dir: Path, name: str = "<config>") -> Config:
+        """Validate a parsed document (schema, then cross-field rules) and structure it."""
+        problems = find_problems(doc)
+        if problems:
+            raise ConfigError(f"config {name!r} has {len(problems)} problem(s)", problems)
+        try:
+            return _converter.structure(_resolve_paths(doc, base_dir), Config)
+        except cattrs.BaseValidationError as exc:
+            # Only reachable if the schema and these classes disagree; transform_error names paths, not values.
+            lines = cattrs.transform_error(exc, path="$")
+            raise ConfigError(f"config {name!r} could not be structured", lines) from None
+
+
+def _resolve_paths(doc: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
+    """A copy of ``doc`` with relative file paths made absolute against ``base_dir`` and TOML keys mapped to field
+    names (``return`` -> ``return_``)."""
+
+    def resolve(value: str) -> str:
+        return str((base_dir / value).resolve()) if not Path(value).is_absolute() else value
+
+    out = dict(doc)
+    out["tls"] = {key: resolve(value) for key, value in doc["tls"].items()}
+    if "daemon" in doc:
+        out["daemon"] = {
+            key: resolve(value) if key in ("events_log", "admin_socket") else value
+            for key, value in doc["daemon"].items()
+        }
+    providers = []
+    for provider in doc["providers"]:
+        p = dict(provider)
+        for key in ("path", "conf_dir", "data_dir"):
+            if key in p:
+                p[key] = resolve(p[key])
+        if "legacy" in p:
+            legacy = dict(p["legacy"])
+            if "journal" in legacy:
+                legacy["journal"] = resolve(legacy["journal"])
+            if "mode" in legacy:  # TOML says "auto" | true | false; one string type here
+                legacy["mode"] = {True: "on", False: "off"}.get(legacy["mode"], legacy["mode"])
+            p["legacy"] = legacy
+        if "timeouts" in p:
+            p["timeouts"] = {("return_" if k == "return" else k): v for k, v in p["timeouts"].items()}
+        providers.append(p)
+    out["providers"] = providers
+    return out
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(Path, lambda value, _: Path(value))
+    return converter
+
+
+_converter = _make_converter()

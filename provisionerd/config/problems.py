@@ -1,0 +1,191 @@
+"""Find every problem in a raw config document, each as ``"<path>: <message>"``.
+
+Pure and synchronous. The raw document (what ``tomllib`` returned) is checked against
+``schemas/config.schema.json`` first and then for the rules a schema cannot say well (duplicate provider names,
+heartbeat timeout above the interval, transport/path combinations). Everything is reported at once, in document
+order, so a user fixes a file in one pass.
+
+Provider ``env`` values are credentials: a problem located inside an ``env`` table never repeats the value, and no
+message ever prints a whole table (which could contain one).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.json"
+
+#: At most this many problems are listed; a broken file should not produce megabytes of output.
+MAX_PROBLEMS = 200
+_MAX_MESSAGE = 240
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@functools.cache
+def _validator() -> jsonschema.protocols.Validator:
+    # Built once: jsonschema.validate() re-checks the schema on every call (notes/trio-patterns.md).
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def format_path(parts: Iterable[str | int]) -> str:
+    """``["providers", 1, "timeouts", "request"]`` -> ``providers[1].timeouts.request``; ``[]`` -> ``(top level)``."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _IDENT.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out or "(top level)"
+
+
+def _is_secret(parts: Sequence[str | int]) -> bool:
+    """True for ``providers[i].env`` and anything below it."""
+    return len(parts) >= 3 and parts[0] == "providers" and parts[2] == "env"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return "a value"
+
+
+def _schema_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
+    for error in _validator().iter_errors(doc):
+        parts: list[str | int] = list(error.absolute_path)
+        instance = error.instance
+        if error.validator == "required":
+            missing = re.match(r"^'(.*)' is a required property$", error.message)
+            name = missing.group(1) if missing else "?"
+            yield parts + [name], "is required but missing"
+        elif error.validator == "additionalProperties" and isinstance(instance, Mapping):
+            allowed = set(error.schema.get("properties", {}))
+            for key in sorted(k for k in instance if k not in allowed):
+                yield parts + [key], "unknown key"
+        elif "propertyNames" in error.absolute_schema_path:  # a bad key name (not a secret); instance is the key
+            yield parts, f"key {error.instance!r} is not a valid name (letters, digits and _; not starting with a digit)"
+        elif _is_secret(parts):
+            expected = "a table of strings" if len(parts) == 3 else "a string of at most 65536 characters"
+            yield parts, f"value hidden: fails the {error.validator!r} check (expected {expected})"
+        else:
+            message = error.message
+            if isinstance(instance, (Mapping, list)) and instance:  # an empty one holds no secret
+                message = message.replace(repr(instance), _kind(instance))
+            if len(message) > _MAX_MESSAGE:
+                message = message[: _MAX_MESSAGE - 3] + "..."
+            yield parts, message
+
+
+def _get(doc: Any, *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if not isinstance(doc, Mapping) or key not in doc:
+            return default
+        doc = doc[key]
+    return doc
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _semantic_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
+    """Rules across fields. Defensive: the document may have failed the schema, so every access is checked."""
+    from provisionerd.config.loader import DEFAULTS  # the one place defaults live
+
+    controller = _get(doc, "controller", default={})
+    interval = _number(_get(controller, "heartbeat_interval", default=DEFAULTS["heartbeat_interval"]))
+    timeout = _number(_get(controller, "heartbeat_timeout", default=DEFAULTS["heartbeat_timeout"]))
+    if interval is not None and timeout is not None and interval > 0 and timeout <= interval:
+        yield (
+            ["controller", "heartbeat_timeout"],
+            f"{timeout:g} must be greater than heartbeat_interval ({interval:g}), or every link looks dead",
+        )
+    initial = _number(_get(controller, "backoff", "initial", default=DEFAULTS["backoff_initial"]))
+    maximum = _number(_get(controller, "backoff", "max", default=DEFAULTS["backoff_max"]))
+    if initial is not None and maximum is not None and maximum < initial:
+        yield ["controller", "backoff", "max"], f"{maximum:g} is less than backoff.initial ({initial:g})"
+    addresses = _get(controller, "addresses", default=[])
+    if isinstance(addresses, list):
+        for i, address in enumerate(addresses):
+            port = address.rpartition(":")[2] if isinstance(address, str) else ""
+            if port.isdigit() and not 1 <= int(port) <= 65535:
+                yield ["controller", "addresses", i], f"port {int(port)} is out of range 1-65535"
+
+    providers = _get(doc, "providers", default=[])
+    if not isinstance(providers, list):
+        return
+    first_seen: dict[str, int] = {}
+    for i, provider in enumerate(providers):
+        if not isinstance(provider, Mapping):
+            continue
+        name = provider.get("name")
+        if isinstance(name, str):
+            if name in first_seen:
+                yield ["providers", i, "name"], f"duplicate provider name {name!r} (also providers[{first_seen[name]}])"
+            else:
+                first_seen[name] = i
+        transport = provider.get("transport")
+        has_path, has_argv = "path" in provider, "argv" in provider
+        if transport == "oneshot":
+            if has_argv:
+                yield ["providers", i, "argv"], "only a 'persistent' provider takes argv (oneshot uses path)"
+            if not has_path:
+                yield ["providers", i, "path"], "is required for transport 'oneshot' (the scripts' directory)"
+        elif transport == "persistent" and has_path == has_argv:
+            yield ["providers", i], "a 'persistent' provider needs exactly one of path or argv"
+        yield from _legacy_problems(i, provider)
+
+
+def _legacy_problems(i: int, provider: Mapping[str, Any]) -> Iterator[tuple[list[str | int], str]]:
+    """``[providers.legacy]``: only for a one-shot plugin, and a userData template with known placeholders only."""
+    legacy = provider.get("legacy")
+    if not isinstance(legacy, Mapping):
+        return
+    if provider.get("transport") == "persistent" and legacy.get("mode", "auto") is not False:
+        yield ["providers", i, "legacy"], "an LSF plugin is one-shot: legacy mode needs transport 'oneshot'"
+    user_data = legacy.get("user_data")
+    if isinstance(user_data, Mapping) and all(isinstance(v, str) for v in user_data.values()):
+        from provisionerd.domain.errors import ConfigError
+        from provisionerd.provider.legacy.rules import UserDataTemplate  # pure: the placeholder vocabulary
+
+        try:
+            UserDataTemplate.parse(user_data, "user_data")
+        except ConfigError as exc:
+            for problem in exc.problems:
+                key, _, message = problem.partition(": ")
+                yield ["providers", i, "legacy", *key.split(".")], message
+
+
+def find_problems(doc: Any) -> list[str]:
+    """Every problem in ``doc`` as ``"<path>: <message>"``, in document order; empty when the document is valid."""
+    found = list(_schema_problems(doc)) + list(_semantic_problems(doc))
+    found.sort(key=lambda item: _sort_key(item[0]))
+    problems: list[str] = []
+    seen: set[str] = set()
+    for parts, message in found:
+        line = f"{format_path(parts)}: {message}"
+        if line not in seen:
+            seen.add(line)
+            problems.append(line)
+    if len(problems) > MAX_PROBLEMS:
+        extra = len(problems) - MAX_PROBLEMS
+        problems = problems[:MAX_PROBLEMS] + [f"(top level): ... and {extra} more problems"]
+    return problems
+
+
+def _sort_key(parts: Sequence[str | int]) -> tuple[tuple[int, str, int], ...]:
+    # ints sort numerically and before keys at the same depth, so providers[2] precedes providers[10].
+    return tuple((0, "", p) if isinstance(p, int) else (1, p, 0) for p in parts)

@@ -1,0 +1,333 @@
+"""The per-provider epoch lease, kept on trio's clock.
+
+A ``LeaseKeeper`` acquires the lease for one provider, renews it every ``ttl * renew_fraction``, and trusts it
+only until ``renew_sent + ttl - margin``, where ``renew_sent`` is the local monotonic time the acquire/renew request
+was *sent* (the controller's TTL started no earlier than that, so the local deadline is conservative however long
+the reply took). When that deadline passes without a successful renewal the lease **lapses at once**: the state
+changes, waiters and guards are woken or cancelled, and a ``lease_lost`` event is emitted. The keeper then
+re-acquires with jittered exponential backoff (or the controller's ``retry_after``).
+
+The epochs the keeper holds never go backwards: a grant carrying an epoch below one already held is refused. A
+grant of the *same* epoch after a local lapse is the controller still counting us as the holder of that lease,
+which is safe (no one else held it in between) and is reported as a new acquisition of that epoch.
+
+The keeper talks to the controller through a ``LeaseTransport`` so tests can drive it on
+``MockClock(autojump_threshold=0)`` with an in-memory fake controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import random
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import attrs
+import trio
+
+from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.config.loader import Backoff
+from provisionerd.domain.errors import LeaseError, LinkDown
+from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import Epoch
+
+#: Refusal reasons that say the lease may still be ours (the controller could not answer for now): the keeper
+#: keeps retrying until its local deadline. Any other refusal of a renewal lapses the lease at once.
+TRANSIENT_REASONS = frozenset({"no_quorum", "not_primary"})
+
+
+@attrs.frozen
+class LeaseGranted:
+    epoch: Epoch
+    ttl: float  # seconds
+
+
+@attrs.frozen
+class LeaseRefused:
+    reason: str  # held | grace | no_quorum | not_primary | stale_epoch | no_lease ...
+    retry_after: float = 0.0  # seconds; 0 = use our own backoff
+
+
+LeaseReply = LeaseGranted | LeaseRefused
+
+
+class LeaseTransport(Protocol):
+    """How a keeper reaches the controller. Every call raises ``LinkDown`` when the link is down or breaks."""
+
+    async def wait_ready(self) -> None:
+        """Return once a request has a chance to go out (the link is up and joined)."""
+
+    async def acquire(self, provider: str) -> LeaseReply: ...
+
+    async def renew(self, provider: str, epoch: Epoch) -> LeaseReply: ...
+
+    async def release(self, provider: str, epoch: Epoch) -> None: ...
+
+
+class LeaseState(enum.Enum):
+    NONE = "none"  # never held (or waiting for the first grant)
+    HELD = "held"
+    LAPSED = "lapsed"  # held once; the local deadline passed or the controller said it is gone
+    RELEASED = "released"  # given back on shutdown
+
+
+@attrs.frozen
+class LeaseStatus:
+    """A point-in-time view for ``provisionerd status`` (``remaining`` in seconds, ``None`` unless held)."""
+
+    provider: str
+    state: LeaseState
+    epoch: Epoch | None
+    remaining: float | None
+    reason: str
+
+
+class LeaseKeeper:
+    """Holds one provider's lease. Run ``await nursery.start(keeper.run)``; read with ``current()``/``valid()``."""
+
+    def __init__(
+        self,
+        provider: str,
+        transport: LeaseTransport,
+        *,
+        margin: float,
+        backoff: Backoff,
+        rng: random.Random,
+        events: EventLog,
+        renew_fraction: float = 1 / 3,
+    ) -> None:
+        if not 0 < renew_fraction < 1:
+            raise ValueError(f"renew_fraction must be in (0, 1), not {renew_fraction!r}")
+        self.provider = provider
+        self._transport = transport
+        self._margin = margin
+        self._backoff = BackoffTimer(backoff, rng)
+        self._retry = BackoffTimer(attrs.evolve(backoff, max=min(backoff.max, 1.0)), rng)
+        self._events = events
+        self._renew_fraction = renew_fraction
+        self.state = LeaseState.NONE
+        self.epoch: Epoch | None = None
+        self.valid_until = float("-inf")
+        self.reason = "not acquired yet"
+        self.highest_epoch: Epoch | None = None
+        self._guards: set[trio.CancelScope] = set()
+        self._changed = trio.Event()
+        self._hold_scope: trio.CancelScope | None = None
+        self._poked = trio.Event()
+        #: Called with the epoch on every acquisition (never on a renewal), before anyone is woken: the daemon
+        #: uses it to resync before it plans from the view again (another holder's facts are not pushed to us).
+        self.on_acquired: list[Callable[[Epoch], None]] = []
+
+    # --- reading ----------------------------------------------------------------------------------------------
+
+    def valid(self, now: float | None = None) -> bool:
+        """True while held and ``now`` is before the local deadline (at the deadline itself it is not valid)."""
+        now = trio.current_time() if now is None else now
+        return self.state is LeaseState.HELD and now < self.valid_until
+
+    def current(self, now: float | None = None) -> Epoch:
+        """The epoch held *now*, or ``LeaseError``."""
+        now = trio.current_time() if now is None else now
+        if self.state is LeaseState.HELD and now < self.valid_until and self.epoch is not None:
+            return self.epoch
+        if self.state is LeaseState.HELD:
+            raise LeaseError(self.provider, f"local deadline passed (epoch {self.epoch})")
+        raise LeaseError(self.provider, f"{self.state.value}: {self.reason}")
+
+    def status(self, now: float | None = None) -> LeaseStatus:
+        now = trio.current_time() if now is None else now
+        held = self.valid(now)
+        return LeaseStatus(
+            provider=self.provider,
+            state=self.state if held or self.state is not LeaseState.HELD else LeaseState.LAPSED,
+            epoch=self.epoch,
+            remaining=(self.valid_until - now) if held else None,
+            reason=self.reason,
+        )
+
+    async def wait_changed(self) -> None:
+        """Return at the next state change (acquired, renewed, lapsed, released)."""
+        await self._changed.wait()
+
+    async def wait_valid(self) -> Epoch:
+        while not self.valid():
+            await self.wait_changed()
+        assert self.epoch is not None
+        return self.epoch
+
+    @contextlib.contextmanager
+    def guard(self, epoch: Epoch) -> Iterator[trio.CancelScope]:
+        """A cancel scope that is cancelled when the lease for ``epoch`` lapses (its deadline follows renewals).
+
+        Raises ``LeaseError`` if ``epoch`` is not valid now. After the block, ``scope.cancelled_caught`` tells the
+        caller its wait was cut short by the lease.
+        """
+        if self.current() != epoch:
+            raise LeaseError(self.provider, f"epoch {epoch} is no longer the one held ({self.epoch})")
+        scope = trio.CancelScope(deadline=self.valid_until)
+        self._guards.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._guards.discard(scope)
+
+    # --- changes ----------------------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _hold(self, grant: LeaseGranted, sent: float, renewed: bool) -> None:
+        if self.state is LeaseState.RELEASED:
+            return  # given back on shutdown: a late grant must not revive it
+        self.state = LeaseState.HELD
+        self.epoch = grant.epoch
+        self.valid_until = sent + grant.ttl - self._margin
+        self.reason = "renewed" if renewed else "acquired"
+        self.highest_epoch = grant.epoch if self.highest_epoch is None else max(self.highest_epoch, grant.epoch)
+        for scope in self._guards:
+            scope.deadline = self.valid_until
+        kind = "lease_renewed" if renewed else "lease_acquired"
+        self._events.emit(kind, provider=self.provider, epoch=grant.epoch, ttl=grant.ttl,
+                          valid_for=round(self.valid_until - trio.current_time(), 6))
+        if not renewed:
+            for callback in self.on_acquired:
+                callback(grant.epoch)
+        self._notify()
+
+    def _lapse(self, reason: str) -> None:
+        if self.state is not LeaseState.HELD:
+            return
+        self.state = LeaseState.LAPSED
+        self.reason = reason
+        for scope in self._guards:
+            scope.cancel()
+        self._events.emit("lease_lost", provider=self.provider, epoch=self.epoch, reason=reason)
+        self._notify()
+        if self._hold_scope is not None:
+            self._hold_scope.cancel()
+
+    def renew_now(self) -> None:
+        """Renew at once instead of at the next scheduled time (after a rejoin, the new primary may not know us)."""
+        self._poked.set()
+
+    def invalidate(self, epoch: Epoch, reason: str) -> None:
+        """Lapse now if ``epoch`` is the one held (e.g. the controller rejected a fact as ``stale_epoch``)."""
+        if self.state is LeaseState.HELD and self.epoch == epoch:
+            self._lapse(reason)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Acquire, keep, and after every lapse re-acquire, until cancelled."""
+        task_status.started()
+        while self.state is not LeaseState.RELEASED:
+            grant, sent = await self._acquire()
+            self._poked = trio.Event()  # a poke before this grant is answered by the grant itself
+            self._hold(grant, sent, renewed=False)
+            with trio.CancelScope() as self._hold_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watchdog)
+                    nursery.start_soon(self._renew_loop, grant.ttl, sent)
+            self._hold_scope = None
+
+    async def _acquire(self) -> tuple[LeaseGranted, float]:
+        self._backoff.reset()
+        while True:
+            await self._transport.wait_ready()
+            sent = trio.current_time()
+            try:
+                reply = await self._transport.acquire(self.provider)
+            except LinkDown as exc:
+                delay = self._backoff.next_delay()
+                self.reason = f"link down: {exc}"
+            else:
+                delay, accepted = self._judge_grant(reply, sent)
+                if accepted:
+                    assert isinstance(reply, LeaseGranted)
+                    return reply, sent
+            await trio.sleep(delay)
+
+    def _judge_grant(self, reply: LeaseReply, sent: float) -> tuple[float, bool]:
+        """Whether an acquire reply is a grant we may hold; otherwise how long to wait before trying again."""
+        if isinstance(reply, LeaseRefused):
+            self.reason = f"denied: {reply.reason}"
+            self._events.emit("lease_denied", provider=self.provider, reason=reply.reason,
+                              retry_after=reply.retry_after)
+            return (reply.retry_after if reply.retry_after > 0 else self._backoff.next_delay()), False
+        if self.highest_epoch is not None and reply.epoch < self.highest_epoch:
+            self.reason = f"refused a grant of epoch {reply.epoch} below {self.highest_epoch}"
+            self._events.emit("lease_denied", provider=self.provider, reason="epoch_went_backwards",
+                              epoch=reply.epoch, highest=self.highest_epoch)
+            return self._backoff.next_delay(), False
+        if sent + reply.ttl - self._margin <= trio.current_time():
+            self.reason = f"grant of epoch {reply.epoch} arrived after its local deadline"
+            self._events.emit("lease_denied", provider=self.provider, reason="grant_too_late", epoch=reply.epoch)
+            return self._backoff.next_delay(), False
+        return 0.0, True
+
+    async def _watchdog(self) -> None:
+        # Sleep to the current deadline; renewals move it, so re-check on waking.
+        while True:
+            await trio.sleep_until(self.valid_until)
+            if trio.current_time() >= self.valid_until:
+                self._lapse("local deadline passed without a renewal")
+                return
+
+    async def _renew_loop(self, ttl: float, sent: float) -> None:
+        assert self.epoch is not None
+        epoch = self.epoch
+        next_renew = sent + ttl * self._renew_fraction
+        self._retry.reset()
+        while True:
+            with trio.move_on_at(next_renew):
+                await self._poked.wait()
+            self._poked = trio.Event()
+            sent = trio.current_time()
+            try:
+                reply = await self._transport.renew(self.provider, epoch)
+            except LinkDown as exc:
+                self.reason = f"renewal failed: {exc}"
+                next_renew = trio.current_time() + self._retry.next_delay()
+                continue
+            if trio.current_time() >= self.valid_until:
+                # The reply came at or after the local deadline: the lease lapsed in that instant, and a lapse is
+                # final for this holding (the watchdog may not have run yet in this same tick).
+                self._lapse("local deadline passed before the renewal reply")
+                return
+            if isinstance(reply, LeaseGranted) and reply.epoch == epoch:
+                if sent + reply.ttl - self._margin > self.valid_until:
+                    self._hold(reply, sent, renewed=True)
+                next_renew = sent + reply.ttl * self._renew_fraction
+                self._retry.reset()
+            elif isinstance(reply, LeaseRefused) and reply.reason in TRANSIENT_REASONS:
+                self.reason = f"renewal refused: {reply.reason}"
+                wait = reply.retry_after if reply.retry_after > 0 else self._retry.next_delay()
+                next_renew = trio.current_time() + wait
+            else:
+                what = reply.reason if isinstance(reply, LeaseRefused) else f"renewal returned epoch {reply.epoch}"
+                self._lapse(f"renewal refused: {what}")
+                return
+
+    async def release(self, timeout: float = 2.0) -> None:
+        """Stop mutations for this provider now and give the lease back (best effort, bounded by ``timeout``).
+
+        The caller cancels ``run`` first (or this is called after it ended); afterwards the keeper stays released.
+        """
+        epoch, held = self.epoch, self.state is LeaseState.HELD
+        self.state = LeaseState.RELEASED
+        self.reason = "released"
+        for scope in self._guards:
+            scope.cancel()
+        self._notify()
+        if held and epoch is not None:
+            confirmed = False
+            with trio.move_on_after(timeout):
+                try:
+                    await self._transport.release(self.provider, epoch)
+                    confirmed = True
+                except LinkDown:
+                    pass  # the controller will see the lease expire instead
+            self._events.emit("lease_released", provider=self.provider, epoch=epoch, confirmed=confirmed)

@@ -1,0 +1,286 @@
+"""One joined connection to the primary: its writer, reader, heartbeat and resync, and its pending requests.
+
+A ``Link`` lives for one generation. Everything that goes wrong on it calls ``break_(reason)``, which cancels its
+tasks; ``run`` then fails every pending request with ``LinkDown`` and returns. Nothing on a link survives it.
+
+The link resyncs when it starts and again, one resync at a time, whenever
+
+- the session wants one (``request_resync``: a lease was granted, and the daemon must plan from facts the controller
+  read after the grant, since another holder's facts are never pushed to us);
+- no demand snapshot came within ``snapshot_wait`` of a resync (pushes are fire-and-forget: the one after the join
+  may be lost, and demand is level-triggered only if we can always get the level again), with the wait doubling up
+  to ``refresh_interval``;
+- ``refresh_interval`` passed since the last one (a lost *change* push, of demand or hosts, heals within it).
+
+The controller answers every resync with its pages and then a fresh demand snapshot (protocol §6.3). Each resync
+builds a new view of the same generation; the link's latest demand carries over (demand seqs continue on a link).
+
+Sends go through one writer task fed by a bounded channel: a requester that is cancelled (say, by a lease lapse)
+while its frame is queued or being written cannot leave half a frame on the stream, and frames queued together
+go out in one write.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from provisionerd.domain.errors import LinkDown, ProtocolError
+from provisionerd.domain.model import DemandSnapshot, Role
+from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
+from provisionerd.wire.codec import opcode
+from provisionerd.wire.framing import FramedStream
+from provisionerd.wire.messages import (
+    DemandPage,
+    ErrorMsg,
+    Heartbeat,
+    HeartbeatAck,
+    HostStatePush,
+    Message,
+    ResyncPage,
+    ResyncRequest,
+)
+from provisionerd.wire.roles import is_allowed
+
+log = logging.getLogger(__name__)
+
+#: Frames waiting for the writer. A full queue makes requesters wait (backpressure), it never drops.
+OUTBOX_SIZE = 256
+#: At most this many queued frames are written in one ``send_many``.
+BATCH = 64
+_LINK_ERRORS = (ProtocolError, LinkDown, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+
+
+class LinkBroken(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+@attrs.define(eq=False)
+class _Pending:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    reply: Message | None = None
+
+
+class Link:
+    def __init__(
+        self,
+        framed: FramedStream,
+        generation: int,
+        address: str,
+        term: int,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        request_timeout: float,
+        *,
+        on_resynced: Callable[[ControllerView, str], None],
+        on_view_changed: Callable[[], None],
+        corr: itertools.count[int],
+        providers: tuple[str, ...],
+        wanted: int = 0,
+        snapshot_wait: float | None = None,
+        refresh_interval: float = float("inf"),
+    ) -> None:
+        self.framed = framed
+        self.generation = generation
+        self.address = address
+        self.term = term
+        self._interval = heartbeat_interval
+        self._dead_after = heartbeat_timeout
+        self._request_timeout = request_timeout
+        self._on_resynced = on_resynced
+        self._on_view_changed = on_view_changed
+        self._corr = corr
+        self._providers = providers
+        self.pending: dict[int, _Pending] = {}
+        self.reason = ""
+        self.last_ack = trio.current_time()
+        self.view: ControllerView | None = None
+        self.demand: DemandSnapshot | None = None
+        self._assembler = DemandAssembler()
+        self._resync: ResyncCollector | None = None  # the resync being collected
+        self._resync_corr = 0
+        self._resync_seq = 0  # ``wanted`` when the resync being collected was sent
+        self._resync_reason = ""
+        self._resync_progress = trio.Event()
+        #: The session's resync-want counter; a resync is due while it is above the current view's ``sync_seq``.
+        self.wanted = wanted
+        self._wake_resync = trio.Event()
+        self._snapshot_wait = snapshot_wait if snapshot_wait is not None else request_timeout
+        self._refresh_interval = refresh_interval
+        self._scope = trio.CancelScope()
+        self._outbox_send, self._outbox = trio.open_memory_channel[tuple[Message, int]](OUTBOX_SIZE)
+
+    def break_(self, reason: str) -> None:
+        if not self.reason:
+            self.reason = reason
+            log.info("controller link to %s broken: %s", self.address, reason)
+        self._scope.cancel()
+
+    def request_resync(self, seq: int) -> None:
+        """Resync (again) with a request sent after this call, answering want ``seq``."""
+        self.wanted = max(self.wanted, seq)
+        self._wake_resync.set()
+
+    async def run(self) -> None:
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    for loop in (self._write_loop, self._read_loop, self._heartbeat_loop, self._resync_loop):
+                        nursery.start_soon(self._guarded, loop)
+        finally:
+            self.reason = self.reason or "link closed (cancelled)"
+            for pending in self.pending.values():
+                pending.done.set()  # reply stays None: the requester raises LinkDown
+
+    async def _guarded(self, loop: Callable[[], object]) -> None:
+        try:
+            await loop()  # type: ignore[misc]
+        except _LINK_ERRORS as exc:
+            self.break_(f"{type(exc).__name__}: {exc}" if not isinstance(exc, LinkDown) else str(exc))
+
+    # --- requests ----------------------------------------------------------------------------------------------
+
+    async def request(self, msg: Message, corr: int, timeout: float) -> Message:
+        if self.reason:
+            raise LinkDown(self.reason)
+        pending = self.pending[corr] = _Pending()
+        try:
+            with trio.move_on_after(timeout) as scope:
+                await self._outbox_send.send((msg, corr))
+                await pending.done.wait()
+            if scope.cancelled_caught:
+                self.break_(f"no reply to {opcode(msg)} within {timeout:g}s")
+            if pending.reply is None:
+                raise LinkDown(self.reason or "link ended")
+            return pending.reply
+        finally:
+            self.pending.pop(corr, None)
+
+    # --- tasks -------------------------------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        async for first in self._outbox:
+            batch = [first]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._outbox.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            with trio.fail_after(self._request_timeout):
+                await self.framed.send_many(batch)
+
+    async def _heartbeat_loop(self) -> None:
+        seq = 0
+        next_send = trio.current_time()
+        while True:
+            now = trio.current_time()
+            if now >= self.last_ack + self._dead_after:
+                raise LinkDown(f"no heartbeat ack for {self._dead_after:g}s")
+            if now >= next_send:
+                seq += 1
+                await self._outbox_send.send((Heartbeat(seq), next(self._corr)))
+                next_send = now + self._interval
+            await trio.sleep_until(min(next_send, self.last_ack + self._dead_after))
+
+    async def _resync_loop(self) -> None:
+        reason = "join"
+        snapshot_wait = self._snapshot_wait
+        while True:
+            await self._resync_once(reason)
+            done = trio.current_time()
+            refresh_at, snapshot_by = done + self._refresh_interval, done + snapshot_wait
+            while True:
+                self._wake_resync = trio.Event()  # before the checks: a want registered after them wakes us
+                reason = self._resync_due(refresh_at, snapshot_by)
+                if reason:
+                    break
+                with trio.move_on_at(refresh_at if self.demand is not None else min(refresh_at, snapshot_by)):
+                    await self._wake_resync.wait()
+            if self.demand is not None:
+                snapshot_wait = self._snapshot_wait
+            elif reason == "no_demand_snapshot":
+                snapshot_wait = min(snapshot_wait * 2, max(self._refresh_interval, self._snapshot_wait))
+
+    def _resync_due(self, refresh_at: float, snapshot_by: float) -> str:
+        """Why the next resync is due now ("" if it is not)."""
+        assert self.view is not None
+        now = trio.current_time()
+        if self.wanted > self.view.sync_seq:
+            return "requested"
+        if self.demand is None and now >= snapshot_by:
+            return "no_demand_snapshot"
+        if now >= refresh_at:
+            return "refresh"
+        return ""
+
+    async def _resync_once(self, reason: str) -> None:
+        self._resync = ResyncCollector()
+        self._resync_corr, self._resync_seq, self._resync_reason = next(self._corr), self.wanted, reason
+        self._resync_progress = trio.Event()
+        await self._outbox_send.send((ResyncRequest(self._providers), self._resync_corr))
+        # Each page must follow the previous one within the request timeout; a big resync may take many.
+        while self._resync is not None:
+            with trio.move_on_after(self._request_timeout) as scope:
+                await self._resync_progress.wait()
+            if scope.cancelled_caught:
+                raise LinkDown(f"resync made no progress for {self._request_timeout:g}s")
+            self._resync_progress = trio.Event()
+
+    async def _read_loop(self) -> None:
+        while True:
+            envelope = await self.framed.receive()
+            if envelope is None:
+                raise LinkDown("the controller closed the connection")
+            msg, corr = envelope.msg, envelope.corr
+            if not is_allowed(Role.CONTROLLER, msg):
+                raise ProtocolError(f"the controller sent {opcode(msg)}, which only clients send")
+            self._route(msg, corr)
+
+    def _route(self, msg: Message, corr: int) -> None:
+        match msg:
+            case HeartbeatAck(term=term):
+                self.last_ack = trio.current_time()
+                if term != self.term:
+                    raise LinkDown(f"the controller's term moved from {self.term} to {term}")
+            case ErrorMsg(code=code, message=text):
+                raise LinkDown(f"controller error {code}: {text}")
+            case DemandPage(snapshot_seq=seq, page=page, page_count=count, items=items) if corr == 0:
+                snapshot = self._assembler.add(seq, page, count, items)
+                if snapshot is not None:
+                    self.demand = snapshot
+                    if self.view is not None:
+                        self.view.set_demand(snapshot)
+                        self._on_view_changed()
+            case HostStatePush(hosts=hosts) if corr == 0:
+                # Before the resync is folded a push is dropped: the resync (sent after it) carries newer state.
+                if self.view is not None:
+                    self.view.apply_hosts(hosts)
+                    self._on_view_changed()
+            case ResyncPage(page=page, page_count=count, facts=facts, hosts=hosts) if corr == self._resync_corr:
+                collector = self._resync
+                if collector is None:
+                    raise ProtocolError("a resync page after the resync completed")
+                self._resync_progress.set()
+                if collector.add(page, count, facts, hosts):
+                    self._resync = None
+                    old = self.view
+                    view = collector.build(self.generation, self.address, self.term, sync_seq=self._resync_seq,
+                                           version=0 if old is None else old.version + 1)  # fmt: skip
+                    view.demand = self.demand
+                    self.view = view
+                    self._on_resynced(view, self._resync_reason)
+            case _ if corr in self.pending:
+                pending = self.pending[corr]
+                if pending.reply is None:
+                    pending.reply = msg
+                    pending.done.set()
+            case _ if corr != 0:
+                log.debug("reply %s for corr %s nobody waits for (timed out)", opcode(msg), corr)
+            case _:
+                raise ProtocolError(f"unexpected push {opcode(msg)}")

@@ -1,0 +1,76 @@
+"""Lease operations and fact commits over the controller session: the real ``LeaseTransport`` and ``FactCommitter``.
+
+Translates between the wire messages and what the lease keeper and the mutation gate speak. A reply of the wrong
+kind is a protocol violation: the link is broken (the session rejoins) and the caller gets ``LinkDown``.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from provisionerd.domain.errors import ControllerRejected, LinkDown
+from provisionerd.controller.lease import LeaseGranted, LeaseRefused, LeaseReply
+from provisionerd.domain.model import CommittedFact, Epoch, Fact
+from provisionerd.controller.session import ControllerSession, LinkState
+from provisionerd.wire.messages import (
+    Ack,
+    FactAck,
+    FactCommit,
+    LeaseAcquire,
+    LeaseDenied,
+    LeaseGrant,
+    LeaseRelease,
+    LeaseRenew,
+    Message,
+)
+
+
+class ControllerOps:
+    def __init__(self, session: ControllerSession) -> None:
+        self._session = session
+
+    async def wait_ready(self) -> None:
+        await self._session.wait_ready()
+
+    def _unexpected(self, reply: Message, wanted: str) -> LinkDown:
+        reason = f"expected {wanted}, the controller sent {type(reply).__name__}"
+        self._session.break_link(reason)
+        return LinkDown(reason)
+
+    def _lease_reply(self, provider: str, reply: Message) -> LeaseReply:
+        if isinstance(reply, LeaseGrant) and reply.provider == provider:
+            return LeaseGranted(reply.epoch, reply.ttl_ms / 1000.0)
+        if isinstance(reply, LeaseDenied) and reply.provider == provider:
+            return LeaseRefused(reply.reason, reply.retry_after_ms / 1000.0)
+        raise self._unexpected(reply, f"LeaseGrant or LeaseDenied for {provider!r}")
+
+    async def acquire(self, provider: str) -> LeaseReply:
+        try:
+            return self._lease_reply(provider, await self._session.request(LeaseAcquire(provider)))
+        except ControllerRejected as exc:
+            return LeaseRefused(exc.reason)
+
+    async def renew(self, provider: str, epoch: Epoch) -> LeaseReply:
+        try:
+            return self._lease_reply(provider, await self._session.request(LeaseRenew(provider, epoch)))
+        except ControllerRejected as exc:
+            return LeaseRefused(exc.reason)
+
+    async def release(self, provider: str, epoch: Epoch) -> None:
+        try:
+            reply = await self._session.request(LeaseRelease(provider, epoch))
+        except ControllerRejected:
+            return  # not ours any more: nothing to give back
+        if not isinstance(reply, Ack):
+            raise self._unexpected(reply, "Ack")
+
+    async def commit(self, fact: Fact) -> int:
+        """Commit ``fact``; its index once the primary acknowledged it. Waits (bounded) for a resynced link."""
+        if self._session.state is not LinkState.UP:
+            with trio.move_on_after(self._session.settings.request_timeout):
+                await self._session.wait_ready()
+        reply = await self._session.request(FactCommit(fact))
+        if not isinstance(reply, FactAck):
+            raise self._unexpected(reply, "FactAck")
+        self._session.note_committed(CommittedFact(reply.index, fact))
+        return reply.index

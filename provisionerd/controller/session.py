@@ -1,0 +1,351 @@
+"""The controller session: join as ``provisioner``, keep the link alive, rejoin and resync after every break.
+
+``ControllerSession.run`` loops forever: open a stream to an address (through an injected ``StreamFactory``, so
+tests use in-memory streams and production uses mutual TLS, see ``connect.py``), send ``Join``, follow a standby's
+redirect to the primary (at most ``max_redirects`` hops in a row), and otherwise rotate through the configured
+addresses with jittered exponential backoff (seeded RNG, trio's clock). Once joined it runs three tasks on the link:
+
+- the reader routes replies to their request by ``corr`` and pushes (demand pages, host states) into the view;
+- the heartbeat sends ``Heartbeat`` every ``heartbeat_interval`` and declares the link dead when no
+  ``HeartbeatAck`` came for ``heartbeat_timeout``;
+- the resync asks for the facts and hosts of our providers and builds a **new** ``ControllerView`` (the next
+  generation) from them alone; the demand in it is the next snapshot received on this link. The link resyncs again
+  (a new view of the same generation) when asked (``request_resync``), when no demand snapshot came after a resync,
+  and every ``refresh_heartbeats`` heartbeat intervals (see ``session_link``).
+
+**A lease grant needs a resync.** Facts another daemon commits under its lease are never pushed to us, so after
+any acquisition (not a renewal of a lease held without a break) the view may lack them: ``resync_after_grant``
+registers a resync that must be *sent* after the grant, and ``synced_for(provider)`` stays false until a view built
+from such a resync is in place. The reconcile loop plans a provider only when it is true (DESIGN: the daemon's
+memory is a cache of the fact log, rebuilt from a resync).
+
+Requests (``request``) are refused with ``LinkDown`` until that resync is folded, so nothing this daemon commits
+can be folded before the facts that precede it. Any failure on the link (EOF, a protocol violation, an ``ErrorMsg``,
+a dead heartbeat, a request without a reply in ``request_timeout``, a ``not_primary`` answer) ends the generation:
+every pending request fails with ``LinkDown`` and the loop connects again.
+
+**One instance per process start.** The ``Join`` carries ``instance``, drawn once when the session is built (one
+session per ``DaemonCore``) from its injected RNG, or taken from ``SessionSettings.instance``. Every rejoin of this
+session sends the same one, so the controller still counts us as the holder of the leases we held before a link
+break (re-acquiring is idempotent: the same epoch); a restarted process has a new one and is a new holder, so it
+cannot take over a lease its previous start may still be using, and a second live daemon with the same ``identity``
+is a competitor, not a twin that would be told it holds the same epoch.
+
+The daemon reads ``session.view`` and waits on ``session.changed()``: the view is level-triggered state, so a
+consumer that falls behind sees the latest picture instead of a queue of stale ones. ``updates()`` delivers the
+same as a stream of views through a zero-buffer memory channel.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.config.loader import Backoff, Config
+from provisionerd.domain.errors import AuthError, ControllerRejected, LinkDown, ProtocolError
+from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import PROTOCOL_VERSION, CommittedFact, Role
+from provisionerd.controller.link import Link, LinkBroken
+from provisionerd.controller.view import ControllerView
+from provisionerd.wire.framing import FramedStream
+from provisionerd.wire.messages import ErrorMsg, Join, JoinReply, LeaseDenied, Message, Rejected
+
+log = logging.getLogger(__name__)
+
+#: Opens a byte stream to ``host:port`` (TLS done, peer checked). Raises OSError, trio.BrokenResourceError or
+#: AuthError when it cannot.
+StreamFactory = Callable[[str], Awaitable[trio.abc.Stream]]
+
+CONNECT_ERRORS = (
+    OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError, AuthError, trio.TooSlowError,
+)
+
+
+@attrs.frozen
+class SessionSettings:
+    identity: str
+    providers: tuple[str, ...]
+    addresses: tuple[str, ...]
+    connect_timeout: float = 5.0
+    request_timeout: float = 10.0
+    heartbeat_interval: float = 2.0
+    heartbeat_timeout: float = 6.0
+    max_redirects: int = 3
+    backoff: Backoff = Backoff()
+    #: Resync a joined link every this many heartbeat intervals (0: only on join, on want, on a missing snapshot).
+    refresh_heartbeats: int = 30
+    #: This process start's ``Join.instance``; empty: the session draws one from its RNG (``new_instance``).
+    instance: str = ""
+
+    @classmethod
+    def from_config(cls, config: Config) -> SessionSettings:
+        c = config.controller
+        return cls(
+            identity=config.identity, providers=config.provider_names, addresses=c.addresses,
+            connect_timeout=c.connect_timeout, request_timeout=c.request_timeout,
+            heartbeat_interval=c.heartbeat_interval, heartbeat_timeout=c.heartbeat_timeout,
+            max_redirects=c.max_redirects, backoff=c.backoff,
+        )  # fmt: skip
+
+
+#: The longest ``Join.instance`` the protocol allows (docs/protocol.md §4).
+MAX_INSTANCE = 64
+
+
+def new_instance(rng: random.Random) -> str:
+    """A fresh ``Join.instance``: 16 hex characters (64 bits) from ``rng``. Production passes a ``random.Random()``
+    seeded from the OS, so two starts never share one; the simulation passes its seeded RNG to repeat a run."""
+    return f"{rng.getrandbits(64):016x}"
+
+
+class LinkState(enum.Enum):
+    DOWN = "down"
+    CONNECTING = "connecting"
+    SYNCING = "syncing"  # joined; resync not folded yet
+    UP = "up"
+
+
+class _Redirect(Exception):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+
+class ControllerSession:
+    def __init__(self, settings: SessionSettings, connect: StreamFactory, events: EventLog, rng: random.Random):
+        if not settings.addresses:
+            raise ValueError("at least one controller address is needed")
+        instance = settings.instance
+        if len(instance) > MAX_INSTANCE or "#" in instance or not instance.isprintable():
+            raise ValueError(f"instance must be at most {MAX_INSTANCE} printable characters without '#': {instance!r}")
+        self.settings = settings
+        self._connect = connect
+        self._events = events
+        self._backoff = BackoffTimer(settings.backoff, rng)
+        #: Sent in every Join of this session (rejoins included): the lease holder is identity + instance.
+        self.instance = settings.instance or new_instance(rng)
+        self.state = LinkState.DOWN
+        self.primary: str | None = None
+        self.term = 0
+        self.generation = 0
+        self.view: ControllerView | None = None
+        self.last_error = ""
+        self._link: Link | None = None
+        self._corr = itertools.count(1)
+        self._changed = trio.Event()
+        self._ready = trio.Event()
+        self._sync_wanted = 0  # resync wants registered so far (a view answers those <= its sync_seq)
+        self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
+        #: Called with each new generation's view once its resync is folded (e.g. to renew leases at once).
+        self.on_resync: list[Callable[[ControllerView], None]] = []
+
+    # --- for the daemon -----------------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Return at the next change of the link state or the view."""
+        await self._changed.wait()
+
+    async def wait_ready(self) -> None:
+        """Return once joined and resynced (requests may go out)."""
+        while self.state is not LinkState.UP:
+            await self._ready.wait()
+
+    async def updates(self, *, task_status: trio.TaskStatus[trio.MemoryReceiveChannel[ControllerView]]
+                      = trio.TASK_STATUS_IGNORED) -> None:
+        """Publish each new state of the view (coalesced) on a zero-buffer channel handed to ``task_status``."""
+        send, receive = trio.open_memory_channel[ControllerView](0)
+        task_status.started(receive)
+        seen: tuple[int, int] | None = None
+        async with send:
+            while True:
+                view = self.view
+                if view is not None and (view.generation, view.version) != seen and self.state is LinkState.UP:
+                    seen = (view.generation, view.version)
+                    await send.send(view)
+                    continue
+                await self.changed()
+
+    def status(self) -> dict[str, object]:
+        link = self._link
+        return {
+            "state": self.state.value,
+            "instance": self.instance,
+            "primary": self.primary,
+            "term": self.term,
+            "generation": self.generation,
+            "last_heartbeat_ack_age": None if link is None else round(trio.current_time() - link.last_ack, 3),
+            "demand_seq": None if self.view is None or self.view.demand is None else self.view.demand.seq,
+            "last_error": self.last_error,
+        }
+
+    async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
+        """Send ``msg`` and return the reply with the same ``corr``.
+
+        Raises:
+            LinkDown: not joined and resynced, the link broke, or no reply within the timeout (which also breaks
+                the link: a controller that stops answering is treated like a dead one).
+            ControllerRejected: a typed ``Rejected`` reply (``not_primary`` also ends the link, to find the primary).
+        """
+        link = self._link
+        if link is None or self.state is not LinkState.UP:
+            raise LinkDown(f"controller link is {self.state.value}")
+        reply = await link.request(msg, next(self._corr), timeout or self.settings.request_timeout)
+        if isinstance(reply, Rejected):
+            if reply.reason == "not_primary":
+                link.break_("the controller is no longer primary")
+            raise ControllerRejected(reply.reason, reply.detail)
+        if isinstance(reply, LeaseDenied) and reply.reason == "not_primary":
+            link.break_("the controller is no longer primary")
+        return reply
+
+    def request_resync(self) -> int:
+        """Ask for a resync sent after this call (on this link, or as the next link's first); returns the want's
+        number: a view with ``sync_seq`` at or above it holds every fact committed before the call."""
+        self._sync_wanted += 1
+        if self._link is not None:
+            self._link.request_resync(self._sync_wanted)
+        return self._sync_wanted
+
+    def resync_after_grant(self, provider: str) -> None:
+        """A lease for ``provider`` was just acquired: it is not ``synced_for`` until a resync after now is in."""
+        self._sync_needed[provider] = self.request_resync()
+
+    def synced_for(self, provider: str) -> bool:
+        """Whether the current view was resynced after ``provider``'s last lease grant (and the link is up)."""
+        view = self.view
+        return (self.state is LinkState.UP and view is not None
+                and view.sync_seq >= self._sync_needed.get(provider, 0))  # fmt: skip
+
+    def break_link(self, reason: str) -> None:
+        """End the current generation (e.g. the controller answered nonsense); the session rejoins."""
+        if self._link is not None:
+            self._link.break_(reason)
+
+    def note_committed(self, committed: CommittedFact) -> None:
+        """Fold a fact this daemon just committed into the current view (the same generation only)."""
+        if self.view is not None:
+            self.view.apply_fact(committed)
+            self._notify()
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, join, serve, and after any break do it all again, until cancelled."""
+        task_status.started()
+        addresses = self.settings.addresses
+        position = 0
+        target: str | None = None
+        hops = 0
+        while True:
+            address = target or addresses[position % len(addresses)]
+            target = None
+            try:
+                await self._attempt(address)
+            except _Redirect as redirect:
+                hops += 1
+                self._events.emit("redirect", address=address, to=redirect.target, hops=hops)
+                if hops <= self.settings.max_redirects:
+                    target = redirect.target
+                    continue
+                self.last_error = f"more than {self.settings.max_redirects} redirects in a row"
+            except LinkBroken as broken:  # joined, then lost: start again from the same address
+                self.last_error = broken.reason
+                hops = 0
+                self._backoff.reset()
+                await trio.sleep(self._backoff.next_delay())
+                continue
+            except (*CONNECT_ERRORS, _JoinRefused) as exc:
+                self.last_error = f"{address}: {exc or type(exc).__name__}"
+                log.info("cannot join controller at %s: %s", address, self.last_error)
+            hops = 0
+            position += 1
+            self.state = LinkState.DOWN
+            self._notify()
+            await trio.sleep(self._backoff.next_delay())
+
+    async def _attempt(self, address: str) -> None:
+        self.state = LinkState.CONNECTING
+        self._notify()
+        s = self.settings
+        with trio.fail_after(s.connect_timeout):
+            stream = await self._connect(address)
+        framed = FramedStream(stream)
+        try:
+            with trio.fail_after(s.connect_timeout):
+                join = Join(role=Role.PROVISIONER, identity=s.identity, protocol_version=PROTOCOL_VERSION,
+                            providers=s.providers, instance=self.instance)
+                await framed.send(join, 1)
+                envelope = await framed.receive()
+            reply = None if envelope is None else envelope.msg
+            if isinstance(reply, ErrorMsg):
+                raise _JoinRefused(f"{reply.code}: {reply.message}")
+            if not isinstance(reply, JoinReply):
+                raise ProtocolError(f"expected JoinReply, got {type(reply).__name__}")
+            if not reply.accepted and reply.redirect and not reply.primary:
+                raise _Redirect(reply.redirect)
+            if not reply.accepted or not reply.primary:
+                self._events.emit("join_refused", address=address, reason=reply.reason, primary=reply.primary)
+                raise _JoinRefused(reply.reason or "join refused")
+            await self._serve(framed, address, reply)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _serve(self, framed: FramedStream, address: str, reply: JoinReply) -> None:
+        s = self.settings
+        self.generation += 1
+        self.primary, self.term, self.state = address, reply.term, LinkState.SYNCING
+        self._backoff.reset()
+        self._events.emit("join", address=address, term=reply.term, controller=reply.controller_id,
+                          generation=self.generation, instance=self.instance)
+        self._events.emit("link_up", address=address, generation=self.generation)
+        link = Link(framed, self.generation, address, reply.term, s.heartbeat_interval, s.heartbeat_timeout,
+                    s.request_timeout, on_resynced=self._resynced, on_view_changed=self._notify,
+                    corr=self._corr, providers=s.providers, wanted=self._sync_wanted,
+                    snapshot_wait=max(s.request_timeout, s.heartbeat_interval),
+                    refresh_interval=s.heartbeat_interval * s.refresh_heartbeats or float("inf"))  # fmt: skip
+        self._link = link
+        self._notify()
+        try:
+            await link.run()
+        finally:
+            self._link = None
+            self.state = LinkState.DOWN
+            if self._ready.is_set():
+                self._ready = trio.Event()
+            self._events.emit("link_down", address=address, generation=self.generation, reason=link.reason)
+            self._notify()
+        raise LinkBroken(link.reason)
+
+    def _resynced(self, view: ControllerView, reason: str) -> None:
+        if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:
+            # A later resync on the same link: the view is replaced; the link's state and leases are unchanged.
+            self.view = view
+            self._events.emit("refresh", generation=view.generation, reason=reason, sync_seq=view.sync_seq,
+                              facts=view.facts.last_index, hosts=len(view.hosts), demand=view.demand is not None)
+            self._notify()
+            return
+        self.view = view
+        self.state = LinkState.UP
+        self._events.emit("resync", generation=view.generation, facts=view.facts.last_index,
+                          fact_count=sum(1 for _ in view.facts.intents) + len(view.facts.machines),
+                          hosts=len(view.hosts))
+        self._ready.set()
+        for callback in self.on_resync:
+            callback(view)
+        self._notify()
+
+
+class _JoinRefused(Exception):
+    pass
+

@@ -1,0 +1,131 @@
+"""What the controller session knows, rebuilt from scratch after every (re)join: pure, no I/O.
+
+``ControllerView`` is the daemon's whole picture of the controller for one *generation* (one joined link): the
+facts folded from that link's resync (plus the facts this daemon committed on it), the hosts from the resync and
+later pushes, and the demand snapshot received on it. A new generation never inherits anything from an older one.
+A link resyncs more than once (a lease was granted, the demand snapshot did not come, the periodic refresh): each
+resync builds a new view of the same generation, numbered by ``sync_seq``, that keeps only the link's demand.
+
+``DemandAssembler`` turns ``DemandPage`` pushes into whole ``DemandSnapshot``s; ``ResyncCollector`` gathers the
+pages of one resync reply. Both bound what a hostile or broken controller can make us hold, and raise
+``ProtocolError`` on pages that cannot belong to a valid sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableMapping
+
+import attrs
+
+from provisionerd.domain.errors import ProtocolError
+from provisionerd.planner.fact_view import FactView, fold
+from provisionerd.domain.model import CommittedFact, DemandItem, DemandSnapshot, HostState
+
+#: Bounds per snapshot / resync. Far above any real cluster, far below what would exhaust memory.
+MAX_PAGES = 10_000
+MAX_DEMAND_ITEMS = 1_000_000
+
+
+@attrs.define(eq=False)
+class ControllerView:
+    """The daemon's view for one generation. ``demand`` is ``None`` until a snapshot arrives on this link."""
+
+    generation: int
+    primary: str
+    term: int
+    facts: FactView
+    #: instance_ref -> latest state. From a resync this is ``facts.hosts``, the host table the fact view keeps joined
+    #: against its machines, so a plan pass reads its indexes instead of scanning every host and machine.
+    hosts: MutableMapping[str, HostState]
+    demand: DemandSnapshot | None = None
+    version: int = 0  # bumped on every change, so watchers can tell "changed since I looked"
+    #: The session's resync-want counter when this view's ResyncRequest was sent: every want registered at or
+    #: below it (e.g. "resync after this lease grant") is answered by facts the controller read after the want.
+    sync_seq: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Resync folded and a fresh demand snapshot received: safe to reconcile."""
+        return self.demand is not None
+
+    def apply_hosts(self, hosts: Iterable[HostState]) -> None:
+        for host in hosts:
+            self.hosts[host.instance_ref] = host
+        self.version += 1
+
+    def apply_fact(self, committed: CommittedFact) -> None:
+        self.facts.apply(committed)
+        self.version += 1
+
+    def set_demand(self, snapshot: DemandSnapshot) -> None:
+        self.demand = snapshot
+        self.version += 1
+
+
+class DemandAssembler:
+    """Collects the pages of demand snapshots; ``add`` returns a snapshot once all its pages are in.
+
+    Level-triggered: a snapshot with a ``seq`` at or below the last one completed is ignored, and a newer ``seq``
+    discards an unfinished older one.
+    """
+
+    def __init__(self) -> None:
+        self.last_seq: int | None = None
+        self._seq: int | None = None
+        self._count = 0
+        self._pages: dict[int, tuple[DemandItem, ...]] = {}
+        self._items = 0
+
+    def add(self, seq: int, page: int, page_count: int, items: tuple[DemandItem, ...]) -> DemandSnapshot | None:
+        if not 1 <= page_count <= MAX_PAGES or not 0 <= page < page_count:
+            raise ProtocolError(f"demand page {page} of {page_count} is out of range")
+        if self.last_seq is not None and seq <= self.last_seq:
+            return None
+        if seq != self._seq:
+            self._seq, self._count, self._pages, self._items = seq, page_count, {}, 0
+        elif page_count != self._count:
+            raise ProtocolError(f"demand snapshot {seq} changed its page count from {self._count} to {page_count}")
+        if page not in self._pages:
+            self._items += len(items)
+            if self._items > MAX_DEMAND_ITEMS:
+                raise ProtocolError(f"demand snapshot {seq} has more than {MAX_DEMAND_ITEMS} items")
+            self._pages[page] = items
+        if len(self._pages) < self._count:
+            return None
+        snapshot = DemandSnapshot(seq, tuple(item for i in range(self._count) for item in self._pages[i]))
+        self.last_seq, self._seq, self._pages = seq, None, {}
+        return snapshot
+
+
+class ResyncCollector:
+    """The pages of one resync reply, in any order; ``add`` returns True when the last one is in."""
+
+    def __init__(self) -> None:
+        self._count: int | None = None
+        self._pages: dict[int, tuple[tuple[CommittedFact, ...], tuple[HostState, ...]]] = {}
+
+    def add(self, page: int, page_count: int, facts: tuple[CommittedFact, ...], hosts: tuple[HostState, ...]) -> bool:
+        if not 1 <= page_count <= MAX_PAGES or not 0 <= page < page_count:
+            raise ProtocolError(f"resync page {page} of {page_count} is out of range")
+        if self._count is None:
+            self._count = page_count
+        elif page_count != self._count:
+            raise ProtocolError(f"resync changed its page count from {self._count} to {page_count}")
+        self._pages.setdefault(page, (facts, hosts))
+        return len(self._pages) == self._count
+
+    def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0
+              ) -> ControllerView:  # fmt: skip
+        """The resynced view: facts folded in log order, hosts keyed by instance_ref in the view's host table.
+
+        The hosts go in before the facts are folded: then no joined machine is ever counted as not joined in passing
+        and the table's not-joined index holds only the machines that really have no host.
+        """
+        facts = sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
+        view = FactView()
+        for i in sorted(self._pages):
+            for host in self._pages[i][1]:
+                view.hosts[host.instance_ref] = host
+        fold(facts, view)
+        return ControllerView(generation=generation, primary=primary, term=term, facts=view, hosts=view.hosts,
+                              version=version, sync_seq=sync_seq)  # fmt: skip

@@ -1,0 +1,1 @@
+"""``provisionerd demo``: the whole system on this host."""

@@ -1,0 +1,1 @@
+"""Frozen values shared by every layer, and the typed error hierarchy. Pure: no I/O, no trio."""

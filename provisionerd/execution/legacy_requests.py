@@ -1,0 +1,71 @@
+"""The executor's request path for a legacy LSF plugin (``client.legacy``): what replaces the list-and-retry.
+
+A mixin of :class:`provisionerd.executor.Executor`. A legacy plugin has no ``op_id`` idempotency and no listing, so
+after a failed ``requestMachines`` the decision is ``provisionerd.provider.legacy_rules.after_request_error``:
+
+- ``UNKNOWN_OUTCOME`` (timeout, crash, a garbled answer, or the adapter's own ``ProviderOutcomeUnknown``): the
+  call is **never** retried and nothing is listed (there is nothing to list). A requestId the plugin printed before
+  it hung never gets here: the adapter turns it into an accepted call, and the executor polls it like any other.
+  Without one the outcome stays unknown: ``RequestFailed`` is committed with a reason that says so and why, a
+  ``request_outcome_unknown`` event is written, and the planner re-plans the shortfall as a new op (fresh tokens).
+  Whatever the lost call may have made is invisible to the daemon; the orphan report lists the op among the
+  adapter's ``unknown_outcomes()``.
+- ``RETRY_LATER`` / ``FAILED``: a refusal whose outcome is known, handled like any provider's (``_refused``: the
+  code becomes a planner observation such as the throttle back-off).
+
+``settle_legacy_recovery`` is the restart path: an open intent whose journal records an unknown call is failed the
+same way instead of being polled for a listing the plugin cannot give.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown
+from provisionerd.execution.values import RequestOutcome, _Run
+from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
+from provisionerd.provider.legacy.rules import NextStep, after_request_error
+
+#: The longest ``RequestFailed.reason`` written (the rest of a plugin's message is in the event).
+MAX_REASON = 500
+
+
+def is_legacy(client: Any) -> bool:
+    return bool(getattr(client, "legacy", False))
+
+
+def unknown_reason(error: ProviderError) -> str:
+    """The ``RequestFailed`` reason for a legacy request whose outcome is unknown."""
+    return (f"outcome unknown: {type(error).__name__}: {error.detail}; not retried (a legacy LSF plugin has no "
+            "idempotency and no listing, so a retry could make the machines twice); any machines it made are "
+            "invisible, see the orphan report")[:MAX_REASON]  # fmt: skip
+
+
+class LegacyRequestFlow:
+    async def _legacy_after_error(self, run: _Run, intent: RequestIntent, client: Any,
+                                  error: ProviderError) -> RequestOutcome:  # fmt: skip
+        """The end of a legacy request whose ``requestMachines`` raised ``error`` (see the module docstring)."""
+        step = after_request_error(error, client.features)
+        if step is NextStep.UNKNOWN_OUTCOME:
+            return await self._settle_unknown(intent, error)
+        return await self._refused(run, intent, error)
+
+    async def _settle_unknown(self, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
+        reason = unknown_reason(error)
+        self._events.emit("request_outcome_unknown", provider=intent.provider, op_id=intent.op_id,
+                          template=intent.template_id, count=intent.count, error=type(error).__name__,
+                          detail=error.detail, retried=False)  # fmt: skip
+        committed = await self._commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, reason))
+        return RequestOutcome(intent.op_id, intent.provider, "unknown",
+                              code="outcome_unknown" if committed else "commit_failed", detail=reason)  # fmt: skip
+
+    async def settle_legacy_recovery(self, intent: RequestIntent, client: Any) -> RequestOutcome | None:
+        """After a restart: an open intent of a legacy plugin whose journal records a call with an unknown
+        outcome can never be settled by a listing, so it is failed now (``None`` when the journal does not say
+        so: then the ordinary recovery reads the op's machines through the adapter)."""
+        unknown = {u["op_id"]: u for u in client.unknown_outcomes()}
+        if intent.op_id not in unknown:
+            return None
+        detail = unknown[intent.op_id].get("detail") or "the call's outcome is unknown"
+        error = ProviderOutcomeUnknown(intent.provider, "requestMachines", f"found after a restart: {detail}")
+        return await self._settle_unknown(intent, error)

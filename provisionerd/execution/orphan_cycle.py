@@ -1,0 +1,361 @@
+"""The orphan cycle: one classification pass per provider per interval, and the allowed actions carried out.
+
+A pass (``OrphanCycle.run_pass``):
+
+1. reads the provider's ``listMachines`` (or notes it ``Unreadable``; a provider that has no listing at all, a
+   legacy LSF plugin, is ``ListingAbsent``: not called, every action blocked by ``listing_absent``, and each
+   ``orphan_pass`` event says ``listing: "absent"``, the ``invisible`` classes and the adapter's
+   ``unknown_outcomes``), *then* the controller's view, hosts and the lease (``provisionerd.orphan_reads``);
+2. classifies them (``provisionerd.orphans.classify``, pure) with the memory of the previous pass;
+3. writes the audit: ``orphan_pass`` (counts, breaker, skipped views), ``orphan_detected`` for every finding that
+   is new or whose action or blockers changed since the last pass (with its evidence), ``orphan_resolved`` for a
+   finding that is gone;
+4. carries out each allowed action through the executor (never around it): ``return``/``stop``/``terminate`` by
+   ``executor.return_machines`` (which gates a ``ReturnIntent``, calls the provider, polls, commits
+   ``Returned``); ``adopt``/``retire``/``report`` by committing ``PlannedAction.fact()`` with
+   ``executor.commit_fact``. Each one is audited as ``orphan_action``: evidence, action, op_id, epoch, what
+   confirmed it, the outcome and the provider's (or controller's) answer;
+5. keeps the memory: ghost counts from the classifier, and each cleanup's answer (``after_cleanup``).
+
+The admin's explicit action (``provisionerd orphans adopt|return``, ``provisionerd.orphans_admin``) uses the same
+steps: ``observe`` (1), ``carry_out`` (4) and ``audit_action``, with ``confirmed_by`` naming the admin.
+
+Invariant 5: a pass that could not read both views acts on nothing (the classifier allows nothing then; this module
+checks again before acting). A gate refusal (lease lapsed, link down, controller rejected) ends the pass's actions:
+the next ones would be refused the same way. A provider failure counts towards the circuit breaker; a gate
+refusal does not (the provider was never asked).
+
+Never-joined machines have one owner each, named in their evidence as ``returned_by``:
+
+- ``reconciler``: the machine has an instance fact. The reconciler plans ``ReturnMachines(reason="never_joined")``
+  from the same facts and the same ``join_deadline``; here it is a finding only, and no action is taken.
+- ``executor``: no instance fact, but its op tag names an intent that is still open. The executor is still
+  polling that request, or will settle it after a restart (``recover_request`` lists the op's machines and commits
+  their instance facts), after which the reconciler owns it; acting here would race the executor.
+- ``orphan_cycle``: no instance fact and the intent is closed (failed, or fulfilled by other machines), e.g. a
+  machine that appeared after its request was written off. Neither the reconciler (it never lists machines) nor
+  the executor will ever see it again: the orphan cycle returns it.
+
+Audit events never carry a join token or a credential: evidence holds tags, names, addresses, times and host
+states; provider errors are redacted by the runtime before they get here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from provisionerd.domain.errors import ProviderError, ProvisionerdError
+from provisionerd.telemetry.events import EventLog
+from provisionerd.planner.fact_view import FactView
+from provisionerd.domain.model import Fact
+from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
+from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader, read_listing, unknown_outcomes
+from provisionerd.orphans.classify import Classification, ClassifierMemory, Observation, OrphanPolicy, PlannedAction, classify
+from provisionerd.provider.runtime import ProviderClient
+
+RECONCILER = "reconciler"
+EXECUTOR = "executor"
+ORPHAN_CYCLE = "orphan_cycle"
+
+
+class OrphanExecutor(Protocol):
+    """The part of ``provisionerd.executor.Executor`` the orphan cycle uses.
+
+    ``return_machines`` passes the gate with a ``ReturnIntent(op_id, machine_ids, reason)`` stamped with the lease
+    epoch, calls ``requestReturnMachines`` (``stopMachines`` when ``stop``), polls and commits ``Returned``; it
+    returns a ``ReturnOutcome`` whose ``status`` is ``returned`` (the provider confirmed it), ``dropped`` (the
+    gate refused, or the machine is busy in another action: the provider was not asked), or ``partial``,
+    ``rejected``, ``unknown`` (the provider failed or did not confirm). ``commit_fact`` commits one fact stamped
+    with the epoch held now and returns its log index; it raises ``LeaseError``/``LinkDown``/``ControllerRejected``
+    when it cannot.
+    """
+
+    async def return_machines(
+        self, provider: str, op_id: str, machine_ids: Sequence[str], reason: str, *, stop: bool = False
+    ) -> Any: ...
+
+    async def commit_fact(self, fact: Fact) -> int: ...
+
+
+def returned_by(finding: Finding, open_ops: Collection[str] = ()) -> str | None:
+    """Who returns a never-joined machine (see the module docstring); ``None`` for other classes. ``open_ops``:
+    the op_ids of the provider's open request intents."""
+    if finding.orphan_class != NEVER_JOINED:
+        return None
+    if finding.evidence.get("source") != "intent_tag":
+        return RECONCILER
+    return EXECUTOR if finding.evidence.get("op_id") in open_ops else ORPHAN_CYCLE
+
+
+def open_ops_of(view: FactView | Unreadable, provider: str) -> frozenset[str]:
+    if isinstance(view, Unreadable):
+        return frozenset()
+    return frozenset(record.intent.op_id for record in view.open_intents(provider))
+
+
+def with_owners(findings: Sequence[Finding], open_ops: Collection[str] = ()) -> tuple[Finding, ...]:
+    """The findings, each never-joined one with ``returned_by`` added to its evidence."""
+    out = []
+    for finding in findings:
+        owner = returned_by(finding, open_ops)
+        if owner is not None:
+            finding = attrs.evolve(finding, evidence={**thaw(finding.evidence), "returned_by": owner})
+        out.append(finding)
+    return tuple(out)
+
+
+#: What each automatic (class, action) rests on, for the audit's ``confirmed_by``.
+RULES = {
+    ("never_joined", "return"): "no host joined within join_deadline of the cloud launch time",
+    ("tagged_unknown", "adopt"): "exactly one live host matches it and no tracked machine claims that host",
+    ("tagged_unknown", "report"): "this cluster's and provider's tags, no live fact",
+    ("tagged_unknown", "stop"): "this cluster's and provider's tags, no live fact, older than orphan_grace",
+    ("tagged_unknown", "terminate"): "this cluster's and provider's tags, no live fact, older than orphan_grace",
+    ("ghost", "retire"): "missing from ghost_confirmations consecutive listings, no live host",
+    ("license", "return"): "nothing in use and the provider agrees",
+    ("license", "report"): "units granted but not in use",
+}
+#: The pass-wide preconditions every automatic action passed (the classifier checked each one).
+PRECONDITIONS = ("listing_read", "view_read", "lease_epoch", "primary", "settled", "owner_tags")
+
+
+@attrs.frozen
+class ActionRecord:
+    """One action carried out (or tried): ``outcome`` is ok | failed | busy | refused."""
+
+    action: PlannedAction
+    outcome: str
+    answer: Any
+
+
+@attrs.frozen
+class PassResult:
+    classification: Classification
+    findings: tuple[Finding, ...]  # with owners (see with_owners)
+    actions: tuple[ActionRecord, ...] = ()
+
+
+class OrphanCycle:
+    """The orphan pass for one provider. ``run`` repeats it every ``interval`` seconds until cancelled."""
+
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        identity: str,
+        provider: str,
+        policy: OrphanPolicy,
+        client: ProviderClient,
+        read_controller: ControllerReader,
+        read_lease: LeaseReader,
+        executor: OrphanExecutor,
+        events: EventLog,
+        wall_clock: Callable[[], float] = time.time,
+        list_timeout: float | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.identity = identity
+        self.provider = provider
+        self.policy = policy
+        self.memory = ClassifierMemory()
+        self._client = client
+        self._read_controller = read_controller
+        self._read_lease = read_lease
+        self._executor = executor
+        self._events = events
+        self._wall_clock = wall_clock
+        self._list_timeout = list_timeout
+        self._seen: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self.passes = 0
+
+    async def run(self, interval: float, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """A pass, then ``interval`` seconds of sleep, forever. A pass survives any failure of what it reads or
+        calls (each is audited); only a bug escapes."""
+        task_status.started()
+        while True:
+            await self.run_pass()
+            await trio.sleep(interval)
+
+    async def run_pass(self) -> PassResult:
+        obs = await observe(self.cluster, self.provider, self._client, self._read_controller, self._read_lease,
+                            wall_clock=self._wall_clock, list_timeout=self._list_timeout)  # fmt: skip
+        result = classify(obs, self.policy, self.memory)
+        self.memory = result.memory
+        self.passes += 1
+        open_ops = open_ops_of(obs.view, self.provider)
+        findings = with_owners(result.findings, open_ops)
+        self._audit_pass(obs, result, findings)
+        actions: list[ActionRecord] = []
+        if not result.skipped:
+            owners = {(f.orphan_class, f.machine_id): returned_by(f, open_ops) for f in findings}
+            for action in result.allowed:
+                if owners.get((action.orphan_class, action.machine_id)) in (RECONCILER, EXECUTOR):
+                    continue
+                record = await self._carry_out(action)
+                actions.append(record)
+                if record.outcome == "refused":
+                    break
+        return PassResult(result, findings, tuple(actions))
+
+    # --- actions -------------------------------------------------------------------------------------------------
+
+    async def _carry_out(self, action: PlannedAction) -> ActionRecord:
+        record = await carry_out(self._executor, action)
+        if action.kind in CLEANUP_ACTIONS and record.outcome in ("ok", "failed"):
+            self.memory = self.memory.after_cleanup(record.outcome == "ok")
+        confirmed_by = {
+            "by": "automatic",
+            "identity": self.identity,
+            "rule": RULES.get((action.orphan_class, action.kind), ""),
+            "preconditions": list(PRECONDITIONS),
+        }
+        audit_action(self._events, action, record, confirmed_by, failed_cleanups=self.memory.failed_cleanups)
+        return record
+
+    # --- audit ---------------------------------------------------------------------------------------------------
+
+    def _audit_pass(self, obs: Observation, result: Classification, findings: Sequence[Finding]) -> None:
+        absent = obs.listing if isinstance(obs.listing, ListingAbsent) else None
+        skipped = {
+            name: view.reason
+            for name, view in (("listing_unreadable", obs.listing), ("view_unreadable", obs.view))
+            if isinstance(view, Unreadable) and view is not absent
+        }
+        # A provider without a listing is not "unreadable" every pass: it says once per pass what it cannot see.
+        extra: dict[str, Any] = {}
+        if absent is not None:
+            extra = {"listing": "absent", "invisible": list(absent.invisible),
+                     "unknown_outcomes": list(unknown_outcomes(self._client))}  # fmt: skip
+        self._events.emit(
+            "orphan_pass",
+            provider=self.provider,
+            **extra,
+            findings=len(findings),
+            allowed=len(result.allowed),
+            skipped=skipped,
+            lease_epoch=obs.lease.epoch if obs.lease.usable else None,
+            primary=obs.controller.primary,
+            settled=obs.controller.settled,
+            breaker={"open": result.breaker.open, "reasons": list(result.breaker.reasons),
+                     "suspects": result.breaker.suspects, "known": result.breaker.known},
+        )  # fmt: skip
+        if skipped:
+            # A narrowed pass proves nothing about what it did not see: keep the last picture for the next one.
+            for finding in findings:
+                self._detected(finding)
+            return
+        current = {(f.orphan_class, f.machine_id) for f in findings}
+        for finding in findings:
+            self._detected(finding)
+        for key in [k for k in self._seen if k not in current]:
+            del self._seen[key]
+            self._events.emit("orphan_resolved", provider=self.provider, orphan_class=key[0], machine_id=key[1])
+
+    def _detected(self, finding: Finding) -> None:
+        key = (finding.orphan_class, finding.machine_id)
+        state = (finding.action, finding.blocked_by)
+        if self._seen.get(key) == state:
+            return
+        self._seen[key] = state
+        self._events.emit(
+            "orphan_detected",
+            provider=finding.provider,
+            orphan_class=finding.orphan_class,
+            machine_id=finding.machine_id,
+            action=finding.action,
+            blocked_by=list(finding.blocked_by),
+            evidence=thaw(finding.evidence),
+        )
+
+
+async def observe(
+    cluster: str,
+    provider: str,
+    client: ProviderClient,
+    read_controller: ControllerReader,
+    read_lease: LeaseReader,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    list_timeout: float | None = None,
+) -> Observation:
+    """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
+    ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
+    (``provisionerd.orphans_admin``); never raises for what it cannot read (``Unreadable``)."""
+    listing = await read_listing(client, cluster, timeout=list_timeout)
+    controller = read_controller()  # after the listing, never before
+    return Observation(
+        cluster_id=cluster,
+        provider=provider,
+        now=wall_clock(),
+        listing=listing,
+        view=controller.view,
+        hosts=controller.hosts,
+        lease=read_lease(),
+        controller=controller.controller,
+    )
+
+
+async def carry_out(executor: OrphanExecutor, action: PlannedAction, *, reason: str | None = None) -> ActionRecord:
+    """Carry out one action through ``executor`` (never around it): a return, stop or terminate by
+    ``return_machines`` (``reason`` defaults to ``orphan <class>: <kind>``), anything else by committing
+    ``action.fact()``. Outcome ``failed`` when the provider failed (it counts towards the breaker), ``refused``
+    when the gate refused (lease, link, controller: the provider was never asked), ``busy``, or ``ok``."""
+    try:
+        if action.kind in ("return", "stop", "terminate"):
+            reason = reason if reason is not None else f"orphan {action.orphan_class}: {action.kind}"
+            outcome = await executor.return_machines(
+                action.provider, action.op_id, (action.machine_id,), reason, stop=action.kind == "stop"
+            )
+            return ActionRecord(action, return_outcome(outcome), _answer(outcome))
+        index = await executor.commit_fact(action.fact())
+        return ActionRecord(action, "ok", {"fact_index": index})
+    except ProviderError as exc:
+        return ActionRecord(action, "failed", {"error": type(exc).__name__, "detail": str(exc)})
+    except ProvisionerdError as exc:
+        return ActionRecord(action, "refused", {"error": type(exc).__name__, "detail": str(exc)})
+
+
+def audit_action(
+    events: EventLog, action: PlannedAction, record: ActionRecord, confirmed_by: dict[str, Any], **extra: Any
+) -> None:
+    """The ``orphan_action`` audit event of one action carried out, whoever confirmed it (``confirmed_by``)."""
+    events.emit(
+        "orphan_action",
+        provider=action.provider,
+        orphan_class=action.orphan_class,
+        machine_id=action.machine_id,
+        action=action.kind,
+        op_id=action.op_id,
+        epoch=action.epoch,
+        evidence=json.loads(action.evidence_json),
+        confirmed_by=confirmed_by,
+        outcome=record.outcome,
+        answer=record.answer,
+        **extra,
+    )
+
+
+def return_outcome(outcome: Any) -> str:
+    """``ok``, ``busy`` (another action holds the machine), ``refused`` (the gate) or ``failed`` for a
+    ``ReturnOutcome`` (see ``OrphanExecutor``)."""
+    status = getattr(outcome, "status", None)
+    if status == "returned":
+        return "ok"
+    if status == "dropped":
+        return "busy" if getattr(outcome, "code", "") == "busy" else "refused"
+    return "failed"
+
+
+def _answer(outcome: Any) -> Any:
+    """A provider outcome as JSON-shaped data for the audit."""
+    if attrs.has(type(outcome)):
+        return json.loads(json.dumps(attrs.asdict(outcome), default=str))
+    if isinstance(outcome, (dict, list, str, int, float, bool)) or outcome is None:
+        return outcome
+    return repr(outcome)

@@ -1,0 +1,125 @@
+"""The executor's path after a ``requestMachines`` whose outcome is unknown (timeout, crash, garbled answer, or
+``provider_error`` that took effect): list the op by tag, then settle from the listing, or retry the same op_id
+through the gate on an idempotent provider only. The rules and why: ``provisionerd.executor_docs`` ("Every call is
+gated", "After an unknown outcome").
+
+A mixin of :class:`provisionerd.executor.Executor`, split out to keep each module to one flow; it uses the
+executor's clients, gate, leases, settings and helpers (``_list_op``, ``_commit_instances``, ``_refused``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from provisionerd.domain.actions import RequestMachines
+from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.execution.documents import assign_refs, request_input
+from provisionerd.execution.values import GATE_ERRORS, RequestOutcome, _Run
+from provisionerd.domain.model import NO_EPOCH, ProviderMachine, RequestFailed, RequestIntent
+from provisionerd.domain.tokens import IssuedToken
+
+log = logging.getLogger(__name__)
+
+
+class UnknownOutcomeFlow:
+    async def _after_request_error(
+        self, run: _Run, action: RequestMachines, intent: RequestIntent, issued: Sequence[IssuedToken],
+        error: ProviderError, deadline: float,
+    ) -> tuple[dict[str, Any] | None, RequestOutcome | None]:  # fmt: skip
+        """Decide after a failed ``requestMachines`` (see ``executor_docs`` "After an unknown outcome"): refuse,
+        settle from the op's listing, or, on an idempotent provider only, retry the same op_id through the gate."""
+        op_id, provider = action.op_id, action.provider
+        code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
+        if not error.outcome_unknown and code != "provider_error":
+            return None, await self._refused(run, intent, error)
+        attempt = 0
+        while True:
+            found = await self._list_op(provider, op_id)
+            self._emit("recovery", "request", op_id, provider, error=type(error).__name__, code=code,
+                       found=None if found is None else len(found), attempt=attempt)  # fmt: skip
+            if not error.outcome_unknown and found == ():
+                return None, await self._refused(run, intent, error)  # provider_error and nothing made: refused
+            if found and len(assign_refs(found, intent.instance_refs)) >= intent.count:
+                return None, await self._settle_listed(intent, found)  # all made: calling again could only harm
+            if not await self._idempotent(provider):
+                return None, await self._settle_without_retry(intent, found, error)
+            if self._epoch_now(provider) is None or attempt >= self.settings.retries or \
+                    trio.current_time() >= deadline:  # fmt: skip
+                if found:
+                    await self._commit_instances(intent, found)
+                return None, RequestOutcome(op_id, provider, "unknown", code=code or type(error).__name__,
+                                            detail=error.detail)  # fmt: skip
+            if found:
+                # Record what the listing showed before retrying: if every later listing and poll fails, these
+                # machines would otherwise have no InstanceFact and stay unattributed (seed 3550).
+                await self._commit_instances(intent, found)
+            await trio.sleep(self.settings.retry_delay * 2**attempt)
+            attempt += 1
+            try:
+                # Gated like the first call, at the moment it starts: a lease that lapsed during the sleep stops
+                # it, and after a failover the intent is re-committed under the epoch held now.
+                async with self._gate.mutation(provider, intent) as permit:
+                    s = self.settings
+                    document = request_input(s.cluster, provider, op_id, intent.template_id, issued, s.controllers,
+                                             permit.epoch)  # fmt: skip
+                    self._emit("called", "request", op_id, provider, template=intent.template_id,
+                               count=intent.count, epoch=permit.epoch, retry=attempt)  # fmt: skip
+                    try:
+                        return await self._clients[provider].call("requestMachines", document), None
+                    except ProviderError as exc:
+                        error = exc
+            except GATE_ERRORS as exc:
+                # The intent stays open: recovery lists the op later and settles it (its tokens die with us).
+                self._gate_refused(run, provider, exc)
+                return None, RequestOutcome(op_id, provider, "unknown", code=self._gate_code(exc),
+                                            detail=f"retry not admitted: {exc}")  # fmt: skip
+            code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
+            if not error.outcome_unknown and code != "provider_error":
+                if found:
+                    await self._commit_instances(intent, found)
+                return None, await self._refused(run, intent, error)
+
+    async def _idempotent(self, provider: str) -> bool:
+        """Whether ``provider`` declares ``features.idempotentRequest`` (``describeProvider``, asked once and
+        cached). A provider that cannot say is taken as not idempotent: the safe reading."""
+        features = self._features.get(provider)
+        if features is None:
+            client = self._clients[provider]
+            declared = getattr(client, "features", None)  # a client that knows its features (the legacy adapter)
+            if declared is None:
+                try:
+                    declared = (await client.call("describeProvider", {})).get("features")
+                except ProviderError as exc:
+                    log.warning("describeProvider for %s failed: %s; not retrying requests", provider, exc)
+                    return False  # not cached: asked again next time
+            features = self._features[provider] = dict(declared or {})
+        return bool(features.get("idempotentRequest", False))
+
+    async def _settle_listed(self, intent: RequestIntent, found: Sequence[ProviderMachine]) -> RequestOutcome:
+        """Every machine of the op is listed: commit them, no further call."""
+        committed = await self._commit_instances(intent, found)
+        if committed is None:
+            return RequestOutcome(intent.op_id, intent.provider, "unknown", code="commit_failed")
+        return RequestOutcome(intent.op_id, intent.provider, "fulfilled", committed)
+
+    async def _settle_without_retry(self, intent: RequestIntent, found: Sequence[ProviderMachine] | None,
+                                    error: ProviderError) -> RequestOutcome:  # fmt: skip
+        """A provider without idempotent requests: the same op_id again would create its machines again. Commit
+        what the listing shows, fail the rest (the planner requests the shortfall as a new op with fresh tokens).
+        When the listing itself failed nothing can be settled: the intent stays open for recovery."""
+        op_id, provider = intent.op_id, intent.provider
+        if found is None:
+            return RequestOutcome(op_id, provider, "unknown", code="list_failed",
+                                  detail=f"{type(error).__name__}: {error.detail}")  # fmt: skip
+        committed = await self._commit_instances(intent, found)
+        if committed is None:
+            return RequestOutcome(op_id, provider, "unknown", code="commit_failed")
+        reason = (f"outcome unknown ({type(error).__name__}) on a provider without idempotent requests: "
+                  f"{len(committed)} of {intent.count} found; not retried, the rest is a new op")[:500]  # fmt: skip
+        if not await self._commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason)):
+            return RequestOutcome(op_id, provider, "unknown", committed, code="commit_failed")
+        return RequestOutcome(op_id, provider, "partial", committed, code="not_idempotent", detail=reason)

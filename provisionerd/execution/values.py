@@ -1,0 +1,70 @@
+"""The executor's values: settings, outcomes, and the per-call record of planner observations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
+from provisionerd.planner.state import Observation
+
+#: Refusals whose outcome is known: nothing happened, and the code says what to do next.
+DEFINITE_CODES = frozenset({"capacity_unavailable", "throttled", "quota_exceeded", "invalid_request", "auth_failed"})
+GATE_ERRORS = (LeaseError, ControllerRejected, LinkDown)
+
+
+@attrs.frozen
+class ExecutorSettings:
+    """``poll_*``: ``getRequestStatus`` back-off on trio's clock (first poll ``poll_initial`` after the call).
+    ``provisioning_timeout``/``return_timeout``: how long a request/return is polled. ``retries``: same-op_id
+    retries after an unknown outcome, ``retry_delay`` apart (doubling)."""
+
+    cluster: str
+    controllers: tuple[str, ...]
+    poll_initial: float = 1.0
+    poll_max: float = 15.0
+    poll_multiplier: float = 2.0
+    provisioning_timeout: float = 1200.0
+    return_timeout: float = 1200.0
+    retries: int = 3
+    retry_delay: float = 1.0
+
+
+@attrs.frozen
+class RequestOutcome:
+    """``status``: fulfilled | partial | rejected | dropped | timed_out | unknown. ``machine_ids``: machines
+    committed as instance facts by this call. ``code``: the provider's error code or the gate's refusal."""
+
+    op_id: str
+    provider: str
+    status: str
+    machine_ids: tuple[str, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    code: str = ""
+    detail: str = ""
+
+
+@attrs.frozen
+class ReturnOutcome:
+    """``status``: returned | partial | rejected | dropped | unknown. ``returned``: machines in the ``Returned``."""
+
+    op_id: str
+    provider: str
+    status: str
+    returned: tuple[str, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    code: str = ""
+    detail: str = ""
+
+
+class _Run:
+    """The observations of one call (also handed to ``observe`` as they happen)."""
+
+    def __init__(self, sink: Callable[[Observation], None]) -> None:
+        self.sink = sink
+        self.observations: list[Observation] = []
+
+    def add(self, obs: Observation) -> None:
+        self.observations.append(obs)
+        self.sink(obs)

@@ -1,0 +1,352 @@
+"""Detection: which machines, facts and grants look orphaned, in which class, with which evidence.
+
+Pure. This module decides the *class*, the *action* the class calls for, and the blockers that belong to the
+finding itself (its age, a ghost's second read, an ambiguous host match, a report already made). Blockers that
+belong to the pass (lease, controller, unreadable views, breaker, rate cap, dry run) are added by
+:mod:`provisionerd.orphan_gates`.
+
+Ownership is decided here once: a listed machine is ours only when it carries this cluster's id tag *and* this
+provider's tag. Any other machine never becomes a finding, whatever the facts say about its id; it still counts
+as "listed", so a fact naming it is not a ghost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
+from provisionerd.domain.model import TAG_CLUSTER, TAG_INSTANCE, TAG_OP, TAG_PROVIDER, HostStatus
+from provisionerd.domain.model import ProviderMachine
+from provisionerd.orphans.hosts import HostIndex, host_evidence
+from provisionerd.orphans.model import (
+    ALREADY_REPORTED,
+    AMBIGUOUS_MATCH,
+    GHOST,
+    GHOST_UNCONFIRMED,
+    GRACE,
+    HOST_ALIVE,
+    LAUNCH_TIME_UNKNOWN,
+    LICENSE,
+    NEVER_JOINED,
+    TAGGED_UNKNOWN,
+    CountedResource,
+    Observation,
+)
+from provisionerd.orphans.policy import OrphanPolicy
+
+#: Listed statuses that mean the machine is gone (the contract lists only live machines; this is defence).
+GONE_STATUSES = frozenset({"terminated"})
+
+
+@attrs.frozen
+class Candidate:
+    """A finding before the pass-wide gates. ``evidence`` is a plain dict, frozen when the Finding is built."""
+
+    orphan_class: str
+    machine_id: str
+    action: str
+    evidence: dict[str, Any] = attrs.field(hash=False)
+    blockers: tuple[str, ...] = ()
+    protected: bool = False
+    machine_name: str = ""
+    instance_ref: str = ""
+    hostname: str = ""
+    address: str = ""
+
+
+@attrs.frozen
+class Detection:
+    candidates: tuple[Candidate, ...]
+    ghost_misses: Mapping[str, int] = attrs.field(hash=False)
+    known_machines: int  # owned listed machines plus live facts not listed: the breaker's denominator
+
+
+def launch_of(*times: float) -> float | None:
+    """The first usable launch time (finite, positive) of ``times``, or ``None``."""
+    for value in times:
+        if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+            return float(value)
+    return None
+
+
+def _owned(machine: ProviderMachine, cluster_id: str, provider: str) -> bool:
+    tags = machine.tags
+    return bool(cluster_id) and tags.get(TAG_CLUSTER) == cluster_id and tags.get(TAG_PROVIDER) == provider
+
+
+def _index_listing(
+    listing: Iterable[ProviderMachine], cluster_id: str, provider: str, protect_tag: str
+) -> tuple[set[str], dict[str, ProviderMachine]]:
+    """(every listed live id, the owned ones by id). A listing that contradicts itself about a duplicated id is
+    read the safe way: the machine is owned only if every copy is, and protected if any copy is (the first copy
+    is kept, with the protect tag added)."""
+    listed: set[str] = set()
+    owned: dict[str, ProviderMachine] = {}
+    disowned: set[str] = set()
+    for machine in listing:
+        if machine.status in GONE_STATUSES:
+            continue
+        listed.add(machine.machine_id)
+        if not _owned(machine, cluster_id, provider):
+            disowned.add(machine.machine_id)
+            continue
+        kept = owned.setdefault(machine.machine_id, machine)
+        if protect_tag in machine.tags and protect_tag not in kept.tags:
+            owned[machine.machine_id] = attrs.evolve(kept, tags={**kept.tags, protect_tag: machine.tags[protect_tag]})
+    for machine_id in disowned:
+        owned.pop(machine_id, None)
+    return listed, owned
+
+
+def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, int]) -> Detection:
+    """Classify one provider's machines, facts and grants. See :func:`provisionerd.orphans.classify`."""
+    listing = obs.listing if isinstance(obs.listing, tuple) else None
+    view = obs.view if isinstance(obs.view, FactView) else None
+    candidates: list[Candidate] = []
+    misses: Mapping[str, int] = ghost_misses  # an unreadable listing is neither a "found" nor a "not found"
+    known = 0
+    if view is not None:
+        hosts = HostIndex(obs.hosts, obs.provider, view)
+        if listing is not None:
+            listed, owned = _index_listing(listing, obs.cluster_id, obs.provider, policy.protect_tag)
+            for machine_id in sorted(owned):
+                found = _classify_listed(owned[machine_id], obs, policy, view, hosts)
+                if found is not None:
+                    candidates.append(found)
+            ghosts, misses = _ghosts(obs, policy, view, hosts, listed, ghost_misses)
+            candidates += ghosts
+            known = len(owned) + len(ghosts)
+        else:
+            candidates += _never_joined_from_facts(obs, policy, view, hosts)
+    candidates += (_license(r, obs, view) for r in obs.licenses if r.granted > r.in_use)
+    return Detection(tuple(candidates), dict(misses), known)
+
+
+def _age(now: float, launch: float | None) -> float | None:
+    return None if launch is None else now - launch
+
+
+def _base_evidence(machine: ProviderMachine, now: float, launch: float | None) -> dict[str, Any]:
+    return {
+        "tags": dict(machine.tags),
+        "name": machine.name,
+        "address": machine.address,
+        "status": machine.status,
+        "launch_time": launch,
+        "age": _age(now, launch),
+        "matching_host": None,
+    }
+
+
+def _classify_listed(
+    machine: ProviderMachine, obs: Observation, policy: OrphanPolicy, view: FactView, hosts: HostIndex
+) -> Candidate | None:
+    record = view.machines.get(machine.machine_id)
+    if record is not None and record.provider != obs.provider:
+        record = None  # the fact is another provider's; for this provider the machine has no fact
+    instance_ref = machine.tags.get(TAG_INSTANCE, "") or machine.instance_ref
+    if record is not None and record.state is MachineState.RETURNING:
+        return None  # its return is in flight: the reconciler owns it
+    if record is not None and record.state is MachineState.ACTIVE:
+        if record.adopted or hosts.joined(record.machine_id, record.instance_ref):
+            return None  # it joined (an adopted machine matched a live host when adopted)
+        launch = launch_of(machine.launch_time, record.launch_time)
+        return _never_joined(machine, obs, policy, launch, "instance_fact", record.op_id, record.instance_ref)
+    op_id = machine.tags.get(TAG_OP, "")
+    intent = view.intents.get(op_id) if op_id else None
+    if record is None and intent is not None and intent.intent.provider == obs.provider:
+        joined = hosts.joined(machine.machine_id, instance_ref) or bool(hosts.live_matches(machine, instance_ref))
+        if joined and intent.open:
+            # Explained by a pending intent: the executor (or its recovery after a restart) is about to commit
+            # this machine's instance fact. Adopting it here would race that fact and strip the machine of its
+            # demand attribution (seen in the demo: adopted, then returned as surplus while still wanted).
+            return None
+        # A create that crashed before its instance fact: ours by the op tag, so the join deadline applies,
+        # unless a host already joined as it and its intent is closed (then it is adopted below).
+        if not joined:
+            launch = launch_of(machine.launch_time)
+            return _never_joined(machine, obs, policy, launch, "intent_tag", op_id, instance_ref)
+    return _tagged_unknown(machine, obs, policy, view, hosts, instance_ref, record)
+
+
+def _never_joined(
+    machine: ProviderMachine,
+    obs: Observation,
+    policy: OrphanPolicy,
+    launch: float | None,
+    source: str,
+    op_id: str,
+    instance_ref: str,
+) -> Candidate | None:
+    age = _age(obs.now, launch)
+    if age is not None and age < policy.join_deadline:
+        return None  # still on its way up: not an orphan yet
+    evidence = _base_evidence(machine, obs.now, launch)
+    evidence.update(source=source, op_id=op_id, instance_ref=instance_ref, join_deadline=policy.join_deadline)
+    return Candidate(
+        NEVER_JOINED,
+        machine.machine_id,
+        "return",
+        evidence,
+        blockers=(LAUNCH_TIME_UNKNOWN,) if launch is None else (),
+        protected=policy.protect_tag in machine.tags,
+        machine_name=machine.name,
+        instance_ref=instance_ref,
+        address=machine.address,
+    )
+
+
+def _tagged_unknown(
+    machine: ProviderMachine,
+    obs: Observation,
+    policy: OrphanPolicy,
+    view: FactView,
+    hosts: HostIndex,
+    instance_ref: str,
+    record: MachineRecord | None,
+) -> Candidate:
+    launch = launch_of(machine.launch_time)
+    evidence = _base_evidence(machine, obs.now, launch)
+    evidence.update(
+        op_id=machine.tags.get(TAG_OP, ""),
+        instance_ref=instance_ref,
+        fact_state=None if record is None else record.state.value,
+        orphan_grace=policy.orphan_grace,
+    )
+    protected = policy.protect_tag in machine.tags
+    matches = hosts.live_matches(machine, instance_ref)
+    if matches:
+        host = matches[0]
+        evidence["matching_host"] = host_evidence(host) if len(matches) == 1 else None
+        if len(matches) > 1:
+            evidence["matching_hosts"] = [host_evidence(h) for h in matches]
+        return Candidate(
+            TAGGED_UNKNOWN,
+            machine.machine_id,
+            "adopt",
+            evidence,
+            blockers=(AMBIGUOUS_MATCH,) if len(matches) > 1 else (),
+            protected=protected,
+            machine_name=machine.name,
+            instance_ref=instance_ref or host.instance_ref,
+            hostname=host.hostname,
+            address=host.address or machine.address,
+        )
+    action = policy.orphan_action
+    blockers: tuple[str, ...] = ()
+    if action == "stop" and machine.status == "stopped":
+        action = "none"  # already quarantined: stopping again would only spend the rate cap
+    elif action in ("stop", "terminate"):
+        if launch is None:
+            blockers = (LAUNCH_TIME_UNKNOWN,)
+        elif obs.now - launch < policy.orphan_grace:
+            blockers = (GRACE,)
+    elif _reported(view, machine.machine_id, TAGGED_UNKNOWN):
+        blockers = (ALREADY_REPORTED,)
+    return Candidate(
+        TAGGED_UNKNOWN,
+        machine.machine_id,
+        action,
+        evidence,
+        blockers=blockers,
+        protected=protected,
+        machine_name=machine.name,
+        instance_ref=instance_ref,
+        address=machine.address,
+    )
+
+
+def _reported(view: FactView | None, machine_id: str, orphan_class: str) -> bool:
+    report = None if view is None else view.reported_orphans.get(machine_id)
+    return report is not None and report.orphan_class == orphan_class
+
+
+def _ghosts(
+    obs: Observation,
+    policy: OrphanPolicy,
+    view: FactView,
+    hosts: HostIndex,
+    listed: set[str],
+    previous: Mapping[str, int],
+) -> tuple[list[Candidate], dict[str, int]]:
+    """Live (ACTIVE) facts whose machine is not listed. A RETURNING one is left to the return path, which will
+    record it returned. The counts kept are exactly those of machines missing now: a reappearance resets."""
+    candidates: list[Candidate] = []
+    misses: dict[str, int] = {}
+    records = sorted(view.live_machines(obs.provider), key=lambda m: m.machine_id)
+    for record in records:
+        if record.state is not MachineState.ACTIVE or record.machine_id in listed:
+            continue
+        count = previous.get(record.machine_id, 0) + 1
+        misses[record.machine_id] = count
+        alive = [h for h in hosts.strong(record.machine_id, record.instance_ref) if h.status is not HostStatus.LOST]
+        launch = launch_of(record.launch_time)
+        blockers = []
+        if count < policy.ghost_confirmations:
+            blockers.append(GHOST_UNCONFIRMED)
+        if alive:
+            blockers.append(HOST_ALIVE)
+        evidence = {
+            "not_found_reads": count,
+            "op_id": record.op_id,
+            "instance_ref": record.instance_ref,
+            "hostname": record.hostname,
+            "address": record.address,
+            "launch_time": launch,
+            "age": _age(obs.now, launch),
+            "adopted": record.adopted,
+            "matching_host": host_evidence(alive[0]) if alive else None,
+        }
+        candidates.append(
+            Candidate(GHOST, record.machine_id, "retire", evidence, tuple(blockers), instance_ref=record.instance_ref)
+        )
+    return candidates, misses
+
+
+def _never_joined_from_facts(
+    obs: Observation, policy: OrphanPolicy, view: FactView, hosts: HostIndex
+) -> list[Candidate]:
+    """With no listing this pass, the facts alone still show machines that never joined. They are reported
+    (every pass-wide gate blocks them); a launch time from the fact is required, nothing is guessed."""
+    candidates = []
+    for record in sorted(view.live_machines(obs.provider), key=lambda m: m.machine_id):
+        if record.state is not MachineState.ACTIVE or record.adopted:
+            continue
+        if hosts.joined(record.machine_id, record.instance_ref):
+            continue
+        launch = launch_of(record.launch_time)
+        if launch is None or obs.now - launch < policy.join_deadline:
+            continue
+        evidence = {
+            "tags": {},
+            "name": record.hostname,
+            "address": record.address,
+            "status": None,
+            "launch_time": launch,
+            "age": obs.now - launch,
+            "matching_host": None,
+            "source": "instance_fact",
+            "op_id": record.op_id,
+            "instance_ref": record.instance_ref,
+            "join_deadline": policy.join_deadline,
+        }
+        candidates.append(
+            Candidate(NEVER_JOINED, record.machine_id, "return", evidence, instance_ref=record.instance_ref)
+        )
+    return candidates
+
+
+def _license(resource: CountedResource, obs: Observation, view: FactView | None) -> Candidate:
+    returnable = resource.in_use == 0 and resource.provider_agrees
+    evidence = {
+        "granted": resource.granted,
+        "in_use": resource.in_use,
+        "provider_agrees": resource.provider_agrees,
+        "returnable": returnable,
+    }
+    blockers = () if returnable or not _reported(view, resource.resource, LICENSE) else (ALREADY_REPORTED,)
+    return Candidate(LICENSE, resource.resource, "return" if returnable else "report", evidence, blockers)

@@ -1,0 +1,150 @@
+"""The demand phase of a plan: serve each item's deficit by reuse, then by requests, under caps and the step limit.
+
+Pure; part of :func:`provisionerd.reconcile.plan`. Per item: it keeps ``min(active, count)`` of its machines and
+``deficit = count - kept - outstanding``. A deficit is filled first from the *idle pool* (idle machines other items
+do not need, on offers compatible with this item, cheapest offer first), then by requests over the item's
+compatible offers in choice order, skipping offers that are out of capacity, on a throttled or paused provider, at
+``maxNumber`` or at the provider cap, and spilling over to the next offer when one fills. Items are served in
+demand_id order, so a binding step limit or cap favours lower ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from provisionerd.domain.actions import Note
+from provisionerd.domain.model import DemandItem, Offer
+from provisionerd.planner.offers import Catalog, OfferKey, Rejection, Requirement, requirement_of
+from provisionerd.planner.state import PlannerState
+from provisionerd.planner.policy import Policy
+from provisionerd.planner.supply import IdleEntry, Tally
+
+
+@attrs.frozen
+class DemandDecision:
+    """How one item with a deficit was served: for logs, events and tests.
+
+    ``requested`` lists ``(offer, machines)`` in the order tried; ``unmet`` is what is still missing.
+    ``blocked`` names compatible offers skipped now (capacity back-off, throttle, pause, maxNumber, provider cap)
+    and ``incompatible`` every offer :func:`provisionerd.offers.compatibility_reasons` rejects (a tuple shared
+    with the catalog's cache); :attr:`rejected` merges both in offer-id order.
+    """
+
+    demand_id: str
+    wanted: int
+    active: int
+    outstanding: int
+    reused: int
+    requested: tuple[tuple[OfferKey, int], ...]
+    unmet: int
+    blocked: tuple[Rejection, ...]
+    incompatible: tuple[Rejection, ...] = attrs.field(repr=lambda r: f"<{len(r)} offers>")
+
+    @property
+    def rejected(self) -> tuple[Rejection, ...]:
+        """Every offer not used, and why, in offer-id order (computed on demand: it can be 1,000 entries)."""
+        return tuple(sorted((*self.blocked, *self.incompatible), key=lambda r: (r.provider, r.template_id)))
+
+
+def excess_pool(counts: Tally, items: Mapping[str, DemandItem]) -> dict[OfferKey, list[IdleEntry]]:
+    """Idle machines beyond what their own item keeps, per offer; each list ends with the most recently idle."""
+    pool: dict[OfferKey, list[IdleEntry]] = {}
+    for demand_id, idles in counts.idle.items():
+        item = items.get(demand_id)
+        excess = counts.active.get(demand_id, 0) - (max(item.count, 0) if item is not None else 0)
+        if excess <= 0:
+            continue
+        idles.sort()  # longest idle first; machine ids are unique, so records are never compared
+        for entry in idles[:excess]:
+            machine = entry[2]
+            pool.setdefault((machine.provider, machine.template_id), []).append(entry)
+    for entries in pool.values():
+        entries.sort()
+    return pool
+
+
+class Allocator:
+    """The demand phase of one plan call: reuse, then requests, under caps and the step limit."""
+
+    def __init__(self, state: PlannerState, catalog: Catalog, counts: Tally, now: float, policy: Policy) -> None:
+        self.catalog, self.counts, self.now, self.policy = catalog, counts, now, policy
+        self.capacity = state.capacity
+        self.step_log = tuple(e for e in state.step_log if e[0] > now - policy.step_interval)
+        self.step_room = policy.step_limit - sum(n for _, n in self.step_log)
+        self.provider_load = counts.provider_load()
+        self.requests: list[tuple[str, OfferKey, int]] = []  # (demand_id, offer, count)
+        self.decisions: list[DemandDecision] = []
+
+    def serve(
+        self,
+        item: DemandItem,
+        pool: dict[OfferKey, list[IdleEntry]],
+        notes: list[Note],
+        requirement_of: Callable[[DemandItem], Requirement] = requirement_of,
+    ) -> None:
+        """Serve ``item``'s deficit, if it has one. ``requirement_of`` may be a cached one (see demandindex)."""
+        active = self.counts.active.get(item.demand_id, 0)
+        outstanding = self.counts.outstanding.get(item.demand_id, 0)
+        wanted = max(item.count, 0)
+        deficit = wanted - min(active, wanted) - outstanding
+        if deficit <= 0:
+            return
+        requirement = requirement_of(item)
+        compatible, incompatible = self.catalog.ranking(requirement)
+        reused = 0
+        if pool:  # reuse before buying: idle machines of compatible offers, cheapest offer first
+            rank = self.catalog.rank_index(requirement)
+            for key in sorted((k for k in pool if k in rank and pool[k]), key=rank.__getitem__):
+                entries = pool[key]
+                while entries and deficit > 0:
+                    entries.pop()
+                    reused += 1
+                    deficit -= 1
+        blocked: list[Rejection] = []
+        requested: list[tuple[OfferKey, int]] = []
+        for parsed in compatible:
+            if deficit <= 0 or self.step_room <= 0:
+                break
+            key = parsed.key
+            why = self.capacity.offer_block(key, self.now) or self._full(key, parsed.offer)
+            if why is not None:
+                blocked.append(Rejection(key[0], key[1], (why,)))
+                continue
+            room = parsed.offer.max_number - self.counts.load.get(key, 0)
+            cap = self.policy.provider_caps.get(key[0])
+            if cap is not None:
+                room = min(room, cap - self.provider_load.get(key[0], 0))
+            count = min(room, deficit, self.step_room)
+            self.counts.load[key] = self.counts.load.get(key, 0) + count
+            self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + count
+            self.step_room -= count
+            deficit -= count
+            requested.append((key, count))
+            self.requests.append((item.demand_id, key, count))
+        if deficit > 0:
+            why = "step limit reached" if self.step_room <= 0 else "no eligible offer with room"
+            notes.append(Note("unmet_demand", f"{deficit} machine(s) not requested: {why}", demand_id=item.demand_id))
+        self.decisions.append(
+            DemandDecision(
+                item.demand_id,
+                wanted,
+                active,
+                outstanding,
+                reused,
+                tuple(requested),
+                deficit,
+                tuple(blocked),
+                incompatible,
+            )
+        )
+
+    def _full(self, key: OfferKey, offer: Offer) -> str | None:
+        load = self.counts.load.get(key, 0)
+        if load >= offer.max_number:
+            return f"template at maxNumber {offer.max_number} ({load} live or requested)"
+        cap = self.policy.provider_caps.get(key[0])
+        if cap is not None and self.provider_load.get(key[0], 0) >= cap:
+            return f"provider cap {cap} reached"
+        return None

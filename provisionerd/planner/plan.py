@@ -1,0 +1,240 @@
+"""The level-triggered planner: ``plan(state, snapshot, view, offers, hosts, now, policy) -> Plan``.
+
+Pure and synchronous: no I/O, no trio, ``now`` passed in (wall-clock seconds, the clock of ``launch_time`` and
+``HostState.since``). Given the same inputs it returns the same plan.
+
+Rules
+- A snapshot with a lower seq than the highest applied is ignored: the plan is empty and says so in its notes.
+  An equal seq is a replay and is planned normally (level-triggered: it plans only what is still missing).
+- Per demand item: ``active`` = its usable machines (see :mod:`provisionerd.supply` for attribution);
+  ``outstanding`` = machines its open intents and in-flight requests still owe. The item keeps
+  ``min(active, count)`` machines; ``deficit = count - kept - outstanding``. A deficit is filled first by
+  reusing idle machines other items no longer need (compatible templates, cheapest first), then by requests
+  (:mod:`provisionerd.allocate`).
+- Requests go to the item's compatible offers in choice order (:mod:`provisionerd.offers`), skipping offers that
+  are out of capacity, on a throttled or paused provider, at ``maxNumber`` or at the provider cap, and spilling
+  over to the next offer when one fills. At most ``policy.step_limit`` machines per sliding
+  ``policy.step_interval``; items are served in demand_id order. Caps count every live machine (returning ones
+  included), every open intent's missing machines and every request in flight, so they hold even before the
+  facts of this plan's actions land.
+- Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
+  join deadline, and idle machines past ``max_ttl`` are returned; idle machines an item does not need (and no
+  other item reuses) are returned once idle for ``idle_time``, longest idle first. A busy machine is never
+  returned. Returns wait while their provider is throttled.
+- Every action planned is remembered in the state until the facts show it (or the driver reports it dropped),
+  so replaying the same snapshot against the same view plans nothing new. Committing the planned facts changes
+  nothing either, except that a committed ``RequestFailed`` or ``Lost`` frees what the plan held for it.
+- Action order: ``FailRequest``, ``MarkLost``, ``ReturnMachines`` (per provider, by reason, batched), then
+  ``RequestMachines`` (retire before acquiring).
+
+op_id scheme: ``"<cluster>:<provider>:<incarnation>:<n>"`` with ``n`` the state's op counter, which only grows.
+``incarnation`` differs per process start (see :class:`provisionerd.plannerstate.PlannerState`); any candidate
+already used by a request or return in the facts, or in flight, is skipped. ``FailRequest`` reuses the intent's
+op_id, since ``RequestFailed`` closes that intent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
+from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
+from provisionerd.planner.demand_index import demand_index
+from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
+from provisionerd.domain.model import DemandSnapshot, HostState, Offer
+from provisionerd.planner.offers import Catalog, OfferKey, format_key
+from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice
+from provisionerd.planner.policy import Policy
+from provisionerd.planner.supply import IdleEntry, Tally, tally
+
+__all__ = ["DemandDecision", "Plan", "plan"]
+
+#: Order in which retire reasons are emitted (and a machine's single reason, see :func:`provisionerd.supply.tally`).
+RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", "idle")
+
+
+@attrs.frozen
+class Plan:
+    actions: tuple[Action, ...]
+    state: PlannerState
+    notes: tuple[Note, ...] = ()
+    decisions: tuple[DemandDecision, ...] = ()
+
+
+class _OpIds:
+    """Fresh op_ids from the state's counter, skipping any the facts or in-flight actions already use."""
+
+    def __init__(self, state: PlannerState, view: FactView, policy: Policy) -> None:
+        self.next = state.next_op
+        self._prefix = f"{policy.cluster}:"
+        self._suffix = f":{state.incarnation}:"
+        self._taken = (view.intents, view.returns, state.pending_requests)
+
+    def new(self, provider: str) -> str:
+        while True:
+            op_id = f"{self._prefix}{provider}{self._suffix}{self.next}"
+            self.next += 1
+            if not any(op_id in taken for taken in self._taken):
+                return op_id
+
+
+def _settle(state: PlannerState, view: FactView) -> PlannerState:
+    """Forget in-flight actions the facts now show (a committed request's age carries over to its intent)."""
+    machines, intents = view.machines, view.intents
+    committed = {op: r.planned_at for op, r in state.pending_requests.items() if op in intents}
+
+    def still_active(machine_id: str) -> bool:
+        record = machines.get(machine_id)
+        return record is not None and record.state is MachineState.ACTIVE
+
+    def still_open(op_id: str) -> bool:
+        record = intents.get(op_id)
+        return record is not None and record.open
+
+    return attrs.evolve(
+        state,
+        intent_seen={**state.intent_seen, **committed} if committed else state.intent_seen,
+        pending_requests={k: v for k, v in state.pending_requests.items() if k not in intents},
+        pending_returns={k: v for k, v in state.pending_returns.items() if still_active(k)},
+        pending_lost={k: v for k, v in state.pending_lost.items() if still_active(k)},
+        pending_fails={k: v for k, v in state.pending_fails.items() if still_open(k)},
+    )
+
+
+def _as_hosts(hosts: Mapping[str, HostState] | Iterable[HostState]) -> Mapping[str, HostState]:
+    if isinstance(hosts, Mapping):
+        return hosts
+    return {host.instance_ref: host for host in hosts}
+
+
+def plan(
+    state: PlannerState,
+    snapshot: DemandSnapshot | None,
+    view: FactView,
+    offers: Catalog | Iterable[Offer],
+    hosts: Mapping[str, HostState] | Iterable[HostState],
+    now: float,
+    policy: Policy,
+) -> Plan:
+    """Plan the smallest set of actions that moves the facts toward ``snapshot``. See the module docstring.
+
+    ``snapshot`` ``None`` means no demand is known yet (e.g. between a resync and its snapshot): retirement by
+    deadline and reclaim still runs, but nothing is requested and nothing is returned for being idle.
+    ``hosts`` is keyed by instance_ref (or any iterable of host states). Pass a :class:`Catalog` to reuse parsed
+    offers and cached rankings across calls. Raises ``ValueError`` when ``now`` is not finite.
+    """
+    if not math.isfinite(now):
+        raise ValueError(f"now must be a finite number of seconds, not {now!r}")
+    if snapshot is not None and snapshot.seq < state.applied_seq:
+        detail = f"snapshot seq {snapshot.seq} is older than applied seq {state.applied_seq}: ignored"
+        return Plan((), state, (Note("stale_snapshot", detail),))
+    catalog = offers if isinstance(offers, Catalog) else Catalog(offers)
+    notes = [Note("duplicate_offer", f"duplicate offer {format_key(k)} ignored", k[0]) for k in catalog.duplicates]
+    state = _settle(state, view)
+    demand = None if snapshot is None else demand_index(snapshot)
+    if demand is not None:
+        notes.extend(demand.notes)
+    counts = tally(state, view, _as_hosts(hosts), now, policy, None if demand is None else demand.wanted)
+    planner = Allocator(state, catalog, counts, now, policy)
+    idle_pool: dict[OfferKey, list[IdleEntry]] = {}
+    if demand is None:
+        notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
+    else:
+        idle_pool = excess_pool(counts, demand.items)
+        active, outstanding = counts.active, counts.outstanding
+        for demand_id, wanted in demand.wanted.items():
+            # Only items with a deficit have anything to serve (the test Allocator.serve makes, inlined: most
+            # items of a big snapshot have none, and a call per item would be most of this loop's cost).
+            if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
+                planner.serve(demand.items[demand_id], idle_pool, notes, demand.requirement)
+    retire = list(counts.retire)
+    for entries in idle_pool.values():
+        retire.extend(("idle", e[2]) for e in entries if now - e[0] >= policy.idle_time)
+    return _emit(state, view, counts, planner, retire, notes, snapshot, now, policy)
+
+
+def _emit(
+    state: PlannerState,
+    view: FactView,
+    counts: Tally,
+    planner: Allocator,
+    retire: list[tuple[str, MachineRecord]],
+    notes: list[Note],
+    snapshot: DemandSnapshot | None,
+    now: float,
+    policy: Policy,
+) -> Plan:
+    """Name the actions (fresh op_ids), remember them as in flight, and build the next state."""
+    ops = _OpIds(state, view, policy)
+    actions: list[Action] = []
+    pending_fails = dict(state.pending_fails)
+    for record in counts.fails:
+        intent = record.intent
+        actions.append(FailRequest(intent.op_id, intent.provider, "provisioning_timeout"))
+        pending_fails[intent.op_id] = intent.provider
+    pending_lost = dict(state.pending_lost)
+    for machine in sorted(counts.lost, key=lambda m: m.machine_id):
+        op_id = ops.new(machine.provider)
+        actions.append(MarkLost(op_id, machine.provider, machine.machine_id, "reclaimed"))
+        pending_lost[machine.machine_id] = op_id
+    pending_returns = dict(state.pending_returns)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for reason, machine in retire:
+        groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
+    order = {reason: i for i, reason in enumerate(RETIRE_REASONS)}
+    for (provider, reason), machine_ids in sorted(groups.items(), key=lambda g: (g[0][0], order[g[0][1]])):
+        until = state.capacity.throttled(provider, now)
+        if until is not None:
+            detail = f"{len(machine_ids)} {reason} return(s) wait for the throttle until {until:.1f}"
+            notes.append(Note("deferred", detail, provider))
+            continue
+        machine_ids.sort()
+        for start in range(0, len(machine_ids), policy.return_batch):
+            batch = tuple(machine_ids[start : start + policy.return_batch])
+            op_id = ops.new(provider)
+            actions.append(ReturnMachines(op_id, provider, batch, reason))
+            pending_returns.update(dict.fromkeys(batch, op_id))
+    pending_requests = dict(state.pending_requests)
+    step_used = 0
+    for demand_id, (provider, template_id), count in planner.requests:
+        op_id = ops.new(provider)
+        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id))
+        pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
+        step_used += count
+    step_log = planner.step_log + (((now, step_used),) if step_used else ())
+    new_state = attrs.evolve(
+        state,
+        applied_seq=state.applied_seq if snapshot is None else max(state.applied_seq, snapshot.seq),
+        next_op=ops.next,
+        pending_requests=pending_requests,
+        pending_returns=pending_returns,
+        pending_lost=pending_lost,
+        pending_fails=pending_fails,
+        intent_seen=counts.intent_seen,
+        machine_seen=counts.machine_seen,
+        reclaimed=_prune_reclaimed(state.reclaimed, view, now, policy, notes),
+        step_log=step_log,
+        capacity=state.capacity.pruned(now),
+    )
+    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions))
+
+
+def _prune_reclaimed(
+    reclaimed: Mapping[str, ReclaimNotice], view: FactView, now: float, policy: Policy, notes: list[Note]
+) -> dict[str, ReclaimNotice]:
+    """Keep notices for machines still active, or not in the facts yet and noticed recently."""
+    kept: dict[str, ReclaimNotice] = {}
+    for machine_id, notice in reclaimed.items():
+        machine = view.machines.get(machine_id)
+        if machine is None:
+            if now - notice.at < policy.reclaim_memory:
+                kept[machine_id] = notice
+            else:
+                detail = f"reclaim notice for unknown machine {machine_id!r} dropped"
+                notes.append(Note("unknown_reclaim", detail, notice.provider))
+        elif machine.state is MachineState.ACTIVE:
+            kept[machine_id] = notice
+    return kept

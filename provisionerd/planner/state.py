@@ -1,0 +1,186 @@
+"""The planner's own small memory, and the observations (besides snapshots and facts) that change it.
+
+Pure. The facts (:class:`provisionerd.factview.FactView`) remain the durable truth; this state only remembers what
+the facts cannot say yet or at all:
+
+- the highest snapshot seq applied (older snapshots are ignored);
+- actions planned but not yet visible in the facts (``pending_*``), so a replay does not plan them twice;
+- when each open intent was planned or first seen, and when a machine with an unknown launch time was first seen
+  (the provisioning timeout and the join deadline count from there);
+- provider back-off (:mod:`provisionerd.capacity`), reclaim notices, and the step-limit window;
+- the op counter behind fresh op_ids.
+
+After a restart a fresh state is safe: nothing was committed that the facts do not show, and every deadline
+counted from "first seen" only starts later, never earlier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+
+from provisionerd.domain.actions import Note
+from provisionerd.planner.capacity import CapacityObservation, CapacityState, apply_capacity
+from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
+from provisionerd.planner.policy import Policy
+
+
+@attrs.frozen
+class PendingRequest:
+    """A ``RequestMachines`` planned at ``planned_at`` whose intent the facts do not show yet."""
+
+    provider: str
+    template_id: str
+    demand_id: str
+    count: int
+    planned_at: float
+
+
+@attrs.frozen
+class ReclaimNotice:
+    provider: str
+    at: float
+
+
+#: Gate refusals that say the controller cannot take an intent *for now* (it has no quorum, it is a standby, the
+#: link broke): the loop plans nothing until ``PlannerState.intent_backoff`` ends, instead of replanning the same
+#: work at once under a fresh op_id (found by the simulation: thousands of op_ids at one virtual instant).
+BACKOFF_CODES = frozenset({"no_quorum", "not_primary", "LinkDown"})
+#: The back-off after consecutive refusals doubles from ``INTENT_BACKOFF_BASE`` up to ``INTENT_BACKOFF_MAX``
+#: seconds; a refusal more than ``INTENT_BACKOFF_MAX`` after the last window ended starts over.
+INTENT_BACKOFF_BASE = 1.0
+INTENT_BACKOFF_MAX = 30.0
+
+
+@attrs.frozen
+class IntentBackoff:
+    """Refusals in a row (``attempts``) and the end of the current window (wall seconds, like every planner time)."""
+
+    attempts: int = 0
+    until: float = -math.inf
+
+
+@attrs.frozen
+class PlannerState:
+    """Frozen; :func:`provisionerd.reconcile.plan` and :func:`observe` return new values.
+
+    ``incarnation`` goes into every op_id; the driver sets it once per process start to something that differs
+    between starts (e.g. the start time or random hex), so a restarted daemon never reuses an op_id that an
+    earlier process may have committed as a ``Lost`` fact (request and return op_ids are also checked against the
+    facts). ``jitter_seed`` is in ``capacity``.
+    """
+
+    incarnation: str = "0"
+    applied_seq: int = -1
+    next_op: int = 0
+    pending_requests: Mapping[str, PendingRequest] = attrs.field(factory=dict)  # op_id -> request
+    pending_returns: Mapping[str, str] = attrs.field(factory=dict)  # machine_id -> return op_id
+    pending_lost: Mapping[str, str] = attrs.field(factory=dict)  # machine_id -> lost op_id
+    pending_fails: Mapping[str, str] = attrs.field(factory=dict)  # intent op_id -> provider
+    intent_seen: Mapping[str, float] = attrs.field(factory=dict)  # open intent op_id -> planned / first seen
+    machine_seen: Mapping[str, float] = attrs.field(factory=dict)  # machine_id (launch unknown) -> first seen
+    reclaimed: Mapping[str, ReclaimNotice] = attrs.field(factory=dict)  # machine_id -> notice
+    step_log: tuple[tuple[float, int], ...] = ()  # (planned_at, machines requested), within the step window
+    capacity: CapacityState = attrs.field(factory=CapacityState)
+    intent_backoff: IntentBackoff = attrs.field(factory=IntentBackoff)
+
+    def intents_refused_until(self, now: float) -> float | None:
+        """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""
+        until = self.intent_backoff.until
+        return until if now < until else None
+
+    @classmethod
+    def initial(cls, incarnation: str = "0", jitter_seed: int = 0) -> PlannerState:
+        if not incarnation or any(c in incarnation for c in ":/ "):
+            raise ValueError(f"incarnation must be non-empty without ':', '/' or spaces, not {incarnation!r}")
+        return cls(incarnation=incarnation, capacity=CapacityState(jitter_seed=jitter_seed))
+
+
+# --- observations that are not capacity errors -----------------------------------------------------------------
+
+
+@attrs.frozen
+class ActionDropped:
+    """The gate refused or never committed the action with ``op_id`` (for ``FailRequest``: the intent's op_id).
+
+    The planner forgets it was in flight, so the next plan may plan it again.
+    """
+
+    op_id: str
+
+
+@attrs.frozen
+class Reclaimed:
+    """``getReturnRequests`` says the provider takes these machines back: they will be retired as lost."""
+
+    provider: str
+    machine_ids: tuple[str, ...]
+    at: float
+
+
+@attrs.frozen
+class IntentRefused:
+    """The gate could not commit an intent for ``provider`` at ``at`` (wall) for a reason in ``BACKOFF_CODES``."""
+
+    provider: str
+    reason: str
+    at: float
+
+
+@attrs.frozen
+class SnapshotSeqReset:
+    """A resync after a controller failover may restart snapshot numbering: accept the next snapshot's seq."""
+
+
+Observation = CapacityObservation | ActionDropped | Reclaimed | SnapshotSeqReset | IntentRefused
+
+
+@attrs.frozen
+class Observed:
+    state: PlannerState
+    notes: tuple[Note, ...] = ()
+
+
+def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
+    """Fold one observation into the planner's state."""
+    match obs:
+        case CapacityUnavailable() | Throttled() | QuotaExceeded() | CallSucceeded() | ProviderResumed():
+            capacity, notes = apply_capacity(state.capacity, obs, policy)
+            return Observed(attrs.evolve(state, capacity=capacity), notes)
+        case ActionDropped():
+            op = obs.op_id
+            return Observed(
+                attrs.evolve(
+                    state,
+                    pending_requests={k: v for k, v in state.pending_requests.items() if k != op},
+                    pending_fails={k: v for k, v in state.pending_fails.items() if k != op},
+                    pending_returns={k: v for k, v in state.pending_returns.items() if v != op},
+                    pending_lost={k: v for k, v in state.pending_lost.items() if v != op},
+                )
+            )
+        case Reclaimed():
+            if not math.isfinite(obs.at):
+                raise ValueError(f"observation time must be finite, not {obs.at!r}")
+            notice = ReclaimNotice(obs.provider, obs.at)
+            reclaimed = dict(state.reclaimed)
+            for machine_id in obs.machine_ids:
+                reclaimed.setdefault(machine_id, notice)
+            return Observed(attrs.evolve(state, reclaimed=reclaimed))
+        case SnapshotSeqReset():
+            return Observed(attrs.evolve(state, applied_seq=-1))
+        case IntentRefused():
+            if not math.isfinite(obs.at):
+                raise ValueError(f"observation time must be finite, not {obs.at!r}")
+            previous = state.intent_backoff
+            if obs.at < previous.until:
+                return Observed(state)  # an action already in flight when the window opened: no escalation
+            quiet = obs.at - previous.until > INTENT_BACKOFF_MAX
+            attempts = 1 if quiet else previous.attempts + 1
+            delay = min(INTENT_BACKOFF_MAX, INTENT_BACKOFF_BASE * 2.0 ** min(attempts - 1, 60))
+            backoff = IntentBackoff(attempts, obs.at + delay)
+            note = Note("intents_refused", f"controller refused an intent ({obs.reason}) {attempts} in a row: "
+                                           f"plan nothing until {backoff.until:.1f}", obs.provider)  # fmt: skip
+            return Observed(attrs.evolve(state, intent_backoff=backoff), (note,))
+    raise TypeError(f"not an observation: {obs!r}")

@@ -1,0 +1,158 @@
+"""One pass over the facts: what each demand item has, what each offer and provider carries, what must retire.
+
+Pure; part of :func:`provisionerd.reconcile.plan`, split out because it is the part that grows with the number of
+machines, and is written to stay fast at 100,000 of them by reading the indexes :class:`FactView` keeps.
+
+Attribution: a machine serves the demand item named by its intent's ``demand_id`` (``MachineRecord.demand_id``;
+machines without an intent, such as adopted orphans, serve the empty demand id, which no snapshot item can have).
+The same goes for an open intent's outstanding machines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
+from provisionerd.planner.host_table import join_index
+from provisionerd.domain.model import HostState
+from provisionerd.planner.offers import OfferKey
+from provisionerd.planner.state import PlannerState
+from provisionerd.planner.policy import Policy
+
+#: A joined idle machine: ``(idle since, machine_id, record)`` sorts longest idle first, ties by machine id.
+IdleEntry = tuple[float, str, MachineRecord]
+
+
+@attrs.define
+class Tally:
+    """Mutable working numbers for one plan call (never escapes it)."""
+
+    load: dict[OfferKey, int] = attrs.field(factory=dict)  # live machines + outstanding + pending, per offer
+    outstanding: dict[str, int] = attrs.field(factory=dict)  # demand_id -> machines still to come
+    active: dict[str, int] = attrs.field(factory=dict)  # demand_id -> usable machines (not retiring)
+    idle: dict[str, list[IdleEntry]] = attrs.field(factory=dict)  # demand_id -> joined idle machines
+    retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reason, machine) to return
+    lost: list[MachineRecord] = attrs.field(factory=list)  # reclaimed by the provider
+    fails: list[IntentRecord] = attrs.field(factory=list)  # open intents past the provisioning timeout
+    intent_seen: dict[str, float] = attrs.field(factory=dict)
+    machine_seen: dict[str, float] = attrs.field(factory=dict)
+
+    def provider_load(self) -> dict[str, int]:
+        loads: dict[str, int] = {}
+        for (provider, _), n in self.load.items():
+            loads[provider] = loads.get(provider, 0) + n
+        return loads
+
+
+def _count_intents(tally: Tally, state: PlannerState, view: FactView, now: float, policy: Policy) -> set[str]:
+    """Outstanding machines of open intents and pending requests; returns the op_ids past their timeout."""
+    load, outstanding = tally.load, tally.outstanding
+    timed_out: set[str] = set()
+    seen_before, pending = state.intent_seen, state.pending_requests
+    for op_id in view.open_ops:
+        record = view.intents[op_id]
+        intent = record.intent
+        missing = record.outstanding
+        key = (intent.provider, intent.template_id)
+        load[key] = load.get(key, 0) + missing
+        outstanding[intent.demand_id] = outstanding.get(intent.demand_id, 0) + missing
+        seen = tally.intent_seen[op_id] = seen_before.get(op_id, now)  # planned_at carried over on commit
+        if now - seen >= policy.provisioning_timeout:
+            timed_out.add(op_id)
+            if op_id not in state.pending_fails:
+                tally.fails.append(record)
+    for request in pending.values():  # planned, intent not committed yet
+        key = (request.provider, request.template_id)
+        load[key] = load.get(key, 0) + request.count
+        outstanding[request.demand_id] = outstanding.get(request.demand_id, 0) + request.count
+    return timed_out
+
+
+def tally(
+    state: PlannerState,
+    view: FactView,
+    hosts: Mapping[str, HostState],
+    now: float,
+    policy: Policy,
+    wanted: Mapping[str, int] | None,
+) -> Tally:
+    """Count supply and find the machines to retire, in precedence order per machine:
+
+    reclaimed (lost) > not joined and its intent timed out (``provisioning_timeout``) > not joined past the join
+    deadline (``never_joined``) > joined, idle and older than ``max_ttl`` (``max_ttl``). Every other active
+    machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
+    supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
+    ``wanted`` is ``None``: demand unknown).
+
+    ``hosts`` is keyed by instance_ref. A host the controller calls LOST counts as supply and is never returned
+    here (the orphan classifier's ghost rule owns it). Machines in flight (pending return or lost) count against
+    the caps but not as supply.
+
+    Cost: proportional to the machines not joined, joined and not busy (only those of items with excess, unless
+    ``max_ttl`` is set), in flight or reclaimed, when ``hosts`` is ``view.hosts`` (indexes kept as hosts and facts
+    change, see :mod:`provisionerd.hosttable`); any other mapping costs one more C-level pass over every machine
+    and a loop over every host to build the same index.
+    """
+    result = Tally()
+    timed_out = _count_intents(result, state, view, now, policy)
+    active, load = result.active, result.load
+    active.update(view.active_by_demand)
+    for key, n in view.live_by_offer.items():
+        load[key] = load.get(key, 0) + n
+    machines, active_refs, seen_before = view.machines, view.active_refs, state.machine_seen
+    skip = state.pending_returns.keys() | state.pending_lost.keys()
+    for machine_id in skip:  # _settle kept only machines still ACTIVE
+        active[machines[machine_id].demand_id] -= 1
+    for machine_id in state.reclaimed.keys() - skip:
+        machine = machines.get(machine_id)
+        if machine is not None and machine.state is MachineState.ACTIVE:
+            result.lost.append(machine)
+            active[machine.demand_id] -= 1
+            skip.add(machine_id)
+
+    def launched_at(machine: MachineRecord) -> float:
+        if machine.launch_time > 0:
+            return machine.launch_time
+        launched = seen_before.get(machine.machine_id, now)  # unknown: count from first seen (never early)
+        result.machine_seen[machine.machine_id] = launched
+        return launched
+
+    # Not joined: only the machines that may retire are read (see provisionerd.hosttable), in precedence order:
+    # those of a timed-out intent, then those past the join deadline, then those whose launch time is unknown.
+    joins = join_index(active_refs, hosts)
+    for op_id in timed_out:
+        for machine in joins.unjoined_of(op_id):
+            if machine.machine_id not in skip:
+                result.retire.append(("provisioning_timeout", machine))
+                active[machine.demand_id] -= 1
+    # The cutoff has a second of slack, so float rounding never hides a machine; the test below decides.
+    late = joins.unjoined_launched_by(now - policy.join_deadline + 1.0)
+    for machine in (*late, *joins.unjoined_unknown_launch()):
+        if machine.machine_id in skip or machine.op_id in timed_out:
+            continue
+        if now - launched_at(machine) >= policy.join_deadline:
+            result.retire.append(("never_joined", machine))
+            active[machine.demand_id] -= 1
+
+    # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
+    givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
+    max_ttl, idle = policy.max_ttl, result.idle
+    aged: set[str] = set()
+    if max_ttl is not None:  # every joined machine not busy may be past max_ttl, whatever its item needs
+        for by_ref in joins.available.values():
+            for _, machine in by_ref.values():
+                if machine.machine_id not in skip and now - launched_at(machine) >= max_ttl:
+                    result.retire.append(("max_ttl", machine))
+                    active[machine.demand_id] -= 1
+                    aged.add(machine.machine_id)
+    for demand_id in givers:
+        entries = [
+            (host.since, machine.machine_id, machine)
+            for host, machine in joins.available[demand_id].values()
+            if machine.machine_id not in skip and machine.machine_id not in aged
+        ]
+        if entries:
+            idle[demand_id] = entries
+    return result

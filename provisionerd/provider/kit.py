@@ -1,0 +1,327 @@
+"""The conformance kit: runs the provider contract against a plugin and reports one named row per check.
+
+Every call goes through the real runtime (so every output is schema-checked on arrival) with the kit's per-call
+timeout: a hung action becomes a failed row ("timed out"), never a hung kit. Checks that need an earlier result
+(machines to return, say) are reported as skipped (not passed) when it is missing. Machines the kit created are
+returned at the end even when a check failed.
+
+A legacy LSF plugin (one-shot, without ``describeProvider.sh``/``listMachines.sh``) is detected and reported as
+such; ``legacy_checks`` runs the LSF subset of the contract through the legacy adapter
+(:mod:`provisionerd.provider.legacy_check`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.provider.legacy.adapter import detect_legacy
+from provisionerd.provider.runtime import ProviderClient
+
+__all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy", "legacy_checks"]
+
+CLUSTER = "conformance"
+OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
+
+
+@attrs.frozen
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@attrs.frozen
+class KitOptions:
+    timeout: float = 30.0  # per call
+    settle: float = 60.0  # how long a request may stay "running" (and returned machines stay listed)
+    poll: float = 0.2  # seconds between status polls
+
+
+class CheckFailed(Exception):
+    """A check's expectation did not hold; the message is the row's detail."""
+
+
+class _Recorder:
+    """Wraps the client: applies the kit timeout and keeps every output text for the join-token check."""
+
+    def __init__(self, client: ProviderClient, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.texts: list[str] = []
+
+    async def call(self, action: str, doc: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            out = await self.client.call(action, doc, timeout=self.timeout)
+        except ProviderError as exc:
+            self.texts.append(str(exc))
+            raise
+        self.texts.append(json.dumps(out))
+        return out
+
+
+class Kit:
+    def __init__(self, client: ProviderClient, options: KitOptions = KitOptions()) -> None:
+        self.rpc = _Recorder(client, options.timeout)
+        self.provider = client.name
+        self.options = options
+        self.rows: list[CheckResult] = []
+        self.tokens: list[str] = []
+        self.first_request: dict[str, Any] = {}
+        self._nonce = secrets.token_hex(4)
+
+    # --- plumbing --------------------------------------------------------------------------------------------------
+
+    async def step(self, name: str, body: Callable[[], Awaitable[Any]], needs: Any = True) -> Any:
+        """Run one check; record its row; return its value (None when it failed or was skipped)."""
+        if needs is None or needs is False:
+            self.rows.append(CheckResult(name, False, "skipped: an earlier check it depends on failed"))
+            return None
+        try:
+            value = await body()
+        except (CheckFailed, ProviderError) as exc:
+            self.rows.append(CheckResult(name, False, _describe(exc)))
+            return None
+        detail = value[1] if isinstance(value, tuple) else value if isinstance(value, str) else ""
+        self.rows.append(CheckResult(name, True, detail))
+        return value[0] if isinstance(value, tuple) else value
+
+    def owner_tags(self, op_id: str) -> dict[str, str]:
+        return {
+            "provisionerd:cluster": CLUSTER,
+            "provisionerd:provider": self.provider,
+            "provisionerd:op": op_id,
+            "provisionerd:epoch": "1.1",
+        }
+
+    def request_input(self, op_id: str, template_id: str, count: int) -> dict[str, Any]:
+        boot = []
+        for i in range(count):
+            token = secrets.token_urlsafe(24)
+            self.tokens.append(token)
+            boot.append({"instanceRef": f"{op_id}-{i}", "controllers": ["127.0.0.1:7700"], "joinToken": token})
+        return {
+            "template": {"templateId": template_id, "machineCount": count},
+            "rc_account": "default",
+            "userData": {},
+            "op_id": op_id,
+            "tags": self.owner_tags(op_id),
+            "bootstrap": boot,
+        }
+
+    async def settle(self, request_id: str) -> dict[str, Any]:
+        """Poll ``getRequestStatus`` until the request leaves ``running``; its status entry."""
+        with trio.move_on_after(self.options.settle):
+            while True:
+                out = await self.rpc.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
+                entry = next((r for r in out["requests"] if r["requestId"] == request_id), None)
+                if entry is None:
+                    raise CheckFailed(f"getRequestStatus did not report request {request_id!r}")
+                if entry["status"] != "running":
+                    return entry
+                await trio.sleep(self.options.poll)
+        raise CheckFailed(f"request {request_id!r} still running after {self.options.settle:g} s")
+
+    async def listed(self, tags: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        out = await self.rpc.call("listMachines", {"tags": dict(tags)})
+        return {m["machineId"]: m for m in out["machines"]}
+
+    # --- the checks ------------------------------------------------------------------------------------------------
+
+    async def run(self) -> list[CheckResult]:
+        features = await self.step("describeProvider is valid and honest", self.check_describe)
+        template = await self.step("getAvailableTemplates is valid", lambda: self.check_templates(features))
+        op_id = f"conformance-{self._nonce}"
+        created: dict[str, Any] | None = None
+        try:
+            request_id = await self.step(
+                "requestMachines gives a valid answer", lambda: self.check_request(op_id, template), template
+            )
+            machines = await self.step(
+                "getRequestStatus reaches complete", lambda: self.check_complete(request_id, template), request_id
+            )
+            created = machines
+            await self.step(
+                "machines carry the owner tags and instanceRef", lambda: self.check_tags(op_id, machines), machines
+            )
+            await self.step(
+                "same op_id twice gives the same machines", lambda: self.check_idempotent(op_id, machines),
+                machines,
+            )
+            await self.step("listMachines shows the owner tags", lambda: self.check_listed(op_id, machines), machines)
+            await self.step("listMachines filters by tags", lambda: self.check_filter(machines), machines)
+            returned = await self.step("requestReturnMachines works", lambda: self.check_return(machines), machines)
+            if returned:
+                created = None
+            await self.step("return twice is harmless", lambda: self.check_return_again(machines), returned)
+            await self.step("returned machines leave listMachines", lambda: self.check_gone(op_id, machines), returned)
+            await self.step("getReturnRequests is valid", lambda: self.check_return_requests(machines))
+            await self.step("an invalid request gives a typed error", self.check_invalid)
+        finally:
+            if created:
+                await self.cleanup(created)
+        await self.step("join tokens never come back", self.check_tokens)
+        return self.rows
+
+    async def check_describe(self) -> tuple[dict[str, bool], str]:
+        out = await self.rpc.call("describeProvider", {})
+        features = out["features"]
+        missing = [f for f in ("idempotentRequest", "listMachines", "tags") if not features[f]]
+        if missing:
+            raise CheckFailed(f"provisionerd needs features {missing} (the plugin says it lacks them)")
+        on = ", ".join(k for k, v in sorted(features.items()) if v)
+        return features, f"{out['name']} {out['version']} (features: {on})"
+
+    async def check_templates(self, features: dict[str, bool] | None) -> tuple[dict[str, Any], str]:
+        out = await self.rpc.call("getAvailableTemplates", {})
+        usable = [t for t in out["templates"] if t["maxNumber"] >= 1]
+        if not usable:
+            raise CheckFailed(f"no template with maxNumber >= 1 among {len(out['templates'])}")
+        if features and features.get("priceQuotes") and not any("price" in t for t in out["templates"]):
+            raise CheckFailed("features.priceQuotes is true but no template carries a price")
+        chosen = usable[0]
+        return chosen, f"{len(out['templates'])} templates; using {chosen['templateId']!r}"
+
+    async def check_request(self, op_id: str, template: dict[str, Any]) -> tuple[str, str]:
+        count = min(2, template["maxNumber"])
+        self.first_request = self.request_input(op_id, template["templateId"], count)
+        out = await self.rpc.call("requestMachines", self.first_request)
+        return out["requestId"], f"requestId {out['requestId']!r} for {count} machines"
+
+    async def check_complete(self, request_id: str, template: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        entry = await self.settle(request_id)
+        count = min(2, template["maxNumber"])
+        if entry["status"] != "complete":
+            raise CheckFailed(f"status {entry['status']!r}: {entry.get('message', '')!r}")
+        machines = entry["machines"]
+        bad = [m["machineId"] for m in machines if m["result"] != "succeed"]
+        if len(machines) != count or bad:
+            raise CheckFailed(f"{len(machines)} machines for {count} requested; not succeeded: {bad}")
+        return machines, f"{count} machines: {', '.join(m['machineId'] for m in machines)}"
+
+    async def check_tags(self, op_id: str, machines: list[dict[str, Any]]) -> tuple[bool, str]:
+        want = self.owner_tags(op_id)
+        refs = {f"{op_id}-{i}" for i in range(len(machines))}
+        problems = []
+        for m in machines:
+            tags = m.get("tags") or {}
+            wrong = [k for k, v in want.items() if tags.get(k) != v]
+            if wrong:
+                problems.append(f"{m['machineId']}: owner tags missing or wrong: {wrong}")
+            if m.get("instanceRef") not in refs:
+                problems.append(f"{m['machineId']}: instanceRef {m.get('instanceRef')!r} is not one we sent")
+            elif tags.get("provisionerd:instance") != m["instanceRef"]:
+                problems.append(f"{m['machineId']}: tag provisionerd:instance does not equal instanceRef")
+        if len({m.get("instanceRef") for m in machines}) != len(machines):
+            problems.append("two machines share an instanceRef")
+        if problems:
+            raise CheckFailed("; ".join(problems))
+        return True, "all machines tagged"
+
+    async def check_idempotent(self, op_id: str, machines: list[dict[str, Any]]) -> str:
+        out = await self.rpc.call("requestMachines", self.first_request)  # the very same input, op_id included
+        entry = await self.settle(out["requestId"])
+        first = sorted(m["machineId"] for m in machines)
+        second = sorted(m["machineId"] for m in entry["machines"])
+        listed = sorted(await self.listed({"provisionerd:cluster": CLUSTER, "provisionerd:op": op_id}))
+        if second != first or listed != first:
+            raise CheckFailed(f"first request gave {first}, the repeat gave {second}; listMachines shows {listed}")
+        return f"requestId {out['requestId']!r}, the same {len(first)} machines"
+
+    async def check_listed(self, op_id: str, machines: list[dict[str, Any]]) -> str:
+        listed = await self.listed({"provisionerd:cluster": CLUSTER})
+        want = self.owner_tags(op_id)
+        problems = []
+        for m in machines:
+            entry = listed.get(m["machineId"])
+            if entry is None:
+                problems.append(f"{m['machineId']} is not listed")
+            elif any(entry["tags"].get(k) != v for k, v in want.items()):
+                problems.append(f"{m['machineId']} is listed without the owner tags")
+        if problems:
+            raise CheckFailed("; ".join(problems))
+        return f"{len(listed)} machines listed for cluster {CLUSTER!r}"
+
+    async def check_filter(self, machines: list[dict[str, Any]]) -> str:
+        other = await self.listed({"provisionerd:cluster": f"{CLUSTER}-other-{self._nonce}"})
+        leaked = sorted(set(other) & {m["machineId"] for m in machines})
+        if leaked:
+            raise CheckFailed(f"a filter on another cluster lists our machines {leaked}")
+        return "another cluster's filter lists none of ours"
+
+    def return_input(self, op_id: str, machines: list[dict[str, Any]]) -> dict[str, Any]:
+        refs = [{"name": m["name"], "machineId": m["machineId"]} for m in machines]
+        return {"machines": refs, "op_id": op_id, "tags": self.owner_tags(op_id)}
+
+    async def check_return(self, machines: list[dict[str, Any]]) -> tuple[bool, str]:
+        out = await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines))
+        entry = await self.settle(out["requestId"])
+        failed = [m["machineId"] for m in entry["machines"] if m["result"] != "succeed"]
+        if entry["status"] != "complete" or failed:
+            raise CheckFailed(f"return request {entry['status']!r}; not succeeded: {failed}")
+        return True, f"return request {out['requestId']!r} complete"
+
+    async def check_return_again(self, machines: list[dict[str, Any]]) -> str:
+        same = await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines))
+        fresh = await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-ret2-{self._nonce}", machines))
+        await self.settle(fresh["requestId"])
+        return f"same op_id gave {same['requestId']!r}, a new op_id gave {fresh['requestId']!r}; no error"
+
+    async def check_gone(self, op_id: str, machines: list[dict[str, Any]]) -> str:
+        ours = {m["machineId"] for m in machines}
+        with trio.move_on_after(self.options.settle):
+            while ours & set(await self.listed({"provisionerd:cluster": CLUSTER})):
+                await trio.sleep(self.options.poll)
+            return "none of them is listed"
+        raise CheckFailed(f"still listed after {self.options.settle:g} s")
+
+    async def check_return_requests(self, machines: list[dict[str, Any]] | None) -> str:
+        refs = [{"name": m["name"], "machineId": m["machineId"]} for m in machines or []]
+        out = await self.rpc.call("getReturnRequests", {"machines": refs})
+        return f"{len(out['requests'])} machines wanted back"
+
+    async def check_invalid(self) -> str:
+        op_id = f"conformance-bad-{self._nonce}"
+        try:
+            out = await self.rpc.call("requestMachines", self.request_input(op_id, f"no-such-template-{self._nonce}", 1))
+        except ProviderRejected as exc:
+            if exc.code != "invalid_request":
+                raise CheckFailed(f"expected code 'invalid_request', got {exc.code!r}: {exc.message[:200]!r}") from None
+            return "unknown templateId -> invalid_request"
+        raise CheckFailed(f"an unknown templateId was accepted: {out}")
+
+    async def check_tokens(self) -> str:
+        echoed = sum(1 for token in self.tokens if any(token in text for text in self.rpc.texts))
+        if echoed:
+            raise CheckFailed(f"{echoed} join tokens appear in the plugin's outputs or errors")
+        return f"{len(self.tokens)} tokens, {len(self.rpc.texts)} outputs checked"
+
+    async def cleanup(self, machines: list[dict[str, Any]]) -> None:
+        """Best effort: give back what the kit created when a check stopped it half-way."""
+        with trio.move_on_after(self.options.timeout):
+            try:
+                await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-cleanup-{self._nonce}", machines))
+            except ProviderError:
+                pass
+
+
+async def legacy_checks(client: ProviderClient, options: KitOptions) -> list[CheckResult]:
+    """The LSF checks for a legacy plugin, run through the legacy adapter; ``client`` is its one-shot client."""
+    from provisionerd.provider.legacy.kit import run_legacy_kit  # it builds on this module's Kit
+    from provisionerd.provider.oneshot import OneShotProvider
+
+    if not isinstance(client, OneShotProvider):
+        return [CheckResult("legacy LSF plugin detected", False, "legacy mode runs one-shot plugins only")]
+    return await run_legacy_kit(client, options)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ProviderError):
+        return f"{type(exc).__name__}: {exc.detail}"[:600]
+    return str(exc)[:600]

@@ -1,0 +1,1 @@
+"""Legacy mode: unmodified LSF resource-connector plugins behind our provider interface."""

@@ -1,0 +1,321 @@
+"""Legacy mode: an unmodified LSF resource-connector plugin behind our ``ProviderClient`` interface.
+
+A one-shot plugin directory with the five LSF scripts and neither ``describeProvider.sh`` nor ``listMachines.sh``
+is *legacy* (``detect_legacy``). ``LegacyProvider`` takes the daemon's calls in our contract and gives the plugin
+exactly the LSF documents, nothing of ours:
+
+    requestMachines       {"template": {"templateId", "machineCount"}, "rc_account", "userData"}
+    requestReturnMachines {"machines": [{"name", "machineId"}]}
+    getRequestStatus      {"requests": [{"requestId"}]}
+    getReturnRequests     {"machines": [{"name", "machineId"}]}
+    getAvailableTemplates {}
+
+``op_id``, tags and bootstraps stay in the daemon. ``userData`` is the operator's template
+(``legacy_rules.UserDataTemplate``), empty by default: a join token reaches a legacy machine only when the operator
+wrote ``{join_token}`` into it, and then each machine gets its own ``requestMachines`` call (a token is
+single-use, a request's userData is shared by its machines).
+
+The plugin's requestIds are its own; the daemon sees ``lsf:<op_id>`` and ``lsf-return:<op_id>`` and the journal
+(``legacy_journal``) maps them. What the plugin cannot promise, the adapter makes up for or says: a repeated op_id
+is answered from the journal, never sent twice; an op whose earlier call has an unknown outcome is refused
+(``ProviderOutcomeUnknown``), because a retry could make the machines twice and nothing can list them; a requestId
+printed before a hang is salvaged; partial fulfilment and unverified returns are reported in the status entries
+(``legacy_status``); ``getReturnRequests`` is asked about every machine the journal knows. ``describeProvider``
+answers the features the plugin really has (all false); ``listMachines`` and ``stopMachines`` are unsupported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown, ProviderRejected, ProviderUnsupported
+from provisionerd.provider.legacy.journal import (
+    ACCEPTED,
+    CALLING,
+    REFUSED,
+    UNKNOWN,
+    CreateOp,
+    Journal,
+    PluginCall,
+    ReturnOp,
+)
+from provisionerd.provider.legacy.rules import LEGACY_FEATURES, LSF_ACTIONS, UserDataTemplate, machine_alive
+from provisionerd.provider.legacy.shapes import lsf_request, normalise, salvage_request_id, with_machine_ids
+from provisionerd.provider.legacy.status import NOT_REPORTED, create_entry, return_entry, unknown_entry
+from provisionerd.provider.oneshot import OneShotProvider
+from provisionerd.provider.runtime import check_input, check_output, join_tokens, redactor_for
+
+log = logging.getLogger(__name__)
+
+REQUEST_PREFIX = "lsf:"
+RETURN_PREFIX = "lsf-return:"
+EXTENSION_ACTIONS = ("describeProvider", "listMachines")
+
+
+def detect_legacy(path: Path, transport: str) -> bool:
+    """A one-shot plugin without our extension actions is an LSF resource connector plugin. It must have
+    ``requestMachines.sh``: an empty or mistyped directory is not taken for one (its calls fail as they would)."""
+    if transport != "oneshot" or not (path / "requestMachines.sh").is_file():
+        return False
+    return not all((path / f"{a}.sh").is_file() for a in EXTENSION_ACTIONS)
+
+
+@attrs.frozen
+class LegacySettings:
+    """The operator's settings for one legacy provider.
+
+    ``user_data``: the userData template (the only channel to the machine). ``rc_account``: the LSF account sent
+    when the daemon's input has none. ``journal_path``: where the op_id -> requestId journal lives (empty: memory
+    only; then a daemon restart forgets the plugin's requestIds). It must not be inside the plugin's data dir."""
+
+    user_data: UserDataTemplate = UserDataTemplate()
+    rc_account: str = "default"
+    journal_path: str = ""
+    max_ops: int = 4096
+
+
+class LegacyProvider:
+    """A ``ProviderClient`` over a one-shot legacy plugin. Calls may run concurrently (trio tasks)."""
+
+    legacy = True
+    features: Mapping[str, bool] = LEGACY_FEATURES
+
+    def __init__(self, runner: OneShotProvider, settings: LegacySettings = LegacySettings()) -> None:
+        self.runner = runner
+        self.name = runner.name
+        self.settings = settings
+        self.journal = Journal(settings.journal_path, settings.max_ops)
+        self._redact = redactor_for(runner.config)
+        self._in_flight: set[str] = set()
+
+    async def aclose(self) -> None:
+        """Nothing to close: each plugin call is its own process."""
+
+    def unknown_outcomes(self) -> list[dict[str, Any]]:
+        """Create ops with a call whose outcome is unknown: for the orphan report, which cannot see what they made."""
+        found = []
+        for op in self.journal.unknown_creates():
+            calls = [c for c in op.calls if c.state in (UNKNOWN, CALLING)]
+            refs = [r for c in calls for r in c.refs]
+            found.append({"op_id": op.op_id, "template": op.template_id, "instance_refs": refs,
+                          "detail": calls[0].detail})
+        return found
+
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        redact = self._redact.including(join_tokens(action, input))
+        check_input(self.name, action, input, redact)
+        if action == "describeProvider":
+            return {"name": self.name, "version": "legacy", "contractVersion": 1, "features": dict(self.features),
+                    "legacy": True}
+        if action == "listMachines":
+            return await self._list_op(input, timeout)
+        if action not in LSF_ACTIONS:
+            raise ProviderUnsupported(self.name, action, "a legacy LSF plugin has only the five LSF actions")
+        deadline = trio.current_time() + (self.runner.config.timeout_for(action) if timeout is None else timeout)
+        if action == "requestMachines":
+            return await self._request(input, deadline)
+        if action == "requestReturnMachines":
+            return await self._return(input, deadline)
+        if action == "getRequestStatus":
+            return await self._status(input, deadline)
+        if action == "getReturnRequests":
+            return await self._reclaims(input, deadline)
+        out = await self._plugin(action, {}, deadline)
+        return check_output(self.name, action, out, redact)
+
+    async def _plugin(self, action: str, document: Mapping[str, Any], deadline: float, **kw: Any) -> Any:
+        return await self.runner.run_document(action, document, timeout=max(0.0, deadline - trio.current_time()), **kw)
+
+    # --- requestMachines -------------------------------------------------------------------------------------------
+
+    async def _request(self, doc: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        op_id = doc["op_id"]
+        template = doc["template"]
+        if op_id in self._in_flight:
+            raise ProviderOutcomeUnknown(self.name, "requestMachines", f"op {op_id!r} is still being requested")
+        known = self.journal.creates.get(op_id)
+        if known is not None:
+            return self._replay(known, template)
+        refs = [b["instanceRef"] for b in doc["bootstrap"]]
+        per_machine = self.settings.user_data.per_machine
+        op = CreateOp(op_id, template["templateId"], len(refs), [PluginCall([r]) for r in refs] if per_machine
+                      else [PluginCall(refs)])
+        self.journal.creates[op_id] = op
+        self._in_flight.add(op_id)
+        try:
+            failure = await self._issue(op, doc, deadline)
+        finally:
+            self._in_flight.discard(op_id)
+            for call in op.calls:
+                if call.state == CALLING:  # cancelled while the plugin ran (a lost lease, shutdown): unknown
+                    call.state, call.detail = UNKNOWN, "the call was cancelled while the plugin ran"
+            self.journal.save()
+        if not op.accepted():
+            assert failure is not None
+            if not failure.outcome_unknown:
+                del self.journal.creates[op_id]  # refused: nothing happened, a later attempt is a fresh start
+                self.journal.save()
+            raise failure
+        ids = ", ".join(c.request_id or "" for c in op.accepted())
+        return {"requestId": REQUEST_PREFIX + op_id, "message": f"plugin request(s) {ids}"}
+
+    def _replay(self, op: CreateOp, template: Mapping[str, Any]) -> dict[str, Any]:
+        if (op.template_id, op.count) != (template["templateId"], template["machineCount"]):
+            raise ProviderRejected(self.name, "requestMachines", "invalid_request", f"op_id {op.op_id!r} was used "
+                                   f"for {op.count} x {op.template_id!r}")
+        if op.accepted():
+            ids = ", ".join(c.request_id or "" for c in op.accepted())
+            return {"requestId": REQUEST_PREFIX + op.op_id, "message": f"already requested as {ids}: not sent again"}
+        detail = next((c.detail for c in op.calls if c.state == UNKNOWN), "")
+        raise ProviderOutcomeUnknown(
+            self.name, "requestMachines",
+            f"op {op.op_id!r}: an earlier call's outcome is unknown ({detail}); a legacy plugin has no idempotency "
+            "and no listing, so it is not retried",
+        )
+
+    async def _issue(self, op: CreateOp, doc: Mapping[str, Any], deadline: float) -> ProviderError | None:
+        """Make the op's plugin calls in order; stop at the first failure (returned, not raised)."""
+        for index, call in enumerate(op.calls):
+            if index > 0 and trio.current_time() >= deadline:
+                for later in op.calls[index:]:
+                    later.detail = "not requested: no time left within the call's deadline"
+                return None
+            lsf, secrets = lsf_request(doc, call.refs, self.settings.user_data, self.settings.rc_account)
+            call.state = CALLING
+            self.journal.save()  # before the plugin runs: a crash from here on leaves an unknown outcome behind
+            partial = bytearray()
+            try:
+                out = await self._plugin("requestMachines", lsf, deadline, secrets=secrets, partial=partial)
+                out = check_output(self.name, "requestMachines", out, self._redact.including(secrets))
+            except ProviderError as exc:
+                salvaged = salvage_request_id(partial) if exc.outcome_unknown else None
+                if salvaged is not None:
+                    call.state, call.request_id, call.detail = ACCEPTED, salvaged, "requestId printed before a hang"
+                    log.warning("provider %s: requestMachines %s printed %s, then %s", self.name, op.op_id,
+                                salvaged, type(exc).__name__)
+                    continue
+                call.state = UNKNOWN if exc.outcome_unknown else REFUSED
+                call.detail = f"{type(exc).__name__}: {exc.detail}"[:300]
+                for later in op.calls[index + 1:]:
+                    later.detail = "not requested after an earlier call failed"
+                return exc
+            call.state, call.request_id = ACCEPTED, out["requestId"]
+        return None
+
+    # --- requestReturnMachines -------------------------------------------------------------------------------------
+
+    async def _return(self, doc: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        op_id = doc["op_id"]
+        known = self.journal.returns.get(op_id)
+        if known is not None and known.state == ACCEPTED:
+            return {"requestId": RETURN_PREFIX + op_id, "message": f"already returning as {known.request_id}"}
+        # Unlike a create, a return whose outcome is unknown is sent again: giving back a machine twice is harmless.
+        machines = [{"name": m["name"], "machineId": m["machineId"]} for m in doc["machines"]]
+        rop = ReturnOp(op_id, machines)
+        self.journal.returns[op_id] = rop
+        self.journal.save()
+        partial = bytearray()
+        try:
+            out = await self._plugin("requestReturnMachines", {"machines": machines}, deadline, partial=partial)
+            out = check_output(self.name, "requestReturnMachines", out, self._redact)
+        except ProviderError as exc:
+            salvaged = salvage_request_id(partial) if exc.outcome_unknown else None
+            if salvaged is None:
+                rop.state, rop.detail = (UNKNOWN if exc.outcome_unknown else REFUSED), type(exc).__name__
+                self.journal.save()
+                raise
+            out = {"requestId": salvaged, "message": "requestId printed before a hang"}
+        rop.state, rop.request_id = ACCEPTED, out["requestId"]
+        self.journal.save()
+        return {"requestId": RETURN_PREFIX + op_id, "message": out.get("message", "")}
+
+    # --- getRequestStatus ------------------------------------------------------------------------------------------
+
+    async def _status(self, doc: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        asked = [r["requestId"] for r in doc["requests"]]
+        index = self.journal.machine_index()
+        wanted: dict[str, None] = {}  # plugin requestIds, in order, once each
+        for rid in asked:
+            if rid.startswith(REQUEST_PREFIX) and (op := self.journal.creates.get(rid[len(REQUEST_PREFIX):])):
+                wanted.update((c.request_id, None) for c in op.accepted() if c.request_id)
+            elif rid.startswith(RETURN_PREFIX) and (rop := self.journal.returns.get(rid[len(RETURN_PREFIX):])):
+                if rop.request_id:
+                    wanted[rop.request_id] = None
+                # The machines' create requests, in the same call: a claimed return is checked against them.
+                wanted.update((index[m["machineId"]][1].request_id, None) for m in rop.machines
+                              if m["machineId"] in index)
+            elif not rid.startswith((REQUEST_PREFIX, RETURN_PREFIX)):
+                wanted[rid] = None  # a plugin requestId asked directly (an operator, the kit)
+        entries: dict[str, dict[str, Any]] = {}
+        if wanted:
+            out = await self._plugin("getRequestStatus", {"requests": [{"requestId": i} for i in wanted]}, deadline)
+            out = check_output(self.name, "getRequestStatus", normalise(out), self._redact)
+            entries = {e["requestId"]: e for e in out["requests"]}
+        answer = []
+        changed = False
+        for rid in asked:
+            if rid.startswith(REQUEST_PREFIX):
+                op = self.journal.creates.get(rid[len(REQUEST_PREFIX):])
+                if op is None:
+                    answer.append(unknown_entry(rid, "unknown request: the legacy journal has no record of it"))
+                    continue
+                entry, new = create_entry(rid, op, entries)
+                changed |= new
+                answer.append(entry)
+            elif rid.startswith(RETURN_PREFIX):
+                rop = self.journal.returns.get(rid[len(RETURN_PREFIX):])
+                if rop is None:
+                    answer.append(unknown_entry(rid, "unknown request: the legacy journal has no record of it"))
+                    continue
+                creates = {m["machineId"]: entries.get(index[m["machineId"]][1].request_id)
+                           for m in rop.machines if m["machineId"] in index}
+                answer.append(return_entry(rid, rop, entries.get(rop.request_id or ""), creates))
+            else:
+                answer.append(entries.get(rid) or unknown_entry(rid, "the plugin did not report this request"))
+        if changed:
+            self.journal.save()
+        return check_output(self.name, "getRequestStatus", {"requests": answer}, self._redact)
+
+    # --- listMachines, for one op only ---------------------------------------------------------------------------
+
+    async def _list_op(self, doc: Mapping[str, Any], timeout: float | None) -> dict[str, Any]:
+        """The machines of one op (a filter naming ``provisionerd:op``), from the journal's requestIds: what the
+        daemon's recovery asks after a timeout or a restart. Nothing else can be listed: a filter without an op,
+        an op the journal does not know, or one with a call whose outcome is unknown is ``ProviderUnsupported``,
+        so no caller mistakes "not found here" for "does not exist"."""
+        op_id = doc["tags"].get("provisionerd:op")
+        op = self.journal.creates.get(op_id) if op_id else None
+        if op is None or any(c.state in (UNKNOWN, CALLING) for c in op.calls):
+            why = ("a legacy LSF plugin cannot list machines (tagged_unknown and ghost orphans are invisible)"
+                   if op_id is None else f"op {op_id!r} " + ("is not in the legacy journal" if op is None else
+                                                          "has a call whose outcome is unknown"))
+            raise ProviderUnsupported(self.name, "listMachines", why)
+        status = await self.call("getRequestStatus", {"requests": [{"requestId": REQUEST_PREFIX + op.op_id}]},
+                                 timeout=timeout)
+        (entry,) = status["requests"]
+        if entry["status"] == "running" and NOT_REPORTED in entry["message"]:
+            raise ProviderUnsupported(self.name, "listMachines", f"op {op_id!r}: {entry['message']}")
+        machines = [
+            {"machineId": m["machineId"], "name": m.get("name", ""), "status": m.get("status", ""),
+             "launchtime": m.get("launchtime", 0), "privateIpAddress": m.get("privateIpAddress"),
+             "instanceRef": m.get("instanceRef", ""), "tags": {}}
+            for m in entry["machines"] if machine_alive(m)
+        ]
+        return check_output(self.name, "listMachines", {"machines": machines}, self._redact)
+
+    # --- getReturnRequests -----------------------------------------------------------------------------------------
+
+    async def _reclaims(self, doc: Mapping[str, Any], deadline: float) -> dict[str, Any]:
+        machines = {m["machineId"]: {"name": m["name"], "machineId": m["machineId"]} for m in doc["machines"]}
+        returned = self.journal.returned_ids()
+        for mid, (_, seen) in self.journal.machine_index().items():
+            if mid not in machines and mid not in returned:
+                machines[mid] = {"name": seen.name, "machineId": mid}  # every machine we know of, asked or not
+        out = await self._plugin("getReturnRequests", {"machines": list(machines.values())}, deadline)
+        return check_output(self.name, "getReturnRequests", with_machine_ids(out, machines.values()), self._redact)

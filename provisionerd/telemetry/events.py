@@ -1,0 +1,86 @@
+"""The JSON-lines events stream (for machines) next to the human log (for people).
+
+``EventLog.emit("lease_lost", provider="sim", epoch=Epoch(3, 1), reason="...")`` writes one JSON object per line
+with ``ts`` (wall clock, epoch seconds), ``mono`` (trio's clock when inside ``trio.run``) and ``event``, logs the
+same at INFO for humans, and keeps the most recent events in memory for ``provisionerd status`` and tests.
+
+Kinds emitted by the daemon: ``link_up``, ``link_down``, ``redirect``, ``join``, ``join_refused``, ``resync``,
+``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_released``, ``gate``.
+Callers must never pass secrets (credentials, join tokens) as fields.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import trio
+
+from provisionerd.domain.model import Epoch
+
+log = logging.getLogger("provisionerd.events")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Epoch):
+        return str(value)
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+def _mono() -> float | None:
+    try:
+        return trio.current_time()
+    except RuntimeError:  # not inside trio.run (a sync caller or a test)
+        return None
+
+
+class EventLog:
+    """Append-only events: an optional JSON-lines file, the ``logging`` module, and a bounded in-memory tail.
+
+    Writes are small appends to a local file, done synchronously so an event is on disk (flushed) before the
+    decision it records has consequences; ``emit`` never raises on a full disk, it logs the failure once.
+    """
+
+    def __init__(self, path: Path | None = None, *, keep: int = 1000) -> None:
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        self._path = path
+        self._file: TextIO | None = None
+        self._write_failed = False
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"ts": round(time.time(), 6), "mono": _mono(), "event": event, **fields}
+        self.recent.append(record)
+        line = json.dumps(record, default=_json_default, sort_keys=False)
+        log.info("%s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()))
+        if self._file is not None:
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as exc:
+                if not self._write_failed:
+                    log.error("cannot write events log %s: %s", self._path, exc)
+                    self._write_failed = True
+        return record
+
+    def of_kind(self, *events: str) -> Iterator[dict[str, Any]]:
+        return (record for record in self.recent if record["event"] in events)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

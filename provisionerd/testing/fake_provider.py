@@ -1,0 +1,168 @@
+"""An in-memory ``ProviderClient`` for tests of the layers above the runtime (daemon core, reconcile, orphans).
+
+It keeps the contract the real runtime enforces: inputs and outputs are checked against the same schemas, the
+same ``op_id`` gives the same request and machines, machines carry the owner tags plus ``provisionerd:instance``,
+``listMachines`` filters by tags, returning twice is harmless. No I/O and no real time: it works under
+``trio.testing.MockClock`` (``latency`` is slept on trio's clock).
+
+Failures are injected per action with ``fail_next(action, error)``; ``calls`` records every call for assertions.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation, ProviderRejected
+from provisionerd.provider.runtime import Redactor, check_input, join_tokens
+from provisionerd.provider.schemas import contract
+
+
+class FakeProvider:
+    """A provider with ``templates`` (``{templateId: maxNumber}``) living in memory."""
+
+    def __init__(
+        self,
+        name: str = "fake",
+        templates: Mapping[str, int] | None = None,
+        *,
+        latency: float = 0.0,
+        launch_time: int = 1_700_000_000,
+        prices: Mapping[str, float] | None = None,
+    ) -> None:
+        self.name = name
+        self.templates = dict(templates or {"small": 10})
+        self.prices = dict(prices or {})  # templateId -> USD per hour
+        self.latency = latency
+        self.launch_time = launch_time
+        self.machines: dict[str, dict[str, Any]] = {}  # machineId -> machine (status "running" | "terminated")
+        self.requests: dict[str, list[str]] = {}  # requestId -> machineIds
+        self.ops: dict[str, str] = {}  # op_id -> requestId
+        self.wanted_back: set[str] = set()  # machineIds getReturnRequests reports (reclaimed, spot)
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self._failures: dict[str, collections.deque[ProviderError]] = collections.defaultdict(collections.deque)
+        self._seq = itertools.count(1)
+
+    def fail_next(self, action: str, error: ProviderError) -> None:
+        """Make the next call of ``action`` raise ``error`` (after its input was checked, like a real plugin)."""
+        self._failures[action].append(error)
+
+    def reclaim(self, machine_id: str) -> None:
+        """The provider wants ``machine_id`` back (it shows in ``getReturnRequests``)."""
+        self.wanted_back.add(machine_id)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
+        self.calls.append((action, copy.deepcopy(dict(input))))
+        if self.latency:
+            await trio.sleep(self.latency)
+        else:
+            await trio.lowlevel.checkpoint()
+        if self._failures[action]:
+            raise self._failures[action].popleft()
+        handler = getattr(self, "_" + action)
+        output = handler(input)
+        problems = contract().output_problems(action, output)
+        if problems:  # a bug in the fake itself: fail loudly, typed
+            raise ProviderProtocolViolation(self.name, action, "; ".join(problems))
+        return output
+
+    # --- actions ---------------------------------------------------------------------------------------------------
+
+    def _describeProvider(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        features = dict.fromkeys(("idempotentRequest", "listMachines", "tags"), True)
+        features.update(priceQuotes=bool(self.prices), stopMachines=False)
+        return {"name": self.name, "version": "fake", "contractVersion": 1, "features": features}
+
+    def _getAvailableTemplates(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        templates = []
+        for template, count in self.templates.items():
+            entry: dict[str, Any] = {"templateId": template, "maxNumber": count, "attributes": {"ncpus": ["Numeric", "2"]}}
+            if template in self.prices:
+                entry["price"] = {"amount": self.prices[template], "currency": "USD", "unit": "hour",
+                                  "source": "fake", "timestamp": "2024-01-01T00:00:00Z"}  # fmt: skip
+            templates.append(entry)
+        return {"templates": templates}
+
+    def _requestMachines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        op_id = doc["op_id"]
+        if op_id in self.ops:
+            return {"requestId": self.ops[op_id], "message": "same op_id: same request"}
+        template = doc["template"]["templateId"]
+        if template not in self.templates:
+            raise ProviderRejected(self.name, "requestMachines", "invalid_request", f"unknown template {template!r}")
+        live = sum(1 for m in self.machines.values() if m["status"] == "running" and m["template"] == template)
+        if live + doc["template"]["machineCount"] > self.templates[template]:
+            raise ProviderRejected(self.name, "requestMachines", "capacity_unavailable", "no capacity")
+        request_id = f"req-{next(self._seq)}"
+        ids = []
+        for boot in doc["bootstrap"]:
+            n = next(self._seq)
+            machine_id = f"m-{n}"
+            tags = dict(doc["tags"], **{"provisionerd:instance": boot["instanceRef"]})
+            self.machines[machine_id] = {
+                "machineId": machine_id, "name": f"host-{n}", "status": "running", "template": template,
+                "launchtime": self.launch_time, "privateIpAddress": f"10.0.{n // 256}.{n % 256}",
+                "instanceRef": boot["instanceRef"], "tags": tags,
+            }  # fmt: skip
+            ids.append(machine_id)
+        self.requests[request_id] = ids
+        self.ops[op_id] = request_id
+        return {"requestId": request_id, "message": ""}
+
+    def _requestReturnMachines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        op_id = doc["op_id"]
+        if op_id not in self.ops:
+            ids = [m["machineId"] for m in doc["machines"] if m["machineId"] in self.machines]
+            for machine_id in ids:
+                self.machines[machine_id]["status"] = "terminated"
+                self.wanted_back.discard(machine_id)
+            self.ops[op_id] = request_id = f"ret-{next(self._seq)}"
+            self.requests[request_id] = ids
+        return {"requestId": self.ops[op_id], "message": ""}
+
+    _stopMachines = _requestReturnMachines
+
+    def _getRequestStatus(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        out = []
+        for ref in doc["requests"]:
+            ids = self.requests.get(ref["requestId"])
+            if ids is None:
+                out.append({"requestId": ref["requestId"], "status": "complete_with_error", "message": "unknown",
+                            "machines": []})  # fmt: skip
+                continue
+            machines = [
+                {"machineId": m["machineId"], "name": m["name"], "result": "succeed", "status": m["status"],
+                 "privateIpAddress": m["privateIpAddress"], "launchtime": m["launchtime"], "message": "",
+                 "instanceRef": m["instanceRef"], "tags": dict(m["tags"])}
+                for m in (self.machines[i] for i in ids)
+            ]  # fmt: skip
+            out.append({"requestId": ref["requestId"], "status": "complete", "message": "", "machines": machines})
+        return {"requests": out}
+
+    def _getReturnRequests(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        wanted = [self.machines[i] for i in sorted(self.wanted_back) if self.machines[i]["status"] == "running"]
+        return {
+            "status": "complete",
+            "message": "",
+            "requests": [{"machine": m["name"], "machineId": m["machineId"], "gracePeriod": 120} for m in wanted],
+        }
+
+    def _listMachines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        want = doc["tags"]
+        return {
+            "machines": [
+                {k: (dict(m[k]) if k == "tags" else m[k])
+                 for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}
+                for m in self.machines.values()
+                if m["status"] != "terminated" and all(m["tags"].get(k) == v for k, v in want.items())
+            ]
+        }  # fmt: skip

@@ -1,0 +1,151 @@
+"""The simulated provider: one in-memory cloud shared by every daemon, with seeded faults and a record of every
+mutation together with the caller's lease at that instant.
+
+``SimCloud`` keeps the contract through ``FakeProvider`` (same op_id, same request; owner tags on every machine;
+``listMachines`` by tags) and adds what a real cloud does to you:
+
+- ``latency`` per call, drawn from the seed;
+- a *fault window* (set by the fault schedule) during which calls fail: ``reject`` (a typed refusal such as
+  ``capacity_unavailable`` before anything happens), ``hang`` (no answer until the caller's timeout, maybe after
+  doing the work), ``crash`` (the plugin dies, maybe after doing the work), ``garbage`` (an answer that breaks the
+  contract, maybe after doing the work);
+- ``idempotent=False``: a cloud without client tokens, where the same op_id again creates machines again (the
+  daemon must look for the op_id's tag before retrying);
+- ``vanish``: a machine disappears behind our back.
+
+Each daemon instance talks to it through its own ``CloudClient`` (a ``ProviderClient``), which is how the cloud knows
+who called: the client snapshots the caller's lease keeper when the call starts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import trio
+
+from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolation, ProviderRejected, ProviderTimeout
+from provisionerd.testing.fake_provider import FakeProvider
+from provisionerd.provider.runtime import Redactor, check_input, join_tokens
+from provisionerd.testing.simulation.invariants import MUTATING
+from provisionerd.testing.simulation.observe import CallerLease, Creation, Mutation, Recorder
+
+#: The wall clock of the simulated world is trio's clock plus this (launch times, host ``since``).
+WALL_EPOCH = 1_700_000_000.0
+FAULT_KINDS = ("reject", "hang", "crash", "garbage")
+REJECT_CODES = ("capacity_unavailable", "throttled", "quota_exceeded", "internal")
+
+
+class SimCloud(FakeProvider):
+    def __init__(
+        self,
+        name: str,
+        rng: random.Random,
+        recorder: Recorder,
+        *,
+        templates: Mapping[str, int],
+        idempotent: bool = True,
+        latency: float = 0.2,
+    ) -> None:
+        super().__init__(name, templates, latency=latency)
+        self.rng = rng
+        self.recorder = recorder
+        self.idempotent = idempotent
+        self.fault: str | None = None  # the current fault window's kind
+        self.fault_rate = 0.0
+        self.slow = 1.0  # latency multiplier (a "slow" window)
+        self._caller = ""
+        self.on_vanished: list[Callable[[str, str], None]] = []
+        #: Called with (machine_id, instance_ref, join_token) for each machine created (a booting worker).
+        self.on_created: list[Callable[[str, str, str], None]] = []
+
+    # --- faults set by the schedule ------------------------------------------------------------------------------
+
+    def set_fault(self, kind: str | None, rate: float = 0.5) -> None:
+        self.fault, self.fault_rate = kind, rate
+        self.recorder.note("provider", "fault", kind=kind, rate=rate)
+
+    def vanish(self) -> str | None:
+        """A random running machine disappears (reclaimed, failed hardware). Returns its id."""
+        running = sorted(m for m, doc in self.machines.items() if doc["status"] == "running")
+        if not running:
+            return None
+        machine_id = self.rng.choice(running)
+        self.machines[machine_id]["status"] = "terminated"
+        self.recorder.note("provider", "vanished", machine=machine_id)
+        for hook in self.on_vanished:
+            hook(machine_id, self.machines[machine_id]["instanceRef"])
+        return machine_id
+
+    def running(self) -> list[dict[str, Any]]:
+        return [doc for _, doc in sorted(self.machines.items()) if doc["status"] == "running"]
+
+    # --- calls -----------------------------------------------------------------------------------------------------
+
+    async def call_as(self, caller: CallerLease, action: str, input: Mapping[str, Any],
+                      timeout: float | None) -> dict[str, Any]:
+        check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
+        if action in MUTATING:
+            self.recorder.mutation(Mutation(trio.current_time(), self.name, action, str(input["op_id"]), caller))
+        else:
+            self.recorder.note("provider", "call", action=action, caller=caller.instance)
+        await trio.sleep(self.latency * self.slow * (0.2 + self.rng.random()))
+        fault = self.fault if self.fault and self.rng.random() < self.fault_rate else None
+        works = fault is None or (fault != "reject" and self.rng.random() < 0.5)
+        if fault == "reject":
+            code = self.rng.choice(REJECT_CODES)
+            raise ProviderRejected(self.name, action, code, f"simulated {code}")
+        output = self._do(caller.instance, action, input) if works else None
+        if fault == "hang":
+            await trio.sleep(timeout if timeout is not None else 60.0)
+            raise ProviderTimeout(self.name, action, f"no answer within {timeout}s (simulated)")
+        if fault == "crash":
+            raise ProviderCrashed(self.name, action, "the plugin exited with status 1 (simulated)")
+        if fault == "garbage":
+            raise ProviderProtocolViolation(self.name, action, "output is not JSON (simulated)")
+        assert output is not None
+        return output
+
+    def _do(self, caller: str, action: str, input: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls.append((action, {"op_id": input.get("op_id", "")}))
+        self._caller = caller
+        handler: Callable[[Mapping[str, Any]], dict[str, Any]] = getattr(self, "_" + action)
+        return handler(input)
+
+    def _describeProvider(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        out = super()._describeProvider(doc)
+        out["features"]["idempotentRequest"] = self.idempotent  # a cloud without client tokens says so
+        return out
+
+    def _requestMachines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        op_id = doc["op_id"]
+        if not self.idempotent and op_id in self.ops:
+            del self.ops[op_id]  # no client token: the cloud does not know it has seen this request
+        before = set(self.machines)
+        self.launch_time = int(WALL_EPOCH + trio.current_time())  # the cloud's clock agrees with the world's
+        out = super()._requestMachines(doc)
+        new = tuple(m for m in self.machines if m not in before)
+        if new:
+            refs = tuple(self.machines[m]["instanceRef"] for m in new)
+            self.recorder.creation(Creation(trio.current_time(), self.name, op_id, new, refs, self._caller))
+            tokens = {b["instanceRef"]: b["joinToken"] for b in doc["bootstrap"]}
+            for machine_id, ref in zip(new, refs, strict=True):
+                for hook in self.on_created:
+                    hook(machine_id, ref, tokens[ref])  # the machine boots with its bootstrap (token included)
+        return out
+
+
+class CloudClient:
+    """A daemon instance's ``ProviderClient`` for the cloud: knows whose lease to snapshot on each call."""
+
+    def __init__(self, cloud: SimCloud, lease_of: Callable[[], CallerLease]) -> None:
+        self.name = cloud.name
+        self._cloud = cloud
+        self._lease_of = lease_of
+
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        return await self._cloud.call_as(self._lease_of(), action, input, timeout)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""

@@ -1,0 +1,114 @@
+"""The fault schedule of one run, drawn from the seed before the run starts (so it is part of what the seed fixes).
+
+A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a ``duration``, is undone at
+``at + duration``. Kinds:
+
+``failover``        the primary hands over to another replica in a new term (every session of the old one is cut)
+``quorum_loss``     the primary sees no fresh quorum: no grants, renewals or commits until it returns
+``partition``       one daemon slot's traffic in one or both directions is dropped or stalled (``mode``)
+``drop_pushes``     the controller's pushes (demand pages, host states) to one slot are lost
+``delay``           one direction of a slot gets ``delay`` seconds of extra latency
+``kill``            a daemon slot's process dies (memory gone) and a fresh one starts ``duration`` later
+``provider_fault``  provider calls fail (``mode``: reject | hang | crash | garbage) at ``rate``
+``provider_slow``   provider calls take ``factor`` times longer
+``vanish``          a running machine disappears behind the daemons' backs
+``no_join``         machines created meanwhile never join the controller (lifecycle runs)
+``twin``            a second live daemon with slot ``slot``'s identity (the same config on another host) starts,
+                    competes for the provider, and after ``duration`` stops (``mode``: kill | stop, i.e. crash or
+                    clean stop with its leases released)
+
+Faults may overlap; the undo of one restores the normal state of what it touched (a later overlapping fault of the
+same kind may therefore end early). ``quiet_after`` is when the last fault is undone: from then on the world is
+healthy and the run only settles.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+
+from provisionerd.testing.simulation.cloud import FAULT_KINDS
+
+#: The kinds drawn one by one, with these relative weights.
+WEIGHTED = ("failover", "quorum_loss", "partition", "drop_pushes", "delay", "kill", "provider_fault",
+            "provider_slow", "vanish", "no_join")  # fmt: skip
+WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
+#: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
+#: times drawn before it are the same as before it existed.
+KINDS = (*WEIGHTED, "twin")
+TWIN_CHANCE = 0.3
+
+
+@attrs.frozen
+class Fault:
+    at: float
+    kind: str
+    duration: float = 0.0
+    slot: str = ""
+    direction: str = ""  # c2s | s2c | both
+    mode: str = ""  # partition: drop | stall; provider_fault: a cloud fault kind
+    value: float = 0.0  # delay seconds, provider fault rate, slow factor, failover target replica
+
+    @property
+    def ends(self) -> float:
+        return self.at + self.duration
+
+    def describe(self) -> dict[str, object]:
+        return {k: v for k, v in attrs.asdict(self).items() if v not in ("", 0.0) or k == "at"}
+
+
+@attrs.frozen
+class FaultPlan:
+    faults: tuple[Fault, ...]
+
+    @property
+    def quiet_after(self) -> float:
+        return max((f.ends for f in self.faults), default=0.0)
+
+    def kinds(self) -> set[str]:
+        return {f.kind for f in self.faults}
+
+
+def draw_plan(rng: random.Random, *, horizon: float, slots: tuple[str, ...], replicas: int,
+              max_faults: int = 10, kinds: tuple[str, ...] = KINDS) -> FaultPlan:
+    """Between 0 and ``max_faults`` faults starting in ``[5, horizon)``, and perhaps a twin (only when
+    ``max_faults`` allows faults at all); each undone by ``horizon``."""
+    weights = [w for k, w in zip(WEIGHTED, WEIGHTS, strict=True) if k in kinds]
+    chosen = [k for k in WEIGHTED if k in kinds]
+    faults = []
+    for _ in range(rng.randint(0, max_faults) if chosen else 0):
+        at = round(rng.uniform(5.0, horizon * 0.9), 3)
+        kind = rng.choices(chosen, weights)[0]
+        room = horizon - at
+        duration = round(min(room, rng.choice((rng.uniform(1, 10), rng.uniform(5, 60), rng.uniform(30, 120)))), 3)
+        slot = rng.choice(slots)
+        match kind:
+            case "failover":
+                faults.append(Fault(at, kind, value=float(rng.randrange(replicas))))
+            case "quorum_loss":
+                faults.append(Fault(at, kind, duration))
+            case "partition":
+                faults.append(Fault(at, kind, duration, slot, rng.choice(("c2s", "s2c", "both")),
+                                    rng.choice(("drop", "stall"))))
+            case "drop_pushes":
+                faults.append(Fault(at, kind, duration, slot, "s2c"))
+            case "delay":
+                faults.append(Fault(at, kind, duration, slot, rng.choice(("c2s", "s2c")),
+                                    value=round(rng.choice((rng.uniform(0.1, 2), rng.uniform(2, 12))), 3)))
+            case "kill":
+                faults.append(Fault(at, kind, round(min(room, rng.uniform(0, 40)), 3), slot))
+            case "provider_fault":
+                faults.append(Fault(at, kind, duration, mode=rng.choice(FAULT_KINDS),
+                                    value=round(rng.uniform(0.2, 1.0), 3)))
+            case "provider_slow":
+                faults.append(Fault(at, kind, duration, value=round(rng.uniform(2, 20), 3)))
+            case "vanish":
+                faults.append(Fault(at, kind))
+            case "no_join":
+                faults.append(Fault(at, kind, duration))
+    if "twin" in kinds and max_faults > 0 and rng.random() < TWIN_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.8), 3)
+        duration = round(min(horizon - at, rng.uniform(10.0, 120.0)), 3)
+        faults.append(Fault(at, "twin", duration, rng.choice(slots), mode=rng.choice(("kill", "stop"))))
+    return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

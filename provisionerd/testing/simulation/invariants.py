@@ -1,0 +1,167 @@
+"""The invariants a simulated run must keep (DESIGN.md "Invariants"), as checks over the recorder's observations.
+
+Continuous checks run as each observation is recorded (``check_*``); ``final_checks`` runs once at the end. Each
+violation names its invariant with a stable word (the ``simulate`` command prints it):
+
+``mutation_without_lease``   a provider mutation started while its caller's lease was not valid by the caller's
+                             own local deadline (invariant 1)
+``mutation_without_intent``  a provider mutation started without an intent for its op_id committed on the
+                             controller under the epoch the caller held (invariant 1)
+``gate_decision``            the gate admitted a mutation it should not have (``gate.violations``)
+``stale_fact_accepted``      the controller appended a fact whose epoch is not the provider's live lease epoch, or
+                             from a sender that is not the lease's holder (invariant 7)
+``epoch_regressed``          a newly granted epoch, a fact in the log, or a daemon's held epochs went backwards
+``two_lease_holders``        lease safety: two daemon instances trusted the provider's lease at the same instant,
+                             or an older epoch was still trusted when a newer one was granted
+``op_created_twice``         machines were created for one op_id by more than one call, or more than it asked for
+                             (invariant 2)
+``unexplained_machine``      a machine the provider runs that no committed intent (or orphan finding) explains
+                             (invariant 3)
+``daemon_crashed``           a daemon task died of an exception (anything but cancellation is a bug)
+``controller_error``         the reference controller counted an internal error
+``stuck``                    the run made no virtual progress (a busy loop) within its wall-clock budget
+``no_convergence``           with the lifecycle: machines did not match demand within the settle time after faults
+
+Why the lease check has two parts: at any instant at most one instance may trust the lease (checked whenever a
+belief starts or is extended); and across epochs the older holder's trust must have ended no later than the
+controller granted the newer epoch (checked at the end, once every belief's end is known). The second is what makes
+the first hold under any message delay: a holder counts its deadline from when it *sent* the renewal, the
+controller from when it *received* it, and a new primary waits ``ttl + check_interval`` before granting to anyone
+else.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from provisionerd.domain.model import TAG_INSTANCE, TAG_OP, RequestIntent, ReturnIntent
+
+if TYPE_CHECKING:
+    from provisionerd.testing.simulation.observe import Belief, Commit, Creation, Mutation, Recorder
+
+INVARIANTS = (
+    "mutation_without_lease", "mutation_without_intent", "gate_decision", "stale_fact_accepted", "epoch_regressed",
+    "two_lease_holders", "op_created_twice", "unexplained_machine", "daemon_crashed", "controller_error", "stuck",
+    "no_convergence",
+)  # fmt: skip
+
+#: The intent kind a mutating provider action needs.
+INTENT_FOR = {
+    "requestMachines": RequestIntent.__name__,
+    "requestReturnMachines": ReturnIntent.__name__,
+    "stopMachines": ReturnIntent.__name__,
+}
+MUTATING = frozenset(INTENT_FOR)
+
+
+def check_new_epoch(rec: Recorder, provider: str, epoch: object) -> None:
+    last = rec.last_new_epoch.get(provider)
+    if last is not None and not epoch > last:  # type: ignore[operator]
+        rec.violate("epoch_regressed", f"{provider}: the controller granted new epoch {epoch} after {last}")
+
+
+def check_commit(rec: Recorder, commit: Commit) -> None:
+    if commit.lease_epoch != commit.epoch or commit.lease_holder != commit.sender:
+        rec.violate(
+            "stale_fact_accepted",
+            f"{commit.kind} {commit.op_id} (index {commit.index}) with epoch {commit.epoch} from {commit.sender} "
+            f"accepted while the live lease was {commit.lease_epoch} held by {commit.lease_holder}",
+        )
+    previous = rec.last_fact.get(commit.provider)
+    if previous is not None and commit.epoch < previous.epoch:
+        rec.violate("epoch_regressed", f"{commit.provider}: fact {commit.index} has epoch {commit.epoch} after "
+                                       f"fact {previous.index} with {previous.epoch}")
+    rec.last_fact[commit.provider] = commit
+
+
+def check_single_holder(rec: Recorder, belief: Belief) -> None:
+    now = _now()
+    for other in rec.open_beliefs.values():
+        if other is belief or other.provider != belief.provider or other.instance == belief.instance:
+            continue
+        if now < other.end and now < belief.end:
+            rec.violate("two_lease_holders", f"{belief.provider}: {belief.instance} trusts {belief.epoch} until "
+                                             f"{belief.end:.3f} while {other.instance} trusts {other.epoch} until "
+                                             f"{other.end:.3f}")
+
+
+def check_mutation(rec: Recorder, m: Mutation) -> None:
+    c = m.caller
+    if not c.valid:
+        rec.violate("mutation_without_lease", f"{m.action} {m.op_id} by {c.instance}: lease epoch {c.epoch} "
+                                              f"trusted until {c.valid_until:.3f}, now {m.at:.3f}")
+        return
+    kind = INTENT_FOR[m.action]
+    commits = rec.commits_by_op.get((kind, m.op_id), [])
+    if not any(x.epoch == c.epoch and x.provider == m.provider and x.at <= m.at for x in commits):
+        found = ", ".join(str(x.epoch) for x in commits) or "none"
+        rec.violate("mutation_without_intent", f"{m.action} {m.op_id} by {c.instance} under {c.epoch}: committed "
+                                               f"{kind} epochs: {found}")
+
+
+def check_creation(rec: Recorder, creation: Creation) -> None:
+    made = rec.creations[creation.op_id]
+    if len(made) > 1:
+        rec.violate("op_created_twice", f"op {creation.op_id} created machines {len(made)} times: "
+                                        + "; ".join(f"{list(c.machine_ids)} by {c.caller}" for c in made))
+        return
+    intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, creation.op_id), [])]
+    if intents and len(creation.machine_ids) > max(i.count for i in intents):
+        rec.violate("op_created_twice", f"op {creation.op_id} created {len(creation.machine_ids)} machines for an "
+                                        f"intent of {max(i.count for i in intents)}")
+
+
+# --- at the end ----------------------------------------------------------------------------------------------------
+
+
+def check_lease_history(rec: Recorder) -> None:
+    """The pairwise lease rule over every belief of the run (see the module docstring)."""
+    by_provider: dict[str, list[Belief]] = {}
+    for belief in rec.beliefs:
+        by_provider.setdefault(belief.provider, []).append(belief)
+    for provider, beliefs in by_provider.items():
+        for a, b in itertools.combinations(beliefs, 2):
+            if a.epoch == b.epoch:
+                if a.instance != b.instance and a.start < b.end and b.start < a.end:
+                    rec.violate("two_lease_holders", f"{provider}: {a.instance} and {b.instance} both trusted "
+                                                     f"{a.epoch} in [{max(a.start, b.start):.3f}, "
+                                                     f"{min(a.end, b.end):.3f})")
+                continue
+            old, new = (a, b) if a.epoch < b.epoch else (b, a)
+            granted = rec.grants.get((provider, new.epoch))
+            if granted is not None and old.end > granted:
+                rec.violate("two_lease_holders", f"{provider}: {old.instance} trusted {old.epoch} until "
+                                                 f"{old.end:.3f}, after {new.epoch} was granted at {granted:.3f}")
+    per_instance: dict[tuple[str, str], list[Belief]] = {}
+    for belief in rec.beliefs:
+        per_instance.setdefault((belief.instance, belief.provider), []).append(belief)
+    for (instance, provider), beliefs in per_instance.items():
+        for a, b in itertools.pairwise(beliefs):
+            if b.epoch < a.epoch:
+                rec.violate("epoch_regressed", f"{instance} held {provider} epoch {b.epoch} after {a.epoch}")
+
+
+def check_machines_explained(rec: Recorder, provider: str, machines: Iterable[dict[str, object]],
+                             reported: set[str]) -> None:
+    """Every live machine carries an op tag whose committed request intent lists its instance_ref, or has been
+    reported as an orphan (``reported``: machine ids of committed orphan findings)."""
+    for machine in machines:
+        machine_id = str(machine["machineId"])
+        if machine_id in reported:
+            continue
+        tags = machine.get("tags") or {}
+        assert isinstance(tags, dict)
+        op_id, ref = tags.get(TAG_OP, ""), tags.get(TAG_INSTANCE, "")
+        intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, op_id), [])
+                   if c.provider == provider]  # fmt: skip
+        if not any(ref in i.instance_refs for i in intents):
+            rec.violate("unexplained_machine", f"{provider}: machine {machine_id} (op {op_id!r}, instance "
+                                               f"{ref!r}) is explained by no committed intent or orphan finding")
+
+
+def _now() -> float:
+    import trio
+
+    return trio.current_time()

@@ -1,0 +1,139 @@
+"""The daemon's own provisioning lifecycle in the simulation: demand that changes, workers that boot and join, and
+the convergence check.
+
+In ``lifecycle`` runs the daemons run exactly what ``DaemonCore`` wires (offer feed, reconcile loop, executor, all
+through the mutation gate) against the simulated cloud. The world drives it from outside, as a cluster would:
+
+- **demand**: a level (``count`` machines of one shape) set on the controller at seeded times and pushed;
+- **workers**: each machine the cloud creates boots for a seeded while and then joins the controller with the join
+  token from its bootstrap (the controller admits it by the token hash the daemon committed) and reports idle;
+  during a ``no_join`` fault window new machines never join (the daemon must return them after its join deadline);
+  a machine that vanishes is reported lost.
+- **convergence**: once the faults are over and the world has settled, the provider must run exactly the machines
+  the last demand asks for, within the capacity and the provider cap (``no_convergence`` otherwise).
+
+Short policy times (join deadline, idle time, back-offs) keep a run to minutes of virtual time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from provisionerd.domain.model import TAG_CLUSTER, DemandItem, HostState, HostStatus, ResourceShape
+
+if TYPE_CHECKING:
+    from provisionerd.testing.simulation.world import World
+
+CLUSTER = "simcluster"
+DEMAND_ID = "sim-demand"
+
+
+def available() -> bool:
+    """True when ``DaemonCore`` wires the lifecycle (it accepts injected provider clients)."""
+    try:
+        from provisionerd.daemon.root import DaemonCore
+    except ImportError:
+        return False
+    return "providers" in inspect.signature(DaemonCore).parameters
+
+
+def core_options(world: World) -> dict[str, Any]:
+    """``DaemonCore`` keyword arguments for a simulated daemon: short policy times, quick loops."""
+    from provisionerd.execution.executor import ExecutorSettings
+    from provisionerd.planner.policy import Policy
+    from provisionerd.execution.loop import LoopSettings
+
+    s = world.settings
+    policy = Policy(cluster=CLUSTER, join_deadline=60.0, idle_time=30.0, provisioning_timeout=120.0,
+                    capacity_backoff=20.0, throttle_base=2.0, throttle_max=20.0, quota_pause=30.0, step_limit=20,
+                    step_interval=30.0, provider_caps={"sim": s.provider_cap})  # fmt: skip
+    return {
+        "policy": policy,
+        "loop_settings": LoopSettings(replan_interval=5.0, recover_after=15.0, reclaim_interval=30.0),
+        "executor_settings": ExecutorSettings(cluster=CLUSTER, controllers=world.addresses, provisioning_timeout=120.0,
+                                              return_timeout=120.0),
+        "offer_interval": 30.0,
+    }
+
+
+@attrs.frozen
+class DemandStep:
+    at: float
+    count: int
+
+
+def draw_demand(rng: random.Random, horizon: float) -> tuple[DemandStep, ...]:
+    steps = [DemandStep(0.0, rng.randint(0, 6))]
+    for at in sorted(round(rng.uniform(10.0, horizon), 3) for _ in range(rng.randint(0, 4))):
+        steps.append(DemandStep(at, rng.randint(0, 8)))
+    return tuple(steps)
+
+
+def demand_items(count: int) -> list[DemandItem]:
+    return [DemandItem(demand_id=DEMAND_ID, shape=ResourceShape(ncpus=1), count=count)] if count else []
+
+
+class Workers:
+    """The machines' side: boot, join with the bootstrap token, report idle; or never join; or vanish."""
+
+    def __init__(self, world: World, rng: random.Random) -> None:
+        self.world = world
+        self.rng = rng
+        self.no_join = False  # set during a ``no_join`` fault window
+        self.joined: set[str] = set()
+
+    def created(self, machine_id: str, instance_ref: str, token: str) -> None:
+        if self.no_join:
+            self.world.recorder.note("worker", "never_joins", machine=machine_id)
+            return
+        assert self.world._nursery is not None
+        self.world._nursery.start_soon(self._boot, machine_id, instance_ref, token, self.rng.uniform(3.0, 30.0))
+
+    async def _boot(self, machine_id: str, instance_ref: str, token: str, delay: float) -> None:
+        await trio.sleep(delay)
+        cluster, server = self.world.cluster, self.world.server
+        if cluster is None or self.world.cloud.machines[machine_id]["status"] != "running":
+            return
+        wall = self.world.wall()
+        admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, token, wall)
+        if not isinstance(admitted, HostState):
+            self.world.recorder.note("worker", "refused", machine=machine_id, reason=admitted.reason)
+            return
+        self.joined.add(instance_ref)
+        self.world.recorder.note("worker", "joined", machine=machine_id, instance=instance_ref)
+        server.broadcast_host(admitted)
+        idle = cluster.worker_status(instance_ref, HostStatus.IDLE, wall)
+        if idle is not None:
+            server.broadcast_host(idle)
+
+    def vanished(self, machine_id: str, instance_ref: str) -> None:
+        if self.world.cluster is None or instance_ref not in self.joined:
+            return
+        host = self.world.cluster.worker_lost(instance_ref, self.world.wall())
+        if host is not None:
+            self.world.server.broadcast_host(host)
+
+
+async def drive_demand(world: World, steps: tuple[DemandStep, ...]) -> None:
+    for step in steps:
+        await trio.sleep_until(step.at)
+        assert world.cluster is not None
+        if world.cluster.set_demand(demand_items(step.count)) is not None:
+            world.server.broadcast_demand()
+        world.recorder.note("demand", "set", count=step.count)
+
+
+def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
+    """After the faults and the settle time: the provider runs exactly the wanted machines (within caps)."""
+    s = world.settings
+    wanted = min(steps[-1].count, s.capacity, s.provider_cap)
+    ours = [m for m in world.cloud.running() if m["tags"].get(TAG_CLUSTER) == CLUSTER]
+    joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
+    if len(ours) != wanted or len(joined) != wanted:
+        world.recorder.violate("no_convergence", f"{len(ours)} machines running ({len(joined)} joined) "
+                                                 f"{s.settle:g}s after the last fault; demand wants {wanted}")

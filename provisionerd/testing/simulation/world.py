@@ -1,0 +1,340 @@
+"""The seeded world: everything one simulated run consists of, built from one ``random.Random(seed)``.
+
+From the seed, in this order (so adding a draw at the end never changes what earlier ones gave): the world's
+settings (``WorldSettings.draw``), then one derived ``random.Random`` each for the network, the cloud, the fault
+plan, trio's scheduler, and every daemon start. Nothing else in a run is random: the daemon code gets its RNG
+injected (session and lease backoff), the workload draws op_ids and join tokens from its own, and the reference
+controller's wall clock is trio's clock plus a constant.
+
+``World.run`` (inside ``trio.run`` on ``MockClock``) starts the reference controller's server code with its
+replicas over an in-memory SQLite fact log, one or two daemon slots connected through ``SimNet`` (and, during a
+``twin`` fault, a second daemon with slot a's or b's identity), the shared ``SimCloud``, applies the fault plan,
+lets the world settle, and runs the final checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.domain.model import Role
+from provisionerd.testing.simulation import invariants
+from provisionerd.testing.simulation import lifecycle
+from provisionerd.testing.simulation.cloud import SimCloud
+from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw_plan
+from provisionerd.testing.simulation.network import OK, SimNet
+from provisionerd.testing.simulation.nodes import WALL_EPOCH, DaemonNode, DaemonSettings, ObservedCluster
+from provisionerd.testing.simulation.observe import Recorder
+from refcontroller.server import Timeouts, open_controller_server
+from refcontroller.store import FactStore
+
+PROVIDER = "sim"
+TEMPLATE = "small"
+
+#: Makes a workload for a daemon node: ``(world, node, rng) -> object with async run(task_status=...)``.
+WorkloadFactory = Callable[["World", DaemonNode, random.Random], Any]
+
+
+@attrs.frozen
+class WorldSettings:
+    replicas: int = 3
+    slots: tuple[str, ...] = ("a",)
+    ttl: float = 20.0
+    check_interval: float = 5.0
+    margin: float = 2.0
+    heartbeat_interval: float = 2.0
+    heartbeat_timeout: float = 6.0
+    request_timeout: float = 5.0
+    server_heartbeat: float = 15.0
+    idempotent: bool = True
+    cloud_latency: float = 0.3
+    capacity: int = 40
+    horizon: float = 200.0  # faults happen in [5, horizon)
+    settle: float = 60.0  # healthy time after the last fault
+    max_faults: int = 10
+    pace: float = 8.0
+    fault_kinds: tuple[str, ...] = KINDS
+    workload: str = "gate"  # gate (the seeded stand-in driver) | lifecycle (DaemonCore's own, demand-driven)
+    provider_cap: int = 20
+
+    @classmethod
+    def draw(cls, rng: random.Random, **overrides: Any) -> WorldSettings:
+        ttl = rng.choice((10.0, 15.0, 20.0, 30.0))
+        interval = rng.choice((2.0, 3.0, 5.0))
+        drawn = cls(
+            slots=("a", "b") if rng.random() < 0.4 else ("a",),
+            ttl=ttl,
+            check_interval=rng.choice((1.0, 5.0)),
+            margin=rng.choice((0.5, 1.0, 2.0, 3.0)),
+            heartbeat_interval=interval,
+            heartbeat_timeout=interval * rng.choice((2.5, 3.0, 4.0)),
+            request_timeout=rng.choice((3.0, 5.0, 10.0)),
+            server_heartbeat=rng.choice((10.0, 15.0)),
+            idempotent=rng.random() < 0.6,
+            cloud_latency=rng.choice((0.05, 0.3, 2.0)),
+            pace=rng.choice((3.0, 8.0, 15.0)),
+        )
+        if lifecycle.available() and rng.random() < 0.5:
+            drawn = attrs.evolve(drawn, workload="lifecycle", provider_cap=rng.choice((4, 8, 20)))
+        drawn = attrs.evolve(drawn, **overrides)
+        if "settle" not in overrides and drawn.workload == "lifecycle":
+            # Joins, the join deadline, returns and back-offs need longer than the gate driver to settle.
+            drawn = attrs.evolve(drawn, settle=200.0)
+        return drawn
+
+
+class World:
+    def __init__(self, seed: int, *, keep_trace: bool = True, workload_factory: WorkloadFactory | None = None,
+                 plan: FaultPlan | None = None, **overrides: Any) -> None:
+        """``overrides`` replace drawn ``WorldSettings`` fields; ``plan`` replaces the drawn fault plan (both for
+        tests that need a particular world; the seed still draws everything else)."""
+        self.seed = seed
+        rng = random.Random(seed)
+        self.settings = WorldSettings.draw(rng, **overrides)
+        s = self.settings
+        self.net_rng = random.Random(rng.getrandbits(64))
+        self.cloud_rng = random.Random(rng.getrandbits(64))
+        drawn = draw_plan(random.Random(rng.getrandbits(64)), horizon=s.horizon, slots=s.slots,
+                          replicas=s.replicas, max_faults=s.max_faults, kinds=s.fault_kinds)
+        self.plan: FaultPlan = drawn if plan is None else plan
+        self.scheduler_seed = rng.getrandbits(64)
+        self._spawn = random.Random(rng.getrandbits(64))
+        self.token_rng = random.Random(rng.getrandbits(64))
+        self.demand = lifecycle.draw_demand(random.Random(rng.getrandbits(64)), s.horizon)
+        self.workers = lifecycle.Workers(self, random.Random(rng.getrandbits(64)))
+        self.recorder = Recorder(keep_trace=keep_trace)
+        self.addresses = tuple(f"ctl{i}:7400" for i in range(s.replicas))
+        self.workload_factory = workload_factory
+        self.nodes: dict[str, DaemonNode] = {}
+        self.instances: list[DaemonNode] = []
+        self.incarnations: dict[str, int] = {}
+        self.cluster: ObservedCluster | None = None
+        self.server: Any = None
+        self.cloud = SimCloud(PROVIDER, self.cloud_rng, self.recorder, templates={TEMPLATE: s.capacity},
+                              idempotent=s.idempotent, latency=s.cloud_latency)
+        self.cloud.on_created.append(self.workers.created)
+        self.cloud.on_vanished.append(self.workers.vanished)
+        self._nursery: trio.Nursery | None = None
+        self.net: SimNet | None = None
+
+    @property
+    def lifecycle(self) -> bool:
+        return self.settings.workload == "lifecycle"
+
+    def wall(self) -> float:
+        return WALL_EPOCH + trio.current_time()
+
+    def new_token(self) -> str:
+        """A join token for the daemons' lifecycle, drawn from the seed (``secrets`` in production)."""
+        return base64.urlsafe_b64encode(self.token_rng.getrandbits(256).to_bytes(32, "big")).decode().rstrip("=")
+
+    @property
+    def end_time(self) -> float:
+        return max(self.settings.horizon, self.plan.quiet_after) + self.settings.settle
+
+    # --- the run ---------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        s = self.settings
+        store = FactStore.open(":memory:")
+        try:
+            cluster = ObservedCluster.open(store, s.replicas, s.ttl, s.check_interval, trio.current_time())
+            cluster.replicas.addresses = list(self.addresses)
+            cluster.recorder = self.recorder
+            self.cluster = cluster
+            if self.lifecycle:
+                cluster.set_demand(lifecycle.demand_items(self.demand[0].count))
+            timeouts = Timeouts(heartbeat=s.server_heartbeat, handshake=5.0, send=10.0)
+            async with open_controller_server(cluster, timeouts=timeouts, wall_clock=self.wall) as server:
+                self.server = server
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    self.net = SimNet(self.net_rng, self.addresses, self._serve)
+                    for slot in s.slots:
+                        self.net.add_slot(slot)
+                        self._start(slot)
+                    nursery.start_soon(self._apply_faults)
+                    if self.lifecycle:
+                        nursery.start_soon(lifecycle.drive_demand, self, self.demand[1:])
+                    await trio.sleep_until(self.end_time)
+                    self.final_checks()
+                    nursery.cancel_scope.cancel()
+        finally:
+            store.close()
+
+    def _serve(self, stream: trio.abc.Stream, replica: int) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self.server.handle_stream, stream, replica, Role.PROVISIONER)
+
+    def _start(self, slot: str, identity: str | None = None) -> DaemonNode:
+        """Start a daemon in ``slot`` (its network slot too, the first time); ``identity``: another slot's, for a
+        twin (default: the slot's own)."""
+        assert self.net is not None and self._nursery is not None
+        if slot not in self.net.slots:
+            self.net.add_slot(slot)
+        s = self.settings
+        self.incarnations[slot] = self.incarnations.get(slot, 0) + 1
+        settings = DaemonSettings(cluster=lifecycle.CLUSTER, provider=PROVIDER, addresses=self.addresses,
+                                  margin=s.margin, heartbeat_interval=s.heartbeat_interval,
+                                  heartbeat_timeout=s.heartbeat_timeout, request_timeout=s.request_timeout,
+                                  lifecycle=lifecycle.core_options(self) if lifecycle.available() else {})
+        node = DaemonNode(slot, self.incarnations[slot], settings, random.Random(self._spawn.getrandbits(64)),
+                          self.recorder, self.cloud, self.net.connector(slot), identity=identity)
+        self.nodes[slot] = node
+        self.instances.append(node)
+        self.recorder.note(node.instance, "started")
+        self._nursery.start_soon(self._run_node, node)
+        return node
+
+    def _make_workload(self, node: DaemonNode) -> Any:
+        rng = random.Random(node.rng.getrandbits(64))
+        if self.workload_factory is not None:
+            return self.workload_factory(self, node, rng)
+        from provisionerd.testing.simulation.driver import GateDriver
+
+        if self.lifecycle:
+            return _Idle()  # the core's own reconcile loop and executor are the workload
+        return GateDriver(node, rng, provider=PROVIDER, template=TEMPLATE, cluster=lifecycle.CLUSTER,
+                          controllers=self.addresses, pace=self.settings.pace,
+                          idempotent=self.settings.idempotent)
+
+    async def _run_node(self, node: DaemonNode) -> None:
+        try:
+            with node.scope:
+                async with trio.open_nursery() as nursery:
+                    loop = getattr(node.core, "loop", None)
+                    if loop is not None and not self.lifecycle:
+                        loop.run = _Idle().run  # the stand-in driver is the only one to plan in a gate run
+                    await nursery.start(node.core.run)
+                    node.workload = self._make_workload(node)
+                    await nursery.start(node.workload.run)
+        except Exception as exc:  # a daemon task died: the real code has a bug (or the harness does)
+            self.recorder.violate("daemon_crashed", f"{node.instance}: {_describe(exc)}")
+
+    # --- faults ----------------------------------------------------------------------------------------------------
+
+    async def _apply_faults(self) -> None:
+        assert self._nursery is not None
+        for fault in self.plan.faults:
+            await trio.sleep_until(fault.at)
+            self.recorder.note("faults", "start", **fault.describe())
+            self._begin(fault)
+            if fault.duration:
+                self._nursery.start_soon(self._end_later, fault)
+
+    async def _end_later(self, fault: Fault) -> None:
+        await trio.sleep_until(fault.ends)
+        self.recorder.note("faults", "end", kind=fault.kind, slot=fault.slot)
+        self._end(fault)
+
+    def _directions(self, fault: Fault) -> tuple[str, ...]:
+        return ("c2s", "s2c") if fault.direction == "both" else (fault.direction,)
+
+    def _begin(self, fault: Fault) -> None:
+        assert self.cluster is not None and self.net is not None
+        match fault.kind:
+            case "failover":
+                old = self.cluster.replicas.primary
+                target = int(fault.value)
+                if target == old:
+                    target = (old + 1) % self.settings.replicas
+                if self.settings.replicas > 1:
+                    self.cluster.fail_over(trio.current_time(), target)
+                    self.server.disconnect_replica(old)
+            case "quorum_loss":
+                self.cluster.set_quorum(False)
+            case "partition":
+                for which in self._directions(fault):
+                    self.net.set_direction(fault.slot, which, fault.mode)
+            case "drop_pushes":
+                self.net.set_direction(fault.slot, "s2c", OK, drop_pushes=True)
+            case "delay":
+                self.net.set_direction(fault.slot, fault.direction, OK, delay=fault.value)
+            case "kill":
+                if not self.nodes[fault.slot].scope.cancel_called:
+                    self.nodes[fault.slot].kill()
+            case "provider_fault":
+                self.cloud.set_fault(fault.mode, fault.value)
+            case "provider_slow":
+                self.cloud.slow = fault.value
+            case "vanish":
+                self.cloud.vanish()
+            case "no_join":
+                self.workers.no_join = True
+            case "twin":
+                twin = _twin_slot(fault.slot)
+                if twin not in self.nodes or self.nodes[twin].scope.cancel_called:
+                    self._start(twin, identity=self.nodes[fault.slot].identity)
+
+    def _end(self, fault: Fault) -> None:
+        assert self.cluster is not None and self.net is not None and self._nursery is not None
+        match fault.kind:
+            case "quorum_loss":
+                self.cluster.set_quorum(True)
+            case "partition" | "drop_pushes" | "delay":
+                for which in self._directions(fault):
+                    self.net.set_direction(fault.slot, which, OK)
+            case "kill":
+                if self.nodes[fault.slot].scope.cancel_called:  # overlapping kills: one restart
+                    self._start(fault.slot)
+            case "provider_fault":
+                self.cloud.set_fault(None)
+            case "provider_slow":
+                self.cloud.slow = 1.0
+            case "no_join":
+                self.workers.no_join = False
+            case "twin":
+                node = self.nodes.get(_twin_slot(fault.slot))
+                if node is not None and fault.mode == "stop":
+                    self._nursery.start_soon(node.stop)
+                elif node is not None:
+                    node.kill()
+
+    # --- the end ---------------------------------------------------------------------------------------------------
+
+    def final_checks(self) -> None:
+        rec = self.recorder
+        for node in self.instances:
+            for problem in invariants_gate(node):
+                rec.violate("gate_decision", f"{node.instance}: {problem}")
+        invariants.check_lease_history(rec)
+        reported = {c.fact.machine_id for c in rec.commits if c.kind == "OrphanReported"}
+        invariants.check_machines_explained(rec, PROVIDER, self.cloud.running(), reported)
+        if self.lifecycle and not rec.violations:
+            lifecycle.check_convergence(self, self.demand)
+        if self.server is not None and self.server.stats.get("internal_errors"):
+            rec.violate("controller_error", f"{self.server.stats['internal_errors']} internal error(s)")
+
+
+def _twin_slot(slot: str) -> str:
+    return f"{slot}.twin"
+
+
+class _Idle:
+    """A workload (or a replaced loop) that does nothing."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+
+def invariants_gate(node: DaemonNode) -> list[str]:
+    from provisionerd.execution.gate import violations
+
+    return violations(node.core.gate.decisions)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:
+        where = f"{tb.tb_frame.f_code.co_filename.rsplit('/', 2)[-1]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc} at {where}"
