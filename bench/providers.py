@@ -53,8 +53,12 @@ async def create_request(client: ProviderClient, machines: int) -> str:
     template = templates["templates"][0]["templateId"]
     out = await client.call(
         "requestMachines",
-        {"template": {"templateId": template, "machineCount": machines}, "op_id": op_id, "tags": tags,
-         "bootstrap": boot},
+        {
+            "template": {"templateId": template, "machineCount": machines},
+            "op_id": op_id,
+            "tags": tags,
+            "bootstrap": boot,
+        },
     )
     request = {"requests": [{"requestId": out["requestId"]}]}
     with trio.fail_after(30):
@@ -110,8 +114,10 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
             request_id = await create_request(persistent, args.machines)
             sample = await persistent.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
             ours, slow, size = validator_cost(sample, request_id)
-            print(f"validation (input+output, {args.machines} machines, {size} B): {ours:.1f} us/call "
-                  f"(jsonschema alone on the output: {slow:.0f} us)")
+            print(
+                f"validation (input+output, {args.machines} machines, {size} B): {ours:.1f} us/call "
+                f"(jsonschema alone on the output: {slow:.0f} us)"
+            )
             await measure(persistent, request_id, 0.3, args.in_flight)  # warm-up
             rates, cpus = [], []
             for n in range(1, args.rounds + 1):
@@ -119,18 +125,28 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
                 p_calls, p_time = await measure(persistent, request_id, args.seconds, args.in_flight)
                 rates.append(p_calls / p_time)
                 cpus.append((time.process_time() - cpu) / p_calls * 1e6)
-                print(f"persistent round {n}: {p_calls:6d} calls in {p_time:.2f} s, {args.in_flight} in flight: "
-                      f"{rates[-1]:8.1f} calls/s, daemon CPU {cpus[-1]:5.1f} us/call")
+                print(
+                    f"persistent round {n}: {p_calls:6d} calls in {p_time:.2f} s, {args.in_flight} in flight: "
+                    f"{rates[-1]:8.1f} calls/s, daemon CPU {cpus[-1]:5.1f} us/call"
+                )
         o_calls, o_time = await measure(oneshot, request_id, args.seconds, args.oneshot_concurrency)
     finally:
         shutil.rmtree(data, ignore_errors=True)
     o_rate, p_rate, cpu_us = o_calls / o_time, statistics.median(rates), statistics.median(cpus)
-    print(f"one-shot:   {o_calls:6d} calls in {o_time:.2f} s, {args.oneshot_concurrency} at a time: {o_rate:8.1f} calls/s")
+    print(
+        f"one-shot:   {o_calls:6d} calls in {o_time:.2f} s, {args.oneshot_concurrency} at a time: {o_rate:8.1f} calls/s"
+    )
     print(f"persistent: median of {args.rounds} rounds: {p_rate:8.1f} calls/s")
-    print(f"daemon-side CPU per persistent call: median {cpu_us:.0f} us, best {min(cpus):.0f} us (validation and JSON "
-          f"included; the plugin runs in its own process) = {1e6 / cpu_us:.0f} calls/s on one idle core")
+    print(
+        f"daemon-side CPU per persistent call: median {cpu_us:.0f} us, best {min(cpus):.0f} us (validation and JSON "
+        f"included; the plugin runs in its own process) = {1e6 / cpu_us:.0f} calls/s on one idle core"
+    )
     print(f"load average at end: {_load()} on {os.cpu_count()} CPUs")
-    return {"oneshot_calls_s": round(o_rate, 1), "persistent_calls_s": round(p_rate, 1), "ratio": round(p_rate / o_rate, 1)}
+    return {
+        "oneshot_calls_s": round(o_rate, 1),
+        "persistent_calls_s": round(p_rate, 1),
+        "ratio": round(p_rate / o_rate, 1),
+    }
 
 
 def _load() -> str:

@@ -31,16 +31,22 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from provisionerd.pki.certs import init_certs  # noqa: E402
 from provisionerd.config.loader import Config, ControllerSettings, LeaseSettings, ProviderConfig  # noqa: E402
 from provisionerd.config.writer import provisioner_tls, write_daemon_config  # noqa: E402
 from provisionerd.daemon.root import DaemonCore, provider_clients  # noqa: E402
-from provisionerd.execution.executor import ExecutorSettings  # noqa: E402
 from provisionerd.domain.model import (  # noqa: E402
-    DemandItem, Epoch, HostState, HostStatus, InstanceFact, RequestIntent, ResourceShape,
-)  # fmt: skip
-from provisionerd.planner.policy import Policy  # noqa: E402
+    DemandItem,
+    Epoch,
+    HostState,
+    HostStatus,
+    InstanceFact,
+    RequestIntent,
+    ResourceShape,
+)
+from provisionerd.execution.executor import ExecutorSettings  # noqa: E402
 from provisionerd.execution.loop import LoopSettings  # noqa: E402
+from provisionerd.pki.certs import init_certs  # noqa: E402
+from provisionerd.planner.policy import Policy  # noqa: E402
 from refcontroller.api import open_refcontroller  # noqa: E402
 
 SIMULATED = Path(__file__).resolve().parents[1] / "providers" / "simulated"
@@ -72,11 +78,17 @@ def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...]) -> Config:
     sim["quota"]["maxMachines"] = 100_000
     (conf / "simulated.json").write_text(json.dumps(sim))
     config = Config(
-        cluster=CLUSTER, identity="bench", controller=ControllerSettings(addresses), tls=provisioner_tls(certs),
+        cluster=CLUSTER,
+        identity="bench",
+        controller=ControllerSettings(addresses),
+        tls=provisioner_tls(certs),
         lease=LeaseSettings(margin=0.5),
-        providers=(ProviderConfig("sim", "persistent", path=SIMULATED / "provider", conf_dir=conf, data_dir=data,
-                                  max_machines=1_000_000),),
-    )  # fmt: skip
+        providers=(
+            ProviderConfig(
+                "sim", "persistent", path=SIMULATED / "provider", conf_dir=conf, data_dir=data, max_machines=1_000_000
+            ),
+        ),
+    )
     return write_daemon_config(config, tmp / "pd.toml")
 
 
@@ -95,8 +107,9 @@ def seed(cluster: Any, tracked: int, identity: str) -> None:
             store.append(RequestIntent("sim", epoch, op, "sim-cpu-8", 10, refs, hashes, "bulk"), identity)
             for i, ref in enumerate(refs):
                 machine_id = f"seed-{n}-{i}"
-                store.append(InstanceFact("sim", epoch, op, ref, machine_id, "sim-cpu-8", hashes[i], launch_time=now),
-                             identity)
+                store.append(
+                    InstanceFact("sim", epoch, op, ref, machine_id, "sim-cpu-8", hashes[i], launch_time=now), identity
+                )
                 cluster.hosts.add(HostState(ref, "sim", machine_id, HostStatus.BUSY, now))
 
 
@@ -112,12 +125,15 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
             clients = provider_clients(config)
             stamp = Stamp(clients["sim"])
             core = DaemonCore(
-                config, providers={"sim": stamp}, offer_interval=30.0,
+                config,
+                providers={"sim": stamp},
+                offer_interval=30.0,
                 policy=Policy(cluster=CLUSTER, join_deadline=3600.0, step_limit=100_000),
                 loop_settings=LoopSettings(replan_interval=5.0, reclaim_interval=3600.0, recover_after=3600.0),
-                executor_settings=ExecutorSettings(cluster=CLUSTER, controllers=ctl.addresses, poll_initial=0.01,
-                                                   poll_max=0.05),
-            )  # fmt: skip
+                executor_settings=ExecutorSettings(
+                    cluster=CLUSTER, controllers=ctl.addresses, poll_initial=0.01, poll_max=0.05
+                ),
+            )
             async with trio.open_nursery() as nursery:
                 await nursery.start(clients["sim"].run)
                 await nursery.start(core.run)
@@ -126,8 +142,11 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
                     while not core.feed.fresh(["sim"]):
                         await trio.sleep(0.01)
                 with trio.fail_after(60):  # the resync carried the seeded machines and their hosts...
-                    while (core.session.view is None or len(core.session.view.hosts) < tracked
-                           or not core.session.synced_for("sim")):  # ...and the one after the lease grant
+                    while (
+                        core.session.view is None
+                        or len(core.session.view.hosts) < tracked
+                        or not core.session.synced_for("sim")
+                    ):  # ...and the one after the lease grant
                         await trio.sleep(0.05)
                 cluster, server = ctl.server.cluster, ctl.server
                 delays: list[float] = []
@@ -146,8 +165,12 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
                 await core.release_leases()
                 nursery.cancel_scope.cancel()
             core.events.close()
-    return {"push_to_call_ms_p50": round(statistics.median(delays), 3), "samples": len(delays), "tracked": facts,
-            "p90": round(statistics.quantiles(delays, n=10)[-1], 3)}
+    return {
+        "push_to_call_ms_p50": round(statistics.median(delays), 3),
+        "samples": len(delays),
+        "tracked": facts,
+        "p90": round(statistics.quantiles(delays, n=10)[-1], 3),
+    }
 
 
 def main() -> None:

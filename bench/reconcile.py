@@ -38,7 +38,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from provisionerd.planner.fact_view import FactView, fold  # noqa: E402
 from provisionerd.domain.model import (  # noqa: E402
     CommittedFact,
     DemandItem,
@@ -52,10 +51,11 @@ from provisionerd.domain.model import (  # noqa: E402
     RequestIntent,
     ResourceShape,
 )
+from provisionerd.planner.fact_view import FactView, fold  # noqa: E402
 from provisionerd.planner.offers import Catalog  # noqa: E402
-from provisionerd.planner.state import PlannerState  # noqa: E402
-from provisionerd.planner.policy import Policy  # noqa: E402
 from provisionerd.planner.plan import plan  # noqa: E402
+from provisionerd.planner.policy import Policy  # noqa: E402
+from provisionerd.planner.state import PlannerState  # noqa: E402
 
 PUSH_TO_CALL = Path(__file__).resolve().with_name("push_to_call.py")
 NOW = 1_800_000_000.0
@@ -113,15 +113,24 @@ def make_world(n: int) -> tuple[DemandSnapshot, FactView, Mapping[str, HostState
             op_id = f"bench:{template.provider}:0:{d}-{k}"
             refs = tuple(f"ref-{machine + j}" for j in range(PER_INTENT))
             hashes = ("0" * 64,) * PER_INTENT
-            intent = RequestIntent(template.provider, EPOCH, op_id, template.template_id, PER_INTENT, refs, hashes,
-                                   demand_id)
+            intent = RequestIntent(
+                template.provider, EPOCH, op_id, template.template_id, PER_INTENT, refs, hashes, demand_id
+            )
             facts.append(CommittedFact(len(facts) + 1, intent))
             for ref in refs:
                 machine_id = f"m-{machine}"
                 roll = machine % 100  # 70% busy, 20% idle briefly, 5% idle long, 5% booting (not joined)
                 launched = NOW - (120 if roll >= 95 else 3600)
-                instance = InstanceFact(template.provider, EPOCH, op_id, ref, machine_id, template.template_id,
-                                        "0" * 64, launch_time=launched)
+                instance = InstanceFact(
+                    template.provider,
+                    EPOCH,
+                    op_id,
+                    ref,
+                    machine_id,
+                    template.template_id,
+                    "0" * 64,
+                    launch_time=launched,
+                )
                 facts.append(CommittedFact(len(facts) + 1, instance))
                 if roll < 70:
                     hosts[ref] = HostState(ref, template.provider, machine_id, HostStatus.BUSY, NOW - 600)
@@ -198,16 +207,21 @@ def main() -> None:
     out = subprocess.run([sys.executable, __file__, "--rss-child"], check=True, capture_output=True, text=True)
     rss = round(float(out.stdout.strip().splitlines()[-1]), 1)
     # A fresh process, as a daemon is: none of the worlds above in its heap or its garbage collector's way.
-    push = subprocess.run([sys.executable, str(PUSH_TO_CALL), "--samples", str(args.samples)], check=True,
-                          capture_output=True, text=True)
+    push = subprocess.run(
+        [sys.executable, str(PUSH_TO_CALL), "--samples", str(args.samples)], check=True, capture_output=True, text=True
+    )
     pushed = json.loads(push.stdout.strip().splitlines()[-1])
-    print(f"push -> call: p50 {pushed['push_to_call_ms_p50']} ms, p90 {pushed['p90']} ms over {pushed['samples']} "
-          f"samples, {pushed['tracked']} instances tracked (load average now {os.getloadavg()[0]:.2f})")
+    print(
+        f"push -> call: p50 {pushed['push_to_call_ms_p50']} ms, p90 {pushed['p90']} ms over {pushed['samples']} "
+        f"samples, {pushed['tracked']} instances tracked (load average now {os.getloadavg()[0]:.2f})"
+    )
     d = pushed["push_to_call_ms_p50"]
     ratio = figures["100000"] / figures["10000"]
     cpu_ratio = cpu_figures["100000"] / cpu_figures["10000"]
-    print(f"targets: c < 100 ms ({figures['100000']}), c/b <= 12 ({ratio:.1f} wall, {cpu_ratio:.1f} CPU), "
-          f"d < 20 ms ({d}), e < 150 MB ({rss})")
+    print(
+        f"targets: c < 100 ms ({figures['100000']}), c/b <= 12 ({ratio:.1f} wall, {cpu_ratio:.1f} CPU), "
+        f"d < 20 ms ({d}), e < 150 MB ({rss})"
+    )
     print(json.dumps({"reconcile_ms": figures, "push_to_call_ms_p50": d, "rss_mb_100k": rss}))
 
 

@@ -103,14 +103,23 @@ async def open_refcontroller_process(
     Waits for the ``{"ready": true, ...}`` line on its stdout; stderr (the log) is inherited.
     """
     argv = [
-        sys.executable, "-m", "refcontroller", "serve",
-        "--certs", str(certs_dir),
-        "--data", str(data_dir),
-        "--listen", ",".join(f"{host}:0" for _ in range(replicas)),
-        "--lease-ttl", str(lease_ttl),
-        "--check-interval", str(check_interval),
-        "--heartbeat-timeout", str(heartbeat_timeout),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "refcontroller",
+        "serve",
+        "--certs",
+        str(certs_dir),
+        "--data",
+        str(data_dir),
+        "--listen",
+        ",".join(f"{host}:0" for _ in range(replicas)),
+        "--lease-ttl",
+        str(lease_ttl),
+        "--check-interval",
+        str(check_interval),
+        "--heartbeat-timeout",
+        str(heartbeat_timeout),
+    ]
     process = await trio.lowlevel.open_process(argv, stdout=-1, start_new_session=True)
     try:
         assert process.stdout is not None

@@ -24,8 +24,8 @@ import re
 import attrs
 
 from provisionerd.domain.model import (
-    Fact,
     FACT_TYPES,
+    Fact,
     InstanceFact,
     Lost,
     OrphanAdopted,

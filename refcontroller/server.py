@@ -168,7 +168,9 @@ class ControllerServer:
             await self._send_quietly(framed, reply, corr)
             return None
         if role is Role.WORKER:  # a rejoin replaces whatever connection the same instance still has
-            for other in [s for s in self.sessions if s.role is Role.WORKER and s.join.instance_ref == join.instance_ref]:
+            for other in [
+                s for s in self.sessions if s.role is Role.WORKER and s.join.instance_ref == join.instance_ref
+            ]:
                 other.disconnect()
         session = Session(self, framed, replica, role, join)
         await session.send(

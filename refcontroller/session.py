@@ -24,6 +24,7 @@ import trio
 
 from provisionerd.domain.errors import ProtocolError
 from provisionerd.domain.model import HostState, Role
+from provisionerd.wire.codec import opcode
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
     Ack,
@@ -41,7 +42,6 @@ from provisionerd.wire.messages import (
     ResyncRequest,
     WorkerStatus,
 )
-from provisionerd.wire.codec import opcode
 from provisionerd.wire.paging import HOSTS_PAGE_ITEMS, demand_pages, host_pushes, paginate_by_size
 from provisionerd.wire.roles import is_allowed
 from refcontroller.commits import INVALID
@@ -120,14 +120,25 @@ class Session:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             # The peer went away without a clean close (no TLS close_notify, a reset): a disconnect, not a fault.
             if not self.cancel_scope.cancel_called:
-                log.info("peer disconnected replica=%s role=%s identity=%r: %r", self.replica, self.role.value,
-                         self.identity, exc)
+                log.info(
+                    "peer disconnected replica=%s role=%s identity=%r: %r",
+                    self.replica,
+                    self.role.value,
+                    self.identity,
+                    exc,
+                )
                 self.server.stats["disconnects"] += 1
         except PEER_ERRORS as exc:
             if self.cancel_scope.cancel_called:
                 return  # the other loop already dropped this peer
-            log.info("peer dropped replica=%s role=%s identity=%r in=%s: %r", self.replica, self.role.value,
-                     self.identity, name, exc)
+            log.info(
+                "peer dropped replica=%s role=%s identity=%r in=%s: %r",
+                self.replica,
+                self.role.value,
+                self.identity,
+                name,
+                exc,
+            )
             self.server.stats["peers_dropped"] += 1
             if isinstance(exc, ProtocolError):
                 await self.server.send_error_and_close(self.framed, "bad_frame", str(exc))
@@ -147,15 +158,17 @@ class Session:
             with trio.move_on_after(server.heartbeat_timeout) as silent:
                 envelope = await self.framed.receive()
             if silent.cancelled_caught:
-                log.info("peer silent for %ss replica=%s identity=%r", server.heartbeat_timeout, self.replica,
-                         self.identity)
+                log.info(
+                    "peer silent for %ss replica=%s identity=%r", server.heartbeat_timeout, self.replica, self.identity
+                )
                 return
             if envelope is None:
                 return
             msg, corr = envelope.msg, envelope.corr
             if not is_allowed(self.role, msg):
-                log.warning("opcode %s not allowed for role %s identity=%r", opcode(msg), self.role.value,
-                            self.identity)
+                log.warning(
+                    "opcode %s not allowed for role %s identity=%r", opcode(msg), self.role.value, self.identity
+                )
                 server.stats["not_allowed"] += 1
                 await server.send_error_and_close(
                     self.framed, "not_allowed", f"role {self.role.value} may not send {opcode(msg)}", corr
@@ -217,9 +230,7 @@ class Session:
         async with self.push_lock:
             plan = cluster.resync_plan(wanted)
             host_chunks = (
-                paginate_by_size(plan.hosts, lambda c: ResyncPage(0, 1, (), c), HOSTS_PAGE_ITEMS)
-                if plan.hosts
-                else []
+                paginate_by_size(plan.hosts, lambda c: ResyncPage(0, 1, (), c), HOSTS_PAGE_ITEMS) if plan.hosts else []
             )
             for host in plan.hosts:  # the resync carries them; a pending older push would only repeat them
                 if self.pending_hosts.get(host.instance_ref) == host:

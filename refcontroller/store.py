@@ -268,7 +268,8 @@ class FactStore:
     def rejoin_token_hash(self, instance_ref: str, rejoin_hash: str) -> str | None:
         """The token hash the instance was admitted with, if ``rejoin_hash`` is the one stored for it."""
         row = self._conn.execute(
-            "SELECT token_hash FROM rejoin_hashes WHERE instance_ref = ? AND rejoin_hash = ?", (instance_ref, rejoin_hash)
+            "SELECT token_hash FROM rejoin_hashes WHERE instance_ref = ? AND rejoin_hash = ?",
+            (instance_ref, rejoin_hash),
         ).fetchone()
         return None if row is None else str(row[0])
 

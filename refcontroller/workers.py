@@ -99,8 +99,12 @@ class HostTable:
         host = self._hosts.get(instance_ref)
         if host is None:
             return None
-        changed = attrs.evolve(host, machine_id=host.machine_id or machine_id, hostname=host.hostname or hostname,
-                               address=host.address or address)  # fmt: skip
+        changed = attrs.evolve(
+            host,
+            machine_id=host.machine_id or machine_id,
+            hostname=host.hostname or hostname,
+            address=host.address or address,
+        )
         if changed == host:
             return None
         self._hosts[instance_ref] = changed

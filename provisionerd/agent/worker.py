@@ -47,10 +47,23 @@ from provisionerd.wire.messages import Ack, ErrorMsg, Heartbeat, HeartbeatAck, J
 log = logging.getLogger(__name__)
 
 __all__ = [  # the join's pure parts live in agent_join; re-exported for callers of the agent
-    "EXIT_REFUSED", "EXIT_STOPPED", "EXIT_TOKEN_REFUSED", "EXIT_USAGE", "AgentConfig", "Connector", "Credentials",
-    "Elsewhere", "JoinOutcome", "JoinRefused", "Joined", "Redirect", "Refused", "WorkerAgent", "backoff_delay",
+    "EXIT_REFUSED",
+    "EXIT_STOPPED",
+    "EXIT_TOKEN_REFUSED",
+    "EXIT_USAGE",
+    "AgentConfig",
+    "Connector",
+    "Credentials",
+    "Elsewhere",
+    "JoinOutcome",
+    "JoinRefused",
+    "Joined",
+    "Redirect",
+    "Refused",
+    "WorkerAgent",
+    "backoff_delay",
     "judge_join_reply",
-]  # fmt: skip
+]
 
 #: Opens a stream to ``host:port`` (TCP + TLS, handshake done). Raises ``OSError``/``trio.BrokenResourceError``
 #: when the address cannot be reached, ``AuthError`` when the peer is not this cluster's controller, and
@@ -58,8 +71,16 @@ __all__ = [  # the join's pure parts live in agent_join; re-exported for callers
 Connector = Callable[[str], Awaitable[trio.abc.Stream]]
 
 #: Failures of one connection attempt or session: log, back off, try again.
-RETRYABLE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, ProtocolError,
-             AuthError, ConfigError, LinkDown)  # fmt: skip
+RETRYABLE = (
+    OSError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    trio.TooSlowError,
+    ProtocolError,
+    AuthError,
+    ConfigError,
+    LinkDown,
+)
 
 
 @attrs.frozen
@@ -179,8 +200,14 @@ class WorkerAgent:
         self._credentials.accepted()
         self.joins += 1
         self.term, self.connected_to = joined.term, address
-        log.info("joined via %s as %r (term %d, %s, join #%d)", address, self.config.instance_ref, joined.term,
-                 joined.controller_id, self.joins)
+        log.info(
+            "joined via %s as %r (term %d, %s, join #%d)",
+            address,
+            self.config.instance_ref,
+            joined.term,
+            joined.controller_id,
+            self.joins,
+        )
         self._last_heard = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
@@ -191,8 +218,9 @@ class WorkerAgent:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(framed.stream)
 
-    async def _guard(self, loop: Callable[[FramedStream], Awaitable[None]], framed: FramedStream,
-                     scope: trio.CancelScope) -> None:  # fmt: skip
+    async def _guard(
+        self, loop: Callable[[FramedStream], Awaitable[None]], framed: FramedStream, scope: trio.CancelScope
+    ) -> None:
         try:
             await loop(framed)
         except RETRYABLE as exc:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import trio
 
+from provisionerd.agent.token import read_token_file, read_token_stream
 from provisionerd.agent.worker import (
     EXIT_STOPPED,
     EXIT_USAGE,
@@ -33,7 +34,6 @@ from provisionerd.agent.worker import (
     JoinRefused,
     WorkerAgent,
 )
-from provisionerd.agent.token import read_token_file, read_token_stream
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import HostStatus, Role
 from provisionerd.wire.tls import ClusterSSLContext, client_ssl_context, peer_role
@@ -103,11 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--token-stdin", action="store_true", help="read the join token from standard input")
     parser.add_argument("--identity", default="", help="the name to join with (default: the instance reference)")
     parser.add_argument("--machine-id", default="", help="informational: the provider's id for this machine")
-    parser.add_argument("--label", action="append", type=_label, default=[], metavar="KEY=VALUE",
-                        help="informational label (repeatable), e.g. an owner tag")  # fmt: skip
+    parser.add_argument(
+        "--label",
+        action="append",
+        type=_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="informational label (repeatable), e.g. an owner tag",
+    )
     parser.add_argument("--heartbeat", type=float, default=5.0, help="seconds between heartbeats (default 5)")
-    parser.add_argument("--reply-timeout", type=float, default=15.0,
-                        help="seconds of silence before reconnecting (default 15)")  # fmt: skip
+    parser.add_argument(
+        "--reply-timeout", type=float, default=15.0, help="seconds of silence before reconnecting (default 15)"
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 
@@ -120,8 +127,13 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         raise ConfigError("--instance-ref must be 1..256 characters")
     if not (0 < args.heartbeat and args.heartbeat * 2 <= args.reply_timeout):
         raise ConfigError("--heartbeat must be positive and at most half of --reply-timeout")
-    return AgentConfig(controllers, args.instance_ref, identity=args.identity,
-                       heartbeat_interval=args.heartbeat, reply_timeout=args.reply_timeout)  # fmt: skip
+    return AgentConfig(
+        controllers,
+        args.instance_ref,
+        identity=args.identity,
+        heartbeat_interval=args.heartbeat,
+        reply_timeout=args.reply_timeout,
+    )
 
 
 def _read_token(args: argparse.Namespace) -> str:
@@ -210,8 +222,13 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"provisionerd agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    log.info("starting instance_ref=%r machine_id=%r controllers=%s labels=%s", config.instance_ref,
-             args.machine_id, ",".join(config.controllers), dict(args.label))  # fmt: skip
+    log.info(
+        "starting instance_ref=%r machine_id=%r controllers=%s labels=%s",
+        config.instance_ref,
+        args.machine_id,
+        ",".join(config.controllers),
+        dict(args.label),
+    )
     agent = WorkerAgent(config, token, tls_connector(args.certs))
     del token
     early.exit_on_stop = False

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from provisionerd.pki.certs import DEFAULT_HOSTS, init_certs
 from provisionerd.domain.errors import ConfigError
+from provisionerd.pki.certs import DEFAULT_HOSTS, init_certs
 
 
 def _parser() -> argparse.ArgumentParser:

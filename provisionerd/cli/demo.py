@@ -25,8 +25,8 @@ import sys
 
 import trio
 
-from provisionerd.demo.run import Summary, run_demo
 from provisionerd.demo.progress import Progress
+from provisionerd.demo.run import Summary, run_demo
 
 MAX_WORKERS = 48
 
@@ -75,12 +75,17 @@ async def _main(workers: int, progress: Progress, keep: bool) -> tuple[Summary, 
 def describe(summary: Summary, workers: int) -> list[str]:
     """The human summary."""
     s = summary
-    head = (f"provisionerd demo: ok in {s.seconds:.1f} s" if s.ok
-            else f"provisionerd demo: FAILED in step {s.failed_step!r} after {s.seconds:.1f} s: {s.error}")  # fmt: skip
-    lines = [head,
-             f"  workers: {s.requested} requested, {s.joined} joined, {s.returned} returned (asked for {workers})",
-             f"  controller failovers: {s.failovers}; orphans reported: {s.orphans_reported}; "
-             f"leaked agent processes: {s.leaked}"]  # fmt: skip
+    head = (
+        f"provisionerd demo: ok in {s.seconds:.1f} s"
+        if s.ok
+        else f"provisionerd demo: FAILED in step {s.failed_step!r} after {s.seconds:.1f} s: {s.error}"
+    )
+    lines = [
+        head,
+        f"  workers: {s.requested} requested, {s.joined} joined, {s.returned} returned (asked for {workers})",
+        f"  controller failovers: {s.failovers}; orphans reported: {s.orphans_reported}; "
+        f"leaked agent processes: {s.leaked}",
+    ]
     if s.steps:
         lines.append("  steps: " + ", ".join(f"{name} {seconds:.1f}s" for name, seconds in s.steps))
     return lines

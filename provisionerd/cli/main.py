@@ -13,14 +13,20 @@ from provisionerd import __version__
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "agent": ("provisionerd.cli.agent", "run the worker agent on a machine (agent --certs DIR --controllers ADDRS ...)"),
+    "agent": (
+        "provisionerd.cli.agent",
+        "run the worker agent on a machine (agent --certs DIR --controllers ADDRS ...)",
+    ),
     "certs": ("provisionerd.cli.certs", "create a cluster CA and role certificates (certs init DIR --cluster NAME)"),
     "provider": ("provisionerd.cli.provider", "provider plugin tools (provider check PATH)"),
     "config": ("provisionerd.cli.config", "check a daemon config file (config check FILE)"),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.cli.simulate", "seeded whole-system simulation campaign (simulate --seeds N)"),
-    "demo": ("provisionerd.cli.demo", "run the whole system on this host: controller, daemon, workers (demo [--workers N])"),
+    "demo": (
+        "provisionerd.cli.demo",
+        "run the whole system on this host: controller, daemon, workers (demo [--workers N])",
+    ),
     "orphans": ("provisionerd.cli.orphans", "report what looks orphaned (--dry-run), or adopt|return one finding"),
 }
 

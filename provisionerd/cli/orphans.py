@@ -35,12 +35,15 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.daemon.admin_socket import request as socket_request
 from provisionerd.config.loader import Config
-from provisionerd.domain.errors import ConfigError
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.orphan_cycle import open_ops_of, with_owners
+from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings, StreamFactory
+from provisionerd.daemon.admin_socket import request as socket_request
+from provisionerd.daemon.orphan_admin import KINDS, AdminRequest, AdminResult, act, action_timeout, current_user
 from provisionerd.daemon.orphans import ReadOnlyClient, policy_of
+from provisionerd.domain.errors import ConfigError
+from provisionerd.execution.orphan_cycle import open_ops_of, with_owners
+from provisionerd.execution.orphan_reads import ControllerRead, read_listing, unknown_outcomes
+from provisionerd.orphans.classify import Observation, OrphanPolicy, classify
 from provisionerd.orphans.model import (
     BreakerState,
     ControllerState,
@@ -50,13 +53,10 @@ from provisionerd.orphans.model import (
     ListingAbsent,
     Unreadable,
 )
-from provisionerd.execution.orphan_reads import ControllerRead, read_listing, unknown_outcomes
-from provisionerd.daemon.orphan_admin import KINDS, AdminRequest, AdminResult, act, action_timeout, current_user
 from provisionerd.orphans.report import blind_spots, render_json, render_table
-from provisionerd.orphans.classify import Observation, OrphanPolicy, classify
 from provisionerd.provider.persistent import PersistentProvider
 from provisionerd.provider.runtime import ProviderClient
-from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings, StreamFactory
+from provisionerd.telemetry.events import EventLog
 
 PROG = "provisionerd orphans"
 
@@ -154,9 +154,11 @@ async def _dry_run(
         listings[name] = await read_listing(guarded[name], config.cluster, timeout=timeout_for)
     controller = await read_controller_once(config, connect, timeout, identity=side_identity(config.identity, "report"))
     # A provider without a listing (ListingAbsent) is not unreadable: the report states what it cannot see.
-    unreadable = [f"the listing of provider {name!r} could not be read: {listing.reason}"
-                  for name, listing in listings.items()
-                  if isinstance(listing, Unreadable) and not isinstance(listing, ListingAbsent)]  # fmt: skip
+    unreadable = [
+        f"the listing of provider {name!r} could not be read: {listing.reason}"
+        for name, listing in listings.items()
+        if isinstance(listing, Unreadable) and not isinstance(listing, ListingAbsent)
+    ]
     absent = {name: listing for name, listing in listings.items() if isinstance(listing, ListingAbsent)}
     if isinstance(controller.view, Unreadable):
         unreadable.append(f"the controller's view could not be read: {controller.view.reason}")
@@ -194,8 +196,10 @@ def render(report: DryRunReport, as_json: bool) -> str:
     text = render_table(report.findings, report.mutations)
     for name, breaker in report.breakers.items():
         if breaker.open:
-            text += (f"\nprovider {name!r}: circuit breaker open: {', '.join(breaker.reasons)} "
-                     f"({breaker.suspects} of {breaker.known} known machines look orphaned)")  # fmt: skip
+            text += (
+                f"\nprovider {name!r}: circuit breaker open: {', '.join(breaker.reasons)} "
+                f"({breaker.suspects} of {breaker.known} known machines look orphaned)"
+            )
     for line in blind_spots(report.invisible, report.unknown_outcomes):
         text += "\n" + line
     return text
@@ -211,11 +215,19 @@ acting on one finding:
 
 
 def _report_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="report what looks orphaned (changes nothing)",
-                                     epilog=ACTIONS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="report what looks orphaned (changes nothing)",
+        epilog=ACTIONS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", required=True, help="the daemon's TOML config file")
-    parser.add_argument("--dry-run", action="store_true", required=True,
-                        help="classify and report only (required; to act on one finding, see adopt|return below)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        required=True,
+        help="classify and report only (required; to act on one finding, see adopt|return below)",
+    )
     parser.add_argument("--json", action="store_true", help='print {"findings": [...], "mutations": N}')
     parser.add_argument("--provider", action="append", default=[], help="only this provider (repeatable)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller (30)")
@@ -227,8 +239,10 @@ def load_config(path: str, providers: Sequence[str]) -> Config:
     config = Config.from_file(path)
     unknown = [name for name in providers if name not in config.provider_names]
     if unknown:
-        raise ConfigError(f"{path}: no provider named {', '.join(map(repr, unknown))}",
-                          [f"providers: configured are {', '.join(config.provider_names)}"])  # fmt: skip
+        raise ConfigError(
+            f"{path}: no provider named {', '.join(map(repr, unknown))}",
+            [f"providers: configured are {', '.join(config.provider_names)}"],
+        )
     for provider in config.providers:
         policy_of(provider)
     return config
@@ -276,32 +290,44 @@ def via_daemon(config: Config, request: AdminRequest) -> AdminResult | None:
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     except (OSError, ValueError) as exc:
-        return AdminResult(False, f"cannot use the daemon's admin socket {path}: {exc}; not acting directly, as the "
-                                  "daemon may be running (it may hold the lease or be acting)", via="daemon")  # fmt: skip
+        return AdminResult(
+            False,
+            f"cannot use the daemon's admin socket {path}: {exc}; not acting directly, as the "
+            "daemon may be running (it may hold the lease or be acting)",
+            via="daemon",
+        )
     if "result" in reply:
         try:
             return AdminResult.from_json(reply["result"])
         except (TypeError, ValueError) as exc:
             return AdminResult(False, f"the daemon's answer is malformed: {exc}", via="daemon")
     error = str(reply.get("error") or "no result")
-    return AdminResult(False, f"the daemon answered: {error}", via="daemon",
-                       outcome="busy" if reply.get("busy") else "pending" if reply.get("pending") else "")  # fmt: skip
+    return AdminResult(
+        False,
+        f"the daemon answered: {error}",
+        via="daemon",
+        outcome="busy" if reply.get("busy") else "pending" if reply.get("pending") else "",
+    )
 
 
 def admin_main(argv: list[str]) -> int:
     """``provisionerd orphans adopt|return``: through the daemon, else directly (see the module docstring)."""
     from provisionerd.daemon import orphan_admin as orphans_admin
 
-    parser = argparse.ArgumentParser(prog=f"{PROG} adopt|return", description=orphans_admin.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} adopt|return",
+        description=orphans_admin.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--config", required=True)
     parser.add_argument("--provider", required=True)
     parser.add_argument("--machine", required=True)
     parser.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="direct path: seconds to wait for the controller and the lease (30)")  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="direct path: seconds to wait for the controller and the lease (30)"
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -327,9 +353,18 @@ def admin_main(argv: list[str]) -> int:
 
         async def run() -> AdminResult:
             async with open_clients(config, [args.provider]) as clients:
-                return await act(config, args.kind, args.provider, args.machine, client=clients[args.provider],
-                                 connect=connect, timeout=args.timeout, events=EventLog(config.daemon.events_log),
-                                 user=request.user, dry_run=args.dry_run)  # fmt: skip
+                return await act(
+                    config,
+                    args.kind,
+                    args.provider,
+                    args.machine,
+                    client=clients[args.provider],
+                    connect=connect,
+                    timeout=args.timeout,
+                    events=EventLog(config.daemon.events_log),
+                    user=request.user,
+                    dry_run=args.dry_run,
+                )
 
         result = trio.run(run)
     if args.json:

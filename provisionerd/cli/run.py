@@ -34,8 +34,11 @@ def _reload(core: DaemonCore) -> None:
         return
     logging.getLogger().setLevel(LEVELS[new.daemon.log_level])
     old = core.config
-    needs_restart = [name for name in ("cluster", "identity", "controller", "tls", "providers", "lease")
-                     if getattr(old, name) != getattr(new, name)]
+    needs_restart = [
+        name
+        for name in ("cluster", "identity", "controller", "tls", "providers", "lease")
+        if getattr(old, name) != getattr(new, name)
+    ]
     core.config = new
     core.events.emit("config_reloaded", restart_needed=needs_restart)
 
@@ -72,8 +75,7 @@ def main(argv: list[str]) -> int:
         for problem in exc.problems:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=LEVELS[config.daemon.log_level],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=LEVELS[config.daemon.log_level], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         trio.run(_main, config)
     except ConfigError as exc:  # the TLS files could not be loaded

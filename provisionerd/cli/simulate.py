@@ -26,8 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
     p.add_argument("--start", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--workload", choices=WORKLOADS, default="any",
-                   help="force the workload of every run (default: drawn from each seed)")
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="any",
+        help="force the workload of every run (default: drawn from each seed)",
+    )
     p.add_argument("--trace", type=int, metavar="SEED", help="run one seed and print its whole trace")
     p.add_argument("--wall-budget", type=float, default=120.0, help="wall seconds one run may take (default 120)")
     return p
@@ -46,8 +50,14 @@ def _run(job: tuple[int, str, float]) -> dict[str, Any]:
     first = result.first
     line: dict[str, Any] = {"seed": seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
     if first is not None:
-        line.update(invariant=first.invariant, at=round(first.at, 6), detail=first.detail,
-                    workload=world.settings.workload, violations=len(result.violations), faults=list(result.faults))
+        line.update(
+            invariant=first.invariant,
+            at=round(first.at, 6),
+            detail=first.detail,
+            workload=world.settings.workload,
+            violations=len(result.violations),
+            faults=list(result.faults),
+        )
     return line
 
 
@@ -63,12 +73,23 @@ def _trace(seed: int, workload: str, budget: float) -> int:
     from provisionerd.testing.simulation import World, run_world
 
     world = World(seed, keep_trace=True, **_overrides(workload))
-    print(json.dumps({"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}))
+    print(
+        json.dumps(
+            {"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
+        )
+    )
     result = run_world(world, wall_budget=budget)
     for line in world.recorder.trace:
         print(line)
-    print(json.dumps({"seed": seed, "violations": [[v.at, v.invariant, v.detail] for v in result.violations],
-                      "digest": result.digest}))
+    print(
+        json.dumps(
+            {
+                "seed": seed,
+                "violations": [[v.at, v.invariant, v.detail] for v in result.violations],
+                "digest": result.digest,
+            }
+        )
+    )
     return 1 if result.violations else 0
 
 
@@ -89,9 +110,17 @@ def main(argv: list[str]) -> int:
         virtual += line["virtual_s"]
         if "invariant" in line:
             failing += 1
-            print(json.dumps({k: line[k] for k in ("seed", "invariant", "at", "detail", "workload", "violations",
-                                                   "faults")}), flush=True)  # fmt: skip
-    summary = {"runs": len(jobs), "violations": failing, "virtual_hours": round(virtual / 3600, 3),
-               "wall_s": round(time.perf_counter() - started, 3)}
+            print(
+                json.dumps(
+                    {k: line[k] for k in ("seed", "invariant", "at", "detail", "workload", "violations", "faults")}
+                ),
+                flush=True,
+            )
+    summary = {
+        "runs": len(jobs),
+        "violations": failing,
+        "virtual_hours": round(virtual / 3600, 3),
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
     print(json.dumps(summary), flush=True)
     return 1 if failing else 0

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from provisionerd.daemon.admin_socket import query
 from provisionerd.config.loader import Config
+from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.errors import ConfigError
 
 

@@ -11,9 +11,9 @@ values are credentials: ``repr`` of any config value shows their names only, and
 from __future__ import annotations
 
 import tomllib
-from types import MappingProxyType
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -151,8 +151,11 @@ class LegacyOptions:
 
     def settings_table(self) -> dict[str, Any]:
         """The table ``legacy_settings`` takes (without ``mode``)."""
-        table: dict[str, Any] = {"user_data": dict(self.user_data), "rc_account": self.rc_account,
-                                 "max_ops": self.max_ops}
+        table: dict[str, Any] = {
+            "user_data": dict(self.user_data),
+            "rc_account": self.rc_account,
+            "max_ops": self.max_ops,
+        }
         if self.journal is not None:
             table["journal"] = str(self.journal)
         return table

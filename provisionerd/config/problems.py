@@ -76,7 +76,10 @@ def _schema_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
             for key in sorted(k for k in instance if k not in allowed):
                 yield parts + [key], "unknown key"
         elif "propertyNames" in error.absolute_schema_path:  # a bad key name (not a secret); instance is the key
-            yield parts, f"key {error.instance!r} is not a valid name (letters, digits and _; not starting with a digit)"
+            yield (
+                parts,
+                f"key {error.instance!r} is not a valid name (letters, digits and _; not starting with a digit)",
+            )
         elif _is_secret(parts):
             expected = "a table of strings" if len(parts) == 3 else "a string of at most 65536 characters"
             yield parts, f"value hidden: fails the {error.validator!r} check (expected {expected})"

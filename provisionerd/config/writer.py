@@ -25,10 +25,10 @@ import cattrs
 import tomli_w
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from provisionerd.pki.certs import cert_paths
 from provisionerd.config.loader import Config, LegacyOptions, ProviderTimeouts, TlsPaths
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import Role
+from provisionerd.pki.certs import cert_paths
 
 #: ``LegacyOptions.mode`` -> its TOML value (the inverse of what the loader maps).
 _LEGACY_MODE_TOML: dict[str, Any] = {"auto": "auto", "on": True, "off": False}

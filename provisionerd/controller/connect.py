@@ -13,9 +13,9 @@ import ssl
 import trio
 
 from provisionerd.config.loader import Config
+from provisionerd.controller.session import StreamFactory
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import Role
-from provisionerd.controller.session import StreamFactory
 from provisionerd.wire.tls import ClusterSSLContext, peer_role
 
 

@@ -26,11 +26,11 @@ from typing import Protocol
 import attrs
 import trio
 
-from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.config.loader import Backoff
+from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.domain.errors import LeaseError, LinkDown
-from provisionerd.telemetry.events import EventLog
 from provisionerd.domain.model import Epoch
+from provisionerd.telemetry.events import EventLog
 
 #: Refusal reasons that say the lease may still be ours (the controller could not answer for now): the keeper
 #: keeps retrying until its local deadline. Any other refusal of a renewal lapses the lease at once.
@@ -190,8 +190,13 @@ class LeaseKeeper:
         for scope in self._guards:
             scope.deadline = self.valid_until
         kind = "lease_renewed" if renewed else "lease_acquired"
-        self._events.emit(kind, provider=self.provider, epoch=grant.epoch, ttl=grant.ttl,
-                          valid_for=round(self.valid_until - trio.current_time(), 6))
+        self._events.emit(
+            kind,
+            provider=self.provider,
+            epoch=grant.epoch,
+            ttl=grant.ttl,
+            valid_for=round(self.valid_until - trio.current_time(), 6),
+        )
         if not renewed:
             for callback in self.on_acquired:
                 callback(grant.epoch)
@@ -254,13 +259,19 @@ class LeaseKeeper:
         """Whether an acquire reply is a grant we may hold; otherwise how long to wait before trying again."""
         if isinstance(reply, LeaseRefused):
             self.reason = f"denied: {reply.reason}"
-            self._events.emit("lease_denied", provider=self.provider, reason=reply.reason,
-                              retry_after=reply.retry_after)
+            self._events.emit(
+                "lease_denied", provider=self.provider, reason=reply.reason, retry_after=reply.retry_after
+            )
             return (reply.retry_after if reply.retry_after > 0 else self._backoff.next_delay()), False
         if self.highest_epoch is not None and reply.epoch < self.highest_epoch:
             self.reason = f"refused a grant of epoch {reply.epoch} below {self.highest_epoch}"
-            self._events.emit("lease_denied", provider=self.provider, reason="epoch_went_backwards",
-                              epoch=reply.epoch, highest=self.highest_epoch)
+            self._events.emit(
+                "lease_denied",
+                provider=self.provider,
+                reason="epoch_went_backwards",
+                epoch=reply.epoch,
+                highest=self.highest_epoch,
+            )
             return self._backoff.next_delay(), False
         if sent + reply.ttl - self._margin <= trio.current_time():
             self.reason = f"grant of epoch {reply.epoch} arrived after its local deadline"

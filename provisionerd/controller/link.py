@@ -29,9 +29,9 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
 from provisionerd.domain.errors import LinkDown, ProtocolError
 from provisionerd.domain.model import DemandSnapshot, Role
-from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
 from provisionerd.wire.codec import opcode
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
@@ -270,8 +270,13 @@ class Link:
                 if collector.add(page, count, facts, hosts):
                     self._resync = None
                     old = self.view
-                    view = collector.build(self.generation, self.address, self.term, sync_seq=self._resync_seq,
-                                           version=0 if old is None else old.version + 1)  # fmt: skip
+                    view = collector.build(
+                        self.generation,
+                        self.address,
+                        self.term,
+                        sync_seq=self._resync_seq,
+                        version=0 if old is None else old.version + 1,
+                    )
                     view.demand = self.demand
                     self.view = view
                     self._on_resynced(view, self._resync_reason)

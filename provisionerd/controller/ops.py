@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import trio
 
-from provisionerd.domain.errors import ControllerRejected, LinkDown
 from provisionerd.controller.lease import LeaseGranted, LeaseRefused, LeaseReply
-from provisionerd.domain.model import CommittedFact, Epoch, Fact
 from provisionerd.controller.session import ControllerSession, LinkState
+from provisionerd.domain.errors import ControllerRejected, LinkDown
+from provisionerd.domain.model import CommittedFact, Epoch, Fact
 from provisionerd.wire.messages import (
     Ack,
     FactAck,

@@ -47,13 +47,13 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.config.loader import Backoff, Config
-from provisionerd.domain.errors import AuthError, ControllerRejected, LinkDown, ProtocolError
-from provisionerd.telemetry.events import EventLog
-from provisionerd.domain.model import PROTOCOL_VERSION, CommittedFact, Role
+from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.controller.link import Link, LinkBroken
 from provisionerd.controller.view import ControllerView
+from provisionerd.domain.errors import AuthError, ControllerRejected, LinkDown, ProtocolError
+from provisionerd.domain.model import PROTOCOL_VERSION, CommittedFact, Role
+from provisionerd.telemetry.events import EventLog
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import ErrorMsg, Join, JoinReply, LeaseDenied, Message, Rejected
 
@@ -64,7 +64,12 @@ log = logging.getLogger(__name__)
 StreamFactory = Callable[[str], Awaitable[trio.abc.Stream]]
 
 CONNECT_ERRORS = (
-    OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError, AuthError, trio.TooSlowError,
+    OSError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    ProtocolError,
+    AuthError,
+    trio.TooSlowError,
 )
 
 
@@ -88,11 +93,16 @@ class SessionSettings:
     def from_config(cls, config: Config) -> SessionSettings:
         c = config.controller
         return cls(
-            identity=config.identity, providers=config.provider_names, addresses=c.addresses,
-            connect_timeout=c.connect_timeout, request_timeout=c.request_timeout,
-            heartbeat_interval=c.heartbeat_interval, heartbeat_timeout=c.heartbeat_timeout,
-            max_redirects=c.max_redirects, backoff=c.backoff,
-        )  # fmt: skip
+            identity=config.identity,
+            providers=config.provider_names,
+            addresses=c.addresses,
+            connect_timeout=c.connect_timeout,
+            request_timeout=c.request_timeout,
+            heartbeat_interval=c.heartbeat_interval,
+            heartbeat_timeout=c.heartbeat_timeout,
+            max_redirects=c.max_redirects,
+            backoff=c.backoff,
+        )
 
 
 #: The longest ``Join.instance`` the protocol allows (docs/protocol.md §4).
@@ -160,8 +170,9 @@ class ControllerSession:
         while self.state is not LinkState.UP:
             await self._ready.wait()
 
-    async def updates(self, *, task_status: trio.TaskStatus[trio.MemoryReceiveChannel[ControllerView]]
-                      = trio.TASK_STATUS_IGNORED) -> None:
+    async def updates(
+        self, *, task_status: trio.TaskStatus[trio.MemoryReceiveChannel[ControllerView]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Publish each new state of the view (coalesced) on a zero-buffer channel handed to ``task_status``."""
         send, receive = trio.open_memory_channel[ControllerView](0)
         task_status.started(receive)
@@ -223,8 +234,7 @@ class ControllerSession:
     def synced_for(self, provider: str) -> bool:
         """Whether the current view was resynced after ``provider``'s last lease grant (and the link is up)."""
         view = self.view
-        return (self.state is LinkState.UP and view is not None
-                and view.sync_seq >= self._sync_needed.get(provider, 0))  # fmt: skip
+        return self.state is LinkState.UP and view is not None and view.sync_seq >= self._sync_needed.get(provider, 0)
 
     def break_link(self, reason: str) -> None:
         """End the current generation (e.g. the controller answered nonsense); the session rejoins."""
@@ -282,8 +292,13 @@ class ControllerSession:
         framed = FramedStream(stream)
         try:
             with trio.fail_after(s.connect_timeout):
-                join = Join(role=Role.PROVISIONER, identity=s.identity, protocol_version=PROTOCOL_VERSION,
-                            providers=s.providers, instance=self.instance)
+                join = Join(
+                    role=Role.PROVISIONER,
+                    identity=s.identity,
+                    protocol_version=PROTOCOL_VERSION,
+                    providers=s.providers,
+                    instance=self.instance,
+                )
                 await framed.send(join, 1)
                 envelope = await framed.receive()
             reply = None if envelope is None else envelope.msg
@@ -306,14 +321,31 @@ class ControllerSession:
         self.generation += 1
         self.primary, self.term, self.state = address, reply.term, LinkState.SYNCING
         self._backoff.reset()
-        self._events.emit("join", address=address, term=reply.term, controller=reply.controller_id,
-                          generation=self.generation, instance=self.instance)
+        self._events.emit(
+            "join",
+            address=address,
+            term=reply.term,
+            controller=reply.controller_id,
+            generation=self.generation,
+            instance=self.instance,
+        )
         self._events.emit("link_up", address=address, generation=self.generation)
-        link = Link(framed, self.generation, address, reply.term, s.heartbeat_interval, s.heartbeat_timeout,
-                    s.request_timeout, on_resynced=self._resynced, on_view_changed=self._notify,
-                    corr=self._corr, providers=s.providers, wanted=self._sync_wanted,
-                    snapshot_wait=max(s.request_timeout, s.heartbeat_interval),
-                    refresh_interval=s.heartbeat_interval * s.refresh_heartbeats or float("inf"))  # fmt: skip
+        link = Link(
+            framed,
+            self.generation,
+            address,
+            reply.term,
+            s.heartbeat_interval,
+            s.heartbeat_timeout,
+            s.request_timeout,
+            on_resynced=self._resynced,
+            on_view_changed=self._notify,
+            corr=self._corr,
+            providers=s.providers,
+            wanted=self._sync_wanted,
+            snapshot_wait=max(s.request_timeout, s.heartbeat_interval),
+            refresh_interval=s.heartbeat_interval * s.refresh_heartbeats or float("inf"),
+        )
         self._link = link
         self._notify()
         try:
@@ -331,15 +363,26 @@ class ControllerSession:
         if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:
             # A later resync on the same link: the view is replaced; the link's state and leases are unchanged.
             self.view = view
-            self._events.emit("refresh", generation=view.generation, reason=reason, sync_seq=view.sync_seq,
-                              facts=view.facts.last_index, hosts=len(view.hosts), demand=view.demand is not None)
+            self._events.emit(
+                "refresh",
+                generation=view.generation,
+                reason=reason,
+                sync_seq=view.sync_seq,
+                facts=view.facts.last_index,
+                hosts=len(view.hosts),
+                demand=view.demand is not None,
+            )
             self._notify()
             return
         self.view = view
         self.state = LinkState.UP
-        self._events.emit("resync", generation=view.generation, facts=view.facts.last_index,
-                          fact_count=sum(1 for _ in view.facts.intents) + len(view.facts.machines),
-                          hosts=len(view.hosts))
+        self._events.emit(
+            "resync",
+            generation=view.generation,
+            facts=view.facts.last_index,
+            fact_count=sum(1 for _ in view.facts.intents) + len(view.facts.machines),
+            hosts=len(view.hosts),
+        )
         self._ready.set()
         for callback in self.on_resync:
             callback(view)
@@ -348,4 +391,3 @@ class ControllerSession:
 
 class _JoinRefused(Exception):
     pass
-

@@ -18,8 +18,8 @@ from collections.abc import Iterable, MutableMapping
 import attrs
 
 from provisionerd.domain.errors import ProtocolError
-from provisionerd.planner.fact_view import FactView, fold
 from provisionerd.domain.model import CommittedFact, DemandItem, DemandSnapshot, HostState
+from provisionerd.planner.fact_view import FactView, fold
 
 #: Bounds per snapshot / resync. Far above any real cluster, far below what would exhaust memory.
 MAX_PAGES = 10_000
@@ -114,8 +114,7 @@ class ResyncCollector:
         self._pages.setdefault(page, (facts, hosts))
         return len(self._pages) == self._count
 
-    def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0
-              ) -> ControllerView:  # fmt: skip
+    def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0) -> ControllerView:
         """The resynced view: facts folded in log order, hosts keyed by instance_ref in the view's host table.
 
         The hosts go in before the facts are folded: then no joined machine is ever counted as not joined in passing
@@ -127,5 +126,12 @@ class ResyncCollector:
             for host in self._pages[i][1]:
                 view.hosts[host.instance_ref] = host
         fold(facts, view)
-        return ControllerView(generation=generation, primary=primary, term=term, facts=view, hosts=view.hosts,
-                              version=version, sync_seq=sync_seq)  # fmt: skip
+        return ControllerView(
+            generation=generation,
+            primary=primary,
+            term=term,
+            facts=view,
+            hosts=view.hosts,
+            version=version,
+            sync_seq=sync_seq,
+        )

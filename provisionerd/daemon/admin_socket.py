@@ -69,8 +69,10 @@ async def serve_admin_socket(
             nonlocal in_progress
             async with stream:
                 if in_progress >= MAX_CONNECTIONS:
-                    await _send(stream, {"ok": False, "busy": True,
-                                         "error": "busy: too many admin requests in progress; try again"})  # fmt: skip
+                    await _send(
+                        stream,
+                        {"ok": False, "busy": True, "error": "busy: too many admin requests in progress; try again"},
+                    )
                     return
                 in_progress += 1
                 try:
@@ -138,8 +140,11 @@ async def _answer(
     timeout = command.timeout(request)
     with trio.move_on_after(timeout):
         return await command.run(request, peer_uid)
-    return {"ok": False, "pending": True,
-            "error": f"no answer within {timeout:g}s; the daemon finishes what it started: see its events log"}  # fmt: skip
+    return {
+        "ok": False,
+        "pending": True,
+        "error": f"no answer within {timeout:g}s; the daemon finishes what it started: see its events log",
+    }
 
 
 def _peer_uid(stream: trio.SocketStream) -> int | None:

@@ -43,14 +43,16 @@ import attrs
 import trio
 
 from provisionerd.config.loader import Config
+from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.ops import ControllerOps
+from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
 from provisionerd.domain.errors import ProtocolError
-from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import NO_EPOCH
 from provisionerd.execution.executor import Executor, ExecutorSettings
 from provisionerd.execution.gate import MutationGate
-from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.domain.model import NO_EPOCH
 from provisionerd.execution.orphan_cycle import OrphanExecutor, audit_action, carry_out, observe
+from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader, SettleTracker, read_keeper, read_session
+from provisionerd.orphans.classify import classify
 from provisionerd.orphans.model import (
     AMBIGUOUS_MATCH,
     LISTING_ABSENT,
@@ -68,10 +70,8 @@ from provisionerd.orphans.model import (
     orphan_op_id,
 )
 from provisionerd.orphans.policy import OrphanPolicy
-from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader, SettleTracker, read_keeper, read_session
-from provisionerd.orphans.classify import classify
 from provisionerd.provider.runtime import ProviderClient
-from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.telemetry.events import EventLog
 
 PROG = "provisionerd orphans"
 KINDS = ("adopt", "return")
@@ -98,12 +98,18 @@ class AdminRequest:
         if not isinstance(document, Mapping):
             raise ProtocolError("an orphan_action request must be a JSON object")
         fields: dict[str, str] = {}
-        for key, name, required in (("action", "kind", True), ("provider", "provider", True),
-                                    ("machine", "machine_id", True), ("user", "user", False)):  # fmt: skip
+        for key, name, required in (
+            ("action", "kind", True),
+            ("provider", "provider", True),
+            ("machine", "machine_id", True),
+            ("user", "user", False),
+        ):
             value = document.get(key, None if required else "")
             if not isinstance(value, str) or (required and not value) or len(value) > MAX_FIELD:
-                raise ProtocolError(f"orphan_action: {key!r} must be a {'non-empty ' if required else ''}string "
-                                    f"of at most {MAX_FIELD} characters, not {value!r:.80}")  # fmt: skip
+                raise ProtocolError(
+                    f"orphan_action: {key!r} must be a {'non-empty ' if required else ''}string "
+                    f"of at most {MAX_FIELD} characters, not {value!r:.80}"
+                )
             if not value.isprintable():
                 raise ProtocolError(f"orphan_action: {key!r} must be printable, not {value!r:.80}")
             fields[name] = value
@@ -115,8 +121,14 @@ class AdminRequest:
         return cls(dry_run=dry_run, **fields)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cmd": "orphan_action", "action": self.kind, "provider": self.provider, "machine": self.machine_id,
-                "user": self.user, "dry_run": self.dry_run}  # fmt: skip
+        return {
+            "cmd": "orphan_action",
+            "action": self.kind,
+            "provider": self.provider,
+            "machine": self.machine_id,
+            "user": self.user,
+            "dry_run": self.dry_run,
+        }
 
 
 @attrs.frozen
@@ -144,16 +156,19 @@ class AdminResult:
         return cls(**{key: value for key, value in document.items() if key in names})
 
 
-def check(kind: str, finding: Finding | None, machine_id: str, protect_tag: str, *, lease_assumed: bool = False
-          ) -> str | None:  # fmt: skip
+def check(
+    kind: str, finding: Finding | None, machine_id: str, protect_tag: str, *, lease_assumed: bool = False
+) -> str | None:
     """Why ``kind`` may not be done to ``finding`` (``None`` when it may). ``lease_assumed``: the caller holds no
     lease on purpose (the direct path's dry run) and would take it first, so ``no_lease`` is not counted.
 
     Protection is read from the machine's tags, not from ``blocked_by``: the finding's own action may be one the
     protect tag does not stop (``report``), while the admin asks for one it does."""
     if finding is None:
-        return (f"machine {machine_id!r} is not an orphan finding: it is not listed with this cluster's and this "
-                "provider's tags, or a live fact explains it")  # fmt: skip
+        return (
+            f"machine {machine_id!r} is not an orphan finding: it is not listed with this cluster's and this "
+            "provider's tags, or a live fact explains it"
+        )
     blockers = set(finding.blocked_by)
     tags = finding.evidence.get("tags") or {}
     if protect_tag in tags:
@@ -210,37 +225,68 @@ class Actor:
     witness: Mapping[str, Any] = attrs.field(factory=dict)
 
 
-async def decide_and_act(config: Config, request: AdminRequest, actor: Actor, *, lease_assumed: bool = False
-                         ) -> AdminResult:  # fmt: skip
+async def decide_and_act(
+    config: Config, request: AdminRequest, actor: Actor, *, lease_assumed: bool = False
+) -> AdminResult:
     """The one decision both paths run: observe (listing, then view and lease), classify, find the machine's
     finding, ``check`` it, then carry the action out through the actor's executor and audit it (or, in a dry run,
     say what would be done). Never raises for a refusal or a failure: see ``ok``."""
     provider = config.provider(request.provider)
-    obs = await observe(config.cluster, request.provider, actor.client, actor.read_controller, actor.read_lease,
-                        wall_clock=actor.wall_clock, list_timeout=provider.timeouts.for_action("listMachines"))  # fmt: skip
+    obs = await observe(
+        config.cluster,
+        request.provider,
+        actor.client,
+        actor.read_controller,
+        actor.read_lease,
+        wall_clock=actor.wall_clock,
+        list_timeout=provider.timeouts.for_action("listMachines"),
+    )
     policy = OrphanPolicy.from_provider_config(provider)
     result = classify(obs, policy)
-    finding = next((f for f in result.findings if f.machine_id == request.machine_id and f.orphan_class != "license"),
-                   None)  # fmt: skip
+    finding = next(
+        (f for f in result.findings if f.machine_id == request.machine_id and f.orphan_class != "license"), None
+    )
     refusal = check(request.kind, finding, request.machine_id, policy.protect_tag, lease_assumed=lease_assumed)
     what = f"{request.kind} {request.machine_id}"
     if refusal is not None or finding is None:
-        return AdminResult(False, f"{what}: refused: {refusal}", via=actor.via,
-                           orphan_class="" if finding is None else finding.orphan_class)  # fmt: skip
+        return AdminResult(
+            False,
+            f"{what}: refused: {refusal}",
+            via=actor.via,
+            orphan_class="" if finding is None else finding.orphan_class,
+        )
     action = admin_action(request.kind, finding, obs.lease)
     if request.dry_run or actor.executor is None:
         lease_note = "; the lease would be taken first" if lease_assumed else ""
         overriding = [b for b in finding.blocked_by if not (lease_assumed and b == NO_LEASE)]
-        return AdminResult(True, f"{what}: would {request.kind} it (op_id {action.op_id}, overriding "
-                                 f"{', '.join(overriding) or 'nothing'}){lease_note}; dry run: nothing changed",
-                           op_id=action.op_id, orphan_class=finding.orphan_class, outcome="would",
-                           via=actor.via)  # fmt: skip
+        return AdminResult(
+            True,
+            f"{what}: would {request.kind} it (op_id {action.op_id}, overriding "
+            f"{', '.join(overriding) or 'nothing'}){lease_note}; dry run: nothing changed",
+            op_id=action.op_id,
+            orphan_class=finding.orphan_class,
+            outcome="would",
+            via=actor.via,
+        )
     record = await carry_out(actor.executor, action, reason=f"admin: orphan {finding.orphan_class}: {request.kind}")
-    confirmed_by = {"by": "admin", "user": request.user, "identity": actor.identity, "via": actor.via,
-                    **actor.witness, "overridden": list(finding.blocked_by)}  # fmt: skip
+    confirmed_by = {
+        "by": "admin",
+        "user": request.user,
+        "identity": actor.identity,
+        "via": actor.via,
+        **actor.witness,
+        "overridden": list(finding.blocked_by),
+    }
     audit_action(actor.events, action, record, confirmed_by)
-    return AdminResult(record.outcome == "ok", f"{what}: {record.outcome} (by {actor.identity})", record.answer,
-                       action.op_id, finding.orphan_class, record.outcome, actor.via)  # fmt: skip
+    return AdminResult(
+        record.outcome == "ok",
+        f"{what}: {record.outcome} (by {actor.identity})",
+        record.answer,
+        action.op_id,
+        finding.orphan_class,
+        record.outcome,
+        actor.via,
+    )
 
 
 def action_timeout(config: Config, provider: str) -> float:
@@ -277,14 +323,29 @@ async def act(
     settings = attrs.evolve(SessionSettings.from_config(config), identity=identity, providers=(provider,))
     session = ControllerSession(settings, connect, events, random.Random())
     ops = ControllerOps(session)
-    keeper = LeaseKeeper(provider, ops, margin=config.lease.margin, backoff=config.controller.backoff,
-                         rng=random.Random(), events=events)  # fmt: skip
+    keeper = LeaseKeeper(
+        provider, ops, margin=config.lease.margin, backoff=config.controller.backoff, rng=random.Random(), events=events
+    )
     gate = MutationGate({provider: keeper}, ops, events)
-    executor = Executor(ExecutorSettings(config.cluster, config.controller.addresses), {provider: client}, gate,
-                        {provider: keeper}, ops, events,
-                        facts=lambda: None if session.view is None else session.view.facts)  # fmt: skip
-    actor = Actor(identity, "direct", client, lambda: read_session(session, SettleTracker(0.0)),
-                  lambda: read_keeper(keeper), executor, events, wall_clock)  # fmt: skip
+    executor = Executor(
+        ExecutorSettings(config.cluster, config.controller.addresses),
+        {provider: client},
+        gate,
+        {provider: keeper},
+        ops,
+        events,
+        facts=lambda: None if session.view is None else session.view.facts,
+    )
+    actor = Actor(
+        identity,
+        "direct",
+        client,
+        lambda: read_session(session, SettleTracker(0.0)),
+        lambda: read_keeper(keeper),
+        executor,
+        events,
+        wall_clock,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(session.run)
         keeper_scope = trio.CancelScope()
@@ -298,8 +359,12 @@ async def act(
             with trio.move_on_after(timeout):
                 await keeper.wait_valid()
             if not keeper.valid():
-                return AdminResult(False, f"could not get the lease for {provider!r} ({keeper.reason}); is the "
-                                          "daemon running for it? (see --help)", via="direct")  # fmt: skip
+                return AdminResult(
+                    False,
+                    f"could not get the lease for {provider!r} ({keeper.reason}); is the "
+                    "daemon running for it? (see --help)",
+                    via="direct",
+                )
             result = await decide_and_act(config, request, actor)
         finally:
             keeper_scope.cancel()
@@ -321,8 +386,8 @@ async def _dry_run_direct(
 ) -> AdminResult:
     """The direct dry run: a read-only client, a join without a lease, no executor at all."""
     # Imported here: orphan_daemon and orphans_cli import this module.
-    from provisionerd.daemon.orphans import ReadOnlyClient
     from provisionerd.cli.orphans import read_controller_once
+    from provisionerd.daemon.orphans import ReadOnlyClient
 
     guarded = ReadOnlyClient(client)
     controller = await read_controller_once(config, connect, timeout, identity=identity)
@@ -338,5 +403,4 @@ def current_user() -> str:
         return ""
 
 
-__all__ = ["Actor", "AdminRequest", "AdminResult", "act", "action_timeout", "check", "current_user",
-           "decide_and_act"]
+__all__ = ["Actor", "AdminRequest", "AdminResult", "act", "action_timeout", "check", "current_user", "decide_and_act"]

@@ -27,17 +27,17 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from provisionerd.daemon.admin_socket import Command
 from provisionerd.config.loader import Config, ProviderConfig
-from provisionerd.domain.errors import ProtocolError, ProviderUnsupported
-from provisionerd.telemetry.events import EventLog
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.execution.orphan_cycle import OrphanCycle, OrphanExecutor
-from provisionerd.orphans.policy import OrphanPolicy
-from provisionerd.execution.orphan_reads import READ_ONLY_ACTIONS, SettleTracker, read_keeper, read_session
-from provisionerd.daemon.orphan_admin import Actor, AdminRequest, AdminResult, action_timeout, decide_and_act
-from provisionerd.provider.runtime import ProviderClient
 from provisionerd.controller.session import ControllerSession
+from provisionerd.daemon.admin_socket import Command
+from provisionerd.daemon.orphan_admin import Actor, AdminRequest, AdminResult, action_timeout, decide_and_act
+from provisionerd.domain.errors import ProtocolError, ProviderUnsupported
+from provisionerd.execution.orphan_cycle import OrphanCycle, OrphanExecutor
+from provisionerd.execution.orphan_reads import READ_ONLY_ACTIONS, SettleTracker, read_keeper, read_session
+from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.provider.runtime import ProviderClient
+from provisionerd.telemetry.events import EventLog
 
 
 @attrs.define(eq=False)
@@ -132,8 +132,7 @@ async def run_orphan_cycles(
     """Run a cycle per provider of ``core`` (a ``DaemonCore``) until cancelled; hands the cycles to
     ``task_status`` (for status and tests). ``wall_clock`` defaults to ``core.wall``."""
     wall = wall_clock if wall_clock is not None else getattr(core, "wall", time.time)
-    cycles = build_cycles(core.config, core.session, core.keepers, clients, executor, core.events,
-                          wall_clock=wall)  # fmt: skip
+    cycles = build_cycles(core.config, core.session, core.keepers, clients, executor, core.events, wall_clock=wall)
     async with trio.open_nursery() as nursery:
         for cycle, interval in cycles.values():
             await nursery.start(cycle.run, interval)
@@ -197,8 +196,12 @@ class OrphanActions:
             return {"ok": False, "error": f"this daemon has no provider named {request.provider!r}"}
         key = (request.provider, request.machine_id)
         if key in self.running:
-            return {"ok": False, "busy": True, "error": f"busy: an action on machine {request.machine_id!r} of "
-                                                        f"provider {request.provider!r} is under way; try again"}
+            return {
+                "ok": False,
+                "busy": True,
+                "error": f"busy: an action on machine {request.machine_id!r} of "
+                f"provider {request.provider!r} is under way; try again",
+            }
         if len(self.running) >= self._max_running:
             return {"ok": False, "busy": True, "error": f"busy: {len(self.running)} orphan actions are under way"}
         if self._nursery is None:

@@ -24,23 +24,23 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.daemon.admin_socket import serve_admin_socket
 from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
+from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.controller.ops import ControllerOps
+from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.daemon.admin_socket import serve_admin_socket
+from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
 from provisionerd.execution.executor import Executor, ExecutorSettings
-from provisionerd.planner.fact_view import FactView
+from provisionerd.execution.gate import MutationGate
+from provisionerd.execution.loop import LoopSettings, ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
+from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.policy import Policy
 from provisionerd.provider import runtime
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.execution.loop import LoopSettings, ReconcileLoop
-from provisionerd.controller.ops import ControllerOps
 from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.gate import MutationGate
-from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
-from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
 
 
 def runtime_config(config: Config, provider: ProviderConfig) -> runtime.ProviderConfig:
@@ -54,11 +54,16 @@ def runtime_config(config: Config, provider: ProviderConfig) -> runtime.Provider
     else:
         path, args = str(provider.path or ""), ()
     return runtime.ProviderConfig(
-        name=provider.name, cluster=config.cluster, path=path, transport=provider.transport, args=args,
-        conf_dir=str(provider.conf_dir or ""), data_dir=str(provider.data_dir or ""),
+        name=provider.name,
+        cluster=config.cluster,
+        path=path,
+        transport=provider.transport,
+        args=args,
+        conf_dir=str(provider.conf_dir or ""),
+        data_dir=str(provider.data_dir or ""),
         credentials=dict(provider.env),
         timeouts={action: provider.timeouts.for_action(action) for action in ACTION_TIMEOUT_KEYS},
-    )  # fmt: skip
+    )
 
 
 def provider_client(config: Config, provider: ProviderConfig) -> Any:
@@ -115,7 +120,9 @@ class DaemonCore:
         """``instance``: this start's ``Join.instance`` (empty: drawn from ``rng``; the simulation names its own,
         so that adding the field did not shift the draws every seeded run makes from ``rng``)."""
         if connect is None:
-            from provisionerd.controller.connect import tls_connector  # loads the TLS files now: a bad path fails at start
+            from provisionerd.controller.connect import (
+                tls_connector,
+            )  # loads the TLS files now: a bad path fails at start
 
             connect = tls_connector(config)
         self.config = config
@@ -125,8 +132,14 @@ class DaemonCore:
         self.session = ControllerSession(session_settings, connect, self.events, rng)
         self.ops = ControllerOps(self.session)
         self.keepers = {
-            p.name: LeaseKeeper(p.name, self.ops, margin=config.lease.margin, backoff=config.controller.backoff,
-                                rng=rng, events=self.events)
+            p.name: LeaseKeeper(
+                p.name,
+                self.ops,
+                margin=config.lease.margin,
+                backoff=config.controller.backoff,
+                rng=rng,
+                events=self.events,
+            )
             for p in config.providers
         }
         self.gate = MutationGate(self.keepers, self.ops, self.events)
@@ -135,15 +148,35 @@ class DaemonCore:
         self.policy = policy if policy is not None else policy_from_config(config)
         self.feed = OfferFeed(self.providers, self.events, interval=offer_interval)
         if executor_settings is None:
-            executor_settings = ExecutorSettings(cluster=config.cluster, controllers=config.controller.addresses,
-                                                 provisioning_timeout=self.policy.provisioning_timeout,
-                                                 return_timeout=self.policy.provisioning_timeout)  # fmt: skip
-        self.executor = Executor(executor_settings, self.providers, self.gate, self.keepers, self.ops, self.events,
-                                 facts=self._facts, wall=wall)  # fmt: skip
+            executor_settings = ExecutorSettings(
+                cluster=config.cluster,
+                controllers=config.controller.addresses,
+                provisioning_timeout=self.policy.provisioning_timeout,
+                return_timeout=self.policy.provisioning_timeout,
+            )
+        self.executor = Executor(
+            executor_settings,
+            self.providers,
+            self.gate,
+            self.keepers,
+            self.ops,
+            self.events,
+            facts=self._facts,
+            wall=wall,
+        )
         self.wall = wall  # the clock of cloud launch times (the orphan cycles read it too)
-        self.loop = ReconcileLoop(self.session, self.keepers, self.executor, self.feed, self.policy, self.events,
-                                  settings=loop_settings, wall=wall, jitter_seed=rng.randrange(1 << 30),
-                                  view_ready=self.session.synced_for)  # fmt: skip
+        self.loop = ReconcileLoop(
+            self.session,
+            self.keepers,
+            self.executor,
+            self.feed,
+            self.policy,
+            self.events,
+            settings=loop_settings,
+            wall=wall,
+            jitter_seed=rng.randrange(1 << 30),
+            view_ready=self.session.synced_for,
+        )
         # After any acquisition the view may lack what the previous holder committed (never pushed to us): resync,
         # and plan that provider only from a view resynced after the grant (``session.synced_for``).
         for name, keeper in self.keepers.items():
@@ -158,14 +191,26 @@ class DaemonCore:
         leases = []
         for keeper in self.keepers.values():
             s = keeper.status(now)
-            leases.append({
-                "provider": s.provider, "state": s.state.value, "epoch": str(s.epoch) if s.epoch else None,
-                "remaining": None if s.remaining is None else round(s.remaining, 3), "reason": s.reason,
-            })  # fmt: skip
-        return {"cluster": self.config.cluster, "identity": self.config.identity, "link": self.session.status(),
-                "leases": leases,
-                "reconcile": {"cycles": self.loop.cycles, "busy_ops": len(self.executor.busy_ops),
-                              "offers": len(self.feed.catalog)}}  # fmt: skip
+            leases.append(
+                {
+                    "provider": s.provider,
+                    "state": s.state.value,
+                    "epoch": str(s.epoch) if s.epoch else None,
+                    "remaining": None if s.remaining is None else round(s.remaining, 3),
+                    "reason": s.reason,
+                }
+            )
+        return {
+            "cluster": self.config.cluster,
+            "identity": self.config.identity,
+            "link": self.session.status(),
+            "leases": leases,
+            "reconcile": {
+                "cycles": self.loop.cycles,
+                "busy_ops": len(self.executor.busy_ops),
+                "offers": len(self.feed.catalog),
+            },
+        }
 
     def _facts(self) -> FactView | None:
         view = self.session.view
@@ -176,8 +221,12 @@ class DaemonCore:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.orphan_actions.run)
             if self.config.daemon.admin_socket is not None:
-                await nursery.start(serve_admin_socket, self.config.daemon.admin_socket, self.status,
-                                    {"orphan_action": self.orphan_actions.command})  # fmt: skip
+                await nursery.start(
+                    serve_admin_socket,
+                    self.config.daemon.admin_socket,
+                    self.status,
+                    {"orphan_action": self.orphan_actions.command},
+                )
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)
             for client in self.providers.values():

@@ -27,13 +27,19 @@ import attrs
 import trio
 
 from provisionerd.config.loader import (
-    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
-)  # fmt: skip
+    Backoff,
+    Config,
+    ControllerSettings,
+    DaemonSettings,
+    LeaseSettings,
+    ProviderConfig,
+    ProviderTimeouts,
+)
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.demo.procs import Child, cluster_agents, processes_of_run, start_child, terminate_all
-from provisionerd.telemetry.events import EventLog
-from provisionerd.planner.fact_view import FactView
 from provisionerd.domain.model import TAG_CLUSTER, TAG_EPOCH, TAG_OP, TAG_PROVIDER, DemandItem, HostState, ResourceShape
+from provisionerd.planner.fact_view import FactView
+from provisionerd.telemetry.events import EventLog
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_PROVIDER = PACKAGE_ROOT / "providers" / "local"
@@ -107,11 +113,27 @@ def child_env() -> dict[str, str]:
 async def start_controller(paths: DemoPaths) -> tuple[Child, tuple[str, ...]]:
     """``refcontroller serve`` with three replicas on free loopback ports; returns it and the replica addresses
     once it printed its ready line."""
-    argv = [sys.executable, "-m", "refcontroller", "serve", "--certs", str(paths.certs),
-            "--data", str(paths.controller_data), "--listen", ",".join(["127.0.0.1:0"] * REPLICAS),
-            "--lease-ttl", str(LEASE_TTL), "--check-interval", "0.5", "--heartbeat-timeout", "3"]  # fmt: skip
-    child = await start_child("controller", argv, paths.logs / "controller.log", env=child_env(),
-                              stdout=subprocess.PIPE)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "refcontroller",
+        "serve",
+        "--certs",
+        str(paths.certs),
+        "--data",
+        str(paths.controller_data),
+        "--listen",
+        ",".join(["127.0.0.1:0"] * REPLICAS),
+        "--lease-ttl",
+        str(LEASE_TTL),
+        "--check-interval",
+        "0.5",
+        "--heartbeat-timeout",
+        "3",
+    ]
+    child = await start_child(
+        "controller", argv, paths.logs / "controller.log", env=child_env(), stdout=subprocess.PIPE
+    )
     stdout = child.process.stdout
     assert stdout is not None
     line = await _read_line(stdout)
@@ -121,8 +143,10 @@ async def start_controller(paths: DemoPaths) -> tuple[Child, tuple[str, ...]]:
     except ValueError:
         ready = {}
     if not isinstance(ready, dict) or not ready.get("ready") or len(ready.get("listen", ())) != REPLICAS:
-        raise DemoError("controller", f"refcontroller serve did not start (said {line[:200]!r}; exit "
-                                      f"{child.process.poll()!r}; see {child.log})")  # fmt: skip
+        raise DemoError(
+            "controller",
+            f"refcontroller serve did not start (said {line[:200]!r}; exit {child.process.poll()!r}; see {child.log})",
+        )
     return child, tuple(str(a) for a in ready["listen"])
 
 
@@ -156,11 +180,23 @@ def write_local_conf(paths: DemoPaths, workers: int) -> None:
     paths.local_conf.mkdir(parents=True, exist_ok=True)
     paths.local_data.mkdir(parents=True, exist_ok=True)
     conf = {
-        "templates": [{"templateId": TEMPLATE, "maxNumber": workers + 8, "ncpus": 1, "memMb": 512, "ngpus": 0,
-                       "type": "auto", "price": 0}],
-        "certsDir": str(paths.certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 5, "killGraceSeconds": 5,
+        "templates": [
+            {
+                "templateId": TEMPLATE,
+                "maxNumber": workers + 8,
+                "ncpus": 1,
+                "memMb": 512,
+                "ngpus": 0,
+                "type": "auto",
+                "price": 0,
+            }
+        ],
+        "certsDir": str(paths.certs),
+        "heartbeatSeconds": 1,
+        "replyTimeoutSeconds": 5,
+        "killGraceSeconds": 5,
         "agentCommand": [],
-    }  # fmt: skip
+    }
     (paths.local_conf / "local.json").write_text(json.dumps(conf, indent=2) + "\n")
 
 
@@ -168,16 +204,34 @@ def write_config(paths: DemoPaths, cluster: str, addresses: tuple[str, ...], wor
     """The daemon's config for this run, checked by the daemon's own loader. The orphan passes keep their default
     interval and settle window (60 s): see the module docstring."""
     config = Config(
-        cluster=cluster, identity="demo-provisioner",
-        controller=ControllerSettings(addresses, connect_timeout=3, request_timeout=5, heartbeat_interval=0.5,
-                                      heartbeat_timeout=3, backoff=Backoff(initial=0.05, max=0.5)),
-        tls=provisioner_tls(paths.certs), lease=LeaseSettings(margin=0.5),
+        cluster=cluster,
+        identity="demo-provisioner",
+        controller=ControllerSettings(
+            addresses,
+            connect_timeout=3,
+            request_timeout=5,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=3,
+            backoff=Backoff(initial=0.05, max=0.5),
+        ),
+        tls=provisioner_tls(paths.certs),
+        lease=LeaseSettings(margin=0.5),
         daemon=DaemonSettings(events_log=paths.events, admin_socket=paths.admin_socket),
-        providers=(ProviderConfig(
-            PROVIDER, "persistent", path=LOCAL_PROVIDER, conf_dir=paths.local_conf, data_dir=paths.local_data,
-            max_machines=workers + 8, step_limit=max(10, workers), join_deadline=60, idle_time=1,
-            timeouts=ProviderTimeouts(default=20)),),
-    )  # fmt: skip
+        providers=(
+            ProviderConfig(
+                PROVIDER,
+                "persistent",
+                path=LOCAL_PROVIDER,
+                conf_dir=paths.local_conf,
+                data_dir=paths.local_data,
+                max_machines=workers + 8,
+                step_limit=max(10, workers),
+                join_deadline=60,
+                idle_time=1,
+                timeouts=ProviderTimeouts(default=20),
+            ),
+        ),
+    )
     return write_daemon_config(config, paths.config)
 
 
@@ -215,14 +269,26 @@ async def start_orphan(paths: DemoPaths, config: Config, controller: str) -> str
     from provisionerd.provider.oneshot import OneShotProvider
     from provisionerd.provider.runtime import ProviderConfig as RuntimeConfig
 
-    client = OneShotProvider(RuntimeConfig(
-        name=PROVIDER, cluster=config.cluster, path=str(LOCAL_PROVIDER), transport="oneshot",
-        conf_dir=str(paths.local_conf), data_dir=str(paths.local_data)))  # fmt: skip
+    client = OneShotProvider(
+        RuntimeConfig(
+            name=PROVIDER,
+            cluster=config.cluster,
+            path=str(LOCAL_PROVIDER),
+            transport="oneshot",
+            conf_dir=str(paths.local_conf),
+            data_dir=str(paths.local_data),
+        )
+    )
     op_id = f"{config.cluster}:demo-orphan:{secrets.token_hex(4)}"
     tags = {TAG_CLUSTER: config.cluster, TAG_PROVIDER: PROVIDER, TAG_OP: op_id, TAG_EPOCH: "0.0"}
-    ask = {"template": {"templateId": TEMPLATE, "machineCount": 1}, "op_id": op_id, "tags": tags,
-           "bootstrap": [{"instanceRef": f"{op_id}/0", "controllers": [controller],
-                          "joinToken": secrets.token_urlsafe(24)}]}  # fmt: skip
+    ask = {
+        "template": {"templateId": TEMPLATE, "machineCount": 1},
+        "op_id": op_id,
+        "tags": tags,
+        "bootstrap": [
+            {"instanceRef": f"{op_id}/0", "controllers": [controller], "joinToken": secrets.token_urlsafe(24)}
+        ],
+    }
     answer = await client.call("requestMachines", ask, timeout=30)
     status = await client.call("getRequestStatus", {"requests": [{"requestId": answer["requestId"]}]}, timeout=30)
     machines = [m for r in status["requests"] for m in r["machines"] if m.get("result") == "succeed"]
@@ -264,8 +330,9 @@ async def read_facts(config: Config, timeout: float) -> tuple[FactView, dict[str
 # --- clean-up -------------------------------------------------------------------------------------------------
 
 
-async def stop_everything(paths: DemoPaths, cluster: str, daemon: Child | None, controller: Child | None, *,
-                          keep: bool = False) -> tuple[list[str], int]:  # fmt: skip
+async def stop_everything(
+    paths: DemoPaths, cluster: str, daemon: Child | None, controller: Child | None, *, keep: bool = False
+) -> tuple[list[str], int]:
     """Stop the daemon (SIGTERM first: it gives its lease back while the controller still runs), every agent of
     ``cluster``, the controller, then anything else naming the run's directory (a provider plugin); remove the
     directory unless ``keep``. Bounded (about 30 s at worst). Returns notes on what had to be forced and how many

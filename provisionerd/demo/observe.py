@@ -142,8 +142,12 @@ def daemon_fields(status: dict[str, Any], provider: str) -> dict[str, Any]:
     """The snapshot's daemon part from its status document."""
     link = status.get("link") if isinstance(status.get("link"), dict) else {}
     lease = next((x for x in status.get("leases", []) if isinstance(x, dict) and x.get("provider") == provider), {})
-    return {"link": str(link.get("state", "-")), "daemon_primary": link.get("primary") or None,
-            "lease": str(lease.get("state", "-")), "epoch": lease.get("epoch") or None}  # fmt: skip
+    return {
+        "link": str(link.get("state", "-")),
+        "daemon_primary": link.get("primary") or None,
+        "lease": str(lease.get("state", "-")),
+        "epoch": lease.get("epoch") or None,
+    }
 
 
 class Observer:
@@ -152,8 +156,9 @@ class Observer:
     ``admin`` (the controller's admin API) and ``daemon_status`` (an async callable) are set by the script once
     those pieces run; until then their part of the snapshot stays empty."""
 
-    def __init__(self, events_path: Path, cluster: str, provider: str,
-                 on_snapshot: Callable[[Snapshot], None] = lambda s: None) -> None:  # fmt: skip
+    def __init__(
+        self, events_path: Path, cluster: str, provider: str, on_snapshot: Callable[[Snapshot], None] = lambda s: None
+    ) -> None:
         self.cluster = cluster
         self.provider = provider
         self.admin: Any = None
@@ -212,10 +217,16 @@ class Observer:
                 self._fields.update(daemon_fields(status, self.provider))
         self._fold_new_events()
         agents = await trio.to_thread.run_sync(cluster_agents, self.cluster)
-        self._publish(requested=self.tally.total_requested, returned=self.tally.total_returned,
-                      returning=self.tally.total_returning, joined=len(self.seen_joined), agents=len(agents),
-                      agent_ids=frozenset(a.machine_id for a in agents),
-                      problem="; ".join(problems), **self._fields)  # fmt: skip
+        self._publish(
+            requested=self.tally.total_requested,
+            returned=self.tally.total_returned,
+            returning=self.tally.total_returning,
+            joined=len(self.seen_joined),
+            agents=len(agents),
+            agent_ids=frozenset(a.machine_id for a in agents),
+            problem="; ".join(problems),
+            **self._fields,
+        )
 
     def _publish(self, **changes: Any) -> None:
         self.snapshot = attrs.evolve(self.snapshot, elapsed=trio.current_time() - self._started, **changes)

@@ -105,8 +105,7 @@ def parse_agent(info: ProcInfo) -> AgentInfo | None:
                 labels[key] = val
         elif flag in ("--machine-id", "--instance-ref"):
             values[flag] = value
-    return AgentInfo(info.pid, info.starttime, values.get("--machine-id", ""), values.get("--instance-ref", ""),
-                     labels)  # fmt: skip
+    return AgentInfo(info.pid, info.starttime, values.get("--machine-id", ""), values.get("--instance-ref", ""), labels)
 
 
 def cluster_agents(cluster: str) -> list[AgentInfo]:
@@ -120,8 +119,11 @@ def processes_of_run(run_dir: Path) -> list[ProcInfo]:
     provider plugin's ``PRO_DATA_DIR``). ``run_dir`` is a fresh temporary directory, so nothing else names it."""
     needle = str(run_dir)
     encoded = needle.encode()
-    return [info for info, environ in user_processes(with_environ=True)
-            if any(needle in arg for arg in info.argv) or encoded in environ]  # fmt: skip
+    return [
+        info
+        for info, environ in user_processes(with_environ=True)
+        if any(needle in arg for arg in info.argv) or encoded in environ
+    ]
 
 
 def signal_process(pid: int, starttime: int | None, signum: int, *, group: bool = True) -> bool:
@@ -197,15 +199,20 @@ def _killpg(pgid: int, signum: int) -> None:
         pass
 
 
-async def start_child(name: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None,
-                      stdout: int | None = None) -> Child:  # fmt: skip
+async def start_child(
+    name: str, argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None, stdout: int | None = None
+) -> Child:
     """Start ``argv`` in its own session; stderr (and stdout unless ``stdout=subprocess.PIPE``) go to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as handle:
         process = await trio.lowlevel.open_process(
-            list(argv), stdin=subprocess.DEVNULL,
-            stdout=handle if stdout is None else stdout, stderr=handle, env=env, start_new_session=True,
-        )  # fmt: skip
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=handle if stdout is None else stdout,
+            stderr=handle,
+            env=env,
+            start_new_session=True,
+        )
     return Child(name, process, log)
 
 

@@ -25,7 +25,8 @@ def status_lines(s: Snapshot, workers: int) -> list[str]:
         f"  controller  primary {primary}  term {s.term if s.term is not None else '-'}"
         f"  worker sessions there {s.workers_on_primary}",
         f"  daemon      link {s.link} to {s.daemon_primary or '-'}  lease {s.lease}  epoch {s.epoch or '-'}"
-        if s.link != "stopped" else "  daemon      stopped",
+        if s.link != "stopped"
+        else "  daemon      stopped",
     ]
     if s.problem:
         lines.append(f"  (waiting: {s.problem})")
@@ -34,16 +35,32 @@ def status_lines(s: Snapshot, workers: int) -> list[str]:
 
 def plain_line(s: Snapshot) -> str:
     primary = "-" if s.primary is None else f"#{s.primary}"
-    return (f"  [{s.elapsed:5.1f}s] requested {s.requested} joined {s.joined} idle {s.idle} returning {s.returning}"
-            f" returned {s.returned} | agents {s.agents} | epoch {s.epoch or '-'} ({s.lease}) | primary {primary}"
-            f" term {s.term if s.term is not None else '-'} | daemon {s.link} -> "
-            f"{s.daemon_primary or '-'}")  # fmt: skip
+    return (
+        f"  [{s.elapsed:5.1f}s] requested {s.requested} joined {s.joined} idle {s.idle} returning {s.returning}"
+        f" returned {s.returned} | agents {s.agents} | epoch {s.epoch or '-'} ({s.lease}) | primary {primary}"
+        f" term {s.term if s.term is not None else '-'} | daemon {s.link} -> "
+        f"{s.daemon_primary or '-'}"
+    )
 
 
 def _key(s: Snapshot) -> tuple[object, ...]:
     """What makes a plain line worth printing (everything but the clock and transient problems)."""
-    return (s.requested, s.joined, s.idle, s.busy, s.returning, s.returned, s.agents, s.epoch, s.lease, s.link,
-            s.daemon_primary, s.primary, s.term, s.workers_on_primary)  # fmt: skip
+    return (
+        s.requested,
+        s.joined,
+        s.idle,
+        s.busy,
+        s.returning,
+        s.returned,
+        s.agents,
+        s.epoch,
+        s.lease,
+        s.link,
+        s.daemon_primary,
+        s.primary,
+        s.term,
+        s.workers_on_primary,
+    )
 
 
 class Progress:

@@ -35,22 +35,32 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.demo import cluster as dc
-from provisionerd.pki.certs import init_certs
 from provisionerd.config.loader import Config
+from provisionerd.demo import cluster as dc
 from provisionerd.demo.cluster import DemoError, DemoPaths
 from provisionerd.demo.observe import Observer, Snapshot
 from provisionerd.demo.procs import Child, cluster_agents, tail, wait_gone
 from provisionerd.demo.progress import Progress, plain_line
 from provisionerd.domain.errors import ProvisionerdError
+from provisionerd.pki.certs import init_certs
 from provisionerd.planner.fact_view import MachineState
 
 
 def step_timeouts(workers: int) -> dict[str, float]:
     """Seconds each step may take (generous: a loaded 2-core machine starts Python processes slowly)."""
-    return {"certificates": 30, "controller": 30, "daemon": 30, "demand": 30, "failover": 30 + workers,
-            "rejoin": 40 + 2 * workers, "orphan": 60, "drain": 40 + 2 * workers, "stop daemon": 20,
-            "orphan cleanup": 45, "verify": 30}  # fmt: skip
+    return {
+        "certificates": 30,
+        "controller": 30,
+        "daemon": 30,
+        "demand": 30,
+        "failover": 30 + workers,
+        "rejoin": 40 + 2 * workers,
+        "orphan": 60,
+        "drain": 40 + 2 * workers,
+        "stop daemon": 20,
+        "orphan cleanup": 45,
+        "verify": 30,
+    }
 
 
 @attrs.frozen
@@ -69,10 +79,16 @@ class Summary:
 
     def document(self) -> dict[str, Any]:
         """The ``--json`` line: exactly these keys when ok; ``failed_step`` and ``error`` added when not."""
-        doc: dict[str, Any] = {"ok": self.ok, "requested": self.requested, "joined": self.joined,
-                               "returned": self.returned, "failovers": self.failovers,
-                               "orphans_reported": self.orphans_reported, "leaked": self.leaked,
-                               "seconds": self.seconds}  # fmt: skip
+        doc: dict[str, Any] = {
+            "ok": self.ok,
+            "requested": self.requested,
+            "joined": self.joined,
+            "returned": self.returned,
+            "failovers": self.failovers,
+            "orphans_reported": self.orphans_reported,
+            "leaked": self.leaked,
+            "seconds": self.seconds,
+        }
         if not self.ok:
             doc.update(failed_step=self.failed_step, error=self.error)
         return doc
@@ -116,7 +132,7 @@ class DemoRun:
             ("stop daemon", "stopping the daemon (it gives its lease back)", self._stop_daemon),
             ("orphan cleanup", "returning the orphan (provisionerd orphans return)", self._orphan_cleanup),
             ("verify", "checking the controller's facts against the processes", self._verify),
-        ]  # fmt: skip
+        ]
         for number, (name, title, body) in enumerate(steps, 1):
             self.step = name
             self.observer.set_step(f"step {number}/{len(steps)}: {title}")
@@ -127,8 +143,9 @@ class DemoRun:
                 with trio.fail_after(timeout):
                     await body()
             except trio.TooSlowError:
-                raise DemoError(name, f"timed out after {timeout:g}s; last status: "
-                                      f"{plain_line(self.observer.snapshot).strip()}") from None  # fmt: skip
+                raise DemoError(
+                    name, f"timed out after {timeout:g}s; last status: {plain_line(self.observer.snapshot).strip()}"
+                ) from None
             self.steps.append((name, round(trio.current_time() - started, 2)))
 
     async def _certificates(self) -> None:
@@ -143,11 +160,16 @@ class DemoRun:
 
     async def _daemon(self) -> None:
         if len(str(self.paths.admin_socket).encode()) > 100:  # sockaddr_un holds 108 bytes
-            raise DemoError("daemon", f"{self.paths.admin_socket} is too long for a Unix socket path: set TMPDIR "
-                                      f"to a shorter directory")  # fmt: skip
+            raise DemoError(
+                "daemon",
+                f"{self.paths.admin_socket} is too long for a Unix socket path: set TMPDIR to a shorter directory",
+            )
         if not (dc.LOCAL_PROVIDER / "provider").is_file():
-            raise DemoError("daemon", f"the local provider is not at {dc.LOCAL_PROVIDER}: run the demo from a "
-                                      f"checkout (make demo, or pip install -e .)")  # fmt: skip
+            raise DemoError(
+                "daemon",
+                f"the local provider is not at {dc.LOCAL_PROVIDER}: run the demo from a "
+                f"checkout (make demo, or pip install -e .)",
+            )
         dc.write_local_conf(self.paths, self.workers)
         self.config = dc.write_config(self.paths, self.cluster, self.addresses, self.workers)
         self.daemon = await dc.start_daemon(self.paths)
@@ -158,8 +180,10 @@ class DemoRun:
     async def _demand(self) -> None:
         seq = await self.admin.set_demand(dc.demand(self.workers))
         s = await self._wait(lambda s: s.requested >= self.workers)
-        self.progress.say(f"    demand snapshot seq {seq}; intent committed, {s.requested} agents asked of the "
-                          f"local provider (each with its own single-use join token)")  # fmt: skip
+        self.progress.say(
+            f"    demand snapshot seq {seq}; intent committed, {s.requested} agents asked of the "
+            f"local provider (each with its own single-use join token)"
+        )
 
     async def _failover(self) -> None:
         half = (self.workers + 1) // 2
@@ -167,51 +191,71 @@ class DemoRun:
         result = await self.admin.fail_over()
         self.failovers += 1
         new, term = int(result["primary"]), int(result["term"])
-        self.progress.say(f"    {before.joined}/{self.workers} joined: primary #{before.primary} -> #{new}, "
-                          f"term {term}")
+        self.progress.say(
+            f"    {before.joined}/{self.workers} joined: primary #{before.primary} -> #{new}, term {term}"
+        )
         address = self.addresses[new]
-        s = await self._wait(lambda s: s.link == "up" and s.daemon_primary == address and s.lease == "held"
-                             and (s.epoch or "").startswith(f"{term}."))  # fmt: skip
+        s = await self._wait(
+            lambda s: (
+                s.link == "up"
+                and s.daemon_primary == address
+                and s.lease == "held"
+                and (s.epoch or "").startswith(f"{term}.")
+            )
+        )
         self.progress.say(f"    the daemon rejoined #{new} ({address}), resynced, lease epoch {s.epoch}")
 
     async def _rejoin(self) -> None:
         n = self.workers
         s = await self._wait(lambda s: s.joined >= n and s.idle >= n and s.workers_on_primary >= n)
-        self.progress.say(f"    {s.joined} workers joined, {s.idle} idle, {s.workers_on_primary} sessions on "
-                          f"primary #{s.primary}")  # fmt: skip
+        self.progress.say(
+            f"    {s.joined} workers joined, {s.idle} idle, {s.workers_on_primary} sessions on primary #{s.primary}"
+        )
 
     async def _orphan(self) -> None:
         assert self.config is not None
         self._orphan_socket, nowhere = dc.unreachable_address()
         self.orphan = machine = await dc.start_orphan(self.paths, self.config, nowhere)
         self.progress.say(f"    agent {machine} started with this cluster's tags and no fact behind it")
-        done = await dc.run_cli(self.paths, ["orphans", "--config", str(self.paths.config), "--dry-run", "--json",
-                                             "--timeout", "20"], self.timeouts["orphan"] - 5)  # fmt: skip
+        done = await dc.run_cli(
+            self.paths,
+            ["orphans", "--config", str(self.paths.config), "--dry-run", "--json", "--timeout", "20"],
+            self.timeouts["orphan"] - 5,
+        )
         try:
             report = json.loads(done.stdout)
             findings = list(report["findings"])
         except (ValueError, KeyError, TypeError):
-            raise DemoError("orphan", f"provisionerd orphans --dry-run exited {done.returncode} without a "
-                                      f"report: {done.stdout[:300]!r} (see {self.paths.logs / 'cli.log'})"
-                            ) from None  # fmt: skip
+            raise DemoError(
+                "orphan",
+                f"provisionerd orphans --dry-run exited {done.returncode} without a "
+                f"report: {done.stdout[:300]!r} (see {self.paths.logs / 'cli.log'})",
+            ) from None
         for finding in findings:
-            self.progress.say(f"    report: {finding.get('class')} {finding.get('machine_id')}  would "
-                              f"{finding.get('action')}, blocked by {', '.join(finding.get('blocked_by', []))}")
+            self.progress.say(
+                f"    report: {finding.get('class')} {finding.get('machine_id')}  would "
+                f"{finding.get('action')}, blocked by {', '.join(finding.get('blocked_by', []))}"
+            )
         self.orphans_reported = len(findings)
         ours = [f for f in findings if f.get("machine_id") == machine and f.get("class") == "tagged_unknown"]
         if done.returncode != 0 or report.get("mutations") != 0:
             raise DemoError("orphan", f"the dry run exited {done.returncode} with {report.get('mutations')} mutations")
         if not ours or len(findings) != 1:
-            raise DemoError("orphan", f"expected exactly the orphan {machine} as tagged_unknown, got "
-                                      f"{[(f.get('class'), f.get('machine_id')) for f in findings]}")  # fmt: skip
+            raise DemoError(
+                "orphan",
+                f"expected exactly the orphan {machine} as tagged_unknown, got "
+                f"{[(f.get('class'), f.get('machine_id')) for f in findings]}",
+            )
 
     async def _drain(self) -> None:
         seq = await self.admin.set_demand(dc.demand(0))
         n, orphan = self.workers, {self.orphan}
         # Returned, their agents exited (the orphan's is the one left) and the controller saw them go.
         s = await self._wait(lambda s: s.returned >= n and not s.agent_ids - orphan and s.live_hosts == 0)
-        self.progress.say(f"    demand snapshot seq {seq}: {s.returned} workers returned, their agents exited, "
-                          f"the controller has no live worker left")  # fmt: skip
+        self.progress.say(
+            f"    demand snapshot seq {seq}: {s.returned} workers returned, their agents exited, "
+            f"the controller has no live worker left"
+        )
 
     async def _stop_daemon(self) -> None:
         assert self.daemon is not None
@@ -222,20 +266,32 @@ class DemoRun:
         released = [e for e in self.observer.releases if e.get("provider") == dc.PROVIDER]
         if not released or released[-1].get("confirmed") is not True:
             raise DemoError("stop daemon", f"the daemon did not give its lease back (events: {self.paths.events})")
-        self.progress.say(f"    stopped (exit 0); lease epoch {released[-1].get('epoch')} released, the controller "
-                          f"confirmed")  # fmt: skip
+        self.progress.say(
+            f"    stopped (exit 0); lease epoch {released[-1].get('epoch')} released, the controller confirmed"
+        )
 
     async def _orphan_cleanup(self) -> None:
         assert self.orphan is not None
-        args = ["orphans", "return", "--config", str(self.paths.config), "--provider", dc.PROVIDER,
-                "--machine", self.orphan]  # fmt: skip
+        args = [
+            "orphans",
+            "return",
+            "--config",
+            str(self.paths.config),
+            "--provider",
+            dc.PROVIDER,
+            "--machine",
+            self.orphan,
+        ]
         done = await dc.run_cli(self.paths, args, self.timeouts["orphan cleanup"] - 10)
         if done.returncode != 0:
-            raise DemoError("orphan cleanup", f"provisionerd orphans return exited {done.returncode}: "
-                                              f"{tail(self.paths.logs / 'cli.log', 3)}")  # fmt: skip
+            raise DemoError(
+                "orphan cleanup",
+                f"provisionerd orphans return exited {done.returncode}: {tail(self.paths.logs / 'cli.log', 3)}",
+            )
         orphan = self.orphan
-        gone = await wait_gone(lambda: any(a.machine_id == orphan for a in cluster_agents(self.cluster)), 10,
-                               interval=0.2)  # fmt: skip
+        gone = await wait_gone(
+            lambda: any(a.machine_id == orphan for a in cluster_agents(self.cluster)), 10, interval=0.2
+        )
         if not gone:
             raise DemoError("orphan cleanup", f"the orphan's agent {orphan} is still running after its return")
         self.progress.say(f"    {orphan} returned through the lease-gated executor (admin-confirmed); it exited")
@@ -262,9 +318,11 @@ class DemoRun:
         unexplained = [a for a in alive if a.machine_id not in live]
         self.leaked = len(unexplained)
         c, n = self.counts, self.workers
-        self.progress.say(f"    facts: {c['requested']} requested, {len(made)} made, {c['joined']} joined, "
-                          f"{c['returned']} returned; agents alive: {len(alive)}, unexplained: "
-                          f"{self.leaked}")  # fmt: skip
+        self.progress.say(
+            f"    facts: {c['requested']} requested, {len(made)} made, {c['joined']} joined, "
+            f"{c['returned']} returned; agents alive: {len(alive)}, unexplained: "
+            f"{self.leaked}"
+        )
         wrong = [f"{k} {v} != {n}" for k, v in c.items() if v != n]
         if self.leaked:
             wrong.append(f"{self.leaked} agent(s) alive that no fact explains: {[a.machine_id for a in unexplained]}")
@@ -278,8 +336,11 @@ class DemoRun:
         """Fail the step at once when a piece that should run has exited (with the end of its log)."""
         for child in (self.controller, self.daemon):
             if child is not None and not child.running():
-                raise DemoError(self.step, f"the {child.name} exited with {child.process.returncode}; the end of "
-                                           f"its log ({child.log}):\n{tail(child.log)}")  # fmt: skip
+                raise DemoError(
+                    self.step,
+                    f"the {child.name} exited with {child.process.returncode}; the end of "
+                    f"its log ({child.log}):\n{tail(child.log)}",
+                )
 
     # --- clean-up -----------------------------------------------------------------------------------------------
 
@@ -294,8 +355,14 @@ class DemoRun:
         return notes
 
 
-async def run_demo(workers: int, progress: Progress, cancel: trio.CancelScope, *, keep: bool = False,
-                   interrupted: Callable[[], str] = lambda: "") -> Summary:  # fmt: skip
+async def run_demo(
+    workers: int,
+    progress: Progress,
+    cancel: trio.CancelScope,
+    *,
+    keep: bool = False,
+    interrupted: Callable[[], str] = lambda: "",
+) -> Summary:
     """Run the demo; ``cancel`` (cancelled on Ctrl-C/SIGTERM by the caller) stops the script, never the clean-up.
     ``interrupted()`` names the signal once there was one."""
     started = trio.current_time()
@@ -329,13 +396,28 @@ async def run_demo(workers: int, progress: Progress, cancel: trio.CancelScope, *
                         progress.say(f"--- the end of {child.log.name}:\n{tail(child.log, 12)}")
             for note in await run.cleanup(keep):
                 progress.say(f"    {note}")
-    c = run.counts if run.verified else {"requested": run.observer.snapshot.requested,
-                                         "joined": run.observer.snapshot.joined,
-                                         "returned": run.observer.snapshot.returned}  # fmt: skip
-    return Summary(ok=not failed_step, requested=c["requested"], joined=c["joined"], returned=c["returned"],
-                   failovers=run.failovers, orphans_reported=run.orphans_reported, leaked=run.leaked or 0,
-                   seconds=round(trio.current_time() - started, 1), failed_step=failed_step, error=error,
-                   steps=tuple(run.steps))  # fmt: skip
+    c = (
+        run.counts
+        if run.verified
+        else {
+            "requested": run.observer.snapshot.requested,
+            "joined": run.observer.snapshot.joined,
+            "returned": run.observer.snapshot.returned,
+        }
+    )
+    return Summary(
+        ok=not failed_step,
+        requested=c["requested"],
+        joined=c["joined"],
+        returned=c["returned"],
+        failovers=run.failovers,
+        orphans_reported=run.orphans_reported,
+        leaked=run.leaked or 0,
+        seconds=round(trio.current_time() - started, 1),
+        failed_step=failed_step,
+        error=error,
+        steps=tuple(run.steps),
+    )
 
 
 def _only_cause(exc: BaseException) -> BaseException:

@@ -206,9 +206,7 @@ class OrphanAdopted:
     address: str = ""
 
 
-Fact = Union[
-    RequestIntent, InstanceFact, RequestFailed, ReturnIntent, Returned, Lost, OrphanReported, OrphanAdopted
-]
+Fact = Union[RequestIntent, InstanceFact, RequestFailed, ReturnIntent, Returned, Lost, OrphanReported, OrphanAdopted]
 FACT_TYPES: tuple[type, ...] = (
     RequestIntent,
     InstanceFact,

@@ -52,10 +52,18 @@ from typing import Any
 import attrs
 import trio
 
+from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.domain.actions import RequestMachines
-from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
 from provisionerd.domain.errors import ControllerRejected, LeaseError, ProviderError
-from provisionerd.telemetry.events import EventLog
+from provisionerd.domain.model import (
+    NO_EPOCH,
+    Fact,
+    InstanceFact,
+    ProviderMachine,
+    RequestFailed,
+    RequestIntent,
+)
+from provisionerd.domain.tokens import instance_refs, issue
 from provisionerd.execution.documents import (
     RequestStatus,
     assign_refs,
@@ -64,6 +72,7 @@ from provisionerd.execution.documents import (
     request_input,
     status_of,
 )
+from provisionerd.execution.gate import LEASE_LOST_REASONS, FactCommitter, MutationGate
 from provisionerd.execution.legacy_requests import LegacyRequestFlow, is_legacy
 from provisionerd.execution.returns import ReturnFlow
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
@@ -75,23 +84,15 @@ from provisionerd.execution.values import (
     ReturnOutcome,
     _Run,
 )
+from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
 from provisionerd.planner.fact_view import FactView
-from provisionerd.execution.gate import LEASE_LOST_REASONS, FactCommitter, MutationGate
-from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.domain.model import (
-    NO_EPOCH,
-    Fact,
-    InstanceFact,
-    ProviderMachine,
-    RequestFailed,
-    RequestIntent,
-)
 from provisionerd.planner.state import BACKOFF_CODES, ActionDropped, IntentRefused, Observation
-from provisionerd.domain.tokens import instance_refs, issue
+from provisionerd.telemetry.events import EventLog
 
 __all__ = ["DEFINITE_CODES", "GATE_ERRORS", "Executor", "ExecutorSettings", "RequestOutcome", "ReturnOutcome"]
 
 log = logging.getLogger(__name__)
+
 
 class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
     def __init__(
@@ -170,14 +171,16 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
             run.add(Throttled(provider, at))
         elif code == "quota_exceeded":
             run.add(QuotaExceeded(provider, at, getattr(exc, "message", "")))
-            self._events.emit("provider_paused", provider=provider, reason="quota_exceeded",
-                              detail=getattr(exc, "message", ""))  # fmt: skip
+            self._events.emit(
+                "provider_paused", provider=provider, reason="quota_exceeded", detail=getattr(exc, "message", "")
+            )
 
     async def _list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
         """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""
         try:
-            document = await self._clients[provider].call("listMachines", op_filter(self.settings.cluster,
-                                                                                    provider, op_id))
+            document = await self._clients[provider].call(
+                "listMachines", op_filter(self.settings.cluster, provider, op_id)
+            )
         except ProviderError as exc:
             log.warning("listMachines for op %s failed: %s", op_id, exc)
             return None
@@ -196,7 +199,8 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
             await trio.sleep_until(wake)
             try:
                 document = await self._clients[provider].call(
-                    "getRequestStatus", {"requests": [{"requestId": request_id}]})
+                    "getRequestStatus", {"requests": [{"requestId": request_id}]}
+                )
             except ProviderError as exc:
                 self._observe_error(run, provider, "", exc)
                 log.info("getRequestStatus %s failed: %s", request_id, exc)
@@ -221,8 +225,16 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
         finally:
             self.busy_ops.discard(action.op_id)
         outcome = attrs.evolve(outcome, observations=tuple(run.observations))
-        self._emit("result", "request", action.op_id, action.provider, status=outcome.status,
-                   machines=len(outcome.machine_ids), code=outcome.code, detail=outcome.detail)  # fmt: skip
+        self._emit(
+            "result",
+            "request",
+            action.op_id,
+            action.provider,
+            status=outcome.status,
+            machines=len(outcome.machine_ids),
+            code=outcome.code,
+            detail=outcome.detail,
+        )
         return outcome
 
     async def _request(self, run: _Run, action: RequestMachines) -> RequestOutcome:
@@ -233,17 +245,32 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
             return RequestOutcome(op_id, provider, "dropped", code="unknown_provider")
         started = trio.current_time()
         issued = issue(instance_refs(op_id, action.count))
-        intent = RequestIntent(provider, NO_EPOCH, op_id, action.template_id, action.count,
-                               tuple(t.instance_ref for t in issued), tuple(t.hash for t in issued),
-                               action.demand_id)  # fmt: skip
+        intent = RequestIntent(
+            provider,
+            NO_EPOCH,
+            op_id,
+            action.template_id,
+            action.count,
+            tuple(t.instance_ref for t in issued),
+            tuple(t.hash for t in issued),
+            action.demand_id,
+        )
         error: ProviderError | None = None
         accepted: dict[str, Any] | None = None
         try:
             async with self._gate.mutation(provider, intent) as permit:
-                document = request_input(s.cluster, provider, op_id, action.template_id, issued, s.controllers,
-                                         permit.epoch)  # fmt: skip
-                self._emit("called", "request", op_id, provider, template=action.template_id, count=action.count,
-                           epoch=permit.epoch)  # fmt: skip
+                document = request_input(
+                    s.cluster, provider, op_id, action.template_id, issued, s.controllers, permit.epoch
+                )
+                self._emit(
+                    "called",
+                    "request",
+                    op_id,
+                    provider,
+                    template=action.template_id,
+                    count=action.count,
+                    epoch=permit.epoch,
+                )
                 try:
                     accepted = await client.call("requestMachines", document)
                 except ProviderError as exc:
@@ -282,7 +309,9 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
         await self._commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, code))
         return RequestOutcome(intent.op_id, intent.provider, "rejected", code=code, detail=error.detail)
 
-    async def _commit_instances(self, intent: RequestIntent, machines: Sequence[ProviderMachine]) -> tuple[str, ...] | None:
+    async def _commit_instances(
+        self, intent: RequestIntent, machines: Sequence[ProviderMachine]
+    ) -> tuple[str, ...] | None:
         """Commit an InstanceFact per machine of ``intent`` not in the facts yet; the machine ids committed
         (``None`` when a commit failed: the rest is left to recovery)."""
         known = self._facts()
@@ -292,8 +321,18 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
             if known is not None and machine.machine_id in known.machines:
                 committed.append(machine.machine_id)
                 continue
-            fact = InstanceFact(intent.provider, NO_EPOCH, intent.op_id, ref, machine.machine_id, intent.template_id,
-                                hashes[ref], machine.name, machine.address, machine.launch_time)  # fmt: skip
+            fact = InstanceFact(
+                intent.provider,
+                NO_EPOCH,
+                intent.op_id,
+                ref,
+                machine.machine_id,
+                intent.template_id,
+                hashes[ref],
+                machine.name,
+                machine.address,
+                machine.launch_time,
+            )
             if not await self._commit_quietly(fact):
                 return None
             committed.append(machine.machine_id)
@@ -325,8 +364,7 @@ class Executor(ReturnFlow, LegacyRequestFlow, UnknownOutcomeFlow):
         found = await self._list_op(intent.provider, intent.op_id)
         machines = found if found is not None else (status.machines if status is not None else ())
         committed = await self._commit_instances(intent, machines)
-        return RequestOutcome(intent.op_id, intent.provider, "timed_out", committed or (),
-                              code="provisioning_timeout")  # fmt: skip
+        return RequestOutcome(intent.op_id, intent.provider, "timed_out", committed or (), code="provisioning_timeout")
 
     async def recover_request(self, intent: RequestIntent) -> RequestOutcome:
         """Settle an open intent no task is running (after a restart): see the module docstring."""

@@ -29,10 +29,10 @@ from typing import Protocol
 import attrs
 import trio
 
-from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
-from provisionerd.telemetry.events import EventLog
 from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
 from provisionerd.domain.model import Epoch, Fact
+from provisionerd.telemetry.events import EventLog
 
 #: Rejections of an intent that mean our epoch is not (or no longer) the provider's current one.
 LEASE_LOST_REASONS = frozenset({"stale_epoch", "no_lease"})
@@ -87,8 +87,14 @@ class MutationGate:
     def _record(self, decision: GateDecision) -> None:
         self.decisions.append(decision)
         self._events.emit(
-            "gate", provider=decision.provider, op_id=decision.op_id, fact=decision.fact_kind,
-            outcome=decision.outcome, epoch=decision.epoch, index=decision.fact_index, detail=decision.detail,
+            "gate",
+            provider=decision.provider,
+            op_id=decision.op_id,
+            fact=decision.fact_kind,
+            outcome=decision.outcome,
+            epoch=decision.epoch,
+            index=decision.fact_index,
+            detail=decision.detail,
         )
 
     @contextlib.asynccontextmanager
@@ -101,8 +107,14 @@ class MutationGate:
             raise LeaseError(provider, "this daemon does not serve it")
 
         def decide(outcome: str, **fields: object) -> GateDecision:
-            decision = GateDecision(at=trio.current_time(), provider=provider, op_id=intent.op_id,
-                                    fact_kind=type(intent).__name__, outcome=outcome, **fields)  # type: ignore[arg-type]
+            decision = GateDecision(
+                at=trio.current_time(),
+                provider=provider,
+                op_id=intent.op_id,
+                fact_kind=type(intent).__name__,
+                outcome=outcome,
+                **fields,
+            )  # type: ignore[arg-type]
             self._record(decision)
             return decision
 
@@ -132,15 +144,18 @@ class MutationGate:
             raise LeaseError(provider, f"lease for epoch {epoch} lapsed before the intent was acknowledged")
         now = trio.current_time()
         if not lease.valid(now) or lease.epoch != epoch:
-            decide("lapsed_after_ack", epoch=epoch, fact_epoch=epoch, fact_index=index,
-                   valid_until=lease.valid_until)
+            decide("lapsed_after_ack", epoch=epoch, fact_epoch=epoch, fact_index=index, valid_until=lease.valid_until)
             raise LeaseError(provider, f"lease for epoch {epoch} lapsed when the intent was acknowledged")
         decide("admitted", epoch=epoch, fact_epoch=epoch, fact_index=index, valid_until=lease.valid_until)
         try:
             yield Permit(epoch=epoch, fact=stamped, fact_index=index, admitted_at=now)
         finally:
-            decide("finished", epoch=epoch, fact_index=index,
-                   detail="lease still valid" if lease.valid() else "lease lapsed during the call")
+            decide(
+                "finished",
+                epoch=epoch,
+                fact_index=index,
+                detail="lease still valid" if lease.valid() else "lease lapsed during the call",
+            )
 
 
 def violations(decisions: list[GateDecision] | collections.deque[GateDecision]) -> list[str]:

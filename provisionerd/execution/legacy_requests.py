@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown
-from provisionerd.execution.values import RequestOutcome, _Run
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
+from provisionerd.execution.values import RequestOutcome, _Run
 from provisionerd.provider.legacy.rules import NextStep, after_request_error
 
 #: The longest ``RequestFailed.reason`` written (the rest of a plugin's message is in the event).
@@ -36,14 +36,17 @@ def is_legacy(client: Any) -> bool:
 
 def unknown_reason(error: ProviderError) -> str:
     """The ``RequestFailed`` reason for a legacy request whose outcome is unknown."""
-    return (f"outcome unknown: {type(error).__name__}: {error.detail}; not retried (a legacy LSF plugin has no "
-            "idempotency and no listing, so a retry could make the machines twice); any machines it made are "
-            "invisible, see the orphan report")[:MAX_REASON]  # fmt: skip
+    return (
+        f"outcome unknown: {type(error).__name__}: {error.detail}; not retried (a legacy LSF plugin has no "
+        "idempotency and no listing, so a retry could make the machines twice); any machines it made are "
+        "invisible, see the orphan report"
+    )[:MAX_REASON]
 
 
 class LegacyRequestFlow:
-    async def _legacy_after_error(self, run: _Run, intent: RequestIntent, client: Any,
-                                  error: ProviderError) -> RequestOutcome:  # fmt: skip
+    async def _legacy_after_error(
+        self, run: _Run, intent: RequestIntent, client: Any, error: ProviderError
+    ) -> RequestOutcome:
         """The end of a legacy request whose ``requestMachines`` raised ``error`` (see the module docstring)."""
         step = after_request_error(error, client.features)
         if step is NextStep.UNKNOWN_OUTCOME:
@@ -52,12 +55,24 @@ class LegacyRequestFlow:
 
     async def _settle_unknown(self, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         reason = unknown_reason(error)
-        self._events.emit("request_outcome_unknown", provider=intent.provider, op_id=intent.op_id,
-                          template=intent.template_id, count=intent.count, error=type(error).__name__,
-                          detail=error.detail, retried=False)  # fmt: skip
+        self._events.emit(
+            "request_outcome_unknown",
+            provider=intent.provider,
+            op_id=intent.op_id,
+            template=intent.template_id,
+            count=intent.count,
+            error=type(error).__name__,
+            detail=error.detail,
+            retried=False,
+        )
         committed = await self._commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, reason))
-        return RequestOutcome(intent.op_id, intent.provider, "unknown",
-                              code="outcome_unknown" if committed else "commit_failed", detail=reason)  # fmt: skip
+        return RequestOutcome(
+            intent.op_id,
+            intent.provider,
+            "unknown",
+            code="outcome_unknown" if committed else "commit_failed",
+            detail=reason,
+        )
 
     async def settle_legacy_recovery(self, intent: RequestIntent, client: Any) -> RequestOutcome | None:
         """After a restart: an open intent of a legacy plugin whose journal records a call with an unknown

@@ -36,17 +36,20 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
-from provisionerd.planner.capacity import Throttled
-from provisionerd.domain.errors import ControllerRejected, ProviderError, ProviderRejected
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.executor import GATE_ERRORS, Executor
-from provisionerd.execution.values import ReturnOutcome
-from provisionerd.planner.fact_view import MachineState
 from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.controller.session import LinkState
+from provisionerd.controller.view import ControllerView
+from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
+from provisionerd.domain.errors import ControllerRejected, ProviderError, ProviderRejected
 from provisionerd.domain.model import NO_EPOCH, Lost, RequestFailed
+from provisionerd.execution.executor import GATE_ERRORS, Executor
 from provisionerd.execution.offer_feed import OfferFeed
+from provisionerd.execution.values import ReturnOutcome
+from provisionerd.planner.capacity import Throttled
+from provisionerd.planner.fact_view import MachineState
 from provisionerd.planner.offers import Catalog
+from provisionerd.planner.plan import plan
+from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import (
     BACKOFF_CODES,
     ActionDropped,
@@ -57,10 +60,7 @@ from provisionerd.planner.state import (
     SnapshotSeqReset,
     observe,
 )
-from provisionerd.planner.policy import Policy
-from provisionerd.planner.plan import plan
-from provisionerd.controller.session import LinkState
-from provisionerd.controller.view import ControllerView
+from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,12 @@ class LoopSettings:
 def _action_fields(action: Action) -> dict[str, Any]:
     match action:
         case RequestMachines():
-            return {"kind": "request", "template": action.template_id, "count": action.count,
-                    "demand_id": action.demand_id}  # fmt: skip
+            return {
+                "kind": "request",
+                "template": action.template_id,
+                "count": action.count,
+                "demand_id": action.demand_id,
+            }
         case ReturnMachines():
             return {"kind": "return", "machines": list(action.machine_ids), "reason": action.reason}
         case MarkLost():
@@ -171,8 +175,9 @@ class ReconcileLoop:
             key = (note.kind, note.provider, note.demand_id, note.detail)
             keys.add(key)
             if not dedupe or key not in self._last_notes:
-                self.events.emit("plan_note", kind=note.kind, provider=note.provider, demand_id=note.demand_id,
-                                 detail=note.detail)  # fmt: skip
+                self.events.emit(
+                    "plan_note", kind=note.kind, provider=note.provider, demand_id=note.demand_id, detail=note.detail
+                )
         if dedupe:
             self._last_notes = keys
 
@@ -199,8 +204,12 @@ class ReconcileLoop:
         quota pause) ends, so the planner can use the provider or offer again at once."""
         now, wall_now = trio.current_time(), self.wall()
         capacity = self.state.capacity
-        ends = [*(t.until for t in capacity.throttles.values()), *capacity.unavailable.values(),
-                *(p.until for p in capacity.paused.values()), self.state.intent_backoff.until]  # fmt: skip
+        ends = [
+            *(t.until for t in capacity.throttles.values()),
+            *capacity.unavailable.values(),
+            *(p.until for p in capacity.paused.values()),
+            self.state.intent_backoff.until,
+        ]
         upcoming = [end - wall_now for end in ends if end > wall_now]
         return now + min([self.settings.replan_interval, *upcoming])
 
@@ -225,8 +234,7 @@ class ReconcileLoop:
         key = (self.feed.version, tuple(leased))
         if key != self._catalog_key:
             allowed = set(leased)
-            self._catalog = Catalog(
-                p.offer for p in self.feed.catalog.by_key.values() if p.offer.provider in allowed)
+            self._catalog = Catalog(p.offer for p in self.feed.catalog.by_key.values() if p.offer.provider in allowed)
             self._catalog_key = key
         return self._catalog
 
@@ -248,8 +256,9 @@ class ReconcileLoop:
             return self._skipped("offers not read")
         self._skipped("")
         self.cycles += 1
-        result = plan(self.state, view.demand, view.facts, self._catalog_for(leased), view.hosts, self.wall(),
-                      self.policy)  # fmt: skip
+        result = plan(
+            self.state, view.demand, view.facts, self._catalog_for(leased), view.hosts, self.wall(), self.policy
+        )
         self.state = result.state
         self._emit_notes(result.notes)
         allowed = set(leased)
@@ -259,13 +268,17 @@ class ReconcileLoop:
 
     def _dispatch(self, action: Action, allowed: set[str]) -> None:
         ex = self.executor
-        machines = action.machine_ids if isinstance(action, ReturnMachines) else (
-            (action.machine_id,) if isinstance(action, MarkLost) else ())
+        machines = (
+            action.machine_ids
+            if isinstance(action, ReturnMachines)
+            else ((action.machine_id,) if isinstance(action, MarkLost) else ())
+        )
         if action.provider not in allowed or action.op_id in ex.busy_ops or ex.busy_machines.intersection(machines):
             self.state = observe(self.state, ActionDropped(action.op_id), self.policy).state
             return
-        self.events.emit("action", phase="planned", op_id=action.op_id, provider=action.provider,
-                         **_action_fields(action))  # fmt: skip
+        self.events.emit(
+            "action", phase="planned", op_id=action.op_id, provider=action.provider, **_action_fields(action)
+        )
         # Reserve now: the task may start after the next cycle has planned.
         ex.busy_ops.add(action.op_id)
         ex.busy_machines.update(machines)
@@ -279,8 +292,9 @@ class ReconcileLoop:
             await self._execute_one(action, machines)
         except Exception as exc:  # noqa: BLE001 - the boundary of one action
             log.exception("action %s failed unexpectedly", action.op_id)
-            self.events.emit("action", phase="crashed", op_id=action.op_id, provider=action.provider,
-                             error=type(exc).__name__)  # fmt: skip
+            self.events.emit(
+                "action", phase="crashed", op_id=action.op_id, provider=action.provider, error=type(exc).__name__
+            )
             self.executor.busy_ops.discard(action.op_id)
             self.executor.busy_machines.difference_update(machines)
             self.apply(ActionDropped(action.op_id))
@@ -297,15 +311,16 @@ class ReconcileLoop:
                     if outcome.status in ("fulfilled", "partial", "rejected", "timed_out"):
                         self._settled_ops.add(action.op_id)
                 case ReturnMachines():
-                    outcome = await ex.return_machines(action.provider, action.op_id, action.machine_ids,
-                                                       action.reason)  # fmt: skip
+                    outcome = await ex.return_machines(action.provider, action.op_id, action.machine_ids, action.reason)
                 case FailRequest():
                     await self._attribute(action.op_id)
-                    outcome = await self._commit(action, RequestFailed(action.provider, NO_EPOCH, action.op_id,
-                                                                       action.reason))  # fmt: skip
+                    outcome = await self._commit(
+                        action, RequestFailed(action.provider, NO_EPOCH, action.op_id, action.reason)
+                    )
                 case MarkLost():
                     outcome = await self._commit(
-                        action, Lost(action.provider, NO_EPOCH, action.op_id, action.machine_id, action.reason))
+                        action, Lost(action.provider, NO_EPOCH, action.op_id, action.machine_id, action.reason)
+                    )
         self._record(outcome)
 
     async def _attribute(self, op_id: str) -> None:
@@ -345,9 +360,16 @@ class ReconcileLoop:
         delay = min(s.return_retry_max, s.recover_after * 2 ** min(failures - 1, 32))
         self._return_failures[outcome.op_id] = (failures, trio.current_time() + delay)
         if failures >= s.return_stuck_after:
-            self.events.emit("return_stuck", op_id=outcome.op_id, provider=outcome.provider, failures=failures,
-                             status=outcome.status, code=outcome.code, detail=outcome.detail[:200],
-                             retry_in=round(delay, 3))  # fmt: skip
+            self.events.emit(
+                "return_stuck",
+                op_id=outcome.op_id,
+                provider=outcome.provider,
+                failures=failures,
+                status=outcome.status,
+                code=outcome.code,
+                detail=outcome.detail[:200],
+                retry_in=round(delay, 3),
+            )
 
     # --- recovery -----------------------------------------------------------------------------------------------
 
@@ -367,8 +389,11 @@ class ReconcileLoop:
         for op_id, record in facts.returns.items():
             if record.done or record.intent.provider not in allowed or op_id in ex.busy_ops:
                 continue
-            live = [m for m in record.intent.machine_ids
-                    if m in facts.machines and facts.machines[m].state is MachineState.RETURNING]
+            live = [
+                m
+                for m in record.intent.machine_ids
+                if m in facts.machines and facts.machines[m].state is MachineState.RETURNING
+            ]
             if live and self.state.capacity.throttled(record.intent.provider, self.wall()) is None:
                 idle[op_id] = record.intent
         self._idle_since = {op: self._idle_since.get(op, now) for op in idle}
@@ -423,4 +448,3 @@ class ReconcileLoop:
         if ids:
             self.events.emit("reclaimed", provider=provider, machines=sorted(ids))
             self.apply(Reclaimed(provider, tuple(sorted(ids)), self.wall()))
-

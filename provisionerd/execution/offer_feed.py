@@ -22,10 +22,10 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation
-from provisionerd.telemetry.events import EventLog
 from provisionerd.domain.model import Offer, PriceQuote
 from provisionerd.planner.offers import Catalog
 from provisionerd.provider.runtime import ProviderClient
+from provisionerd.telemetry.events import EventLog
 
 #: Most templates accepted from one provider in one read.
 MAX_TEMPLATES = 10_000
@@ -50,8 +50,9 @@ def templates_to_offers(provider: str, document: Mapping[str, Any]) -> tuple[Off
                 amount = float(quote["amount"])
                 if not math.isfinite(amount):
                     raise ValueError("price amount is not finite")
-                price = PriceQuote(amount, str(quote["currency"]), str(quote["unit"]), str(quote["source"]),
-                                   str(quote["timestamp"]))  # fmt: skip
+                price = PriceQuote(
+                    amount, str(quote["currency"]), str(quote["unit"]), str(quote["source"]), str(quote["timestamp"])
+                )
             offers.append(Offer(provider, str(entry["templateId"]), int(entry["maxNumber"]), attributes, price))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise ProviderProtocolViolation(
@@ -133,8 +134,13 @@ class OfferFeed:
             self.errors[name] = exc
             if self.latest.pop(name, None) is not None:  # never plan on offers we could not confirm
                 changed = True
-            self._events.emit("offers_failed", provider=name, error=type(exc).__name__,
-                              code=getattr(exc, "code", None), detail=exc.detail)  # fmt: skip
+            self._events.emit(
+                "offers_failed",
+                provider=name,
+                error=type(exc).__name__,
+                code=getattr(exc, "code", None),
+                detail=exc.detail,
+            )
             self.on_failure(name, exc)
         if changed:
             self._rebuild()

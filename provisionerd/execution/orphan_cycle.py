@@ -51,13 +51,20 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import ProviderError, ProvisionerdError
-from provisionerd.telemetry.events import EventLog
-from provisionerd.planner.fact_view import FactView
 from provisionerd.domain.model import Fact
-from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
 from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader, read_listing, unknown_outcomes
-from provisionerd.orphans.classify import Classification, ClassifierMemory, Observation, OrphanPolicy, PlannedAction, classify
+from provisionerd.orphans.classify import (
+    Classification,
+    ClassifierMemory,
+    Observation,
+    OrphanPolicy,
+    PlannedAction,
+    classify,
+)
+from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
+from provisionerd.planner.fact_view import FactView
 from provisionerd.provider.runtime import ProviderClient
+from provisionerd.telemetry.events import EventLog
 
 RECONCILER = "reconciler"
 EXECUTOR = "executor"
@@ -183,8 +190,15 @@ class OrphanCycle:
             await trio.sleep(interval)
 
     async def run_pass(self) -> PassResult:
-        obs = await observe(self.cluster, self.provider, self._client, self._read_controller, self._read_lease,
-                            wall_clock=self._wall_clock, list_timeout=self._list_timeout)  # fmt: skip
+        obs = await observe(
+            self.cluster,
+            self.provider,
+            self._client,
+            self._read_controller,
+            self._read_lease,
+            wall_clock=self._wall_clock,
+            list_timeout=self._list_timeout,
+        )
         result = classify(obs, self.policy, self.memory)
         self.memory = result.memory
         self.passes += 1
@@ -230,8 +244,11 @@ class OrphanCycle:
         # A provider without a listing is not "unreadable" every pass: it says once per pass what it cannot see.
         extra: dict[str, Any] = {}
         if absent is not None:
-            extra = {"listing": "absent", "invisible": list(absent.invisible),
-                     "unknown_outcomes": list(unknown_outcomes(self._client))}  # fmt: skip
+            extra = {
+                "listing": "absent",
+                "invisible": list(absent.invisible),
+                "unknown_outcomes": list(unknown_outcomes(self._client)),
+            }
         self._events.emit(
             "orphan_pass",
             provider=self.provider,
@@ -242,9 +259,13 @@ class OrphanCycle:
             lease_epoch=obs.lease.epoch if obs.lease.usable else None,
             primary=obs.controller.primary,
             settled=obs.controller.settled,
-            breaker={"open": result.breaker.open, "reasons": list(result.breaker.reasons),
-                     "suspects": result.breaker.suspects, "known": result.breaker.known},
-        )  # fmt: skip
+            breaker={
+                "open": result.breaker.open,
+                "reasons": list(result.breaker.reasons),
+                "suspects": result.breaker.suspects,
+                "known": result.breaker.known,
+            },
+        )
         if skipped:
             # A narrowed pass proves nothing about what it did not see: keep the last picture for the next one.
             for finding in findings:

@@ -19,18 +19,19 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import LeaseError, ProviderError
-from provisionerd.planner.fact_view import FactView
 from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.controller.session import ControllerSession, LinkState
+from provisionerd.domain.errors import LeaseError, ProviderError
 from provisionerd.domain.model import TAG_CLUSTER, TAG_INSTANCE, HostState, ProviderMachine
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
+from provisionerd.planner.fact_view import FactView
 from provisionerd.provider.legacy.rules import invisible_classes
 from provisionerd.provider.runtime import ProviderClient
-from provisionerd.controller.session import ControllerSession, LinkState
 
 #: The only provider actions an orphan *read* may call (the dry-run report calls nothing else).
-READ_ONLY_ACTIONS = frozenset({"describeProvider", "getAvailableTemplates", "getRequestStatus", "getReturnRequests",
-                               "listMachines"})  # fmt: skip
+READ_ONLY_ACTIONS = frozenset(
+    {"describeProvider", "getAvailableTemplates", "getRequestStatus", "getReturnRequests", "listMachines"}
+)
 
 
 def listing_filter(cluster: str) -> dict[str, Any]:
@@ -85,8 +86,7 @@ def listing_absent(client: ProviderClient) -> ListingAbsent | None:
     if not isinstance(features, Mapping) or features.get("listMachines", False):
         return None
     invisible = invisible_classes(features)
-    return ListingAbsent(f"the provider has no listMachines: {', '.join(invisible)} orphans are invisible",
-                         invisible)  # fmt: skip
+    return ListingAbsent(f"the provider has no listMachines: {', '.join(invisible)} orphans are invisible", invisible)
 
 
 def unknown_outcomes(client: ProviderClient) -> tuple[dict[str, Any], ...]:

@@ -18,11 +18,11 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.planner.capacity import CallSucceeded
 from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.model import NO_EPOCH, Returned, ReturnIntent
 from provisionerd.execution.documents import return_input
-from provisionerd.domain.model import NO_EPOCH, ReturnIntent, Returned
 from provisionerd.execution.values import GATE_ERRORS, ReturnOutcome, _Run
+from provisionerd.planner.capacity import CallSucceeded
 from provisionerd.planner.state import ActionDropped
 
 
@@ -64,8 +64,16 @@ class ReturnFlow:
 
     def _returned(self, run: _Run, outcome: ReturnOutcome) -> ReturnOutcome:
         outcome = attrs.evolve(outcome, observations=tuple(run.observations))
-        self._emit("result", "return", outcome.op_id, outcome.provider, status=outcome.status,
-                   machines=len(outcome.returned), code=outcome.code, detail=outcome.detail)  # fmt: skip
+        self._emit(
+            "result",
+            "return",
+            outcome.op_id,
+            outcome.provider,
+            status=outcome.status,
+            machines=len(outcome.returned),
+            code=outcome.code,
+            detail=outcome.detail,
+        )
         return outcome
 
     def _names(self, ids: Sequence[str]) -> list[tuple[str, str]]:
@@ -100,8 +108,9 @@ class ReturnFlow:
             if not error.outcome_unknown:
                 self._observe_error(run, provider, "", error)
                 # The intent stays committed (the machines are RETURNING); the loop resumes it later.
-                return ReturnOutcome(op_id, provider, "rejected", code=getattr(error, "code", type(error).__name__),
-                                     detail=error.detail)  # fmt: skip
+                return ReturnOutcome(
+                    op_id, provider, "rejected", code=getattr(error, "code", type(error).__name__), detail=error.detail
+                )
             if attempt >= s.retries:
                 return ReturnOutcome(op_id, provider, "unknown", code=type(error).__name__, detail=error.detail)
             await trio.sleep(s.retry_delay * 2**attempt)
@@ -119,11 +128,20 @@ class ReturnFlow:
             return ReturnOutcome(op_id, provider, "partial", done, code=status.status, detail=status.message)
         return ReturnOutcome(op_id, provider, "returned", done)
 
-    async def _call_return(self, client: Any, action: str, provider: str, intent: ReturnIntent, epoch: Any
-                           ) -> tuple[dict[str, Any] | None, ProviderError | None]:  # fmt: skip
+    async def _call_return(
+        self, client: Any, action: str, provider: str, intent: ReturnIntent, epoch: Any
+    ) -> tuple[dict[str, Any] | None, ProviderError | None]:
         document = return_input(self.settings.cluster, provider, intent.op_id, self._names(intent.machine_ids), epoch)
-        self._emit("called", "return", intent.op_id, provider, machines=len(intent.machine_ids), reason=intent.reason,
-                   epoch=epoch, call=action)  # fmt: skip
+        self._emit(
+            "called",
+            "return",
+            intent.op_id,
+            provider,
+            machines=len(intent.machine_ids),
+            reason=intent.reason,
+            epoch=epoch,
+            call=action,
+        )
         try:
             return await client.call(action, document), None
         except ProviderError as exc:

@@ -17,19 +17,24 @@ import trio
 
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.errors import ProviderError, ProviderRejected
-from provisionerd.execution.documents import assign_refs, request_input
-from provisionerd.execution.values import GATE_ERRORS, RequestOutcome, _Run
 from provisionerd.domain.model import NO_EPOCH, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import IssuedToken
+from provisionerd.execution.documents import assign_refs, request_input
+from provisionerd.execution.values import GATE_ERRORS, RequestOutcome, _Run
 
 log = logging.getLogger(__name__)
 
 
 class UnknownOutcomeFlow:
     async def _after_request_error(
-        self, run: _Run, action: RequestMachines, intent: RequestIntent, issued: Sequence[IssuedToken],
-        error: ProviderError, deadline: float,
-    ) -> tuple[dict[str, Any] | None, RequestOutcome | None]:  # fmt: skip
+        self,
+        run: _Run,
+        action: RequestMachines,
+        intent: RequestIntent,
+        issued: Sequence[IssuedToken],
+        error: ProviderError,
+        deadline: float,
+    ) -> tuple[dict[str, Any] | None, RequestOutcome | None]:
         """Decide after a failed ``requestMachines`` (see ``executor_docs`` "After an unknown outcome"): refuse,
         settle from the op's listing, or, on an idempotent provider only, retry the same op_id through the gate."""
         op_id, provider = action.op_id, action.provider
@@ -39,20 +44,28 @@ class UnknownOutcomeFlow:
         attempt = 0
         while True:
             found = await self._list_op(provider, op_id)
-            self._emit("recovery", "request", op_id, provider, error=type(error).__name__, code=code,
-                       found=None if found is None else len(found), attempt=attempt)  # fmt: skip
+            self._emit(
+                "recovery",
+                "request",
+                op_id,
+                provider,
+                error=type(error).__name__,
+                code=code,
+                found=None if found is None else len(found),
+                attempt=attempt,
+            )
             if not error.outcome_unknown and found == ():
                 return None, await self._refused(run, intent, error)  # provider_error and nothing made: refused
             if found and len(assign_refs(found, intent.instance_refs)) >= intent.count:
                 return None, await self._settle_listed(intent, found)  # all made: calling again could only harm
             if not await self._idempotent(provider):
                 return None, await self._settle_without_retry(intent, found, error)
-            if self._epoch_now(provider) is None or attempt >= self.settings.retries or \
-                    trio.current_time() >= deadline:  # fmt: skip
+            if self._epoch_now(provider) is None or attempt >= self.settings.retries or trio.current_time() >= deadline:
                 if found:
                     await self._commit_instances(intent, found)
-                return None, RequestOutcome(op_id, provider, "unknown", code=code or type(error).__name__,
-                                            detail=error.detail)  # fmt: skip
+                return None, RequestOutcome(
+                    op_id, provider, "unknown", code=code or type(error).__name__, detail=error.detail
+                )
             if found:
                 # Record what the listing showed before retrying: if every later listing and poll fails, these
                 # machines would otherwise have no InstanceFact and stay unattributed (seed 3550).
@@ -64,10 +77,19 @@ class UnknownOutcomeFlow:
                 # it, and after a failover the intent is re-committed under the epoch held now.
                 async with self._gate.mutation(provider, intent) as permit:
                     s = self.settings
-                    document = request_input(s.cluster, provider, op_id, intent.template_id, issued, s.controllers,
-                                             permit.epoch)  # fmt: skip
-                    self._emit("called", "request", op_id, provider, template=intent.template_id,
-                               count=intent.count, epoch=permit.epoch, retry=attempt)  # fmt: skip
+                    document = request_input(
+                        s.cluster, provider, op_id, intent.template_id, issued, s.controllers, permit.epoch
+                    )
+                    self._emit(
+                        "called",
+                        "request",
+                        op_id,
+                        provider,
+                        template=intent.template_id,
+                        count=intent.count,
+                        epoch=permit.epoch,
+                        retry=attempt,
+                    )
                     try:
                         return await self._clients[provider].call("requestMachines", document), None
                     except ProviderError as exc:
@@ -75,8 +97,9 @@ class UnknownOutcomeFlow:
             except GATE_ERRORS as exc:
                 # The intent stays open: recovery lists the op later and settles it (its tokens die with us).
                 self._gate_refused(run, provider, exc)
-                return None, RequestOutcome(op_id, provider, "unknown", code=self._gate_code(exc),
-                                            detail=f"retry not admitted: {exc}")  # fmt: skip
+                return None, RequestOutcome(
+                    op_id, provider, "unknown", code=self._gate_code(exc), detail=f"retry not admitted: {exc}"
+                )
             code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
             if not error.outcome_unknown and code != "provider_error":
                 if found:
@@ -106,20 +129,24 @@ class UnknownOutcomeFlow:
             return RequestOutcome(intent.op_id, intent.provider, "unknown", code="commit_failed")
         return RequestOutcome(intent.op_id, intent.provider, "fulfilled", committed)
 
-    async def _settle_without_retry(self, intent: RequestIntent, found: Sequence[ProviderMachine] | None,
-                                    error: ProviderError) -> RequestOutcome:  # fmt: skip
+    async def _settle_without_retry(
+        self, intent: RequestIntent, found: Sequence[ProviderMachine] | None, error: ProviderError
+    ) -> RequestOutcome:
         """A provider without idempotent requests: the same op_id again would create its machines again. Commit
         what the listing shows, fail the rest (the planner requests the shortfall as a new op with fresh tokens).
         When the listing itself failed nothing can be settled: the intent stays open for recovery."""
         op_id, provider = intent.op_id, intent.provider
         if found is None:
-            return RequestOutcome(op_id, provider, "unknown", code="list_failed",
-                                  detail=f"{type(error).__name__}: {error.detail}")  # fmt: skip
+            return RequestOutcome(
+                op_id, provider, "unknown", code="list_failed", detail=f"{type(error).__name__}: {error.detail}"
+            )
         committed = await self._commit_instances(intent, found)
         if committed is None:
             return RequestOutcome(op_id, provider, "unknown", code="commit_failed")
-        reason = (f"outcome unknown ({type(error).__name__}) on a provider without idempotent requests: "
-                  f"{len(committed)} of {intent.count} found; not retried, the rest is a new op")[:500]  # fmt: skip
+        reason = (
+            f"outcome unknown ({type(error).__name__}) on a provider without idempotent requests: "
+            f"{len(committed)} of {intent.count} found; not retried, the rest is a new op"
+        )[:500]
         if not await self._commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason)):
             return RequestOutcome(op_id, provider, "unknown", committed, code="commit_failed")
         return RequestOutcome(op_id, provider, "partial", committed, code="not_idempotent", detail=reason)

@@ -58,24 +58,22 @@ from __future__ import annotations
 from provisionerd.domain.model import Epoch
 from provisionerd.orphans.detect import Candidate, detect
 from provisionerd.orphans.gates import breaker_state, gate
-from provisionerd.orphans.model import (
+from provisionerd.orphans.model import (  # noqa: F401  (the public names, importable from here)
+    BLOCKERS,
     ORPHAN_CLASSES,
+    BreakerState,
     Classification,
     ClassifierMemory,
+    ControllerState,
+    CountedResource,
     Finding,
+    LeaseState,
     ListingAbsent,
     Observation,
     PlannedAction,
     Unreadable,
     evidence_json,
     orphan_op_id,
-)
-from provisionerd.orphans.model import (  # noqa: F401  (the public names, importable from here)
-    BLOCKERS,
-    BreakerState,
-    ControllerState,
-    CountedResource,
-    LeaseState,
 )
 from provisionerd.orphans.policy import OrphanPolicy
 

@@ -18,9 +18,7 @@ from typing import Any
 
 import attrs
 
-from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
-from provisionerd.domain.model import TAG_CLUSTER, TAG_INSTANCE, TAG_OP, TAG_PROVIDER, HostStatus
-from provisionerd.domain.model import ProviderMachine
+from provisionerd.domain.model import TAG_CLUSTER, TAG_INSTANCE, TAG_OP, TAG_PROVIDER, HostStatus, ProviderMachine
 from provisionerd.orphans.hosts import HostIndex, host_evidence
 from provisionerd.orphans.model import (
     ALREADY_REPORTED,
@@ -37,6 +35,7 @@ from provisionerd.orphans.model import (
     Observation,
 )
 from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 
 #: Listed statuses that mean the machine is gone (the contract lists only live machines; this is defence).
 GONE_STATUSES = frozenset({"terminated"})

@@ -48,8 +48,8 @@ from provisionerd.orphans.model import (
     VIEW_UNREADABLE,
     BreakerState,
     ClassifierMemory,
-    Observation,
     ListingAbsent,
+    Observation,
     Unreadable,
     ordered_blockers,
 )

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Union
 
-from provisionerd.planner.fact_view import FactView
 from provisionerd.domain.model import HostState, HostStatus, ProviderMachine
+from provisionerd.planner.fact_view import FactView
 
 
 def host_evidence(host: HostState) -> dict[str, Any]:

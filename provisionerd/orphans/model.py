@@ -16,9 +16,18 @@ from typing import Any, Union
 
 import attrs
 
+from provisionerd.domain.model import (
+    NO_EPOCH,
+    Epoch,
+    Fact,
+    HostState,
+    Lost,
+    OrphanAdopted,
+    OrphanReported,
+    ProviderMachine,
+    ReturnIntent,
+)
 from provisionerd.planner.fact_view import FactView
-from provisionerd.domain.model import Epoch, Fact, HostState, Lost, NO_EPOCH, OrphanAdopted, OrphanReported, ProviderMachine
-from provisionerd.domain.model import ReturnIntent
 
 # --- vocabulary ------------------------------------------------------------------------------------------------
 

@@ -118,6 +118,7 @@ def _problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
 
     def bad(key: str, message: str) -> None:
         problems.append((key, f"{message}, got {values[key]!r}"))
+
     if values["orphan_action"] not in ORPHAN_ACTIONS:
         bad("orphan_action", f"must be one of {', '.join(ORPHAN_ACTIONS)}")
     if not _is_number(values["join_deadline"]) or values["join_deadline"] <= 0:

@@ -73,13 +73,17 @@ def blind_spots(
     for name, classes in sorted((invisible or {}).items()):
         if not classes:
             continue
-        lines.append(f"provider {_clean(name)}: cannot list machines; invisible here: {', '.join(classes)} "
-                     "(not reported as none)")  # fmt: skip
+        lines.append(
+            f"provider {_clean(name)}: cannot list machines; invisible here: {', '.join(classes)} "
+            "(not reported as none)"
+        )
         for entry in (unknown or {}).get(name, ()):
             refs = ",".join(_clean(str(r)) for r in entry.get("instance_refs", ())) or "-"
-            lines.append(f"provider {_clean(name)}: request {_clean(str(entry.get('op_id', '?')))} has an unknown "
-                         f"outcome (template {_clean(str(entry.get('template', '?')))}, refs {refs}): any machines "
-                         "it made are invisible")  # fmt: skip
+            lines.append(
+                f"provider {_clean(name)}: request {_clean(str(entry.get('op_id', '?')))} has an unknown "
+                f"outcome (template {_clean(str(entry.get('template', '?')))}, refs {refs}): any machines "
+                "it made are invisible"
+            )
     return lines
 
 

@@ -17,8 +17,8 @@ import attrs
 from provisionerd.domain.actions import Note
 from provisionerd.domain.model import DemandItem, Offer
 from provisionerd.planner.offers import Catalog, OfferKey, Rejection, Requirement, requirement_of
-from provisionerd.planner.state import PlannerState
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import PlannerState
 from provisionerd.planner.supply import IdleEntry, Tally
 
 

@@ -166,7 +166,9 @@ def apply_capacity(
         case QuotaExceeded():
             _check_time(obs.at)
             pause = Pause(obs.at + policy.quota_pause, obs.detail)
-            detail = f"quota_exceeded: no new requests until {pause.until:.1f}" + (f" ({obs.detail})" if obs.detail else "")
+            detail = f"quota_exceeded: no new requests until {pause.until:.1f}" + (
+                f" ({obs.detail})" if obs.detail else ""
+            )
             return attrs.evolve(state, paused={**state.paused, obs.provider: pause}), (
                 Note("provider_paused", detail, obs.provider),
             )

@@ -12,20 +12,20 @@ from collections.abc import Iterable
 
 import attrs
 
-from provisionerd.planner.host_table import HostTable
 from provisionerd.domain.model import (
+    NO_EPOCH,
     CommittedFact,
     Epoch,
     InstanceFact,
     Lost,
-    NO_EPOCH,
     OrphanAdopted,
     OrphanReported,
     RequestFailed,
     RequestIntent,
-    ReturnIntent,
     Returned,
+    ReturnIntent,
 )
+from provisionerd.planner.host_table import HostTable
 
 
 class MachineState(enum.Enum):
@@ -101,14 +101,10 @@ class FactView:
         self.hosts = HostTable(self.active_refs)
 
     def live_machines(self, provider: str | None = None) -> list[MachineRecord]:
-        return [
-            m for m in self.machines.values() if m.state.live and (provider is None or m.provider == provider)
-        ]
+        return [m for m in self.machines.values() if m.state.live and (provider is None or m.provider == provider)]
 
     def open_intents(self, provider: str | None = None) -> list[IntentRecord]:
-        return [
-            r for r in self.intents.values() if r.open and (provider is None or r.intent.provider == provider)
-        ]
+        return [r for r in self.intents.values() if r.open and (provider is None or r.intent.provider == provider)]
 
     def epoch_of(self, provider: str) -> Epoch:
         return self.latest_epoch.get(provider, NO_EPOCH)

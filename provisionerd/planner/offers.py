@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Union
 
 import attrs
 
@@ -39,7 +38,6 @@ from provisionerd.domain.model import DemandItem, Offer, ResourceShape
 
 #: An offer's identity: ``(provider, template_id)``. This is also the tie-break order.
 OfferKey = tuple[str, str]
-
 
 
 def offer_key(offer: Offer) -> OfferKey:
@@ -283,7 +281,7 @@ class Catalog:
 
 def choose_offer(
     item: DemandItem,
-    offers: Union[Iterable[Offer], Catalog],
+    offers: Iterable[Offer] | Catalog,
     unavailable: Mapping[OfferKey, str] = {},  # noqa: B006 - read only
 ) -> OfferChoice:
     """Choose the offer for ``item``: the cheapest compatible one that is not ``unavailable``.

@@ -41,13 +41,13 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
+from provisionerd.domain.model import DemandSnapshot, HostState, Offer
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
-from provisionerd.domain.model import DemandSnapshot, HostState, Offer
 from provisionerd.planner.offers import Catalog, OfferKey, format_key
-from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice
 from provisionerd.planner.supply import IdleEntry, Tally, tally
 
 __all__ = ["DemandDecision", "Plan", "plan"]

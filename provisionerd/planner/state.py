@@ -22,8 +22,16 @@ from collections.abc import Mapping
 import attrs
 
 from provisionerd.domain.actions import Note
-from provisionerd.planner.capacity import CapacityObservation, CapacityState, apply_capacity
-from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
+from provisionerd.planner.capacity import (
+    CallSucceeded,
+    CapacityObservation,
+    CapacityState,
+    CapacityUnavailable,
+    ProviderResumed,
+    QuotaExceeded,
+    Throttled,
+    apply_capacity,
+)
 from provisionerd.planner.policy import Policy
 
 
@@ -180,7 +188,11 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             attempts = 1 if quiet else previous.attempts + 1
             delay = min(INTENT_BACKOFF_MAX, INTENT_BACKOFF_BASE * 2.0 ** min(attempts - 1, 60))
             backoff = IntentBackoff(attempts, obs.at + delay)
-            note = Note("intents_refused", f"controller refused an intent ({obs.reason}) {attempts} in a row: "
-                                           f"plan nothing until {backoff.until:.1f}", obs.provider)  # fmt: skip
+            note = Note(
+                "intents_refused",
+                f"controller refused an intent ({obs.reason}) {attempts} in a row: "
+                f"plan nothing until {backoff.until:.1f}",
+                obs.provider,
+            )
             return Observed(attrs.evolve(state, intent_backoff=backoff), (note,))
     raise TypeError(f"not an observation: {obs!r}")

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 
 import attrs
 
+from provisionerd.domain.model import HostState
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
 from provisionerd.planner.host_table import join_index
-from provisionerd.domain.model import HostState
 from provisionerd.planner.offers import OfferKey
-from provisionerd.planner.state import PlannerState
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import PlannerState
 
 #: A joined idle machine: ``(idle since, machine_id, record)`` sorts longest idle first, ties by machine id.
 IdleEntry = tuple[float, str, MachineRecord]

@@ -43,7 +43,9 @@ _TYPE_TESTS = {
 _NUMBER_TEST = _TYPE_TESTS["number"].format(v="x")
 #: Keywords a schema may have and still be checked by an inline expression instead of a function call (the
 #: generated code is dominated by call overhead otherwise: a machine entry has a dozen tiny subschemas).
-_INLINE = frozenset({"$ref", "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum", "maximum"})
+_INLINE = frozenset(
+    {"$ref", "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "minimum", "maximum"}
+)
 _INLINE_DEPTH = 4
 
 

@@ -151,7 +151,8 @@ class Kit:
                 "machines carry the owner tags and instanceRef", lambda: self.check_tags(op_id, machines), machines
             )
             await self.step(
-                "same op_id twice gives the same machines", lambda: self.check_idempotent(op_id, machines),
+                "same op_id twice gives the same machines",
+                lambda: self.check_idempotent(op_id, machines),
                 machines,
             )
             await self.step("listMachines shows the owner tags", lambda: self.check_listed(op_id, machines), machines)
@@ -260,7 +261,9 @@ class Kit:
         return {"machines": refs, "op_id": op_id, "tags": self.owner_tags(op_id)}
 
     async def check_return(self, machines: list[dict[str, Any]]) -> tuple[bool, str]:
-        out = await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines))
+        out = await self.rpc.call(
+            "requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines)
+        )
         entry = await self.settle(out["requestId"])
         failed = [m["machineId"] for m in entry["machines"] if m["result"] != "succeed"]
         if entry["status"] != "complete" or failed:
@@ -268,8 +271,12 @@ class Kit:
         return True, f"return request {out['requestId']!r} complete"
 
     async def check_return_again(self, machines: list[dict[str, Any]]) -> str:
-        same = await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines))
-        fresh = await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-ret2-{self._nonce}", machines))
+        same = await self.rpc.call(
+            "requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines)
+        )
+        fresh = await self.rpc.call(
+            "requestReturnMachines", self.return_input(f"conformance-ret2-{self._nonce}", machines)
+        )
         await self.settle(fresh["requestId"])
         return f"same op_id gave {same['requestId']!r}, a new op_id gave {fresh['requestId']!r}; no error"
 
@@ -289,7 +296,9 @@ class Kit:
     async def check_invalid(self) -> str:
         op_id = f"conformance-bad-{self._nonce}"
         try:
-            out = await self.rpc.call("requestMachines", self.request_input(op_id, f"no-such-template-{self._nonce}", 1))
+            out = await self.rpc.call(
+                "requestMachines", self.request_input(op_id, f"no-such-template-{self._nonce}", 1)
+            )
         except ProviderRejected as exc:
             if exc.code != "invalid_request":
                 raise CheckFailed(f"expected code 'invalid_request', got {exc.code!r}: {exc.message[:200]!r}") from None
@@ -306,7 +315,9 @@ class Kit:
         """Best effort: give back what the kit created when a check stopped it half-way."""
         with trio.move_on_after(self.options.timeout):
             try:
-                await self.rpc.call("requestReturnMachines", self.return_input(f"conformance-cleanup-{self._nonce}", machines))
+                await self.rpc.call(
+                    "requestReturnMachines", self.return_input(f"conformance-cleanup-{self._nonce}", machines)
+                )
             except ProviderError:
                 pass
 

@@ -189,8 +189,9 @@ class OneShotProvider:
         self, action: str, returncode: int, stdout: bytes, tail: StderrTail, redact: Redactor
     ) -> ProviderRejected | ProviderCrashed:
         if returncode < 0:
-            return ProviderCrashed(self.name, action,
-                                   f"killed by {signal_name(-returncode)}{self._stderr(tail, redact)}")  # fmt: skip
+            return ProviderCrashed(
+                self.name, action, f"killed by {signal_name(-returncode)}{self._stderr(tail, redact)}"
+            )
         text = stdout.decode("utf-8", "replace").strip()
         if not text:
             return ProviderCrashed(

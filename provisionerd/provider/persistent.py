@@ -135,8 +135,9 @@ class PersistentProvider:
         if gen is None or len(self._pending) >= self.config.limits.max_in_flight:
             gen = await self._admission(deadline)
             if gen is None:
-                error = ProviderCrashed(self.name, action, f"the plugin was not running for {timeout:g} s: "
-                                        f"{self._last_failure}")
+                error = ProviderCrashed(
+                    self.name, action, f"the plugin was not running for {timeout:g} s: {self._last_failure}"
+                )
                 error.outcome_unknown = False  # nothing was sent
                 raise error
         # Why no cancel scope around the wait: a ``move_on_after`` per call cost ~16 us of trio bookkeeping, the
@@ -289,7 +290,9 @@ class PersistentProvider:
                     if line and not line.isspace() and not self._dispatch(gen, line):
                         return
         except LineTooLong as exc:
-            self._end(gen, ProviderProtocolViolation, f"an output line exceeds {exc.limit} bytes; the plugin was killed")
+            self._end(
+                gen, ProviderProtocolViolation, f"an output line exceeds {exc.limit} bytes; the plugin was killed"
+            )
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -332,8 +335,7 @@ class PersistentProvider:
                     )
                     pending.done.set()
                 actions = sorted({p.action for _, p in overdue})
-                self._end(gen, ProviderCrashed, f"the plugin was restarted after a {', '.join(actions)} call "
-                          "timed out")
+                self._end(gen, ProviderCrashed, f"the plugin was restarted after a {', '.join(actions)} call timed out")
                 return
             earliest = min((p.deadline for p in self._pending.values()), default=math.inf)
             gen.alarm = trio.CancelScope(deadline=earliest)

@@ -43,9 +43,7 @@ SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 _MAX_PROBLEMS = 10
 _MAX_PROBLEM_CHARS = 300
 
-_RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
-)
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
 def is_rfc3339(instance: object) -> bool:

@@ -18,8 +18,8 @@ import itertools
 import attrs
 import trio
 
-from provisionerd.domain.errors import ControllerRejected, LinkDown
 from provisionerd.controller.lease import LeaseGranted, LeaseRefused, LeaseReply
+from provisionerd.domain.errors import ControllerRejected, LinkDown
 from provisionerd.domain.model import CommittedFact, Epoch, Fact
 
 

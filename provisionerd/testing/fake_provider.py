@@ -85,10 +85,19 @@ class FakeProvider:
     def _getAvailableTemplates(self, doc: Mapping[str, Any]) -> dict[str, Any]:
         templates = []
         for template, count in self.templates.items():
-            entry: dict[str, Any] = {"templateId": template, "maxNumber": count, "attributes": {"ncpus": ["Numeric", "2"]}}
+            entry: dict[str, Any] = {
+                "templateId": template,
+                "maxNumber": count,
+                "attributes": {"ncpus": ["Numeric", "2"]},
+            }
             if template in self.prices:
-                entry["price"] = {"amount": self.prices[template], "currency": "USD", "unit": "hour",
-                                  "source": "fake", "timestamp": "2024-01-01T00:00:00Z"}  # fmt: skip
+                entry["price"] = {
+                    "amount": self.prices[template],
+                    "currency": "USD",
+                    "unit": "hour",
+                    "source": "fake",
+                    "timestamp": "2024-01-01T00:00:00Z",
+                }
             templates.append(entry)
         return {"templates": templates}
 
@@ -109,10 +118,15 @@ class FakeProvider:
             machine_id = f"m-{n}"
             tags = dict(doc["tags"], **{"provisionerd:instance": boot["instanceRef"]})
             self.machines[machine_id] = {
-                "machineId": machine_id, "name": f"host-{n}", "status": "running", "template": template,
-                "launchtime": self.launch_time, "privateIpAddress": f"10.0.{n // 256}.{n % 256}",
-                "instanceRef": boot["instanceRef"], "tags": tags,
-            }  # fmt: skip
+                "machineId": machine_id,
+                "name": f"host-{n}",
+                "status": "running",
+                "template": template,
+                "launchtime": self.launch_time,
+                "privateIpAddress": f"10.0.{n // 256}.{n % 256}",
+                "instanceRef": boot["instanceRef"],
+                "tags": tags,
+            }
             ids.append(machine_id)
         self.requests[request_id] = ids
         self.ops[op_id] = request_id
@@ -136,15 +150,29 @@ class FakeProvider:
         for ref in doc["requests"]:
             ids = self.requests.get(ref["requestId"])
             if ids is None:
-                out.append({"requestId": ref["requestId"], "status": "complete_with_error", "message": "unknown",
-                            "machines": []})  # fmt: skip
+                out.append(
+                    {
+                        "requestId": ref["requestId"],
+                        "status": "complete_with_error",
+                        "message": "unknown",
+                        "machines": [],
+                    }
+                )
                 continue
             machines = [
-                {"machineId": m["machineId"], "name": m["name"], "result": "succeed", "status": m["status"],
-                 "privateIpAddress": m["privateIpAddress"], "launchtime": m["launchtime"], "message": "",
-                 "instanceRef": m["instanceRef"], "tags": dict(m["tags"])}
+                {
+                    "machineId": m["machineId"],
+                    "name": m["name"],
+                    "result": "succeed",
+                    "status": m["status"],
+                    "privateIpAddress": m["privateIpAddress"],
+                    "launchtime": m["launchtime"],
+                    "message": "",
+                    "instanceRef": m["instanceRef"],
+                    "tags": dict(m["tags"]),
+                }
                 for m in (self.machines[i] for i in ids)
-            ]  # fmt: skip
+            ]
             out.append({"requestId": ref["requestId"], "status": "complete", "message": "", "machines": machines})
         return {"requests": out}
 
@@ -160,9 +188,11 @@ class FakeProvider:
         want = doc["tags"]
         return {
             "machines": [
-                {k: (dict(m[k]) if k == "tags" else m[k])
-                 for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}
+                {
+                    k: (dict(m[k]) if k == "tags" else m[k])
+                    for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")
+                }
                 for m in self.machines.values()
                 if m["status"] != "terminated" and all(m["tags"].get(k) == v for k, v in want.items())
             ]
-        }  # fmt: skip
+        }

@@ -160,9 +160,7 @@ def _plan_list(item: Any) -> tuple[Writer, Reader]:
 def _plan(cls: type, skip: tuple[str, ...] = ()) -> tuple[tuple[str, str, Writer, Reader], ...]:
     """``(attr name, wire name, writer, reader)`` for each field of ``cls`` (minus ``skip``)."""
     attrs.resolve_types(cls)
-    return tuple(
-        (f.name, wire_name(f.name), *_plan_type(f.type, f)) for f in attrs.fields(cls) if f.name not in skip
-    )
+    return tuple((f.name, wire_name(f.name), *_plan_type(f.type, f)) for f in attrs.fields(cls) if f.name not in skip)
 
 
 def _write_struct(builder: Any, value: Any, skip: tuple[str, ...] = ()) -> None:

@@ -225,11 +225,31 @@ class AdminReply:
 
 
 Message = Union[
-    Join, JoinReply, Heartbeat, HeartbeatAck, ErrorMsg, Rejected, Ack,
-    LeaseAcquire, LeaseRenew, LeaseRelease, LeaseGrant, LeaseDenied,
-    DemandPage, FactCommit, FactAck, ResyncRequest, ResyncPage, HostStatePush,
-    WorkerStatus, AdminSetDemand, AdminFailover, AdminQuorum, AdminStatus, AdminReply,
-]  # fmt: skip
+    Join,
+    JoinReply,
+    Heartbeat,
+    HeartbeatAck,
+    ErrorMsg,
+    Rejected,
+    Ack,
+    LeaseAcquire,
+    LeaseRenew,
+    LeaseRelease,
+    LeaseGrant,
+    LeaseDenied,
+    DemandPage,
+    FactCommit,
+    FactAck,
+    ResyncRequest,
+    ResyncPage,
+    HostStatePush,
+    WorkerStatus,
+    AdminSetDemand,
+    AdminFailover,
+    AdminQuorum,
+    AdminStatus,
+    AdminReply,
+]
 
 #: Every message class, in the order of the ``Frame.body`` union in the schema.
 MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]

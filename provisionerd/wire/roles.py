@@ -42,16 +42,25 @@ from provisionerd.wire.messages import (
 _SESSION = frozenset({Join, Heartbeat})
 
 ALLOWED: dict[Role, frozenset[type]] = {
-    Role.PROVISIONER: _SESSION
-    | {LeaseAcquire, LeaseRenew, LeaseRelease, FactCommit, ResyncRequest},
+    Role.PROVISIONER: _SESSION | {LeaseAcquire, LeaseRenew, LeaseRelease, FactCommit, ResyncRequest},
     Role.WORKER: _SESSION | {WorkerStatus},
     Role.ADMIN: _SESSION | {AdminSetDemand, AdminFailover, AdminQuorum, AdminStatus},
     Role.CONTROLLER: frozenset(
         {
-            JoinReply, HeartbeatAck, ErrorMsg, Rejected, Ack,
-            LeaseGrant, LeaseDenied, DemandPage, FactAck, ResyncPage, HostStatePush, AdminReply,
+            JoinReply,
+            HeartbeatAck,
+            ErrorMsg,
+            Rejected,
+            Ack,
+            LeaseGrant,
+            LeaseDenied,
+            DemandPage,
+            FactAck,
+            ResyncPage,
+            HostStatePush,
+            AdminReply,
         }
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -21,9 +21,9 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from provisionerd.pki.certs import cert_paths, parse_role_uri, read_cluster
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import Role
+from provisionerd.pki.certs import cert_paths, parse_role_uri, read_cluster
 
 
 class ClusterSSLContext(ssl.SSLContext):

@@ -45,8 +45,13 @@ class OneShot:
         path = self.workdir / "in.json"
         path.write_text(json.dumps(doc))
         path.chmod(0o600)
-        done = subprocess.run([str(PLUGIN / f"{action}.sh"), "-f", str(path)], capture_output=True, env=self.env,
-                              cwd=self.workdir, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [str(PLUGIN / f"{action}.sh"), "-f", str(path)],
+            capture_output=True,
+            env=self.env,
+            cwd=self.workdir,
+            timeout=120,
+        )
         path.unlink()
         out = done.stdout.decode()
         self.outputs += [out, done.stderr.decode()]
@@ -59,8 +64,14 @@ class Persistent:
     """The persistent plugin; ``close()`` ends it (EOF on stdin) and waits."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen([str(PLUGIN / "provider")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            [str(PLUGIN / "provider")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self.ids = itertools.count(1)
         self.outputs: list[str] = []
 
@@ -93,12 +104,17 @@ class Persistent:
 
 
 def owner_tags(op_id: str, cluster: str = CLUSTER) -> dict[str, str]:
-    return {"provisionerd:cluster": cluster, "provisionerd:provider": "local", "provisionerd:op": op_id,
-            "provisionerd:epoch": "1.1"}  # fmt: skip
+    return {
+        "provisionerd:cluster": cluster,
+        "provisionerd:provider": "local",
+        "provisionerd:op": op_id,
+        "provisionerd:epoch": "1.1",
+    }
 
 
-def request_input(op_id: str, tokens: list[str], controllers: list[str], template: str = "local-1",
-                  cluster: str = CLUSTER) -> dict[str, Any]:  # fmt: skip
+def request_input(
+    op_id: str, tokens: list[str], controllers: list[str], template: str = "local-1", cluster: str = CLUSTER
+) -> dict[str, Any]:
     return {
         "template": {"templateId": template, "machineCount": len(tokens)},
         "op_id": op_id,
@@ -111,5 +127,8 @@ def request_input(op_id: str, tokens: list[str], controllers: list[str], templat
 
 
 def return_input(op_id: str, machine_ids: list[str], cluster: str = CLUSTER) -> dict[str, Any]:
-    return {"machines": [{"name": m, "machineId": m} for m in machine_ids], "op_id": op_id,
-            "tags": owner_tags(op_id, cluster)}  # fmt: skip
+    return {
+        "machines": [{"name": m, "machineId": m} for m in machine_ids],
+        "op_id": op_id,
+        "tags": owner_tags(op_id, cluster),
+    }

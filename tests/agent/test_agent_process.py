@@ -19,14 +19,33 @@ TOKEN = "SeCrEt-join-token-0123456789abcdef"
 
 
 def agent_argv(certs: Path, tmp_path: Path, *source: str) -> list[str]:
-    return [sys.executable, "-m", "provisionerd", "agent", "--certs", str(certs), "--controllers", "127.0.0.1:9",
-            "--instance-ref", "c1/i-proc", "--label", f"test-dir={tmp_path}", *source]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "provisionerd",
+        "agent",
+        "--certs",
+        str(certs),
+        "--controllers",
+        "127.0.0.1:9",
+        "--instance-ref",
+        "c1/i-proc",
+        "--label",
+        f"test-dir={tmp_path}",
+        *source,
+    ]
 
 
 @contextmanager
 def running(argv: list[str], stdin: bytes | None = None, close_stdin: bool = True) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True, env={"PATH": os.environ["PATH"], "AGENT_TEST": "1"})  # fmt: skip
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={"PATH": os.environ["PATH"], "AGENT_TEST": "1"},
+    )
     try:
         assert process.stdin is not None
         if stdin is not None:

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 from agent_fakes import FakeController
 
+from provisionerd.agent.token import REJOIN_PREFIX
 from provisionerd.agent.worker import (
     EXIT_REFUSED,
     EXIT_TOKEN_REFUSED,
@@ -25,7 +26,6 @@ from provisionerd.agent.worker import (
     backoff_delay,
     judge_join_reply,
 )
-from provisionerd.agent.token import REJOIN_PREFIX
 from provisionerd.domain.model import HostStatus
 from provisionerd.wire.messages import ErrorMsg, HeartbeatAck, JoinReply
 
@@ -65,7 +65,9 @@ def test_judge_join_reply() -> None:
     assert judge_join_reply(JoinReply(True, 3, primary=True, controller_id="r1")) == Joined(3, "r1")
     assert judge_join_reply(JoinReply(False, 3, primary=False, redirect="h:9")) == Redirect("h:9")
     assert isinstance(judge_join_reply(JoinReply(False, 3, primary=False)), Elsewhere)
-    assert judge_join_reply(JoinReply(False, 3, primary=True, reason="bad identity")) == Refused("refused", "bad identity")
+    assert judge_join_reply(JoinReply(False, 3, primary=True, reason="bad identity")) == Refused(
+        "refused", "bad identity"
+    )
     assert judge_join_reply(JoinReply(True, 3, primary=True, protocol_version=2)).code == "version_mismatch"
     assert judge_join_reply(ErrorMsg("token_invalid", "no")) == Refused("token_invalid", "no")
     assert judge_join_reply(ErrorMsg("not_allowed", "x")).code == "not_allowed"
@@ -75,7 +77,9 @@ def test_judge_join_reply() -> None:
 
 
 def test_backoff_doubles_up_to_the_cap_with_bounded_jitter() -> None:
-    assert [backoff_delay(n, 0.2, 5.0, NoJitter()) for n in range(7)] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    assert [backoff_delay(n, 0.2, 5.0, NoJitter()) for n in range(7)] == pytest.approx(
+        [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    )
     rng = random.Random(7)
     for n in range(100):
         assert 0.5 * min(5.0, 0.2 * 2**n) <= backoff_delay(n, 0.2, 5.0, rng) <= min(5.0, 0.2 * 2**n)
@@ -106,8 +110,13 @@ async def test_follows_the_redirect_joins_reports_idle_and_heartbeats() -> None:
         fake.primary = 1
         nursery.start_soon(agent.run)
         await trio.sleep(12)
-        assert events(fake) == [(0, "a:1", "connect"), (0, "a:1", "join:token"), (0, "a:1", "redirect"),
-                                (0, "b:2", "connect"), (0, "b:2", "join:token")]  # fmt: skip
+        assert events(fake) == [
+            (0, "a:1", "connect"),
+            (0, "a:1", "join:token"),
+            (0, "a:1", "redirect"),
+            (0, "b:2", "connect"),
+            (0, "b:2", "join:token"),
+        ]
         assert fake.statuses == [(0, HostStatus.IDLE)]
         assert fake.heartbeats == [5, 10]
         assert agent.joins == 1 and agent.connected_to == "b:2" and agent.term == 1
@@ -121,13 +130,21 @@ async def test_rotates_through_the_addresses_with_backoff() -> None:
         fake.down = set(ADDRS)
         nursery.start_soon(agent.run)
         await trio.sleep(6.0)
-        assert [(t, a) for t, a, _ in events(fake)] == [(0, "a:1"), (0.2, "b:2"), (0.6, "c:3"), (1.4, "a:1"),
-                                                        (3.0, "b:2")]  # fmt: skip
+        assert [(t, a) for t, a, _ in events(fake)] == [
+            (0, "a:1"),
+            (0.2, "b:2"),
+            (0.6, "c:3"),
+            (1.4, "a:1"),
+            (3.0, "b:2"),
+        ]
         fake.down = {"a:1", "c:3"}  # b comes back as the primary; c fails at 6.2, a at 11.2, then b at 16.2
         fake.primary = 1
         await trio.sleep(11)
-        assert [(t, a) for t, a, w in events(fake) if w == "connect"][-3:] == [(6.2, "c:3"), (11.2, "a:1"),
-                                                                               (16.2, "b:2")]  # fmt: skip
+        assert [(t, a) for t, a, w in events(fake) if w == "connect"][-3:] == [
+            (6.2, "c:3"),
+            (11.2, "a:1"),
+            (16.2, "b:2"),
+        ]
         assert agent.joins == 1 and fake.statuses == [(16.2, HostStatus.IDLE)]
         nursery.cancel_scope.cancel()
 
@@ -170,8 +187,13 @@ async def test_rejoins_the_new_primary_with_the_proof_after_a_failover() -> None
         await trio.sleep(20)
         fake.fail_over()  # replica b is primary in term 2; a closes every session
         await trio.sleep(1)
-        assert events(fake)[2:] == [(20.2, "a:1", "connect"), (20.2, "a:1", "join:proof"), (20.2, "a:1", "redirect"),
-                                    (20.2, "b:2", "connect"), (20.2, "b:2", "join:proof")]  # fmt: skip
+        assert events(fake)[2:] == [
+            (20.2, "a:1", "connect"),
+            (20.2, "a:1", "join:proof"),
+            (20.2, "a:1", "redirect"),
+            (20.2, "b:2", "connect"),
+            (20.2, "b:2", "join:proof"),
+        ]
         assert agent.joins == 2 and agent.term == 2 and agent.connected_to == "b:2"
         assert fake.statuses == [(0, HostStatus.BUSY), (20.2, HostStatus.BUSY)]  # the status is reported again
         nursery.cancel_scope.cancel()
@@ -197,11 +219,17 @@ async def test_an_unanswered_join_then_a_refused_token_tries_the_proof() -> None
         nursery.start_soon(agent.run)
         await trio.sleep(1)
         assert [(a, w) for _, a, w in fake.log] == [
-            ("a:1", "connect"), ("a:1", "join:token"),  # admitted, but the reply is lost
-            ("b:2", "connect"), ("b:2", "join:token"), ("b:2", "redirect"),
-            ("a:1", "connect"), ("a:1", "join:token"), ("a:1", "refused"),  # spent by our own first join
-            ("a:1", "connect"), ("a:1", "join:proof"),
-        ]  # fmt: skip
+            ("a:1", "connect"),
+            ("a:1", "join:token"),  # admitted, but the reply is lost
+            ("b:2", "connect"),
+            ("b:2", "join:token"),
+            ("b:2", "redirect"),
+            ("a:1", "connect"),
+            ("a:1", "join:token"),
+            ("a:1", "refused"),  # spent by our own first join
+            ("a:1", "connect"),
+            ("a:1", "join:proof"),
+        ]
         assert agent.joins == 1
         nursery.cancel_scope.cancel()
 

@@ -64,15 +64,18 @@ async def joined_agents(certs: Path, tmp_path: Path, count: int) -> AsyncIterato
             conf = {"certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 3, "killGraceSeconds": 5}
             plugin = OneShot(plugin_env(tmp_path, conf), tmp_path)
             answer = await trio.to_thread.run_sync(plugin.call, "requestMachines", ask)
-            status = await trio.to_thread.run_sync(plugin.call, "getRequestStatus",
-                                                   {"requests": [{"requestId": answer["requestId"]}]})  # fmt: skip
+            status = await trio.to_thread.run_sync(
+                plugin.call, "getRequestStatus", {"requests": [{"requestId": answer["requestId"]}]}
+            )
             machines = [m["machineId"] for m in status["requests"][0]["machines"]]
             await wait_hosts(ctl, lambda hosts: all(hosts.get(ref) == "idle" for ref in refs))
             try:
                 yield Setup(ctl, plugin, refs, tokens, machines)
             finally:
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(plugin.call, "requestReturnMachines", return_input("ret-e2e", machines))
+                    await trio.to_thread.run_sync(
+                        plugin.call, "requestReturnMachines", return_input("ret-e2e", machines)
+                    )
                     with trio.move_on_after(60):
                         while live_agents(str(tmp_path)):
                             await trio.sleep(0.1)
@@ -81,8 +84,21 @@ async def joined_agents(certs: Path, tmp_path: Path, count: int) -> AsyncIterato
 
 
 async def run_agent(certs: Path, tmp_path: Path, addresses: tuple[str, ...], ref: str, token: str) -> Any:
-    argv = [sys.executable, "-m", "provisionerd", "agent", "--certs", str(certs), "--controllers", ",".join(addresses),
-            "--instance-ref", ref, "--token-stdin", "--label", f"test-dir={tmp_path}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "provisionerd",
+        "agent",
+        "--certs",
+        str(certs),
+        "--controllers",
+        ",".join(addresses),
+        "--instance-ref",
+        ref,
+        "--token-stdin",
+        "--label",
+        f"test-dir={tmp_path}",
+    ]
     with trio.fail_after(60):
         return await trio.run_process(argv, stdin=token.encode(), capture_stderr=True, check=False)
 
@@ -93,7 +109,9 @@ def test_agents_join_report_busy_and_a_spent_token_is_refused(certs: Path, tmp_p
             async with joined_agents(certs, tmp_path, 2) as setup:
                 pid = agent_of(tmp_path, setup.refs[0])
                 os.kill(pid, signal.SIGUSR1)
-                await wait_hosts(setup.ctl, lambda hosts: hosts[setup.refs[0]] == "busy" and hosts[setup.refs[1]] == "idle")
+                await wait_hosts(
+                    setup.ctl, lambda hosts: hosts[setup.refs[0]] == "busy" and hosts[setup.refs[1]] == "idle"
+                )
                 os.kill(pid, signal.SIGUSR2)
                 await wait_hosts(setup.ctl, lambda hosts: hosts[setup.refs[0]] == "idle")
 

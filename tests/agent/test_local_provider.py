@@ -78,10 +78,14 @@ def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
     assert set(running) == set(machines)
     for machine_id, pid in running.items():
         instance_ref = machines[machine_id]["instanceRef"]
-        assert labels(pid) == {"provisionerd:cluster": CLUSTER, "provisionerd:provider": "local",
-                               "provisionerd:op": "op-1", "provisionerd:epoch": "1.1",
-                               "provisionerd:instance": instance_ref,
-                               "provisionerd-local:data-dir": str((tmp_path / "data").resolve())}  # fmt: skip
+        assert labels(pid) == {
+            "provisionerd:cluster": CLUSTER,
+            "provisionerd:provider": "local",
+            "provisionerd:op": "op-1",
+            "provisionerd:epoch": "1.1",
+            "provisionerd:instance": instance_ref,
+            "provisionerd-local:data-dir": str((tmp_path / "data").resolve()),
+        }
         assert machines[machine_id]["tags"]["provisionerd:instance"] == instance_ref
         argv, env = "\0".join(cmdline(pid)), environ(pid)
         assert not any(token in argv or token.encode() in env for token in secret)
@@ -105,7 +109,10 @@ def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
     assert listed(plugin) == {}
 
     # Returning twice is harmless, with the same op_id or a new one.
-    assert plugin.call("requestReturnMachines", return_input("ret-1", list(machines)))["requestId"] == returned["requestId"]
+    assert (
+        plugin.call("requestReturnMachines", return_input("ret-1", list(machines)))["requestId"]
+        == returned["requestId"]
+    )
     fresh = plugin.call("requestReturnMachines", return_input("ret-2", list(machines)))
     assert settle(plugin, fresh["requestId"])["status"] == "complete"
 
@@ -216,8 +223,12 @@ def test_unknown_requests_and_bad_config_are_typed(tmp_path: Path) -> None:
     assert refused.value.code == "provider_error" and "maxNumber" in refused.value.error["message"]
     plugin = OneShot(plugin_env(tmp_path, {}), tmp_path)
     [entry] = plugin.call("getRequestStatus", {"requests": [{"requestId": "req-unknown"}]})["requests"]
-    assert entry == {"requestId": "req-unknown", "status": "complete_with_error", "message": "unknown request",
-                     "machines": []}  # fmt: skip
+    assert entry == {
+        "requestId": "req-unknown",
+        "status": "complete_with_error",
+        "message": "unknown request",
+        "machines": [],
+    }
     [template] = plugin.call("getAvailableTemplates", {})["templates"]  # the defaults: local-1, this host's CPUs
     assert template["templateId"] == "local-1"
     assert template["attributes"]["ncpus"] == ["Numeric", str(os.cpu_count())]
@@ -228,8 +239,10 @@ def test_unknown_requests_and_bad_config_are_typed(tmp_path: Path) -> None:
 def test_the_conformance_kit_passes(transport: str, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "provisionerd", "provider", "check", "--json", "--transport", transport, str(PLUGIN)],
-        capture_output=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)},
-    )  # fmt: skip
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     summary = json.loads(done.stdout.decode().splitlines()[-1])
     assert done.returncode == 0 and summary["failed"] == 0, summary
 
@@ -246,8 +259,10 @@ while True:
 def test_an_agent_that_ignores_sigterm_gets_sigkill_after_the_grace(certs: Path, tmp_path: Path) -> None:
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN_AGENT)
-    plugin = OneShot(plugin_env(tmp_path, conf(certs, killGraceSeconds=3, agentCommand=[sys.executable, str(script),
-                                                                                          "agent"])), tmp_path)
+    plugin = OneShot(
+        plugin_env(tmp_path, conf(certs, killGraceSeconds=3, agentCommand=[sys.executable, str(script), "agent"])),
+        tmp_path,
+    )
     request = plugin.call("requestMachines", request_input("op-k", tokens(1), NOWHERE))
     [machine_id] = [m["machineId"] for m in settle(plugin, request["requestId"])["machines"]]
     pid = agents_by_machine(tmp_path)[machine_id]

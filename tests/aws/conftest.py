@@ -56,8 +56,12 @@ def moto_endpoint() -> Iterator[str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     try:
-        proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(exe), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as exc:
         pytest.fail(f"cannot start moto_server ({exe}): {exc}; install with pip install 'moto[server]'")
     try:
@@ -84,8 +88,13 @@ def moto_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def ec2(moto_endpoint: str) -> Any:
     """A boto3 client on the emulator, for the tests' own setup and assertions."""
-    return boto3.client("ec2", region_name=REGION, endpoint_url=moto_endpoint,
-                        aws_access_key_id="AKIATESTSIDE", aws_secret_access_key="test-side")
+    return boto3.client(
+        "ec2",
+        region_name=REGION,
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="AKIATESTSIDE",
+        aws_secret_access_key="test-side",
+    )
 
 
 class Schemas:
@@ -147,13 +156,15 @@ class PluginRunner:
             "max_attempts": 1,
             "connect_timeout": 5,
             "read_timeout": 20,
-            "templates": [{
-                "templateId": "c5-xlarge",
-                "instanceType": "c5.xlarge",
-                "imageId": IMAGE,
-                "maxNumber": 20,
-                "attributes": {"type": ["String", "X86_64"], "ncpus": ["Numeric", "4"], "mem": ["Numeric", "8192"]},
-            }],
+            "templates": [
+                {
+                    "templateId": "c5-xlarge",
+                    "instanceType": "c5.xlarge",
+                    "imageId": IMAGE,
+                    "maxNumber": 20,
+                    "attributes": {"type": ["String", "X86_64"], "ncpus": ["Numeric", "4"], "mem": ["Numeric", "8192"]},
+                }
+            ],
             "fault_injection": {"call_log": str(self.call_log)},
         }
         self.env = {
@@ -194,8 +205,12 @@ class PluginRunner:
     # --- inputs -----------------------------------------------------------------------------------------------
 
     def owner_tags(self, op_id: str) -> dict[str, str]:
-        return {"provisionerd:cluster": self.cluster, "provisionerd:provider": "aws",
-                "provisionerd:op": op_id, "provisionerd:epoch": "3.7"}
+        return {
+            "provisionerd:cluster": self.cluster,
+            "provisionerd:provider": "aws",
+            "provisionerd:op": op_id,
+            "provisionerd:epoch": "3.7",
+        }
 
     def request_input(self, op_id: str, count: int, template: str = "c5-xlarge") -> dict[str, Any]:
         boot = []
@@ -203,8 +218,13 @@ class PluginRunner:
             token = f"JOINTOKEN-{uuid.uuid4().hex}"
             self.tokens.append(token)
             boot.append({"instanceRef": f"{op_id}-m{i}", "controllers": ["ctl.example:7443"], "joinToken": token})
-        return {"template": {"templateId": template, "machineCount": count}, "op_id": op_id,
-                "tags": self.owner_tags(op_id), "bootstrap": boot, "userData": {"site": "test"}}
+        return {
+            "template": {"templateId": template, "machineCount": count},
+            "op_id": op_id,
+            "tags": self.owner_tags(op_id),
+            "bootstrap": boot,
+            "userData": {"site": "test"},
+        }
 
     def return_input(self, op_id: str, ids: list[str]) -> dict[str, Any]:
         return {"machines": [{"name": i, "machineId": i} for i in ids], "op_id": op_id, "tags": self.owner_tags(op_id)}
@@ -217,8 +237,13 @@ class PluginRunner:
         infile.write_text(json.dumps(doc))
         workdir = self.tmp / "cwd"
         workdir.mkdir(exist_ok=True)
-        proc = subprocess.run([str(PLUGIN_DIR / f"{action}.sh"), "-f", str(infile)], cwd=workdir,
-                              env=env or self.env, capture_output=True, timeout=CALL_TIMEOUT)
+        proc = subprocess.run(
+            [str(PLUGIN_DIR / f"{action}.sh"), "-f", str(infile)],
+            cwd=workdir,
+            env=env or self.env,
+            capture_output=True,
+            timeout=CALL_TIMEOUT,
+        )
         stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
         self.outputs += [stdout, stderr]
         parsed = json.loads(stdout) if stdout.strip() else None
@@ -259,8 +284,15 @@ class PersistentPlugin:
 
     def __init__(self, runner: PluginRunner, env: dict[str, str]) -> None:
         self.runner = runner
-        self.proc = subprocess.Popen([str(PLUGIN_DIR / "provider")], cwd=runner.tmp, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [str(PLUGIN_DIR / "provider")],
+            cwd=runner.tmp,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self.next_id = 0
         self.pending: dict[int, str] = {}
 
@@ -323,15 +355,15 @@ def plugin(tmp_path: Path, moto_endpoint: str, schemas: Schemas) -> Iterator[Plu
     _check_leaks(runner)
 
 
-
 def _check_leaks(runner: PluginRunner) -> None:
     leaked = [s for s in (*runner.secrets, *runner.tokens) if any(s in out for out in runner.outputs)]
     assert not leaked, f"secrets in plugin output: {leaked}"
 
 
 @pytest.fixture(scope="module")
-def shared_process(tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str,
-                   schemas: Schemas) -> Iterator[tuple[PluginRunner, PersistentPlugin]]:
+def shared_process(
+    tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, schemas: Schemas
+) -> Iterator[tuple[PluginRunner, PersistentPlugin]]:
     """One persistent plugin for a module's tests that need no special config (a plugin start costs ~1 s of CPU).
 
     It runs without ``PROVISIONERD_CLUSTER``, so each test can use a cluster of its own in its owner tags.

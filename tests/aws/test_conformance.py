@@ -21,14 +21,28 @@ def test_conformance_kit_passes_on_the_persistent_transport(plugin):
     home = plugin.tmp / "home"
     (home / ".aws").mkdir(parents=True)
     (home / ".aws" / "credentials").write_text(
-        f"[default]\naws_access_key_id = {plugin.secrets[0]}\naws_secret_access_key = {plugin.secrets[1]}\n")
+        f"[default]\naws_access_key_id = {plugin.secrets[0]}\naws_secret_access_key = {plugin.secrets[1]}\n"
+    )
     config = {k: v for k, v in plugin.config.items() if k != "fault_injection"}
     (plugin.conf_dir / "aws_ec2.json").write_text(json.dumps(config))
     env = {"PATH": plugin.env["PATH"], "HOME": str(home)}
     proc = subprocess.run(
-        [sys.executable, "-m", "provisionerd", "provider", "check", "--transport", "persistent", "--json",
-         "--conf-dir", str(plugin.conf_dir), str(plugin.plugin_dir)],
-        env=env, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "provisionerd",
+            "provider",
+            "check",
+            "--transport",
+            "persistent",
+            "--json",
+            "--conf-dir",
+            str(plugin.conf_dir),
+            str(plugin.plugin_dir),
+        ],
+        env=env,
+        capture_output=True,
+        timeout=300,
     )
     plugin.outputs += [proc.stdout.decode(), proc.stderr.decode()]
     report = json.loads(proc.stdout)

@@ -76,8 +76,15 @@ def test_bootstrap_is_in_user_data_and_never_in_tags(shared, ec2):
 
 
 def test_capacity_error_maps_and_creates_nothing(plugin, ec2):
-    plugin.set_faults({"operation": "RunInstances", "action": "error", "code": "InsufficientInstanceCapacity",
-                       "http_status": 500, "message": "We currently do not have sufficient c5.xlarge capacity"})
+    plugin.set_faults(
+        {
+            "operation": "RunInstances",
+            "action": "error",
+            "code": "InsufficientInstanceCapacity",
+            "http_status": 500,
+            "message": "We currently do not have sufficient c5.xlarge capacity",
+        }
+    )
     error = plugin.error("requestMachines", plugin.request_input("op-nocap", 2))
     assert error["code"] == "capacity_unavailable" and error["retryable"] is True
     assert "InsufficientInstanceCapacity" in error["message"]
@@ -85,8 +92,15 @@ def test_capacity_error_maps_and_creates_nothing(plugin, ec2):
 
 
 def test_partial_capacity_accepts_what_launched_and_reports_the_rest(plugin, ec2):
-    plugin.set_faults({"operation": "RunInstances", "action": "error", "code": "InsufficientInstanceCapacity",
-                       "http_status": 500, "skip": 1})
+    plugin.set_faults(
+        {
+            "operation": "RunInstances",
+            "action": "error",
+            "code": "InsufficientInstanceCapacity",
+            "http_status": 500,
+            "skip": 1,
+        }
+    )
     doc = plugin.request_input("op-part", 3)
     with plugin.persistent() as p:
         out = p.call("requestMachines", doc)["result"]

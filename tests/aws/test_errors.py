@@ -15,9 +15,13 @@ pytestmark = pytest.mark.slow
 
 def _our_instance(ec2, plugin):
     return ec2.run_instances(
-        ImageId="ami-0123456789abcdef0", InstanceType="t3.micro", MinCount=1, MaxCount=1,
-        TagSpecifications=[{"ResourceType": "instance",
-                            "Tags": [{"Key": "provisionerd:cluster", "Value": plugin.cluster}]}],
+        ImageId="ami-0123456789abcdef0",
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "provisionerd:cluster", "Value": plugin.cluster}]}
+        ],
     )["Instances"][0]["InstanceId"]
 
 
@@ -28,8 +32,13 @@ def test_throttling_quota_and_auth_errors_are_mapped(plugin, ec2):
     # EC2 messages sometimes quote what they were sent: make this one quote a secret key and a join token.
     echo = f"Request limit exceeded (key {plugin.secrets[1]}, user data {token})"
     plugin.set_faults(
-        {"operation": "RunInstances", "action": "error", "code": "RequestLimitExceeded", "http_status": 503,
-         "message": echo},
+        {
+            "operation": "RunInstances",
+            "action": "error",
+            "code": "RequestLimitExceeded",
+            "http_status": 503,
+            "message": echo,
+        },
         {"operation": "StopInstances", "action": "error", "code": "VcpuLimitExceeded", "http_status": 400},
         {"operation": "TerminateInstances", "action": "error", "code": "UnauthorizedOperation", "http_status": 403},
     )
@@ -42,13 +51,21 @@ def test_throttling_quota_and_auth_errors_are_mapped(plugin, ec2):
     assert (quota["code"], quota["retryable"]) == ("quota_exceeded", False)
     assert (auth["code"], auth["retryable"]) == ("auth_failed", False)
     assert "after 0 of 1 batches" in auth["message"]
-    assert ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]["State"]["Name"] \
-        == "running"
+    assert (
+        ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
+    )
 
 
 def test_instance_limit_is_a_quota_error_on_the_one_shot_transport(plugin):
-    plugin.set_faults({"operation": "RunInstances", "action": "error", "code": "InstanceLimitExceeded",
-                       "http_status": 400, "message": "You have requested more instances than your limit"})
+    plugin.set_faults(
+        {
+            "operation": "RunInstances",
+            "action": "error",
+            "code": "InstanceLimitExceeded",
+            "http_status": 400,
+            "message": "You have requested more instances than your limit",
+        }
+    )
     error = plugin.error("requestMachines", plugin.request_input("op-lim", 1))
     assert (error["code"], error["retryable"]) == ("quota_exceeded", False)
 
@@ -64,8 +81,12 @@ def test_unreachable_endpoint_is_a_retryable_provider_error(plugin):
 
 
 def test_missing_credentials_are_an_auth_failure(plugin):
-    env = {k: v for k, v in plugin.env.items() if not k.startswith("AWS_") or k in (
-        "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED")}
+    env = {
+        k: v
+        for k, v in plugin.env.items()
+        if not k.startswith("AWS_")
+        or k in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED")
+    }
     rc, out = plugin.oneshot("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster}}, env=env)
     assert rc == 1 and (out["error"]["code"], out["error"]["retryable"]) == ("auth_failed", False)
     # describeProvider needs no credentials and no network.

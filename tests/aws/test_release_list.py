@@ -13,13 +13,23 @@ def _ids(plugin, ec2, op_id):
 
 def _foreign_instances(ec2, plugin):
     """An untagged instance and one of another cluster, both running."""
-    untagged = ec2.run_instances(ImageId="ami-0123456789abcdef0", InstanceType="t3.micro", MinCount=1,
-                                 MaxCount=1)["Instances"][0]["InstanceId"]
+    untagged = ec2.run_instances(ImageId="ami-0123456789abcdef0", InstanceType="t3.micro", MinCount=1, MaxCount=1)[
+        "Instances"
+    ][0]["InstanceId"]
     other = ec2.run_instances(
-        ImageId="ami-0123456789abcdef0", InstanceType="t3.micro", MinCount=1, MaxCount=1,
-        TagSpecifications=[{"ResourceType": "instance", "Tags": [
-            {"Key": "provisionerd:cluster", "Value": plugin.cluster + "-other"},
-            {"Key": "provisionerd:op", "Value": "op-list"}]}],
+        ImageId="ami-0123456789abcdef0",
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [
+                    {"Key": "provisionerd:cluster", "Value": plugin.cluster + "-other"},
+                    {"Key": "provisionerd:op", "Value": "op-list"},
+                ],
+            }
+        ],
     )["Instances"][0]["InstanceId"]
     return untagged, other
 
@@ -36,11 +46,11 @@ def test_listing_and_return_touch_only_our_tagged_instances(shared, ec2):
     p.call("requestMachines", plugin.request_input("op-list2", 1))
     ours = _ids(plugin, ec2, "op-list") + _ids(plugin, ec2, "op-list2")
     listed = p.call("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster}})["result"]["machines"]
-    narrowed = p.call("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster,
-                                                "provisionerd:op": "op-list"}})["result"]["machines"]
+    narrowed = p.call("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster, "provisionerd:op": "op-list"}})[
+        "result"
+    ]["machines"]
     # A return naming foreign ids leaves them alone and says so.
-    returned = p.call("requestReturnMachines",
-                      plugin.return_input("ret-list", [ours[0], untagged, other]))["result"]
+    returned = p.call("requestReturnMachines", plugin.return_input("ret-list", [ours[0], untagged, other]))["result"]
     after = p.call("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster}})["result"]["machines"]
     assert sorted(m["machineId"] for m in listed) == sorted(ours)
     assert sorted(m["machineId"] for m in narrowed) == _ids(plugin, ec2, "op-list")

@@ -19,31 +19,42 @@ from aws_ec2_plugin.redact import Redactor
 
 CONFIG = {
     "region": "eu-west-1",
-    "templates": [{"templateId": "t", "instanceType": "m5.large", "imageId": "ami-0123456789abcdef0", "maxNumber": 4,
-                   "attributes": {"ncpus": ["Numeric", "2"]}}],
+    "templates": [
+        {
+            "templateId": "t",
+            "instanceType": "m5.large",
+            "imageId": "ami-0123456789abcdef0",
+            "maxNumber": 4,
+            "attributes": {"ncpus": ["Numeric", "2"]},
+        }
+    ],
 }
 
 
-@pytest.mark.parametrize(("aws_code", "status", "expected"), [
-    ("InsufficientInstanceCapacity", 500, ("capacity_unavailable", True)),
-    ("InsufficientHostCapacity", 500, ("capacity_unavailable", True)),
-    ("RequestLimitExceeded", 503, ("throttled", True)),
-    ("InstanceLimitExceeded", 400, ("quota_exceeded", False)),
-    ("VcpuLimitExceeded", 400, ("quota_exceeded", False)),
-    ("AuthFailure", 401, ("auth_failed", False)),
-    ("UnauthorizedOperation", 403, ("auth_failed", False)),
-    ("InvalidClientTokenId", 403, ("auth_failed", False)),
-    ("InvalidParameterValue", 400, ("invalid_request", False)),
-    ("InvalidAMIID.NotFound", 400, ("invalid_request", False)),
-    ("MissingParameter", 400, ("invalid_request", False)),
-    ("IdempotentParameterMismatch", 400, ("provider_error", True)),
-    ("InternalError", 500, ("provider_error", True)),
-    ("SomethingNew", 400, ("provider_error", False)),
-])
+@pytest.mark.parametrize(
+    ("aws_code", "status", "expected"),
+    [
+        ("InsufficientInstanceCapacity", 500, ("capacity_unavailable", True)),
+        ("InsufficientHostCapacity", 500, ("capacity_unavailable", True)),
+        ("RequestLimitExceeded", 503, ("throttled", True)),
+        ("InstanceLimitExceeded", 400, ("quota_exceeded", False)),
+        ("VcpuLimitExceeded", 400, ("quota_exceeded", False)),
+        ("AuthFailure", 401, ("auth_failed", False)),
+        ("UnauthorizedOperation", 403, ("auth_failed", False)),
+        ("InvalidClientTokenId", 403, ("auth_failed", False)),
+        ("InvalidParameterValue", 400, ("invalid_request", False)),
+        ("InvalidAMIID.NotFound", 400, ("invalid_request", False)),
+        ("MissingParameter", 400, ("invalid_request", False)),
+        ("IdempotentParameterMismatch", 400, ("provider_error", True)),
+        ("InternalError", 500, ("provider_error", True)),
+        ("SomethingNew", 400, ("provider_error", False)),
+    ],
+)
 def test_ec2_error_codes_map_to_contract_codes(aws_code, status, expected):
     assert classify_aws_code(aws_code, status) == expected
     exc = botocore.exceptions.ClientError(
-        {"Error": {"Code": aws_code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "RunInstances")
+        {"Error": {"Code": aws_code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "RunInstances"
+    )
     err = from_exception(exc, "RunInstances")
     assert (err.code, err.retryable, err.aws_code) == (*expected, aws_code)
 
@@ -79,23 +90,36 @@ def test_prices_need_a_source_and_a_date():
 
 
 def _request(**changes):
-    tags = {"provisionerd:cluster": "c", "provisionerd:provider": "p", "provisionerd:op": "op1",
-            "provisionerd:epoch": "1.2"}
-    doc = {"template": {"templateId": "t", "machineCount": 1}, "op_id": "op1", "tags": tags,
-           "bootstrap": [{"instanceRef": "r", "controllers": ["h:1"], "joinToken": "SECRET-TOKEN-0123456789"}]}
+    tags = {
+        "provisionerd:cluster": "c",
+        "provisionerd:provider": "p",
+        "provisionerd:op": "op1",
+        "provisionerd:epoch": "1.2",
+    }
+    doc = {
+        "template": {"templateId": "t", "machineCount": 1},
+        "op_id": "op1",
+        "tags": tags,
+        "bootstrap": [{"instanceRef": "r", "controllers": ["h:1"], "joinToken": "SECRET-TOKEN-0123456789"}],
+    }
     doc.update(changes)
     return doc
 
 
-@pytest.mark.parametrize(("changes", "fragment"), [
-    ({"op_id": "op 1"}, "op_id"),
-    ({"template": {"templateId": "t", "machineCount": 5}}, "maxNumber"),
-    ({"template": {"templateId": "t", "machineCount": True}}, "machineCount"),
-    ({"bootstrap": [{"instanceRef": "r", "controllers": ["h:1"], "joinToken": "short"}]}, "joinToken"),
-    ({"bootstrap": [{"instanceRef": "r", "controllers": ["no-port"], "joinToken": "SECRET-TOKEN-0123456789"}]},
-     "controllers"),
-    ({"tags": {"provisionerd:cluster": "c"}}, "lacks"),
-])
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"op_id": "op 1"}, "op_id"),
+        ({"template": {"templateId": "t", "machineCount": 5}}, "maxNumber"),
+        ({"template": {"templateId": "t", "machineCount": True}}, "machineCount"),
+        ({"bootstrap": [{"instanceRef": "r", "controllers": ["h:1"], "joinToken": "short"}]}, "joinToken"),
+        (
+            {"bootstrap": [{"instanceRef": "r", "controllers": ["no-port"], "joinToken": "SECRET-TOKEN-0123456789"}]},
+            "controllers",
+        ),
+        ({"tags": {"provisionerd:cluster": "c"}}, "lacks"),
+    ],
+)
 def test_bad_request_inputs_are_invalid_requests_that_never_echo_tokens(changes, fragment):
     config = Config.from_document(CONFIG)
     assert create_request(_request(), config, "c").op_id == "op1"
@@ -110,8 +134,9 @@ def test_other_inputs_are_checked():
         machine_ids({"machines": [{"name": "a", "machineId": "vm-1"}]}, required=True)
     with pytest.raises(PluginError, match="machines"):
         machine_ids({"machines": []}, required=True)
-    assert machine_ids({"machines": [{"name": "a", "machineId": "i-0123456789abcdef0"}] * 2}, required=True) \
-        == ["i-0123456789abcdef0"]
+    assert machine_ids({"machines": [{"name": "a", "machineId": "i-0123456789abcdef0"}] * 2}, required=True) == [
+        "i-0123456789abcdef0"
+    ]
     with pytest.raises(PluginError, match="requests"):
         request_ids({"requests": "op-1"})
     with pytest.raises(PluginError, match="never unscoped"):
@@ -122,11 +147,27 @@ def test_plugin_rejects_bad_input_before_touching_ec2():
     def no_client(*_):
         raise AssertionError("no EC2 client may be built for a bad input")
 
-    plugin = Plugin(Config.from_document(CONFIG), Redactor(), cluster="c", provider_name="aws", data_dir=None,
-                    client_factory=no_client)
-    for action, doc in [("getRequestStatus", {"requests": "x"}), ("listMachines", {}), ("nope", {}),
-                        ("requestReturnMachines", {"machines": [{"name": "a", "machineId": "i-0123456789abcdef0"}],
-                                                   "op_id": "op1", "tags": {"provisionerd:cluster": "c"}})]:
+    plugin = Plugin(
+        Config.from_document(CONFIG),
+        Redactor(),
+        cluster="c",
+        provider_name="aws",
+        data_dir=None,
+        client_factory=no_client,
+    )
+    for action, doc in [
+        ("getRequestStatus", {"requests": "x"}),
+        ("listMachines", {}),
+        ("nope", {}),
+        (
+            "requestReturnMachines",
+            {
+                "machines": [{"name": "a", "machineId": "i-0123456789abcdef0"}],
+                "op_id": "op1",
+                "tags": {"provisionerd:cluster": "c"},
+            },
+        ),
+    ]:
         with pytest.raises(PluginError) as caught:
             plugin.handle(action, doc)
         assert caught.value.code == "invalid_request", action
@@ -151,9 +192,14 @@ _ids = itertools.count(1)
 
 
 def _instance(state, tags=(), reason=""):
-    return {"InstanceId": f"i-{next(_ids):012x}", "State": {"Name": state},
-            "Tags": [{"Key": k, "Value": v} for k, v in tags], "StateReason": {"Message": reason},
-            "LaunchTime": datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc), "PrivateDnsName": ""}
+    return {
+        "InstanceId": f"i-{next(_ids):012x}",
+        "State": {"Name": state},
+        "Tags": [{"Key": k, "Value": v} for k, v in tags],
+        "StateReason": {"Message": reason},
+        "LaunchTime": datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC),
+        "PrivateDnsName": "",
+    }
 
 
 def test_request_states_follow_instance_states():
@@ -183,11 +229,27 @@ def test_reclaims_are_what_we_did_not_ask_for():
     marked = _instance("running", (("provisionerd:reclaim", "45"),))
     marked_no_number = _instance("pending", (("provisionerd:reclaim", "yes"),))
     running = _instance("running")
-    wanted = machines.reclaimed([ours_returned, ours_stopped, stopped_then_killed, interrupted, stopped_by_ec2,
-                                 marked, marked_no_number, running], "provisionerd:reclaim", 120)
+    wanted = machines.reclaimed(
+        [
+            ours_returned,
+            ours_stopped,
+            stopped_then_killed,
+            interrupted,
+            stopped_by_ec2,
+            marked,
+            marked_no_number,
+            running,
+        ],
+        "provisionerd:reclaim",
+        120,
+    )
     assert [(w["machineId"], w["gracePeriod"]) for w in wanted] == [
-        (stopped_then_killed["InstanceId"], 0), (interrupted["InstanceId"], 0), (stopped_by_ec2["InstanceId"], 0), (marked["InstanceId"], 45),
-        (marked_no_number["InstanceId"], 120)]
+        (stopped_then_killed["InstanceId"], 0),
+        (interrupted["InstanceId"], 0),
+        (stopped_by_ec2["InstanceId"], 0),
+        (marked["InstanceId"], 45),
+        (marked_no_number["InstanceId"], 120),
+    ]
 
 
 def test_redactor_scrubs_environment_secrets_and_call_tokens(monkeypatch):

@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from provisionerd.config.loader import Backoff
-from provisionerd.telemetry.events import EventLog
 from provisionerd.controller.lease import LeaseKeeper, LeaseTransport
+from provisionerd.telemetry.events import EventLog
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def make_keeper() -> Callable[..., LeaseKeeper]:
 class Partitionable(trio.abc.Stream):
     """A client-side stream whose traffic can be silently dropped in both directions (a network partition)."""
 
-    def __init__(self, inner: trio.abc.Stream, net: "MemoryNet") -> None:
+    def __init__(self, inner: trio.abc.Stream, net: MemoryNet) -> None:
         self.inner = inner
         self.net = net
 
@@ -95,8 +95,7 @@ class MemoryNet:
             await trio.sleep(0.5)  # a connect that times out or is refused, quickly
             raise OSError(f"cannot reach {address}")
         client, server_side = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.server.handle_stream, server_side, self.addresses.index(address),
-                                Role.PROVISIONER)
+        self.nursery.start_soon(self.server.handle_stream, server_side, self.addresses.index(address), Role.PROVISIONER)
         return Partitionable(client, self)
 
     def fail_over(self, target: int | None = None) -> int:

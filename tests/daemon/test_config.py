@@ -93,8 +93,7 @@ def test_several_problems_are_reported_at_once_with_their_paths(tmp_path):
     problems = info.value.problems
     assert list(problems) == [
         "cluster: 'c 1' does not match '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'",
-        "controller.addresses[1]: 'ctl-b' does not match "
-        "'^(\\\\[[0-9A-Fa-f:.]+\\\\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$'",
+        "controller.addresses[1]: 'ctl-b' does not match '^(\\\\[[0-9A-Fa-f:.]+\\\\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$'",
         "controller.addresses[2]: port 70000 is out of range 1-65535",
         "controller.heartbeat_timeout: 5 must be greater than heartbeat_interval (5), or every link looks dead",
         "providers[1].name: duplicate provider name 'sim' (also providers[0])",
@@ -108,8 +107,7 @@ def test_several_problems_are_reported_at_once_with_their_paths(tmp_path):
 
 
 def test_problems_inside_env_never_show_the_value(tmp_path):
-    bad = GOOD.replace('env = {API_KEY = "s3cr3t-value", REGION = "eu-1"}',
-                       'env = {API_KEY = 31337, "bad-name" = "x"}')
+    bad = GOOD.replace('env = {API_KEY = "s3cr3t-value", REGION = "eu-1"}', 'env = {API_KEY = 31337, "bad-name" = "x"}')
     bad += '\n[[providers]]\nname = "p2"\ntransport = "persistent"\nargv = ["p"]\nenv = "TOKEN=hunter2"\n'
     with pytest.raises(ConfigError) as info:
         load(bad, tmp_path)
@@ -124,11 +122,18 @@ def test_problems_inside_env_never_show_the_value(tmp_path):
 
 
 def test_a_whole_table_is_never_printed_in_a_message(tmp_path):
-    bad = GOOD.replace('[[providers]]', 'providers = "x"\n[[xproviders]]', 1)
-    doc_problems = find_problems({"cluster": "c", "identity": "i", "controller": {"addresses": ["a:1"]},
-                                  "tls": {"ca": "a", "cert": "b", "key": "c"},
-                                  "providers": [{"name": "s", "transport": "oneshot", "path": "p",
-                                                 "timeouts": {"default": {"secret": "zzz"}}}]})
+    bad = GOOD.replace("[[providers]]", 'providers = "x"\n[[xproviders]]', 1)
+    doc_problems = find_problems(
+        {
+            "cluster": "c",
+            "identity": "i",
+            "controller": {"addresses": ["a:1"]},
+            "tls": {"ca": "a", "cert": "b", "key": "c"},
+            "providers": [
+                {"name": "s", "transport": "oneshot", "path": "p", "timeouts": {"default": {"secret": "zzz"}}}
+            ],
+        }
+    )
     assert doc_problems == ["providers[0].timeouts.default: a table is not of type 'number'"]
     with pytest.raises(ConfigError):
         load(bad, tmp_path)
@@ -138,7 +143,9 @@ def test_transport_rules(tmp_path):
     both = GOOD.replace('path = "plugins/sim"', 'path = "plugins/sim"\nargv = ["x"]')
     with pytest.raises(ConfigError) as info:
         load(both, tmp_path)
-    assert list(info.value.problems) == ["providers[0].argv: only a 'persistent' provider takes argv (oneshot uses path)"]
+    assert list(info.value.problems) == [
+        "providers[0].argv: only a 'persistent' provider takes argv (oneshot uses path)"
+    ]
     neither = GOOD.replace('transport = "oneshot"\npath = "plugins/sim"', 'transport = "persistent"')
     with pytest.raises(ConfigError) as info:
         load(neither, tmp_path)
@@ -173,7 +180,7 @@ def test_config_check_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ok" in out and "provider 'cloud'" in out and "example-not-a-real-key" not in out
     bad = tmp_path / "bad.toml"
-    bad.write_text(GOOD.replace("[tls]", "[tls]\nextra = 1").replace("API_KEY = \"s3cr3t-value\"", "API_KEY = 5"))
+    bad.write_text(GOOD.replace("[tls]", "[tls]\nextra = 1").replace('API_KEY = "s3cr3t-value"', "API_KEY = 5"))
     assert cli.main(["config", "check", str(bad)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[1:] == [

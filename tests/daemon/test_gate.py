@@ -6,15 +6,22 @@ import pytest
 import trio
 
 from provisionerd.domain.errors import ControllerRejected, LeaseError
+from provisionerd.domain.model import NO_EPOCH, Epoch, RequestIntent, ReturnIntent
+from provisionerd.execution.gate import GateDecision, MutationGate, violations
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_controller import FakeController
-from provisionerd.execution.gate import GateDecision, MutationGate, violations
-from provisionerd.domain.model import NO_EPOCH, Epoch, RequestIntent, ReturnIntent
 
 
 def intent(op_id: str, provider: str = "sim") -> RequestIntent:
-    return RequestIntent(provider=provider, epoch=NO_EPOCH, op_id=op_id, template_id="t", count=1,
-                         instance_refs=(f"ref-{op_id}",), token_hashes=("ab" * 32,))
+    return RequestIntent(
+        provider=provider,
+        epoch=NO_EPOCH,
+        op_id=op_id,
+        template_id="t",
+        count=1,
+        instance_refs=(f"ref-{op_id}",),
+        token_hashes=("ab" * 32,),
+    )
 
 
 def setup(make_keeper, *, ack_delay: float = 0.0):
@@ -160,8 +167,17 @@ def test_return_intents_go_through_the_same_gate(mock_run, make_keeper):
 
 
 def test_the_invariant_checker_catches_bad_admissions():
-    good = GateDecision(at=1.0, provider="sim", op_id="a", fact_kind="RequestIntent", outcome="admitted",
-                        epoch=Epoch(1, 1), fact_epoch=Epoch(1, 1), fact_index=3, valid_until=2.0)
+    good = GateDecision(
+        at=1.0,
+        provider="sim",
+        op_id="a",
+        fact_kind="RequestIntent",
+        outcome="admitted",
+        epoch=Epoch(1, 1),
+        fact_epoch=Epoch(1, 1),
+        fact_index=3,
+        valid_until=2.0,
+    )
     assert violations([good]) == []
     import attrs
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
+from provisionerd.controller.lease import LeaseState
 from provisionerd.domain.errors import LeaseError
+from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_controller import FakeController
-from provisionerd.controller.lease import LeaseState
-from provisionerd.domain.model import Epoch
 
 
 def test_renewals_over_a_simulated_hour_keep_one_epoch(mock_run, make_keeper):
@@ -206,5 +206,12 @@ def test_release_stops_mutations_and_frees_the_provider(mock_run, make_keeper):
 def _intent(epoch: Epoch):
     from provisionerd.domain.model import RequestIntent
 
-    return RequestIntent(provider="sim", epoch=epoch, op_id="op-1", template_id="t", count=1,
-                         instance_refs=("i-1",), token_hashes=("0" * 64,))
+    return RequestIntent(
+        provider="sim",
+        epoch=epoch,
+        op_id="op-1",
+        template_id="t",
+        count=1,
+        instance_refs=("i-1",),
+        token_hashes=("0" * 64,),
+    )

@@ -18,9 +18,16 @@ import pytest
 import trio
 
 from provisionerd.cli import main as cli
-from provisionerd.daemon.admin_socket import query
-from provisionerd.config.loader import Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig
+from provisionerd.config.loader import (
+    Backoff,
+    Config,
+    ControllerSettings,
+    DaemonSettings,
+    LeaseSettings,
+    ProviderConfig,
+)
 from provisionerd.config.writer import daemon_config_toml, provisioner_tls, write_daemon_config
+from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import Epoch
 
 pytestmark = pytest.mark.slow
@@ -28,13 +35,21 @@ pytestmark = pytest.mark.slow
 
 def real_config(certs: Path, addresses, state: Path) -> Config:
     return Config(
-        cluster="testcluster", identity="prov-real",
-        controller=ControllerSettings(tuple(addresses), connect_timeout=3, request_timeout=3, heartbeat_interval=0.5,
-                                      heartbeat_timeout=3, backoff=Backoff(initial=0.1, max=1)),
-        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        cluster="testcluster",
+        identity="prov-real",
+        controller=ControllerSettings(
+            tuple(addresses),
+            connect_timeout=3,
+            request_timeout=3,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=3,
+            backoff=Backoff(initial=0.1, max=1),
+        ),
+        tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
         daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
         providers=(ProviderConfig("sim", "oneshot", path=Path("plugins/sim"), env={"SIM_SECRET": "do-not-leak-me"}),),
-    )  # fmt: skip
+    )
 
 
 async def poll_status(sock: Path, predicate, limit: float = 30.0):
@@ -58,14 +73,16 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
     seen: dict = {}
 
     async def main():
-        async with open_refcontroller_process(certs, tmp_path / "ctl", replicas=2, lease_ttl=2.0,
-                                              check_interval=0.5, heartbeat_timeout=5.0) as ctl:
+        async with open_refcontroller_process(
+            certs, tmp_path / "ctl", replicas=2, lease_ttl=2.0, check_interval=0.5, heartbeat_timeout=5.0
+        ) as ctl:
             spec = real_config(certs, (ctl.addresses[1], ctl.addresses[0]), state)
             write_daemon_config(spec, config)
             with open(tmp_path / "daemon.log", "wb") as log_file:
                 proc = await trio.lowlevel.open_process(
                     [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
-                    start_new_session=True, stderr=log_file,
+                    start_new_session=True,
+                    stderr=log_file,
                 )
             try:
                 sock = state / "admin.sock"
@@ -73,8 +90,13 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
                 seen["first"] = held
                 await ctl.fail_over()
                 moved = await poll_status(
-                    sock, lambda s: s["link"]["generation"] >= 2 and s["leases"][0]["state"] == "held"
-                    and Epoch.parse(s["leases"][0]["epoch"]) > Epoch.parse(held["leases"][0]["epoch"]))
+                    sock,
+                    lambda s: (
+                        s["link"]["generation"] >= 2
+                        and s["leases"][0]["state"] == "held"
+                        and Epoch.parse(s["leases"][0]["epoch"]) > Epoch.parse(held["leases"][0]["epoch"])
+                    ),
+                )
                 seen["second"] = moved
                 # A bad config on SIGHUP is reported and the running one kept.
                 config.write_text(daemon_config_toml(attrs.evolve(spec, lease=LeaseSettings(margin=-1))))
@@ -105,8 +127,18 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
     assert seen["controller_after"]["leases"] == []  # released on SIGTERM
     events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
-    for kind in ("redirect", "join", "resync", "lease_acquired", "link_down", "lease_lost", "config_reload_failed",
-                 "daemon_stopping", "lease_released", "daemon_stopped"):
+    for kind in (
+        "redirect",
+        "join",
+        "resync",
+        "lease_acquired",
+        "link_down",
+        "lease_lost",
+        "config_reload_failed",
+        "daemon_stopping",
+        "lease_released",
+        "daemon_stopped",
+    ):
         assert kind in kinds, kind
     assert kinds.index("redirect") < kinds.index("join")
     released = next(e for e in events if e["event"] == "lease_released")

@@ -8,19 +8,27 @@ import pytest
 import trio
 
 from provisionerd.config.loader import Backoff
-from provisionerd.controller.ops import ControllerOps
-from provisionerd.domain.errors import ControllerRejected, LinkDown
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.gate import MutationGate, violations
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
-from provisionerd.domain.model import NO_EPOCH, DemandItem, Epoch, RequestIntent, ResourceShape
+from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.domain.errors import ControllerRejected, LinkDown
+from provisionerd.domain.model import NO_EPOCH, DemandItem, Epoch, RequestIntent, ResourceShape
+from provisionerd.execution.gate import MutationGate, violations
+from provisionerd.telemetry.events import EventLog
 
 
 def settings(addresses, identity="prov-a", providers=("sim",), **kw) -> SessionSettings:
-    return SessionSettings(identity=identity, providers=providers, addresses=tuple(addresses),
-                           connect_timeout=2.0, request_timeout=5.0, heartbeat_interval=1.0, heartbeat_timeout=3.0,
-                           backoff=Backoff(initial=0.2, max=4.0, multiplier=2.0, jitter=0.5), **kw)
+    return SessionSettings(
+        identity=identity,
+        providers=providers,
+        addresses=tuple(addresses),
+        connect_timeout=2.0,
+        request_timeout=5.0,
+        heartbeat_interval=1.0,
+        heartbeat_timeout=3.0,
+        backoff=Backoff(initial=0.2, max=4.0, multiplier=2.0, jitter=0.5),
+        **kw,
+    )
 
 
 class Daemon:
@@ -29,11 +37,16 @@ class Daemon:
     def __init__(self, net, addresses=None, identity="prov-a", providers=("sim",), seed=1, margin=2.0):
         self.events = EventLog(keep=10_000)
         rng = random.Random(seed)
-        self.session = ControllerSession(settings(addresses or net.addresses, identity, providers),
-                                         net.connect, self.events, rng)
+        self.session = ControllerSession(
+            settings(addresses or net.addresses, identity, providers), net.connect, self.events, rng
+        )
         self.ops = ControllerOps(self.session)
-        self.keepers = {p: LeaseKeeper(p, self.ops, margin=margin, backoff=Backoff(initial=0.2, max=4.0),
-                                       rng=rng, events=self.events) for p in providers}
+        self.keepers = {
+            p: LeaseKeeper(
+                p, self.ops, margin=margin, backoff=Backoff(initial=0.2, max=4.0), rng=rng, events=self.events
+            )
+            for p in providers
+        }
         self.gate = MutationGate(self.keepers, self.ops, self.events)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
@@ -49,8 +62,15 @@ class Daemon:
 
 
 def intent(op_id: str) -> RequestIntent:
-    return RequestIntent(provider="sim", epoch=NO_EPOCH, op_id=op_id, template_id="t", count=1,
-                         instance_refs=(f"ref-{op_id}",), token_hashes=("ab" * 32,))
+    return RequestIntent(
+        provider="sim",
+        epoch=NO_EPOCH,
+        op_id=op_id,
+        template_id="t",
+        count=1,
+        instance_refs=(f"ref-{op_id}",),
+        token_hashes=("ab" * 32,),
+    )
 
 
 ITEM = DemandItem(demand_id="d1", shape=ResourceShape(ncpus=4), count=3)
@@ -74,9 +94,13 @@ def test_join_follows_the_redirect_resyncs_and_gets_demand(mock_run, memory_cont
                 await nursery.start(daemon.run)
                 await wait_for(lambda: daemon.session.view is not None and daemon.session.view.complete, "view")
                 view = daemon.session.view
-                seen.update(primary=daemon.session.primary, generation=view.generation,
-                            demand=view.demand, connects=[a for _, a in net.connects],
-                            state=daemon.session.state)
+                seen.update(
+                    primary=daemon.session.primary,
+                    generation=view.generation,
+                    demand=view.demand,
+                    connects=[a for _, a in net.connects],
+                    state=daemon.session.state,
+                )
                 nursery.cancel_scope.cancel()
             seen["events"] = [e["event"] for e in daemon.kinds("redirect", "join", "link_up", "resync")]
 
@@ -131,17 +155,27 @@ def test_failover_rejoins_resyncs_and_reacquires_a_higher_epoch(mock_run, memory
                 await trio.sleep(4.0)
                 failed_at = trio.current_time()
                 net.fail_over()  # replica 1 becomes primary in term 2; every session of replica 0 is cut
-                await wait_for(lambda: daemon.session.generation == 2 and daemon.session.state is LinkState.UP,
-                               "rejoin")
+                await wait_for(
+                    lambda: daemon.session.generation == 2 and daemon.session.state is LinkState.UP, "rejoin"
+                )
                 new_view = daemon.session.view
                 await wait_for(lambda: keeper.valid() and keeper.epoch != first, "re-acquired")
                 second = keeper.epoch
-                seen.update(first=first, second=second, failed_at=failed_at, reacquired=trio.current_time(),
-                            old_view=old_view, new_view=new_view, primary=daemon.session.primary)
+                seen.update(
+                    first=first,
+                    second=second,
+                    failed_at=failed_at,
+                    reacquired=trio.current_time(),
+                    old_view=old_view,
+                    new_view=new_view,
+                    primary=daemon.session.primary,
+                )
                 async with daemon.gate.mutation("sim", intent("op-2")) as permit:
                     seen["permit_epoch"] = permit.epoch
-                seen["events"] = [(e["event"]) for e in daemon.kinds("link_down", "redirect", "join", "resync",
-                                                                      "lease_lost", "lease_acquired")]
+                seen["events"] = [
+                    (e["event"])
+                    for e in daemon.kinds("link_down", "redirect", "join", "resync", "lease_lost", "lease_acquired")
+                ]
                 nursery.cancel_scope.cancel()
 
     mock_run(main)
@@ -153,9 +187,17 @@ def test_failover_rejoins_resyncs_and_reacquires_a_higher_epoch(mock_run, memory
     assert "op-1" in seen["new_view"].facts.intents
     # The previous holder gets the provider back at once (no grace for it), well before its old deadline.
     assert seen["reacquired"] - seen["failed_at"] < 5.0
-    assert seen["events"] == ["join", "resync", "lease_acquired",  # generation 1
-                              "link_down", "redirect", "join", "resync",  # ctl0 is a standby now: redirected to ctl1
-                              "lease_lost", "lease_acquired"]  # the renewal right after the resync is refused
+    assert seen["events"] == [
+        "join",
+        "resync",
+        "lease_acquired",  # generation 1
+        "link_down",
+        "redirect",
+        "join",
+        "resync",  # ctl0 is a standby now: redirected to ctl1
+        "lease_lost",
+        "lease_acquired",
+    ]  # the renewal right after the resync is refused
 
 
 def test_stale_epoch_fact_is_rejected_and_the_daemon_recovers_by_reacquiring(mock_run, memory_controller):
@@ -172,6 +214,7 @@ def test_stale_epoch_fact_is_rejected_and_the_daemon_recovers_by_reacquiring(moc
                 cluster = net.server.cluster
                 cluster.replicas.term += 1
                 from refcontroller.leases import LeaseTable
+
                 cluster.leases = LeaseTable(cluster.term, trio.current_time(), cluster.ttl, cluster.check_interval)
                 cluster.replicas.promoted_at = trio.current_time()
                 with pytest.raises(ControllerRejected) as info:
@@ -259,8 +302,13 @@ def test_standby_daemon_takes_over_only_after_expiry_or_the_controllers_grace(mo
                 if failover:
                     net.fail_over()
                 second = await standby.keepers["sim"].wait_valid()
-                seen.update(first=first, second=second, died_at=died_at, last_renewal=last_renewal,
-                            took_over=trio.current_time())
+                seen.update(
+                    first=first,
+                    second=second,
+                    died_at=died_at,
+                    last_renewal=last_renewal,
+                    took_over=trio.current_time(),
+                )
                 async with standby.gate.mutation("sim", intent("op-b")) as permit:
                     seen["permit"] = permit.epoch
                 seen["denials"] = sorted({e["reason"] for e in standby.events.of_kind("lease_denied")})

@@ -8,11 +8,13 @@ import random
 import pytest
 import trio
 
-from provisionerd.daemon.admin_socket import query, serve_admin_socket
-from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.cli.status import main as status_main
+from provisionerd.cli.status import render
 from provisionerd.config.loader import Backoff
+from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.controller.view import DemandAssembler, ResyncCollector
+from provisionerd.daemon.admin_socket import query, serve_admin_socket
 from provisionerd.domain.errors import ProtocolError
-from provisionerd.planner.host_table import join_index
 from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
@@ -24,9 +26,7 @@ from provisionerd.domain.model import (
     RequestIntent,
     ResourceShape,
 )
-from provisionerd.controller.view import DemandAssembler, ResyncCollector
-from provisionerd.cli.status import main as status_main
-from provisionerd.cli.status import render
+from provisionerd.planner.host_table import join_index
 
 
 def item(n: int) -> DemandItem:
@@ -83,8 +83,12 @@ def test_resync_view_keeps_its_hosts_in_the_fact_views_indexed_table():
         for i, ref in enumerate(refs)
     ]
     c = ResyncCollector()
-    assert c.add(0, 1, tuple(facts), (HostState("ref-0", "sim", "m0", HostStatus.IDLE, 1.0),
-                                      HostState("ref-1", "sim", "m1", HostStatus.BUSY, 1.0)))  # fmt: skip
+    assert c.add(
+        0,
+        1,
+        tuple(facts),
+        (HostState("ref-0", "sim", "m0", HostStatus.IDLE, 1.0), HostState("ref-1", "sim", "m1", HostStatus.BUSY, 1.0)),
+    )
     view = c.build(generation=1, primary="ctl0:1", term=1)
     assert view.hosts is view.facts.hosts
     index = join_index(view.facts.active_refs, view.hosts)
@@ -111,11 +115,14 @@ def test_backoff_is_seeded_jittered_exponential_and_capped():
 def test_status_is_served_on_the_admin_socket_and_rendered(tmp_path, capsys):
     sock = tmp_path / "a" / "admin.sock"
     document = {
-        "cluster": "c", "identity": "p",
+        "cluster": "c",
+        "identity": "p",
         "link": {"state": "up", "primary": "ctl0:1", "term": 3, "generation": 2, "demand_seq": 7, "last_error": ""},
-        "leases": [{"provider": "sim", "state": "held", "epoch": "3.1", "remaining": 12.5, "reason": "renewed"},
-                   {"provider": "aws", "state": "lapsed", "epoch": "2.4", "remaining": None, "reason": "x"}],
-    }  # fmt: skip
+        "leases": [
+            {"provider": "sim", "state": "held", "epoch": "3.1", "remaining": 12.5, "reason": "renewed"},
+            {"provider": "aws", "state": "lapsed", "epoch": "2.4", "remaining": None, "reason": "x"},
+        ],
+    }
     codes: list[int] = []
 
     async def main():

@@ -11,12 +11,12 @@ import trio
 import trio.testing
 
 from provisionerd.config.loader import Backoff
-from provisionerd.controller.ops import ControllerOps
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.gate import MutationGate
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.domain.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
+from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.domain.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
+from provisionerd.execution.gate import MutationGate
+from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.simulation.network import _without_pushes
 
 ITEM = DemandItem(demand_id="d1", shape=ResourceShape(ncpus=4), count=3)
@@ -51,8 +51,12 @@ class Net:
 
     async def connect(self, address: str) -> trio.abc.Stream:
         client, server_side = trio.testing.memory_stream_pair()
-        self.net.nursery.start_soon(self.net.server.handle_stream, DropPushes(server_side, self),
-                                    self.net.addresses.index(address), Role.PROVISIONER)
+        self.net.nursery.start_soon(
+            self.net.server.handle_stream,
+            DropPushes(server_side, self),
+            self.net.addresses.index(address),
+            Role.PROVISIONER,
+        )
         return client
 
 
@@ -62,14 +66,22 @@ class Daemon:
     def __init__(self, net: Net, identity: str = "prov-a", refresh_heartbeats: int = 30, seed: int = 1) -> None:
         self.events = EventLog(keep=10_000)
         rng = random.Random(seed)
-        settings = SessionSettings(identity=identity, providers=("sim",), addresses=net.net.addresses,
-                                   connect_timeout=2.0, request_timeout=5.0, heartbeat_interval=1.0,
-                                   heartbeat_timeout=3.0, backoff=Backoff(initial=0.2, max=4.0),
-                                   refresh_heartbeats=refresh_heartbeats)  # fmt: skip
+        settings = SessionSettings(
+            identity=identity,
+            providers=("sim",),
+            addresses=net.net.addresses,
+            connect_timeout=2.0,
+            request_timeout=5.0,
+            heartbeat_interval=1.0,
+            heartbeat_timeout=3.0,
+            backoff=Backoff(initial=0.2, max=4.0),
+            refresh_heartbeats=refresh_heartbeats,
+        )
         self.session = ControllerSession(settings, net.connect, self.events, rng)
         self.ops = ControllerOps(self.session)
-        self.keeper = LeaseKeeper("sim", self.ops, margin=2.0, backoff=Backoff(initial=0.2, max=4.0), rng=rng,
-                                  events=self.events)  # fmt: skip
+        self.keeper = LeaseKeeper(
+            "sim", self.ops, margin=2.0, backoff=Backoff(initial=0.2, max=4.0), rng=rng, events=self.events
+        )
         self.keeper.on_acquired.append(lambda _epoch: self.session.resync_after_grant("sim"))
         self.gate = MutationGate({"sim": self.keeper}, self.ops, self.events)
 

@@ -51,5 +51,10 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
 
 
 def start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "provisionerd", "demo", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=demo_env(tmp_path), cwd=tmp_path)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "provisionerd", "demo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=demo_env(tmp_path),
+        cwd=tmp_path,
+    )

@@ -12,12 +12,12 @@ import pytest
 import trio
 from demo_scan import processes_naming
 
-from provisionerd.demo import run as demo_mod
 from provisionerd.demo import cluster as demo_cluster
-from provisionerd.demo.run import Summary, run_demo
+from provisionerd.demo import run as demo_mod
 from provisionerd.demo.observe import EventsTail, EventTally, Snapshot, controller_fields, daemon_fields
 from provisionerd.demo.procs import ProcInfo, parse_agent, start_child
 from provisionerd.demo.progress import Progress, plain_line, status_lines
+from provisionerd.demo.run import Summary, run_demo
 
 
 def action(phase: str, kind: str, op_id: str, **fields) -> dict:
@@ -51,55 +51,115 @@ def test_the_events_tail_waits_for_a_partial_line(tmp_path: Path) -> None:
     path.write_text('{"event": "a"}\n{"event": "b"')
     assert tail.read_new() == [{"event": "a"}]
     with path.open("a") as handle:
-        handle.write('}\nnot json\n[1]\n')
+        handle.write("}\nnot json\n[1]\n")
     assert tail.read_new() == [{"event": "b"}]  # the rest of "b"; junk and non-objects skipped
 
 
 def test_controller_and_daemon_fields() -> None:
     status = {
-        "primary": 1, "term": 2,
+        "primary": 1,
+        "term": 2,
         "replicas": [{"index": 0, "address": "a:1"}, {"index": 1, "address": "b:2"}],
-        "hosts": [{"instance_ref": "w0", "status": "idle"}, {"instance_ref": "w1", "status": "busy"},
-                  {"instance_ref": "w2", "status": "lost"}, {"instance_ref": "w3", "status": "joined"}, "junk"],
-        "sessions": [{"role": "worker", "replica": 1}, {"role": "worker", "replica": 0},
-                     {"role": "provisioner", "replica": 1}],
-    }  # fmt: skip
+        "hosts": [
+            {"instance_ref": "w0", "status": "idle"},
+            {"instance_ref": "w1", "status": "busy"},
+            {"instance_ref": "w2", "status": "lost"},
+            {"instance_ref": "w3", "status": "joined"},
+            "junk",
+        ],
+        "sessions": [
+            {"role": "worker", "replica": 1},
+            {"role": "worker", "replica": 0},
+            {"role": "provisioner", "replica": 1},
+        ],
+    }
     seen = {"w2"}  # joined earlier, lost since: still counts as joined once
     fields = controller_fields(status, seen)
-    assert fields == {"idle": 1, "busy": 1, "live_hosts": 3, "primary": 1, "primary_address": "b:2", "term": 2,
-                      "workers_on_primary": 1}  # fmt: skip
+    assert fields == {
+        "idle": 1,
+        "busy": 1,
+        "live_hosts": 3,
+        "primary": 1,
+        "primary_address": "b:2",
+        "term": 2,
+        "workers_on_primary": 1,
+    }
     assert seen == {"w0", "w1", "w2", "w3"}
-    daemon = {"link": {"state": "up", "primary": "b:2"},
-              "leases": [{"provider": "other", "state": "held", "epoch": "9.9"},
-                         {"provider": "local", "state": "held", "epoch": "2.1"}]}  # fmt: skip
+    daemon = {
+        "link": {"state": "up", "primary": "b:2"},
+        "leases": [
+            {"provider": "other", "state": "held", "epoch": "9.9"},
+            {"provider": "local", "state": "held", "epoch": "2.1"},
+        ],
+    }
     assert daemon_fields(daemon, "local") == {"link": "up", "daemon_primary": "b:2", "lease": "held", "epoch": "2.1"}
     assert daemon_fields({}, "local") == {"link": "-", "daemon_primary": None, "lease": "-", "epoch": None}
 
 
 def test_an_agent_is_known_by_its_command_line() -> None:
-    argv = ("python", "-m", "provisionerd", "agent", "--certs", "/c", "--instance-ref", "c:op/0", "--machine-id",
-            "local-1", "--label", "provisionerd:cluster=demo-x", "--label", "broken")  # fmt: skip
+    argv = (
+        "python",
+        "-m",
+        "provisionerd",
+        "agent",
+        "--certs",
+        "/c",
+        "--instance-ref",
+        "c:op/0",
+        "--machine-id",
+        "local-1",
+        "--label",
+        "provisionerd:cluster=demo-x",
+        "--label",
+        "broken",
+    )
     agent = parse_agent(ProcInfo(10, 99, argv))
     assert agent is not None
-    assert (agent.machine_id, agent.instance_ref, agent.labels) == ("local-1", "c:op/0",
-                                                                    {"provisionerd:cluster": "demo-x"})
+    assert (agent.machine_id, agent.instance_ref, agent.labels) == (
+        "local-1",
+        "c:op/0",
+        {"provisionerd:cluster": "demo-x"},
+    )
     assert parse_agent(ProcInfo(10, 99, ("python", "-m", "provisionerd", "agent", "--certs", "/c"))) is None
     assert parse_agent(ProcInfo(10, 99, ("bash", "--machine-id", "x"))) is None
 
 
-SNAP = Snapshot(elapsed=3.25, step="step 5/11: failover", requested=8, joined=5, idle=4, busy=1, agents=9,
-                epoch="2.1", lease="held", link="up", daemon_primary="127.0.0.1:2", primary=1,
-                primary_address="127.0.0.1:2", term=2, workers_on_primary=5)  # fmt: skip
+SNAP = Snapshot(
+    elapsed=3.25,
+    step="step 5/11: failover",
+    requested=8,
+    joined=5,
+    idle=4,
+    busy=1,
+    agents=9,
+    epoch="2.1",
+    lease="held",
+    link="up",
+    daemon_primary="127.0.0.1:2",
+    primary=1,
+    primary_address="127.0.0.1:2",
+    term=2,
+    workers_on_primary=5,
+)
 
 
 def test_the_status_block_and_the_plain_line_say_what_matters() -> None:
     block = "\n".join(status_lines(SNAP, 8))
-    for text in ("requested 8/8", "joined 5", "idle 4", "returned 0", "primary #1 127.0.0.1:2", "term 2",
-                 "epoch 2.1", "link up"):  # fmt: skip
+    for text in (
+        "requested 8/8",
+        "joined 5",
+        "idle 4",
+        "returned 0",
+        "primary #1 127.0.0.1:2",
+        "term 2",
+        "epoch 2.1",
+        "link up",
+    ):
         assert text in block
     assert "waiting" not in block
     assert "(waiting: the daemon's admin socket does not answer)" in "\n".join(
-        status_lines(Snapshot(problem="the daemon's admin socket does not answer"), 8))
+        status_lines(Snapshot(problem="the daemon's admin socket does not answer"), 8)
+    )
     line = plain_line(SNAP)
     assert "\n" not in line and "epoch 2.1 (held)" in line and "primary #1 term 2" in line
 
@@ -133,8 +193,10 @@ def test_a_terminal_gets_the_block_redrawn_in_place() -> None:
 
 def test_the_json_line_has_exactly_the_promised_keys() -> None:
     ok = Summary(True, 8, 8, 8, 1, 1, 0, 14.2, steps=(("certificates", 0.1),))
-    assert json.dumps(ok.document()) == ('{"ok": true, "requested": 8, "joined": 8, "returned": 8, "failovers": 1, '
-                                         '"orphans_reported": 1, "leaked": 0, "seconds": 14.2}')  # fmt: skip
+    assert json.dumps(ok.document()) == (
+        '{"ok": true, "requested": 8, "joined": 8, "returned": 8, "failovers": 1, '
+        '"orphans_reported": 1, "leaked": 0, "seconds": 14.2}'
+    )
     failed = Summary(False, 8, 3, 0, 0, 0, 0, 5.0, failed_step="failover", error="timed out after 38s")
     assert failed.document()["failed_step"] == "failover" and failed.document()["error"].startswith("timed out")
 

@@ -40,10 +40,27 @@ transport = "persistent"
 argv = ["/bin/true"]
 """
 
-toml_keys = st.sampled_from(["cluster", "identity", "addresses", "providers", "name", "transport", "timeouts",
-                             "max_machines", "margin", "backoff", "initial", "env", "orphans", "x"])  # fmt: skip
+toml_keys = st.sampled_from(
+    [
+        "cluster",
+        "identity",
+        "addresses",
+        "providers",
+        "name",
+        "transport",
+        "timeouts",
+        "max_machines",
+        "margin",
+        "backoff",
+        "initial",
+        "env",
+        "orphans",
+        "x",
+    ]
+)
 toml_values = st.one_of(
-    st.integers(-(2**65), 2**65).map(str), st.floats(allow_nan=True).map(lambda f: repr(f).replace("inf", "inf")),
+    st.integers(-(2**65), 2**65).map(str),
+    st.floats(allow_nan=True).map(lambda f: repr(f).replace("inf", "inf")),
     st.text(max_size=10).map(lambda t: '"' + t.replace("\\", "\\\\").replace('"', '\\"') + '"'),
     st.sampled_from(["true", "[]", "{}", '["a", 1]', "1979-05-27T07:32:00Z", '"""x"""', "nan"]),
 )
@@ -83,8 +100,9 @@ def test_a_mutilated_good_config_gives_a_config_or_a_config_error(cut, insert):
 
 json_like = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.one_of(toml_keys, st.text(max_size=6)), inner,
-                                                                 max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.one_of(toml_keys, st.text(max_size=6)), inner, max_size=5)
+    ),
     max_leaves=30,
 )
 
@@ -133,12 +151,14 @@ def run_cli(argv: list[str]) -> int:
 
 
 @FUZZ
-@given(st.one_of(
-    st.lists(words, max_size=4),  # unknown commands and help words
-    st.lists(flags, max_size=4).map(lambda a: ["provider", "check", *a]),  # never a PATH: argparse stops it
-    st.lists(flags | words, max_size=4).map(lambda a: ["config", *a]),
-    st.lists(flags, max_size=3).map(lambda a: ["simulate", "--seeds", "x", *a]),  # not a number: refused
-))
+@given(
+    st.one_of(
+        st.lists(words, max_size=4),  # unknown commands and help words
+        st.lists(flags, max_size=4).map(lambda a: ["provider", "check", *a]),  # never a PATH: argparse stops it
+        st.lists(flags | words, max_size=4).map(lambda a: ["config", *a]),
+        st.lists(flags, max_size=3).map(lambda a: ["simulate", "--seeds", "x", *a]),  # not a number: refused
+    )
+)
 def test_any_argv_gives_an_exit_code(argv):
     if argv and argv[0] not in cli.COMMANDS or argv[:1] in (["config"], ["provider"], ["simulate"]):
         if argv[:1] == ["config"] and len(argv) >= 3 and argv[1] == "check":

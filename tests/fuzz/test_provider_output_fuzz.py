@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,9 +30,27 @@ json_values = st.recursive(
 )
 # Documents that look like answers: the right keys with arbitrary values, so validation is exercised deeply.
 answer_like = st.dictionaries(
-    st.sampled_from(["requestId", "machines", "requests", "templates", "status", "message", "name", "version",
-                     "contractVersion", "features", "machineId", "error", "code"]) | st.text(max_size=8),
-    json_values, max_size=6)  # fmt: skip
+    st.sampled_from(
+        [
+            "requestId",
+            "machines",
+            "requests",
+            "templates",
+            "status",
+            "message",
+            "name",
+            "version",
+            "contractVersion",
+            "features",
+            "machineId",
+            "error",
+            "code",
+        ]
+    )
+    | st.text(max_size=8),
+    json_values,
+    max_size=6,
+)
 actions = st.sampled_from(sorted(ACTIONS))
 
 
@@ -50,8 +67,13 @@ def test_the_line_splitter_returns_bounded_lines_or_refuses(chunks, limit):
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=300), json_values.map(lambda v: json.dumps(v).encode()),
-                 answer_like.map(lambda v: json.dumps(v).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        answer_like.map(lambda v: json.dumps(v).encode()),
+    )
+)
 def test_an_answer_line_parses_or_is_a_bad_frame(line):
     try:
         answer = parse_answer(line)
@@ -82,9 +104,15 @@ ONE_SHOT = OneShotProvider(ProviderConfig(name="p", cluster="c", path="/nonexist
 
 
 @FUZZ
-@given(actions, st.one_of(st.binary(max_size=400), answer_like.map(lambda v: json.dumps(v).encode()),
-                          st.just(b'{"error": {"code": "throttled", "message": "s3cr3t-v"}}')),
-       st.integers(-64, 255))  # -34..-64: real-time signals
+@given(
+    actions,
+    st.one_of(
+        st.binary(max_size=400),
+        answer_like.map(lambda v: json.dumps(v).encode()),
+        st.just(b'{"error": {"code": "throttled", "message": "s3cr3t-v"}}'),
+    ),
+    st.integers(-64, 255),
+)  # -34..-64: real-time signals
 def test_one_shot_stdout_is_a_document_or_a_typed_error(action, stdout, returncode):
     tail = StderrTail(1024)
     redact = Redactor(frozenset({"s3cr3t-v"}))

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from provisionerd.domain.errors import FrameTooLarge, ProtocolError
+from provisionerd.domain.model import Role
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.framing import FramedStream, frame_bytes
 from provisionerd.wire.messages import Envelope, Heartbeat, Join
-from provisionerd.domain.model import Role
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -65,18 +65,26 @@ def read_all(data: bytes, sizes: list[int], max_frame: int = 1 << 16) -> list[ob
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-valid_frame = st.sampled_from([frame_bytes(encode(Heartbeat(7), 3)),
-                               frame_bytes(encode(Join(role=Role.PROVISIONER, identity="p", protocol_version=1,
-                                                       providers=("sim",)), 1))])  # fmt: skip
+valid_frame = st.sampled_from(
+    [
+        frame_bytes(encode(Heartbeat(7), 3)),
+        frame_bytes(encode(Join(role=Role.PROVISIONER, identity="p", protocol_version=1, providers=("sim",)), 1)),
+    ]
+)
 garbage = st.binary(max_size=400)
 # A header announcing a length, then a body of arbitrary bytes (more realistic than pure noise).
-framed_garbage = st.builds(lambda n, body: struct.pack("<Q", n) + body,
-                           st.one_of(st.integers(0, 600), st.integers(0, 2**64 - 1)), st.binary(max_size=600))
+framed_garbage = st.builds(
+    lambda n, body: struct.pack("<Q", n) + body,
+    st.one_of(st.integers(0, 600), st.integers(0, 2**64 - 1)),
+    st.binary(max_size=600),
+)
 
 
 @FUZZ
-@given(st.lists(st.one_of(garbage, framed_garbage, valid_frame), max_size=5).map(b"".join),
-       st.lists(st.integers(1, 700), max_size=4))
+@given(
+    st.lists(st.one_of(garbage, framed_garbage, valid_frame), max_size=5).map(b"".join),
+    st.lists(st.integers(1, 700), max_size=4),
+)
 def test_the_frame_reader_returns_envelopes_none_or_a_protocol_error(data, sizes):
     out = read_all(data, sizes)
     assert all(isinstance(x, Envelope) for x in out[:-1])
@@ -97,7 +105,7 @@ def test_decode_raises_only_protocol_errors(body):
 @given(valid_frame, st.integers(0, 60), st.binary(min_size=1, max_size=8))
 def test_a_corrupted_valid_frame_is_decoded_or_refused(frame, at, flip):
     position = min(at, len(frame) - 1)
-    corrupted = frame[:position] + bytes(b ^ f for b, f in zip(frame[position:], flip)) + frame[position + len(flip):]
+    corrupted = frame[:position] + bytes(b ^ f for b, f in zip(frame[position:], flip)) + frame[position + len(flip) :]
     out = read_all(corrupted, [])
     assert out[-1] is None or isinstance(out[-1], (Envelope, ProtocolError))
 

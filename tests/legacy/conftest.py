@@ -48,12 +48,19 @@ class World:
     def config(self, timeouts: dict[str, float] | None = None) -> ProviderConfig:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
         return ProviderConfig(
-            name="lsfex", cluster="c1", path=str(EXAMPLE), conf_dir=str(self.conf), data_dir=str(self.data),
-            env={"PATH": path}, limits=Limits(term_grace=0.3), timeouts=timeouts or {},
+            name="lsfex",
+            cluster="c1",
+            path=str(EXAMPLE),
+            conf_dir=str(self.conf),
+            data_dir=str(self.data),
+            env={"PATH": path},
+            limits=Limits(term_grace=0.3),
+            timeouts=timeouts or {},
         )
 
-    def adapter(self, user_data: dict[str, str] | None = None, timeouts: dict[str, float] | None = None
-                ) -> LegacyProvider:
+    def adapter(
+        self, user_data: dict[str, str] | None = None, timeouts: dict[str, float] | None = None
+    ) -> LegacyProvider:
         settings = LegacySettings(user_data=UserDataTemplate.parse(user_data or {}), journal_path=str(self.journal))
         return LegacyProvider(OneShotProvider(self.config(timeouts)), settings)
 
@@ -73,8 +80,12 @@ class World:
         }
 
     def tags(self, op_id: str) -> dict[str, str]:
-        return {"provisionerd:cluster": "c1", "provisionerd:provider": "lsfex", "provisionerd:op": op_id,
-                "provisionerd:epoch": "1.1"}
+        return {
+            "provisionerd:cluster": "c1",
+            "provisionerd:provider": "lsfex",
+            "provisionerd:op": op_id,
+            "provisionerd:epoch": "1.1",
+        }
 
     def return_input(self, op_id: str, machines: list[dict[str, Any]]) -> dict[str, Any]:
         refs = [{"name": m["name"], "machineId": m["machineId"]} for m in machines]

@@ -20,8 +20,9 @@ EXAMPLE = REPO / "providers" / "examples" / "lsf_legacy"
 
 
 def test_a_good_table():
-    settings = legacy_settings({"user_data": {"TOKEN": "{join_token}"}, "rc_account": "acct", "journal": "/j",
-                                "max_ops": 10})
+    settings = legacy_settings(
+        {"user_data": {"TOKEN": "{join_token}"}, "rc_account": "acct", "journal": "/j", "max_ops": 10}
+    )
     assert settings.user_data.carries_token and settings.rc_account == "acct"
     assert settings.journal_path == "/j" and settings.max_ops == 10
     assert legacy_settings({}).user_data.values == {}  # by default no userData at all: no secret leaves
@@ -31,8 +32,13 @@ def test_every_problem_is_listed():
     with pytest.raises(ConfigError) as caught:
         legacy_settings({"user_data": {"T": "{secret}"}, "rc_account": "", "journal": 3, "max_ops": 0, "x": 1})
     problems = "\n".join(caught.value.problems)
-    for expected in ("providers.legacy.x: unknown setting", "user_data.T: unknown placeholder {secret}",
-                     "rc_account", "journal", "max_ops"):
+    for expected in (
+        "providers.legacy.x: unknown setting",
+        "user_data.T: unknown placeholder {secret}",
+        "rc_account",
+        "journal",
+        "max_ops",
+    ):
         assert expected in problems
 
 
@@ -69,14 +75,18 @@ def daemon_config(tmp_path: Path, plugin: Path, legacy: str = "", transport: str
 
 
 def test_the_daemon_runs_a_legacy_plugin_through_the_adapter_with_the_configured_settings(tmp_path):
-    config = daemon_config(tmp_path, EXAMPLE, """
+    config = daemon_config(
+        tmp_path,
+        EXAMPLE,
+        """
         [providers.legacy]
         rc_account = "hpc"
         journal = "state/lsf.journal.json"
         max_ops = 50
         [providers.legacy.user_data]
         PROVISIONERD_JOIN_TOKEN = "{join_token}"
-    """)
+    """,
+    )
     options = config.provider("lsf").legacy
     assert options.mode == "auto" and options.journal == tmp_path / "state" / "lsf.journal.json"
     client = provider_clients(config)["lsf"]
@@ -102,13 +112,16 @@ def test_mode_true_forces_and_mode_false_forbids_the_adapter(tmp_path):
     assert isinstance(provider_clients(auto)["lsf"], LegacyProvider)
 
 
-@pytest.mark.parametrize("table, problem", [
-    ('[providers.legacy]\nuserdata = {}\n', "providers[0].legacy.userdata: unknown key"),
-    ('[providers.legacy]\nmode = "yes"\n', "providers[0].legacy.mode: 'yes' is not one of ['auto', True, False]"),
-    ('[providers.legacy]\nmode = 1\n', "providers[0].legacy.mode: 1 is not one of ['auto', True, False]"),
-    ('[providers.legacy.user_data]\nT = "{secret}"\n', "providers[0].legacy.user_data.T: unknown placeholder"),
-    ('[providers.legacy]\nrc_account = ""\n', "providers[0].legacy.rc_account: '' should be non-empty"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "table, problem",
+    [
+        ("[providers.legacy]\nuserdata = {}\n", "providers[0].legacy.userdata: unknown key"),
+        ('[providers.legacy]\nmode = "yes"\n', "providers[0].legacy.mode: 'yes' is not one of ['auto', True, False]"),
+        ("[providers.legacy]\nmode = 1\n", "providers[0].legacy.mode: 1 is not one of ['auto', True, False]"),
+        ('[providers.legacy.user_data]\nT = "{secret}"\n', "providers[0].legacy.user_data.T: unknown placeholder"),
+        ('[providers.legacy]\nrc_account = ""\n', "providers[0].legacy.rc_account: '' should be non-empty"),
+    ],
+)
 def test_a_bad_legacy_table_is_refused_when_the_config_loads(tmp_path, table, problem):
     with pytest.raises(ConfigError) as caught:
         daemon_config(tmp_path, EXAMPLE, table)
@@ -117,6 +130,7 @@ def test_a_bad_legacy_table_is_refused_when_the_config_loads(tmp_path, table, pr
 
 def test_legacy_mode_is_for_one_shot_plugins_only(tmp_path):
     with pytest.raises(ConfigError) as caught:
-        daemon_config(tmp_path, EXAMPLE, "[providers.legacy]\nrc_account = \"x\"\n", transport="persistent")
-    assert list(caught.value.problems) == ["providers[0].legacy: an LSF plugin is one-shot: legacy mode needs "
-                                           "transport 'oneshot'"]
+        daemon_config(tmp_path, EXAMPLE, '[providers.legacy]\nrc_account = "x"\n', transport="persistent")
+    assert list(caught.value.problems) == [
+        "providers[0].legacy: an LSF plugin is one-shot: legacy mode needs transport 'oneshot'"
+    ]

@@ -28,17 +28,24 @@ import trio
 from provisionerd.agent.worker import AgentConfig, WorkerAgent
 from provisionerd.cli.agent import tls_connector as worker_connector
 from provisionerd.config.loader import (
-    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, LegacyOptions, OrphanSettings, ProviderConfig,
+    Backoff,
+    Config,
+    ControllerSettings,
+    DaemonSettings,
+    LeaseSettings,
+    LegacyOptions,
+    OrphanSettings,
+    ProviderConfig,
     ProviderTimeouts,
-)  # fmt: skip
+)
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon.root import DaemonCore
-from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.domain.model import DemandItem, InstanceFact, Lost, RequestIntent, ResourceShape, Returned
+from provisionerd.domain.tokens import token_hash
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.legacy.adapter import LegacyProvider
-from provisionerd.execution.loop import LoopSettings
-from provisionerd.domain.tokens import token_hash
 
 pytestmark = pytest.mark.slow
 
@@ -54,19 +61,41 @@ def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...]) -> Path:
     shutil.copy(EXAMPLE / "conf" / "lsfexampleprov_templates.json", conf)
     plugin_settings(tmp, {})
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-    user_data = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}",
-                 "PROVISIONERD_INSTANCE": "{instance_ref}"}  # fmt: skip
+    user_data = {
+        "PROVISIONERD_JOIN_TOKEN": "{join_token}",
+        "PROVISIONERD_CONTROLLERS": "{controllers}",
+        "PROVISIONERD_INSTANCE": "{instance_ref}",
+    }
     config = Config(
-        cluster=CLUSTER, identity="prov-legacy",
-        controller=ControllerSettings(addresses, connect_timeout=5, request_timeout=5, heartbeat_interval=0.5,
-                                      heartbeat_timeout=5, backoff=Backoff(initial=0.05, max=0.5)),
-        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        cluster=CLUSTER,
+        identity="prov-legacy",
+        controller=ControllerSettings(
+            addresses,
+            connect_timeout=5,
+            request_timeout=5,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=5,
+            backoff=Backoff(initial=0.05, max=0.5),
+        ),
+        tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
         daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
-        providers=(ProviderConfig(
-            "lsfex", "oneshot", path=EXAMPLE, conf_dir=conf, data_dir=data, max_machines=10, provisioning_timeout=60,
-            env={"PATH": path}, timeouts=ProviderTimeouts(default=20), orphans=OrphanSettings(interval=0.5, settle=0),
-            legacy=LegacyOptions(journal=tmp / "lsfex.journal.json", user_data=user_data)),),
-    )  # fmt: skip
+        providers=(
+            ProviderConfig(
+                "lsfex",
+                "oneshot",
+                path=EXAMPLE,
+                conf_dir=conf,
+                data_dir=data,
+                max_machines=10,
+                provisioning_timeout=60,
+                env={"PATH": path},
+                timeouts=ProviderTimeouts(default=20),
+                orphans=OrphanSettings(interval=0.5, settle=0),
+                legacy=LegacyOptions(journal=tmp / "lsfex.journal.json", user_data=user_data),
+            ),
+        ),
+    )
     write_daemon_config(config, tmp / "pd.toml")
     return tmp / "pd.toml"
 
@@ -106,14 +135,26 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(tmp_path):
     async def main() -> None:
         async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=2.0, check_interval=0.5) as ctl:
             config = Config.from_file(write_config(tmp_path, certs, ctl.addresses))
-            policy = Policy(cluster=CLUSTER, idle_time=1.0, join_deadline=120.0,
-                            provisioning_timeout=config.provider("lsfex").provisioning_timeout)  # fmt: skip
+            policy = Policy(
+                cluster=CLUSTER,
+                idle_time=1.0,
+                join_deadline=120.0,
+                provisioning_timeout=config.provider("lsfex").provisioning_timeout,
+            )
             core = DaemonCore(
-                config, policy=policy, offer_interval=5.0,
+                config,
+                policy=policy,
+                offer_interval=5.0,
                 loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=0.5, recover_after=10.0),
-                executor_settings=ExecutorSettings(cluster=CLUSTER, controllers=ctl.addresses, poll_initial=0.05,
-                                                   poll_max=0.5, retry_delay=0.1, provisioning_timeout=60.0),
-            )  # fmt: skip
+                executor_settings=ExecutorSettings(
+                    cluster=CLUSTER,
+                    controllers=ctl.addresses,
+                    poll_initial=0.05,
+                    poll_max=0.5,
+                    retry_delay=0.1,
+                    provisioning_timeout=60.0,
+                ),
+            )
             seen["client"] = core.providers["lsfex"]
             async with trio.open_nursery() as nursery:
                 await nursery.start(core.run)
@@ -126,11 +167,28 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(tmp_path):
             core.events.close()
             # The admin's dry run against the same config (its own process, its own adapter over the journal).
             seen["dry_run"] = await trio.run_process(
-                [sys.executable, "-m", "provisionerd", "orphans", "--config", str(tmp_path / "pd.toml"),
-                 "--dry-run", "--json"], capture_stdout=True, capture_stderr=True, check=False, cwd=str(REPO))
+                [
+                    sys.executable,
+                    "-m",
+                    "provisionerd",
+                    "orphans",
+                    "--config",
+                    str(tmp_path / "pd.toml"),
+                    "--dry-run",
+                    "--json",
+                ],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                cwd=str(REPO),
+            )
             seen["table"] = await trio.run_process(
-                [sys.executable, "-m", "provisionerd", "orphans", "--config", str(tmp_path / "pd.toml"),
-                 "--dry-run"], capture_stdout=True, capture_stderr=True, check=False, cwd=str(REPO))
+                [sys.executable, "-m", "provisionerd", "orphans", "--config", str(tmp_path / "pd.toml"), "--dry-run"],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                cwd=str(REPO),
+            )
 
     async def scenario(ctl: Any, core: DaemonCore, nursery: trio.Nursery) -> None:
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
@@ -141,10 +199,16 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(tmp_path):
         for fact in facts_of(ctl, InstanceFact):
             data = user_data(tmp_path, fact.machine_id)
             booted[fact.machine_id] = data
-            agent = WorkerAgent(AgentConfig(controllers=data["PROVISIONERD_CONTROLLERS"].split(","),
-                                            instance_ref=data["PROVISIONERD_INSTANCE"], heartbeat_interval=0.5,
-                                            reply_timeout=5.0),
-                                data["PROVISIONERD_JOIN_TOKEN"], connect)  # fmt: skip
+            agent = WorkerAgent(
+                AgentConfig(
+                    controllers=data["PROVISIONERD_CONTROLLERS"].split(","),
+                    instance_ref=data["PROVISIONERD_INSTANCE"],
+                    heartbeat_interval=0.5,
+                    reply_timeout=5.0,
+                ),
+                data["PROVISIONERD_JOIN_TOKEN"],
+                connect,
+            )
             nursery.start_soon(agent.run)
         await wait_until(lambda: len(ctl.server.cluster.hosts.all()) == 2)
         seen["hosts"] = ctl.server.cluster.hosts.all()

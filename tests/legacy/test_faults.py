@@ -10,8 +10,13 @@ import trio
 
 from provisionerd.domain.errors import ProviderOutcomeUnknown, ProviderTimeout
 from provisionerd.provider.legacy.adapter import REQUEST_PREFIX, LegacyProvider
-from provisionerd.provider.legacy.rules import LEGACY_FEATURES, NextStep, after_request_error, fulfilment
-from provisionerd.provider.legacy.rules import invisible_classes
+from provisionerd.provider.legacy.rules import (
+    LEGACY_FEATURES,
+    NextStep,
+    after_request_error,
+    fulfilment,
+    invisible_classes,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -41,14 +41,24 @@ def test_the_lsf_example_passes_as_legacy(capsys):
     assert code == 0, rows
     ok, detail = rows["legacy LSF plugin detected"]
     assert ok and "tagged_unknown" in detail
-    for name in ("getAvailableTemplates is valid", "getRequestStatus reaches complete with every machine",
-                 "requestMachines gives a valid answer", "requestReturnMachines works and is confirmed",
-                 "getReturnRequests is valid", "an unknown template is refused", "join tokens never come back"):
+    for name in (
+        "getAvailableTemplates is valid",
+        "getRequestStatus reaches complete with every machine",
+        "requestMachines gives a valid answer",
+        "requestReturnMachines works and is confirmed",
+        "getReturnRequests is valid",
+        "an unknown template is refused",
+        "join tokens never come back",
+    ):
         assert rows[name][0], (name, rows[name])
     lacking = {n for n in rows if n.startswith("not offered: ")}
-    assert lacking == {"not offered: idempotent requestMachines (op_id)", "not offered: listMachines",
-                       "not offered: owner tags", "not offered: per-machine bootstrap",
-                       "not offered: verified returns"}
+    assert lacking == {
+        "not offered: idempotent requestMachines (op_id)",
+        "not offered: listMachines",
+        "not offered: owner tags",
+        "not offered: per-machine bootstrap",
+        "not offered: verified returns",
+    }
     assert "describeProvider is valid and honest" not in rows  # not failed for lacking our extensions
 
 

@@ -8,12 +8,16 @@ import json
 import trio
 
 from provisionerd.daemon.orphans import ReadOnlyClient
-from provisionerd.orphans.model import ListingAbsent
 from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
+from provisionerd.orphans.model import ListingAbsent
 from provisionerd.orphans.report import render_json, render_table, report_document
 
-UNKNOWN = {"op_id": "c1:lsfex:i1:3", "template": "lsfex-small", "instance_refs": ["c1:lsfex:i1:3/0"],
-           "detail": "ProviderTimeout: no answer in 1s"}  # fmt: skip
+UNKNOWN = {
+    "op_id": "c1:lsfex:i1:3",
+    "template": "lsfex-small",
+    "instance_refs": ["c1:lsfex:i1:3/0"],
+    "detail": "ProviderTimeout: no answer in 1s",
+}
 
 
 def test_a_legacy_listing_is_absent_and_never_asked_for(world):
@@ -29,8 +33,12 @@ def test_a_legacy_listing_is_absent_and_never_asked_for(world):
 def test_the_report_states_the_invisible_classes_and_the_unknown_outcomes():
     invisible = {"lsfex": ("tagged_unknown", "ghost"), "sim": ()}
     document = report_document([], 0, invisible, {"lsfex": [UNKNOWN]})
-    assert document == {"findings": [], "mutations": 0, "invisible": {"lsfex": ["tagged_unknown", "ghost"]},
-                        "unknown_outcomes": {"lsfex": [UNKNOWN]}}  # fmt: skip
+    assert document == {
+        "findings": [],
+        "mutations": 0,
+        "invisible": {"lsfex": ["tagged_unknown", "ghost"]},
+        "unknown_outcomes": {"lsfex": [UNKNOWN]},
+    }
     assert json.loads(render_json([], 0, invisible, {}))["unknown_outcomes"] == {"lsfex": []}
     # Providers that see everything keep the issue-6 document exactly.
     assert report_document([], 0, {"sim": ()}) == {"findings": [], "mutations": 0}

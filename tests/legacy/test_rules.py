@@ -41,8 +41,11 @@ FULL = {"idempotentRequest": True, "listMachines": True, "stopMachines": False, 
         (ProviderProtocolViolation("p", "requestMachines", "junk"), LEGACY_FEATURES, NextStep.UNKNOWN_OUTCOME),
         (ProviderTimeout("p", "requestMachines", "slow"), {**FULL, "listMachines": False}, NextStep.UNKNOWN_OUTCOME),
         (ProviderOutcomeUnknown("p", "requestMachines", "x"), FULL, NextStep.UNKNOWN_OUTCOME),
-        (ProviderRejected("p", "requestMachines", "capacity_unavailable", "none"), LEGACY_FEATURES,
-         NextStep.RETRY_LATER),
+        (
+            ProviderRejected("p", "requestMachines", "capacity_unavailable", "none"),
+            LEGACY_FEATURES,
+            NextStep.RETRY_LATER,
+        ),
         (ProviderRejected("p", "requestMachines", "provider_error", "no"), LEGACY_FEATURES, NextStep.FAILED),
         (ProviderUnsupported("p", "requestMachines", "no script"), LEGACY_FEATURES, NextStep.FAILED),
     ],
@@ -77,8 +80,13 @@ def test_fulfilment_counts():
 
 
 def test_return_verdicts():
-    returned = [machine("a", status="terminated"), machine("b", status="terminated"), machine("c", "executing"),
-                machine("d", status="terminated"), machine("e", status="terminated")]
+    returned = [
+        machine("a", status="terminated"),
+        machine("b", status="terminated"),
+        machine("c", "executing"),
+        machine("d", status="terminated"),
+        machine("e", status="terminated"),
+    ]
     creates = {
         "a": {"machines": [machine("a", status="terminated")]},
         "b": {"machines": [machine("b")]},  # still running: the claim is false
@@ -86,21 +94,27 @@ def test_return_verdicts():
         "e": {"machines": []},  # no longer listed by its create request: gone
     }
     assert return_verdicts(returned, creates) == {
-        "a": ReturnVerdict.CONFIRMED, "b": ReturnVerdict.STILL_RUNNING, "c": ReturnVerdict.NOT_CLAIMED,
-        "d": ReturnVerdict.UNVERIFIABLE, "e": ReturnVerdict.CONFIRMED,
+        "a": ReturnVerdict.CONFIRMED,
+        "b": ReturnVerdict.STILL_RUNNING,
+        "c": ReturnVerdict.NOT_CLAIMED,
+        "d": ReturnVerdict.UNVERIFIABLE,
+        "e": ReturnVerdict.CONFIRMED,
     }
 
 
 def test_normalise_fills_what_lsf_plugins_leave_out():
     assert normalise({"requests": [{"requestId": "r", "status": "running"}]}) == {
-        "requests": [{"requestId": "r", "status": "running", "machines": [], "message": ""}]}
+        "requests": [{"requestId": "r", "status": "running", "machines": [], "message": ""}]
+    }
     assert normalise("junk") == "junk"
 
 
 def test_create_entry_merges_calls_and_keeps_refs_stable():
     op = CreateOp("op", "t", 2, [PluginCall(["r0"], ACCEPTED, "q0"), PluginCall(["r1"], ACCEPTED, "q1")])
-    entries = {"q0": {"requestId": "q0", "status": "complete", "message": "", "machines": [machine("m0")]},
-               "q1": {"requestId": "q1", "status": "complete", "message": "", "machines": [machine("m1")]}}
+    entries = {
+        "q0": {"requestId": "q0", "status": "complete", "message": "", "machines": [machine("m0")]},
+        "q1": {"requestId": "q1", "status": "complete", "message": "", "machines": [machine("m1")]},
+    }
     entry, changed = create_entry("lsf:op", op, entries)
     assert changed and entry["status"] == "complete"
     assert {m["machineId"]: m["instanceRef"] for m in entry["machines"]} == {"m0": "r0", "m1": "r1"}
@@ -143,9 +157,28 @@ def test_the_journal_survives_a_restart_and_stays_bounded(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".legacy-journal-")]  # no temp file left
 
 
-@pytest.mark.parametrize("text", ["not json", "{}", json.dumps({"creates": [{"op_id": 1}], "returns": []}),
-                                  json.dumps({"creates": [{"op_id": "o", "template_id": "t", "count": 1, "machines": {},
-                                                           "calls": [{"refs": [], "state": "odd"}]}], "returns": []})])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "{}",
+        json.dumps({"creates": [{"op_id": 1}], "returns": []}),
+        json.dumps(
+            {
+                "creates": [
+                    {
+                        "op_id": "o",
+                        "template_id": "t",
+                        "count": 1,
+                        "machines": {},
+                        "calls": [{"refs": [], "state": "odd"}],
+                    }
+                ],
+                "returns": [],
+            }
+        ),
+    ],
+)
 def test_an_unreadable_journal_is_a_config_error(tmp_path, text):
     path = tmp_path / "j.json"
     path.write_text(text)

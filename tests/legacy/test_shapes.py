@@ -54,16 +54,31 @@ def test_the_whole_lifecycle_sends_only_lsf_shapes(world, h):
     assert {a for a, _ in received} == set(LSF_KEYS)
     for action, text in received:
         assert_lsf_shape(action, json.loads(text))
-        for ours in ("op_id", "provisionerd:", "bootstrap", "joinToken", "instanceRef", "10.0.0.5", *world.tokens.values()):
+        for ours in (
+            "op_id",
+            "provisionerd:",
+            "bootstrap",
+            "joinToken",
+            "instanceRef",
+            "10.0.0.5",
+            *world.tokens.values(),
+        ):
             assert ours not in text, (action, ours)
     (request,) = [json.loads(t) for a, t in received if a == "requestMachines"]
-    assert request == {"template": {"templateId": "lsfex-small", "machineCount": 2}, "rc_account": "default",
-                       "userData": {}}
+    assert request == {
+        "template": {"templateId": "lsfex-small", "machineCount": 2},
+        "rc_account": "default",
+        "userData": {},
+    }
 
 
 def test_a_configured_user_data_template_carries_one_token_per_machine(world, h):
-    template = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}",
-                "PROVISIONERD_INSTANCE": "{instance_ref}", "SITE": "blue"}
+    template = {
+        "PROVISIONERD_JOIN_TOKEN": "{join_token}",
+        "PROVISIONERD_CONTROLLERS": "{controllers}",
+        "PROVISIONERD_INSTANCE": "{instance_ref}",
+        "SITE": "blue",
+    }
 
     async def main():
         client = world.adapter(template)
@@ -79,8 +94,10 @@ def test_a_configured_user_data_template_carries_one_token_per_machine(world, h)
         # What the machine boots with: its own token, paired with the instanceRef the daemon sees for it.
         ref = machine["instanceRef"]
         assert world.user_data_of(machine["machineId"]) == {
-            "PROVISIONERD_JOIN_TOKEN": world.tokens[ref], "PROVISIONERD_CONTROLLERS": "10.0.0.5:7700",
-            "PROVISIONERD_INSTANCE": ref, "SITE": "blue",
+            "PROVISIONERD_JOIN_TOKEN": world.tokens[ref],
+            "PROVISIONERD_CONTROLLERS": "10.0.0.5:7700",
+            "PROVISIONERD_INSTANCE": ref,
+            "SITE": "blue",
         }
     assert len({m["instanceRef"] for m in entry["machines"]}) == 3
     assert not any(token in json.dumps(entry) for token in world.tokens.values())

@@ -12,31 +12,41 @@ from typing import Any
 import pytest
 import trio
 
-from provisionerd.domain.actions import RequestMachines
 from provisionerd.config.loader import Backoff
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.executor import Executor, ExecutorSettings
-from provisionerd.testing.fake_controller import FakeController
-from provisionerd.execution.gate import MutationGate
 from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.model import InstanceFact, RequestFailed, RequestIntent, Returned
-from provisionerd.provider.legacy.adapter import LegacyProvider
 from provisionerd.domain.tokens import token_hash
+from provisionerd.execution.executor import Executor, ExecutorSettings
+from provisionerd.execution.gate import MutationGate
+from provisionerd.provider.legacy.adapter import LegacyProvider
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_controller import FakeController
 
 pytestmark = pytest.mark.slow
 TOKEN_TEMPLATE = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}"}
 
 
-async def with_executor(adapter: LegacyProvider, body: Any, events: EventLog | None = None
-                        ) -> tuple[Any, FakeController]:
+async def with_executor(
+    adapter: LegacyProvider, body: Any, events: EventLog | None = None
+) -> tuple[Any, FakeController]:
     events = events if events is not None else EventLog(keep=10_000)
     controller = FakeController(ttl=30.0, grace=0.0)
     link = controller.link("prov-a")
-    keeper = LeaseKeeper("lsfex", link, margin=2.0, backoff=Backoff(initial=0.1, max=1.0), rng=random.Random(7),
-                         events=events)
+    keeper = LeaseKeeper(
+        "lsfex", link, margin=2.0, backoff=Backoff(initial=0.1, max=1.0), rng=random.Random(7), events=events
+    )
     gate = MutationGate({"lsfex": keeper}, link, events)
-    settings = ExecutorSettings(cluster="c1", controllers=("10.0.0.5:7700",), poll_initial=0.05, poll_max=0.2,
-                                provisioning_timeout=30.0, return_timeout=30.0, retries=2, retry_delay=0.01)
+    settings = ExecutorSettings(
+        cluster="c1",
+        controllers=("10.0.0.5:7700",),
+        poll_initial=0.05,
+        poll_max=0.2,
+        provisioning_timeout=30.0,
+        return_timeout=30.0,
+        retries=2,
+        retry_delay=0.01,
+    )
     executor = Executor(settings, {"lsfex": adapter}, gate, {"lsfex": keeper}, link, events)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:

@@ -36,8 +36,9 @@ def run_rig(mock_run: Callable[..., Any]) -> Callable[..., Any]:
     Returns the rig; a scenario records what else the test checks into its own closure."""
     from lifecycle_rig import build_rig, start_rig
 
-    def run(scenario: Callable[..., Awaitable[Any]], providers: dict[str, Any], *, loop: bool = True,
-            **options: Any) -> Any:
+    def run(
+        scenario: Callable[..., Awaitable[Any]], providers: dict[str, Any], *, loop: bool = True, **options: Any
+    ) -> Any:
         async def main() -> Any:
             async with trio.open_nursery() as nursery:
                 rig = build_rig(nursery, providers, **options)

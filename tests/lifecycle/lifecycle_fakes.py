@@ -37,8 +37,9 @@ class BootingProvider(FakeProvider):
 
     def _requestMachines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
         if self.make is not None and doc["op_id"] not in self.ops:
-            doc = dict(doc, bootstrap=doc["bootstrap"][: self.make],
-                       template=dict(doc["template"], machineCount=self.make))
+            doc = dict(
+                doc, bootstrap=doc["bootstrap"][: self.make], template=dict(doc["template"], machineCount=self.make)
+            )
         return super()._requestMachines(doc)
 
     def _getRequestStatus(self, doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,12 +17,9 @@ import trio
 import trio.testing
 
 from provisionerd.config.loader import Backoff
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.executor import Executor, ExecutorSettings
-from provisionerd.planner.fact_view import FactView
-from provisionerd.testing.fake_controller import FakeController, FakeLink
-from provisionerd.execution.gate import MutationGate
 from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.controller.session import LinkState
+from provisionerd.controller.view import ControllerView
 from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
@@ -32,12 +29,15 @@ from provisionerd.domain.model import (
     HostStatus,
     ResourceShape,
 )
-from provisionerd.execution.offer_feed import OfferFeed
-from provisionerd.planner.policy import Policy
-from provisionerd.testing.fake_provider import FakeProvider
+from provisionerd.execution.executor import Executor, ExecutorSettings
+from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
-from provisionerd.controller.session import LinkState
-from provisionerd.controller.view import ControllerView
+from provisionerd.execution.offer_feed import OfferFeed
+from provisionerd.planner.fact_view import FactView
+from provisionerd.planner.policy import Policy
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_controller import FakeController, FakeLink
+from provisionerd.testing.fake_provider import FakeProvider
 
 BASE = 1_700_000_000.0
 CLUSTER = "c1"
@@ -167,16 +167,36 @@ def build_rig(
     def wall() -> float:
         return BASE + trio.current_time()
 
-    settings = ExecutorSettings(cluster=CLUSTER, controllers=("ctl0:7400",),
-                                provisioning_timeout=policy.provisioning_timeout,
-                                return_timeout=policy.provisioning_timeout, **(executor_settings or {}))
-    executor = Executor(settings, providers, gate, keepers, committer, events,
-                        facts=lambda: None if session.view is None else session.view.facts, wall=wall)
+    settings = ExecutorSettings(
+        cluster=CLUSTER,
+        controllers=("ctl0:7400",),
+        provisioning_timeout=policy.provisioning_timeout,
+        return_timeout=policy.provisioning_timeout,
+        **(executor_settings or {}),
+    )
+    executor = Executor(
+        settings,
+        providers,
+        gate,
+        keepers,
+        committer,
+        events,
+        facts=lambda: None if session.view is None else session.view.facts,
+        wall=wall,
+    )
     feed = OfferFeed(providers, events, interval=offer_interval)
-    loop = ReconcileLoop(session, keepers, executor, feed, policy, events,
-                         settings=loop_settings or LoopSettings(replan_interval=10.0, reclaim_interval=30.0,
-                                                                recover_after=30.0),
-                         wall=wall, incarnation="i1", jitter_seed=3)
+    loop = ReconcileLoop(
+        session,
+        keepers,
+        executor,
+        feed,
+        policy,
+        events,
+        settings=loop_settings or LoopSettings(replan_interval=10.0, reclaim_interval=30.0, recover_after=30.0),
+        wall=wall,
+        incarnation="i1",
+        jitter_seed=3,
+    )
     return Rig(controller, link, session, providers, keepers, gate, executor, feed, loop, events, policy)
 
 

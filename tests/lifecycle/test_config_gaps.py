@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import trio
-
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, build_rig, item, start_rig
+
 from provisionerd.config.loader import Config
 from provisionerd.daemon.root import policy_from_config
 from provisionerd.domain.errors import ConfigError, ProviderRejected
@@ -52,12 +52,15 @@ def test_provisioning_timeout_is_configured_per_provider_and_the_planner_takes_t
     assert policy_from_config(both).provisioning_timeout == 450.5  # never fail a request earlier than allowed
 
 
-@pytest.mark.parametrize("value, message", [
-    ("0", "providers[0].provisioning_timeout: 0 is less than or equal to the minimum of 0"),
-    ("-5", "providers[0].provisioning_timeout: -5 is less than or equal to the minimum of 0"),
-    ('"600"', "providers[0].provisioning_timeout: '600' is not of type 'number'"),
-    ("100000", "providers[0].provisioning_timeout: 100000 is greater than the maximum of 86400"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("0", "providers[0].provisioning_timeout: 0 is less than or equal to the minimum of 0"),
+        ("-5", "providers[0].provisioning_timeout: -5 is less than or equal to the minimum of 0"),
+        ('"600"', "providers[0].provisioning_timeout: '600' is not of type 'number'"),
+        ("100000", "providers[0].provisioning_timeout: 100000 is greater than the maximum of 86400"),
+    ],
+)
 def test_a_bad_provisioning_timeout_is_named(tmp_path, value, message):
     with pytest.raises(ConfigError) as caught:
         config(tmp_path, f"provisioning_timeout = {value}")
@@ -75,8 +78,9 @@ def test_a_throttled_template_read_backs_the_provider_off(mock_run):
 
     async def main():
         provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-        provider.fail_next("getAvailableTemplates",
-                           ProviderRejected("p", "getAvailableTemplates", "throttled", "slow down"))  # fmt: skip
+        provider.fail_next(
+            "getAvailableTemplates", ProviderRejected("p", "getAvailableTemplates", "throttled", "slow down")
+        )
         async with trio.open_nursery() as nursery:
             # The offers come back at 0.5 s (the next read), well inside the first back-off window (1-2 s).
             rig = build_rig(nursery, {"p": provider}, offer_interval=0.5)

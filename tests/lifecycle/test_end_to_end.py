@@ -18,11 +18,16 @@ import trio
 from provisionerd.agent.worker import AgentConfig, WorkerAgent
 from provisionerd.cli.agent import tls_connector as worker_connector
 from provisionerd.config.loader import (
-    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
-)  # fmt: skip
+    Backoff,
+    Config,
+    ControllerSettings,
+    DaemonSettings,
+    LeaseSettings,
+    ProviderConfig,
+    ProviderTimeouts,
+)
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon.root import DaemonCore, provider_clients
-from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     DemandItem,
@@ -33,9 +38,10 @@ from provisionerd.domain.model import (
     Returned,
     ReturnIntent,
 )
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.execution.loop import LoopSettings
 
 pytestmark = pytest.mark.slow
 
@@ -74,14 +80,31 @@ def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...], transport: 
     (conf_dir / "simulated.json").write_text(json.dumps(sim))
     path = SIMULATED / "provider" if transport == "persistent" else SIMULATED
     config = Config(
-        cluster=CLUSTER, identity="prov-e2e",
-        controller=ControllerSettings(addresses, connect_timeout=5, request_timeout=5, heartbeat_interval=0.5,
-                                      heartbeat_timeout=5, backoff=Backoff(initial=0.05, max=0.5)),
-        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        cluster=CLUSTER,
+        identity="prov-e2e",
+        controller=ControllerSettings(
+            addresses,
+            connect_timeout=5,
+            request_timeout=5,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=5,
+            backoff=Backoff(initial=0.05, max=0.5),
+        ),
+        tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
         daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
-        providers=(ProviderConfig("sim", transport, path=path, conf_dir=conf_dir, data_dir=data_dir, max_machines=20,
-                                  timeouts=ProviderTimeouts(default=20)),),
-    )  # fmt: skip
+        providers=(
+            ProviderConfig(
+                "sim",
+                transport,
+                path=path,
+                conf_dir=conf_dir,
+                data_dir=data_dir,
+                max_machines=20,
+                timeouts=ProviderTimeouts(default=20),
+            ),
+        ),
+    )
     return write_daemon_config(config, tmp / "pd.toml")
 
 
@@ -106,14 +129,24 @@ async def run_scenario(tmp: Path, transport: str, faults: list, body) -> dict[st
         config = write_config(tmp, certs, ctl.addresses, transport, faults)
         clients = provider_clients(config)
         recorder = Recorder(clients["sim"])
-        policy = Policy(cluster=CLUSTER, idle_time=1.0, join_deadline=120.0, provisioning_timeout=60.0,
-                        capacity_backoff=60.0)
+        policy = Policy(
+            cluster=CLUSTER, idle_time=1.0, join_deadline=120.0, provisioning_timeout=60.0, capacity_backoff=60.0
+        )
         core = DaemonCore(
-            config, providers={"sim": recorder}, policy=policy, offer_interval=5.0,
+            config,
+            providers={"sim": recorder},
+            policy=policy,
+            offer_interval=5.0,
             loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),
-            executor_settings=ExecutorSettings(cluster=CLUSTER, controllers=ctl.addresses, poll_initial=0.05,
-                                               poll_max=0.5, retry_delay=0.1, provisioning_timeout=60.0),
-        )  # fmt: skip
+            executor_settings=ExecutorSettings(
+                cluster=CLUSTER,
+                controllers=ctl.addresses,
+                poll_initial=0.05,
+                poll_max=0.5,
+                retry_delay=0.1,
+                provisioning_timeout=60.0,
+            ),
+        )
         async with trio.open_nursery() as nursery:
             if isinstance(clients["sim"], PersistentProvider):
                 await nursery.start(clients["sim"].run)
@@ -147,9 +180,13 @@ def test_demand_up_join_demand_down_return(tmp_path, transport):
         # The machines boot and join with their bootstrap.
         connect = worker_connector(certs)
         for fact in facts_of(ctl, InstanceFact):
-            agent = WorkerAgent(AgentConfig(controllers=ctl.addresses, instance_ref=fact.instance_ref,
-                                            heartbeat_interval=0.5, reply_timeout=5.0),
-                                recorder.bootstraps[fact.instance_ref], connect)  # fmt: skip
+            agent = WorkerAgent(
+                AgentConfig(
+                    controllers=ctl.addresses, instance_ref=fact.instance_ref, heartbeat_interval=0.5, reply_timeout=5.0
+                ),
+                recorder.bootstraps[fact.instance_ref],
+                connect,
+            )
             nursery.start_soon(agent.run)
         await wait_until(lambda: len(ctl.server.cluster.hosts.all()) == 2, what="joined hosts")
         out["hosts"] = ctl.server.cluster.hosts.all()
@@ -167,7 +204,12 @@ def test_demand_up_join_demand_down_return(tmp_path, transport):
     (ret,) = [f for f in out["facts"] if isinstance(f, ReturnIntent)]
     assert ret.reason == "idle" and set(ret.machine_ids) == {f.machine_id for f in made}
     kinds = [type(f).__name__ for f in out["facts"]]
-    assert kinds.index("RequestIntent") < kinds.index("InstanceFact") < kinds.index("ReturnIntent") < kinds.index("Returned")
+    assert (
+        kinds.index("RequestIntent")
+        < kinds.index("InstanceFact")
+        < kinds.index("ReturnIntent")
+        < kinds.index("Returned")
+    )
     for token in out["tokens"].values():
         assert token not in out["events"]
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import trio
-
+import trio.lowlevel
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
+
 from provisionerd.domain.errors import ProviderRejected, ProviderTimeout
 from provisionerd.domain.model import TAG_OP, InstanceFact, RequestFailed, RequestIntent
 
@@ -28,7 +29,7 @@ def test_throttled_requests_back_off_exponentially_with_jitter(run_rig):
         for _ in range(3):
             n = len(rig.facts(RequestFailed))
             await rig.wait_for(lambda: len(rig.facts(RequestFailed)) > n)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             windows.append(rig.loop.state.capacity.throttles["p"].until - BASE)
         await rig.wait_for(lambda: rig.facts(InstanceFact))
         seen.update(windows=windows)
@@ -50,8 +51,9 @@ def test_throttled_requests_back_off_exponentially_with_jitter(run_rig):
 def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(run_rig):
     seen: dict = {}
 
-    provider = BootingProvider("p", {"cheap": 10, "dear": 10}, prices={"cheap": 0.1, "dear": 0.5},
-                               launch_time=int(BASE))
+    provider = BootingProvider(
+        "p", {"cheap": 10, "dear": 10}, prices={"cheap": 0.1, "dear": 0.5}, launch_time=int(BASE)
+    )
     provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "capacity_unavailable", "none"))
 
     async def scenario(rig, nursery):

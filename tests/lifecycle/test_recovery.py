@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import trio
-
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, CLUSTER, item
+
 from provisionerd.domain.model import (
     NO_EPOCH,
     HostStatus,
@@ -29,14 +29,31 @@ def test_an_open_intent_left_by_a_previous_process_is_settled_and_the_shortfall_
         old_op = f"{CLUSTER}:p:old:0"
         issued = issue(instance_refs(old_op, 3))
         epoch = rig.keepers["p"].current()
-        await rig.executor._committer.commit(RequestIntent(
-            "p", epoch, old_op, "small", 3, tuple(t.instance_ref for t in issued), tuple(t.hash for t in issued),
-            "d"))
-        doc = {"template": {"templateId": "small", "machineCount": 2}, "op_id": old_op,
-               "tags": {"provisionerd:cluster": CLUSTER, "provisionerd:provider": "p", "provisionerd:op": old_op,
-                        "provisionerd:epoch": str(epoch)},
-               "bootstrap": [{"instanceRef": t.instance_ref, "controllers": ["ctl0:7400"], "joinToken": t.token}
-                             for t in issued[:2]]}
+        await rig.executor._committer.commit(
+            RequestIntent(
+                "p",
+                epoch,
+                old_op,
+                "small",
+                3,
+                tuple(t.instance_ref for t in issued),
+                tuple(t.hash for t in issued),
+                "d",
+            )
+        )
+        doc = {
+            "template": {"templateId": "small", "machineCount": 2},
+            "op_id": old_op,
+            "tags": {
+                "provisionerd:cluster": CLUSTER,
+                "provisionerd:provider": "p",
+                "provisionerd:op": old_op,
+                "provisionerd:epoch": str(epoch),
+            },
+            "bootstrap": [
+                {"instanceRef": t.instance_ref, "controllers": ["ctl0:7400"], "joinToken": t.token} for t in issued[:2]
+            ],
+        }
         await provider.call("requestMachines", doc)
         provider.calls.clear()
         # The new process starts with the controller's facts only.
@@ -125,8 +142,9 @@ def test_a_refused_return_is_resumed_with_the_same_op_id(run_rig):
         await rig.wait_for(lambda: len(rig.session.view.facts.machines) == 1)
         machine = rig.facts(InstanceFact)[0].machine_id
         rig.join(machine, HostStatus.IDLE)
-        provider.fail_next("requestReturnMachines",
-                           ProviderRejected("p", "requestReturnMachines", "throttled", "slow down"))
+        provider.fail_next(
+            "requestReturnMachines", ProviderRejected("p", "requestReturnMachines", "throttled", "slow down")
+        )
         rig.session.set_demand(2, item("d", 0))
         await rig.wait_for(lambda: rig.facts(Returned))
         seen.update(machine=machine)

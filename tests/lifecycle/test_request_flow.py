@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import trio
-
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, CLUSTER, item
+
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_EPOCH,

@@ -15,12 +15,13 @@ from typing import Any
 import attrs
 import pytest
 import trio
-
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
+
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.errors import ProviderCrashed, ProviderTimeout
 from provisionerd.domain.model import TAG_EPOCH, InstanceFact, RequestFailed, RequestIntent
+from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import (
     INTENT_BACKOFF_BASE,
     INTENT_BACKOFF_MAX,
@@ -28,7 +29,6 @@ from provisionerd.planner.state import (
     PlannerState,
     observe,
 )
-from provisionerd.planner.policy import Policy
 
 CLUSTER = "testcluster"
 
@@ -107,8 +107,9 @@ def test_a_retry_whose_lease_lapsed_during_the_back_off_is_not_called(run_rig):
     outcome = seen["outcome"]
     assert outcome.status == "unknown"
     assert len(rig.calls("p", "requestMachines")) == 1  # the retry never reached the provider
-    refused = [d for d in rig.gate.decisions if d.op_id == "op-1" and d.outcome != "admitted"
-               and d.outcome != "finished"]  # fmt: skip
+    refused = [
+        d for d in rig.gate.decisions if d.op_id == "op-1" and d.outcome != "admitted" and d.outcome != "finished"
+    ]
     assert refused and refused[-1].at >= 60.0  # refused by the gate when the retry was due, not before
 
 

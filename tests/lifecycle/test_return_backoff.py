@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
+
 from provisionerd.domain.errors import ProviderRejected
-from provisionerd.domain.model import HostStatus, InstanceFact, ReturnIntent, Returned
+from provisionerd.domain.model import HostStatus, InstanceFact, Returned, ReturnIntent
 from provisionerd.execution.loop import LoopSettings
 
 REFUSALS = 5
@@ -14,10 +15,12 @@ REFUSALS = 5
 def test_a_refused_return_backs_off_exponentially_then_completes(run_rig):
     provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
     for _ in range(REFUSALS):
-        provider.fail_next("requestReturnMachines",
-                           ProviderRejected("p", "requestReturnMachines", "internal", "api said no"))
-    settings = LoopSettings(replan_interval=1.0, reclaim_interval=30.0, recover_after=30.0,
-                            return_retry_max=400.0, return_stuck_after=3)
+        provider.fail_next(
+            "requestReturnMachines", ProviderRejected("p", "requestReturnMachines", "internal", "api said no")
+        )
+    settings = LoopSettings(
+        replan_interval=1.0, reclaim_interval=30.0, recover_after=30.0, return_retry_max=400.0, return_stuck_after=3
+    )
 
     async def scenario(rig, nursery):
         rig.session.set_demand(1, item("d", 1))

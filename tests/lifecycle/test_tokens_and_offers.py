@@ -9,11 +9,11 @@ import trio
 import trio.testing
 
 from provisionerd.domain.errors import ProviderProtocolViolation, ProviderRejected
-from provisionerd.telemetry.events import EventLog
 from provisionerd.domain.model import Offer, PriceQuote
-from provisionerd.execution.offer_feed import MAX_TEMPLATES, OfferFeed, templates_to_offers
-from provisionerd.testing.fake_provider import FakeProvider
 from provisionerd.domain.tokens import instance_refs, issue, token_hash
+from provisionerd.execution.offer_feed import MAX_TEMPLATES, OfferFeed, templates_to_offers
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_provider import FakeProvider
 
 
 def test_tokens_are_fresh_colon_free_and_kept_only_as_sha256():
@@ -30,14 +30,31 @@ def test_tokens_are_fresh_colon_free_and_kept_only_as_sha256():
 
 
 def test_templates_become_offers_with_prices():
-    document = {"templates": [
-        {"templateId": "a", "maxNumber": 5, "attributes": {"ncpus": ["Numeric", "8"], "type": ["String", "X86_64"]},
-         "price": {"amount": 0.5, "currency": "USD", "unit": "hour", "source": "list", "timestamp": "2026-01-01T00:00:00Z"}},
-        {"templateId": "b", "maxNumber": 0, "attributes": {}},
-    ]}  # fmt: skip
+    document = {
+        "templates": [
+            {
+                "templateId": "a",
+                "maxNumber": 5,
+                "attributes": {"ncpus": ["Numeric", "8"], "type": ["String", "X86_64"]},
+                "price": {
+                    "amount": 0.5,
+                    "currency": "USD",
+                    "unit": "hour",
+                    "source": "list",
+                    "timestamp": "2026-01-01T00:00:00Z",
+                },
+            },
+            {"templateId": "b", "maxNumber": 0, "attributes": {}},
+        ]
+    }
     a, b = templates_to_offers("p", document)
-    assert a == Offer("p", "a", 5, {"ncpus": ("Numeric", "8"), "type": ("String", "X86_64")},
-                      PriceQuote(0.5, "USD", "hour", "list", "2026-01-01T00:00:00Z"))
+    assert a == Offer(
+        "p",
+        "a",
+        5,
+        {"ncpus": ("Numeric", "8"), "type": ("String", "X86_64")},
+        PriceQuote(0.5, "USD", "hour", "list", "2026-01-01T00:00:00Z"),
+    )
     assert b == Offer("p", "b", 0, {}, None)
 
 

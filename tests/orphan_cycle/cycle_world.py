@@ -13,9 +13,6 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import LeaseError
-from provisionerd.telemetry.events import EventLog
-from provisionerd.execution.executor import ReturnOutcome
-from provisionerd.planner.fact_view import fold
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_EPOCH,
@@ -29,10 +26,13 @@ from provisionerd.domain.model import (
     RequestFailed,
     RequestIntent,
 )
+from provisionerd.execution.executor import ReturnOutcome
 from provisionerd.execution.orphan_cycle import OrphanCycle
+from provisionerd.execution.orphan_reads import ControllerRead
 from provisionerd.orphans.model import ControllerState, LeaseState, Unreadable
 from provisionerd.orphans.policy import OrphanPolicy
-from provisionerd.execution.orphan_reads import ControllerRead
+from provisionerd.planner.fact_view import fold
+from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 CLUSTER = "clu"
@@ -63,15 +63,27 @@ class FakeExecutor:
         lease = self.world.lease
         if not lease.usable:
             return ReturnOutcome(op_id, provider, "dropped", code="LeaseError")
-        self.returns.append({"provider": provider, "op_id": op_id, "machine_ids": tuple(machine_ids),
-                             "reason": reason, "stop": stop, "epoch": lease.epoch})  # fmt: skip
+        self.returns.append(
+            {
+                "provider": provider,
+                "op_id": op_id,
+                "machine_ids": tuple(machine_ids),
+                "reason": reason,
+                "stop": stop,
+                "epoch": lease.epoch,
+            }
+        )
         status = self.statuses.popleft() if self.statuses else "returned"
         if status != "returned":
             return ReturnOutcome(op_id, provider, status, code="provider_error", detail="simulated failure")
-        await self.world.provider.call("requestReturnMachines", {
-            "machines": [{"name": "", "machineId": m} for m in machine_ids], "op_id": op_id,
-            "tags": {TAG_CLUSTER: CLUSTER, TAG_PROVIDER: provider, TAG_OP: op_id, TAG_EPOCH: str(lease.epoch)},
-        })  # fmt: skip
+        await self.world.provider.call(
+            "requestReturnMachines",
+            {
+                "machines": [{"name": "", "machineId": m} for m in machine_ids],
+                "op_id": op_id,
+                "tags": {TAG_CLUSTER: CLUSTER, TAG_PROVIDER: provider, TAG_OP: op_id, TAG_EPOCH: str(lease.epoch)},
+            },
+        )
         return ReturnOutcome(op_id, provider, "returned", tuple(machine_ids))
 
     async def commit_fact(self, fact) -> int:
@@ -107,10 +119,15 @@ class World:
         """A running machine in the provider, as its own listing would show it."""
         n = len(self.provider.machines) + 1
         self.provider.machines[machine_id] = {
-            "machineId": machine_id, "name": name or f"host-{machine_id}", "status": "running", "template": "small",
-            "launchtime": launch, "privateIpAddress": f"10.1.0.{n}", "instanceRef": machine_tags.get(TAG_INSTANCE, ""),
+            "machineId": machine_id,
+            "name": name or f"host-{machine_id}",
+            "status": "running",
+            "template": "small",
+            "launchtime": launch,
+            "privateIpAddress": f"10.1.0.{n}",
+            "instanceRef": machine_tags.get(TAG_INSTANCE, ""),
             "tags": dict(machine_tags),
-        }  # fmt: skip
+        }
         return self
 
     def instance(self, machine_id: str, op_id: str, launch: float = OLD) -> World:

@@ -11,11 +11,11 @@ import attrs
 import trio
 
 from provisionerd.config.loader import Config
-from provisionerd.controller.ops import ControllerOps
-from provisionerd.telemetry.events import EventLog
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.domain.model import Epoch
+from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.domain.model import Epoch
+from provisionerd.telemetry.events import EventLog
 
 
 @attrs.define(eq=False)
@@ -45,8 +45,14 @@ async def holding_lease(
         settings = attrs.evolve(settings, identity=identity)
     session = ControllerSession(settings, connect, events, random.Random(1))
     ops = ControllerOps(session)
-    keeper = LeaseKeeper(provider, ops, margin=config.lease.margin, backoff=config.controller.backoff,
-                         rng=random.Random(2), events=events)  # fmt: skip
+    keeper = LeaseKeeper(
+        provider,
+        ops,
+        margin=config.lease.margin,
+        backoff=config.controller.backoff,
+        rng=random.Random(2),
+        events=events,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(session.run)
         keeper_scope = trio.CancelScope()

@@ -30,8 +30,14 @@ def editing(data_dir: Path) -> Iterator[dict[str, Any]]:
         if path.exists():
             state = json.loads(path.read_text())
         else:
-            state = {"version": 1, "next": {"machine": 0, "request": 0}, "ops": {}, "requests": {}, "machines": {},
-                     "faults": {}}  # fmt: skip
+            state = {
+                "version": 1,
+                "next": {"machine": 0, "request": 0},
+                "ops": {},
+                "requests": {},
+                "machines": {},
+                "faults": {},
+            }
         yield state
         tmp = path.with_suffix(".test.tmp")
         tmp.write_text(json.dumps(state, separators=(",", ":")))
@@ -50,11 +56,18 @@ def plant_machine(data_dir: Path, machine_id: str, tags: dict[str, str], launcht
     with editing(data_dir) as state:
         ip = f"10.9.{n // 256}.{n % 256}"
         state["machines"][machine_id] = {
-            "machineId": machine_id, "name": "ip-" + ip.replace(".", "-"), "privateIpAddress": ip, "seq": 10_000 + n,
-            "templateId": "sim-cpu-8", "requestId": "", "launchtime": launchtime, "state": "running",
-            "tags": dict(tags), "instanceRef": tags.get("provisionerd:instance", ""),
+            "machineId": machine_id,
+            "name": "ip-" + ip.replace(".", "-"),
+            "privateIpAddress": ip,
+            "seq": 10_000 + n,
+            "templateId": "sim-cpu-8",
+            "requestId": "",
+            "launchtime": launchtime,
+            "state": "running",
+            "tags": dict(tags),
+            "instanceRef": tags.get("provisionerd:instance", ""),
             "joinTokenSha256": hashlib.sha256(machine_id.encode()).hexdigest(),
-        }  # fmt: skip
+        }
 
 
 def backdate(data_dir: Path, machine_id: str, launchtime: int) -> None:

@@ -10,10 +10,10 @@ from cycle_world import NOW, OLD, tags
 from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd.telemetry.events import EventLog
+from provisionerd.daemon.orphan_admin import act
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, OrphanAdopted, RequestIntent, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
-from provisionerd.daemon.orphan_admin import act
+from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 MUTATIONS = ("requestMachines", "requestReturnMachines", "stopMachines")
@@ -26,12 +26,17 @@ def world() -> FakeProvider:
         ("i-nj", tags("op-nj")),
         ("i-untagged", {}),
         ("i-protected", tags("op-p", **{"provisionerd:protect": "1"})),
-    ]:  # fmt: skip
+    ]:
         fake.machines[machine_id] = {
-            "machineId": machine_id, "name": f"name-{machine_id}", "status": "running", "template": "small",
-            "launchtime": int(NOW - 60) if machine_id == "i-young" else OLD, "privateIpAddress": "10.4.0.1",
-            "instanceRef": "", "tags": machine_tags,
-        }  # fmt: skip
+            "machineId": machine_id,
+            "name": f"name-{machine_id}",
+            "status": "running",
+            "template": "small",
+            "launchtime": int(NOW - 60) if machine_id == "i-young" else OLD,
+            "privateIpAddress": "10.4.0.1",
+            "instanceRef": "",
+            "tags": machine_tags,
+        }
     return fake
 
 
@@ -46,9 +51,8 @@ def scenario(tmp_path, steps):
             async with holding_lease(config, "sim", net.connect, identity="prov-1") as holder:
                 await holder.commit(
                     RequestIntent("sim", NO_EPOCH, "op-nj", "small", 1, ("clu/op-nj/0",), ("a" * 64,)),
-                    InstanceFact("sim", NO_EPOCH, "op-nj", "clu/op-nj/0", "i-nj", "small", "a" * 64,
-                                 launch_time=OLD),
-                )  # fmt: skip
+                    InstanceFact("sim", NO_EPOCH, "op-nj", "clu/op-nj/0", "i-nj", "small", "a" * 64, launch_time=OLD),
+                )
             await steps(config, net, fake, events, seen)
             seen["facts"] = [c.fact for c in net.facts()]
             seen["leases"] = net.live_leases()
@@ -58,8 +62,17 @@ def scenario(tmp_path, steps):
 
 
 def do(config, net, fake, events, kind, machine, timeout=30.0):
-    return act(config, kind, "sim", machine, client=fake, connect=net.connect, timeout=timeout, events=events,
-               wall_clock=lambda: NOW)
+    return act(
+        config,
+        kind,
+        "sim",
+        machine,
+        client=fake,
+        connect=net.connect,
+        timeout=timeout,
+        events=events,
+        wall_clock=lambda: NOW,
+    )
 
 
 def test_adopt_and_return_one_finding_each_through_the_gate(tmp_path):
@@ -71,7 +84,8 @@ def test_adopt_and_return_one_finding_each_through_the_gate(tmp_path):
     assert seen["adopt"].ok and seen["return"].ok, (seen["adopt"], seen["return"])
     adopted = [f for f in seen["facts"] if isinstance(f, OrphanAdopted)]
     assert [(f.machine_id, f.op_id, f.hostname) for f in adopted] == [
-        ("i-young", orphan_op_id("sim", "tagged_unknown", "i-young", "adopt"), "name-i-young")]
+        ("i-young", orphan_op_id("sim", "tagged_unknown", "i-young", "adopt"), "name-i-young")
+    ]
     return_op = orphan_op_id("sim", "never_joined", "i-nj", "return")
     (intent,) = [f for f in seen["facts"] if isinstance(f, ReturnIntent)]
     assert intent.op_id == return_op and intent.machine_ids == ("i-nj",) and intent.epoch > adopted[0].epoch
@@ -79,15 +93,22 @@ def test_adopt_and_return_one_finding_each_through_the_gate(tmp_path):
     assert [(a, d["op_id"]) for a, d in fake.calls if a in MUTATIONS] == [("requestReturnMachines", return_op)]
     audit = list(events.of_kind("orphan_action"))
     assert [(e["action"], e["outcome"], e["confirmed_by"]["by"]) for e in audit] == [
-        ("adopt", "ok", "admin"), ("return", "ok", "admin")]
+        ("adopt", "ok", "admin"),
+        ("return", "ok", "admin"),
+    ]
     assert audit[0]["confirmed_by"]["identity"] == "prov-1-orphans-admin"
     assert seen["leases"] == []  # given back
 
 
 def test_refusals_change_nothing(tmp_path):
     async def steps(config, net, fake, events, seen):
-        for machine, kind in [("i-untagged", "return"), ("i-protected", "return"), ("i-protected", "adopt"),
-                              ("i-nj", "adopt"), ("i-absent", "return")]:  # fmt: skip
+        for machine, kind in [
+            ("i-untagged", "return"),
+            ("i-protected", "return"),
+            ("i-protected", "adopt"),
+            ("i-nj", "adopt"),
+            ("i-absent", "return"),
+        ]:
             seen[(machine, kind)] = await do(config, net, fake, events, kind, machine)
         # While another identity (the running daemon) holds the lease, nothing is done at all.
         async with holding_lease(config, "sim", net.connect, identity="prov-1"):

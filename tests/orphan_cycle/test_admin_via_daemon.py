@@ -22,16 +22,16 @@ import trio.testing
 from cycle_world import OLD, World, tags
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd.daemon import admin_socket
 from provisionerd.cli import main as cli
-from provisionerd.daemon.admin_socket import Command, query, request, serve_admin_socket
+from provisionerd.cli.orphans import via_daemon
 from provisionerd.config.loader import Config
+from provisionerd.daemon import admin_socket
+from provisionerd.daemon.admin_socket import Command, query, request, serve_admin_socket
+from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult
 from provisionerd.daemon.root import DaemonCore
-from provisionerd.telemetry.events import EventLog
 from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
-from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult
-from provisionerd.cli.orphans import via_daemon
+from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
@@ -64,11 +64,17 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
 
     async def main():
         async with memory_controller(tmp_path) as net:
-            net.server.cluster.hosts.add(HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, NOW,
-                                                   "node-match", "10.1.0.2"))  # fmt: skip
+            net.server.cluster.hosts.add(
+                HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, NOW, "node-match", "10.1.0.2")
+            )
             config = daemon_config(tmp_path, net.addresses, orphans="dry_run = true")
-            core = DaemonCore(config, connect=net.connect, events=events, providers={"sim": fake},
-                              wall=lambda: NOW + trio.current_time())  # fmt: skip
+            core = DaemonCore(
+                config,
+                connect=net.connect,
+                events=events,
+                providers={"sim": fake},
+                wall=lambda: NOW + trio.current_time(),
+            )
             async with trio.open_nursery() as nursery:
                 await nursery.start(core.run)
                 with trio.fail_after(120):
@@ -125,15 +131,27 @@ def test_return_and_adopt_go_through_the_running_daemon(tmp_path):
     assert fake.machines["i-stray"]["status"] != "running"
     (adoption,) = [c.fact for c in facts if isinstance(c.fact, OrphanAdopted)]
     assert (adoption.machine_id, adoption.op_id, adoption.hostname, adoption.instance_ref, adoption.epoch) == (
-        "i-match", MATCH_ADOPT, "node-match", "clu/op-match/0", epoch)
+        "i-match",
+        MATCH_ADOPT,
+        "node-match",
+        "clu/op-match/0",
+        epoch,
+    )
     # The daemon kept its lease throughout: nobody else took it, no new epoch.
     assert seen["epoch_after"] == epoch
     audit = list(events.of_kind("orphan_action"))
     assert [(e["action"], e["machine_id"], e["outcome"], e["op_id"]) for e in audit] == [
-        ("return", "i-stray", "ok", STRAY_RETURN), ("adopt", "i-match", "ok", MATCH_ADOPT)]
+        ("return", "i-stray", "ok", STRAY_RETURN),
+        ("adopt", "i-match", "ok", MATCH_ADOPT),
+    ]
     first = audit[0]["confirmed_by"]
     assert {k: first[k] for k in ("by", "user", "identity", "via", "uid")} == {
-        "by": "admin", "user": "alice", "identity": "prov-1", "via": "daemon", "uid": 4242}
+        "by": "admin",
+        "user": "alice",
+        "identity": "prov-1",
+        "via": "daemon",
+        "uid": 4242,
+    }
     assert "dry_run" in first["overridden"]  # the daemon's own policy would not have acted: the admin's word did
     assert audit[1]["confirmed_by"]["user"] == "bob" and "uid" not in audit[1]["confirmed_by"]
     assert all(e["epoch"] == epoch for e in audit)
@@ -230,8 +248,18 @@ def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
         async with memory_controller(tmp_path) as net:
             config = daemon_config(tmp_path, net.addresses)
             for machine in ("i-stray", "i-protected"):
-                seen[machine] = await act(config, "return", "sim", machine, client=fake, connect=net.connect,
-                                          events=events, wall_clock=lambda: NOW, user="carol", dry_run=True)  # fmt: skip
+                seen[machine] = await act(
+                    config,
+                    "return",
+                    "sim",
+                    machine,
+                    client=fake,
+                    connect=net.connect,
+                    events=events,
+                    wall_clock=lambda: NOW,
+                    user="carol",
+                    dry_run=True,
+                )
             seen["facts"] = net.facts()
             seen["leases"] = net.live_leases()
 
@@ -327,10 +355,22 @@ def test_the_cli_asks_the_daemon_and_acts_directly_only_when_none_listens(tmp_pa
     sock.unlink()
     asked: list = []
     answers = {
-        "i-stray": {"ok": True, "result": AdminResult(True, "return i-stray: ok (by prov-1)", {"returned": ["i-stray"]},
-                                                      STRAY_RETURN, "tagged_unknown", "ok", "daemon").to_json()},
-        "i-protected": {"ok": False, "result": AdminResult(False, "return i-protected: refused: blocked by protected",
-                                                           via="daemon").to_json()},
+        "i-stray": {
+            "ok": True,
+            "result": AdminResult(
+                True,
+                "return i-stray: ok (by prov-1)",
+                {"returned": ["i-stray"]},
+                STRAY_RETURN,
+                "tagged_unknown",
+                "ok",
+                "daemon",
+            ).to_json(),
+        },
+        "i-protected": {
+            "ok": False,
+            "result": AdminResult(False, "return i-protected: refused: blocked by protected", via="daemon").to_json(),
+        },
         "i-busy": {"ok": False, "busy": True, "error": "busy: an action on machine 'i-busy' is under way"},
         "i-garbled": {"ok": True, "result": ["not", "a", "result"]},
     }
@@ -345,31 +385,50 @@ def test_the_cli_asks_the_daemon_and_acts_directly_only_when_none_listens(tmp_pa
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_admin_socket, sock, dict, {"orphan_action": Command(orphan_action, lambda r: 5)})
             config_path = str(tmp_path / "pd.toml")
-            for machine, extra in [("i-stray", ["--json"]), ("i-protected", []), ("i-busy", []),
-                                   ("i-garbled", []), ("i-stray", ["--dry-run"])]:  # fmt: skip
+            for machine, extra in [
+                ("i-stray", ["--json"]),
+                ("i-protected", []),
+                ("i-busy", []),
+                ("i-garbled", []),
+                ("i-stray", ["--dry-run"]),
+            ]:
                 argv = ["orphans", "return", "--config", config_path, "--provider", "sim", "--machine", machine, *extra]
                 codes[(machine, tuple(extra))] = await trio.to_thread.run_sync(cli.main, argv)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    assert codes == {("i-stray", ("--json",)): 0, ("i-protected", ()): 1, ("i-busy", ()): 1, ("i-garbled", ()): 1,
-                     ("i-stray", ("--dry-run",)): 0}  # fmt: skip
+    assert codes == {
+        ("i-stray", ("--json",)): 0,
+        ("i-protected", ()): 1,
+        ("i-busy", ()): 1,
+        ("i-garbled", ()): 1,
+        ("i-stray", ("--dry-run",)): 0,
+    }
     out, err = capsys.readouterr()
     printed = json.loads(out.splitlines()[0])
     assert printed["ok"] is True and printed["op_id"] == STRAY_RETURN and printed["via"] == "daemon"
     assert "refused: blocked by protected" in err and "busy: an action on machine 'i-busy'" in err
     assert "malformed" in err
     user = asked[0]["user"]
-    assert asked[0] == {"cmd": "orphan_action", "action": "return", "provider": "sim", "machine": "i-stray",
-                        "user": user, "dry_run": False}  # fmt: skip
+    assert asked[0] == {
+        "cmd": "orphan_action",
+        "action": "return",
+        "provider": "sim",
+        "machine": "i-stray",
+        "user": user,
+        "dry_run": False,
+    }
     assert asked[-1]["dry_run"] is True
     # TLS files were never loaded: the direct path was not taken while a daemon answered.
 
 
-@pytest.mark.parametrize("reply, expected", [
-    (b"not json\n", "cannot use the daemon's admin socket"),
-    (b"[1, 2]\n", "cannot use the daemon's admin socket"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        (b"not json\n", "cannot use the daemon's admin socket"),
+        (b"[1, 2]\n", "cannot use the daemon's admin socket"),
+    ],
+)
 def test_a_daemon_that_answers_nonsense_is_not_bypassed(tmp_path, reply, expected):
     sock = short_socket_dir() / "admin.sock"
     config = write_config(tmp_path / "pd.toml", sock)
@@ -445,17 +504,26 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
     certs, data, config_path, state = tmp_path / "certs", tmp_path / "simdata", tmp_path / "pd.toml", short_socket_dir()
     init_certs(certs, "clu")
     launched = int(time.time()) - 60  # young: inside the orphan grace, which the admin's word overrides
-    for n, (machine_id, machine_tags) in enumerate([
-        ("i-stray", tags("op-stray")), ("i-match", tags("op-match")), ("i-direct", tags("op-direct")),
-        ("i-protected", tags("op-p", **{"provisionerd:protect": "1"})), ("i-untagged", {}),
-    ]):  # fmt: skip
+    for n, (machine_id, machine_tags) in enumerate(
+        [
+            ("i-stray", tags("op-stray")),
+            ("i-match", tags("op-match")),
+            ("i-direct", tags("op-direct")),
+            ("i-protected", tags("op-p", **{"provisionerd:protect": "1"})),
+            ("i-untagged", {}),
+        ]
+    ):
         sim_state.plant_machine(data, machine_id, machine_tags, launched, n=n + 1)
     seen: dict = {}
 
     async def cli_run(*argv: str):
-        return await trio.run_process([sys.executable, "-m", "provisionerd", "orphans", *argv, "--config",
-                                       str(config_path), "--provider", "sim"],
-                                      capture_stdout=True, capture_stderr=True, check=False, cwd=str(root))  # fmt: skip
+        return await trio.run_process(
+            [sys.executable, "-m", "provisionerd", "orphans", *argv, "--config", str(config_path), "--provider", "sim"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            cwd=str(root),
+        )
 
     async def poll_status(predicate):
         with trio.fail_after(60):
@@ -471,13 +539,17 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
     async def main():
         async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=5.0, check_interval=0.5) as ctl:
             cluster = ctl.server.cluster
-            cluster.hosts.add(HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, time.time(),
-                                        "node-match", "10.9.0.2"))  # fmt: skip
+            cluster.hosts.add(
+                HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, time.time(), "node-match", "10.9.0.2")
+            )
             write_real_config(config_path, certs, ctl.addresses, data, state)
             with open(tmp_path / "daemon.log", "wb") as log_file:
                 proc = await trio.lowlevel.open_process(
                     [sys.executable, "-m", "provisionerd", "run", "--config", str(config_path)],
-                    start_new_session=True, stderr=log_file, cwd=str(root))  # fmt: skip
+                    start_new_session=True,
+                    stderr=log_file,
+                    cwd=str(root),
+                )
             try:
                 held = await poll_status(lambda s: s["leases"][0]["state"] == "held")
                 seen["daemon_epoch"] = held["leases"][0]["epoch"]
@@ -505,10 +577,15 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
     outputs = {name: seen[name] for name in ("return", "adopt", "protected", "dry", "direct")}
     codes = {name: result.returncode for name, result in outputs.items()}
     assert codes == {"return": 0, "adopt": 0, "protected": 1, "dry": 0, "direct": 0}, {
-        name: result.stderr.decode()[-2000:] for name, result in outputs.items()}
+        name: result.stderr.decode()[-2000:] for name, result in outputs.items()
+    }
     returned = json.loads(seen["return"].stdout)
     assert (returned["ok"], returned["via"], returned["op_id"], returned["outcome"]) == (
-        True, "daemon", STRAY_RETURN, "ok")
+        True,
+        "daemon",
+        STRAY_RETURN,
+        "ok",
+    )
     assert b"adopt i-match: ok (by prov-main)" in seen["adopt"].stdout
     assert b"blocked by protected" in seen["protected"].stderr
     dry = json.loads(seen["dry"].stdout)
@@ -532,14 +609,24 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
     machines_mid, machines = seen["state_mid"]["machines"], seen["state_after"]["machines"]
     assert machines_mid["i-stray"]["state"] == "terminated" and machines_mid["i-direct"]["state"] == "running"
     assert machines["i-direct"]["state"] == "terminated"
-    assert machines["i-protected"]["state"] == machines["i-untagged"]["state"] == machines["i-match"]["state"] == (
-        "running")
+    assert (
+        machines["i-protected"]["state"]
+        == machines["i-untagged"]["state"]
+        == machines["i-match"]["state"]
+        == ("running")
+    )
     # The audit: the daemon's events log holds both paths' actions, each saying who confirmed it and through what.
     events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
-    actions = [(e["machine_id"], e["confirmed_by"]["via"], e["confirmed_by"]["identity"])
-               for e in events if e["event"] == "orphan_action"]  # fmt: skip
-    assert actions == [("i-stray", "daemon", "prov-main"), ("i-match", "daemon", "prov-main"),
-                       ("i-direct", "direct", "prov-main-orphans-admin")]  # fmt: skip
+    actions = [
+        (e["machine_id"], e["confirmed_by"]["via"], e["confirmed_by"]["identity"])
+        for e in events
+        if e["event"] == "orphan_action"
+    ]
+    assert actions == [
+        ("i-stray", "daemon", "prov-main"),
+        ("i-match", "daemon", "prov-main"),
+        ("i-direct", "direct", "prov-main-orphans-admin"),
+    ]
     everything = (state / "events.jsonl").read_text() + (tmp_path / "daemon.log").read_text()
     everything += "".join(r.stdout.decode() + r.stderr.decode() for r in outputs.values())
     assert "do-not-leak-this-credential" not in everything

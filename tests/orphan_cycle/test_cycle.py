@@ -13,7 +13,7 @@ import trio.testing
 from cycle_world import CLUSTER, EPOCH, NOW, OLD, PROVIDER, World, tags
 
 from provisionerd.domain.errors import LeaseError, ProviderTimeout
-from provisionerd.domain.model import TAG_CLUSTER, Lost, OrphanAdopted, HostState, HostStatus, OrphanReported
+from provisionerd.domain.model import TAG_CLUSTER, HostState, HostStatus, Lost, OrphanAdopted, OrphanReported
 from provisionerd.orphans.model import orphan_op_id
 from provisionerd.orphans.policy import OrphanPolicy
 
@@ -96,8 +96,15 @@ def test_a_ghost_is_retired_on_its_second_miss_through_the_executor_with_the_lea
     run(main)
     assert seen["first"].actions == ()
     executor = cycle.fake_executor
-    assert executor.facts == [Lost(PROVIDER, EPOCH, orphan_op_id(PROVIDER, "ghost", "i-ghost", "retire"), "i-ghost",
-                                   "ghost: not found in consecutive listings")]  # fmt: skip
+    assert executor.facts == [
+        Lost(
+            PROVIDER,
+            EPOCH,
+            orphan_op_id(PROVIDER, "ghost", "i-ghost", "retire"),
+            "i-ghost",
+            "ghost: not found in consecutive listings",
+        )
+    ]
     assert executor.planned_epochs == [EPOCH]  # stamped by the cycle with the epoch it observed
     (event,) = world.kinds("orphan_action")
     assert event["action"] == "retire" and event["outcome"] == "ok" and event["epoch"] == EPOCH
@@ -113,16 +120,27 @@ def test_a_tagged_unknown_machine_is_terminated_through_the_executor_and_audited
     cycle = world.cycle(TERMINATE)
     run(cycle.run_pass)
     (call,) = cycle.fake_executor.returns
-    assert call == {"provider": PROVIDER, "op_id": orphan_op_id(PROVIDER, "tagged_unknown", "i-stray", "terminate"),
-                    "machine_ids": ("i-stray",), "reason": "orphan tagged_unknown: terminate", "stop": False,
-                    "epoch": EPOCH}  # fmt: skip
+    assert call == {
+        "provider": PROVIDER,
+        "op_id": orphan_op_id(PROVIDER, "tagged_unknown", "i-stray", "terminate"),
+        "machine_ids": ("i-stray",),
+        "reason": "orphan tagged_unknown: terminate",
+        "stop": False,
+        "epoch": EPOCH,
+    }
     assert world.provider_actions() == ["listMachines", "requestReturnMachines"]
     (event,) = world.kinds("orphan_action")
     assert event["evidence"]["tags"] == tags("op-stray") and event["evidence"]["launch_time"] == OLD
     assert event["evidence"]["age"] >= 4000 and event["epoch"] == EPOCH
     assert event["answer"]["status"] == "returned" and event["answer"]["returned"] == ["i-stray"]
-    assert event["confirmed_by"]["preconditions"] == ["listing_read", "view_read", "lease_epoch", "primary",
-                                                      "settled", "owner_tags"]  # fmt: skip
+    assert event["confirmed_by"]["preconditions"] == [
+        "listing_read",
+        "view_read",
+        "lease_epoch",
+        "primary",
+        "settled",
+        "owner_tags",
+    ]
 
 
 def test_stop_uses_stop_machines_and_adopt_commits_a_fact_without_calling_the_provider():
@@ -186,9 +204,11 @@ def test_never_joined_machines_have_one_owner_each():
 
     run(main)
     owners = {f.machine_id: (f.orphan_class, f.action, f.evidence["returned_by"]) for f in seen["result"].findings}
-    assert owners == {"i-nj": ("never_joined", "return", "reconciler"),
-                      "i-late": ("never_joined", "return", "executor"),
-                      "i-crashed": ("never_joined", "return", "orphan_cycle")}  # fmt: skip
+    assert owners == {
+        "i-nj": ("never_joined", "return", "reconciler"),
+        "i-late": ("never_joined", "return", "executor"),
+        "i-crashed": ("never_joined", "return", "orphan_cycle"),
+    }
     assert [r["machine_ids"] for r in cycle.fake_executor.returns] == [("i-crashed",)]
 
 
@@ -242,10 +262,15 @@ def test_run_makes_one_pass_per_interval_on_trios_clock_and_audit_holds_no_secre
     seen = {}
 
     async def main():
-        await world.provider.call("requestMachines", {
-            "template": {"templateId": "small", "machineCount": 1}, "op_id": "op-new", "tags": tags("op-new"),
-            "bootstrap": [{"instanceRef": "clu/op-new/0", "controllers": ["ctl:1"], "joinToken": token}],
-        })  # fmt: skip
+        await world.provider.call(
+            "requestMachines",
+            {
+                "template": {"templateId": "small", "machineCount": 1},
+                "op_id": "op-new",
+                "tags": tags("op-new"),
+                "bootstrap": [{"instanceRef": "clu/op-new/0", "controllers": ["ctl:1"], "joinToken": token}],
+            },
+        )
         cycle = world.cycle(TERMINATE)
         async with trio.open_nursery() as nursery:
             await nursery.start(cycle.run, 60.0)

@@ -10,9 +10,9 @@ from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
 from provisionerd.daemon.root import DaemonCore
-from provisionerd.telemetry.events import EventLog
-from provisionerd.domain.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
+from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
+from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
@@ -21,27 +21,43 @@ SETTLE = 20.0
 
 def test_the_daemon_retires_a_ghost_and_terminates_a_stray_through_the_gate_and_leaves_untagged_alone(tmp_path):
     fake = FakeProvider("sim", launch_time=OLD)
-    for machine_id, machine_tags in [("i-stray", tags("op-stray")), ("i-untagged", {}),
-                                     ("i-cluster-only", {TAG_CLUSTER: "clu"})]:  # fmt: skip
+    for machine_id, machine_tags in [
+        ("i-stray", tags("op-stray")),
+        ("i-untagged", {}),
+        ("i-cluster-only", {TAG_CLUSTER: "clu"}),
+    ]:
         fake.machines[machine_id] = {
-            "machineId": machine_id, "name": machine_id, "status": "running", "template": "small",
-            "launchtime": OLD, "privateIpAddress": "10.3.0.1", "instanceRef": "", "tags": machine_tags,
-        }  # fmt: skip
+            "machineId": machine_id,
+            "name": machine_id,
+            "status": "running",
+            "template": "small",
+            "launchtime": OLD,
+            "privateIpAddress": "10.3.0.1",
+            "instanceRef": "",
+            "tags": machine_tags,
+        }
     events = EventLog(keep=100_000)
     seen = {}
 
     async def main():
         async with memory_controller(tmp_path, ttl=30.0) as net:
-            config = daemon_config(tmp_path, net.addresses,
-                                   orphans=f'action = "terminate"\ninterval = 30\nsettle = {SETTLE}')  # fmt: skip
+            config = daemon_config(
+                tmp_path, net.addresses, orphans=f'action = "terminate"\ninterval = 30\nsettle = {SETTLE}'
+            )
             async with holding_lease(config, "sim", net.connect, identity="someone-before") as holder:
                 await holder.commit(
                     RequestIntent("sim", NO_EPOCH, "op-ghost", "small", 1, ("clu/op-ghost/0",), ("b" * 64,)),
-                    InstanceFact("sim", NO_EPOCH, "op-ghost", "clu/op-ghost/0", "i-ghost", "small", "b" * 64,
-                                 launch_time=NOW),
-                )  # fmt: skip
-            core = DaemonCore(config, connect=net.connect, events=events, providers={"sim": fake},
-                              wall=lambda: NOW + trio.current_time())  # fmt: skip
+                    InstanceFact(
+                        "sim", NO_EPOCH, "op-ghost", "clu/op-ghost/0", "i-ghost", "small", "b" * 64, launch_time=NOW
+                    ),
+                )
+            core = DaemonCore(
+                config,
+                connect=net.connect,
+                events=events,
+                providers={"sim": fake},
+                wall=lambda: NOW + trio.current_time(),
+            )
             async with trio.open_nursery() as nursery:
                 await nursery.start(core.run)
                 await trio.sleep(200)
@@ -64,7 +80,8 @@ def test_the_daemon_retires_a_ghost_and_terminates_a_stray_through_the_gate_and_
     # The provider saw one mutation, the orphan return, for the stray only.
     mutations = [(a, doc) for a, doc in fake.calls if a in ("requestReturnMachines", "stopMachines", "requestMachines")]
     assert [(a, doc["op_id"], [m["machineId"] for m in doc["machines"]]) for a, doc in mutations] == [
-        ("requestReturnMachines", terminate_op, ["i-stray"])]
+        ("requestReturnMachines", terminate_op, ["i-stray"])
+    ]
     assert fake.machines["i-untagged"]["status"] == fake.machines["i-cluster-only"]["status"] == "running"
     # Audited, and not before the settle window after the join.
     joined = next(e["mono"] for e in events.of_kind("resync"))

@@ -16,10 +16,10 @@ from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
 from provisionerd.cli import main as cli
-from provisionerd.domain.errors import ProviderCrashed, ProviderUnsupported
-from provisionerd.domain.model import TAG_CLUSTER, NO_EPOCH, InstanceFact, RequestIntent
-from provisionerd.daemon.orphans import ReadOnlyClient
 from provisionerd.cli.orphans import dry_run, render
+from provisionerd.daemon.orphans import ReadOnlyClient
+from provisionerd.domain.errors import ProviderCrashed, ProviderUnsupported
+from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, RequestIntent
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
@@ -35,16 +35,24 @@ def mock_run(fn, limit: float = 10_000.0):
 
 def provider_with_machines() -> FakeProvider:
     fake = FakeProvider("sim", launch_time=OLD)
-    for n, (machine_id, machine_tags) in enumerate([
-        ("i-nj", tags("op-nj", **{"provisionerd:instance": "clu/op-nj/0"})),
-        ("i-stray", tags("op-stray")),
-        ("i-untagged", {}),
-        ("i-cluster-only", {TAG_CLUSTER: "clu"}),
-    ]):  # fmt: skip
+    for n, (machine_id, machine_tags) in enumerate(
+        [
+            ("i-nj", tags("op-nj", **{"provisionerd:instance": "clu/op-nj/0"})),
+            ("i-stray", tags("op-stray")),
+            ("i-untagged", {}),
+            ("i-cluster-only", {TAG_CLUSTER: "clu"}),
+        ]
+    ):
         fake.machines[machine_id] = {
-            "machineId": machine_id, "name": f"host-{n}", "status": "running", "template": "small",
-            "launchtime": OLD, "privateIpAddress": f"10.2.0.{n + 1}", "instanceRef": "", "tags": machine_tags,
-        }  # fmt: skip
+            "machineId": machine_id,
+            "name": f"host-{n}",
+            "status": "running",
+            "template": "small",
+            "launchtime": OLD,
+            "privateIpAddress": f"10.2.0.{n + 1}",
+            "instanceRef": "",
+            "tags": machine_tags,
+        }
     return fake
 
 
@@ -66,8 +74,9 @@ def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
             async with holding_lease(config, "sim", net.connect) as holder:
                 await holder.commit(*FACTS)
             facts_before = net.facts()
-            report = await dry_run(config, clients={"sim": fake}, connect=net.connect, timeout=10,
-                                   wall_clock=lambda: NOW)  # fmt: skip
+            report = await dry_run(
+                config, clients={"sim": fake}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+            )
             seen.update(report=report, facts_before=facts_before, facts_after=net.facts(), leases=net.live_leases())
 
     mock_run(main)
@@ -76,8 +85,11 @@ def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
     assert report.mutations == 0 and report.calls == {"sim": ("listMachines",)}
     assert report.unreadable == ()
     got = {(f.orphan_class, f.machine_id, f.action) for f in report.findings}
-    assert got == {("never_joined", "i-nj", "return"), ("tagged_unknown", "i-stray", "report"),
-                   ("ghost", "i-ghost", "retire")}  # fmt: skip
+    assert got == {
+        ("never_joined", "i-nj", "return"),
+        ("tagged_unknown", "i-stray", "report"),
+        ("ghost", "i-ghost", "retire"),
+    }
     for finding in report.findings:
         assert {"no_lease", "dry_run"} <= set(finding.blocked_by)
     assert seen["facts_after"] == seen["facts_before"] and seen["leases"] == []
@@ -97,19 +109,24 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
             config = daemon_config(tmp_path, net.addresses)
             async with holding_lease(config, "sim", net.connect) as holder:
                 await holder.commit(*FACTS)
-            seen["no_listing"] = await dry_run(config, clients={"sim": fake}, connect=net.connect, timeout=10,
-                                               wall_clock=lambda: NOW)  # fmt: skip
+            seen["no_listing"] = await dry_run(
+                config, clients={"sim": fake}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+            )
             net.down = True
-            seen["no_view"] = await dry_run(config, clients={"sim": fake}, connect=net.connect, timeout=10,
-                                            wall_clock=lambda: NOW)  # fmt: skip
+            seen["no_view"] = await dry_run(
+                config, clients={"sim": fake}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+            )
 
     mock_run(main)
     no_listing = seen["no_listing"]
-    assert no_listing.unreadable == ("the listing of provider 'sim' could not be read: "
-                                     "provider 'sim' listMachines: exit status 70",)  # fmt: skip
+    assert no_listing.unreadable == (
+        "the listing of provider 'sim' could not be read: provider 'sim' listMachines: exit status 70",
+    )
     # Without the listing only what the facts prove remains: machines with a fact and no host, blocked.
-    assert [(f.orphan_class, f.machine_id) for f in no_listing.findings] == [("never_joined", "i-ghost"),
-                                                                             ("never_joined", "i-nj")]
+    assert [(f.orphan_class, f.machine_id) for f in no_listing.findings] == [
+        ("never_joined", "i-ghost"),
+        ("never_joined", "i-nj"),
+    ]
     assert all("listing_unreadable" in f.blocked_by for f in no_listing.findings)
     no_view = seen["no_view"]
     assert len(no_view.unreadable) == 1 and "controller's view could not be read" in no_view.unreadable[0]
@@ -123,11 +140,13 @@ def test_the_read_only_client_refuses_every_mutation_before_the_plugin_sees_it()
 
     async def main():
         for action, document in [
-            ("requestReturnMachines", {"machines": [{"name": "", "machineId": "i-1"}], "op_id": "x",
-                                       "tags": tags("x")}),
+            (
+                "requestReturnMachines",
+                {"machines": [{"name": "", "machineId": "i-1"}], "op_id": "x", "tags": tags("x")},
+            ),
             ("requestMachines", {}),
             ("stopMachines", {}),
-        ]:  # fmt: skip
+        ]:
             with pytest.raises(ProviderUnsupported, match="read-only"):
                 await guarded.call(action, document)
         await guarded.call("listMachines", {"tags": {TAG_CLUSTER: "clu"}})
@@ -160,13 +179,16 @@ data_dir = "{path.parent}/simdata"
 """)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--config", "{config}"], "--dry-run"),
-    (["--config", "{missing}", "--dry-run"], "cannot read config"),
-    (["--config", "{config}", "--dry-run", "--provider", "nope"], "no provider named 'nope'"),
-    (["--config", "{config}", "--dry-run", "--timeout", "0"], "--timeout"),
-    (["--config", "{config}", "--dry-run"], "cannot load the TLS files"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config", "{config}"], "--dry-run"),
+        (["--config", "{missing}", "--dry-run"], "cannot read config"),
+        (["--config", "{config}", "--dry-run", "--provider", "nope"], "no provider named 'nope'"),
+        (["--config", "{config}", "--dry-run", "--timeout", "0"], "--timeout"),
+        (["--config", "{config}", "--dry-run"], "cannot load the TLS files"),
+    ],
+)
 def test_bad_arguments_and_config_exit_2(tmp_path, capsys, argv, message):
     config = tmp_path / "pd.toml"
     write_config(config, "127.0.0.1:9")
@@ -197,9 +219,23 @@ def test_an_unreachable_controller_exits_1_and_says_so(tmp_path):
     config.write_text(text.replace('"provisioner.key"', f'"{certs}/provisioner.key"'))
 
     async def main():
-        return await trio.run_process([sys.executable, "-m", "provisionerd", "orphans", "--config", str(config),
-                                       "--dry-run", "--json", "--timeout", "1"], capture_stdout=True,
-                                      capture_stderr=True, check=False)  # fmt: skip
+        return await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "provisionerd",
+                "orphans",
+                "--config",
+                str(config),
+                "--dry-run",
+                "--json",
+                "--timeout",
+                "1",
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
 
     result = trio.run(main)
     assert result.returncode == 1

@@ -17,6 +17,7 @@ import sim_state
 import trio
 from lease_holder import holding_lease
 
+from provisionerd.cli.orphans import open_clients
 from provisionerd.config.loader import Backoff, Config, ControllerSettings, LeaseSettings, ProviderConfig
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.domain.model import (
@@ -28,7 +29,6 @@ from provisionerd.domain.model import (
     InstanceFact,
     RequestIntent,
 )
-from provisionerd.cli.orphans import open_clients
 
 pytestmark = pytest.mark.slow
 
@@ -38,23 +38,43 @@ CLUSTER = "testcluster"
 
 def write_config(path: Path, certs: Path, addresses, data: Path) -> None:
     config = Config(
-        cluster=CLUSTER, identity="prov-main",
-        controller=ControllerSettings(tuple(addresses), connect_timeout=5, request_timeout=5, heartbeat_interval=0.5,
-                                      heartbeat_timeout=5, backoff=Backoff(initial=0.1, max=1)),
-        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
-        providers=(ProviderConfig("sim", "oneshot", path=ROOT / "providers" / "simulated", data_dir=data,
-                                  env={"SIM_SECRET": "do-not-leak-this-credential"}),),
-    )  # fmt: skip
+        cluster=CLUSTER,
+        identity="prov-main",
+        controller=ControllerSettings(
+            tuple(addresses),
+            connect_timeout=5,
+            request_timeout=5,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=5,
+            backoff=Backoff(initial=0.1, max=1),
+        ),
+        tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
+        providers=(
+            ProviderConfig(
+                "sim",
+                "oneshot",
+                path=ROOT / "providers" / "simulated",
+                data_dir=data,
+                env={"SIM_SECRET": "do-not-leak-this-credential"},
+            ),
+        ),
+    )
     write_daemon_config(config, path)
 
 
 async def create_one(client, op_id: str, ref: str, token: str, controllers) -> str:
     """Ask the simulated provider for one machine with this cluster's owner tags; its machine id."""
     tags = {TAG_CLUSTER: CLUSTER, TAG_PROVIDER: "sim", TAG_OP: op_id, TAG_EPOCH: "1.1"}
-    answer = await client.call("requestMachines", {
-        "template": {"templateId": "sim-cpu-8", "machineCount": 1}, "op_id": op_id, "tags": tags,
-        "bootstrap": [{"instanceRef": ref, "controllers": list(controllers), "joinToken": token}],
-    })  # fmt: skip
+    answer = await client.call(
+        "requestMachines",
+        {
+            "template": {"templateId": "sim-cpu-8", "machineCount": 1},
+            "op_id": op_id,
+            "tags": tags,
+            "bootstrap": [{"instanceRef": ref, "controllers": list(controllers), "joinToken": token}],
+        },
+    )
     status = await client.call("getRequestStatus", {"requests": [{"requestId": answer["requestId"]}]})
     (machine,) = status["requests"][0]["machines"]
     return machine["machineId"]
@@ -76,8 +96,9 @@ def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing
             config = Config.from_file(config_path)
             async with open_clients(config, ["sim"]) as clients:
                 never_joined = await create_one(clients["sim"], "op-nj", "testcluster/op-nj/0", token, ctl.addresses)
-                stray = await create_one(clients["sim"], "op-stray", "testcluster/op-stray/0",
-                                         secrets.token_urlsafe(24), ctl.addresses)  # fmt: skip
+                stray = await create_one(
+                    clients["sim"], "op-stray", "testcluster/op-stray/0", secrets.token_urlsafe(24), ctl.addresses
+                )
             sim_state.backdate(data, never_joined, long_ago)
             sim_state.backdate(data, stray, long_ago)
             sim_state.plant_machine(data, "i-untagged", {}, long_ago, n=1)
@@ -87,20 +108,40 @@ def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing
             async with holding_lease(config, "sim") as holder:  # a provisioner holding the lease, nothing else
                 await holder.commit(
                     RequestIntent("sim", NO_EPOCH, "op-nj", "sim-cpu-8", 1, ("testcluster/op-nj/0",), (token_hash,)),
-                    InstanceFact("sim", NO_EPOCH, "op-nj", "testcluster/op-nj/0", never_joined, "sim-cpu-8",
-                                 token_hash, launch_time=float(long_ago)),
-                    RequestIntent("sim", NO_EPOCH, "op-ghost", "sim-cpu-8", 1, ("testcluster/op-ghost/0",),
-                                  (ghost_hash,)),
-                    InstanceFact("sim", NO_EPOCH, "op-ghost", "testcluster/op-ghost/0", "i-ghost", "sim-cpu-8",
-                                 ghost_hash, launch_time=float(long_ago)),
-                )  # fmt: skip
+                    InstanceFact(
+                        "sim",
+                        NO_EPOCH,
+                        "op-nj",
+                        "testcluster/op-nj/0",
+                        never_joined,
+                        "sim-cpu-8",
+                        token_hash,
+                        launch_time=float(long_ago),
+                    ),
+                    RequestIntent(
+                        "sim", NO_EPOCH, "op-ghost", "sim-cpu-8", 1, ("testcluster/op-ghost/0",), (ghost_hash,)
+                    ),
+                    InstanceFact(
+                        "sim",
+                        NO_EPOCH,
+                        "op-ghost",
+                        "testcluster/op-ghost/0",
+                        "i-ghost",
+                        "sim-cpu-8",
+                        ghost_hash,
+                        launch_time=float(long_ago),
+                    ),
+                )
             cluster = ctl.server.cluster
             state_before = sim_state.read(data)
             facts_before = [c.index for c in cluster.store.all_facts()]
             result = await trio.run_process(
                 [sys.executable, "-m", "provisionerd", "orphans", "--config", str(config_path), "--dry-run", "--json"],
-                capture_stdout=True, capture_stderr=True, check=False, cwd=str(ROOT),
-            )  # fmt: skip
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                cwd=str(ROOT),
+            )
             seen.update(
                 result=result,
                 state_before=state_before,

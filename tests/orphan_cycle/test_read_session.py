@@ -5,10 +5,10 @@ from __future__ import annotations
 import attrs
 import trio
 
-from provisionerd.planner.fact_view import FactView
-from provisionerd.orphans.model import Unreadable
-from provisionerd.execution.orphan_reads import SettleTracker, read_session
 from provisionerd.controller.session import LinkState
+from provisionerd.execution.orphan_reads import SettleTracker, read_session
+from provisionerd.orphans.model import Unreadable
+from provisionerd.planner.fact_view import FactView
 
 
 @attrs.define

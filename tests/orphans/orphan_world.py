@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import attrs
 
-from provisionerd.planner.fact_view import fold
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_EPOCH,
@@ -28,6 +27,7 @@ from provisionerd.orphans.classify import (
     OrphanPolicy,
     classify,
 )
+from provisionerd.planner.fact_view import fold
 
 CLUSTER = "clu-1"
 PROVIDER = "sim"
@@ -62,20 +62,38 @@ class World:
         refs = tuple(f"{op_id}-ref{i}" for i in range(count))
         return self.fact(RequestIntent(provider, EPOCH, op_id, "tmpl", count, refs, ("0" * 64,) * count))
 
-    def instance(self, machine_id: str, op_id: str, launch: float = OLD, hostname: str = "", address: str = "") -> World:
+    def instance(
+        self, machine_id: str, op_id: str, launch: float = OLD, hostname: str = "", address: str = ""
+    ) -> World:
         self.intent(op_id)
         return self.fact(
-            InstanceFact(PROVIDER, EPOCH, op_id, f"{op_id}-ref0", machine_id, "tmpl", "0" * 64, hostname, address, launch)
+            InstanceFact(
+                PROVIDER, EPOCH, op_id, f"{op_id}-ref0", machine_id, "tmpl", "0" * 64, hostname, address, launch
+            )
         )
 
-    def listed(self, machine_id: str, launch: float = OLD, tags: dict | None = None, name: str = "", address: str = "",
-               status: str = "running", instance_ref: str = "") -> World:
+    def listed(
+        self,
+        machine_id: str,
+        launch: float = OLD,
+        tags: dict | None = None,
+        name: str = "",
+        address: str = "",
+        status: str = "running",
+        instance_ref: str = "",
+    ) -> World:
         tags = owner_tags() if tags is None else tags
         self.listing.append(ProviderMachine(machine_id, name, "succeed", status, launch, address, instance_ref, tags))
         return self
 
-    def host(self, instance_ref: str = "", machine_id: str = "", hostname: str = "", address: str = "",
-             status: HostStatus = HostStatus.IDLE) -> World:
+    def host(
+        self,
+        instance_ref: str = "",
+        machine_id: str = "",
+        hostname: str = "",
+        address: str = "",
+        status: HostStatus = HostStatus.IDLE,
+    ) -> World:
         self.hosts.append(HostState(instance_ref, PROVIDER, machine_id, status, NOW - 10, hostname, address))
         return self
 

@@ -10,8 +10,8 @@ import pytest
 from orphan_world import NOW, World, only, owner_tags, run
 
 from provisionerd.domain.model import NO_EPOCH, Epoch, HostStatus, OrphanReported
-from provisionerd.orphans.model import ListingAbsent
 from provisionerd.orphans.classify import ClassifierMemory, ControllerState, LeaseState, OrphanPolicy, Unreadable
+from provisionerd.orphans.model import ListingAbsent
 
 
 def never_joined():
@@ -84,8 +84,16 @@ CASES = {
         lambda w, o, p, m: (attrs.evolve(o, listing=ListingAbsent("no listMachines")), p, m),
         {"tags", "name", "status"},
     ),
-    "view_unreadable": (license_return, lambda w, o, p, m: (attrs.evolve(o, view=Unreadable("no primary")), p, m), set()),
-    "launch_time_unknown": (terminate, lambda w, o, p, m: (terminate(launch=0.0)[0].observe(), p, m), {"launch_time", "age"}),
+    "view_unreadable": (
+        license_return,
+        lambda w, o, p, m: (attrs.evolve(o, view=Unreadable("no primary")), p, m),
+        set(),
+    ),
+    "launch_time_unknown": (
+        terminate,
+        lambda w, o, p, m: (terminate(launch=0.0)[0].observe(), p, m),
+        {"launch_time", "age"},
+    ),
     "grace": (terminate, lambda w, o, p, m: (terminate(launch=NOW - 1799)[0].observe(), p, m), {"launch_time", "age"}),
     "ghost_unconfirmed": (ghost, lambda w, o, p, m: (o, p, ClassifierMemory()), {"not_found_reads"}),
     "host_alive": (
@@ -96,7 +104,11 @@ CASES = {
     "ambiguous_match": (adopt, _ambiguous_flip, {"matching_host", "matching_hosts", "address"}),
     "already_reported": (
         report,
-        lambda w, o, p, m: (w.fact(OrphanReported("sim", Epoch(4, 2), "o1", "m4", "tagged_unknown", "{}")).observe(), p, m),
+        lambda w, o, p, m: (
+            w.fact(OrphanReported("sim", Epoch(4, 2), "o1", "m4", "tagged_unknown", "{}")).observe(),
+            p,
+            m,
+        ),
         set(),
     ),
     "breaker_open": (never_joined, lambda w, o, p, m: (o, p, ClassifierMemory(failed_cleanups=3)), set()),

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from orphan_world import CLUSTER, EPOCH, NOW, PROVIDER
 
-from provisionerd.planner.fact_view import fold
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_INSTANCE,
@@ -32,8 +31,6 @@ from provisionerd.domain.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.orphans.model import CLEANUP_ACTIONS, PROTECTED_ACTIONS
-from provisionerd.orphans.report import render_json, render_table
 from provisionerd.orphans.classify import (
     ClassifierMemory,
     ControllerState,
@@ -44,6 +41,9 @@ from provisionerd.orphans.classify import (
     Unreadable,
     classify,
 )
+from provisionerd.orphans.model import CLEANUP_ACTIONS, PROTECTED_ACTIONS
+from provisionerd.orphans.report import render_json, render_table
+from provisionerd.planner.fact_view import fold
 
 IDS = [f"m{i}" for i in range(8)]
 OPS = [f"op{i}" for i in range(4)]
@@ -61,13 +61,26 @@ def facts(draw):
     for _ in range(draw(st.integers(0, 14))):
         provider = draw(st.sampled_from(PROVIDERS))
         op, mid = draw(st.sampled_from(OPS)), draw(st.sampled_from(IDS))
-        kind = draw(st.sampled_from(["intent", "instance", "instance", "failed", "return", "returned", "lost",
-                                     "reported", "adopted"]))
+        kind = draw(
+            st.sampled_from(
+                ["intent", "instance", "instance", "failed", "return", "returned", "lost", "reported", "adopted"]
+            )
+        )
         e = EPOCH
         fact = {
             "intent": lambda: RequestIntent(provider, e, op, "t", 2, ("a", "b"), ("0" * 64,) * 2),
-            "instance": lambda: InstanceFact(provider, e, op, draw(st.sampled_from(REFS)), mid, "t", "0" * 64,
-                                             draw(st.sampled_from(NAMES)), draw(st.sampled_from(ADDRS)), draw(times)),
+            "instance": lambda: InstanceFact(
+                provider,
+                e,
+                op,
+                draw(st.sampled_from(REFS)),
+                mid,
+                "t",
+                "0" * 64,
+                draw(st.sampled_from(NAMES)),
+                draw(st.sampled_from(ADDRS)),
+                draw(times),
+            ),
             "failed": lambda: RequestFailed(provider, e, op, "x"),
             "return": lambda: ReturnIntent(provider, e, "ret-" + op, (mid,), "idle"),
             "returned": lambda: Returned(provider, e, "ret-" + op, (mid,)),
@@ -116,8 +129,9 @@ hosts = st.builds(
     hostname=st.sampled_from(NAMES),
     address=st.sampled_from(ADDRS),
 )
-licenses = st.builds(CountedResource, st.sampled_from(["lic-a", "lic-b"]), st.integers(0, 3), st.integers(0, 3),
-                     st.booleans())
+licenses = st.builds(
+    CountedResource, st.sampled_from(["lic-a", "lic-b"]), st.integers(0, 3), st.integers(0, 3), st.booleans()
+)
 policies = st.builds(
     OrphanPolicy,
     orphan_action=st.sampled_from(["report", "stop", "terminate"]),
@@ -130,8 +144,11 @@ policies = st.builds(
     protect_tag=st.just(PROTECT),
     dry_run=st.sampled_from([False, False, False, True]),
 )
-memories = st.builds(ClassifierMemory, st.dictionaries(st.sampled_from(IDS), st.integers(1, 3), max_size=6),
-                     st.sampled_from([0, 0, 0, 1, 2, 4]))
+memories = st.builds(
+    ClassifierMemory,
+    st.dictionaries(st.sampled_from(IDS), st.integers(1, 3), max_size=6),
+    st.sampled_from([0, 0, 0, 1, 2, 4]),
+)
 
 
 @st.composite
@@ -147,8 +164,11 @@ def observations(draw):
         hosts=tuple(draw(st.lists(hosts, max_size=6))),
         licenses=tuple(draw(st.lists(licenses, max_size=2))),
         lease=draw(st.sampled_from([LeaseState(True, EPOCH)] * 4 + [LeaseState(), LeaseState(True, None)])),
-        controller=draw(st.sampled_from([ControllerState(True, True)] * 4 + [ControllerState(False, True),
-                                                                            ControllerState(True, False)])),
+        controller=draw(
+            st.sampled_from(
+                [ControllerState(True, True)] * 4 + [ControllerState(False, True), ControllerState(True, False)]
+            )
+        ),
     )
 
 
@@ -238,8 +258,9 @@ def test_rate_cap_allows_exactly_min_of_cap_and_eligible(never_joined, ghosts, s
         world.instance(f"gh{i}", f"op-gh{i}").host(machine_id=f"gh{i}", status=HostStatus.LOST)
     for i in range(strays):
         world.listed(f"st{i}")
-    policy = OrphanPolicy(orphan_action="terminate", max_cleanup_per_interval=cap, breaker_min_orphans=1000,
-                          dry_run=dry_run)
+    policy = OrphanPolicy(
+        orphan_action="terminate", max_cleanup_per_interval=cap, breaker_min_orphans=1000, dry_run=dry_run
+    )
     memory = ClassifierMemory(ghost_misses={f"gh{i}": 1 for i in range(ghosts)})
     result = classify(world.observe(), policy, memory)
     eligible = never_joined + ghosts + strays

@@ -5,8 +5,8 @@ import json
 from orphan_world import World, owner_tags, run
 
 from provisionerd.domain.model import HostStatus
-from provisionerd.orphans.report import format_duration, render_json, render_table
 from provisionerd.orphans.classify import ControllerState, LeaseState, OrphanPolicy
+from provisionerd.orphans.report import format_duration, render_json, render_table
 
 
 def issue_world() -> World:
@@ -58,7 +58,10 @@ def test_issue_scenario_dry_run_lists_exactly_the_three_orphans():
 
 def test_the_same_scenario_with_a_lease_acts_on_the_never_joined_and_tagged_machines():
     result = run(issue_world().observe())
-    assert [(a.kind, a.machine_id) for a in result.allowed] == [("return", "i-neverjoined"), ("report", "i-tagged-unknown")]
+    assert [(a.kind, a.machine_id) for a in result.allowed] == [
+        ("return", "i-neverjoined"),
+        ("report", "i-tagged-unknown"),
+    ]
 
 
 def test_table_escapes_provider_text():

@@ -22,15 +22,25 @@ def never_joined_world(n: int) -> World:
 def test_rate_cap_allows_the_first_n_cleanups_in_finding_order():
     world = never_joined_world(5).listed("unknown")  # a report is not a cleanup: never capped
     result = run(world.observe(), attrs.evolve(CALM, max_cleanup_per_interval=2))
-    assert [(a.kind, a.machine_id) for a in result.allowed] == [("return", "m0"), ("return", "m1"), ("report", "unknown")]
-    assert [f.blocked_by for f in result.findings if f.action == "return"] == [(), (), ("rate_cap",)] + [("rate_cap",)] * 2
+    assert [(a.kind, a.machine_id) for a in result.allowed] == [
+        ("return", "m0"),
+        ("return", "m1"),
+        ("report", "unknown"),
+    ]
+    assert [f.blocked_by for f in result.findings if f.action == "return"] == [(), (), ("rate_cap",)] + [
+        ("rate_cap",)
+    ] * 2
 
 
 def test_rate_cap_counts_only_cleanups_nothing_else_blocks():
     world = never_joined_world(3)
     world.listing[0] = attrs.evolve(world.listing[0], tags=owner_tags("op-0", **{"provisionerd:protect": "y"}))
     result = run(world.observe(), attrs.evolve(CALM, max_cleanup_per_interval=1))
-    assert {f.machine_id: f.blocked_by for f in result.findings} == {"m0": ("protected",), "m1": (), "m2": ("rate_cap",)}
+    assert {f.machine_id: f.blocked_by for f in result.findings} == {
+        "m0": ("protected",),
+        "m1": (),
+        "m2": ("rate_cap",),
+    }
 
 
 def test_dry_run_still_shows_which_actions_the_cap_would_defer():

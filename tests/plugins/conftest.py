@@ -20,7 +20,6 @@ def contract() -> Contract:
     return Contract(SCHEMAS)
 
 
-
 @pytest.fixture
 def env(tmp_path: Path) -> dict:
     """The environment the daemon gives a plugin (LSF-like), with private conf and data directories."""
@@ -40,7 +39,6 @@ def env(tmp_path: Path) -> dict:
         # nothing beyond the standard library is needed, without paying for the pyenv shim on every call.
         "PROVISIONERD_PYTHON": sys.executable,
     }
-
 
 
 @pytest.fixture

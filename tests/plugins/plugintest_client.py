@@ -67,6 +67,7 @@ class Contract:
 
 # ---- environment -------------------------------------------------------------------------------------------
 
+
 def write_sim_config(env: dict, **changes) -> dict:
     """Write ``$PRO_CONF_DIR/simulated.json``: the shipped default with top-level keys replaced."""
     doc = copy.deepcopy(DEFAULT_SIM_CONFIG)
@@ -81,8 +82,12 @@ _tokens = itertools.count(1)
 
 
 def owner_tags(op_id: str, cluster: str = "c1", provider: str = "test", epoch: str = "1.1") -> dict:
-    return {"provisionerd:cluster": cluster, "provisionerd:provider": provider, "provisionerd:op": op_id,
-            "provisionerd:epoch": epoch}
+    return {
+        "provisionerd:cluster": cluster,
+        "provisionerd:provider": provider,
+        "provisionerd:op": op_id,
+        "provisionerd:epoch": epoch,
+    }
 
 
 def request_input(template: str, count: int, op_id: str, cluster: str = "c1") -> dict:
@@ -93,19 +98,26 @@ def request_input(template: str, count: int, op_id: str, cluster: str = "c1") ->
         "op_id": op_id,
         "tags": owner_tags(op_id, cluster),
         "bootstrap": [
-            {"instanceRef": f"{cluster}/{op_id}/{i}", "controllers": ["10.0.0.1:7000"],
-             "joinToken": f"JOINTOKEN-{next(_tokens):08d}-{op_id}-secret"}
+            {
+                "instanceRef": f"{cluster}/{op_id}/{i}",
+                "controllers": ["10.0.0.1:7000"],
+                "joinToken": f"JOINTOKEN-{next(_tokens):08d}-{op_id}-secret",
+            }
             for i in range(count)
         ],
     }
 
 
 def return_input(machines: list[dict], op_id: str, cluster: str = "c1") -> dict:
-    return {"machines": [{"name": m["name"], "machineId": m["machineId"]} for m in machines], "op_id": op_id,
-            "tags": owner_tags(op_id, cluster)}
+    return {
+        "machines": [{"name": m["name"], "machineId": m["machineId"]} for m in machines],
+        "op_id": op_id,
+        "tags": owner_tags(op_id, cluster),
+    }
 
 
 # ---- one-shot transport -------------------------------------------------------------------------------------
+
 
 @attrs.frozen
 class Answer:
@@ -123,9 +135,15 @@ def oneshot(plugin_dir: Path, action: str, inp: object, env: dict, timeout: floa
     work = Path(workdir or env["PRO_LSF_LOGDIR"]) / f"call-{time.monotonic_ns()}"
     work.mkdir()
     (work / "in.json").write_text(json.dumps(inp))
-    proc = subprocess.Popen([str(plugin_dir / f"{action}.sh"), "-f", "in.json"], cwd=work, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(plugin_dir / f"{action}.sh"), "-f", "in.json"],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return Answer(proc.returncode, out, err)
@@ -143,12 +161,20 @@ def ok(plugin_dir: Path, action: str, inp: object, env: dict) -> dict:
 
 # ---- persistent transport -----------------------------------------------------------------------------------
 
+
 class Persistent:
     """A plugin process speaking JSON-lines; ``call`` sends one request and waits for its answer."""
 
     def __init__(self, argv: list[str], env: dict) -> None:
-        self.proc = subprocess.Popen(argv, env=env, cwd=env["PRO_LSF_LOGDIR"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=env["PRO_LSF_LOGDIR"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         self._ids = itertools.count(1)
         self._buf = b""
         self._sel = selectors.DefaultSelector()
@@ -237,6 +263,7 @@ class Persistent:
 
 
 # ---- one interface over both transports (for tests that run against every plugin) ---------------------------
+
 
 class OneShotDriver:
     """``call(action, input) -> (ok, document)``: the result, or the inner error object on failure."""

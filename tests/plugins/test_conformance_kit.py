@@ -22,9 +22,22 @@ def test_the_kit_passes_over_the_persistent_transport():
     plugins = [SIMULATED] + ([NODE_EXAMPLE] if shutil.which("node") else [])
     runs = {
         plugin.name: subprocess.Popen(
-            [sys.executable, "-m", "provisionerd", "provider", "check", "--json", "--transport", "persistent",
-             "--timeout", "20", str(plugin)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "provisionerd",
+                "provider",
+                "check",
+                "--json",
+                "--transport",
+                "persistent",
+                "--timeout",
+                "20",
+                str(plugin),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         for plugin in plugins
     }

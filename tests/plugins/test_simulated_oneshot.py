@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from plugintest_client import SIMULATED, oneshot, ok, request_input, return_input, write_sim_config
+from plugintest_client import SIMULATED, ok, oneshot, request_input, return_input, write_sim_config
 
 pytestmark = pytest.mark.slow
 
@@ -61,18 +61,26 @@ def test_template_capacity_fulfils_partly_then_refuses(env):
     status = _status(env, request_id)
     assert status["status"] == "complete_with_error" and "4 of 6" in status["message"]
     assert len(status["machines"]) == 4
-    _refused(oneshot(SIMULATED, "requestMachines", request_input("sim-gpu-4", 1, "op-more"), env),
-             "capacity_unavailable")
-    error = _refused(oneshot(SIMULATED, "requestMachines", request_input("sim-gpu-4", 13, "op-max"), env),
-                     "quota_exceeded")
+    _refused(
+        oneshot(SIMULATED, "requestMachines", request_input("sim-gpu-4", 1, "op-more"), env), "capacity_unavailable"
+    )
+    error = _refused(
+        oneshot(SIMULATED, "requestMachines", request_input("sim-gpu-4", 13, "op-max"), env), "quota_exceeded"
+    )
     assert "maxNumber" in error["message"]
 
 
 def test_every_nth_call_faults(env):
-    write_sim_config(env, faults=[{"kind": "quota", "every": 2},
-                                  {"kind": "throttle", "actions": ["listMachines"], "after": 1, "times": 1}])
-    outcomes = [oneshot(SIMULATED, "requestMachines", request_input("sim-cpu-8", 1, f"op-{i}"), env).rc
-                for i in range(4)]
+    write_sim_config(
+        env,
+        faults=[
+            {"kind": "quota", "every": 2},
+            {"kind": "throttle", "actions": ["listMachines"], "after": 1, "times": 1},
+        ],
+    )
+    outcomes = [
+        oneshot(SIMULATED, "requestMachines", request_input("sim-cpu-8", 1, f"op-{i}"), env).rc for i in range(4)
+    ]
     assert outcomes == [0, 1, 0, 1]
     _listed(env)
     _refused(oneshot(SIMULATED, "listMachines", {"tags": {"provisionerd:cluster": "c1"}}, env), "throttled")
@@ -95,8 +103,9 @@ def test_vanished_machines_leave_the_listing(env):
     assert [m["machineId"] for m in _listed(env)] == [second["machineId"]]  # the oldest vanished
     gone = _status(env, request_id)["machines"][0]
     assert (gone["result"], gone["status"]) == ("fail", "terminated")
-    wanted = ok(SIMULATED, "getReturnRequests", {"machines": [{"name": first["name"],
-                                                               "machineId": first["machineId"]}]}, env)
+    wanted = ok(
+        SIMULATED, "getReturnRequests", {"machines": [{"name": first["name"], "machineId": first["machineId"]}]}, env
+    )
     assert wanted["requests"] == [{"machine": first["name"], "machineId": first["machineId"], "gracePeriod": 0}]
 
 
@@ -152,8 +161,10 @@ def test_garbage_output(env):
 
 
 def test_bad_input_config_and_environment_are_typed_errors(env, contract):
-    _refused(oneshot(SIMULATED, "requestMachines", {"template": {"templateId": "sim-cpu-8", "machineCount": 0}},
-                     env), "invalid_request")
+    _refused(
+        oneshot(SIMULATED, "requestMachines", {"template": {"templateId": "sim-cpu-8", "machineCount": 0}}, env),
+        "invalid_request",
+    )
     missing_tags = {k: v for k, v in request_input("sim-cpu-8", 1, "op-t").items() if k != "tags"}
     _refused(oneshot(SIMULATED, "requestMachines", missing_tags, env), "invalid_request")
     short = request_input("sim-cpu-8", 2, "op-short")

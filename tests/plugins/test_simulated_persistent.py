@@ -16,8 +16,13 @@ CLUSTER = {"tags": {"provisionerd:cluster": "c1"}}
 def test_many_requests_in_flight(env, contract, start_persistent):
     plugin = start_persistent(PROVIDER, env)
     request_id = plugin.result("requestMachines", request_input("sim-cpu-8", 3, "op-many"))["requestId"]
-    calls = [("describeProvider", {}), ("getAvailableTemplates", {}), ("listMachines", CLUSTER),
-             ("getRequestStatus", {"requests": [{"requestId": request_id}]}), ("getReturnRequests", {"machines": []})]
+    calls = [
+        ("describeProvider", {}),
+        ("getAvailableTemplates", {}),
+        ("listMachines", CLUSTER),
+        ("getRequestStatus", {"requests": [{"requestId": request_id}]}),
+        ("getReturnRequests", {"machines": []}),
+    ]
     sent = {}
     lines = []
     for i in range(300):
@@ -97,7 +102,7 @@ def test_garbage_line_then_normal_service(env, start_persistent):
 
 def test_bad_lines_are_skipped_or_refused(env, start_persistent):
     plugin = start_persistent(PROVIDER, env)
-    plugin.send_raw(b"not json\n{\"action\": \"describeProvider\"}\n{\"id\": \"7\", \"action\": \"x\"}\n")
+    plugin.send_raw(b'not json\n{"action": "describeProvider"}\n{"id": "7", "action": "x"}\n')
     unknown = plugin.call("noSuchAction", {})
     assert unknown["error"]["code"] == "invalid_request"
     assert plugin.call("stopMachines", {})["error"]["code"] == "invalid_request"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from provisionerd.provider.kit import KitOptions
 from provisionerd.cli.provider import check_plugin, main, resolve_target
+from provisionerd.provider.kit import KitOptions
 from provisionerd.provider.schemas import ACTIONS
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,9 @@ def test_returned_machines_that_stay_listed_fail(tmp_path, h):
     data = tmp_path / "data"
     data.mkdir()
     results = trio.run(
-        lambda: check_plugin(plugin / "provider", "persistent", conf_dir=None, data_dir=data, options=KitOptions(timeout=5, settle=0.5))
+        lambda: check_plugin(
+            plugin / "provider", "persistent", conf_dir=None, data_dir=data, options=KitOptions(timeout=5, settle=0.5)
+        )
     )
     by_name = {r.name: r for r in results}
     assert not by_name["returned machines leave listMachines"].ok
@@ -131,7 +133,10 @@ def test_bad_json_fails_the_oneshot_kit_too(tmp_path, capsys, h):
     code, report = run_cli(capsys, str(mini_plugin(tmp_path / "p", h, ["bad_json"])))
     ok, detail = rows(report)["getAvailableTemplates is valid"]
     assert code == 1 and not ok and "stdout is not JSON" in detail
-    assert rows(report)["requestMachines gives a valid answer"] == (False, "skipped: an earlier check it depends on failed")
+    assert rows(report)["requestMachines gives a valid answer"] == (
+        False,
+        "skipped: an earlier check it depends on failed",
+    )
 
 
 def test_a_plain_message_error_fails_the_oneshot_kit(tmp_path, capsys, h):

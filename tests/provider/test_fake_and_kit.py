@@ -44,8 +44,12 @@ def test_the_fake_checks_inputs_and_capacity():
         fake = FakeProvider(templates={"t": 1})
         with pytest.raises(ProviderInputInvalid):
             await fake.call("listMachines", {"tags": {}})
-        tags = {"provisionerd:cluster": "c", "provisionerd:provider": "fake", "provisionerd:op": "op1",
-                "provisionerd:epoch": "1.1"}
+        tags = {
+            "provisionerd:cluster": "c",
+            "provisionerd:provider": "fake",
+            "provisionerd:op": "op1",
+            "provisionerd:epoch": "1.1",
+        }
         boot = [{"instanceRef": f"r{i}", "controllers": ["h:1"], "joinToken": "t" * 20 + str(i)} for i in range(2)]
         doc = {"template": {"templateId": "t", "machineCount": 2}, "op_id": "op1", "tags": tags, "bootstrap": boot}
         with pytest.raises(ProviderRejected) as info:

@@ -110,7 +110,9 @@ def test_missing_action_script_is_unsupported(tmp_path, make_config, h):
 
 def test_credentials_reach_the_plugin_but_never_the_error(tmp_path, make_config, h):
     secret = "AKIA-very-secret-value-123"
-    client = OneShotProvider(make_config(h.oneshot_dir(tmp_path / "p", "scripted.py"), credentials={"SECRET_KEY": secret}))
+    client = OneShotProvider(
+        make_config(h.oneshot_dir(tmp_path / "p", "scripted.py"), credentials={"SECRET_KEY": secret})
+    )
     with pytest.raises(ProviderRejected) as info:
         call(client, "getRequestStatus", h.status_input("leak"))
     text = str(info.value) + repr(info.value) + info.value.message
@@ -127,7 +129,7 @@ def test_private_workdir_and_input_file(tmp_path, make_config, h):
         "#!/bin/sh\n"
         f'stat -c "%a" "$2" > {report}; stat -c "%a" . >> {report}; pwd >> {report}\n'
         f'env | grep -E "^(PROVIDER_NAME|PRO_CONF_DIR|PRO_DATA_DIR|PROVISIONERD_CLUSTER|PROVISIONERD_PYTHON)=" | sort >> {report}\n'
-        'echo \'{"templates": []}\'\n'
+        "echo '{\"templates\": []}'\n"
     )
     script.chmod(0o755)
     client = OneShotProvider(make_config(plugin_dir))

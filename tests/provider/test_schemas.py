@@ -13,35 +13,102 @@ from hypothesis import strategies as st
 from provisionerd.provider.fastcheck import Compiler, UnsupportedSchema, json_equal
 from provisionerd.provider.schemas import ACTIONS, ContractSchemas, contract, is_rfc3339
 
-TAGS = {"provisionerd:cluster": "c1", "provisionerd:provider": "sim", "provisionerd:op": "op-1",
-        "provisionerd:epoch": "3.14"}  # fmt: skip
-MACHINE = {"machineId": "i-1", "name": "host-1", "result": "succeed", "status": "running",
-           "privateIpAddress": None, "launchtime": 1700000000, "message": "", "instanceRef": "ref-1",
-           "tags": dict(TAGS, **{"provisionerd:instance": "ref-1"})}  # fmt: skip
+TAGS = {
+    "provisionerd:cluster": "c1",
+    "provisionerd:provider": "sim",
+    "provisionerd:op": "op-1",
+    "provisionerd:epoch": "3.14",
+}
+MACHINE = {
+    "machineId": "i-1",
+    "name": "host-1",
+    "result": "succeed",
+    "status": "running",
+    "privateIpAddress": None,
+    "launchtime": 1700000000,
+    "message": "",
+    "instanceRef": "ref-1",
+    "tags": dict(TAGS, **{"provisionerd:instance": "ref-1"}),
+}
 SAMPLES = {
-    "describeProvider": ({}, {"name": "sim", "version": "1", "contractVersion": 1, "features": {
-        "idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": True, "priceQuotes": True}}),
-    "getAvailableTemplates": ({}, {"templates": [{"templateId": "t", "maxNumber": 3, "attributes": {
-        "type": ["String", "X86_64"], "ncpus": ["Numeric", "8"], "fast": ["Boolean", "true"]},
-        "price": {"amount": 0.34, "currency": "USD", "unit": "hour", "source": "list",
-                  "timestamp": "2024-02-29T23:59:60.5+01:00"}}]}),
-    "requestMachines": ({"template": {"templateId": "t", "machineCount": 1}, "rc_account": "default",
-                         "userData": {"a": 1}, "op_id": "op-1", "tags": TAGS,
-                         "bootstrap": [{"instanceRef": "ref-1", "controllers": ["ctl:7700"],
-                                        "joinToken": "0123456789abcdef"}]},
-                        {"requestId": "req-1", "message": ""}),
-    "getRequestStatus": ({"requests": [{"requestId": "req-1"}]},
-                         {"requests": [{"requestId": "req-1", "status": "complete", "message": "",
-                                        "machines": [MACHINE]}]}),
-    "requestReturnMachines": ({"machines": [{"name": "host-1", "machineId": "i-1"}], "op_id": "op-1", "tags": TAGS},
-                              {"requestId": "ret-1"}),
-    "stopMachines": ({"machines": [{"name": "host-1", "machineId": "i-1"}], "op_id": "op-1", "tags": TAGS},
-                     {"requestId": "stop-1", "message": "ok"}),
-    "getReturnRequests": ({"machines": []}, {"status": "complete", "message": "", "requests": [
-        {"machine": "host-1", "machineId": "i-1", "gracePeriod": 120}]}),
-    "listMachines": ({"tags": {"provisionerd:cluster": "c1"}}, {"machines": [
-        {k: MACHINE[k] for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}]}),
-}  # fmt: skip
+    "describeProvider": (
+        {},
+        {
+            "name": "sim",
+            "version": "1",
+            "contractVersion": 1,
+            "features": {
+                "idempotentRequest": True,
+                "listMachines": True,
+                "stopMachines": False,
+                "tags": True,
+                "priceQuotes": True,
+            },
+        },
+    ),
+    "getAvailableTemplates": (
+        {},
+        {
+            "templates": [
+                {
+                    "templateId": "t",
+                    "maxNumber": 3,
+                    "attributes": {
+                        "type": ["String", "X86_64"],
+                        "ncpus": ["Numeric", "8"],
+                        "fast": ["Boolean", "true"],
+                    },
+                    "price": {
+                        "amount": 0.34,
+                        "currency": "USD",
+                        "unit": "hour",
+                        "source": "list",
+                        "timestamp": "2024-02-29T23:59:60.5+01:00",
+                    },
+                }
+            ]
+        },
+    ),
+    "requestMachines": (
+        {
+            "template": {"templateId": "t", "machineCount": 1},
+            "rc_account": "default",
+            "userData": {"a": 1},
+            "op_id": "op-1",
+            "tags": TAGS,
+            "bootstrap": [{"instanceRef": "ref-1", "controllers": ["ctl:7700"], "joinToken": "0123456789abcdef"}],
+        },
+        {"requestId": "req-1", "message": ""},
+    ),
+    "getRequestStatus": (
+        {"requests": [{"requestId": "req-1"}]},
+        {"requests": [{"requestId": "req-1", "status": "complete", "message": "", "machines": [MACHINE]}]},
+    ),
+    "requestReturnMachines": (
+        {"machines": [{"name": "host-1", "machineId": "i-1"}], "op_id": "op-1", "tags": TAGS},
+        {"requestId": "ret-1"},
+    ),
+    "stopMachines": (
+        {"machines": [{"name": "host-1", "machineId": "i-1"}], "op_id": "op-1", "tags": TAGS},
+        {"requestId": "stop-1", "message": "ok"},
+    ),
+    "getReturnRequests": (
+        {"machines": []},
+        {
+            "status": "complete",
+            "message": "",
+            "requests": [{"machine": "host-1", "machineId": "i-1", "gracePeriod": 120}],
+        },
+    ),
+    "listMachines": (
+        {"tags": {"provisionerd:cluster": "c1"}},
+        {
+            "machines": [
+                {k: MACHINE[k] for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}
+            ]
+        },
+    ),
+}
 ERROR = {"error": {"code": "throttled", "message": "slow down", "retryable": True}}
 
 
@@ -57,13 +124,25 @@ def test_every_action_has_samples_that_validate():
 @pytest.mark.parametrize(
     ("action", "kind", "mutate", "path"),
     [
-        ("getRequestStatus", "output", lambda d: d["requests"][0]["machines"][0].update(launchtime="1"),
-         "$.requests[0].machines[0].launchtime"),
+        (
+            "getRequestStatus",
+            "output",
+            lambda d: d["requests"][0]["machines"][0].update(launchtime="1"),
+            "$.requests[0].machines[0].launchtime",
+        ),
         ("getRequestStatus", "output", lambda d: d["requests"][0].update(status="done"), "$.requests[0].status"),
-        ("getAvailableTemplates", "output", lambda d: d["templates"][0]["attributes"].update(ncpus=["Numeric", "x"]),
-         "$.templates[0].attributes.ncpus"),
-        ("getAvailableTemplates", "output", lambda d: d["templates"][0]["price"].update(timestamp="2024-02-30T00:00:00Z"),
-         "$.templates[0].price.timestamp"),
+        (
+            "getAvailableTemplates",
+            "output",
+            lambda d: d["templates"][0]["attributes"].update(ncpus=["Numeric", "x"]),
+            "$.templates[0].attributes.ncpus",
+        ),
+        (
+            "getAvailableTemplates",
+            "output",
+            lambda d: d["templates"][0]["price"].update(timestamp="2024-02-30T00:00:00Z"),
+            "$.templates[0].price.timestamp",
+        ),
         ("describeProvider", "output", lambda d: d.update(contractVersion=True), "$.contractVersion"),
         ("requestMachines", "input", lambda d: d.update(op_id="has space"), "$.op_id"),
         ("requestMachines", "input", lambda d: d.update(extra=1), "$"),
@@ -71,7 +150,7 @@ def test_every_action_has_samples_that_validate():
         ("requestMachines", "input", lambda d: d["tags"].update({"provisionerd:op": "other"}), "$.tags"),
         ("listMachines", "input", lambda d: d.update(tags={"x": "y"}), "$.tags"),
     ],
-)  # fmt: skip
+)
 def test_mistakes_are_reported_with_their_path(action, kind, mutate, path):
     doc = copy.deepcopy(SAMPLES[action][0 if kind == "input" else 1])
     mutate(doc)
@@ -99,12 +178,42 @@ def test_json_equal():
 # --- the fast checker agrees with jsonschema ---------------------------------------------------------------------
 
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from(["", "x", "8", "-1.5", "1e3", "USD", "usd", "hour", "String", "Numeric", "Boolean", "complete",
-                     "succeed", "1.2", "op-1", "bad op", "host:1", "2024-01-01T00:00:00Z", "2024-02-30T00:00:00Z",
-                     "provisionerd:cluster", "x" * 70, "a\n"]),
-)  # fmt: skip
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(
+        [
+            "",
+            "x",
+            "8",
+            "-1.5",
+            "1e3",
+            "USD",
+            "usd",
+            "hour",
+            "String",
+            "Numeric",
+            "Boolean",
+            "complete",
+            "succeed",
+            "1.2",
+            "op-1",
+            "bad op",
+            "host:1",
+            "2024-01-01T00:00:00Z",
+            "2024-02-30T00:00:00Z",
+            "provisionerd:cluster",
+            "x" * 70,
+            "a\n",
+        ]
+    ),
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def _paths(doc, prefix=()):

@@ -12,7 +12,6 @@ from collections.abc import Iterable, MutableMapping
 import attrs
 
 from provisionerd.domain.actions import Action, FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.planner.fact_view import FactView
 from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
@@ -28,12 +27,13 @@ from provisionerd.domain.model import (
     RequestFailed,
     RequestIntent,
     ResourceShape,
-    ReturnIntent,
     Returned,
+    ReturnIntent,
 )
-from provisionerd.planner.state import PlannerState
-from provisionerd.planner.policy import Policy
+from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.plan import Plan, plan
+from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import PlannerState
 
 NOW = 1_800_000_000.0
 EPOCH = Epoch(1, 1)
@@ -111,8 +111,16 @@ class World:
                 case RequestMachines():
                     refs = tuple(f"{action.op_id}/{i}" for i in range(action.count))
                     self.commit(
-                        RequestIntent(action.provider, EPOCH, action.op_id, action.template_id, action.count, refs,
-                                      tuple(token_hash(r) for r in refs), action.demand_id)
+                        RequestIntent(
+                            action.provider,
+                            EPOCH,
+                            action.op_id,
+                            action.template_id,
+                            action.count,
+                            refs,
+                            tuple(token_hash(r) for r in refs),
+                            action.demand_id,
+                        )
                     )
                 case ReturnMachines():
                     self.commit(ReturnIntent(action.provider, EPOCH, action.op_id, action.machine_ids, action.reason))
@@ -131,8 +139,18 @@ class World:
             self.machine_counter += 1
             machine_id = f"m{self.machine_counter:05d}"
             ref = intent.instance_refs[i]
-            self.commit(InstanceFact(intent.provider, EPOCH, op_id, ref, machine_id, intent.template_id,
-                                     intent.token_hashes[i], launch_time=self.now if launch is None else launch))
+            self.commit(
+                InstanceFact(
+                    intent.provider,
+                    EPOCH,
+                    op_id,
+                    ref,
+                    machine_id,
+                    intent.template_id,
+                    intent.token_hashes[i],
+                    launch_time=self.now if launch is None else launch,
+                )
+            )
             made.append(machine_id)
         return made
 

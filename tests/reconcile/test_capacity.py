@@ -5,10 +5,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import fuzz_settings
 
-from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
 from provisionerd.domain.errors import ConfigError
-from provisionerd.planner.state import ActionDropped, PendingRequest, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import ActionDropped, PendingRequest, PlannerState, Reclaimed, SnapshotSeqReset, observe
 
 POLICY = Policy(cluster="c1")
 
@@ -19,11 +19,24 @@ def test_policy_defaults_match_the_issue():
 
 def test_policy_reports_every_bad_knob():
     with pytest.raises(ConfigError) as caught:
-        Policy(cluster="a:b", join_deadline=0, idle_time=float("nan"), max_ttl=-1, step_limit=0,
-               provider_caps={"p": -1}, return_batch=True)
+        Policy(
+            cluster="a:b",
+            join_deadline=0,
+            idle_time=float("nan"),
+            max_ttl=-1,
+            step_limit=0,
+            provider_caps={"p": -1},
+            return_batch=True,
+        )
     problems = caught.value.problems
     assert [p.split(":")[0] for p in problems] == [
-        "cluster", "join_deadline", "idle_time", "max_ttl", "step_limit", "return_batch", "provider_caps.p"
+        "cluster",
+        "join_deadline",
+        "idle_time",
+        "max_ttl",
+        "step_limit",
+        "return_batch",
+        "provider_caps.p",
     ]
 
 

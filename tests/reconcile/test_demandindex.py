@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from provisionerd.domain.model import DemandItem, DemandSnapshot, ResourceShape
 from provisionerd.planner import demand_index as demandindex
 from provisionerd.planner.demand_index import build, demand_index
-from provisionerd.domain.model import DemandItem, DemandSnapshot, ResourceShape
 from provisionerd.planner.offers import requirement_of
 
 

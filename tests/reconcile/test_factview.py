@@ -4,8 +4,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, fuzz_settings, token_hash
 
-from provisionerd.planner.fact_view import FactView, MachineState, fold
-from provisionerd.planner.host_table import join_index
 from provisionerd.domain.model import (
     CommittedFact,
     Epoch,
@@ -17,9 +15,11 @@ from provisionerd.domain.model import (
     OrphanReported,
     RequestFailed,
     RequestIntent,
-    ReturnIntent,
     Returned,
+    ReturnIntent,
 )
+from provisionerd.planner.fact_view import FactView, MachineState, fold
+from provisionerd.planner.host_table import join_index
 
 
 def intent(op_id="op1", count=2, demand_id="d1", provider="p", template="t", epoch=EPOCH):
@@ -29,8 +29,9 @@ def intent(op_id="op1", count=2, demand_id="d1", provider="p", template="t", epo
 
 def instance(op_id="op1", i=0, machine_id=None, provider="p", template="t", epoch=EPOCH):
     ref = f"{op_id}/{i}"
-    return InstanceFact(provider, epoch, op_id, ref, machine_id or f"{op_id}-m{i}", template, token_hash(ref),
-                        launch_time=100.0 + i)
+    return InstanceFact(
+        provider, epoch, op_id, ref, machine_id or f"{op_id}-m{i}", template, token_hash(ref), launch_time=100.0 + i
+    )
 
 
 def committed(*facts, start=1):
@@ -72,15 +73,26 @@ def test_machine_lifecycle_active_returning_returned_and_lost():
 
 
 def test_second_return_intent_keeps_the_first_return_op():
-    view = fold(committed(intent(count=1), instance(i=0), ReturnIntent("p", EPOCH, "r1", ("op1-m0",), "idle"),
-                          ReturnIntent("p", EPOCH, "r2", ("op1-m0",), "idle")))
+    view = fold(
+        committed(
+            intent(count=1),
+            instance(i=0),
+            ReturnIntent("p", EPOCH, "r1", ("op1-m0",), "idle"),
+            ReturnIntent("p", EPOCH, "r2", ("op1-m0",), "idle"),
+        )
+    )
     assert view.machines["op1-m0"].return_op == "r1"
     assert set(view.returns) == {"r1", "r2"}
 
 
 def test_refolding_and_retried_facts_change_nothing():
-    facts = committed(intent(count=2), instance(i=0), instance(i=0), instance(i=1),
-                      ReturnIntent("p", EPOCH, "r1", ("op1-m1",), "idle"))
+    facts = committed(
+        intent(count=2),
+        instance(i=0),
+        instance(i=0),
+        instance(i=1),
+        ReturnIntent("p", EPOCH, "r1", ("op1-m1",), "idle"),
+    )
     once = fold(facts)
     assert len(once.machines) == 2 and once.intents["op1"].machine_ids == ["op1-m0", "op1-m1"]
     twice = fold(facts, fold(facts))
@@ -102,11 +114,13 @@ def test_latest_epoch_only_grows():
 
 
 def test_orphans_reported_then_adopted_or_explained():
-    view = fold(committed(
-        OrphanReported("p", EPOCH, "o1", "x1", "tagged_unknown", "{}"),
-        OrphanReported("p", EPOCH, "o2", "x2", "tagged_unknown", "{}"),
-        intent(count=1),
-    ))
+    view = fold(
+        committed(
+            OrphanReported("p", EPOCH, "o1", "x1", "tagged_unknown", "{}"),
+            OrphanReported("p", EPOCH, "o2", "x2", "tagged_unknown", "{}"),
+            intent(count=1),
+        )
+    )
     view.apply(CommittedFact(4, OrphanAdopted("p", EPOCH, "o3", "x1", "ref-x1", hostname="h1")))
     adopted = view.machines["x1"]
     assert adopted.adopted and adopted.state is MachineState.ACTIVE and adopted.demand_id == ""
@@ -213,7 +227,10 @@ def test_host_table_index_matches_a_recount_as_hosts_and_facts_interleave(data):
     for cutoff in (0.0, 100.5, 101.0, 1e9, 100.0, 1e9):  # the heap is popped and pushed back: asking twice agrees
         assert ids(table.unjoined_launched_by(cutoff)) == ids(built.unjoined_launched_by(cutoff))
     for op in OPS + ("nope",):
-        assert ids(table.unjoined_of(op)) == ids(built.unjoined_of(op)) == ids(m for m in unjoined.values()
-                                                                               if m.op_id == op)
+        assert (
+            ids(table.unjoined_of(op))
+            == ids(built.unjoined_of(op))
+            == ids(m for m in unjoined.values() if m.op_id == op)
+        )
     assert ids(table.unjoined_unknown_launch()) == ids(built.unjoined_unknown_launch())
     assert FactView().hosts.indexes(view.active_refs) is None  # a table of another view is not used

@@ -20,11 +20,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from reconcile_world import EPOCH, World, fuzz_settings, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.domain.model import HostState, HostStatus, InstanceFact, RequestFailed
 from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
 from provisionerd.planner.fact_view import MachineState
-from provisionerd.domain.model import HostState, HostStatus, InstanceFact, RequestFailed
-from provisionerd.planner.state import ActionDropped, Reclaimed, observe
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import ActionDropped, Reclaimed, observe
 
 OFFERS = [
     offer("p", "small", max_number=4, ncpus=4, price=0.1),
@@ -106,8 +106,18 @@ class ReconcileMachine(RuleBasedStateMachine):
         intent = record.intent
         for machine_id in machine_ids:
             i = len(record.machine_ids)
-            self.world.commit(InstanceFact(intent.provider, EPOCH, op_id, intent.instance_refs[i], machine_id,
-                                           intent.template_id, intent.token_hashes[i], launch_time=self.world.now))
+            self.world.commit(
+                InstanceFact(
+                    intent.provider,
+                    EPOCH,
+                    op_id,
+                    intent.instance_refs[i],
+                    machine_id,
+                    intent.template_id,
+                    intent.token_hashes[i],
+                    launch_time=self.world.now,
+                )
+            )
 
     def recover(self, op_id: str) -> None:
         """After an unknown outcome: list the provider's machines tagged with the op_id and commit what is new."""
@@ -243,8 +253,9 @@ class ReconcileMachine(RuleBasedStateMachine):
             for machine_id in world.active():  # workers join, and have been idle long enough to go back
                 record = world.view.machines[machine_id]
                 if machine_id in self.provider.alive:
-                    world.hosts[record.instance_ref] = HostState(record.instance_ref, record.provider, machine_id,
-                                                                 HostStatus.IDLE, world.now - POLICY.idle_time)
+                    world.hosts[record.instance_ref] = HostState(
+                        record.instance_ref, record.provider, machine_id, HostStatus.IDLE, world.now - POLICY.idle_time
+                    )
             if not self.reconcile_once("fulfil"):
                 break
         else:

@@ -3,10 +3,10 @@
 from reconcile_world import CLUSTER, EPOCH, NOW, World, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
 from provisionerd.domain.model import HostStatus, OrphanAdopted, RequestFailed
-from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
 
 
 def world(*offers, **policy):
@@ -100,11 +100,17 @@ def test_quota_pauses_requests_but_not_returns():
 
 
 def test_max_number_spills_to_the_next_offer_and_provider_cap_binds():
-    w = world(offer("p", "small", max_number=2, price=0.1), offer("p", "big", price=0.3), offer("q", "x", price=0.5),
-              provider_caps={"p": 4})
+    w = world(
+        offer("p", "small", max_number=2, price=0.1),
+        offer("p", "big", price=0.3),
+        offer("q", "x", price=0.5),
+        provider_caps={"p": 4},
+    )
     result = w.plan(snapshot(1, item("d", 7)))
     assert [(a.provider, a.template_id, a.count) for a in result.actions] == [
-        ("p", "small", 2), ("p", "big", 2), ("q", "x", 3)
+        ("p", "small", 2),
+        ("p", "big", 2),
+        ("q", "x", 3),
     ]
     w.commit_actions(result.actions)
     again = w.plan(snapshot(2, item("d", 8)))
@@ -290,7 +296,9 @@ def test_returns_are_batched_and_grouped_per_provider_and_reason():
         w.host(machine_id, HostStatus.IDLE, since=w.now - 1000)
     result = w.plan(snapshot(2))
     assert [(a.provider, len(a.machine_ids), a.reason) for a in result.actions] == [
-        ("p", 2, "idle"), ("p", 1, "idle"), ("q", 2, "idle")
+        ("p", 2, "idle"),
+        ("p", 1, "idle"),
+        ("q", 2, "idle"),
     ]
     assert len({a.op_id for a in result.actions}) == 3
 
@@ -342,8 +350,9 @@ def test_plans_do_not_depend_on_hash_seeds_and_the_core_never_imports_trio(tmp_p
     outputs = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run([sys.executable, "-c", SCRIPT, here], capture_output=True, text=True, env=env,
-                              check=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, here], capture_output=True, text=True, env=env, check=True, timeout=120
+        )
         outputs.append(done.stdout)
     assert outputs[0] == outputs[1]
     assert outputs[0].splitlines()[-1] == "False"

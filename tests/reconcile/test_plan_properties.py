@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 from reconcile_world import EPOCH, NOW, World, fuzz_settings, item, offer, snapshot, token_hash
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines
-from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
-from provisionerd.planner.fact_view import FactView, MachineState, fold
 from provisionerd.domain.model import (
     CommittedFact,
     HostState,
@@ -24,10 +22,12 @@ from provisionerd.domain.model import (
     RequestIntent,
     ReturnIntent,
 )
+from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.fact_view import FactView, MachineState, fold
 from provisionerd.planner.offers import Catalog, compatibility_reasons, offer_sort_key
-from provisionerd.planner.state import PlannerState, Reclaimed, observe
-from provisionerd.planner.policy import Policy
 from provisionerd.planner.plan import plan
+from provisionerd.planner.policy import Policy
+from provisionerd.planner.state import PlannerState, Reclaimed, observe
 
 PROVIDERS = ("p", "q")
 TEMPLATES = ("t1", "t2", "t3")
@@ -84,14 +84,27 @@ def cases(draw):
         op_id = f"old{n}"
         count = draw(st.integers(1, 4))
         refs = tuple(f"{op_id}/{i}" for i in range(count))
-        facts.append(RequestIntent(provider, EPOCH, op_id, template, count, refs, tuple(map(token_hash, refs)),
-                                   draw(st.sampled_from(DEMANDS + ("gone",)))))
+        facts.append(
+            RequestIntent(
+                provider,
+                EPOCH,
+                op_id,
+                template,
+                count,
+                refs,
+                tuple(map(token_hash, refs)),
+                draw(st.sampled_from(DEMANDS + ("gone",))),
+            )
+        )
         for i in range(draw(st.integers(0, count))):
             machine_no += 1
             machine_id = f"m{machine_no}"
             launch = NOW - draw(st.sampled_from([0, 100, 1000, 5000])) if draw(st.booleans()) else 0.0
-            facts.append(InstanceFact(provider, EPOCH, op_id, refs[i], machine_id, template, token_hash(refs[i]),
-                                      launch_time=launch))
+            facts.append(
+                InstanceFact(
+                    provider, EPOCH, op_id, refs[i], machine_id, template, token_hash(refs[i]), launch_time=launch
+                )
+            )
             fate = draw(st.sampled_from(["active"] * 4 + ["returning", "returned", "lost"]))
             if fate in ("returning", "returned"):
                 facts.append(ReturnIntent(provider, EPOCH, f"ret-{machine_id}", (machine_id,), "idle"))
@@ -130,8 +143,15 @@ def cases(draw):
 
 
 def run(case, state=None, view=None):
-    return plan(case.state if state is None else state, case.snap, case.view if view is None else view,
-                case.offers, case.hosts, case.now, case.policy)
+    return plan(
+        case.state if state is None else state,
+        case.snap,
+        case.view if view is None else view,
+        case.offers,
+        case.hosts,
+        case.now,
+        case.policy,
+    )
 
 
 def loads(case, state):

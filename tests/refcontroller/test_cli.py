@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import trio
+from rc_client import on_real_clock, tls_peer
 
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, ResourceShape, Role
 from provisionerd.wire.messages import DemandPage, Join, JoinReply
-from rc_client import on_real_clock, tls_peer
 from refcontroller import addresses
 from refcontroller.api import open_refcontroller_process
 from refcontroller.cli import main

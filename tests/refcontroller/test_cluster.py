@@ -6,9 +6,9 @@ from pathlib import Path
 
 import attrs
 import pytest
+from rc_factories import instance, intent, item, sha
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, HostStatus, Lost
-from rc_factories import instance, intent, item, sha
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.leases import Denied, Granted
@@ -255,9 +255,16 @@ def test_status_document(cluster: Cluster) -> None:
     commit(cluster, intent("aws", epoch), "d1", 36.0)
     cluster.set_demand([item("a", 1)])
     status = cluster.status(40.0)
-    assert status["primary"] == 0 and status["term"] == 1 and status["replicas"][1] == {
-        "index": 1, "address": "b:2", "primary": False,
-    }
+    assert (
+        status["primary"] == 0
+        and status["term"] == 1
+        and status["replicas"][1]
+        == {
+            "index": 1,
+            "address": "b:2",
+            "primary": False,
+        }
+    )
     assert status["leases"] == [{"provider": "aws", "holder": "d1", "epoch": "1.1", "expires_in_s": 25.0}]
     assert status["facts"] == {"count": 1, "last_index": 1} and status["demand"]["seq"] == 1
     assert status["latest_epochs"] == {"aws": "1.1"}

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from rc_client import Harness, memory_controller, on_mock_clock
 
 from provisionerd.config.loader import Backoff
-from provisionerd.controller.ops import ControllerOps
-from provisionerd.telemetry.events import EventLog
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
-from provisionerd.domain.model import Role
+from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
-from rc_client import Harness, memory_controller, on_mock_clock
+from provisionerd.domain.model import Role
+from provisionerd.telemetry.events import EventLog
 
 TTL, CHECK = 30.0, 5.0
 BACKOFF = Backoff(initial=0.2, max=4.0)
@@ -34,12 +34,20 @@ class Process:
     def __init__(self, h: Harness, seed: int, identity: str = "prov") -> None:
         self.events = EventLog(keep=10_000)
         rng = random.Random(seed)
-        settings = SessionSettings(identity=identity, providers=("aws",), addresses=tuple(h.cluster.replicas.addresses),
-                                   connect_timeout=2.0, request_timeout=5.0, heartbeat_interval=1.0,
-                                   heartbeat_timeout=3.0, backoff=BACKOFF)  # fmt: skip
+        settings = SessionSettings(
+            identity=identity,
+            providers=("aws",),
+            addresses=tuple(h.cluster.replicas.addresses),
+            connect_timeout=2.0,
+            request_timeout=5.0,
+            heartbeat_interval=1.0,
+            heartbeat_timeout=3.0,
+            backoff=BACKOFF,
+        )
         self.session = ControllerSession(settings, self._connect, self.events, rng)
-        self.keeper = LeaseKeeper("aws", ControllerOps(self.session), margin=2.0, backoff=BACKOFF, rng=rng,
-                                  events=self.events)  # fmt: skip
+        self.keeper = LeaseKeeper(
+            "aws", ControllerOps(self.session), margin=2.0, backoff=BACKOFF, rng=rng, events=self.events
+        )
         self.keeper.on_acquired.append(lambda _epoch: self.session.resync_after_grant("aws"))
         self.session.on_resync.append(lambda _view: self.keeper.renew_now())
         self.h = h
@@ -92,13 +100,21 @@ def test_a_session_draws_its_instance_once_from_its_rng():
     assert re.fullmatch(r"[0-9a-f]{16}", one.instance)
     assert one.instance == same.instance != other.instance  # seeded: a simulation repeats; starts differ
     assert one.status()["instance"] == one.instance
-    fixed = ControllerSession(SessionSettings(identity="p", providers=(), addresses=("c:1",), instance="abc"),
-                              None, EventLog(), random.Random(1))  # fmt: skip
+    fixed = ControllerSession(
+        SessionSettings(identity="p", providers=(), addresses=("c:1",), instance="abc"),
+        None,
+        EventLog(),
+        random.Random(1),
+    )
     assert fixed.instance == "abc"
     for bad in ("a#b", "x" * 65, "new\nline"):
         with pytest.raises(ValueError, match="instance"):
-            ControllerSession(SessionSettings(identity="p", providers=(), addresses=("c:1",), instance=bad), None,
-                              EventLog(), random.Random(1))  # fmt: skip
+            ControllerSession(
+                SessionSettings(identity="p", providers=(), addresses=("c:1",), instance=bad),
+                None,
+                EventLog(),
+                random.Random(1),
+            )
 
 
 @on_mock_clock

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from rc_client import Harness, Peer, memory_controller, on_mock_clock
+from rc_factories import instance, intent
 
 from provisionerd.domain.model import Epoch, Role
 from provisionerd.wire.messages import (
@@ -29,8 +31,6 @@ from provisionerd.wire.messages import (
     LeaseRenew,
     Rejected,
 )
-from rc_client import Harness, Peer, memory_controller, on_mock_clock
-from rc_factories import instance, intent
 from refcontroller.leases import MAX_INSTANCE, holder_key, instance_problem
 
 GRACE_END = 35.0
@@ -97,7 +97,9 @@ async def test_two_processes_with_one_identity_are_two_holders(tmp_path: Path) -
         doc = await status(h)
         assert [(lease["provider"], lease["holder"]) for lease in doc["leases"]] == [("aws", "prov#i1")]
         assert {(s["identity"], s.get("instance")) for s in doc["sessions"] if s["role"] == "provisioner"} == {
-            ("prov", "i1"), ("prov", "i2")}
+            ("prov", "i1"),
+            ("prov", "i2"),
+        }
         assert h.server.stats["internal_errors"] == 0
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from rc_factories import intent
 
 from provisionerd.domain.model import CommittedFact, Epoch
-from rc_factories import intent
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.leases import Granted

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from rc_client import Harness, Peer, memory_controller, on_mock_clock
+from rc_factories import instance, intent, item
 
 from provisionerd.domain.model import CommittedFact, Epoch, HostStatus, Role
 from provisionerd.wire.framing import HEADER, FramedStream
@@ -40,8 +42,6 @@ from provisionerd.wire.messages import (
     ResyncRequest,
     WorkerStatus,
 )
-from rc_client import Harness, Peer, memory_controller, on_mock_clock
-from rc_factories import instance, intent, item
 
 GRACE_END = 35.0
 

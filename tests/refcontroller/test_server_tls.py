@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import trio
+from rc_client import Peer, on_real_clock, tls_peer, track
+from rc_factories import intent, item
 
 from provisionerd.domain.model import Epoch, Role
-from provisionerd.wire.framing import FramedStream, HEADER
+from provisionerd.wire.framing import HEADER, FramedStream
 from provisionerd.wire.messages import (
     DemandPage,
     ErrorMsg,
@@ -19,8 +21,6 @@ from provisionerd.wire.messages import (
     Join,
     JoinReply,
 )
-from rc_client import Peer, on_real_clock, tls_peer, track
-from rc_factories import intent, item
 from refcontroller import addresses
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.api import open_refcontroller

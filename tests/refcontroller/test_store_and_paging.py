@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rc_factories import instance, intent
 
 from provisionerd.domain.model import (
     Epoch,
@@ -17,7 +18,6 @@ from provisionerd.domain.model import (
     Returned,
     ReturnIntent,
 )
-from rc_factories import instance, intent
 from refcontroller.jsonconv import JsonDocumentError, fact_from_json, fact_to_json
 from refcontroller.paging import page_bounds
 from refcontroller.store import FactStore, LatestFact

@@ -13,8 +13,7 @@ import trio
 import trio.testing
 
 from provisionerd.domain.model import Epoch
-from provisionerd.testing.simulation import World, run_seed
-from provisionerd.testing.simulation import invariants
+from provisionerd.testing.simulation import World, invariants, run_seed
 from provisionerd.testing.simulation.faults import KINDS, draw_plan
 from provisionerd.testing.simulation.network import SimNet
 from provisionerd.testing.simulation.observe import Belief, Recorder
@@ -46,8 +45,14 @@ def test_a_seed_repeats_in_another_process_with_another_hash_seed():
     digests = []
     for hash_seed in ("1", "987"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        out = subprocess.run([sys.executable, "-m", "provisionerd", "simulate", "--trace", "2"], env=env,
-                             capture_output=True, text=True, timeout=120, check=False)
+        out = subprocess.run(
+            [sys.executable, "-m", "provisionerd", "simulate", "--trace", "2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         digests.append(json.loads(out.stdout.strip().splitlines()[-1])["digest"])
     assert digests[0] == digests[1]
 
@@ -145,11 +150,14 @@ def test_the_lease_history_rule():
     # b got 1.2 at 50 after a's 1.1 ended at 48: fine.
     assert _history(("a#1", (1, 1), 0, 48), ("b#1", (1, 2), 50, 90), grants={(1, 1): 0, (1, 2): 50}) == []
     # a still trusted 1.1 until 52, but 1.2 was granted at 50: unsafe even though b only heard of it at 53.
-    assert _history(("a#1", (1, 1), 0, 52), ("b#1", (1, 2), 53, 90),
-                    grants={(1, 1): 0, (1, 2): 50}) == ["two_lease_holders"]
+    assert _history(("a#1", (1, 1), 0, 52), ("b#1", (1, 2), 53, 90), grants={(1, 1): 0, (1, 2): 50}) == [
+        "two_lease_holders"
+    ]
     # the same epoch trusted by a killed instance and its successor, one after the other: fine; overlapping: not.
     assert _history(("a#1", (1, 1), 0, 20), ("a#2", (1, 1), 25, 40), grants={(1, 1): 0}) == []
     assert _history(("a#1", (1, 1), 0, 30), ("a#2", (1, 1), 25, 40), grants={(1, 1): 0}) == ["two_lease_holders"]
     # one instance going back to an older epoch (also unsafe: 1.5 trusted after 2.1 was granted)
-    assert _history(("a#1", (2, 1), 0, 10), ("a#1", (1, 5), 20, 30),
-                    grants={(2, 1): 0, (1, 5): 0}) == ["two_lease_holders", "epoch_regressed"]
+    assert _history(("a#1", (2, 1), 0, 10), ("a#1", (1, 5), 20, 30), grants={(2, 1): 0, (1, 5): 0}) == [
+        "two_lease_holders",
+        "epoch_regressed",
+    ]

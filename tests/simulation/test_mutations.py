@@ -43,8 +43,13 @@ def test_a_daemon_that_ignores_its_lease_is_caught(monkeypatch):
 
     monkeypatch.setattr(LeaseKeeper, "guard", guard)
     monkeypatch.setattr("refcontroller.commits.epoch_rejection", lambda *a, **k: None)
-    _, found, _ = first_seed_reporting("mutation_without_lease", workload="gate", slots=("a",),
-                                       fault_kinds=("partition", "quorum_loss", "failover"), max_faults=8)
+    _, found, _ = first_seed_reporting(
+        "mutation_without_lease",
+        workload="gate",
+        slots=("a",),
+        fault_kinds=("partition", "quorum_loss", "failover"),
+        max_faults=8,
+    )
     assert "gate_decision" in found  # the gate's own log shows admissions past the deadline too
 
 
@@ -69,15 +74,17 @@ def test_a_controller_that_accepts_stale_epochs_is_caught(monkeypatch):
     # A stale commit needs a daemon that commits across a failover or partition at the wrong instant: a few seeds
     # in a hundred (here: 15 and 20, since each daemon start draws its Join.instance from its RNG).
     monkeypatch.setattr("refcontroller.commits.epoch_rejection", lambda *a, **k: None)
-    first_seed_reporting("stale_fact_accepted", seeds=range(3, 30), workload="gate",
-                         fault_kinds=("failover", "partition"), max_faults=8)
+    first_seed_reporting(
+        "stale_fact_accepted", seeds=range(3, 30), workload="gate", fault_kinds=("failover", "partition"), max_faults=8
+    )
 
 
 def test_retrying_an_unknown_outcome_without_looking_is_caught(monkeypatch):
     # The bug: after a timeout or crash, retry requestMachines at once on a cloud without client tokens.
     monkeypatch.setattr(GateDriver, "skip_listing", True)
-    first_seed_reporting("op_created_twice", workload="gate", idempotent=False, fault_kinds=("provider_fault",),
-                         max_faults=8)
+    first_seed_reporting(
+        "op_created_twice", workload="gate", idempotent=False, fault_kinds=("provider_fault",), max_faults=8
+    )
 
 
 def test_a_controller_that_grants_a_held_lease_is_caught(monkeypatch):

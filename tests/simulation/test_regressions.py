@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from provisionerd.testing.simulation import World, run_seed, run_world
 from provisionerd.testing.simulation.faults import WEIGHTED
 

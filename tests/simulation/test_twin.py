@@ -40,15 +40,17 @@ def test_a_twin_is_drawn_after_the_other_faults_and_only_when_faults_are_allowed
     assert "twin" in KINDS and "twin" not in WEIGHTED
     plans = [draw_plan(random.Random(seed), horizon=200.0, slots=("a", "b"), replicas=3) for seed in range(100)]
     twins = [f for plan in plans for f in plan.faults if f.kind == "twin"]
-    assert 10 <= len(twins) <= 50 and {f.slot for f in twins} == {"a", "b"} and {f.mode for f in twins} == {
-        "kill", "stop"}
+    assert (
+        10 <= len(twins) <= 50 and {f.slot for f in twins} == {"a", "b"} and {f.mode for f in twins} == {"kill", "stop"}
+    )
     assert all(5.0 <= f.at and f.ends <= 200.0 + 1e-9 for f in twins)
     for seed, plan in enumerate(plans):  # the twin's draw comes last: every other fault is as drawn without it
         without = draw_plan(random.Random(seed), horizon=200.0, slots=("a", "b"), replicas=3, kinds=WEIGHTED)
         assert without.faults == tuple(f for f in plan.faults if f.kind != "twin")
         assert sum(f.kind == "twin" for f in plan.faults) <= 1
-    assert not any(draw_plan(random.Random(s), horizon=200.0, slots=("a",), replicas=3, max_faults=0).faults
-                   for s in range(50))  # fmt: skip
+    assert not any(
+        draw_plan(random.Random(s), horizon=200.0, slots=("a",), replicas=3, max_faults=0).faults for s in range(50)
+    )
 
 
 @pytest.mark.parametrize("mode", ["kill", "stop"])
@@ -84,8 +86,8 @@ def test_a_restarted_daemon_waits_out_its_previous_lease():
     result = run_world(world)
     assert result.ok, result.violations
     s = world.settings
-    (killed, _), = events(world, "a#1", "killed")
-    (acquired, grant), = events(world, "a#2", "lease_acquired")[:1]
+    ((killed, _),) = events(world, "a#1", "killed")
+    ((acquired, grant),) = events(world, "a#2", "lease_acquired")[:1]
     denied = events(world, "a#2", "lease_denied")
     assert 1 <= len(denied) <= 2 and denied[0][1]["reason"] == "held" and denied[0][1]["retry_after"] > 0
     assert killed + 1.0 < acquired <= killed + s.ttl + s.check_interval

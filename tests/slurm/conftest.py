@@ -24,7 +24,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # importlib mode: make slurm_helpers importable
 
 from slurm_helpers import (  # noqa: E402
-    TOOLS, UP_SCRIPT, Persistent, SlurmTestCluster, plugin_config, processes_mentioning,
+    TOOLS,
+    UP_SCRIPT,
+    Persistent,
+    SlurmTestCluster,
+    plugin_config,
+    processes_mentioning,
 )
 
 _SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
@@ -68,8 +73,9 @@ def slurm() -> Iterator[SlurmTestCluster]:
 
     certs = root / "certs"
     init_certs(certs, "slurmtest")
-    cluster = SlurmTestCluster(root=root, conf=root / "slurm.conf", workdir=root / "work", certs=certs,
-                               port=_free_port_base())  # fmt: skip
+    cluster = SlurmTestCluster(
+        root=root, conf=root / "slurm.conf", workdir=root / "work", certs=certs, port=_free_port_base()
+    )
     try:
         cluster.up()
         yield cluster

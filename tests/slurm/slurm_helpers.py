@@ -68,8 +68,17 @@ class SlurmTestCluster:
         return found
 
     def live_jobs(self) -> dict[str, dict[str, str]]:
-        ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-                 "OUT_OF_MEMORY"}  # fmt: skip
+        ended = {
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "PREEMPTED",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "OUT_OF_MEMORY",
+        }
         return {j: info for j, info in self.jobs().items() if info["state"] not in ended}
 
     def cancel_everything(self) -> None:
@@ -81,8 +90,9 @@ class SlurmTestCluster:
         return int((self.root / "slurmctld.pid").read_text())
 
     def up(self) -> str:
-        done = subprocess.run([str(UP_SCRIPT), "up", str(self.root)], env=self.env, capture_output=True, text=True,
-                              timeout=90)  # fmt: skip
+        done = subprocess.run(
+            [str(UP_SCRIPT), "up", str(self.root)], env=self.env, capture_output=True, text=True, timeout=90
+        )
         if done.returncode != 0:
             raise AssertionError(f"slurm-up.sh failed ({done.returncode}): {done.stdout}\n{done.stderr}")
         return done.stdout
@@ -95,8 +105,11 @@ def plugin_config(cluster: SlurmTestCluster, **overrides: Any) -> dict[str, Any]
         "slurmConf": str(cluster.conf),
         "accounting": "jobcomp",
         "commandTimeout": 20,
-        "agent": {"command": [sys.executable, "-m", "provisionerd", "agent"], "certs": str(cluster.certs),
-                  "extraArgs": ["--log-level", "DEBUG"]},  # fmt: skip
+        "agent": {
+            "command": [sys.executable, "-m", "provisionerd", "agent"],
+            "certs": str(cluster.certs),
+            "extraArgs": ["--log-level", "DEBUG"],
+        },
         "templates": [
             {"templateId": "node", "maxNumber": 2, "cpus": 2, "memMB": 400},
             {"templateId": "small", "maxNumber": 4, "cpus": 1, "memMB": 100},
@@ -125,9 +138,15 @@ class PluginClient:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "PROVIDER_NAME": "slurm",
-                "PRO_CONF_DIR": str(self.conf_dir), "PRO_DATA_DIR": str(self.data_dir),
-                "PROVISIONERD_CLUSTER": self.cluster_tag, "PROVISIONERD_PYTHON": sys.executable}  # fmt: skip
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "PROVIDER_NAME": "slurm",
+            "PRO_CONF_DIR": str(self.conf_dir),
+            "PRO_DATA_DIR": str(self.data_dir),
+            "PROVISIONERD_CLUSTER": self.cluster_tag,
+            "PROVISIONERD_PYTHON": sys.executable,
+        }
 
     def invoke(self, action: str, doc: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
         raise NotImplementedError
@@ -147,28 +166,46 @@ class PluginClient:
         assert not ok, f"{action} was expected to fail: {body}"
         return body
 
-
     # --- inputs ----------------------------------------------------------------------------------------------
 
     def owner(self, op_id: str) -> dict[str, str]:
-        return {"provisionerd:cluster": self.cluster_tag, "provisionerd:provider": "slurm",
-                "provisionerd:op": op_id, "provisionerd:epoch": "3.7"}  # fmt: skip
+        return {
+            "provisionerd:cluster": self.cluster_tag,
+            "provisionerd:provider": "slurm",
+            "provisionerd:op": op_id,
+            "provisionerd:epoch": "3.7",
+        }
 
-    def request(self, op_id: str, template: str, count: int, controllers: tuple[str, ...] = (NO_CONTROLLER,),
-                tokens: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    def request(
+        self,
+        op_id: str,
+        template: str,
+        count: int,
+        controllers: tuple[str, ...] = (NO_CONTROLLER,),
+        tokens: list[str] | None = None,
+    ) -> dict[str, Any]:
         tokens = tokens or [secrets.token_urlsafe(24) for _ in range(count)]
         self.tokens += tokens
-        boot = [{"instanceRef": f"{op_id}-i{i}", "controllers": list(controllers), "joinToken": tokens[i]}
-                for i in range(count)]  # fmt: skip
-        return {"template": {"templateId": template, "machineCount": count}, "op_id": op_id,
-                "tags": self.owner(op_id), "bootstrap": boot}  # fmt: skip
+        boot = [
+            {"instanceRef": f"{op_id}-i{i}", "controllers": list(controllers), "joinToken": tokens[i]}
+            for i in range(count)
+        ]
+        return {
+            "template": {"templateId": template, "machineCount": count},
+            "op_id": op_id,
+            "tags": self.owner(op_id),
+            "bootstrap": boot,
+        }
 
     def status(self, request_id: str) -> dict[str, Any]:
         return self.call("getRequestStatus", {"requests": [{"requestId": request_id}]})["requests"][0]
 
     def settle(self, request_id: str, timeout: float = 30.0) -> dict[str, Any]:
-        return wait_for(lambda: (s := self.status(request_id))["status"] != "running" and s, timeout=timeout,
-                        what=f"request {request_id} to settle")  # fmt: skip
+        return wait_for(
+            lambda: (s := self.status(request_id))["status"] != "running" and s,
+            timeout=timeout,
+            what=f"request {request_id} to settle",
+        )
 
     def listed(self, **tags: str) -> dict[str, dict[str, Any]]:
         out = self.call("listMachines", {"tags": {"provisionerd:cluster": self.cluster_tag, **tags}})
@@ -177,6 +214,7 @@ class PluginClient:
     def give_back(self, op_id: str, machines: list[dict[str, Any]]) -> dict[str, Any]:
         refs = [{"name": m["name"], "machineId": m["machineId"]} for m in machines]
         return self.call("requestReturnMachines", {"machines": refs, "op_id": op_id, "tags": self.owner(op_id)})
+
 
 class OneShot(PluginClient):
     """``<action>.sh -f in.json``: exit 0 and a result, or exit 1 and an error document."""
@@ -187,8 +225,14 @@ class OneShot(PluginClient):
         OneShot._n += 1
         path = self.home / f"in-{OneShot._n}.json"
         path.write_text(json.dumps(doc))
-        return subprocess.Popen([str(PLUGIN / f"{action}.sh"), "-f", str(path)], env=self.env, cwd=self.home,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        return subprocess.Popen(
+            [str(PLUGIN / f"{action}.sh"), "-f", str(path)],
+            env=self.env,
+            cwd=self.home,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def finish(self, proc: subprocess.Popen[str]) -> tuple[bool, dict[str, Any]]:
         out, err = proc.communicate(timeout=60)
@@ -207,8 +251,15 @@ class Persistent(PluginClient):
     def __init__(self, home: Path, config: Mapping[str, Any], cluster_tag: str) -> None:
         super().__init__(home, config, cluster_tag)
         self.stderr = open(home / "provider.stderr", "w")
-        self.proc = subprocess.Popen([str(PLUGIN / "provider")], env=self.env, cwd=home, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [str(PLUGIN / "provider")],
+            env=self.env,
+            cwd=home,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
         self._id = 0
 
     def invoke(self, action: str, doc: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from slurm_helpers import Persistent, SlurmTestCluster, plugin_config
 
 from provisionerd.domain.model import RequestIntent, Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import FactAck, FactCommit, Join, JoinReply, LeaseAcquire, LeaseGrant, Message
 from provisionerd.wire.tls import client_ssl_context
 from refcontroller.api import open_refcontroller
-from slurm_helpers import Persistent, SlurmTestCluster, plugin_config
 
 
 class Provisioner:
@@ -36,8 +36,9 @@ class Provisioner:
 
 
 @pytest.mark.slow
-def test_pilot_agents_join_the_reference_controller_from_inside_slurm(clean_cluster: SlurmTestCluster,
-                                                                        tmp_path: Path) -> None:  # fmt: skip
+def test_pilot_agents_join_the_reference_controller_from_inside_slurm(
+    clean_cluster: SlurmTestCluster, tmp_path: Path
+) -> None:
     client = Persistent(tmp_path / "plugin", plugin_config(clean_cluster), "t-e2e")
     try:
         trio.run(_scenario, clean_cluster, client, tmp_path)
@@ -53,8 +54,9 @@ async def _scenario(cluster: SlurmTestCluster, client: Persistent, tmp_path: Pat
     tokens = [secrets.token_urlsafe(24) for _ in refs]
     async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=1.5, check_interval=0.5) as ctl:
         host, port = ctl.addresses[0].rsplit(":", 1)
-        stream = await trio.open_ssl_over_tcp_stream(host, int(port),
-                                                     ssl_context=client_ssl_context(certs, Role.PROVISIONER))  # fmt: skip
+        stream = await trio.open_ssl_over_tcp_stream(
+            host, int(port), ssl_context=client_ssl_context(certs, Role.PROVISIONER)
+        )
         async with stream:
             daemon = Provisioner(FramedStream(stream))
             joined = await daemon.request(Join(role=Role.PROVISIONER, identity="d1", providers=("slurm",)))
@@ -63,8 +65,15 @@ async def _scenario(cluster: SlurmTestCluster, client: Persistent, tmp_path: Pat
                 while not isinstance(grant := await daemon.request(LeaseAcquire("slurm")), LeaseGrant):
                     await trio.sleep(0.1)
             hashes = tuple(hashlib.sha256(t.encode()).hexdigest() for t in tokens)
-            intent = RequestIntent(provider="slurm", epoch=grant.epoch, op_id=op_id, template_id="node", count=2,
-                                   instance_refs=refs, token_hashes=hashes)  # fmt: skip
+            intent = RequestIntent(
+                provider="slurm",
+                epoch=grant.epoch,
+                op_id=op_id,
+                template_id="node",
+                count=2,
+                instance_refs=refs,
+                token_hashes=hashes,
+            )
             assert isinstance(await daemon.request(FactCommit(intent)), FactAck)
 
             doc = client.request(op_id, "node", 2, controllers=(ctl.addresses[0],), tokens=tokens)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config
 
 
@@ -20,10 +19,23 @@ def test_the_conformance_kit_passes(transport: str, clean_cluster: SlurmTestClus
     (conf / "slurm.json").write_text(json.dumps(plugin_config(clean_cluster)))
     before = set(clean_cluster.jobs())
     done = subprocess.run(
-        [sys.executable, "-m", "provisionerd", "provider", "check", "--transport", transport, "--json",
-         "--conf-dir", str(conf), str(PLUGIN)],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "provisionerd",
+            "provider",
+            "check",
+            "--transport",
+            transport,
+            "--json",
+            "--conf-dir",
+            str(conf),
+            str(PLUGIN),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     summary = json.loads(done.stdout)
     failed = [c for c in summary["checks"] if not c["ok"]]
     assert done.returncode == 0 and not failed and summary["passed"] >= 14, (failed, done.stderr[-2000:])

@@ -16,14 +16,19 @@ from typing import Any
 
 import pytest
 import trio
+from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config, processes_mentioning, secret_in_processes
 
-from provisionerd.pki.certs import init_certs
 from provisionerd.config.loader import (
-    Backoff, Config, ControllerSettings, DaemonSettings, LeaseSettings, ProviderConfig, ProviderTimeouts,
-)  # fmt: skip
+    Backoff,
+    Config,
+    ControllerSettings,
+    DaemonSettings,
+    LeaseSettings,
+    ProviderConfig,
+    ProviderTimeouts,
+)
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon.root import DaemonCore, provider_clients
-from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.domain.model import (
     DemandItem,
     InstanceFact,
@@ -34,19 +39,29 @@ from provisionerd.domain.model import (
     Returned,
     ReturnIntent,
 )
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.execution.loop import LoopSettings
+from provisionerd.pki.certs import init_certs
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.execution.loop import LoopSettings
 from refcontroller.api import open_refcontroller
-from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config, processes_mentioning, secret_in_processes
 
 pytestmark = pytest.mark.slow
 
 PROVIDER = "slurm"
 CLUSTER_TAG = "e2e-daemon"  # our owner tag: the jobs of this test are the ones whose comment carries it
 TAG = f"provisionerd:cluster={CLUSTER_TAG}"
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-         "OUT_OF_MEMORY"}  # fmt: skip
+ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+}
 
 
 class Recorder:
@@ -78,14 +93,31 @@ def write_config(tmp: Path, cluster: SlurmTestCluster, certs: Path, addresses: t
     plugin["agent"] = dict(plugin["agent"], certs=str(certs))  # the nodes share this host's file system
     (conf_dir / "slurm.json").write_text(json.dumps(plugin))
     config = Config(
-        cluster=CLUSTER_TAG, identity="prov-slurm-e2e",
-        controller=ControllerSettings(addresses, connect_timeout=10, request_timeout=10, heartbeat_interval=0.5,
-                                      heartbeat_timeout=10, backoff=Backoff(initial=0.05, max=0.5)),
-        tls=provisioner_tls(certs), lease=LeaseSettings(margin=0.5),
+        cluster=CLUSTER_TAG,
+        identity="prov-slurm-e2e",
+        controller=ControllerSettings(
+            addresses,
+            connect_timeout=10,
+            request_timeout=10,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=10,
+            backoff=Backoff(initial=0.05, max=0.5),
+        ),
+        tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
         daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
-        providers=(ProviderConfig(PROVIDER, "persistent", path=PLUGIN, conf_dir=conf_dir, data_dir=data_dir,
-                                  max_machines=2, timeouts=ProviderTimeouts(default=40)),),
-    )  # fmt: skip
+        providers=(
+            ProviderConfig(
+                PROVIDER,
+                "persistent",
+                path=PLUGIN,
+                conf_dir=conf_dir,
+                data_dir=data_dir,
+                max_machines=2,
+                timeouts=ProviderTimeouts(default=40),
+            ),
+        ),
+    )
     return write_daemon_config(config, tmp / "pd.toml")
 
 
@@ -135,8 +167,9 @@ def test_the_daemon_grows_onto_slurm_and_shrinks_back(clean_cluster: SlurmTestCl
     # Two pilots RUNNING, one per node; their agents joined as those very machines.
     assert sorted(info["state"] for info in out["jobs_up"].values()) == ["RUNNING", "RUNNING"]
     assert sorted(info["nodes"] for info in out["jobs_up"].values()) == ["n1", "n2"]
-    assert {(h["instance_ref"], h["machine_id"]) for h in out["hosts"]} == {(f.instance_ref, f.machine_id)
-                                                                         for f in made}  # fmt: skip
+    assert {(h["instance_ref"], h["machine_id"]) for h in out["hosts"]} == {
+        (f.instance_ref, f.machine_id) for f in made
+    }
     assert all(h["status"] in ("joined", "idle") and h["provider"] == PROVIDER for h in out["hosts"])
     # Demand 0: each machine returned once as idle (one return or one each, as they went idle), and done.
     returns = [f for f in out["facts"] if isinstance(f, ReturnIntent)]
@@ -173,15 +206,30 @@ async def _scenario(cluster: SlurmTestCluster, tmp: Path) -> dict[str, Any]:
         client = provider_clients(config)[PROVIDER]
         assert isinstance(client, PersistentProvider)
         recorder = Recorder(client)
-        policy = Policy(cluster=CLUSTER_TAG, idle_time=1.0, join_deadline=120.0, provisioning_timeout=120.0,
-                        capacity_backoff=60.0, provider_caps={PROVIDER: 2})  # fmt: skip
+        policy = Policy(
+            cluster=CLUSTER_TAG,
+            idle_time=1.0,
+            join_deadline=120.0,
+            provisioning_timeout=120.0,
+            capacity_backoff=60.0,
+            provider_caps={PROVIDER: 2},
+        )
         core = DaemonCore(
-            config, providers={PROVIDER: recorder}, policy=policy, offer_interval=10.0,
+            config,
+            providers={PROVIDER: recorder},
+            policy=policy,
+            offer_interval=10.0,
             loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),
-            executor_settings=ExecutorSettings(cluster=CLUSTER_TAG, controllers=ctl.addresses, poll_initial=0.2,
-                                               poll_max=1.0, retry_delay=0.2, provisioning_timeout=120.0,
-                                               return_timeout=120.0),
-        )  # fmt: skip
+            executor_settings=ExecutorSettings(
+                cluster=CLUSTER_TAG,
+                controllers=ctl.addresses,
+                poll_initial=0.2,
+                poll_max=1.0,
+                retry_delay=0.2,
+                provisioning_timeout=120.0,
+                return_timeout=120.0,
+            ),
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)  # wrapped, so the core does not start it
             await nursery.start(core.run)

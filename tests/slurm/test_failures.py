@@ -24,7 +24,9 @@ def _running(plugin: PluginClient, op_id: str, template: str = "small", count: i
     return status["machines"]
 
 
-def test_a_job_cancelled_by_someone_else_is_reported_as_reclaimed(plugin: PluginClient, clean_cluster: SlurmTestCluster) -> None:
+def test_a_job_cancelled_by_someone_else_is_reported_as_reclaimed(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster
+) -> None:
     [mine, other] = _running(plugin, "op-reclaim", count=2)
     refs = [{"name": m["name"], "machineId": m["machineId"]} for m in (mine, other)]
     assert plugin.call("getReturnRequests", {"machines": refs})["requests"] == []
@@ -32,7 +34,8 @@ def test_a_job_cancelled_by_someone_else_is_reported_as_reclaimed(plugin: Plugin
     wait_for(lambda: clean_cluster.jobs()[mine["machineId"]]["state"] == "CANCELLED", what="the cancel")
     wanted = plugin.call("getReturnRequests", {"machines": refs})["requests"]
     assert [(w["machineId"], w["machine"], w["reason"], w["gracePeriod"]) for w in wanted] == [
-        (mine["machineId"], mine["name"], "cancelled", 0)]  # fmt: skip
+        (mine["machineId"], mine["name"], "cancelled", 0)
+    ]
     by_id = {m["machineId"]: m for m in plugin.status("slurm-req@" + _hash(plugin) + "@op-reclaim")["machines"]}
     assert by_id[mine["machineId"]]["result"] == "fail"
     assert by_id[mine["machineId"]]["message"].startswith("cancelled: ")
@@ -53,8 +56,9 @@ def test_a_pilot_that_exits_nonzero_fails_with_its_exit_code(clean_cluster: Slur
     try:
         request_id = client.call("requestMachines", client.request("op-bad", "small", 1))["requestId"]
         # Briefly RUNNING (then "succeed": the machine came up) until the agent exits.
-        status = wait_for(lambda: (s := client.status(request_id))["machines"][0]["result"] == "fail" and s,
-                          what="the pilot to fail")  # fmt: skip
+        status = wait_for(
+            lambda: (s := client.status(request_id))["machines"][0]["result"] == "fail" and s, what="the pilot to fail"
+        )
         [machine] = status["machines"]
         assert status["status"] == "complete_with_error"
         assert (machine["result"], machine["status"], machine["slurmState"]) == ("fail", "terminated", "FAILED")
@@ -68,7 +72,9 @@ def test_a_pilot_that_exits_nonzero_fails_with_its_exit_code(clean_cluster: Slur
         client.close()
 
 
-def test_a_template_larger_than_any_node_is_an_invalid_request(plugin: PluginClient, clean_cluster: SlurmTestCluster) -> None:
+def test_a_template_larger_than_any_node_is_an_invalid_request(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster
+) -> None:
     # 3 CPUs: more than a node has (2), less than the partition (4): sbatch itself refuses it.
     error = plugin.error("requestMachines", plugin.request("op-wide", "wide", 1))
     assert error["code"] == "invalid_request" and error["retryable"] is False
@@ -89,9 +95,9 @@ def test_a_template_larger_than_any_node_is_an_invalid_request(plugin: PluginCli
     assert "maxNumber is 1" in plugin.error("requestMachines", plugin.request("op-y", "short", 2))["message"]
 
 
-def test_slurmctld_down_is_a_retryable_error_never_an_empty_listing(plugin: PluginClient,
-                                                                     clean_cluster: SlurmTestCluster,
-                                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_slurmctld_down_is_a_retryable_error_never_an_empty_listing(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster, tmp_path: Path
+) -> None:
     [machine] = _running(plugin, "op-down")
     request_id = "slurm-req@" + _hash(plugin) + "@op-down"
     refs = [{"name": machine["name"], "machineId": machine["machineId"]}]
@@ -104,22 +110,27 @@ def test_slurmctld_down_is_a_retryable_error_never_an_empty_listing(plugin: Plug
         wait_for(lambda: not os.path.exists(f"/proc/{pid}"), what="slurmctld to stop")
         # At once: each waits out the Slurm client's ~4 s of connection retries. The last two run with a 1 s
         # commandTimeout, the other way an unreachable controller shows (a command that hangs).
-        impatient = OneShot(tmp_path / "impatient", {**plugin_config(clean_cluster), "commandTimeout": 1},
-                            plugin.cluster_tag)  # fmt: skip
+        impatient = OneShot(
+            tmp_path / "impatient", {**plugin_config(clean_cluster), "commandTimeout": 1}, plugin.cluster_tag
+        )
         calls = {
             "listMachines": oneshot.start("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster_tag}}),
             "getRequestStatus": oneshot.start("getRequestStatus", {"requests": [{"requestId": request_id}]}),
             "requestMachines": oneshot.start("requestMachines", oneshot.request("op-down-2", "small", 1)),
             "getReturnRequests": impatient.start("getReturnRequests", {"machines": refs}),
-            "requestReturnMachines": impatient.start("requestReturnMachines", {"machines": refs, "op_id": "r-down",
-                                                                               "tags": oneshot.owner("r-down")}),
-        }  # fmt: skip
+            "requestReturnMachines": impatient.start(
+                "requestReturnMachines", {"machines": refs, "op_id": "r-down", "tags": oneshot.owner("r-down")}
+            ),
+        }
         for action, proc in calls.items():
             ok, error = oneshot.finish(proc)
             assert not ok, (action, error)
             assert (error["code"], error["retryable"]) == ("throttled", True), (action, error)
-            expected = "did not finish within 1 s" if action.endswith("Returns") or "Return" in action else \
-                "Unable to contact slurm controller"  # fmt: skip
+            expected = (
+                "did not finish within 1 s"
+                if action.endswith("Returns") or "Return" in action
+                else "Unable to contact slurm controller"
+            )
             assert expected in error["message"], (action, error)
     finally:
         clean_cluster.up()  # restarts slurmctld from its saved state
@@ -127,24 +138,33 @@ def test_slurmctld_down_is_a_retryable_error_never_an_empty_listing(plugin: Plug
     assert (settled := plugin.settle(request_id))["status"] == "complete", settled
 
 
-def test_a_pilot_near_its_time_limit_is_announced_with_the_time_left(plugin: PluginClient,
-                                                                       clean_cluster: SlurmTestCluster) -> None:  # fmt: skip
+def test_a_pilot_near_its_time_limit_is_announced_with_the_time_left(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster
+) -> None:
     [machine] = _running(plugin, "op-short", template="short")  # 2 minutes; notice is 300 s by default
-    [wanted] = plugin.call("getReturnRequests", {"machines": [{"name": machine["name"],
-                                                              "machineId": machine["machineId"]}]})["requests"]  # fmt: skip
+    [wanted] = plugin.call(
+        "getReturnRequests", {"machines": [{"name": machine["name"], "machineId": machine["machineId"]}]}
+    )["requests"]
     assert wanted["reason"] == "time_limit" and 60 <= wanted["gracePeriod"] <= 120
 
 
-def test_jobs_without_our_tags_are_never_listed_nor_cancelled(plugin: PluginClient, clean_cluster: SlurmTestCluster) -> None:
+def test_jobs_without_our_tags_are_never_listed_nor_cancelled(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster
+) -> None:
     script = "#!/bin/sh\nsleep 300\n"
-    plain = clean_cluster.run("sbatch", "--parsable", "-c", "1", "--mem=50", "-o", "/dev/null", input=script).stdout.strip()
+    plain = clean_cluster.run(
+        "sbatch", "--parsable", "-c", "1", "--mem=50", "-o", "/dev/null", input=script
+    ).stdout.strip()
     foreign = "provisionerd-v1 provisionerd:cluster=someone-else provisionerd:provider=slurm"
-    other = clean_cluster.run("sbatch", "--parsable", "-c", "1", "--mem=50", "-o", "/dev/null", f"--comment={foreign}",
-                              input=script).stdout.strip()  # fmt: skip
+    other = clean_cluster.run(
+        "sbatch", "--parsable", "-c", "1", "--mem=50", "-o", "/dev/null", f"--comment={foreign}", input=script
+    ).stdout.strip()
     wait_for(lambda: {clean_cluster.jobs()[j]["state"] for j in (plain, other)} == {"RUNNING"}, what="the jobs")
     assert plugin.listed() == {}
     refs = [{"name": "whatever", "machineId": plain}, {"name": "whatever", "machineId": other}]
-    ret = plugin.call("requestReturnMachines", {"machines": refs, "op_id": "r-foreign", "tags": plugin.owner("r-foreign")})
+    ret = plugin.call(
+        "requestReturnMachines", {"machines": refs, "op_id": "r-foreign", "tags": plugin.owner("r-foreign")}
+    )
     assert "refused 2 not ours" in ret["message"]
     status = plugin.status(ret["requestId"])
     assert status["status"] == "complete_with_error"

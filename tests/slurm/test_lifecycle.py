@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-from slurm_helpers import OneShot, PluginClient, SlurmTestCluster, secret_in_processes, wait_for
+from slurm_helpers import PluginClient, SlurmTestCluster, secret_in_processes, wait_for
 
 
-def test_two_pilot_jobs_run_on_the_nodes_and_are_found_by_their_tags(plugin: PluginClient, clean_cluster: SlurmTestCluster) -> None:
+def test_two_pilot_jobs_run_on_the_nodes_and_are_found_by_their_tags(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster
+) -> None:
     doc = plugin.request("op-life", "node", 2)  # 2 CPUs each: one pilot per node
     first = plugin.call("requestMachines", doc)
     status = plugin.settle(first["requestId"])
@@ -56,7 +58,9 @@ def test_two_pilot_jobs_run_on_the_nodes_and_are_found_by_their_tags(plugin: Plu
     assert {(m["result"], m["status"]) for m in after["machines"]} == {("succeed", "terminated")}
 
 
-def test_the_join_token_is_only_in_a_0600_file_the_agent_deletes(plugin: PluginClient, clean_cluster: SlurmTestCluster) -> None:
+def test_the_join_token_is_only_in_a_0600_file_the_agent_deletes(
+    plugin: PluginClient, clean_cluster: SlurmTestCluster
+) -> None:
     doc = plugin.request("op-secret", "small", 2)
     request_id = plugin.call("requestMachines", doc)["requestId"]
     token_files = sorted((clean_cluster.workdir / "tokens").glob("*.token"))
@@ -69,9 +73,15 @@ def test_the_join_token_is_only_in_a_0600_file_the_agent_deletes(plugin: PluginC
 
     machines = plugin.settle(request_id)["machines"]
     # The agents read and delete their files.
-    wait_for(lambda: not any(p.exists() and p.read_text() in plugin.tokens
-                             for p in (clean_cluster.workdir / "tokens").glob("*.token")),
-             what="the agents to delete their token files")  # fmt: skip
+    wait_for(
+        lambda: (
+            not any(
+                p.exists() and p.read_text() in plugin.tokens
+                for p in (clean_cluster.workdir / "tokens").glob("*.token")
+            )
+        ),
+        what="the agents to delete their token files",
+    )
     for m in machines:
         job_id = m["machineId"]
         shown = clean_cluster.run("scontrol", "show", "job", "-d", job_id).stdout

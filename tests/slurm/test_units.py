@@ -29,25 +29,36 @@ def test_tags_survive_the_comment_and_never_break_a_squeue_line(extra: dict[str,
     assert comment.count(" ") == len(tags)  # one space per pair: no value can add a word
 
 
-@pytest.mark.parametrize("comment", ["(null)", "", "a=b", "provisionerd-v1", "provisionerd-v1 x",
-                                     "provisionerd-v1 provisionerd:provider=slurm",  # no cluster tag
-                                     "provisionerd-v1 provisionerd:cluster=c a=b=c",
-                                     "provisionerd-v1 provisionerd:cluster=%ff",  # not UTF-8
-                                     "provisionerd-v1  provisionerd:cluster=c"])  # fmt: skip
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "(null)",
+        "",
+        "a=b",
+        "provisionerd-v1",
+        "provisionerd-v1 x",
+        "provisionerd-v1 provisionerd:provider=slurm",  # no cluster tag
+        "provisionerd-v1 provisionerd:cluster=c a=b=c",
+        "provisionerd-v1 provisionerd:cluster=%ff",  # not UTF-8
+        "provisionerd-v1  provisionerd:cluster=c",
+    ],
+)
 def test_a_comment_we_did_not_write_is_not_ours(comment: str) -> None:
     assert tagmod.decode(comment) is None
 
 
 def test_squeue_lines_parse_and_a_pipe_in_a_foreign_comment_shifts_nothing() -> None:
     ours = tagmod.encode({tagmod.CLUSTER: "c|1", tagmod.OP: "op", tagmod.INSTANCE: "i 0"})
-    text = "\n".join([
-        f"12|RUNNING|None|0|1700000000|1700000003|1:59|n1|{ours}|",
-        "13|FAILED|NonZeroExitCode|768|1700000000|1700000003|INVALID|n2|(null)|",
-        "14|PENDING|Resources|0|1700000000|N/A|1-00:00:00||a|b|c|",
-        "15|CANCELLED|None|9|1700000000|1700000001|0:00|n1|x|",
-        "garbage line",
-        "|||",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"12|RUNNING|None|0|1700000000|1700000003|1:59|n1|{ours}|",
+            "13|FAILED|NonZeroExitCode|768|1700000000|1700000003|INVALID|n2|(null)|",
+            "14|PENDING|Resources|0|1700000000|N/A|1-00:00:00||a|b|c|",
+            "15|CANCELLED|None|9|1700000000|1700000001|0:00|n1|x|",
+            "garbage line",
+            "|||",
+        ]
+    )
     records = {r.job_id: r for r in jobs.parse_squeue(text)}
     assert set(records) == {"12", "13", "14", "15"}
     assert records["12"].tags == {tagmod.CLUSTER: "c|1", tagmod.OP: "op", tagmod.INSTANCE: "i 0"}
@@ -63,8 +74,19 @@ def test_sacct_lines_parse() -> None:
     assert (found["8"].state, found["8"].exit_code) == ("FAILED", 2)
 
 
-@pytest.mark.parametrize("text,seconds", [("1:59", 119), ("2:00:00", 7200), ("3-01:00:00", 262800), ("45", 45),
-                                          ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("1:x", None)])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("1:59", 119),
+        ("2:00:00", 7200),
+        ("3-01:00:00", 262800),
+        ("45", 45),
+        ("UNLIMITED", None),
+        ("NOT_SET", None),
+        ("INVALID", None),
+        ("1:x", None),
+    ],
+)
 def test_durations(text: str, seconds: int | None) -> None:
     assert jobs.parse_duration(text) == seconds
 
@@ -73,25 +95,41 @@ def _record(state: str, **kw: object) -> jobs.JobRecord:
     return jobs.JobRecord(job_id="5", state=state, **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("record,returned,expected", [
-    (_record("PENDING", reason="Priority"), False, ("executing", "pending", "job 5 is queued in Slurm (Priority)")),
-    (_record("CONFIGURING"), False, ("executing", "pending", "job 5 is queued in Slurm")),
-    (_record("RUNNING", nodes="n1"), False, ("succeed", "running", "job 5 is running on n1")),
-    (_record("FAILED", exit_code=2, signal=0), False,
-     ("fail", "terminated", "failed: job 5: the pilot job failed, exit code 2")),
-    (_record("FAILED", exit_code=0, signal=9), False,
-     ("fail", "terminated", "failed: job 5: the pilot job failed, killed by signal 9")),
-    (_record("CANCELLED"), False, ("fail", "terminated", "cancelled: job 5: cancelled outside provisionerd")),
-    (_record("CANCELLED"), True, ("succeed", "terminated", "job 5 was returned (CANCELLED)")),
-    (_record("NODE_FAIL"), False, ("fail", "terminated", "node_fail: job 5: the node running the pilot job failed")),
-    (_record("TIMEOUT"), False, ("fail", "terminated", "timeout: job 5: the pilot job reached its time limit")),
-    (_record("PREEMPTED"), False, ("fail", "terminated", "preempted: job 5: the pilot job was preempted")),
-    (_record("COMPLETED", exit_code=0), False,
-     ("fail", "terminated", "completed: job 5: the pilot job ended on its own, exit code 0")),
-    (_record("SOMETHING_NEW"), False, ("executing", "something_new", "job 5 is in Slurm state SOMETHING_NEW")),
-    (None, False, ("fail", "unknown", "gone: job 5 is known neither to slurmctld nor to accounting")),
-    (None, True, ("succeed", "terminated", "job 5 was returned and is gone from Slurm")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "record,returned,expected",
+    [
+        (_record("PENDING", reason="Priority"), False, ("executing", "pending", "job 5 is queued in Slurm (Priority)")),
+        (_record("CONFIGURING"), False, ("executing", "pending", "job 5 is queued in Slurm")),
+        (_record("RUNNING", nodes="n1"), False, ("succeed", "running", "job 5 is running on n1")),
+        (
+            _record("FAILED", exit_code=2, signal=0),
+            False,
+            ("fail", "terminated", "failed: job 5: the pilot job failed, exit code 2"),
+        ),
+        (
+            _record("FAILED", exit_code=0, signal=9),
+            False,
+            ("fail", "terminated", "failed: job 5: the pilot job failed, killed by signal 9"),
+        ),
+        (_record("CANCELLED"), False, ("fail", "terminated", "cancelled: job 5: cancelled outside provisionerd")),
+        (_record("CANCELLED"), True, ("succeed", "terminated", "job 5 was returned (CANCELLED)")),
+        (
+            _record("NODE_FAIL"),
+            False,
+            ("fail", "terminated", "node_fail: job 5: the node running the pilot job failed"),
+        ),
+        (_record("TIMEOUT"), False, ("fail", "terminated", "timeout: job 5: the pilot job reached its time limit")),
+        (_record("PREEMPTED"), False, ("fail", "terminated", "preempted: job 5: the pilot job was preempted")),
+        (
+            _record("COMPLETED", exit_code=0),
+            False,
+            ("fail", "terminated", "completed: job 5: the pilot job ended on its own, exit code 0"),
+        ),
+        (_record("SOMETHING_NEW"), False, ("executing", "something_new", "job 5 is in Slurm state SOMETHING_NEW")),
+        (None, False, ("fail", "unknown", "gone: job 5 is known neither to slurmctld nor to accounting")),
+        (None, True, ("succeed", "terminated", "job 5 was returned and is gone from Slurm")),
+    ],
+)
 def test_job_states_map_to_typed_outcomes(record: jobs.JobRecord | None, returned: bool, expected: tuple) -> None:
     out = jobs.outcome("5", record, returned)
     assert (out.result, out.status, out.message) == expected
@@ -108,27 +146,46 @@ def test_the_returned_marker_in_the_comment_counts_like_our_own_record() -> None
     assert jobs.reclaim_reason(None, False, 300) == ("gone", 0)
 
 
-@pytest.mark.parametrize("stderr,code", [
-    ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)", "throttled"),
-    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", "throttled"),
-    ("sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying\n"
-     "sbatch: error: Batch job submission failed: Resource temporarily unavailable", "throttled"),
-    ("sbatch: error: Munge encode failed: Failed to access \"/run/munge/munge.socket.2\"", "throttled"),
-    ("sbatch: error: CPU count per node can not be satisfied\n"
-     "sbatch: error: Batch job submission failed: Requested node configuration is not available", "invalid_request"),
-    ("sbatch: error: invalid partition specified: x\n"
-     "sbatch: error: Batch job submission failed: Invalid partition name specified", "invalid_request"),
-    ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
-     "invalid_request"),
-    ("sbatch: error: Invalid generic resource (gres) specification", "invalid_request"),
-    ("sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)",
-     "capacity_unavailable"),
-    ("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's "
-     "size and/or time limits)", "quota_exceeded"),
-    ("sbatch: error: Batch job submission failed: Access/permission denied", "auth_failed"),
-    ("sbatch: error: Batch job submission failed: Protocol authentication error", "auth_failed"),
-    ("sbatch: error: something entirely new", "provider_error"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "stderr,code",
+    [
+        ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)", "throttled"),
+        ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", "throttled"),
+        (
+            "sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying\n"
+            "sbatch: error: Batch job submission failed: Resource temporarily unavailable",
+            "throttled",
+        ),
+        ('sbatch: error: Munge encode failed: Failed to access "/run/munge/munge.socket.2"', "throttled"),
+        (
+            "sbatch: error: CPU count per node can not be satisfied\n"
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+            "invalid_request",
+        ),
+        (
+            "sbatch: error: invalid partition specified: x\n"
+            "sbatch: error: Batch job submission failed: Invalid partition name specified",
+            "invalid_request",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+            "invalid_request",
+        ),
+        ("sbatch: error: Invalid generic resource (gres) specification", "invalid_request"),
+        (
+            "sbatch: error: Batch job submission failed: Required partition not available (inactive or drain)",
+            "capacity_unavailable",
+        ),
+        (
+            "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's "
+            "size and/or time limits)",
+            "quota_exceeded",
+        ),
+        ("sbatch: error: Batch job submission failed: Access/permission denied", "auth_failed"),
+        ("sbatch: error: Batch job submission failed: Protocol authentication error", "auth_failed"),
+        ("sbatch: error: something entirely new", "provider_error"),
+    ],
+)
 def test_slurm_error_texts_map_to_contract_codes(stderr: str, code: str) -> None:
     assert slurmcli.classify(stderr) == code
 
@@ -141,42 +198,73 @@ def test_a_command_that_hangs_is_throttled_and_says_a_retry_is_safe(tmp_path: Pa
     with pytest.raises(PluginError) as caught:
         cmd.run("sbatch", [], mutating=True)
     assert caught.value.code == "throttled" and caught.value.retryable
-    assert "did not finish within 0.3 s" in caught.value.message and "a retry with the same op_id" in caught.value.message
+    assert (
+        "did not finish within 0.3 s" in caught.value.message and "a retry with the same op_id" in caught.value.message
+    )
     with pytest.raises(PluginError) as missing:
         cmd.run("squeue", [])
     assert missing.value.code == "provider_error" and "not installed" in missing.value.message
 
 
 def _config(**template: object) -> dict:
-    return {"partition": "p", "workdir": "/w", "agent": {"certs": "/c"},
-            "templates": [{"templateId": "t", "maxNumber": 2, "cpus": 4, **template}]}  # fmt: skip
+    return {
+        "partition": "p",
+        "workdir": "/w",
+        "agent": {"certs": "/c"},
+        "templates": [{"templateId": "t", "maxNumber": 2, "cpus": 4, **template}],
+    }
 
 
 def test_config_derives_lsf_attributes_and_keeps_a_documented_price() -> None:
-    price = {"amount": 0.5, "currency": "EUR", "unit": "hour", "source": "site table", "timestamp": "2024-07-01T00:00:00Z"}
-    config = Config.from_document(_config(memMB=8000, gres="gpu:a100:2", price=price, attributes={"x": ["Boolean", "1"]}))
+    price = {
+        "amount": 0.5,
+        "currency": "EUR",
+        "unit": "hour",
+        "source": "site table",
+        "timestamp": "2024-07-01T00:00:00Z",
+    }
+    config = Config.from_document(
+        _config(memMB=8000, gres="gpu:a100:2", price=price, attributes={"x": ["Boolean", "1"]})
+    )
     doc = config.templates["t"].as_contract()
-    assert doc["attributes"] == {"type": ["String", "X86_64"], "ncpus": ["Numeric", "4"], "ngpus": ["Numeric", "2"],
-                                 "mem": ["Numeric", "8000"], "x": ["Boolean", "1"]}  # fmt: skip
+    assert doc["attributes"] == {
+        "type": ["String", "X86_64"],
+        "ncpus": ["Numeric", "4"],
+        "ngpus": ["Numeric", "2"],
+        "mem": ["Numeric", "8000"],
+        "x": ["Boolean", "1"],
+    }
     assert doc["price"] == price and doc["maxNumber"] == 2
-    assert config.templates["t"].resource_args() == ["--nodes=1", "--ntasks=1", "--cpus-per-task=4", "--mem=8000",
-                                                     "--gres=gpu:a100:2"]  # fmt: skip
+    assert config.templates["t"].resource_args() == [
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=4",
+        "--mem=8000",
+        "--gres=gpu:a100:2",
+    ]
     assert config.agent_command[1:] == ("-m", "provisionerd", "agent")
     assert "price" not in Config.from_document(_config()).templates["t"].as_contract()
 
 
-@pytest.mark.parametrize("doc,words", [
-    ({"partition": "p"}, "required property"),
-    (_config(sbatchArgs=["--comment=x"]), "the plugin sets"),
-    (_config(sbatchArgs=["--export=ALL"]), "the plugin sets"),
-    (_config(price={"amount": 1, "currency": "USD", "unit": "hour", "source": "s", "timestamp": "yesterday"}),
-     "is not a 'date-time'"),
-    (_config(price={"amount": 1, "currency": "USD", "unit": "hour", "timestamp": "2024-07-01T00:00:00Z"}),
-     "'source' is a required property"),
-    ({**_config(), "templates": [_config()["templates"][0]] * 2}, "duplicate templateId"),
-    ({**_config(), "workdir": "relative"}, "workdir"),
-    (_config(timeLimit="1 hour"), "timeLimit"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "doc,words",
+    [
+        ({"partition": "p"}, "required property"),
+        (_config(sbatchArgs=["--comment=x"]), "the plugin sets"),
+        (_config(sbatchArgs=["--export=ALL"]), "the plugin sets"),
+        (
+            _config(price={"amount": 1, "currency": "USD", "unit": "hour", "source": "s", "timestamp": "yesterday"}),
+            "is not a 'date-time'",
+        ),
+        (
+            _config(price={"amount": 1, "currency": "USD", "unit": "hour", "timestamp": "2024-07-01T00:00:00Z"}),
+            "'source' is a required property",
+        ),
+        ({**_config(), "templates": [_config()["templates"][0]] * 2}, "duplicate templateId"),
+        ({**_config(), "workdir": "relative"}, "workdir"),
+        (_config(timeLimit="1 hour"), "timeLimit"),
+    ],
+)
 def test_a_bad_config_is_an_invalid_request_naming_the_problem(doc: dict, words: str) -> None:
     with pytest.raises(PluginError) as caught:
         Config.from_document(doc)

@@ -8,10 +8,10 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from provisionerd.pki import certs
 from provisionerd.cli import main as cli
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import Role
+from provisionerd.pki import certs
 
 ROLES = [r.value for r in Role]
 

@@ -12,15 +12,31 @@ from provisionerd.wire.roles import ALLOWED, check_allowed, is_allowed
 # The spec (docs/protocol.md, "Role allowlist"), written out independently of roles.py.
 SPEC = {
     Role.PROVISIONER: {
-        m.Join, m.Heartbeat, m.LeaseAcquire, m.LeaseRenew, m.LeaseRelease, m.FactCommit, m.ResyncRequest,
+        m.Join,
+        m.Heartbeat,
+        m.LeaseAcquire,
+        m.LeaseRenew,
+        m.LeaseRelease,
+        m.FactCommit,
+        m.ResyncRequest,
     },
     Role.WORKER: {m.Join, m.Heartbeat, m.WorkerStatus},
     Role.ADMIN: {m.Join, m.Heartbeat, m.AdminSetDemand, m.AdminFailover, m.AdminQuorum, m.AdminStatus},
     Role.CONTROLLER: {
-        m.JoinReply, m.HeartbeatAck, m.ErrorMsg, m.Rejected, m.Ack, m.LeaseGrant, m.LeaseDenied, m.DemandPage,
-        m.FactAck, m.ResyncPage, m.HostStatePush, m.AdminReply,
+        m.JoinReply,
+        m.HeartbeatAck,
+        m.ErrorMsg,
+        m.Rejected,
+        m.Ack,
+        m.LeaseGrant,
+        m.LeaseDenied,
+        m.DemandPage,
+        m.FactAck,
+        m.ResyncPage,
+        m.HostStatePush,
+        m.AdminReply,
     },
-}  # fmt: skip
+}
 
 
 def test_allowlist_matches_the_spec_and_covers_every_message():

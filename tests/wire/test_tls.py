@@ -11,9 +11,9 @@ import trio
 import trio.testing
 from cryptography.hazmat.primitives import serialization
 
-from provisionerd.pki import certs
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import Role
+from provisionerd.pki import certs
 from provisionerd.wire import messages as m
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.tls import client_ssl_context, peer_role, server_ssl_context
@@ -64,7 +64,7 @@ def _without_uri(ca_cert, ca_key, cluster):
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "no-role")]))

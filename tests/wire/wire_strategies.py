@@ -36,24 +36,34 @@ demand_items = st.builds(
 _head = {"provider": text, "epoch": epochs, "op_id": text}
 FACT_STRATEGIES = {
     model.RequestIntent: st.builds(
-        model.RequestIntent, **_head, template_id=text, count=u32, instance_refs=texts, token_hashes=texts,
+        model.RequestIntent,
+        **_head,
+        template_id=text,
+        count=u32,
+        instance_refs=texts,
+        token_hashes=texts,
         demand_id=text,
     ),
     model.InstanceFact: st.builds(
-        model.InstanceFact, **_head, instance_ref=text, machine_id=text, template_id=text, token_hash=text,
-        hostname=text, address=text, launch_time=floats,
+        model.InstanceFact,
+        **_head,
+        instance_ref=text,
+        machine_id=text,
+        template_id=text,
+        token_hash=text,
+        hostname=text,
+        address=text,
+        launch_time=floats,
     ),
     model.RequestFailed: st.builds(model.RequestFailed, **_head, reason=text),
     model.ReturnIntent: st.builds(model.ReturnIntent, **_head, machine_ids=texts, reason=text),
     model.Returned: st.builds(model.Returned, **_head, machine_ids=texts),
     model.Lost: st.builds(model.Lost, **_head, machine_id=text, reason=text),
-    model.OrphanReported: st.builds(
-        model.OrphanReported, **_head, machine_id=text, orphan_class=text, evidence=text
-    ),
+    model.OrphanReported: st.builds(model.OrphanReported, **_head, machine_id=text, orphan_class=text, evidence=text),
     model.OrphanAdopted: st.builds(
         model.OrphanAdopted, **_head, machine_id=text, instance_ref=text, hostname=text, address=text
     ),
-}  # fmt: skip
+}
 facts = st.one_of(*FACT_STRATEGIES.values())
 committed = st.builds(model.CommittedFact, u64, facts)
 hosts = st.builds(
@@ -74,12 +84,24 @@ def _small(strategy):
 
 MESSAGE_STRATEGIES = {
     m.Join: st.builds(
-        m.Join, role=st.sampled_from(model.Role), identity=text, protocol_version=u32, providers=texts,
-        instance_ref=text, token=text, instance=text,
+        m.Join,
+        role=st.sampled_from(model.Role),
+        identity=text,
+        protocol_version=u32,
+        providers=texts,
+        instance_ref=text,
+        token=text,
+        instance=text,
     ),
     m.JoinReply: st.builds(
-        m.JoinReply, accepted=st.booleans(), term=u64, primary=st.booleans(), redirect=text, controller_id=text,
-        protocol_version=u32, reason=text,
+        m.JoinReply,
+        accepted=st.booleans(),
+        term=u64,
+        primary=st.booleans(),
+        redirect=text,
+        controller_id=text,
+        protocol_version=u32,
+        reason=text,
     ),
     m.Heartbeat: st.builds(m.Heartbeat, u64),
     m.HeartbeatAck: st.builds(m.HeartbeatAck, u64, u64),
@@ -103,5 +125,5 @@ MESSAGE_STRATEGIES = {
     m.AdminQuorum: st.builds(m.AdminQuorum, st.booleans()),
     m.AdminStatus: st.just(m.AdminStatus()),
     m.AdminReply: st.builds(m.AdminReply, st.booleans(), text),
-}  # fmt: skip
+}
 messages = st.one_of(*MESSAGE_STRATEGIES.values())

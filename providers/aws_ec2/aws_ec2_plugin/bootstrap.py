@@ -37,8 +37,9 @@ MAX_USER_DATA = 16 * 1024
 _MAX_CLIENT_TOKEN = 64
 
 
-def instance_tags(owner_tags: Mapping[str, str], instance_ref: str, template_id: str,
-                  extra: Mapping[str, str]) -> list[dict[str, str]]:
+def instance_tags(
+    owner_tags: Mapping[str, str], instance_ref: str, template_id: str, extra: Mapping[str, str]
+) -> list[dict[str, str]]:
     """The tags one instance is created with, in EC2's ``[{"Key", "Value"}]`` shape."""
     tags = dict(extra)
     tags.update(owner_tags)

@@ -29,8 +29,7 @@ def join_tokens(doc: Any) -> list[str]:
     return [b["joinToken"] for b in boot if isinstance(b, dict) and isinstance(b.get("joinToken"), str)]
 
 
-def run_action(plugin: Plugin | PluginError, redactor: Redactor, action: str,
-               doc: Any) -> tuple[bool, dict[str, Any]]:
+def run_action(plugin: Plugin | PluginError, redactor: Redactor, action: str, doc: Any) -> tuple[bool, dict[str, Any]]:
     """``(ok, result-or-error-body)``: never raises, whatever the plugin does.
 
     An error message is scrubbed here, with this call's join tokens, before it is logged or returned: EC2 messages
@@ -47,13 +46,20 @@ def run_action(plugin: Plugin | PluginError, redactor: Redactor, action: str,
         ok, body = False, err.document()
         outcome = err.code
     except Exception as exc:  # noqa: BLE001 - a bug must still answer with an error document, not a traceback
-        ok, body = False, {"code": "provider_error", "message": f"internal error: {type(exc).__name__}",
-                           "retryable": False}
+        ok, body = (
+            False,
+            {"code": "provider_error", "message": f"internal error: {type(exc).__name__}", "retryable": False},
+        )
         outcome = "internal_error"
         logging.getLogger(__name__).error(
-            "internal error in %s:\n%s", action, redactor.scrub(traceback.format_exc(), join_tokens(doc)))
-    event = {"ts": round(time.time(), 3), "action": action, "outcome": outcome,
-             "ms": round((time.monotonic() - started) * 1000, 1)}
+            "internal error in %s:\n%s", action, redactor.scrub(traceback.format_exc(), join_tokens(doc))
+        )
+    event = {
+        "ts": round(time.time(), 3),
+        "action": action,
+        "outcome": outcome,
+        "ms": round((time.monotonic() - started) * 1000, 1),
+    }
     if isinstance(op_id, str):
         event["op_id"] = op_id[:64]
     if not ok:
@@ -85,5 +91,3 @@ def load(redactor: Redactor) -> Plugin | PluginError:
         return Plugin.from_environment(redactor)
     except PluginError as err:
         return err
-
-

@@ -83,8 +83,9 @@ class Config:
         templates: dict[str, Template] = {}
         for raw in doc["templates"]:
             if raw["templateId"] in templates:
-                raise PluginError("provider_error",
-                                  f"invalid aws_ec2 config: duplicate templateId {raw['templateId']!r}")
+                raise PluginError(
+                    "provider_error", f"invalid aws_ec2 config: duplicate templateId {raw['templateId']!r}"
+                )
             templates[raw["templateId"]] = _template(raw)
         plain = {k: v for k, v in doc.items() if k != "templates"}
         return cls(templates=templates, **plain)
@@ -139,7 +140,7 @@ def _credential_keys(doc: object, path: str) -> list[str]:
             if any(word in lowered for word in _CREDENTIAL_WORDS):
                 found.append(
                     f"{path}.{key}: credentials do not belong in this file; use the AWS environment variables, "
-                    "shared credentials/config files (\"profile\"), SSO or an instance role"
+                    'shared credentials/config files ("profile"), SSO or an instance role'
                 )
             found += _credential_keys(value, f"{path}.{key}")
     elif isinstance(doc, list):

@@ -27,7 +27,7 @@ def call(operation: str, fn: Callable[..., T], **kwargs: Any) -> T:
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def tag_filters(tags: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -52,8 +52,9 @@ class Ec2:
                 for reservation in page.get("Reservations", ()):
                     found.extend(reservation.get("Instances", ()))
                 if len(found) > MAX_INSTANCES:
-                    raise PluginError("provider_error",
-                                      f"DescribeInstances matched more than {MAX_INSTANCES} instances")
+                    raise PluginError(
+                        "provider_error", f"DescribeInstances matched more than {MAX_INSTANCES} instances"
+                    )
         except PluginError:
             raise
         except Exception as exc:  # noqa: BLE001 - see call()
@@ -72,8 +73,12 @@ class Ec2:
         return response["Instances"][0]
 
     def create_tags(self, ids: Sequence[str], tags: Mapping[str, str]) -> None:
-        call("CreateTags", self.client.create_tags, Resources=list(ids),
-             Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+        call(
+            "CreateTags",
+            self.client.create_tags,
+            Resources=list(ids),
+            Tags=[{"Key": k, "Value": v} for k, v in tags.items()],
+        )
 
     def terminate(self, ids: Sequence[str]) -> None:
         self._per_batch("TerminateInstances", self.client.terminate_instances, ids)

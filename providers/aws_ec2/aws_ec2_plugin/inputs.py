@@ -46,8 +46,9 @@ def _object(doc: object, what: str) -> Mapping[str, Any]:
 def owner_tags(doc: Mapping[str, Any], op_id: str, cluster: str | None) -> dict[str, str]:
     """The owner tags of a mutating input: the four keys, op tag equal to op_id, our cluster."""
     tags = _object(doc.get("tags"), "tags")
-    if not all(isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 128 and len(v) <= 256
-               for k, v in tags.items()):
+    if not all(
+        isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 128 and len(v) <= 256 for k, v in tags.items()
+    ):
         raise _bad("tags must map strings (keys 1-128 chars) to strings (at most 256 chars)")
     missing = [k for k in OWNER_KEYS if not tags.get(k)]
     if missing:
@@ -107,8 +108,11 @@ def _check_bootstrap(entry: object, i: int) -> None:
     if not isinstance(ref, str) or not 0 < len(ref) <= 256:
         raise _bad(f"{where}.instanceRef must be a string of 1-256 characters")
     controllers = entry.get("controllers")
-    if (not isinstance(controllers, list) or not 1 <= len(controllers) <= 16
-            or not all(isinstance(c, str) and CONTROLLER.match(c) for c in controllers)):
+    if (
+        not isinstance(controllers, list)
+        or not 1 <= len(controllers) <= 16
+        or not all(isinstance(c, str) and CONTROLLER.match(c) for c in controllers)
+    ):
         raise _bad(f"{where}.controllers must be 1-16 'host:port' strings")
     token = entry.get("joinToken")
     if not isinstance(token, str) or not 16 <= len(token) <= 512:
@@ -150,7 +154,11 @@ def tag_filter(doc: object) -> dict[str, str]:
     tags = _object(doc.get("tags"), "tags")
     if not tags.get(TAG_CLUSTER):
         raise _bad("tags must include provisionerd:cluster: listing is never unscoped")
-    if not all(isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 128 and len(v) <= 256
-               for k, v in tags.items()) or len(tags) > 40:
+    if (
+        not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 128 and len(v) <= 256 for k, v in tags.items()
+        )
+        or len(tags) > 40
+    ):
         raise _bad("tags must map at most 40 strings to strings")
     return dict(tags)

@@ -62,8 +62,9 @@ def status_machine(kind: str, instance: Mapping[str, Any]) -> dict[str, Any]:
     state = state_of(instance)
     result, message = result_for(kind, state)
     entry = listed(instance)
-    entry.update(result=result, message=_with_reason(message, instance),
-                 instanceRef=entry["tags"].get(TAG_INSTANCE, ""))
+    entry.update(
+        result=result, message=_with_reason(message, instance), instanceRef=entry["tags"].get(TAG_INSTANCE, "")
+    )
     return entry
 
 
@@ -78,8 +79,11 @@ def unseen_machine(kind: str, machine_id: str, instance_ref: str, age: float, gr
         return base | {"result": "succeed", "status": "terminated", "message": "no longer listed by EC2"}
     if age < grace:
         return base | {"result": "executing", "status": "pending", "message": "not yet visible in DescribeInstances"}
-    return base | {"result": "fail", "status": "unknown",
-                   "message": f"not visible in DescribeInstances after {int(age)} s"}
+    return base | {
+        "result": "fail",
+        "status": "unknown",
+        "message": f"not visible in DescribeInstances after {int(age)} s",
+    }
 
 
 def request_status(machines: Sequence[Mapping[str, Any]], failed_slots: int) -> tuple[str, str]:

@@ -18,8 +18,17 @@ def main(action: str, argv: list[str]) -> int:
     redactor = Redactor.from_environment()
     setup_logging(redactor)
     if len(argv) != 2 or argv[0] != "-f":
-        print(json.dumps({"error": {"code": "invalid_request", "message": "usage: <action>.sh -f <input.json>",
-                                    "retryable": False}}))
+        print(
+            json.dumps(
+                {
+                    "error": {
+                        "code": "invalid_request",
+                        "message": "usage: <action>.sh -f <input.json>",
+                        "retryable": False,
+                    }
+                }
+            )
+        )
         return 1
     doc: Any = None
     try:
@@ -40,5 +49,3 @@ def main(action: str, argv: list[str]) -> int:
     sys.stdout.write(redactor.scrub(text, join_tokens(doc)) + "\n")
     sys.stdout.flush()
     return 0 if ok else 1
-
-

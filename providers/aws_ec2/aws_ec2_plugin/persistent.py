@@ -45,8 +45,14 @@ async def _serve(plugin: Plugin | PluginError, redactor: Redactor) -> None:
             if not isinstance(action, str):
                 raise ValueError("no action")
         except ValueError:
-            ok, body = False, {"code": "invalid_request", "retryable": False,
-                               "message": "a request line must be a JSON object with id, action and input"}
+            ok, body = (
+                False,
+                {
+                    "code": "invalid_request",
+                    "retryable": False,
+                    "message": "a request line must be a JSON object with id, action and input",
+                },
+            )
         else:
             ok, body = await trio.to_thread.run_sync(run_action, plugin, redactor, action, doc, limiter=limiter)
         reply = {"id": request_id, "result" if ok else "error": body}
@@ -60,7 +66,7 @@ async def _serve(plugin: Plugin | PluginError, redactor: Redactor) -> None:
         while chunk := await stdin.receive_some(1 << 16):
             buffer += chunk
             while (end := buffer.find(b"\n")) >= 0:
-                line, buffer = bytes(buffer[:end]), buffer[end + 1:]
+                line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
                 if discarding:
                     discarding = False
                 elif line.strip():

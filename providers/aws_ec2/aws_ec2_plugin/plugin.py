@@ -25,8 +25,16 @@ CONTRACT_VERSION = 1
 
 
 class Plugin:
-    def __init__(self, config: Config, redactor: Redactor, *, cluster: str | None, provider_name: str,
-                 data_dir: str | None, client_factory: Callable[[Config, Redactor], Any] = make_client) -> None:
+    def __init__(
+        self,
+        config: Config,
+        redactor: Redactor,
+        *,
+        cluster: str | None,
+        provider_name: str,
+        data_dir: str | None,
+        client_factory: Callable[[Config, Redactor], Any] = make_client,
+    ) -> None:
         self.config = config
         self.redactor = redactor
         self.cluster = cluster or None
@@ -102,8 +110,9 @@ class Plugin:
 
     def get_return_requests(self, doc: dict[str, Any]) -> dict[str, Any]:
         ids = inputs.machine_ids(doc, required=False)
-        return status.return_requests(self.ec2, ids, self.cluster, self.config.reclaim_tag,
-                                      self.config.reclaim_grace_period)
+        return status.return_requests(
+            self.ec2, ids, self.cluster, self.config.reclaim_tag, self.config.reclaim_grace_period
+        )
 
     def list_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
         tags = inputs.tag_filter(doc)
@@ -128,5 +137,6 @@ class Plugin:
         op_id = inputs.op_id_of(doc)
         tags = inputs.owner_tags(doc, op_id, self.cluster)
         with self.records.exclusive(op_id):
-            return release.release(self.ec2, self.records, kind, op_id, tags[inputs.TAG_CLUSTER], ids,
-                                   self.config.terminate_batch_size)
+            return release.release(
+                self.ec2, self.records, kind, op_id, tags[inputs.TAG_CLUSTER], ids, self.config.terminate_batch_size
+            )

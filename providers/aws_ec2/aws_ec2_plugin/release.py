@@ -29,8 +29,9 @@ _DONE_STATES = {
 _TAG = {RETURN: bootstrap.TAG_RETURN_OP, STOP: bootstrap.TAG_STOP_OP}
 
 
-def release(ec2: Ec2, records: Records, kind: str, op_id: str, cluster: str, ids: list[str],
-            batch_size: int) -> dict[str, Any]:
+def release(
+    ec2: Ec2, records: Records, kind: str, op_id: str, cluster: str, ids: list[str], batch_size: int
+) -> dict[str, Any]:
     """Terminate (``kind`` RETURN) or stop (STOP) our instances among ``ids``; ``{"requestId": op_id, "message"}``.
 
     On a failure part-way the error says how far it got; the same op_id again finishes the job.

@@ -27,8 +27,9 @@ def cluster_filter(cluster: str | None) -> list[dict[str, Any]]:
     return [{"Name": "tag-key", "Values": [TAG_CLUSTER]}]
 
 
-def request_status(ec2: Ec2, records: Records, request_ids: Sequence[str], cluster: str | None,
-                   visibility_grace: float) -> dict[str, Any]:
+def request_status(
+    ec2: Ec2, records: Records, request_ids: Sequence[str], cluster: str | None, visibility_grace: float
+) -> dict[str, Any]:
     found = ec2.describe_values("tag-value", sorted(set(request_ids)), cluster_filter(cluster))
     by_request: dict[str, list[Mapping[str, Any]]] = {rid: [] for rid in request_ids}
     for instance in found:
@@ -37,16 +38,19 @@ def request_status(ec2: Ec2, records: Records, request_ids: Sequence[str], clust
             if tags.get(key) in by_request:
                 by_request[tags[key]].append(instance)
     now = time.time()
-    return {"requests": [
-        _one(rid, by_request[rid], records.load(rid), now, visibility_grace) for rid in request_ids
-    ]}
+    return {"requests": [_one(rid, by_request[rid], records.load(rid), now, visibility_grace) for rid in request_ids]}
 
 
-def _one(request_id: str, instances: Sequence[Mapping[str, Any]], record: Mapping[str, Any] | None, now: float,
-         grace: float) -> dict[str, Any]:
+def _one(
+    request_id: str, instances: Sequence[Mapping[str, Any]], record: Mapping[str, Any] | None, now: float, grace: float
+) -> dict[str, Any]:
     if not instances and record is None:
-        return {"requestId": request_id, "status": "complete_with_error", "machines": [],
-                "message": "unknown request: no machine carries this request id"}
+        return {
+            "requestId": request_id,
+            "status": "complete_with_error",
+            "machines": [],
+            "message": "unknown request: no machine carries this request id",
+        }
     if record is not None:
         kind = str(record.get("kind", machines.CREATE))
     else:
@@ -68,8 +72,15 @@ def _one(request_id: str, instances: Sequence[Mapping[str, Any]], record: Mappin
                     continue
                 if machine_id in done:
                     result, message = machines.result_for(kind, done[machine_id])
-                    entries.append({"machineId": machine_id, "name": machine_id, "result": result,
-                                    "status": done[machine_id], "message": message or "already done"})
+                    entries.append(
+                        {
+                            "machineId": machine_id,
+                            "name": machine_id,
+                            "result": result,
+                            "status": done[machine_id],
+                            "message": message or "already done",
+                        }
+                    )
                 else:
                     entries.append(machines.unseen_machine(kind, machine_id, "", age, grace))
     status, message = machines.request_status(entries, failed_slots)
@@ -79,8 +90,9 @@ def _one(request_id: str, instances: Sequence[Mapping[str, Any]], record: Mappin
     return {"requestId": request_id, "status": status, "message": message, "machines": entries}
 
 
-def return_requests(ec2: Ec2, ids: Sequence[str], cluster: str | None, reclaim_tag: str,
-                    default_grace: int) -> dict[str, Any]:
+def return_requests(
+    ec2: Ec2, ids: Sequence[str], cluster: str | None, reclaim_tag: str, default_grace: int
+) -> dict[str, Any]:
     """The given machines the cloud reclaimed or an operator marked; see :func:`machines.reclaimed`."""
     if not ids:
         return {"status": "complete", "message": "", "requests": []}

@@ -29,8 +29,7 @@ import secrets
 import sys
 import time
 
-ACTIONS = ("getAvailableTemplates", "requestMachines", "requestReturnMachines", "getRequestStatus",
-           "getReturnRequests")
+ACTIONS = ("getAvailableTemplates", "requestMachines", "requestReturnMachines", "getRequestStatus", "getReturnRequests")
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONF = os.environ.get("PRO_CONF_DIR") or os.path.join(HERE, "conf")
 DATA = os.environ.get("PRO_DATA_DIR") or os.path.join(HERE, "data")
@@ -114,7 +113,9 @@ def request_machines(request, conf):
         time.sleep(delay)
     make = max(0, count - int(conf.get("SHORT_FILL", 0)))
     with State() as state:
-        live = sum(1 for m in state["machines"].values() if m["template"] == template_id and m["status"] != "terminated")
+        live = sum(
+            1 for m in state["machines"].values() if m["template"] == template_id and m["status"] != "terminated"
+        )
         if live + count > template["maxNumber"]:
             raise Refused(f"Template {template_id}: {live} running + {count} requested > maxNumber")
         request_id = "req-" + secrets.token_hex(4)
@@ -179,8 +180,14 @@ def get_request_status(request, conf):
             request_id = ref["requestId"]
             record = state["requests"].get(request_id)
             if record is None:
-                answers.append({"requestId": request_id, "status": "complete_with_error",
-                                "message": "Request not found", "machines": []})
+                answers.append(
+                    {
+                        "requestId": request_id,
+                        "status": "complete_with_error",
+                        "message": "Request not found",
+                        "machines": [],
+                    }
+                )
                 continue
             record["polls"] += 1
             if record["kind"] == "create":
@@ -197,19 +204,36 @@ def create_status(state, request_id, record, boot_polls):
         if m["status"] == "pending" and record["polls"] > boot_polls:
             m["status"] = "running"
         result = {"pending": "executing", "running": "succeed"}.get(m["status"], "succeed")
-        machines.append({"machineId": machine_id, "name": m["name"], "result": result, "status": m["status"],
-                         "privateIpAddress": m["ip"], "publicIpAddress": None, "launchtime": m["launchtime"],
-                         "message": ""})
+        machines.append(
+            {
+                "machineId": machine_id,
+                "name": m["name"],
+                "result": result,
+                "status": m["status"],
+                "privateIpAddress": m["ip"],
+                "publicIpAddress": None,
+                "launchtime": m["launchtime"],
+                "message": "",
+            }
+        )
     if any(x["result"] == "executing" for x in machines):
         return {"requestId": request_id, "status": "running", "message": ""}  # LSF plugins often omit machines here
     return {"requestId": request_id, "status": "complete", "message": "", "machines": machines}
 
 
 def return_status(state, request_id, record):
-    machines = [{"machineId": machine_id, "name": state["machines"][machine_id]["name"], "result": "succeed",
-                 "status": "terminated", "privateIpAddress": state["machines"][machine_id]["ip"],
-                 "launchtime": state["machines"][machine_id]["launchtime"], "message": ""}
-                for machine_id in record["machines"]]
+    machines = [
+        {
+            "machineId": machine_id,
+            "name": state["machines"][machine_id]["name"],
+            "result": "succeed",
+            "status": "terminated",
+            "privateIpAddress": state["machines"][machine_id]["ip"],
+            "launchtime": state["machines"][machine_id]["launchtime"],
+            "message": "",
+        }
+        for machine_id in record["machines"]
+    ]
     return {"requestId": request_id, "status": "complete", "message": "", "machines": machines}
 
 
@@ -221,8 +245,9 @@ def get_return_requests(request, conf):
     with State() as state:
         machines = state["machines"]
         reclaimed = [k for k, m in machines.items() if m["reclaimed_at"] is not None]
-        running = sorted((m["launchtime"], k) for k, m in machines.items()
-                         if m["status"] == "running" and m["reclaimed_at"] is None)
+        running = sorted(
+            (m["launchtime"], k) for k, m in machines.items() if m["status"] == "running" and m["reclaimed_at"] is None
+        )
         for _, machine_id in running[: max(0, wanted - len(reclaimed))]:
             machines[machine_id]["reclaimed_at"] = now
             log(f"machine {machine_id} is being reclaimed by the cloud")

@@ -110,8 +110,13 @@ class Provider:
     # --- describe, templates ---------------------------------------------------------------------------------
 
     def describe(self, conf: conf_mod.Conf, doc: Any, agents: Any) -> dict[str, Any]:
-        features = {"idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": True,
-                    "priceQuotes": any(t.price is not None for t in conf.templates)}  # fmt: skip
+        features = {
+            "idempotentRequest": True,
+            "listMachines": True,
+            "stopMachines": False,
+            "tags": True,
+            "priceQuotes": any(t.price is not None for t in conf.templates),
+        }
         return {"name": NAME, "version": VERSION, "contractVersion": 1, "features": features}
 
     def templates(self, conf: conf_mod.Conf, doc: Any, agents: Any) -> dict[str, Any]:
@@ -139,8 +144,10 @@ class Provider:
                 raise _bad("each bootstrap entry needs instanceRef, controllers and joinToken")
             _text(boot.get("instanceRef"), "bootstrap instanceRef")
             controllers = boot.get("controllers")
-            if not isinstance(controllers, list) or not controllers or not all(
-                isinstance(c, str) and ADDRESS.match(c) for c in controllers
+            if (
+                not isinstance(controllers, list)
+                or not controllers
+                or not all(isinstance(c, str) and ADDRESS.match(c) for c in controllers)
             ):
                 raise _bad("bootstrap controllers must be a non-empty list of HOST:PORT")
         refs = [boot["instanceRef"] for boot in boots]
@@ -152,35 +159,72 @@ class Provider:
             if existing["templateId"] != template.template_id or existing["instanceRefs"] != refs:
                 raise _bad(f"op_id {op_id!r} was already used for another request")
             self._start_missing(conf, existing, tags, boots, agents)
-            return {"requestId": request_id, "message": f"op_id {op_id!r} already requested: same request, no new machines"}
+            return {
+                "requestId": request_id,
+                "message": f"op_id {op_id!r} already requested: same request, no new machines",
+            }
         available = template.max_number - self._live_count(template.template_id, agents)
         if count > available:
             raise PluginError("quota_exceeded", f"template {template.template_id!r}: {available} more agents allowed")
-        record = {"requestId": request_id, "kind": "create", "opId": op_id, "templateId": template.template_id,
-                  "instanceRefs": refs, "machineIds": [machine_id_for(op_id, r) for r in refs],
-                  "createdAt": int(time.time())}  # fmt: skip
+        record = {
+            "requestId": request_id,
+            "kind": "create",
+            "opId": op_id,
+            "templateId": template.template_id,
+            "instanceRefs": refs,
+            "machineIds": [machine_id_for(op_id, r) for r in refs],
+            "createdAt": int(time.time()),
+        }
         self.store.put_request(record)  # first: a crash from here on is completed by a replay of the op_id
         self._start_missing(conf, record, tags, boots, agents)
         return {"requestId": request_id, "message": f"requested {count} x {template.template_id}"}
 
-    def _start_missing(self, conf: conf_mod.Conf, request: dict[str, Any], tags: dict[str, str],
-                       boots: list[dict[str, Any]], agents: Mapping[str, procs.AgentProc]) -> None:  # fmt: skip
+    def _start_missing(
+        self,
+        conf: conf_mod.Conf,
+        request: dict[str, Any],
+        tags: dict[str, str],
+        boots: list[dict[str, Any]],
+        agents: Mapping[str, procs.AgentProc],
+    ) -> None:
         """Start each machine of ``request`` that was never started (a first call, or one cut short)."""
         for boot, machine_id in zip(boots, request["machineIds"]):
             record = self.store.machine(machine_id)
             if record is not None and (record["state"] != STARTING or machine_id in agents):
                 continue
-            record = {"machineId": machine_id, "name": machine_id, "instanceRef": boot["instanceRef"],
-                      "templateId": request["templateId"], "opId": request["opId"],
-                      "requestId": request["requestId"], "tags": {**tags, "provisionerd:instance": boot["instanceRef"]},
-                      "state": STARTING, "pid": 0, "starttime": 0, "launchtime": int(time.time())}  # fmt: skip
+            record = {
+                "machineId": machine_id,
+                "name": machine_id,
+                "instanceRef": boot["instanceRef"],
+                "templateId": request["templateId"],
+                "opId": request["opId"],
+                "requestId": request["requestId"],
+                "tags": {**tags, "provisionerd:instance": boot["instanceRef"]},
+                "state": STARTING,
+                "pid": 0,
+                "starttime": 0,
+                "launchtime": int(time.time()),
+            }
             self.store.put_machine(record)
             self._spawn(conf, record, boot)
 
     def _spawn(self, conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, Any]) -> None:
-        argv = [*conf.agent_command, "--certs", conf.certs_dir, "--controllers", ",".join(boot["controllers"]),
-                "--instance-ref", record["instanceRef"], "--token-stdin", "--machine-id", record["machineId"],
-                "--heartbeat", f"{conf.heartbeat:g}", "--reply-timeout", f"{conf.reply_timeout:g}"]  # fmt: skip
+        argv = [
+            *conf.agent_command,
+            "--certs",
+            conf.certs_dir,
+            "--controllers",
+            ",".join(boot["controllers"]),
+            "--instance-ref",
+            record["instanceRef"],
+            "--token-stdin",
+            "--machine-id",
+            record["machineId"],
+            "--heartbeat",
+            f"{conf.heartbeat:g}",
+            "--reply-timeout",
+            f"{conf.reply_timeout:g}",
+        ]
         for key, value in sorted(record["tags"].items()):
             argv += ["--label", f"{key}={value}"]
         argv += ["--label", f"{procs.HOME_LABEL}={self.home}"]
@@ -190,8 +234,16 @@ class Provider:
         try:
             with open(self.store.log_path(record["machineId"]), "ab") as log:
                 # Its own session: the agent outlives this call, and the daemon's kill of our process group.
-                process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                           cwd=self.home, env=env, start_new_session=True, close_fds=True)  # fmt: skip
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.home,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except (OSError, ValueError) as exc:
             record.update(state=FAILED, message=f"cannot start the agent: {exc.__class__.__name__}: {exc}"[:500])
             self.store.put_machine(record)
@@ -218,8 +270,14 @@ class Provider:
             request_id = item.get("requestId") if isinstance(item, dict) else None
             record = self.store.request(request_id) if isinstance(request_id, str) else None
             if record is None:
-                answers.append({"requestId": str(request_id), "status": "complete_with_error",
-                                "message": "unknown request", "machines": []})  # fmt: skip
+                answers.append(
+                    {
+                        "requestId": str(request_id),
+                        "status": "complete_with_error",
+                        "message": "unknown request",
+                        "machines": [],
+                    }
+                )
                 continue
             if record["kind"] == "create":
                 machines = [self._create_entry(mid, agents) for mid in record["machineIds"]]
@@ -231,16 +289,28 @@ class Provider:
         return {"requests": answers}
 
     def _entry(self, record: Mapping[str, Any], result: str, status: str, message: str = "") -> dict[str, Any]:
-        return {"machineId": record["machineId"], "name": record.get("name", record["machineId"]), "result": result,
-                "status": status, "privateIpAddress": "127.0.0.1", "launchtime": record.get("launchtime", 0),
-                "message": message, "instanceRef": record.get("instanceRef", ""), "tags": record.get("tags", {})}  # fmt: skip
+        return {
+            "machineId": record["machineId"],
+            "name": record.get("name", record["machineId"]),
+            "result": result,
+            "status": status,
+            "privateIpAddress": "127.0.0.1",
+            "launchtime": record.get("launchtime", 0),
+            "message": message,
+            "instanceRef": record.get("instanceRef", ""),
+            "tags": record.get("tags", {}),
+        }
 
     def _create_entry(self, machine_id: str, agents: Mapping[str, procs.AgentProc]) -> dict[str, Any]:
         record = self.store.machine(machine_id)
         if record is None or record["state"] == STARTING:
             stub = record or {"machineId": machine_id}
-            return self._entry(stub, "fail", "unknown",
-                               "never started (the call was cut short): repeat the request with the same op_id")
+            return self._entry(
+                stub,
+                "fail",
+                "unknown",
+                "never started (the call was cut short): repeat the request with the same op_id",
+            )
         state = record["state"]
         if state == FAILED:
             return self._entry(record, "fail", "terminated", record.get("message", ""))
@@ -272,21 +342,34 @@ class Provider:
         entries = []
         for item in machines:
             machine_id = _text(item.get("machineId") if isinstance(item, dict) else None, "machineId")
-            entries.append({"machineId": machine_id, "name": str(item.get("name", "")),
-                            "refused": self._return_one(machine_id, cluster, request_id, agents)})  # fmt: skip
+            entries.append(
+                {
+                    "machineId": machine_id,
+                    "name": str(item.get("name", "")),
+                    "refused": self._return_one(machine_id, cluster, request_id, agents),
+                }
+            )
         self.store.put_request({"requestId": request_id, "kind": "return", "opId": op_id, "machines": entries})
         return {"requestId": request_id, "message": f"returning {len(entries)} machine(s)"}
 
-    def _return_one(self, machine_id: str, cluster: str, request_id: str,
-                    agents: Mapping[str, procs.AgentProc]) -> str:  # fmt: skip
+    def _return_one(self, machine_id: str, cluster: str, request_id: str, agents: Mapping[str, procs.AgentProc]) -> str:
         """Signal one agent to stop; the reason it is refused, or ``""``."""
         record = self.store.machine(machine_id)
         agent = agents.get(machine_id)
         if record is None and agent is not None:  # ours, started by a call that never recorded it: adopt it
-            record = {"machineId": machine_id, "name": machine_id, "instanceRef": agent.instance_ref,
-                      "templateId": "", "opId": agent.tags.get("provisionerd:op", ""), "requestId": "",
-                      "tags": agent.tags, "state": RUNNING, "pid": agent.pid, "starttime": agent.starttime,
-                      "launchtime": procs.launch_epoch(agent.starttime)}  # fmt: skip
+            record = {
+                "machineId": machine_id,
+                "name": machine_id,
+                "instanceRef": agent.instance_ref,
+                "templateId": "",
+                "opId": agent.tags.get("provisionerd:op", ""),
+                "requestId": "",
+                "tags": agent.tags,
+                "state": RUNNING,
+                "pid": agent.pid,
+                "starttime": agent.starttime,
+                "launchtime": procs.launch_epoch(agent.starttime),
+            }
         if record is None:
             return ""  # unknown or long gone: returning it is harmless
         if record.get("tags", {}).get("provisionerd:cluster") != cluster:
@@ -331,10 +414,16 @@ class Provider:
                 continue
             record = self.store.machine(machine_id) or {}
             returning = record.get("state") == RETURNING
-            listed.append({"machineId": machine_id, "name": record.get("name", machine_id),
-                           "status": "shutting-down" if returning else "running",
-                           "launchtime": record.get("launchtime") or procs.launch_epoch(agent.starttime),
-                           "privateIpAddress": "127.0.0.1", "tags": agent.tags})  # fmt: skip
+            listed.append(
+                {
+                    "machineId": machine_id,
+                    "name": record.get("name", machine_id),
+                    "status": "shutting-down" if returning else "running",
+                    "launchtime": record.get("launchtime") or procs.launch_epoch(agent.starttime),
+                    "privateIpAddress": "127.0.0.1",
+                    "tags": agent.tags,
+                }
+            )
         return {"machines": listed}
 
 

@@ -28,8 +28,15 @@ from typing import Any
 
 from localprovider.errors import PluginError
 
-DEFAULT_TEMPLATE = {"templateId": "local-1", "maxNumber": 64, "ncpus": "auto", "memMb": "auto", "ngpus": 0,
-                    "type": "auto", "price": 0}  # fmt: skip
+DEFAULT_TEMPLATE = {
+    "templateId": "local-1",
+    "maxNumber": 64,
+    "ncpus": "auto",
+    "memMb": "auto",
+    "ngpus": 0,
+    "type": "auto",
+    "price": 0,
+}
 KEYS = {"templates", "certsDir", "heartbeatSeconds", "replyTimeoutSeconds", "killGraceSeconds", "agentCommand"}
 TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price"}
 
@@ -57,8 +64,13 @@ class Template:
         }
         if self.price is not None:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            doc["price"] = {"amount": self.price, "currency": "USD", "unit": "hour", "source": "local",
-                            "timestamp": stamp}  # fmt: skip
+            doc["price"] = {
+                "amount": self.price,
+                "currency": "USD",
+                "unit": "hour",
+                "source": "local",
+                "timestamp": stamp,
+            }
         return doc
 
 

@@ -55,7 +55,9 @@ class Store:
             for sub in ("requests", "machines", "logs"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
-            raise PluginError("provider_error", f"cannot create the state directory {str(self.root)!r}: {exc}") from None
+            raise PluginError(
+                "provider_error", f"cannot create the state directory {str(self.root)!r}: {exc}"
+            ) from None
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

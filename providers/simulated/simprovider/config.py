@@ -76,7 +76,9 @@ def _check_template(t: object, where: str) -> dict:
     for name, pair in attrs.items():
         ok = isinstance(pair, list) and len(pair) == 2 and pair[0] in ATTRIBUTE_TYPES and isinstance(pair[1], str)
         if not ok:
-            raise _fail(f"{where}.attributes.{name}", f'expected ["String"|"Numeric"|"Boolean", "<text>"], got {pair!r}')
+            raise _fail(
+                f"{where}.attributes.{name}", f'expected ["String"|"Numeric"|"Boolean", "<text>"], got {pair!r}'
+            )
     price = t.get("price")
     if price is not None:
         pw = f"{where}.price"
@@ -100,9 +102,9 @@ def _check_fault(rule: object, where: str) -> dict:
     default = FAULT_KINDS[kind]
     actions = rule.get("actions", None if default is None else list(default))
     if actions is None:
-        raise _fail(f"{where}.actions", f"a {kind!r} fault must name its actions (a list, or [\"*\"])")
+        raise _fail(f"{where}.actions", f'a {kind!r} fault must name its actions (a list, or ["*"])')
     if not isinstance(actions, list) or not all(a == "*" or a in ACTIONS for a in actions):
-        raise _fail(f"{where}.actions", f"expected a list of {list(ACTIONS)} or [\"*\"], got {actions!r}")
+        raise _fail(f"{where}.actions", f'expected a list of {list(ACTIONS)} or ["*"], got {actions!r}')
     templates = rule.get("templates")
     if templates is not None and not (isinstance(templates, list) and all(isinstance(x, str) for x in templates)):
         raise _fail(f"{where}.templates", f"expected a list of template ids, got {templates!r}")

@@ -141,16 +141,33 @@ def request_machines(call: Call, inp: dict) -> dict:
         mid = "i-" + _ident(seed, "machine", n, 17)
         ip = f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
         boot = boots[i]
-        machine = {"machineId": mid, "name": "ip-" + ip.replace(".", "-"), "privateIpAddress": ip, "seq": n,
-                   "templateId": tid, "requestId": rid, "launchtime": int(call.now), "state": "pending",
-                   "tags": {**tags, "provisionerd:instance": boot["instanceRef"]}, "instanceRef": boot["instanceRef"],
-                   # Models "the machine received its bootstrap" without keeping the secret itself.
-                   "joinTokenSha256": hashlib.sha256(boot["joinToken"].encode()).hexdigest()}
+        machine = {
+            "machineId": mid,
+            "name": "ip-" + ip.replace(".", "-"),
+            "privateIpAddress": ip,
+            "seq": n,
+            "templateId": tid,
+            "requestId": rid,
+            "launchtime": int(call.now),
+            "state": "pending",
+            "tags": {**tags, "provisionerd:instance": boot["instanceRef"]},
+            "instanceRef": boot["instanceRef"],
+            # Models "the machine received its bootstrap" without keeping the secret itself.
+            "joinTokenSha256": hashlib.sha256(boot["joinToken"].encode()).hexdigest(),
+        }
         state["machines"][mid] = machine
         ids.append(mid)
     message = "" if made == count else f"created {made} of {count} machines ({why})"
-    state["requests"][rid] = {"kind": "create", "opId": op_id, "fingerprint": fingerprint, "asked": count,
-                              "machineIds": ids, "polls": 0, "createdAt": int(call.now), "message": message}
+    state["requests"][rid] = {
+        "kind": "create",
+        "opId": op_id,
+        "fingerprint": fingerprint,
+        "asked": count,
+        "machineIds": ids,
+        "polls": 0,
+        "createdAt": int(call.now),
+        "message": message,
+    }
     state["ops"][op_id] = rid
     lifecycle.advance_boot(call.config, state, ids, 0, call.now)
     call.touched(DURABLE)
@@ -162,8 +179,9 @@ def get_request_status(call: Call, inp: dict) -> dict:
     for rid in request_refs(inp):
         req = call.state["requests"].get(rid)
         if req is None:
-            out.append({"requestId": rid, "status": "complete_with_error", "message": "unknown request",
-                        "machines": []})
+            out.append(
+                {"requestId": rid, "status": "complete_with_error", "message": "unknown request", "machines": []}
+            )
             continue
         if lifecycle.poll(call.config, call.state, req, call.now):
             call.touched(SOFT)
@@ -183,8 +201,15 @@ def request_return_machines(call: Call, inp: dict) -> dict:
         return {"requestId": known, "message": f"op_id {op_id!r} already requested: same return request"}
     rid = "ret-" + _ident(call.config["seed"], "request", call.next_id("request"), 12)
     entries = [lifecycle.start_return(call.config, state, ref, tags, rid) for ref in refs]
-    state["requests"][rid] = {"kind": "return", "opId": op_id, "fingerprint": fingerprint, "entries": entries,
-                              "polls": 0, "createdAt": int(call.now), "message": ""}
+    state["requests"][rid] = {
+        "kind": "return",
+        "opId": op_id,
+        "fingerprint": fingerprint,
+        "entries": entries,
+        "polls": 0,
+        "createdAt": int(call.now),
+        "message": "",
+    }
     state["ops"][op_id] = rid
     call.touched(DURABLE)
     return {"requestId": rid, "message": f"returning {len(refs)} machine(s)"}

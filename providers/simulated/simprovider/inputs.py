@@ -75,14 +75,15 @@ def bootstrap_list(value: object, count: int) -> list:
             raise bad(f"bootstrap[{i}].joinToken", "expected a non-empty string")  # the value is a secret
         controllers = boot.get("controllers")
         if not isinstance(controllers, list) or not all(isinstance(c, str) for c in controllers):
-            raise bad(f"bootstrap[{i}].controllers", "expected a list of \"host:port\" strings")
+            raise bad(f"bootstrap[{i}].controllers", 'expected a list of "host:port" strings')
     return boots
 
 
 def request_refs(inp: dict) -> list[str]:
     refs = items(inp.get("requests"), "requests", required=True)
-    return [non_empty_str(obj(r, f"requests[{i}]").get("requestId"), f"requests[{i}].requestId")
-            for i, r in enumerate(refs)]
+    return [
+        non_empty_str(obj(r, f"requests[{i}]").get("requestId"), f"requests[{i}].requestId") for i, r in enumerate(refs)
+    ]
 
 
 def machine_refs(inp: dict, required: bool) -> list[dict]:

@@ -67,9 +67,17 @@ def _create_entry(m: dict) -> tuple[str, str, str]:
 
 
 def _machine_doc(m: dict, result: str, status: str, message: str) -> dict:
-    return {"machineId": m["machineId"], "name": m["name"], "result": result, "status": status,
-            "privateIpAddress": m["privateIpAddress"], "launchtime": m["launchtime"], "message": message,
-            "instanceRef": m["instanceRef"], "tags": m["tags"]}
+    return {
+        "machineId": m["machineId"],
+        "name": m["name"],
+        "result": result,
+        "status": status,
+        "privateIpAddress": m["privateIpAddress"],
+        "launchtime": m["launchtime"],
+        "message": message,
+        "instanceRef": m["instanceRef"],
+        "tags": m["tags"],
+    }
 
 
 def request_view(state: dict, rid: str, req: dict) -> dict:
@@ -83,8 +91,15 @@ def request_view(state: dict, rid: str, req: dict) -> dict:
         for e in req["entries"]:
             m = machines.get(e["machineId"])
             if m is None:
-                docs.append({"machineId": e["machineId"], "name": e["name"], "result": "succeed",
-                             "status": "terminated", "message": "no such machine: nothing to return"})
+                docs.append(
+                    {
+                        "machineId": e["machineId"],
+                        "name": e["name"],
+                        "result": "succeed",
+                        "status": "terminated",
+                        "message": "no such machine: nothing to return",
+                    }
+                )
             elif e["refused"]:
                 docs.append(_machine_doc(m, "fail", m["state"], e["refused"]))
             elif m["state"] == "shutting-down":
@@ -146,8 +161,16 @@ def listing(state: dict, wanted: dict) -> list[dict]:
             continue
         tags = m["tags"]
         if all(tags.get(k) == v for k, v in wanted_items):
-            out.append({"machineId": m["machineId"], "name": m["name"], "status": m["state"],
-                        "launchtime": m["launchtime"], "privateIpAddress": m["privateIpAddress"], "tags": tags})
+            out.append(
+                {
+                    "machineId": m["machineId"],
+                    "name": m["name"],
+                    "status": m["state"],
+                    "launchtime": m["launchtime"],
+                    "privateIpAddress": m["privateIpAddress"],
+                    "tags": tags,
+                }
+            )
     return out
 
 
@@ -156,14 +179,22 @@ def world_events(state: dict, plan, now: float) -> bool:
     changed = False
     by_age = sorted((m for m in state["machines"].values() if m["state"] in LIVE), key=lambda m: m["seq"])
     for rule in plan.vanish:
-        victims = [m for m in by_age if m["state"] in LIVE
-                   and (rule["templates"] is None or m["templateId"] in rule["templates"])][: rule["count"]]
+        victims = [
+            m
+            for m in by_age
+            if m["state"] in LIVE and (rule["templates"] is None or m["templateId"] in rule["templates"])
+        ][: rule["count"]]
         for m in victims:
             m["state"] = "vanished"
             changed = True
     for rule in plan.reclaim:
-        victims = [m for m in by_age if m["state"] in ("pending", "running") and "reclaimedAt" not in m
-                   and (rule["templates"] is None or m["templateId"] in rule["templates"])][: rule["count"]]
+        victims = [
+            m
+            for m in by_age
+            if m["state"] in ("pending", "running")
+            and "reclaimedAt" not in m
+            and (rule["templates"] is None or m["templateId"] in rule["templates"])
+        ][: rule["count"]]
         for m in victims:
             m["reclaimedAt"] = int(now)
             m["gracePeriod"] = rule["gracePeriod"]

@@ -35,8 +35,13 @@ from .store import Store
 
 MAX_LINE = 1 << 20
 #: Read-only actions whose answers may be cached -> whether the answer depends on the clock (to the second).
-CACHEABLE = {"describeProvider": False, "getRequestStatus": False, "listMachines": False,
-             "getAvailableTemplates": True, "getReturnRequests": True}
+CACHEABLE = {
+    "describeProvider": False,
+    "getRequestStatus": False,
+    "listMachines": False,
+    "getAvailableTemplates": True,
+    "getReturnRequests": True,
+}
 MAX_CACHED = 1024
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 _loads = json.loads
@@ -50,7 +55,7 @@ def _log(message: str) -> None:
 def _write_all(data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[os.write(1, view) :]
 
 
 def _mutating_actions(config: dict) -> frozenset:
@@ -128,8 +133,10 @@ class Server:
             return
         action = msg.get("action")
         if not isinstance(action, str):
-            self.out.append(_dumps({"id": rid, "error": Fault("invalid_request", "action: expected a string")
-                                    .document()}).encode() + b"\n")
+            self.out.append(
+                _dumps({"id": rid, "error": Fault("invalid_request", "action: expected a string").document()}).encode()
+                + b"\n"
+            )
             return
         inp = msg.get("input", {})
         key = None

@@ -24,7 +24,7 @@ class Store:
         self._seen: tuple | None = None  # (inode, mtime_ns, size) of the file as last read or written
 
     @classmethod
-    def from_env(cls, env: dict) -> "Store":
+    def from_env(cls, env: dict) -> Store:
         data_dir = env.get("PRO_DATA_DIR")
         if not data_dir:
             raise Fault("provider_error", "PRO_DATA_DIR is not set: the simulated provider needs a state directory")

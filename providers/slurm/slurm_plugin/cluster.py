@@ -30,8 +30,11 @@ class SlurmCluster:
 
     def owned(self, records: dict[str, JobRecord], wanted: dict[str, str]) -> list[JobRecord]:
         """The records carrying all of ``wanted`` tags (and therefore ours), submission refusals left out."""
-        return [r for r in records.values() if r.tags is not None and not r.rejected
-                and all(r.tags.get(k) == v for k, v in wanted.items())]  # fmt: skip
+        return [
+            r
+            for r in records.values()
+            if r.tags is not None and not r.rejected and all(r.tags.get(k) == v for k, v in wanted.items())
+        ]
 
     def accounting(self, job_ids: Iterable[str]) -> dict[str, JobRecord]:
         """Records of jobs slurmctld has purged (after MinJobAge), from sacct; empty when accounting is off or

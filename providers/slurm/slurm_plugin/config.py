@@ -25,9 +25,25 @@ _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 _MAX_CONFIG_BYTES = 1 << 20
 #: sbatch options the plugin sets itself; a template may not override them (the comment carries our tags, the
 #: output and export settings keep the token and the plugin's environment out of the job).
-_RESERVED = ("--comment", "--job-name", "--export", "--export-file", "--output", "--error", "--input", "--parsable",
-             "--wrap", "--chdir", "--partition", "--account", "--qos", "--array", "--requeue", "--no-requeue",
-             "--get-user-env")  # fmt: skip
+_RESERVED = (
+    "--comment",
+    "--job-name",
+    "--export",
+    "--export-file",
+    "--output",
+    "--error",
+    "--input",
+    "--parsable",
+    "--wrap",
+    "--chdir",
+    "--partition",
+    "--account",
+    "--qos",
+    "--array",
+    "--requeue",
+    "--no-requeue",
+    "--get-user-env",
+)
 
 
 @attrs.frozen
@@ -180,5 +196,7 @@ def _schema_problems(doc: Any) -> list[str]:
         checker = jsonschema.FormatChecker()
         checker.checks("date-time")(is_rfc3339)  # jsonschema alone does not check date-time
         _validator = jsonschema.validators.validator_for(schema)(schema, format_checker=checker)
-    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:200]}"
-            for e in sorted(_validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]  # fmt: skip
+    return [
+        f"{'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:200]}"
+        for e in sorted(_validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
+    ]

@@ -21,12 +21,35 @@ STARTING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQ
 UP = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING"})
 #: The job is ending: processes may still run on the node, so it is still listed, but its machine is over.
 ENDING = frozenset({"COMPLETING", "STAGE_OUT"})
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-                   "DEADLINE", "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED"})  # fmt: skip
+ENDED = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 #: Pending reasons that no amount of waiting fixes: the partition's configuration or the job's own account, QOS or
 #: constraints rule it out (an administrator has to change something first).
-HOPELESS_REASONS = frozenset({"PartitionConfig", "BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit",
-                              "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed"})  # fmt: skip
+HOPELESS_REASONS = frozenset(
+    {
+        "PartitionConfig",
+        "BadConstraints",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "InvalidAccount",
+        "InvalidQOS",
+        "AccountNotAllowed",
+        "QOSNotAllowed",
+    }
+)
 #: Why a job that ended without being returned by us ended, in the words the messages and reclaim reasons use.
 END_REASONS = {
     "CANCELLED": "cancelled outside provisionerd",
@@ -103,11 +126,20 @@ def parse_squeue(text: str) -> list[JobRecord]:
         if status.isdigit():
             raw = int(status)
             code, sig = (raw >> 8) & 0xFF, raw & 0x7F
-        records.append(JobRecord(
-            job_id=job_id, state=state.split(" ")[0].upper(), reason=reason, exit_code=code, signal=sig,
-            submit_time=_epoch(submit), start_time=_epoch(start), time_left=parse_duration(left),
-            nodes="" if nodes in ("", "(null)") else nodes, tags=tagmod.decode(comment),
-        ))  # fmt: skip
+        records.append(
+            JobRecord(
+                job_id=job_id,
+                state=state.split(" ")[0].upper(),
+                reason=reason,
+                exit_code=code,
+                signal=sig,
+                submit_time=_epoch(submit),
+                start_time=_epoch(start),
+                time_left=parse_duration(left),
+                nodes="" if nodes in ("", "(null)") else nodes,
+                tags=tagmod.decode(comment),
+            )
+        )
     return records
 
 
@@ -120,10 +152,12 @@ def parse_sacct(text: str) -> dict[str, JobRecord]:
             continue
         code, _, sig = fields[2].partition(":")
         found[fields[0]] = JobRecord(
-            job_id=fields[0], state=fields[1].split(" ")[0].upper(),
-            exit_code=int(code) if code.isdigit() else None, signal=int(sig) if sig.isdigit() else None,
+            job_id=fields[0],
+            state=fields[1].split(" ")[0].upper(),
+            exit_code=int(code) if code.isdigit() else None,
+            signal=int(sig) if sig.isdigit() else None,
             source="accounting",
-        )  # fmt: skip
+        )
     return found
 
 
@@ -152,8 +186,7 @@ def outcome(job_id: str, record: JobRecord | None, returned: bool) -> Outcome:
     if record is None:
         if returned:
             return Outcome("succeed", "terminated", f"job {job_id} was returned and is gone from Slurm")
-        return Outcome("fail", "unknown",
-                       f"gone: job {job_id} is known neither to slurmctld nor to accounting")  # fmt: skip
+        return Outcome("fail", "unknown", f"gone: job {job_id} is known neither to slurmctld nor to accounting")
     returned = returned or record.returned
     if record.state in STARTING:
         why = f" ({record.reason})" if record.reason and record.reason != "None" else ""

@@ -45,8 +45,13 @@ class Plugin:
             "name": NAME,
             "version": VERSION,
             "contractVersion": 1,
-            "features": {"idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": True,
-                         "priceQuotes": priced},  # fmt: skip
+            "features": {
+                "idempotentRequest": True,
+                "listMachines": True,
+                "stopMachines": False,
+                "tags": True,
+                "priceQuotes": priced,
+            },
             "partition": self.config.partition,  # ext
         }
 

@@ -34,14 +34,20 @@ def request_return(config: Config, cluster: SlurmCluster, store: Store, doc: Map
             job_id = ref["machineId"]
             record = jobs.get(job_id)
             entry: dict[str, Any] = {"machineId": job_id, "name": ref["name"]}
-            if record is not None and not (record.tags and record.tags.get(tagmod.CLUSTER) == owner[tagmod.CLUSTER]
-                                           and record.tags.get(tagmod.PROVIDER) == owner[tagmod.PROVIDER]):  # fmt: skip
+            if record is not None and not (
+                record.tags
+                and record.tags.get(tagmod.CLUSTER) == owner[tagmod.CLUSTER]
+                and record.tags.get(tagmod.PROVIDER) == owner[tagmod.PROVIDER]
+            ):
                 entry["refused"] = f"job {job_id} does not carry this cluster's and provider's tags: not touched"
             elif record is not None:
                 assert record.tags is not None
                 machine_tags = {k: v for k, v in record.tags.items() if k != tagmod.RETURNED}
-                entry.update(tags=machine_tags, name=tagmod.job_name(machine_tags),
-                             launchtime=record.start_time or record.submit_time or 0)  # fmt: skip
+                entry.update(
+                    tags=machine_tags,
+                    name=tagmod.job_name(machine_tags),
+                    launchtime=record.start_time or record.submit_time or 0,
+                )
                 if record.live:
                     store.mark_returned(job_id)
                     if not record.returned:
@@ -77,8 +83,15 @@ def get_return_requests(config: Config, cluster: SlurmCluster, store: Store, doc
         reason, grace = found
         if record is not None and record.tags and grace == 0:
             remove_token(config, record.tags)  # over: an agent that never started will not read it
-        wanted.append({"machine": m["name"], "machineId": job_id, "gracePeriod": grace, "reason": reason,
-                       "message": _describe(job_id, record, reason)})  # fmt: skip
+        wanted.append(
+            {
+                "machine": m["name"],
+                "machineId": job_id,
+                "gracePeriod": grace,
+                "reason": reason,
+                "message": _describe(job_id, record, reason),
+            }
+        )
     return {"status": "complete", "message": f"{len(wanted)} machine(s) taken back by Slurm", "requests": wanted}
 
 
@@ -88,4 +101,3 @@ def _describe(job_id: str, record: jobmod.JobRecord | None, reason: str) -> str:
     if reason == "time_limit":
         return f"job {job_id} reaches its time limit in {record.time_left} s"
     return jobmod.outcome(job_id, record, False).message
-

@@ -122,15 +122,21 @@ class SlurmCommands:
         exe = os.path.join(self.bin_dir, tool) if self.bin_dir else tool
         try:
             done = subprocess.run(
-                [exe, *args], input=stdin if stdin is not None else "", capture_output=True, text=True,
-                env=self.env, timeout=self.timeout, errors="replace",
-            )  # fmt: skip
+                [exe, *args],
+                input=stdin if stdin is not None else "",
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=self.timeout,
+                errors="replace",
+            )
         except FileNotFoundError:
             raise PluginError("provider_error", f"{tool} is not installed (or not in slurmBinDir/PATH)") from None
         except subprocess.TimeoutExpired:
             note = f"; {UNKNOWN_OUTCOME}" if mutating else ""
-            raise PluginError("throttled", f"{tool} did not finish within {self.timeout:g} s "
-                                           f"(slurmctld slow or unreachable){note}") from None  # fmt: skip
+            raise PluginError(
+                "throttled", f"{tool} did not finish within {self.timeout:g} s (slurmctld slow or unreachable){note}"
+            ) from None
         if done.returncode != 0:
             code = classify(done.stderr)
             note = f"; {UNKNOWN_OUTCOME}" if mutating and code == "throttled" else ""

@@ -19,8 +19,13 @@ from slurm_plugin.store import Store
 from slurm_plugin.submit import parse_request_id, remove_token
 
 
-def _machine(job_id: str, record: JobRecord | None, machine_tags: Mapping[str, str], result: jobmod.Outcome,
-             addresses: Mapping[str, str]) -> dict[str, Any]:  # fmt: skip
+def _machine(
+    job_id: str,
+    record: JobRecord | None,
+    machine_tags: Mapping[str, str],
+    result: jobmod.Outcome,
+    addresses: Mapping[str, str],
+) -> dict[str, Any]:
     node = record.nodes if record else ""
     launch = (record.start_time or record.submit_time) if record else None
     entry: dict[str, Any] = {
@@ -39,8 +44,15 @@ def _machine(job_id: str, record: JobRecord | None, machine_tags: Mapping[str, s
     return entry
 
 
-def _creation(config: Config, cluster: SlurmCluster, store: Store, request_id: str, chash: str, op_id: str,
-              jobs: dict[str, JobRecord]) -> dict[str, Any]:  # fmt: skip
+def _creation(
+    config: Config,
+    cluster: SlurmCluster,
+    store: Store,
+    request_id: str,
+    chash: str,
+    op_id: str,
+    jobs: dict[str, JobRecord],
+) -> dict[str, Any]:
     saved = store.load(request_id)
     wanted: dict[str, str] = {}  # instanceRef -> job id
     owner: dict[str, str] | None = saved["tags"] if saved else None
@@ -48,14 +60,23 @@ def _creation(config: Config, cluster: SlurmCluster, store: Store, request_id: s
         wanted.update(saved["machines"])
     for record in jobs.values():
         t = record.tags
-        if (t is None or record.rejected or t.get(tagmod.OP) != op_id or tagmod.cluster_hash(t[tagmod.CLUSTER]) != chash
-                or tagmod.INSTANCE not in t):  # fmt: skip
+        if (
+            t is None
+            or record.rejected
+            or t.get(tagmod.OP) != op_id
+            or tagmod.cluster_hash(t[tagmod.CLUSTER]) != chash
+            or tagmod.INSTANCE not in t
+        ):
             continue
         wanted.setdefault(t[tagmod.INSTANCE], record.job_id)
         owner = owner or {k: t[k] for k in (tagmod.CLUSTER, tagmod.PROVIDER, tagmod.OP, tagmod.EPOCH) if k in t}
     if not wanted or owner is None:
-        return {"requestId": request_id, "status": "complete_with_error", "machines": [],
-                "message": "unknown request: no record and no job carries its op tag"}  # fmt: skip
+        return {
+            "requestId": request_id,
+            "status": "complete_with_error",
+            "machines": [],
+            "message": "unknown request: no record and no job carries its op tag",
+        }
     purged = cluster.accounting(j for j in wanted.values() if j not in jobs)
     need_addresses = any(jobs.get(j) and jobs[j].nodes for j in wanted.values())
     addresses = cluster.node_addresses() if need_addresses else {}
@@ -78,8 +99,7 @@ def _creation(config: Config, cluster: SlurmCluster, store: Store, request_id: s
 def _return(store: Store, request_id: str, jobs: dict[str, JobRecord]) -> dict[str, Any]:
     saved = store.load(request_id)
     if saved is None:
-        return {"requestId": request_id, "status": "complete_with_error", "machines": [],
-                "message": "unknown request"}  # fmt: skip
+        return {"requestId": request_id, "status": "complete_with_error", "machines": [], "message": "unknown request"}
     machines = []
     for m in saved["machines"]:
         record = jobs.get(m["machineId"])
@@ -91,16 +111,27 @@ def _return(store: Store, request_id: str, jobs: dict[str, JobRecord]) -> dict[s
         else:
             state = record.state if record else "gone from slurmctld"
             result, status, message = "succeed", "terminated", f"job {m['machineId']} is over ({state})"
-        entry = {"machineId": m["machineId"], "name": m["name"], "result": result, "status": status,
-                 "message": message, "privateIpAddress": None, "launchtime": m.get("launchtime", 0)}  # fmt: skip
+        entry = {
+            "machineId": m["machineId"],
+            "name": m["name"],
+            "result": result,
+            "status": status,
+            "message": message,
+            "privateIpAddress": None,
+            "launchtime": m.get("launchtime", 0),
+        }
         if m.get("tags"):
             entry["tags"] = m["tags"]
             entry["instanceRef"] = m["tags"].get(tagmod.INSTANCE, "")
         machines.append(entry)
     results = {m["result"] for m in machines}
     status = "running" if "executing" in results else "complete_with_error" if "fail" in results else "complete"
-    return {"requestId": request_id, "status": status, "machines": machines,
-            "message": f"{sum(m['result'] == 'succeed' for m in machines)} of {len(machines)} returned"}  # fmt: skip
+    return {
+        "requestId": request_id,
+        "status": status,
+        "machines": machines,
+        "message": f"{sum(m['result'] == 'succeed' for m in machines)} of {len(machines)} returned",
+    }
 
 
 def get_request_status(config: Config, cluster: SlurmCluster, store: Store, doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,8 +141,14 @@ def get_request_status(config: Config, cluster: SlurmCluster, store: Store, doc:
         request_id = item["requestId"]
         parsed = parse_request_id(request_id)
         if parsed is None:
-            out.append({"requestId": request_id, "status": "complete_with_error", "machines": [],
-                        "message": "unknown request: not an id this plugin made"})  # fmt: skip
+            out.append(
+                {
+                    "requestId": request_id,
+                    "status": "complete_with_error",
+                    "machines": [],
+                    "message": "unknown request: not an id this plugin made",
+                }
+            )
         elif parsed[0] == "req":
             out.append(_creation(config, cluster, store, request_id, parsed[1], parsed[2], jobs))
         else:
@@ -127,9 +164,15 @@ def list_machines(config: Config, cluster: SlurmCluster, doc: Mapping[str, Any])
     machines = []
     for r in sorted(listed, key=lambda r: int(r.job_id)):
         machine_tags = {k: v for k, v in (r.tags or {}).items()}
-        machines.append({
-            "machineId": r.job_id, "name": tagmod.job_name(machine_tags), "status": r.state.lower(),
-            "launchtime": r.start_time or r.submit_time or 0, "privateIpAddress": addresses.get(r.nodes),
-            "tags": machine_tags, "node": r.nodes,
-        })  # fmt: skip
+        machines.append(
+            {
+                "machineId": r.job_id,
+                "name": tagmod.job_name(machine_tags),
+                "status": r.state.lower(),
+                "launchtime": r.start_time or r.submit_time or 0,
+                "privateIpAddress": addresses.get(r.nodes),
+                "tags": machine_tags,
+                "node": r.nodes,
+            }
+        )
     return {"machines": machines}

@@ -39,7 +39,7 @@ def parse_request_id(request_id: str) -> tuple[str, str, str] | None:
     parts = request_id.split("@")
     if len(parts) != 3 or parts[0] not in ("slurm-req", "slurm-ret") or not parts[2]:
         return None
-    return parts[0][len("slurm-"):], parts[1], parts[2]
+    return parts[0][len("slurm-") :], parts[1], parts[2]
 
 
 def _private_dir(path: Path) -> Path:
@@ -66,8 +66,9 @@ def write_token(path: Path, token: str) -> None:
 
 def remove_token(config: Config, machine_tags: Mapping[str, str]) -> None:
     """Delete the token file of a machine whose agent never read it (the job ended or was cancelled first)."""
-    key = tagmod.machine_key(machine_tags.get(tagmod.CLUSTER, ""), machine_tags.get(tagmod.OP, ""),
-                             machine_tags.get(tagmod.INSTANCE, ""))  # fmt: skip
+    key = tagmod.machine_key(
+        machine_tags.get(tagmod.CLUSTER, ""), machine_tags.get(tagmod.OP, ""), machine_tags.get(tagmod.INSTANCE, "")
+    )
     try:
         os.unlink(config.workdir / "tokens" / f"{key}.token")
     except OSError:
@@ -101,27 +102,47 @@ def sweep_tokens(config: Config, live_keys: set[str], now: float) -> int:
 
 
 def live_keys(records: Iterable[JobRecord]) -> set[str]:
-    return {tagmod.machine_key(r.tags.get(tagmod.CLUSTER, ""), r.tags.get(tagmod.OP, ""),
-                               r.tags.get(tagmod.INSTANCE, ""))
-            for r in records if r.tags is not None and r.live}  # fmt: skip
+    return {
+        tagmod.machine_key(r.tags.get(tagmod.CLUSTER, ""), r.tags.get(tagmod.OP, ""), r.tags.get(tagmod.INSTANCE, ""))
+        for r in records
+        if r.tags is not None and r.live
+    }
 
 
 def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str:
     """The batch script: exec the agent. Everything in it is visible to whoever can read the job; no secret is."""
-    argv = [*config.agent_command, "--certs", config.certs, "--controllers", ",".join(boot["controllers"]),
-            "--instance-ref", boot["instanceRef"], "--token-file", str(token_file),
-            *config.agent_extra_args]  # fmt: skip
+    argv = [
+        *config.agent_command,
+        "--certs",
+        config.certs,
+        "--controllers",
+        ",".join(boot["controllers"]),
+        "--instance-ref",
+        boot["instanceRef"],
+        "--token-file",
+        str(token_file),
+        *config.agent_extra_args,
+    ]
     line = " ".join(shlex.quote(a) for a in argv)
-    return ("#!/bin/sh\n"
-            "# provisionerd pilot job: runs the worker agent, which reads (and deletes) its join token from the\n"
-            "# 0600 file named by --token-file.\n"
-            f'exec {line} --machine-id "$SLURM_JOB_ID"\n')  # fmt: skip
+    return (
+        "#!/bin/sh\n"
+        "# provisionerd pilot job: runs the worker agent, which reads (and deletes) its join token from the\n"
+        "# 0600 file named by --token-file.\n"
+        f'exec {line} --machine-id "$SLURM_JOB_ID"\n'
+    )
 
 
 def sbatch_args(config: Config, template: Template, machine_tags: Mapping[str, str], key: str) -> list[str]:
-    args = [f"--job-name=pvd-{key}", f"--comment={tagmod.encode(machine_tags)}", f"--partition={config.partition}",
-            *template.resource_args(), f"--output={config.workdir / 'logs' / f'pvd-{key}-%j.out'}",
-            f"--chdir={config.workdir}", f"--export={config.export}", "--no-requeue"]  # fmt: skip
+    args = [
+        f"--job-name=pvd-{key}",
+        f"--comment={tagmod.encode(machine_tags)}",
+        f"--partition={config.partition}",
+        *template.resource_args(),
+        f"--output={config.workdir / 'logs' / f'pvd-{key}-%j.out'}",
+        f"--chdir={config.workdir}",
+        f"--export={config.export}",
+        "--no-requeue",
+    ]
     if config.account:
         args.append(f"--account={config.account}")
     if config.qos:
@@ -135,16 +156,22 @@ def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: M
         raise PluginError("invalid_request", f"unknown templateId {doc['template']['templateId']!r}")
     count = doc["template"]["machineCount"]
     if count > template.max_number:
-        raise PluginError("invalid_request", f"{count} machines of template {template.template_id!r} requested; "
-                                             f"its maxNumber is {template.max_number}")  # fmt: skip
+        raise PluginError(
+            "invalid_request",
+            f"{count} machines of template {template.template_id!r} requested; its maxNumber is {template.max_number}",
+        )
     owner = {k: doc["tags"][k] for k in (tagmod.CLUSTER, tagmod.PROVIDER, tagmod.OP, tagmod.EPOCH)}
     op_id = doc["op_id"]
     request_id = request_id_for("req", owner[tagmod.CLUSTER], op_id)
     with store.locked(request_id):
         record = store.load(request_id) or {
-            "requestId": request_id, "kind": "req", "opId": op_id, "templateId": template.template_id,
-            "tags": owner, "machines": {},
-        }  # fmt: skip
+            "requestId": request_id,
+            "kind": "req",
+            "opId": op_id,
+            "templateId": template.template_id,
+            "tags": owner,
+            "machines": {},
+        }
         jobs = cluster.my_jobs()
         sweep_tokens(config, live_keys(jobs.values()), time.time())
         existing = cluster.owned(jobs, {tagmod.CLUSTER: owner[tagmod.CLUSTER], tagmod.OP: op_id})
@@ -163,8 +190,9 @@ def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: M
             token_file = tokens / f"{key}.token"
             write_token(token_file, boot["joinToken"])
             try:
-                job_id = cluster.submit(sbatch_args(config, template, machine_tags, key),
-                                        job_script(config, boot, token_file))  # fmt: skip
+                job_id = cluster.submit(
+                    sbatch_args(config, template, machine_tags, key), job_script(config, boot, token_file)
+                )
             except PluginError as err:
                 if err.code != "throttled":
                     os.unlink(token_file)  # refused for good: no agent will ever read it
@@ -185,15 +213,19 @@ def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: M
     return {"requestId": request_id, "message": message}
 
 
-def _refuse_hopeless(config: Config, cluster: SlurmCluster, store: Store, template: Template,
-                     submitted: list[tuple[str, dict[str, str]]]) -> None:  # fmt: skip
+def _refuse_hopeless(
+    config: Config, cluster: SlurmCluster, store: Store, template: Template, submitted: list[tuple[str, dict[str, str]]]
+) -> None:
     """Slurm accepts some impossible jobs instead of refusing them: more CPUs than the whole partition has gives
     ``PENDING (PartitionConfig)`` forever, where one more than a node has is refused at once. Such a job is no
     queue delay, so the jobs just made are cancelled (they are ours, made by this very call) and the request is
     refused as ``invalid_request``, exactly like an sbatch refusal."""
     jobs = cluster.my_jobs()
-    hopeless = {j: jobs[j].reason for j, _ in submitted if j in jobs and jobs[j].state in STARTING
-                and jobs[j].reason in HOPELESS_REASONS}  # fmt: skip
+    hopeless = {
+        j: jobs[j].reason
+        for j, _ in submitted
+        if j in jobs and jobs[j].state in STARTING and jobs[j].reason in HOPELESS_REASONS
+    }
     if not hopeless:
         return
     for job_id, machine_tags in submitted:
@@ -201,6 +233,9 @@ def _refuse_hopeless(config: Config, cluster: SlurmCluster, store: Store, templa
         cluster.cancel(job_id, tagmod.job_name(machine_tags))
         remove_token(config, machine_tags)
     reasons = ", ".join(sorted(set(hopeless.values())))
-    raise PluginError("invalid_request", f"Slurm can never run template {template.template_id!r} in partition "
-                                         f"{config.partition!r} (pending reason {reasons}); the {len(submitted)} "
-                                         "job(s) just submitted were cancelled")  # fmt: skip
+    raise PluginError(
+        "invalid_request",
+        f"Slurm can never run template {template.template_id!r} in partition "
+        f"{config.partition!r} (pending reason {reasons}); the {len(submitted)} "
+        "job(s) just submitted were cancelled",
+    )

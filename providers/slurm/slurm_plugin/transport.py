@@ -51,8 +51,11 @@ def run_action(load: Any, action: str, doc: Any) -> tuple[bool, dict[str, Any]]:
     except PluginError as err:
         ok, body, outcome = False, err.document(), err.code
     except Exception as exc:  # noqa: BLE001 - a bug must still answer with an error document
-        ok, body, outcome = False, {"code": "provider_error", "retryable": False,
-                                    "message": f"internal error: {type(exc).__name__}"}, "internal_error"  # fmt: skip
+        ok, body, outcome = (
+            False,
+            {"code": "provider_error", "retryable": False, "message": f"internal error: {type(exc).__name__}"},
+            "internal_error",
+        )
         log.error("internal error in %s:\n%s", action, scrub(traceback.format_exc(), join_tokens(doc)))
     event: dict[str, Any] = {"action": action, "outcome": outcome, "ms": round((time.monotonic() - started) * 1000, 1)}
     if isinstance(doc, dict) and isinstance(doc.get("op_id"), str):
@@ -106,8 +109,12 @@ def persistent(load: Any) -> int:
                 raise ValueError("not a request")
             request_id, action, doc = request.get("id"), request["action"], request.get("input")
         except ValueError:
-            ok, body = False, PluginError("invalid_request", "a request line must be a JSON object with id, action "
-                                                             "and input").document()  # fmt: skip
+            ok, body = (
+                False,
+                PluginError(
+                    "invalid_request", "a request line must be a JSON object with id, action and input"
+                ).document(),
+            )
         else:
             ok, body = run_action(load, action, doc)
         text = scrub(json.dumps({"id": request_id, "result" if ok else "error": body}), join_tokens(doc)) + "\n"

@@ -103,16 +103,22 @@ class LegacyProvider:
         for op in self.journal.unknown_creates():
             calls = [c for c in op.calls if c.state in (UNKNOWN, CALLING)]
             refs = [r for c in calls for r in c.refs]
-            found.append({"op_id": op.op_id, "template": op.template_id, "instance_refs": refs,
-                          "detail": calls[0].detail})
+            found.append(
+                {"op_id": op.op_id, "template": op.template_id, "instance_refs": refs, "detail": calls[0].detail}
+            )
         return found
 
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         redact = self._redact.including(join_tokens(action, input))
         check_input(self.name, action, input, redact)
         if action == "describeProvider":
-            return {"name": self.name, "version": "legacy", "contractVersion": 1, "features": dict(self.features),
-                    "legacy": True}
+            return {
+                "name": self.name,
+                "version": "legacy",
+                "contractVersion": 1,
+                "features": dict(self.features),
+                "legacy": True,
+            }
         if action == "listMachines":
             return await self._list_op(input, timeout)
         if action not in LSF_ACTIONS:
@@ -144,8 +150,12 @@ class LegacyProvider:
             return self._replay(known, template)
         refs = [b["instanceRef"] for b in doc["bootstrap"]]
         per_machine = self.settings.user_data.per_machine
-        op = CreateOp(op_id, template["templateId"], len(refs), [PluginCall([r]) for r in refs] if per_machine
-                      else [PluginCall(refs)])
+        op = CreateOp(
+            op_id,
+            template["templateId"],
+            len(refs),
+            [PluginCall([r]) for r in refs] if per_machine else [PluginCall(refs)],
+        )
         self.journal.creates[op_id] = op
         self._in_flight.add(op_id)
         try:
@@ -167,14 +177,19 @@ class LegacyProvider:
 
     def _replay(self, op: CreateOp, template: Mapping[str, Any]) -> dict[str, Any]:
         if (op.template_id, op.count) != (template["templateId"], template["machineCount"]):
-            raise ProviderRejected(self.name, "requestMachines", "invalid_request", f"op_id {op.op_id!r} was used "
-                                   f"for {op.count} x {op.template_id!r}")
+            raise ProviderRejected(
+                self.name,
+                "requestMachines",
+                "invalid_request",
+                f"op_id {op.op_id!r} was used for {op.count} x {op.template_id!r}",
+            )
         if op.accepted():
             ids = ", ".join(c.request_id or "" for c in op.accepted())
             return {"requestId": REQUEST_PREFIX + op.op_id, "message": f"already requested as {ids}: not sent again"}
         detail = next((c.detail for c in op.calls if c.state == UNKNOWN), "")
         raise ProviderOutcomeUnknown(
-            self.name, "requestMachines",
+            self.name,
+            "requestMachines",
             f"op {op.op_id!r}: an earlier call's outcome is unknown ({detail}); a legacy plugin has no idempotency "
             "and no listing, so it is not retried",
         )
@@ -197,12 +212,17 @@ class LegacyProvider:
                 salvaged = salvage_request_id(partial) if exc.outcome_unknown else None
                 if salvaged is not None:
                     call.state, call.request_id, call.detail = ACCEPTED, salvaged, "requestId printed before a hang"
-                    log.warning("provider %s: requestMachines %s printed %s, then %s", self.name, op.op_id,
-                                salvaged, type(exc).__name__)
+                    log.warning(
+                        "provider %s: requestMachines %s printed %s, then %s",
+                        self.name,
+                        op.op_id,
+                        salvaged,
+                        type(exc).__name__,
+                    )
                     continue
                 call.state = UNKNOWN if exc.outcome_unknown else REFUSED
                 call.detail = f"{type(exc).__name__}: {exc.detail}"[:300]
-                for later in op.calls[index + 1:]:
+                for later in op.calls[index + 1 :]:
                     later.detail = "not requested after an earlier call failed"
                 return exc
             call.state, call.request_id = ACCEPTED, out["requestId"]
@@ -242,14 +262,15 @@ class LegacyProvider:
         index = self.journal.machine_index()
         wanted: dict[str, None] = {}  # plugin requestIds, in order, once each
         for rid in asked:
-            if rid.startswith(REQUEST_PREFIX) and (op := self.journal.creates.get(rid[len(REQUEST_PREFIX):])):
+            if rid.startswith(REQUEST_PREFIX) and (op := self.journal.creates.get(rid[len(REQUEST_PREFIX) :])):
                 wanted.update((c.request_id, None) for c in op.accepted() if c.request_id)
-            elif rid.startswith(RETURN_PREFIX) and (rop := self.journal.returns.get(rid[len(RETURN_PREFIX):])):
+            elif rid.startswith(RETURN_PREFIX) and (rop := self.journal.returns.get(rid[len(RETURN_PREFIX) :])):
                 if rop.request_id:
                     wanted[rop.request_id] = None
                 # The machines' create requests, in the same call: a claimed return is checked against them.
-                wanted.update((index[m["machineId"]][1].request_id, None) for m in rop.machines
-                              if m["machineId"] in index)
+                wanted.update(
+                    (index[m["machineId"]][1].request_id, None) for m in rop.machines if m["machineId"] in index
+                )
             elif not rid.startswith((REQUEST_PREFIX, RETURN_PREFIX)):
                 wanted[rid] = None  # a plugin requestId asked directly (an operator, the kit)
         entries: dict[str, dict[str, Any]] = {}
@@ -261,7 +282,7 @@ class LegacyProvider:
         changed = False
         for rid in asked:
             if rid.startswith(REQUEST_PREFIX):
-                op = self.journal.creates.get(rid[len(REQUEST_PREFIX):])
+                op = self.journal.creates.get(rid[len(REQUEST_PREFIX) :])
                 if op is None:
                     answer.append(unknown_entry(rid, "unknown request: the legacy journal has no record of it"))
                     continue
@@ -269,12 +290,15 @@ class LegacyProvider:
                 changed |= new
                 answer.append(entry)
             elif rid.startswith(RETURN_PREFIX):
-                rop = self.journal.returns.get(rid[len(RETURN_PREFIX):])
+                rop = self.journal.returns.get(rid[len(RETURN_PREFIX) :])
                 if rop is None:
                     answer.append(unknown_entry(rid, "unknown request: the legacy journal has no record of it"))
                     continue
-                creates = {m["machineId"]: entries.get(index[m["machineId"]][1].request_id)
-                           for m in rop.machines if m["machineId"] in index}
+                creates = {
+                    m["machineId"]: entries.get(index[m["machineId"]][1].request_id)
+                    for m in rop.machines
+                    if m["machineId"] in index
+                }
                 answer.append(return_entry(rid, rop, entries.get(rop.request_id or ""), creates))
             else:
                 answer.append(entries.get(rid) or unknown_entry(rid, "the plugin did not report this request"))
@@ -292,20 +316,31 @@ class LegacyProvider:
         op_id = doc["tags"].get("provisionerd:op")
         op = self.journal.creates.get(op_id) if op_id else None
         if op is None or any(c.state in (UNKNOWN, CALLING) for c in op.calls):
-            why = ("a legacy LSF plugin cannot list machines (tagged_unknown and ghost orphans are invisible)"
-                   if op_id is None else f"op {op_id!r} " + ("is not in the legacy journal" if op is None else
-                                                          "has a call whose outcome is unknown"))
+            why = (
+                "a legacy LSF plugin cannot list machines (tagged_unknown and ghost orphans are invisible)"
+                if op_id is None
+                else f"op {op_id!r} "
+                + ("is not in the legacy journal" if op is None else "has a call whose outcome is unknown")
+            )
             raise ProviderUnsupported(self.name, "listMachines", why)
-        status = await self.call("getRequestStatus", {"requests": [{"requestId": REQUEST_PREFIX + op.op_id}]},
-                                 timeout=timeout)
+        status = await self.call(
+            "getRequestStatus", {"requests": [{"requestId": REQUEST_PREFIX + op.op_id}]}, timeout=timeout
+        )
         (entry,) = status["requests"]
         if entry["status"] == "running" and NOT_REPORTED in entry["message"]:
             raise ProviderUnsupported(self.name, "listMachines", f"op {op_id!r}: {entry['message']}")
         machines = [
-            {"machineId": m["machineId"], "name": m.get("name", ""), "status": m.get("status", ""),
-             "launchtime": m.get("launchtime", 0), "privateIpAddress": m.get("privateIpAddress"),
-             "instanceRef": m.get("instanceRef", ""), "tags": {}}
-            for m in entry["machines"] if machine_alive(m)
+            {
+                "machineId": m["machineId"],
+                "name": m.get("name", ""),
+                "status": m.get("status", ""),
+                "launchtime": m.get("launchtime", 0),
+                "privateIpAddress": m.get("privateIpAddress"),
+                "instanceRef": m.get("instanceRef", ""),
+                "tags": {},
+            }
+            for m in entry["machines"]
+            if machine_alive(m)
         ]
         return check_output(self.name, "listMachines", {"machines": machines}, self._redact)
 

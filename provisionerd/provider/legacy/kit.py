@@ -41,7 +41,8 @@ async def run_legacy_kit(
             "requestMachines gives a valid answer", lambda: kit.check_request(op_id, template), template
         )
         machines = await kit.step(
-            "getRequestStatus reaches complete with every machine", lambda: kit.check_complete(request_id, template),
+            "getRequestStatus reaches complete with every machine",
+            lambda: kit.check_complete(request_id, template),
             request_id,
         )
         created = machines

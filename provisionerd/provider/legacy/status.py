@@ -88,9 +88,7 @@ def create_entry(request_id: str, op: CreateOp, entries: Mapping[str, Entry]) ->
     return _entry(request_id, "complete" if ok else "complete_with_error", notes, machines), changed
 
 
-def return_entry(
-    request_id: str, rop: ReturnOp, entry: Entry | None, creates: Mapping[str, Entry | None]
-) -> Entry:
+def return_entry(request_id: str, rop: ReturnOp, entry: Entry | None, creates: Mapping[str, Entry | None]) -> Entry:
     """Our entry for return op ``rop``: the plugin's ``entry`` for its request, each claimed success checked
     against ``creates`` (machine id -> the plugin's entry of the request that created it; see
     ``legacy_rules.return_verdicts``)."""

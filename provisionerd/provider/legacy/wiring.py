@@ -56,8 +56,9 @@ def legacy_settings(table: Mapping[str, Any], where: str = "providers.legacy") -
     return LegacySettings(user_data=user_data, rc_account=rc_account, journal_path=journal, max_ops=max_ops)
 
 
-def client_for(runner: OneShotProvider, settings: LegacySettings | None = None, *, force: bool = False
-               ) -> OneShotProvider | LegacyProvider:
+def client_for(
+    runner: OneShotProvider, settings: LegacySettings | None = None, *, force: bool = False
+) -> OneShotProvider | LegacyProvider:
     """The client for a one-shot provider: ``LegacyProvider`` over it when its directory is a legacy LSF plugin
     (or always, with ``force``: the operator's ``mode = true``).
 
@@ -70,6 +71,8 @@ def client_for(runner: OneShotProvider, settings: LegacySettings | None = None, 
     if settings.journal_path and runner.config.data_dir:
         journal = Path(settings.journal_path).resolve()
         if Path(runner.config.data_dir).resolve() in journal.parents:
-            raise ConfigError("invalid legacy provider settings",
-                              [f"journal {settings.journal_path!r} is inside the plugin's data_dir"])
+            raise ConfigError(
+                "invalid legacy provider settings",
+                [f"journal {settings.journal_path!r} is inside the plugin's data_dir"],
+            )
     return LegacyProvider(runner, settings)

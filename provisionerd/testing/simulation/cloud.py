@@ -26,8 +26,8 @@ from typing import Any
 import trio
 
 from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolation, ProviderRejected, ProviderTimeout
-from provisionerd.testing.fake_provider import FakeProvider
 from provisionerd.provider.runtime import Redactor, check_input, join_tokens
+from provisionerd.testing.fake_provider import FakeProvider
 from provisionerd.testing.simulation.invariants import MUTATING
 from provisionerd.testing.simulation.observe import CallerLease, Creation, Mutation, Recorder
 
@@ -83,8 +83,9 @@ class SimCloud(FakeProvider):
 
     # --- calls -----------------------------------------------------------------------------------------------------
 
-    async def call_as(self, caller: CallerLease, action: str, input: Mapping[str, Any],
-                      timeout: float | None) -> dict[str, Any]:
+    async def call_as(
+        self, caller: CallerLease, action: str, input: Mapping[str, Any], timeout: float | None
+    ) -> dict[str, Any]:
         check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
         if action in MUTATING:
             self.recorder.mutation(Mutation(trio.current_time(), self.name, action, str(input["op_id"]), caller))

@@ -51,8 +51,18 @@ class GateDriver:
     #: machines first or asking whether the cloud honours the op_id as a client token.
     skip_listing = False
 
-    def __init__(self, node: Any, rng: random.Random, *, provider: str, template: str, cluster: str,
-                 controllers: tuple[str, ...], pace: float = 8.0, idempotent: bool = True) -> None:
+    def __init__(
+        self,
+        node: Any,
+        rng: random.Random,
+        *,
+        provider: str,
+        template: str,
+        cluster: str,
+        controllers: tuple[str, ...],
+        pace: float = 8.0,
+        idempotent: bool = True,
+    ) -> None:
         self.node = node
         self.rng = rng
         self.provider = provider
@@ -92,10 +102,14 @@ class GateDriver:
         count = self.rng.randint(1, 3)
         tokens = [f"{self.rng.getrandbits(128):032x}" for _ in range(count)]
         intent = RequestIntent(
-            provider=self.provider, epoch=NO_EPOCH, op_id=op_id, template_id=self.template, count=count,
+            provider=self.provider,
+            epoch=NO_EPOCH,
+            op_id=op_id,
+            template_id=self.template,
+            count=count,
             instance_refs=tuple(f"{op_id}.{i}" for i in range(count)),
             token_hashes=tuple(hashlib.sha256(t.encode()).hexdigest() for t in tokens),
-        )  # fmt: skip
+        )
         await self._send_request(intent, tokens)
 
     async def _send_request(self, intent: RequestIntent, tokens: list[str]) -> None:
@@ -106,9 +120,11 @@ class GateDriver:
                     "template": {"templateId": intent.template_id, "machineCount": intent.count},
                     "op_id": intent.op_id,
                     "tags": self._tags(intent.op_id, permit.epoch),
-                    "bootstrap": [{"instanceRef": ref, "controllers": list(self.controllers), "joinToken": token}
-                                  for ref, token in zip(intent.instance_refs, tokens, strict=True)],
-                }  # fmt: skip
+                    "bootstrap": [
+                        {"instanceRef": ref, "controllers": list(self.controllers), "joinToken": token}
+                        for ref, token in zip(intent.instance_refs, tokens, strict=True)
+                    ],
+                }
                 try:
                     reply = await self.node.client.call("requestMachines", doc, timeout=CALL_TIMEOUT)
                 except ProviderError as exc:
@@ -122,8 +138,9 @@ class GateDriver:
 
     async def _record_machines(self, intent: RequestIntent, request_id: str) -> None:
         try:
-            status = await self.node.client.call("getRequestStatus", {"requests": [{"requestId": request_id}]},
-                                                 timeout=CALL_TIMEOUT)
+            status = await self.node.client.call(
+                "getRequestStatus", {"requests": [{"requestId": request_id}]}, timeout=CALL_TIMEOUT
+            )
         except ProviderError:
             self.unknown[intent.op_id] = intent
             return
@@ -139,11 +156,19 @@ class GateDriver:
                 continue
             try:
                 epoch = keeper.current()
-                await self.node.core.ops.commit(InstanceFact(
-                    provider=self.provider, epoch=epoch, op_id=intent.op_id, instance_ref=ref,
-                    machine_id=m["machineId"], template_id=intent.template_id, token_hash=hashes[ref],
-                    hostname=m.get("name", ""), address=m.get("privateIpAddress", ""),
-                ))  # fmt: skip
+                await self.node.core.ops.commit(
+                    InstanceFact(
+                        provider=self.provider,
+                        epoch=epoch,
+                        op_id=intent.op_id,
+                        instance_ref=ref,
+                        machine_id=m["machineId"],
+                        template_id=intent.template_id,
+                        token_hash=hashes[ref],
+                        hostname=m.get("name", ""),
+                        address=m.get("privateIpAddress", ""),
+                    )
+                )
             except GATE_ERRORS:
                 return
 
@@ -152,7 +177,8 @@ class GateDriver:
         if not self.skip_listing:
             try:
                 listed = await self.node.client.call(
-                    "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_OP: op_id}}, timeout=CALL_TIMEOUT)
+                    "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_OP: op_id}}, timeout=CALL_TIMEOUT
+                )
             except ProviderError:
                 return
             if listed["machines"] or not self.idempotent:
@@ -168,8 +194,8 @@ class GateDriver:
     async def _return(self) -> None:
         try:
             listed = await self.node.client.call(
-                "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_PROVIDER: self.provider}},
-                timeout=CALL_TIMEOUT)
+                "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_PROVIDER: self.provider}}, timeout=CALL_TIMEOUT
+            )
         except ProviderError:
             return
         machines = sorted(listed["machines"], key=lambda m: m["machineId"])
@@ -182,8 +208,11 @@ class GateDriver:
         intent = ReturnIntent(provider=self.provider, epoch=NO_EPOCH, op_id=op_id, machine_ids=ids, reason="idle")
         try:
             async with self.node.core.gate.mutation(self.provider, intent) as permit:
-                doc = {"machines": [{"name": m.get("name", ""), "machineId": m["machineId"]} for m in chosen],
-                       "op_id": op_id, "tags": self._tags(op_id, permit.epoch)}
+                doc = {
+                    "machines": [{"name": m.get("name", ""), "machineId": m["machineId"]} for m in chosen],
+                    "op_id": op_id,
+                    "tags": self._tags(op_id, permit.epoch),
+                }
                 await self.node.client.call("requestReturnMachines", doc, timeout=CALL_TIMEOUT)
         except (*GATE_ERRORS, ProviderError):
             return

@@ -31,8 +31,18 @@ import attrs
 from provisionerd.testing.simulation.cloud import FAULT_KINDS
 
 #: The kinds drawn one by one, with these relative weights.
-WEIGHTED = ("failover", "quorum_loss", "partition", "drop_pushes", "delay", "kill", "provider_fault",
-            "provider_slow", "vanish", "no_join")  # fmt: skip
+WEIGHTED = (
+    "failover",
+    "quorum_loss",
+    "partition",
+    "drop_pushes",
+    "delay",
+    "kill",
+    "provider_fault",
+    "provider_slow",
+    "vanish",
+    "no_join",
+)
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
 #: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
 #: times drawn before it are the same as before it existed.
@@ -70,8 +80,15 @@ class FaultPlan:
         return {f.kind for f in self.faults}
 
 
-def draw_plan(rng: random.Random, *, horizon: float, slots: tuple[str, ...], replicas: int,
-              max_faults: int = 10, kinds: tuple[str, ...] = KINDS) -> FaultPlan:
+def draw_plan(
+    rng: random.Random,
+    *,
+    horizon: float,
+    slots: tuple[str, ...],
+    replicas: int,
+    max_faults: int = 10,
+    kinds: tuple[str, ...] = KINDS,
+) -> FaultPlan:
     """Between 0 and ``max_faults`` faults starting in ``[5, horizon)``, and perhaps a twin (only when
     ``max_faults`` allows faults at all); each undone by ``horizon``."""
     weights = [w for k, w in zip(WEIGHTED, WEIGHTS, strict=True) if k in kinds]
@@ -89,18 +106,28 @@ def draw_plan(rng: random.Random, *, horizon: float, slots: tuple[str, ...], rep
             case "quorum_loss":
                 faults.append(Fault(at, kind, duration))
             case "partition":
-                faults.append(Fault(at, kind, duration, slot, rng.choice(("c2s", "s2c", "both")),
-                                    rng.choice(("drop", "stall"))))
+                faults.append(
+                    Fault(at, kind, duration, slot, rng.choice(("c2s", "s2c", "both")), rng.choice(("drop", "stall")))
+                )
             case "drop_pushes":
                 faults.append(Fault(at, kind, duration, slot, "s2c"))
             case "delay":
-                faults.append(Fault(at, kind, duration, slot, rng.choice(("c2s", "s2c")),
-                                    value=round(rng.choice((rng.uniform(0.1, 2), rng.uniform(2, 12))), 3)))
+                faults.append(
+                    Fault(
+                        at,
+                        kind,
+                        duration,
+                        slot,
+                        rng.choice(("c2s", "s2c")),
+                        value=round(rng.choice((rng.uniform(0.1, 2), rng.uniform(2, 12))), 3),
+                    )
+                )
             case "kill":
                 faults.append(Fault(at, kind, round(min(room, rng.uniform(0, 40)), 3), slot))
             case "provider_fault":
-                faults.append(Fault(at, kind, duration, mode=rng.choice(FAULT_KINDS),
-                                    value=round(rng.uniform(0.2, 1.0), 3)))
+                faults.append(
+                    Fault(at, kind, duration, mode=rng.choice(FAULT_KINDS), value=round(rng.uniform(0.2, 1.0), 3))
+                )
             case "provider_slow":
                 faults.append(Fault(at, kind, duration, value=round(rng.uniform(2, 20), 3)))
             case "vanish":

@@ -42,10 +42,19 @@ if TYPE_CHECKING:
     from provisionerd.testing.simulation.observe import Belief, Commit, Creation, Mutation, Recorder
 
 INVARIANTS = (
-    "mutation_without_lease", "mutation_without_intent", "gate_decision", "stale_fact_accepted", "epoch_regressed",
-    "two_lease_holders", "op_created_twice", "unexplained_machine", "daemon_crashed", "controller_error", "stuck",
+    "mutation_without_lease",
+    "mutation_without_intent",
+    "gate_decision",
+    "stale_fact_accepted",
+    "epoch_regressed",
+    "two_lease_holders",
+    "op_created_twice",
+    "unexplained_machine",
+    "daemon_crashed",
+    "controller_error",
+    "stuck",
     "no_convergence",
-)  # fmt: skip
+)
 
 #: The intent kind a mutating provider action needs.
 INTENT_FOR = {
@@ -71,8 +80,11 @@ def check_commit(rec: Recorder, commit: Commit) -> None:
         )
     previous = rec.last_fact.get(commit.provider)
     if previous is not None and commit.epoch < previous.epoch:
-        rec.violate("epoch_regressed", f"{commit.provider}: fact {commit.index} has epoch {commit.epoch} after "
-                                       f"fact {previous.index} with {previous.epoch}")
+        rec.violate(
+            "epoch_regressed",
+            f"{commit.provider}: fact {commit.index} has epoch {commit.epoch} after "
+            f"fact {previous.index} with {previous.epoch}",
+        )
     rec.last_fact[commit.provider] = commit
 
 
@@ -82,35 +94,49 @@ def check_single_holder(rec: Recorder, belief: Belief) -> None:
         if other is belief or other.provider != belief.provider or other.instance == belief.instance:
             continue
         if now < other.end and now < belief.end:
-            rec.violate("two_lease_holders", f"{belief.provider}: {belief.instance} trusts {belief.epoch} until "
-                                             f"{belief.end:.3f} while {other.instance} trusts {other.epoch} until "
-                                             f"{other.end:.3f}")
+            rec.violate(
+                "two_lease_holders",
+                f"{belief.provider}: {belief.instance} trusts {belief.epoch} until "
+                f"{belief.end:.3f} while {other.instance} trusts {other.epoch} until "
+                f"{other.end:.3f}",
+            )
 
 
 def check_mutation(rec: Recorder, m: Mutation) -> None:
     c = m.caller
     if not c.valid:
-        rec.violate("mutation_without_lease", f"{m.action} {m.op_id} by {c.instance}: lease epoch {c.epoch} "
-                                              f"trusted until {c.valid_until:.3f}, now {m.at:.3f}")
+        rec.violate(
+            "mutation_without_lease",
+            f"{m.action} {m.op_id} by {c.instance}: lease epoch {c.epoch} "
+            f"trusted until {c.valid_until:.3f}, now {m.at:.3f}",
+        )
         return
     kind = INTENT_FOR[m.action]
     commits = rec.commits_by_op.get((kind, m.op_id), [])
     if not any(x.epoch == c.epoch and x.provider == m.provider and x.at <= m.at for x in commits):
         found = ", ".join(str(x.epoch) for x in commits) or "none"
-        rec.violate("mutation_without_intent", f"{m.action} {m.op_id} by {c.instance} under {c.epoch}: committed "
-                                               f"{kind} epochs: {found}")
+        rec.violate(
+            "mutation_without_intent",
+            f"{m.action} {m.op_id} by {c.instance} under {c.epoch}: committed {kind} epochs: {found}",
+        )
 
 
 def check_creation(rec: Recorder, creation: Creation) -> None:
     made = rec.creations[creation.op_id]
     if len(made) > 1:
-        rec.violate("op_created_twice", f"op {creation.op_id} created machines {len(made)} times: "
-                                        + "; ".join(f"{list(c.machine_ids)} by {c.caller}" for c in made))
+        rec.violate(
+            "op_created_twice",
+            f"op {creation.op_id} created machines {len(made)} times: "
+            + "; ".join(f"{list(c.machine_ids)} by {c.caller}" for c in made),
+        )
         return
     intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, creation.op_id), [])]
     if intents and len(creation.machine_ids) > max(i.count for i in intents):
-        rec.violate("op_created_twice", f"op {creation.op_id} created {len(creation.machine_ids)} machines for an "
-                                        f"intent of {max(i.count for i in intents)}")
+        rec.violate(
+            "op_created_twice",
+            f"op {creation.op_id} created {len(creation.machine_ids)} machines for an "
+            f"intent of {max(i.count for i in intents)}",
+        )
 
 
 # --- at the end ----------------------------------------------------------------------------------------------------
@@ -125,15 +151,21 @@ def check_lease_history(rec: Recorder) -> None:
         for a, b in itertools.combinations(beliefs, 2):
             if a.epoch == b.epoch:
                 if a.instance != b.instance and a.start < b.end and b.start < a.end:
-                    rec.violate("two_lease_holders", f"{provider}: {a.instance} and {b.instance} both trusted "
-                                                     f"{a.epoch} in [{max(a.start, b.start):.3f}, "
-                                                     f"{min(a.end, b.end):.3f})")
+                    rec.violate(
+                        "two_lease_holders",
+                        f"{provider}: {a.instance} and {b.instance} both trusted "
+                        f"{a.epoch} in [{max(a.start, b.start):.3f}, "
+                        f"{min(a.end, b.end):.3f})",
+                    )
                 continue
             old, new = (a, b) if a.epoch < b.epoch else (b, a)
             granted = rec.grants.get((provider, new.epoch))
             if granted is not None and old.end > granted:
-                rec.violate("two_lease_holders", f"{provider}: {old.instance} trusted {old.epoch} until "
-                                                 f"{old.end:.3f}, after {new.epoch} was granted at {granted:.3f}")
+                rec.violate(
+                    "two_lease_holders",
+                    f"{provider}: {old.instance} trusted {old.epoch} until "
+                    f"{old.end:.3f}, after {new.epoch} was granted at {granted:.3f}",
+                )
     per_instance: dict[tuple[str, str], list[Belief]] = {}
     for belief in rec.beliefs:
         per_instance.setdefault((belief.instance, belief.provider), []).append(belief)
@@ -143,8 +175,9 @@ def check_lease_history(rec: Recorder) -> None:
                 rec.violate("epoch_regressed", f"{instance} held {provider} epoch {b.epoch} after {a.epoch}")
 
 
-def check_machines_explained(rec: Recorder, provider: str, machines: Iterable[dict[str, object]],
-                             reported: set[str]) -> None:
+def check_machines_explained(
+    rec: Recorder, provider: str, machines: Iterable[dict[str, object]], reported: set[str]
+) -> None:
     """Every live machine carries an op tag whose committed request intent lists its instance_ref, or has been
     reported as an orphan (``reported``: machine ids of committed orphan findings)."""
     for machine in machines:
@@ -154,11 +187,13 @@ def check_machines_explained(rec: Recorder, provider: str, machines: Iterable[di
         tags = machine.get("tags") or {}
         assert isinstance(tags, dict)
         op_id, ref = tags.get(TAG_OP, ""), tags.get(TAG_INSTANCE, "")
-        intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, op_id), [])
-                   if c.provider == provider]  # fmt: skip
+        intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, op_id), []) if c.provider == provider]
         if not any(ref in i.instance_refs for i in intents):
-            rec.violate("unexplained_machine", f"{provider}: machine {machine_id} (op {op_id!r}, instance "
-                                               f"{ref!r}) is explained by no committed intent or orphan finding")
+            rec.violate(
+                "unexplained_machine",
+                f"{provider}: machine {machine_id} (op {op_id!r}, instance "
+                f"{ref!r}) is explained by no committed intent or orphan finding",
+            )
 
 
 def _now() -> float:

@@ -45,18 +45,29 @@ def available() -> bool:
 def core_options(world: World) -> dict[str, Any]:
     """``DaemonCore`` keyword arguments for a simulated daemon: short policy times, quick loops."""
     from provisionerd.execution.executor import ExecutorSettings
-    from provisionerd.planner.policy import Policy
     from provisionerd.execution.loop import LoopSettings
+    from provisionerd.planner.policy import Policy
 
     s = world.settings
-    policy = Policy(cluster=CLUSTER, join_deadline=60.0, idle_time=30.0, provisioning_timeout=120.0,
-                    capacity_backoff=20.0, throttle_base=2.0, throttle_max=20.0, quota_pause=30.0, step_limit=20,
-                    step_interval=30.0, provider_caps={"sim": s.provider_cap})  # fmt: skip
+    policy = Policy(
+        cluster=CLUSTER,
+        join_deadline=60.0,
+        idle_time=30.0,
+        provisioning_timeout=120.0,
+        capacity_backoff=20.0,
+        throttle_base=2.0,
+        throttle_max=20.0,
+        quota_pause=30.0,
+        step_limit=20,
+        step_interval=30.0,
+        provider_caps={"sim": s.provider_cap},
+    )
     return {
         "policy": policy,
         "loop_settings": LoopSettings(replan_interval=5.0, recover_after=15.0, reclaim_interval=30.0),
-        "executor_settings": ExecutorSettings(cluster=CLUSTER, controllers=world.addresses, provisioning_timeout=120.0,
-                                              return_timeout=120.0),
+        "executor_settings": ExecutorSettings(
+            cluster=CLUSTER, controllers=world.addresses, provisioning_timeout=120.0, return_timeout=120.0
+        ),
         "offer_interval": 30.0,
     }
 
@@ -135,5 +146,8 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     ours = [m for m in world.cloud.running() if m["tags"].get(TAG_CLUSTER) == CLUSTER]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
     if len(ours) != wanted or len(joined) != wanted:
-        world.recorder.violate("no_convergence", f"{len(ours)} machines running ({len(joined)} joined) "
-                                                 f"{s.settle:g}s after the last fault; demand wants {wanted}")
+        world.recorder.violate(
+            "no_convergence",
+            f"{len(ours)} machines running ({len(joined)} joined) "
+            f"{s.settle:g}s after the last fault; demand wants {wanted}",
+        )

@@ -30,10 +30,10 @@ from provisionerd.config.loader import (
     ProviderConfig,
     TlsPaths,
 )
-from provisionerd.daemon.root import DaemonCore
-from provisionerd.telemetry.events import EventLog
 from provisionerd.controller.lease import LeaseState
+from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import CommittedFact, Epoch, Fact
+from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.simulation.cloud import WALL_EPOCH, CloudClient, SimCloud
 from provisionerd.testing.simulation.observe import CallerLease, Commit, Recorder
 from refcontroller.cluster import Cluster
@@ -64,11 +64,20 @@ class ObservedCluster(Cluster):
         last = self.store.last_index()
         result = super().commit(replica, fact, sender, now)
         if isinstance(result, CommittedFact) and result.index > last and self.recorder is not None:
-            self.recorder.commit(Commit(
-                at=now, index=result.index, kind=type(fact).__name__, provider=fact.provider, op_id=fact.op_id,
-                epoch=fact.epoch, sender=sender, lease_epoch=None if lease is None else lease.epoch,
-                lease_holder=None if lease is None else lease.holder, fact=fact,
-            ))  # fmt: skip
+            self.recorder.commit(
+                Commit(
+                    at=now,
+                    index=result.index,
+                    kind=type(fact).__name__,
+                    provider=fact.provider,
+                    op_id=fact.op_id,
+                    epoch=fact.epoch,
+                    sender=sender,
+                    lease_epoch=None if lease is None else lease.epoch,
+                    lease_holder=None if lease is None else lease.holder,
+                    fact=fact,
+                )
+            )
         return result
 
 
@@ -107,13 +116,25 @@ def lifecycle_options(settings: DaemonSettings, client: CloudClient, rng: random
     simulated cloud instead of plugin processes, trio's clock as the wall clock. Empty for a core without it."""
     if "providers" not in inspect.signature(DaemonCore).parameters:
         return {}
-    return {"providers": {settings.provider: client}, "wall": lambda: WALL_EPOCH + trio.current_time(),
-            **settings.lifecycle}
+    return {
+        "providers": {settings.provider: client},
+        "wall": lambda: WALL_EPOCH + trio.current_time(),
+        **settings.lifecycle,
+    }
 
 
 class DaemonNode:
-    def __init__(self, slot: str, incarnation: int, settings: DaemonSettings, rng: random.Random,
-                 recorder: Recorder, cloud: SimCloud, connect: Any, identity: str | None = None) -> None:
+    def __init__(
+        self,
+        slot: str,
+        incarnation: int,
+        settings: DaemonSettings,
+        rng: random.Random,
+        recorder: Recorder,
+        cloud: SimCloud,
+        connect: Any,
+        identity: str | None = None,
+    ) -> None:
         self.slot = slot
         self.identity = identity or f"prov-{slot}"
         self.instance = f"{slot}#{incarnation}"
@@ -130,19 +151,30 @@ class DaemonNode:
             cluster=settings.cluster,
             identity=self.identity,
             controller=ControllerSettings(
-                addresses=tuple(addresses), connect_timeout=settings.connect_timeout,
-                request_timeout=settings.request_timeout, heartbeat_interval=settings.heartbeat_interval,
-                heartbeat_timeout=settings.heartbeat_timeout, backoff=Backoff(initial=0.2, max=4.0),
+                addresses=tuple(addresses),
+                connect_timeout=settings.connect_timeout,
+                request_timeout=settings.request_timeout,
+                heartbeat_interval=settings.heartbeat_interval,
+                heartbeat_timeout=settings.heartbeat_timeout,
+                backoff=Backoff(initial=0.2, max=4.0),
             ),
             tls=TlsPaths(Path("/nonexistent/ca.pem"), Path("/nonexistent/cert.pem"), Path("/nonexistent/key.pem")),
-            providers=(ProviderConfig(name=settings.provider, transport="persistent", argv=("simulated",),
-                                      **settings.provider_options),),
+            providers=(
+                ProviderConfig(
+                    name=settings.provider, transport="persistent", argv=("simulated",), **settings.provider_options
+                ),
+            ),
             lease=LeaseSettings(margin=settings.margin),
-        )  # fmt: skip
+        )
         self.client = CloudClient(cloud, self.lease_snapshot)
-        self.core = DaemonCore(config, connect=connect, events=self.events, rng=rng,
-                               instance=self.instance.replace("#", "-"),
-                               **lifecycle_options(settings, self.client, rng))
+        self.core = DaemonCore(
+            config,
+            connect=connect,
+            events=self.events,
+            rng=rng,
+            instance=self.instance.replace("#", "-"),
+            **lifecycle_options(settings, self.client, rng),
+        )
         loop = getattr(self.core, "loop", None)
         if loop is not None and hasattr(loop, "state"):
             # The loop names its op_ids with a per-start incarnation it would draw from ``secrets``: draw it here.

@@ -144,8 +144,15 @@ class Recorder:
 
         self.commits.append(commit)
         self.commits_by_op[(commit.kind, commit.op_id)].append(commit)
-        self.note("controller", "fact", index=commit.index, kind=commit.kind, op_id=commit.op_id,
-                  epoch=str(commit.epoch), sender=commit.sender)
+        self.note(
+            "controller",
+            "fact",
+            index=commit.index,
+            kind=commit.kind,
+            op_id=commit.op_id,
+            epoch=str(commit.epoch),
+            sender=commit.sender,
+        )
         invariants.check_commit(self, commit)
 
     def hold(self, instance: str, provider: str, epoch: Epoch, valid_until: float) -> None:
@@ -178,16 +185,24 @@ class Recorder:
 
         self.mutations.append(mutation)
         c = mutation.caller
-        self.note("provider", "mutation", action=mutation.action, op_id=mutation.op_id, caller=c.instance,
-                  valid=c.valid, epoch=str(c.epoch))
+        self.note(
+            "provider",
+            "mutation",
+            action=mutation.action,
+            op_id=mutation.op_id,
+            caller=c.instance,
+            valid=c.valid,
+            epoch=str(c.epoch),
+        )
         invariants.check_mutation(self, mutation)
 
     def creation(self, creation: Creation) -> None:
         from provisionerd.testing.simulation import invariants
 
         self.creations[creation.op_id].append(creation)
-        self.note("provider", "created", op_id=creation.op_id, machines=list(creation.machine_ids),
-                  caller=creation.caller)
+        self.note(
+            "provider", "created", op_id=creation.op_id, machines=list(creation.machine_ids), caller=creation.caller
+        )
         invariants.check_creation(self, creation)
 
 

@@ -106,8 +106,9 @@ def run_world(world: World, *, wall_budget: float = 60.0) -> SimResult:
             trio.lowlevel.add_instrument(budget)
             await world.run()
         if budget.tripped:
-            world.recorder.violate("stuck", f"no end after {wall_budget:g}s of wall time, at virtual "
-                                            f"{trio.current_time():.3f}s")
+            world.recorder.violate(
+                "stuck", f"no end after {wall_budget:g}s of wall time, at virtual {trio.current_time():.3f}s"
+            )
         return trio.current_time()
 
     with deterministic_scheduling(world.scheduler_seed), seeded_tokens(world.new_token):

@@ -23,8 +23,7 @@ import attrs
 import trio
 
 from provisionerd.domain.model import Role
-from provisionerd.testing.simulation import invariants
-from provisionerd.testing.simulation import lifecycle
+from provisionerd.testing.simulation import invariants, lifecycle
 from provisionerd.testing.simulation.cloud import SimCloud
 from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw_plan
 from provisionerd.testing.simulation.network import OK, SimNet
@@ -89,8 +88,15 @@ class WorldSettings:
 
 
 class World:
-    def __init__(self, seed: int, *, keep_trace: bool = True, workload_factory: WorkloadFactory | None = None,
-                 plan: FaultPlan | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        keep_trace: bool = True,
+        workload_factory: WorkloadFactory | None = None,
+        plan: FaultPlan | None = None,
+        **overrides: Any,
+    ) -> None:
         """``overrides`` replace drawn ``WorldSettings`` fields; ``plan`` replaces the drawn fault plan (both for
         tests that need a particular world; the seed still draws everything else)."""
         self.seed = seed
@@ -99,8 +105,14 @@ class World:
         s = self.settings
         self.net_rng = random.Random(rng.getrandbits(64))
         self.cloud_rng = random.Random(rng.getrandbits(64))
-        drawn = draw_plan(random.Random(rng.getrandbits(64)), horizon=s.horizon, slots=s.slots,
-                          replicas=s.replicas, max_faults=s.max_faults, kinds=s.fault_kinds)
+        drawn = draw_plan(
+            random.Random(rng.getrandbits(64)),
+            horizon=s.horizon,
+            slots=s.slots,
+            replicas=s.replicas,
+            max_faults=s.max_faults,
+            kinds=s.fault_kinds,
+        )
         self.plan: FaultPlan = drawn if plan is None else plan
         self.scheduler_seed = rng.getrandbits(64)
         self._spawn = random.Random(rng.getrandbits(64))
@@ -115,8 +127,14 @@ class World:
         self.incarnations: dict[str, int] = {}
         self.cluster: ObservedCluster | None = None
         self.server: Any = None
-        self.cloud = SimCloud(PROVIDER, self.cloud_rng, self.recorder, templates={TEMPLATE: s.capacity},
-                              idempotent=s.idempotent, latency=s.cloud_latency)
+        self.cloud = SimCloud(
+            PROVIDER,
+            self.cloud_rng,
+            self.recorder,
+            templates={TEMPLATE: s.capacity},
+            idempotent=s.idempotent,
+            latency=s.cloud_latency,
+        )
         self.cloud.on_created.append(self.workers.created)
         self.cloud.on_vanished.append(self.workers.vanished)
         self._nursery: trio.Nursery | None = None
@@ -179,12 +197,26 @@ class World:
             self.net.add_slot(slot)
         s = self.settings
         self.incarnations[slot] = self.incarnations.get(slot, 0) + 1
-        settings = DaemonSettings(cluster=lifecycle.CLUSTER, provider=PROVIDER, addresses=self.addresses,
-                                  margin=s.margin, heartbeat_interval=s.heartbeat_interval,
-                                  heartbeat_timeout=s.heartbeat_timeout, request_timeout=s.request_timeout,
-                                  lifecycle=lifecycle.core_options(self) if lifecycle.available() else {})
-        node = DaemonNode(slot, self.incarnations[slot], settings, random.Random(self._spawn.getrandbits(64)),
-                          self.recorder, self.cloud, self.net.connector(slot), identity=identity)
+        settings = DaemonSettings(
+            cluster=lifecycle.CLUSTER,
+            provider=PROVIDER,
+            addresses=self.addresses,
+            margin=s.margin,
+            heartbeat_interval=s.heartbeat_interval,
+            heartbeat_timeout=s.heartbeat_timeout,
+            request_timeout=s.request_timeout,
+            lifecycle=lifecycle.core_options(self) if lifecycle.available() else {},
+        )
+        node = DaemonNode(
+            slot,
+            self.incarnations[slot],
+            settings,
+            random.Random(self._spawn.getrandbits(64)),
+            self.recorder,
+            self.cloud,
+            self.net.connector(slot),
+            identity=identity,
+        )
         self.nodes[slot] = node
         self.instances.append(node)
         self.recorder.note(node.instance, "started")
@@ -199,9 +231,16 @@ class World:
 
         if self.lifecycle:
             return _Idle()  # the core's own reconcile loop and executor are the workload
-        return GateDriver(node, rng, provider=PROVIDER, template=TEMPLATE, cluster=lifecycle.CLUSTER,
-                          controllers=self.addresses, pace=self.settings.pace,
-                          idempotent=self.settings.idempotent)
+        return GateDriver(
+            node,
+            rng,
+            provider=PROVIDER,
+            template=TEMPLATE,
+            cluster=lifecycle.CLUSTER,
+            controllers=self.addresses,
+            pace=self.settings.pace,
+            idempotent=self.settings.idempotent,
+        )
 
     async def _run_node(self, node: DaemonNode) -> None:
         try:

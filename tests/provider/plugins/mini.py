@@ -25,10 +25,18 @@ if os.path.exists(conf_path):
         CONF = json.load(f)
 BREAKS = set(CONF.get("break", []))
 TEMPLATES = {
-    "small": {"templateId": "small", "maxNumber": 10,
-              "attributes": {"type": ["String", "X86_64"], "ncpus": ["Numeric", "2"], "mem": ["Numeric", "4096"]},
-              "price": {"amount": 0.05, "currency": "USD", "unit": "hour", "source": "mini",
-                        "timestamp": "2024-01-01T00:00:00Z"}},
+    "small": {
+        "templateId": "small",
+        "maxNumber": 10,
+        "attributes": {"type": ["String", "X86_64"], "ncpus": ["Numeric", "2"], "mem": ["Numeric", "4096"]},
+        "price": {
+            "amount": 0.05,
+            "currency": "USD",
+            "unit": "hour",
+            "source": "mini",
+            "timestamp": "2024-01-01T00:00:00Z",
+        },
+    },
 }
 
 
@@ -42,9 +50,18 @@ def handle(state, action, doc):
         if b == f"hang:{action}":
             time.sleep(3600)
     if action == "describeProvider":
-        return {"name": "mini", "version": "1.0", "contractVersion": 1,
-                "features": {"idempotentRequest": True, "listMachines": True, "stopMachines": False,
-                             "tags": True, "priceQuotes": True}}
+        return {
+            "name": "mini",
+            "version": "1.0",
+            "contractVersion": 1,
+            "features": {
+                "idempotentRequest": True,
+                "listMachines": True,
+                "stopMachines": False,
+                "tags": True,
+                "priceQuotes": True,
+            },
+        }
     if action == "getAvailableTemplates":
         if "bad_json" in BREAKS:
             return "{templates: oops"
@@ -65,10 +82,18 @@ def handle(state, action, doc):
             for b in doc["bootstrap"]:
                 state["seq"] += 1
                 mid = f"m-{state['seq']}"
-                tags = {} if "missing_tags" in BREAKS else dict(doc["tags"], **{"provisionerd:instance": b["instanceRef"]})
-                state["machines"][mid] = {"machineId": mid, "name": f"host-{state['seq']}", "status": "running",
-                                          "launchtime": int(time.time()), "privateIpAddress": "10.1.0.1",
-                                          "tags": tags, "instanceRef": "" if "missing_tags" in BREAKS else b["instanceRef"]}
+                tags = (
+                    {} if "missing_tags" in BREAKS else dict(doc["tags"], **{"provisionerd:instance": b["instanceRef"]})
+                )
+                state["machines"][mid] = {
+                    "machineId": mid,
+                    "name": f"host-{state['seq']}",
+                    "status": "running",
+                    "launchtime": int(time.time()),
+                    "privateIpAddress": "10.1.0.1",
+                    "tags": tags,
+                    "instanceRef": "" if "missing_tags" in BREAKS else b["instanceRef"],
+                }
                 ids.append(mid)
             state["requests"][rid] = {"kind": "create", "machines": ids}
             state["ops"][op] = rid
@@ -93,14 +118,22 @@ def handle(state, action, doc):
         for r in doc["requests"]:
             req = state["requests"].get(r["requestId"])
             if req is None:
-                out.append({"requestId": r["requestId"], "status": "complete_with_error", "message": "unknown",
-                            "machines": []})
+                out.append(
+                    {"requestId": r["requestId"], "status": "complete_with_error", "message": "unknown", "machines": []}
+                )
                 continue
             ms = []
             for mid in req["machines"]:
                 m = state["machines"][mid]
-                entry = {"machineId": mid, "name": m["name"], "result": "succeed", "status": m["status"],
-                         "privateIpAddress": m["privateIpAddress"], "launchtime": m["launchtime"], "message": ""}
+                entry = {
+                    "machineId": mid,
+                    "name": m["name"],
+                    "result": "succeed",
+                    "status": m["status"],
+                    "privateIpAddress": m["privateIpAddress"],
+                    "launchtime": m["launchtime"],
+                    "message": "",
+                }
                 if "missing_tags" not in BREAKS:
                     entry.update(instanceRef=m["instanceRef"], tags=m["tags"])
                 ms.append(entry)
@@ -110,9 +143,11 @@ def handle(state, action, doc):
         return {"status": "complete", "message": "", "requests": []}
     if action == "listMachines":
         want = doc["tags"]
-        found = [{k: m[k] for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}
-                 for m in state["machines"].values()
-                 if m["status"] != "terminated" and all(m["tags"].get(k) == v for k, v in want.items())]
+        found = [
+            {k: m[k] for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}
+            for m in state["machines"].values()
+            if m["status"] != "terminated" and all(m["tags"].get(k) == v for k, v in want.items())
+        ]
         return {"machines": found}
     raise Rejected("invalid_request", f"unsupported action {action}")
 

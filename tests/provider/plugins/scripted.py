@@ -27,9 +27,27 @@ out_lock = threading.Lock()
 
 
 def status(request_id):
-    return {"requests": [{"requestId": request_id, "status": "complete", "message": "", "machines": [
-        {"machineId": f"{request_id}-m{i}", "name": f"host-{i}", "result": "succeed", "status": "running",
-         "privateIpAddress": f"10.0.0.{i}", "launchtime": 1700000000, "message": ""} for i in range(2)]}]}
+    return {
+        "requests": [
+            {
+                "requestId": request_id,
+                "status": "complete",
+                "message": "",
+                "machines": [
+                    {
+                        "machineId": f"{request_id}-m{i}",
+                        "name": f"host-{i}",
+                        "result": "succeed",
+                        "status": "running",
+                        "privateIpAddress": f"10.0.0.{i}",
+                        "launchtime": 1700000000,
+                        "message": "",
+                    }
+                    for i in range(2)
+                ],
+            }
+        ]
+    }
 
 
 def behave(action, doc, reply, persistent):
@@ -48,8 +66,9 @@ def behave(action, doc, reply, persistent):
         time.sleep(float(secs))
         return reply("result", status(real))
     if rid == "hang-with-child":
-        child = subprocess.Popen(["sleep", "1000"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(
+            ["sleep", "1000"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         path = os.path.join(os.environ["PRO_DATA_DIR"], "grandchild.pid")
         with open(path + ".tmp", "w") as f:
             f.write(str(child.pid))
