@@ -31,9 +31,9 @@ The op's machines are listed by op tag first, then:
    and not past the provisioning deadline.
 
 A refusal at the gate whose reason says the controller cannot take intents for now (``no_quorum``,
-``not_primary``, a broken link: ``plannerstate.BACKOFF_CODES``) is reported as ``IntentRefused`` besides
-``ActionDropped``: the loop plans nothing until the back-off (1 s doubling to 30 s) ends, instead of replanning
-the same work at once under a fresh op_id.
+``not_primary``, a broken link: ``provisionerd.planner.state.BACKOFF_CODES``) is reported as ``IntentRefused``
+besides ``ActionDropped`` (``provisionerd.execution.observations``): the loop plans nothing until the back-off
+(1 s doubling to 30 s) ends, instead of replanning the same work at once under a fresh op_id.
 """
 
 from __future__ import annotations
@@ -154,5 +154,5 @@ def assign_refs(machines: Sequence[ProviderMachine], refs: Sequence[str]) -> lis
         elif not ref:
             unnamed.append(machine)
     free = [r for r in refs if r not in taken]
-    pairs.extend(zip(unnamed, free))
+    pairs.extend(zip(unnamed, free, strict=False))
     return pairs

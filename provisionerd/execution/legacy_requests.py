@@ -1,7 +1,8 @@
 """The executor's request path for a legacy LSF plugin (``client.legacy``): what replaces the list-and-retry.
 
-A mixin of :class:`provisionerd.executor.Executor`. A legacy plugin has no ``op_id`` idempotency and no listing, so
-after a failed ``requestMachines`` the decision is ``provisionerd.provider.legacy_rules.after_request_error``:
+A collaborator of ``provisionerd.execution.request_flow.RequestFlow`` (given the executor's ``FlowDeps`` and
+``Steps``). A legacy plugin has no ``op_id`` idempotency and no listing, so after a failed ``requestMachines`` the
+decision is ``provisionerd.provider.legacy.rules.after_request_error``:
 
 - ``UNKNOWN_OUTCOME`` (timeout, crash, a garbled answer, or the adapter's own ``ProviderOutcomeUnknown``): the
   call is **never** retried and nothing is listed (there is nothing to list). A requestId the plugin printed before
@@ -10,11 +11,11 @@ after a failed ``requestMachines`` the decision is ``provisionerd.provider.legac
   ``request_outcome_unknown`` event is written, and the planner re-plans the shortfall as a new op (fresh tokens).
   Whatever the lost call may have made is invisible to the daemon; the orphan report lists the op among the
   adapter's ``unknown_outcomes()``.
-- ``RETRY_LATER`` / ``FAILED``: a refusal whose outcome is known, handled like any provider's (``_refused``: the
-  code becomes a planner observation such as the throttle back-off).
+- ``RETRY_LATER`` / ``FAILED``: a refusal whose outcome is known, handled like any provider's (``Steps.refused``:
+  the code becomes a planner observation such as the throttle back-off).
 
-``settle_legacy_recovery`` is the restart path: an open intent whose journal records an unknown call is failed the
-same way instead of being polled for a listing the plugin cannot give.
+``settle_recovery`` (``Executor.settle_legacy_recovery``) is the restart path: an open intent whose journal
+records an unknown call is failed the same way instead of being polled for a listing the plugin cannot give.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
-from provisionerd.execution.values import RequestOutcome, _Run
+from provisionerd.execution.steps import FlowDeps, Steps
+from provisionerd.execution.values import CallObservations, RequestOutcome
 from provisionerd.provider.legacy.rules import NextStep, after_request_error
 
 #: The longest ``RequestFailed.reason`` written (the rest of a plugin's message is in the event).
@@ -44,18 +46,22 @@ def unknown_reason(error: ProviderError) -> str:
 
 
 class LegacyRequestFlow:
-    async def _legacy_after_error(
-        self, run: _Run, intent: RequestIntent, client: Any, error: ProviderError
+    def __init__(self, deps: FlowDeps, steps: Steps) -> None:
+        self._deps = deps
+        self._steps = steps
+
+    async def after_error(
+        self, run: CallObservations, intent: RequestIntent, client: Any, error: ProviderError
     ) -> RequestOutcome:
         """The end of a legacy request whose ``requestMachines`` raised ``error`` (see the module docstring)."""
         step = after_request_error(error, client.features)
         if step is NextStep.UNKNOWN_OUTCOME:
             return await self._settle_unknown(intent, error)
-        return await self._refused(run, intent, error)
+        return await self._steps.refused(run, intent, error)
 
     async def _settle_unknown(self, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         reason = unknown_reason(error)
-        self._events.emit(
+        self._deps.events.emit(
             "request_outcome_unknown",
             provider=intent.provider,
             op_id=intent.op_id,
@@ -65,7 +71,9 @@ class LegacyRequestFlow:
             detail=error.detail,
             retried=False,
         )
-        committed = await self._commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, reason))
+        committed = await self._deps.facts.commit_quietly(
+            RequestFailed(intent.provider, NO_EPOCH, intent.op_id, reason)
+        )
         return RequestOutcome(
             intent.op_id,
             intent.provider,
@@ -74,7 +82,7 @@ class LegacyRequestFlow:
             detail=reason,
         )
 
-    async def settle_legacy_recovery(self, intent: RequestIntent, client: Any) -> RequestOutcome | None:
+    async def settle_recovery(self, intent: RequestIntent, client: Any) -> RequestOutcome | None:
         """After a restart: an open intent of a legacy plugin whose journal records a call with an unknown
         outcome can never be settled by a listing, so it is failed now (``None`` when the journal does not say
         so: then the ordinary recovery reads the op's machines through the adapter)."""

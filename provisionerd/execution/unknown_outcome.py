@@ -1,10 +1,11 @@
 """The executor's path after a ``requestMachines`` whose outcome is unknown (timeout, crash, garbled answer, or
 ``provider_error`` that took effect): list the op by tag, then settle from the listing, or retry the same op_id
-through the gate on an idempotent provider only. The rules and why: ``provisionerd.executor_docs`` ("Every call is
-gated", "After an unknown outcome").
+through the gate on an idempotent provider only. The rules and why: ``provisionerd.execution.documents`` ("Every
+call is gated", "After an unknown outcome").
 
-A mixin of :class:`provisionerd.executor.Executor`, split out to keep each module to one flow; it uses the
-executor's clients, gate, leases, settings and helpers (``_list_op``, ``_commit_instances``, ``_refused``).
+A collaborator of ``provisionerd.execution.request_flow.RequestFlow``, given the executor's ``FlowDeps`` (clients,
+gate, facts, settings) and the shared ``Steps`` (``list_op``, ``commit_instances``, ``refused``). It keeps one
+piece of state of its own: each provider's ``describeProvider`` features, read once.
 """
 
 from __future__ import annotations
@@ -15,36 +16,43 @@ from typing import Any
 
 import trio
 
-from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.errors import ProviderError, ProviderRejected
 from provisionerd.domain.model import NO_EPOCH, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import IssuedToken
 from provisionerd.execution.documents import assign_refs, request_input
-from provisionerd.execution.values import GATE_ERRORS, RequestOutcome, _Run
+from provisionerd.execution.observations import gate_code
+from provisionerd.execution.steps import FlowDeps, Steps
+from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
 
 log = logging.getLogger(__name__)
 
 
 class UnknownOutcomeFlow:
-    async def _after_request_error(
+    def __init__(self, deps: FlowDeps, steps: Steps) -> None:
+        self._deps = deps
+        self._steps = steps
+        self._features: dict[str, dict[str, Any]] = {}  # provider -> describeProvider's features, once read
+
+    async def after_request_error(
         self,
-        run: _Run,
-        action: RequestMachines,
+        run: CallObservations,
         intent: RequestIntent,
         issued: Sequence[IssuedToken],
         error: ProviderError,
         deadline: float,
     ) -> tuple[dict[str, Any] | None, RequestOutcome | None]:
-        """Decide after a failed ``requestMachines`` (see ``executor_docs`` "After an unknown outcome"): refuse,
-        settle from the op's listing, or, on an idempotent provider only, retry the same op_id through the gate."""
-        op_id, provider = action.op_id, action.provider
+        """Decide after a failed ``requestMachines`` (see ``documents`` "After an unknown outcome"): refuse, settle
+        from the op's listing, or, on an idempotent provider only, retry the same op_id through the gate. Returns
+        the accepted answer of a retry (to be polled) or the outcome that ends the request, never both."""
+        op_id, provider, s = intent.op_id, intent.provider, self._deps.settings
+        steps = self._steps
         code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
         if not error.outcome_unknown and code != "provider_error":
-            return None, await self._refused(run, intent, error)
+            return None, await steps.refused(run, intent, error)
         attempt = 0
         while True:
-            found = await self._list_op(provider, op_id)
-            self._emit(
+            found = await steps.list_op(provider, op_id)
+            steps.emit(
                 "recovery",
                 "request",
                 op_id,
@@ -55,32 +63,31 @@ class UnknownOutcomeFlow:
                 attempt=attempt,
             )
             if not error.outcome_unknown and found == ():
-                return None, await self._refused(run, intent, error)  # provider_error and nothing made: refused
+                return None, await steps.refused(run, intent, error)  # provider_error and nothing made: refused
             if found and len(assign_refs(found, intent.instance_refs)) >= intent.count:
                 return None, await self._settle_listed(intent, found)  # all made: calling again could only harm
             if not await self._idempotent(provider):
                 return None, await self._settle_without_retry(intent, found, error)
-            if self._epoch_now(provider) is None or attempt >= self.settings.retries or trio.current_time() >= deadline:
+            if self._deps.facts.epoch_now(provider) is None or attempt >= s.retries or trio.current_time() >= deadline:
                 if found:
-                    await self._commit_instances(intent, found)
+                    await steps.commit_instances(intent, found)
                 return None, RequestOutcome(
                     op_id, provider, "unknown", code=code or type(error).__name__, detail=error.detail
                 )
             if found:
                 # Record what the listing showed before retrying: if every later listing and poll fails, these
                 # machines would otherwise have no InstanceFact and stay unattributed (seed 3550).
-                await self._commit_instances(intent, found)
-            await trio.sleep(self.settings.retry_delay * 2**attempt)
+                await steps.commit_instances(intent, found)
+            await trio.sleep(s.retry_delay * 2**attempt)
             attempt += 1
             try:
                 # Gated like the first call, at the moment it starts: a lease that lapsed during the sleep stops
                 # it, and after a failover the intent is re-committed under the epoch held now.
-                async with self._gate.mutation(provider, intent) as permit:
-                    s = self.settings
+                async with self._deps.gate.mutation(provider, intent) as permit:
                     document = request_input(
                         s.cluster, provider, op_id, intent.template_id, issued, s.controllers, permit.epoch
                     )
-                    self._emit(
+                    steps.emit(
                         "called",
                         "request",
                         op_id,
@@ -91,27 +98,27 @@ class UnknownOutcomeFlow:
                         retry=attempt,
                     )
                     try:
-                        return await self._clients[provider].call("requestMachines", document), None
+                        return await self._deps.clients[provider].call("requestMachines", document), None
                     except ProviderError as exc:
                         error = exc
             except GATE_ERRORS as exc:
                 # The intent stays open: recovery lists the op later and settles it (its tokens die with us).
-                self._gate_refused(run, provider, exc)
+                steps.gate_refused(run, provider, exc)
                 return None, RequestOutcome(
-                    op_id, provider, "unknown", code=self._gate_code(exc), detail=f"retry not admitted: {exc}"
+                    op_id, provider, "unknown", code=gate_code(exc), detail=f"retry not admitted: {exc}"
                 )
             code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
             if not error.outcome_unknown and code != "provider_error":
                 if found:
-                    await self._commit_instances(intent, found)
-                return None, await self._refused(run, intent, error)
+                    await steps.commit_instances(intent, found)
+                return None, await steps.refused(run, intent, error)
 
     async def _idempotent(self, provider: str) -> bool:
         """Whether ``provider`` declares ``features.idempotentRequest`` (``describeProvider``, asked once and
         cached). A provider that cannot say is taken as not idempotent: the safe reading."""
         features = self._features.get(provider)
         if features is None:
-            client = self._clients[provider]
+            client = self._deps.clients[provider]
             declared = getattr(client, "features", None)  # a client that knows its features (the legacy adapter)
             if declared is None:
                 try:
@@ -124,7 +131,7 @@ class UnknownOutcomeFlow:
 
     async def _settle_listed(self, intent: RequestIntent, found: Sequence[ProviderMachine]) -> RequestOutcome:
         """Every machine of the op is listed: commit them, no further call."""
-        committed = await self._commit_instances(intent, found)
+        committed = await self._steps.commit_instances(intent, found)
         if committed is None:
             return RequestOutcome(intent.op_id, intent.provider, "unknown", code="commit_failed")
         return RequestOutcome(intent.op_id, intent.provider, "fulfilled", committed)
@@ -140,13 +147,13 @@ class UnknownOutcomeFlow:
             return RequestOutcome(
                 op_id, provider, "unknown", code="list_failed", detail=f"{type(error).__name__}: {error.detail}"
             )
-        committed = await self._commit_instances(intent, found)
+        committed = await self._steps.commit_instances(intent, found)
         if committed is None:
             return RequestOutcome(op_id, provider, "unknown", code="commit_failed")
         reason = (
             f"outcome unknown ({type(error).__name__}) on a provider without idempotent requests: "
             f"{len(committed)} of {intent.count} found; not retried, the rest is a new op"
         )[:500]
-        if not await self._commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason)):
+        if not await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason)):
             return RequestOutcome(op_id, provider, "unknown", committed, code="commit_failed")
         return RequestOutcome(op_id, provider, "partial", committed, code="not_idempotent", detail=reason)

@@ -58,12 +58,16 @@ class ReturnOutcome:
     detail: str = ""
 
 
-class _Run:
-    """The observations of one call (also handed to ``observe`` as they happen)."""
+@attrs.define(eq=False)
+class CallObservations:
+    """The planner observations one executor call made, in order (``RequestOutcome.observations``).
 
-    def __init__(self, sink: Callable[[Observation], None]) -> None:
-        self.sink = sink
-        self.observations: list[Observation] = []
+    Each one is also handed to ``sink`` (the executor's ``observe``, which the reconcile loop points at its planner
+    state) the moment it is added: a throttle or a quota pause seen halfway through a long call must act on the
+    next plan at once, not when the call ends."""
+
+    sink: Callable[[Observation], None]
+    observations: list[Observation] = attrs.field(factory=list)
 
     def add(self, obs: Observation) -> None:
         self.observations.append(obs)

@@ -34,12 +34,12 @@ def test_a_refused_return_backs_off_exponentially_then_completes(run_rig):
     calls = [t for t, action in rig.providers["p"].call_log if action == "requestReturnMachines"]
     assert len(calls) == REFUSALS + 1
     assert len({f.op_id for f in rig.facts(ReturnIntent)}) == 1  # one op_id from first call to last
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
     # recover_after (30 s), then doubling, capped at return_retry_max (400 s); the loop looks every second.
-    for gap, base in zip(gaps, [30, 60, 120, 240, 400]):
+    for gap, base in zip(gaps, [30, 60, 120, 240, 400], strict=False):
         assert base <= gap <= base + 1.0, (gaps, base)
     stuck = rig.events_of("return_stuck")
     assert [e["failures"] for e in stuck] == [3, 4, 5]
     assert stuck[0]["status"] == "rejected" and "api said no" in stuck[0]["detail"] and stuck[0]["retry_in"] == 120.0
-    assert rig.loop._return_failures == {}  # the success forgot the failures
+    assert rig.loop.outcome_log.failing_returns() == {}  # the success forgot the failures
     assert rig.providers["p"].machines[rig.facts(Returned)[0].machine_ids[0]]["status"] == "terminated"

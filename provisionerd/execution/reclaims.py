@@ -1,0 +1,82 @@
+"""The reconcile loop's reclaim poll: every ``reclaim_interval`` seconds, ask each leased provider which of its live
+machines it takes back (``getReturnRequests``, e.g. spot interruptions) and fold them into the planner state as
+``Reclaimed``, which drains and returns them.
+
+A failed poll is logged and tried again at the next interval; ``throttled`` also backs the provider off like any
+other call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from provisionerd.controller.session import LinkState
+from provisionerd.controller.view import ControllerView
+from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.execution.executor import Executor
+from provisionerd.execution.loop_inputs import ViewSource
+from provisionerd.planner.capacity import Throttled
+from provisionerd.planner.state import Observation, Reclaimed
+from provisionerd.telemetry.events import EventLog
+
+log = logging.getLogger(__name__)
+
+
+class ReclaimPoll:
+    """``leased`` lists the providers the loop may act for now; ``apply`` folds an observation into the planner
+    state and wakes the loop; ``wall`` is the planner's clock."""
+
+    def __init__(
+        self,
+        session: ViewSource,
+        executor: Executor,
+        events: EventLog,
+        interval: float,
+        *,
+        leased: Callable[[], list[str]],
+        apply: Callable[[Observation], None],
+        wall: Callable[[], float],
+    ) -> None:
+        self._session = session
+        self._executor = executor
+        self._events = events
+        self._interval = interval
+        self._leased = leased
+        self._apply = apply
+        self._wall = wall
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self._interval)
+            view = self._session.view
+            if view is None or self._session.state is not LinkState.UP:
+                continue
+            for provider in self._leased():
+                await self.poll(provider, view)
+
+    async def poll(self, provider: str, view: ControllerView) -> None:
+        """Ask ``provider`` which of its live machines it takes back; fold them as ``Reclaimed``."""
+        records = [m for m in view.facts.machines.values() if m.provider == provider and m.state.live]
+        if not records:
+            return
+        names = {m.hostname: m.machine_id for m in records if m.hostname}
+        document = {"machines": [{"name": m.hostname, "machineId": m.machine_id} for m in records]}
+        try:
+            answer = await self._executor.client(provider).call("getReturnRequests", document)
+        except ProviderError as exc:
+            if isinstance(exc, ProviderRejected) and exc.code == "throttled":
+                self._apply(Throttled(provider, self._wall()))
+            log.info("getReturnRequests for %s failed: %s", provider, exc)
+            return
+        known = {m.machine_id for m in records}
+        ids = []
+        for entry in answer.get("requests", ()):
+            machine_id = entry.get("machineId") or names.get(entry.get("machine", ""), "")
+            if machine_id in known:
+                ids.append(machine_id)
+        if ids:
+            self._events.emit("reclaimed", provider=provider, machines=sorted(ids))
+            self._apply(Reclaimed(provider, tuple(sorted(ids)), self._wall()))

@@ -1,0 +1,177 @@
+"""The executor's request flow: one ``RequestMachines`` action from its tokens to its instance facts.
+
+::
+
+    instance_ref + fresh token per machine ──gate: RequestIntent(op_id, refs, token hashes) acked──>
+    requestMachines(op_id, owner tags, bootstrap) ──> poll getRequestStatus (backoff, trio clock) ──>
+    one InstanceFact per machine created (its ref's token hash), RequestFailed if fewer came
+
+Failures:
+- a typed refusal (``capacity_unavailable``, ``throttled``, ``quota_exceeded``, ``invalid_request``,
+  ``auth_failed``) is an outcome known: ``RequestFailed`` is committed and the code becomes a planner observation
+  (offer unavailable, throttle back-off, provider paused: ``provisionerd.execution.observations``);
+- an unknown outcome (``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation``) lists the machines
+  tagged with the op_id. If they are all there they are committed and nothing is called again. Otherwise only a
+  provider declaring ``features.idempotentRequest`` gets a retry with the **same** op_id and the same tokens (the
+  plugin answers the first attempt's request instead of creating more), through the gate again; on any other
+  provider what exists is committed and the rest failed (``RequestFailed``), to be re-planned as a new op. See
+  ``provisionerd.execution.documents`` ("Every call is gated", "After an unknown outcome") and
+  ``UnknownOutcomeFlow``. ``provider_error`` is treated the same way when the listing shows the call took effect
+  (the contract tells plugins to answer it when they do not know), and as a refusal when it shows nothing;
+- a request still not complete at its provisioning deadline stops polling: whatever the provider made is listed by
+  op tag and committed as instance facts, and the intent is left open, so the planner's provisioning timeout fails
+  it and returns its machines.
+
+**After a restart** (or a commit whose ack was lost) an intent can be open in the facts with no task running it.
+Its tokens are gone (only their hashes were kept), so the same op_id cannot be retried: a retry that creates
+machines would give them tokens no fact vouches for. ``recover`` therefore lists the op's machines, commits
+instance facts for those that exist (they keep the tokens they booted with) and, when some are missing, commits
+``RequestFailed`` so the planner requests the shortfall as a new op with fresh tokens. A machine of the old op
+that appears later carries its op tag and no fact: the orphan scan reports it.
+
+A **legacy LSF plugin** (``client.legacy``) is never listed nor retried after a failed ``requestMachines``: see
+``provisionerd.execution.legacy_requests`` (an unknown outcome is committed as ``RequestFailed`` saying so, and
+the planner re-plans the shortfall).
+
+The flow holds no claim itself: the executor claims the op_id before calling ``run`` or ``recover``. Join tokens
+exist only inside ``run`` (and the same-op retry it hands them to): never in an event, a log line or an outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from provisionerd.domain.actions import RequestMachines
+from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
+from provisionerd.domain.tokens import instance_refs, issue
+from provisionerd.execution.documents import RequestStatus, request_input
+from provisionerd.execution.legacy_requests import LegacyRequestFlow, is_legacy
+from provisionerd.execution.observations import gate_code
+from provisionerd.execution.steps import FlowDeps, Steps
+from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
+from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
+from provisionerd.planner.capacity import CallSucceeded
+from provisionerd.planner.state import ActionDropped
+
+
+class RequestFlow:
+    def __init__(self, deps: FlowDeps, steps: Steps, unknown: UnknownOutcomeFlow, legacy: LegacyRequestFlow) -> None:
+        self._deps = deps
+        self._steps = steps
+        self._unknown = unknown
+        self._legacy = legacy
+
+    async def run(self, run: CallObservations, action: RequestMachines) -> RequestOutcome:
+        """Run one ``RequestMachines`` action to its end (see the module docstring). Raises nothing a provider or
+        the gate raises: every failure is in the outcome."""
+        op_id, provider, s, steps = action.op_id, action.provider, self._deps.settings, self._steps
+        client = self._deps.clients.get(provider)
+        if client is None:
+            run.add(ActionDropped(op_id))
+            return RequestOutcome(op_id, provider, "dropped", code="unknown_provider")
+        started = trio.current_time()
+        issued = issue(instance_refs(op_id, action.count))
+        intent = RequestIntent(
+            provider,
+            NO_EPOCH,
+            op_id,
+            action.template_id,
+            action.count,
+            tuple(t.instance_ref for t in issued),
+            tuple(t.hash for t in issued),
+            action.demand_id,
+        )
+        error: ProviderError | None = None
+        accepted: dict[str, Any] | None = None
+        try:
+            async with self._deps.gate.mutation(provider, intent) as permit:
+                document = request_input(
+                    s.cluster, provider, op_id, action.template_id, issued, s.controllers, permit.epoch
+                )
+                steps.emit(
+                    "called",
+                    "request",
+                    op_id,
+                    provider,
+                    template=action.template_id,
+                    count=action.count,
+                    epoch=permit.epoch,
+                )
+                try:
+                    accepted = await client.call("requestMachines", document)
+                except ProviderError as exc:
+                    error = exc
+        except GATE_ERRORS as exc:
+            run.add(ActionDropped(op_id))
+            steps.gate_refused(run, provider, exc)
+            return RequestOutcome(op_id, provider, "dropped", code=gate_code(exc), detail=str(exc))
+        deadline = started + s.provisioning_timeout
+        if error is not None and is_legacy(client):
+            return await self._legacy.after_error(run, intent, client, error)
+        if error is not None:
+            accepted, outcome = await self._unknown.after_request_error(run, intent, issued, error, deadline)
+            if outcome is not None:
+                return outcome
+        assert accepted is not None
+        run.add(CallSucceeded(provider))
+        status = await steps.poll(run, provider, str(accepted["requestId"]), deadline)
+        if status is None or not status.final:
+            return await self._timed_out(intent, status)
+        return await self._finish(intent, status)
+
+    async def _finish(self, intent: RequestIntent, status: RequestStatus) -> RequestOutcome:
+        made = [m for m in status.machines if m.result == "succeed"]
+        committed = await self._steps.commit_instances(intent, made)
+        op_id, provider = intent.op_id, intent.provider
+        if committed is None:
+            return RequestOutcome(op_id, provider, "unknown", code="commit_failed")
+        if len(committed) >= intent.count:
+            return RequestOutcome(op_id, provider, "fulfilled", committed)
+        reason = f"partial: {len(committed)} of {intent.count} ({status.status}: {status.message})"[:500]
+        await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason))
+        return RequestOutcome(op_id, provider, "partial", committed, code=status.status, detail=status.message)
+
+    async def _timed_out(self, intent: RequestIntent, status: RequestStatus | None) -> RequestOutcome:
+        """The provisioning deadline passed: explain what exists, leave the intent open for the planner."""
+        found = await self._steps.list_op(intent.provider, intent.op_id)
+        machines = found if found is not None else (status.machines if status is not None else ())
+        committed = await self._steps.commit_instances(intent, machines)
+        return RequestOutcome(intent.op_id, intent.provider, "timed_out", committed or (), code="provisioning_timeout")
+
+    async def recover(self, intent: RequestIntent) -> RequestOutcome:
+        """Settle an open intent no task is running (after a restart): see the module docstring. ``intent``'s
+        provider must be served (the executor checks)."""
+        op_id, provider = intent.op_id, intent.provider
+        client = self._deps.clients[provider]
+        if is_legacy(client):
+            settled = await self._legacy.settle_recovery(intent, client)
+            if settled is not None:
+                return settled
+        found = await self._steps.list_op(provider, op_id)
+        self._steps.emit("recovery", "request", op_id, provider, found=None if found is None else len(found))
+        if found is None:
+            return RequestOutcome(op_id, provider, "unknown", code="list_failed")
+        committed = await self._steps.commit_instances(intent, found)
+        if committed is None:
+            return RequestOutcome(op_id, provider, "unknown", code="commit_failed")
+        facts = self._deps.facts.view()
+        have = set(committed)
+        if facts is not None and op_id in facts.intents:
+            have |= set(facts.intents[op_id].machine_ids)
+        if len(have) >= intent.count:
+            return RequestOutcome(op_id, provider, "fulfilled", committed)
+        reason = f"recovered after restart: {len(have)} of {intent.count} found; the rest is a new op"
+        await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason))
+        return RequestOutcome(op_id, provider, "partial", committed, code="recovered")
+
+    async def attribute_op(self, intent: RequestIntent) -> tuple[str, ...] | None:
+        """List ``intent``'s op and commit an InstanceFact for each machine found not in the facts yet; the machine
+        ids (``None`` when the listing or a commit failed). Called before the op is failed: a machine a hung call
+        created after the deadline would otherwise have no fact and stay unattributed."""
+        if intent.provider not in self._deps.clients:
+            return None
+        found = await self._steps.list_op(intent.provider, intent.op_id)
+        return None if found is None else await self._steps.commit_instances(intent, found)

@@ -1,0 +1,146 @@
+"""What the executor's flows are given (``FlowDeps``) and the steps they share (``Steps``): emit an action event,
+turn a failure into planner observations, list an op by its tag, poll a request to its end, commit the instance
+facts of what a request made, and settle a refused request.
+
+Every flow (``RequestFlow``, ``ReturnFlow``, ``UnknownOutcomeFlow``, ``LegacyRequestFlow``) receives the same
+``FlowDeps`` and ``Steps`` in its constructor; none reaches into another's state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
+from provisionerd.execution.documents import RequestStatus, assign_refs, listed_machines, op_filter, status_of
+from provisionerd.execution.facts import LeasedFacts
+from provisionerd.execution.gate import MutationGate
+from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation
+from provisionerd.execution.values import CallObservations, ExecutorSettings, RequestOutcome
+from provisionerd.planner.capacity import QuotaExceeded
+from provisionerd.telemetry.events import EventLog
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class FlowDeps:
+    """The executor's dependencies, as every flow receives them.
+
+    ``clients``: the provider client of each provider served. ``gate``: every mutation passes it. ``facts``: the
+    fact view and the commits of non-mutating facts. ``wall``: the wall clock of planner observations (the
+    planner's ``now``); everything a flow waits for runs on trio's clock."""
+
+    settings: ExecutorSettings
+    clients: Mapping[str, Any]
+    gate: MutationGate
+    facts: LeasedFacts
+    events: EventLog
+    wall: Callable[[], float]
+
+
+class Steps:
+    def __init__(self, deps: FlowDeps) -> None:
+        self._deps = deps
+
+    def emit(self, phase: str, kind: str, op_id: str, provider: str, **fields: Any) -> None:
+        """An ``action`` event (``called``, ``recovery``, ``result`` ...). Never give it a join token."""
+        self._deps.events.emit("action", phase=phase, kind=kind, op_id=op_id, provider=provider, **fields)
+
+    def observe_error(self, run: CallObservations, provider: str, template_id: str, exc: ProviderError) -> None:
+        """Add what ``exc`` means for the planner to ``run`` (``observations.provider_error_observation``); a quota
+        pause is also an event, for the operator."""
+        obs = provider_error_observation(provider, template_id, exc, self._deps.wall())
+        if obs is None:
+            return
+        run.add(obs)
+        if isinstance(obs, QuotaExceeded):
+            self._deps.events.emit("provider_paused", provider=provider, reason="quota_exceeded", detail=obs.detail)
+
+    def gate_refused(self, run: CallObservations, provider: str, exc: Exception) -> None:
+        """Tell the planner the controller would not take an intent now, so it backs off before planning the
+        same work again (``provisionerd.planner.state.IntentRefused``)."""
+        obs = gate_refusal_observation(provider, exc, self._deps.wall())
+        if obs is not None:
+            run.add(obs)
+
+    async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
+        """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""
+        try:
+            document = await self._deps.clients[provider].call(
+                "listMachines", op_filter(self._deps.settings.cluster, provider, op_id)
+            )
+        except ProviderError as exc:
+            log.warning("listMachines for op %s failed: %s", op_id, exc)
+            return None
+        return listed_machines(document)
+
+    async def poll(
+        self, run: CallObservations, provider: str, request_id: str, deadline: float
+    ) -> RequestStatus | None:
+        """Poll until the request is final or ``deadline`` (trio clock) passes; the last status seen."""
+        s = self._deps.settings
+        delay = s.poll_initial
+        last: RequestStatus | None = None
+        while True:
+            wake = trio.current_time() + delay
+            if wake > deadline:
+                await trio.sleep_until(deadline)
+                return last
+            await trio.sleep_until(wake)
+            try:
+                document = await self._deps.clients[provider].call(
+                    "getRequestStatus", {"requests": [{"requestId": request_id}]}
+                )
+            except ProviderError as exc:
+                self.observe_error(run, provider, "", exc)
+                log.info("getRequestStatus %s failed: %s", request_id, exc)
+            else:
+                status = status_of(document, request_id)
+                if status is not None:
+                    last = status
+                    if status.final:
+                        return status
+            delay = min(s.poll_max, delay * s.poll_multiplier)
+
+    async def commit_instances(
+        self, intent: RequestIntent, machines: Sequence[ProviderMachine]
+    ) -> tuple[str, ...] | None:
+        """Commit an InstanceFact per machine of ``intent`` not in the facts yet; the machine ids committed
+        (``None`` when a commit failed: the rest is left to recovery)."""
+        known = self._deps.facts.view()
+        hashes = dict(zip(intent.instance_refs, intent.token_hashes, strict=False))
+        committed = []
+        for machine, ref in assign_refs(machines, intent.instance_refs):
+            if known is not None and machine.machine_id in known.machines:
+                committed.append(machine.machine_id)
+                continue
+            fact = InstanceFact(
+                intent.provider,
+                NO_EPOCH,
+                intent.op_id,
+                ref,
+                machine.machine_id,
+                intent.template_id,
+                hashes[ref],
+                machine.name,
+                machine.address,
+                machine.launch_time,
+            )
+            if not await self._deps.facts.commit_quietly(fact):
+                return None
+            committed.append(machine.machine_id)
+        return tuple(committed)
+
+    async def refused(self, run: CallObservations, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
+        """A ``requestMachines`` refused with a known outcome (nothing was made): tell the planner what the code
+        means, commit ``RequestFailed`` so it plans the work again, report ``rejected``."""
+        code = getattr(error, "code", "") or type(error).__name__
+        self.observe_error(run, intent.provider, intent.template_id, error)
+        await self._deps.facts.commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, code))
+        return RequestOutcome(intent.op_id, intent.provider, "rejected", code=code, detail=error.detail)
