@@ -19,19 +19,13 @@ from typing import Any
 import attrs
 import cattrs
 
+from provisionerd.config.defaults import DEFAULTS  # shared with the cross-field checks in config.problems
 from provisionerd.config.problems import find_problems
 from provisionerd.domain.errors import ConfigError
 
 #: A config file above this size is refused before parsing (bounded work on bad input).
 MAX_CONFIG_BYTES = 1 << 20
 
-#: Defaults shared with the cross-field checks in ``config_problems``.
-DEFAULTS: dict[str, float] = {
-    "heartbeat_interval": 2.0,
-    "heartbeat_timeout": 6.0,
-    "backoff_initial": 0.2,
-    "backoff_max": 10.0,
-}
 
 #: Contract action name -> the key of its timeout in ``[providers.timeouts]``.
 ACTION_TIMEOUT_KEYS: dict[str, str] = {
@@ -117,7 +111,7 @@ class ProviderTimeouts:
 
 @attrs.frozen
 class OrphanSettings:
-    """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphan_policy``. ``interval`` (seconds
+    """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphans.policy``. ``interval`` (seconds
     between two orphan passes) and ``settle`` (seconds after every (re)join before any automatic action) are read
     by ``provisionerd.orphan_cycle``."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,9 @@ def _make_converter() -> cattrs.Converter:
 
     def register(cls: type, **overrides: Any) -> None:
         # make_dict_unstructure_fn does not take the converter's omit_if_default on its own.
-        hook = make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **overrides)
+        hook: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(
+            cls, converter, _cattrs_omit_if_default=True, **overrides
+        )
         converter.register_unstructure_hook(cls, hook)
 
     # Innermost first: a class's function is generated with the hooks of its fields as registered at that moment.
