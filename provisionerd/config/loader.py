@@ -113,7 +113,7 @@ class ProviderTimeouts:
 class OrphanSettings:
     """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphans.policy``. ``interval`` (seconds
     between two orphan passes) and ``settle`` (seconds after every (re)join before any automatic action) are read
-    by ``provisionerd.orphan_cycle``."""
+    by ``provisionerd.execution.orphan_cycle``."""
 
     action: str = "report"  # report | stop | terminate
     grace: float = 1800.0
@@ -135,7 +135,7 @@ class LegacyOptions:
     ``mode`` is ``"auto"`` (TOML ``"auto"``, the default: legacy when the plugin directory lacks
     ``describeProvider.sh`` or ``listMachines.sh``), ``"on"`` (TOML ``true``: always through the legacy adapter) or
     ``"off"`` (TOML ``false``: never). The other keys are the adapter's settings
-    (``provisionerd.provider.legacy_config.legacy_settings`` checks them once more when the client is built)."""
+    (``provisionerd.provider.legacy.wiring.legacy_settings`` checks them once more when the client is built)."""
 
     mode: str = "auto"
     user_data: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)

@@ -1,7 +1,7 @@
 """The daemon's local admin socket: one JSON request line in, one JSON reply line out, then close.
 
 Commands: ``{"cmd": "status"}`` (answered at once from ``status()``) and whatever the daemon registers in
-``commands``, each an async :class:`Command` (``orphan_action``: see ``provisionerd.orphan_daemon.OrphanActions``).
+``commands``, each an async :class:`Command` (``orphan_action``: see ``provisionerd.daemon.orphans.OrphanActions``).
 The socket is a unix socket (file mode 0600: local root/owner only), so no authentication beyond file permissions;
 a command is handed the peer's uid (``SO_PEERCRED``) for its audit.
 

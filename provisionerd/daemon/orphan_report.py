@@ -6,7 +6,7 @@ for one resync of the facts and hosts (no lease, no commit: ``orphan_direct.read
 classifies each provider with the provider's orphan policy in dry run and no lease held, so each automatic action
 shows what would be done and everything that blocks it (``no_lease`` and ``dry_run`` at least). A provider that
 cannot list machines (a legacy LSF plugin) is stated as such (``invisible``, ``unknown_outcomes``), not reported
-unreadable. The CLI (``provisionerd.cli.orphans``) prints the ``DryRunReport``.
+unreadable. ``provisionerd orphans --dry-run`` prints the ``DryRunReport``.
 """
 
 from __future__ import annotations
