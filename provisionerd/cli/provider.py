@@ -50,14 +50,12 @@ def resolve_target(path: Path, transport: str) -> Path:
     return exe
 
 
-async def check_plugin(
-    target: Path, transport: str, *, conf_dir: Path | None, data_dir: Path, options: KitOptions
-) -> list[CheckResult]:
-    """Run the kit against the plugin at ``target`` (see ``resolve_target``)."""
+def plugin_config(target: Path, transport: str, *, conf_dir: Path | None, data_dir: Path) -> ProviderConfig:
+    """The runtime config of the plugin at ``target`` (its ``conf`` directory by default, when it has one)."""
     home = target if transport == "oneshot" else target.parent
     if conf_dir is None and (home / "conf").is_dir():
         conf_dir = home / "conf"
-    config = ProviderConfig(
+    return ProviderConfig(
         name=home.resolve().name or "plugin",
         cluster=CLUSTER,
         path=str(target.resolve()),
@@ -66,6 +64,13 @@ async def check_plugin(
         data_dir=str(data_dir),
         limits=Limits(term_grace=0.5),
     )
+
+
+async def check_plugin(
+    target: Path, transport: str, *, conf_dir: Path | None, data_dir: Path, options: KitOptions
+) -> list[CheckResult]:
+    """Run the kit against the plugin at ``target`` (see ``resolve_target``)."""
+    config = plugin_config(target, transport, conf_dir=conf_dir, data_dir=data_dir)
     if transport == "oneshot":
         client = OneShotProvider(config)
         if detect_legacy(target, transport):

@@ -19,19 +19,13 @@ from typing import Any
 import attrs
 import cattrs
 
+from provisionerd.config.defaults import DEFAULTS  # shared with the cross-field checks in config.problems
 from provisionerd.config.problems import find_problems
 from provisionerd.domain.errors import ConfigError
 
 #: A config file above this size is refused before parsing (bounded work on bad input).
 MAX_CONFIG_BYTES = 1 << 20
 
-#: Defaults shared with the cross-field checks in ``config_problems``.
-DEFAULTS: dict[str, float] = {
-    "heartbeat_interval": 2.0,
-    "heartbeat_timeout": 6.0,
-    "backoff_initial": 0.2,
-    "backoff_max": 10.0,
-}
 
 #: Contract action name -> the key of its timeout in ``[providers.timeouts]``.
 ACTION_TIMEOUT_KEYS: dict[str, str] = {
@@ -117,9 +111,9 @@ class ProviderTimeouts:
 
 @attrs.frozen
 class OrphanSettings:
-    """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphan_policy``. ``interval`` (seconds
+    """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphans.policy``. ``interval`` (seconds
     between two orphan passes) and ``settle`` (seconds after every (re)join before any automatic action) are read
-    by ``provisionerd.orphan_cycle``."""
+    by ``provisionerd.execution.orphan_cycle``."""
 
     action: str = "report"  # report | stop | terminate
     grace: float = 1800.0
@@ -141,7 +135,7 @@ class LegacyOptions:
     ``mode`` is ``"auto"`` (TOML ``"auto"``, the default: legacy when the plugin directory lacks
     ``describeProvider.sh`` or ``listMachines.sh``), ``"on"`` (TOML ``true``: always through the legacy adapter) or
     ``"off"`` (TOML ``false``: never). The other keys are the adapter's settings
-    (``provisionerd.provider.legacy_config.legacy_settings`` checks them once more when the client is built)."""
+    (``provisionerd.provider.legacy.wiring.legacy_settings`` checks them once more when the client is built)."""
 
     mode: str = "auto"
     user_data: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)

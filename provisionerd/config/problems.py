@@ -20,6 +20,10 @@ from typing import Any
 
 import jsonschema
 
+from provisionerd.config.defaults import DEFAULTS  # the one place these defaults live
+from provisionerd.config.user_data import UserDataTemplate  # pure: the placeholder vocabulary
+from provisionerd.domain.errors import ConfigError
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.json"
 
 #: At most this many problems are listed; a broken file should not produce megabytes of output.
@@ -72,7 +76,8 @@ def _schema_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
             name = missing.group(1) if missing else "?"
             yield parts + [name], "is required but missing"
         elif error.validator == "additionalProperties" and isinstance(instance, Mapping):
-            allowed = set(error.schema.get("properties", {}))
+            schema = error.schema
+            allowed = set(schema.get("properties", {})) if isinstance(schema, Mapping) else set()
             for key in sorted(k for k in instance if k not in allowed):
                 yield parts + [key], "unknown key"
         elif "propertyNames" in error.absolute_schema_path:  # a bad key name (not a secret); instance is the key
@@ -106,8 +111,6 @@ def _number(value: Any) -> float | None:
 
 def _semantic_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
     """Rules across fields. Defensive: the document may have failed the schema, so every access is checked."""
-    from provisionerd.config.loader import DEFAULTS  # the one place defaults live
-
     controller = _get(doc, "controller", default={})
     interval = _number(_get(controller, "heartbeat_interval", default=DEFAULTS["heartbeat_interval"]))
     timeout = _number(_get(controller, "heartbeat_timeout", default=DEFAULTS["heartbeat_timeout"]))
@@ -161,9 +164,6 @@ def _legacy_problems(i: int, provider: Mapping[str, Any]) -> Iterator[tuple[list
         yield ["providers", i, "legacy"], "an LSF plugin is one-shot: legacy mode needs transport 'oneshot'"
     user_data = legacy.get("user_data")
     if isinstance(user_data, Mapping) and all(isinstance(v, str) for v in user_data.values()):
-        from provisionerd.domain.errors import ConfigError
-        from provisionerd.provider.legacy.rules import UserDataTemplate  # pure: the placeholder vocabulary
-
         try:
             UserDataTemplate.parse(user_data, "user_data")
         except ConfigError as exc:

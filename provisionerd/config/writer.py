@@ -1,11 +1,11 @@
 """The daemon's config file written from a ``Config`` value: the one typed way the demo, the tests and the benches
 make a config, instead of each typing its own TOML.
 
-The spec *is* the loader's own value (``provisionerd.config.Config`` and its parts), so there is no second list of
-fields to keep in step with the schema. ``daemon_config_toml(config)`` renders it with ``tomli-w``: every field that
-differs from its default, in the file's vocabulary (``timeouts.return``, ``legacy.mode = true``), and never
-``source``. ``write_daemon_config(config, path)`` checks that text with the daemon's loader, writes it, and returns
-what ``Config.from_file(path)`` reads back, so a file it writes is one the daemon accepts.
+The spec *is* the loader's own value (``provisionerd.config.loader.Config`` and its parts), so there is no second
+list of fields to keep in step with the schema. ``daemon_config_toml(config)`` renders it with ``tomli-w``: every
+field that differs from its default, in the file's vocabulary (``timeouts.return``, ``legacy.mode = true``), and
+never ``source``. ``write_daemon_config(config, path)`` checks that text with the daemon's loader, writes it, and
+returns what ``Config.from_file(path)`` reads back, so a file it writes is one the daemon accepts.
 
 Paths are written as given: a relative one stays relative in the file and is resolved against the file's directory
 when read, as in any config file. The file holds paths to TLS keys, never key material. A provider's ``env`` values
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,9 @@ def _make_converter() -> cattrs.Converter:
 
     def register(cls: type, **overrides: Any) -> None:
         # make_dict_unstructure_fn does not take the converter's omit_if_default on its own.
-        hook = make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **overrides)
+        hook: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(
+            cls, converter, _cattrs_omit_if_default=True, **overrides
+        )
         converter.register_unstructure_hook(cls, hook)
 
     # Innermost first: a class's function is generated with the hooks of its fields as registered at that moment.

@@ -7,8 +7,24 @@ The caller owns the clock and the sleeping; this only says how long. Randomness 
 from __future__ import annotations
 
 import random
+from typing import Protocol
 
-from provisionerd.config.loader import Backoff
+
+class BackoffSettings(Protocol):
+    """What a ``BackoffTimer`` reads of its settings (``provisionerd.config.loader.Backoff`` is one): taken as a
+    protocol so this pure sequence needs nothing of the config package."""
+
+    @property
+    def initial(self) -> float: ...
+
+    @property
+    def max(self) -> float: ...
+
+    @property
+    def multiplier(self) -> float: ...
+
+    @property
+    def jitter(self) -> float: ...
 
 
 class BackoffTimer:
@@ -17,7 +33,7 @@ class BackoffTimer:
     ``next_delay()`` returns the next delay and advances; ``reset()`` starts over (call it after a success).
     """
 
-    def __init__(self, settings: Backoff, rng: random.Random) -> None:
+    def __init__(self, settings: BackoffSettings, rng: random.Random) -> None:
         self._settings = settings
         self._rng = rng
         self._attempt = 0

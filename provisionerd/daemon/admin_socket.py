@@ -1,7 +1,7 @@
 """The daemon's local admin socket: one JSON request line in, one JSON reply line out, then close.
 
 Commands: ``{"cmd": "status"}`` (answered at once from ``status()``) and whatever the daemon registers in
-``commands``, each an async :class:`Command` (``orphan_action``: see ``provisionerd.orphan_daemon.OrphanActions``).
+``commands``, each an async :class:`Command` (``orphan_action``: see ``provisionerd.daemon.orphans.OrphanActions``).
 The socket is a unix socket (file mode 0600: local root/owner only), so no authentication beyond file permissions;
 a command is handed the peer's uid (``SO_PEERCRED``) for its audit.
 
@@ -53,9 +53,10 @@ async def serve_admin_socket(
 ) -> None:
     """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit."""
     commands = dict(commands or {})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_socket():
-        path.unlink()
+    # A local directory and socket file, once at start and once at exit: not worth a worker thread each.
+    path.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+    if path.is_socket():  # noqa: ASYNC240
+        path.unlink()  # noqa: ASYNC240
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     in_progress = 0
     try:
@@ -93,11 +94,10 @@ async def serve_admin_socket(
         await trio.serve_listeners(handle, [listener])
     finally:
         sock.close()
-        with trio.CancelScope(shield=True):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+        try:  # synchronous, so a cancellation cannot interrupt it (no shield needed)
+            path.unlink()  # noqa: ASYNC240
+        except FileNotFoundError:
+            pass
 
 
 async def _read_line(stream: trio.SocketStream) -> bytes:

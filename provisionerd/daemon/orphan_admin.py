@@ -3,14 +3,16 @@ finding explicitly.
 
 Two paths, one decision. The command first asks the **running daemon**, through the admin socket named in the
 config (``[daemon] admin_socket``), with ``{"cmd": "orphan_action", ...}``: the daemon decides and acts with its
-own session view, lease keeper, mutation gate and executor (``provisionerd.orphan_daemon.OrphanActions``), so the
-intent is committed under the daemon's epoch before any provider call, and the audit event goes to the daemon's
+own session view, lease keeper, mutation gate and executor (``provisionerd.daemon.orphans.OrphanActions``), so
+the intent is committed under the daemon's epoch before any provider call, and the audit event goes to the daemon's
 events log. Only when no daemon listens (no socket file, or the connection is refused: a stale socket) does the
-command act **directly**: it joins the controller as its own identity (``<identity>-orphans-admin``), acquires the
-provider's lease itself, passes the same gate and executor and gives the lease back on exit (while someone else
-holds that lease, the controller refuses it, ``held``, and nothing changes). Any other failure to reach the daemon
-(a timeout, a permission error, a reply that is not JSON) ends the command (exit 1) without acting: the daemon may
-be running, and the command never acts beside a running daemon. Both paths call :func:`decide_and_act`.
+command act **directly** (``provisionerd.daemon.orphan_direct``): it joins the controller as its own identity
+(``<identity>-orphans-admin``), acquires the provider's lease itself, passes a gate and an executor built by the
+daemon's own builder (``provisionerd.daemon.builder``: the daemon's settings, from the same config) and gives the
+lease back on exit (while someone else holds that lease, the controller refuses it, ``held``, and nothing
+changes). Any other failure to reach the daemon (a timeout, a permission error, a reply that is not JSON) ends the
+command (exit 1) without acting: the daemon may be running, and the command never acts beside a running daemon.
+Both paths call :func:`decide_and_act`.
 
 What the admin's word overrides, and what it does not
 ------------------------------------------------------
@@ -34,24 +36,17 @@ bad arguments or config.
 from __future__ import annotations
 
 import getpass
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-import trio
 
-from provisionerd.config.loader import Config
-from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.controller.ops import ControllerOps
-from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.config.loader import Config, ProviderConfig
 from provisionerd.domain.errors import ProtocolError
 from provisionerd.domain.model import NO_EPOCH
-from provisionerd.execution.executor import Executor, ExecutorSettings
-from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.orphan_cycle import OrphanExecutor, audit_action, carry_out, observe
-from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader, SettleTracker, read_keeper, read_session
+from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader
 from provisionerd.orphans.classify import classify
 from provisionerd.orphans.model import (
     AMBIGUOUS_MATCH,
@@ -80,6 +75,19 @@ HARD_BLOCKERS = frozenset({LISTING_UNREADABLE, LISTING_ABSENT, VIEW_UNREADABLE, 
 #: Added to a provider's own timeouts for the bound of one action through the daemon (see ``action_timeout``).
 ACTION_MARGIN = 10.0
 MAX_FIELD = 256  # machine ids, provider names and user names from the admin socket
+
+
+def side_identity(identity: str, role: str) -> str:
+    """A command's own controller identity (``<identity>-orphans-<role>``, within the 63-character limit)."""
+    suffix = f"-orphans-{role}"
+    return identity[: 63 - len(suffix)] + suffix
+
+
+def policy_of(provider: ProviderConfig, *, dry_run: bool = False) -> OrphanPolicy:
+    """The provider's orphan policy (``ConfigError`` if a knob is invalid); ``dry_run`` forces dry run on. The
+    daemon's cycles, the admin's decision and the dry-run report all take it from here."""
+    policy = OrphanPolicy.from_provider_config(provider)
+    return attrs.evolve(policy, dry_run=True) if dry_run else policy
 
 
 @attrs.frozen
@@ -211,7 +219,8 @@ def admin_action(kind: str, finding: Finding, lease: LeaseState) -> PlannedActio
 @attrs.frozen
 class Actor:
     """Who decides and acts, with what: the daemon's own pieces (``via="daemon"``) or the command's own session,
-    lease and executor (``via="direct"``). ``executor`` is ``None`` for a direct dry run (it never acts).
+    lease and executor (``via="direct"``), both built by ``provisionerd.daemon.builder`` (``Pieces.actor``).
+    ``executor`` is ``None`` for a direct dry run (it never acts).
     ``witness`` is added to the audit's ``confirmed_by`` (e.g. the socket peer's ``uid``)."""
 
     identity: str
@@ -241,7 +250,7 @@ async def decide_and_act(
         wall_clock=actor.wall_clock,
         list_timeout=provider.timeouts.for_action("listMachines"),
     )
-    policy = OrphanPolicy.from_provider_config(provider)
+    policy = policy_of(provider)
     result = classify(obs, policy)
     finding = next(
         (f for f in result.findings if f.machine_id == request.machine_id and f.orphan_class != "license"), None
@@ -298,109 +307,9 @@ def action_timeout(config: Config, provider: str) -> float:
     return calls + 2 * config.controller.request_timeout + ACTION_MARGIN
 
 
-async def act(
-    config: Config,
-    kind: str,
-    provider: str,
-    machine_id: str,
-    *,
-    client: ProviderClient,
-    connect: StreamFactory,
-    timeout: float = 30.0,
-    events: EventLog | None = None,
-    wall_clock: Callable[[], float] = time.time,
-    user: str | None = None,
-    dry_run: bool = False,
-) -> AdminResult:
-    """The direct path (see the module docstring): the command's own lease, gate and executor."""
-    from provisionerd.cli.orphans import side_identity
-
-    events = events if events is not None else EventLog()
-    request = AdminRequest(kind, provider, machine_id, current_user() if user is None else user, dry_run)
-    identity = side_identity(config.identity, "admin")
-    if dry_run:
-        return await _dry_run_direct(config, request, client, connect, timeout, events, identity, wall_clock)
-    settings = attrs.evolve(SessionSettings.from_config(config), identity=identity, providers=(provider,))
-    session = ControllerSession(settings, connect, events, random.Random())
-    ops = ControllerOps(session)
-    keeper = LeaseKeeper(
-        provider, ops, margin=config.lease.margin, backoff=config.controller.backoff, rng=random.Random(), events=events
-    )
-    gate = MutationGate({provider: keeper}, ops, events)
-    executor = Executor(
-        ExecutorSettings(config.cluster, config.controller.addresses),
-        {provider: client},
-        gate,
-        {provider: keeper},
-        ops,
-        events,
-        facts=lambda: None if session.view is None else session.view.facts,
-    )
-    actor = Actor(
-        identity,
-        "direct",
-        client,
-        lambda: read_session(session, SettleTracker(0.0)),
-        lambda: read_keeper(keeper),
-        executor,
-        events,
-        wall_clock,
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(session.run)
-        keeper_scope = trio.CancelScope()
-
-        async def keep() -> None:
-            with keeper_scope:
-                await keeper.run()
-
-        nursery.start_soon(keep)
-        try:
-            with trio.move_on_after(timeout):
-                await keeper.wait_valid()
-            if not keeper.valid():
-                return AdminResult(
-                    False,
-                    f"could not get the lease for {provider!r} ({keeper.reason}); is the "
-                    "daemon running for it? (see --help)",
-                    via="direct",
-                )
-            result = await decide_and_act(config, request, actor)
-        finally:
-            keeper_scope.cancel()
-            with trio.CancelScope(shield=True):
-                await keeper.release(timeout=3.0)
-            nursery.cancel_scope.cancel()
-    return result
-
-
-async def _dry_run_direct(
-    config: Config,
-    request: AdminRequest,
-    client: ProviderClient,
-    connect: StreamFactory,
-    timeout: float,
-    events: EventLog,
-    identity: str,
-    wall_clock: Callable[[], float],
-) -> AdminResult:
-    """The direct dry run: a read-only client, a join without a lease, no executor at all."""
-    # Imported here: orphan_daemon and orphans_cli import this module.
-    from provisionerd.cli.orphans import read_controller_once
-    from provisionerd.daemon.orphans import ReadOnlyClient
-
-    guarded = ReadOnlyClient(client)
-    controller = await read_controller_once(config, connect, timeout, identity=identity)
-    actor = Actor(identity, "direct", guarded, lambda: controller, lambda: LeaseState(), None, events, wall_clock)
-    return await decide_and_act(config, request, actor, lease_assumed=True)
-
-
 def current_user() -> str:
     """The login name of whoever runs the command (for the audit; "" when it cannot be told)."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):
         return ""
-
-
-__all__ = ["Actor", "AdminRequest", "AdminResult", "act", "action_timeout", "check", "current_user", "decide_and_act"]

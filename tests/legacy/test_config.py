@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from provisionerd.config.loader import Config
-from provisionerd.daemon.root import provider_clients
+from provisionerd.daemon.clients import provider_clients
 from provisionerd.domain.errors import ConfigError
 from provisionerd.provider.legacy.adapter import LegacyProvider
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings

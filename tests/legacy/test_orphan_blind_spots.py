@@ -7,7 +7,7 @@ import json
 
 import trio
 
-from provisionerd.daemon.orphans import ReadOnlyClient
+from provisionerd.daemon.clients import ReadOnlyClient
 from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
 from provisionerd.orphans.model import ListingAbsent
 from provisionerd.orphans.report import render_json, render_table, report_document

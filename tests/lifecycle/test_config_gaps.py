@@ -12,7 +12,7 @@ from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, build_rig, item, start_rig
 
 from provisionerd.config.loader import Config
-from provisionerd.daemon.root import policy_from_config
+from provisionerd.daemon.builder import policy_from_config
 from provisionerd.domain.errors import ConfigError, ProviderRejected
 from provisionerd.domain.model import InstanceFact
 

@@ -4,13 +4,15 @@ and while someone else (the running daemon) holds the lease."""
 
 from __future__ import annotations
 
+import attrs
+import pytest
 import trio
 import trio.testing
 from cycle_world import NOW, OLD, tags
 from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
-from provisionerd.daemon.orphan_admin import act
+from provisionerd.daemon.orphan_direct import act
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, OrphanAdopted, RequestIntent, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
 from provisionerd.telemetry.events import EventLog
@@ -138,3 +140,47 @@ def test_admin_command_line_errors_exit_2(tmp_path, capsys):
     assert "--machine" in capsys.readouterr().err
     assert cli.main(["orphans", "return", "--config", str(config), "--provider", "nope", "--machine", "i-1"]) == 2
     assert "no provider named 'nope'" in capsys.readouterr().err
+
+
+def test_the_direct_path_runs_with_the_daemons_settings_from_the_config(tmp_path):
+    """The direct path builds its executor with the daemon's builder, so it polls a return for as long as the
+    config's ``provisioning_timeout`` says (the daemon's ``return_timeout``), not the executor's default (1200 s),
+    and reads the cloud clock it is given."""
+    seen_at: dict = {}
+
+    async def steps(config, net, fake, events, seen):
+        provider = attrs.evolve(config.providers[0], provisioning_timeout=50.0)
+        config = attrs.evolve(config, providers=(provider,))
+        inner = fake.call
+
+        async def call(action, input, *, timeout=None):  # noqa: ASYNC109 - the ProviderClient protocol's signature
+            if action == "requestReturnMachines":
+                seen_at["called"] = trio.current_time()
+            answer = await inner(action, input, timeout=timeout)
+            if action == "getRequestStatus":  # the return never finishes
+                return {"requests": [{**r, "status": "running", "machines": []} for r in answer["requests"]]}
+            return answer
+
+        fake.call = call
+        seen["return"] = await do(config, net, fake, events, "return", "i-nj")
+        seen_at["answered"] = trio.current_time()
+
+    fake, events, seen = scenario(tmp_path, steps)
+    result = seen["return"]
+    assert (result.ok, result.outcome, result.answer["code"]) == (False, "failed", "return_timeout"), result
+    assert seen_at["answered"] - seen_at["called"] == pytest.approx(50.0)  # was 1200 s, the executor's default
+    assert seen["leases"] == []
+
+
+def test_the_direct_path_decides_on_a_view_resynced_after_its_lease_grant(tmp_path):
+    """As the daemon does before it acts on a provider: facts the previous holder committed are never pushed to a
+    session without the lease, so the grant asks for a resync and the decision waits for it."""
+
+    async def steps(config, net, fake, events, seen):
+        seen["adopt"] = await do(config, net, fake, events, "adopt", "i-young")
+
+    fake, events, seen = scenario(tmp_path, steps)
+    assert seen["adopt"].ok, seen["adopt"]
+    kinds = [e["event"] for e in events.of_kind("lease_acquired", "refresh", "orphan_action")]
+    acquired, acted = kinds.index("lease_acquired"), kinds.index("orphan_action")
+    assert "refresh" in kinds[acquired:acted], kinds

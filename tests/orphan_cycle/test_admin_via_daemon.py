@@ -23,11 +23,11 @@ from cycle_world import OLD, World, tags
 from memory_ctl import daemon_config, memory_controller
 
 from provisionerd.cli import main as cli
-from provisionerd.cli.orphans import via_daemon
 from provisionerd.config.loader import Config
 from provisionerd.daemon import admin_socket
 from provisionerd.daemon.admin_socket import Command, query, request, serve_admin_socket
 from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult
+from provisionerd.daemon.orphan_direct import via_daemon
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
@@ -238,7 +238,7 @@ def test_one_action_per_machine_and_it_outlives_a_request_that_gave_up(tmp_path)
 
 def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
     """No daemon: ``--dry-run`` on the direct path reads through a read-only client and joins without a lease."""
-    from provisionerd.daemon.orphan_admin import act
+    from provisionerd.daemon.orphan_direct import act
 
     fake = world()
     events = EventLog()

@@ -16,8 +16,9 @@ from lease_holder import holding_lease
 from memory_ctl import daemon_config, memory_controller
 
 from provisionerd.cli import main as cli
-from provisionerd.cli.orphans import dry_run, render
-from provisionerd.daemon.orphans import ReadOnlyClient
+from provisionerd.cli.orphans import render
+from provisionerd.daemon.clients import ReadOnlyClient
+from provisionerd.daemon.orphan_report import dry_run
 from provisionerd.domain.errors import ProviderCrashed, ProviderUnsupported
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, RequestIntent
 from provisionerd.testing.fake_provider import FakeProvider

@@ -17,9 +17,9 @@ import sim_state
 import trio
 from lease_holder import holding_lease
 
-from provisionerd.cli.orphans import open_clients
 from provisionerd.config.loader import Backoff, Config, ControllerSettings, LeaseSettings, ProviderConfig
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.daemon.clients import open_clients
 from provisionerd.domain.model import (
     NO_EPOCH,
     TAG_CLUSTER,

@@ -28,7 +28,8 @@ from provisionerd.config.loader import (
     ProviderTimeouts,
 )
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon.root import DaemonCore, provider_clients
+from provisionerd.daemon.clients import provider_clients
+from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import (
     DemandItem,
     InstanceFact,

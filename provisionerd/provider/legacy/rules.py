@@ -16,13 +16,13 @@ functions with plain documents and get decisions back.
 from __future__ import annotations
 
 import enum
-import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from provisionerd.domain.errors import ConfigError, ProviderError, ProviderOutcomeUnknown, ProviderRejected
+from provisionerd.config.user_data import UserDataTemplate as UserDataTemplate  # moved to config; re-exported
+from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown, ProviderRejected
 from provisionerd.orphans.model import GHOST, TAGGED_UNKNOWN
 
 #: The five LSF resource-connector actions: all a legacy plugin has.
@@ -225,59 +225,3 @@ def return_verdicts(
             seen = next((x for x in entry.get("machines") or [] if x.get("machineId") == mid), None)
             verdicts[mid] = ReturnVerdict.STILL_RUNNING if machine_alive(seen) else ReturnVerdict.CONFIRMED
     return verdicts
-
-
-# --- the join-token channel -----------------------------------------------------------------------------------------
-
-#: Placeholders a userData template may use. ``join_token`` is the secret; it and ``instance_ref`` are per machine.
-PLACEHOLDERS = frozenset({"join_token", "instance_ref", "controllers", "cluster", "provider", "op_id", "epoch"})
-PER_MACHINE = frozenset({"join_token", "instance_ref"})
-
-
-@attrs.frozen
-class UserDataTemplate:
-    """The operator's ``userData`` for a legacy plugin: ``{key: text}`` where a text may hold placeholders such as
-    ``{join_token}``. LSF plugins hand ``userData`` to the machine (the AWS plugin exports it as variables in its
-    user-data script), so this is how a legacy machine can learn how to join. Nothing secret is sent unless a
-    value names ``{join_token}``."""
-
-    values: Mapping[str, str] = attrs.field(factory=dict)
-
-    @classmethod
-    def parse(cls, values: Mapping[str, Any], where: str = "userData") -> UserDataTemplate:
-        """Validate a template from config; ``ConfigError`` lists every problem."""
-        problems = []
-        for key, text in values.items():
-            if not isinstance(text, str):
-                problems.append(f"{where}.{key}: must be a string, not {type(text).__name__}")
-                continue
-            try:
-                fields = [f for _, f, spec, conv in string.Formatter().parse(text) if f is not None]
-                specs = [(spec, conv) for _, f, spec, conv in string.Formatter().parse(text) if f is not None]
-            except ValueError as exc:
-                problems.append(f"{where}.{key}: {exc}")
-                continue
-            for name, (spec, conv) in zip(fields, specs):
-                if name not in PLACEHOLDERS:
-                    problems.append(f"{where}.{key}: unknown placeholder {{{name}}} (known: {sorted(PLACEHOLDERS)})")
-                elif spec or conv:
-                    problems.append(f"{where}.{key}: placeholder {{{name}}} takes no format spec or conversion")
-        if problems:
-            raise ConfigError("invalid legacy userData template", problems)
-        return cls(dict(values))
-
-    @property
-    def per_machine(self) -> bool:
-        """Whether a value differs per machine (then each machine needs its own requestMachines call)."""
-        return any(self._fields(text) & PER_MACHINE for text in self.values.values())
-
-    @property
-    def carries_token(self) -> bool:
-        return any("join_token" in self._fields(text) for text in self.values.values())
-
-    def render(self, fields: Mapping[str, str]) -> dict[str, str]:
-        return {key: text.format_map(fields) for key, text in self.values.items()}
-
-    @staticmethod
-    def _fields(text: str) -> set[str]:
-        return {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}

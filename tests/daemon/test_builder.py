@@ -1,0 +1,100 @@
+"""One builder (``provisionerd.daemon.builder``), the daemon's settings: ``DaemonCore`` and the direct path of
+``provisionerd orphans adopt|return`` build their pieces from one config the same way, so they cannot drift."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+
+import attrs
+import trio
+
+from provisionerd.config.loader import Config
+from provisionerd.daemon.builder import build_pieces, executor_settings_from, policy_from_config
+from provisionerd.daemon.orphan_admin import side_identity
+from provisionerd.daemon.root import DaemonCore
+from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_provider import FakeProvider
+
+
+def two_providers(tmp_path) -> Config:
+    text = textwrap.dedent("""
+        cluster = "clu"
+        identity = "prov-1"
+        [controller]
+        addresses = ["ctl0:7400", "ctl1:7400"]
+        request_timeout = 7
+        backoff = {initial = 0.3, max = 5, multiplier = 3, jitter = 0.25}
+        [tls]
+        ca = "ca.pem"
+        cert = "provisioner.pem"
+        key = "provisioner.key"
+        [lease]
+        margin = 1.5
+        [[providers]]
+        name = "a"
+        transport = "oneshot"
+        path = "plugins/a"
+        provisioning_timeout = 300
+        [[providers]]
+        name = "b"
+        transport = "oneshot"
+        path = "plugins/b"
+        provisioning_timeout = 450
+        join_deadline = 120
+    """)
+    return Config.from_toml(text, base_dir=tmp_path)
+
+
+async def unreachable(address: str) -> trio.abc.Stream:
+    raise OSError(f"nothing runs in this test: {address}")
+
+
+def test_the_daemon_and_the_direct_path_take_the_same_settings_from_one_config(tmp_path):
+    config = two_providers(tmp_path)
+    core = DaemonCore(config, connect=unreachable, events=EventLog(), providers={n: FakeProvider(n) for n in "ab"})
+    identity = side_identity(config.identity, "admin")
+    direct = build_pieces(
+        config,
+        connect=unreachable,
+        events=EventLog(),
+        rng=random.Random(),
+        providers={"b": FakeProvider("b")},
+        serve=("b",),
+        identity=identity,
+    )
+    # The executor's settings and the policy: derived from the whole config, for both.
+    assert (
+        direct.executor.settings == core.executor.settings == executor_settings_from(config, policy_from_config(config))
+    )
+    assert core.executor.settings.return_timeout == core.executor.settings.provisioning_timeout == 450.0
+    assert core.executor.settings != ExecutorSettings(config.cluster, config.controller.addresses)  # not the defaults
+    assert direct.policy == core.policy == policy_from_config(config)
+    # The session: the same controller settings, only who joins and for which providers differ.
+    assert direct.session.settings == attrs.evolve(core.session.settings, identity=identity, providers=("b",))
+    assert core.session.settings.providers == ("a", "b") and core.session.settings.identity == "prov-1"
+    assert (direct.identity, core.pieces.identity) == (identity, "prov-1")
+    # The keepers (one per served provider) and the hooks: a grant asks for a resync, a resync renews every lease.
+    assert set(direct.keepers) == {"b"} and set(core.keepers) == {"a", "b"}
+    assert [len(k.on_acquired) for k in direct.keepers.values()] == [len(core.keepers["b"].on_acquired)] == [1]
+    assert len(direct.session.on_resync) == len(core.session.on_resync) == 1
+
+
+def test_the_daemon_takes_injected_settings_over_the_configs(tmp_path):
+    """Tests and the simulation inject a policy and executor settings; the builder uses them as given."""
+    config = two_providers(tmp_path)
+    policy = attrs.evolve(policy_from_config(config), provisioning_timeout=60.0)
+    settings = ExecutorSettings("clu", ("ctl0:7400",), poll_initial=0.5)
+    core = DaemonCore(
+        config,
+        connect=unreachable,
+        events=EventLog(),
+        providers={n: FakeProvider(n) for n in "ab"},
+        policy=policy,
+        executor_settings=settings,
+    )
+    assert core.policy is policy and core.executor.settings is settings
+    policy_only = DaemonCore(config, connect=unreachable, events=EventLog(), providers={}, policy=policy)
+    assert policy_only.executor.settings == executor_settings_from(config, policy)
+    assert policy_only.executor.settings.return_timeout == 60.0
