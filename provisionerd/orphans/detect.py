@@ -81,23 +81,27 @@ def _index_listing(
     listing: Iterable[ProviderMachine], cluster_id: str, provider: str, protect_tag: str
 ) -> tuple[set[str], dict[str, ProviderMachine]]:
     """(every listed live id, the owned ones by id). A listing that contradicts itself about a duplicated id is
-    read the safe way: the machine is owned only if every copy is, and protected if any copy is (the first copy
-    is kept, with the protect tag added)."""
+    read the safe way: the machine is owned only if every live copy is, and protected if any copy is, a
+    terminated one included (the first live copy is kept, with the protect tag added)."""
     listed: set[str] = set()
     owned: dict[str, ProviderMachine] = {}
     disowned: set[str] = set()
+    protect: dict[str, str] = {}  # id -> the protect tag's value, from any copy, a terminated one included
     for machine in listing:
+        if protect_tag in machine.tags:
+            protect.setdefault(machine.machine_id, machine.tags[protect_tag])
         if machine.status in GONE_STATUSES:
             continue
         listed.add(machine.machine_id)
         if not _owned(machine, cluster_id, provider):
             disowned.add(machine.machine_id)
             continue
-        kept = owned.setdefault(machine.machine_id, machine)
-        if protect_tag in machine.tags and protect_tag not in kept.tags:
-            owned[machine.machine_id] = attrs.evolve(kept, tags={**kept.tags, protect_tag: machine.tags[protect_tag]})
+        owned.setdefault(machine.machine_id, machine)
     for machine_id in disowned:
         owned.pop(machine_id, None)
+    for machine_id, kept in owned.items():
+        if machine_id in protect and protect_tag not in kept.tags:
+            owned[machine_id] = attrs.evolve(kept, tags={**kept.tags, protect_tag: protect[machine_id]})
     return listed, owned
 
 

@@ -238,6 +238,17 @@ def test_a_listing_that_contradicts_itself_is_read_the_safe_way():
     assert [(f.machine_id, f.action, f.blocked_by) for f in result.findings] == [("dup", "adopt", ("protected",))]
 
 
+def test_a_protect_tag_on_a_terminated_copy_still_protects_the_live_one():
+    # Found by hypothesis (test_allowed_actions_respect_every_gate): the same id listed as terminated with the
+    # protect tag and as running without it was adopted. Any copy's protect tag protects the machine.
+    protect = owner_tags(**{"provisionerd:protect": ""})
+    world = World().listed("dup", name="n", status="terminated", tags=protect).listed("dup", name="n")
+    world.host(hostname="n")
+    result = run(world.observe(), OrphanPolicy(orphan_action="terminate"))
+    assert [(f.machine_id, f.action, f.blocked_by) for f in result.findings] == [("dup", "adopt", ("protected",))]
+    assert result.allowed == ()
+
+
 def test_more_ghost_confirmations_wait_longer():
     world = World().instance("g", "op-g").host(machine_id="g", status=HostStatus.LOST)
     policy = OrphanPolicy(ghost_confirmations=3)
