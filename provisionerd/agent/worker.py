@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import attrs
 import trio
@@ -83,12 +83,17 @@ RETRYABLE = (
 )
 
 
+def _addresses(items: Iterable[str]) -> tuple[str, ...]:
+    """A typed ``tuple``: mypy's attrs plugin cannot solve ``converter=tuple``'s type variable."""
+    return tuple(items)
+
+
 @attrs.frozen
 class AgentConfig:
     """Seconds for the times. ``reply_timeout``: silence (no frame at all) after which the connection is
     presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together."""
 
-    controllers: tuple[str, ...] = attrs.field(converter=tuple)
+    controllers: tuple[str, ...] = attrs.field(converter=_addresses)
     instance_ref: str
     identity: str = ""
     heartbeat_interval: float = 5.0

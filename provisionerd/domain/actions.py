@@ -9,8 +9,6 @@ does not plan it again.
 
 from __future__ import annotations
 
-from typing import Union
-
 import attrs
 
 
@@ -57,7 +55,7 @@ class FailRequest:
     reason: str
 
 
-Action = Union[RequestMachines, ReturnMachines, MarkLost, FailRequest]
+Action = RequestMachines | ReturnMachines | MarkLost | FailRequest
 
 
 @attrs.frozen

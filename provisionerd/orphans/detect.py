@@ -320,7 +320,7 @@ def _never_joined_from_facts(
         launch = launch_of(record.launch_time)
         if launch is None or obs.now - launch < policy.join_deadline:
             continue
-        evidence = {
+        evidence: dict[str, Any] = {
             "tags": {},
             "name": record.hostname,
             "address": record.address,

@@ -120,8 +120,8 @@ class FactView:
         match fact:
             case RequestIntent():
                 if fact.op_id not in self.intents:
-                    record = self.intents[fact.op_id] = IntentRecord(fact)
-                    if record.open:
+                    intent = self.intents[fact.op_id] = IntentRecord(fact)
+                    if intent.open:
                         self.open_ops[fact.op_id] = None
             case InstanceFact():
                 self._add_instance(fact)

@@ -128,6 +128,10 @@ class Requirement:
 
 def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
     """The hashable part of ``item`` that compatibility depends on."""
+    shape: ResourceShape
+    cap: float | None
+    providers: tuple[str, ...]
+    placement: Mapping[str, str]
     if isinstance(item, ResourceShape):
         shape, cap, providers, placement = item, None, (), {}
     else:

@@ -188,7 +188,7 @@ class Provider:
         agents: Mapping[str, procs.AgentProc],
     ) -> None:
         """Start each machine of ``request`` that was never started (a first call, or one cut short)."""
-        for boot, machine_id in zip(boots, request["machineIds"]):
+        for boot, machine_id in zip(boots, request["machineIds"], strict=True):
             record = self.store.machine(machine_id)
             if record is not None and (record["state"] != STARTING or machine_id in agents):
                 continue
