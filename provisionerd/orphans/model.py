@@ -1,8 +1,8 @@
 """The orphan classifier's inputs, memory and outputs: frozen values, no logic beyond small helpers.
 
-See :mod:`provisionerd.orphans` for the contract of the classifier itself. The blocker names below are the stable
-vocabulary of ``Finding.blocked_by`` (they appear in the admin report and its JSON); they are listed in the
-canonical order in which a finding reports them.
+See :mod:`provisionerd.orphans.classify` for the contract of the classifier itself. The blocker names below are
+the stable vocabulary of ``Finding.blocked_by`` (they appear in the admin report and its JSON); they are listed in
+the canonical order in which a finding reports them.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class ListingAbsent(Unreadable):
     """Marker for a provider that cannot list at all (no ``listMachines``: a legacy LSF plugin). It is never
     read, so it is not *unreadable*; but nothing that rests on a listing may happen, so the classifier treats it
     like one (the pass is narrowed, every action blocked by ``listing_absent``). ``invisible``: the orphan classes
-    nothing can reveal for this provider (``legacy_rules.invisible_classes``)."""
+    nothing can reveal for this provider (``provider.legacy.rules.invisible_classes``)."""
 
     invisible: tuple[str, ...] = ()
 

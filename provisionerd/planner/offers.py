@@ -233,7 +233,7 @@ class OfferChoice:
 class Catalog:
     """Parsed offers, indexed by key, with per-requirement rankings cached.
 
-    Build one per offer refresh and hand it to :func:`provisionerd.reconcile.plan` repeatedly. Duplicate offer
+    Build one per offer refresh and hand it to :func:`provisionerd.planner.plan.plan` repeatedly. Duplicate offer
     ids keep the first offer and are listed in ``duplicates``.
     """
 
