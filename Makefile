@@ -1,12 +1,13 @@
 # Each target creates .venv and installs what it needs when missing, so both work on a fresh machine.
 PY ?= python3
 VENV := .venv
-# Two stamps: the demo needs only the runtime dependencies (a fresh machine reaches the demo in seconds), the
-# tests also need pytest, hypothesis, boto3 and moto.
+# Three stamps: the demo needs only the runtime dependencies (a fresh machine reaches the demo in seconds), the
+# tests also need pytest, hypothesis, boto3 and moto, and the checks ruff, mypy and import-linter.
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed-test
+LINT_STAMP := $(VENV)/.installed-lint
 
-.PHONY: demo test bench simulate clean
+.PHONY: demo test lint bench simulate clean
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -20,11 +21,29 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(RUN_STAMP) $(STAMP)
 
+$(LINT_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e '.[lint]'
+	touch $(RUN_STAMP) $(LINT_STAMP)
+
 demo: $(RUN_STAMP)
 	$(VENV)/bin/provisionerd demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# What CI checks before the tests, each at zero findings: lint, formatting, types, and the layers of
+# ../shared/DESIGN.md (import-linter, contracts in .importlinter). Every check runs; any finding fails the target.
+lint: $(LINT_STAMP)
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	if [ -f .importlinter ]; then \
+		$(VENV)/bin/lint-imports || status=1; \
+	else \
+		echo "lint-imports: skipped, no .importlinter (the layer contracts) in this tree"; \
+	fi; \
+	exit $$status
 
 # The CI fault campaign (docs/simulation.md): 500 seeded whole-system simulations, both workloads.
 simulate: $(STAMP)

@@ -61,8 +61,12 @@ async def create_request(client: ProviderClient, machines: int) -> str:
         },
     )
     request = {"requests": [{"requestId": out["requestId"]}]}
+
+    async def running() -> bool:
+        return (await client.call("getRequestStatus", request))["requests"][0]["status"] == "running"
+
     with trio.fail_after(30):
-        while (await client.call("getRequestStatus", request))["requests"][0]["status"] == "running":
+        while await running():  # noqa: ASYNC110 - the plugin contract is poll-only (getRequestStatus)
             await trio.sleep(0.01)
     return str(out["requestId"])
 

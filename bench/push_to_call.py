@@ -59,11 +59,21 @@ class Stamp:
     def __init__(self, inner: Any) -> None:
         self.inner, self.name = inner, inner.name
         self.started: dict[str, float] = {}
+        self._called = trio.Event()  # set (and replaced) at each requestMachines call
 
     async def call(self, action: str, input: Any, *, timeout: float | None = None) -> dict[str, Any]:
         if action == "requestMachines":
             self.started.setdefault(input["op_id"], time.perf_counter())
+            self._called.set()
+            self._called = trio.Event()
         return await self.inner.call(action, input, timeout=timeout)
+
+    async def next_op(self, known: set[str]) -> str:
+        """The op_id of the first ``requestMachines`` call whose op_id is not in ``known`` (waits for it)."""
+        while not (new := set(self.started) - known):
+            await self._called.wait()
+        (op,) = new
+        return op
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -139,10 +149,10 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
                 await nursery.start(core.run)
                 with trio.fail_after(30):
                     await core.keepers["sim"].wait_valid()
-                    while not core.feed.fresh(["sim"]):
+                    while not core.feed.fresh(["sim"]):  # noqa: ASYNC110 - the offer feed has no event to wait on
                         await trio.sleep(0.01)
                 with trio.fail_after(60):  # the resync carried the seeded machines and their hosts...
-                    while (
+                    while (  # noqa: ASYNC110 - the session's view has no event for "holds this many hosts"
                         core.session.view is None
                         or len(core.session.view.hosts) < tracked
                         or not core.session.synced_for("sim")
@@ -156,9 +166,7 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
                     pushed = time.perf_counter()
                     server.broadcast_demand()
                     with trio.fail_after(10):
-                        while set(stamp.started) == before:
-                            await trio.sleep(0.0005)
-                    (op,) = set(stamp.started) - before
+                        op = await stamp.next_op(before)
                     delays.append((stamp.started[op] - pushed) * 1000)
                     await trio.sleep(0.05)  # let the request finish its polls
                 facts = len(core.session.view.facts.machines) if core.session.view else 0

@@ -1,7 +1,8 @@
 """The reference cluster controller: speaks the controller's wire protocol for tests, the demo and third parties.
 
-The daemon never imports this package. It is built from ``provisionerd.model``, ``provisionerd.errors`` and
-``provisionerd.wire``, and laid out in layers (each module imports only those above it in this list):
+The daemon never imports this package. It is built from ``provisionerd.domain.model``,
+``provisionerd.domain.errors`` and ``provisionerd.wire``, and laid out in layers (each module imports only those
+above it in this list):
 
 pure core (synchronous; every time is passed in as ``now``)
     ``jsonconv``   the one cattrs converter: facts (tagged ``"kind"``), demand items, status documents

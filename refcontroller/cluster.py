@@ -13,7 +13,7 @@ what a committed fact's ``holder`` column holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -63,7 +63,7 @@ class Cluster:
     on_host_change: Callable[[HostState], None] | None = None
 
     @classmethod
-    def open(cls, store: FactStore, replica_count: int, ttl: float, check_interval: float, now: float) -> Cluster:
+    def open(cls, store: FactStore, replica_count: int, ttl: float, check_interval: float, now: float) -> Self:
         """Start after a (re)start: elect replica 0 in a new term (saved), with an empty lease table."""
         replicas = ReplicaSet.elect(replica_count, store.load_term(), store.save_term, now)
         return cls(

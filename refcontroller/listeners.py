@@ -58,7 +58,10 @@ async def open_replica_listeners(
             host, port = addr.parse(text)
             listeners = await trio.open_ssl_over_tcp_listeners(port, context, host=host)
             per_replica.append(listeners)
-            sockname = listeners[0].transport_listener.socket.getsockname()
+            transport = listeners[0].transport_listener
+            # trio types it as any Listener; open_ssl_over_tcp_listeners wraps SocketListeners
+            assert isinstance(transport, trio.SocketListener), transport
+            sockname = transport.socket.getsockname()
             actual.append(addr.format(host, sockname[1]))
     except BaseException:
         await _close_all(per_replica)

@@ -251,7 +251,7 @@ class FactStore:
     def use_token(self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "") -> bool:
         """Mark the token used; ``False`` if it already was (the check and the mark are one statement).
 
-        ``rejoin_hash`` (``agent_token.rejoin_hash``) is stored with it, in the same transaction.
+        ``rejoin_hash`` (``agent.token.rejoin_hash``) is stored with it, in the same transaction.
         """
         with self._transaction():
             cursor = self._conn.execute(

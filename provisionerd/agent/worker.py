@@ -6,7 +6,7 @@ reference and single-use token, reports its status (``idle`` at once, then ``idl
 ``set_status`` changes it), heartbeats, and reconnects with jittered backoff, rotating through the configured
 addresses, whenever the connection breaks or goes quiet.
 
-Every join after the first presents the rejoin proof instead of the spent token (``agent_token``). If a join with
+Every join after the first presents the rejoin proof instead of the spent token (``agent.token``). If a join with
 the token got no answer (the connection broke in between), the controller may or may not have consumed it: when
 the token is then refused, the agent tries the proof once before giving up.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import attrs
 import trio
@@ -46,7 +46,7 @@ from provisionerd.wire.messages import Ack, ErrorMsg, Heartbeat, HeartbeatAck, J
 
 log = logging.getLogger(__name__)
 
-__all__ = [  # the join's pure parts live in agent_join; re-exported for callers of the agent
+__all__ = [  # the join's pure parts live in agent.join; re-exported for callers of the agent
     "EXIT_REFUSED",
     "EXIT_STOPPED",
     "EXIT_TOKEN_REFUSED",
@@ -83,12 +83,17 @@ RETRYABLE = (
 )
 
 
+def _addresses(items: Iterable[str]) -> tuple[str, ...]:
+    """A typed ``tuple``: mypy's attrs plugin cannot solve ``converter=tuple``'s type variable."""
+    return tuple(items)
+
+
 @attrs.frozen
 class AgentConfig:
     """Seconds for the times. ``reply_timeout``: silence (no frame at all) after which the connection is
     presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together."""
 
-    controllers: tuple[str, ...] = attrs.field(converter=tuple)
+    controllers: tuple[str, ...] = attrs.field(converter=_addresses)
     instance_ref: str
     identity: str = ""
     heartbeat_interval: float = 5.0

@@ -11,7 +11,7 @@ addresses with jittered exponential backoff (seeded RNG, trio's clock). Once joi
 - the resync asks for the facts and hosts of our providers and builds a **new** ``ControllerView`` (the next
   generation) from them alone; the demand in it is the next snapshot received on this link. The link resyncs again
   (a new view of the same generation) when asked (``request_resync``), when no demand snapshot came after a resync,
-  and every ``refresh_heartbeats`` heartbeat intervals (see ``session_link``).
+  and every ``refresh_heartbeats`` heartbeat intervals (see ``controller.link``).
 
 **A lease grant needs a resync.** Facts another daemon commits under its lease are never pushed to us, so after
 any acquisition (not a renewal of a lease held without a break) the view may lack them: ``resync_after_grant``

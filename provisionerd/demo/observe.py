@@ -140,7 +140,8 @@ def controller_fields(status: dict[str, Any], seen: set[str]) -> dict[str, Any]:
 
 def daemon_fields(status: dict[str, Any], provider: str) -> dict[str, Any]:
     """The snapshot's daemon part from its status document."""
-    link = status.get("link") if isinstance(status.get("link"), dict) else {}
+    link = status.get("link")
+    link = link if isinstance(link, dict) else {}
     lease = next((x for x in status.get("leases", []) if isinstance(x, dict) and x.get("provider") == provider), {})
     return {
         "link": str(link.get("state", "-")),

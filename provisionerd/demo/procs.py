@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import attrs
@@ -67,7 +68,7 @@ def is_alive(pid: int, starttime: int | None = None) -> bool:
 
 def user_processes(*, with_environ: bool = False) -> list[tuple[ProcInfo, bytes]]:
     """Every live process of this user (not this one), with its environment block when asked (else ``b""``)."""
-    found = []
+    found: list[tuple[ProcInfo, bytes]] = []
     uid, me = os.getuid(), os.getpid()
     try:
         entries = list(os.scandir(PROC))
@@ -98,7 +99,7 @@ def parse_agent(info: ProcInfo) -> AgentInfo | None:
         return None
     values: dict[str, str] = {}
     labels: dict[str, str] = {}
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in pairwise(argv):
         if flag == "--label":
             key, sep, val = value.partition("=")
             if sep:
@@ -144,7 +145,7 @@ def signal_process(pid: int, starttime: int | None, signum: int, *, group: bool 
 async def wait_gone(alive: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     """Poll ``alive()`` until it is False or ``timeout`` passes; returns True when gone."""
     with trio.move_on_after(timeout):
-        while alive():
+        while alive():  # noqa: ASYNC110 - polls processes that are not our children: no event to wait on
             await trio.sleep(interval)
         return True
     return not alive()

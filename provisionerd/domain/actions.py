@@ -1,15 +1,13 @@
 """What the planner decides: frozen action values for the driver to run through the mutation gate, and notes.
 
-Every action that starts something new carries a fresh ``op_id`` (see :mod:`provisionerd.reconcile` for the
+Every action that starts something new carries a fresh ``op_id`` (see :mod:`provisionerd.planner.plan` for the
 scheme). The driver commits the matching fact first (``RequestIntent``, ``ReturnIntent``, ``Lost``,
 ``RequestFailed``) and only then calls the provider, so an action the gate refuses or never commits must be
-reported back as :class:`provisionerd.plannerstate.ActionDropped`; until then the planner counts it as in flight and
+reported back as :class:`provisionerd.planner.state.ActionDropped`; until then the planner counts it as in flight and
 does not plan it again.
 """
 
 from __future__ import annotations
-
-from typing import Union
 
 import attrs
 
@@ -57,16 +55,16 @@ class FailRequest:
     reason: str
 
 
-Action = Union[RequestMachines, ReturnMachines, MarkLost, FailRequest]
+Action = RequestMachines | ReturnMachines | MarkLost | FailRequest
 
 
 @attrs.frozen
 class Note:
     """Something the planner wants logged or raised as an event (``kind`` is a stable word for machines).
 
-    From :func:`provisionerd.reconcile.plan`: ``stale_snapshot``, ``no_snapshot``, ``invalid_demand``,
+    From :func:`provisionerd.planner.plan.plan`: ``stale_snapshot``, ``no_snapshot``, ``invalid_demand``,
     ``unmet_demand`` (with why: step limit, or no eligible offer with room), ``deferred`` (returns waiting for a
-    throttle), ``unknown_reclaim``, ``duplicate_offer``. From :func:`provisionerd.plannerstate.observe`:
+    throttle), ``unknown_reclaim``, ``duplicate_offer``. From :func:`provisionerd.planner.state.observe`:
     ``offer_unavailable``, ``provider_throttled``, ``provider_paused`` (raise it as an event), ``provider_resumed``.
     """
 

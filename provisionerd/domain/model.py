@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Union
 
 import attrs
 
@@ -206,7 +205,7 @@ class OrphanAdopted:
     address: str = ""
 
 
-Fact = Union[RequestIntent, InstanceFact, RequestFailed, ReturnIntent, Returned, Lost, OrphanReported, OrphanAdopted]
+Fact = RequestIntent | InstanceFact | RequestFailed | ReturnIntent | Returned | Lost | OrphanReported | OrphanAdopted
 FACT_TYPES: tuple[type, ...] = (
     RequestIntent,
     InstanceFact,

@@ -20,7 +20,7 @@ Classes
     allowed only once ``ghost_confirmations`` (at least 2) consecutive listings missed it, and never while the
     controller still sees its host alive (then the listing, not the machine, is suspect).
 ``license``
-    A counted grant not returned: see :class:`~provisionerd.orphan_model.CountedResource`. ``return`` when in use
+    A counted grant not returned: see :class:`~provisionerd.orphans.model.CountedResource`. ``return`` when in use
     is 0 and the provider agrees, otherwise ``report``.
 
 Ownership
@@ -38,9 +38,9 @@ from a listing we did not get proves nothing) and ghost counts neither grow nor 
 reported from the facts alone (live fact, launch time known, past the deadline, no host). Without the controller's
 view nothing can be told apart (every machine would look unknown), so only ``license`` findings remain.
 
-Preconditions are listed, with the actions each applies to, in :mod:`provisionerd.orphan_gates`; finding-level
+Preconditions are listed, with the actions each applies to, in :mod:`provisionerd.orphans.gates`; finding-level
 ones (``grace``, ``launch_time_unknown``, ``ghost_unconfirmed``, ``host_alive``, ``ambiguous_match``,
-``already_reported``) come from :mod:`provisionerd.orphan_detect`. Adoption is not held back by ``orphan_grace``:
+``already_reported``) come from :mod:`provisionerd.orphans.detect`. Adoption is not held back by ``orphan_grace``:
 it touches nothing and the live host is the evidence.
 
 Wiring (for the daemon and the CLI)
@@ -50,7 +50,7 @@ Daemon, per provider per interval: read ``listMachines`` (or ``Unreadable``), *t
 ``return``/``stop``/``terminate``, then call the provider with ``action.op_id``; feed each cleanup's answer to
 ``memory.after_cleanup(ok)``; keep ``result.memory`` for the next pass; write every finding to the audit stream.
 CLI dry run: the same call with ``dry_run`` set and the lease/controller state as it is known (the CLI holds no
-lease, so ``no_lease`` shows too); print :func:`provisionerd.orphan_report.render_table` or ``render_json``.
+lease, so ``no_lease`` shows too); print :func:`provisionerd.orphans.report.render_table` or ``render_json``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Pure. This module decides the *class*, the *action* the class calls for, and the blockers that belong to the
 finding itself (its age, a ghost's second read, an ambiguous host match, a report already made). Blockers that
 belong to the pass (lease, controller, unreadable views, breaker, rate cap, dry run) are added by
-:mod:`provisionerd.orphan_gates`.
+:mod:`provisionerd.orphans.gates`.
 
 Ownership is decided here once: a listed machine is ours only when it carries this cluster's id tag *and* this
 provider's tag. Any other machine never becomes a finding, whatever the facts say about its id; it still counts
@@ -106,7 +106,7 @@ def _index_listing(
 
 
 def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, int]) -> Detection:
-    """Classify one provider's machines, facts and grants. See :func:`provisionerd.orphans.classify`."""
+    """Classify one provider's machines, facts and grants. See :func:`provisionerd.orphans.classify.classify`."""
     listing = obs.listing if isinstance(obs.listing, tuple) else None
     view = obs.view if isinstance(obs.view, FactView) else None
     candidates: list[Candidate] = []
@@ -324,7 +324,7 @@ def _never_joined_from_facts(
         launch = launch_of(record.launch_time)
         if launch is None or obs.now - launch < policy.join_deadline:
             continue
-        evidence = {
+        evidence: dict[str, Any] = {
             "tags": {},
             "name": record.hostname,
             "address": record.address,

@@ -9,7 +9,7 @@ they only count against live hosts that no other tracked machine claims.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Union
+from typing import Any
 
 from provisionerd.domain.model import HostState, HostStatus, ProviderMachine
 from provisionerd.planner.fact_view import FactView
@@ -83,7 +83,7 @@ class HostIndex:
         return owner is not None and owner != machine_id
 
 
-_Entry = Union[HostState, list[HostState]]
+_Entry = HostState | list[HostState]
 
 
 def _add(index: dict[str, _Entry], value: str, host: HostState) -> None:

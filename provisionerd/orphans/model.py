@@ -1,8 +1,8 @@
 """The orphan classifier's inputs, memory and outputs: frozen values, no logic beyond small helpers.
 
-See :mod:`provisionerd.orphans` for the contract of the classifier itself. The blocker names below are the stable
-vocabulary of ``Finding.blocked_by`` (they appear in the admin report and its JSON); they are listed in the
-canonical order in which a finding reports them.
+See :mod:`provisionerd.orphans.classify` for the contract of the classifier itself. The blocker names below are
+the stable vocabulary of ``Finding.blocked_by`` (they appear in the admin report and its JSON); they are listed in
+the canonical order in which a finding reports them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import hashlib
 import json
 import math
 import types
-from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -122,7 +122,7 @@ class ListingAbsent(Unreadable):
     """Marker for a provider that cannot list at all (no ``listMachines``: a legacy LSF plugin). It is never
     read, so it is not *unreadable*; but nothing that rests on a listing may happen, so the classifier treats it
     like one (the pass is narrowed, every action blocked by ``listing_absent``). ``invisible``: the orphan classes
-    nothing can reveal for this provider (``legacy_rules.invisible_classes``)."""
+    nothing can reveal for this provider (``provider.legacy.rules.invisible_classes``)."""
 
     invisible: tuple[str, ...] = ()
 
@@ -171,6 +171,15 @@ class CountedResource:
     provider_agrees: bool = False
 
 
+# Typed converters for the sequence fields: mypy's attrs plugin cannot solve ``converter=tuple``'s type variable.
+def _host_states(items: Iterable[HostState]) -> tuple[HostState, ...]:
+    return tuple(items)
+
+
+def _licenses(items: Iterable[CountedResource]) -> tuple[CountedResource, ...]:
+    return tuple(items)
+
+
 def _listing(value: Any) -> Any:
     return value if isinstance(value, Unreadable) else tuple(value)
 
@@ -195,8 +204,8 @@ class Observation:
     now: float = attrs.field(validator=_finite)  # wall-clock epoch seconds, the clock of cloud launch times
     listing: tuple[ProviderMachine, ...] | Unreadable = attrs.field(converter=_listing)
     view: FactView | Unreadable
-    hosts: tuple[HostState, ...] = attrs.field(default=(), converter=tuple)  # ignored when view is unreadable
-    licenses: tuple[CountedResource, ...] = attrs.field(default=(), converter=tuple)
+    hosts: tuple[HostState, ...] = attrs.field(default=(), converter=_host_states)  # ignored when view is unreadable
+    licenses: tuple[CountedResource, ...] = attrs.field(default=(), converter=_licenses)
     lease: LeaseState = LeaseState()
     controller: ControllerState = ControllerState()
 
@@ -323,4 +332,4 @@ class Classification:
     skipped: tuple[str, ...] = ()
 
 
-Listing = Union[tuple[ProviderMachine, ...], Unreadable]
+Listing = tuple[ProviderMachine, ...] | Unreadable

@@ -1,9 +1,9 @@
 """The orphan-cleanup knobs of one provider, validated once.
 
 Pure: no I/O. ``OrphanPolicy.from_provider_config`` takes a provider's validated config
-(:class:`provisionerd.config.ProviderConfig`: ``join_deadline`` and its ``orphans`` table); building an
+(:class:`provisionerd.config.loader.ProviderConfig`: ``join_deadline`` and its ``orphans`` table); building an
 ``OrphanPolicy`` validates every knob and reports *every* problem at once as a
-:class:`~provisionerd.errors.ConfigError`, so a bad value is fixed in one pass.
+:class:`~provisionerd.domain.errors.ConfigError`, so a bad value is fixed in one pass.
 
 Knobs (defaults in brackets):
 
@@ -70,7 +70,7 @@ class OrphanPolicy:
 
     @classmethod
     def from_provider_config(cls, provider: Any) -> OrphanPolicy:
-        """The policy of one configured provider (a ``provisionerd.config.ProviderConfig``).
+        """The policy of one configured provider (a ``provisionerd.config.loader.ProviderConfig``).
 
         Reads ``provider.join_deadline`` and ``provider.orphans`` (``action``, ``grace``,
         ``max_cleanup_per_interval``, ``protect_tag``, ``dry_run``, ``ghost_confirmations`` and, when the config

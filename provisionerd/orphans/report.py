@@ -113,7 +113,7 @@ def render_table(
     ]
     widths = [max(len(row[i]) for row in [COLUMNS, *rows]) for i in range(len(COLUMNS) - 1)]
     lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths)) + "  " + row[-1]
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in [COLUMNS, *rows]
     ]
     allowed = sum(1 for f in findings if f.allowed)

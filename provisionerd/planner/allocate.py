@@ -1,6 +1,6 @@
 """The demand phase of a plan: serve each item's deficit by reuse, then by requests, under caps and the step limit.
 
-Pure; part of :func:`provisionerd.reconcile.plan`. Per item: it keeps ``min(active, count)`` of its machines and
+Pure; part of :func:`provisionerd.planner.plan.plan`. Per item: it keeps ``min(active, count)`` of its machines and
 ``deficit = count - kept - outstanding``. A deficit is filled first from the *idle pool* (idle machines other items
 do not need, on offers compatible with this item, cheapest offer first), then by requests over the item's
 compatible offers in choice order, skipping offers that are out of capacity, on a throttled or paused provider, at
@@ -28,7 +28,7 @@ class DemandDecision:
 
     ``requested`` lists ``(offer, machines)`` in the order tried; ``unmet`` is what is still missing.
     ``blocked`` names compatible offers skipped now (capacity back-off, throttle, pause, maxNumber, provider cap)
-    and ``incompatible`` every offer :func:`provisionerd.offers.compatibility_reasons` rejects (a tuple shared
+    and ``incompatible`` every offer :func:`provisionerd.planner.offers.compatibility_reasons` rejects (a tuple shared
     with the catalog's cache); :attr:`rejected` merges both in offer-id order.
     """
 
@@ -84,7 +84,7 @@ class Allocator:
         notes: list[Note],
         requirement_of: Callable[[DemandItem], Requirement] = requirement_of,
     ) -> None:
-        """Serve ``item``'s deficit, if it has one. ``requirement_of`` may be a cached one (see demandindex)."""
+        """Serve ``item``'s deficit, if it has one. ``requirement_of`` may be a cached one (see demand_index)."""
         active = self.counts.active.get(item.demand_id, 0)
         outstanding = self.counts.outstanding.get(item.demand_id, 0)
         wanted = max(item.count, 0)

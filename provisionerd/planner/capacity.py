@@ -1,7 +1,7 @@
 """Provider back-off memory: offers out of capacity, throttled providers, providers paused on quota.
 
 Pure. The driver turns typed provider errors into the observation values below and folds them with
-:func:`provisionerd.plannerstate.observe`; the planner reads the result through :meth:`CapacityState.offer_block`,
+:func:`provisionerd.planner.state.observe`; the planner reads the result through :meth:`CapacityState.offer_block`,
 :meth:`CapacityState.throttled` and :meth:`CapacityState.paused_reason`. Every entry ends at a time on the
 planner's clock, so the memory prunes itself and stays bounded by the number of offers and providers.
 """

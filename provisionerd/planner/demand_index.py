@@ -2,8 +2,8 @@
 
 A snapshot is level-triggered: the daemon plans against the same one many times (every tick, every fact, every
 host change) until the controller sends a newer one. Validating and sorting its items, their wanted counts and
-each item's compatibility :class:`~provisionerd.offers.Requirement` depend on nothing else, so they are kept here
-instead of being rebuilt by every pass (at 1,000 items that rebuild is about a tenth of a pass).
+each item's compatibility :class:`~provisionerd.planner.offers.Requirement` depend on nothing else, so they are
+kept here instead of being rebuilt by every pass (at 1,000 items that rebuild is about a tenth of a pass).
 
 The cache is keyed on the snapshot *object* (``is``), not on equality: hashing a snapshot of 100,000 items would
 cost more than the work it saves, and a frozen snapshot object never changes. It holds the last few snapshots only,

@@ -93,7 +93,7 @@ class FactView:
     active_by_demand: dict[str, int] = attrs.field(factory=dict)  # demand_id -> ACTIVE machines
     live_by_offer: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (provider, template) -> live machines
     open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
-    # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.hosttable). Owned
+    # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
 
@@ -120,8 +120,8 @@ class FactView:
         match fact:
             case RequestIntent():
                 if fact.op_id not in self.intents:
-                    record = self.intents[fact.op_id] = IntentRecord(fact)
-                    if record.open:
+                    intent = self.intents[fact.op_id] = IntentRecord(fact)
+                    if intent.open:
                         self.open_ops[fact.op_id] = None
             case InstanceFact():
                 self._add_instance(fact)

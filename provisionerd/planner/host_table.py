@@ -4,8 +4,8 @@ Each plan pass needs the active machines that have not joined (no host: they may
 the joined ones whose host is neither busy nor lost (they may retire or be given to another item). Finding them by
 scanning every host and machine costs ~35 ms at 100,000 machines, and grows faster than the count once the data
 no longer fits the CPU cache. :class:`HostTable` keeps both sets up to date on every host change and, through the
-:class:`~provisionerd.factview.FactView` that owns it, on every machine change; not-joined machines are also kept
-by launch time, so a pass reads only those past the join deadline, not every booting one.
+:class:`~provisionerd.planner.fact_view.FactView` that owns it, on every machine change; not-joined machines are
+also kept by launch time, so a pass reads only those past the join deadline, not every booting one.
 
 ``FactView.hosts`` is the table bound to a view; it is a ``MutableMapping`` (``table[ref] = host``,
 ``del table[ref]``), so a holder that treats it as its dict of hosts keeps the indexes right. For any other

@@ -128,6 +128,10 @@ class Requirement:
 
 def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
     """The hashable part of ``item`` that compatibility depends on."""
+    shape: ResourceShape
+    cap: float | None
+    providers: tuple[str, ...]
+    placement: Mapping[str, str]
     if isinstance(item, ResourceShape):
         shape, cap, providers, placement = item, None, (), {}
     else:
@@ -229,7 +233,7 @@ class OfferChoice:
 class Catalog:
     """Parsed offers, indexed by key, with per-requirement rankings cached.
 
-    Build one per offer refresh and hand it to :func:`provisionerd.reconcile.plan` repeatedly. Duplicate offer
+    Build one per offer refresh and hand it to :func:`provisionerd.planner.plan.plan` repeatedly. Duplicate offer
     ids keep the first offer and are listed in ``duplicates``.
     """
 

@@ -6,12 +6,12 @@ Pure and synchronous: no I/O, no trio, ``now`` passed in (wall-clock seconds, th
 Rules
 - A snapshot with a lower seq than the highest applied is ignored: the plan is empty and says so in its notes.
   An equal seq is a replay and is planned normally (level-triggered: it plans only what is still missing).
-- Per demand item: ``active`` = its usable machines (see :mod:`provisionerd.supply` for attribution);
+- Per demand item: ``active`` = its usable machines (see :mod:`provisionerd.planner.supply` for attribution);
   ``outstanding`` = machines its open intents and in-flight requests still owe. The item keeps
   ``min(active, count)`` machines; ``deficit = count - kept - outstanding``. A deficit is filled first by
   reusing idle machines other items no longer need (compatible templates, cheapest first), then by requests
-  (:mod:`provisionerd.allocate`).
-- Requests go to the item's compatible offers in choice order (:mod:`provisionerd.offers`), skipping offers that
+  (:mod:`provisionerd.planner.allocate`).
+- Requests go to the item's compatible offers in choice order (:mod:`provisionerd.planner.offers`), skipping offers that
   are out of capacity, on a throttled or paused provider, at ``maxNumber`` or at the provider cap, and spilling
   over to the next offer when one fills. At most ``policy.step_limit`` machines per sliding
   ``policy.step_interval``; items are served in demand_id order. Caps count every live machine (returning ones
@@ -28,7 +28,7 @@ Rules
   ``RequestMachines`` (retire before acquiring).
 
 op_id scheme: ``"<cluster>:<provider>:<incarnation>:<n>"`` with ``n`` the state's op counter, which only grows.
-``incarnation`` differs per process start (see :class:`provisionerd.plannerstate.PlannerState`); any candidate
+``incarnation`` differs per process start (see :class:`provisionerd.planner.state.PlannerState`); any candidate
 already used by a request or return in the facts, or in flight, is skipped. ``FailRequest`` reuses the intent's
 op_id, since ``RequestFailed`` closes that intent.
 """
@@ -52,7 +52,8 @@ from provisionerd.planner.supply import IdleEntry, Tally, tally
 
 __all__ = ["DemandDecision", "Plan", "plan"]
 
-#: Order in which retire reasons are emitted (and a machine's single reason, see :func:`provisionerd.supply.tally`).
+#: Order in which retire reasons are emitted (and a machine's single reason, see
+#: :func:`provisionerd.planner.supply.tally`).
 RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", "idle")
 
 

@@ -1,6 +1,6 @@
 """The reconciler's knobs: deadlines, back-off, caps and the step limit. A frozen value checked on construction.
 
-All durations are seconds on the planner's clock (the ``now`` passed to :func:`provisionerd.reconcile.plan`, which
+All durations are seconds on the planner's clock (the ``now`` passed to :func:`provisionerd.planner.plan.plan`, which
 must be the same wall clock that stamps ``launch_time`` and ``HostState.since``).
 """
 

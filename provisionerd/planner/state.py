@@ -1,13 +1,13 @@
 """The planner's own small memory, and the observations (besides snapshots and facts) that change it.
 
-Pure. The facts (:class:`provisionerd.factview.FactView`) remain the durable truth; this state only remembers what
-the facts cannot say yet or at all:
+Pure. The facts (:class:`provisionerd.planner.fact_view.FactView`) remain the durable truth; this state only
+remembers what the facts cannot say yet or at all:
 
 - the highest snapshot seq applied (older snapshots are ignored);
 - actions planned but not yet visible in the facts (``pending_*``), so a replay does not plan them twice;
 - when each open intent was planned or first seen, and when a machine with an unknown launch time was first seen
   (the provisioning timeout and the join deadline count from there);
-- provider back-off (:mod:`provisionerd.capacity`), reclaim notices, and the step-limit window;
+- provider back-off (:mod:`provisionerd.planner.capacity`), reclaim notices, and the step-limit window;
 - the op counter behind fresh op_ids.
 
 After a restart a fresh state is safe: nothing was committed that the facts do not show, and every deadline
@@ -72,7 +72,7 @@ class IntentBackoff:
 
 @attrs.frozen
 class PlannerState:
-    """Frozen; :func:`provisionerd.reconcile.plan` and :func:`observe` return new values.
+    """Frozen; :func:`provisionerd.planner.plan.plan` and :func:`observe` return new values.
 
     ``incarnation`` goes into every op_id; the driver sets it once per process start to something that differs
     between starts (e.g. the start time or random hex), so a restarted daemon never reuses an op_id that an

@@ -1,6 +1,6 @@
 """One pass over the facts: what each demand item has, what each offer and provider carries, what must retire.
 
-Pure; part of :func:`provisionerd.reconcile.plan`, split out because it is the part that grows with the number of
+Pure; part of :func:`provisionerd.planner.plan.plan`, split out because it is the part that grows with the number of
 machines, and is written to stay fast at 100,000 of them by reading the indexes :class:`FactView` keeps.
 
 Attribution: a machine serves the demand item named by its intent's ``demand_id`` (``MachineRecord.demand_id``;
@@ -92,8 +92,8 @@ def tally(
 
     Cost: proportional to the machines not joined, joined and not busy (only those of items with excess, unless
     ``max_ttl`` is set), in flight or reclaimed, when ``hosts`` is ``view.hosts`` (indexes kept as hosts and facts
-    change, see :mod:`provisionerd.hosttable`); any other mapping costs one more C-level pass over every machine
-    and a loop over every host to build the same index.
+    change, see :mod:`provisionerd.planner.host_table`); any other mapping costs one more C-level pass over every
+    machine and a loop over every host to build the same index.
     """
     result = Tally()
     timed_out = _count_intents(result, state, view, now, policy)
@@ -119,7 +119,7 @@ def tally(
         result.machine_seen[machine.machine_id] = launched
         return launched
 
-    # Not joined: only the machines that may retire are read (see provisionerd.hosttable), in precedence order:
+    # Not joined: only the machines that may retire are read (see provisionerd.planner.host_table), in precedence order:
     # those of a timed-out intent, then those past the join deadline, then those whose launch time is unknown.
     joins = join_index(active_refs, hosts)
     for op_id in timed_out:

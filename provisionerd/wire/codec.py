@@ -127,7 +127,7 @@ def _read_optional(r: Any, w: str) -> Any:
 
 def _write_map(b: Any, w: str, v: Mapping[str, str]) -> None:
     entries = b.init(w, len(v))
-    for entry, (key, value) in zip(entries, sorted(v.items())):
+    for entry, (key, value) in zip(entries, sorted(v.items()), strict=True):
         entry.key = key
         entry.value = value
 
@@ -150,7 +150,7 @@ def _plan_list(item: Any) -> tuple[Writer, Reader]:
 
     def write(b: Any, w: str, v: tuple[Any, ...]) -> None:
         elements = b.init(w, len(v))
-        for element, value in zip(elements, v):
+        for element, value in zip(elements, v, strict=True):
             _write_struct(element, value)
 
     return write, lambda r, w: tuple(_read_struct(item, element) for element in getattr(r, w))
@@ -164,7 +164,8 @@ def _plan(cls: type, skip: tuple[str, ...] = ()) -> tuple[tuple[str, str, Writer
 
 
 def _write_struct(builder: Any, value: Any, skip: tuple[str, ...] = ()) -> None:
-    for name, wire, write, _ in _plan(type(value), skip):
+    cls: type = type(value)  # typed as a plain class: mypy does not see a type[Any] as Hashable (the cache key)
+    for name, wire, write, _ in _plan(cls, skip):
         write(builder, wire, getattr(value, name))
 
 
@@ -178,12 +179,13 @@ _MESSAGE_BY_MEMBER: dict[str, type] = {opcode(cls): cls for cls in MESSAGE_TYPES
 
 
 def _write_fact(builder: Any, fact: Any) -> None:
-    if type(fact) not in model.FACT_TYPES:
-        raise TypeError(f"not a fact: {type(fact).__name__}")
+    cls: type = type(fact)
+    if cls not in model.FACT_TYPES:
+        raise TypeError(f"not a fact: {cls.__name__}")
     for name in _FACT_HEADER:
-        _, wire, write, _ = next(p for p in _plan(type(fact)) if p[0] == name)
+        _, wire, write, _ = next(p for p in _plan(cls) if p[0] == name)
         write(builder, wire, getattr(fact, name))
-    _write_struct(builder.init(wire_name(type(fact).__name__)), fact, skip=_FACT_HEADER)
+    _write_struct(builder.init(wire_name(cls.__name__)), fact, skip=_FACT_HEADER)
 
 
 def _read_fact(reader: Any) -> Any:

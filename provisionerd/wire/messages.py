@@ -11,7 +11,7 @@ fails at its source rather than at encode time on the other side of the program.
 
 from __future__ import annotations
 
-from typing import Union
+from collections.abc import Iterable
 
 import attrs
 
@@ -36,6 +36,20 @@ DENY_REASONS = ("held", "grace", "no_quorum", "not_primary", "stale_epoch", "no_
 
 def _strs() -> tuple[str, ...]:
     return attrs.field(converter=tuple, default=())
+
+
+# The sequence fields' converters, one per element type: mypy's attrs plugin cannot solve the type variable of
+# ``converter=tuple`` (or of a generic converter), and would refuse every argument.
+def _demand_items(items: Iterable[DemandItem]) -> tuple[DemandItem, ...]:
+    return tuple(items)
+
+
+def _committed_facts(items: Iterable[CommittedFact]) -> tuple[CommittedFact, ...]:
+    return tuple(items)
+
+
+def _host_states(items: Iterable[HostState]) -> tuple[HostState, ...]:
+    return tuple(items)
 
 
 def _code(allowed: tuple[str, ...], wire_enum: str) -> str:
@@ -156,7 +170,7 @@ class DemandPage:
     snapshot_seq: int
     page: int
     page_count: int
-    items: tuple[DemandItem, ...] = attrs.field(converter=tuple, default=())
+    items: tuple[DemandItem, ...] = attrs.field(converter=_demand_items, default=())
 
 
 @attrs.frozen
@@ -178,13 +192,13 @@ class ResyncRequest:
 class ResyncPage:
     page: int
     page_count: int
-    facts: tuple[CommittedFact, ...] = attrs.field(converter=tuple, default=())
-    hosts: tuple[HostState, ...] = attrs.field(converter=tuple, default=())
+    facts: tuple[CommittedFact, ...] = attrs.field(converter=_committed_facts, default=())
+    hosts: tuple[HostState, ...] = attrs.field(converter=_host_states, default=())
 
 
 @attrs.frozen
 class HostStatePush:
-    hosts: tuple[HostState, ...] = attrs.field(converter=tuple, default=())
+    hosts: tuple[HostState, ...] = attrs.field(converter=_host_states, default=())
 
 
 # --- worker ----------------------------------------------------------------------------------------------------
@@ -200,7 +214,7 @@ class WorkerStatus:
 
 @attrs.frozen
 class AdminSetDemand:
-    items: tuple[DemandItem, ...] = attrs.field(converter=tuple, default=())
+    items: tuple[DemandItem, ...] = attrs.field(converter=_demand_items, default=())
 
 
 @attrs.frozen
@@ -224,35 +238,35 @@ class AdminReply:
     json: str = ""
 
 
-Message = Union[
-    Join,
-    JoinReply,
-    Heartbeat,
-    HeartbeatAck,
-    ErrorMsg,
-    Rejected,
-    Ack,
-    LeaseAcquire,
-    LeaseRenew,
-    LeaseRelease,
-    LeaseGrant,
-    LeaseDenied,
-    DemandPage,
-    FactCommit,
-    FactAck,
-    ResyncRequest,
-    ResyncPage,
-    HostStatePush,
-    WorkerStatus,
-    AdminSetDemand,
-    AdminFailover,
-    AdminQuorum,
-    AdminStatus,
-    AdminReply,
-]
+Message = (
+    Join
+    | JoinReply
+    | Heartbeat
+    | HeartbeatAck
+    | ErrorMsg
+    | Rejected
+    | Ack
+    | LeaseAcquire
+    | LeaseRenew
+    | LeaseRelease
+    | LeaseGrant
+    | LeaseDenied
+    | DemandPage
+    | FactCommit
+    | FactAck
+    | ResyncRequest
+    | ResyncPage
+    | HostStatePush
+    | WorkerStatus
+    | AdminSetDemand
+    | AdminFailover
+    | AdminQuorum
+    | AdminStatus
+    | AdminReply
+)
 
 #: Every message class, in the order of the ``Frame.body`` union in the schema.
-MESSAGE_TYPES: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
+MESSAGE_TYPES: tuple[type, ...] = Message.__args__
 
 
 @attrs.frozen

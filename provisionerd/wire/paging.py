@@ -74,12 +74,17 @@ def resync_pages(
     max_bytes: int = PAGE_BYTES,
 ) -> list[ResyncPage]:
     """The facts (in log order) then the hosts, spread over pages; a page may hold some of each."""
-    tagged: list[tuple[bool, object]] = [(True, f) for f in facts] + [(False, h) for h in hosts]
+    both: list[CommittedFact | HostState] = [*facts, *hosts]
 
-    def make(chunk: tuple[tuple[bool, object], ...]) -> ResyncPage:
-        return ResyncPage(0, 1, [x for is_fact, x in chunk if is_fact], [x for is_fact, x in chunk if not is_fact])
+    def make(chunk: tuple[CommittedFact | HostState, ...]) -> ResyncPage:
+        return ResyncPage(
+            0,
+            1,
+            [x for x in chunk if isinstance(x, CommittedFact)],
+            [x for x in chunk if isinstance(x, HostState)],
+        )
 
-    chunks = paginate_by_size(tagged, make, max_items, max_bytes)
+    chunks = paginate_by_size(both, make, max_items, max_bytes)
     return [
         ResyncPage(i, len(chunks), page.facts, page.hosts) for i, page in enumerate(make(chunk) for chunk in chunks)
     ]

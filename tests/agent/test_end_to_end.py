@@ -77,7 +77,7 @@ async def joined_agents(certs: Path, tmp_path: Path, count: int) -> AsyncIterato
                         plugin.call, "requestReturnMachines", return_input("ret-e2e", machines)
                     )
                     with trio.move_on_after(60):
-                        while live_agents(str(tmp_path)):
+                        while live_agents(str(tmp_path)):  # noqa: ASYNC110 - polls the agents' processes: no event to wait on
                             await trio.sleep(0.1)
         finally:
             await provisioner.aclose()
@@ -138,7 +138,7 @@ def test_an_agent_rejoins_the_new_primary_after_a_failover(certs: Path, tmp_path
                 log = tmp_path / "data" / "logs" / f"{setup.machines[0]}.log"
                 await setup.ctl.fail_over()
                 with trio.fail_after(60):
-                    while alive(pid) and "join #2" not in log.read_text():
+                    while alive(pid) and "join #2" not in log.read_text():  # noqa: ASYNC110 - polls a process and its log
                         await trio.sleep(0.1)
                 assert alive(pid), log.read_text()[-2000:]
                 await wait_hosts(setup.ctl, lambda hosts: hosts[setup.refs[0]] == "idle")

@@ -8,6 +8,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def tokens(n: int) -> list[str]:
 
 def labels(pid: int) -> dict[str, str]:
     argv = cmdline(pid)
-    return dict(v.split("=", 1) for k, v in zip(argv, argv[1:]) if k == "--label")
+    return dict(v.split("=", 1) for k, v in pairwise(argv) if k == "--label")
 
 
 def agents_by_machine(tmp_path: Path) -> dict[str, int]:

@@ -68,7 +68,7 @@ def test_mutations_stop_exactly_at_the_local_deadline(mock_run, make_keeper):
     # Every call carried the epoch of a committed intent, and the controller holds exactly those intents.
     committed = {f.fact.op_id: f.fact.epoch for f in controller.facts}
     assert len(committed) == len(calls)
-    assert all(epoch == committed_epoch for (_, epoch), committed_epoch in zip(calls, committed.values()))
+    assert all(epoch == committed_epoch for (_, epoch), committed_epoch in zip(calls, committed.values(), strict=True))
     assert violations(gate.decisions) == []
     assert {d.outcome for d in gate.decisions} == {"admitted", "finished", "no_lease"}
 

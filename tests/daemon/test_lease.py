@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import trio
 
@@ -39,7 +41,7 @@ def test_renewals_over_a_simulated_hour_keep_one_epoch(mock_run, make_keeper):
     # One renewal every ttl/3 = 10 s, measured from when each renewal was sent.
     assert len(renewals) == 359
     times = [r["mono"] for r in renewals]
-    assert all(b - a == pytest.approx(10.0) for a, b in zip(times, times[1:]))
+    assert all(b - a == pytest.approx(10.0) for a, b in pairwise(times))
     assert not list(events.of_kind("lease_lost"))
     assert len(controller.grants) == 1
 
@@ -119,7 +121,7 @@ def test_refused_renewal_lapses_at_once_and_failovers_give_strictly_higher_epoch
             nursery.cancel_scope.cancel()
 
     mock_run(main)
-    assert all(a < b for a, b in zip(epochs, epochs[1:]))
+    assert all(a < b for a, b in pairwise(epochs))
     assert [e.term for e in epochs] == [1, 2, 3, 4, 5]
     # The previous holder is re-granted at once despite the grace: each lapse is followed by a grant in the same tick.
     lost = [e["mono"] for e in events.of_kind("lease_lost")]

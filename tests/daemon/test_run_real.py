@@ -78,7 +78,7 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
         ) as ctl:
             spec = real_config(certs, (ctl.addresses[1], ctl.addresses[0]), state)
             write_daemon_config(spec, config)
-            with open(tmp_path / "daemon.log", "wb") as log_file:
+            with open(tmp_path / "daemon.log", "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a real file
                 proc = await trio.lowlevel.open_process(
                     [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
                     start_new_session=True,
@@ -103,7 +103,7 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
                 proc.send_signal(signal.SIGHUP)
                 await poll_status(sock, lambda s: True)
                 with trio.fail_after(10):
-                    while "config_reload_failed" not in (state / "events.jsonl").read_text():
+                    while "config_reload_failed" not in (state / "events.jsonl").read_text():  # noqa: ASYNC110 - another process writes it
                         await trio.sleep(0.1)
                 seen["after_hup"] = await poll_status(sock, lambda s: s["leases"][0]["state"] == "held")
                 seen["controller_before"] = await ctl.status()

@@ -78,7 +78,7 @@ ITEM = DemandItem(demand_id="d1", shape=ResourceShape(ncpus=4), count=3)
 
 async def wait_for(predicate, what: str, limit: float = 120.0):
     with trio.fail_after(limit):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - waits on any predicate over the system under test, which has no event for it
             await trio.sleep(0.01)
     return trio.current_time()
 

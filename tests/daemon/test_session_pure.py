@@ -105,7 +105,7 @@ def test_backoff_is_seeded_jittered_exponential_and_capped():
     delays = [a.next_delay() for _ in range(10)]
     assert delays == [b.next_delay() for _ in range(10)]
     bases = [0.5, 1, 2, 4, 8, 8, 8, 8, 8, 8]
-    assert all(base * 0.5 <= d <= base for d, base in zip(delays, bases))
+    assert all(base * 0.5 <= d <= base for d, base in zip(delays, bases, strict=True))
     a.reset()
     assert a.next_delay() <= 0.5
     for _ in range(2000):  # a long outage neither overflows nor exceeds the cap

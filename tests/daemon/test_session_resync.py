@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import random
+from itertools import pairwise
 
 import trio
 import trio.testing
@@ -98,7 +99,7 @@ class Daemon:
 
 async def wait_for(predicate, limit: float = 300.0) -> float:
     with trio.fail_after(limit):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - waits on any predicate over the system under test, which has no event for it
             await trio.sleep(0.01)
     return trio.current_time()
 
@@ -130,8 +131,8 @@ def test_a_lost_snapshot_after_the_join_is_asked_for_again_with_backoff(mock_run
     assert seen["items"] == (ITEM,) and seen["generation"] == 1  # healed on the same link, no rejoin
     times = [t for t, _ in seen["refreshes"]]
     assert all(reason == "no_demand_snapshot" for _, reason in seen["refreshes"]), seen["refreshes"]
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert all(later > earlier * 1.5 for earlier, later in zip(gaps, gaps[1:])), (gaps, seen["refreshes"])  # backs off
+    gaps = [b - a for a, b in pairwise(times)]
+    assert all(later > earlier * 1.5 for earlier, later in pairwise(gaps)), (gaps, seen["refreshes"])  # backs off
     assert seen["late"] < 1.0  # the snapshot came with the next resync after the heal
 
 

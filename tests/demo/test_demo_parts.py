@@ -13,7 +13,7 @@ import trio
 from demo_scan import processes_naming
 
 from provisionerd.demo import cluster as demo_cluster
-from provisionerd.demo import run as demo_mod
+from provisionerd.demo import script as demo_script
 from provisionerd.demo.observe import EventsTail, EventTally, Snapshot, controller_fields, daemon_fields
 from provisionerd.demo.procs import ProcInfo, parse_agent, start_child
 from provisionerd.demo.progress import Progress, plain_line, status_lines
@@ -224,7 +224,7 @@ def test_a_failing_step_is_named_and_everything_is_cleaned_up(tmp_path: Path, mo
     assert processes_naming(str(tmp_path)) == []  # the controller is gone
     assert list(tmp_path.glob("pd-demo-*")) == []
     assert "cleaning up after the failure in step 'daemon'" in out.getvalue()
-    assert demo_mod.step_timeouts(8)["rejoin"] > demo_mod.step_timeouts(3)["rejoin"]  # bigger runs get longer
+    assert demo_script.step_timeouts(8)["rejoin"] > demo_script.step_timeouts(3)["rejoin"]  # bigger runs get longer
 
 
 def test_bad_arguments_exit_2_before_anything_starts(capsys, tmp_path: Path, monkeypatch) -> None:

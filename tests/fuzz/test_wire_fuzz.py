@@ -105,7 +105,11 @@ def test_decode_raises_only_protocol_errors(body):
 @given(valid_frame, st.integers(0, 60), st.binary(min_size=1, max_size=8))
 def test_a_corrupted_valid_frame_is_decoded_or_refused(frame, at, flip):
     position = min(at, len(frame) - 1)
-    corrupted = frame[:position] + bytes(b ^ f for b, f in zip(frame[position:], flip)) + frame[position + len(flip) :]
+    corrupted = (
+        frame[:position]
+        + bytes(b ^ f for b, f in zip(frame[position:], flip, strict=False))
+        + frame[position + len(flip) :]
+    )
     out = read_all(corrupted, [])
     assert out[-1] is None or isinstance(out[-1], (Envelope, ProtocolError))
 

@@ -92,7 +92,7 @@ def test_a_throttled_template_read_backs_the_provider_off(mock_run):
             nursery.cancel_scope.cancel()
 
     mock_run(main)
-    rig, window, provider = seen["rig"], seen["window"], seen["provider"]
+    window, provider = seen["window"], seen["provider"]
     reads = [t for t, action in provider.call_log if action == "getAvailableTemplates"]
     requests = [t for t, action in provider.call_log if action == "requestMachines"]
     assert reads[:2] == [0.0, 0.5]  # offers were fresh again at 0.5 s...

@@ -28,7 +28,7 @@ def test_throttled_requests_back_off_exponentially_with_jitter(run_rig):
         windows = []
         for _ in range(3):
             n = len(rig.facts(RequestFailed))
-            await rig.wait_for(lambda: len(rig.facts(RequestFailed)) > n)
+            await rig.wait_for(lambda n=n: len(rig.facts(RequestFailed)) > n)
             await trio.lowlevel.checkpoint()
             windows.append(rig.loop.state.capacity.throttles["p"].until - BASE)
         await rig.wait_for(lambda: rig.facts(InstanceFact))
@@ -41,7 +41,7 @@ def test_throttled_requests_back_off_exponentially_with_jitter(run_rig):
     # Each retry starts the instant the back-off window of the throttle before it ends...
     assert times[1:] == pytest.approx(windows, abs=1e-5)
     # ...and the n-th window lasts between half and all of base * 2**(n-1) (base 2 s, jittered).
-    for n, (start, end) in enumerate(zip(times, windows), 1):
+    for n, (start, end) in enumerate(zip(times, windows, strict=False), 1):
         assert 2.0 * 2 ** (n - 1) * 0.5 <= end - start <= 2.0 * 2 ** (n - 1)
     assert [f.reason for f in rig.facts(RequestFailed)] == ["throttled"] * 3
     assert len(rig.running()) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
 
@@ -34,9 +36,9 @@ def test_a_refused_return_backs_off_exponentially_then_completes(run_rig):
     calls = [t for t, action in rig.providers["p"].call_log if action == "requestReturnMachines"]
     assert len(calls) == REFUSALS + 1
     assert len({f.op_id for f in rig.facts(ReturnIntent)}) == 1  # one op_id from first call to last
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in pairwise(calls)]
     # recover_after (30 s), then doubling, capped at return_retry_max (400 s); the loop looks every second.
-    for gap, base in zip(gaps, [30, 60, 120, 240, 400], strict=False):
+    for gap, base in zip(gaps, [30, 60, 120, 240, 400], strict=True):
         assert base <= gap <= base + 1.0, (gaps, base)
     stuck = rig.events_of("return_stuck")
     assert [e["failures"] for e in stuck] == [3, 4, 5]

@@ -78,7 +78,7 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
             async with trio.open_nursery() as nursery:
                 await nursery.start(core.run)
                 with trio.fail_after(120):
-                    while not (core.keepers["sim"].valid() and core.session.synced_for("sim")):
+                    while not (core.keepers["sim"].valid() and core.session.synced_for("sim")):  # noqa: ASYNC110 - no event for both
                         await trio.sleep(0.5)
                 seen["epoch"] = core.keepers["sim"].current()
                 seen["net"] = net
@@ -220,7 +220,7 @@ def test_one_action_per_machine_and_it_outlives_a_request_that_gave_up(tmp_path)
         seen["third"] = await core.orphan_actions.handle(ask("adopt", "i-stray"))
         gate.set()
         with trio.fail_after(60):
-            while core.orphan_actions.running:
+            while core.orphan_actions.running:  # noqa: ASYNC110 - the actions expose no event for "all finished"
                 await trio.sleep(0.5)
         seen["log"] = [c.fact for c in seen["net"].facts()]
 
@@ -543,7 +543,7 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
                 HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, time.time(), "node-match", "10.9.0.2")
             )
             write_real_config(config_path, certs, ctl.addresses, data, state)
-            with open(tmp_path / "daemon.log", "wb") as log_file:
+            with open(tmp_path / "daemon.log", "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a real file
                 proc = await trio.lowlevel.open_process(
                     [sys.executable, "-m", "provisionerd", "run", "--config", str(config_path)],
                     start_new_session=True,

@@ -55,6 +55,34 @@ PROTECT = "provisionerd:protect"
 times = st.sampled_from([0.0, NOW - 5000, NOW - 1850, NOW - 950, NOW - 100, NOW + 100, math.nan, math.inf, -1.0])
 
 
+def _fact(draw, kind, provider, op, mid):
+    """One fact of ``kind``: only the chosen constructor runs, so only its draws are made."""
+    e = EPOCH
+    return {
+        "intent": lambda: RequestIntent(provider, e, op, "t", 2, ("a", "b"), ("0" * 64,) * 2),
+        "instance": lambda: InstanceFact(
+            provider,
+            e,
+            op,
+            draw(st.sampled_from(REFS)),
+            mid,
+            "t",
+            "0" * 64,
+            draw(st.sampled_from(NAMES)),
+            draw(st.sampled_from(ADDRS)),
+            draw(times),
+        ),
+        "failed": lambda: RequestFailed(provider, e, op, "x"),
+        "return": lambda: ReturnIntent(provider, e, "ret-" + op, (mid,), "idle"),
+        "returned": lambda: Returned(provider, e, "ret-" + op, (mid,)),
+        "lost": lambda: Lost(provider, e, "lost-" + op, mid, "gone"),
+        "reported": lambda: OrphanReported(
+            provider, e, "rep", mid, draw(st.sampled_from(["tagged_unknown", "license"])), "{}"
+        ),
+        "adopted": lambda: OrphanAdopted(provider, e, "ad", mid, draw(st.sampled_from(REFS))),
+    }[kind]()
+
+
 @st.composite
 def facts(draw):
     out = []
@@ -66,30 +94,7 @@ def facts(draw):
                 ["intent", "instance", "instance", "failed", "return", "returned", "lost", "reported", "adopted"]
             )
         )
-        e = EPOCH
-        fact = {
-            "intent": lambda: RequestIntent(provider, e, op, "t", 2, ("a", "b"), ("0" * 64,) * 2),
-            "instance": lambda: InstanceFact(
-                provider,
-                e,
-                op,
-                draw(st.sampled_from(REFS)),
-                mid,
-                "t",
-                "0" * 64,
-                draw(st.sampled_from(NAMES)),
-                draw(st.sampled_from(ADDRS)),
-                draw(times),
-            ),
-            "failed": lambda: RequestFailed(provider, e, op, "x"),
-            "return": lambda: ReturnIntent(provider, e, "ret-" + op, (mid,), "idle"),
-            "returned": lambda: Returned(provider, e, "ret-" + op, (mid,)),
-            "lost": lambda: Lost(provider, e, "lost-" + op, mid, "gone"),
-            "reported": lambda: OrphanReported(
-                provider, e, "rep", mid, draw(st.sampled_from(["tagged_unknown", "license"])), "{}"
-            ),
-            "adopted": lambda: OrphanAdopted(provider, e, "ad", mid, draw(st.sampled_from(REFS))),
-        }[kind]()
+        fact = _fact(draw, kind, provider, op, mid)
         out.append(CommittedFact(len(out) + 1, fact))
     return out
 

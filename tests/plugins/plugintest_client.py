@@ -47,7 +47,7 @@ class Contract:
         checker = jsonschema.FormatChecker()
         checker.checks("date-time")(lambda value: not isinstance(value, str) or bool(_RFC3339.match(value)))
         self._validators = {}
-        for path, doc in zip(sorted(directory.glob("*.json")), docs):
+        for path, doc in zip(sorted(directory.glob("*.json")), docs, strict=True):
             cls = jsonschema.validators.validator_for(doc)
             self._validators[path.name.removesuffix(".json")] = cls(doc, registry=registry, format_checker=checker)
 

@@ -80,7 +80,7 @@ def test_lifecycle_with_tags_listing_and_no_token_leak(plugin, env):
     machines = status["machines"]
     assert [m["result"] for m in machines] == ["succeed", "succeed"]
     assert len({m["machineId"] for m in machines}) == 2
-    for machine, boot in zip(machines, ask["bootstrap"]):
+    for machine, boot in zip(machines, ask["bootstrap"], strict=True):
         assert machine["instanceRef"] == boot["instanceRef"]
         assert machine["tags"] == {**ask["tags"], "provisionerd:instance": boot["instanceRef"]}
 

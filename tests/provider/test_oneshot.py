@@ -128,7 +128,8 @@ def test_private_workdir_and_input_file(tmp_path, make_config, h):
     script.write_text(
         "#!/bin/sh\n"
         f'stat -c "%a" "$2" > {report}; stat -c "%a" . >> {report}; pwd >> {report}\n'
-        f'env | grep -E "^(PROVIDER_NAME|PRO_CONF_DIR|PRO_DATA_DIR|PROVISIONERD_CLUSTER|PROVISIONERD_PYTHON)=" | sort >> {report}\n'
+        'env | grep -E "^(PROVIDER_NAME|PRO_CONF_DIR|PRO_DATA_DIR|PROVISIONERD_CLUSTER|PROVISIONERD_PYTHON)="'
+        f" | sort >> {report}\n"
         "echo '{\"templates\": []}'\n"
     )
     script.chmod(0o755)

@@ -122,7 +122,7 @@ def test_timeout_kills_the_group_with_its_grandchild_and_restarts(config, data_d
         assert time.monotonic() - started < 5
         grandchild = int((data_dir / "grandchild.pid").read_text())
         with trio.fail_after(5):
-            while not h.is_dead(grandchild):  # killed by the supervisor, just after the timeout
+            while not h.is_dead(grandchild):  # noqa: ASYNC110 - killed by the supervisor just after the timeout: polls a pid
                 await trio.sleep(0.02)
         return await status(client, "ok:later")
 

@@ -306,7 +306,7 @@ async def test_a_peer_that_does_not_read_is_dropped_after_the_send_timeout(tmp_p
         await trio.testing.wait_all_tasks_blocked()
         assert len(h.server.sessions) == 1
         start = trio.current_time()
-        while h.server.sessions:  # we never read the demand snapshot that follows the join
+        while h.server.sessions:  # noqa: ASYNC110 - we never read the demand snapshot that follows the join
             await trio.sleep(0.01)
         assert trio.current_time() - start == pytest.approx(15.0, abs=0.01)
         assert h.server.stats["peers_dropped"] == 1 and h.server.stats["internal_errors"] == 0

@@ -62,7 +62,7 @@ async def _scenario(cluster: SlurmTestCluster, client: Persistent, tmp_path: Pat
             joined = await daemon.request(Join(role=Role.PROVISIONER, identity="d1", providers=("slurm",)))
             assert isinstance(joined, JoinReply) and joined.accepted, joined
             with trio.fail_after(20):  # the controller's grace after promotion: ttl + check
-                while not isinstance(grant := await daemon.request(LeaseAcquire("slurm")), LeaseGrant):
+                while not isinstance(grant := await daemon.request(LeaseAcquire("slurm")), LeaseGrant):  # noqa: ASYNC110 - retried until granted
                     await trio.sleep(0.1)
             hashes = tuple(hashlib.sha256(t.encode()).hexdigest() for t in tokens)
             intent = RequestIntent(

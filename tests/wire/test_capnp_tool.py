@@ -83,10 +83,10 @@ def test_every_kind_survives_a_trip_through_the_cpp_implementation(batch, corrs)
     # Ours -> capnp decode (binary to text) -> capnp encode (text to binary) -> ours: both implementations must
     # agree on every field of every message kind. The text goes back one message per call because the tool
     # splits several messages by counting parentheses, even inside strings.
-    bodies = b"".join(codec.encode(msg, corr) for msg, corr in zip(batch, corrs))
+    bodies = b"".join(codec.encode(msg, corr) for msg, corr in zip(batch, corrs, strict=True))
     lines = _capnp("decode", "--short", SCHEMA, "Frame", stdin=bodies).splitlines()
     again = [_capnp("encode", SCHEMA, "Frame", stdin=_escape_parens(line)) for line in lines]
-    assert [codec.decode(body) for body in again] == [m.Envelope(c, msg) for msg, c in zip(batch, corrs)]
+    assert [codec.decode(body) for body in again] == [m.Envelope(c, msg) for msg, c in zip(batch, corrs, strict=True)]
 
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')

@@ -3,6 +3,8 @@ memory (oversize header before any body byte, truncation)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import trio
 import trio.testing
@@ -56,7 +58,7 @@ class ScriptedStream(trio.abc.Stream):
 
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:])]
+    return [data[a:b] for a, b in pairwise(points)]
 
 
 @given(

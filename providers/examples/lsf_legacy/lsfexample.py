@@ -251,7 +251,7 @@ def get_return_requests(request, conf):
         for _, machine_id in running[: max(0, wanted - len(reclaimed))]:
             machines[machine_id]["reclaimed_at"] = now
             log(f"machine {machine_id} is being reclaimed by the cloud")
-        for machine_id, m in machines.items():
+        for m in machines.values():
             if m["reclaimed_at"] is not None and m["status"] != "terminated":
                 left = max(0, int(grace - (now - m["reclaimed_at"])))
                 answers.append({"machine": m["name"], "gracePeriod": left})

@@ -11,18 +11,16 @@ environment or any answer.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from localprovider import conf as conf_mod
 from localprovider import procs
 from localprovider.errors import PluginError
+from localprovider.spawn import FAILED, spawn_agent
 from localprovider.store import (
     RETURNED,
     RETURNING,
@@ -35,11 +33,7 @@ from localprovider.store import (
 )
 
 NAME, VERSION = "local", "1.0.0"
-FAILED = "failed"  # the agent could not be started at all
 ADDRESS = re.compile(r"^\S+:[0-9]{1,5}$")
-INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
-#: providers/local/localprovider/actions.py -> the repository root, when the plugin runs from a checkout.
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _bad(message: str) -> PluginError:
@@ -188,7 +182,7 @@ class Provider:
         agents: Mapping[str, procs.AgentProc],
     ) -> None:
         """Start each machine of ``request`` that was never started (a first call, or one cut short)."""
-        for boot, machine_id in zip(boots, request["machineIds"]):
+        for boot, machine_id in zip(boots, request["machineIds"], strict=True):
             record = self.store.machine(machine_id)
             if record is not None and (record["state"] != STARTING or machine_id in agents):
                 continue
@@ -206,58 +200,7 @@ class Provider:
                 "launchtime": int(time.time()),
             }
             self.store.put_machine(record)
-            self._spawn(conf, record, boot)
-
-    def _spawn(self, conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, Any]) -> None:
-        argv = [
-            *conf.agent_command,
-            "--certs",
-            conf.certs_dir,
-            "--controllers",
-            ",".join(boot["controllers"]),
-            "--instance-ref",
-            record["instanceRef"],
-            "--token-stdin",
-            "--machine-id",
-            record["machineId"],
-            "--heartbeat",
-            f"{conf.heartbeat:g}",
-            "--reply-timeout",
-            f"{conf.reply_timeout:g}",
-        ]
-        for key, value in sorted(record["tags"].items()):
-            argv += ["--label", f"{key}={value}"]
-        argv += ["--label", f"{procs.HOME_LABEL}={self.home}"]
-        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-        if (REPO_ROOT / "provisionerd" / "__init__.py").is_file():
-            env["PYTHONPATH"] = str(REPO_ROOT)  # run from a checkout: the agent imports this checkout's code
-        try:
-            with open(self.store.log_path(record["machineId"]), "ab") as log:
-                # Its own session: the agent outlives this call, and the daemon's kill of our process group.
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.home,
-                    env=env,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-        except (OSError, ValueError) as exc:
-            record.update(state=FAILED, message=f"cannot start the agent: {exc.__class__.__name__}: {exc}"[:500])
-            self.store.put_machine(record)
-            return
-        stat = procs.proc_stat(process.pid)
-        record.update(state=RUNNING, pid=process.pid, starttime=stat.starttime if stat else 0)
-        self.store.put_machine(record)
-        assert process.stdin is not None
-        try:
-            process.stdin.write(boot["joinToken"].encode() + b"\n")
-            process.stdin.close()
-        except OSError:
-            pass  # the agent is already gone: its status will say so
-        process.returncode = 0  # never waited for here: keeps Popen from warning; reaping is done elsewhere
+            spawn_agent(conf, record, boot, self.store)
 
     # --- status ----------------------------------------------------------------------------------------------
 

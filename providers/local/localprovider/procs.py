@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from itertools import pairwise
 
 HOME_LABEL = "provisionerd-local:data-dir"
 PROC = "/proc"
@@ -81,7 +82,7 @@ def parse_agent_argv(argv: list[str], data_dir: str) -> tuple[str, str, dict[str
         return None
     machine_id = instance_ref = ""
     labels: dict[str, str] = {}
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in pairwise(argv):
         if flag == "--machine-id":
             machine_id = value
         elif flag == "--instance-ref":

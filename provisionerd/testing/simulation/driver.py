@@ -1,6 +1,6 @@
 """A seeded stand-in for the provisioning lifecycle: provider mutations through the real mutation gate.
 
-Until the daemon's own lifecycle (``provisionerd/executor.py`` + ``reconcile_loop.py``) is plugged in (see
+Until the daemon's own lifecycle (``execution/executor.py`` + ``execution/loop.py``) is plugged in (see
 ``lifecycle.py``), this is what makes the simulated daemons touch the provider, so that every lease, gate and
 controller invariant is exercised under faults. Every few virtual seconds a daemon instance with a valid lease:
 

@@ -7,9 +7,9 @@ table's state at that instant.
 
 ``DaemonNode`` is one start of a daemon in a *slot* (``"a"``, ``"b"``): same identity across restarts, a new
 instance name (``a#1``, ``a#2``...), its own seeded RNG, events that feed the recorder, and a ``CloudClient``. Its
-``Join.instance`` is that name (``a-1``: ``#`` is reserved), so every start is a new lease holder for the controller. A *twin*
-(slot ``"a.twin"``) is another live daemon configured with slot ``a``'s identity, as the same config deployed on two
-hosts would be: the controller must keep the two apart by their instances.
+``Join.instance`` is that name (``a-1``: ``#`` is reserved), so every start is a new lease holder for the
+controller. A *twin* (slot ``"a.twin"``) is another live daemon configured with slot ``a``'s identity, as the same
+config deployed on two hosts would be: the controller must keep the two apart by their instances.
 """
 
 from __future__ import annotations

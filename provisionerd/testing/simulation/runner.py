@@ -97,10 +97,8 @@ def run_world(world: World, *, wall_budget: float = 60.0) -> SimResult:
     """Run ``world`` to its end (or until the wall budget is used) and return what it saw."""
     started = time.perf_counter()
     clock = trio.testing.MockClock(autojump_threshold=0)
-    budget: _WallBudget | None = None
 
     async def main() -> float:
-        nonlocal budget
         with trio.CancelScope() as scope:
             budget = _WallBudget(scope, wall_budget)
             trio.lowlevel.add_instrument(budget)

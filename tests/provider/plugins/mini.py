@@ -184,7 +184,7 @@ def serve():
     for raw in sys.stdin:
         frame = json.loads(raw)
         try:
-            out = locked_state(lambda s: handle(s, frame["action"], frame["input"]))
+            out = locked_state(lambda s, frame=frame: handle(s, frame["action"], frame["input"]))
             line = json.dumps({"id": frame["id"], "result": out}) if not isinstance(out, str) else out
         except Rejected as exc:
             if exc.code is None:
