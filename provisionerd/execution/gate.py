@@ -106,15 +106,27 @@ class MutationGate:
         if lease is None:
             raise LeaseError(provider, "this daemon does not serve it")
 
-        def decide(outcome: str, **fields: object) -> GateDecision:
+        def decide(
+            outcome: str,
+            *,
+            epoch: Epoch | None = None,
+            fact_epoch: Epoch | None = None,
+            fact_index: int | None = None,
+            valid_until: float | None = None,
+            detail: str = "",
+        ) -> GateDecision:
             decision = GateDecision(
-                at=trio.current_time(),
-                provider=provider,
-                op_id=intent.op_id,
-                fact_kind=type(intent).__name__,
-                outcome=outcome,
-                **fields,
-            )  # type: ignore[arg-type]
+                trio.current_time(),
+                provider,
+                intent.op_id,
+                type(intent).__name__,
+                outcome,
+                epoch,
+                fact_epoch,
+                fact_index,
+                valid_until,
+                detail,
+            )
             self._record(decision)
             return decision
 
