@@ -13,15 +13,16 @@ runs in the daemon's own nursery, not in the socket request: a client that gives
 its bound (``orphans_admin.action_timeout``: the socket then answers ``pending``), never cuts a provider call or
 a return short; it finishes and is audited.
 
-``ReadOnlyClient`` wraps a ``ProviderClient`` and refuses every mutating action before it reaches the plugin: the
-dry-run report reads through it, so "it changes nothing" is enforced, not just intended, and its call log backs
-the report's ``mutations`` count.
+``ReadOnlyClient`` is a ``ProviderReader`` over a provider's client (or its bare transport): it has the read-only
+actions and nothing else, so code given it cannot ask for a mutation at all. The dry-run report reads through it,
+so "it changes nothing" holds by construction, not just by intent, and its call log backs the report's
+``calls`` and ``mutations``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -32,20 +33,30 @@ from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session import ControllerSession
 from provisionerd.daemon.admin_socket import Command
 from provisionerd.daemon.orphan_admin import Actor, AdminRequest, AdminResult, action_timeout, decide_and_act
-from provisionerd.domain.errors import ProtocolError, ProviderUnsupported
+from provisionerd.domain.errors import ProtocolError
+from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.execution.orphan_cycle import OrphanCycle, OrphanExecutor
-from provisionerd.execution.orphan_reads import READ_ONLY_ACTIONS, SettleTracker, read_keeper, read_session
+from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read_session
 from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.provider.client import ProviderReader, as_reader
 from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.values import (
+    Features,
+    MachineRef,
+    ProviderDescription,
+    Reclaim,
+    RequestStatus,
+    UnknownOutcome,
+)
 from provisionerd.telemetry.events import EventLog
 
 
 @attrs.define(eq=False)
 class ReadOnlyClient:
-    """A ``ProviderClient`` that passes read-only actions to ``inner`` and refuses every other one before it
-    reaches the plugin (``ProviderUnsupported``). ``calls`` logs every action asked for, refused or not."""
+    """A ``ProviderReader`` over ``inner`` (a typed client; a bare transport is wrapped in ``PluginClient``): the
+    read-only actions pass through, and there is no method for any other. ``calls`` logs every action asked for."""
 
-    inner: ProviderClient
+    inner: ProviderReader = attrs.field(converter=as_reader)
     calls: list[str] = attrs.field(factory=list)
 
     @property
@@ -53,31 +64,56 @@ class ReadOnlyClient:
         return self.inner.name
 
     @property
-    def features(self) -> Mapping[str, bool] | None:
-        """The inner client's own feature record, if it keeps one (the legacy adapter does)."""
-        return getattr(self.inner, "features", None)
+    def legacy(self) -> bool:
+        return self.inner.legacy
 
-    def unknown_outcomes(self) -> list[dict[str, Any]]:
-        read = getattr(self.inner, "unknown_outcomes", None)
-        return list(read()) if callable(read) else []
+    @property
+    def known_features(self) -> Features | None:
+        """The inner client's features known without a call, if any (the legacy adapter's)."""
+        return self.inner.known_features
+
+    def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]:
+        return self.inner.unknown_outcomes()
 
     @property
     def mutations(self) -> int:
         """Mutating calls that reached the plugin: none, by construction (counted, so the report states it)."""
         return 0
 
-    @property
-    def refused(self) -> int:
-        return sum(1 for action in self.calls if action not in READ_ONLY_ACTIONS)
+    async def describe_provider(self, *, timeout: float | None = None) -> ProviderDescription:  # noqa: ASYNC109
+        self.calls.append("describeProvider")
+        return await self.inner.describe_provider(timeout=timeout)
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        self.calls.append(action)
-        if action not in READ_ONLY_ACTIONS:
-            raise ProviderUnsupported(self.name, action, "refused: this command calls read-only actions only")
-        return await self.inner.call(action, input, timeout=timeout)
+    async def get_available_templates(self, *, timeout: float | None = None) -> tuple[Offer, ...]:  # noqa: ASYNC109
+        self.calls.append("getAvailableTemplates")
+        return await self.inner.get_available_templates(timeout=timeout)
 
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+    async def get_request_status(
+        self,
+        request_ids: Sequence[str],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> tuple[RequestStatus, ...]:
+        self.calls.append("getRequestStatus")
+        return await self.inner.get_request_status(request_ids, timeout=timeout)
+
+    async def get_return_requests(
+        self,
+        machines: Sequence[MachineRef],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> tuple[Reclaim, ...]:
+        self.calls.append("getReturnRequests")
+        return await self.inner.get_return_requests(machines, timeout=timeout)
+
+    async def list_machines(
+        self,
+        tags: Mapping[str, str],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> tuple[ProviderMachine, ...]:
+        self.calls.append("listMachines")
+        return await self.inner.list_machines(tags, timeout=timeout)
 
 
 def policy_of(provider: ProviderConfig, *, dry_run: bool = False) -> OrphanPolicy:
