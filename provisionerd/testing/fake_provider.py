@@ -4,8 +4,8 @@ It is a fake at the raw level (documents), so the typed level above it is the re
 the ``ProviderClient`` a test hands to code that speaks the typed methods, and the fake is kept for assertions
 (``calls``, ``machines``) and for injecting failures. It keeps the contract the real runtime enforces: inputs and
 outputs are checked against the same schemas, the same ``op_id`` gives the same request and machines, machines carry
-the owner tags plus ``provisionerd:instance``, ``listMachines`` filters by tags, returning twice is harmless. No I/O and no real time: it works under
-``trio.testing.MockClock`` (``latency`` is slept on trio's clock).
+the owner tags plus ``provisionerd:instance``, ``listMachines`` filters by tags, returning twice is harmless. No I/O
+and no real time: it works under ``trio.testing.MockClock`` (``latency`` is slept on trio's clock).
 
 Failures are injected per action with ``fail_next(action, error)`` (a typed error, e.g. ``Throttled(name, action,
 message)`` or ``rejection(name, action, code, message)``); ``calls`` records every call for assertions.
