@@ -6,8 +6,10 @@ Run from the repository root inside the project's environment::
 
 Both transports share one PRO_DATA_DIR, so they serve the same state: one request of ``--machines`` machines,
 created first. Each call is ``getRequestStatus`` of that request (the daemon's hot polling path) and goes through
-the full runtime: input validated before sending, output validated on arrival. The validator's own cost is
-measured separately. The last line is ``{"oneshot_calls_s": X, "persistent_calls_s": Y, "ratio": Y/X}``.
+the full runtime as the daemon makes it: the typed client (``PluginClient``) writes the input document, the
+transport validates it before sending and the output on arrival, and the client reads the output into values. The
+validator's own cost is measured separately. The last line is
+``{"oneshot_calls_s": X, "persistent_calls_s": Y, "ratio": Y/X}``.
 
 Calls/s depend on how much of a core the daemon gets, so the persistent transport is measured in ``--rounds``
 rounds and the median is reported. Its daemon-side CPU per call (user + system time of this process; the plugin
@@ -28,10 +30,13 @@ from pathlib import Path
 
 import trio
 
+from provisionerd.domain.model import Epoch
+from provisionerd.provider.client import PluginClient, ProviderClient
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import open_persistent_provider
-from provisionerd.provider.runtime import ProviderClient, ProviderConfig
+from provisionerd.provider.runtime import ProviderConfig
 from provisionerd.provider.schemas import contract
+from provisionerd.provider.values import Bootstrap, MachineRequest, OwnerTags
 
 REPO = Path(__file__).resolve().parents[1]
 SIMULATED = REPO / "providers" / "simulated"
@@ -39,48 +44,27 @@ SIMULATED = REPO / "providers" / "simulated"
 
 async def create_request(client: ProviderClient, machines: int) -> str:
     op_id = "bench-op-1"
-    tags = {
-        "provisionerd:cluster": "bench",
-        "provisionerd:provider": client.name,
-        "provisionerd:op": op_id,
-        "provisionerd:epoch": "1.1",
-    }
-    boot = [
-        {"instanceRef": f"bench-{i}", "controllers": ["127.0.0.1:7700"], "joinToken": f"bench-token-{i:08d}-xxxxxxxx"}
-        for i in range(machines)
-    ]
-    templates = await client.call("getAvailableTemplates", {})
-    template = templates["templates"][0]["templateId"]
-    out = await client.call(
-        "requestMachines",
-        {
-            "template": {"templateId": template, "machineCount": machines},
-            "op_id": op_id,
-            "tags": tags,
-            "bootstrap": boot,
-        },
-    )
-    request = {"requests": [{"requestId": out["requestId"]}]}
-
-    async def running() -> bool:
-        return (await client.call("getRequestStatus", request))["requests"][0]["status"] == "running"
-
+    owner = OwnerTags("bench", client.name, op_id, Epoch(1, 1))
+    boot = tuple(Bootstrap(f"bench-{i}", ("127.0.0.1:7700",), f"bench-token-{i:08d}-xxxxxxxx") for i in range(machines))
+    offers = await client.get_available_templates()
+    accepted = await client.request_machines(MachineRequest(offers[0].template_id, owner, boot))
     with trio.fail_after(30):
-        while await running():  # noqa: ASYNC110 - the plugin contract is poll-only (getRequestStatus)
+        # Polling is the point: the plugin's state has no event to wait on.
+        while (await client.get_request_status([accepted.request_id]))[0].status == "running":  # noqa: ASYNC110
             await trio.sleep(0.01)
-    return str(out["requestId"])
+    return accepted.request_id
 
 
 async def measure(client: ProviderClient, request_id: str, seconds: float, concurrency: int) -> tuple[int, float]:
     """Calls completed by ``concurrency`` looping tasks in ``seconds``; (calls, elapsed)."""
-    doc = {"requests": [{"requestId": request_id}]}
+    ids = [request_id]
     done = 0
 
     async def worker(deadline: float) -> None:
         nonlocal done
         while trio.current_time() < deadline:
-            out = await client.call("getRequestStatus", doc)
-            assert out["requests"][0]["status"] == "complete"
+            statuses = await client.get_request_status(ids)
+            assert statuses[0].status == "complete"
             done += 1
 
     started = trio.current_time()
@@ -113,10 +97,11 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
     try:
         common = dict(name="simulated", cluster="bench", conf_dir=str(SIMULATED / "conf"), data_dir=str(data))
         persistent_config = ProviderConfig(path=str(SIMULATED / "provider"), transport="persistent", **common)
-        oneshot = OneShotProvider(ProviderConfig(path=str(SIMULATED), transport="oneshot", **common))
-        async with open_persistent_provider(persistent_config) as persistent:
+        oneshot = PluginClient(OneShotProvider(ProviderConfig(path=str(SIMULATED), transport="oneshot", **common)))
+        async with open_persistent_provider(persistent_config) as transport:
+            persistent = PluginClient(transport)
             request_id = await create_request(persistent, args.machines)
-            sample = await persistent.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
+            sample = await transport.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
             ours, slow, size = validator_cost(sample, request_id)
             print(
                 f"validation (input+output, {args.machines} machines, {size} B): {ours:.1f} us/call "

@@ -6,28 +6,35 @@
 daemon (``provisionerd orphans``) opens the same clients with ``open_clients``, which supervises them until its
 block exits.
 
-``ReadOnlyClient`` wraps a ``ProviderClient`` and refuses every mutating action before it reaches the plugin: the
-dry runs read through it, so "it changes nothing" is enforced, not just intended, and its call log backs the
-report's ``mutations`` count.
+``ReadOnlyClient`` is a ``ProviderReader`` over a provider's client: it has the read-only actions and nothing else,
+so code given it cannot ask for a mutation at all. The dry runs read through it, so "it changes nothing" holds by
+construction, not just by intent, and its call log backs the report's ``calls`` and ``mutations``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
 
 import attrs
 import trio
 
 from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
-from provisionerd.domain.errors import ProviderUnsupported
-from provisionerd.execution.orphan_reads import READ_ONLY_ACTIONS
+from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.provider import runtime
+from provisionerd.provider.client import ProviderReader, as_reader
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import PersistentProvider
 from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.values import (
+    Features,
+    MachineRef,
+    ProviderDescription,
+    Reclaim,
+    RequestStatus,
+    UnknownOutcome,
+)
 
 
 def runtime_config(config: Config, provider: ProviderConfig) -> runtime.ProviderConfig:
@@ -93,46 +100,64 @@ async def open_clients(config: Config, names: Sequence[str]) -> AsyncIterator[di
 
 @attrs.define(eq=False)
 class ReadOnlyClient:
-    """A ``ProviderClient`` that passes read-only actions to ``inner`` and refuses every other one before it
-    reaches the plugin (``ProviderUnsupported``). ``calls`` logs every action asked for, refused or not."""
+    """A ``ProviderReader`` over ``inner`` (a typed client; a bare transport is wrapped in ``PluginClient``): the
+    read-only actions pass through, and there is no method for any other. ``calls`` logs every action asked for."""
 
-    inner: ProviderClient
+    inner: ProviderReader = attrs.field(converter=as_reader)
     calls: list[str] = attrs.field(factory=list)
-    name: str = attrs.field(init=False)
 
-    @name.default
-    def _inner_name(self) -> str:
+    @property
+    def name(self) -> str:
         return self.inner.name
 
     @property
-    def features(self) -> Mapping[str, bool] | None:
-        """The inner client's own feature record, if it keeps one (the legacy adapter does)."""
-        return getattr(self.inner, "features", None)
+    def legacy(self) -> bool:
+        return self.inner.legacy
 
-    def unknown_outcomes(self) -> list[dict[str, Any]]:
-        read = getattr(self.inner, "unknown_outcomes", None)
-        return list(read()) if callable(read) else []
+    @property
+    def known_features(self) -> Features | None:
+        """The inner client's features known without a call, if any (the legacy adapter's)."""
+        return self.inner.known_features
+
+    def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]:
+        return self.inner.unknown_outcomes()
 
     @property
     def mutations(self) -> int:
         """Mutating calls that reached the plugin: none, by construction (counted, so the report states it)."""
         return 0
 
-    @property
-    def refused(self) -> int:
-        return sum(1 for action in self.calls if action not in READ_ONLY_ACTIONS)
+    async def describe_provider(self, *, timeout: float | None = None) -> ProviderDescription:  # noqa: ASYNC109
+        self.calls.append("describeProvider")
+        return await self.inner.describe_provider(timeout=timeout)
 
-    async def call(
+    async def get_available_templates(self, *, timeout: float | None = None) -> tuple[Offer, ...]:  # noqa: ASYNC109
+        self.calls.append("getAvailableTemplates")
+        return await self.inner.get_available_templates(timeout=timeout)
+
+    async def get_request_status(
         self,
-        action: str,
-        input: Mapping[str, Any],
+        request_ids: Sequence[str],
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the ProviderClient protocol's signature
-    ) -> dict[str, Any]:
-        self.calls.append(action)
-        if action not in READ_ONLY_ACTIONS:
-            raise ProviderUnsupported(self.name, action, "refused: this command calls read-only actions only")
-        return await self.inner.call(action, input, timeout=timeout)
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> tuple[RequestStatus, ...]:
+        self.calls.append("getRequestStatus")
+        return await self.inner.get_request_status(request_ids, timeout=timeout)
 
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+    async def get_return_requests(
+        self,
+        machines: Sequence[MachineRef],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> tuple[Reclaim, ...]:
+        self.calls.append("getReturnRequests")
+        return await self.inner.get_return_requests(machines, timeout=timeout)
+
+    async def list_machines(
+        self,
+        tags: Mapping[str, str],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> tuple[ProviderMachine, ...]:
+        self.calls.append("listMachines")
+        return await self.inner.list_machines(tags, timeout=timeout)

@@ -65,7 +65,7 @@ from provisionerd.orphans.model import (
     orphan_op_id,
 )
 from provisionerd.orphans.policy import OrphanPolicy
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderReader
 from provisionerd.telemetry.events import EventLog
 
 PROG = "provisionerd orphans"
@@ -225,7 +225,7 @@ class Actor:
 
     identity: str
     via: str
-    client: ProviderClient
+    client: ProviderReader
     read_controller: ControllerReader
     read_lease: LeaseReader
     executor: OrphanExecutor | None

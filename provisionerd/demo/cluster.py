@@ -37,7 +37,7 @@ from provisionerd.config.loader import (
 )
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.demo.procs import Child, cluster_agents, processes_of_run, start_child, terminate_all
-from provisionerd.domain.model import TAG_CLUSTER, TAG_EPOCH, TAG_OP, TAG_PROVIDER, DemandItem, HostState, ResourceShape
+from provisionerd.domain.model import NO_EPOCH, DemandItem, HostState, ResourceShape
 from provisionerd.planner.fact_view import FactView
 from provisionerd.telemetry.events import EventLog
 
@@ -266,35 +266,32 @@ async def start_orphan(paths: DemoPaths, config: Config, controller: str) -> str
     """Ask the local provider directly (not through the daemon) for one machine with this cluster's owner tags and
     no fact behind it: a tagged unknown machine. Its agent is told to join ``controller`` (which refuses every
     connection), so it stays alive, retrying, until it is cleaned up. Returns its machine id."""
+    from provisionerd.provider.client import PluginClient
     from provisionerd.provider.oneshot import OneShotProvider
     from provisionerd.provider.runtime import ProviderConfig as RuntimeConfig
+    from provisionerd.provider.values import Bootstrap, MachineRequest, OwnerTags
 
-    client = OneShotProvider(
-        RuntimeConfig(
-            name=PROVIDER,
-            cluster=config.cluster,
-            path=str(LOCAL_PROVIDER),
-            transport="oneshot",
-            conf_dir=str(paths.local_conf),
-            data_dir=str(paths.local_data),
+    client = PluginClient(
+        OneShotProvider(
+            RuntimeConfig(
+                name=PROVIDER,
+                cluster=config.cluster,
+                path=str(LOCAL_PROVIDER),
+                transport="oneshot",
+                conf_dir=str(paths.local_conf),
+                data_dir=str(paths.local_data),
+            )
         )
     )
     op_id = f"{config.cluster}:demo-orphan:{secrets.token_hex(4)}"
-    tags = {TAG_CLUSTER: config.cluster, TAG_PROVIDER: PROVIDER, TAG_OP: op_id, TAG_EPOCH: "0.0"}
-    ask = {
-        "template": {"templateId": TEMPLATE, "machineCount": 1},
-        "op_id": op_id,
-        "tags": tags,
-        "bootstrap": [
-            {"instanceRef": f"{op_id}/0", "controllers": [controller], "joinToken": secrets.token_urlsafe(24)}
-        ],
-    }
-    answer = await client.call("requestMachines", ask, timeout=30)
-    status = await client.call("getRequestStatus", {"requests": [{"requestId": answer["requestId"]}]}, timeout=30)
-    machines = [m for r in status["requests"] for m in r["machines"] if m.get("result") == "succeed"]
+    owner = OwnerTags(config.cluster, PROVIDER, op_id, NO_EPOCH)
+    boot = Bootstrap(f"{op_id}/0", (controller,), secrets.token_urlsafe(24))
+    accepted = await client.request_machines(MachineRequest(TEMPLATE, owner, (boot,)), timeout=30)
+    statuses = await client.get_request_status([accepted.request_id], timeout=30)
+    machines = [m for status in statuses for m in status.machines if m.result == "succeed"]
     if len(machines) != 1:
-        raise DemoError("orphan", f"the local provider did not start the orphan agent: {status!r}"[:500])
-    return str(machines[0]["machineId"])
+        raise DemoError("orphan", f"the local provider did not start the orphan agent: {statuses!r}"[:500])
+    return machines[0].machine_id
 
 
 async def run_cli(paths: DemoPaths, args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:

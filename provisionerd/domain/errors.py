@@ -1,6 +1,6 @@
 """The typed error hierarchy. Every failure that crosses a module boundary is one of these.
 
-Callers decide what to do next from the *type* (and, for provider rejections, the ``code``), never from the text.
+Callers decide what to do next from the *type*, never from the text.
 Messages never carry credentials or join tokens: the code that raises is responsible for what it puts in.
 
     ProvisionerdError
@@ -15,19 +15,36 @@ Messages never carry credentials or join tokens: the code that raises is respons
     ├── ControllerRejected     the controller answered with a typed rejection (stale_epoch, no_quorum, not_primary, ...)
     ├── LinkDown               the controller link is down or broke mid-request (outcome unknown)
     ├── LeaseError             no valid lease for a provider (never acquired, lapsed, lost)
-    └── ProviderError          a provider plugin call failed
-        ├── ProviderTimeout    the call exceeded its deadline; the process group was killed
-        ├── ProviderCrashed    the plugin exited/died before answering
-        ├── ProviderProtocolViolation   output that is not JSON, too large, or fails the schema
-        ├── ProviderRejected   the plugin answered with a typed error document (``code``, ``retryable``)
-        │   └── ProviderInputInvalid    the daemon's own input failed the schema; nothing was sent (invalid_request)
-        ├── ProviderOutcomeUnknown      a retry refused: an earlier attempt's outcome is unknown (legacy plugins)
+    └── ProviderError          a provider plugin call failed (``provisionerd.provider``)
+        ├── OutcomeUnknown     the call's effect is unknown: it may or may not have happened (``outcome_unknown``)
+        │   ├── ProviderTimeout    the call exceeded its deadline; the process group was killed
+        │   ├── ProviderCrashed    the plugin exited/died before answering
+        │   ├── ProviderProtocolViolation   output that is not JSON, too large, or fails the schema
+        │   └── ProviderOutcomeUnknown      a retry refused: an earlier attempt's outcome is unknown (legacy plugins)
+        ├── ProviderRejected   the plugin answered with a typed error document: nothing happened. One class per
+        │   │                  ``code`` (``rejection(provider, action, code, message)`` picks it):
+        │   ├── CapacityUnavailable     capacity_unavailable: none of this template now (retryable: later, elsewhere)
+        │   ├── Throttled               throttled: the provider's rate limit (retryable: after a back-off)
+        │   ├── QuotaExceeded           quota_exceeded: an account or template limit (pause the provider)
+        │   ├── InvalidRequest          invalid_request: the input is wrong (a daemon bug or a reused op_id)
+        │   │   └── ProviderInputInvalid    our own input failed the schema; nothing was sent
+        │   ├── AuthFailed              auth_failed: the plugin's credentials were refused
+        │   └── ProviderFailed          provider_error: anything else (and any code the contract does not know)
         └── ProviderUnsupported         the plugin does not implement the action (e.g. no ``<action>.sh``)
+
+Provider errors carry what callers decide on, each in one place: the class (which refusal, or an unknown
+outcome), ``code`` (the contract's code of a refusal, for events and facts), ``retryable`` (the contract's
+retryable codes) and ``outcome_unknown`` (may the call have taken effect?). ``outcome_unknown`` is true for every
+``OutcomeUnknown`` except a ``ProviderCrashed`` the runtime knows was never sent (a persistent plugin that was not
+running): decide "did it happen?" on the flag, "what kind of failure?" on the class. The contract has no "not
+found" refusal: an unknown request id is a ``complete_with_error`` status, and returning a machine that is gone
+is harmless by contract, so there is no ``NotFound``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 
 class ProvisionerdError(Exception):
@@ -144,34 +161,93 @@ class ProviderError(ProvisionerdError):
     outcome_unknown = True
 
 
-class ProviderTimeout(ProviderError):
+# --- provider: the effect is unknown ----------------------------------------------------------------------------
+
+
+class OutcomeUnknown(ProviderError):
+    """The call may or may not have taken effect: a mutation's result must be looked for (the op's listing) before
+    anything is retried, and only an idempotent provider may get the same op_id again."""
+
+    outcome_unknown = True
+
+
+class ProviderTimeout(OutcomeUnknown):
     """The call exceeded its deadline; its whole process group was killed."""
 
 
-class ProviderCrashed(ProviderError):
+class ProviderCrashed(OutcomeUnknown):
     """The plugin process exited or died before it answered."""
 
 
-class ProviderProtocolViolation(ProviderError):
+class ProviderProtocolViolation(OutcomeUnknown):
     """Output that is not JSON, exceeds the size caps, or fails the action's output schema."""
 
 
-class ProviderRejected(ProviderError):
-    """The plugin answered with a typed error document: the call was refused, its outcome is known."""
+class ProviderOutcomeUnknown(OutcomeUnknown):
+    """A mutation was refused because an earlier attempt of the same op has an unknown outcome and the plugin
+    cannot make a retry safe (a legacy LSF plugin: no op_id idempotency, no listing to look for what it made).
+    Nothing ran now; whatever the earlier attempt created is invisible to the daemon. Never retry it."""
 
+
+# --- provider: refused, nothing happened ------------------------------------------------------------------------
+
+
+class _ByCode(type):
+    """The metaclass of ``ProviderRejected``: calling the base class itself, ``ProviderRejected(provider, action,
+    code, message)``, builds the subclass for ``code`` (``rejection``), as ``OSError(errno.ENOENT, ...)`` builds a
+    ``FileNotFoundError``. So no refusal exists whose class does not say its code, whoever raised it."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is ProviderRejected:
+            return rejection(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class ProviderRejected(ProviderError, metaclass=_ByCode):
+    """The plugin answered with a typed error document: the call was refused, its outcome is known.
+
+    Each subclass is one ``code`` of the contract (``PROVIDER_ERROR_CODES``); build one with ``rejection`` when
+    the code is data (an error document), or with the subclass (``Throttled(provider, action, message)``) when
+    the raiser knows it. ``message`` is the plugin's text, redacted, for operators only: never decide on it.
+    """
+
+    code: ClassVar[str]
+    retryable: ClassVar[bool] = False
     outcome_unknown = False
 
-    def __init__(self, provider: str, action: str, code: str, message: str) -> None:
-        self.code = code if code in PROVIDER_ERROR_CODES else "provider_error"
+    def __init__(self, provider: str, action: str, message: str) -> None:
         self.message = message
         super().__init__(provider, action, f"{self.code}: {message}")
 
-    @property
-    def retryable(self) -> bool:
-        return self.code in RETRYABLE_CODES
+
+class CapacityUnavailable(ProviderRejected):
+    """``capacity_unavailable``: the provider has no capacity for this template now. Retryable: later, or with
+    another offer."""
+
+    code = "capacity_unavailable"
+    retryable = True
 
 
-class ProviderInputInvalid(ProviderRejected):
+class Throttled(ProviderRejected):
+    """``throttled``: the provider's API rate limit. Retryable after a back-off."""
+
+    code = "throttled"
+    retryable = True
+
+
+class QuotaExceeded(ProviderRejected):
+    """``quota_exceeded``: an account or template limit. Not retryable until the limit changes."""
+
+    code = "quota_exceeded"
+
+
+class InvalidRequest(ProviderRejected):
+    """``invalid_request``: the input is wrong (unknown template, bad field, an op_id reused for another ask)."""
+
+    code = "invalid_request"
+
+
+class ProviderInputInvalid(InvalidRequest):
     """The input failed the action's input schema, so nothing was sent: a daemon bug, never retryable.
 
     ``problems`` lists each one as ``"<json path>: <message>"`` (redacted of secrets).
@@ -179,13 +255,36 @@ class ProviderInputInvalid(ProviderRejected):
 
     def __init__(self, provider: str, action: str, problems: Sequence[str]) -> None:
         self.problems = tuple(problems)
-        super().__init__(provider, action, "invalid_request", "input fails the schema: " + "; ".join(self.problems))
+        super().__init__(provider, action, "input fails the schema: " + "; ".join(self.problems))
 
 
-class ProviderOutcomeUnknown(ProviderError):
-    """A mutation was refused because an earlier attempt of the same op has an unknown outcome and the plugin
-    cannot make a retry safe (a legacy LSF plugin: no op_id idempotency, no listing to look for what it made).
-    Nothing ran now; whatever the earlier attempt created is invisible to the daemon. Never retry it."""
+class AuthFailed(ProviderRejected):
+    """``auth_failed``: the plugin's credentials were refused."""
+
+    code = "auth_failed"
+
+
+class ProviderFailed(ProviderRejected):
+    """``provider_error``: anything else the plugin could not do (its config is broken, its API failed), and every
+    code the contract does not define. The plugin may not know whether a mutation took effect (the contract tells
+    it to answer this code then), so a caller that can look (the op's listing) does."""
+
+    code = "provider_error"
+
+
+#: The refusal class of each contract code.
+REJECTIONS: Mapping[str, type[ProviderRejected]] = {
+    cls.code: cls for cls in (CapacityUnavailable, Throttled, QuotaExceeded, InvalidRequest, AuthFailed, ProviderFailed)
+}
+
+
+def rejection(provider: str, action: str, code: str, message: str) -> ProviderRejected:
+    """The refusal ``code`` stands for: the one place an error code becomes an exception (a code the contract does
+    not know is ``ProviderFailed``, code ``provider_error``)."""
+    return REJECTIONS.get(code, ProviderFailed)(provider, action, message)
+
+
+# --- provider: nothing ran ----------------------------------------------------------------------------------------
 
 
 class ProviderUnsupported(ProviderError):

@@ -1,64 +1,37 @@
 """The provider offers, read with ``getAvailableTemplates`` and kept fresh for the reconcile loop.
 
-``templates_to_offers`` turns one validated output document into ``Offer`` values (pure). ``OfferFeed`` calls every
-provider, keeps the latest successful read of each, and builds one :class:`provisionerd.offers.Catalog` per change so
-the planner's rankings stay cached between cycles.
+``OfferFeed`` asks every provider's typed client for its offers (``get_available_templates``: the client turns the
+validated document into ``Offer`` values, ``provisionerd.provider.contract.read_offers``), keeps the latest
+successful read of each, and builds one :class:`provisionerd.planner.offers.Catalog` per change so the planner's
+rankings stay cached between cycles.
 
 A read that fails keeps nothing stale: that provider's offers are dropped until the next successful read, and
 ``fresh(providers, now)`` says whether every named provider was read successfully within ``max_age`` seconds. The
 loop plans only when it is (a cycle that could not read its inputs takes no action). Failures are typed
-``ProviderError`` values in ``errors`` (and handed to ``on_failure``: a ``throttled`` read backs the provider off
-in the planner like any other throttled call); a provider that answers more than ``MAX_TEMPLATES`` templates is refused
-with ``ProviderProtocolViolation`` (bounded memory whatever a plugin says).
+``ProviderError`` values in ``errors`` (and handed to ``on_failure``: a ``Throttled`` read backs the provider off
+in the planner like any other throttled call); a provider that answers more than ``MAX_TEMPLATES`` templates is
+refused with ``ProviderProtocolViolation`` (bounded memory whatever a plugin says).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation
-from provisionerd.domain.model import Offer, PriceQuote
+from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.domain.model import Offer
 from provisionerd.planner.offers import Catalog
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderReader, as_reader
+from provisionerd.provider.contract import MAX_TEMPLATES
+from provisionerd.provider.contract import read_offers as templates_to_offers
+from provisionerd.provider.runtime import PluginTransport
 from provisionerd.telemetry.events import EventLog
 
-#: Most templates accepted from one provider in one read.
-MAX_TEMPLATES = 10_000
-
-
-def templates_to_offers(provider: str, document: Mapping[str, Any]) -> tuple[Offer, ...]:
-    """The offers of one ``getAvailableTemplates`` output (already checked against the output schema)."""
-    templates = document.get("templates")
-    if not isinstance(templates, list):
-        raise ProviderProtocolViolation(provider, "getAvailableTemplates", "no templates list")
-    if len(templates) > MAX_TEMPLATES:
-        raise ProviderProtocolViolation(
-            provider, "getAvailableTemplates", f"{len(templates)} templates, more than the limit of {MAX_TEMPLATES}"
-        )
-    offers = []
-    for entry in templates:
-        try:
-            attributes = {str(k): (str(v[0]), str(v[1])) for k, v in entry.get("attributes", {}).items()}
-            price = None
-            quote = entry.get("price")
-            if quote is not None:
-                amount = float(quote["amount"])
-                if not math.isfinite(amount):
-                    raise ValueError("price amount is not finite")
-                price = PriceQuote(
-                    amount, str(quote["currency"]), str(quote["unit"]), str(quote["source"]), str(quote["timestamp"])
-                )
-            offers.append(Offer(provider, str(entry["templateId"]), int(entry["maxNumber"]), attributes, price))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise ProviderProtocolViolation(
-                provider, "getAvailableTemplates", f"template {entry.get('templateId')!r} unreadable: {exc}"
-            ) from None
-    return tuple(offers)
+# ``templates_to_offers`` (one ``getAvailableTemplates`` document as offers) and ``MAX_TEMPLATES`` live with the
+# typed client now; their tests still import them from here.
+__all__ = ["MAX_TEMPLATES", "OfferFeed", "ProviderOffers", "templates_to_offers"]
 
 
 @attrs.frozen
@@ -72,14 +45,14 @@ class OfferFeed:
 
     def __init__(
         self,
-        clients: Mapping[str, ProviderClient],
+        clients: Mapping[str, ProviderReader | PluginTransport],
         events: EventLog,
         *,
         interval: float = 60.0,
         max_age: float | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._clients = clients
+        self._clients = {name: as_reader(client) for name, client in clients.items()}
         self._events = events
         self.interval = interval
         self.max_age = 3 * interval if max_age is None else max_age
@@ -114,8 +87,7 @@ class OfferFeed:
 
         async def read(name: str) -> None:
             try:
-                document = await self._clients[name].call("getAvailableTemplates", {}, timeout=self._timeout)
-                offers = templates_to_offers(name, document)
+                offers = await self._clients[name].get_available_templates(timeout=self._timeout)
             except ProviderError as exc:
                 failures[name] = exc
                 return
@@ -138,7 +110,7 @@ class OfferFeed:
                 "offers_failed",
                 provider=name,
                 error=type(exc).__name__,
-                code=getattr(exc, "code", None),
+                code=exc.code if isinstance(exc, ProviderRejected) else None,
                 detail=exc.detail,
             )
             self.on_failure(name, exc)

@@ -5,7 +5,8 @@ A pass (``OrphanCycle.run_pass``):
 1. reads the provider's ``listMachines`` (or notes it ``Unreadable``; a provider that has no listing at all, a
    legacy LSF plugin, is ``ListingAbsent``: not called, every action blocked by ``listing_absent``, and each
    ``orphan_pass`` event says ``listing: "absent"``, the ``invisible`` classes and the adapter's
-   ``unknown_outcomes``), *then* the controller's view, hosts and the lease (``provisionerd.orphan_reads``);
+   ``unknown_outcomes``), *then* the controller's view, hosts and the lease (``provisionerd.execution.orphan_reads``,
+   through the provider's typed read-only client, ``provisionerd.provider.client.ProviderReader``);
 2. classifies them (``provisionerd.orphans.classify``, pure) with the memory of the previous pass;
 3. writes the audit: ``orphan_pass`` (counts, breaker, skipped views), ``orphan_detected`` for every finding that
    is new or whose action or blockers changed since the last pass (with its evidence), ``orphan_resolved`` for a
@@ -17,8 +18,8 @@ A pass (``OrphanCycle.run_pass``):
    confirmed it, the outcome and the provider's (or controller's) answer;
 5. keeps the memory: ghost counts from the classifier, and each cleanup's answer (``after_cleanup``).
 
-The admin's explicit action (``provisionerd orphans adopt|return``, ``provisionerd.orphans_admin``) uses the same
-steps: ``observe`` (1), ``carry_out`` (4) and ``audit_action``, with ``confirmed_by`` naming the admin.
+The admin's explicit action (``provisionerd orphans adopt|return``, ``provisionerd.daemon.orphan_admin``) uses the
+same steps: ``observe`` (1), ``carry_out`` (4) and ``audit_action``, with ``confirmed_by`` naming the admin.
 
 Invariant 5: a pass that could not read both views acts on nothing (the classifier allows nothing then; this module
 checks again before acting). A gate refusal (lease lapsed, link down, controller rejected) ends the pass's actions:
@@ -63,7 +64,8 @@ from provisionerd.orphans.classify import (
 )
 from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
 from provisionerd.planner.fact_view import FactView
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderReader, as_reader
+from provisionerd.provider.runtime import PluginTransport
 from provisionerd.telemetry.events import EventLog
 
 RECONCILER = "reconciler"
@@ -72,7 +74,7 @@ ORPHAN_CYCLE = "orphan_cycle"
 
 
 class OrphanExecutor(Protocol):
-    """The part of ``provisionerd.executor.Executor`` the orphan cycle uses.
+    """The part of ``provisionerd.execution.executor.Executor`` the orphan cycle uses.
 
     ``return_machines`` passes the gate with a ``ReturnIntent(op_id, machine_ids, reason)`` stamped with the lease
     epoch, calls ``requestReturnMachines`` (``stopMachines`` when ``stop``), polls and commits ``Returned``; it
@@ -158,7 +160,7 @@ class OrphanCycle:
         identity: str,
         provider: str,
         policy: OrphanPolicy,
-        client: ProviderClient,
+        client: ProviderReader | PluginTransport,
         read_controller: ControllerReader,
         read_lease: LeaseReader,
         executor: OrphanExecutor,
@@ -171,7 +173,7 @@ class OrphanCycle:
         self.provider = provider
         self.policy = policy
         self.memory = ClassifierMemory()
-        self._client = client
+        self._client = as_reader(client)  # reads only: every action goes through the executor
         self._read_controller = read_controller
         self._read_lease = read_lease
         self._executor = executor
@@ -298,7 +300,7 @@ class OrphanCycle:
 async def observe(
     cluster: str,
     provider: str,
-    client: ProviderClient,
+    client: ProviderReader | PluginTransport,
     read_controller: ControllerReader,
     read_lease: LeaseReader,
     *,
@@ -307,7 +309,7 @@ async def observe(
 ) -> Observation:
     """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
     ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
-    (``provisionerd.orphans_admin``); never raises for what it cannot read (``Unreadable``)."""
+    (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``)."""
     listing = await read_listing(client, cluster, timeout=list_timeout)
     controller = read_controller()  # after the listing, never before
     return Observation(

@@ -1,9 +1,11 @@
 """What one orphan pass reads: the provider's listing, the controller's view, and the lease, each as the pure
-classifier wants it (:class:`~provisionerd.orphan_model.Observation`).
+classifier wants it (:class:`~provisionerd.orphans.model.Observation`).
 
-A read never raises for a failure of what it reads: a listing that cannot be had (provider error, timeout, a
-malformed document) is ``Unreadable(reason)``, and so is a controller view while the link is not joined and
-resynced. The reasons are for the audit stream and the admin, so they hold no secrets: provider errors are
+The listing is read through the provider's typed client (``ProviderReader.list_machines``: ``ProviderMachine``
+values); a bare transport is wrapped in one (``provisionerd.provider.client.as_reader``) until the daemon hands
+typed clients around. A read never raises for a failure of what it reads: a listing that cannot be had (provider
+error, timeout, a malformed document) is ``Unreadable(reason)``, and so is a controller view while the link is not
+joined and resynced. The reasons are for the audit stream and the admin, so they hold no secrets: provider errors are
 redacted by the runtime before they reach us, and link errors name addresses and causes only.
 
 The order matters and is the caller's job: read the listing *first*, the view *after* (see
@@ -13,7 +15,7 @@ The order matters and is the caller's job: read the listing *first*, the view *a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -22,92 +24,59 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session import ControllerSession, LinkState
 from provisionerd.domain.errors import LeaseError, ProviderError
-from provisionerd.domain.model import TAG_CLUSTER, TAG_INSTANCE, HostState, ProviderMachine
+from provisionerd.domain.model import HostState
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
 from provisionerd.planner.fact_view import FactView
+from provisionerd.provider.client import ProviderReader, as_reader
+from provisionerd.provider.contract import cluster_filter
 from provisionerd.provider.legacy.rules import invisible_classes
-from provisionerd.provider.runtime import ProviderClient
-
-#: The only provider actions an orphan *read* may call (the dry-run report calls nothing else).
-READ_ONLY_ACTIONS = frozenset(
-    {"describeProvider", "getAvailableTemplates", "getRequestStatus", "getReturnRequests", "listMachines"}
-)
+from provisionerd.provider.runtime import PluginTransport
 
 
-def listing_filter(cluster: str) -> dict[str, Any]:
-    """The ``listMachines`` input: every live machine carrying this cluster's id tag. The provider tag is *not*
+def listing_filter(cluster: str) -> dict[str, str]:
+    """The ``listMachines`` tags: every live machine carrying this cluster's id tag. The provider tag is *not*
     filtered on, so a machine of this cluster tagged for another provider is listed (and left alone as not ours),
     and a fact naming it is not mistaken for a ghost.
 
     The contract requires the cluster tag in every filter, so a machine without it is invisible here: if someone
     strips the tags of a machine we track, its fact becomes a ghost and is eventually retired (a ``Lost`` fact);
     the machine itself is never touched, as no action ever targets a machine the listing does not show as ours."""
-    return {"tags": {TAG_CLUSTER: cluster}}
+    return cluster_filter(cluster)
 
 
-def machines_from_listing(document: Mapping[str, Any]) -> tuple[ProviderMachine, ...]:
-    """The ``listMachines`` output (already schema-checked by the runtime) as ``ProviderMachine`` values.
-
-    Raises ``ValueError`` for a document that still does not have the shape (a runtime that skipped its check).
-    """
-    machines = document.get("machines")
-    if not isinstance(machines, list):
-        raise ValueError("listMachines output has no 'machines' list")
-    out = []
-    for i, entry in enumerate(machines):
-        try:
-            tags = entry["tags"]
-            launch = entry["launchtime"]
-            if not isinstance(tags, Mapping) or not all(isinstance(v, str) for v in tags.values()):
-                raise TypeError("tags must map strings to strings")
-            if isinstance(launch, bool) or not isinstance(launch, (int, float)) or not math.isfinite(launch):
-                raise TypeError("launchtime must be a number")
-            out.append(
-                ProviderMachine(
-                    machine_id=str(entry["machineId"]),
-                    name=str(entry.get("name", "")),
-                    result="succeed",
-                    status=str(entry.get("status", "")),
-                    launch_time=float(launch),
-                    address=str(entry.get("privateIpAddress", "") or ""),
-                    instance_ref=str(tags.get(TAG_INSTANCE, "")),
-                    tags=dict(tags),
-                )
-            )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"listMachines output: machines[{i}]: {exc}") from None
-    return tuple(out)
-
-
-def listing_absent(client: ProviderClient) -> ListingAbsent | None:
-    """``ListingAbsent`` for a client that says it has no ``listMachines`` (its ``features``, as the legacy LSF
-    adapter has them), else ``None``. Clients without a ``features`` attribute are asked, never presumed."""
-    features = getattr(client, "features", None)
-    if not isinstance(features, Mapping) or features.get("listMachines", False):
+def listing_absent(client: ProviderReader | PluginTransport) -> ListingAbsent | None:
+    """``ListingAbsent`` for a client that knows, without asking, that it has no ``listMachines`` (its
+    ``known_features``, as the legacy LSF adapter has them), else ``None``. Other clients are asked, never
+    presumed."""
+    features = as_reader(client).known_features
+    if features is None or features.list_machines:
         return None
-    invisible = invisible_classes(features)
+    invisible = invisible_classes(features.as_mapping())
     return ListingAbsent(f"the provider has no listMachines: {', '.join(invisible)} orphans are invisible", invisible)
 
 
-def unknown_outcomes(client: ProviderClient) -> tuple[dict[str, Any], ...]:
-    """The create requests whose outcome the client knows to be unknown (the legacy adapter's journal); their
-    machines, if any, no listing can show. Empty for a client that does not keep such a record."""
-    read = getattr(client, "unknown_outcomes", None)
-    return tuple(read()) if callable(read) else ()
+def unknown_outcomes(client: ProviderReader | PluginTransport) -> tuple[dict[str, Any], ...]:
+    """The create requests whose outcome the client knows to be unknown (the legacy adapter's journal), shaped for
+    the orphan report and its events; their machines, if any, no listing can show. Empty for a client that does
+    not keep such a record."""
+    return tuple(u.as_json() for u in as_reader(client).unknown_outcomes())
 
 
-async def read_listing(client: ProviderClient, cluster: str, *, timeout: float | None = None) -> Listing:
+async def read_listing(
+    client: ProviderReader | PluginTransport,
+    cluster: str,
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109
+) -> Listing:
     """``listMachines`` for this cluster's machines, or ``Unreadable`` with the reason it could not be read
     (``ListingAbsent``, without calling anything, for a provider that has no listing)."""
-    absent = listing_absent(client)
+    reader = as_reader(client)
+    absent = listing_absent(reader)
     if absent is not None:
         return absent
     try:
-        document = await client.call("listMachines", listing_filter(cluster), timeout=timeout)
-        return machines_from_listing(document)
+        return await reader.list_machines(listing_filter(cluster), timeout=timeout)
     except ProviderError as exc:
-        return Unreadable(str(exc))
-    except ValueError as exc:
         return Unreadable(str(exc))
 
 

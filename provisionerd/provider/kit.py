@@ -7,7 +7,7 @@ returned at the end even when a check failed.
 
 A legacy LSF plugin (one-shot, without ``describeProvider.sh``/``listMachines.sh``) is detected and reported as
 such; ``legacy_checks`` runs the LSF subset of the contract through the legacy adapter
-(:mod:`provisionerd.provider.legacy_check`).
+(:mod:`provisionerd.provider.legacy.kit`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderRejected
 from provisionerd.provider.legacy.adapter import detect_legacy
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.runtime import PluginTransport
 
 __all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy", "legacy_checks"]
 
@@ -51,7 +51,7 @@ class CheckFailed(Exception):
 class _Recorder:
     """Wraps the client: applies the kit timeout and keeps every output text for the join-token check."""
 
-    def __init__(self, client: ProviderClient, timeout: float) -> None:
+    def __init__(self, client: PluginTransport, timeout: float) -> None:
         self.client = client
         self.timeout = timeout
         self.texts: list[str] = []
@@ -67,7 +67,7 @@ class _Recorder:
 
 
 class Kit:
-    def __init__(self, client: ProviderClient, options: KitOptions = KitOptions()) -> None:
+    def __init__(self, client: PluginTransport, options: KitOptions = KitOptions()) -> None:
         self.rpc = _Recorder(client, options.timeout)
         self.provider = client.name
         self.options = options
@@ -138,7 +138,7 @@ class Kit:
         features = await self.step("describeProvider is valid and honest", self.check_describe)
         template = await self.step("getAvailableTemplates is valid", lambda: self.check_templates(features))
         op_id = f"conformance-{self._nonce}"
-        created: dict[str, Any] | None = None
+        created: list[dict[str, Any]] | None = None
         try:
             request_id = await self.step(
                 "requestMachines gives a valid answer", lambda: self.check_request(op_id, template), template
@@ -283,7 +283,8 @@ class Kit:
     async def check_gone(self, op_id: str, machines: list[dict[str, Any]]) -> str:
         ours = {m["machineId"] for m in machines}
         with trio.move_on_after(self.options.settle):
-            while ours & set(await self.listed({"provisionerd:cluster": CLUSTER})):
+            # A poll on purpose: the plugin's listing has no event to wait on.
+            while ours & set(await self.listed({"provisionerd:cluster": CLUSTER})):  # noqa: ASYNC110
                 await trio.sleep(self.options.poll)
             return "none of them is listed"
         raise CheckFailed(f"still listed after {self.options.settle:g} s")
@@ -300,7 +301,7 @@ class Kit:
                 "requestMachines", self.request_input(op_id, f"no-such-template-{self._nonce}", 1)
             )
         except ProviderRejected as exc:
-            if exc.code != "invalid_request":
+            if not isinstance(exc, InvalidRequest):
                 raise CheckFailed(f"expected code 'invalid_request', got {exc.code!r}: {exc.message[:200]!r}") from None
             return "unknown templateId -> invalid_request"
         raise CheckFailed(f"an unknown templateId was accepted: {out}")
@@ -322,7 +323,7 @@ class Kit:
                 pass
 
 
-async def legacy_checks(client: ProviderClient, options: KitOptions) -> list[CheckResult]:
+async def legacy_checks(client: PluginTransport, options: KitOptions) -> list[CheckResult]:
     """The LSF checks for a legacy plugin, run through the legacy adapter; ``client`` is its one-shot client."""
     from provisionerd.provider.legacy.kit import run_legacy_kit  # it builds on this module's Kit
     from provisionerd.provider.oneshot import OneShotProvider

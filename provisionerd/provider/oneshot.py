@@ -2,9 +2,10 @@
 
 ``<path>/<action>.sh -f <dir>/in.json`` runs with a private temporary directory as its cwd (mode 0700, the input
 file 0600, removed afterwards) and the LSF-like environment of ``ProviderConfig.plugin_env``. Exit 0: stdout is the
-output document. Non-zero exit: stdout is an error document ``{"error": {...}}`` (-> ``ProviderRejected`` with its
-code) or a plain message (-> ``ProviderRejected`` code ``provider_error``), as LSF plugins do; a non-zero exit with
-nothing on stdout, or death by a signal, is a crash (``ProviderCrashed``: the outcome is unknown).
+output document. Non-zero exit: stdout is an error document ``{"error": {...}}`` (-> the ``ProviderRejected``
+subclass of its code) or a plain message (-> ``ProviderFailed``, code ``provider_error``), as LSF plugins do; a
+non-zero exit with nothing on stdout, or death by a signal, is a crash (``ProviderCrashed``: the outcome is
+unknown).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import trio
 
 from provisionerd.domain.errors import (
     ProviderCrashed,
+    ProviderFailed,
     ProviderProtocolViolation,
     ProviderRejected,
     ProviderTimeout,
@@ -41,8 +43,8 @@ from provisionerd.provider.runtime import (
     check_output,
     join_tokens,
     parse_json,
+    read_error_body,
     redactor_for,
-    rejection,
     snippet,
 )
 
@@ -62,7 +64,7 @@ def signal_name(number: int) -> str:
 
 
 class OneShotProvider:
-    """A ``ProviderClient`` that runs ``<config.path>/<action>.sh`` once per call. Calls may run concurrently."""
+    """A ``PluginTransport`` that runs ``<config.path>/<action>.sh`` once per call. Calls may run concurrently."""
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -79,7 +81,7 @@ class OneShotProvider:
     async def aclose(self) -> None:
         """Nothing to close: no process outlives its call."""
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         redact = self._redact.including(join_tokens(action, input))
         check_input(self.name, action, input, redact)
         return await self._execute(action, input, timeout, redact, validate=True)
@@ -89,7 +91,7 @@ class OneShotProvider:
         action: str,
         document: Mapping[str, Any],
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
         secrets: Collection[str] = (),
         partial: bytearray | None = None,
     ) -> Any:
@@ -107,7 +109,7 @@ class OneShotProvider:
         self,
         action: str,
         document: Mapping[str, Any],
-        timeout: float | None,
+        timeout: float | None,  # noqa: ASYNC109
         redact: Redactor,
         *,
         validate: bool,
@@ -144,6 +146,7 @@ class OneShotProvider:
         with trio.move_on_after(deadline) as scope:
             try:
                 async with open_group_process(argv, env=self._env, cwd=workdir, grace=limits.term_grace) as proc:
+                    assert proc.stdout is not None and proc.stderr is not None  # all three are pipes
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(tail.drain, proc.stderr)
                         nursery.start_soon(capture.read, proc.stdout, limits.max_output, nursery.cancel_scope)
@@ -202,11 +205,11 @@ class OneShotProvider:
         except ValueError:
             document = None
         if isinstance(document, dict) and "error" in document:
-            typed = rejection(self.name, action, document["error"], redact)
+            typed = read_error_body(self.name, action, document["error"], redact)
             if typed is not None:
                 return typed
         # A plain message (the LSF convention) or an untyped document: the plugin refused, for its own reason.
-        return ProviderRejected(self.name, action, "provider_error", redact(text)[:2000])
+        return ProviderFailed(self.name, action, redact(text)[:2000])
 
     @staticmethod
     def _stderr(tail: StderrTail, redact: Redactor) -> str:

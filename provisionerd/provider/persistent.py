@@ -47,8 +47,8 @@ from provisionerd.provider.runtime import (
     check_output,
     dump_json,
     join_tokens,
+    read_error_body,
     redactor_for,
-    rejection,
     snippet,
 )
 
@@ -98,7 +98,7 @@ class _Generation:
 
 
 class PersistentProvider:
-    """A ``ProviderClient`` over one supervised plugin process. Start ``run`` in a nursery (or use
+    """A ``PluginTransport`` over one supervised plugin process. Start ``run`` in a nursery (or use
     ``open_persistent_provider``); ``call`` is safe from many tasks at once."""
 
     def __init__(self, config: ProviderConfig, *, backoff: Backoff = Backoff()) -> None:
@@ -121,7 +121,7 @@ class PersistentProvider:
 
     # --- calls ---------------------------------------------------------------------------------------------------
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         tokens = join_tokens(action, input)
         redact = self._redact.including(tokens)
         check_input(self.name, action, input, redact)
@@ -175,7 +175,7 @@ class PersistentProvider:
         answer = pending.answer
         assert answer is not None
         if answer.is_error:
-            typed = rejection(self.name, action, answer.error, redact)
+            typed = read_error_body(self.name, action, answer.error, redact)
             if typed is None:
                 raise ProviderProtocolViolation(
                     self.name, action, f"the error is not an error body: {snippet(json.dumps(answer.error), redact)}"
@@ -239,6 +239,7 @@ class PersistentProvider:
         proc: trio.Process | None = None
         try:
             async with open_group_process(self._argv, env=self._env, cwd=workdir, grace=limits.term_grace) as proc:
+                assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all pipes
                 with gen.scope:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._write, gen, proc.stdin, receive)
@@ -286,7 +287,7 @@ class PersistentProvider:
         splitter = LineSplitter(self.config.limits.max_line)
         try:
             while chunk := await stdout.receive_some(65536):
-                for line in splitter.feed(chunk):
+                for line in splitter.feed(bytes(chunk)):  # (a no-op for bytes, what a pipe gives)
                     if line and not line.isspace() and not self._dispatch(gen, line):
                         return
         except LineTooLong as exc:

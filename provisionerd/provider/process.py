@@ -70,8 +70,9 @@ async def kill_group(process: trio.Process, grace: float) -> None:
         return
     with trio.move_on_after(grace):
         await process.wait()
-        # The leader is gone; give its descendants the rest of the grace to exit on their own.
-        while _signal_group(pgid, 0):
+        # The leader is gone; give its descendants the rest of the grace to exit on their own. A poll on purpose:
+        # nothing tells us when the last of a process group (not our children) has exited.
+        while _signal_group(pgid, 0):  # noqa: ASYNC110
             await trio.sleep(_POLL)
     _signal_group(pgid, signal.SIGKILL)
     await process.wait()
@@ -109,7 +110,7 @@ class StderrTail:
         self.truncated = False
         self.eof = trio.Event()
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | bytearray) -> None:
         self._data += chunk
         if len(self._data) > 2 * self._limit:  # trim in batches, not per chunk
             del self._data[: len(self._data) - self._limit]

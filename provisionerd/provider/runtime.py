@@ -1,5 +1,9 @@
-"""What both transports share: the client interface, the plugin's config and environment, redaction of secrets, and
-the checks every call goes through (input before sending, output on arrival).
+"""What both transports share: the transport interface (``PluginTransport``), the plugin's config and environment,
+redaction of secrets, and the checks every call goes through (input before sending, output on arrival).
+
+This is the raw level: documents in, documents out. The one-shot and persistent transports, the legacy LSF adapter,
+the in-memory fakes and the conformance kit speak it. The daemon speaks the typed level above it
+(``provisionerd.provider.client``: ``ProviderClient``, one method per action, values in and out).
 
 A call's life, whatever the transport::
 
@@ -7,7 +11,8 @@ A call's life, whatever the transport::
                                                               │ no answer in time: ProviderTimeout
                                                               │ died/killed: ProviderCrashed
                                                               │ not JSON/too big/bad shape: ProviderProtocolViolation
-                                                              └ error document: ProviderRejected(code)
+                                                              └ error document: its code's ProviderRejected subclass
+                                                                (read_error_body -> domain.errors.rejection)
 
 Every text that reaches an error comes through a ``Redactor`` holding the configured credential values and the
 join tokens of the input: plugins echo their input and environment in tracebacks, and we quote their output.
@@ -28,6 +33,7 @@ from provisionerd.domain.errors import (
     ProviderInputInvalid,
     ProviderProtocolViolation,
     ProviderRejected,
+    rejection,
 )
 from provisionerd.provider.schemas import ACTIONS, contract
 
@@ -102,20 +108,33 @@ class ProviderConfig:
         return env
 
 
-class ProviderClient(Protocol):
-    """A provider plugin behind either transport (or an in-memory fake).
+class PluginTransport(Protocol):
+    """A provider plugin's raw calls, behind either transport (or the legacy adapter, or an in-memory fake).
 
     ``call`` validates ``input`` against the action's input schema, runs the action within ``timeout`` seconds
     (default: the config's per-action timeout) and returns the validated output document. It raises only
     ``ProviderError`` subclasses: ``ProviderInputInvalid`` (nothing sent), ``ProviderUnsupported``,
-    ``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation`` or ``ProviderRejected`` (``code``).
+    ``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation`` or a ``ProviderRejected`` subclass.
+
+    Why ``timeout`` is a parameter, not the caller's cancel scope (ruff's ASYNC109): the deadline is the plugin's.
+    When it passes, the transport kills the plugin's whole process group and raises ``ProviderTimeout`` (outcome
+    unknown; a persistent plugin is restarted); a caller's cancel scope could only abandon the call and leave the
+    action running. The persistent transport also keeps all its calls' deadlines in one watchdog per process,
+    much cheaper than a cancel scope per call. The typed client passes it down unchanged.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]: ...
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]: ...  # noqa: ASYNC109
 
     async def aclose(self) -> None: ...
+
+
+#: Transition alias, to be removed: the modules not converted to the typed client yet (``daemon/root.py``,
+#: ``daemon/orphans.py``, ``daemon/orphan_admin.py``, ``cli/orphans.py``) still name the transport by its old name.
+#: The typed ``ProviderClient`` is ``provisionerd.provider.client.ProviderClient``.
+ProviderClient = PluginTransport
 
 
 @attrs.frozen
@@ -198,15 +217,15 @@ def check_output(provider: str, action: str, document: Any, redact: Redactor) ->
     if problems:
         detail = "; ".join(redact(p) for p in problems)
         raise ProviderProtocolViolation(provider, action, f"output fails the schema: {detail}")
-    return document  # type: ignore[no-any-return]
+    return document
 
 
-def rejection(provider: str, action: str, body: Any, redact: Redactor) -> ProviderRejected | None:
-    """The ``ProviderRejected`` an error body ``{"code", "message", "retryable"?}`` stands for; None if it is not
-    a valid error body."""
+def read_error_body(provider: str, action: str, body: Any, redact: Redactor) -> ProviderRejected | None:
+    """The refusal an error body ``{"code", "message", "retryable"?}`` stands for (its code's ``ProviderRejected``
+    subclass, ``domain.errors.rejection``); None if it is not a valid error body."""
     if contract().error_problems({"error": body}):
         return None
-    error = ProviderRejected(provider, action, body["code"], redact(body["message"]))
+    error = rejection(provider, action, body["code"], redact(body["message"]))
     if "retryable" in body and body["retryable"] != (body["code"] in RETRYABLE_CODES):
         # The code decides retries (callers must not parse texts); a contradicting flag is only noted.
         error.add_note(f"the plugin said retryable={body['retryable']!r} for code {body['code']!r}")

@@ -129,7 +129,7 @@ class ContractSchemas:
         return _explain(self._validators[name], document)
 
 
-def _explain(validator: Validator, document: object) -> list[str]:
+def _explain(validator: Validator, document: Any) -> list[str]:
     problems = []
     for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path)):
         message = error.message

@@ -1,11 +1,14 @@
-"""An in-memory ``ProviderClient`` for tests of the layers above the runtime (daemon core, reconcile, orphans).
+"""An in-memory ``PluginTransport`` for tests of the layers above the runtime (daemon core, reconcile, orphans).
 
-It keeps the contract the real runtime enforces: inputs and outputs are checked against the same schemas, the
-same ``op_id`` gives the same request and machines, machines carry the owner tags plus ``provisionerd:instance``,
-``listMachines`` filters by tags, returning twice is harmless. No I/O and no real time: it works under
-``trio.testing.MockClock`` (``latency`` is slept on trio's clock).
+It is a fake at the raw level (documents), so the typed level above it is the real one: ``PluginClient(fake)`` is
+the ``ProviderClient`` a test hands to code that speaks the typed methods, and the fake is kept for assertions
+(``calls``, ``machines``) and for injecting failures. It keeps the contract the real runtime enforces: inputs and
+outputs are checked against the same schemas, the same ``op_id`` gives the same request and machines, machines carry
+the owner tags plus ``provisionerd:instance``, ``listMachines`` filters by tags, returning twice is harmless. No I/O
+and no real time: it works under ``trio.testing.MockClock`` (``latency`` is slept on trio's clock).
 
-Failures are injected per action with ``fail_next(action, error)``; ``calls`` records every call for assertions.
+Failures are injected per action with ``fail_next(action, error)`` (a typed error, e.g. ``Throttled(name, action,
+message)`` or ``rejection(name, action, code, message)``); ``calls`` records every call for assertions.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import trio
 
-from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation, ProviderRejected
+from provisionerd.domain.errors import CapacityUnavailable, InvalidRequest, ProviderError, ProviderProtocolViolation
 from provisionerd.provider.runtime import Redactor, check_input, join_tokens
 from provisionerd.provider.schemas import contract
 
@@ -59,7 +62,7 @@ class FakeProvider:
     async def aclose(self) -> None:
         """Nothing to close."""
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
         self.calls.append((action, copy.deepcopy(dict(input))))
         if self.latency:
@@ -107,10 +110,10 @@ class FakeProvider:
             return {"requestId": self.ops[op_id], "message": "same op_id: same request"}
         template = doc["template"]["templateId"]
         if template not in self.templates:
-            raise ProviderRejected(self.name, "requestMachines", "invalid_request", f"unknown template {template!r}")
+            raise InvalidRequest(self.name, "requestMachines", f"unknown template {template!r}")
         live = sum(1 for m in self.machines.values() if m["status"] == "running" and m["template"] == template)
         if live + doc["template"]["machineCount"] > self.templates[template]:
-            raise ProviderRejected(self.name, "requestMachines", "capacity_unavailable", "no capacity")
+            raise CapacityUnavailable(self.name, "requestMachines", "no capacity")
         request_id = f"req-{next(self._seq)}"
         ids = []
         for boot in doc["bootstrap"]:

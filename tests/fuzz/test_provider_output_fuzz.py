@@ -18,7 +18,7 @@ from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolatio
 from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.process import StderrTail
-from provisionerd.provider.runtime import ProviderConfig, Redactor, check_output, rejection
+from provisionerd.provider.runtime import ProviderConfig, Redactor, check_output, read_error_body
 from provisionerd.provider.schemas import ACTIONS
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -96,7 +96,7 @@ def test_output_validation_returns_the_document_or_a_protocol_violation(action, 
 @FUZZ
 @given(actions, st.one_of(json_values, answer_like))
 def test_an_error_body_is_typed_or_ignored(action, body):
-    typed = rejection("p", action, body, Redactor())
+    typed = read_error_body("p", action, body, Redactor())
     assert typed is None or isinstance(typed, ProviderRejected)
 
 

@@ -19,8 +19,9 @@ from provisionerd.cli import main as cli
 from provisionerd.cli.orphans import render
 from provisionerd.daemon.clients import ReadOnlyClient
 from provisionerd.daemon.orphan_report import dry_run
-from provisionerd.domain.errors import ProviderCrashed, ProviderUnsupported
+from provisionerd.domain.errors import ProviderCrashed
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, RequestIntent
+from provisionerd.provider.client import ProviderClient, ProviderReader
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
@@ -135,26 +136,21 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
     assert [action for action, _ in fake.calls] == ["listMachines", "listMachines"]
 
 
-def test_the_read_only_client_refuses_every_mutation_before_the_plugin_sees_it():
+def test_the_read_only_client_has_no_mutation_to_ask_for():
+    # It used to refuse mutating actions by name when asked (``call``); now it has none to ask for, typed or raw:
+    # the plugin can see only reads, whoever holds the client.
     fake = FakeProvider("sim")
     guarded = ReadOnlyClient(fake)
+    for method in ("request_machines", "request_return_machines", "stop_machines", "call"):
+        assert not hasattr(guarded, method)
+    assert isinstance(guarded, ProviderReader) and not isinstance(guarded, ProviderClient)
 
     async def main():
-        for action, document in [
-            (
-                "requestReturnMachines",
-                {"machines": [{"name": "", "machineId": "i-1"}], "op_id": "x", "tags": tags("x")},
-            ),
-            ("requestMachines", {}),
-            ("stopMachines", {}),
-        ]:
-            with pytest.raises(ProviderUnsupported, match="read-only"):
-                await guarded.call(action, document)
-        await guarded.call("listMachines", {"tags": {TAG_CLUSTER: "clu"}})
+        await guarded.list_machines({TAG_CLUSTER: "clu"})
 
     mock_run(main)
     assert [action for action, _ in fake.calls] == ["listMachines"]
-    assert guarded.refused == 3 and guarded.mutations == 0
+    assert guarded.calls == ["listMachines"] and guarded.mutations == 0
 
 
 def write_config(path: Path, address: str, orphans: str = "") -> None:

@@ -11,11 +11,13 @@ import trio
 
 from provisionerd.domain.errors import (
     ProviderCrashed,
+    ProviderFailed,
     ProviderInputInvalid,
     ProviderProtocolViolation,
     ProviderRejected,
     ProviderTimeout,
     ProviderUnsupported,
+    QuotaExceeded,
 )
 from provisionerd.provider.oneshot import OneShotProvider
 
@@ -80,12 +82,14 @@ def test_error_document_becomes_rejected_with_its_code(plugin, h):
     with pytest.raises(ProviderRejected) as info:
         call(plugin, "getRequestStatus", h.status_input("reject"))
     assert info.value.code == "quota_exceeded" and not info.value.retryable and not info.value.outcome_unknown
+    assert type(info.value) is QuotaExceeded
 
 
 def test_plain_message_on_failure_is_provider_error(plugin, h):
     with pytest.raises(ProviderRejected) as info:
         call(plugin, "getRequestStatus", h.status_input("plain-fail"))
     assert info.value.code == "provider_error" and "went wrong" in info.value.message
+    assert type(info.value) is ProviderFailed
 
 
 def test_bad_input_is_rejected_before_any_process_starts(tmp_path, make_config, h):

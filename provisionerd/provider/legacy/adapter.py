@@ -1,4 +1,4 @@
-"""Legacy mode: an unmodified LSF resource-connector plugin behind our ``ProviderClient`` interface.
+"""Legacy mode: an unmodified LSF resource-connector plugin behind our ``PluginTransport`` interface.
 
 A one-shot plugin directory with the five LSF scripts and neither ``describeProvider.sh`` nor ``listMachines.sh``
 is *legacy* (``detect_legacy``). ``LegacyProvider`` takes the daemon's calls in our contract and gives the plugin
@@ -11,16 +11,16 @@ exactly the LSF documents, nothing of ours:
     getAvailableTemplates {}
 
 ``op_id``, tags and bootstraps stay in the daemon. ``userData`` is the operator's template
-(``legacy_rules.UserDataTemplate``), empty by default: a join token reaches a legacy machine only when the operator
+(``legacy.rules.UserDataTemplate``), empty by default: a join token reaches a legacy machine only when the operator
 wrote ``{join_token}`` into it, and then each machine gets its own ``requestMachines`` call (a token is
 single-use, a request's userData is shared by its machines).
 
 The plugin's requestIds are its own; the daemon sees ``lsf:<op_id>`` and ``lsf-return:<op_id>`` and the journal
-(``legacy_journal``) maps them. What the plugin cannot promise, the adapter makes up for or says: a repeated op_id
+(``legacy.journal``) maps them. What the plugin cannot promise, the adapter makes up for or says: a repeated op_id
 is answered from the journal, never sent twice; an op whose earlier call has an unknown outcome is refused
 (``ProviderOutcomeUnknown``), because a retry could make the machines twice and nothing can list them; a requestId
 printed before a hang is salvaged; partial fulfilment and unverified returns are reported in the status entries
-(``legacy_status``); ``getReturnRequests`` is asked about every machine the journal knows. ``describeProvider``
+(``legacy.status``); ``getReturnRequests`` is asked about every machine the journal knows. ``describeProvider``
 answers the features the plugin really has (all false); ``listMachines`` and ``stopMachines`` are unsupported.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown, ProviderRejected, ProviderUnsupported
+from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderOutcomeUnknown, ProviderUnsupported
 from provisionerd.provider.legacy.journal import (
     ACCEPTED,
     CALLING,
@@ -81,7 +81,10 @@ class LegacySettings:
 
 
 class LegacyProvider:
-    """A ``ProviderClient`` over a one-shot legacy plugin. Calls may run concurrently (trio tasks)."""
+    """A ``PluginTransport`` over a one-shot legacy plugin. Calls may run concurrently (trio tasks).
+
+    Besides the calls it knows what the typed client (``provisionerd.provider.client.PluginClient``) exposes
+    without a call: ``legacy``, its ``features`` (all false) and the ``unknown_outcomes()`` its journal records."""
 
     legacy = True
     features: Mapping[str, bool] = LEGACY_FEATURES
@@ -108,7 +111,7 @@ class LegacyProvider:
             )
         return found
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         redact = self._redact.including(join_tokens(action, input))
         check_input(self.name, action, input, redact)
         if action == "describeProvider":
@@ -177,11 +180,8 @@ class LegacyProvider:
 
     def _replay(self, op: CreateOp, template: Mapping[str, Any]) -> dict[str, Any]:
         if (op.template_id, op.count) != (template["templateId"], template["machineCount"]):
-            raise ProviderRejected(
-                self.name,
-                "requestMachines",
-                "invalid_request",
-                f"op_id {op.op_id!r} was used for {op.count} x {op.template_id!r}",
+            raise InvalidRequest(
+                self.name, "requestMachines", f"op_id {op.op_id!r} was used for {op.count} x {op.template_id!r}"
             )
         if op.accepted():
             ids = ", ".join(c.request_id or "" for c in op.accepted())
@@ -308,7 +308,7 @@ class LegacyProvider:
 
     # --- listMachines, for one op only ---------------------------------------------------------------------------
 
-    async def _list_op(self, doc: Mapping[str, Any], timeout: float | None) -> dict[str, Any]:
+    async def _list_op(self, doc: Mapping[str, Any], timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
         """The machines of one op (a filter naming ``provisionerd:op``), from the journal's requestIds: what the
         daemon's recovery asks after a timeout or a restart. Nothing else can be listed: a filter without an op,
         an op the journal does not know, or one with a call whose outcome is unknown is ``ProviderUnsupported``,

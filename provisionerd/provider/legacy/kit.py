@@ -17,9 +17,11 @@ from provisionerd.provider.legacy.adapter import LegacyProvider, LegacySettings
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES, invisible_classes, lacking_guarantees
 from provisionerd.provider.oneshot import OneShotProvider
 
+_DEFAULT_SETTINGS = LegacySettings()
+
 
 async def run_legacy_kit(
-    runner: OneShotProvider, options: KitOptions, settings: LegacySettings = LegacySettings()
+    runner: OneShotProvider, options: KitOptions, settings: LegacySettings = _DEFAULT_SETTINGS
 ) -> list[CheckResult]:
     """Run the LSF checks against the plugin behind ``runner`` (a one-shot client of a legacy plugin directory)."""
     adapter = LegacyProvider(runner, settings)

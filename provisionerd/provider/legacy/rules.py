@@ -2,8 +2,8 @@
 
 A legacy plugin is one written to IBM LSF's five-script resource-connector contract alone: no ``op_id``
 idempotency, no ``listMachines``, no owner tags, no per-machine bootstrap. Everything here is pure (no I/O, no
-trio): the adapter (:mod:`provisionerd.provider.legacy`), the conformance kit and the daemon's lifecycle call these
-functions with plain documents and get decisions back.
+trio): the adapter (:mod:`provisionerd.provider.legacy.adapter`), the conformance kit and the daemon's lifecycle call
+these functions with plain documents and get decisions back.
 
 - ``lacking_guarantees`` / ``invisible_classes``: what is lost, for the kit and the orphan report.
 - ``after_request_error``: what to do after a failed ``requestMachines`` (never a blind retry on a legacy plugin).

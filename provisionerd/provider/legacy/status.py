@@ -91,7 +91,7 @@ def create_entry(request_id: str, op: CreateOp, entries: Mapping[str, Entry]) ->
 def return_entry(request_id: str, rop: ReturnOp, entry: Entry | None, creates: Mapping[str, Entry | None]) -> Entry:
     """Our entry for return op ``rop``: the plugin's ``entry`` for its request, each claimed success checked
     against ``creates`` (machine id -> the plugin's entry of the request that created it; see
-    ``legacy_rules.return_verdicts``)."""
+    ``legacy.rules.return_verdicts``)."""
     if rop.state != ACCEPTED or rop.request_id is None:
         return unknown_entry(request_id, f"the return call did not go through ({rop.detail}); return again")
     if entry is None:

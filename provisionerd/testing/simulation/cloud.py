@@ -6,15 +6,17 @@ mutation together with the caller's lease at that instant.
 
 - ``latency`` per call, drawn from the seed;
 - a *fault window* (set by the fault schedule) during which calls fail: ``reject`` (a typed refusal such as
-  ``capacity_unavailable`` before anything happens), ``hang`` (no answer until the caller's timeout, maybe after
+  ``CapacityUnavailable`` before anything happens; ``internal``, a code the contract does not know, is
+  ``ProviderFailed``), ``hang`` (no answer until the caller's timeout, maybe after
   doing the work), ``crash`` (the plugin dies, maybe after doing the work), ``garbage`` (an answer that breaks the
   contract, maybe after doing the work);
 - ``idempotent=False``: a cloud without client tokens, where the same op_id again creates machines again (the
   daemon must look for the op_id's tag before retrying);
 - ``vanish``: a machine disappears behind our back.
 
-Each daemon instance talks to it through its own ``CloudClient`` (a ``ProviderClient``), which is how the cloud knows
-who called: the client snapshots the caller's lease keeper when the call starts.
+Each daemon instance talks to it through its own ``CloudClient`` (a ``PluginTransport``; ``PluginClient`` over it is
+the typed client), which is how the cloud knows who called: the client snapshots the caller's lease keeper when the
+call starts.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import trio
 
-from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolation, ProviderRejected, ProviderTimeout
+from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolation, ProviderTimeout, rejection
 from provisionerd.provider.runtime import Redactor, check_input, join_tokens
 from provisionerd.testing.fake_provider import FakeProvider
 from provisionerd.testing.simulation.invariants import MUTATING
@@ -84,7 +86,11 @@ class SimCloud(FakeProvider):
     # --- calls -----------------------------------------------------------------------------------------------------
 
     async def call_as(
-        self, caller: CallerLease, action: str, input: Mapping[str, Any], timeout: float | None
+        self,
+        caller: CallerLease,
+        action: str,
+        input: Mapping[str, Any],
+        timeout: float | None,  # noqa: ASYNC109
     ) -> dict[str, Any]:
         check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
         if action in MUTATING:
@@ -96,7 +102,7 @@ class SimCloud(FakeProvider):
         works = fault is None or (fault != "reject" and self.rng.random() < 0.5)
         if fault == "reject":
             code = self.rng.choice(REJECT_CODES)
-            raise ProviderRejected(self.name, action, code, f"simulated {code}")
+            raise rejection(self.name, action, code, f"simulated {code}")
         output = self._do(caller.instance, action, input) if works else None
         if fault == "hang":
             await trio.sleep(timeout if timeout is not None else 60.0)
@@ -138,14 +144,14 @@ class SimCloud(FakeProvider):
 
 
 class CloudClient:
-    """A daemon instance's ``ProviderClient`` for the cloud: knows whose lease to snapshot on each call."""
+    """A daemon instance's ``PluginTransport`` for the cloud: knows whose lease to snapshot on each call."""
 
     def __init__(self, cloud: SimCloud, lease_of: Callable[[], CallerLease]) -> None:
         self.name = cloud.name
         self._cloud = cloud
         self._lease_of = lease_of
 
-    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         return await self._cloud.call_as(self._lease_of(), action, input, timeout)
 
     async def aclose(self) -> None:

@@ -1,0 +1,209 @@
+"""The typed provider boundary: ``ProviderClient``, one method per contract action, frozen values in and out.
+
+Two levels, one above the other::
+
+    ProviderClient     typed: values in and out (provider.values), typed errors     the executor, the offer feed,
+      │                                                                              the orphan cycle, the demo
+    PluginClient(transport): values -> documents -> values (provider.contract)
+      │
+    PluginTransport    raw: call(action, document) -> document, schema-checked     one-shot, persistent, the legacy
+                       both ways (provider.runtime)                                 adapter, the fakes, the kit
+
+``ProviderReader`` is the read-only half of ``ProviderClient`` (``describeProvider``, ``getAvailableTemplates``,
+``getRequestStatus``, ``getReturnRequests``, ``listMachines``): what the orphan reads and the dry-run report need,
+so a client that has only these methods cannot mutate (``provisionerd.daemon.orphans.ReadOnlyClient``).
+
+Errors are the transport's, unchanged, each typed (``provisionerd.domain.errors``): a refusal is the
+``ProviderRejected`` subclass of its code (``Throttled``, ``CapacityUnavailable``, ``QuotaExceeded``,
+``InvalidRequest``, ``AuthFailed``, ``ProviderFailed``), an unknown outcome an ``OutcomeUnknown``
+(``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation``, ``ProviderOutcomeUnknown``), and an
+action the plugin lacks ``ProviderUnsupported``. A validated document the values cannot be read from is a
+``ProviderProtocolViolation`` too.
+
+Besides the calls a client says, without calling anything, what it knows of itself: ``legacy`` (an LSF plugin behind
+the legacy adapter), ``known_features`` (features known without asking: the legacy adapter's, all false; ``None``
+means "ask ``describe_provider``") and ``unknown_outcomes()`` (the legacy journal's requests whose outcome is
+unknown).
+
+Every method takes ``timeout`` (seconds; ``None``: the provider's configured timeout for the action), passed down to
+the transport, which owns the deadline (``runtime.PluginTransport`` says why).
+"""
+
+# ruff: noqa: ASYNC109
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from provisionerd.domain.model import Offer, ProviderMachine
+from provisionerd.provider import contract
+from provisionerd.provider.legacy.adapter import LegacyProvider
+from provisionerd.provider.runtime import PluginTransport
+from provisionerd.provider.values import (
+    Features,
+    MachineRef,
+    MachineRequest,
+    MachineReturn,
+    ProviderDescription,
+    Reclaim,
+    RequestAccepted,
+    RequestStatus,
+    UnknownOutcome,
+)
+
+
+@runtime_checkable
+class ProviderReader(Protocol):
+    """The read-only actions of a provider, typed (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def legacy(self) -> bool: ...
+
+    @property
+    def known_features(self) -> Features | None: ...
+
+    def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]: ...
+
+    async def describe_provider(self, *, timeout: float | None = None) -> ProviderDescription: ...
+
+    async def get_available_templates(self, *, timeout: float | None = None) -> tuple[Offer, ...]:
+        """The provider's templates, as its offers (``Offer.provider`` is the client's ``name``)."""
+        ...
+
+    async def get_request_status(
+        self, request_ids: Sequence[str], *, timeout: float | None = None
+    ) -> tuple[RequestStatus, ...]:
+        """The status of each create or return request asked for (at least one); ``values.status_for`` finds one.
+        An id the provider does not know is a ``complete_with_error`` entry, not an error."""
+        ...
+
+    async def get_return_requests(
+        self, machines: Sequence[MachineRef], *, timeout: float | None = None
+    ) -> tuple[Reclaim, ...]:
+        """Which of ``machines`` (every live one the caller knows) the provider wants back."""
+        ...
+
+    async def list_machines(
+        self, tags: Mapping[str, str], *, timeout: float | None = None
+    ) -> tuple[ProviderMachine, ...]:
+        """Every live machine carrying all of ``tags`` (``contract.cluster_filter``, ``contract.op_filter``)."""
+        ...
+
+
+@runtime_checkable
+class ProviderClient(ProviderReader, Protocol):
+    """A provider, typed: the reads of ``ProviderReader`` plus the mutations. Every mutation must have passed the
+    mutation gate (an acknowledged intent under a valid lease) before it is called: that is the caller's job."""
+
+    async def request_machines(self, request: MachineRequest, *, timeout: float | None = None) -> RequestAccepted:
+        """Create ``request.count`` machines; the same op_id again gives the same request, never new machines."""
+        ...
+
+    async def request_return_machines(
+        self, request: MachineReturn, *, timeout: float | None = None
+    ) -> RequestAccepted: ...
+
+    async def stop_machines(self, request: MachineReturn, *, timeout: float | None = None) -> RequestAccepted:
+        """Only for a provider whose features say ``stop_machines``; shaped like ``request_return_machines``."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class PluginClient:
+    """The ``ProviderClient`` over any ``PluginTransport``: writes each input document from its values, calls the
+    transport (which checks it against the schema, and the output on arrival) and reads the output into values.
+
+    ``transport`` is public for what only it can do: a persistent transport must be ``run`` in a nursery, and code
+    not yet converted to the typed methods calls ``transport.call(action, document)`` directly."""
+
+    def __init__(self, transport: PluginTransport) -> None:
+        self.transport = transport
+        # The legacy adapter is the one transport that knows more than its calls (its features, its journal).
+        self._legacy = transport if isinstance(transport, LegacyProvider) else None
+
+    def __repr__(self) -> str:
+        return f"PluginClient({self.transport!r})"
+
+    @property
+    def name(self) -> str:
+        return self.transport.name
+
+    @property
+    def legacy(self) -> bool:
+        return self._legacy is not None
+
+    @property
+    def known_features(self) -> Features | None:
+        return None if self._legacy is None else Features.from_mapping(self._legacy.features)
+
+    def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]:
+        if self._legacy is None:
+            return ()
+        return tuple(UnknownOutcome.from_json(u) for u in self._legacy.unknown_outcomes())
+
+    # --- reads ---------------------------------------------------------------------------------------------------
+
+    async def describe_provider(self, *, timeout: float | None = None) -> ProviderDescription:
+        document = await self.transport.call("describeProvider", {}, timeout=timeout)
+        return contract.read_description(self.name, document)
+
+    async def get_available_templates(self, *, timeout: float | None = None) -> tuple[Offer, ...]:
+        document = await self.transport.call("getAvailableTemplates", {}, timeout=timeout)
+        return contract.read_offers(self.name, document)
+
+    async def get_request_status(
+        self, request_ids: Sequence[str], *, timeout: float | None = None
+    ) -> tuple[RequestStatus, ...]:
+        document = await self.transport.call("getRequestStatus", contract.status_input(request_ids), timeout=timeout)
+        return contract.read_statuses(self.name, document)
+
+    async def get_return_requests(
+        self, machines: Sequence[MachineRef], *, timeout: float | None = None
+    ) -> tuple[Reclaim, ...]:
+        document = await self.transport.call("getReturnRequests", contract.reclaims_input(machines), timeout=timeout)
+        return contract.read_reclaims(self.name, document)
+
+    async def list_machines(
+        self, tags: Mapping[str, str], *, timeout: float | None = None
+    ) -> tuple[ProviderMachine, ...]:
+        document = await self.transport.call("listMachines", contract.listing_input(tags), timeout=timeout)
+        return contract.read_machines(self.name, document)
+
+    # --- mutations -----------------------------------------------------------------------------------------------
+
+    async def request_machines(self, request: MachineRequest, *, timeout: float | None = None) -> RequestAccepted:
+        document = await self.transport.call("requestMachines", contract.request_input(request), timeout=timeout)
+        return contract.read_accepted(self.name, "requestMachines", document)
+
+    async def request_return_machines(self, request: MachineReturn, *, timeout: float | None = None) -> RequestAccepted:
+        action = "requestReturnMachines"
+        document = await self.transport.call(action, contract.return_input(request), timeout=timeout)
+        return contract.read_accepted(self.name, action, document)
+
+    async def stop_machines(self, request: MachineReturn, *, timeout: float | None = None) -> RequestAccepted:
+        document = await self.transport.call("stopMachines", contract.return_input(request), timeout=timeout)
+        return contract.read_accepted(self.name, "stopMachines", document)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+# --- the transition ------------------------------------------------------------------------------------------------
+# The daemon's composition root still builds transports and hands the same ones to the executor (which calls
+# ``transport.call`` until it is converted) and to the typed readers below it. These take either, so both levels
+# work side by side; once every caller is given a ``ProviderClient`` they reduce to the identity and can go.
+
+
+def as_reader(client: ProviderReader | PluginTransport) -> ProviderReader:
+    """``client`` itself if it is typed, else a ``PluginClient`` over the transport."""
+    return client if isinstance(client, ProviderReader) else PluginClient(client)
+
+
+def as_client(client: ProviderClient | PluginTransport) -> ProviderClient:
+    """``client`` itself if it is typed, else a ``PluginClient`` over the transport."""
+    return client if isinstance(client, ProviderClient) else PluginClient(client)

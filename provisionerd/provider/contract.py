@@ -1,0 +1,240 @@
+"""The contract's documents from values, and values from documents: one writer per input, one reader per output.
+
+Pure (no I/O). Inputs follow ``schemas/<action>.input.json``; the transport validates them again before sending, so a
+writer bug is a ``ProviderInputInvalid`` with nothing sent. Outputs are read *after* the transport validated them
+against ``schemas/<action>.output.json``, so a reader only chooses what the daemon keeps (extra fields a plugin adds
+are dropped, except where noted). A reader still raises ``ProviderProtocolViolation`` for a document without the
+shape (a transport that skipped its check): never a ``KeyError`` from deep inside the daemon.
+
+How machines are read, the same for every caller:
+
+- a ``getRequestStatus`` machine names its bootstrap by ``instanceRef`` (the contract's field), else by its
+  ``provisionerd:instance`` tag; a missing ``launchtime`` is 0 (unknown), a missing address "";
+- a ``listMachines`` machine is live (``result`` "succeed") and names its bootstrap by its ``provisionerd:instance``
+  tag, else by an ``instanceRef`` field (not in the listing's schema, but the legacy adapter's op listing has only
+  that, its machines carry no tags).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from provisionerd.domain.errors import ProviderProtocolViolation
+from provisionerd.domain.model import (
+    TAG_CLUSTER,
+    TAG_INSTANCE,
+    TAG_OP,
+    TAG_PROVIDER,
+    Offer,
+    PriceQuote,
+    ProviderMachine,
+)
+from provisionerd.provider.values import (
+    Features,
+    MachineRef,
+    MachineRequest,
+    MachineReturn,
+    ProviderDescription,
+    Reclaim,
+    RequestAccepted,
+    RequestStatus,
+)
+
+#: Most templates accepted from one provider in one read (bounded memory whatever a plugin says).
+MAX_TEMPLATES = 10_000
+
+
+@contextmanager
+def _reading(provider: str, action: str) -> Iterator[None]:
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise ProviderProtocolViolation(provider, action, f"output unreadable: {type(exc).__name__}: {exc}") from None
+
+
+# --- tag filters (listMachines) ------------------------------------------------------------------------------------
+
+
+def cluster_filter(cluster: str) -> dict[str, str]:
+    """Every live machine carrying this cluster's id tag (the contract requires the cluster in every filter)."""
+    return {TAG_CLUSTER: cluster}
+
+
+def op_filter(cluster: str, provider: str, op_id: str) -> dict[str, str]:
+    """What ``op_id`` created."""
+    return {TAG_CLUSTER: cluster, TAG_PROVIDER: provider, TAG_OP: op_id}
+
+
+# --- inputs --------------------------------------------------------------------------------------------------------
+
+
+def request_input(request: MachineRequest) -> dict[str, Any]:
+    """The ``requestMachines`` input. It holds the join tokens: never log it, never keep it beyond the call."""
+    return {
+        "template": {"templateId": request.template_id, "machineCount": request.count},
+        "op_id": request.op_id,
+        "tags": request.owner.as_tags(),
+        "bootstrap": [
+            {"instanceRef": b.instance_ref, "controllers": list(b.controllers), "joinToken": b.join_token}
+            for b in request.bootstrap
+        ],
+    }
+
+
+def machine_refs(machines: Sequence[MachineRef]) -> list[dict[str, str]]:
+    return [{"name": m.name, "machineId": m.machine_id} for m in machines]
+
+
+def return_input(request: MachineReturn) -> dict[str, Any]:
+    """The ``requestReturnMachines`` / ``stopMachines`` input."""
+    return {"machines": machine_refs(request.machines), "op_id": request.op_id, "tags": request.owner.as_tags()}
+
+
+def status_input(request_ids: Sequence[str]) -> dict[str, Any]:
+    """The ``getRequestStatus`` input (at least one id)."""
+    return {"requests": [{"requestId": request_id} for request_id in request_ids]}
+
+
+def reclaims_input(machines: Sequence[MachineRef]) -> dict[str, Any]:
+    """The ``getReturnRequests`` input: the machines the daemon knows."""
+    return {"machines": machine_refs(machines)}
+
+
+def listing_input(tags: Mapping[str, str]) -> dict[str, Any]:
+    """The ``listMachines`` input: machines carrying all of ``tags`` (which must name the cluster)."""
+    return {"tags": dict(tags)}
+
+
+# --- outputs -------------------------------------------------------------------------------------------------------
+
+
+def read_description(provider: str, document: Mapping[str, Any]) -> ProviderDescription:
+    with _reading(provider, "describeProvider"):
+        features = document["features"]
+        if not isinstance(features, Mapping):
+            raise TypeError("features is not an object")
+        return ProviderDescription(
+            str(document["name"]),
+            str(document.get("version", "")),
+            int(document["contractVersion"]),
+            Features.from_mapping(features),
+        )
+
+
+def read_offers(provider: str, document: Mapping[str, Any]) -> tuple[Offer, ...]:
+    """The ``getAvailableTemplates`` output as ``provider``'s offers; more than ``MAX_TEMPLATES`` is refused."""
+    action = "getAvailableTemplates"
+    templates = document.get("templates")
+    if not isinstance(templates, list):
+        raise ProviderProtocolViolation(provider, action, "no templates list")
+    if len(templates) > MAX_TEMPLATES:
+        raise ProviderProtocolViolation(
+            provider, action, f"{len(templates)} templates, more than the limit of {MAX_TEMPLATES}"
+        )
+    offers = []
+    for entry in templates:
+        try:
+            attributes = {str(k): (str(v[0]), str(v[1])) for k, v in entry.get("attributes", {}).items()}
+            price = None
+            quote = entry.get("price")
+            if quote is not None:
+                amount = float(quote["amount"])
+                if not math.isfinite(amount):
+                    raise ValueError("price amount is not finite")
+                price = PriceQuote(
+                    amount, str(quote["currency"]), str(quote["unit"]), str(quote["source"]), str(quote["timestamp"])
+                )
+            offers.append(Offer(provider, str(entry["templateId"]), int(entry["maxNumber"]), attributes, price))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise ProviderProtocolViolation(
+                provider, action, f"template {entry.get('templateId')!r} unreadable: {exc}"
+            ) from None
+    return tuple(offers)
+
+
+def read_accepted(provider: str, action: str, document: Mapping[str, Any]) -> RequestAccepted:
+    """The output of ``requestMachines``, ``requestReturnMachines`` or ``stopMachines``."""
+    with _reading(provider, action):
+        return RequestAccepted(str(document["requestId"]), str(document.get("message") or ""))
+
+
+def _tags(entry: Mapping[str, Any]) -> dict[str, str]:
+    tags = entry.get("tags") or {}
+    if not isinstance(tags, Mapping):
+        raise TypeError("tags must be an object")
+    return {str(k): str(v) for k, v in tags.items()}
+
+
+def status_machine(entry: Mapping[str, Any]) -> ProviderMachine:
+    """One machine of a ``getRequestStatus`` entry (see the module docstring)."""
+    tags = _tags(entry)
+    return ProviderMachine(
+        machine_id=str(entry["machineId"]),
+        name=str(entry.get("name") or ""),
+        result=str(entry.get("result", "succeed")),
+        status=str(entry.get("status") or ""),
+        launch_time=float(entry.get("launchtime") or 0),
+        address=str(entry.get("privateIpAddress") or ""),
+        instance_ref=str(entry.get("instanceRef") or tags.get(TAG_INSTANCE) or ""),
+        tags=tags,
+    )
+
+
+def read_statuses(provider: str, document: Mapping[str, Any]) -> tuple[RequestStatus, ...]:
+    """Every request of a ``getRequestStatus`` output, in the provider's order."""
+    with _reading(provider, "getRequestStatus"):
+        return tuple(
+            RequestStatus(
+                str(entry["requestId"]),
+                str(entry["status"]),
+                str(entry.get("message") or ""),
+                tuple(status_machine(m) for m in entry.get("machines", ())),
+            )
+            for entry in document["requests"]
+        )
+
+
+def listed_machine(entry: Mapping[str, Any]) -> ProviderMachine:
+    """One machine of a ``listMachines`` output (see the module docstring)."""
+    tags = _tags(entry)
+    launch = entry["launchtime"]
+    if isinstance(launch, bool) or not isinstance(launch, (int, float)) or not math.isfinite(launch):
+        raise TypeError("launchtime must be a number")
+    return ProviderMachine(
+        machine_id=str(entry["machineId"]),
+        name=str(entry.get("name") or ""),
+        result="succeed",
+        status=str(entry.get("status") or ""),
+        launch_time=float(launch),
+        address=str(entry.get("privateIpAddress") or ""),
+        instance_ref=str(tags.get(TAG_INSTANCE) or entry.get("instanceRef") or ""),
+        tags=tags,
+    )
+
+
+def read_machines(provider: str, document: Mapping[str, Any]) -> tuple[ProviderMachine, ...]:
+    """The machines of a ``listMachines`` output."""
+    with _reading(provider, "listMachines"):
+        machines = document["machines"]
+        if not isinstance(machines, list):
+            raise TypeError("machines is not a list")
+        return tuple(listed_machine(m) for m in machines)
+
+
+def read_reclaims(provider: str, document: Mapping[str, Any]) -> tuple[Reclaim, ...]:
+    """The machines of a ``getReturnRequests`` output (its ``status`` and ``message`` say nothing to act on)."""
+    with _reading(provider, "getReturnRequests"):
+        reclaims = []
+        for entry in document["requests"]:
+            grace = entry.get("gracePeriod")
+            reclaims.append(
+                Reclaim(
+                    str(entry["machine"]),
+                    str(entry.get("machineId") or ""),
+                    None if grace is None else int(grace),
+                )
+            )
+        return tuple(reclaims)

@@ -1,0 +1,210 @@
+"""The provider contract as values: what the typed client (``provisionerd.provider.client``) takes and returns.
+
+Frozen and pure. The documents these values stand for are defined by ``schemas/`` and explained in
+``docs/providers.md``; the conversions both ways are ``provisionerd.provider.contract``. Where the domain already has
+the value it is used as is: a template on offer is an ``Offer`` and a machine a provider reports, in a request's
+status or in a listing, is a ``ProviderMachine`` (``provisionerd.domain.model``).
+
+Per action::
+
+    describeProvider        ()                                   -> ProviderDescription (its Features)
+    getAvailableTemplates   ()                                   -> tuple[Offer, ...]
+    requestMachines         MachineRequest (OwnerTags, Bootstrap) -> RequestAccepted
+    getRequestStatus        request ids                          -> tuple[RequestStatus, ...] (ProviderMachine)
+    requestReturnMachines   MachineReturn (MachineRef, OwnerTags) -> RequestAccepted
+    stopMachines            MachineReturn                        -> RequestAccepted
+    getReturnRequests       MachineRef, ...                      -> tuple[Reclaim, ...]
+    listMachines            tags to match                        -> tuple[ProviderMachine, ...]
+
+``MachineRequest`` holds the join tokens (in its ``Bootstrap`` entries, kept out of ``repr``): never log it, never
+keep it beyond the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from provisionerd.domain.model import TAG_CLUSTER, TAG_EPOCH, TAG_OP, TAG_PROVIDER, Epoch, ProviderMachine
+from provisionerd.domain.tokens import IssuedToken
+
+#: Request statuses after which ``getRequestStatus`` will not change any more.
+FINAL_STATUSES = frozenset({"complete", "complete_with_error"})
+
+
+# --- describeProvider ----------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Features:
+    """What a plugin declares it really supports (``describeProvider``'s ``features``; absent means false)."""
+
+    idempotent_request: bool = False
+    list_machines: bool = False
+    stop_machines: bool = False
+    tags: bool = False
+    price_quotes: bool = False
+
+    @classmethod
+    def from_mapping(cls, features: Mapping[str, Any]) -> Features:
+        """From the document's names (``{"idempotentRequest": true, ...}``); anything but ``true`` is false."""
+        return cls(*(features.get(key) is True for key in _FEATURE_KEYS))
+
+    def as_mapping(self) -> dict[str, bool]:
+        """The document's names, as the pure rules of ``provisionerd.provider.legacy.rules`` take them."""
+        return dict(zip(_FEATURE_KEYS, attrs.astuple(self), strict=True))
+
+
+_FEATURE_KEYS = ("idempotentRequest", "listMachines", "stopMachines", "tags", "priceQuotes")
+
+
+@attrs.frozen
+class ProviderDescription:
+    """Who the plugin is (``describeProvider``)."""
+
+    name: str
+    version: str
+    contract_version: int
+    features: Features
+
+
+# --- mutations' inputs ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class OwnerTags:
+    """The owner tags of one mutation: the plugin puts them (plus ``provisionerd:instance``) on every machine it
+    creates, and the op_id is the mutation's idempotency key."""
+
+    cluster: str
+    provider: str
+    op_id: str
+    epoch: Epoch
+
+    def as_tags(self) -> dict[str, str]:
+        return {TAG_CLUSTER: self.cluster, TAG_PROVIDER: self.provider, TAG_OP: self.op_id, TAG_EPOCH: str(self.epoch)}
+
+
+@attrs.frozen
+class Bootstrap:
+    """What one new machine needs to join: its instance ref, the controllers, and its single-use join token."""
+
+    instance_ref: str
+    controllers: tuple[str, ...]
+    join_token: str = attrs.field(repr=False)
+
+
+@attrs.frozen
+class MachineRequest:
+    """``requestMachines``: one machine of ``template_id`` per ``bootstrap`` entry, in order, under ``owner``."""
+
+    template_id: str
+    owner: OwnerTags
+    bootstrap: tuple[Bootstrap, ...]
+
+    @classmethod
+    def of(
+        cls, owner: OwnerTags, template_id: str, issued: Sequence[IssuedToken], controllers: Sequence[str]
+    ) -> MachineRequest:
+        """One machine per issued token (``provisionerd.domain.tokens.issue``), each told the same controllers."""
+        return cls(template_id, owner, tuple(Bootstrap(t.instance_ref, tuple(controllers), t.token) for t in issued))
+
+    @property
+    def op_id(self) -> str:
+        return self.owner.op_id
+
+    @property
+    def count(self) -> int:
+        return len(self.bootstrap)
+
+
+@attrs.frozen
+class MachineRef:
+    """A machine named to the provider: its id and, when known, its name."""
+
+    machine_id: str
+    name: str = ""
+
+
+@attrs.frozen
+class MachineReturn:
+    """``requestReturnMachines`` (or ``stopMachines``): give ``machines`` back under ``owner``."""
+
+    machines: tuple[MachineRef, ...]
+    owner: OwnerTags
+
+    @property
+    def op_id(self) -> str:
+        return self.owner.op_id
+
+
+# --- outputs -------------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RequestAccepted:
+    """A mutation the provider accepted: follow ``request_id`` with ``getRequestStatus``."""
+
+    request_id: str
+    message: str = ""
+
+
+@attrs.frozen
+class RequestStatus:
+    """One create or return request as ``getRequestStatus`` reports it. ``status`` is ``running``, ``complete`` or
+    ``complete_with_error``; each machine's ``result`` is ``executing``, ``succeed`` or ``fail``."""
+
+    request_id: str
+    status: str
+    message: str
+    machines: tuple[ProviderMachine, ...]
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+def status_for(statuses: Sequence[RequestStatus], request_id: str) -> RequestStatus | None:
+    """The status of ``request_id`` among ``statuses`` (``None`` if the provider left it out)."""
+    return next((s for s in statuses if s.request_id == request_id), None)
+
+
+@attrs.frozen
+class Reclaim:
+    """A machine the provider wants back (``getReturnRequests``: spot capacity, maintenance). ``machine_id`` may be
+    empty (an LSF plugin names machines only); ``grace_period`` is the seconds left, ``None`` when not said."""
+
+    name: str
+    machine_id: str = ""
+    grace_period: int | None = None
+
+
+@attrs.frozen
+class UnknownOutcome:
+    """A create request whose call has an unknown outcome and that no listing can settle (the legacy adapter's
+    journal): whatever it made is invisible, so the orphan report names it."""
+
+    op_id: str
+    template_id: str
+    instance_refs: tuple[str, ...]
+    detail: str
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> UnknownOutcome:
+        return cls(
+            str(document["op_id"]),
+            str(document.get("template", "")),
+            tuple(str(r) for r in document.get("instance_refs", ())),
+            str(document.get("detail") or ""),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The orphan report's and the events' shape: ``{"op_id", "template", "instance_refs", "detail"}``."""
+        return {
+            "op_id": self.op_id,
+            "template": self.template_id,
+            "instance_refs": list(self.instance_refs),
+            "detail": self.detail,
+        }

@@ -1,0 +1,83 @@
+"""The typed client over the legacy LSF adapter: what it knows without a call (legacy, features, the journal's
+unknown outcomes), a request and its op listing as values, and a lost call typed as an unknown outcome."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from provisionerd.domain.errors import OutcomeUnknown, ProviderOutcomeUnknown, ProviderTimeout, ProviderUnsupported
+from provisionerd.domain.model import Epoch
+from provisionerd.domain.tokens import instance_refs, issue
+from provisionerd.provider.client import PluginClient, as_reader
+from provisionerd.provider.contract import cluster_filter, op_filter
+from provisionerd.provider.legacy.rules import LEGACY_FEATURES
+from provisionerd.provider.values import Features, MachineRequest, OwnerTags, UnknownOutcome
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = "lsfex-small"
+
+
+def ask(op_id: str, count: int) -> MachineRequest:
+    owner = OwnerTags("c1", "lsfex", op_id, Epoch(1, 1))
+    return MachineRequest.of(owner, TEMPLATE, issue(instance_refs(op_id, count)), ["10.0.0.5:7700"])
+
+
+def test_the_adapter_says_what_it_cannot_do_without_calling_the_plugin(world):
+    client = as_reader(world.adapter())
+    assert isinstance(client, PluginClient) and client.legacy
+    assert client.known_features == Features() == Features.from_mapping(LEGACY_FEATURES)
+    assert client.unknown_outcomes() == ()
+
+    async def main():
+        description = await client.describe_provider()
+        with pytest.raises(ProviderUnsupported, match="cannot list machines"):
+            await client.list_machines(cluster_filter("c1"))
+        return description
+
+    description = trio.run(main)
+    assert description.features == Features() and description.version == "legacy"
+    assert world.inputs() == []  # the adapter answered both itself
+
+
+def test_a_legacy_request_and_its_op_listing_are_values(world):
+    client = PluginClient(world.adapter())
+    request = ask("op-1", 2)
+
+    async def main():
+        accepted = await client.request_machines(request)
+        with trio.fail_after(30):
+            while True:
+                (status,) = await client.get_request_status([accepted.request_id])
+                if status.final:
+                    break
+                await trio.sleep(0.05)
+        return accepted, status, await client.list_machines(op_filter("c1", "lsfex", "op-1"))
+
+    accepted, status, listed = trio.run(main)
+    assert accepted.request_id == "lsf:op-1" and status.status == "complete"
+    refs = [b.instance_ref for b in request.bootstrap]
+    assert sorted(m.instance_ref for m in status.machines) == refs
+    # The op listing has no tags (a legacy machine carries none): the bootstrap's ref comes from instanceRef.
+    assert sorted(m.instance_ref for m in listed) == refs and all(m.tags == {} for m in listed)
+    assert {m.machine_id for m in listed} == {m.machine_id for m in status.machines}
+
+
+def test_a_lost_call_is_an_unknown_outcome_recorded_in_the_journal(world):
+    world.settings({"SLOW_REQUEST_SECONDS": 60})
+    client = PluginClient(world.adapter(timeouts={"requestMachines": 1.0}))
+
+    async def main():
+        with pytest.raises(ProviderTimeout) as lost:
+            await client.request_machines(ask("op-1", 1))
+        with pytest.raises(ProviderOutcomeUnknown) as refused:  # never sent again
+            await client.request_machines(ask("op-1", 1))
+        return lost.value, refused.value
+
+    lost, refused = trio.run(main)
+    assert isinstance(lost, OutcomeUnknown) and isinstance(refused, OutcomeUnknown) and refused.outcome_unknown
+    (unknown,) = client.unknown_outcomes()
+    assert isinstance(unknown, UnknownOutcome) and (unknown.op_id, unknown.template_id) == ("op-1", TEMPLATE)
+    assert unknown.instance_refs == ("op-1/0",) and unknown.detail.startswith("ProviderTimeout")
+    assert len(world.inputs("requestMachines")) == 1
