@@ -38,11 +38,7 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check . || status=1; \
 	$(VENV)/bin/ruff format --check . || status=1; \
 	$(VENV)/bin/mypy || status=1; \
-	if [ -f .importlinter ]; then \
-		$(VENV)/bin/lint-imports || status=1; \
-	else \
-		echo "lint-imports: skipped, no .importlinter (the layer contracts) in this tree"; \
-	fi; \
+	$(VENV)/bin/lint-imports || status=1; \
 	exit $$status
 
 # The CI fault campaign (docs/simulation.md): 500 seeded whole-system simulations, both workloads.

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from provisionerd.config.loader import Config, ControllerSettings, LeaseSettings, ProviderConfig  # noqa: E402
 from provisionerd.config.writer import provisioner_tls, write_daemon_config  # noqa: E402
-from provisionerd.daemon.root import DaemonCore, provider_clients  # noqa: E402
+from provisionerd.daemon.clients import provider_transport  # noqa: E402
+from provisionerd.daemon.root import DaemonCore  # noqa: E402
 from provisionerd.domain.model import (  # noqa: E402
     DemandItem,
     Epoch,
@@ -47,6 +48,7 @@ from provisionerd.execution.executor import ExecutorSettings  # noqa: E402
 from provisionerd.execution.loop import LoopSettings  # noqa: E402
 from provisionerd.pki.certs import init_certs  # noqa: E402
 from provisionerd.planner.policy import Policy  # noqa: E402
+from provisionerd.provider.client import PluginClient  # noqa: E402
 from refcontroller.api import open_refcontroller  # noqa: E402
 
 SIMULATED = Path(__file__).resolve().parents[1] / "providers" / "simulated"
@@ -54,7 +56,7 @@ CLUSTER = "bench"
 
 
 class Stamp:
-    """Wraps the provider client: the perf_counter instant each ``requestMachines`` call starts, by op_id."""
+    """Wraps the provider's transport: the perf_counter instant each ``requestMachines`` call starts, by op_id."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.name = inner, inner.name
@@ -132,11 +134,11 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
             assert ctl.server is not None
             config = write_config(tmp, certs, ctl.addresses)
             seed(ctl.server.cluster, tracked, config.identity)
-            clients = provider_clients(config)
-            stamp = Stamp(clients["sim"])
+            transport = provider_transport(config, config.provider("sim"))
+            stamp = Stamp(transport)
             core = DaemonCore(
                 config,
-                providers={"sim": stamp},
+                providers={"sim": PluginClient(stamp)},
                 offer_interval=30.0,
                 policy=Policy(cluster=CLUSTER, join_deadline=3600.0, step_limit=100_000),
                 loop_settings=LoopSettings(replan_interval=5.0, reclaim_interval=3600.0, recover_after=3600.0),
@@ -145,7 +147,7 @@ async def measure(samples: int, tracked: int) -> dict[str, Any]:
                 ),
             )
             async with trio.open_nursery() as nursery:
-                await nursery.start(clients["sim"].run)
+                await nursery.start(transport.run)
                 await nursery.start(core.run)
                 with trio.fail_after(30):
                     await core.keepers["sim"].wait_valid()

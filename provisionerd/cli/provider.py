@@ -20,7 +20,8 @@ from pathlib import Path
 
 import trio
 
-from provisionerd.provider.kit import CLUSTER, CheckResult, Kit, KitOptions, detect_legacy, legacy_checks
+from provisionerd.provider.kit import CLUSTER, CheckResult, Kit, KitOptions, detect_legacy
+from provisionerd.provider.legacy.kit import legacy_checks
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import open_persistent_provider
 from provisionerd.provider.runtime import Limits, ProviderConfig

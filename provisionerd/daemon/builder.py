@@ -46,8 +46,7 @@ from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read_session
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.policy import Policy
-from provisionerd.provider.client import as_reader
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
 
@@ -153,7 +152,7 @@ class Pieces:
         return Actor(
             identity=self.identity,
             via=via,
-            client=as_reader(self.providers[provider]),
+            client=self.providers[provider],
             read_controller=lambda: read_session(session, SettleTracker(0.0), provider),
             read_lease=lambda: read_keeper(keeper),
             executor=self.executor,

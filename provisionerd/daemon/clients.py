@@ -1,10 +1,10 @@
 """The provider clients the config names, the block that runs them for a command, and the read-only wrapper.
 
-``provider_clients(config)`` builds one ``ProviderClient`` per configured provider, the way the daemon serves it
-(``provider_client``: a persistent plugin, a one-shot plugin, or a one-shot plugin behind the legacy LSF adapter);
-``DaemonCore`` supervises the persistent ones in its own nursery. A command that talks to the plugins without a
-daemon (``provisionerd orphans``) opens the same clients with ``open_clients``, which supervises them until its
-block exits.
+``provider_clients(config)`` builds one typed ``PluginClient`` per configured provider over the transport the
+daemon serves it with (``provider_transport``: a persistent plugin, a one-shot plugin, or a one-shot plugin behind
+the legacy LSF adapter); ``DaemonCore`` supervises the persistent transports in its own nursery (``supervise``).
+A command that talks to the plugins without a daemon (``provisionerd orphans``) opens the same clients with
+``open_clients``, which supervises them until its block exits.
 
 ``ReadOnlyClient`` is a ``ProviderReader`` over a provider's client: it has the read-only actions and nothing else,
 so code given it cannot ask for a mutation at all. The dry runs read through it, so "it changes nothing" holds by
@@ -22,11 +22,11 @@ import trio
 from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
 from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.provider import runtime
-from provisionerd.provider.client import ProviderReader, as_reader
+from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.runtime import PluginTransport
 from provisionerd.provider.values import (
     Features,
     MachineRef,
@@ -60,8 +60,8 @@ def runtime_config(config: Config, provider: ProviderConfig) -> runtime.Provider
     )
 
 
-def provider_client(config: Config, provider: ProviderConfig) -> ProviderClient:
-    """The ``ProviderClient`` of one configured provider. A one-shot plugin runs through the legacy LSF adapter
+def provider_transport(config: Config, provider: ProviderConfig) -> PluginTransport:
+    """The transport of one configured provider. A one-shot plugin runs through the legacy LSF adapter
     when ``[providers.legacy] mode`` is ``true``, or ``"auto"`` (the default) and its directory lacks our
     extension scripts (``describeProvider.sh``/``listMachines.sh``); ``false`` never. ``ConfigError`` for bad
     legacy settings."""
@@ -73,13 +73,21 @@ def provider_client(config: Config, provider: ProviderConfig) -> ProviderClient:
     if mode == "off":
         return runner
     settings = legacy_settings(provider.legacy.settings_table(), f"providers[{provider.name}].legacy")
-    client: ProviderClient = client_for(runner, settings, force=mode == "on")
-    return client
+    transport: PluginTransport = client_for(runner, settings, force=mode == "on")
+    return transport
 
 
 def provider_clients(config: Config) -> dict[str, ProviderClient]:
-    """One ``ProviderClient`` per configured provider (persistent ones must be ``run`` in a nursery)."""
-    return {provider.name: provider_client(config, provider) for provider in config.providers}
+    """One typed client per configured provider (persistent transports must be ``supervise``d in a nursery)."""
+    return {provider.name: PluginClient(provider_transport(config, provider)) for provider in config.providers}
+
+
+async def supervise(nursery: trio.Nursery, clients: Mapping[str, ProviderClient]) -> None:
+    """Start the supervisor of every persistent plugin among ``clients`` in ``nursery`` (a one-shot plugin has
+    nothing to supervise: each call is its own process)."""
+    for client in clients.values():
+        if isinstance(client, PluginClient) and isinstance(client.transport, PersistentProvider):
+            await nursery.start(client.transport.run)
 
 
 @contextlib.asynccontextmanager
@@ -87,9 +95,7 @@ async def open_clients(config: Config, names: Sequence[str]) -> AsyncIterator[di
     """The daemon's own provider clients for ``names`` (persistent plugins supervised until the block exits)."""
     clients = {name: client for name, client in provider_clients(config).items() if name in names}
     async with trio.open_nursery() as nursery:
-        for client in clients.values():
-            if isinstance(client, PersistentProvider):
-                await nursery.start(client.run)
+        await supervise(nursery, clients)
         try:
             yield clients
         finally:
@@ -100,10 +106,10 @@ async def open_clients(config: Config, names: Sequence[str]) -> AsyncIterator[di
 
 @attrs.define(eq=False)
 class ReadOnlyClient:
-    """A ``ProviderReader`` over ``inner`` (a typed client; a bare transport is wrapped in ``PluginClient``): the
-    read-only actions pass through, and there is no method for any other. ``calls`` logs every action asked for."""
+    """A ``ProviderReader`` over ``inner``: the read-only actions pass through, and there is no method for any
+    other. ``calls`` logs every action asked for."""
 
-    inner: ProviderReader = attrs.field(converter=as_reader)
+    inner: ProviderReader
     calls: list[str] = attrs.field(factory=list)
 
     @property

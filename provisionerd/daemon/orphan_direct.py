@@ -37,7 +37,7 @@ from provisionerd.daemon.orphan_admin import (
 )
 from provisionerd.execution.orphan_reads import ControllerRead
 from provisionerd.orphans.model import ControllerState, LeaseState, Unreadable
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
 

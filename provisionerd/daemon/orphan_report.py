@@ -26,7 +26,7 @@ from provisionerd.execution.orphan_cycle import open_ops_of, with_owners
 from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
 from provisionerd.orphans.classify import Observation, OrphanPolicy, classify
 from provisionerd.orphans.model import BreakerState, Finding, LeaseState, Listing, ListingAbsent, Unreadable
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderClient
 
 
 @attrs.frozen

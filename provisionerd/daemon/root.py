@@ -24,15 +24,14 @@ from provisionerd.config.loader import Config
 from provisionerd.controller.session import StreamFactory
 from provisionerd.daemon.admin_socket import serve_admin_socket
 from provisionerd.daemon.builder import Pieces, build_pieces
-from provisionerd.daemon.clients import provider_clients
+from provisionerd.daemon.clients import provider_clients, supervise
 from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
 from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.planner.policy import Policy
-from provisionerd.provider.persistent import PersistentProvider
-from provisionerd.provider.runtime import ProviderClient
+from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
 #: The reconcile loop's settings when none are given.
@@ -151,9 +150,7 @@ class DaemonCore:
                 )
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)
-            for client in self.providers.values():
-                if isinstance(client, PersistentProvider):
-                    await nursery.start(client.run)
+            await supervise(nursery, self.providers)
             await nursery.start(self.feed.run)
             await nursery.start(self.loop.run)
             # Orphan cycles (provisionerd.daemon.orphans): one per provider, every action through the executor.

@@ -43,7 +43,6 @@ from provisionerd.execution.returns import ReturnFlow
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import (
-    DEFINITE_CODES,
     GATE_ERRORS,
     CallObservations,
     ExecutorSettings,
@@ -52,16 +51,17 @@ from provisionerd.execution.values import (
 )
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.state import Observation
+from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
-__all__ = ["DEFINITE_CODES", "GATE_ERRORS", "Executor", "ExecutorSettings", "RequestOutcome", "ReturnOutcome"]
+__all__ = ["GATE_ERRORS", "Executor", "ExecutorSettings", "RequestOutcome", "ReturnOutcome"]
 
 
 class Executor:
     def __init__(
         self,
         settings: ExecutorSettings,
-        clients: Mapping[str, Any],
+        clients: Mapping[str, ProviderClient],
         gate: MutationGate,
         leases: Mapping[str, LeaseKeeper],
         committer: FactCommitter,
@@ -82,7 +82,7 @@ class Executor:
         self._returns = ReturnFlow(deps, self._steps)
         self._claims = BusyClaims()
 
-    def client(self, provider: str) -> Any:
+    def client(self, provider: str) -> ProviderClient:
         """The provider client of ``provider`` (``KeyError`` if this daemon does not serve it)."""
         return self._clients[provider]
 

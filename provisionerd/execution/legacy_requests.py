@@ -20,20 +20,16 @@ records an unknown call is failed the same way instead of being polled for a lis
 
 from __future__ import annotations
 
-from typing import Any
-
 from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import CallObservations, RequestOutcome
+from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.legacy.rules import NextStep, after_request_error
+from provisionerd.provider.values import Features
 
 #: The longest ``RequestFailed.reason`` written (the rest of a plugin's message is in the event).
 MAX_REASON = 500
-
-
-def is_legacy(client: Any) -> bool:
-    return bool(getattr(client, "legacy", False))
 
 
 def unknown_reason(error: ProviderError) -> str:
@@ -51,10 +47,11 @@ class LegacyRequestFlow:
         self._steps = steps
 
     async def after_error(
-        self, run: CallObservations, intent: RequestIntent, client: Any, error: ProviderError
+        self, run: CallObservations, intent: RequestIntent, client: ProviderClient, error: ProviderError
     ) -> RequestOutcome:
         """The end of a legacy request whose ``requestMachines`` raised ``error`` (see the module docstring)."""
-        step = after_request_error(error, client.features)
+        # A legacy client knows its features without a call (the adapter's, all false): never None here.
+        step = after_request_error(error, (client.known_features or Features()).as_mapping())
         if step is NextStep.UNKNOWN_OUTCOME:
             return await self._settle_unknown(intent, error)
         return await self._steps.refused(run, intent, error)
@@ -82,13 +79,13 @@ class LegacyRequestFlow:
             detail=reason,
         )
 
-    async def settle_recovery(self, intent: RequestIntent, client: Any) -> RequestOutcome | None:
+    async def settle_recovery(self, intent: RequestIntent, client: ProviderClient) -> RequestOutcome | None:
         """After a restart: an open intent of a legacy plugin whose journal records a call with an unknown
         outcome can never be settled by a listing, so it is failed now (``None`` when the journal does not say
         so: then the ordinary recovery reads the op's machines through the adapter)."""
-        unknown = {u["op_id"]: u for u in client.unknown_outcomes()}
+        unknown = {u.op_id: u for u in client.unknown_outcomes()}
         if intent.op_id not in unknown:
             return None
-        detail = unknown[intent.op_id].get("detail") or "the call's outcome is unknown"
+        detail = unknown[intent.op_id].detail or "the call's outcome is unknown"
         error = ProviderOutcomeUnknown(intent.provider, "requestMachines", f"found after a restart: {detail}")
         return await self._settle_unknown(intent, error)

@@ -42,8 +42,9 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session import LinkState
 from provisionerd.controller.view import ControllerView
+from provisionerd.domain import errors
 from provisionerd.domain.actions import Note
-from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.domain.errors import ProviderError
 from provisionerd.execution.dispatch import Dispatcher
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import LoopSettings, ViewSource
@@ -137,7 +138,7 @@ class ReconcileLoop:
 
     def _offers_failed(self, provider: str, error: ProviderError) -> None:
         """A ``getAvailableTemplates`` read failed: ``throttled`` backs the provider off like any other call."""
-        if isinstance(error, ProviderRejected) and error.code == "throttled":
+        if isinstance(error, errors.Throttled):
             self.apply(Throttled(provider, self.wall()))
 
     def wake(self) -> None:

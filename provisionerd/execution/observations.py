@@ -4,21 +4,24 @@ planner observation.
 A provider's typed refusal is a fact about the provider, and the planner must act on it before it plans the same
 call again:
 
-- ``capacity_unavailable`` for a template: that offer is unavailable for a while (``CapacityUnavailable``);
-- ``throttled``: the provider backs off (``Throttled``);
-- ``quota_exceeded``: no new requests on that provider for ``policy.quota_pause`` (``QuotaExceeded``);
+- ``errors.CapacityUnavailable`` for a template: that offer is unavailable for a while
+  (``planner.capacity.CapacityUnavailable``);
+- ``errors.Throttled``: the provider backs off (``planner.capacity.Throttled``);
+- ``errors.QuotaExceeded``: no new requests on that provider for ``policy.quota_pause``
+  (``planner.capacity.QuotaExceeded``);
 - anything else says nothing about the provider beyond this one call: no observation.
 
 A refusal at the gate whose reason says the controller cannot take intents for now (``no_quorum``,
 ``not_primary``, a broken link: ``provisionerd.planner.state.BACKOFF_CODES``) becomes ``IntentRefused``, so the
 loop plans nothing until that back-off ends instead of replanning the same work at once under a fresh op_id.
 
-Pure: no I/O, the time is passed in. The provider's error is read by its ``code`` (``getattr(exc, "code", "")``)
-until the typed provider boundary replaces it; then only ``provider_error_observation`` changes.
+Pure: no I/O, the time is passed in. The provider's error is read by its class (``provisionerd.domain.errors``:
+one ``ProviderRejected`` subclass per code).
 """
 
 from __future__ import annotations
 
+from provisionerd.domain import errors
 from provisionerd.domain.errors import ControllerRejected, ProviderError
 from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
 from provisionerd.planner.state import BACKOFF_CODES, IntentRefused, Observation
@@ -29,14 +32,19 @@ def provider_error_observation(
 ) -> CapacityUnavailable | Throttled | QuotaExceeded | None:
     """The observation ``error`` from ``provider`` makes at wall time ``at`` (``None``: it makes none).
     ``template_id`` is the template the call asked for (``""`` for calls that name none: no offer to mark)."""
-    code = getattr(error, "code", "")
-    if code == "capacity_unavailable" and template_id:
-        return CapacityUnavailable(provider, template_id, at)
-    if code == "throttled":
-        return Throttled(provider, at)
-    if code == "quota_exceeded":
-        return QuotaExceeded(provider, at, getattr(error, "message", ""))
+    match error:
+        case errors.CapacityUnavailable() if template_id:
+            return CapacityUnavailable(provider, template_id, at)
+        case errors.Throttled():
+            return Throttled(provider, at)
+        case errors.QuotaExceeded():
+            return QuotaExceeded(provider, at, error.message)
     return None
+
+
+def refusal_code(error: ProviderError) -> str:
+    """The code a failed provider call is reported with: a refusal's own code, else the error's type name."""
+    return error.code if isinstance(error, errors.ProviderRejected) else type(error).__name__
 
 
 def gate_code(exc: Exception) -> str:

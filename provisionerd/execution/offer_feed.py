@@ -23,10 +23,9 @@ import trio
 from provisionerd.domain.errors import ProviderError, ProviderRejected
 from provisionerd.domain.model import Offer
 from provisionerd.planner.offers import Catalog
-from provisionerd.provider.client import ProviderReader, as_reader
+from provisionerd.provider.client import ProviderReader
 from provisionerd.provider.contract import MAX_TEMPLATES
 from provisionerd.provider.contract import read_offers as templates_to_offers
-from provisionerd.provider.runtime import PluginTransport
 from provisionerd.telemetry.events import EventLog
 
 # ``templates_to_offers`` (one ``getAvailableTemplates`` document as offers) and ``MAX_TEMPLATES`` live with the
@@ -45,14 +44,14 @@ class OfferFeed:
 
     def __init__(
         self,
-        clients: Mapping[str, ProviderReader | PluginTransport],
+        clients: Mapping[str, ProviderReader],
         events: EventLog,
         *,
         interval: float = 60.0,
         max_age: float | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._clients = {name: as_reader(client) for name, client in clients.items()}
+        self._clients = dict(clients)
         self._events = events
         self.interval = interval
         self.max_age = 3 * interval if max_age is None else max_age

@@ -64,8 +64,7 @@ from provisionerd.orphans.classify import (
 )
 from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
 from provisionerd.planner.fact_view import FactView
-from provisionerd.provider.client import ProviderReader, as_reader
-from provisionerd.provider.runtime import PluginTransport
+from provisionerd.provider.client import ProviderReader
 from provisionerd.telemetry.events import EventLog
 
 RECONCILER = "reconciler"
@@ -160,7 +159,7 @@ class OrphanCycle:
         identity: str,
         provider: str,
         policy: OrphanPolicy,
-        client: ProviderReader | PluginTransport,
+        client: ProviderReader,
         read_controller: ControllerReader,
         read_lease: LeaseReader,
         executor: OrphanExecutor,
@@ -173,7 +172,7 @@ class OrphanCycle:
         self.provider = provider
         self.policy = policy
         self.memory = ClassifierMemory()
-        self._client = as_reader(client)  # reads only: every action goes through the executor
+        self._client = client  # reads only: every action goes through the executor
         self._read_controller = read_controller
         self._read_lease = read_lease
         self._executor = executor
@@ -300,7 +299,7 @@ class OrphanCycle:
 async def observe(
     cluster: str,
     provider: str,
-    client: ProviderReader | PluginTransport,
+    client: ProviderReader,
     read_controller: ControllerReader,
     read_lease: LeaseReader,
     *,

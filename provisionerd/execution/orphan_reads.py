@@ -2,8 +2,7 @@
 classifier wants it (:class:`~provisionerd.orphans.model.Observation`).
 
 The listing is read through the provider's typed client (``ProviderReader.list_machines``: ``ProviderMachine``
-values); a bare transport is wrapped in one (``provisionerd.provider.client.as_reader``) until the daemon hands
-typed clients around. A read never raises for a failure of what it reads: a listing that cannot be had (provider
+values). A read never raises for a failure of what it reads: a listing that cannot be had (provider
 error, timeout, a malformed document) is ``Unreadable(reason)``, and so is a controller view while the link is not
 joined and resynced. The reasons are for the audit stream and the admin, so they hold no secrets: provider errors are
 redacted by the runtime before they reach us, and link errors name addresses and causes only.
@@ -27,10 +26,9 @@ from provisionerd.domain.errors import LeaseError, ProviderError
 from provisionerd.domain.model import HostState
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
 from provisionerd.planner.fact_view import FactView
-from provisionerd.provider.client import ProviderReader, as_reader
+from provisionerd.provider.client import ProviderReader
 from provisionerd.provider.contract import cluster_filter
 from provisionerd.provider.legacy.rules import invisible_classes
-from provisionerd.provider.runtime import PluginTransport
 
 
 def listing_filter(cluster: str) -> dict[str, str]:
@@ -44,38 +42,37 @@ def listing_filter(cluster: str) -> dict[str, str]:
     return cluster_filter(cluster)
 
 
-def listing_absent(client: ProviderReader | PluginTransport) -> ListingAbsent | None:
+def listing_absent(client: ProviderReader) -> ListingAbsent | None:
     """``ListingAbsent`` for a client that knows, without asking, that it has no ``listMachines`` (its
     ``known_features``, as the legacy LSF adapter has them), else ``None``. Other clients are asked, never
     presumed."""
-    features = as_reader(client).known_features
+    features = client.known_features
     if features is None or features.list_machines:
         return None
     invisible = invisible_classes(features.as_mapping())
     return ListingAbsent(f"the provider has no listMachines: {', '.join(invisible)} orphans are invisible", invisible)
 
 
-def unknown_outcomes(client: ProviderReader | PluginTransport) -> tuple[dict[str, Any], ...]:
+def unknown_outcomes(client: ProviderReader) -> tuple[dict[str, Any], ...]:
     """The create requests whose outcome the client knows to be unknown (the legacy adapter's journal), shaped for
     the orphan report and its events; their machines, if any, no listing can show. Empty for a client that does
     not keep such a record."""
-    return tuple(u.as_json() for u in as_reader(client).unknown_outcomes())
+    return tuple(u.as_json() for u in client.unknown_outcomes())
 
 
 async def read_listing(
-    client: ProviderReader | PluginTransport,
+    client: ProviderReader,
     cluster: str,
     *,
     timeout: float | None = None,  # noqa: ASYNC109
 ) -> Listing:
     """``listMachines`` for this cluster's machines, or ``Unreadable`` with the reason it could not be read
     (``ListingAbsent``, without calling anything, for a provider that has no listing)."""
-    reader = as_reader(client)
-    absent = listing_absent(reader)
+    absent = listing_absent(client)
     if absent is not None:
         return absent
     try:
-        return await reader.list_machines(listing_filter(cluster), timeout=timeout)
+        return await client.list_machines(listing_filter(cluster), timeout=timeout)
     except ProviderError as exc:
         return Unreadable(str(exc))
 

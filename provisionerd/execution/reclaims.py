@@ -15,11 +15,13 @@ import trio
 
 from provisionerd.controller.session import LinkState
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.domain import errors
+from provisionerd.domain.errors import ProviderError
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import ViewSource
 from provisionerd.planner.capacity import Throttled
 from provisionerd.planner.state import Observation, Reclaimed
+from provisionerd.provider.values import MachineRef
 from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -63,18 +65,18 @@ class ReclaimPoll:
         if not records:
             return
         names = {m.hostname: m.machine_id for m in records if m.hostname}
-        document = {"machines": [{"name": m.hostname, "machineId": m.machine_id} for m in records]}
+        refs = [MachineRef(m.machine_id, m.hostname) for m in records]
         try:
-            answer = await self._executor.client(provider).call("getReturnRequests", document)
+            answer = await self._executor.client(provider).get_return_requests(refs)
         except ProviderError as exc:
-            if isinstance(exc, ProviderRejected) and exc.code == "throttled":
+            if isinstance(exc, errors.Throttled):
                 self._apply(Throttled(provider, self._wall()))
             log.info("getReturnRequests for %s failed: %s", provider, exc)
             return
         known = {m.machine_id for m in records}
         ids = []
-        for entry in answer.get("requests", ()):
-            machine_id = entry.get("machineId") or names.get(entry.get("machine", ""), "")
+        for reclaim in answer:
+            machine_id = reclaim.machine_id or names.get(reclaim.name, "")
             if machine_id in known:
                 ids.append(machine_id)
         if ids:

@@ -15,7 +15,7 @@ Failures:
   provider declaring ``features.idempotentRequest`` gets a retry with the **same** op_id and the same tokens (the
   plugin answers the first attempt's request instead of creating more), through the gate again; on any other
   provider what exists is committed and the rest failed (``RequestFailed``), to be re-planned as a new op. See
-  ``provisionerd.execution.documents`` ("Every call is gated", "After an unknown outcome") and
+  ``provisionerd.execution.call_rules`` ("Every call is gated", "After an unknown outcome") and
   ``UnknownOutcomeFlow``. ``provider_error`` is treated the same way when the listing shows the call took effect
   (the contract tells plugins to answer it when they do not know), and as a refusal when it shows nothing;
 - a request still not complete at its provisioning deadline stops polling: whatever the provider made is listed by
@@ -39,22 +39,20 @@ exist only inside ``run`` (and the same-op retry it hands them to): never in an 
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.errors import ProviderError
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import instance_refs, issue
-from provisionerd.execution.documents import RequestStatus, request_input
-from provisionerd.execution.legacy_requests import LegacyRequestFlow, is_legacy
+from provisionerd.execution.legacy_requests import LegacyRequestFlow
 from provisionerd.execution.observations import gate_code
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
 from provisionerd.planner.capacity import CallSucceeded
 from provisionerd.planner.state import ActionDropped
+from provisionerd.provider.values import MachineRequest, OwnerTags, RequestAccepted, RequestStatus
 
 
 class RequestFlow:
@@ -85,11 +83,11 @@ class RequestFlow:
             action.demand_id,
         )
         error: ProviderError | None = None
-        accepted: dict[str, Any] | None = None
+        accepted: RequestAccepted | None = None
         try:
             async with self._deps.gate.mutation(provider, intent) as permit:
-                document = request_input(
-                    s.cluster, provider, op_id, action.template_id, issued, s.controllers, permit.epoch
+                request = MachineRequest.of(
+                    OwnerTags(s.cluster, provider, op_id, permit.epoch), action.template_id, issued, s.controllers
                 )
                 steps.emit(
                     "called",
@@ -101,7 +99,7 @@ class RequestFlow:
                     epoch=permit.epoch,
                 )
                 try:
-                    accepted = await client.call("requestMachines", document)
+                    accepted = await client.request_machines(request)
                 except ProviderError as exc:
                     error = exc
         except GATE_ERRORS as exc:
@@ -109,7 +107,7 @@ class RequestFlow:
             steps.gate_refused(run, provider, exc)
             return RequestOutcome(op_id, provider, "dropped", code=gate_code(exc), detail=str(exc))
         deadline = started + s.provisioning_timeout
-        if error is not None and is_legacy(client):
+        if error is not None and client.legacy:
             return await self._legacy.after_error(run, intent, client, error)
         if error is not None:
             accepted, outcome = await self._unknown.after_request_error(run, intent, issued, error, deadline)
@@ -117,7 +115,7 @@ class RequestFlow:
                 return outcome
         assert accepted is not None
         run.add(CallSucceeded(provider))
-        status = await steps.poll(run, provider, str(accepted["requestId"]), deadline)
+        status = await steps.poll(run, provider, accepted.request_id, deadline)
         if status is None or not status.final:
             return await self._timed_out(intent, status)
         return await self._finish(intent, status)
@@ -146,7 +144,7 @@ class RequestFlow:
         provider must be served (the executor checks)."""
         op_id, provider = intent.op_id, intent.provider
         client = self._deps.clients[provider]
-        if is_legacy(client):
+        if client.legacy:
             settled = await self._legacy.settle_recovery(intent, client)
             if settled is not None:
                 return settled

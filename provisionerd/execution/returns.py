@@ -4,7 +4,7 @@ with op_id and owner tags, poll to completion, ``Returned``.
 A collaborator of :class:`provisionerd.execution.executor.Executor` (``return_machines``, ``resume_return``), given
 the executor's ``FlowDeps`` and the shared ``Steps``. Returns hold no secret, so an unknown outcome is retried with
 the same op_id, in process (``retries``) or later by the loop (``resume_return``). Every call, the first, a retry
-and a resumed one, passes the gate as it starts (``provisionerd.execution.documents``, "Every call is gated"). A
+and a resumed one, passes the gate as it starts (``provisionerd.execution.call_rules``, "Every call is gated"). A
 refused return leaves its intent committed (the machines are ``RETURNING``) for the loop to resume once any
 back-off has passed. A machine the final status reports ``fail`` stays ``RETURNING``; one the status leaves out was
 already gone (returning twice is harmless by contract).
@@ -13,18 +13,18 @@ already gone (returning twice is harmless by contract).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import trio
 
 from provisionerd.domain.errors import ProviderError
 from provisionerd.domain.model import NO_EPOCH, Epoch, Returned, ReturnIntent
-from provisionerd.execution.documents import return_input
-from provisionerd.execution.observations import gate_code
+from provisionerd.execution.observations import gate_code, refusal_code
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, ReturnOutcome
 from provisionerd.planner.capacity import CallSucceeded
 from provisionerd.planner.state import ActionDropped
+from provisionerd.provider.client import ProviderClient
+from provisionerd.provider.values import MachineRef, MachineReturn, OwnerTags, RequestAccepted
 
 
 class ReturnFlow:
@@ -44,7 +44,7 @@ class ReturnFlow:
         action = "stopMachines" if stop else "requestReturnMachines"
         started = trio.current_time()
         attempt = 0
-        accepted: dict[str, Any] | None = None
+        accepted: RequestAccepted | None = None
         error: ProviderError | None = None
         while accepted is None:
             try:
@@ -62,16 +62,14 @@ class ReturnFlow:
             if not error.outcome_unknown:
                 steps.observe_error(run, provider, "", error)
                 # The intent stays committed (the machines are RETURNING); the loop resumes it later.
-                return ReturnOutcome(
-                    op_id, provider, "rejected", code=getattr(error, "code", type(error).__name__), detail=error.detail
-                )
+                return ReturnOutcome(op_id, provider, "rejected", code=refusal_code(error), detail=error.detail)
             if attempt >= s.retries:
                 return ReturnOutcome(op_id, provider, "unknown", code=type(error).__name__, detail=error.detail)
             await trio.sleep(s.retry_delay * 2**attempt)
             attempt += 1
         assert accepted is not None
         run.add(CallSucceeded(provider))
-        status = await steps.poll(run, provider, str(accepted["requestId"]), started + s.return_timeout)
+        status = await steps.poll(run, provider, accepted.request_id, started + s.return_timeout)
         if status is None or not status.final:
             return ReturnOutcome(op_id, provider, "unknown", code="return_timeout")
         listed = {m.machine_id: m for m in status.machines}
@@ -84,10 +82,10 @@ class ReturnFlow:
         return ReturnOutcome(op_id, provider, "returned", done)
 
     async def _call_return(
-        self, client: Any, action: str, provider: str, intent: ReturnIntent, epoch: Epoch
-    ) -> tuple[dict[str, Any] | None, ProviderError | None]:
-        document = return_input(
-            self._deps.settings.cluster, provider, intent.op_id, self._names(intent.machine_ids), epoch
+        self, client: ProviderClient, action: str, provider: str, intent: ReturnIntent, epoch: Epoch
+    ) -> tuple[RequestAccepted | None, ProviderError | None]:
+        request = MachineReturn(
+            self._refs(intent.machine_ids), OwnerTags(self._deps.settings.cluster, provider, intent.op_id, epoch)
         )
         self._steps.emit(
             "called",
@@ -100,11 +98,13 @@ class ReturnFlow:
             call=action,
         )
         try:
-            return await client.call(action, document), None
+            if action == "stopMachines":
+                return await client.stop_machines(request), None
+            return await client.request_return_machines(request), None
         except ProviderError as exc:
             return None, exc
 
-    def _names(self, ids: Sequence[str]) -> list[tuple[str, str]]:
+    def _refs(self, ids: Sequence[str]) -> tuple[MachineRef, ...]:
         facts = self._deps.facts.view()
         records = {} if facts is None else facts.machines
-        return [(mid, records[mid].hostname if mid in records else "") for mid in ids]
+        return tuple(MachineRef(mid, records[mid].hostname if mid in records else "") for mid in ids)

@@ -17,12 +17,15 @@ import trio
 
 from provisionerd.domain.errors import ProviderError
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
-from provisionerd.execution.documents import RequestStatus, assign_refs, listed_machines, op_filter, status_of
+from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.gate import MutationGate
-from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation
+from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
 from provisionerd.execution.values import CallObservations, ExecutorSettings, RequestOutcome
 from provisionerd.planner.capacity import QuotaExceeded
+from provisionerd.provider.client import ProviderClient
+from provisionerd.provider.contract import op_filter
+from provisionerd.provider.values import RequestStatus, status_for
 from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,7 @@ class FlowDeps:
     planner's ``now``); everything a flow waits for runs on trio's clock."""
 
     settings: ExecutorSettings
-    clients: Mapping[str, Any]
+    clients: Mapping[str, ProviderClient]
     gate: MutationGate
     facts: LeasedFacts
     events: EventLog
@@ -72,13 +75,12 @@ class Steps:
     async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
         """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""
         try:
-            document = await self._deps.clients[provider].call(
-                "listMachines", op_filter(self._deps.settings.cluster, provider, op_id)
+            return await self._deps.clients[provider].list_machines(
+                op_filter(self._deps.settings.cluster, provider, op_id)
             )
         except ProviderError as exc:
             log.warning("listMachines for op %s failed: %s", op_id, exc)
             return None
-        return listed_machines(document)
 
     async def poll(
         self, run: CallObservations, provider: str, request_id: str, deadline: float
@@ -94,14 +96,12 @@ class Steps:
                 return last
             await trio.sleep_until(wake)
             try:
-                document = await self._deps.clients[provider].call(
-                    "getRequestStatus", {"requests": [{"requestId": request_id}]}
-                )
+                statuses = await self._deps.clients[provider].get_request_status([request_id])
             except ProviderError as exc:
                 self.observe_error(run, provider, "", exc)
                 log.info("getRequestStatus %s failed: %s", request_id, exc)
             else:
-                status = status_of(document, request_id)
+                status = status_for(statuses, request_id)
                 if status is not None:
                     last = status
                     if status.final:
@@ -140,7 +140,7 @@ class Steps:
     async def refused(self, run: CallObservations, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         """A ``requestMachines`` refused with a known outcome (nothing was made): tell the planner what the code
         means, commit ``RequestFailed`` so it plans the work again, report ``rejected``."""
-        code = getattr(error, "code", "") or type(error).__name__
+        code = refusal_code(error)
         self.observe_error(run, intent.provider, intent.template_id, error)
         await self._deps.facts.commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, code))
         return RequestOutcome(intent.op_id, intent.provider, "rejected", code=code, detail=error.detail)

@@ -1,6 +1,6 @@
 """The executor's path after a ``requestMachines`` whose outcome is unknown (timeout, crash, garbled answer, or
 ``provider_error`` that took effect): list the op by tag, then settle from the listing, or retry the same op_id
-through the gate on an idempotent provider only. The rules and why: ``provisionerd.execution.documents`` ("Every
+through the gate on an idempotent provider only. The rules and why: ``provisionerd.execution.call_rules`` ("Every
 call is gated", "After an unknown outcome").
 
 A collaborator of ``provisionerd.execution.request_flow.RequestFlow``, given the executor's ``FlowDeps`` (clients,
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import trio
 
-from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.domain.errors import ProviderError, ProviderFailed, ProviderRejected
 from provisionerd.domain.model import NO_EPOCH, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import IssuedToken
-from provisionerd.execution.documents import assign_refs, request_input
+from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.observations import gate_code
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
+from provisionerd.provider.values import Features, MachineRequest, OwnerTags, RequestAccepted
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class UnknownOutcomeFlow:
     def __init__(self, deps: FlowDeps, steps: Steps) -> None:
         self._deps = deps
         self._steps = steps
-        self._features: dict[str, dict[str, Any]] = {}  # provider -> describeProvider's features, once read
+        self._features: dict[str, Features] = {}  # provider -> describeProvider's features, once read
 
     async def after_request_error(
         self,
@@ -40,14 +40,14 @@ class UnknownOutcomeFlow:
         issued: Sequence[IssuedToken],
         error: ProviderError,
         deadline: float,
-    ) -> tuple[dict[str, Any] | None, RequestOutcome | None]:
-        """Decide after a failed ``requestMachines`` (see ``documents`` "After an unknown outcome"): refuse, settle
+    ) -> tuple[RequestAccepted | None, RequestOutcome | None]:
+        """Decide after a failed ``requestMachines`` (see ``call_rules`` "After an unknown outcome"): refuse, settle
         from the op's listing, or, on an idempotent provider only, retry the same op_id through the gate. Returns
         the accepted answer of a retry (to be polled) or the outcome that ends the request, never both."""
         op_id, provider, s = intent.op_id, intent.provider, self._deps.settings
         steps = self._steps
-        code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
-        if not error.outcome_unknown and code != "provider_error":
+        code = error.code if isinstance(error, ProviderRejected) else ""
+        if not error.outcome_unknown and not isinstance(error, ProviderFailed):
             return None, await steps.refused(run, intent, error)
         attempt = 0
         while True:
@@ -84,8 +84,8 @@ class UnknownOutcomeFlow:
                 # Gated like the first call, at the moment it starts: a lease that lapsed during the sleep stops
                 # it, and after a failover the intent is re-committed under the epoch held now.
                 async with self._deps.gate.mutation(provider, intent) as permit:
-                    document = request_input(
-                        s.cluster, provider, op_id, intent.template_id, issued, s.controllers, permit.epoch
+                    request = MachineRequest.of(
+                        OwnerTags(s.cluster, provider, op_id, permit.epoch), intent.template_id, issued, s.controllers
                     )
                     steps.emit(
                         "called",
@@ -98,7 +98,7 @@ class UnknownOutcomeFlow:
                         retry=attempt,
                     )
                     try:
-                        return await self._deps.clients[provider].call("requestMachines", document), None
+                        return await self._deps.clients[provider].request_machines(request), None
                     except ProviderError as exc:
                         error = exc
             except GATE_ERRORS as exc:
@@ -107,8 +107,8 @@ class UnknownOutcomeFlow:
                 return None, RequestOutcome(
                     op_id, provider, "unknown", code=gate_code(exc), detail=f"retry not admitted: {exc}"
                 )
-            code = getattr(error, "code", "") if isinstance(error, ProviderRejected) else ""
-            if not error.outcome_unknown and code != "provider_error":
+            code = error.code if isinstance(error, ProviderRejected) else ""
+            if not error.outcome_unknown and not isinstance(error, ProviderFailed):
                 if found:
                     await steps.commit_instances(intent, found)
                 return None, await steps.refused(run, intent, error)
@@ -119,15 +119,15 @@ class UnknownOutcomeFlow:
         features = self._features.get(provider)
         if features is None:
             client = self._deps.clients[provider]
-            declared = getattr(client, "features", None)  # a client that knows its features (the legacy adapter)
-            if declared is None:
+            features = client.known_features  # a client that knows its features (the legacy adapter)
+            if features is None:
                 try:
-                    declared = (await client.call("describeProvider", {})).get("features")
+                    features = (await client.describe_provider()).features
                 except ProviderError as exc:
                     log.warning("describeProvider for %s failed: %s; not retrying requests", provider, exc)
                     return False  # not cached: asked again next time
-            features = self._features[provider] = dict(declared or {})
-        return bool(features.get("idempotentRequest", False))
+            self._features[provider] = features
+        return features.idempotent_request
 
     async def _settle_listed(self, intent: RequestIntent, found: Sequence[ProviderMachine]) -> RequestOutcome:
         """Every machine of the op is listed: commit them, no further call."""

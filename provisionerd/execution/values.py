@@ -9,8 +9,6 @@ import attrs
 from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
 from provisionerd.planner.state import Observation
 
-#: Refusals whose outcome is known: nothing happened, and the code says what to do next.
-DEFINITE_CODES = frozenset({"capacity_unavailable", "throttled", "quota_exceeded", "invalid_request", "auth_failed"})
 GATE_ERRORS = (LeaseError, ControllerRejected, LinkDown)
 
 

@@ -11,7 +11,7 @@ Two levels, one above the other::
 
 ``ProviderReader`` is the read-only half of ``ProviderClient`` (``describeProvider``, ``getAvailableTemplates``,
 ``getRequestStatus``, ``getReturnRequests``, ``listMachines``): what the orphan reads and the dry-run report need,
-so a client that has only these methods cannot mutate (``provisionerd.daemon.orphans.ReadOnlyClient``).
+so a client that has only these methods cannot mutate (``provisionerd.daemon.clients.ReadOnlyClient``).
 
 Errors are the transport's, unchanged, each typed (``provisionerd.domain.errors``): a refusal is the
 ``ProviderRejected`` subclass of its code (``Throttled``, ``CapacityUnavailable``, ``QuotaExceeded``,
@@ -118,8 +118,8 @@ class PluginClient:
     """The ``ProviderClient`` over any ``PluginTransport``: writes each input document from its values, calls the
     transport (which checks it against the schema, and the output on arrival) and reads the output into values.
 
-    ``transport`` is public for what only it can do: a persistent transport must be ``run`` in a nursery, and code
-    not yet converted to the typed methods calls ``transport.call(action, document)`` directly."""
+    ``transport`` is public for what only it can do: a persistent transport must be ``run`` in a nursery
+    (``provisionerd.daemon.clients.supervise``)."""
 
     def __init__(self, transport: PluginTransport) -> None:
         self.transport = transport
@@ -191,19 +191,3 @@ class PluginClient:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
-
-
-# --- the transition ------------------------------------------------------------------------------------------------
-# The daemon's composition root still builds transports and hands the same ones to the executor (which calls
-# ``transport.call`` until it is converted) and to the typed readers below it. These take either, so both levels
-# work side by side; once every caller is given a ``ProviderClient`` they reduce to the identity and can go.
-
-
-def as_reader(client: ProviderReader | PluginTransport) -> ProviderReader:
-    """``client`` itself if it is typed, else a ``PluginClient`` over the transport."""
-    return client if isinstance(client, ProviderReader) else PluginClient(client)
-
-
-def as_client(client: ProviderClient | PluginTransport) -> ProviderClient:
-    """``client`` itself if it is typed, else a ``PluginClient`` over the transport."""
-    return client if isinstance(client, ProviderClient) else PluginClient(client)

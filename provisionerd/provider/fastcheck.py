@@ -71,7 +71,7 @@ def json_equal(a: object, b: object) -> bool:
 
 
 class Compiler:
-    """Compiles the schemas of one registry. ``documents`` maps each schema's ``$id`` to its contents;
+    """Compiles the schemas of one registry. ``call_rules`` maps each schema's ``$id`` to its contents;
     ``formats`` maps a format name to its checker (other formats are annotations, as in jsonschema)."""
 
     def __init__(self, documents: Mapping[str, Any], formats: Mapping[str, Predicate]) -> None:

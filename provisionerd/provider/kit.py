@@ -24,7 +24,7 @@ from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderRe
 from provisionerd.provider.legacy.adapter import detect_legacy
 from provisionerd.provider.runtime import PluginTransport
 
-__all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy", "legacy_checks"]
+__all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy"]
 
 CLUSTER = "conformance"
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
@@ -321,16 +321,6 @@ class Kit:
                 )
             except ProviderError:
                 pass
-
-
-async def legacy_checks(client: PluginTransport, options: KitOptions) -> list[CheckResult]:
-    """The LSF checks for a legacy plugin, run through the legacy adapter; ``client`` is its one-shot client."""
-    from provisionerd.provider.legacy.kit import run_legacy_kit  # it builds on this module's Kit
-    from provisionerd.provider.oneshot import OneShotProvider
-
-    if not isinstance(client, OneShotProvider):
-        return [CheckResult("legacy LSF plugin detected", False, "legacy mode runs one-shot plugins only")]
-    return await run_legacy_kit(client, options)
 
 
 def _describe(exc: BaseException) -> str:

@@ -131,12 +131,6 @@ class PluginTransport(Protocol):
     async def aclose(self) -> None: ...
 
 
-#: Transition alias, to be removed: the modules not converted to the typed client yet (``daemon/root.py``,
-#: ``daemon/orphans.py``, ``daemon/orphan_admin.py``, ``cli/orphans.py``) still name the transport by its old name.
-#: The typed ``ProviderClient`` is ``provisionerd.provider.client.ProviderClient``.
-ProviderClient = PluginTransport
-
-
 @attrs.frozen
 class Redactor:
     """Replaces every secret (and its JSON-escaped form) in a text by ``***``. Values shorter than 4 characters

@@ -14,6 +14,7 @@ from provisionerd.daemon.builder import build_pieces, executor_settings_from, po
 from provisionerd.daemon.orphan_admin import side_identity
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.execution.executor import ExecutorSettings
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -53,14 +54,16 @@ async def unreachable(address: str) -> trio.abc.Stream:
 
 def test_the_daemon_and_the_direct_path_take_the_same_settings_from_one_config(tmp_path):
     config = two_providers(tmp_path)
-    core = DaemonCore(config, connect=unreachable, events=EventLog(), providers={n: FakeProvider(n) for n in "ab"})
+    core = DaemonCore(
+        config, connect=unreachable, events=EventLog(), providers={n: PluginClient(FakeProvider(n)) for n in "ab"}
+    )
     identity = side_identity(config.identity, "admin")
     direct = build_pieces(
         config,
         connect=unreachable,
         events=EventLog(),
         rng=random.Random(),
-        providers={"b": FakeProvider("b")},
+        providers={"b": PluginClient(FakeProvider("b"))},
         serve=("b",),
         identity=identity,
     )
@@ -90,7 +93,7 @@ def test_the_daemon_takes_injected_settings_over_the_configs(tmp_path):
         config,
         connect=unreachable,
         events=EventLog(),
-        providers={n: FakeProvider(n) for n in "ab"},
+        providers={n: PluginClient(FakeProvider(n)) for n in "ab"},
         policy=policy,
         executor_settings=settings,
     )

@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "providers" / "examples" / "lsf_legacy"
 
 
+def transports(config):
+    """The transport under each typed client the daemon would build (what the legacy detection chose)."""
+    return {name: client.transport for name, client in provider_clients(config).items()}
+
+
 def test_a_good_table():
     settings = legacy_settings(
         {"user_data": {"TOKEN": "{join_token}"}, "rc_account": "acct", "journal": "/j", "max_ops": 10}
@@ -89,27 +94,27 @@ def test_the_daemon_runs_a_legacy_plugin_through_the_adapter_with_the_configured
     )
     options = config.provider("lsf").legacy
     assert options.mode == "auto" and options.journal == tmp_path / "state" / "lsf.journal.json"
-    client = provider_clients(config)["lsf"]
+    client = transports(config)["lsf"]
     assert isinstance(client, LegacyProvider)
     assert client.settings.rc_account == "hpc" and client.settings.max_ops == 50
     assert client.settings.journal_path == str(tmp_path / "state" / "lsf.journal.json")
     assert client.settings.user_data.carries_token
     # Without a table, auto-detection alone: the example is legacy, the bash example is not.
-    assert isinstance(provider_clients(daemon_config(tmp_path, EXAMPLE))["lsf"], LegacyProvider)
+    assert isinstance(transports(daemon_config(tmp_path, EXAMPLE))["lsf"], LegacyProvider)
     bash = REPO / "providers" / "examples" / "bash"
-    assert type(provider_clients(daemon_config(tmp_path, bash))["lsf"]) is OneShotProvider
+    assert type(transports(daemon_config(tmp_path, bash))["lsf"]) is OneShotProvider
     # A mistyped or empty directory is not taken for an LSF plugin: its calls fail as they always did.
-    assert type(provider_clients(daemon_config(tmp_path, tmp_path / "no-such-dir"))["lsf"]) is OneShotProvider
+    assert type(transports(daemon_config(tmp_path, tmp_path / "no-such-dir"))["lsf"]) is OneShotProvider
 
 
 def test_mode_true_forces_and_mode_false_forbids_the_adapter(tmp_path):
     bash = REPO / "providers" / "examples" / "bash"
-    forced = provider_clients(daemon_config(tmp_path, bash, "[providers.legacy]\nmode = true\n"))["lsf"]
+    forced = transports(daemon_config(tmp_path, bash, "[providers.legacy]\nmode = true\n"))["lsf"]
     assert isinstance(forced, LegacyProvider)
-    plain = provider_clients(daemon_config(tmp_path, EXAMPLE, "[providers.legacy]\nmode = false\n"))["lsf"]
+    plain = transports(daemon_config(tmp_path, EXAMPLE, "[providers.legacy]\nmode = false\n"))["lsf"]
     assert type(plain) is OneShotProvider
     auto = daemon_config(tmp_path, EXAMPLE, '[providers.legacy]\nmode = "auto"\n')
-    assert isinstance(provider_clients(auto)["lsf"], LegacyProvider)
+    assert isinstance(transports(auto)["lsf"], LegacyProvider)
 
 
 @pytest.mark.parametrize(

@@ -229,7 +229,7 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(tmp_path):
 
     trio.run(main)
     facts = seen["facts"]
-    assert isinstance(seen["client"], LegacyProvider)  # the daemon's own wiring chose the adapter
+    assert isinstance(seen["client"].transport, LegacyProvider)  # the daemon's own wiring chose the adapter
     first, second = [f for f in facts if isinstance(f, RequestIntent)][:2]
     made = [f for f in facts if isinstance(f, InstanceFact)]
     assert first.count == 2 and [f.template_id for f in made[:2]] == [first.template_id] * 2

@@ -11,6 +11,7 @@ from provisionerd.daemon.clients import ReadOnlyClient
 from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
 from provisionerd.orphans.model import ListingAbsent
 from provisionerd.orphans.report import render_json, render_table, report_document
+from provisionerd.provider.client import PluginClient
 
 UNKNOWN = {
     "op_id": "c1:lsfex:i1:3",
@@ -22,7 +23,7 @@ UNKNOWN = {
 
 def test_a_legacy_listing_is_absent_and_never_asked_for(world):
     adapter = world.adapter()
-    guarded = ReadOnlyClient(adapter)
+    guarded = ReadOnlyClient(PluginClient(adapter))
     listing = trio.run(read_listing, guarded, "c1")
     assert isinstance(listing, ListingAbsent) and listing.invisible == ("tagged_unknown", "ghost")
     assert "no listMachines" in listing.reason

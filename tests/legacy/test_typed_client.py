@@ -9,7 +9,7 @@ import trio
 from provisionerd.domain.errors import OutcomeUnknown, ProviderOutcomeUnknown, ProviderTimeout, ProviderUnsupported
 from provisionerd.domain.model import Epoch
 from provisionerd.domain.tokens import instance_refs, issue
-from provisionerd.provider.client import PluginClient, as_reader
+from provisionerd.provider.client import PluginClient
 from provisionerd.provider.contract import cluster_filter, op_filter
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES
 from provisionerd.provider.values import Features, MachineRequest, OwnerTags, UnknownOutcome
@@ -25,7 +25,7 @@ def ask(op_id: str, count: int) -> MachineRequest:
 
 
 def test_the_adapter_says_what_it_cannot_do_without_calling_the_plugin(world):
-    client = as_reader(world.adapter())
+    client = PluginClient(world.adapter())
     assert isinstance(client, PluginClient) and client.legacy
     assert client.known_features == Features() == Features.from_mapping(LEGACY_FEATURES)
     assert client.unknown_outcomes() == ()

@@ -19,6 +19,7 @@ from provisionerd.domain.model import InstanceFact, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import token_hash
 from provisionerd.execution.executor import Executor, ExecutorSettings
 from provisionerd.execution.gate import MutationGate
+from provisionerd.provider.client import PluginClient
 from provisionerd.provider.legacy.adapter import LegacyProvider
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_controller import FakeController
@@ -47,7 +48,7 @@ async def with_executor(
         retries=2,
         retry_delay=0.01,
     )
-    executor = Executor(settings, {"lsfex": adapter}, gate, {"lsfex": keeper}, link, events)
+    executor = Executor(settings, {"lsfex": PluginClient(adapter)}, gate, {"lsfex": keeper}, link, events)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(keeper.run)

@@ -35,6 +35,7 @@ from provisionerd.execution.loop import LoopSettings, ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.policy import Policy
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_controller import FakeController, FakeLink
 from provisionerd.testing.fake_provider import FakeProvider
@@ -174,9 +175,10 @@ def build_rig(
         return_timeout=policy.provisioning_timeout,
         **(executor_settings or {}),
     )
+    clients = {name: PluginClient(fake) for name, fake in providers.items()}
     executor = Executor(
         settings,
-        providers,
+        clients,
         gate,
         keepers,
         committer,
@@ -184,7 +186,7 @@ def build_rig(
         facts=lambda: None if session.view is None else session.view.facts,
         wall=wall,
     )
-    feed = OfferFeed(providers, events, interval=offer_interval)
+    feed = OfferFeed(clients, events, interval=offer_interval)
     loop = ReconcileLoop(
         session,
         keepers,

@@ -42,6 +42,7 @@ from provisionerd.domain.model import (
 from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
+from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ CLUSTER = "testcluster"
 
 
 class Recorder:
-    """Wraps a provider client; keeps each machine's bootstrap (the machine's user data) for the test to boot."""
+    """Wraps a provider's transport; keeps each machine's bootstrap (the machine's user data) for the test to boot."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -128,14 +129,14 @@ async def run_scenario(tmp: Path, transport: str, faults: list, body) -> dict[st
     out: dict[str, Any] = {}
     async with open_refcontroller(certs, tmp / "ctl", replicas=1, lease_ttl=2.0, check_interval=0.5) as ctl:
         config = write_config(tmp, certs, ctl.addresses, transport, faults)
-        clients = provider_clients(config)
-        recorder = Recorder(clients["sim"])
+        transport = provider_clients(config)["sim"].transport
+        recorder = Recorder(transport)
         policy = Policy(
             cluster=CLUSTER, idle_time=1.0, join_deadline=120.0, provisioning_timeout=60.0, capacity_backoff=60.0
         )
         core = DaemonCore(
             config,
-            providers={"sim": recorder},
+            providers={"sim": PluginClient(recorder)},
             policy=policy,
             offer_interval=5.0,
             loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),
@@ -149,8 +150,8 @@ async def run_scenario(tmp: Path, transport: str, faults: list, body) -> dict[st
             ),
         )
         async with trio.open_nursery() as nursery:
-            if isinstance(clients["sim"], PersistentProvider):
-                await nursery.start(clients["sim"].run)
+            if isinstance(transport, PersistentProvider):
+                await nursery.start(transport.run)
             await nursery.start(core.run)
             try:
                 await body(ctl, core, recorder, certs, nursery, out)

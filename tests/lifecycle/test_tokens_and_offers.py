@@ -12,6 +12,7 @@ from provisionerd.domain.errors import ProviderProtocolViolation, ProviderReject
 from provisionerd.domain.model import Offer, PriceQuote
 from provisionerd.domain.tokens import instance_refs, issue, token_hash
 from provisionerd.execution.offer_feed import MAX_TEMPLATES, OfferFeed, templates_to_offers
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -68,7 +69,7 @@ def test_unreadable_or_oversized_template_lists_are_typed_errors():
 def test_a_failed_read_drops_that_providers_offers_until_the_next_good_one():
     async def main():
         good, flaky = FakeProvider("good", {"g": 1}), FakeProvider("flaky", {"f": 1})
-        feed = OfferFeed({"good": good, "flaky": flaky}, EventLog(), interval=60.0)
+        feed = OfferFeed({"good": PluginClient(good), "flaky": PluginClient(flaky)}, EventLog(), interval=60.0)
         await feed.refresh()
         assert {k for k in feed.catalog.by_key} == {("good", "g"), ("flaky", "f")}
         assert feed.fresh(["good", "flaky"])

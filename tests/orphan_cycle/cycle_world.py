@@ -32,6 +32,7 @@ from provisionerd.execution.orphan_reads import ControllerRead
 from provisionerd.orphans.model import ControllerState, LeaseState, Unreadable
 from provisionerd.orphans.policy import OrphanPolicy
 from provisionerd.planner.fact_view import fold
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -168,7 +169,7 @@ class World:
             identity="prov-1",
             provider=PROVIDER,
             policy=policy or OrphanPolicy(),
-            client=Listing(),
+            client=PluginClient(Listing()),
             read_controller=self.read_controller,
             read_lease=lambda: self.lease,
             executor=executor,

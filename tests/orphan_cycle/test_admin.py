@@ -15,6 +15,7 @@ from memory_ctl import daemon_config, memory_controller
 from provisionerd.daemon.orphan_direct import act
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, OrphanAdopted, RequestIntent, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -69,7 +70,7 @@ def do(config, net, fake, events, kind, machine, timeout=30.0):
         kind,
         "sim",
         machine,
-        client=fake,
+        client=PluginClient(fake),
         connect=net.connect,
         timeout=timeout,
         events=events,

@@ -31,6 +31,7 @@ from provisionerd.daemon.orphan_direct import via_daemon
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -72,7 +73,7 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
                 config,
                 connect=net.connect,
                 events=events,
-                providers={"sim": fake},
+                providers={"sim": PluginClient(fake)},
                 wall=lambda: NOW + trio.current_time(),
             )
             async with trio.open_nursery() as nursery:
@@ -253,7 +254,7 @@ def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
                     "return",
                     "sim",
                     machine,
-                    client=fake,
+                    client=PluginClient(fake),
                     connect=net.connect,
                     events=events,
                     wall_clock=lambda: NOW,

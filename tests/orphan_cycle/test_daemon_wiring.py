@@ -12,6 +12,7 @@ from memory_ctl import daemon_config, memory_controller
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -55,7 +56,7 @@ def test_the_daemon_retires_a_ghost_and_terminates_a_stray_through_the_gate_and_
                 config,
                 connect=net.connect,
                 events=events,
-                providers={"sim": fake},
+                providers={"sim": PluginClient(fake)},
                 wall=lambda: NOW + trio.current_time(),
             )
             async with trio.open_nursery() as nursery:

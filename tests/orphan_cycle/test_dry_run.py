@@ -21,7 +21,7 @@ from provisionerd.daemon.clients import ReadOnlyClient
 from provisionerd.daemon.orphan_report import dry_run
 from provisionerd.domain.errors import ProviderCrashed
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, RequestIntent
-from provisionerd.provider.client import ProviderClient, ProviderReader
+from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
@@ -77,7 +77,7 @@ def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
                 await holder.commit(*FACTS)
             facts_before = net.facts()
             report = await dry_run(
-                config, clients={"sim": fake}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
             )
             seen.update(report=report, facts_before=facts_before, facts_after=net.facts(), leases=net.live_leases())
 
@@ -112,11 +112,11 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
             async with holding_lease(config, "sim", net.connect) as holder:
                 await holder.commit(*FACTS)
             seen["no_listing"] = await dry_run(
-                config, clients={"sim": fake}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
             )
             net.down = True
             seen["no_view"] = await dry_run(
-                config, clients={"sim": fake}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
             )
 
     mock_run(main)
@@ -140,7 +140,7 @@ def test_the_read_only_client_has_no_mutation_to_ask_for():
     # It used to refuse mutating actions by name when asked (``call``); now it has none to ask for, typed or raw:
     # the plugin can see only reads, whoever holds the client.
     fake = FakeProvider("sim")
-    guarded = ReadOnlyClient(fake)
+    guarded = ReadOnlyClient(PluginClient(fake))
     for method in ("request_machines", "request_return_machines", "stop_machines", "call"):
         assert not hasattr(guarded, method)
     assert isinstance(guarded, ProviderReader) and not isinstance(guarded, ProviderClient)

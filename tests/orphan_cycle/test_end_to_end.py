@@ -95,9 +95,15 @@ def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing
             write_config(config_path, certs, ctl.addresses, data)
             config = Config.from_file(config_path)
             async with open_clients(config, ["sim"]) as clients:
-                never_joined = await create_one(clients["sim"], "op-nj", "testcluster/op-nj/0", token, ctl.addresses)
+                never_joined = await create_one(
+                    clients["sim"].transport, "op-nj", "testcluster/op-nj/0", token, ctl.addresses
+                )
                 stray = await create_one(
-                    clients["sim"], "op-stray", "testcluster/op-stray/0", secrets.token_urlsafe(24), ctl.addresses
+                    clients["sim"].transport,
+                    "op-stray",
+                    "testcluster/op-stray/0",
+                    secrets.token_urlsafe(24),
+                    ctl.addresses,
                 )
             sim_state.backdate(data, never_joined, long_ago)
             sim_state.backdate(data, stray, long_ago)

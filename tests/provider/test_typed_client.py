@@ -19,7 +19,7 @@ from provisionerd.domain.errors import (
 from provisionerd.domain.model import TAG_INSTANCE, Epoch, Offer, PriceQuote, ProviderMachine
 from provisionerd.domain.tokens import instance_refs, issue
 from provisionerd.provider import contract
-from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader, as_client, as_reader
+from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
 from provisionerd.provider.runtime import Redactor, check_output
 from provisionerd.provider.schemas import contract as schemas
 from provisionerd.provider.values import (
@@ -329,16 +329,12 @@ def test_the_plugin_client_raises_the_transports_typed_errors():
     assert [action for action, _ in fake.calls] == ["requestMachines", "requestMachines", "getAvailableTemplates"]
 
 
-def test_a_plain_transport_knows_nothing_without_a_call_and_typed_clients_pass_through():
+def test_a_plain_transport_knows_nothing_without_a_call():
     fake = FakeProvider("p")
     client = PluginClient(fake)
     assert (client.name, client.legacy, client.known_features, client.unknown_outcomes()) == ("p", False, None, ())
     assert client.transport is fake and "FakeProvider" in repr(client)
     assert isinstance(client, ProviderClient) and not isinstance(fake, ProviderReader)
-    assert as_client(client) is client and as_reader(client) is client
-    wrapped = as_reader(fake)
-    assert isinstance(wrapped, PluginClient) and wrapped.transport is fake
-    assert isinstance(as_client(fake), PluginClient)
 
 
 def test_an_unknown_outcome_record_keeps_the_reports_shape():

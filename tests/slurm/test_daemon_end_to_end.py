@@ -44,6 +44,7 @@ from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings
 from provisionerd.pki.certs import init_certs
 from provisionerd.planner.policy import Policy
+from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
 from refcontroller.api import open_refcontroller
 
@@ -204,7 +205,7 @@ async def _scenario(cluster: SlurmTestCluster, tmp: Path) -> dict[str, Any]:
     init_certs(certs, CLUSTER_TAG)
     async with open_refcontroller(certs, tmp / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.5) as ctl:
         config = write_config(tmp, cluster, certs, ctl.addresses)
-        client = provider_clients(config)[PROVIDER]
+        client = provider_clients(config)[PROVIDER].transport
         assert isinstance(client, PersistentProvider)
         recorder = Recorder(client)
         policy = Policy(
@@ -217,7 +218,7 @@ async def _scenario(cluster: SlurmTestCluster, tmp: Path) -> dict[str, Any]:
         )
         core = DaemonCore(
             config,
-            providers={PROVIDER: recorder},
+            providers={PROVIDER: PluginClient(recorder)},
             policy=policy,
             offer_interval=10.0,
             loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),

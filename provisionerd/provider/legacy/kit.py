@@ -16,6 +16,7 @@ from provisionerd.provider.kit import CheckFailed, CheckResult, Kit, KitOptions
 from provisionerd.provider.legacy.adapter import LegacyProvider, LegacySettings
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES, invisible_classes, lacking_guarantees
 from provisionerd.provider.oneshot import OneShotProvider
+from provisionerd.provider.runtime import PluginTransport
 
 _DEFAULT_SETTINGS = LegacySettings()
 
@@ -73,3 +74,10 @@ async def _check_refused(kit: Kit) -> str:
     except ProviderRejected as exc:
         return f"refused ({exc.code}: {exc.message[:80]!r})"
     raise CheckFailed(f"an unknown templateId was accepted: {out}")
+
+
+async def legacy_checks(client: PluginTransport, options: KitOptions) -> list[CheckResult]:
+    """The LSF checks for a legacy plugin, run through the legacy adapter; ``client`` is its one-shot client."""
+    if not isinstance(client, OneShotProvider):
+        return [CheckResult("legacy LSF plugin detected", False, "legacy mode runs one-shot plugins only")]
+    return await run_legacy_kit(client, options)

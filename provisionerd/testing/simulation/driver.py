@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -31,15 +32,16 @@ from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown,
 from provisionerd.domain.model import (
     NO_EPOCH,
     TAG_CLUSTER,
-    TAG_EPOCH,
     TAG_OP,
     TAG_PROVIDER,
     Epoch,
     InstanceFact,
+    ProviderMachine,
     RequestIntent,
     Returned,
     ReturnIntent,
 )
+from provisionerd.provider.values import Bootstrap, MachineRef, MachineRequest, MachineReturn, OwnerTags
 
 #: Provider call timeout for the driver's calls (seconds); a ``hang`` fault takes this long.
 CALL_TIMEOUT = 30.0
@@ -93,8 +95,8 @@ class GateDriver:
 
     # --- requests --------------------------------------------------------------------------------------------------
 
-    def _tags(self, op_id: str, epoch: Epoch) -> dict[str, str]:
-        return {TAG_CLUSTER: self.cluster, TAG_PROVIDER: self.provider, TAG_OP: op_id, TAG_EPOCH: str(epoch)}
+    def _owner(self, op_id: str, epoch: Epoch) -> OwnerTags:
+        return OwnerTags(self.cluster, self.provider, op_id, epoch)
 
     async def _request(self) -> None:
         self.counter += 1
@@ -116,17 +118,16 @@ class GateDriver:
         self.node.tokens[intent.op_id] = tokens
         try:
             async with self.node.core.gate.mutation(self.provider, intent) as permit:
-                doc = {
-                    "template": {"templateId": intent.template_id, "machineCount": intent.count},
-                    "op_id": intent.op_id,
-                    "tags": self._tags(intent.op_id, permit.epoch),
-                    "bootstrap": [
-                        {"instanceRef": ref, "controllers": list(self.controllers), "joinToken": token}
+                request = MachineRequest(
+                    intent.template_id,
+                    self._owner(intent.op_id, permit.epoch),
+                    tuple(
+                        Bootstrap(ref, tuple(self.controllers), token)
                         for ref, token in zip(intent.instance_refs, tokens, strict=True)
-                    ],
-                }
+                    ),
+                )
                 try:
-                    reply = await self.node.client.call("requestMachines", doc, timeout=CALL_TIMEOUT)
+                    reply = await self.node.provider.request_machines(request, timeout=CALL_TIMEOUT)
                 except ProviderError as exc:
                     if not isinstance(exc, ProviderRejected):
                         self.unknown[intent.op_id] = intent  # it may have happened: find out before retrying
@@ -134,24 +135,22 @@ class GateDriver:
         except GATE_ERRORS:
             return  # nothing called; a committed intent without machines is explained by itself
         self.unknown.pop(intent.op_id, None)
-        await self._record_machines(intent, reply["requestId"])
+        await self._record_machines(intent, reply.request_id)
 
     async def _record_machines(self, intent: RequestIntent, request_id: str) -> None:
         try:
-            status = await self.node.client.call(
-                "getRequestStatus", {"requests": [{"requestId": request_id}]}, timeout=CALL_TIMEOUT
-            )
+            statuses = await self.node.provider.get_request_status([request_id], timeout=CALL_TIMEOUT)
         except ProviderError:
             self.unknown[intent.op_id] = intent
             return
-        machines = [m for r in status["requests"] for m in r["machines"]]
+        machines = [m for r in statuses for m in r.machines]
         await self._commit_instances(intent, machines)
 
-    async def _commit_instances(self, intent: RequestIntent, machines: list[dict[str, Any]]) -> None:
+    async def _commit_instances(self, intent: RequestIntent, machines: Sequence[ProviderMachine]) -> None:
         hashes = dict(zip(intent.instance_refs, intent.token_hashes, strict=True))
         keeper = self.node.core.keepers[self.provider]
         for m in machines:
-            ref = m.get("instanceRef") or m.get("tags", {}).get("provisionerd:instance", "")
+            ref = m.instance_ref
             if ref not in hashes:
                 continue
             try:
@@ -162,11 +161,11 @@ class GateDriver:
                         epoch=epoch,
                         op_id=intent.op_id,
                         instance_ref=ref,
-                        machine_id=m["machineId"],
+                        machine_id=m.machine_id,
                         template_id=intent.template_id,
                         token_hash=hashes[ref],
-                        hostname=m.get("name", ""),
-                        address=m.get("privateIpAddress", ""),
+                        hostname=m.name,
+                        address=m.address,
                     )
                 )
             except GATE_ERRORS:
@@ -176,16 +175,16 @@ class GateDriver:
         intent = self.unknown[op_id]
         if not self.skip_listing:
             try:
-                listed = await self.node.client.call(
-                    "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_OP: op_id}}, timeout=CALL_TIMEOUT
+                listed = await self.node.provider.list_machines(
+                    {TAG_CLUSTER: self.cluster, TAG_OP: op_id}, timeout=CALL_TIMEOUT
                 )
             except ProviderError:
                 return
-            if listed["machines"] or not self.idempotent:
+            if listed or not self.idempotent:
                 # Without client tokens the same op_id again creates again, and an empty listing may only mean its
                 # machines vanished: settle the op with what lives; the next request is a new op.
                 del self.unknown[op_id]
-                await self._commit_instances(intent, listed["machines"])
+                await self._commit_instances(intent, listed)
                 return
         await self._send_request(intent, self.node.tokens[op_id])
 
@@ -193,27 +192,25 @@ class GateDriver:
 
     async def _return(self) -> None:
         try:
-            listed = await self.node.client.call(
-                "listMachines", {"tags": {TAG_CLUSTER: self.cluster, TAG_PROVIDER: self.provider}}, timeout=CALL_TIMEOUT
+            listed = await self.node.provider.list_machines(
+                {TAG_CLUSTER: self.cluster, TAG_PROVIDER: self.provider}, timeout=CALL_TIMEOUT
             )
         except ProviderError:
             return
-        machines = sorted(listed["machines"], key=lambda m: m["machineId"])
+        machines = sorted(listed, key=lambda m: m.machine_id)
         if not machines:
             return
         chosen = self.rng.sample(machines, min(len(machines), self.rng.randint(1, 2)))
         self.counter += 1
         op_id = f"{self.node.identity}.{self.incarnation}.{self.counter}"
-        ids = tuple(m["machineId"] for m in chosen)
+        ids = tuple(m.machine_id for m in chosen)
         intent = ReturnIntent(provider=self.provider, epoch=NO_EPOCH, op_id=op_id, machine_ids=ids, reason="idle")
         try:
             async with self.node.core.gate.mutation(self.provider, intent) as permit:
-                doc = {
-                    "machines": [{"name": m.get("name", ""), "machineId": m["machineId"]} for m in chosen],
-                    "op_id": op_id,
-                    "tags": self._tags(op_id, permit.epoch),
-                }
-                await self.node.client.call("requestReturnMachines", doc, timeout=CALL_TIMEOUT)
+                request = MachineReturn(
+                    tuple(MachineRef(m.machine_id, m.name) for m in chosen), self._owner(op_id, permit.epoch)
+                )
+                await self.node.provider.request_return_machines(request, timeout=CALL_TIMEOUT)
         except (*GATE_ERRORS, ProviderError):
             return
         try:

@@ -33,6 +33,7 @@ from provisionerd.config.loader import (
 from provisionerd.controller.lease import LeaseState
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import CommittedFact, Epoch, Fact
+from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.simulation.cloud import WALL_EPOCH, CloudClient, SimCloud
 from provisionerd.testing.simulation.observe import CallerLease, Commit, Recorder
@@ -117,7 +118,7 @@ def lifecycle_options(settings: DaemonSettings, client: CloudClient, rng: random
     if "providers" not in inspect.signature(DaemonCore).parameters:
         return {}
     return {
-        "providers": {settings.provider: client},
+        "providers": {settings.provider: PluginClient(client)},
         "wall": lambda: WALL_EPOCH + trio.current_time(),
         **settings.lifecycle,
     }
@@ -167,6 +168,7 @@ class DaemonNode:
             lease=LeaseSettings(margin=settings.margin),
         )
         self.client = CloudClient(cloud, self.lease_snapshot)
+        self.provider = PluginClient(self.client)  # the typed client over it, as the daemon's own code calls it
         self.core = DaemonCore(
             config,
             connect=connect,
