@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
-from typing import Any
 
 import attrs
 
@@ -159,7 +158,7 @@ class Executor:
         created after the deadline would otherwise have no fact and stay unattributed."""
         return await self._requests.attribute_op(intent)
 
-    async def settle_legacy_recovery(self, intent: RequestIntent, client: Any) -> RequestOutcome | None:
+    async def settle_legacy_recovery(self, intent: RequestIntent, client: ProviderClient) -> RequestOutcome | None:
         """After a restart, fail an open intent of a legacy plugin whose journal records a call with an unknown
         outcome (``None`` when it records none): ``legacy_requests``."""
         return await self._legacy.settle_recovery(intent, client)
