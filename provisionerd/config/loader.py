@@ -158,7 +158,8 @@ class LegacyOptions:
 @attrs.frozen
 class ProviderConfig:
     """One provider this daemon serves. ``path`` is the oneshot scripts' directory or the persistent executable;
-    ``argv`` the persistent command line (one of the two). ``max_ttl == 0`` means no limit."""
+    ``argv`` the persistent command line (one of the two). ``max_ttl == 0`` means no limit. Every limit and back-off
+    here applies to this provider's machines only (``provisionerd.daemon.builder.policy_from_config``)."""
 
     name: str
     transport: str  # oneshot | persistent
@@ -172,6 +173,10 @@ class ProviderConfig:
     idle_time: float = 300.0
     max_ttl: float = 0.0
     provisioning_timeout: float = 1200.0
+    capacity_backoff: float = 180.0
+    quota_pause: float = 900.0
+    unhealthy_backoff: float = 30.0
+    unhealthy_backoff_max: float = 1800.0
     timeouts: ProviderTimeouts = ProviderTimeouts()
     legacy: LegacyOptions = LegacyOptions()
     orphans: OrphanSettings = OrphanSettings()

@@ -17,10 +17,14 @@ The hooks every build installs: after any acquisition the view may lack what the
 a view resynced after the grant (``session.synced_for``); and a resync (a new primary may not know our leases)
 confirms every lease at once instead of at the next scheduled renewal.
 
-The planner's policy is global while the config's limits are per provider (``policy_from_config``): each
-provider's ``max_machines`` is its cap, the step limit is the sum of the providers' step limits, ``join_deadline``,
-``idle_time`` and ``provisioning_timeout`` take the largest configured value (never return a machine or fail a
-request earlier than any provider allows) and ``max_ttl`` the smallest non-zero one.
+Every limit the config gives a provider is that provider's own (``policy_from_config``): one
+:class:`provisionerd.planner.policy.ProviderPolicy` per provider (``join_deadline``, ``idle_time``, ``max_ttl``,
+``provisioning_timeout``, ``max_machines``, ``step_limit``, ``capacity_backoff``, ``quota_pause``,
+``unhealthy_backoff``/``unhealthy_backoff_max``), read by the planner for that provider's machines, intents and
+offers only. The same values reach the other readers from here: the executor polls each provider's requests and
+returns for its own ``provisioning_timeout`` (``executor_settings_from``), and each orphan cycle classifies with its
+provider's ``join_deadline`` as the planner has it (``Pieces.orphan_cycles``). The global step limit is the sum of
+the providers' (each provider's own binds first).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 import attrs
 
-from provisionerd.config.loader import Config
+from provisionerd.config.loader import Config, ProviderConfig
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
@@ -45,34 +49,48 @@ from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read_session
 from provisionerd.planner.fact_view import FactView
-from provisionerd.planner.policy import Policy
+from provisionerd.planner.policy import Policy, ProviderPolicy
 from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
 
+def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
+    """One configured provider's knobs, as the planner and the orphan cycle read them (``max_ttl = 0``: none;
+    ``idle_time = 0``: return at once, which the planner spells as a millisecond)."""
+    return ProviderPolicy(
+        join_deadline=provider.join_deadline,
+        idle_time=max(provider.idle_time, 0.001),
+        max_ttl=provider.max_ttl if provider.max_ttl > 0 else None,
+        provisioning_timeout=provider.provisioning_timeout,
+        capacity_backoff=provider.capacity_backoff,
+        quota_pause=provider.quota_pause,
+        unhealthy_base=provider.unhealthy_backoff,
+        unhealthy_max=provider.unhealthy_backoff_max,
+        step_limit=provider.step_limit,
+        max_machines=provider.max_machines,
+    )
+
+
 def policy_from_config(config: Config) -> Policy:
-    """The planner's policy for all of ``config``'s providers (see the module docstring)."""
-    providers = config.providers
-    ttls = [p.max_ttl for p in providers if p.max_ttl > 0]
+    """The planner's policy: one ``ProviderPolicy`` per configured provider (see the module docstring)."""
     return Policy(
         cluster=config.cluster,
-        join_deadline=max(p.join_deadline for p in providers),
-        provisioning_timeout=max(p.provisioning_timeout for p in providers),
-        idle_time=max(max(p.idle_time for p in providers), 0.001),
-        max_ttl=min(ttls) if ttls else None,
-        step_limit=sum(p.step_limit for p in providers),
-        provider_caps={p.name: p.max_machines for p in providers},
+        step_limit=sum(p.step_limit for p in config.providers),
+        providers={p.name: provider_policy(p) for p in config.providers},
     )
 
 
 def executor_settings_from(config: Config, policy: Policy) -> ExecutorSettings:
-    """The executor's settings: the config's cluster and controllers, and requests and returns polled for as long
-    as ``policy`` lets a request provision (the configured ``provisioning_timeout``)."""
+    """The executor's settings: the config's cluster and controllers, and each provider's requests and returns
+    polled for as long as ``policy`` lets that provider's requests provision (its ``provisioning_timeout``)."""
+    timeouts = {p.name: policy.of(p.name).provisioning_timeout for p in config.providers}
+    longest = max(timeouts.values(), default=policy.provisioning_timeout)
     return ExecutorSettings(
         cluster=config.cluster,
         controllers=config.controller.addresses,
-        provisioning_timeout=policy.provisioning_timeout,
-        return_timeout=policy.provisioning_timeout,
+        provisioning_timeout=longest,
+        return_timeout=longest,
+        provider_timeouts=timeouts,
     )
 
 
@@ -131,7 +149,8 @@ class Pieces:
                 cluster=config.cluster,
                 identity=config.identity,
                 provider=provider.name,
-                policy=policy_of(provider),
+                # The join deadline the planner uses for this provider, whatever policy the pieces were given.
+                policy=attrs.evolve(policy_of(provider), join_deadline=self.policy.of(provider.name).join_deadline),
                 client=self.providers[provider.name],
                 read_controller=functools.partial(read_session, session, tracker, provider.name),
                 read_lease=functools.partial(read_keeper, keeper),

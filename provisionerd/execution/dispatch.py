@@ -6,8 +6,9 @@ and replanned later: never two actions on one machine. A dispatched action is cl
 claim just before it calls the executor, which claims again for the call. At most ``max_concurrent`` actions (and
 recoveries) run at once (the loop's ``CapacityLimiter``).
 
-Requests and returns go to the executor; ``FailRequest`` and ``MarkLost`` are facts committed here
-(``RequestFailed`` after the op's listing has been attributed, ``Lost``). A fact the gate refuses hands the action
+Requests and returns go to the executor (one whose provider turned unhealthy while it waited for the limiter is
+dropped before the executor sees it: no token, no intent); ``FailRequest`` and ``MarkLost`` are facts committed
+here (``RequestFailed`` after the op's listing has been attributed, ``Lost``). A fact the gate refuses hands the action
 back, and a refusal that means the controller takes no intents for now also backs the planner off
 (``observations.gate_refusal_observation``).
 """
@@ -67,7 +68,8 @@ def machines_of(action: Action) -> tuple[str, ...]:
 class Dispatcher:
     """``apply`` folds an observation into the planner state and wakes the loop; ``hand_back`` folds an
     ``ActionDropped`` without waking it (the cycle that planned the action is still running); ``view`` is the
-    session's current view; ``wall`` the planner's clock."""
+    session's current view; ``wall`` the planner's clock; ``refuses(provider, returning)`` whether the provider is
+    unhealthy for a request (a return) now."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class Dispatcher:
         apply: Callable[[Observation], None],
         hand_back: Callable[[str], None],
         wall: Callable[[], float],
+        refuses: Callable[[str, bool], bool] = lambda provider, returning: False,
     ) -> None:
         self._executor = executor
         self._events = events
@@ -91,6 +94,7 @@ class Dispatcher:
         self._apply = apply
         self._hand_back = hand_back
         self._wall = wall
+        self._refuses = refuses
 
     def dispatch(self, action: Action, allowed: set[str]) -> None:
         """Start ``action`` if its provider is leased and its op and machines are free; else hand it back."""
@@ -121,6 +125,15 @@ class Dispatcher:
         ex = self._executor
         async with self._limiter:
             ex.release(action.op_id, machines)  # the executor claims again for the call
+            returning = isinstance(action, ReturnMachines)
+            if (returning or isinstance(action, RequestMachines)) and self._refuses(action.provider, returning):
+                # Planned before the provider turned unhealthy (an action queued behind the limiter while an
+                # earlier one failed): no token is minted and no intent committed for it.
+                self._events.emit(
+                    "action", phase="dropped", op_id=action.op_id, provider=action.provider, reason="provider_unhealthy"
+                )
+                self._apply(ActionDropped(action.op_id))
+                return
             outcome: Any
             match action:
                 case RequestMachines():

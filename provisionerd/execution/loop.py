@@ -42,17 +42,17 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session import LinkState
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain import errors
 from provisionerd.domain.actions import Note
 from provisionerd.domain.errors import ProviderError
 from provisionerd.execution.dispatch import Dispatcher
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import LoopSettings, ViewSource
+from provisionerd.execution.observations import provider_error_observation
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.execution.outcome_log import OutcomeLog
 from provisionerd.execution.reclaims import ReclaimPoll
 from provisionerd.execution.recovery import Recovery
-from provisionerd.planner.capacity import Throttled
+from provisionerd.planner.capacity import ProbeStarted, ProbeSucceeded
 from provisionerd.planner.offers import Catalog
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy
@@ -112,15 +112,17 @@ class ReconcileLoop:
             apply=self.apply,
             hand_back=self._hand_back,
             wall=wall,
+            refuses=self._refuses,
         )
         self._recovery = Recovery(
             executor, self.outcome_log, limiter, self._spawn, settings, state=lambda: self.state, wall=wall
         )
         self._reclaims = ReclaimPoll(
-            session, executor, events, settings.reclaim_interval, leased=self.leased, apply=self.apply, wall=wall
+            session, executor, events, settings.reclaim_interval, leased=self.askable, apply=self.apply, wall=wall
         )
         executor.observe = self.apply
         feed.on_failure = self._offers_failed
+        feed.skip = self.unhealthy  # an unhealthy provider is read only by its probe
 
     # --- observations -------------------------------------------------------------------------------------------
 
@@ -129,7 +131,28 @@ class ReconcileLoop:
         observed = observe(self.state, obs, self.policy)
         self.state = observed.state
         self._emit_notes(observed.notes, dedupe=False)
+        for note in observed.notes:
+            if note.kind == "provider_unhealthy":
+                entry = self.state.capacity.unhealthy[note.provider]
+                self.events.emit(
+                    "provider_unhealthy",
+                    provider=note.provider,
+                    code=entry.code,
+                    detail=entry.detail,
+                    failures=entry.attempts,
+                    next_probe_in=round(entry.until - self.wall(), 3),
+                )
+            elif note.kind == "provider_healthy":
+                self.events.emit("provider_healthy", provider=note.provider, detail=note.detail)
         self.wake()
+
+    def unhealthy(self, provider: str) -> bool:
+        """Whether ``provider`` is unhealthy now: no request is asked of it, its offers are read only by its probe
+        (planner state)."""
+        return provider in self.state.capacity.unhealthy
+
+    def _refuses(self, provider: str, returning: bool) -> bool:
+        return self.state.capacity.refuses(provider, returning=returning)
 
     def _hand_back(self, op_id: str) -> None:
         """An action not started goes back to the planner, quietly: the cycle that planned it is still running,
@@ -137,9 +160,26 @@ class ReconcileLoop:
         self.state = observe(self.state, ActionDropped(op_id), self.policy).state
 
     def _offers_failed(self, provider: str, error: ProviderError) -> None:
-        """A ``getAvailableTemplates`` read failed: ``throttled`` backs the provider off like any other call."""
-        if isinstance(error, errors.Throttled):
-            self.apply(Throttled(provider, self.wall()))
+        """A ``getAvailableTemplates`` read (or probe) failed: it means for the planner what any call's failure
+        means (``throttled`` backs off; ``auth_failed``, ``invalid_request``, ``quota_exceeded``: unhealthy)."""
+        obs = provider_error_observation(provider, "", error, self.wall())
+        if obs is not None:
+            self.apply(obs)
+
+    def _start_probes(self) -> None:
+        """Probe each served provider whose unhealthy back-off step has ended: one ``getAvailableTemplates`` read
+        (no intent, no token). ``ProbeStarted`` sets the next step at once, so a probe that hangs or fails without
+        a typed refusal costs one call per step."""
+        now = self.wall()
+        for provider in self.leases:
+            if self.state.capacity.probe_due(provider, now):
+                self.apply(ProbeStarted(provider, now))
+                self._spawn(self._probe, provider)
+
+    async def _probe(self, provider: str) -> None:
+        failures = await self.feed.refresh([provider])  # a failure is folded by _offers_failed
+        if provider not in failures:
+            self.apply(ProbeSucceeded(provider, self.wall()))
 
     def wake(self) -> None:
         self._dirty.set()
@@ -179,14 +219,14 @@ class ReconcileLoop:
         self._nursery.start_soon(fn, *args)
 
     def _next_cycle_at(self) -> float:
-        """The timer: ``replan_interval`` from now, or sooner when a back-off window (throttle, capacity,
-        quota pause) ends, so the planner can use the provider or offer again at once."""
+        """The timer: ``replan_interval`` from now, or sooner when a back-off window (throttle, capacity, an
+        unhealthy provider's probe) ends, so the planner can use the provider or offer again at once."""
         now, wall_now = trio.current_time(), self.wall()
         capacity = self.state.capacity
         ends = [
             *(t.until for t in capacity.throttles.values()),
             *capacity.unavailable.values(),
-            *(p.until for p in capacity.paused.values()),
+            *(u.until for u in capacity.unhealthy.values()),
             self.state.intent_backoff.until,
         ]
         upcoming = [end - wall_now for end in ends if end > wall_now]
@@ -209,6 +249,11 @@ class ReconcileLoop:
         now = trio.current_time()
         return [name for name, keeper in self.leases.items() if keeper.valid(now) and self.view_ready(name)]
 
+    def askable(self) -> list[str]:
+        """The leased providers that may be called besides a request (the reclaim poll's list): not unhealthy, or
+        unhealthy only for requests (``quota_exceeded``)."""
+        return [name for name in self.leased() if not self.state.capacity.refuses(name, returning=True)]
+
     def _catalog_for(self, leased: list[str]) -> Catalog:
         key = (self.feed.version, tuple(leased))
         if key != self._catalog_key:
@@ -219,6 +264,8 @@ class ReconcileLoop:
 
     def cycle(self) -> None:
         """One plan-and-dispatch pass (synchronous; actions run in the loop's nursery)."""
+        if self._nursery is not None:
+            self._start_probes()
         view = self.session.view
         if view is None or self.session.state is not LinkState.UP or not view.complete:
             return self._skipped("controller view incomplete")
@@ -231,7 +278,9 @@ class ReconcileLoop:
             return self._skipped("no provider lease")
         if self.state.intents_refused_until(self.wall()) is not None:  # the controller refused intents: wait
             return self._skipped("controller refused intents: backing off")
-        if not self.feed.fresh(leased):
+        # An unhealthy provider is not read (only probed): its offers are not waited for, and the planner asks
+        # nothing of it anyway.
+        if not self.feed.fresh([name for name in leased if not self.unhealthy(name)]):
             return self._skipped("offers not read")
         self._skipped("")
         self.cycles += 1

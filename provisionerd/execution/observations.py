@@ -7,8 +7,9 @@ call again:
 - ``errors.CapacityUnavailable`` for a template: that offer is unavailable for a while
   (``planner.capacity.CapacityUnavailable``);
 - ``errors.Throttled``: the provider backs off (``planner.capacity.Throttled``);
-- ``errors.QuotaExceeded``: no new requests on that provider for ``policy.quota_pause``
-  (``planner.capacity.QuotaExceeded``);
+- ``errors.AuthFailed``, ``errors.InvalidRequest`` (``ProviderInputInvalid`` included) and ``errors.QuotaExceeded``:
+  the provider will refuse the next call just the same, so it is unhealthy (``planner.capacity.ProviderUnhealthy``):
+  nothing is asked of it but one probe per back-off step until a probe succeeds;
 - anything else says nothing about the provider beyond this one call: no observation.
 
 A refusal at the gate whose reason says the controller cannot take intents for now (``no_quorum``,
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 from provisionerd.domain import errors
 from provisionerd.domain.errors import ControllerRejected, ProviderError
-from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.capacity import CapacityUnavailable, ProviderUnhealthy, Throttled
 from provisionerd.planner.state import BACKOFF_CODES, IntentRefused, Observation
 
 
 def provider_error_observation(
     provider: str, template_id: str, error: ProviderError, at: float
-) -> CapacityUnavailable | Throttled | QuotaExceeded | None:
+) -> CapacityUnavailable | Throttled | ProviderUnhealthy | None:
     """The observation ``error`` from ``provider`` makes at wall time ``at`` (``None``: it makes none).
     ``template_id`` is the template the call asked for (``""`` for calls that name none: no offer to mark)."""
     match error:
@@ -37,8 +38,8 @@ def provider_error_observation(
             return CapacityUnavailable(provider, template_id, at)
         case errors.Throttled():
             return Throttled(provider, at)
-        case errors.QuotaExceeded():
-            return QuotaExceeded(provider, at, error.message)
+        case errors.AuthFailed() | errors.InvalidRequest() | errors.QuotaExceeded():
+            return ProviderUnhealthy(provider, error.code, at, error.message)
     return None
 
 

@@ -65,6 +65,9 @@ class OfferFeed:
         #: Called with (provider, error) for every failed read; the reconcile loop turns a ``throttled`` one into
         #: the planner's throttle back-off, as it does for the other calls.
         self.on_failure: Callable[[str, ProviderError], None] = lambda provider, error: None
+        #: Providers a full ``refresh()`` leaves out (the reconcile loop: unhealthy ones, read only by their probe,
+        #: ``refresh([provider])``).
+        self.skip: Callable[[str], bool] = lambda provider: False
 
     def fresh(self, providers: Sequence[str], now: float | None = None) -> bool:
         """Whether every provider in ``providers`` has a successful read younger than ``max_age``."""
@@ -79,8 +82,12 @@ class OfferFeed:
         self._poked.set()
 
     async def refresh(self, providers: Sequence[str] | None = None) -> dict[str, ProviderError]:
-        """Read the given providers (all by default) concurrently; return the failures of this read."""
-        names = list(self._clients) if providers is None else [p for p in providers if p in self._clients]
+        """Read the given providers (by default all but those ``skip`` names) concurrently; return the failures of
+        this read."""
+        if providers is None:
+            names = [p for p in self._clients if not self.skip(p)]
+        else:
+            names = [p for p in providers if p in self._clients]
         failures: dict[str, ProviderError] = {}
         changed = False
 

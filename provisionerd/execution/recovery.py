@@ -2,11 +2,11 @@
 commit whose ack was lost, an unknown outcome) are handed to ``Executor.recover_request`` / ``resume_return`` once
 they have been seen idle for ``recover_after`` seconds.
 
-An op is idle when its provider is leased, the executor runs nothing on it, and (for a request) this process did
-not run it to a known end (``OutcomeLog.settled``: the planner's provisioning timeout owns those). A return is
-resumed only while some of its machines are still ``RETURNING``, not while its provider is throttled, and not
-before the back-off of its last failure has passed (``OutcomeLog.return_retry_at``). Each idle op is handed over
-once per ``recover_after``, whatever the outcome.
+An op is idle when its provider is leased and not unhealthy, the executor runs nothing on it, and (for a request)
+this process did not run it to a known end (``OutcomeLog.settled``: the planner's provisioning timeout owns those).
+A return is resumed only while some of its machines are still ``RETURNING``, not while its provider is throttled,
+and not before the back-off of its last failure has passed (``OutcomeLog.return_retry_at``). Each idle op is handed
+over once per ``recover_after``, whatever the outcome.
 """
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ class Recovery:
         ex, facts, outcomes = self._executor, view.facts, self._outcomes
         outcomes.keep_settled(facts.open_ops)
         idle: dict[str, Any] = {}
+        capacity = self._state().capacity
+        # An unhealthy provider is asked nothing but its probe: its ops wait until it is healthy again (a quota
+        # exceeded still lists and returns: neither needs quota).
+        allowed = {p for p in allowed if not capacity.refuses(p, returning=True)}
         for op_id in facts.open_ops:
             intent = facts.intents[op_id].intent
             if intent.provider in allowed and not ex.is_busy(op_id) and not outcomes.settled(op_id):
@@ -72,7 +76,7 @@ class Recovery:
                 for m in record.intent.machine_ids
                 if m in facts.machines and facts.machines[m].state is MachineState.RETURNING
             ]
-            if live and self._state().capacity.throttled(record.intent.provider, self._wall()) is None:
+            if live and capacity.throttled(record.intent.provider, self._wall()) is None:
                 idle[op_id] = record.intent
         self._idle_since = {op: self._idle_since.get(op, now) for op in idle}
         for op_id, intent in idle.items():

@@ -9,7 +9,7 @@
 Failures:
 - a typed refusal (``capacity_unavailable``, ``throttled``, ``quota_exceeded``, ``invalid_request``,
   ``auth_failed``) is an outcome known: ``RequestFailed`` is committed and the code becomes a planner observation
-  (offer unavailable, throttle back-off, provider paused: ``provisionerd.execution.observations``);
+  (offer unavailable, throttle back-off, provider unhealthy: ``provisionerd.execution.observations``);
 - an unknown outcome (``ProviderTimeout``, ``ProviderCrashed``, ``ProviderProtocolViolation``) lists the machines
   tagged with the op_id. If they are all there they are committed and nothing is called again. Otherwise only a
   provider declaring ``features.idempotentRequest`` gets a retry with the **same** op_id and the same tokens (the
@@ -106,7 +106,7 @@ class RequestFlow:
             run.add(ActionDropped(op_id))
             steps.gate_refused(run, provider, exc)
             return RequestOutcome(op_id, provider, "dropped", code=gate_code(exc), detail=str(exc))
-        deadline = started + s.provisioning_timeout
+        deadline = started + s.request_timeout(provider)
         if error is not None and client.legacy:
             return await self._legacy.after_error(run, intent, client, error)
         if error is not None:

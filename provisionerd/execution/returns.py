@@ -68,8 +68,8 @@ class ReturnFlow:
             await trio.sleep(s.retry_delay * 2**attempt)
             attempt += 1
         assert accepted is not None
-        run.add(CallSucceeded(provider))
-        status = await steps.poll(run, provider, accepted.request_id, started + s.return_timeout)
+        run.add(CallSucceeded(provider, "returnMachines"))
+        status = await steps.poll(run, provider, accepted.request_id, started + s.return_timeout_of(provider))
         if status is None or not status.final:
             return ReturnOutcome(op_id, provider, "unknown", code="return_timeout")
         listed = {m.machine_id: m for m in status.machines}

@@ -22,7 +22,6 @@ from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
 from provisionerd.execution.values import CallObservations, ExecutorSettings, RequestOutcome
-from provisionerd.planner.capacity import QuotaExceeded
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
 from provisionerd.provider.values import RequestStatus, status_for
@@ -56,14 +55,11 @@ class Steps:
         self._deps.events.emit("action", phase=phase, kind=kind, op_id=op_id, provider=provider, **fields)
 
     def observe_error(self, run: CallObservations, provider: str, template_id: str, exc: ProviderError) -> None:
-        """Add what ``exc`` means for the planner to ``run`` (``observations.provider_error_observation``); a quota
-        pause is also an event, for the operator."""
+        """Add what ``exc`` means for the planner to ``run`` (``observations.provider_error_observation``). An
+        unhealthy provider is raised as an event where the observation is folded (the reconcile loop)."""
         obs = provider_error_observation(provider, template_id, exc, self._deps.wall())
-        if obs is None:
-            return
-        run.add(obs)
-        if isinstance(obs, QuotaExceeded):
-            self._deps.events.emit("provider_paused", provider=provider, reason="quota_exceeded", detail=obs.detail)
+        if obs is not None:
+            run.add(obs)
 
     def gate_refused(self, run: CallObservations, provider: str, exc: Exception) -> None:
         """Tell the planner the controller would not take an intent now, so it backs off before planning the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -15,8 +15,10 @@ GATE_ERRORS = (LeaseError, ControllerRejected, LinkDown)
 @attrs.frozen
 class ExecutorSettings:
     """``poll_*``: ``getRequestStatus`` back-off on trio's clock (first poll ``poll_initial`` after the call).
-    ``provisioning_timeout``/``return_timeout``: how long a request/return is polled. ``retries``: same-op_id
-    retries after an unknown outcome, ``retry_delay`` apart (doubling)."""
+    ``provisioning_timeout``/``return_timeout``: how long a request/return is polled; ``provider_timeouts`` gives
+    a provider its own (both, from its configured ``provisioning_timeout``): read them with :meth:`request_timeout`
+    and :meth:`return_timeout_of`. ``retries``: same-op_id retries after an unknown outcome, ``retry_delay`` apart
+    (doubling)."""
 
     cluster: str
     controllers: tuple[str, ...]
@@ -27,6 +29,15 @@ class ExecutorSettings:
     return_timeout: float = 1200.0
     retries: int = 3
     retry_delay: float = 1.0
+    provider_timeouts: Mapping[str, float] = attrs.field(factory=dict)
+
+    def request_timeout(self, provider: str) -> float:
+        """How long a request to ``provider`` is polled."""
+        return self.provider_timeouts.get(provider, self.provisioning_timeout)
+
+    def return_timeout_of(self, provider: str) -> float:
+        """How long a return to ``provider`` is polled."""
+        return self.provider_timeouts.get(provider, self.return_timeout)
 
 
 @attrs.frozen

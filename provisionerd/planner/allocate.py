@@ -4,8 +4,9 @@ Pure; part of :func:`provisionerd.planner.plan.plan`. Per item: it keeps ``min(a
 ``deficit = count - kept - outstanding``. A deficit is filled first from the *idle pool* (idle machines other items
 do not need, on offers compatible with this item, cheapest offer first), then by requests over the item's
 compatible offers in choice order, skipping offers that are out of capacity, on a throttled or paused provider, at
-``maxNumber`` or at the provider cap, and spilling over to the next offer when one fills. Items are served in
-demand_id order, so a binding step limit or cap favours lower ids.
+``maxNumber``, at the provider cap or at the provider's own step limit (``policy.of(provider)``), and spilling over
+to the next offer when one fills. Items are served in demand_id order, so a binding step limit or cap favours lower
+ids.
 """
 
 from __future__ import annotations
@@ -72,10 +73,20 @@ class Allocator:
         self.catalog, self.counts, self.now, self.policy = catalog, counts, now, policy
         self.capacity = state.capacity
         self.step_log = tuple(e for e in state.step_log if e[0] > now - policy.step_interval)
-        self.step_room = policy.step_limit - sum(n for _, n in self.step_log)
+        self.step_room = policy.step_limit - sum(e[2] for e in self.step_log)
         self.provider_load = counts.provider_load()
         self.requests: list[tuple[str, OfferKey, int]] = []  # (demand_id, offer, count)
         self.decisions: list[DemandDecision] = []
+        self._provider_room: dict[str, int | None] = {}  # provider -> its own step room (None: no own limit)
+
+    def _room_of(self, provider: str) -> int | None:
+        """What ``provider``'s own step limit leaves in this window (``None``: it has none)."""
+        if provider in self._provider_room:
+            return self._provider_room[provider]
+        limit = self.policy.of(provider).step_limit
+        room = None if limit is None else limit - sum(e[2] for e in self.step_log if e[1] == provider)
+        self._provider_room[provider] = room
+        return room
 
     def serve(
         self,
@@ -113,9 +124,13 @@ class Allocator:
                 blocked.append(Rejection(key[0], key[1], (why,)))
                 continue
             room = parsed.offer.max_number - self.counts.load.get(key, 0)
-            cap = self.policy.provider_caps.get(key[0])
+            cap = self.policy.of(key[0]).max_machines
             if cap is not None:
                 room = min(room, cap - self.provider_load.get(key[0], 0))
+            own_room = self._room_of(key[0])
+            if own_room is not None:
+                room = min(room, own_room)
+                self._provider_room[key[0]] = own_room - min(room, deficit, self.step_room)
             count = min(room, deficit, self.step_room)
             self.counts.load[key] = self.counts.load.get(key, 0) + count
             self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + count
@@ -144,7 +159,10 @@ class Allocator:
         load = self.counts.load.get(key, 0)
         if load >= offer.max_number:
             return f"template at maxNumber {offer.max_number} ({load} live or requested)"
-        cap = self.policy.provider_caps.get(key[0])
-        if cap is not None and self.provider_load.get(key[0], 0) >= cap:
-            return f"provider cap {cap} reached"
+        own = self.policy.of(key[0])
+        if own.max_machines is not None and self.provider_load.get(key[0], 0) >= own.max_machines:
+            return f"provider cap {own.max_machines} reached"
+        room = self._room_of(key[0])
+        if room is not None and room <= 0:
+            return f"provider step limit {own.step_limit} per {self.policy.step_interval:g}s reached"
         return None

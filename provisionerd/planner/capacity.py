@@ -1,9 +1,25 @@
-"""Provider back-off memory: offers out of capacity, throttled providers, providers paused on quota.
+"""Provider back-off memory: offers out of capacity, throttled providers, unhealthy providers.
 
 Pure. The driver turns typed provider errors into the observation values below and folds them with
 :func:`provisionerd.planner.state.observe`; the planner reads the result through :meth:`CapacityState.offer_block`,
-:meth:`CapacityState.throttled` and :meth:`CapacityState.paused_reason`. Every entry ends at a time on the
-planner's clock, so the memory prunes itself and stays bounded by the number of offers and providers.
+:meth:`CapacityState.throttled` and :meth:`CapacityState.unhealthy_reason`. Every back-off reads the knobs of its
+own provider (``policy.of(provider)``). The memory stays bounded by the number of offers and providers.
+
+**Unhealthy providers.** ``auth_failed``, ``invalid_request`` and ``quota_exceeded`` say the provider will refuse
+the next call just the same (credentials, configuration, quota), so asking again at once only mints tokens and
+commits intents that fail. :class:`ProviderUnhealthy` makes the provider unhealthy: no request is planned for it,
+nor a return unless the code is ``quota_exceeded`` (a return frees quota), so the driver mints no token and commits
+no intent for it; and the n-th failure in a row sets the next probe
+``ProviderPolicy.unhealthy_delay(code, n)`` later (doubling, capped). A probe is a call that changes nothing (the
+driver reads ``getAvailableTemplates``): the driver folds :class:`ProbeStarted` when it makes one (the next step is
+reserved at once, so a probe that hangs or fails without a typed refusal costs one call per step, never a burst),
+then :class:`ProbeSucceeded` (healthy again) or, through the same error mapping, another :class:`ProviderUnhealthy`.
+The failure count survives a successful probe (a probe cannot tell whether the next request is valid or within
+quota) and starts over only when a mutation succeeds (:class:`CallSucceeded`), so a provider whose requests keep
+failing with ``invalid_request`` costs one intent per back-off step, each step twice as long.
+
+``quota_exceeded`` is this same state: its first step is ``quota_pause`` (it was a fixed pause before; now it
+doubles while the quota stays exhausted). :class:`ProviderResumed` (an operator) lifts the state at once.
 """
 
 from __future__ import annotations
@@ -43,30 +59,66 @@ class Throttled:
     jitter: float | None = None
 
 
+#: The refusal codes that make a provider unhealthy (see the module docstring).
+UNHEALTHY_CODES = frozenset({"auth_failed", "invalid_request", "quota_exceeded"})
+
+
 @attrs.frozen
-class QuotaExceeded:
-    """A call to ``provider`` failed with ``quota_exceeded``: no new requests there for ``policy.quota_pause``."""
+class ProviderUnhealthy:
+    """A call to ``provider`` failed at ``at`` with ``code``, one of ``UNHEALTHY_CODES``: it is unhealthy."""
+
+    provider: str
+    code: str
+    at: float
+    detail: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.code not in UNHEALTHY_CODES:
+            raise ValueError(f"code must be one of {sorted(UNHEALTHY_CODES)}, not {self.code!r}")
+
+
+@attrs.frozen
+class ProbeStarted:
+    """The driver starts the probe of unhealthy ``provider`` at ``at`` (its probe was due): the next step is set."""
 
     provider: str
     at: float
-    detail: str = ""
+
+
+@attrs.frozen
+class ProbeSucceeded:
+    """The probe of ``provider`` succeeded: it is healthy again (its failure count stays until a mutation works)."""
+
+    provider: str
+    at: float
 
 
 @attrs.frozen
 class CallSucceeded:
-    """A call to ``provider`` succeeded: its throttle back-off starts over."""
+    """A mutation (``action``) on ``provider`` succeeded: its throttle back-off starts over, and so does its unhealthy
+    state and failure count, unless the success proves nothing about what failed: a ``returnMachines`` clears only
+    ``auth_failed`` (the credentials work), not a quota or a request found invalid."""
 
     provider: str
+    action: str = "requestMachines"
 
 
 @attrs.frozen
 class ProviderResumed:
-    """An operator (or a later quota check) lifts the quota pause on ``provider``."""
+    """An operator lifts the unhealthy state of ``provider`` (a quota raised, credentials fixed)."""
 
     provider: str
 
 
-CapacityObservation = CapacityUnavailable | Throttled | QuotaExceeded | CallSucceeded | ProviderResumed
+CapacityObservation = (
+    CapacityUnavailable
+    | Throttled
+    | ProviderUnhealthy
+    | ProbeStarted
+    | ProbeSucceeded
+    | CallSucceeded
+    | ProviderResumed
+)
 
 # --- the memory ------------------------------------------------------------------------------------------------
 
@@ -78,9 +130,23 @@ class Throttle:
 
 
 @attrs.frozen
-class Pause:
-    until: float
+class Unhealthy:
+    """Why ``provider`` is unhealthy (``code``, ``detail``), since when, and when its next probe is due."""
+
+    code: str
     detail: str
+    since: float
+    attempts: int  # failures (and probes started) in a row
+    until: float  # the next probe is due at this time
+
+    @property
+    def blocks_returns(self) -> bool:
+        """Whether returns wait too: not for ``quota_exceeded`` (a return frees quota; only requests need it)."""
+        return self.code != "quota_exceeded"
+
+    def reason(self, provider: str) -> str:
+        detail = f": {self.detail}" if self.detail else ""
+        return f"provider {provider!r} unhealthy ({self.code}{detail}): next probe at {self.until:.1f}"
 
 
 @attrs.frozen
@@ -89,14 +155,15 @@ class CapacityState:
 
     unavailable: Mapping[OfferKey, float] = attrs.field(factory=dict)  # offer -> unavailable until
     throttles: Mapping[str, Throttle] = attrs.field(factory=dict)
-    paused: Mapping[str, Pause] = attrs.field(factory=dict)
+    unhealthy: Mapping[str, Unhealthy] = attrs.field(factory=dict)
+    strikes: Mapping[str, int] = attrs.field(factory=dict)  # unhealthy failures in a row, kept past a good probe
     jitter_seed: int = 0
 
     def offer_block(self, key: OfferKey, now: float) -> str | None:
         """Why no new request may go to offer ``key`` now (``None`` = it may)."""
-        paused = self.paused_reason(key[0], now)
-        if paused is not None:
-            return paused
+        unhealthy = self.unhealthy_reason(key[0])
+        if unhealthy is not None:
+            return unhealthy
         until = self.throttled(key[0], now)
         if until is not None:
             return f"provider {key[0]!r} throttled until {until:.1f}"
@@ -105,11 +172,21 @@ class CapacityState:
             return f"capacity_unavailable until {until:.1f}"
         return None
 
-    def paused_reason(self, provider: str, now: float) -> str | None:
-        pause = self.paused.get(provider)
-        if pause is None or now >= pause.until:
-            return None
-        return f"provider {provider!r} paused (quota_exceeded) until {pause.until:.1f}"
+    def unhealthy_reason(self, provider: str) -> str | None:
+        """Why nothing may be asked of ``provider`` but a probe (``None``: it is healthy). The state lasts until a
+        probe succeeds, however long ago the probe fell due."""
+        entry = self.unhealthy.get(provider)
+        return None if entry is None else entry.reason(provider)
+
+    def refuses(self, provider: str, *, returning: bool = False) -> bool:
+        """Whether nothing of that kind (a request; ``returning``: a return) may be asked of ``provider`` now."""
+        entry = self.unhealthy.get(provider)
+        return entry is not None and (not returning or entry.blocks_returns)
+
+    def probe_due(self, provider: str, now: float) -> bool:
+        """Whether ``provider`` is unhealthy and its next probe is due at ``now``."""
+        entry = self.unhealthy.get(provider)
+        return entry is not None and now >= entry.until
 
     def throttled(self, provider: str, now: float) -> float | None:
         """The end of ``provider``'s back-off if it is still running at ``now``."""
@@ -119,12 +196,14 @@ class CapacityState:
         return throttle.until
 
     def pruned(self, now: float) -> CapacityState:
-        """Drop windows that ended. A throttle's attempt count survives its window until a success resets it."""
-        unavailable = {k: u for k, u in self.unavailable.items() if now < u}
-        paused = {p: v for p, v in self.paused.items() if now < v.until}
-        if len(unavailable) == len(self.unavailable) and len(paused) == len(self.paused):
+        """Drop windows that ended. A throttle's attempt count survives its window until a success resets it; an
+        unhealthy provider stays so until a probe succeeds."""
+        if not self.unavailable:
             return self
-        return attrs.evolve(self, unavailable=unavailable, paused=paused)
+        unavailable = {k: u for k, u in self.unavailable.items() if now < u}
+        if len(unavailable) == len(self.unavailable):
+            return self
+        return attrs.evolve(self, unavailable=unavailable)
 
 
 def _unit_jitter(seed: int, provider: str, attempt: int) -> float:
@@ -145,16 +224,17 @@ def apply_capacity(
         case CapacityUnavailable():
             _check_time(obs.at)
             key = (obs.provider, obs.template_id)
-            until = max(state.unavailable.get(key, obs.at), obs.at + policy.capacity_backoff)
+            until = max(state.unavailable.get(key, obs.at), obs.at + policy.of(obs.provider).capacity_backoff)
             note = Note("offer_unavailable", f"{format_key(key)} unavailable until {until:.1f}", obs.provider)
             return attrs.evolve(state, unavailable={**state.unavailable, key: until}), (note,)
         case Throttled():
             _check_time(obs.at)
             if obs.jitter is not None and not 0.0 <= obs.jitter <= 1.0:
                 raise ValueError(f"jitter must be within [0, 1], not {obs.jitter!r}")
+            own = policy.of(obs.provider)
             previous = state.throttles.get(obs.provider)
             attempts = 1 if previous is None else previous.attempts + 1
-            delay = min(policy.throttle_max, policy.throttle_base * 2.0 ** min(attempts - 1, 60))
+            delay = min(own.throttle_max, own.throttle_base * 2.0 ** min(attempts - 1, 60))
             jitter = _unit_jitter(state.jitter_seed, obs.provider, attempts) if obs.jitter is None else obs.jitter
             until = obs.at + delay * (0.5 + 0.5 * jitter)
             if previous is not None:
@@ -163,23 +243,68 @@ def apply_capacity(
             note = Note("provider_throttled", detail, obs.provider)
             throttles = {**state.throttles, obs.provider: Throttle(attempts, until)}
             return attrs.evolve(state, throttles=throttles), (note,)
-        case QuotaExceeded():
+        case ProviderUnhealthy():
             _check_time(obs.at)
-            pause = Pause(obs.at + policy.quota_pause, obs.detail)
-            detail = f"quota_exceeded: no new requests until {pause.until:.1f}" + (
-                f" ({obs.detail})" if obs.detail else ""
-            )
-            return attrs.evolve(state, paused={**state.paused, obs.provider: pause}), (
-                Note("provider_paused", detail, obs.provider),
-            )
+            return _failed(state, obs, policy)
+        case ProbeStarted():
+            _check_time(obs.at)
+            entry = state.unhealthy.get(obs.provider)
+            if entry is None or obs.at < entry.until:
+                return state, ()
+            attempts = entry.attempts + 1
+            until = obs.at + policy.of(obs.provider).unhealthy_delay(entry.code, attempts)
+            entry = attrs.evolve(entry, attempts=attempts, until=until)
+            return attrs.evolve(state, unhealthy={**state.unhealthy, obs.provider: entry}), ()
+        case ProbeSucceeded():
+            entry = state.unhealthy.get(obs.provider)
+            if entry is None:
+                return state, ()
+            detail = f"probe succeeded after {obs.at - entry.since:.1f}s unhealthy ({entry.code})"
+            return _healthy(state, obs.provider, entry.attempts), (Note("provider_healthy", detail, obs.provider),)
         case CallSucceeded():
-            if obs.provider not in state.throttles:
+            p = obs.provider
+            if p not in state.throttles and p not in state.strikes and p not in state.unhealthy:
                 return state, ()
-            throttles = {p: t for p, t in state.throttles.items() if p != obs.provider}
-            return attrs.evolve(state, throttles=throttles), ()
+            if p in state.throttles:
+                state = attrs.evolve(state, throttles={k: t for k, t in state.throttles.items() if k != p})
+            entry = state.unhealthy.get(p)
+            if obs.action == "returnMachines" and (entry is None or entry.code != "auth_failed"):
+                return state, ()
+            notes = (Note("provider_healthy", f"{obs.action} succeeded", p),) if entry is not None else ()
+            return _healthy(state, p, None), notes
         case ProviderResumed():
-            if obs.provider not in state.paused:
+            if obs.provider not in state.unhealthy:
                 return state, ()
-            paused = {p: v for p, v in state.paused.items() if p != obs.provider}
-            return attrs.evolve(state, paused=paused), (Note("provider_resumed", "quota pause lifted", obs.provider),)
+            note = Note("provider_healthy", "unhealthy state lifted by an operator", obs.provider)
+            return _healthy(state, obs.provider, None), (note,)
     raise TypeError(f"not a capacity observation: {obs!r}")
+
+
+def _failed(state: CapacityState, obs: ProviderUnhealthy, policy: Policy) -> tuple[CapacityState, tuple[Note, ...]]:
+    entry = state.unhealthy.get(obs.provider)
+    if entry is not None and obs.at < entry.until:
+        # A call already in flight when the state began, or the probe of this step failing: the same step, with the
+        # latest reason (no escalation: the step was counted when it began).
+        if (entry.code, entry.detail) == (obs.code, obs.detail):
+            return state, ()
+        entry = attrs.evolve(entry, code=obs.code, detail=obs.detail)
+        return attrs.evolve(state, unhealthy={**state.unhealthy, obs.provider: entry}), ()
+    attempts = (entry.attempts if entry is not None else state.strikes.get(obs.provider, 0)) + 1
+    until = obs.at + policy.of(obs.provider).unhealthy_delay(obs.code, attempts)
+    since = entry.since if entry is not None else obs.at
+    entry = Unhealthy(obs.code, obs.detail, since, attempts, until)
+    detail = f"{obs.code} ({attempts} in a row): nothing asked but a probe at {until:.1f}" + (
+        f" ({obs.detail})" if obs.detail else ""
+    )
+    return attrs.evolve(state, unhealthy={**state.unhealthy, obs.provider: entry}), (
+        Note("provider_unhealthy", detail, obs.provider),
+    )
+
+
+def _healthy(state: CapacityState, provider: str, strikes: int | None) -> CapacityState:
+    """``provider`` healthy; its failure count kept as ``strikes`` (``None``: forgotten)."""
+    unhealthy = {p: u for p, u in state.unhealthy.items() if p != provider}
+    kept = {p: n for p, n in state.strikes.items() if p != provider}
+    if strikes is not None:
+        kept[provider] = strikes
+    return attrs.evolve(state, unhealthy=unhealthy, strikes=kept)

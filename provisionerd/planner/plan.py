@@ -12,18 +12,20 @@ Rules
   reusing idle machines other items no longer need (compatible templates, cheapest first), then by requests
   (:mod:`provisionerd.planner.allocate`).
 - Requests go to the item's compatible offers in choice order (:mod:`provisionerd.planner.offers`), skipping offers that
-  are out of capacity, on a throttled or paused provider, at ``maxNumber`` or at the provider cap, and spilling
-  over to the next offer when one fills. At most ``policy.step_limit`` machines per sliding
-  ``policy.step_interval``; items are served in demand_id order. Caps count every live machine (returning ones
-  included), every open intent's missing machines and every request in flight, so they hold even before the
-  facts of this plan's actions land.
+  are out of capacity, on a throttled or unhealthy provider, at ``maxNumber``, at the provider cap or at the
+  provider's own step limit, and spilling over to the next offer when one fills. At most ``policy.step_limit``
+  machines per sliding ``policy.step_interval`` over all providers; items are served in demand_id order. Caps
+  count every live machine (returning ones included), every open intent's missing machines and every request in
+  flight, so they hold even before the facts of this plan's actions land.
 - Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
   join deadline, and idle machines past ``max_ttl`` are returned; idle machines an item does not need (and no
   other item reuses) are returned once idle for ``idle_time``, longest idle first. A busy machine is never
-  returned. Returns wait while their provider is throttled.
+  returned. Returns wait while their provider is throttled or unhealthy (but not for ``quota_exceeded``).
 - Every action planned is remembered in the state until the facts show it (or the driver reports it dropped),
   so replaying the same snapshot against the same view plans nothing new. Committing the planned facts changes
   nothing either, except that a committed ``RequestFailed`` or ``Lost`` frees what the plan held for it.
+- Every deadline, back-off, cap and step limit is the machine's, intent's or offer's own provider's
+  (``policy.of(provider)``, :class:`provisionerd.planner.policy.ProviderPolicy`).
 - Action order: ``FailRequest``, ``MarkLost``, ``ReturnMachines`` (per provider, by reason, batched), then
   ``RequestMachines`` (retire before acquiring).
 
@@ -152,8 +154,9 @@ def plan(
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
                 planner.serve(demand.items[demand_id], idle_pool, notes, demand.requirement)
     retire = list(counts.retire)
-    for entries in idle_pool.values():
-        retire.extend(("idle", e[2]) for e in entries if now - e[0] >= policy.idle_time)
+    for (provider, _), entries in idle_pool.items():
+        idle_time = policy.of(provider).idle_time
+        retire.extend(("idle", e[2]) for e in entries if now - e[0] >= idle_time)
     return _emit(state, view, counts, planner, retire, notes, snapshot, now, policy)
 
 
@@ -187,6 +190,11 @@ def _emit(
         groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
     order = {reason: i for i, reason in enumerate(RETIRE_REASONS)}
     for (provider, reason), machine_ids in sorted(groups.items(), key=lambda g: (g[0][0], order[g[0][1]])):
+        unhealthy = state.capacity.unhealthy.get(provider)
+        if unhealthy is not None and unhealthy.blocks_returns:
+            detail = f"{len(machine_ids)} {reason} return(s) wait: {unhealthy.reason(provider)}"
+            notes.append(Note("deferred", detail, provider))
+            continue
         until = state.capacity.throttled(provider, now)
         if until is not None:
             detail = f"{len(machine_ids)} {reason} return(s) wait for the throttle until {until:.1f}"
@@ -199,13 +207,13 @@ def _emit(
             actions.append(ReturnMachines(op_id, provider, batch, reason))
             pending_returns.update(dict.fromkeys(batch, op_id))
     pending_requests = dict(state.pending_requests)
-    step_used = 0
+    step_used: dict[str, int] = {}
     for demand_id, (provider, template_id), count in planner.requests:
         op_id = ops.new(provider)
         actions.append(RequestMachines(op_id, provider, template_id, count, demand_id))
         pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
-        step_used += count
-    step_log = planner.step_log + (((now, step_used),) if step_used else ())
+        step_used[provider] = step_used.get(provider, 0) + count
+    step_log = planner.step_log + tuple((now, provider, n) for provider, n in sorted(step_used.items()))
     new_state = attrs.evolve(
         state,
         applied_seq=state.applied_seq if snapshot is None else max(state.applied_seq, snapshot.seq),

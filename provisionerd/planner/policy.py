@@ -1,7 +1,15 @@
-"""The reconciler's knobs: deadlines, back-off, caps and the step limit. A frozen value checked on construction.
+"""The reconciler's knobs: deadlines, back-off, caps and the step limit, per provider. Frozen values checked on
+construction.
 
 All durations are seconds on the planner's clock (the ``now`` passed to :func:`provisionerd.planner.plan.plan`, which
 must be the same wall clock that stamps ``launch_time`` and ``HostState.since``).
+
+Every knob that says how long a machine may live or wait, how a provider backs off and how much may be asked of it
+is a :class:`ProviderPolicy`, one per provider (``Policy.providers``, built from the config in one place:
+``provisionerd.daemon.builder.policy_from_config``). The planner reads a machine's, intent's or offer's knob with
+``policy.of(provider)``; a provider with no entry gets the defaults the ``Policy``'s own fields give (and its cap from
+``provider_caps``), so a one-provider test can still say ``Policy(join_deadline=60)``. The orphan cycle reads the
+same ``ProviderPolicy.join_deadline``.
 """
 
 from __future__ import annotations
@@ -18,11 +26,93 @@ def _positive(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
 
+def _is_count(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+_DURATIONS = (
+    "join_deadline",
+    "idle_time",
+    "provisioning_timeout",
+    "capacity_backoff",
+    "throttle_base",
+    "throttle_max",
+    "quota_pause",
+    "unhealthy_base",
+    "unhealthy_max",
+)
+_PROVIDER_KNOBS = (*_DURATIONS, "max_ttl", "step_limit", "max_machines")
+
+
+def _problems(values: Mapping[str, object]) -> list[str]:
+    """Every invalid provider knob in ``values`` (the ones present)."""
+    problems = []
+    for name in _DURATIONS:
+        value = values.get(name, 1.0)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and _positive(value)):
+            problems.append(f"{name}: must be a positive number of seconds, not {value!r}")
+    ttl = values.get("max_ttl")
+    if ttl is not None and not (isinstance(ttl, (int, float)) and _positive(ttl)):
+        problems.append(f"max_ttl: must be a positive number of seconds or None, not {ttl!r}")
+    step = values.get("step_limit")
+    if step is not None and not _is_count(step, 1):
+        problems.append(f"step_limit: must be an integer >= 1 or None, not {step!r}")
+    cap = values.get("max_machines")
+    if cap is not None and not _is_count(cap, 0):
+        problems.append(f"max_machines: must be an integer >= 0 or None, not {cap!r}")
+    return problems
+
+
+@attrs.frozen
+class ProviderPolicy:
+    """One provider's knobs (the ones :class:`Policy` documents), applied to that provider's machines only.
+
+    ``step_limit``: at most this many new machines requested from this provider in any sliding
+    ``Policy.step_interval`` (``None``: only the global ``Policy.step_limit`` binds). ``max_machines``: most machines
+    (live + requested) at this provider (``None``: uncapped).
+    """
+
+    join_deadline: float = 900.0
+    idle_time: float = 300.0
+    max_ttl: float | None = None
+    provisioning_timeout: float = 1200.0
+    capacity_backoff: float = 180.0
+    throttle_base: float = 2.0
+    throttle_max: float = 300.0
+    quota_pause: float = 900.0
+    unhealthy_base: float = 30.0
+    unhealthy_max: float = 1800.0
+    step_limit: int | None = None
+    max_machines: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})
+        if problems:
+            raise ConfigError("invalid provider policy", problems)
+
+    def unhealthy_delay(self, code: str, attempts: int) -> float:
+        """The back-off before the ``attempts``-th probe of a provider unhealthy with ``code``: doubling from
+        ``unhealthy_base`` (``quota_pause`` for ``quota_exceeded``: a quota rarely comes back within seconds) up to
+        ``unhealthy_max`` (or the first step, when that is longer)."""
+        first = self.quota_pause if code == "quota_exceeded" else self.unhealthy_base
+        return min(max(self.unhealthy_max, first), first * 2.0 ** min(max(attempts, 1) - 1, 60))
+
+
 @attrs.frozen
 class Policy:
     """How the planner turns demand into requests and returns.
 
+    Global (all providers):
+
     - ``cluster`` names this cluster in every op_id (and in the owner tags the driver adds).
+    - ``step_limit``/``step_interval``: at most ``step_limit`` new machines requested in any sliding window of
+      ``step_interval`` seconds, over all providers (each provider's own ``ProviderPolicy.step_limit`` binds too).
+    - ``return_batch``: most machines in one ``ReturnMachines`` action.
+    - ``reclaim_memory``: how long a reclaim notice for a machine the facts do not (yet) show is remembered.
+    - ``providers``: the :class:`ProviderPolicy` of each named provider.
+
+    Per provider (the defaults for a provider not in ``providers``; ``of(provider)`` gives the values in force):
+
     - ``join_deadline``: a machine not joined this long after launch is returned (``never_joined``).
     - ``idle_time``: a joined machine idle this long is returned when demand no longer needs it.
     - ``max_ttl``: a machine this old is retired at its next idle moment, needed or not (``None`` = never).
@@ -31,12 +121,10 @@ class Policy:
     - ``capacity_backoff``: how long an offer stays unavailable after ``capacity_unavailable``.
     - ``throttle_base``/``throttle_max``: exponential back-off per provider after ``throttled`` (jittered to
       between half and all of ``min(throttle_max, throttle_base * 2**(n-1))`` for the n-th throttle in a row).
-    - ``quota_pause``: how long a provider is paused after ``quota_exceeded`` (``ProviderResumed`` ends it early).
-    - ``step_limit``/``step_interval``: at most ``step_limit`` new machines requested in any sliding window of
-      ``step_interval`` seconds, over all providers.
-    - ``provider_caps``: most machines (live + requested) per provider; providers not listed are uncapped.
-    - ``return_batch``: most machines in one ``ReturnMachines`` action.
-    - ``reclaim_memory``: how long a reclaim notice for a machine the facts do not (yet) show is remembered.
+    - ``unhealthy_base``/``unhealthy_max``/``quota_pause``: a provider that answered ``auth_failed``,
+      ``invalid_request`` or ``quota_exceeded`` is unhealthy (:mod:`provisionerd.planner.capacity`): nothing is
+      asked of it until a probe succeeds, the n-th probe ``ProviderPolicy.unhealthy_delay`` after the n-th failure.
+    - ``provider_caps``: most machines (live + requested) per provider not in ``providers``; others are uncapped.
     """
 
     cluster: str = "cluster"
@@ -48,37 +136,67 @@ class Policy:
     throttle_base: float = 2.0
     throttle_max: float = 300.0
     quota_pause: float = 900.0
+    unhealthy_base: float = 30.0
+    unhealthy_max: float = 1800.0
     step_limit: int = 100
     step_interval: float = 60.0
     provider_caps: Mapping[str, int] = attrs.field(factory=dict)
     return_batch: int = 100
     reclaim_memory: float = 3600.0
+    providers: Mapping[str, ProviderPolicy] = attrs.field(factory=dict)
+    # Derived in __attrs_post_init__ (frozen: set once), read on the planner's hot paths.
+    _default: ProviderPolicy = attrs.field(init=False, eq=False, repr=False)
+    _capped: Mapping[str, ProviderPolicy] = attrs.field(init=False, eq=False, repr=False)
+    #: The shortest join deadline of any provider (the default's included): the planner reads not-joined machines
+    #: launched before ``now - min_join_deadline`` and checks each against its own provider's deadline.
+    min_join_deadline: float = attrs.field(init=False, eq=False, repr=False)
+    #: Whether any provider has a ``max_ttl`` (else the planner skips that pass).
+    any_max_ttl: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         problems = []
         if not self.cluster or any(c in self.cluster for c in ":/ "):
             problems.append(f"cluster: must be non-empty without ':', '/' or spaces, not {self.cluster!r}")
-        for name in (
-            "join_deadline",
-            "idle_time",
-            "provisioning_timeout",
-            "capacity_backoff",
-            "throttle_base",
-            "throttle_max",
-            "quota_pause",
-            "step_interval",
-            "reclaim_memory",
-        ):
+        defaults = {name: getattr(self, name) for name in (*_DURATIONS, "max_ttl")}
+        problems.extend(_problems(defaults))
+        for name in ("step_interval", "reclaim_memory"):
             if not _positive(getattr(self, name)):
                 problems.append(f"{name}: must be a positive number of seconds, not {getattr(self, name)!r}")
-        if self.max_ttl is not None and not _positive(self.max_ttl):
-            problems.append(f"max_ttl: must be a positive number of seconds or None, not {self.max_ttl!r}")
         for name in ("step_limit", "return_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"{name}: must be an integer >= 1, not {value!r}")
+            if not _is_count(getattr(self, name), 1):
+                problems.append(f"{name}: must be an integer >= 1, not {getattr(self, name)!r}")
         for provider, cap in self.provider_caps.items():
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            if not _is_count(cap, 0):
                 problems.append(f"provider_caps.{provider}: must be an integer >= 0, not {cap!r}")
+            elif provider in self.providers:
+                problems.append(f"provider_caps.{provider}: set max_machines in providers.{provider} instead")
+        for provider, own in self.providers.items():
+            if not isinstance(own, ProviderPolicy):
+                problems.append(f"providers.{provider}: must be a ProviderPolicy, not {own!r}")
         if problems:
             raise ConfigError("invalid reconcile policy", problems)
+        default = ProviderPolicy(
+            join_deadline=self.join_deadline,
+            idle_time=self.idle_time,
+            max_ttl=self.max_ttl,
+            provisioning_timeout=self.provisioning_timeout,
+            capacity_backoff=self.capacity_backoff,
+            throttle_base=self.throttle_base,
+            throttle_max=self.throttle_max,
+            quota_pause=self.quota_pause,
+            unhealthy_base=self.unhealthy_base,
+            unhealthy_max=self.unhealthy_max,
+        )
+        capped = {p: attrs.evolve(default, max_machines=cap) for p, cap in self.provider_caps.items()}
+        everyone = (default, *self.providers.values())
+        object.__setattr__(self, "_default", default)
+        object.__setattr__(self, "_capped", capped)
+        object.__setattr__(self, "min_join_deadline", min(p.join_deadline for p in everyone))
+        object.__setattr__(self, "any_max_ttl", any(p.max_ttl is not None for p in everyone))
+
+    def of(self, provider: str) -> ProviderPolicy:
+        """The knobs in force for ``provider``'s machines, intents and offers."""
+        own = self.providers.get(provider)
+        if own is not None:
+            return own
+        return self._capped.get(provider, self._default)

@@ -7,7 +7,8 @@ remembers what the facts cannot say yet or at all:
 - actions planned but not yet visible in the facts (``pending_*``), so a replay does not plan them twice;
 - when each open intent was planned or first seen, and when a machine with an unknown launch time was first seen
   (the provisioning timeout and the join deadline count from there);
-- provider back-off (:mod:`provisionerd.planner.capacity`), reclaim notices, and the step-limit window;
+- provider back-off and health (:mod:`provisionerd.planner.capacity`), reclaim notices, and the step-limit window
+  (per provider: each entry names the provider it asked);
 - the op counter behind fresh op_ids.
 
 After a restart a fresh state is safe: nothing was committed that the facts do not show, and every deadline
@@ -27,8 +28,10 @@ from provisionerd.planner.capacity import (
     CapacityObservation,
     CapacityState,
     CapacityUnavailable,
+    ProbeStarted,
+    ProbeSucceeded,
     ProviderResumed,
-    QuotaExceeded,
+    ProviderUnhealthy,
     Throttled,
     apply_capacity,
 )
@@ -90,7 +93,7 @@ class PlannerState:
     intent_seen: Mapping[str, float] = attrs.field(factory=dict)  # open intent op_id -> planned / first seen
     machine_seen: Mapping[str, float] = attrs.field(factory=dict)  # machine_id (launch unknown) -> first seen
     reclaimed: Mapping[str, ReclaimNotice] = attrs.field(factory=dict)  # machine_id -> notice
-    step_log: tuple[tuple[float, int], ...] = ()  # (planned_at, machines requested), within the step window
+    step_log: tuple[tuple[float, str, int], ...] = ()  # (planned_at, provider, machines), within the step window
     capacity: CapacityState = attrs.field(factory=CapacityState)
     intent_backoff: IntentBackoff = attrs.field(factory=IntentBackoff)
 
@@ -154,7 +157,15 @@ class Observed:
 def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
     """Fold one observation into the planner's state."""
     match obs:
-        case CapacityUnavailable() | Throttled() | QuotaExceeded() | CallSucceeded() | ProviderResumed():
+        case (
+            CapacityUnavailable()
+            | Throttled()
+            | ProviderUnhealthy()
+            | ProbeStarted()
+            | ProbeSucceeded()
+            | CallSucceeded()
+            | ProviderResumed()
+        ):
             capacity, notes = apply_capacity(state.capacity, obs, policy)
             return Observed(attrs.evolve(state, capacity=capacity), notes)
         case ActionDropped():

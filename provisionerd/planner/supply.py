@@ -51,6 +51,7 @@ def _count_intents(tally: Tally, state: PlannerState, view: FactView, now: float
     load, outstanding = tally.load, tally.outstanding
     timed_out: set[str] = set()
     seen_before, pending = state.intent_seen, state.pending_requests
+    timeouts: dict[str, float] = {}  # provider -> its provisioning_timeout (one lookup per provider, not per op)
     for op_id in view.open_ops:
         record = view.intents[op_id]
         intent = record.intent
@@ -59,7 +60,10 @@ def _count_intents(tally: Tally, state: PlannerState, view: FactView, now: float
         load[key] = load.get(key, 0) + missing
         outstanding[intent.demand_id] = outstanding.get(intent.demand_id, 0) + missing
         seen = tally.intent_seen[op_id] = seen_before.get(op_id, now)  # planned_at carried over on commit
-        if now - seen >= policy.provisioning_timeout:
+        timeout = timeouts.get(intent.provider)
+        if timeout is None:
+            timeout = timeouts[intent.provider] = policy.of(intent.provider).provisioning_timeout
+        if now - seen >= timeout:
             timed_out.add(op_id)
             if op_id not in state.pending_fails:
                 tally.fails.append(record)
@@ -81,7 +85,8 @@ def tally(
     """Count supply and find the machines to retire, in precedence order per machine:
 
     reclaimed (lost) > not joined and its intent timed out (``provisioning_timeout``) > not joined past the join
-    deadline (``never_joined``) > joined, idle and older than ``max_ttl`` (``max_ttl``). Every other active
+    deadline (``never_joined``) > joined, idle and older than ``max_ttl`` (``max_ttl``), each deadline the machine's
+    (or intent's) own provider's (``policy.of(provider)``). Every other active
     machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
     supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
     ``wanted`` is ``None``: demand unknown).
@@ -90,10 +95,11 @@ def tally(
     here (the orphan classifier's ghost rule owns it). Machines in flight (pending return or lost) count against
     the caps but not as supply.
 
-    Cost: proportional to the machines not joined, joined and not busy (only those of items with excess, unless
-    ``max_ttl`` is set), in flight or reclaimed, when ``hosts`` is ``view.hosts`` (indexes kept as hosts and facts
-    change, see :mod:`provisionerd.planner.host_table`); any other mapping costs one more C-level pass over every
-    machine and a loop over every host to build the same index.
+    Cost: proportional to the machines not joined (past the shortest provider's join deadline), joined and not
+    busy (only those of items with excess, unless some provider has a ``max_ttl``), in flight or reclaimed, when
+    ``hosts`` is ``view.hosts`` (indexes kept as hosts and facts change, see
+    :mod:`provisionerd.planner.host_table`); any other mapping costs one more C-level pass over every machine and a
+    loop over every host to build the same index.
     """
     result = Tally()
     timed_out = _count_intents(result, state, view, now, policy)
@@ -127,23 +133,34 @@ def tally(
             if machine.machine_id not in skip:
                 result.retire.append(("provisioning_timeout", machine))
                 active[machine.demand_id] -= 1
-    # The cutoff has a second of slack, so float rounding never hides a machine; the test below decides.
-    late = joins.unjoined_launched_by(now - policy.join_deadline + 1.0)
+    # The cutoff is the shortest deadline of any provider, with a second of slack so float rounding never hides a
+    # machine; the test below, with the machine's own provider's deadline, decides.
+    late = joins.unjoined_launched_by(now - policy.min_join_deadline + 1.0)
+    deadlines: dict[str, float] = {}
     for machine in (*late, *joins.unjoined_unknown_launch()):
         if machine.machine_id in skip or machine.op_id in timed_out:
             continue
-        if now - launched_at(machine) >= policy.join_deadline:
+        deadline = deadlines.get(machine.provider)
+        if deadline is None:
+            deadline = deadlines[machine.provider] = policy.of(machine.provider).join_deadline
+        if now - launched_at(machine) >= deadline:
             result.retire.append(("never_joined", machine))
             active[machine.demand_id] -= 1
 
     # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
     givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
-    max_ttl, idle = policy.max_ttl, result.idle
+    idle = result.idle
     aged: set[str] = set()
-    if max_ttl is not None:  # every joined machine not busy may be past max_ttl, whatever its item needs
+    if policy.any_max_ttl:  # every joined machine not busy may be past its provider's max_ttl, whatever it serves
+        ttls: dict[str, float | None] = {}
         for by_ref in joins.available.values():
             for _, machine in by_ref.values():
-                if machine.machine_id not in skip and now - launched_at(machine) >= max_ttl:
+                provider = machine.provider
+                if provider in ttls:
+                    max_ttl = ttls[provider]
+                else:
+                    max_ttl = ttls[provider] = policy.of(provider).max_ttl
+                if max_ttl is not None and machine.machine_id not in skip and now - launched_at(machine) >= max_ttl:
                     result.retire.append(("max_ttl", machine))
                     active[machine.demand_id] -= 1
                     aged.add(machine.machine_id)

@@ -72,6 +72,7 @@ def test_the_daemon_and_the_direct_path_take_the_same_settings_from_one_config(t
         direct.executor.settings == core.executor.settings == executor_settings_from(config, policy_from_config(config))
     )
     assert core.executor.settings.return_timeout == core.executor.settings.provisioning_timeout == 450.0
+    assert core.executor.settings.provider_timeouts == {"a": 300.0, "b": 450.0}  # each provider polled for its own
     assert core.executor.settings != ExecutorSettings(config.cluster, config.controller.addresses)  # not the defaults
     assert direct.policy == core.policy == policy_from_config(config)
     # The session: the same controller settings, only who joins and for which providers differ.
@@ -87,7 +88,9 @@ def test_the_daemon_and_the_direct_path_take_the_same_settings_from_one_config(t
 def test_the_daemon_takes_injected_settings_over_the_configs(tmp_path):
     """Tests and the simulation inject a policy and executor settings; the builder uses them as given."""
     config = two_providers(tmp_path)
-    policy = attrs.evolve(policy_from_config(config), provisioning_timeout=60.0)
+    configured = policy_from_config(config)
+    providers = {n: attrs.evolve(p, provisioning_timeout=60.0) for n, p in configured.providers.items()}
+    policy = attrs.evolve(configured, providers=providers)
     settings = ExecutorSettings("clu", ("ctl0:7400",), poll_initial=0.5)
     core = DaemonCore(
         config,
@@ -101,3 +104,56 @@ def test_the_daemon_takes_injected_settings_over_the_configs(tmp_path):
     policy_only = DaemonCore(config, connect=unreachable, events=EventLog(), providers={}, policy=policy)
     assert policy_only.executor.settings == executor_settings_from(config, policy)
     assert policy_only.executor.settings.return_timeout == 60.0
+    assert policy_only.executor.settings.provider_timeouts == {"a": 60.0, "b": 60.0}
+
+
+def test_each_provider_keeps_its_own_limits_and_the_orphan_cycle_reads_the_planners(tmp_path):
+    """The issue's two providers: spot (join deadline 120 s, max_ttl 3600 s) and onprem (1800 s, no max_ttl). Merged,
+    both had 1800 and 3600; now each has its own, and each orphan cycle classifies with its provider's deadline as
+    the planner has it (also when a test injects the policy)."""
+    text = textwrap.dedent("""
+        cluster = "clu"
+        identity = "prov-1"
+        [controller]
+        addresses = ["ctl0:7400"]
+        [tls]
+        ca = "ca.pem"
+        cert = "provisioner.pem"
+        key = "provisioner.key"
+        [[providers]]
+        name = "spot"
+        transport = "oneshot"
+        path = "plugins/spot"
+        join_deadline = 120
+        max_ttl = 3600
+        idle_time = 0
+        max_machines = 7
+        step_limit = 3
+        provisioning_timeout = 300
+        capacity_backoff = 20
+        unhealthy_backoff = 5
+        unhealthy_backoff_max = 50
+        quota_pause = 600
+        [[providers]]
+        name = "onprem"
+        transport = "oneshot"
+        path = "plugins/onprem"
+        join_deadline = 1800
+        max_ttl = 0
+    """)
+    config = Config.from_toml(text, base_dir=tmp_path)
+    policy = policy_from_config(config)
+    spot, onprem = policy.of("spot"), policy.of("onprem")
+    assert (spot.join_deadline, spot.max_ttl, onprem.join_deadline, onprem.max_ttl) == (120.0, 3600.0, 1800.0, None)
+    assert (spot.idle_time, spot.max_machines, spot.step_limit, spot.provisioning_timeout) == (0.001, 7, 3, 300.0)
+    assert (spot.capacity_backoff, spot.unhealthy_base, spot.unhealthy_max, spot.quota_pause) == (20, 5, 50, 600)
+    assert (onprem.idle_time, onprem.max_machines, onprem.step_limit, onprem.capacity_backoff) == (300.0, 100, 10, 180)
+    assert policy.step_limit == 13  # the global window never binds before a provider's own
+    assert executor_settings_from(config, policy).provider_timeouts == {"spot": 300.0, "onprem": 1200.0}
+    clients = {n: PluginClient(FakeProvider(n)) for n in ("spot", "onprem")}
+    core = DaemonCore(config, connect=unreachable, events=EventLog(), providers=clients)
+    cycles = core.pieces.orphan_cycles()
+    assert {n: c.policy.join_deadline for n, (c, _) in cycles.items()} == {"spot": 120.0, "onprem": 1800.0}
+    injected = attrs.evolve(policy, providers={**policy.providers, "spot": attrs.evolve(spot, join_deadline=42.0)})
+    core = DaemonCore(config, connect=unreachable, events=EventLog(), providers=clients, policy=injected)
+    assert core.pieces.orphan_cycles()["spot"][0].policy.join_deadline == 42.0

@@ -82,15 +82,20 @@ class FakeSession:
 
 @attrs.define(eq=False)
 class ViewCommitter:
-    """Commits through the fake link, then folds the fact into the current view (as ``ControllerOps`` does)."""
+    """Commits through the fake link, then folds the log into the current view in index order, as the session's
+    pushes do (folding each ack's fact as its task resumes would drop a lower index acknowledged after a higher one:
+    the view ignores facts at or below its last index, and a hundred concurrent commits resume in any order)."""
 
     link: FakeLink
     session: FakeSession
 
     async def commit(self, fact: Fact) -> int:
         index = await self.link.commit(fact)
-        if self.session.view is not None:
-            self.session.view.apply_fact(CommittedFact(index, fact))
+        view = self.session.view
+        if view is not None:
+            log = self.link.controller.facts
+            while view.facts.last_index < len(log):
+                view.apply_fact(log[view.facts.last_index])
             self.session.notify()
         return index
 

@@ -44,12 +44,13 @@ def config(tmp_path: Path, a: str = "", b: str = "") -> Config:
     return Config.from_toml(CONFIG.format(a=a, b=b), base_dir=tmp_path)
 
 
-def test_provisioning_timeout_is_configured_per_provider_and_the_planner_takes_the_largest(tmp_path):
+def test_provisioning_timeout_is_configured_per_provider_and_the_planner_keeps_each_providers_own(tmp_path):
     assert config(tmp_path).provider("a").provisioning_timeout == 1200.0
-    assert policy_from_config(config(tmp_path)).provisioning_timeout == 1200.0  # the default, as before
+    assert policy_from_config(config(tmp_path)).of("a").provisioning_timeout == 1200.0  # the default, as before
     both = config(tmp_path, "provisioning_timeout = 300", "provisioning_timeout = 450.5")
     assert both.provider("a").provisioning_timeout == 300.0
-    assert policy_from_config(both).provisioning_timeout == 450.5  # never fail a request earlier than allowed
+    policy = policy_from_config(both)
+    assert (policy.of("a").provisioning_timeout, policy.of("b").provisioning_timeout) == (300.0, 450.5)
 
 
 @pytest.mark.parametrize(

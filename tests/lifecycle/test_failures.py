@@ -77,7 +77,7 @@ def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(run_rig):
     assert notes and "p/cheap" in notes[0]["detail"]
 
 
-def test_quota_exceeded_pauses_the_provider_and_raises_an_event(run_rig):
+def test_quota_exceeded_makes_the_provider_unhealthy_until_a_probe_and_raises_events(run_rig):
     provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
     provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "quota_exceeded", "vCPU limit"))
 
@@ -88,11 +88,16 @@ def test_quota_exceeded_pauses_the_provider_and_raises_an_event(run_rig):
     rig = run_rig(scenario, {"p": provider})
     times = request_times(rig.providers["p"])
     assert times[0] == 0.0
-    assert times[1] == pytest.approx(rig.policy.quota_pause, abs=1e-5)  # paused 900 s, then tried again
+    assert times[1] == pytest.approx(rig.policy.quota_pause, abs=1e-5)  # unhealthy 900 s, probed, tried again
     assert len(times) == 2
-    (event,) = rig.events_of("provider_paused")
-    assert event["provider"] == "p" and "vCPU limit" in event["detail"]
-    assert rig.events_of("plan_note", kind="provider_paused")
+    (event,) = rig.events_of("provider_unhealthy")
+    assert event["provider"] == "p" and event["code"] == "quota_exceeded" and "vCPU limit" in event["detail"]
+    assert event["next_probe_in"] == pytest.approx(rig.policy.quota_pause, abs=1e-5)
+    (healthy,) = rig.events_of("provider_healthy")
+    assert healthy["provider"] == "p" and "probe succeeded" in healthy["detail"]
+    # The probe was one getAvailableTemplates read at 900 s, between the two requests.
+    reads = [t for t, action in rig.providers["p"].call_log if action == "getAvailableTemplates"]
+    assert [t for t in reads if 0.0 < t < times[1] + 1e-6] == [pytest.approx(times[1], abs=1e-5)]
 
 
 def test_a_crash_after_the_effect_lists_by_op_and_settles_from_the_listing_without_calling_again(run_rig):

@@ -6,7 +6,13 @@ from hypothesis import strategies as st
 from reconcile_world import fuzz_settings
 
 from provisionerd.domain.errors import ConfigError
-from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, ProviderResumed, QuotaExceeded, Throttled
+from provisionerd.planner.capacity import (
+    CallSucceeded,
+    CapacityUnavailable,
+    ProviderResumed,
+    ProviderUnhealthy,
+    Throttled,
+)
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import ActionDropped, PendingRequest, PlannerState, Reclaimed, SnapshotSeqReset, observe
 
@@ -50,14 +56,17 @@ def test_capacity_unavailable_blocks_the_offer_for_the_backoff():
     assert capacity.pruned(280.0).unavailable == {}
 
 
-def test_quota_pauses_the_provider_until_resumed_or_expired():
-    paused = observe(PlannerState(), QuotaExceeded("p", 0.0, "vcpu limit"), POLICY)
-    assert paused.notes[0].kind == "provider_paused" and "vcpu limit" in paused.notes[0].detail
+def test_quota_makes_the_provider_unhealthy_until_resumed_or_probed():
+    paused = observe(PlannerState(), ProviderUnhealthy("p", "quota_exceeded", 0.0, "vcpu limit"), POLICY)
+    assert paused.notes[0].kind == "provider_unhealthy" and "vcpu limit" in paused.notes[0].detail
     capacity = paused.state.capacity
-    assert "paused (quota_exceeded)" in capacity.offer_block(("p", "any"), 10.0)
+    assert "unhealthy (quota_exceeded: vcpu limit)" in capacity.offer_block(("p", "any"), 10.0)
     assert capacity.offer_block(("q", "any"), 10.0) is None
-    assert capacity.offer_block(("p", "any"), POLICY.quota_pause) is None
+    assert not capacity.probe_due("p", POLICY.quota_pause - 0.1) and capacity.probe_due("p", POLICY.quota_pause)
+    # Past the first step it is still unhealthy: only a probe (or an operator) makes it healthy again.
+    assert capacity.offer_block(("p", "any"), POLICY.quota_pause) is not None
     resumed = observe(paused.state, ProviderResumed("p"), POLICY)
+    assert resumed.notes[0].kind == "provider_healthy"
     assert resumed.state.capacity.offer_block(("p", "any"), 10.0) is None
     assert observe(resumed.state, ProviderResumed("p"), POLICY).state == resumed.state
 

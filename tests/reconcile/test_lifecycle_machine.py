@@ -21,7 +21,14 @@ from reconcile_world import EPOCH, World, fuzz_settings, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
 from provisionerd.domain.model import HostState, HostStatus, InstanceFact, RequestFailed
-from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.capacity import (
+    CallSucceeded,
+    CapacityUnavailable,
+    ProbeStarted,
+    ProbeSucceeded,
+    ProviderUnhealthy,
+    Throttled,
+)
 from provisionerd.planner.fact_view import MachineState
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import ActionDropped, Reclaimed, observe
@@ -161,7 +168,7 @@ class ReconcileMachine(RuleBasedStateMachine):
             obs = {
                 "capacity": CapacityUnavailable(provider, action.template_id, world.now),
                 "throttle": Throttled(provider, world.now),
-                "quota": QuotaExceeded(provider, world.now, "model quota"),
+                "quota": ProviderUnhealthy(provider, "quota_exceeded", world.now, "model quota"),
             }[outcome]
             world.state = observe(world.state, obs, POLICY).state
         elif outcome == "slow":
@@ -173,6 +180,10 @@ class ReconcileMachine(RuleBasedStateMachine):
 
     def reconcile_once(self, outcome: str) -> tuple:
         world = self.world
+        for provider in sorted(world.state.capacity.unhealthy):  # the driver's probe, when due, succeeds here
+            if world.state.capacity.probe_due(provider, world.now):
+                world.state = observe(world.state, ProbeStarted(provider, world.now), POLICY).state
+                world.state = observe(world.state, ProbeSucceeded(provider, world.now), POLICY).state
         result = world.plan(self.snap)
         # level-triggered: the same snapshot against the same view plans nothing new
         replay = world.plan(self.snap)
@@ -247,7 +258,9 @@ class ReconcileMachine(RuleBasedStateMachine):
         for op_id, n in sorted(self.slow.items()):
             self.commit_instances(op_id, self.provider.create(op_id, n))
         self.slow.clear()
-        world.now += POLICY.quota_pause  # past every back-off window (quota pause is the longest)
+        # past every back-off window (an unhealthy provider's first step for quota is the longest; the step grows
+        # with quota failures in a row, up to unhealthy_max)
+        world.now += POLICY.unhealthy_max
         for _ in range(30):
             world.now += 400.0  # past the step interval and idle_time
             for machine_id in world.active():  # workers join, and have been idle long enough to go back

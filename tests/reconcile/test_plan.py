@@ -4,7 +4,7 @@ from reconcile_world import CLUSTER, EPOCH, NOW, World, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
 from provisionerd.domain.model import HostStatus, OrphanAdopted, RequestFailed
-from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.capacity import CapacityUnavailable, ProviderUnhealthy, Throttled
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
 
@@ -89,12 +89,12 @@ def test_capacity_error_falls_to_the_next_offer_then_returns_after_the_window():
 def test_quota_pauses_requests_but_not_returns():
     w = world(offer("p", "cheap", price=0.1), offer("q", "dear", price=0.2))
     made = running(w, snapshot(1, item("d", 1)))
-    w.state = observe(w.state, QuotaExceeded("p", w.now, "limit"), w.policy).state
+    w.state = observe(w.state, ProviderUnhealthy("p", "quota_exceeded", w.now, "limit"), w.policy).state
     w.host(made[0], HostStatus.IDLE)
     w.now += w.policy.idle_time
     result = w.plan(snapshot(2, item("other", 2)))  # one idle machine is reused, one more is bought at q
     assert [(a.provider, a.template_id, a.count) for a in result.actions] == [("q", "dear", 1)]
-    assert "paused (quota_exceeded)" in result.decisions[0].blocked[0].reasons[0]
+    assert "unhealthy (quota_exceeded: limit)" in result.decisions[0].blocked[0].reasons[0]
     w.commit_actions(result.actions)
     assert [(type(a).__name__, a.provider) for a in w.plan(snapshot(3)).actions] == [("ReturnMachines", "p")]
 

@@ -2,7 +2,8 @@
 
 A world is a set of offers, facts in every state (open, fulfilled and failed intents; active, returning, returned
 and lost machines, some adopted), hosts in every status, capacity back-off, reclaim notices, a planner state left
-by an earlier plan, a policy with caps and a step limit, and a snapshot.
+by an earlier plan, a policy with caps and a step limit (either the same knobs for every provider, or each
+provider its own ``ProviderPolicy``: join deadline, max_ttl, provisioning timeout, step limit, cap), and a snapshot.
 """
 
 import attrs
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, NOW, World, fuzz_settings, item, offer, snapshot, token_hash
 
-from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines
+from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
 from provisionerd.domain.model import (
     CommittedFact,
     HostState,
@@ -22,11 +23,11 @@ from provisionerd.domain.model import (
     RequestIntent,
     ReturnIntent,
 )
-from provisionerd.planner.capacity import CapacityUnavailable, QuotaExceeded, Throttled
+from provisionerd.planner.capacity import CapacityUnavailable, ProviderUnhealthy, Throttled
 from provisionerd.planner.fact_view import FactView, MachineState, fold
 from provisionerd.planner.offers import Catalog, compatibility_reasons, offer_sort_key
 from provisionerd.planner.plan import plan
-from provisionerd.planner.policy import Policy
+from provisionerd.planner.policy import Policy, ProviderPolicy
 from provisionerd.planner.state import PlannerState, Reclaimed, observe
 
 PROVIDERS = ("p", "q")
@@ -121,20 +122,34 @@ def cases(draw):
         hosts["ref-x1"] = HostState("ref-x1", "p", "x1", HostStatus.IDLE, NOW - 1000)
     committed = tuple(CommittedFact(i + 1, f) for i, f in enumerate(facts))
     view = fold(committed)
+    own = st.builds(
+        ProviderPolicy,
+        join_deadline=st.sampled_from([50.0, 900.0, 3000.0]),
+        idle_time=st.sampled_from([50.0, 300.0]),
+        max_ttl=st.none() | st.sampled_from([500.0, 3000.0]),
+        provisioning_timeout=st.sampled_from([50.0, 1200.0]),
+        step_limit=st.none() | st.integers(1, 6),
+        max_machines=st.none() | st.integers(0, 10),
+    )
+    per_provider = draw(st.booleans())
     policy = Policy(
         cluster="c1",
         step_limit=draw(st.integers(1, 12)),
-        provider_caps=draw(st.dictionaries(st.sampled_from(PROVIDERS), st.integers(0, 10), max_size=2)),
+        provider_caps={}
+        if per_provider
+        else draw(st.dictionaries(st.sampled_from(PROVIDERS), st.integers(0, 10), max_size=2)),
         max_ttl=draw(st.none() | st.just(3000.0)),
         provisioning_timeout=draw(st.sampled_from([50.0, 1200.0])),
         idle_time=300.0,
+        providers=draw(st.fixed_dictionaries({p: own for p in PROVIDERS})) if per_provider else {},
     )
     state = PlannerState.initial("i0", jitter_seed=draw(st.integers(0, 5)))
     # an earlier plan leaves pending actions, the step log and first-seen times behind
     earlier = NOW - draw(st.sampled_from([0.0, 30.0, 100.0]))
     state = plan(state, snapshot(1, *draw(items_st)), view, offers, hosts, earlier, policy).state
     backoffs = [CapacityUnavailable(p, t, earlier) for p in PROVIDERS for t in TEMPLATES]
-    backoffs += [Throttled(p, earlier, 1.0) for p in PROVIDERS] + [QuotaExceeded(p, earlier) for p in PROVIDERS]
+    backoffs += [Throttled(p, earlier, 1.0) for p in PROVIDERS]
+    backoffs += [ProviderUnhealthy(p, code, earlier) for p in PROVIDERS for code in ("quota_exceeded", "auth_failed")]
     reclaims = st.lists(st.sampled_from(["m1", "m2", "m3", "zz"])).map(lambda ids: Reclaimed("p", tuple(ids), earlier))
     for obs in draw(st.lists(st.sampled_from(backoffs) | reclaims, max_size=3)):
         state = observe(state, obs, policy).state
@@ -202,13 +217,18 @@ def test_never_exceeds_max_number_provider_caps_or_the_step_limit(case):
     by_key = Catalog(case.offers).by_key
     for key, n in requested.items():
         assert load.get(key, 0) + n <= by_key[key].offer.max_number
-    for provider, cap in case.policy.provider_caps.items():
+    start = case.now - case.policy.step_interval
+    for provider in PROVIDERS:
         new = sum(n for (p, _), n in requested.items() if p == provider)
-        if new:
-            assert sum(n for (p, _), n in load.items() if p == provider) + new <= cap
-    recent = sum(n for t, n in case.state.step_log if t > case.now - case.policy.step_interval)
+        own = case.policy.of(provider)
+        if new and own.max_machines is not None:
+            assert sum(n for (p, _), n in load.items() if p == provider) + new <= own.max_machines
+        if own.step_limit is not None:  # each provider's own step limit, in its own window
+            window = sum(n for t, p, n in result.state.step_log if t > start and p == provider)
+            assert window <= own.step_limit or not new
+    recent = sum(n for t, _, n in case.state.step_log if t > start)
     assert recent + sum(requested.values()) <= case.policy.step_limit
-    window = sum(n for t, n in result.state.step_log if t > case.now - case.policy.step_interval)
+    window = sum(n for t, _, n in result.state.step_log if t > start)
     assert window <= case.policy.step_limit
 
 
@@ -235,12 +255,17 @@ def test_never_picks_a_more_expensive_eligible_offer(case):
             cheaper = offer_sort_key(other) < offer_sort_key(chosen)
             if not cheaper or compatibility_reasons(items[a.demand_id], other.offer):
                 continue
-            cap = case.policy.provider_caps.get(other.key[0])
+            own = case.policy.of(other.key[0])
+            cap = own.max_machines
+            stepped = sum(
+                n for t, p, n in result.state.step_log if t > case.now - case.policy.step_interval and p == other.key[0]
+            )
             # a cheaper compatible offer was passed over only because it could not be used
             assert (
                 capacity.offer_block(other.key, case.now) is not None
                 or load.get(other.key, 0) >= other.offer.max_number
                 or (cap is not None and provider_load.get(other.key[0], 0) >= cap)
+                or (own.step_limit is not None and stepped >= own.step_limit)
             )
 
 
@@ -260,7 +285,7 @@ def test_every_rejected_offer_is_reported_with_its_reasons(case):
     result = run(case)
     catalog = Catalog(case.offers)
     items = {i.demand_id: i for i in case.snap.items}
-    recent = sum(n for t, n in case.state.step_log if t > case.now - case.policy.step_interval)
+    recent = sum(n for t, _, n in case.state.step_log if t > case.now - case.policy.step_interval)
     bought = sum(a.count for a in result.actions if isinstance(a, RequestMachines))
     step_exhausted = recent + bought >= case.policy.step_limit
     for decision in result.decisions:
@@ -316,3 +341,42 @@ def test_the_view_host_table_plans_exactly_as_a_plain_dict_of_hosts(case, split)
     for host in hosts[split % (len(hosts) + 1) :]:
         view.hosts[host.instance_ref] = host
     assert run(case) == plan(case.state, case.snap, view, case.offers, view.hosts, case.now, case.policy)
+
+
+@SETTINGS
+@given(cases())
+def test_every_deadline_is_the_machines_own_providers(case):
+    """A machine is returned for a deadline only once its own provider's deadline has passed, and an intent failed
+    only past its own provider's provisioning timeout: another provider's shorter limit never reaches it."""
+    result = run(case)
+    for action in result.actions:
+        own = case.policy.of(action.provider)
+        if isinstance(action, FailRequest):
+            seen = case.state.intent_seen.get(action.op_id, case.now)
+            assert case.now - seen >= own.provisioning_timeout
+        if not isinstance(action, ReturnMachines):
+            continue
+        for machine_id in action.machine_ids:
+            machine = case.view.machines[machine_id]
+            assert machine.provider == action.provider
+            launched = machine.launch_time if machine.launch_time > 0 else case.state.machine_seen.get(machine_id)
+            if action.reason == "never_joined":
+                assert launched is not None and case.now - launched >= own.join_deadline
+            elif action.reason == "max_ttl":
+                assert own.max_ttl is not None and launched is not None and case.now - launched >= own.max_ttl
+            elif action.reason == "idle":
+                host = case.hosts[machine.instance_ref]
+                assert case.now - host.since >= own.idle_time
+
+
+@SETTINGS
+@given(cases())
+def test_an_unhealthy_provider_is_asked_nothing(case):
+    """No request to an unhealthy provider, nor a return unless it is unhealthy only for quota."""
+    result = run(case)
+    capacity = case.state.capacity
+    for action in result.actions:
+        if isinstance(action, RequestMachines):
+            assert action.provider not in capacity.unhealthy
+        if isinstance(action, ReturnMachines):
+            assert not capacity.refuses(action.provider, returning=True)
