@@ -134,6 +134,7 @@ class DaemonCore:
                 "cycles": self.loop.cycles,
                 "busy_ops": len(self.executor.busy_ops),
                 "offers": len(self.feed.catalog),
+                "provider_health": self.loop.provider_health(),
             },
         }
 

@@ -151,6 +151,27 @@ class ReconcileLoop:
         (planner state)."""
         return provider in self.state.capacity.unhealthy
 
+    def provider_health(self) -> dict[str, dict[str, Any]]:
+        """Each served provider's health, for ``provisionerd status``: ``healthy``, or ``unhealthy`` with the code,
+        the provider's message, how long it has been so, the failures in a row and when the next probe is due."""
+        now = self.wall()
+        health: dict[str, dict[str, Any]] = {}
+        for provider in self.leases:
+            entry = self.state.capacity.unhealthy.get(provider)
+            if entry is None:
+                health[provider] = {"state": "healthy"}
+                continue
+            health[provider] = {
+                "state": "unhealthy",
+                "code": entry.code,
+                "detail": entry.detail,
+                "for_s": round(now - entry.since, 3),
+                "failures": entry.attempts,
+                "next_probe_in_s": round(max(entry.until - now, 0.0), 3),
+                "returns_wait": entry.blocks_returns,
+            }
+        return health
+
     def _refuses(self, provider: str, returning: bool) -> bool:
         return self.state.capacity.refuses(provider, returning=returning)
 

@@ -77,9 +77,11 @@ def test_auth_failed_for_ten_minutes_costs_a_handful_of_calls_and_no_intent_afte
         await trio.sleep_until(BROKEN_FOR - 1.0)
         seen["intents_while_broken"] = [f for f in rig.facts(RequestIntent) if f.provider == "p"]
         seen["failed_while_broken"] = [f for f in rig.facts(RequestFailed) if f.provider == "p"]
+        seen["health"] = rig.loop.provider_health()
         seen["calls_while_broken"] = list(p.call_log)
         await rig.wait_for(lambda: sum(f.provider == "p" for f in rig.facts(InstanceFact)) == 100)
         seen["recovered_at"] = trio.current_time()
+        seen["health_after"] = rig.loop.provider_health()
 
     if broken_from == "templates":
         p.fixed_at = BROKEN_FOR
@@ -115,6 +117,14 @@ def test_auth_failed_for_ten_minutes_costs_a_handful_of_calls_and_no_intent_afte
     assert len(calls) <= len(intents) + 5
     # Healthy again at the first probe after the credentials are fixed (the step after 450 s: 450 + 480 = 930 s).
     assert seen["recovered_at"] == pytest.approx(start + 930.0, abs=5.0)
+    # What `provisionerd status` shows (its reconcile.provider_health part) while the credentials are bad.
+    health = seen["health"]
+    assert health["q"] == {"state": "healthy"}
+    assert health["p"]["state"] == "unhealthy" and health["p"]["code"] == "auth_failed"
+    assert "AuthFailure" in health["p"]["detail"] and health["p"]["returns_wait"] is True
+    assert health["p"]["failures"] == 5  # the failure and four probes
+    assert health["p"]["next_probe_in_s"] == pytest.approx(start + 930.0 - (BROKEN_FOR - 1.0), abs=1e-3)
+    assert seen["health_after"]["p"] == {"state": "healthy"}
     (unhealthy, *again) = rig.events_of("provider_unhealthy", provider="p")
     assert unhealthy["code"] == "auth_failed" and "AuthFailure" in unhealthy["detail"]
     assert unhealthy["next_probe_in"] == pytest.approx(30.0)
