@@ -154,6 +154,28 @@ def test_provider_path_points_inside_the_install(installed: Installed) -> None:
     assert installed.run(str(installed.bin / "provisionerd"), "provider", "path", "nope").returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("name", "transport"),
+    [
+        ("simulated", "persistent"),
+        ("examples/bash", "oneshot"),
+        ("examples/node", "persistent"),
+        ("examples/lsf_legacy", "oneshot"),
+    ],
+)
+def test_the_installed_kit_passes_the_installed_plugins(installed: Installed, name: str, transport: str) -> None:
+    """The conformance kit (the schemas) and the plugins work from the install (EC2 and Slurm need their backends:
+    tests/aws, tests/slurm)."""
+    if name == "examples/node" and shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    plugin = installed.run(str(installed.bin / "provisionerd"), "provider", "path", name).stdout.strip()
+    done = installed.run(
+        str(installed.bin / "provisionerd"), "provider", "check", "--json", "--transport", transport, plugin
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout)["failed"] == 0
+
+
 def test_the_installed_demo_reaches_ok(installed: Installed) -> None:
     start = time.monotonic()
     try:
