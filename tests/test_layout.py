@@ -34,6 +34,7 @@ PACKAGES = (
     "provisionerd.config",
     "provisionerd.pki",
     "provisionerd.domain",
+    "provisionerd.resources",
     "refcontroller",
 )
 

@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run the worker agent on a machine (agent --certs DIR --controllers ADDRS ...)",
     ),
     "certs": ("provisionerd.cli.certs", "create a cluster CA and role certificates (certs init DIR --cluster NAME)"),
-    "provider": ("provisionerd.cli.provider", "provider plugin tools (provider check PATH)"),
+    "provider": ("provisionerd.cli.provider", "provider plugin tools (provider check PATH | provider path [NAME])"),
     "config": ("provisionerd.cli.config", "check a daemon config file (config check FILE)"),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),

@@ -1,4 +1,5 @@
 """``provisionerd provider check``: run the conformance kit against a plugin and print a table of checks.
+(``provisionerd provider path`` is ``provider_path.py``.)
 
     provisionerd provider check [--transport oneshot|persistent] [--json] [--conf-dir DIR] [--timeout S] PATH
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import trio
 
+from provisionerd.cli import provider_path
 from provisionerd.provider.kit import CLUSTER, CheckResult, Kit, KitOptions, detect_legacy
 from provisionerd.provider.legacy.kit import legacy_checks
 from provisionerd.provider.oneshot import OneShotProvider
@@ -36,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
     check.add_argument("--conf-dir", type=Path, help="PRO_CONF_DIR for the plugin (default: PATH/conf if present)")
     check.add_argument("--timeout", type=float, default=30.0, help="seconds per call before it counts as hung")
+    sub.add_parser("path", help="print where a shipped plugin is installed (path [NAME])")
     return parser
 
 
@@ -100,6 +103,8 @@ def summary(rows: list[CheckResult]) -> dict[str, object]:
 
 def main(argv: list[str]) -> int:
     """Exit code: 0 every check passed (or ``--help``), 1 a check failed, 2 bad arguments."""
+    if argv[:1] == ["path"]:
+        return provider_path.main(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed the usage (or the help); the caller gets a code, not an exit

@@ -15,16 +15,16 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 
+from provisionerd import resources
 from provisionerd.config.defaults import DEFAULTS  # the one place these defaults live
 from provisionerd.config.user_data import UserDataTemplate  # pure: the placeholder vocabulary
 from provisionerd.domain.errors import ConfigError
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.json"
+SCHEMA_PATH = resources.config_schema()
 
 #: At most this many problems are listed; a broken file should not produce megabytes of output.
 MAX_PROBLEMS = 200
@@ -35,7 +35,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 @functools.cache
 def _validator() -> jsonschema.protocols.Validator:
     # Built once: jsonschema.validate() re-checks the schema on every call (notes/trio-patterns.md).
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = json.loads(resources.require(SCHEMA_PATH).read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)

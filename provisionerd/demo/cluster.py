@@ -12,11 +12,13 @@ it, as a test would.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
 import secrets
 import shutil
+import site
 import socket
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from typing import Any
 import attrs
 import trio
 
+from provisionerd import resources
 from provisionerd.config.loader import (
     Backoff,
     Config,
@@ -41,9 +44,9 @@ from provisionerd.domain.model import NO_EPOCH, DemandItem, HostState, ResourceS
 from provisionerd.planner.fact_view import FactView
 from provisionerd.telemetry.events import EventLog
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-LOCAL_PROVIDER = PACKAGE_ROOT / "providers" / "local"
 PROVIDER = "local"
+#: The shipped local provider, inside the installed package (provisionerd.resources).
+LOCAL_PROVIDER = resources.plugin_dir(PROVIDER)
 TEMPLATE = "local-1"
 REPLICAS = 3
 LEASE_TTL = 3.0
@@ -97,12 +100,26 @@ class DemoPaths:
         return self.root / "logs"
 
 
+def import_root() -> Path | None:
+    """The directory this process imported ``provisionerd`` from, when it is not one of the interpreter's site
+    directories (a checkout run as ``python -m provisionerd``, or an editable install); ``None`` for an installed
+    package, which every child running ``sys.executable`` finds by itself."""
+    spec = importlib.util.find_spec("provisionerd")
+    locations = spec.submodule_search_locations if spec is not None else None
+    if not locations:
+        return None
+    where = Path(next(iter(locations))).resolve().parent
+    site_dirs = {Path(d).resolve() for d in [*site.getsitepackages(), site.getusersitepackages()]}
+    return None if where in site_dirs else where
+
+
 def child_env() -> dict[str, str]:
-    """The environment of the demo's children: ours, with this checkout importable (``python -m provisionerd``
-    works from a checkout that was never installed)."""
+    """The environment of the demo's children: ours, with the code this process runs importable by them too
+    (``python -m provisionerd demo`` from a checkout that was never installed)."""
     env = dict(os.environ)
-    if (PACKAGE_ROOT / "provisionerd" / "__init__.py").is_file():
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH", "")]))
+    where = import_root()
+    if where is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where), env.get("PYTHONPATH", "")]))
     env.pop("PYTHONSTARTUP", None)
     return env
 

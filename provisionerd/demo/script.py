@@ -131,8 +131,8 @@ class DemoRun:
         if not (dc.LOCAL_PROVIDER / "provider").is_file():
             raise DemoError(
                 "daemon",
-                f"the local provider is not at {dc.LOCAL_PROVIDER}: run the demo from a "
-                f"checkout (make demo, or pip install -e .)",
+                f"the local provider is not at {dc.LOCAL_PROVIDER}: the provisionerd install is incomplete "
+                f"(reinstall the wheel, or pip install -e . in a checkout)",
             )
         dc.write_local_conf(self.paths, self.workers)
         self.config = dc.write_config(self.paths, self.cluster, self.addresses, self.workers)

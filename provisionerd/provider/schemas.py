@@ -24,6 +24,7 @@ import referencing
 from jsonschema.protocols import Validator
 
 from provisionerd.provider.fastcheck import Compiler, Predicate, UnsupportedSchema
+from provisionerd.resources import schema_dir
 
 #: Every action of the contract. The first five are the LSF resource connector's; the rest are our extensions.
 ACTIONS = (
@@ -39,7 +40,7 @@ ACTIONS = (
 #: Actions that change the infrastructure: they carry ``op_id`` and owner tags.
 MUTATING = frozenset({"requestMachines", "requestReturnMachines", "stopMachines"})
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = schema_dir()  # inside the installed package (provisionerd/resources)
 _MAX_PROBLEMS = 10
 _MAX_PROBLEM_CHARS = 300
 

@@ -25,17 +25,17 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
 import capnp
 
+from provisionerd import resources
 from provisionerd.domain import model
 from provisionerd.domain.errors import DecodeError
 from provisionerd.wire.messages import MESSAGE_TYPES, Envelope, Message
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "protocol" / "provisioner.capnp"
+SCHEMA_PATH = resources.wire_schema()
 #: Deep enough for the schema (Frame > ResyncPage > CommittedFact > Fact > kind > list is 6), far from the default.
 NESTING_LIMIT = 16
 _FACT_HEADER = ("provider", "epoch", "op_id")
@@ -43,10 +43,9 @@ _FACT_HEADER = ("provider", "epoch", "op_id")
 
 @functools.cache
 def schema() -> Any:
-    """The loaded ``protocol/provisioner.capnp`` module (pycapnp), found relative to this package."""
-    if not SCHEMA_PATH.is_file():
-        raise FileNotFoundError(f"wire schema not found at {str(SCHEMA_PATH)!r}")
-    return capnp.load(str(SCHEMA_PATH))
+    """The loaded ``protocol/provisioner.capnp`` module (pycapnp), found in the installed package
+    (``provisionerd.resources``); ``ResourceMissing`` (a ``FileNotFoundError``) when it is not there."""
+    return capnp.load(str(resources.require(SCHEMA_PATH)))
 
 
 def wire_name(name: str) -> str:

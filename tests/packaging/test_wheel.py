@@ -1,0 +1,195 @@
+"""The wheel is the product: built as a user builds it, installed outside any checkout, it runs the demo to ``ok``.
+
+One module-scoped install serves every test here: the source tree is copied to a temporary directory (tracked and
+untracked files alike, without the venv, caches and build output), built with ``python -m build --wheel`` (build
+isolation: setuptools comes from the index, as for a user), and the copy is deleted, so no path into a source tree
+can work afterwards. The wheel goes into a fresh venv (no pip of its own: this interpreter's pip installs into it
+with ``--python``, ``--no-deps --no-index``) whose ``.pth`` line adds this environment's site-packages for the
+dependencies only: a path line is not a site directory, so the editable install's own ``.pth`` there is not run
+and the checkout stays unreachable (checked below). That takes seconds where resolving the dependencies from the
+index into the venv takes minutes (pycapnp, cryptography).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from pathlib import Path
+
+import attrs
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+#: Not part of a source tree a user builds from.
+IGNORED = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".*_cache", ".hypothesis", "demo-*"
+)
+#: This environment's site-packages: the installed venv finds the dependencies there.
+DEPS = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+SHIPPED = ("local", "simulated", "aws_ec2", "slurm", "examples/bash", "examples/node", "examples/lsf_legacy")
+
+
+@attrs.frozen
+class Installed:
+    wheel: Path
+    venv: Path
+    home: Path  # HOME, TMPDIR and cwd of every command run from the install
+    seconds: dict[str, float]
+
+    @property
+    def bin(self) -> Path:
+        return self.venv / "bin"
+
+    def env(self) -> dict[str, str]:
+        """A clean environment: no PYTHONPATH, no VIRTUAL_ENV; PATH has the venv first, then the system's (bash,
+        node, ...)."""
+        return {
+            "PATH": os.pathsep.join([str(self.bin), "/usr/local/bin", "/usr/bin", "/bin"]),
+            "HOME": str(self.home),
+            "TMPDIR": str(self.home),
+            "LANG": "C.UTF-8",
+        }
+
+    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), cwd=self.home, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
+def _timed(seconds: dict[str, float], step: str, argv: list[str]) -> None:
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    seconds[step] = round(time.monotonic() - start, 1)
+    assert done.returncode == 0, f"{step}: {argv}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    base = tmp_path_factory.mktemp("wheel")
+    seconds: dict[str, float] = {}
+    source, dist, venv, home = base / "src", base / "dist", base / "venv", base / "home"
+    shutil.copytree(REPO, source, symlinks=True, ignore=IGNORED)
+    _timed(seconds, "build", [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)])
+    shutil.rmtree(source)
+    (wheel,) = dist.glob("provisionerd-*.whl")
+    _timed(seconds, "venv", [sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    purelib = Path(
+        subprocess.check_output(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
+    (purelib / "_provisionerd_test_deps.pth").write_text("".join(f"{d}\n" for d in sorted(DEPS)))
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q"]
+    _timed(seconds, "install", [*pip, "--no-deps", "--no-index", str(wheel)])
+    home.mkdir()
+    return Installed(wheel, venv, home, seconds)
+
+
+def processes_naming(text: str) -> list[tuple[int, str]]:
+    """Live processes of this user whose command line contains ``text``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = Path(entry.path, "cmdline").read_bytes()
+            state = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        if raw and text.encode() in raw and state[state.rfind(")") + 2 :].split()[0] not in ("Z", "X"):
+            found.append((int(entry.name), raw.decode(errors="replace").replace("\0", " ")))
+    return found
+
+
+def test_the_installed_code_is_the_wheels_not_the_checkouts(installed: Installed) -> None:
+    probe = "import sys, provisionerd, refcontroller; print(provisionerd.__file__); print(refcontroller.__file__)"
+    done = installed.run(str(installed.bin / "python"), "-c", probe)
+    assert done.returncode == 0, done.stderr
+    for line in done.stdout.splitlines():
+        assert Path(line).is_relative_to(installed.venv), line
+    # The checkout is not on the path (only the dependencies' directory, which may be a venv inside it): not as
+    # code, not as a namespace package (its providers/ directory).
+    done = installed.run(str(installed.bin / "python"), "-c", "import sys; print(*sys.path, sep=chr(10))")
+    paths = {Path(p).resolve() for p in done.stdout.splitlines() if p} - {Path(d).resolve() for d in DEPS}
+    assert not [p for p in paths if p.is_relative_to(REPO)]
+    assert installed.run(str(installed.bin / "python"), "-c", "import providers").returncode != 0
+
+
+def test_the_wheel_holds_every_runtime_file_with_its_mode(installed: Installed) -> None:
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        modes = {i.filename: i.external_attr >> 16 for i in wheel.infolist()}
+    assert not [n for n in modes if "__pycache__" in n or n.endswith(".pyc")]
+    expected = {f"schemas/{p.name}": p for p in (REPO / "schemas").glob("*.json")}
+    expected |= {f"protocol/{p.name}": p for p in (REPO / "protocol").glob("*.capnp")}
+    for name in SHIPPED:
+        for path in (REPO / "providers" / name).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                expected[f"providers/{path.relative_to(REPO / 'providers')}"] = path
+    assert len(expected) > 100
+    missing = [k for k in expected if f"provisionerd/resources/{k}" not in modes]
+    assert not missing
+    for key, path in expected.items():
+        executable = bool(path.stat().st_mode & stat.S_IXUSR)
+        assert bool(modes[f"provisionerd/resources/{key}"] & stat.S_IXUSR) == executable, key
+
+
+def test_provider_path_points_inside_the_install(installed: Installed) -> None:
+    for name in SHIPPED:
+        done = installed.run(str(installed.bin / "provisionerd"), "provider", "path", name)
+        assert done.returncode == 0, done.stderr
+        path = Path(done.stdout.strip())
+        assert path.is_dir() and path.is_relative_to(installed.venv), (name, path)
+    local = Path(installed.run(str(installed.bin / "provisionerd"), "provider", "path", "local").stdout.strip())
+    assert os.access(local / "provider", os.X_OK) and os.access(local / "requestMachines.sh", os.X_OK)
+    assert installed.run(str(installed.bin / "provisionerd"), "provider", "path", "nope").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "transport"),
+    [
+        ("simulated", "persistent"),
+        ("examples/bash", "oneshot"),
+        ("examples/node", "persistent"),
+        ("examples/lsf_legacy", "oneshot"),
+    ],
+)
+def test_the_installed_kit_passes_the_installed_plugins(installed: Installed, name: str, transport: str) -> None:
+    """The conformance kit (the schemas) and the plugins work from the install (EC2 and Slurm need their backends:
+    tests/aws, tests/slurm)."""
+    if name == "examples/node" and shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    plugin = installed.run(str(installed.bin / "provisionerd"), "provider", "path", name).stdout.strip()
+    done = installed.run(
+        str(installed.bin / "provisionerd"), "provider", "check", "--json", "--transport", transport, plugin
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert json.loads(done.stdout)["failed"] == 0
+
+
+def test_the_installed_demo_reaches_ok(installed: Installed) -> None:
+    start = time.monotonic()
+    try:
+        done = installed.run(str(installed.bin / "provisionerd"), "demo", "--json", timeout=120)
+    finally:
+        survivors = processes_naming(str(installed.venv))
+        for pid, _ in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    installed.seconds["demo"] = round(time.monotonic() - start, 1)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["ok"] is True and summary["joined"] == summary["returned"] == 8 and summary["leaked"] == 0
+    assert not survivors, survivors
+    print(f"wheel {installed.wheel.stat().st_size} bytes; seconds: {installed.seconds}")
