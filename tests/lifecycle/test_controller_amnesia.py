@@ -10,11 +10,20 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
 from provisionerd.cli import main as cli
+from provisionerd.config.loader import (
+    Backoff,
+    Config,
+    ControllerSettings,
+    DaemonSettings,
+    LeaseSettings,
+    ProviderConfig,
+    ProviderTimeouts,
+)
+from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.controller.session import LinkState
 from provisionerd.daemon.admin_socket import query
 from provisionerd.daemon.root import DaemonCore
@@ -49,6 +58,46 @@ class Recorder:
         return [c for c in self.calls if c in MUTATIONS]
 
 
+CLUSTER = "testcluster"
+SIMULATED = Path(__file__).resolve().parents[2] / "providers" / "simulated"
+
+
+def write_config(tmp: Path, certs: Path, address: str, admin_socket: Path) -> Config:
+    conf_dir, data_dir = tmp / "sim-conf", tmp / "sim-data"
+    conf_dir.mkdir()
+    data_dir.mkdir()
+    sim = json.loads((SIMULATED / "conf" / "simulated.json").read_text())
+    sim["delays"]["bootPolls"] = 1
+    (conf_dir / "simulated.json").write_text(json.dumps(sim))
+    config = Config(
+        cluster=CLUSTER,
+        identity="prov-amnesia",
+        controller=ControllerSettings(
+            (address,),
+            connect_timeout=5,
+            request_timeout=5,
+            heartbeat_interval=0.5,
+            heartbeat_timeout=5,
+            backoff=Backoff(initial=0.05, max=0.5),
+        ),
+        tls=provisioner_tls(certs),
+        lease=LeaseSettings(margin=0.5),
+        daemon=DaemonSettings(events_log=tmp / "events.jsonl", admin_socket=admin_socket),
+        providers=(
+            ProviderConfig(
+                "sim",
+                "persistent",
+                path=SIMULATED / "provider",
+                conf_dir=conf_dir,
+                data_dir=data_dir,
+                max_machines=20,
+                timeouts=ProviderTimeouts(default=20),
+            ),
+        ),
+    )
+    return write_daemon_config(config, tmp / "pd.toml")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,7 +111,6 @@ async def wait_until(predicate, limit: float = 30.0) -> None:  # type: ignore[no
 
 
 def test_a_controller_restarted_on_a_fresh_store_gets_no_mutation_until_accept_reset(tmp_path: Path) -> None:
-    from test_end_to_end import CLUSTER, write_config  # type: ignore[import-not-found]
 
     from provisionerd.pki.certs import init_certs
     from refcontroller.listeners import ServeConfig, serve
@@ -74,8 +122,7 @@ def test_a_controller_restarted_on_a_fresh_store_gets_no_mutation_until_accept_r
     state.mkdir(mode=0o700)
 
     async def main() -> None:
-        config = write_config(tmp_path, certs, (address,), "persistent", [])
-        config = attrs.evolve(config, daemon=attrs.evolve(config.daemon, admin_socket=state / "admin.sock"))
+        config = write_config(tmp_path, certs, address, state / "admin.sock")
         sim = config.providers[0]
         from provisionerd.daemon.clients import provider_clients
 
