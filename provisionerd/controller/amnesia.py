@@ -22,7 +22,10 @@ The rules, in the order they are checked:
 ``judge_grant(memory, provider, epoch, held_this_start)``
     3. ``epoch_regranted``: a new grant whose epoch is not above the highest we remember for that provider. The one
        exception is the epoch this very process start already held: the controller re-grants the same epoch to the
-       same holder while its lease is still live (``controller.lease``), and nobody else held it in between.
+       same holder while its lease is still live (``controller.lease``), and nobody else held it in between. (So a
+       controller restarted on an empty log that happens to grant exactly the epoch this process holds is caught
+       by rules 1 and 2, not by this one; an older controller without an incarnation, before anything was
+       acknowledged, is not caught at all: there is nothing it could have forgotten but that one epoch.)
 """
 
 from __future__ import annotations
