@@ -177,6 +177,9 @@ struct JoinReply {
   controllerId @4 :Text;
   protocolVersion @5 :UInt32;
   reason @6 :Text;
+  incarnation @7 :Text;           # accepted replies: the id of the controller's fact log, made when the log was
+                                  # created and never again ("" from older controllers: unknown, see §4)
+  lastIndex @8 :UInt64;           # accepted replies: the highest fact index the log ever committed (0: empty)
 }
 
 struct Heartbeat {

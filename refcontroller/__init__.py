@@ -6,7 +6,8 @@ above it in this list):
 
 pure core (synchronous; every time is passed in as ``now``)
     ``jsonconv``   the one cattrs converter: facts (tagged ``"kind"``), demand items, status documents
-    ``store``      SQLite: fact log, HA term, demand, join-token claims and used tokens (durable)
+    ``store``      SQLite: fact log, HA term, demand, join-token claims and used tokens (durable); its
+                   incarnation and the mark that makes a lost or damaged store refuse to open
     ``replicas``   replica set: primary, durable term, promotion time, the quorum switch
     ``leases``     per-provider lease table of one primary in one term (memory only)
     ``commits``    fact shape checks and the epoch rule

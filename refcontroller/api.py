@@ -68,6 +68,7 @@ async def open_refcontroller(
     check_interval: float = 5.0,
     timeouts: Timeouts = Timeouts(),
     host: str = "127.0.0.1",
+    new_incarnation: bool = False,
 ) -> AsyncIterator[RefController]:
     """Run the controller in this trio run (on real sockets) until the block exits."""
     config = ServeConfig(
@@ -77,6 +78,7 @@ async def open_refcontroller(
         lease_ttl=lease_ttl,
         check_interval=check_interval,
         timeouts=timeouts,
+        new_incarnation=new_incarnation,
     )
     async with trio.open_nursery() as nursery:
         running = await nursery.start(serve, config)
@@ -97,6 +99,7 @@ async def open_refcontroller_process(
     heartbeat_timeout: float = 15.0,
     host: str = "127.0.0.1",
     ready_timeout: float = 30.0,
+    new_incarnation: bool = False,
 ) -> AsyncIterator[RefController]:
     """Run ``refcontroller serve`` as a subprocess (its own session) until the block exits; then SIGTERM it.
 
@@ -119,6 +122,7 @@ async def open_refcontroller_process(
         str(check_interval),
         "--heartbeat-timeout",
         str(heartbeat_timeout),
+        *(["--new-incarnation"] if new_incarnation else []),
     ]
     process = await trio.lowlevel.open_process(argv, stdout=-1, start_new_session=True)
     try:

@@ -2,7 +2,7 @@
 
     refcontroller serve --certs DIR --data DIR --listen ADDR[,ADDR...]
                         [--lease-ttl S] [--check-interval S] [--heartbeat-timeout S] [--max-frame BYTES]
-                        [--log-level LEVEL]
+                        [--log-level LEVEL] [--new-incarnation]
     refcontroller admin --certs DIR --connect ADDR[,ADDR...] [--timeout S] COMMAND
         demand (--file PATH | --clear)     PATH is a JSON array of demand items ('-' = stdin)
         failover [--target N]              default: the next replica
@@ -10,10 +10,18 @@
         status
 
 ``serve`` runs one replica per ``--listen`` address (port 0 = any free port) and, once every listener is up,
-prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", ...], "term": N}``. It logs to
-stderr and stops cleanly on SIGTERM or SIGINT. ``admin`` prints the controller's JSON answer on stdout.
+prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", ...], "term": N, "incarnation":
+"..."}``. It logs to stderr and stops cleanly on SIGTERM or SIGINT. ``admin`` prints the controller's JSON answer on
+stdout.
 
-Exit codes: 0 success, 1 the controller refused or could not be reached, 2 bad arguments or input.
+``serve`` refuses to start on a store that is damaged, lost, or behind its mark (a zero-length file, a mark without
+its file, a lost write-ahead log: see ``refcontroller.store``), with one line on stderr and exit code 2: starting
+on it would make a controller that forgot what it acknowledged. ``--new-incarnation`` sets whatever is in
+``--data`` aside (renamed ``*.discarded-<unix time>``) and starts a new incarnation on purpose; daemons that knew
+the old one stop their mutations until their admin accepts the reset (``provisionerd controller accept-reset``).
+
+Exit codes: 0 success, 1 the controller refused or could not be reached, 2 bad arguments or input, or a store
+refused.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from refcontroller.admin import AdminClient, AdminError
 from refcontroller.demand_file import parse_demand
 from refcontroller.listeners import ServeConfig, serve
 from refcontroller.server import Timeouts
+from refcontroller.store import StoreRefused
 
 
 def _positive(text: str) -> float:
@@ -56,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--heartbeat-timeout", type=_positive, default=15.0, help="drop silent peers after (15)")
     s.add_argument("--max-frame", type=int, default=1 << 20, help="largest frame body in bytes (1 MiB)")
     s.add_argument("--log-level", default="INFO")
+    s.add_argument(
+        "--new-incarnation",
+        action="store_true",
+        help="set aside the store in --data and start a new incarnation (daemons must accept the reset)",
+    )
 
     a = commands.add_parser("admin", help="talk to a running controller with the admin certificate")
     a.add_argument("--certs", required=True, type=Path)
@@ -81,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args) if args.command == "serve" else _admin(args)
         except BaseExceptionGroup as group:  # trio wraps what a nursery raised; show the one cause plainly
             raise _only_cause(group) from None
-    except ConfigError as exc:
+    except (ConfigError, StoreRefused) as exc:
         print(f"refcontroller: {exc}", file=sys.stderr)
         return 2
     except (AdminError, OSError) as exc:
@@ -111,6 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
         check_interval=args.check_interval,
         timeouts=Timeouts(heartbeat=args.heartbeat_timeout, send=args.heartbeat_timeout),
         max_frame=args.max_frame,
+        new_incarnation=args.new_incarnation,
     )
     trio.run(_serve_until_signalled, config)
     return 0
@@ -120,7 +135,13 @@ async def _serve_until_signalled(config: ServeConfig) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             running = await nursery.start(serve, config)
-            ready = {"ready": True, "listen": list(running.addresses), "term": running.server.cluster.term}
+            cluster = running.server.cluster
+            ready = {
+                "ready": True,
+                "listen": list(running.addresses),
+                "term": cluster.term,
+                "incarnation": cluster.store.incarnation,
+            }
             print(json.dumps(ready), flush=True)
             async for signum in signals:
                 logging.getLogger("refcontroller").info("stopping on signal %s", signum)

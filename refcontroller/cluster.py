@@ -211,6 +211,7 @@ class Cluster:
                 for i in range(replicas.count)
             ],
             "primary": replicas.primary,
+            "incarnation": self.store.incarnation,
             "term": replicas.term,
             "quorum_fresh": replicas.quorum_fresh,
             "grace_remaining_s": round(max(0.0, self.leases.grace_ends_at - now), 3),

@@ -1,8 +1,10 @@
 """``serve``: the reference controller on real sockets, one mutual-TLS listener per replica, in one process.
 
 Replica ``i`` listens on ``listen[i]``; redirects name the address a replica actually listens on (so listen on an
-address clients can reach, not ``0.0.0.0``). The fact log is ``<data_dir>/facts.sqlite``. Starting is an election:
-the term grows by one (see ``replicas.py``), replica 0 is the primary, and its grace period starts.
+address clients can reach, not ``0.0.0.0``). The fact log is ``<data_dir>/facts.sqlite`` (and its mark,
+``facts.sqlite.mark``); a store that is damaged, lost or behind its mark is refused (``store.StoreRefused``) before
+anything listens, unless ``new_incarnation`` sets it aside and starts afresh. Starting is an election: the term grows
+by one (see ``replicas.py``), replica 0 is the primary, and its grace period starts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class ServeConfig:
     check_interval: float = 5.0
     timeouts: Timeouts = Timeouts()
     max_frame: int = DEFAULT_MAX_FRAME
+    #: Set aside whatever store is in ``data_dir`` and start a new incarnation (``refcontroller serve
+    #: --new-incarnation``): the explicit way to start afresh after a store was lost or damaged.
+    new_incarnation: bool = False
 
 
 @attrs.frozen
@@ -79,13 +84,18 @@ async def _close_all(per_replica: list[list[trio.SSLListener[trio.SocketStream]]
 async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
     """Run the controller until cancelled. ``await nursery.start(serve, config)`` returns a ``Running``."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    store = FactStore.open(config.data_dir / FACTS_FILE)
+    store = FactStore.open(config.data_dir / FACTS_FILE, new_incarnation=config.new_incarnation)
     try:
         per_replica, actual = await open_replica_listeners(config.listen, config.certs_dir)
         try:
             cluster = Cluster.open(store, len(actual), config.lease_ttl, config.check_interval, trio.current_time())
             cluster.replicas.addresses = list(actual)
-            log.info("controller term=%s primary=0 listen=%s", cluster.term, ",".join(actual))
+            log.info(
+                "controller incarnation=%s term=%s primary=0 listen=%s",
+                store.incarnation,
+                cluster.term,
+                ",".join(actual),
+            )
             options = {"timeouts": config.timeouts, "max_frame": config.max_frame}
             async with open_controller_server(cluster, **options) as server, trio.open_nursery() as nursery:
                 for replica, listeners in enumerate(per_replica):

@@ -15,7 +15,8 @@ The join (the first frame of every connection), in order:
 4. A worker is admitted by its single-use token (``workers.py``) or gets ``ErrorMsg{token_invalid}``; a
    provisioner must name itself (``identity``, and ``instance``: its process start, see ``leases.holder_key``)
    and its providers. A bad name is refused with ``JoinReply(accepted=False, reason=...)``.
-5. ``JoinReply(accepted=True, term, primary=True, controller_id="replica-<i>")``, then the session (``session.py``).
+5. ``JoinReply(accepted=True, term, primary=True, controller_id="replica-<i>", incarnation, last_index)`` (the
+   store's incarnation and its last fact index), then the session (``session.py``).
 
 When a worker's connection ends, its host becomes ``lost`` one heartbeat timeout later (a token is single-use, so
 it cannot come back). On failover every session of the old primary is disconnected so its clients rejoin.
@@ -173,9 +174,15 @@ class ControllerServer:
             ]:
                 other.disconnect()
         session = Session(self, framed, replica, role, join)
-        await session.send(
-            JoinReply(accepted=True, term=cluster.term, primary=True, controller_id=f"replica-{replica}"), corr
+        accepted = JoinReply(
+            accepted=True,
+            term=cluster.term,
+            primary=True,
+            controller_id=f"replica-{replica}",
+            incarnation=cluster.store.incarnation,
+            last_index=cluster.store.last_index(),
         )
+        await session.send(accepted, corr)
         return session
 
     def _admit(self, join: Join, replica: int) -> Rejection | None:

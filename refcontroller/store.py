@@ -15,19 +15,51 @@ The store is synchronous on purpose: the reference controller calls it from the 
 ``MockClock`` stays deterministic (a commit costs one fsync, which is fine for a reference implementation).
 
 Fact indexes are SQLite ``AUTOINCREMENT`` row ids: strictly increasing, never reused, starting at 1.
+
+**Incarnation and mark.** A store is one *incarnation* of the controller's memory: a random id made when the store
+is created, and never again (it is in the ``meta`` table and in every ``JoinReply``, so a daemon can tell a
+controller that forgot what it acknowledged from one that did not). Beside the SQLite file, ``<file>.mark`` records
+the incarnation and how far the store had come (a counter of committed write transactions, the term and the last
+fact index), rewritten atomically after every write transaction. Opening checks the two against each other and
+refuses, with :class:`StoreRefused` (one line), a store that cannot be the one its mark describes:
+
+- a zero-length file (a store that never had its first page written is not one we made: creation writes the mark
+  first, then the file);
+- a mark without its file (the directory kept its term record, the log is gone);
+- a file that SQLite cannot read, or whose ``quick_check`` fails (damaged);
+- a file without an incarnation while a mark names one, or with another incarnation than the mark's;
+- a file whose write counter is below the mark's. This is what a lost write-ahead log leaves behind: a store in
+  WAL mode keeps every transaction since the last checkpoint in ``<file>-wal`` only, so after a ``kill -9`` and the
+  loss of that file the main file is the bare 4096-byte header page (no tables: it opens as an empty store) or the
+  state of the last checkpoint; restoring an older copy looks the same.
+
+``FactStore.open(path, new_incarnation=True)`` is the explicit way to start afresh: whatever was there (file,
+``-wal``, ``-shm``, mark) is renamed aside to ``<name>.discarded-<unix time>`` and a new incarnation is made. A
+store written before incarnations existed (tables and rows, no incarnation, no mark) is given one, once, with a
+warning. ``":memory:"`` stores (tests, the simulation) have an incarnation and no mark.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
+import secrets
 import sqlite3
-from collections.abc import Collection, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import attrs
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
 from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
+
+log = logging.getLogger(__name__)
+
+MARK_SUFFIX = ".mark"
+MAX_MARK = 4096  # bytes: a mark is one short JSON object
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS facts (
@@ -63,6 +95,70 @@ CREATE TABLE IF NOT EXISTS rejoin_hashes (
 """
 
 
+class StoreRefused(Exception):
+    """The store cannot be trusted (damaged, lost, behind its mark); ``str()`` is one line naming the path."""
+
+
+@attrs.frozen
+class Mark:
+    """What ``<file>.mark`` says the store holds at least. ``changes`` 0: created, nothing written yet."""
+
+    incarnation: str
+    changes: int
+    term: int
+    last_index: int
+
+    def describe(self) -> str:
+        return f"incarnation {self.incarnation}, change {self.changes}, term {self.term}, last index {self.last_index}"
+
+
+def new_incarnation_id() -> str:
+    """A fresh incarnation id: 32 hex characters from the OS's randomness."""
+    return secrets.token_hex(16)
+
+
+def mark_path(path: Path) -> Path:
+    return path.with_name(path.name + MARK_SUFFIX)
+
+
+def read_mark(path: Path) -> Mark | None:
+    """The mark at ``path`` (``None`` if there is none); ``StoreRefused`` if it cannot be read or makes no sense."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MARK + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreRefused(f"cannot read the store's mark {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        if len(raw) > MAX_MARK:
+            raise ValueError(f"more than {MAX_MARK} bytes")
+        doc = json.loads(raw)
+        mark = Mark(
+            incarnation=doc["incarnation"], changes=doc["changes"], term=doc["term"], last_index=doc["last_index"]
+        )
+        if not isinstance(mark.incarnation, str) or not 0 < len(mark.incarnation) <= 64:
+            raise ValueError("incarnation must be 1..64 characters")
+        if not all(type(v) is int and v >= 0 for v in (mark.changes, mark.term, mark.last_index)):
+            raise ValueError("changes, term and last_index must be non-negative integers")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreRefused(f"the store's mark {str(path)!r} is damaged: {exc}") from None
+    return mark
+
+
+def write_mark(path: Path, mark: Mark) -> None:
+    """Replace the mark atomically (a private temporary file, fsync, rename): a reader sees the old or the new."""
+    text = json.dumps(attrs.asdict(mark), sort_keys=True) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 @attrs.frozen
 class LatestFact:
     """The epoch on a provider's latest committed fact and the holder that wrote it (``leases.holder_key``)."""
@@ -88,22 +184,117 @@ class TokenClaim:
 class FactStore:
     """The SQLite file. Open with :meth:`open` (a path, or ``":memory:"`` for tests) and :meth:`close` it."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, incarnation: str, mark: Path | None = None) -> None:
         self._conn = conn
+        #: This store's incarnation id (made when it was created, never again).
+        self.incarnation = incarnation
+        self._mark = mark
 
     @classmethod
-    def open(cls, path: str | Path) -> FactStore:
-        conn = sqlite3.connect(str(path), isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
-        return cls(conn)
+    def open(cls, path: str | Path, *, new_incarnation: bool = False, incarnation: str | None = None) -> FactStore:
+        """Open (or create) the store at ``path`` after checking it against its mark (see the module docstring).
+
+        ``new_incarnation``: set aside whatever is there and start a new incarnation. ``incarnation``: the id a
+        new store gets (default: ``new_incarnation_id()``; tests and the simulation name their own).
+
+        Raises:
+            StoreRefused: the store is damaged, lost, or behind its mark (one line, naming the path).
+        """
+        fresh_id = incarnation or new_incarnation_id()
+        if str(path) == ":memory:":
+            conn = _connect(":memory:")
+            conn.executescript(_SCHEMA)
+            _create_meta(conn, fresh_id)
+            return cls(conn, fresh_id)
+        path = Path(path)
+        marked = mark_path(path)
+        if new_incarnation:
+            _set_aside(path, marked)
+        mark = read_mark(marked)
+        if mark is None and not path.exists():  # a new store: the mark first, so a lost file is always noticed
+            mark = Mark(fresh_id, 0, 0, 0)
+            write_mark(marked, mark)
+        created = mark is not None and mark.changes == 0  # nothing was ever written under this mark
+        if path.exists() and path.stat().st_size == 0 and not created:
+            raise StoreRefused(
+                f"store {str(path)!r} is a zero-length file"
+                + (
+                    f" but its mark says {mark.describe()}"
+                    if mark is not None
+                    else " (not a store this controller made)"
+                )
+                + ": refusing to start as a new controller (--new-incarnation starts afresh on purpose)"
+            )
+        if not path.exists() and mark is not None and not created:
+            raise StoreRefused(
+                f"store {str(path)!r} is missing but its mark says {mark.describe()}: refusing to start as a new"
+                " controller (--new-incarnation starts afresh on purpose)"
+            )
+        try:
+            conn = _connect(path)
+            check = conn.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+            had_tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'meta'").fetchone()[0] > 0
+            conn.executescript(_SCHEMA)
+            stored = _meta(conn, "incarnation")
+            has_rows = had_tables and any(
+                conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() for table in ("facts", "meta", "used_tokens")
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StoreRefused(f"store {str(path)!r} is damaged: {exc}") from None
+        store = cls(conn, stored or "", marked)
+        try:
+            store._check_against(path, mark, stored, has_rows, fresh_id)
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _check_against(self, path: Path, mark: Mark | None, stored: str | None, has_rows: bool, fresh_id: str) -> None:
+        conn = self._conn
+        if stored is None:
+            if mark is not None and mark.changes > 0:
+                raise StoreRefused(
+                    f"store {str(path)!r} holds no incarnation but its mark says {mark.describe()}: its write-ahead"
+                    " log was lost or the file was replaced (--new-incarnation starts afresh on purpose)"
+                )
+            if mark is None and has_rows:
+                log.warning("store %s was written before incarnations: giving it one now", path)
+            self.incarnation = mark.incarnation if mark is not None else fresh_id
+            _create_meta(conn, self.incarnation)
+            write_mark(mark_path(path), self._current_mark())
+            return
+        if mark is None:
+            raise StoreRefused(
+                f"store {str(path)!r} (incarnation {stored}) has lost its mark {str(mark_path(path))!r}: cannot tell"
+                " whether its write-ahead log was lost (--new-incarnation starts afresh on purpose)"
+            )
+        if mark.incarnation != stored:
+            raise StoreRefused(
+                f"store {str(path)!r} is incarnation {stored} but its mark says {mark.describe()}: the file was"
+                " replaced (--new-incarnation starts afresh on purpose)"
+            )
+        now = self._current_mark()
+        if now.changes < mark.changes or now.last_index < mark.last_index or now.term < mark.term:
+            raise StoreRefused(
+                f"store {str(path)!r} is behind its mark: it holds change {now.changes}, term {now.term}, last index"
+                f" {now.last_index}, the mark says {mark.describe()}: its write-ahead log was lost or an older copy"
+                " was restored (--new-incarnation starts afresh on purpose)"
+            )
+
+    def _current_mark(self) -> Mark:
+        return Mark(self.incarnation, int(_meta(self._conn, "changes") or 0), self.load_term(), self.last_index())
+
+    def _after_commit(self) -> None:
+        if self._mark is not None:
+            write_mark(self._mark, self._current_mark())
 
     def close(self) -> None:
         self._conn.close()
 
     def _transaction(self) -> _Transaction:
-        return _Transaction(self._conn)
+        return _Transaction(self._conn, self._after_commit)
 
     # --- the HA term ------------------------------------------------------------------------------------------
 
@@ -275,11 +466,15 @@ class FactStore:
 
 
 class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on error); nested use joins the outer transaction."""
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on error); nested use joins the outer transaction.
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    Every committed transaction also counts one change (``meta.changes``, in the same transaction) and then calls
+    ``on_commit`` (the store rewrites its mark)."""
+
+    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] = lambda: None) -> None:
         self._conn = conn
         self._outer = False
+        self._on_commit = on_commit
 
     def __enter__(self) -> None:
         self._outer = not self._conn.in_transaction
@@ -289,7 +484,45 @@ class _Transaction:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._outer:
             return
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is not None:
+            self._conn.execute("ROLLBACK")
+            return
+        try:
+            self._conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'changes'")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        self._on_commit()
+
+
+def _connect(path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+def _meta(conn: sqlite3.Connection, key: str) -> str | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _create_meta(conn: sqlite3.Connection, incarnation: str) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('incarnation', ?)", (incarnation,))
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('changes', '0')")
+    conn.execute("COMMIT")
+
+
+def _set_aside(path: Path, marked: Path) -> None:
+    """Rename the store's files (if any) to ``<name>.discarded-<unix time>``: a new incarnation starts on purpose."""
+    stamp = int(time.time())
+    for victim in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"), marked):
+        if victim.exists():
+            aside = victim.with_name(f"{victim.name}.discarded-{stamp}")
+            os.replace(victim, aside)
+            log.warning("new incarnation: %s set aside as %s", victim, aside)
 
 
 def _digest(body: str) -> str:

@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("provisionerd.cli.certs", "create a cluster CA and role certificates (certs init DIR --cluster NAME)"),
     "provider": ("provisionerd.cli.provider", "provider plugin tools (provider check PATH | provider path [NAME])"),
     "config": ("provisionerd.cli.config", "check a daemon config file (config check FILE)"),
+    "controller": (
+        "provisionerd.cli.controller",
+        "accept a controller that forgot (controller accept-reset --config FILE)",
+    ),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.cli.simulate", "seeded whole-system simulation campaign (simulate --seeds N)"),

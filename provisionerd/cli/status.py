@@ -26,6 +26,12 @@ def render(status: dict[str, Any]) -> list[str]:
     ]
     if link.get("last_error"):
         lines.append(f"last link error: {link['last_error']}")
+    finding = status.get("controller", {}).get("finding")
+    if finding:
+        lines.append(f"CONTROLLER AMNESIA ({finding.get('reason')}): {finding.get('detail')}")
+        lines.append(
+            "  every mutation is stopped; after checking, run: provisionerd controller accept-reset --config FILE"
+        )
     for lease in status.get("leases", []):
         remaining = lease.get("remaining")
         validity = f"valid for {remaining:.1f}s" if isinstance(remaining, (int, float)) else "not valid"

@@ -88,6 +88,9 @@ class DaemonSettings:
     events_log: Path | None = None
     admin_socket: Path | None = None
     log_level: str = "info"
+    #: Where the daemon keeps what it remembers of the controller (``controller.memory_file``); default: the
+    #: events log's directory.
+    state_dir: Path | None = None
 
 
 @attrs.frozen
@@ -262,7 +265,7 @@ def _resolve_paths(doc: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
     out["tls"] = {key: resolve(value) for key, value in doc["tls"].items()}
     if "daemon" in doc:
         out["daemon"] = {
-            key: resolve(value) if key in ("events_log", "admin_socket") else value
+            key: resolve(value) if key in ("events_log", "admin_socket", "state_dir") else value
             for key, value in doc["daemon"].items()
         }
     providers = []

@@ -11,6 +11,11 @@ The epochs the keeper holds never go backwards: a grant carrying an epoch below 
 grant of the *same* epoch after a local lapse is the controller still counting us as the holder of that lease,
 which is safe (no one else held it in between) and is reported as a new acquisition of that epoch.
 
+Before a new grant is held, every ``grant_checks`` callback judges it (the daemon's ``AmnesiaGuard.check_grant``:
+an epoch not above the highest the controller granted before is amnesia); a finding refuses the grant
+(``lease_denied`` with reason ``controller_amnesia``). ``halt(reason)`` lapses the lease at once (the guard calls it
+on every keeper when it halts the daemon).
+
 The keeper talks to the controller through a ``LeaseTransport`` so tests can drive it on
 ``MockClock(autojump_threshold=0)`` with an in-memory fake controller.
 """
@@ -118,6 +123,9 @@ class LeaseKeeper:
         #: Called with the epoch on every acquisition (never on a renewal), before anyone is woken: the daemon
         #: uses it to resync before it plans from the view again (another holder's facts are not pushed to us).
         self.on_acquired: list[Callable[[Epoch], None]] = []
+        #: Called as ``check(provider, epoch, highest_epoch_held_this_start)`` before a new grant is held; anything
+        #: but ``None`` (a finding) refuses the grant.
+        self.grant_checks: list[Callable[[str, Epoch, Epoch | None], object | None]] = []
 
     # --- reading ----------------------------------------------------------------------------------------------
 
@@ -218,6 +226,13 @@ class LeaseKeeper:
         """Renew at once instead of at the next scheduled time (after a rejoin, the new primary may not know us)."""
         self._poked.set()
 
+    def halt(self, reason: str) -> None:
+        """Lapse now, whatever epoch is held (every mutation of the daemon is being stopped)."""
+        if self.state is LeaseState.HELD:
+            self._lapse(reason)
+        elif self.state is not LeaseState.RELEASED:
+            self.reason = reason
+
     def invalidate(self, epoch: Epoch, reason: str) -> None:
         """Lapse now if ``epoch`` is the one held (e.g. the controller rejected a fact as ``stale_epoch``)."""
         if self.state is LeaseState.HELD and self.epoch == epoch:
@@ -263,6 +278,14 @@ class LeaseKeeper:
                 "lease_denied", provider=self.provider, reason=reply.reason, retry_after=reply.retry_after
             )
             return (reply.retry_after if reply.retry_after > 0 else self._backoff.next_delay()), False
+        for check in self.grant_checks:
+            finding = check(self.provider, reply.epoch, self.highest_epoch)
+            if finding is not None:
+                self.reason = f"refused a grant of epoch {reply.epoch}: controller amnesia"
+                self._events.emit(
+                    "lease_denied", provider=self.provider, reason="controller_amnesia", epoch=reply.epoch
+                )
+                return self._backoff.next_delay(), False
         if self.highest_epoch is not None and reply.epoch < self.highest_epoch:
             self.reason = f"refused a grant of epoch {reply.epoch} below {self.highest_epoch}"
             self._events.emit(

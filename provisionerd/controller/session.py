@@ -31,6 +31,12 @@ break (re-acquiring is idempotent: the same epoch); a restarted process has a ne
 cannot take over a lease its previous start may still be using, and a second live daemon with the same ``identity``
 is a competitor, not a twin that would be told it holds the same epoch.
 
+**A controller that forgot what it acknowledged is not served.** With an ``AmnesiaGuard`` (``amnesia_guard``),
+every accepted ``JoinReply`` is judged before the link is served (its incarnation and last index against what the
+daemon remembers), and every acknowledged or resynced fact index is remembered. A finding (or one raised by a
+lease grant) halts the session: the link is closed, the state is ``halted``, and it joins again only once an admin
+accepted the reset; nothing the forgetful controller says reaches a view.
+
 The daemon reads ``session.view`` and waits on ``session.changed()``: the view is level-triggered state, so a
 consumer that falls behind sees the latest picture instead of a queue of stale ones. ``updates()`` delivers the
 same as a stream of views through a zero-buffer memory channel.
@@ -48,6 +54,7 @@ import attrs
 import trio
 
 from provisionerd.config.loader import Backoff, Config
+from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.controller.link import Link, LinkBroken
 from provisionerd.controller.view import ControllerView
@@ -120,6 +127,11 @@ class LinkState(enum.Enum):
     CONNECTING = "connecting"
     SYNCING = "syncing"  # joined; resync not folded yet
     UP = "up"
+    HALTED = "halted"  # the controller forgot what it acknowledged: not served until an admin accepts the reset
+
+
+class _Halted(Exception):
+    pass
 
 
 class _Redirect(Exception):
@@ -128,7 +140,14 @@ class _Redirect(Exception):
 
 
 class ControllerSession:
-    def __init__(self, settings: SessionSettings, connect: StreamFactory, events: EventLog, rng: random.Random):
+    def __init__(
+        self,
+        settings: SessionSettings,
+        connect: StreamFactory,
+        events: EventLog,
+        rng: random.Random,
+        guard: AmnesiaGuard | None = None,
+    ):
         if not settings.addresses:
             raise ValueError("at least one controller address is needed")
         instance = settings.instance
@@ -137,6 +156,7 @@ class ControllerSession:
         self.settings = settings
         self._connect = connect
         self._events = events
+        self.guard = guard
         self._backoff = BackoffTimer(settings.backoff, rng)
         #: Sent in every Join of this session (rejoins included): the lease holder is identity + instance.
         self.instance = settings.instance or new_instance(rng)
@@ -243,6 +263,8 @@ class ControllerSession:
 
     def note_committed(self, committed: CommittedFact) -> None:
         """Fold a fact this daemon just committed into the current view (the same generation only)."""
+        if self.guard is not None:
+            self.guard.note_acknowledged(committed.index)
         if self.view is not None:
             self.view.apply_fact(committed)
             self._notify()
@@ -257,10 +279,16 @@ class ControllerSession:
         target: str | None = None
         hops = 0
         while True:
+            if self.guard is not None and self.guard.finding is not None:
+                await self._wait_for_admin()
+                target, hops = None, 0
+                continue
             address = target or addresses[position % len(addresses)]
             target = None
             try:
                 await self._attempt(address)
+            except _Halted:
+                continue
             except _Redirect as redirect:
                 hops += 1
                 self._events.emit("redirect", address=address, to=redirect.target, hops=hops)
@@ -282,6 +310,17 @@ class ControllerSession:
             self.state = LinkState.DOWN
             self._notify()
             await trio.sleep(self._backoff.next_delay())
+
+    async def _wait_for_admin(self) -> None:
+        assert self.guard is not None
+        self.state = LinkState.HALTED
+        self.last_error = self.guard.halted or ""
+        self._notify()
+        await self.guard.wait_cleared()
+        self.last_error = ""
+        self.state = LinkState.DOWN
+        self._backoff.reset()
+        self._notify()
 
     async def _attempt(self, address: str) -> None:
         self.state = LinkState.CONNECTING
@@ -311,6 +350,15 @@ class ControllerSession:
             if not reply.accepted or not reply.primary:
                 self._events.emit("join_refused", address=address, reason=reply.reason, primary=reply.primary)
                 raise _JoinRefused(reply.reason or "join refused")
+            if self.guard is not None and self.guard.check_join(reply.incarnation, reply.last_index) is not None:
+                self._events.emit(
+                    "join_refused",
+                    address=address,
+                    reason="controller_amnesia",
+                    incarnation=reply.incarnation,
+                    last_index=reply.last_index,
+                )
+                raise _Halted
             await self._serve(framed, address, reply)
         finally:
             with trio.CancelScope(shield=True):
@@ -328,6 +376,8 @@ class ControllerSession:
             controller=reply.controller_id,
             generation=self.generation,
             instance=self.instance,
+            incarnation=reply.incarnation,
+            last_index=reply.last_index,
         )
         self._events.emit("link_up", address=address, generation=self.generation)
         link = Link(
@@ -360,6 +410,8 @@ class ControllerSession:
         raise LinkBroken(link.reason)
 
     def _resynced(self, view: ControllerView, reason: str) -> None:
+        if self.guard is not None:
+            self.guard.note_acknowledged(view.facts.last_index)
         if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:
             # A later resync on the same link: the view is replaced; the link's state and leases are unchanged.
             self.view = view

@@ -38,7 +38,10 @@ from typing import Any
 import attrs
 
 from provisionerd.config.loader import Config, ProviderConfig
+from provisionerd.controller.amnesia import Amnesia
+from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.lease import LeaseKeeper
+from provisionerd.controller.memory_file import memory_store
 from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
 from provisionerd.controller.view import ControllerView
@@ -103,6 +106,7 @@ def build_session(
     identity: str | None = None,
     serve: Sequence[str] | None = None,
     instance: str = "",
+    guard: AmnesiaGuard | None = None,
 ) -> ControllerSession:
     """The controller session with the config's controller settings, as ``identity`` (default: the config's)
     claiming ``serve`` (default: every configured provider). ``instance``: this start's ``Join.instance`` (empty:
@@ -114,7 +118,7 @@ def build_session(
         providers=settings.providers if serve is None else tuple(serve),
         instance=instance,
     )
-    return ControllerSession(settings, connect, events, rng)
+    return ControllerSession(settings, connect, events, rng, guard)
 
 
 @attrs.define(eq=False)
@@ -133,6 +137,7 @@ class Pieces:
     policy: Policy
     executor: Executor
     wall: Callable[[], float]  # the clock of cloud launch times (the orphan cycles and actions read it too)
+    guard: AmnesiaGuard  # what the daemon remembers of the controller; halts every mutation on amnesia
 
     def orphan_cycles(self) -> dict[str, tuple[OrphanCycle, float]]:
         """One orphan cycle (and its interval) per configured provider that has a client and a keeper, each reading
@@ -201,7 +206,10 @@ def build_pieces(
     replace what the config gives (tests, the simulation); ``rng`` is drawn from in a fixed order (the session's
     instance, then the keepers' back-offs), so a seeded run repeats."""
     names = tuple(config.provider_names if serve is None else serve)
-    session = build_session(config, connect, events, rng, identity=identity, serve=names, instance=instance)
+    guard = AmnesiaGuard(memory_store(config), events)  # raises StateFileDamaged for a state file not to trust
+    session = build_session(
+        config, connect, events, rng, identity=identity, serve=names, instance=instance, guard=guard
+    )
     ops = ControllerOps(session)
     keepers = {
         name: LeaseKeeper(
@@ -209,7 +217,7 @@ def build_pieces(
         )
         for name in names
     }
-    gate = MutationGate(keepers, ops, events)
+    gate = MutationGate(keepers, ops, events, halted=lambda: guard.halted)
     policy = policy if policy is not None else policy_from_config(config)
     settings = executor_settings if executor_settings is not None else executor_settings_from(config, policy)
     clients = dict(providers)
@@ -221,6 +229,10 @@ def build_pieces(
     executor = Executor(settings, clients, gate, keepers, ops, events, facts=facts, wall=wall)
     for name, keeper in keepers.items():
         keeper.on_acquired.append(functools.partial(_resync_after_grant, session, name))
+        keeper.grant_checks.append(guard.check_grant)
+        keeper.on_acquired.append(functools.partial(guard.note_granted, name))
+        guard.on_halt.append(functools.partial(_halt_keeper, keeper))
+    guard.on_halt.append(functools.partial(_halt_session, session))
     session.on_resync.append(functools.partial(_renew_all, keepers))
     return Pieces(
         config=config,
@@ -234,6 +246,7 @@ def build_pieces(
         policy=policy,
         executor=executor,
         wall=wall,
+        guard=guard,
     )
 
 
@@ -246,6 +259,14 @@ def _joined(tracker: SettleTracker, view: ControllerView) -> None:
 
 def _resync_after_grant(session: ControllerSession, provider: str, _epoch: Epoch) -> None:
     session.resync_after_grant(provider)
+
+
+def _halt_keeper(keeper: LeaseKeeper, finding: Amnesia) -> None:
+    keeper.halt(f"controller amnesia: {finding.reason}")
+
+
+def _halt_session(session: ControllerSession, finding: Amnesia) -> None:
+    session.break_link(f"controller amnesia: {finding.detail}")
 
 
 def _renew_all(keepers: Mapping[str, LeaseKeeper], _view: ControllerView) -> None:

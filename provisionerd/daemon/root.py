@@ -9,6 +9,11 @@ core.release_leases()`` gives every lease back (SIGTERM path).
 The provisioning side: one provider client per configured provider (``daemon.clients.provider_clients``;
 persistent plugins are supervised in ``run``) and every mutation through ``core.gate``. Tests may inject
 ``providers`` (e.g. in-memory fakes), a ``policy`` and the loop/executor settings.
+
+What the daemon remembers of the controller is ``core.guard`` (``controller.amnesia_guard``): ``status()`` shows
+it under ``controller`` (halted or not, the finding, the memory, the state file), and the admin socket's
+``controller_accept_reset`` command (``provisionerd controller accept-reset``) is the admin's decision that ends a
+halt.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import trio
 
 from provisionerd.config.loader import Config
 from provisionerd.controller.session import StreamFactory
-from provisionerd.daemon.admin_socket import serve_admin_socket
+from provisionerd.daemon.admin_socket import Command, serve_admin_socket
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
 from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
@@ -84,6 +89,7 @@ class DaemonCore:
         self.policy = pieces.policy
         self.executor = pieces.executor
         self.wall = pieces.wall  # the clock of cloud launch times (the orphan cycles read it too)
+        self.guard = pieces.guard
         self._keepers_nursery: trio.Nursery | None = None
         self.feed = OfferFeed(self.providers, self.events, interval=offer_interval)
         self.loop = ReconcileLoop(
@@ -130,6 +136,7 @@ class DaemonCore:
             "identity": self.config.identity,
             "link": self.session.status(),
             "leases": leases,
+            "controller": {**self.guard.status(), "halted_refusals": self.gate.halted_refusals},
             "reconcile": {
                 "cycles": self.loop.cycles,
                 "busy_ops": len(self.executor.busy_ops),
@@ -137,6 +144,16 @@ class DaemonCore:
                 "provider_health": self.loop.provider_health(),
             },
         }
+
+    @property
+    def accept_reset(self) -> Command:
+        """The admin's decision after controller amnesia (``provisionerd controller accept-reset``)."""
+        return Command(run=self._accept_reset, timeout=lambda _request: 5.0)
+
+    async def _accept_reset(self, request: dict[str, Any], peer_uid: int | None) -> dict[str, Any]:
+        who = request.get("user")
+        by = f"{who if isinstance(who, str) and who.isprintable() else '?'}"[:64] + f" (uid {peer_uid})"
+        return self.guard.accept_reset(by)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled. For a clean stop call ``release_leases`` first, while the link is still up."""
@@ -147,7 +164,7 @@ class DaemonCore:
                     serve_admin_socket,
                     self.config.daemon.admin_socket,
                     self.status,
-                    {"orphan_action": self.orphan_actions.command},
+                    {"orphan_action": self.orphan_actions.command, "controller_accept_reset": self.accept_reset},
                 )
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)

@@ -134,6 +134,31 @@ class LeaseError(ProvisionerdError):
         super().__init__(f"no valid lease for provider {provider!r}: {detail}")
 
 
+class MutationsHalted(LeaseError):
+    """Every mutation is stopped: the controller forgot what it acknowledged (another incarnation, a lower last
+    index, an epoch granted again) and an admin has not accepted the reset yet (DESIGN invariant 9).
+
+    A ``LeaseError``, so that every caller that handles "no valid lease" (no call, try again later) handles this too.
+    """
+
+    def __init__(self, provider: str, detail: str) -> None:
+        self.provider = provider
+        self.detail = detail
+        ProvisionerdError.__init__(self, f"mutations halted for provider {provider!r}: {detail}")
+
+
+class StateFileDamaged(ConfigError):
+    """The daemon's state file (what it remembers of the controller) cannot be read or makes no sense. The daemon
+    refuses to start on it, as on a bad config: silently starting afresh would forget what amnesia detection needs.
+    ``path`` names the file."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        super().__init__(
+            f"state file {path!r} is damaged: {detail} (remove it only to start with no memory of the controller)"
+        )
+
+
 # --- providers -------------------------------------------------------------------------------------------------
 
 #: Codes a provider may put in its error document. The first two are retryable by definition.

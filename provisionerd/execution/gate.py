@@ -8,7 +8,9 @@ Every mutating provider call goes through::
 ``mutation`` (1) takes the lease epoch held *now* (``LeaseError`` if none), (2) stamps the intent with it and commits
 it, waiting for the primary's ack under a guard that is cancelled the instant the lease lapses, (3) re-checks the
 lease after the ack, and only then (4) lets the body run. If any step fails, the body never runs and a typed error
-says why: ``LeaseError`` (no lease, or it lapsed before/at the ack), ``ControllerRejected`` (e.g. ``stale_epoch``:
+says why: ``MutationsHalted`` (a ``LeaseError``: the daemon is halted because the controller forgot what it
+acknowledged, see ``controller.amnesia_guard``; checked first, and again after the ack), ``LeaseError`` (no lease,
+or it lapsed before/at the ack), ``ControllerRejected`` (e.g. ``stale_epoch``:
 the keeper is told to re-acquire), ``LinkDown`` (the commit's outcome is unknown; an intent that did get committed
 is resolved later by its op_id, like any call whose outcome is unknown).
 
@@ -23,14 +25,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 import attrs
 import trio
 
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
+from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown, MutationsHalted
 from provisionerd.domain.model import Epoch, Fact
 from provisionerd.telemetry.events import EventLog
 
@@ -45,7 +47,7 @@ class FactCommitter(Protocol):
 
 @attrs.frozen
 class GateDecision:
-    """One gate outcome. ``outcome``: admitted | no_lease | rejected | link_down | lapsed_before_ack |
+    """One gate outcome. ``outcome``: admitted | halted | no_lease | rejected | link_down | lapsed_before_ack |
     lapsed_after_ack | finished. ``at`` is trio's clock."""
 
     at: float
@@ -78,10 +80,15 @@ class MutationGate:
         events: EventLog,
         *,
         keep: int = 100_000,
+        halted: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """``halted``: why every mutation is stopped now, or ``None`` (the daemon's ``AmnesiaGuard.halted``)."""
         self._leases = leases
         self._committer = committer
         self._events = events
+        self._halted = halted
+        #: Refusals because the daemon was halted (status shows it).
+        self.halted_refusals = 0
         self.decisions: collections.deque[GateDecision] = collections.deque(maxlen=keep)
 
     def _record(self, decision: GateDecision) -> None:
@@ -130,6 +137,11 @@ class MutationGate:
             self._record(decision)
             return decision
 
+        halted = self._halted()
+        if halted is not None:
+            self.halted_refusals += 1
+            decide("halted", detail=halted)
+            raise MutationsHalted(provider, halted)
         try:
             epoch = lease.current()
         except LeaseError as exc:
@@ -155,6 +167,11 @@ class MutationGate:
             decide("lapsed_before_ack", epoch=epoch, fact_epoch=epoch, valid_until=lease.valid_until)
             raise LeaseError(provider, f"lease for epoch {epoch} lapsed before the intent was acknowledged")
         now = trio.current_time()
+        halted = self._halted()
+        if halted is not None:
+            self.halted_refusals += 1
+            decide("halted", epoch=epoch, fact_epoch=epoch, fact_index=index, detail=halted)
+            raise MutationsHalted(provider, halted)
         if not lease.valid(now) or lease.epoch != epoch:
             decide("lapsed_after_ack", epoch=epoch, fact_epoch=epoch, fact_index=index, valid_until=lease.valid_until)
             raise LeaseError(provider, f"lease for epoch {epoch} lapsed when the intent was acknowledged")

@@ -5,7 +5,8 @@ with ``ts`` (wall clock, epoch seconds), ``mono`` (trio's clock when inside ``tr
 same at INFO for humans, and keeps the most recent events in memory for ``provisionerd status`` and tests.
 
 Kinds emitted by the daemon: ``link_up``, ``link_down``, ``redirect``, ``join``, ``join_refused``, ``resync``,
-``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_released``, ``gate``.
+``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_released``, ``gate``,
+``controller_amnesia``, ``controller_reset_accepted``.
 Callers must never pass secrets (credentials, join tokens) as fields.
 """
 

@@ -81,7 +81,12 @@ class Join:
 
 @attrs.frozen
 class JoinReply:
-    """ctl -> client. A standby answers ``accepted=False, primary=False, redirect="host:port"``."""
+    """ctl -> client. A standby answers ``accepted=False, primary=False, redirect="host:port"``.
+
+    An accepted reply carries the controller's ``incarnation`` (the id of its fact log, made when the log was
+    created and never again; ``""`` from an older controller: unknown) and ``last_index`` (the highest fact index
+    the log ever committed), so a provisioner can tell a controller that forgot what it acknowledged.
+    """
 
     accepted: bool
     term: int = 0
@@ -90,6 +95,8 @@ class JoinReply:
     controller_id: str = ""
     protocol_version: int = PROTOCOL_VERSION
     reason: str = ""
+    incarnation: str = ""
+    last_index: int = 0
 
 
 @attrs.frozen

@@ -79,9 +79,12 @@ def test_the_daemon_and_the_direct_path_take_the_same_settings_from_one_config(t
     assert direct.session.settings == attrs.evolve(core.session.settings, identity=identity, providers=("b",))
     assert core.session.settings.providers == ("a", "b") and core.session.settings.identity == "prov-1"
     assert (direct.identity, core.pieces.identity) == (identity, "prov-1")
-    # The keepers (one per served provider) and the hooks: a grant asks for a resync, a resync renews every lease.
+    # The keepers (one per served provider) and the hooks: a grant asks for a resync and is remembered (amnesia
+    # guard), a new grant is judged before it is held, a resync renews every lease.
     assert set(direct.keepers) == {"b"} and set(core.keepers) == {"a", "b"}
-    assert [len(k.on_acquired) for k in direct.keepers.values()] == [len(core.keepers["b"].on_acquired)] == [1]
+    assert [len(k.on_acquired) for k in direct.keepers.values()] == [len(core.keepers["b"].on_acquired)] == [2]
+    assert [len(k.grant_checks) for k in direct.keepers.values()] == [len(core.keepers["b"].grant_checks)] == [1]
+    assert direct.session.guard is direct.guard and core.session.guard is core.pieces.guard
     assert len(direct.session.on_resync) == len(core.session.on_resync) == 1
 
 

@@ -74,7 +74,15 @@ async def test_join_reply_then_demand_snapshot(tmp_path: Path) -> None:
     async with memory_controller(tmp_path) as h:
         h.cluster.set_demand([item("a", 3)])
         peer, reply = await h.join(Role.PROVISIONER, providers=("aws",))
-        assert reply == JoinReply(accepted=True, term=1, primary=True, controller_id="replica-0")
+        assert reply == JoinReply(
+            accepted=True,
+            term=1,
+            primary=True,
+            controller_id="replica-0",
+            incarnation=h.cluster.store.incarnation,
+            last_index=0,
+        )
+        assert len(reply.incarnation) == 32
         assert await peer.push() == DemandPage(snapshot_seq=1, page=0, page_count=1, items=(item("a", 3),))
         assert await peer.request(Heartbeat(7)) == HeartbeatAck(7, 1)
 

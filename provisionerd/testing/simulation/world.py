@@ -159,7 +159,7 @@ class World:
 
     async def run(self) -> None:
         s = self.settings
-        store = FactStore.open(":memory:")
+        store = FactStore.open(":memory:", incarnation=f"sim-{self.seed}")  # named: the trace repeats per seed
         try:
             cluster = ObservedCluster.open(store, s.replicas, s.ttl, s.check_interval, trio.current_time())
             cluster.replicas.addresses = list(self.addresses)

@@ -1,0 +1,66 @@
+"""``provisionerd controller accept-reset``: the admin's decision after the controller forgot what it acknowledged.
+
+``provisionerd controller accept-reset (--config FILE | --socket PATH) [--json]``
+    When the running daemon found controller amnesia (another incarnation of its fact log, a last index below what
+    it acknowledged, an epoch granted again: ``provisionerd status`` shows it), every mutation is stopped and every
+    machine kept. This tells the daemon, through its admin socket, to remember the controller as it is now and let
+    mutations resume. What the forgotten log held is not recovered: machines it explained are unexplained now, and
+    the orphan policy (report by default) decides what happens to them.
+
+Exit codes: 0 accepted; 1 the daemon cannot be reached, or had no amnesia to accept; 2 bad arguments or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from provisionerd.config.loader import Config
+from provisionerd.daemon.admin_socket import request
+from provisionerd.daemon.orphan_admin import current_user
+from provisionerd.domain.errors import ConfigError
+
+PROG = "provisionerd controller"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="decide about the cluster controller")
+    ops = parser.add_subparsers(dest="op", required=True)
+    accept = ops.add_parser("accept-reset", help="accept that the controller forgot; let mutations resume")
+    where = accept.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", type=Path, help="the daemon's admin socket")
+    where.add_argument("--config", type=Path, help="the daemon's config file (for daemon.admin_socket)")
+    accept.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    path = args.socket
+    if path is None:
+        try:
+            path = Config.from_file(args.config).daemon.admin_socket
+        except ConfigError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
+        if path is None:
+            print(f"{PROG}: the config sets no daemon.admin_socket", file=sys.stderr)
+            return 2
+    try:
+        reply = request(path, {"cmd": "controller_accept_reset", "user": current_user()})
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: cannot reach the daemon at {path}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(reply, indent=2, sort_keys=True))
+    if not reply.get("ok"):
+        print(f"{PROG}: {reply.get('error')}", file=sys.stderr)
+        return 1
+    if not args.json:
+        accepted, memory = reply.get("accepted", {}), reply.get("memory", {})
+        print(
+            f"reset accepted ({accepted.get('reason')}): controller incarnation {memory.get('incarnation')!r},"
+            f" last index {memory.get('last_index')}; mutations resume"
+        )
+    return 0
