@@ -13,7 +13,7 @@ import ssl
 import trio
 
 from provisionerd.config.loader import Config
-from provisionerd.controller.session import StreamFactory
+from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import Role
 from provisionerd.wire.tls import ClusterSSLContext, peer_role

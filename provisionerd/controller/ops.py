@@ -9,7 +9,8 @@ from __future__ import annotations
 import trio
 
 from provisionerd.controller.lease import LeaseGranted, LeaseRefused, LeaseReply
-from provisionerd.controller.session import ControllerSession, LinkState
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.errors import ControllerRejected, LinkDown
 from provisionerd.domain.model import CommittedFact, Epoch, Fact
 from provisionerd.wire.messages import (

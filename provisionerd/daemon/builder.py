@@ -43,7 +43,8 @@ from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.memory_file import memory_store
 from provisionerd.controller.ops import ControllerOps
-from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import SessionSettings, StreamFactory
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.orphan_admin import Actor, policy_of
 from provisionerd.domain.model import Epoch

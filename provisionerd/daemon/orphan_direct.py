@@ -22,7 +22,7 @@ from collections.abc import Callable
 import trio
 
 from provisionerd.config.loader import Config
-from provisionerd.controller.session import LinkState, StreamFactory
+from provisionerd.controller.session_settings import LinkState, StreamFactory
 from provisionerd.daemon.admin_socket import request as socket_request
 from provisionerd.daemon.builder import build_pieces, build_session
 from provisionerd.daemon.clients import ReadOnlyClient, open_clients

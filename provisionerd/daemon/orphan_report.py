@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from provisionerd.config.loader import Config
-from provisionerd.controller.session import StreamFactory
+from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.daemon.clients import ReadOnlyClient, open_clients
 from provisionerd.daemon.orphan_admin import policy_of, side_identity
 from provisionerd.daemon.orphan_direct import read_controller_once

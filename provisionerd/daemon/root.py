@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from provisionerd.config.loader import Config
-from provisionerd.controller.session import StreamFactory
+from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.daemon.admin_socket import Command, serve_admin_socket
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise

@@ -40,7 +40,7 @@ from typing import Any
 import trio
 
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.controller.session import LinkState
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain.actions import Note
 from provisionerd.domain.errors import ProviderError

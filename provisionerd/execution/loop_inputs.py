@@ -12,7 +12,7 @@ from typing import Protocol
 
 import attrs
 
-from provisionerd.controller.session import LinkState
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 
 

@@ -21,7 +21,8 @@ import attrs
 import trio
 
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.controller.session import ControllerSession, LinkState
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.errors import LeaseError, ProviderError
 from provisionerd.domain.model import HostState
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable

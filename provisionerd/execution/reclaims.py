@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import trio
 
-from provisionerd.controller.session import LinkState
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain import errors
 from provisionerd.domain.errors import ProviderError

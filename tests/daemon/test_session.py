@@ -10,7 +10,8 @@ import trio
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
 from provisionerd.controller.ops import ControllerOps
-from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import LinkState, SessionSettings
 from provisionerd.domain.errors import ControllerRejected, LinkDown
 from provisionerd.domain.model import NO_EPOCH, DemandItem, Epoch, RequestIntent, ResourceShape
 from provisionerd.execution.gate import MutationGate, violations

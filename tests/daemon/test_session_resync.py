@@ -14,7 +14,8 @@ import trio.testing
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.ops import ControllerOps
-from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import LinkState, SessionSettings
 from provisionerd.domain.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
 from provisionerd.execution.gate import MutationGate
 from provisionerd.telemetry.events import EventLog

@@ -18,7 +18,7 @@ import trio.testing
 
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.controller.session import LinkState
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain.model import (
     CommittedFact,

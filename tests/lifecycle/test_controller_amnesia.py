@@ -24,7 +24,7 @@ from provisionerd.config.loader import (
     ProviderTimeouts,
 )
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.controller.session import LinkState
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.daemon.admin_socket import query
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import TAG_CLUSTER, DemandItem, InstanceFact, ResourceShape

@@ -13,7 +13,8 @@ import trio
 from provisionerd.config.loader import Config
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.ops import ControllerOps
-from provisionerd.controller.session import ControllerSession, SessionSettings, StreamFactory
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import SessionSettings, StreamFactory
 from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.events import EventLog
 

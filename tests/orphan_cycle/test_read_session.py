@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from provisionerd.controller.session import LinkState
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.execution.orphan_reads import SettleTracker, read_session
 from provisionerd.orphans.model import Unreadable
 from provisionerd.planner.fact_view import FactView

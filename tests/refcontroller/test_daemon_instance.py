@@ -20,7 +20,8 @@ from rc_client import Harness, memory_controller, on_mock_clock
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
 from provisionerd.controller.ops import ControllerOps
-from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
+from provisionerd.controller.session import ControllerSession
+from provisionerd.controller.session_settings import LinkState, SessionSettings
 from provisionerd.domain.model import Role
 from provisionerd.telemetry.events import EventLog
 
