@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from provisionerd.config.loader import Config
+from provisionerd.cli.admin_target import TargetError, add_target, socket_of
 from provisionerd.daemon.admin_socket import request
 from provisionerd.daemon.orphan_admin import current_user
-from provisionerd.domain.errors import ConfigError
 
 PROG = "provisionerd controller"
 
@@ -29,24 +27,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description="decide about the cluster controller")
     ops = parser.add_subparsers(dest="op", required=True)
     accept = ops.add_parser("accept-reset", help="accept that the controller forgot; let mutations resume")
-    where = accept.add_mutually_exclusive_group(required=True)
-    where.add_argument("--socket", type=Path, help="the daemon's admin socket")
-    where.add_argument("--config", type=Path, help="the daemon's config file (for daemon.admin_socket)")
+    add_target(accept)
     accept.add_argument("--json", action="store_true", help="print the daemon's answer as JSON")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    path = args.socket
-    if path is None:
-        try:
-            path = Config.from_file(args.config).daemon.admin_socket
-        except ConfigError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            return 2
-        if path is None:
-            print(f"{PROG}: the config sets no daemon.admin_socket", file=sys.stderr)
-            return 2
+    try:
+        path = socket_of(args)
+    except TargetError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     try:
         reply = request(path, {"cmd": "controller_accept_reset", "user": current_user()})
     except (OSError, ValueError) as exc:

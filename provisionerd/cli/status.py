@@ -9,12 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from provisionerd.config.loader import Config
+from provisionerd.cli.admin_target import TargetError, add_target, socket_of
 from provisionerd.daemon.admin_socket import query
-from provisionerd.domain.errors import ConfigError
 
 
 def render(status: dict[str, Any]) -> list[str]:
@@ -44,24 +42,17 @@ def render(status: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="provisionerd status", description="show a running daemon's state")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--socket", type=Path, help="the daemon's admin socket")
-    where.add_argument("--config", type=Path, help="the daemon's config file (for daemon.admin_socket)")
+    add_target(parser)
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    path = args.socket
-    if path is None:
-        try:
-            path = Config.from_file(args.config).daemon.admin_socket
-        except ConfigError as exc:
-            print(f"provisionerd status: {exc}", file=sys.stderr)
-            return 1
-        if path is None:
-            print("provisionerd status: the config sets no daemon.admin_socket", file=sys.stderr)
-            return 1
+    try:
+        path = socket_of(args)
+    except TargetError as exc:
+        print(f"provisionerd status: {exc}", file=sys.stderr)
+        return 1
     try:
         reply = query(path)
     except (OSError, ValueError) as exc:

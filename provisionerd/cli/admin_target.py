@@ -1,0 +1,37 @@
+"""Which running daemon a command talks to: ``--socket PATH``, or ``--config FILE`` and its ``daemon.admin_socket``.
+
+Shared by the commands that ask a daemon through its admin socket (``status``, ``controller accept-reset``); each
+keeps its own exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from provisionerd.config.loader import Config
+from provisionerd.domain.errors import ConfigError
+
+
+class TargetError(Exception):
+    """The daemon's admin socket cannot be named: a bad config, or one that sets no ``daemon.admin_socket``."""
+
+
+def add_target(parser: argparse.ArgumentParser) -> None:
+    """``--socket PATH`` or ``--config FILE``, exactly one."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", type=Path, help="the daemon's admin socket")
+    where.add_argument("--config", type=Path, help="the daemon's config file (for daemon.admin_socket)")
+
+
+def socket_of(args: argparse.Namespace) -> Path:
+    """The admin socket ``args`` name (``TargetError`` with a one-line reason when there is none)."""
+    if args.socket is not None:
+        return Path(args.socket)
+    try:
+        path = Config.from_file(args.config).daemon.admin_socket
+    except ConfigError as exc:
+        raise TargetError(str(exc)) from None
+    if path is None:
+        raise TargetError("the config sets no daemon.admin_socket")
+    return path
