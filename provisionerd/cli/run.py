@@ -3,7 +3,8 @@
 A config with problems at start: every problem is printed and the exit code is 1. On SIGHUP a bad config is
 reported (events ``config_reload_failed`` with the problems) and the running one is kept; a good one replaces the
 log level at once, and sections that need a restart to take effect are named in ``config_reloaded``.
-SIGTERM and SIGINT release every lease (bounded) and exit 0.
+SIGTERM and SIGINT release every lease (bounded) and exit 0. An admin socket directory that another user could change
+refuses the start with exit 2 (``InsecurePath``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import sys
 import trio
 
 from provisionerd.config.loader import Config
+from provisionerd.daemon.admin_socket import prepare_socket_dir
 from provisionerd.daemon.root import DaemonCore
-from provisionerd.domain.errors import ConfigError
+from provisionerd.domain.errors import ConfigError, InsecurePath
 
 log = logging.getLogger("provisionerd")
 
@@ -76,9 +78,23 @@ def main(argv: list[str]) -> int:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 1
     logging.basicConfig(level=LEVELS[config.daemon.log_level], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if (refused := _refuse_insecure_paths(config)) is not None:
+        return refused
     try:
         trio.run(_main, config)
     except ConfigError as exc:  # the TLS files could not be loaded
         print(f"provisionerd run: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _refuse_insecure_paths(config: Config) -> int | None:
+    """Exit 2 on an admin socket directory another user could change (``InsecurePath``), before anything starts."""
+    socket = config.daemon.admin_socket
+    try:
+        if socket is not None:
+            prepare_socket_dir(socket)
+    except (InsecurePath, OSError) as exc:
+        print(f"provisionerd run: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    return None

@@ -5,8 +5,9 @@ Pure and synchronous. The raw document (what ``tomllib`` returned) is checked ag
 heartbeat timeout above the interval, transport/path combinations). Everything is reported at once, in document
 order, so a user fixes a file in one pass.
 
-Provider ``env`` values are credentials: a problem located inside an ``env`` table never repeats the value, and no
-message ever prints a whole table (which could contain one).
+Provider ``env`` values are credentials: a problem located inside an ``env`` table never repeats the value, nor a key
+that is not a valid name (it names the key's position instead: such a key is often a secret pasted in the wrong
+place), and no message ever prints a whole table (which could contain one).
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ def _is_secret(parts: Sequence[str | int]) -> bool:
     return len(parts) >= 3 and parts[0] == "providers" and parts[2] == "env"
 
 
+def _env_key_label(doc: Any, table_path: Sequence[str | int], key: Any) -> str:
+    """``key 2 (of 3, in file order; not shown)``: where a bad env key is, without its text."""
+    table: Any = doc
+    for part in table_path:
+        try:
+            table = table[part]
+        except (KeyError, IndexError, TypeError):
+            table = None
+            break
+    keys = list(table) if isinstance(table, Mapping) else []
+    where = f"{keys.index(key) + 1} (of {len(keys)}, in file order" if key in keys else "? (in file order"
+    return f"key {where}; not shown: an env key may be a secret by mistake)"
+
+
 def _kind(value: Any) -> str:
     if isinstance(value, Mapping):
         return "a table"
@@ -80,14 +95,17 @@ def _schema_problems(doc: Any) -> Iterator[tuple[list[str | int], str]]:
             allowed = set(schema.get("properties", {})) if isinstance(schema, Mapping) else set()
             for key in sorted(k for k in instance if k not in allowed):
                 yield parts + [key], "unknown key"
-        elif "propertyNames" in error.absolute_schema_path:  # a bad key name (not a secret); instance is the key
-            yield (
-                parts,
-                f"key {error.instance!r} is not a valid name (letters, digits and _; not starting with a digit)",
-            )
+        elif "propertyNames" in error.absolute_schema_path:  # a bad key name; instance is the key
+            # An env key is not shown either: a key that is not a name is often a secret pasted in the wrong place.
+            key = _env_key_label(doc, parts, instance) if _is_secret(parts) else repr(instance)
+            yield parts, f"{key} is not a valid name (letters, digits and _; not starting with a digit)"
         elif _is_secret(parts):
             expected = "a table of strings" if len(parts) == 3 else "a string of at most 65536 characters"
-            yield parts, f"value hidden: fails the {error.validator!r} check (expected {expected})"
+            message = f"value hidden: fails the {error.validator!r} check (expected {expected})"
+            if len(parts) > 3 and not (isinstance(parts[3], str) and _IDENT.match(parts[3])):
+                yield parts[:3], f"the value of {_env_key_label(doc, parts[:3], parts[3])}: {message}"
+            else:
+                yield parts, message
         else:
             message = error.message
             if isinstance(instance, (Mapping, list)) and instance:  # an empty one holds no secret

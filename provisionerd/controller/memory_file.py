@@ -26,6 +26,7 @@ from provisionerd.config.loader import Config
 from provisionerd.controller.amnesia import ControllerMemory
 from provisionerd.domain.errors import StateFileDamaged
 from provisionerd.domain.model import Epoch
+from provisionerd.telemetry.files import open_private
 
 VERSION = 1
 MAX_STATE = 1 << 20  # bytes: far above a thousand providers' epochs
@@ -113,9 +114,8 @@ class StateFile:
             "epochs": {p: str(e) for p, e in sorted(memory.epochs.items())},
         }
         directory = self.path.parent
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = directory / f".{self.path.name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # 0600 in a 0700 directory, whatever the umask
         try:
             os.write(fd, (json.dumps(doc, sort_keys=True) + "\n").encode())
             os.fsync(fd)

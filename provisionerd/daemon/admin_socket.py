@@ -2,8 +2,15 @@
 
 Commands: ``{"cmd": "status"}`` (answered at once from ``status()``) and whatever the daemon registers in
 ``commands``, each an async :class:`Command` (``orphan_action``: see ``provisionerd.daemon.orphans.OrphanActions``).
-The socket is a unix socket (file mode 0600: local root/owner only), so no authentication beyond file permissions;
-a command is handed the peer's uid (``SO_PEERCRED``) for its audit.
+Who may ask (issue 16): the socket file is 0600 in a directory of mode 0700 made whatever the umask, and the daemon
+refuses to start (``InsecurePath``, exit 2) on a socket directory another user could change, so no one can swap the
+socket for a fake one. Each connection's peer is then checked (``SO_PEERCRED``, ``peer_refusal``): only the
+daemon's own uid or root, and never a process the daemon started (a provider plugin or one of its children runs as
+the daemon's user; its ancestry, read from ``/proc``, leads to the daemon). A refused peer gets one ``refused``
+reply; refusals are logged (uid, pid, reason) and counted (``AdminSocketCounts``). Every accepted request is logged
+with its peer's uid, and a command is handed that uid for its audit. A plugin that detaches itself completely
+(double fork and a new session) is indistinguishable from another process of the daemon's user: run plugins as
+another user where that matters.
 
 Everything is bounded, so a stuck or hostile client costs little: the request line (``MAX_REQUEST`` bytes, read
 within ``CLIENT_TIMEOUT``), the reply's send (``CLIENT_TIMEOUT``), the connections in progress
@@ -27,6 +34,8 @@ from typing import Any
 import attrs
 import trio
 
+from provisionerd.telemetry.files import check_private_dir, make_private_dir
+
 log = logging.getLogger(__name__)
 
 MAX_REQUEST = 4096
@@ -44,17 +53,58 @@ class Command:
     timeout: Callable[[dict[str, Any]], float]
 
 
+@attrs.frozen
+class Peer:
+    """The process at the other end of an admin connection (``SO_PEERCRED``; None where it cannot be had)."""
+
+    pid: int | None
+    uid: int | None
+
+
+@attrs.define
+class AdminSocketCounts:
+    """What the socket accepted and refused, by reason (for status and tests)."""
+
+    accepted: int = 0
+    refused: dict[str, int] = attrs.field(factory=dict)
+
+
+def peer_refusal(peer: Peer, own_uid: int, *, started_by_daemon: bool) -> tuple[str, str] | None:
+    """Why ``peer`` may not act through the admin socket (``(reason, message)``), or None: it may.
+
+    Only the daemon's own uid or root; never a process the daemon started (``started_by_daemon``: a provider
+    plugin runs as the daemon's user); and a peer whose uid cannot be read is refused (nothing to decide on)."""
+    if peer.uid is None:
+        return "unknown_peer", "the peer's uid cannot be read on this platform (SO_PEERCRED)"
+    if peer.uid not in (own_uid, 0):
+        return "foreign_uid", f"uid {peer.uid} may not use this socket (only uid {own_uid} and root)"
+    if started_by_daemon:
+        return "daemon_child", f"process {peer.pid} was started by the daemon (a provider plugin?): refused"
+    return None
+
+
+def prepare_socket_dir(path: Path) -> None:
+    """Create the admin socket's directory (0700, whatever the umask) and check it: ``InsecurePath`` when another
+    user could change what is in it. Called once at start, before the daemon does anything else."""
+    make_private_dir(path.parent)
+    check_private_dir(path.parent)
+
+
 async def serve_admin_socket(
     path: Path,
     status: Callable[[], dict[str, Any]],
     commands: Mapping[str, Command] | None = None,
     *,
+    counts: AdminSocketCounts | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit."""
+    """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit. Raises
+    ``InsecurePath`` (before serving) on a directory another user could change."""
     commands = dict(commands or {})
+    counts = AdminSocketCounts() if counts is None else counts
+    own_uid = os.geteuid()
     # A local directory and socket file, once at start and once at exit: not worth a worker thread each.
-    path.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+    prepare_socket_dir(path)
     if path.is_socket():  # noqa: ASYNC240
         path.unlink()  # noqa: ASYNC240
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -69,6 +119,9 @@ async def serve_admin_socket(
         async def handle(stream: trio.SocketStream) -> None:
             nonlocal in_progress
             async with stream:
+                peer = _peer(stream)
+                refusal = peer_refusal(peer, own_uid, started_by_daemon=_started_by_us(peer.pid))
+                refused = None if refusal is None else _refuse(peer, refusal, counts)  # logged and counted at once
                 if in_progress >= MAX_CONNECTIONS:
                     await _send(
                         stream,
@@ -83,10 +136,16 @@ async def serve_admin_socket(
                             line = await _read_line(stream)
                         except trio.BrokenResourceError:
                             return  # the client went away before asking anything
-                    if line is None:
+                    # A refused peer's request is read (and never parsed) before the refusal is sent: closing a unix
+                    # socket with unread data resets it, and the client would lose the reason.
+                    if refused is not None:
+                        reply = refused
+                    elif line is None:
                         reply = {"ok": False, "error": f"no request line within {CLIENT_TIMEOUT:g}s"}
                     else:
-                        reply = await _answer(line, status, commands, _peer_uid(stream))
+                        counts.accepted += 1
+                        reply = await _answer(line, status, commands, peer.uid)
+                        log.info("admin socket: request from uid %s pid %s: ok=%s", peer.uid, peer.pid, reply.get("ok"))
                     await _send(stream, reply)
                 finally:
                     in_progress -= 1
@@ -98,6 +157,20 @@ async def serve_admin_socket(
             path.unlink()  # noqa: ASYNC240
         except FileNotFoundError:
             pass
+
+
+def _refuse(peer: Peer, refusal: tuple[str, str], counts: AdminSocketCounts) -> dict[str, Any]:
+    reason, message = refusal
+    counts.refused[reason] = counts.refused.get(reason, 0) + 1
+    log.warning(
+        "admin socket: refused uid %s pid %s (%s): %s; refused so far: %d",
+        peer.uid,
+        peer.pid,
+        reason,
+        message,
+        sum(counts.refused.values()),
+    )
+    return {"ok": False, "refused": reason, "error": f"refused: {message}"}
 
 
 async def _read_line(stream: trio.SocketStream) -> bytes:
@@ -147,17 +220,45 @@ async def _answer(
     }
 
 
-def _peer_uid(stream: trio.SocketStream) -> int | None:
-    """The connecting process's uid (Linux ``SO_PEERCRED``), for the audit; ``None`` where it cannot be had."""
+def _peer(stream: trio.SocketStream) -> Peer:
+    """The connecting process (Linux ``SO_PEERCRED``); its fields are None where they cannot be had."""
     option = getattr(socket, "SO_PEERCRED", None)
     if option is None:
-        return None
+        return Peer(None, None)
     try:
         raw = stream.socket.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", raw)
+        pid, uid, _gid = struct.unpack("3i", raw)
     except (OSError, struct.error):
+        return Peer(None, None)
+    return Peer(pid, uid)
+
+
+_MAX_ANCESTRY = 256  # parent links followed at most (a pid chain is short; /proc could change under us)
+
+
+def _started_by_us(pid: int | None, *, me: int | None = None) -> bool:
+    """Whether process ``pid`` descends from this one (Linux ``/proc``; False where it cannot be read). The daemon
+    itself (a test asking its own socket) is not its own descendant."""
+    me = os.getpid() if me is None else me
+    if pid is None or pid == me:
+        return False
+    for _ in range(_MAX_ANCESTRY):
+        parent = _parent_of(pid)
+        if parent is None or parent <= 1:
+            return False
+        if parent == me:
+            return True
+        pid = parent
+    return False
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and parentheses
+        return int(fields[1])
+    except (OSError, IndexError, ValueError):
         return None
-    return uid
 
 
 def request(path: Path, document: Mapping[str, Any], timeout: float = CLIENT_TIMEOUT) -> dict[str, Any]:

@@ -159,6 +159,18 @@ class StateFileDamaged(ConfigError):
         )
 
 
+class InsecurePath(ProvisionerdError):
+    """A directory the daemon must trust (the admin socket's, or one of its ancestors) could be changed by another
+    user: writable by group or others, or owned by someone else. The daemon refuses to start on it (exit 2): a
+    local user could replace the socket with a fake one that ``provisionerd status`` and ``orphans return``
+    would believe. ``path`` names it, ``reason`` says what is wrong."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"insecure path {path!r}: {reason}")
+
+
 # --- providers -------------------------------------------------------------------------------------------------
 
 #: Codes a provider may put in its error document. The first two are retryable by definition.

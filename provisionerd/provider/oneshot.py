@@ -48,6 +48,8 @@ from provisionerd.provider.runtime import (
     snippet,
 )
 
+_QUOTED_STDERR = 1000  # characters of a plugin's stderr tail quoted in an error detail
+
 
 def signal_name(number: int) -> str:
     """A readable name for the signal that killed a plugin. Real-time signals (``SIGRTMIN..SIGRTMAX``) are valid
@@ -141,7 +143,7 @@ class OneShotProvider:
         partial: bytearray | None = None,
     ) -> Any:
         limits = self.config.limits
-        tail = StderrTail(limits.stderr_tail)
+        tail = StderrTail(limits.stderr_tail, lambda: redact)  # redacted before any cut
         capture = _Capture(partial)
         with trio.move_on_after(deadline) as scope:
             try:
@@ -213,8 +215,8 @@ class OneShotProvider:
 
     @staticmethod
     def _stderr(tail: StderrTail, redact: Redactor) -> str:
-        text = tail.text()
-        return f"; stderr tail: {snippet(text[-1000:], redact, 1000)}" if text else ""
+        text = tail.text(_QUOTED_STDERR)  # redacted, then cut (issue 16: never cut first)
+        return f"; stderr tail: {snippet(text, redact, _QUOTED_STDERR)}" if text else ""
 
 
 class _Capture:

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 _BATCH = 512  # lines per write at most
 _ABANDONED = 4096  # ids of cancelled/timed-out calls remembered, so their late answers are dropped quietly
 _RECENT_TOKENS = 4096  # join tokens remembered for redacting the shared stderr tail
+_QUOTED_STDERR = 1000  # characters of the stderr tail quoted in an error detail
 _EXITED = "the plugin exited or closed its stdout before answering"
 
 
@@ -232,7 +233,7 @@ class PersistentProvider:
 
     async def _serve_once(self) -> None:
         limits = self.config.limits
-        tail = StderrTail(limits.stderr_tail)
+        tail = StderrTail(limits.stderr_tail, self._tail_redactor)  # redacted before any cut
         send, receive = trio.open_memory_channel[bytes](float("inf"))
         gen = _Generation(send, trio.CancelScope())
         workdir = tempfile.mkdtemp(prefix="provisionerd-plugin-")
@@ -259,14 +260,18 @@ class PersistentProvider:
         kind, detail = gen.reason
         if detail == _EXITED and proc is not None:
             detail += f" (exit status {proc.returncode})"
-        stderr = Redactor(self._redact.secrets).including(self._tokens)(tail.text())
+        stderr = tail.text(_QUOTED_STDERR)  # redacted (credentials and recent join tokens), then cut
         if stderr:
-            detail += f"; stderr tail: {snippet(stderr[-1000:], self._redact, 1000)}"
+            detail += f"; stderr tail: {snippet(stderr, self._redact, _QUOTED_STDERR)}"
         self._last_failure = detail
         pending, self._pending = self._pending, {}
         for item in pending.values():
             item.failure = kind(self.name, item.action, detail)
             item.done.set()
+
+    def _tail_redactor(self) -> Redactor:
+        """The credentials and the join tokens of recent calls: what a plugin's stderr may echo."""
+        return self._redact.including(self._tokens)
 
     async def _write(
         self, gen: _Generation, stdin: trio.abc.SendStream, receive: trio.MemoryReceiveChannel[bytes]

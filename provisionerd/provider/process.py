@@ -9,12 +9,14 @@ SIGTERM, a short grace, SIGKILL.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import trio
 
@@ -102,19 +104,38 @@ async def read_capped(stream: trio.abc.ReceiveStream, limit: int) -> bytes:
 
 
 class StderrTail:
-    """The last ``limit`` bytes of a stream (plugins log freely to stderr; only the end explains a failure)."""
+    """The last ``limit`` characters of a stream, redacted (plugins log freely to stderr; only the end explains a
+    failure, and they echo their credentials and inputs in tracebacks).
 
-    def __init__(self, limit: int) -> None:
+    Redact, then truncate: a cut made first could split a secret and leave a fragment no redaction recognises
+    (issue 16: 40 of 43 characters of a token survived a cut at 1,000). So the buffer is redacted before each
+    trim and before each quote, and every cut is made in redacted text. A secret still arriving when a trim runs
+    (its first characters at the end of the buffer) cannot be cut: a trim keeps at least the longest secret's
+    length. ``redactor`` is asked at each trim, so a long-lived tail (the persistent transport's) redacts the
+    join tokens of calls made after it started.
+
+    Bytes are decoded incrementally (UTF-8, invalid bytes replaced), so a character split between two chunks is
+    decoded whole. Memory: at most ``2 * max(limit, longest secret)`` characters plus one chunk.
+    """
+
+    def __init__(self, limit: int, redactor: Callable[[], TextRedactor] | None = None) -> None:
         self._limit = limit
-        self._data = bytearray()
+        self._redactor = redactor
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._text = ""
         self.truncated = False
         self.eof = trio.Event()
 
     def feed(self, chunk: bytes | bytearray) -> None:
-        self._data += chunk
-        if len(self._data) > 2 * self._limit:  # trim in batches, not per chunk
-            del self._data[: len(self._data) - self._limit]
-            self.truncated = True
+        self._text += self._decoder.decode(bytes(chunk))
+        if len(self._text) > 2 * self._limit:  # trim in batches, not per chunk
+            redact = self._redact()
+            keep = max(self._limit, redact.reach)
+            text = redact(self._text)
+            if len(text) > keep:
+                text = text[-keep:]
+                self.truncated = True
+            self._text = text
 
     async def drain(self, stream: trio.abc.ReceiveStream) -> None:
         """Feed from ``stream`` until EOF (or until the stream is closed under us)."""
@@ -125,14 +146,38 @@ class StderrTail:
             pass
         self.eof.set()
 
-    def text(self) -> str:
-        """The tail as text. A cut-off first line is dropped, so a secret split by the cut cannot survive
-        redaction as a fragment; the caller must still redact the result."""
-        data = bytes(self._data)
+    def text(self, limit: int | None = None) -> str:
+        """The redacted tail, at most ``limit`` (default: the tail's limit) characters. A cut-off first line is
+        dropped (a fragment of a line explains nothing); the cut is made after redaction either way."""
+        limit = self._limit if limit is None else min(limit, self._limit)
+        text = self._redact()(self._text)
         truncated = self.truncated
-        if len(data) > self._limit:
-            data = data[-self._limit :]
+        if len(text) > limit:
+            text = text[-limit:]
             truncated = True
         if truncated:
-            _, _, data = data.partition(b"\n")
-        return data.decode("utf-8", "replace").strip()
+            _, _, text = text.partition("\n")
+        return text.strip()
+
+    def _redact(self) -> TextRedactor:
+        return _NO_SECRETS if self._redactor is None else self._redactor()
+
+
+class TextRedactor(Protocol):
+    """What ``StderrTail`` needs of a redactor (``provider.runtime.Redactor``): the text with every secret
+    replaced, and ``reach``, the length of the longest text it replaces."""
+
+    @property
+    def reach(self) -> int: ...
+
+    def __call__(self, text: str, /) -> str: ...
+
+
+class _Nothing:
+    reach = 0
+
+    def __call__(self, text: str, /) -> str:
+        return text
+
+
+_NO_SECRETS: TextRedactor = _Nothing()

@@ -60,7 +60,7 @@ class Limits:
 
     max_output: int = 8 << 20  # one-shot stdout bytes
     max_line: int = 8 << 20  # persistent: bytes of one JSON line
-    stderr_tail: int = 8 << 10  # the last bytes of stderr kept for error details
+    stderr_tail: int = 8 << 10  # the last characters of stderr kept (redacted) for error details
     term_grace: float = 1.0  # seconds between SIGTERM and SIGKILL of the process group
     max_in_flight: int = 1024  # persistent: calls waiting for an answer at once (more wait their turn)
 
@@ -144,6 +144,12 @@ class Redactor:
         extra = {s for s in more if len(s) >= 4} - self.secrets
         return Redactor(self.secrets | extra) if extra else self
 
+    @property
+    def reach(self) -> int:
+        """The length of the longest text this replaces (a secret or its JSON-escaped form): a cut through
+        unredacted text must keep at least this much to leave no fragment (``StderrTail``)."""
+        return max((len(json.dumps(s)) - 2 for s in self.secrets), default=0)
+
     def __call__(self, text: str) -> str:
         for secret in sorted(self.secrets, key=len, reverse=True):  # longest first: one may contain another
             if secret in text:
@@ -171,7 +177,8 @@ def join_tokens(action: str, document: Mapping[str, Any]) -> list[str]:
 def snippet(text: str | bytes, redact: Redactor, limit: int = _SNIPPET) -> str:
     """A short, redacted, printable quote of plugin output for an error detail."""
     if isinstance(text, bytes):
-        text = text[: limit * 4].decode("utf-8", "replace")
+        # Redact, then truncate: decode enough beyond the quoted part that a secret starting in it is whole.
+        text = text[: limit * 4 + 4 * redact.reach].decode("utf-8", "replace")
     text = redact(text)
     return repr(text[:limit] + ("..." if len(text) > limit else ""))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ import attrs
 import trio
 
 from provisionerd.domain.model import Epoch
+from provisionerd.telemetry.files import open_private
 
 log = logging.getLogger("provisionerd.events")
 
@@ -60,8 +62,8 @@ class EventLog:
         self._file: TextIO | None = None
         self._write_failed = False
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", encoding="utf-8")
+            # 0600 in a 0700 directory whatever the umask (telemetry.files); never through a planted symlink.
+            self._file = os.fdopen(open_private(path), "a", encoding="utf-8")
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"ts": round(time.time(), 6), "mono": _mono(), "event": event, **fields}

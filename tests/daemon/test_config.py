@@ -114,10 +114,28 @@ def test_problems_inside_env_never_show_the_value(tmp_path):
     text = str(info.value)
     assert "31337" not in text and "hunter2" not in text
     assert list(info.value.problems) == [
-        "providers[0].env: key 'bad-name' is not a valid name (letters, digits and _; not starting with a digit)",
+        "providers[0].env: key 2 (of 2, in file order; not shown: an env key may be a secret by mistake) is not a "
+        "valid name (letters, digits and _; not starting with a digit)",
         "providers[0].env.API_KEY: value hidden: fails the 'type' check "
         "(expected a string of at most 65536 characters)",
         "providers[1].env: value hidden: fails the 'type' check (expected a table of strings)",
+    ]
+
+
+def test_an_env_key_that_is_not_a_name_is_never_echoed(tmp_path):
+    # A secret pasted as a key (issue 16): neither its name problem nor its value's problem shows its text.
+    secret = "sk-live-4f9a8b7c6d5e"
+    bad = GOOD.replace(
+        'env = {API_KEY = "s3cr3t-value", REGION = "eu-1"}', f'env = {{REGION = "eu-1", "{secret}" = 7}}'
+    )
+    with pytest.raises(ConfigError) as info:
+        load(bad, tmp_path)
+    assert secret not in str(info.value) and "4f9a" not in str(info.value)
+    assert list(info.value.problems) == [
+        "providers[0].env: key 2 (of 2, in file order; not shown: an env key may be a secret by mistake) is not a "
+        "valid name (letters, digits and _; not starting with a digit)",
+        "providers[0].env: the value of key 2 (of 2, in file order; not shown: an env key may be a secret by mistake): "
+        "value hidden: fails the 'type' check (expected a string of at most 65536 characters)",
     ]
 
 
