@@ -95,3 +95,35 @@ def test_ready_watchdog_stopping_and_json_logs(tmp_path):
     started = next(r for r in records if r.get("event") == "daemon_started")
     assert started["identity"] == "prov-sd" and started["providers"] == ["sim"]
     assert SECRET not in "\n".join(lines) + (state / "events.jsonl").read_text()
+
+
+def test_the_agent_logs_json_lines_without_its_token(tmp_path):
+    """``provisionerd agent --log-format json`` (a worker): JSON lines with its pid, the join token in none."""
+    from provisionerd.pki.certs import init_certs
+
+    token = "SeCrEt-join-token-for-the-json-log-0123456789"
+    init_certs(tmp_path / "certs", "c")
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    argv = [sys.executable, "-m", "provisionerd", "agent", "--certs", str(tmp_path / "certs"), "--controllers"]
+    argv += ["127.0.0.1:9", "--instance-ref", "c/i-json", "--token-file", str(token_file), "--log-format", "json"]
+    with open(tmp_path / "stderr", "wb") as stderr:
+        proc = subprocess.Popen(argv, stderr=stderr, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "join via" not in (tmp_path / "stderr").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = (tmp_path / "stderr").read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    assert records[0]["message"].startswith("starting instance_ref='c/i-json'")
+    assert all(r["pid"] == proc.pid and r["level"] in ("info", "warning") for r in records)
+    assert any(r["message"].startswith("join via") for r in records)
+    assert token not in text
