@@ -3,7 +3,7 @@
     provisionerd agent --certs DIR --controllers HOST:PORT[,HOST:PORT...] --instance-ref REF
                        (--token-file PATH | --token-stdin)
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
-                       [--heartbeat S] [--reply-timeout S] [--log-level LEVEL]
+                       [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
 pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
@@ -34,8 +34,11 @@ from provisionerd.agent.worker import (
     JoinRefused,
     WorkerAgent,
 )
+from provisionerd.cli.logs import add_log_format_argument
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import HostStatus, Role
+from provisionerd.provider.runtime import Redactor
+from provisionerd.telemetry.logging_setup import configure_logging
 from provisionerd.wire.tls import ClusterSSLContext, client_ssl_context, peer_role
 
 log = logging.getLogger("provisionerd.agent")
@@ -116,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         "--reply-timeout", type=float, default=15.0, help="seconds of silence before reconnecting (default 15)"
     )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    add_log_format_argument(parser, default="text")
     return parser
 
 
@@ -211,14 +215,16 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=args.log_level,
-        format=f"%(asctime)s agent[{os.getpid()}] %(levelname)s %(message)s",
+    formatter = configure_logging(
+        args.log_level.lower(),
+        args.log_format,
+        static={"pid": os.getpid()},
+        text_format=f"%(asctime)s agent[{os.getpid()}] %(levelname)s %(message)s",
     )
     try:
         config = _config(args)
         token = _read_token(args)
+        formatter.redact = Redactor().including([token])  # the join token never reaches the log, in either format
     except ConfigError as exc:
         print(f"provisionerd agent: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -16,7 +16,9 @@ import sys
 
 import trio
 
+from provisionerd.cli.logs import add_log_format_argument, setup_daemon_logging
 from provisionerd.config.loader import Config
+from provisionerd.daemon import systemd
 from provisionerd.daemon.admin_socket import prepare_socket_dir
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import ConfigError, InsecurePath
@@ -50,11 +52,13 @@ async def _main(config: Config) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(core.run)
+            notify = await nursery.start(systemd.for_core(core).run)  # Type=notify: READY, STATUS, WATCHDOG
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     _reload(core)
                     continue
                 core.events.emit("daemon_stopping", signal=signal.Signals(signum).name)
+                notify.stopping()
                 with trio.CancelScope(shield=True):
                     await core.release_leases()  # while the link is still up, so the controller hears it
                 nursery.cancel_scope.cancel()
@@ -66,6 +70,7 @@ async def _main(config: Config) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="provisionerd run", description="run the daemon")
     parser.add_argument("--config", required=True, help="the TOML config file")
+    add_log_format_argument(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -77,7 +82,7 @@ def main(argv: list[str]) -> int:
         for problem in exc.problems:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 1
-    logging.basicConfig(level=LEVELS[config.daemon.log_level], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_daemon_logging(config, args.log_format)
     if (refused := _refuse_insecure_paths(config)) is not None:
         return refused
     try:

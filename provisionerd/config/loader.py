@@ -88,6 +88,7 @@ class DaemonSettings:
     events_log: Path | None = None
     admin_socket: Path | None = None
     log_level: str = "info"
+    log_format: str = "text"  # text | json (provisionerd.telemetry.logging_setup)
     #: Where the daemon keeps what it remembers of the controller (``controller.memory_file``); default: the
     #: events log's directory.
     state_dir: Path | None = None

@@ -92,6 +92,7 @@ class ReconcileLoop:
         self.view_ready = view_ready if view_ready is not None else (lambda _provider: True)
         self.state = PlannerState.initial(incarnation or secrets.token_hex(4), jitter_seed)
         self.cycles = 0
+        self.turns = 0  # every cycle() call, planned or skipped: the systemd watchdog's "the loop turns"
         self._generation: int | None = None
         self._dirty = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -285,6 +286,7 @@ class ReconcileLoop:
 
     def cycle(self) -> None:
         """One plan-and-dispatch pass (synchronous; actions run in the loop's nursery)."""
+        self.turns += 1
         if self._nursery is not None:
             self._start_probes()
         view = self.session.view

@@ -26,6 +26,7 @@ import trio
 
 from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.files import open_private
+from provisionerd.telemetry.logging_setup import event_extra
 
 log = logging.getLogger("provisionerd.events")
 
@@ -69,7 +70,7 @@ class EventLog:
         record: dict[str, Any] = {"ts": round(time.time(), 6), "mono": _mono(), "event": event, **fields}
         self.recent.append(record)
         line = json.dumps(record, default=_json_default, sort_keys=False)
-        log.info("%s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()))
+        log.info("%s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()), extra=event_extra(event, fields))
         if self._file is not None:
             try:
                 self._file.write(line + "\n")

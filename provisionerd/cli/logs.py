@@ -1,0 +1,29 @@
+"""``--log-format text|json`` for the long-running commands, and the daemon's log setup from its config."""
+
+from __future__ import annotations
+
+import argparse
+
+from provisionerd.config.loader import Config
+from provisionerd.provider.runtime import Redactor
+from provisionerd.telemetry.logging_setup import LOG_FORMATS, RedactingFormatter, config_secrets, configure_logging
+
+
+def add_log_format_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    where = "" if default is not None else " (default: [daemon] log_format, else text)"
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=default,
+        help=f"the log on stderr: text, or json (one object per line){where}",
+    )
+
+
+def setup_daemon_logging(config: Config, log_format: str | None) -> RedactingFormatter:
+    """The daemon's stderr log: the config's level, ``--log-format`` or the config's format, and every provider
+    credential value redacted from every line (the provider runtime's ``Redactor``)."""
+    return configure_logging(
+        config.daemon.log_level,
+        log_format or config.daemon.log_format,
+        redact=Redactor().including(config_secrets(config.providers)),
+    )

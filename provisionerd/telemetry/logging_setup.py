@@ -1,0 +1,141 @@
+"""The human log's setup: ``text`` (the default) or ``json`` (one object per line), both through one redactor.
+
+``configure_logging("info", "json", redact=...)`` installs one stderr handler on the root logger (replacing one it
+installed before, leaving any other handler alone). A JSON line holds ``ts`` (UTC, ISO 8601 with microseconds),
+``level``, ``logger``, ``message`` and, for a record of the events stream (``telemetry.events``), ``event`` and the
+event's fields at the top level (a field named like one of those keys gets a trailing ``_``); an exception adds
+``exc``; ``static`` fields (the agent's ``pid``) are added to every line.
+
+Redaction is the same for both formats: the callable ``redact`` (the provider runtime's ``Redactor`` over every
+configured credential value, built by the caller, which is above this layer) is applied to the whole formatted
+line, so a secret in a message, a field or a traceback never reaches stderr in either format. Secrets are also
+kept out of log calls by construction (invariant 8); this is the net under that.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TextIO
+
+import attrs
+
+from provisionerd.config.loader import ProviderConfig
+from provisionerd.domain.model import Epoch
+
+LOG_FORMATS = ("text", "json")
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: Keys every JSON line has; an event field of the same name is written as ``<name>_``.
+RESERVED = frozenset({"ts", "level", "logger", "message", "event", "exc"})
+
+#: The ``LogRecord`` attributes the events stream sets (``EventLog.emit`` passes ``extra=event_extra(...)``).
+EVENT_ATTR = "provisionerd_event"
+FIELDS_ATTR = "provisionerd_fields"
+
+Redact = Callable[[str], str]
+
+
+def event_extra(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``extra`` of an event's log record: the JSON format writes the event and its fields as keys."""
+    return {EVENT_ATTR: event, FIELDS_ATTR: fields}
+
+
+def json_default(value: Any) -> Any:
+    """Values ``json`` cannot write: attrs values as objects, sets and tuples as lists, the rest as ``str``
+    (an ``Epoch`` as its text, as in the events stream; a ``Path`` its text)."""
+    if isinstance(value, Epoch):
+        return str(value)
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def _unchanged(text: str) -> str:
+    return text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (``json.dumps`` escapes every newline inside values)."""
+
+    def __init__(self, static: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.static = dict(static or {})
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+        out: dict[str, Any] = {
+            "ts": ts.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        event = getattr(record, EVENT_ATTR, None)
+        if isinstance(event, str):
+            out["event"] = event
+            fields = getattr(record, FIELDS_ATTR, None)
+            if isinstance(fields, Mapping):
+                for key, value in fields.items():
+                    out[f"{key}_" if key in RESERVED else str(key)] = value
+        for key, value in self.static.items():
+            out.setdefault(key, value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        return json.dumps(out, default=json_default, ensure_ascii=False)
+
+
+class RedactingFormatter(logging.Formatter):
+    """Formats with ``inner``, then redacts the whole line. ``redact`` may be replaced (a reload's new secrets)."""
+
+    def __init__(self, inner: logging.Formatter, redact: Redact = _unchanged) -> None:
+        super().__init__()
+        self.inner = inner
+        self.redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redact(self.inner.format(record))
+
+
+class _DaemonHandler(logging.StreamHandler[TextIO]):
+    """The handler ``configure_logging`` installs (a type of its own, so a second call replaces it)."""
+
+
+def configure_logging(
+    level: str,
+    fmt: str = "text",
+    *,
+    redact: Redact = _unchanged,
+    stream: TextIO | None = None,
+    static: Mapping[str, Any] | None = None,
+    text_format: str = TEXT_FORMAT,
+) -> RedactingFormatter:
+    """Install the human log on the root logger and return its formatter (``.redact`` can be replaced later).
+
+    Raises ``ValueError`` for an unknown level or format (the config schema and argparse refuse them first).
+    """
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
+    if level not in LEVELS:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+    inner: logging.Formatter = JsonFormatter(static) if fmt == "json" else logging.Formatter(text_format)
+    formatter = RedactingFormatter(inner, redact)
+    handler = _DaemonHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _DaemonHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
+    return formatter
+
+
+def config_secrets(providers: Iterable[ProviderConfig]) -> list[str]:
+    """Every credential value of the configured providers (their ``env``: secret by the config schema)."""
+    return [value for provider in providers for value in provider.env.values()]
