@@ -1,5 +1,10 @@
 """``provisionerd config check FILE``: list every problem in a config file, or summarize a good one.
 
+The check is the one a daemon applies at start and on a SIGHUP reload (``config.proofs.load_proven``): the
+document (schema, cross-field rules), then what it names (lease margin against the controller's TTL, heartbeat
+against the controller's timeout, provider paths, TLS files: readable, matching, issued by the CA, not expired).
+``--document-only`` checks the document alone (for a file meant for another host).
+
 Exit codes: 0 the file is valid; 1 it has problems (each printed as ``FILE: <path>: <message>`` on stderr);
 2 usage error. The summary never prints provider ``env`` values, only how many there are.
 """
@@ -10,6 +15,7 @@ import argparse
 import sys
 
 from provisionerd.config.loader import Config
+from provisionerd.config.proofs import load_proven
 from provisionerd.domain.errors import ConfigError
 
 
@@ -21,7 +27,8 @@ def summarize(config: Config) -> list[str]:
         f"controllers: {', '.join(c.addresses)} (heartbeat {c.heartbeat_interval:g}s, dead after"
         f" {c.heartbeat_timeout:g}s)",
         f"tls: ca {config.tls.ca}, cert {config.tls.cert}, key {config.tls.key}",
-        f"lease margin {config.lease.margin:g}s",
+        f"lease margin {config.lease.margin:g}s"
+        + ("" if config.lease.controller_ttl is None else f" (controller TTL {config.lease.controller_ttl:g}s)"),
     ]
     for p in config.providers:
         where = " ".join(p.argv) if p.argv else str(p.path)
@@ -39,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate a config file and list every problem with its path")
     check.add_argument("file", help="the TOML config file")
     check.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    check.add_argument(
+        "--document-only",
+        action="store_true",
+        help="check the document alone, not the files it names nor the TLS material (a file for another host)",
+    )
     return parser
 
 
@@ -49,7 +61,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
     try:
-        config = Config.from_file(args.file)
+        config = Config.from_file(args.file) if args.document_only else load_proven(args.file)
     except ConfigError as exc:
         print(f"{args.file}: {exc.args[0].splitlines()[0]}", file=sys.stderr)
         for problem in exc.problems:

@@ -18,6 +18,7 @@ import trio
 
 from provisionerd.cli.logs import add_log_format_argument, setup_daemon_logging
 from provisionerd.config.loader import Config
+from provisionerd.config.proofs import load_proven  # the proofs gate a start and every reload
 from provisionerd.daemon import systemd
 from provisionerd.daemon.admin_socket import prepare_socket_dir
 from provisionerd.daemon.root import DaemonCore
@@ -31,7 +32,7 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
 def _reload(core: DaemonCore) -> None:
     source = core.config.source
     try:
-        new = Config.from_file(source) if source is not None else core.config
+        new = load_proven(source) if source is not None else core.config
     except ConfigError as exc:
         log.error("config reload failed; keeping the running config: %s", exc)
         core.events.emit("config_reload_failed", problems=list(exc.problems))
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        config = Config.from_file(args.config)
+        config = load_proven(args.config)
     except ConfigError as exc:
         print(f"provisionerd run: {exc.args[0].splitlines()[0]}", file=sys.stderr)
         for problem in exc.problems:

@@ -69,6 +69,9 @@ class ControllerSettings:
     heartbeat_timeout: float = DEFAULTS["heartbeat_timeout"]
     max_redirects: int = 3
     backoff: Backoff = Backoff()
+    #: The silence after which the controller drops this daemon (refcontroller ``--heartbeat-timeout``), when
+    #: known: ``config.proofs`` proves ``heartbeat_interval`` against it.
+    peer_timeout: float | None = None
 
 
 @attrs.frozen
@@ -81,6 +84,9 @@ class TlsPaths:
 @attrs.frozen
 class LeaseSettings:
     margin: float = 2.0
+    #: The lease TTL the controller grants (refcontroller ``--lease-ttl``), when known: ``config.proofs`` proves
+    #: ``margin`` against it. The lease keeper checks every real grant the same way, whatever is said here.
+    controller_ttl: float | None = None
 
 
 @attrs.frozen

@@ -11,6 +11,11 @@ The epochs the keeper holds never go backwards: a grant carrying an epoch below 
 grant of the *same* epoch after a local lapse is the controller still counting us as the holder of that lease,
 which is safe (no one else held it in between) and is reported as a new acquisition of that epoch.
 
+A grant whose TTL this keeper's ``margin`` cannot use (``config.proofs.lease_window_problem``: the lease would be
+expired on arrival, or lapse before its first renewal) is not retried: the keeper logs one ERROR, emits one
+``lease_unusable`` event and acquires no more (the provider does not run) until it is cancelled, instead of being
+refused as ``grant_too_late`` twice a second for ever.
+
 Before a new grant is held, every ``grant_checks`` callback judges it (the daemon's ``AmnesiaGuard.check_grant``:
 an epoch not above the highest the controller granted before is amnesia); a finding refuses the grant
 (``lease_denied`` with reason ``controller_amnesia``). ``halt(reason)`` lapses the lease at once (the guard calls it
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import random
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -32,6 +38,7 @@ import attrs
 import trio
 
 from provisionerd.config.loader import Backoff
+from provisionerd.config.proofs import RENEW_FRACTION, lease_window_problem
 from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.domain.errors import LeaseError, LinkDown
 from provisionerd.domain.model import Epoch
@@ -40,6 +47,8 @@ from provisionerd.telemetry.events import EventLog
 #: Refusal reasons that say the lease may still be ours (the controller could not answer for now): the keeper
 #: keeps retrying until its local deadline. Any other refusal of a renewal lapses the lease at once.
 TRANSIENT_REASONS = frozenset({"no_quorum", "not_primary"})
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -100,7 +109,7 @@ class LeaseKeeper:
         backoff: Backoff,
         rng: random.Random,
         events: EventLog,
-        renew_fraction: float = 1 / 3,
+        renew_fraction: float = RENEW_FRACTION,
     ) -> None:
         if not 0 < renew_fraction < 1:
             raise ValueError(f"renew_fraction must be in (0, 1), not {renew_fraction!r}")
@@ -278,6 +287,9 @@ class LeaseKeeper:
                 "lease_denied", provider=self.provider, reason=reply.reason, retry_after=reply.retry_after
             )
             return (reply.retry_after if reply.retry_after > 0 else self._backoff.next_delay()), False
+        unusable = lease_window_problem(reply.ttl, self._margin, self._renew_fraction)
+        if unusable is not None:
+            return self._refuse_unusable(reply, unusable), False
         for check in self.grant_checks:
             finding = check(self.provider, reply.epoch, self.highest_epoch)
             if finding is not None:
@@ -301,6 +313,28 @@ class LeaseKeeper:
             self._events.emit("lease_denied", provider=self.provider, reason="grant_too_late", epoch=reply.epoch)
             return self._backoff.next_delay(), False
         return 0.0, True
+
+    def _refuse_unusable(self, grant: LeaseGranted, why: str) -> float:
+        """A TTL this keeper's margin cannot use: retrying would only be refused the same way, twice a second
+        forever, so the keeper says so once (ERROR, ``lease_unusable``) and waits for ever (until cancelled or
+        released): the provider does not run under this config. Returns that wait."""
+        self.reason = f"lease unusable: {why}; lower lease.margin or raise the controller's lease TTL"
+        log.error(
+            "provider %s will not run: the controller grants a %gs lease and lease.margin is %gs: %s",
+            self.provider,
+            grant.ttl,
+            self._margin,
+            why,
+        )
+        self._events.emit(
+            "lease_unusable",
+            provider=self.provider,
+            epoch=grant.epoch,
+            ttl=grant.ttl,
+            margin=self._margin,
+            detail=why,
+        )
+        return float("inf")
 
     async def _watchdog(self) -> None:
         # Sleep to the current deadline; renewals move it, so re-check on waking.

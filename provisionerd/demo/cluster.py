@@ -230,9 +230,10 @@ def write_config(paths: DemoPaths, cluster: str, addresses: tuple[str, ...], wor
             heartbeat_interval=0.5,
             heartbeat_timeout=3,
             backoff=Backoff(initial=0.05, max=0.5),
+            peer_timeout=3,  # the controller's --heartbeat-timeout below: the start proves two heartbeats fit
         ),
         tls=provisioner_tls(paths.certs),
-        lease=LeaseSettings(margin=0.5),
+        lease=LeaseSettings(margin=0.5, controller_ttl=LEASE_TTL),  # proven at start, as the first grant is
         daemon=DaemonSettings(events_log=paths.events, admin_socket=paths.admin_socket),
         providers=(
             ProviderConfig(

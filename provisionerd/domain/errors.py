@@ -20,6 +20,7 @@ Messages never carry credentials or join tokens: the code that raises is respons
         │   ├── ProviderTimeout    the call exceeded its deadline; the process group was killed
         │   ├── ProviderCrashed    the plugin exited/died before answering
         │   ├── ProviderProtocolViolation   output that is not JSON, too large, or fails the schema
+        │   │   └── ProviderAnswerInvalid   an answer fails its schema: names the JSON path and the rule
         │   └── ProviderOutcomeUnknown      a retry refused: an earlier attempt's outcome is unknown (legacy plugins)
         ├── ProviderRejected   the plugin answered with a typed error document: nothing happened. One class per
         │   │                  ``code`` (``rejection(provider, action, code, message)`` picks it):
@@ -218,6 +219,30 @@ class ProviderCrashed(OutcomeUnknown):
 
 class ProviderProtocolViolation(OutcomeUnknown):
     """Output that is not JSON, exceeds the size caps, or fails the action's output schema."""
+
+
+#: At most this many characters of ``ProviderAnswerInvalid``'s problems go into its message.
+_MAX_ANSWER_DETAIL = 600
+
+
+class ProviderAnswerInvalid(ProviderProtocolViolation):
+    """A plugin's answer is JSON but fails its action's output schema (or a reader's rule past it).
+
+    ``path`` is the JSON path of the first value refused (``$.requests[0].machines[3].result``), ``rule`` the rule
+    it breaks (``enum: must be one of ["executing", "succeed", "fail"]``), ``problems`` every ``(path, rule)`` found
+    (bounded by the finder). Built from the schema, never from the answer: no value a plugin sent is repeated (it
+    may be a credential), only where it is and what it should have been."""
+
+    def __init__(self, provider: str, action: str, problems: Sequence[tuple[str, str]]) -> None:
+        if not problems:
+            raise ValueError("ProviderAnswerInvalid needs at least one (path, rule)")
+        self.problems = tuple(problems)
+        self.path, self.rule = self.problems[0]
+        shown = "; ".join(f"{path}: {rule}" for path, rule in self.problems[:3])
+        if len(shown) > _MAX_ANSWER_DETAIL:
+            shown = shown[: _MAX_ANSWER_DETAIL - 3] + "..."
+        more = len(self.problems) - 3
+        super().__init__(provider, action, f"answer refused at {shown}" + (f" (and {more} more)" if more > 0 else ""))
 
 
 class ProviderOutcomeUnknown(OutcomeUnknown):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProviderError, ProviderRejected
+from provisionerd.domain.errors import ProviderAnswerInvalid, ProviderError, ProviderRejected
 from provisionerd.domain.model import Offer
 from provisionerd.planner.offers import Catalog
 from provisionerd.provider.client import ProviderReader
@@ -118,6 +118,9 @@ class OfferFeed:
                 error=type(exc).__name__,
                 code=exc.code if isinstance(exc, ProviderRejected) else None,
                 detail=exc.detail,
+                # A refused answer: where and which rule (never the value).
+                path=exc.path if isinstance(exc, ProviderAnswerInvalid) else None,
+                rule=exc.rule if isinstance(exc, ProviderAnswerInvalid) else None,
             )
             self.on_failure(name, exc)
         if changed:

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from provisionerd.domain.errors import ProviderProtocolViolation
+from provisionerd.domain.errors import ProviderAnswerInvalid
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     TAG_INSTANCE,
@@ -52,7 +52,10 @@ def _reading(provider: str, action: str) -> Iterator[None]:
     try:
         yield
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise ProviderProtocolViolation(provider, action, f"output unreadable: {type(exc).__name__}: {exc}") from None
+        # Past the schema (a transport that skipped its check): where is not known, what is. A KeyError names the
+        # key; other messages may quote a value, so only their type is said.
+        what = f"key {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
+        raise ProviderAnswerInvalid(provider, action, [("$", f"readable: {what}"[:200])]) from None
 
 
 # --- tag filters (listMachines) ------------------------------------------------------------------------------------
@@ -129,13 +132,13 @@ def read_offers(provider: str, document: Mapping[str, Any]) -> tuple[Offer, ...]
     action = "getAvailableTemplates"
     templates = document.get("templates")
     if not isinstance(templates, list):
-        raise ProviderProtocolViolation(provider, action, "no templates list")
+        raise ProviderAnswerInvalid(provider, action, [("$.templates", 'type: must be of type "array"')])
     if len(templates) > MAX_TEMPLATES:
-        raise ProviderProtocolViolation(
-            provider, action, f"{len(templates)} templates, more than the limit of {MAX_TEMPLATES}"
+        raise ProviderAnswerInvalid(
+            provider, action, [("$.templates", f"maxItems: must have at most {MAX_TEMPLATES} items")]
         )
     offers = []
-    for entry in templates:
+    for i, entry in enumerate(templates):
         try:
             attributes = {str(k): (str(v[0]), str(v[1])) for k, v in entry.get("attributes", {}).items()}
             price = None
@@ -149,9 +152,8 @@ def read_offers(provider: str, document: Mapping[str, Any]) -> tuple[Offer, ...]
                 )
             offers.append(Offer(provider, str(entry["templateId"]), int(entry["maxNumber"]), attributes, price))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise ProviderProtocolViolation(
-                provider, action, f"template {entry.get('templateId')!r} unreadable: {exc}"
-            ) from None
+            what = f"key {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
+            raise ProviderAnswerInvalid(provider, action, [(f"$.templates[{i}]", f"readable: {what}"[:200])]) from None
     return tuple(offers)
 
 

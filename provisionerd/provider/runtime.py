@@ -21,6 +21,7 @@ join tokens of the input: plugins echo their input and environment in tracebacks
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Collection, Mapping
@@ -30,12 +31,14 @@ import attrs
 
 from provisionerd.domain.errors import (
     RETRYABLE_CODES,
+    ProviderAnswerInvalid,
     ProviderInputInvalid,
-    ProviderProtocolViolation,
     ProviderRejected,
     rejection,
 )
 from provisionerd.provider.schemas import ACTIONS, contract
+
+log = logging.getLogger(__name__)
 
 #: Seconds a call may take before its plugin is killed; per action, overridable in ``ProviderConfig.timeouts``.
 DEFAULT_TIMEOUTS: Mapping[str, float] = {
@@ -213,11 +216,20 @@ def dump_json(document: Any) -> str:
 
 
 def check_output(provider: str, action: str, document: Any, redact: Redactor) -> dict[str, Any]:
-    """The output document if valid for ``action``, else ``ProviderProtocolViolation`` with the problems."""
-    problems = contract().output_problems(action, document)
+    """The output document if valid for ``action``, else ``ProviderAnswerInvalid`` naming the JSON path and the
+    rule of every problem (logged at WARNING: the first path and rule, never a value of the answer)."""
+    problems = contract().output_violations(action, document)
     if problems:
-        detail = "; ".join(redact(p) for p in problems)
-        raise ProviderProtocolViolation(provider, action, f"output fails the schema: {detail}")
+        problems = [(redact(path), redact(rule)) for path, rule in problems]
+        log.warning(
+            "provider %s %s: answer refused at %s: %s (%d problem(s))",
+            provider,
+            action,
+            problems[0][0],
+            problems[0][1],
+            len(problems),
+        )
+        raise ProviderAnswerInvalid(provider, action, problems)
     return document
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,9 @@ MUTATING = frozenset({"requestMachines", "requestReturnMachines", "stopMachines"
 
 SCHEMA_DIR = schema_dir()  # inside the installed package (provisionerd/resources)
 _MAX_PROBLEMS = 10
-_MAX_PROBLEM_CHARS = 300
+_MAX_PATH_CHARS = 200
+_MAX_RULE_CHARS = 200
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
@@ -79,9 +81,10 @@ def _schema_files(directory: Path) -> Iterable[Path]:
 class ContractSchemas:
     """The compiled validators of every action's input and output, plus the error document's.
 
-    ``input_problems``/``output_problems`` return a list of ``"<json path>: <message>"`` strings (empty = valid),
-    at most ``_MAX_PROBLEMS`` of them, each shortened. Messages quote the offending values, so callers must pass
-    them through their redactor before they reach an error or a log.
+    ``output_violations`` returns ``(json path, rule)`` pairs (empty = valid), at most ``_MAX_PROBLEMS``, each
+    bounded, made from the schema alone: ``("$.requests[0].machines[3].result", 'enum: must be one of [...]')``.
+    No value of the document is repeated (a plugin's value may be a credential). ``input_problems``,
+    ``output_problems`` and ``error_problems`` give the same as ``"<json path>: <rule>"`` strings.
     """
 
     def __init__(self, directory: Path = SCHEMA_DIR) -> None:
@@ -117,7 +120,14 @@ class ContractSchemas:
         return problems
 
     def output_problems(self, action: str, document: object) -> list[str]:
-        return self._problems(f"{action}.output.json", document)
+        return [f"{path}: {rule}" for path, rule in self.output_violations(action, document)]
+
+    def output_violations(self, action: str, document: object) -> list[tuple[str, str]]:
+        """Every ``(json path, rule)`` an output breaks (empty = valid); no value of ``document`` is repeated."""
+        name = f"{action}.output.json"
+        if self._fast[name](document):
+            return []
+        return schema_problems(self._validators[name], document)
 
     def error_problems(self, document: object) -> list[str]:
         """Problems of a one-shot error document ``{"error": {...}}``."""
@@ -127,19 +137,89 @@ class ContractSchemas:
         # The compiled predicate decides; jsonschema runs only to explain a document already found invalid.
         if self._fast[name](document):
             return []
-        return _explain(self._validators[name], document)
+        return [f"{path}: {rule}" for path, rule in schema_problems(self._validators[name], document)]
 
 
-def _explain(validator: Validator, document: Any) -> list[str]:
-    problems = []
-    for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path)):
-        message = error.message
-        if len(message) > _MAX_PROBLEM_CHARS:
-            message = message[:_MAX_PROBLEM_CHARS] + "..."
-        problems.append(f"{error.json_path}: {message}")
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _json_path(parts: Iterable[str | int]) -> str:
+    """``["requests", 0, "machines"]`` -> ``$.requests[0].machines`` (keys that are not identifiers quoted)."""
+    out = "$"
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _IDENT.match(part):
+            out += f".{part}"
+        else:
+            out += f"[{json.dumps(part)}]"
+    return _bounded(out, _MAX_PATH_CHARS)
+
+
+def _want(value: object) -> str:
+    return _bounded(json.dumps(value, sort_keys=True, default=str), _MAX_RULE_CHARS // 2)
+
+
+def _rules(error: jsonschema.ValidationError) -> Iterator[tuple[str, str]]:
+    """``(path, rule)`` for one jsonschema error, from the schema alone: the rule says what the value should be,
+    never what it was (a plugin's value may be a credential). ``required`` and ``additionalProperties`` point at
+    the key itself."""
+    parts: list[str | int] = list(error.absolute_path)
+    validator = "false" if error.validator in (None, "None") else str(error.validator)
+    want = error.validator_value
+    instance = error.instance
+    if validator == "required" and isinstance(instance, Mapping) and isinstance(want, list):
+        for key in (k for k in want if isinstance(k, str) and k not in instance):
+            yield _json_path([*parts, key]), "required: is missing"
+        return
+    if validator == "additionalProperties" and isinstance(instance, Mapping) and isinstance(error.schema, Mapping):
+        allowed = error.schema.get("properties", {})
+        for key in [k for k in instance if k not in allowed][:_MAX_PROBLEMS]:
+            yield _json_path([*parts, str(key)]), "additionalProperties: not allowed here"
+        return
+    yield (
+        _json_path(parts),
+        _bounded(f"{validator}: {_RULE_TEXT.get(validator, 'fails {want}').format(want=_want(want))}", _MAX_RULE_CHARS),
+    )
+
+
+#: What each keyword asks of a value, in words (``{want}``: the schema's value, JSON).
+_RULE_TEXT = {
+    "type": "must be of type {want}",
+    "enum": "must be one of {want}",
+    "const": "must be {want}",
+    "pattern": "must match {want}",
+    "format": "must be a {want}",
+    "minLength": "must have at least {want} characters",
+    "maxLength": "must have at most {want} characters",
+    "minimum": "must be at least {want}",
+    "maximum": "must be at most {want}",
+    "exclusiveMinimum": "must be above {want}",
+    "exclusiveMaximum": "must be below {want}",
+    "minItems": "must have at least {want} items",
+    "maxItems": "must have at most {want} items",
+    "uniqueItems": "items must be unique",
+    "minProperties": "must have at least {want} keys",
+    "maxProperties": "must have at most {want} keys",
+    "propertyNames": "a key is not a valid name",
+    "false": "no value is allowed here",
+}
+
+
+def schema_problems(validator: Validator, document: Any) -> list[tuple[str, str]]:
+    """Every ``(json path, rule)`` of ``document`` under ``validator``, at most ``_MAX_PROBLEMS``, in path order.
+
+    A document the compiled check refused but jsonschema finds nothing wrong with (the two disagree: a bug) is
+    still refused, as ``("$", "fastcheck: ...")``: never accepted because the explainer was silent."""
+    problems: list[tuple[str, str]] = []
+    for error in sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]):
+        for problem in _rules(error):
+            if problem not in problems:
+                problems.append(problem)
         if len(problems) >= _MAX_PROBLEMS:
-            break
-    return problems
+            return problems[:_MAX_PROBLEMS]
+    return problems or [("$", "fastcheck: refused by the compiled check (jsonschema found no single rule)")]
 
 
 def _input_semantics(action: str, document: Mapping[str, Any]) -> list[str]:

@@ -70,6 +70,11 @@ def test_run_status_failover_reload_and_sigterm(tmp_path):
 
     certs, state, config = tmp_path / "certs", tmp_path / "state", tmp_path / "pd.toml"
     init_certs(certs, "testcluster")
+    # The plugin need not work here (no demand), but its path must exist: a start proves it (config.proofs).
+    plugin = tmp_path / "plugins" / "sim"
+    plugin.mkdir(parents=True)
+    (plugin / "describeProvider.sh").write_text("#!/bin/sh\nexit 1\n")
+    (plugin / "describeProvider.sh").chmod(0o755)
     seen: dict = {}
 
     async def main():

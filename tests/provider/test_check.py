@@ -53,7 +53,7 @@ def test_table_output_and_exit_code(tmp_path, capsys, h):
     ("breaks", "row", "reason"),
     [
         (["bad_json"], "getAvailableTemplates is valid", "not JSON"),
-        (["missing_fields"], "requestMachines gives a valid answer", "'requestId' is a required property"),
+        (["missing_fields"], "requestMachines gives a valid answer", "$.requestId: required: is missing"),
         (["non_idempotent"], "same op_id twice gives the same machines", "the repeat gave"),
         (["missing_tags"], "machines carry the owner tags and instanceRef", "owner tags missing or wrong"),
         (["untyped_errors"], "an invalid request gives a typed error", "the error is not an error body"),

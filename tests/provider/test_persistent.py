@@ -144,7 +144,9 @@ def test_error_answers_and_bad_outputs_are_typed(config):
         with pytest.raises(ProviderRejected) as info:
             await status(client, "reject")
         assert info.value.code == "quota_exceeded"
-        with pytest.raises(ProviderProtocolViolation, match="output fails the schema"):
+        with pytest.raises(
+            ProviderProtocolViolation, match=r"answer refused at \$\.requests\[0\]\.status: enum: must be one of"
+        ):
             await status(client, "bad-output")
         # Neither poisons the stream: the same process answers the next call.
         await status(client, "ok:x")
