@@ -49,10 +49,19 @@ async def serve_admin_socket(
     status: Callable[[], dict[str, Any]],
     commands: Mapping[str, Command] | None = None,
     *,
+    on_refusal: Callable[[str, str], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit."""
+    """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit.
+    ``on_refusal(code, message)`` hears every request the socket itself refuses (the daemon logs and counts them:
+    ``daemon.admin_guard``); each such reply names its ``refused`` code."""
     commands = dict(commands or {})
+
+    def refuse(code: str, message: str, **extra: Any) -> dict[str, Any]:
+        if on_refusal is not None:
+            on_refusal(code, message)
+        return {"ok": False, "refused": code, "error": message, **extra}
+
     # A local directory and socket file, once at start and once at exit: not worth a worker thread each.
     path.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
     if path.is_socket():  # noqa: ASYNC240
@@ -71,8 +80,7 @@ async def serve_admin_socket(
             async with stream:
                 if in_progress >= MAX_CONNECTIONS:
                     await _send(
-                        stream,
-                        {"ok": False, "busy": True, "error": "busy: too many admin requests in progress; try again"},
+                        stream, refuse("busy", "busy: too many admin requests in progress; try again", busy=True)
                     )
                     return
                 in_progress += 1
@@ -84,9 +92,9 @@ async def serve_admin_socket(
                         except trio.BrokenResourceError:
                             return  # the client went away before asking anything
                     if line is None:
-                        reply = {"ok": False, "error": f"no request line within {CLIENT_TIMEOUT:g}s"}
+                        reply = refuse("no_request", f"no request line within {CLIENT_TIMEOUT:g}s")
                     else:
-                        reply = await _answer(line, status, commands, _peer_uid(stream))
+                        reply = await _answer(line, status, commands, _peer_uid(stream), refuse)
                     await _send(stream, reply)
                 finally:
                     in_progress -= 1
@@ -122,21 +130,25 @@ async def _send(stream: trio.SocketStream, reply: dict[str, Any]) -> None:
 
 
 async def _answer(
-    line: bytes, status: Callable[[], dict[str, Any]], commands: Mapping[str, Command], peer_uid: int | None
+    line: bytes,
+    status: Callable[[], dict[str, Any]],
+    commands: Mapping[str, Command],
+    peer_uid: int | None,
+    refuse: Callable[[str, str], dict[str, Any]],
 ) -> dict[str, Any]:
     if len(line) > MAX_REQUEST:
-        return {"ok": False, "error": f"request too large (more than {MAX_REQUEST} bytes)"}
+        return refuse("too_large", f"request too large (more than {MAX_REQUEST} bytes)")
     try:
         request = json.loads(line or b"null")
     except (ValueError, RecursionError):  # RecursionError: 4 KiB of nested brackets
-        return {"ok": False, "error": "request is not JSON"}
+        return refuse("not_json", "request is not JSON")
     cmd = request.get("cmd") if isinstance(request, dict) else None
     if cmd == "status":
         return {"ok": True, "status": status()}
     command = commands.get(cmd) if isinstance(cmd, str) else None
     if command is None:
         known = ", ".join(repr(name) for name in ("status", *sorted(commands)))
-        return {"ok": False, "error": f"unknown command (known: {known})"}
+        return refuse("unknown_command", f"unknown command (known: {known})")
     timeout = command.timeout(request)
     with trio.move_on_after(timeout):
         return await command.run(request, peer_uid)
