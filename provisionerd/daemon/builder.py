@@ -1,9 +1,12 @@
 """The one builder of the daemon's pieces: every setting the daemon runs with, derived from the config in one place.
 
 ``build_pieces(config, ...)`` returns the :class:`Pieces`: the controller session, one lease keeper per served
-provider, the mutation gate over them, the planner's policy (``policy_from_config``) and the executor with the
-settings that policy implies (``executor_settings_from``), plus the two things made from those: the orphan cycles
-(``Pieces.orphan_cycles``) and the ``Actor`` an admin's orphan action decides and acts with (``Pieces.actor``).
+provider, the mutation gate over them, the one current-config holder (``Pieces.current``,
+``daemon.current_config.CurrentConfig``: the running config and the planner's policy, ``policy_from_config``,
+switched together on a reload) and the executor with the settings that policy implies
+(``executor_settings_from``), plus the two things made from those: the orphan cycles (``Pieces.orphan_cycles``,
+each reading its orphan policy from the holder) and the ``Actor`` an admin's orphan action decides and acts with
+(``Pieces.actor``).
 
 Two callers, one way to build. ``DaemonCore`` builds its pieces here for every configured provider, as the
 config's identity. ``provisionerd orphans adopt|return`` with no daemon listening (``daemon.orphan_direct``)
