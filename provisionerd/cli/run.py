@@ -1,10 +1,14 @@
 """``provisionerd run --config FILE``: run the daemon until SIGTERM/SIGINT; SIGHUP re-reads the config.
 
-A config with problems at start: every problem is printed and the exit code is 1. On SIGHUP a bad config is
-reported (events ``config_reload_failed`` with the problems) and the running one is kept; a good one replaces the
-log level at once, and sections that need a restart to take effect are named in ``config_reloaded``.
-SIGTERM and SIGINT release every lease (bounded) and exit 0. An admin socket directory that another user could change
-refuses the start with exit 2 (``InsecurePath``).
+A config with problems at start: every problem is printed and the exit code is 1. SIGHUP is one atomic reload
+(``DaemonCore.reload``, rules in ``daemon.current_config``): a bad config is reported (event
+``config_reload_failed`` with the problems) and the running one is kept; a config whose every change applies live
+(provider limits and policy, orphan settings, the log level) is switched to at once, as a whole; a config with any
+change that needs a restart (controller, identity, TLS, the provider set, a provider's transport or path, ...) is
+not applied at all: the running config stays entirely in force and the fields are named in the log, in the event
+``config_reloaded`` (``restart_needed``) and in ``status`` (``reload``).
+SIGTERM and SIGINT release every lease (bounded) and exit 0. An admin socket directory that another user could
+change refuses the start with exit 2 (``InsecurePath``).
 """
 
 from __future__ import annotations
@@ -29,34 +33,20 @@ log = logging.getLogger("provisionerd")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def _reload(core: DaemonCore) -> None:
-    source = core.config.source
-    try:
-        new = load_proven(source) if source is not None else core.config
-    except ConfigError as exc:
-        log.error("config reload failed; keeping the running config: %s", exc)
-        core.events.emit("config_reload_failed", problems=list(exc.problems))
-        return
+def _apply_log_level(_old: Config, new: Config) -> None:
     logging.getLogger().setLevel(LEVELS[new.daemon.log_level])
-    old = core.config
-    needs_restart = [
-        name
-        for name in ("cluster", "identity", "controller", "tls", "providers", "lease")
-        if getattr(old, name) != getattr(new, name)
-    ]
-    core.config = new
-    core.events.emit("config_reloaded", restart_needed=needs_restart)
 
 
 async def _main(config: Config) -> None:
     core = DaemonCore(config)
+    core.current.on_applied.append(_apply_log_level)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(core.run)
             notify = await nursery.start(systemd.for_core(core).run)  # Type=notify: READY, STATUS, WATCHDOG
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    _reload(core)
+                    core.reload()
                     continue
                 core.events.emit("daemon_stopping", signal=signal.Signals(signum).name)
                 notify.stopping()

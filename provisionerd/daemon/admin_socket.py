@@ -96,13 +96,22 @@ async def serve_admin_socket(
     commands: Mapping[str, Command] | None = None,
     *,
     counts: AdminSocketCounts | None = None,
+    on_refusal: Callable[[str, str], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit. Raises
-    ``InsecurePath`` (before serving) on a directory another user could change."""
+    ``InsecurePath`` (before serving) on a directory another user could change.
+    ``on_refusal(code, message)`` hears every request the socket itself refuses (the daemon logs and counts them:
+    ``daemon.admin_guard``); each such reply names its ``refused`` code."""
     commands = dict(commands or {})
     counts = AdminSocketCounts() if counts is None else counts
     own_uid = os.geteuid()
+
+    def refuse(code: str, message: str, **extra: Any) -> dict[str, Any]:
+        if on_refusal is not None:
+            on_refusal(code, message)
+        return {"ok": False, "refused": code, "error": message, **extra}
+
     # A local directory and socket file, once at start and once at exit: not worth a worker thread each.
     prepare_socket_dir(path)
     if path.is_socket():  # noqa: ASYNC240
@@ -124,8 +133,7 @@ async def serve_admin_socket(
                 refused = None if refusal is None else _refuse(peer, refusal, counts)  # logged and counted at once
                 if in_progress >= MAX_CONNECTIONS:
                     await _send(
-                        stream,
-                        {"ok": False, "busy": True, "error": "busy: too many admin requests in progress; try again"},
+                        stream, refuse("busy", "busy: too many admin requests in progress; try again", busy=True)
                     )
                     return
                 in_progress += 1
@@ -141,10 +149,10 @@ async def serve_admin_socket(
                     if refused is not None:
                         reply = refused
                     elif line is None:
-                        reply = {"ok": False, "error": f"no request line within {CLIENT_TIMEOUT:g}s"}
+                        reply = refuse("no_request", f"no request line within {CLIENT_TIMEOUT:g}s")
                     else:
                         counts.accepted += 1
-                        reply = await _answer(line, status, commands, peer.uid)
+                        reply = await _answer(line, status, commands, peer.uid, refuse)
                         log.info("admin socket: request from uid %s pid %s: ok=%s", peer.uid, peer.pid, reply.get("ok"))
                     await _send(stream, reply)
                 finally:
@@ -195,21 +203,25 @@ async def _send(stream: trio.SocketStream, reply: dict[str, Any]) -> None:
 
 
 async def _answer(
-    line: bytes, status: Callable[[], dict[str, Any]], commands: Mapping[str, Command], peer_uid: int | None
+    line: bytes,
+    status: Callable[[], dict[str, Any]],
+    commands: Mapping[str, Command],
+    peer_uid: int | None,
+    refuse: Callable[[str, str], dict[str, Any]],
 ) -> dict[str, Any]:
     if len(line) > MAX_REQUEST:
-        return {"ok": False, "error": f"request too large (more than {MAX_REQUEST} bytes)"}
+        return refuse("too_large", f"request too large (more than {MAX_REQUEST} bytes)")
     try:
         request = json.loads(line or b"null")
     except (ValueError, RecursionError):  # RecursionError: 4 KiB of nested brackets
-        return {"ok": False, "error": "request is not JSON"}
+        return refuse("not_json", "request is not JSON")
     cmd = request.get("cmd") if isinstance(request, dict) else None
     if cmd == "status":
         return {"ok": True, "status": status()}
     command = commands.get(cmd) if isinstance(cmd, str) else None
     if command is None:
         known = ", ".join(repr(name) for name in ("status", *sorted(commands)))
-        return {"ok": False, "error": f"unknown command (known: {known})"}
+        return refuse("unknown_command", f"unknown command (known: {known})")
     timeout = command.timeout(request)
     with trio.move_on_after(timeout):
         return await command.run(request, peer_uid)

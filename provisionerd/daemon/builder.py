@@ -1,9 +1,12 @@
 """The one builder of the daemon's pieces: every setting the daemon runs with, derived from the config in one place.
 
 ``build_pieces(config, ...)`` returns the :class:`Pieces`: the controller session, one lease keeper per served
-provider, the mutation gate over them, the planner's policy (``policy_from_config``) and the executor with the
-settings that policy implies (``executor_settings_from``), plus the two things made from those: the orphan cycles
-(``Pieces.orphan_cycles``) and the ``Actor`` an admin's orphan action decides and acts with (``Pieces.actor``).
+provider, the mutation gate over them, the one current-config holder (``Pieces.current``,
+``daemon.current_config.CurrentConfig``: the running config and the planner's policy, ``policy_from_config``,
+switched together on a reload) and the executor with the settings that policy implies
+(``executor_settings_from``), plus the two things made from those: the orphan cycles (``Pieces.orphan_cycles``,
+each reading its orphan policy from the holder) and the ``Actor`` an admin's orphan action decides and acts with
+(``Pieces.actor``).
 
 Two callers, one way to build. ``DaemonCore`` builds its pieces here for every configured provider, as the
 config's identity. ``provisionerd orphans adopt|return`` with no daemon listening (``daemon.orphan_direct``)
@@ -37,7 +40,7 @@ from typing import Any
 
 import attrs
 
-from provisionerd.config.loader import Config, ProviderConfig
+from provisionerd.config.loader import Config
 from provisionerd.controller.amnesia import Amnesia
 from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.lease import LeaseKeeper
@@ -46,42 +49,26 @@ from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession
 from provisionerd.controller.session_settings import SessionSettings, StreamFactory
 from provisionerd.controller.view import ControllerView
-from provisionerd.daemon.orphan_admin import Actor, policy_of
+from provisionerd.daemon.current_config import CurrentConfig, policy_from_config, provider_policy
+from provisionerd.daemon.orphan_admin import Actor
 from provisionerd.domain.model import Epoch
 from provisionerd.execution.executor import Executor, ExecutorSettings
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read_session
 from provisionerd.planner.fact_view import FactView
-from provisionerd.planner.policy import Policy, ProviderPolicy
+from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
-
-def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
-    """One configured provider's knobs, as the planner and the orphan cycle read them (``max_ttl = 0``: none;
-    ``idle_time = 0``: return at once, which the planner spells as a millisecond)."""
-    return ProviderPolicy(
-        join_deadline=provider.join_deadline,
-        idle_time=max(provider.idle_time, 0.001),
-        max_ttl=provider.max_ttl if provider.max_ttl > 0 else None,
-        provisioning_timeout=provider.provisioning_timeout,
-        capacity_backoff=provider.capacity_backoff,
-        quota_pause=provider.quota_pause,
-        unhealthy_base=provider.unhealthy_backoff,
-        unhealthy_max=provider.unhealthy_backoff_max,
-        step_limit=provider.step_limit,
-        max_machines=provider.max_machines,
-    )
-
-
-def policy_from_config(config: Config) -> Policy:
-    """The planner's policy: one ``ProviderPolicy`` per configured provider (see the module docstring)."""
-    return Policy(
-        cluster=config.cluster,
-        step_limit=sum(p.step_limit for p in config.providers),
-        providers={p.name: provider_policy(p) for p in config.providers},
-    )
+__all__ = [
+    "Pieces",
+    "build_pieces",
+    "build_session",
+    "executor_settings_from",
+    "policy_from_config",  # defined in daemon.current_config (the holder derives the policy on every reload)
+    "provider_policy",
+]
 
 
 def executor_settings_from(config: Config, policy: Policy) -> ExecutorSettings:
@@ -124,10 +111,11 @@ def build_session(
 
 @attrs.define(eq=False)
 class Pieces:
-    """What ``build_pieces`` built (see the module docstring). ``config`` is the one the pieces were built from; the
-    daemon replaces it on a reload (``provisionerd run``'s SIGHUP), and the orphan actions read it at each request."""
+    """What ``build_pieces`` built (see the module docstring). ``current`` is the one current-config holder
+    (``daemon.current_config``): ``config`` and ``policy`` are read through it, so a reload (``provisionerd run``'s
+    SIGHUP) switches every reader at once, or none."""
 
-    config: Config
+    current: CurrentConfig
     identity: str
     events: EventLog
     session: ControllerSession
@@ -135,10 +123,21 @@ class Pieces:
     keepers: dict[str, LeaseKeeper]
     gate: MutationGate
     providers: dict[str, ProviderClient]
-    policy: Policy
     executor: Executor
     wall: Callable[[], float]  # the clock of cloud launch times (the orphan cycles and actions read it too)
     guard: AmnesiaGuard  # what the daemon remembers of the controller; halts every mutation on amnesia
+    #: Each orphan cycle's settle window (``orphan_cycles`` fills it; a reload sets the new ``settle``).
+    settle_trackers: dict[str, SettleTracker] = attrs.field(factory=dict)
+
+    @property
+    def config(self) -> Config:
+        """The running config (``current.config``)."""
+        return self.current.config
+
+    @property
+    def policy(self) -> Policy:
+        """The planner policy in force (``current.policy``)."""
+        return self.current.policy
 
     def orphan_cycles(self) -> dict[str, tuple[OrphanCycle, float]]:
         """One orphan cycle (and its interval) per configured provider that has a client and a keeper, each reading
@@ -149,6 +148,7 @@ class Pieces:
             if provider.name not in self.providers or provider.name not in self.keepers:
                 continue
             tracker = SettleTracker(provider.orphans.settle)
+            self.settle_trackers[provider.name] = tracker
             session.on_resync.append(functools.partial(_joined, tracker))
             keeper = self.keepers[provider.name]
             cycle = OrphanCycle(
@@ -156,7 +156,7 @@ class Pieces:
                 identity=config.identity,
                 provider=provider.name,
                 # The join deadline the planner uses for this provider, whatever policy the pieces were given.
-                policy=attrs.evolve(policy_of(provider), join_deadline=self.policy.of(provider.name).join_deadline),
+                policy=self.current.orphan_policy(provider.name),
                 client=self.providers[provider.name],
                 read_controller=functools.partial(read_session, session, tracker, provider.name),
                 read_lease=functools.partial(read_keeper, keeper),
@@ -219,7 +219,8 @@ def build_pieces(
         for name in names
     }
     gate = MutationGate(keepers, ops, events, halted=lambda: guard.halted)
-    policy = policy if policy is not None else policy_from_config(config)
+    current = CurrentConfig(config, policy=policy, wall=wall)  # ConfigError for a knob it cannot build
+    policy = current.policy
     settings = executor_settings if executor_settings is not None else executor_settings_from(config, policy)
     clients = dict(providers)
 
@@ -236,7 +237,7 @@ def build_pieces(
     guard.on_halt.append(functools.partial(_halt_session, session))
     session.on_resync.append(functools.partial(_renew_all, keepers))
     return Pieces(
-        config=config,
+        current=current,
         identity=session.settings.identity,
         events=events,
         session=session,
@@ -244,7 +245,6 @@ def build_pieces(
         keepers=keepers,
         gate=gate,
         providers=clients,
-        policy=policy,
         executor=executor,
         wall=wall,
         guard=guard,

@@ -13,6 +13,12 @@ log. One action at a time per machine (a second request for it is answered ``bus
 at once. Each action runs in the daemon's own nursery, not in the socket request: a client that gives up, or a
 request that outlives its bound (``orphan_admin.action_timeout``: the socket then answers ``pending``), never
 cuts a provider call or a return short; it finishes and is audited.
+
+Every request reads the running config through the one holder (``Pieces.current``), so after a reload that needs a
+restart it still decides with the config the rest of the daemon runs on. Every refusal is typed (``refused``:
+``bad_request``, ``unknown_provider``, ``busy``, ``not_ready``, ``internal_error``), logged and counted
+(``daemon.admin_guard.AdminRefusals``); an unexpected exception while deciding or acting is the refusal
+``internal_error``, never an exception out of the actions' nursery (the daemon's).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import trio
 
+from provisionerd.daemon.admin_guard import AdminRefusals
 from provisionerd.daemon.admin_socket import Command
 from provisionerd.daemon.builder import Pieces
 from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult, action_timeout, decide_and_act
@@ -44,8 +51,9 @@ class OrphanActions:
     """The daemon's side of ``provisionerd orphans adopt|return`` (see the module docstring). ``run`` it in the
     daemon's nursery; hand ``command`` to the admin socket as ``orphan_action``."""
 
-    def __init__(self, pieces: Pieces, *, max_running: int = 4) -> None:
+    def __init__(self, pieces: Pieces, *, max_running: int = 4, refusals: AdminRefusals | None = None) -> None:
         self._pieces = pieces
+        self.refusals = refusals if refusals is not None else AdminRefusals()
         self._max_running = max_running
         self._nursery: trio.Nursery | None = None
         self.running: set[tuple[str, str]] = set()  # (provider, machine_id) of each action under way
@@ -66,41 +74,49 @@ class OrphanActions:
 
     def timeout_for(self, request: Mapping[str, Any]) -> float:
         """The socket's bound for ``request``: ``action_timeout`` of its provider (a bad request answers at once)."""
-        provider = request.get("provider")
-        if isinstance(provider, str) and provider in self._pieces.config.provider_names:
-            return action_timeout(self._pieces.config, provider)
+        provider, config = request.get("provider"), self._pieces.config
+        if isinstance(provider, str) and provider in config.provider_names:
+            return action_timeout(config, provider)
         return 5.0
 
     async def handle(self, document: dict[str, Any], peer_uid: int | None = None) -> dict[str, Any]:
         """Answer one ``orphan_action`` request: ``{"ok", "result": AdminResult}`` when decided (and done),
         ``{"ok": false, "error"}`` for a bad request, ``{"ok": false, "busy": true, "error"}`` while that machine
         (or ``max_running`` machines) has an action under way."""
+        refuse = self.refusals.refuse
         try:
             request = AdminRequest.from_json(document)
         except ProtocolError as exc:
-            return {"ok": False, "error": str(exc)}
+            return refuse("bad_request", str(exc))
         pieces = self._pieces
-        if request.provider not in pieces.providers or request.provider not in pieces.keepers:
-            return {"ok": False, "error": f"this daemon has no provider named {request.provider!r}"}
+        config = pieces.config  # the running config, read once for the whole request
+        if (
+            request.provider not in pieces.providers
+            or request.provider not in pieces.keepers
+            or request.provider not in config.provider_names
+        ):
+            return refuse("unknown_provider", f"this daemon has no provider named {request.provider!r}")
         key = (request.provider, request.machine_id)
         if key in self.running:
-            return {
-                "ok": False,
-                "busy": True,
-                "error": f"busy: an action on machine {request.machine_id!r} of "
+            return refuse(
+                "busy",
+                f"busy: an action on machine {request.machine_id!r} of "
                 f"provider {request.provider!r} is under way; try again",
-            }
+                busy=True,
+            )
         if len(self.running) >= self._max_running:
-            return {"ok": False, "busy": True, "error": f"busy: {len(self.running)} orphan actions are under way"}
+            return refuse("busy", f"busy: {len(self.running)} orphan actions are under way", busy=True)
         if self._nursery is None:
-            return {"ok": False, "error": "the daemon is not ready for orphan actions (starting or stopping)"}
+            return refuse("not_ready", "the daemon is not ready for orphan actions (starting or stopping)")
         actor = pieces.actor(request.provider, via="daemon", witness={} if peer_uid is None else {"uid": peer_uid})
         done = trio.Event()
-        box: list[AdminResult] = []
+        box: list[AdminResult | dict[str, Any]] = []
 
         async def one() -> None:
             try:
-                box.append(await decide_and_act(pieces.config, request, actor))
+                box.append(await decide_and_act(config, request, actor))
+            except Exception as exc:  # noqa: BLE001 - runs in the daemon's nursery: nothing may escape it
+                box.append(self.refusals.internal("orphan_action", exc))
             finally:
                 self.running.discard(key)
                 done.set()
@@ -109,5 +125,7 @@ class OrphanActions:
         self._nursery.start_soon(one)
         await done.wait()
         if not box:  # cancelled: the daemon is stopping
-            return {"ok": False, "error": "the daemon stopped before the action finished"}
+            return refuse("not_ready", "the daemon stopped before the action finished")
+        if isinstance(box[0], dict):
+            return box[0]
         return {"ok": box[0].ok, "result": box[0].to_json()}

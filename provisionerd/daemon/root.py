@@ -14,10 +14,20 @@ What the daemon remembers of the controller is ``core.guard`` (``controller.amne
 it under ``controller`` (halted or not, the finding, the memory, the state file), and the admin socket's
 ``controller_accept_reset`` command (``provisionerd controller accept-reset``) is the admin's decision that ends a
 halt.
+
+The config: one holder, ``core.current`` (``daemon.current_config.CurrentConfig``), read by every part (the loop's
+policy at every cycle, the orphan cycles, the admin's orphan actions, ``status``). ``core.reload()`` (``provisionerd
+run`` calls it on SIGHUP) re-reads the config file and switches to it atomically when everything that changed
+applies live, or keeps the running config entirely (``restart_needed``, ``failed``); ``status()`` shows the last
+reload under ``reload``. Every admin request is guarded (``daemon.admin_guard``): a bad request or an unexpected
+exception in handling one is a typed refusal, answered, logged and counted (``status()["admin"]``), never an
+exception out of the daemon's nursery.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -26,11 +36,15 @@ from typing import Any
 import trio
 
 from provisionerd.config.loader import Config
+from provisionerd.config.proofs import load_proven
 from provisionerd.controller.session_settings import StreamFactory
-from provisionerd.daemon.admin_socket import Command, serve_admin_socket
+from provisionerd.daemon.admin_guard import AdminRefusals
+from provisionerd.daemon.admin_socket import AdminSocketCounts, Command, serve_admin_socket
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
+from provisionerd.daemon.current_config import ReloadResult
 from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
+from provisionerd.domain.errors import ConfigError
 from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
@@ -38,6 +52,8 @@ from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
+
+log = logging.getLogger("provisionerd")
 
 #: The reconcile loop's settings when none are given.
 DEFAULT_LOOP_SETTINGS = LoopSettings()
@@ -86,7 +102,7 @@ class DaemonCore:
         self.keepers = pieces.keepers
         self.gate = pieces.gate
         self.providers = pieces.providers
-        self.policy = pieces.policy
+        self.current = pieces.current
         self.executor = pieces.executor
         self.wall = pieces.wall  # the clock of cloud launch times (the orphan cycles read it too)
         self.guard = pieces.guard
@@ -97,7 +113,7 @@ class DaemonCore:
             self.keepers,
             self.executor,
             self.feed,
-            self.policy,
+            lambda: self.current.policy,  # read at every cycle: a reload's new limits apply at the next one
             self.events,
             settings=loop_settings,
             wall=wall,
@@ -105,17 +121,64 @@ class DaemonCore:
             view_ready=self.session.synced_for,
         )
         # ``provisionerd orphans adopt|return`` through the admin socket: decided and done with our own pieces.
-        self.orphan_actions = OrphanActions(pieces)
+        self.admin = AdminRefusals()
+        self.admin_peers = AdminSocketCounts()  # who the socket accepted and refused (SO_PEERCRED)
+        self.orphan_actions = OrphanActions(pieces, refusals=self.admin)
         self.orphan_cycles: dict[str, OrphanCycle] = {}
+        self.current.on_applied.append(self._apply_orphan_settings)
 
     @property
     def config(self) -> Config:
-        """The running config; ``provisionerd run`` replaces it on SIGHUP (the orphan actions read the new one)."""
-        return self.pieces.config
+        """The running config (``current.config``): replaced only by a reload that applies as a whole."""
+        return self.current.config
 
-    @config.setter
-    def config(self, config: Config) -> None:
-        self.pieces.config = config
+    @property
+    def policy(self) -> Policy:
+        """The planner policy in force (``current.policy``)."""
+        return self.current.policy
+
+    def reload(self, new: Config | None = None) -> ReloadResult:
+        """Re-read the config file (or take ``new``) and switch to it atomically if it applies live (see
+        ``daemon.current_config``); log and emit the outcome. Never raises for a config it cannot use."""
+        if new is None:
+            source = self.config.source
+            try:
+                new = (
+                    load_proven(source) if source is not None else self.config
+                )  # the config-check proofs gate a reload
+            except ConfigError as exc:
+                problems = list(exc.problems) or [str(exc)]
+                log.error("config reload failed; keeping the running config: %s", exc)
+                self.events.emit("config_reload_failed", problems=problems)
+                return self.current.refused(problems)
+        result = self.current.reload(new)
+        if result.outcome == "failed":
+            log.error("config reload failed; keeping the running config: %s", "; ".join(result.problems))
+            self.events.emit("config_reload_failed", problems=list(result.problems))
+        elif result.outcome == "restart_needed":
+            log.warning(
+                "config reload not applied: these changes need a restart (the running config stays in force): %s",
+                ", ".join(result.restart_needed),
+            )
+            self.events.emit(
+                "config_reloaded", outcome=result.outcome, applied=[], restart_needed=list(result.restart_needed)
+            )
+        else:
+            log.info("config reloaded (%s): %s", result.outcome, ", ".join(result.applied) or "nothing changed")
+            self.events.emit("config_reloaded", outcome=result.outcome, applied=list(result.applied), restart_needed=[])
+            self.loop.wake()  # plan with the new limits now
+        return result
+
+    def _apply_orphan_settings(self, _old: Config, new: Config) -> None:
+        """A reload's orphan settings: each cycle's policy, interval and settle window (values already built)."""
+        for provider in new.providers:
+            cycle = self.orphan_cycles.get(provider.name)
+            if cycle is not None:
+                cycle.policy = self.current.orphan_policy(provider.name)
+                cycle.interval = provider.orphans.interval
+            tracker = self.pieces.settle_trackers.get(provider.name)
+            if tracker is not None:
+                tracker.settle = provider.orphans.settle
 
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
@@ -143,6 +206,14 @@ class DaemonCore:
                 "offers": len(self.feed.catalog),
                 "provider_health": self.loop.provider_health(),
             },
+            "reload": self.current.status(),
+            "admin": {
+                **self.admin.status(),
+                "peers": {
+                    "accepted": self.admin_peers.accepted,
+                    "refused": dict(sorted(self.admin_peers.refused.items())),
+                },
+            },
         }
 
     @property
@@ -160,11 +231,16 @@ class DaemonCore:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.orphan_actions.run)
             if self.config.daemon.admin_socket is not None:
+                commands = {"orphan_action": self.orphan_actions.command, "controller_accept_reset": self.accept_reset}
                 await nursery.start(
-                    serve_admin_socket,
-                    self.config.daemon.admin_socket,
-                    self.status,
-                    {"orphan_action": self.orphan_actions.command, "controller_accept_reset": self.accept_reset},
+                    functools.partial(
+                        serve_admin_socket,
+                        self.config.daemon.admin_socket,
+                        self.admin.guard_status(self.status),
+                        {name: self.admin.guard(name, command) for name, command in commands.items()},
+                        counts=self.admin_peers,
+                        on_refusal=self.admin.note,
+                    )
                 )
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)

@@ -71,7 +71,7 @@ class ReconcileLoop:
         leases: Mapping[str, LeaseKeeper],
         executor: Executor,
         feed: OfferFeed,
-        policy: Policy,
+        policy: Policy | Callable[[], Policy],
         events: EventLog,
         *,
         settings: LoopSettings = DEFAULT_SETTINGS,
@@ -84,7 +84,8 @@ class ReconcileLoop:
         self.leases = leases
         self.executor = executor
         self.feed = feed
-        self.policy = policy
+        # A callable is read at every use (the daemon's current-config holder: a reload's limits apply at once).
+        self._policy = policy if callable(policy) else (lambda: policy)
         self.events = events
         self.settings = settings
         self.wall = wall
@@ -124,6 +125,11 @@ class ReconcileLoop:
         executor.observe = self.apply
         feed.on_failure = self._offers_failed
         feed.skip = self.unhealthy  # an unhealthy provider is read only by its probe
+
+    @property
+    def policy(self) -> Policy:
+        """The planner policy in force now."""
+        return self._policy()
 
     # --- observations -------------------------------------------------------------------------------------------
 

@@ -181,14 +181,16 @@ class OrphanCycle:
         self._list_timeout = list_timeout
         self._seen: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self.passes = 0
+        self.interval = 0.0  # set by run
 
     async def run(self, interval: float, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """A pass, then ``interval`` seconds of sleep, forever. A pass survives any failure of what it reads or
         calls (each is audited); only a bug escapes."""
+        self.interval = interval  # a reload may set another one; the next sleep takes it
         task_status.started()
         while True:
             await self.run_pass()
-            await trio.sleep(interval)
+            await trio.sleep(self.interval)
 
     async def run_pass(self) -> PassResult:
         obs = await observe(

@@ -1,6 +1,11 @@
 """The reconcile loop's recovery: open intents and returns that no task of this process is running (a restart, a
-commit whose ack was lost, an unknown outcome) are handed to ``Executor.recover_request`` / ``resume_return`` once
-they have been seen idle for ``recover_after`` seconds.
+commit whose ack was lost, an unknown outcome) are handed to ``Executor.recover_request`` / ``resume_return``.
+
+When: an op found open and idle in the first cycle its provider may be acted on after a lease grant (the lease
+just held, the view resynced since the grant: a restart, or a lease taken over from another holder) was started by
+no task of this process, so waiting tells nothing: it is handed over **at once** (one listing settles an open
+request, ``request_flow`` "After a restart"). Any other idle op (an unknown outcome of this process's own, an ack
+lost) is handed over once it has been seen idle for ``recover_after`` seconds.
 
 An op is idle when its provider is leased and not unhealthy, the executor runs nothing on it, and (for a request)
 this process did not run it to a known end (``OutcomeLog.settled``: the planner's provisioning timeout owns those).
@@ -48,6 +53,7 @@ class Recovery:
         self._state = state
         self._wall = wall
         self._idle_since: dict[str, float] = {}  # open intent/return op -> first seen with no task (trio clock)
+        self._allowed: set[str] = set()  # the providers allowed in the previous call (a new one: just granted)
 
     def forget_idle(self) -> None:
         """Start every idle clock over (a new view: what was idle in the old one says nothing)."""
@@ -78,7 +84,14 @@ class Recovery:
             ]
             if live and capacity.throttled(record.intent.provider, self._wall()) is None:
                 idle[op_id] = record.intent
-        self._idle_since = {op: self._idle_since.get(op, now) for op in idle}
+        # Ops idle in the first cycle after their provider's grant: none of ours, recovered at once (docstring).
+        granted = allowed - self._allowed
+        self._allowed = set(allowed)
+        inherited = -float("inf")
+        self._idle_since = {
+            op: self._idle_since.get(op, inherited if intent.provider in granted else now)
+            for op, intent in idle.items()
+        }
         for op_id, intent in idle.items():
             if now - self._idle_since[op_id] < self._settings.recover_after:
                 continue

@@ -13,7 +13,6 @@ import attrs
 import pytest
 
 from provisionerd.cli import main as cli
-from provisionerd.cli import run as run_cli
 from provisionerd.config.loader import (
     Config,
     ControllerSettings,
@@ -24,6 +23,8 @@ from provisionerd.config.loader import (
 )
 from provisionerd.config.proofs import load_proven, prove
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.daemon.current_config import CurrentConfig
+from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import ConfigError
 from provisionerd.pki.certs import init_certs
 from provisionerd.telemetry.events import EventLog
@@ -183,10 +184,14 @@ def test_the_document_alone_is_still_checkable(tmp_path, certs, capsys):
 
 @attrs.define
 class _Core:
-    """What the SIGHUP reload reads and writes of the daemon."""
+    """What the SIGHUP reload (``DaemonCore.reload``) reads and writes of the daemon."""
 
-    config: Config
+    current: CurrentConfig
     events: EventLog = attrs.field(factory=lambda: EventLog(keep=100))
+
+    @property
+    def config(self) -> Config:
+        return self.current.config
 
 
 @pytest.mark.parametrize(
@@ -206,12 +211,13 @@ class _Core:
 def test_a_reload_that_fails_a_proof_is_refused(tmp_path, certs, breakage, caplog):
     path = tmp_path / "pd.toml"
     running = load_proven(write_daemon_config(good(tmp_path, certs), path).source)
-    core = _Core(running)
+    core = _Core(CurrentConfig(running))
     write_daemon_config(breakage(running, tmp_path), path)
     with pytest.raises(ConfigError):
         load_proven(path)
     with caplog.at_level(logging.ERROR):
-        run_cli._reload(core)  # type: ignore[arg-type]
+        result = DaemonCore.reload(core)  # type: ignore[arg-type]
+    assert result.outcome == "failed"
     assert core.config is running
     (failed,) = core.events.of_kind("config_reload_failed")
     assert failed["problems"] and all(":" in p for p in failed["problems"])

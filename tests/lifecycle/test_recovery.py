@@ -66,7 +66,8 @@ def test_an_open_intent_left_by_a_previous_process_is_settled_and_the_shortfall_
 
     rig = run_rig(scenario, {"p": provider}, loop=False)
     old_op, issued = seen["old_op"], seen["issued"]
-    # Nothing is requested while the old intent still owes machines; after recover_after (30 s) it is settled.
+    # Nothing is requested while the old intent still owes machines; it is settled by one listing in the first
+    # cycle after the grant (not after recover_after, 30 s: no task of this process ever ran it).
     assert [a for a, _ in rig.calls("p")][:1] == ["listMachines"]
     made = rig.facts(InstanceFact)
     old = [f for f in made if f.op_id == old_op]
@@ -79,7 +80,7 @@ def test_an_open_intent_left_by_a_previous_process_is_settled_and_the_shortfall_
     (new_intent,) = [i for i in rig.facts(RequestIntent) if i.op_id in new_ops]
     assert new_intent.count == 1  # only the shortfall, with a fresh token
     assert len(rig.running()) == 3
-    assert 30.0 <= seen["at"] <= 42.0
+    assert seen["at"] < 5.0, seen["at"]  # demand met again within 5 s of the lease grant (MockClock)
 
 
 def test_reclaimed_machines_are_retired_as_lost(run_rig):

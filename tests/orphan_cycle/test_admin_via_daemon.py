@@ -328,7 +328,7 @@ def test_the_socket_bounds_requests_and_hands_commands_the_peer(monkeypatch):
     assert seen["slow"]["pending"] is True and "events log" in seen["slow"]["error"]
     assert seen["slow_took"] < 5.0
     assert "too large" in seen["large"]["error"]
-    assert seen["deep"] == {"ok": False, "error": "request is not JSON"}
+    assert seen["deep"] == {"ok": False, "refused": "not_json", "error": "request is not JSON"}
     assert "known: 'status', 'echo', 'slow'" in seen["unknown"]["error"]
     assert "no request line" in seen["silent"]["error"]
     assert not sock.exists()

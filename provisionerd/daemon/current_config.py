@@ -1,0 +1,234 @@
+"""The one current-config holder: the config the daemon runs on, what is derived from it, and its reloads.
+
+Every part of the running daemon reads the config through one :class:`CurrentConfig` (``Pieces.current``): the
+reconcile loop takes its planner policy from ``current.policy`` at every cycle, each orphan cycle and the admin's
+orphan actions read the orphan policy and the cluster from it, ``status()`` shows it. A reload is one atomic switch
+(``CurrentConfig.reload``):
+
+1. ``plan_reload(running, new)`` compares the two field by field and sorts every difference into *live* (a path in
+   ``LIVE_FIELDS`` / ``LIVE_PROVIDER_FIELDS``) or *needs a restart* (everything else: controller addresses and
+   settings, identity, cluster, TLS, lease margin, the daemon's files, the provider set, a provider's transport,
+   path, argv, directories, env, timeouts, legacy options and ``provisioning_timeout``, which the executor's polls
+   were built with).
+2. Any difference that needs a restart: **nothing** of the new config is applied (outcome ``restart_needed``); the
+   running config stays entirely in force and the fields are named in the log, the event and ``status``.
+3. Otherwise everything derived from the new config (the planner policy, each provider's orphan policy) is built
+   first; a knob that cannot be built is outcome ``failed`` and nothing is applied. Only then is the new config
+   installed and each ``on_applied`` hook called (hooks only assign values already built: they cannot fail
+   half-way).
+
+Hooks: ``on_applied(old, new)`` is where a live setting outside the holder takes effect (``provisionerd run``
+sets the log level there; the orphan cycles take their interval and settle window there). A new live setting (for
+example a metrics listen address) is added to ``LIVE_FIELDS`` and given an ``on_applied`` hook; until then a change
+of it is reported as needing a restart, the safe side.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from provisionerd.config.loader import Config, ProviderConfig
+from provisionerd.daemon.orphan_admin import policy_of
+from provisionerd.domain.errors import ConfigError
+from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.planner.policy import Policy, ProviderPolicy
+
+log = logging.getLogger(__name__)
+
+#: Paths (outside ``providers``) a reload applies without a restart.
+LIVE_FIELDS = frozenset({"daemon.log_level"})
+#: A provider's fields a reload applies without a restart (``orphans`` covers every orphan knob).
+LIVE_PROVIDER_FIELDS = frozenset(
+    {
+        "max_machines",
+        "step_limit",
+        "join_deadline",
+        "idle_time",
+        "max_ttl",
+        "capacity_backoff",
+        "quota_pause",
+        "unhealthy_backoff",
+        "unhealthy_backoff_max",
+        "orphans",
+    }
+)
+#: At most this many differences are named (bounded output for a config that changed everywhere).
+MAX_NAMED = 50
+
+
+def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
+    """One configured provider's knobs, as the planner and the orphan cycle read them (``max_ttl = 0``: none;
+    ``idle_time = 0``: return at once, which the planner spells as a millisecond)."""
+    return ProviderPolicy(
+        join_deadline=provider.join_deadline,
+        idle_time=max(provider.idle_time, 0.001),
+        max_ttl=provider.max_ttl if provider.max_ttl > 0 else None,
+        provisioning_timeout=provider.provisioning_timeout,
+        capacity_backoff=provider.capacity_backoff,
+        quota_pause=provider.quota_pause,
+        unhealthy_base=provider.unhealthy_backoff,
+        unhealthy_max=provider.unhealthy_backoff_max,
+        step_limit=provider.step_limit,
+        max_machines=provider.max_machines,
+    )
+
+
+def policy_from_config(config: Config) -> Policy:
+    """The planner's policy: one ``ProviderPolicy`` per configured provider (the global step limit is the sum)."""
+    return Policy(
+        cluster=config.cluster,
+        step_limit=sum(p.step_limit for p in config.providers),
+        providers={p.name: provider_policy(p) for p in config.providers},
+    )
+
+
+@attrs.frozen
+class ReloadPlan:
+    """The differences between the running config and a new one: ``live`` (applied by a reload) and ``restart``
+    (named; their presence keeps the whole running config in force)."""
+
+    live: tuple[str, ...] = ()
+    restart: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.live or self.restart)
+
+
+def _differences(old: Any, new: Any, path: str) -> Iterator[str]:
+    """The paths where ``old`` and ``new`` differ, descending into attrs values (``source`` is not compared)."""
+    if old == new:
+        return
+    if attrs.has(type(old)) and type(old) is type(new):
+        for field in attrs.fields(type(old)):
+            if not field.eq:
+                continue
+            yield from _differences(getattr(old, field.name), getattr(new, field.name), f"{path}.{field.name}")
+        return
+    yield path
+
+
+def plan_reload(old: Config, new: Config) -> ReloadPlan:
+    """Sort every difference between ``old`` and ``new`` into live and needs-a-restart (module docstring)."""
+    live: list[str] = []
+    restart: list[str] = []
+    for field in attrs.fields(Config):
+        if not field.eq or field.name == "providers":
+            continue
+        for path in _differences(getattr(old, field.name), getattr(new, field.name), field.name):
+            (live if path in LIVE_FIELDS else restart).append(path)
+    before, after = old.provider_names, new.provider_names
+    added = [n for n in after if n not in before]
+    removed = [n for n in before if n not in after]
+    if added or removed:
+        restart.append(f"providers (added {added}, removed {removed})")
+    for provider in old.providers:
+        if provider.name not in after:
+            continue
+        mine = new.provider(provider.name)
+        for field in attrs.fields(ProviderConfig):
+            for path in _differences(getattr(provider, field.name), getattr(mine, field.name), field.name):
+                named = f"providers.{provider.name}.{path}"
+                (live if field.name in LIVE_PROVIDER_FIELDS else restart).append(named)
+    return ReloadPlan(tuple(live[:MAX_NAMED]), tuple(restart[:MAX_NAMED]))
+
+
+@attrs.frozen
+class ReloadResult:
+    """One reload's outcome: ``applied`` | ``unchanged`` | ``restart_needed`` | ``failed``."""
+
+    outcome: str
+    applied: tuple[str, ...] = ()
+    restart_needed: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    at: float = 0.0  # wall-clock seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "at": self.at,
+            "applied": list(self.applied),
+            "restart_needed": list(self.restart_needed),
+            "problems": list(self.problems),
+        }
+
+
+Hook = Callable[[Config, Config], None]
+
+
+class CurrentConfig:
+    """The running config and what is derived from it (module docstring). ``policy``: a fixed planner policy
+    (tests, the simulation) instead of the one derived from the config; a reload then keeps it."""
+
+    def __init__(self, config: Config, *, policy: Policy | None = None, wall: Callable[[], float] = time.time) -> None:
+        self._fixed_policy = policy
+        self._wall = wall
+        self._config, self._policy, self._orphan = self._derive(config)
+        self.on_applied: list[Hook] = []
+        self.last: ReloadResult | None = None
+        self.reloads = 0
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
+    def policy(self) -> Policy:
+        """The planner policy in force (read by the reconcile loop at every cycle)."""
+        return self._policy
+
+    def orphan_policy(self, provider: str) -> OrphanPolicy:
+        """``provider``'s orphan policy in force, with the join deadline the planner uses for it (``KeyError``
+        for a provider the running config does not have)."""
+        return self._orphan[provider]
+
+    def _derive(self, config: Config) -> tuple[Config, Policy, dict[str, OrphanPolicy]]:
+        """Everything built from ``config`` (``ConfigError`` if a knob is invalid), before anything is switched."""
+        policy = self._fixed_policy if self._fixed_policy is not None else policy_from_config(config)
+        orphan = {
+            p.name: attrs.evolve(policy_of(p), join_deadline=policy.of(p.name).join_deadline) for p in config.providers
+        }
+        return config, policy, orphan
+
+    def reload(self, new: Config) -> ReloadResult:
+        """Switch to ``new`` if every difference applies live, atomically; else keep the running config entirely.
+        Never raises for a config it cannot use: see the result's ``outcome``."""
+        self.reloads += 1
+        at = self._wall()
+        plan = plan_reload(self._config, new)
+        if plan.restart:
+            result = ReloadResult("restart_needed", (), plan.restart, at=at)
+        elif not plan.live:
+            # Nothing that matters changed; the new value may still carry a new ``source``.
+            self._config = attrs.evolve(self._config, source=new.source)
+            result = ReloadResult("unchanged", at=at)
+        else:
+            try:
+                derived = self._derive(new)
+            except ConfigError as exc:
+                result = ReloadResult("failed", problems=tuple(exc.problems) or (str(exc),), at=at)
+            else:
+                old = self._config
+                self._config, self._policy, self._orphan = derived
+                for hook in self.on_applied:
+                    hook(old, new)
+                result = ReloadResult("applied", plan.live, at=at)
+        self.last = result
+        return result
+
+    def refused(self, problems: list[str]) -> ReloadResult:
+        """Record a reload refused before it could be planned (the new config did not load)."""
+        self.reloads += 1
+        self.last = ReloadResult("failed", problems=tuple(problems[:MAX_NAMED]), at=self._wall())
+        return self.last
+
+    def status(self) -> dict[str, Any]:
+        """The ``reload`` section of the daemon's status: how many reloads, the last one's outcome, when, what it
+        applied and what needs a restart."""
+        last = self.last
+        return {"reloads": self.reloads, "last": None if last is None else last.to_json()}
