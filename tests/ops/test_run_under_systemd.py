@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -36,6 +35,11 @@ def test_ready_watchdog_stopping_and_json_logs(tmp_path):
     certs, state = tmp_path / "certs", tmp_path / "state"
     init_certs(certs, "c")
     config = tmp_path / "pd.toml"
+    # The plugin need not work (no demand), but its path must exist: a start proves it (config.proofs).
+    plugin = tmp_path / "plugins" / "sim"
+    plugin.mkdir(parents=True)
+    (plugin / "describeProvider.sh").write_text("#!/bin/sh\nexit 1\n")
+    (plugin / "describeProvider.sh").chmod(0o755)
     write_daemon_config(
         Config(
             cluster="c",
@@ -45,7 +49,7 @@ def test_ready_watchdog_stopping_and_json_logs(tmp_path):
             ),
             tls=provisioner_tls(certs),
             daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
-            providers=(ProviderConfig("sim", "oneshot", path=Path("plugins/sim"), env={"SIM_SECRET": SECRET}),),
+            providers=(ProviderConfig("sim", "oneshot", path=plugin, env={"SIM_SECRET": SECRET}),),
         ),
         config,
     )
