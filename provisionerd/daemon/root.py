@@ -30,6 +30,8 @@ from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.daemon.admin_socket import Command, serve_admin_socket
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
+from provisionerd.daemon.metered import CallLog, metered
+from provisionerd.daemon.observability import Observability
 from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
 from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
@@ -68,12 +70,13 @@ class DaemonCore:
 
             connect = tls_connector(config)
         rng = rng if rng is not None else random.Random()
+        self.calls = CallLog()  # every provider call ends there (metrics, status): the clients are metered
         self.pieces: Pieces = build_pieces(
             config,
             connect=connect,
             events=events if events is not None else EventLog(config.daemon.events_log),
             rng=rng,
-            providers=providers if providers is not None else provider_clients(config),
+            providers=metered(providers if providers is not None else provider_clients(config), self.calls),
             instance=instance,
             policy=policy,
             executor_settings=executor_settings,
@@ -107,6 +110,7 @@ class DaemonCore:
         # ``provisionerd orphans adopt|return`` through the admin socket: decided and done with our own pieces.
         self.orphan_actions = OrphanActions(pieces)
         self.orphan_cycles: dict[str, OrphanCycle] = {}
+        self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
 
     @property
     def config(self) -> Config:
@@ -143,6 +147,7 @@ class DaemonCore:
                 "offers": len(self.feed.catalog),
                 "provider_health": self.loop.provider_health(),
             },
+            **self.observability.document(),  # per provider; demand, health, readiness (daemon.status_snapshot)
         }
 
     @property
@@ -159,6 +164,7 @@ class DaemonCore:
         """Run until cancelled. For a clean stop call ``release_leases`` first, while the link is still up."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.orphan_actions.run)
+            await nursery.start(self.observability.serve)  # [daemon] metrics_listen: /metrics, /healthz, /readyz
             if self.config.daemon.admin_socket is not None:
                 await nursery.start(
                     serve_admin_socket,
