@@ -24,10 +24,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from provisionerd.daemon.builder import Pieces
 from provisionerd.daemon.metered import CallLog
 from provisionerd.daemon.status_snapshot import StatusSnapshot
+from provisionerd.domain.errors import ConfigError
 from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.telemetry.metrics import DaemonMetrics
-from provisionerd.telemetry.metrics_http import HttpServer, Response, serve_http
+from provisionerd.telemetry.metrics_http import HttpServer, Response, open_http_listeners, serve_listeners
 
 
 class Observability:
@@ -56,14 +57,23 @@ class Observability:
         return self.snapshot.document()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve ``[daemon] metrics_listen`` until cancelled (without one, only note the start and return)."""
+        """Serve ``[daemon] metrics_listen`` until cancelled (without one, only note the start and return).
+
+        Raises:
+            ConfigError: the address cannot be listened on (in use, or not this host's).
+        """
         self.snapshot.mark_started()
         address = self.pieces.config.daemon.metrics_listen
         if address is None:
             task_status.started()
             return
+        try:
+            listeners = await open_http_listeners(address)
+        except OSError as exc:  # in use, not an address of this host: the daemon does not start
+            problem = f"daemon.metrics_listen: cannot listen on {address!r}: {exc.strerror or exc}"
+            raise ConfigError("cannot start the metrics listener", [problem]) from None
         async with trio.open_nursery() as nursery:
-            self.address = await nursery.start(serve_http, address, self.server)
+            self.address = await nursery.start(serve_listeners, listeners, self.server)
             task_status.started()
 
     def _metrics(self) -> Response:

@@ -163,17 +163,32 @@ class HttpServer:
                 pass
 
 
+async def open_http_listeners(address: str) -> list[trio.SocketListener]:
+    """The listeners of ``address`` (``OSError`` when it cannot be listened on; ``ValueError`` for no address)."""
+    host, port = parse_address(address)
+    return await trio.open_tcp_listeners(port, host=host)
+
+
 async def serve_http(
     address: str,
     server: HttpServer,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Listen on ``address`` and serve ``server`` until cancelled; ``task_status.started((host, port))``."""
-    host, port = parse_address(address)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()
-    log.info("metrics and health on http://%s:%s/ (/metrics, /healthz, /readyz)", host, bound[1])
+    """Listen on ``address`` and serve ``server`` until cancelled; ``task_status.started((host, port))``. Raises
+    ``OSError`` before it starts when the address cannot be listened on."""
+    await serve_listeners(await open_http_listeners(address), server, task_status=task_status)
+
+
+async def serve_listeners(
+    listeners: list[trio.SocketListener],
+    server: HttpServer,
+    *,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``server`` on ``listeners`` (``open_http_listeners``) until cancelled."""
+    host, port = listeners[0].socket.getsockname()[:2]
+    log.info("metrics and health on %s port %s (/metrics, /healthz, /readyz)", host, port)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, server.handle, listeners)
-        task_status.started((host, int(bound[1])))
+        task_status.started((str(host), int(port)))

@@ -8,6 +8,7 @@ import re
 import textwrap
 from pathlib import Path
 
+import attrs
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
@@ -249,3 +250,31 @@ def test_healthz_turns_unhealthy_when_the_reconcile_loop_stops_turning(tmp_path,
     mock_run(main)
     assert seen["alive"][0] == 200
     assert seen["stuck"][0] == 503 and b"has not turned for 31.0s" in seen["stuck"][1]
+
+
+def test_an_address_in_use_stops_the_start_with_a_config_error_naming_the_key(tmp_path, memory_controller):
+    import socket
+
+    import pytest
+
+    from provisionerd.domain.errors import ConfigError
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+
+    async def main():
+        async with memory_controller(replicas=1) as net:
+            base = config(tmp_path, net.addresses)
+            cfg = attrs.evolve(base, daemon=attrs.evolve(base.daemon, metrics_listen=f"127.0.0.1:{port}"))
+            core = DaemonCore(cfg, connect=net.connect, providers={"sim": PluginClient(FakeProvider("sim"))})
+            with pytest.raises(ConfigError, match="daemon.metrics_listen: cannot listen on") as caught:
+                await core.observability.serve()
+            return caught.value
+
+    try:
+        error = trio.run(main)
+    finally:
+        taken.close()
+    assert f"'127.0.0.1:{port}'" in str(error)
