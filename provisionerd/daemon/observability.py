@@ -7,7 +7,8 @@ joins three things that already exist without adding a call anywhere else:
 - the metrics (``telemetry.metrics.DaemonMetrics``, a private registry): its gauges read ``status()`` at each
   scrape, its counters listen to the events stream (``EventLog.listeners``) and to the provider calls
   (``calls``, the ``CallLog`` the root's metered clients report to: ``provisionerd.daemon.metered``);
-- the HTTP listener (``telemetry.metrics_http``) on ``[daemon] metrics_listen`` (none: no listener): ``/metrics``,
+- the HTTP listener (``telemetry.metrics_http``) on ``[daemon] metrics_listen`` (none: no listener): ``/metrics``
+  (rendered at most once per ``METRICS_MIN_INTERVAL`` second),
   ``/healthz`` (200 while the reconcile loop turns, else 503) and ``/readyz`` (200 once joined, resynced and every
   lease held or on standby, else 503, with the reasons in the body).
 """
@@ -31,6 +32,10 @@ from provisionerd.telemetry.metrics import DaemonMetrics
 from provisionerd.telemetry.metrics_http import HttpServer, Response, open_http_listeners, serve_listeners
 
 
+#: Seconds a /metrics rendering is served again before the state is read anew.
+METRICS_MIN_INTERVAL = 1.0
+
+
 class Observability:
     """See the module docstring. ``status``: the daemon's whole status document (what the gauges read)."""
 
@@ -52,6 +57,7 @@ class Observability:
             on_refusal=self.metrics.http_refused,
         )
         self.address: tuple[str, int] | None = None  # where the listener is bound (None: not listening)
+        self._rendered: tuple[float, bytes] | None = None  # (trio time, text) of the last /metrics rendering
 
     def document(self) -> dict[str, Any]:
         return self.snapshot.document()
@@ -77,7 +83,12 @@ class Observability:
             task_status.started()
 
     def _metrics(self) -> Response:
-        return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST)
+        # A scrape reads the whole fleet once (status_snapshot: ~1-2 us per machine): scrapes within
+        # ``METRICS_MIN_INTERVAL`` get the same text, so a client scraping in a loop cannot take the event loop.
+        now = trio.current_time()
+        if self._rendered is None or now - self._rendered[0] >= METRICS_MIN_INTERVAL:
+            self._rendered = (now, self.metrics.render())
+        return Response(200, self._rendered[1], CONTENT_TYPE_LATEST)
 
     def _healthz(self) -> Response:
         live, detail = self.snapshot.live(trio.current_time())

@@ -25,7 +25,8 @@ keepers, the planner state, the offer feed, the last provider calls) and answers
 Wanted vs supplied per provider and template: each demand item's count is attributed to the (provider, template)
 of the machines (active) and open intents serving it, in that order, up to its count; the rest is ``unplaced``.
 ``supplied`` counts the active machines whose host is joined, idle or busy. One pass over the view's machines per
-call: cost follows the live fleet (about 30 ms at 100,000 machines), paid per status request or scrape.
+call: cost follows the live fleet, paid per status request or scrape (measured: 0.07-0.2 s at 100,000 machines on a
+loaded 2-core machine, 1-2 us per machine; a scrape every 15 s of a fleet that size costs about 1% of the loop).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.builder import Pieces
 from provisionerd.daemon.metered import NO_ANSWER, CallLog, outcome_of
-from provisionerd.domain.model import HostState
+from provisionerd.domain.model import HostStatus
 from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.planner.fact_view import MachineState
@@ -210,6 +211,7 @@ class StatusSnapshot:
 
 
 _STATES = ("requested", "booting", "joined", "idle", "busy", "lost", "returning")
+_HOST_STATE = {status: status.value for status in HostStatus}
 
 
 class _Fleet:
@@ -224,60 +226,59 @@ class _Fleet:
         if view is None:
             return
         facts, hosts = view.facts, view.hosts
-        serving: dict[str, Counter[OfferKey]] = {}
+        # The hot loop does one dict update per machine, keyed by (provider, template, demand_id, state); the few
+        # distinct keys are summed up after it (a Counter per machine cost ~10 us each: 1 s at 100,000 machines).
+        tally: dict[tuple[str, str, str, str], int] = {}
         counted: set[str] = set()  # instance refs already counted through a machine record
+        active, returning = MachineState.ACTIVE, MachineState.RETURNING
         for machine in facts.machines.values():
-            if not machine.state.live:
+            state = machine.state
+            if state is active:
+                ref = machine.instance_ref
+                counted.add(ref)
+                host = hosts.get(ref) if ref else None
+                if host is None:
+                    name = "booting"
+                    if machine.launch_time > 0:
+                        deadline = pieces.policy.of(machine.provider).join_deadline
+                        if wall_now - machine.launch_time > deadline:
+                            self.overdue[machine.provider] += 1
+                else:
+                    name = _HOST_STATE[host.status]
+            elif state is returning:
+                counted.add(machine.instance_ref)
+                name = "returning"
+            else:
                 continue
-            counted.add(machine.instance_ref)
-            key = (machine.provider, machine.template_id)
-            if machine.state is MachineState.RETURNING:
-                self.machines.setdefault(machine.provider, Counter())["returning"] += 1
-                continue
-            host = hosts.get(machine.instance_ref) if machine.instance_ref else None
-            self._count(machine.provider, key, machine.demand_id, host, serving)
-            if host is None and machine.launch_time > 0:
-                deadline = pieces.policy.of(machine.provider).join_deadline
-                if wall_now - machine.launch_time > deadline:
-                    self.overdue[machine.provider] += 1
+            key = (machine.provider, machine.template_id, machine.demand_id, name)
+            tally[key] = tally.get(key, 0) + 1
         for op_id in facts.open_ops:
             record = facts.intents[op_id]
             intent = record.intent
-            key = (intent.provider, intent.template_id)
             # A machine of an open intent whose instance fact is not in yet (a commit lost in a failover waits for
             # recovery) may have joined already: the controller's host says so; the others are still requested.
             pending = [ref for ref in intent.instance_refs if ref not in counted][: record.outstanding]
-            for ref in pending:
-                host = hosts.get(ref)
-                if host is not None:
-                    self._count(intent.provider, key, intent.demand_id, host, serving)
-            missing = record.outstanding - sum(1 for ref in pending if ref in hosts)
-            self.machines.setdefault(intent.provider, Counter())["requested"] += missing
-            serving.setdefault(intent.demand_id, Counter())[key] += missing
+            names = [_HOST_STATE[host.status] for host in (hosts.get(ref) for ref in pending) if host is not None]
+            names += ["requested"] * (record.outstanding - len(names))
+            for name in names:
+                key = (intent.provider, intent.template_id, intent.demand_id, name)
+                tally[key] = tally.get(key, 0) + 1
+        serving: dict[str, Counter[OfferKey]] = {}
+        for (provider, template, demand_id, name), n in tally.items():
+            self.machines.setdefault(provider, Counter())[name] += n
+            if name in JOINED:
+                self.supplied[(provider, template)] += n
+            if name != "returning":
+                serving.setdefault(demand_id, Counter())[(provider, template)] += n
         for item in view.demand.items if view.demand is not None else ():
             remaining = item.count
             self.wanted_total += item.count
-            for key, n in sorted(serving.get(item.demand_id, Counter()).items()):
+            for offer, n in sorted(serving.get(item.demand_id, Counter()).items()):
                 take = min(n, remaining)
                 if take > 0:
-                    self.wanted[key] += take
+                    self.wanted[offer] += take
                     remaining -= take
             self.unplaced += remaining
-
-    def _count(
-        self,
-        provider: str,
-        key: OfferKey,
-        demand_id: str,
-        host: HostState | None,
-        serving: dict[str, Counter[OfferKey]],
-    ) -> None:
-        """One active machine (or a joined host of an open intent): its state, what it supplies and serves."""
-        state = "booting" if host is None else host.status.value
-        self.machines.setdefault(provider, Counter())[state] += 1
-        serving.setdefault(demand_id, Counter())[key] += 1
-        if state in JOINED:
-            self.supplied[key] += 1
 
     def by_template(self, provider: str) -> dict[str, dict[str, int]]:
         keys = sorted({k for k in (*self.wanted, *self.supplied) if k[0] == provider})

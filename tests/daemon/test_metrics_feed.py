@@ -105,7 +105,7 @@ def test_one_pass_over_the_view_counts_machines_by_state_and_demand_by_offer():
         policy=Policy(cluster="clu", providers={"sim": ProviderPolicy(join_deadline=60.0)}),
     )
     fleet = status_snapshot._Fleet(controller, 1000.0, pieces)  # type: ignore[arg-type]
-    assert dict(fleet.machines["sim"]) == {"idle": 1, "booting": 1, "returning": 1, "busy": 1, "requested": 0}
+    assert dict(fleet.machines["sim"]) == {"idle": 1, "booting": 1, "returning": 1, "busy": 1}
     assert fleet.by_template("sim") == {"small": {"wanted": 3, "supplied": 2}}
     assert (fleet.wanted_total, fleet.unplaced) == (5, 2)
     assert fleet.readiness("sim") == {"state": "failed", "detail": "1 machine(s) past the join deadline"}

@@ -278,3 +278,34 @@ def test_an_address_in_use_stops_the_start_with_a_config_error_naming_the_key(tm
     finally:
         taken.close()
     assert f"'127.0.0.1:{port}'" in str(error)
+
+
+def test_scrapes_within_a_second_get_the_same_rendering(tmp_path, memory_controller, mock_run):
+    seen: dict = {}
+
+    async def main():
+        async with memory_controller(replicas=1) as net:
+            core = DaemonCore(
+                config(tmp_path, net.addresses),
+                connect=net.connect,
+                providers={"sim": PluginClient(FakeProvider("sim"))},
+            )
+            async with trio.open_nursery() as nursery:
+                await nursery.start(core.run)
+                await trio.sleep(5)
+                first = await get(core, "/metrics")
+                core.calls.ended("sim", "listMachines", "timeout", 60.0)
+                again = await get(core, "/metrics")
+                await trio.sleep(1)
+                later = await get(core, "/metrics")
+                seen.update(first=first, again=again, later=later)
+                nursery.cancel_scope.cancel()
+
+    mock_run(main)
+    assert seen["again"] == seen["first"]  # the state is read at most once a second, whoever scrapes
+    timeouts = (
+        "provisionerd_provider_calls_total",
+        (("action", "listMachines"), ("outcome", "timeout"), ("provider", "sim")),
+    )
+    assert timeouts not in samples(seen["first"][1].decode())
+    assert samples(seen["later"][1].decode())[timeouts] == 1.0
