@@ -31,7 +31,6 @@ from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.telemetry.metrics import DaemonMetrics
 from provisionerd.telemetry.metrics_http import HttpServer, Response, open_http_listeners, serve_listeners
 
-
 #: Seconds a /metrics rendering is served again before the state is read anew.
 METRICS_MIN_INTERVAL = 1.0
 
