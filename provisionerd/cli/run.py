@@ -81,7 +81,20 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:  # the TLS files could not be loaded
         print(f"provisionerd run: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:  # raised inside the daemon's nursery (a metrics address that cannot be bound)
+        found = group.subgroup(ConfigError)
+        if found is None:
+            raise
+        for leaf in _leaves(found):
+            print(f"provisionerd run: {leaf}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _leaves(group: BaseExceptionGroup[ConfigError]) -> list[BaseException]:
+    return [
+        leaf for exc in group.exceptions for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    ]
 
 
 def _refuse_insecure_paths(config: Config) -> int | None:

@@ -1,4 +1,8 @@
-"""``provisionerd status``: ask a running daemon (through its admin socket) for its link and leases.
+"""``provisionerd status``: ask a running daemon (through its admin socket) for its link, leases and providers.
+
+Per provider: the lease, machines by state, demand wanted vs supplied, the last provider call, the back-offs in
+force, the unhealthy state, and the four checks kept apart (access, connectivity, readiness, capacity: see
+docs/metrics.md).
 
 ``--socket PATH`` or ``--config FILE`` (its ``daemon.admin_socket``). ``--json`` prints the raw document. Exit 0 on
 an answer, 1 when the daemon cannot be reached or the config names no socket, 2 on usage errors.
@@ -30,13 +34,76 @@ def render(status: dict[str, Any]) -> list[str]:
         lines.append(
             "  every mutation is stopped; after checking, run: provisionerd controller accept-reset --config FILE"
         )
-    for lease in status.get("leases", []):
-        remaining = lease.get("remaining")
-        validity = f"valid for {remaining:.1f}s" if isinstance(remaining, (int, float)) else "not valid"
+    providers = status.get("providers")
+    if isinstance(providers, dict) and providers:
+        for name, entry in providers.items():
+            lines.extend(render_provider(name, entry))
+    else:  # a daemon from before per-provider status
+        for lease in status.get("leases", []):
+            remaining = lease.get("remaining")
+            validity = f"valid for {remaining:.1f}s" if isinstance(remaining, (int, float)) else "not valid"
+            lines.append(
+                f"provider {lease['provider']!r}: {lease['state']}  epoch {lease.get('epoch') or '-'}  {validity}"
+                f"  ({lease.get('reason', '')})"
+            )
+    demand = status.get("demand")
+    if isinstance(demand, dict):
+        lines.append(f"demand: {demand.get('wanted')} wanted, {demand.get('unplaced')} not placed on any provider")
+    ready, health = status.get("ready"), status.get("health")
+    if isinstance(ready, dict):
+        why = "; ".join(str(r) for r in ready.get("reasons", []))
+        lines.append(f"ready: {'yes' if ready.get('ok') else 'no'}" + (f" ({why})" if why else ""))
+    if isinstance(health, dict):
+        lines.append(f"alive: {'yes' if health.get('live') else 'NO'} ({health.get('detail')})")
+    return lines
+
+
+def render_provider(name: str, p: dict[str, Any]) -> list[str]:
+    """One provider's block: lease, machines, demand, last call, back-offs, health and the four checks."""
+    lease = p.get("lease", {})
+    remaining = lease.get("remaining")
+    validity = f"valid for {remaining:.1f}s" if isinstance(remaining, (int, float)) else "not valid"
+    standby = "  STANDBY (another holder has it)" if lease.get("standby") else ""
+    lines = [
+        f"provider {name!r}: lease {lease.get('state')}  epoch {lease.get('epoch') or '-'}  {validity}"
+        f"  ({lease.get('reason', '')}){standby}"
+    ]
+    machines = p.get("machines", {})
+    lines.append("  machines: " + "  ".join(f"{state} {n}" for state, n in machines.items()))
+    demand = p.get("demand", {})
+    by_template = demand.get("by_template", {})
+    per = ", ".join(f"{t} {d.get('wanted')}/{d.get('supplied')}" for t, d in by_template.items())
+    lines.append(
+        f"  demand: {demand.get('wanted', 0)} wanted, {demand.get('supplied', 0)} supplied"
+        + (f"  (template wanted/supplied: {per})" if per else "")
+    )
+    last = p.get("last_call")
+    if isinstance(last, dict):
         lines.append(
-            f"provider {lease['provider']!r}: {lease['state']}  epoch {lease.get('epoch') or '-'}  {validity}"
-            f"  ({lease.get('reason', '')})"
+            f"  last call: {last.get('action')} {last.get('outcome')} {last.get('age_s')}s ago"
+            f" (took {last.get('seconds')}s)"
         )
+    else:
+        lines.append("  last call: none yet")
+    details = p.get("backoff_details", [])
+    if details:
+        parts = []
+        for d in details:
+            label = d.get("template") or d.get("code") or ""
+            ends = d.get("ends_in_s", d.get("next_probe_in_s"))
+            parts.append(f"{d.get('kind')}{' ' + label if label else ''} ({ends}s left)")
+        lines.append("  back-offs: " + ", ".join(parts))
+    else:
+        lines.append("  back-offs: none")
+    health = p.get("health", {})
+    if health.get("state") == "unhealthy":
+        lines.append(
+            f"  UNHEALTHY: {health.get('code')}: {health.get('detail')}  ({health.get('failures')} failures,"
+            f" next probe in {health.get('next_probe_in_s')}s)"
+        )
+    for check in ("access", "connectivity", "readiness", "capacity"):
+        c = p.get("checks", {}).get(check, {})
+        lines.append(f"  {check:<12} {c.get('state', '?'):<8} {c.get('detail', '')}")
     return lines
 
 

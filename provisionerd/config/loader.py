@@ -98,6 +98,8 @@ class DaemonSettings:
     #: Where the daemon keeps what it remembers of the controller (``controller.memory_file``); default: the
     #: events log's directory.
     state_dir: Path | None = None
+    #: ``host:port`` of the Prometheus ``/metrics``, ``/healthz`` and ``/readyz`` listener; ``None``: no listener.
+    metrics_listen: str | None = None
 
 
 @attrs.frozen

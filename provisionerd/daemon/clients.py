@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
+from provisionerd.daemon.metered import unwrap
 from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.provider import runtime
 from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
@@ -85,7 +86,7 @@ def provider_clients(config: Config) -> dict[str, ProviderClient]:
 async def supervise(nursery: trio.Nursery, clients: Mapping[str, ProviderClient]) -> None:
     """Start the supervisor of every persistent plugin among ``clients`` in ``nursery`` (a one-shot plugin has
     nothing to supervise: each call is its own process)."""
-    for client in clients.values():
+    for client in map(unwrap, clients.values()):
         if isinstance(client, PluginClient) and isinstance(client.transport, PersistentProvider):
             await nursery.start(client.transport.run)
 

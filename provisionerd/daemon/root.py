@@ -43,6 +43,8 @@ from provisionerd.daemon.admin_socket import AdminSocketCounts, Command, serve_a
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
 from provisionerd.daemon.current_config import ReloadResult
+from provisionerd.daemon.metered import CallLog, metered
+from provisionerd.daemon.observability import Observability
 from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
 from provisionerd.domain.errors import ConfigError
 from provisionerd.execution.executor import ExecutorSettings
@@ -84,12 +86,13 @@ class DaemonCore:
 
             connect = tls_connector(config)
         rng = rng if rng is not None else random.Random()
+        self.calls = CallLog()  # every provider call ends there (metrics, status): the clients are metered
         self.pieces: Pieces = build_pieces(
             config,
             connect=connect,
             events=events if events is not None else EventLog(config.daemon.events_log),
             rng=rng,
-            providers=providers if providers is not None else provider_clients(config),
+            providers=metered(providers if providers is not None else provider_clients(config), self.calls),
             instance=instance,
             policy=policy,
             executor_settings=executor_settings,
@@ -126,6 +129,7 @@ class DaemonCore:
         self.orphan_actions = OrphanActions(pieces, refusals=self.admin)
         self.orphan_cycles: dict[str, OrphanCycle] = {}
         self.current.on_applied.append(self._apply_orphan_settings)
+        self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
 
     @property
     def config(self) -> Config:
@@ -214,6 +218,7 @@ class DaemonCore:
                     "refused": dict(sorted(self.admin_peers.refused.items())),
                 },
             },
+            **self.observability.document(),  # per provider; demand, health, readiness (daemon.status_snapshot)
         }
 
     @property
@@ -230,6 +235,7 @@ class DaemonCore:
         """Run until cancelled. For a clean stop call ``release_leases`` first, while the link is still up."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.orphan_actions.run)
+            await nursery.start(self.observability.serve)  # [daemon] metrics_listen: /metrics, /healthz, /readyz
             if self.config.daemon.admin_socket is not None:
                 commands = {"orphan_action": self.orphan_actions.command, "controller_accept_reset": self.accept_reset}
                 await nursery.start(

@@ -234,7 +234,9 @@ def write_config(paths: DemoPaths, cluster: str, addresses: tuple[str, ...], wor
         ),
         tls=provisioner_tls(paths.certs),
         lease=LeaseSettings(margin=0.5, controller_ttl=LEASE_TTL),  # proven at start, as the first grant is
-        daemon=DaemonSettings(events_log=paths.events, admin_socket=paths.admin_socket),
+        daemon=DaemonSettings(
+            events_log=paths.events, admin_socket=paths.admin_socket, metrics_listen=free_loopback_address()
+        ),
         providers=(
             ProviderConfig(
                 PROVIDER,
@@ -271,6 +273,13 @@ async def daemon_status(paths: DemoPaths) -> dict[str, Any] | None:
 
 
 # --- side doors -----------------------------------------------------------------------------------------------
+
+
+def free_loopback_address() -> str:
+    """A loopback port free now (the kernel's pick, released at once) for the daemon's metrics listener."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 def unreachable_address() -> tuple[socket.socket, str]:

@@ -94,6 +94,7 @@ class ReconcileLoop:
         self.state = PlannerState.initial(incarnation or secrets.token_hex(4), jitter_seed)
         self.cycles = 0
         self.turns = 0  # every cycle() call, planned or skipped: the systemd watchdog's "the loop turns"
+        self.beat: float | None = None  # trio's clock at the loop's last turn (``/healthz`` reads it)
         self._generation: int | None = None
         self._dirty = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -237,6 +238,7 @@ class ReconcileLoop:
             nursery.start_soon(self._reclaims.run)
             task_status.started()
             while True:
+                self.beat = trio.current_time()
                 self._dirty = trio.Event()
                 self.cycle()
                 with trio.move_on_at(self._next_cycle_at()):

@@ -3,6 +3,7 @@
 ``EventLog.emit("lease_lost", provider="sim", epoch=Epoch(3, 1), reason="...")`` writes one JSON object per line
 with ``ts`` (wall clock, epoch seconds), ``mono`` (trio's clock when inside ``trio.run``) and ``event``, logs the
 same at INFO for humans, and keeps the most recent events in memory for ``provisionerd status`` and tests.
+``listeners`` are called with each record after it is written (the Prometheus counters: ``telemetry.metrics``).
 
 Kinds emitted by the daemon: ``link_up``, ``link_down``, ``redirect``, ``join``, ``join_refused``, ``resync``,
 ``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_released``, ``gate``,
@@ -17,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,6 +60,7 @@ class EventLog:
 
     def __init__(self, path: Path | None = None, *, keep: int = 1000) -> None:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._path = path
         self._file: TextIO | None = None
         self._write_failed = False
@@ -79,6 +81,8 @@ class EventLog:
                 if not self._write_failed:
                     log.error("cannot write events log %s: %s", self._path, exc)
                     self._write_failed = True
+        for listener in self.listeners:
+            listener(record)
         return record
 
     def of_kind(self, *events: str) -> Iterator[dict[str, Any]]:

@@ -39,6 +39,7 @@ from provisionerd.config.loader import (
     ProviderTimeouts,
 )
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.daemon.metered import unwrap
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import DemandItem, InstanceFact, Lost, RequestIntent, ResourceShape, Returned
 from provisionerd.domain.tokens import token_hash
@@ -229,7 +230,8 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(tmp_path):
 
     trio.run(main)
     facts = seen["facts"]
-    assert isinstance(seen["client"].transport, LegacyProvider)  # the daemon's own wiring chose the adapter
+    # The daemon's own wiring chose the adapter (under the meter every provider call passes: daemon.metered).
+    assert isinstance(unwrap(seen["client"]).transport, LegacyProvider)
     first, second = [f for f in facts if isinstance(f, RequestIntent)][:2]
     made = [f for f in facts if isinstance(f, InstanceFact)]
     assert first.count == 2 and [f.template_id for f in made[:2]] == [first.template_id] * 2

@@ -1,0 +1,294 @@
+"""Per-provider status, readiness and liveness: the part of the status document the operator's questions need.
+
+``StatusSnapshot(pieces, loop, feed, calls)`` reads what the running daemon holds (the controller view, the lease
+keepers, the planner state, the offer feed, the last provider calls) and answers, on demand, without caching:
+
+- ``document()``: the keys ``provisionerd status`` adds to the daemon's status document (``--json`` prints them as
+  they are; ``provisionerd.telemetry.metrics_snapshot`` turns the same document into gauges at each scrape):
+
+  - ``providers.<name>``: ``lease`` (state, epoch, remaining, ``standby``), ``machines`` by state (``requested``:
+    machines of committed intents not yet created; ``booting``: created, not joined; ``joined``, ``idle``,
+    ``busy``, ``lost``: the controller's host status, also for a machine whose instance fact is not in yet;
+    ``returning``), ``demand`` (``wanted`` and ``supplied``,
+    in total and ``by_template``), ``last_call`` (action, outcome, age), ``backoffs`` (kind -> count) and their
+    ``backoff_details``, ``health`` (``reconcile.provider_health``'s entry), ``offers``, and ``checks``: the
+    four questions kept apart, each ``{"state": ok | failed | pending | limited | unknown, "detail": ...}``:
+    **access** (were the credentials accepted?), **connectivity** (does the plugin answer?), **readiness** (do
+    machines join?), **capacity** (are offers available, is a back-off in force?);
+  - ``demand``: ``wanted`` (the snapshot's total) and ``unplaced`` (wanted machines no machine or intent serves);
+  - ``health``: the loop heartbeat's age and whether it is stale; ``ready``: ``ok`` and the reasons it is not.
+
+- ``live(now)``: ``/healthz``: the reconcile loop turned within ``stale_after`` seconds (trio's clock);
+- ``ready(now)``: ``/readyz``: the link is up and resynced, and every provider's lease is held with the view
+  resynced since its grant, or deliberately on standby (another holder has it: the controller answered ``held``).
+
+Wanted vs supplied per provider and template: each demand item's count is attributed to the (provider, template)
+of the machines (active) and open intents serving it, in that order, up to its count; the rest is ``unplaced``.
+``supplied`` counts the active machines whose host is joined, idle or busy. One pass over the view's machines per
+call: cost follows the live fleet, paid per status request or scrape (measured: 0.07-0.2 s at 100,000 machines on a
+loaded 2-core machine, 1-2 us per machine; a scrape every 15 s of a fleet that size costs about 1% of the loop).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import trio
+
+from provisionerd.controller.lease import LeaseKeeper, LeaseState
+from provisionerd.controller.session_settings import LinkState
+from provisionerd.controller.view import ControllerView
+from provisionerd.daemon.builder import Pieces
+from provisionerd.daemon.metered import NO_ANSWER, CallLog, outcome_of
+from provisionerd.domain.model import HostStatus
+from provisionerd.execution.loop import ReconcileLoop
+from provisionerd.execution.offer_feed import OfferFeed
+from provisionerd.planner.fact_view import MachineState
+
+JOINED = ("joined", "idle", "busy")
+OfferKey = tuple[str, str]
+
+
+def standby(keeper: LeaseKeeper) -> bool:
+    """Whether the keeper waits because another holder has the lease (the controller refused it as ``held``)."""
+    return keeper.state is not LeaseState.HELD and keeper.reason == "denied: held"
+
+
+class StatusSnapshot:
+    """See the module docstring."""
+
+    def __init__(self, pieces: Pieces, loop: ReconcileLoop, feed: OfferFeed, calls: CallLog) -> None:
+        self.pieces, self.loop, self.feed, self.calls = pieces, loop, feed, calls
+        #: Seconds without a turn of the reconcile loop after which ``/healthz`` says unhealthy.
+        self.stale_after = max(30.0, 3 * loop.settings.replan_interval)
+        self.started_at: float | None = None  # trio's clock when the daemon's tasks started (``mark_started``)
+
+    def mark_started(self) -> None:
+        self.started_at = trio.current_time()
+
+    # --- liveness and readiness ---------------------------------------------------------------------------------
+
+    def heartbeat_age(self, now: float) -> float | None:
+        beat = self.loop.beat if self.loop.beat is not None else self.started_at
+        return None if beat is None else max(now - beat, 0.0)
+
+    def live(self, now: float) -> tuple[bool, str]:
+        age = self.heartbeat_age(now)
+        if age is None:
+            return False, "not started"
+        if age > self.stale_after:
+            return False, f"the reconcile loop has not turned for {age:.1f}s (limit {self.stale_after:g}s)"
+        return True, f"the reconcile loop turned {age:.1f}s ago"
+
+    def ready(self, now: float) -> tuple[bool, list[str]]:
+        session = self.pieces.session
+        reasons: list[str] = []
+        if session.state is not LinkState.UP or session.view is None:
+            reasons.append(f"controller link {session.state.value}: not joined and resynced")
+        for name, keeper in self.pieces.keepers.items():
+            if keeper.valid(now):
+                if not session.synced_for(name):
+                    reasons.append(f"provider {name!r}: lease held, view not resynced since the grant")
+            elif not standby(keeper):
+                reasons.append(f"provider {name!r}: lease {keeper.status(now).state.value} ({keeper.reason})")
+        return not reasons, reasons
+
+    # --- the document -------------------------------------------------------------------------------------------
+
+    def document(self) -> dict[str, Any]:
+        now, wall_now = trio.current_time(), self.pieces.wall()
+        view = self.pieces.session.view
+        fleet = _Fleet(view, wall_now, self.pieces)
+        health = self.loop.provider_health()
+        providers = {
+            name: self._provider(name, keeper, now, wall_now, fleet, health.get(name, {"state": "healthy"}))
+            for name, keeper in self.pieces.keepers.items()
+        }
+        ok, reasons = self.ready(now)
+        live, why = self.live(now)
+        age = self.heartbeat_age(now)
+        return {
+            "providers": providers,
+            "demand": {"wanted": fleet.wanted_total, "unplaced": fleet.unplaced},
+            "health": {
+                "live": live,
+                "detail": why,
+                "loop_heartbeat_age_s": None if age is None else round(age, 3),
+            },
+            "ready": {"ok": ok, "reasons": reasons},
+        }
+
+    def _provider(
+        self, name: str, keeper: LeaseKeeper, now: float, wall_now: float, fleet: _Fleet, health: dict[str, Any]
+    ) -> dict[str, Any]:
+        status = keeper.status(now)
+        capacity = self.loop.state.capacity
+        details: list[dict[str, Any]] = []
+        throttled = capacity.throttled(name, wall_now)
+        if throttled is not None:
+            details.append({"kind": "throttle", "ends_in_s": round(throttled - wall_now, 3)})
+        for (provider, template), until in sorted(capacity.unavailable.items()):
+            if provider == name and until > wall_now:
+                details.append({"kind": "capacity", "template": template, "ends_in_s": round(until - wall_now, 3)})
+        if name in capacity.unhealthy:
+            entry = capacity.unhealthy[name]
+            probe_in = round(entry.until - wall_now, 3)
+            details.append({"kind": "unhealthy", "code": entry.code, "next_probe_in_s": probe_in})
+        backoffs = Counter(d["kind"] for d in details)
+        offers = sum(1 for p in self.feed.catalog.by_key.values() if p.offer.provider == name)
+        last = self.calls.last.get(name)
+        by_template = fleet.by_template(name)
+        return {
+            "lease": {
+                "state": status.state.value,
+                "epoch": str(status.epoch) if status.epoch else None,
+                "remaining": None if status.remaining is None else round(status.remaining, 3),
+                "standby": standby(keeper),
+                "reason": status.reason,
+            },
+            "machines": {state: fleet.machines[name][state] for state in _STATES},
+            "demand": {
+                "wanted": sum(t["wanted"] for t in by_template.values()),
+                "supplied": sum(t["supplied"] for t in by_template.values()),
+                "by_template": by_template,
+            },
+            "last_call": None
+            if last is None
+            else {
+                "action": last.action,
+                "outcome": last.outcome,
+                "age_s": round(now - last.at, 3),
+                "seconds": round(last.seconds, 3),
+            },
+            "backoffs": {kind: backoffs.get(kind, 0) for kind in ("throttle", "capacity", "unhealthy")},
+            "backoff_details": details,
+            "health": health,
+            "offers": offers,
+            "checks": {
+                "access": self._access(name, health),
+                "connectivity": self._connectivity(name, now),
+                "readiness": fleet.readiness(name),
+                "capacity": self._capacity(name, health, offers, details),
+            },
+        }
+
+    def _access(self, name: str, health: dict[str, Any]) -> dict[str, str]:
+        last = self.calls.last.get(name)
+        if health.get("code") == "auth_failed":
+            return {"state": "failed", "detail": f"auth_failed: {health.get('detail', '')}"}
+        if last is not None and last.outcome == "auth_failed":
+            return {"state": "failed", "detail": f"auth_failed: {last.detail}"}
+        ok = self.calls.last_ok.get(name)
+        if ok is None:
+            return {"state": "unknown", "detail": "no call has succeeded yet"}
+        return {"state": "ok", "detail": f"{ok.action} accepted"}
+
+    def _connectivity(self, name: str, now: float) -> dict[str, str]:
+        last = self.calls.last.get(name)
+        if last is None:
+            return {"state": "unknown", "detail": "no call yet"}
+        if last.outcome in NO_ANSWER:
+            age = now - last.at
+            return {"state": "failed", "detail": f"{last.action}: {last.outcome} {age:.1f}s ago: {last.detail}"}
+        return {"state": "ok", "detail": f"{last.action} answered {last.outcome} {now - last.at:.1f}s ago"}
+
+    def _capacity(
+        self, name: str, health: dict[str, Any], offers: int, details: list[dict[str, Any]]
+    ) -> dict[str, str]:
+        if health.get("code") == "quota_exceeded":
+            return {"state": "failed", "detail": f"quota_exceeded: {health.get('detail', '')}"}
+        if name not in self.feed.latest:
+            error = self.feed.errors.get(name)
+            why = "not read yet" if error is None else f"not read: the last read failed ({outcome_of(error)})"
+            return {"state": "unknown", "detail": f"offers {why}"}
+        if offers == 0:
+            return {"state": "failed", "detail": "the provider offers no template"}
+        if details:
+            kinds = ", ".join(sorted({d["kind"] for d in details}))
+            return {"state": "limited", "detail": f"{offers} offer(s); back-off in force: {kinds}"}
+        return {"state": "ok", "detail": f"{offers} offer(s), no back-off"}
+
+
+_STATES = ("requested", "booting", "joined", "idle", "busy", "lost", "returning")
+_HOST_STATE = {status: status.value for status in HostStatus}
+
+
+class _Fleet:
+    """One pass over the view: machines by provider and state, and demand wanted/supplied by offer."""
+
+    def __init__(self, view: ControllerView | None, wall_now: float, pieces: Pieces) -> None:
+        self.machines: dict[str, Counter[str]] = {name: Counter() for name in pieces.keepers}
+        self.wanted: Counter[OfferKey] = Counter()
+        self.supplied: Counter[OfferKey] = Counter()
+        self.overdue: Counter[str] = Counter()  # booting past the provider's join deadline
+        self.wanted_total = self.unplaced = 0
+        if view is None:
+            return
+        facts, hosts = view.facts, view.hosts
+        # The hot loop does one dict update per machine, keyed by (provider, template, demand_id, state); the few
+        # distinct keys are summed up after it (a Counter per machine cost ~10 us each: 1 s at 100,000 machines).
+        tally: dict[tuple[str, str, str, str], int] = {}
+        counted: set[str] = set()  # instance refs already counted through a machine record
+        active, returning = MachineState.ACTIVE, MachineState.RETURNING
+        for machine in facts.machines.values():
+            state = machine.state
+            if state is active:
+                ref = machine.instance_ref
+                counted.add(ref)
+                host = hosts.get(ref) if ref else None
+                if host is None:
+                    name = "booting"
+                    if machine.launch_time > 0:
+                        deadline = pieces.policy.of(machine.provider).join_deadline
+                        if wall_now - machine.launch_time > deadline:
+                            self.overdue[machine.provider] += 1
+                else:
+                    name = _HOST_STATE[host.status]
+            elif state is returning:
+                counted.add(machine.instance_ref)
+                name = "returning"
+            else:
+                continue
+            key = (machine.provider, machine.template_id, machine.demand_id, name)
+            tally[key] = tally.get(key, 0) + 1
+        for op_id in facts.open_ops:
+            record = facts.intents[op_id]
+            intent = record.intent
+            # A machine of an open intent whose instance fact is not in yet (a commit lost in a failover waits for
+            # recovery) may have joined already: the controller's host says so; the others are still requested.
+            pending = [ref for ref in intent.instance_refs if ref not in counted][: record.outstanding]
+            names = [_HOST_STATE[host.status] for host in (hosts.get(ref) for ref in pending) if host is not None]
+            names += ["requested"] * (record.outstanding - len(names))
+            for name in names:
+                key = (intent.provider, intent.template_id, intent.demand_id, name)
+                tally[key] = tally.get(key, 0) + 1
+        serving: dict[str, Counter[OfferKey]] = {}
+        for (provider, template, demand_id, name), n in tally.items():
+            self.machines.setdefault(provider, Counter())[name] += n
+            if name in JOINED:
+                self.supplied[(provider, template)] += n
+            if name != "returning":
+                serving.setdefault(demand_id, Counter())[(provider, template)] += n
+        for item in view.demand.items if view.demand is not None else ():
+            remaining = item.count
+            self.wanted_total += item.count
+            for offer, n in sorted(serving.get(item.demand_id, Counter()).items()):
+                take = min(n, remaining)
+                if take > 0:
+                    self.wanted[offer] += take
+                    remaining -= take
+            self.unplaced += remaining
+
+    def by_template(self, provider: str) -> dict[str, dict[str, int]]:
+        keys = sorted({k for k in (*self.wanted, *self.supplied) if k[0] == provider})
+        return {t: {"wanted": self.wanted[(p, t)], "supplied": self.supplied[(p, t)]} for p, t in keys}
+
+    def readiness(self, provider: str) -> dict[str, str]:
+        counts = self.machines.get(provider, Counter())
+        joined = sum(counts[s] for s in JOINED)
+        if self.overdue[provider]:
+            return {"state": "failed", "detail": f"{self.overdue[provider]} machine(s) past the join deadline"}
+        if counts["booting"]:
+            return {"state": "pending", "detail": f"{counts['booting']} machine(s) booting, {joined} joined"}
+        return {"state": "ok", "detail": f"{joined} machine(s) joined, none waiting"}

@@ -1,0 +1,150 @@
+"""The metrics' feeds without a daemon: events into counters (bounded labels), one pass over a view into machines by
+state and demand wanted/supplied, and the metered client's outcome labels."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import trio
+import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
+
+from provisionerd.controller.view import ControllerView
+from provisionerd.daemon import status_snapshot
+from provisionerd.daemon.metered import CallLog, MeteredClient, outcome_of
+from provisionerd.domain.errors import ProviderTimeout, Throttled
+from provisionerd.domain.model import (
+    CommittedFact,
+    DemandItem,
+    DemandSnapshot,
+    Epoch,
+    HostState,
+    HostStatus,
+    InstanceFact,
+    RequestIntent,
+    ResourceShape,
+    ReturnIntent,
+)
+from provisionerd.planner.fact_view import fold
+from provisionerd.planner.policy import Policy, ProviderPolicy
+from provisionerd.provider.client import PluginClient
+from provisionerd.telemetry import metrics as metrics_module
+from provisionerd.telemetry.metrics import DaemonMetrics
+from provisionerd.testing.fake_provider import FakeProvider
+
+
+def samples(metrics: DaemonMetrics) -> dict:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+    }
+
+
+def test_events_become_counters_with_bounded_labels(monkeypatch):
+    monkeypatch.setattr(metrics_module, "MAX_SERIES", 3)
+    m = DaemonMetrics(lambda: {})
+    for record in [
+        {"event": "join", "generation": 1, "mono": 10.0},
+        {"event": "link_up", "generation": 1},
+        {"event": "resync", "generation": 1, "mono": 10.25},
+        {"event": "link_down", "generation": 1},
+        {"event": "link_up", "generation": 2},
+        {"event": "refresh", "generation": 2},
+        {"event": "gate", "provider": "sim", "fact": "RequestIntent", "outcome": "admitted"},
+        {"event": "gate", "provider": "sim", "fact": "RequestIntent", "outcome": "finished"},
+        {"event": "gate", "provider": "sim", "fact": "ReturnIntent", "outcome": "rejected", "detail": "stale"},
+        {"event": "orphan_detected", "provider": "sim", "orphan_class": "tagged_unknown", "action": "report"},
+        {"event": "lease_acquired", "provider": "sim"},
+        {"event": "lease_denied", "provider": "bad provider name!"},  # not a name: counted as "other"
+        {"event": "resync", "generation": [1]},  # junk: counted, no duration, no error
+    ]:
+        m.on_event(record)
+    for i in range(5):  # more label sets than MAX_SERIES: the rest go under "other"
+        m.provider_call(f"p{i}", "listMachines", "ok", 0.01)
+    s = samples(m)
+    assert s[("provisionerd_link_reconnects_total", ())] == 1.0
+    assert s[("provisionerd_link_breaks_total", ())] == 1.0
+    assert s[("provisionerd_resyncs_total", (("kind", "join"),))] == 2.0
+    assert s[("provisionerd_resyncs_total", (("kind", "refresh"),))] == 1.0
+    assert s[("provisionerd_resync_duration_seconds_count", ())] == 1.0
+    assert s[("provisionerd_resync_duration_seconds_sum", ())] == 0.25
+    assert s[("provisionerd_intents_committed_total", (("kind", "RequestIntent"), ("provider", "sim")))] == 1.0
+    refused = (
+        "provisionerd_intents_refused_total",
+        (("kind", "ReturnIntent"), ("provider", "sim"), ("reason", "rejected")),
+    )
+    assert s[refused] == 1.0
+    finding = (("action", "report"), ("orphan_class", "tagged_unknown"), ("provider", "sim"))
+    assert s[("provisionerd_orphan_findings_total", finding)] == 1.0
+    assert s[("provisionerd_lease_events_total", (("event", "denied"), ("provider", "other")))] == 1.0
+    calls = {dict(k[1])["provider"]: v for k, v in s.items() if k[0] == "provisionerd_provider_calls_total"}
+    assert calls == {"p0": 1.0, "p1": 1.0, "p2": 1.0, "other": 2.0}
+
+
+def test_one_pass_over_the_view_counts_machines_by_state_and_demand_by_offer():
+    refs = [f"clu/op-1/{i}" for i in range(4)]
+    facts = [
+        RequestIntent("sim", Epoch(1, 1), "op-1", "small", 4, tuple(refs), ("a" * 64,) * 4, demand_id="d1"),
+        *(
+            InstanceFact("sim", Epoch(1, 1), "op-1", refs[i], f"m{i}", "small", "a" * 64, launch_time=100.0)
+            for i in range(3)
+        ),
+        ReturnIntent("sim", Epoch(1, 1), "ret-1", ("m2",), "idle"),
+    ]
+    view = fold(CommittedFact(i + 1, f) for i, f in enumerate(facts))
+    # m0 idle, m1 not joined (past its 60 s deadline), m2 returning; refs[3] has no instance fact yet but joined.
+    view.hosts[refs[0]] = HostState(refs[0], "sim", "m0", HostStatus.IDLE, 0.0)
+    view.hosts[refs[3]] = HostState(refs[3], "sim", "", HostStatus.BUSY, 0.0)
+    controller = ControllerView(
+        1, "ctl0", 1, view, view.hosts, DemandSnapshot(1, (DemandItem("d1", ResourceShape(), 5),))
+    )
+    pieces = types.SimpleNamespace(
+        keepers={"sim": None},
+        policy=Policy(cluster="clu", providers={"sim": ProviderPolicy(join_deadline=60.0)}),
+    )
+    fleet = status_snapshot._Fleet(controller, 1000.0, pieces)  # type: ignore[arg-type]
+    assert dict(fleet.machines["sim"]) == {"idle": 1, "booting": 1, "returning": 1, "busy": 1}
+    assert fleet.by_template("sim") == {"small": {"wanted": 3, "supplied": 2}}
+    assert (fleet.wanted_total, fleet.unplaced) == (5, 2)
+    assert fleet.readiness("sim") == {"state": "failed", "detail": "1 machine(s) past the join deadline"}
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        (None, "ok"),
+        (Throttled("sim", "requestMachines", "slow down"), "throttled"),
+        (ProviderTimeout("sim", "requestMachines", "60 s"), "timeout"),
+        (ValueError("bug"), "error"),
+    ],
+)
+def test_the_metered_client_reports_every_call_with_its_outcome(error, outcome):
+    fake = FakeProvider("sim")
+    calls = CallLog()
+    ended = []
+    calls.sinks.append(lambda *args: ended.append(args))
+    client = MeteredClient(PluginClient(fake), calls)
+    if error is not None:
+        if isinstance(error, Throttled | ProviderTimeout):
+            fake.fail_next("getAvailableTemplates", error)
+        else:
+
+            async def broken(*, timeout=None):
+                raise error
+
+            client.inner = types.SimpleNamespace(name="sim", get_available_templates=broken)  # type: ignore[assignment]
+
+    async def main():
+        await trio.sleep(1)
+        try:
+            await client.get_available_templates()
+        except Exception as exc:  # noqa: BLE001 - the test checks it passed through unchanged
+            assert exc is error
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert outcome_of(error) == outcome
+    assert [(p, a, o) for p, a, o, _ in ended] == [("sim", "getAvailableTemplates", outcome)]
+    assert calls.last["sim"].outcome == outcome and calls.last["sim"].at == 1.0
+    assert ("sim" in calls.last_ok) is (outcome == "ok")
