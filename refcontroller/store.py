@@ -33,6 +33,17 @@ refuses, with :class:`StoreRefused` (one line), a store that cannot be the one i
   loss of that file the main file is the bare 4096-byte header page (no tables: it opens as an empty store) or the
   state of the last checkpoint; restoring an older copy looks the same.
 
+**Storage failures.** A write SQLite cannot make durable (``database or disk is full``, an I/O error, a database
+that went read-only) raises :class:`StoreFailure` after the transaction was rolled back: the store is exactly as
+it was before the call, and the caller (``cluster.Cluster``) answers ``Rejected{storageFailure}`` and keeps the
+link; nothing it holds in memory advances. A failure to rewrite the mark *after* a commit is only logged: the
+commit is durable, and a mark behind its store is what a crash between the two leaves too (it is not refused).
+
+**Test-only page limit.** When ``REFCONTROLLER_TEST_PAGE_LIMIT_FILE`` names a file, each write transaction first
+reads it: a number there is applied as ``PRAGMA max_page_count`` (SQLite then really answers ``database or disk is
+full`` once the file would grow past it), and a missing or empty file lifts the limit. This is how the real-process
+tests fill the disk and free it again without root.
+
 ``FactStore.open(path, new_incarnation=True)`` is the explicit way to start afresh: whatever was there (file,
 ``-wal``, ``-shm``, mark) is renamed aside to ``<name>.discarded-<unix time>`` and a new incarnation is made. A
 store written before incarnations existed (tables and rows, no incarnation, no mark) is given one, once, with a
@@ -63,6 +74,10 @@ from refcontroller.store_mark import (
 )
 
 log = logging.getLogger(__name__)
+
+#: See "Test-only page limit" in the module docstring.
+PAGE_LIMIT_ENV = "REFCONTROLLER_TEST_PAGE_LIMIT_FILE"
+_NO_PAGE_LIMIT = 1073741823  # SQLite's default max_page_count
 
 
 _SCHEMA = """
@@ -119,6 +134,10 @@ class TokenClaim:
     machine_id: str = ""
     hostname: str = ""
     address: str = ""
+
+
+class StoreFailure(Exception):
+    """A write could not be made durable (SQLite's error in ``str()``); its transaction was rolled back."""
 
 
 class FactStore:
@@ -227,14 +246,18 @@ class FactStore:
         return Mark(self.incarnation, int(_meta(self._conn, "changes") or 0), self.load_term(), self.last_index())
 
     def _after_commit(self) -> None:
-        if self._mark is not None:
+        if self._mark is None:
+            return
+        try:
             write_mark(self._mark, self._current_mark())
+        except OSError as exc:  # the commit is durable; a mark behind its store is not refused at the next open
+            log.warning("store mark %s not rewritten after a commit: %s", self._mark, exc)
 
     def close(self) -> None:
         self._conn.close()
 
     def _transaction(self) -> _Transaction:
-        return _Transaction(self._conn, self._after_commit)
+        return _Transaction(self._conn, self._after_commit, _page_limit_file())
 
     # --- the HA term ------------------------------------------------------------------------------------------
 
@@ -409,31 +432,65 @@ class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on error); nested use joins the outer transaction.
 
     Every committed transaction also counts one change (``meta.changes``, in the same transaction) and then calls
-    ``on_commit`` (the store rewrites its mark)."""
+    ``on_commit`` (the store rewrites its mark). An ``sqlite3.OperationalError`` (disk full, I/O error, read-only)
+    anywhere in the outer transaction, its ``COMMIT`` included, rolls it back and is raised as ``StoreFailure``.
+    ``page_limit``: the test-only limit file (module docstring), read before ``BEGIN``."""
 
-    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, on_commit: Callable[[], None] = lambda: None, page_limit: Path | None = None
+    ) -> None:
         self._conn = conn
         self._outer = False
         self._on_commit = on_commit
+        self._page_limit = page_limit
 
     def __enter__(self) -> None:
         self._outer = not self._conn.in_transaction
         if self._outer:
-            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self._page_limit is not None:
+                    _apply_page_limit(self._conn, self._page_limit)
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreFailure(str(exc)) from exc
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if not self._outer:
             return
         if exc_type is not None:
-            self._conn.execute("ROLLBACK")
+            self._rollback()
+            if isinstance(exc, sqlite3.OperationalError):
+                raise StoreFailure(str(exc)) from exc
             return
         try:
             self._conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'changes'")
+            self._conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            self._rollback()
+            raise StoreFailure(str(exc)) from exc
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            self._rollback()
             raise
-        self._conn.execute("COMMIT")
         self._on_commit()
+
+    def _rollback(self) -> None:
+        # SQLite may have rolled the transaction back itself (SQLITE_FULL does, for some statements).
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+
+def _page_limit_file() -> Path | None:
+    name = os.environ.get(PAGE_LIMIT_ENV)
+    return Path(name) if name else None
+
+
+def _apply_page_limit(conn: sqlite3.Connection, limit_file: Path) -> None:
+    try:
+        text = limit_file.read_text(encoding="ascii").strip()[:20]
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    limit = int(text) if text.isdigit() else _NO_PAGE_LIMIT
+    conn.execute(f"PRAGMA max_page_count = {max(1, min(limit, _NO_PAGE_LIMIT))}")
 
 
 def _connect(path: str | Path) -> sqlite3.Connection:

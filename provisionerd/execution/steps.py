@@ -15,13 +15,14 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.errors import ControllerRejected, ProviderError
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
 from provisionerd.execution.values import CallObservations, ExecutorSettings, RequestOutcome
+from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
 from provisionerd.provider.values import RequestStatus, status_for
@@ -67,6 +68,15 @@ class Steps:
         obs = gate_refusal_observation(provider, exc, self._deps.wall())
         if obs is not None:
             run.add(obs)
+
+    def request_dropped(self, run: CallObservations, provider: str, op_id: str, exc: Exception) -> None:
+        """The gate refused a request's intent (``exc``), so no provider call was made: the planner forgets the
+        request (``ActionDropped``) and backs off (``gate_refused``). The one place that decides whether the
+        request leaves the step window: it does when the controller answered that it took no intent (any
+        ``ControllerRejected``: ``storage_failure``, ``no_quorum``, ``stale_epoch``...); a broken link (the intent
+        may be in the log) or a lease that lapsed around the ack keeps it counted."""
+        run.add(ActionDropped(op_id, unacknowledged=isinstance(exc, ControllerRejected)))
+        self.gate_refused(run, provider, exc)
 
     async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
         """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""

@@ -46,7 +46,7 @@ from refcontroller.leases import Denied, Granted
 class ObservedCluster(Cluster):
     recorder: Recorder | None = None
 
-    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied:
+    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied | Rejection:
         table, seq = self.leases, self.leases.seq
         result = super().acquire(replica, provider, holder, now)
         if isinstance(result, Granted) and self.recorder is not None:
