@@ -256,6 +256,13 @@ class FactStore:
     def close(self) -> None:
         self._conn.close()
 
+    def set_page_limit(self, pages: int | None) -> None:
+        """A full disk on purpose (the simulation's ``storage_failure``, tests): SQLite refuses, with ``database or
+        disk is full``, every write that needs more than ``pages`` pages (SQLite raises a limit below the current
+        size to it: ``0`` means "not one page more"); ``None`` lifts the limit."""
+        limit = _NO_PAGE_LIMIT if pages is None else max(1, min(pages, _NO_PAGE_LIMIT))
+        self._conn.execute(f"PRAGMA max_page_count = {limit}")
+
     def _transaction(self) -> _Transaction:
         return _Transaction(self._conn, self._after_commit, _page_limit_file())
 

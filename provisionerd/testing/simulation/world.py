@@ -283,7 +283,11 @@ class World:
                 if target == old:
                     target = (old + 1) % self.settings.replicas
                 if self.settings.replicas > 1:
-                    self.cluster.fail_over(trio.current_time(), target)
+                    try:
+                        self.cluster.fail_over(trio.current_time(), target)
+                    except ValueError as exc:  # the new term could not be saved (a storage failure)
+                        self.recorder.note("faults", "failover_refused", detail=str(exc)[:120])
+                        return
                     self.server.disconnect_replica(old)
             case "quorum_loss":
                 self.cluster.set_quorum(False)
@@ -305,6 +309,8 @@ class World:
                 self.cloud.vanish()
             case "no_join":
                 self.workers.no_join = True
+            case "storage_failure":
+                self.cluster.store.set_page_limit(0)
             case "twin":
                 twin = _twin_slot(fault.slot)
                 if twin not in self.nodes or self.nodes[twin].scope.cancel_called:
@@ -327,6 +333,8 @@ class World:
                 self.cloud.slow = 1.0
             case "no_join":
                 self.workers.no_join = False
+            case "storage_failure":
+                self.cluster.store.set_page_limit(None)
             case "twin":
                 node = self.nodes.get(_twin_slot(fault.slot))
                 if node is not None and fault.mode == "stop":
