@@ -163,7 +163,12 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     """After the faults and the settle time: the provider runs exactly the wanted machines (within caps)."""
     s = world.settings
     wanted = min(steps[-1].count, s.capacity, s.provider_cap)
-    ours = [m for m in world.cloud.running() if m["tags"].get(TAG_CLUSTER) == CLUSTER]
+    # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
+    ours = [
+        m
+        for m in world.cloud.running()
+        if m["tags"].get(TAG_CLUSTER) == CLUSTER and m["machineId"] not in world.losses.forgotten
+    ]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
     if len(ours) != wanted or len(joined) != wanted:
         world.recorder.violate(
