@@ -141,6 +141,7 @@ def test_a_full_disk_at_the_controller_is_typed_costs_no_provider_call_and_deman
                 assert not any(op_id in payload for payload in requests), op_id
             await core.release_leases(0.5)
             nursery.cancel_scope.cancel()
+        core.events.close()
 
     trio.run(main)
     warnings = [r for r in caplog.records if "storageFailure" in r.getMessage()]
