@@ -57,7 +57,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import attrs
@@ -72,12 +72,15 @@ from refcontroller.store_mark import (
     read_mark,
     write_mark,
 )
+from refcontroller.store_tx import (  # StoreFailure and PAGE_LIMIT_ENV: this module's API too
+    NO_PAGE_LIMIT,
+    PAGE_LIMIT_ENV,
+    StoreFailure,
+    Transaction,
+    page_limit_file,
+)
 
 log = logging.getLogger(__name__)
-
-#: See "Test-only page limit" in the module docstring.
-PAGE_LIMIT_ENV = "REFCONTROLLER_TEST_PAGE_LIMIT_FILE"
-_NO_PAGE_LIMIT = 1073741823  # SQLite's default max_page_count
 
 
 _SCHEMA = """
@@ -134,10 +137,6 @@ class TokenClaim:
     machine_id: str = ""
     hostname: str = ""
     address: str = ""
-
-
-class StoreFailure(Exception):
-    """A write could not be made durable (SQLite's error in ``str()``); its transaction was rolled back."""
 
 
 class FactStore:
@@ -260,11 +259,11 @@ class FactStore:
         """A full disk on purpose (the simulation's ``storage_failure``, tests): SQLite refuses, with ``database or
         disk is full``, every write that needs more than ``pages`` pages (SQLite raises a limit below the current
         size to it: ``0`` means "not one page more"); ``None`` lifts the limit."""
-        limit = _NO_PAGE_LIMIT if pages is None else max(1, min(pages, _NO_PAGE_LIMIT))
+        limit = NO_PAGE_LIMIT if pages is None else max(1, min(pages, NO_PAGE_LIMIT))
         self._conn.execute(f"PRAGMA max_page_count = {limit}")
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._conn, self._after_commit, _page_limit_file())
+    def _transaction(self) -> Transaction:
+        return Transaction(self._conn, self._after_commit, page_limit_file())
 
     # --- the HA term ------------------------------------------------------------------------------------------
 
@@ -435,71 +434,6 @@ class FactStore:
         return None if row is None else str(row[0])
 
 
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on error); nested use joins the outer transaction.
-
-    Every committed transaction also counts one change (``meta.changes``, in the same transaction) and then calls
-    ``on_commit`` (the store rewrites its mark). An ``sqlite3.OperationalError`` (disk full, I/O error, read-only)
-    anywhere in the outer transaction, its ``COMMIT`` included, rolls it back and is raised as ``StoreFailure``.
-    ``page_limit``: the test-only limit file (module docstring), read before ``BEGIN``."""
-
-    def __init__(
-        self, conn: sqlite3.Connection, on_commit: Callable[[], None] = lambda: None, page_limit: Path | None = None
-    ) -> None:
-        self._conn = conn
-        self._outer = False
-        self._on_commit = on_commit
-        self._page_limit = page_limit
-
-    def __enter__(self) -> None:
-        self._outer = not self._conn.in_transaction
-        if self._outer:
-            try:
-                if self._page_limit is not None:
-                    _apply_page_limit(self._conn, self._page_limit)
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise StoreFailure(str(exc)) from exc
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if not self._outer:
-            return
-        if exc_type is not None:
-            self._rollback()
-            if isinstance(exc, sqlite3.OperationalError):
-                raise StoreFailure(str(exc)) from exc
-            return
-        try:
-            self._conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'changes'")
-            self._conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            self._rollback()
-            raise StoreFailure(str(exc)) from exc
-        except BaseException:
-            self._rollback()
-            raise
-        self._on_commit()
-
-    def _rollback(self) -> None:
-        # SQLite may have rolled the transaction back itself (SQLITE_FULL does, for some statements).
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
-
-
-def _page_limit_file() -> Path | None:
-    name = os.environ.get(PAGE_LIMIT_ENV)
-    return Path(name) if name else None
-
-
-def _apply_page_limit(conn: sqlite3.Connection, limit_file: Path) -> None:
-    try:
-        text = limit_file.read_text(encoding="ascii").strip()[:20]
-    except (OSError, UnicodeDecodeError):
-        text = ""
-    limit = int(text) if text.isdigit() else _NO_PAGE_LIMIT
-    conn.execute(f"PRAGMA max_page_count = {max(1, min(limit, _NO_PAGE_LIMIT))}")
-
-
 def _connect(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -531,3 +465,6 @@ def _set_aside(path: Path, marked: Path) -> None:
 
 def _digest(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+__all__ = ["PAGE_LIMIT_ENV", "FactStore", "LatestFact", "StoreFailure", "StoreRefused", "TokenClaim"]

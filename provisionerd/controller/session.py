@@ -62,13 +62,9 @@ from provisionerd.controller.session_settings import (
     StreamFactory,
     new_instance,
 )
+from provisionerd.controller.storage_failures import StorageFailures
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.errors import (
-    ControllerStorageFailure,
-    LinkDown,
-    ProtocolError,
-    controller_rejection,
-)
+from provisionerd.domain.errors import LinkDown, ProtocolError, controller_rejection
 from provisionerd.domain.model import PROTOCOL_VERSION, CommittedFact, Role
 from provisionerd.telemetry.events import EventLog
 from provisionerd.wire.framing import FramedStream
@@ -113,8 +109,8 @@ class ControllerSession:
         self.generation = 0
         self.view: ControllerView | None = None
         self.last_error = ""
-        #: ``Rejected{storageFailure}`` answers so far (the controller could not make a write durable).
-        self.storage_failures = 0
+        #: ``Rejected{storageFailure}`` answers (the controller could not make a write durable): logged, counted.
+        self.storage = StorageFailures(events)
         self._link: Link | None = None
         self._corr = itertools.count(1)
         self._changed = trio.Event()
@@ -166,7 +162,7 @@ class ControllerSession:
             "last_heartbeat_ack_age": None if link is None else round(trio.current_time() - link.last_ack, 3),
             "demand_seq": None if self.view is None or self.view.demand is None else self.view.demand.seq,
             "last_error": self.last_error,
-            "storage_failures": self.storage_failures,
+            "storage_failures": self.storage.count,
         }
 
     async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
@@ -176,8 +172,7 @@ class ControllerSession:
             LinkDown: not joined and resynced, the link broke, or no reply within the timeout (which also breaks
                 the link: a controller that stops answering is treated like a dead one).
             ControllerRejected: a typed ``Rejected`` reply (``not_primary`` also ends the link, to find the primary;
-                ``storage_failure`` is a ``ControllerStorageFailure``, logged at WARNING, counted in
-                ``storage_failures`` and emitted as ``controller_storage_failure``: the link is kept).
+                ``storage_failure`` is a ``ControllerStorageFailure``, recorded by ``storage``; the link is kept).
         """
         link = self._link
         if link is None or self.state is not LinkState.UP:
@@ -187,32 +182,11 @@ class ControllerSession:
             if reply.reason == "not_primary":
                 link.break_("the controller is no longer primary")
             rejection = controller_rejection(reply.reason, reply.detail)
-            if isinstance(rejection, ControllerStorageFailure):
-                self._storage_failed(msg, rejection)
+            self.storage.note(msg, rejection)
             raise rejection
         if isinstance(reply, LeaseDenied) and reply.reason == "not_primary":
             link.break_("the controller is no longer primary")
         return reply
-
-    def _storage_failed(self, msg: Message, rejection: ControllerStorageFailure) -> None:
-        self.storage_failures += 1
-        request = type(msg).__name__
-        fact = getattr(msg, "fact", None)
-        op_id = getattr(fact, "op_id", "")
-        log.warning(
-            "controller refused %s%s: storageFailure (%s); nothing was committed, the link is kept (%d so far)",
-            request,
-            f" {op_id}" if op_id else "",
-            rejection.detail[:200],
-            self.storage_failures,
-        )
-        self._events.emit(
-            "controller_storage_failure",
-            request=request,
-            op_id=op_id,
-            detail=rejection.detail[:200],
-            count=self.storage_failures,
-        )
 
     def request_resync(self) -> int:
         """Ask for a resync sent after this call (on this link, or as the next link's first); returns the want's

@@ -118,7 +118,7 @@ def test_a_full_disk_at_the_controller_is_typed_costs_no_provider_call_and_deman
             cluster.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 4)])
             limit.write_text("1")
             fill(cluster.store)
-            await wait_until(lambda: core.session.storage_failures >= 3, limit=30.0)
+            await wait_until(lambda: core.session.storage.count >= 3, limit=30.0)
             assert core.session.state is LinkState.UP and core.session.generation == generation  # the link kept
             limit.unlink()  # the disk is freed
             freed = trio.current_time()
@@ -126,8 +126,8 @@ def test_a_full_disk_at_the_controller_is_typed_costs_no_provider_call_and_deman
                 lambda: sum(isinstance(c.fact, InstanceFact) for c in cluster.store.all_facts()) == 4, limit=3 * REPLAN
             )
             measured["after_free"] = trio.current_time() - freed
-            measured["failures"] = core.session.storage_failures
-            assert core.session.status()["storage_failures"] == core.session.storage_failures
+            measured["failures"] = core.session.storage.count
+            assert core.session.status()["storage_failures"] == core.session.storage.count
             refused = {
                 e["op_id"]
                 for e in core.events.recent
