@@ -212,6 +212,7 @@ enum RejectReason {
   noLease @3;
   invalid @4;
   tokenInvalid @5;
+  storageFailure @6;  # the controller could not make the write durable (disk full, I/O error); link kept
 }
 
 struct Rejected {

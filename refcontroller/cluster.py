@@ -8,10 +8,18 @@ Requests name the ``replica`` they arrived on: only the primary serves leases an
 ``holder`` (and a fact's ``sender``) is ``leases.holder_key(identity, instance)`` of the provisioner process that
 asks, never its configured identity alone: it is what the lease table compares, what ``save_grantee`` records and
 what a committed fact's ``holder`` column holds.
+
+A write the store cannot make durable (``store.StoreFailure``: disk full, I/O error) is answered, never raised out
+to the connection: a fact commit, a lease grant that must first record its grantee, and a worker's token use are
+rejected with ``storage_failure`` (the link stays up); an admin demand change or failover raises ``ValueError``
+(the admin reply says it). In every case the store rolled the transaction back and nothing held in memory here
+advances (no lease is granted, no host identified, the demand and the term stay), so the controller's state stays
+the one its store holds. Each failure is logged at WARNING and counted in ``storage_failures`` (in ``status``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Self
 
@@ -32,8 +40,10 @@ from refcontroller.jsonconv import unstructure
 from refcontroller.leases import Denied, Granted, LeaseTable
 from refcontroller.paging import page_bounds
 from refcontroller.replicas import ReplicaSet
-from refcontroller.store import FactStore
+from refcontroller.store import FactStore, StoreFailure
 from refcontroller.workers import HostTable, admit
+
+log = logging.getLogger(__name__)
 
 NOT_PRIMARY = "not_primary"
 
@@ -61,6 +71,8 @@ class Cluster:
     hosts: HostTable = attrs.field(factory=HostTable)
     #: Told of every host change a commit makes (the server pushes it to the provisioners).
     on_host_change: Callable[[HostState], None] | None = None
+    #: Writes the store could not make durable (each one answered ``storage_failure`` or an admin error).
+    storage_failures: int = 0
 
     @classmethod
     def open(cls, store: FactStore, replica_count: int, ttl: float, check_interval: float, now: float) -> Self:
@@ -84,18 +96,30 @@ class Cluster:
 
     # --- leases -----------------------------------------------------------------------------------------------
 
-    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied:
+    def _storage_failed(self, what: str, exc: StoreFailure) -> commits.Rejection:
+        self.storage_failures += 1
+        log.warning("storage failure (%s): %s; rolled back, answered storage_failure", what, exc)
+        return commits.Rejection(commits.STORAGE_FAILURE, f"{what} not made durable: {exc}")
+
+    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied | commits.Rejection:
+        """Grant or deny; ``storage_failure`` when the new grantee could not be recorded (no lease is granted)."""
         if not self.is_primary(replica):
             return Denied(provider, NOT_PRIMARY)
         previous = self.store.last_grantee(provider)
         if previous is None:  # a store written before grantees were recorded: the latest fact's writer
             latest = self.store.latest(provider)
             previous = latest.holder if latest is not None else None
+        before = self.leases.live(provider, now)
         result = self.leases.acquire(
             provider, holder, now, quorum_fresh=self.replicas.quorum_fresh, previous_holder=previous
         )
         if isinstance(result, Granted) and previous != holder:
-            self.store.save_grantee(provider, holder)
+            try:
+                self.store.save_grantee(provider, holder)
+            except StoreFailure as exc:
+                if before is None:  # a new grant nobody was told of; an extension of a live lease may stand
+                    self.leases.withdraw(result.lease)
+                return self._storage_failed(f"lease grant of {provider!r}", exc)
         return result
 
     def renew(self, replica: int, provider: str, holder: str, epoch: Epoch, now: float) -> Granted | Denied:
@@ -133,7 +157,10 @@ class Cluster:
         )
         if rejection is not None:
             return rejection
-        committed = self.store.append(fact, sender)
+        try:
+            committed = self.store.append(fact, sender)
+        except StoreFailure as exc:
+            return self._storage_failed(f"{type(fact).__name__} {fact.op_id!r}", exc)
         if isinstance(fact, InstanceFact):
             host = self.hosts.identify(fact.instance_ref, fact.machine_id, fact.hostname, fact.address)
             if host is not None and self.on_host_change is not None:
@@ -163,7 +190,10 @@ class Cluster:
         known = self.hosts.get(instance_ref)
         if known is not None and known.status is HostStatus.LOST:
             return commits.Rejection("token_invalid", f"instance {instance_ref!r} is lost: it cannot rejoin")
-        admitted = admit(self.store, instance_ref, token, wall)
+        try:
+            admitted = admit(self.store, instance_ref, token, wall)
+        except StoreFailure as exc:
+            return self._storage_failed(f"token use of {instance_ref!r}", exc)
         if isinstance(admitted, HostState):
             self.hosts.add(admitted)
         return admitted
@@ -189,13 +219,19 @@ class Cluster:
             raise ValueError("; ".join(found))
         snapshot = demand.next_snapshot(self.demand, items)
         if snapshot is not None:
-            self.store.save_demand(snapshot)
+            try:
+                self.store.save_demand(snapshot)
+            except StoreFailure as exc:
+                raise ValueError(self._storage_failed(f"demand seq {snapshot.seq}", exc).detail) from exc
             self.demand = snapshot
         return snapshot
 
     def fail_over(self, now: float, target: int | None = None) -> int:
         """Promote ``target`` (default: the next replica) in a new term, with an empty lease table."""
-        primary = self.replicas.fail_over(now, target)
+        try:
+            primary = self.replicas.fail_over(now, target)  # saves the term before anything changes
+        except StoreFailure as exc:
+            raise ValueError(self._storage_failed(f"term {self.term + 1}", exc).detail) from exc
         self.leases = LeaseTable(self.term, now, self.ttl, self.check_interval)
         return primary
 
@@ -229,5 +265,6 @@ class Cluster:
             "latest_epochs": {p: str(e) for p, e in sorted(self.store.latest_epochs().items())},
             "demand": {"seq": self.demand.seq, "items": unstructure(self.demand.items, tuple[DemandItem, ...])},
             "facts": {"count": self.store.count(), "last_index": self.store.last_index()},
+            "storage_failures": self.storage_failures,
             "hosts": [unstructure(host, HostState) for host in self.hosts.all()],
         }

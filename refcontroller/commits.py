@@ -11,6 +11,8 @@ this order:
 ``stale_epoch``  the provider has a live lease with another epoch, or the fact's epoch is older than the current
                  term or than the epoch on the provider's latest committed fact
 ``no_lease``     the provider has no live lease (and the epoch is not provably stale), or the sender is not its holder
+``storage_failure``  every check passed but the store could not make the fact durable (``store.StoreFailure``:
+                 disk full, I/O error); nothing was committed, and the link stays up (decided by the caller)
 
 A fact equal to one already committed is acknowledged with the existing index (a retry whose ack was lost) once
 the primary and quorum checks pass, whatever the current lease: it is in the log, and saying otherwise would lie.
@@ -43,6 +45,7 @@ INVALID = "invalid"
 NO_QUORUM = "no_quorum"
 STALE_EPOCH = "stale_epoch"
 NO_LEASE = "no_lease"
+STORAGE_FAILURE = "storage_failure"
 
 #: The largest fact (as JSON) the log accepts; big requests are split by the daemon. Keeps resync pages bounded.
 MAX_FACT_BYTES = 256 * 1024

@@ -139,6 +139,12 @@ class LeaseTable:
         self._leases[provider] = lease
         return Granted(lease, self.ttl)
 
+    def withdraw(self, lease: Lease) -> None:
+        """Take back a grant that was never answered (its grantee could not be recorded). Its ``seq`` is not given
+        again: epochs only grow, even past one nobody was told of."""
+        if self._leases.get(lease.provider) == lease:
+            del self._leases[lease.provider]
+
     def renew(self, provider: str, holder: str, epoch: Epoch, now: float, *, quorum_fresh: bool) -> Granted | Denied:
         if not quorum_fresh:
             return Denied(provider, NO_QUORUM, self.check_interval)

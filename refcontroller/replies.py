@@ -53,7 +53,8 @@ def provisioner_reply(
         ):
             return undeclared(provider)
         case LeaseAcquire(provider=provider):
-            return lease_reply(cluster.acquire(replica, provider, holder, now))
+            granted = cluster.acquire(replica, provider, holder, now)
+            return rejected(granted) if isinstance(granted, Rejection) else lease_reply(granted)
         case LeaseRenew(provider=provider, epoch=epoch):
             return lease_reply(cluster.renew(replica, provider, holder, epoch, now))
         case LeaseRelease(provider=provider, epoch=epoch):

@@ -33,6 +33,17 @@ refuses, with :class:`StoreRefused` (one line), a store that cannot be the one i
   loss of that file the main file is the bare 4096-byte header page (no tables: it opens as an empty store) or the
   state of the last checkpoint; restoring an older copy looks the same.
 
+**Storage failures.** A write SQLite cannot make durable (``database or disk is full``, an I/O error, a database
+that went read-only) raises :class:`StoreFailure` after the transaction was rolled back: the store is exactly as
+it was before the call, and the caller (``cluster.Cluster``) answers ``Rejected{storageFailure}`` and keeps the
+link; nothing it holds in memory advances. A failure to rewrite the mark *after* a commit is only logged: the
+commit is durable, and a mark behind its store is what a crash between the two leaves too (it is not refused).
+
+**Test-only page limit.** When ``REFCONTROLLER_TEST_PAGE_LIMIT_FILE`` names a file, each write transaction first
+reads it: a number there is applied as ``PRAGMA max_page_count`` (SQLite then really answers ``database or disk is
+full`` once the file would grow past it), and a missing or empty file lifts the limit. This is how the real-process
+tests fill the disk and free it again without root.
+
 ``FactStore.open(path, new_incarnation=True)`` is the explicit way to start afresh: whatever was there (file,
 ``-wal``, ``-shm``, mark) is renamed aside to ``<name>.discarded-<unix time>`` and a new incarnation is made. A
 store written before incarnations existed (tables and rows, no incarnation, no mark) is given one, once, with a
@@ -46,7 +57,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import attrs
@@ -60,6 +71,13 @@ from refcontroller.store_mark import (
     new_incarnation_id,
     read_mark,
     write_mark,
+)
+from refcontroller.store_tx import (  # StoreFailure and PAGE_LIMIT_ENV: this module's API too
+    NO_PAGE_LIMIT,
+    PAGE_LIMIT_ENV,
+    StoreFailure,
+    Transaction,
+    page_limit_file,
 )
 
 log = logging.getLogger(__name__)
@@ -227,14 +245,25 @@ class FactStore:
         return Mark(self.incarnation, int(_meta(self._conn, "changes") or 0), self.load_term(), self.last_index())
 
     def _after_commit(self) -> None:
-        if self._mark is not None:
+        if self._mark is None:
+            return
+        try:
             write_mark(self._mark, self._current_mark())
+        except OSError as exc:  # the commit is durable; a mark behind its store is not refused at the next open
+            log.warning("store mark %s not rewritten after a commit: %s", self._mark, exc)
 
     def close(self) -> None:
         self._conn.close()
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._conn, self._after_commit)
+    def set_page_limit(self, pages: int | None) -> None:
+        """A full disk on purpose (the simulation's ``storage_failure``, tests): SQLite refuses, with ``database or
+        disk is full``, every write that needs more than ``pages`` pages (SQLite raises a limit below the current
+        size to it: ``0`` means "not one page more"); ``None`` lifts the limit."""
+        limit = NO_PAGE_LIMIT if pages is None else max(1, min(pages, NO_PAGE_LIMIT))
+        self._conn.execute(f"PRAGMA max_page_count = {limit}")
+
+    def _transaction(self) -> Transaction:
+        return Transaction(self._conn, self._after_commit, page_limit_file())
 
     # --- the HA term ------------------------------------------------------------------------------------------
 
@@ -405,37 +434,6 @@ class FactStore:
         return None if row is None else str(row[0])
 
 
-class _Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on error); nested use joins the outer transaction.
-
-    Every committed transaction also counts one change (``meta.changes``, in the same transaction) and then calls
-    ``on_commit`` (the store rewrites its mark)."""
-
-    def __init__(self, conn: sqlite3.Connection, on_commit: Callable[[], None] = lambda: None) -> None:
-        self._conn = conn
-        self._outer = False
-        self._on_commit = on_commit
-
-    def __enter__(self) -> None:
-        self._outer = not self._conn.in_transaction
-        if self._outer:
-            self._conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if not self._outer:
-            return
-        if exc_type is not None:
-            self._conn.execute("ROLLBACK")
-            return
-        try:
-            self._conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'changes'")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
-        self._on_commit()
-
-
 def _connect(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -467,3 +465,6 @@ def _set_aside(path: Path, marked: Path) -> None:
 
 def _digest(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+__all__ = ["PAGE_LIMIT_ENV", "FactStore", "LatestFact", "StoreFailure", "StoreRefused", "TokenClaim"]

@@ -62,8 +62,9 @@ from provisionerd.controller.session_settings import (
     StreamFactory,
     new_instance,
 )
+from provisionerd.controller.storage_failures import StorageFailures
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.errors import ControllerRejected, LinkDown, ProtocolError
+from provisionerd.domain.errors import LinkDown, ProtocolError, controller_rejection
 from provisionerd.domain.model import PROTOCOL_VERSION, CommittedFact, Role
 from provisionerd.telemetry.events import EventLog
 from provisionerd.wire.framing import FramedStream
@@ -108,6 +109,8 @@ class ControllerSession:
         self.generation = 0
         self.view: ControllerView | None = None
         self.last_error = ""
+        #: ``Rejected{storageFailure}`` answers (the controller could not make a write durable): logged, counted.
+        self.storage = StorageFailures(events)
         self._link: Link | None = None
         self._corr = itertools.count(1)
         self._changed = trio.Event()
@@ -159,6 +162,7 @@ class ControllerSession:
             "last_heartbeat_ack_age": None if link is None else round(trio.current_time() - link.last_ack, 3),
             "demand_seq": None if self.view is None or self.view.demand is None else self.view.demand.seq,
             "last_error": self.last_error,
+            "storage_failures": self.storage.count,
         }
 
     async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
@@ -167,7 +171,8 @@ class ControllerSession:
         Raises:
             LinkDown: not joined and resynced, the link broke, or no reply within the timeout (which also breaks
                 the link: a controller that stops answering is treated like a dead one).
-            ControllerRejected: a typed ``Rejected`` reply (``not_primary`` also ends the link, to find the primary).
+            ControllerRejected: a typed ``Rejected`` reply (``not_primary`` also ends the link, to find the primary;
+                ``storage_failure`` is a ``ControllerStorageFailure``, recorded by ``storage``; the link is kept).
         """
         link = self._link
         if link is None or self.state is not LinkState.UP:
@@ -176,7 +181,9 @@ class ControllerSession:
         if isinstance(reply, Rejected):
             if reply.reason == "not_primary":
                 link.break_("the controller is no longer primary")
-            raise ControllerRejected(reply.reason, reply.detail)
+            rejection = controller_rejection(reply.reason, reply.detail)
+            self.storage.note(msg, rejection)
+            raise rejection
         if isinstance(reply, LeaseDenied) and reply.reason == "not_primary":
             link.break_("the controller is no longer primary")
         return reply

@@ -264,6 +264,10 @@ def _resync_after_grant(session: ControllerSession, provider: str, _epoch: Epoch
 
 def _halt_keeper(keeper: LeaseKeeper, finding: Amnesia) -> None:
     keeper.halt(f"controller amnesia: {finding.reason}")
+    # The epochs this start held belong to the forgotten log: after the admin's accept-reset the controller counts
+    # from its own term again (the simulation's store_loss found a daemon refusing 1.1 below 1.2 forever). No grant
+    # is held while halted, so nothing is trusted on the strength of this.
+    keeper.highest_epoch = None
 
 
 def _halt_session(session: ControllerSession, finding: Amnesia) -> None:

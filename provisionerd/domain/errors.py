@@ -13,6 +13,8 @@ Messages never carry credentials or join tokens: the code that raises is respons
     │   └── OpcodeNotAllowed   the peer's role may not send this message
     ├── AuthError              TLS/certificate/token refusal
     ├── ControllerRejected     the controller answered with a typed rejection (stale_epoch, no_quorum, not_primary, ...)
+    │   └── ControllerStorageFailure   storage_failure: it could not make the write durable (disk full); nothing
+    │                              was committed, the link is kept: back off, call no provider for that intent
     ├── LinkDown               the controller link is down or broke mid-request (outcome unknown)
     ├── LeaseError             no valid lease for a provider (never acquired, lapsed, lost)
     └── ProviderError          a provider plugin call failed (``provisionerd.provider``)
@@ -111,13 +113,33 @@ class ControllerRejected(ProvisionerdError):
     """The controller answered a request with a typed rejection.
 
     ``reason`` is one of the wire's rejection codes: ``stale_epoch``, ``no_quorum``, ``not_primary``,
-    ``no_lease``, ``invalid``, ``token_invalid``.
+    ``no_lease``, ``invalid``, ``token_invalid``, ``storage_failure``. Build one from a reply with
+    :func:`controller_rejection`, which picks the subclass.
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:
         self.reason = reason
         self.detail = detail
         super().__init__(f"controller rejected: {reason}" + (f" ({detail})" if detail else ""))
+
+
+class ControllerStorageFailure(ControllerRejected):
+    """``storage_failure``: every check passed but the controller could not make the write durable (its disk is
+    full, an I/O error). Nothing was committed and the controller's state did not change; the link stays up. The
+    request is not in the log: an intent refused this way gets no provider call, and is planned again after the
+    intent back-off (``planner.state.BACKOFF_CODES``)."""
+
+    REASON: ClassVar[str] = "storage_failure"
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(self.REASON, detail)
+
+
+def controller_rejection(reason: str, detail: str = "") -> ControllerRejected:
+    """The typed error of a ``Rejected{reason, detail}`` reply: the one place that maps a reason to its class."""
+    if reason == ControllerStorageFailure.REASON:
+        return ControllerStorageFailure(detail)
+    return ControllerRejected(reason, detail)
 
 
 class LinkDown(ProvisionerdError):

@@ -103,8 +103,7 @@ class RequestFlow:
                 except ProviderError as exc:
                     error = exc
         except GATE_ERRORS as exc:
-            run.add(ActionDropped(op_id))
-            steps.gate_refused(run, provider, exc)
+            steps.request_dropped(run, provider, op_id, exc)
             return RequestOutcome(op_id, provider, "dropped", code=gate_code(exc), detail=str(exc))
         deadline = started + s.request_timeout(provider)
         if error is not None and client.legacy:

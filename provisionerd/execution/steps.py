@@ -15,19 +15,26 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.errors import ControllerRejected, ControllerStorageFailure, ProviderError
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
-from provisionerd.execution.values import CallObservations, ExecutorSettings, RequestOutcome
+from provisionerd.execution.values import GATE_ERRORS, CallObservations, ExecutorSettings, RequestOutcome
+from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
 from provisionerd.provider.values import RequestStatus, status_for
 from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
+
+#: How long the instance facts of machines already made are retried while the controller answers
+#: ``storage_failure`` (its disk is full), with a back-off doubling from 1 s to ``STORAGE_RETRY_MAX``: the machines
+#: exist, and once the disk is freed their facts go in at once instead of waiting for the recovery pass.
+STORAGE_RETRY_FOR = 60.0
+STORAGE_RETRY_MAX = 4.0
 
 
 @attrs.frozen
@@ -67,6 +74,15 @@ class Steps:
         obs = gate_refusal_observation(provider, exc, self._deps.wall())
         if obs is not None:
             run.add(obs)
+
+    def request_dropped(self, run: CallObservations, provider: str, op_id: str, exc: Exception) -> None:
+        """The gate refused a request's intent (``exc``), so no provider call was made: the planner forgets the
+        request (``ActionDropped``) and backs off (``gate_refused``). The one place that decides whether the
+        request leaves the step window: it does when the controller answered that it took no intent (any
+        ``ControllerRejected``: ``storage_failure``, ``no_quorum``, ``stale_epoch``...); a broken link (the intent
+        may be in the log) or a lease that lapsed around the ack keeps it counted."""
+        run.add(ActionDropped(op_id, unacknowledged=isinstance(exc, ControllerRejected)))
+        self.gate_refused(run, provider, exc)
 
     async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
         """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""
@@ -128,10 +144,29 @@ class Steps:
                 machine.address,
                 machine.launch_time,
             )
-            if not await self._deps.facts.commit_quietly(fact):
+            if not await self._commit_made(fact):
                 return None
             committed.append(machine.machine_id)
         return tuple(committed)
+
+    async def _commit_made(self, fact: InstanceFact) -> bool:
+        """Commit the fact of a machine that exists; a ``storage_failure`` is retried (bounded, see
+        ``STORAGE_RETRY_FOR``), any other failure is logged and left to recovery. Whether it was committed."""
+        give_up = trio.current_time() + STORAGE_RETRY_FOR
+        delay = 1.0
+        while True:
+            try:
+                await self._deps.facts.commit(fact)
+                return True
+            except ControllerStorageFailure as exc:
+                if trio.current_time() + delay > give_up:
+                    log.warning("could not commit %s for %s: %s (gave up)", type(fact).__name__, fact.op_id, exc)
+                    return False
+                await trio.sleep(delay)
+                delay = min(STORAGE_RETRY_MAX, delay * 2)
+            except GATE_ERRORS as exc:
+                log.warning("could not commit %s for %s: %s", type(fact).__name__, fact.op_id, exc)
+                return False
 
     async def refused(self, run: CallObservations, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         """A ``requestMachines`` refused with a known outcome (nothing was made): tell the planner what the code

@@ -58,11 +58,15 @@ class ReclaimNotice:
 #: Gate refusals that say the controller cannot take an intent *for now* (it has no quorum, it is a standby, the
 #: link broke): the loop plans nothing until ``PlannerState.intent_backoff`` ends, instead of replanning the same
 #: work at once under a fresh op_id (found by the simulation: thousands of op_ids at one virtual instant).
-BACKOFF_CODES = frozenset({"no_quorum", "not_primary", "LinkDown"})
+BACKOFF_CODES = frozenset({"no_quorum", "not_primary", "LinkDown", "storage_failure"})
 #: The back-off after consecutive refusals doubles from ``INTENT_BACKOFF_BASE`` up to ``INTENT_BACKOFF_MAX``
 #: seconds; a refusal more than ``INTENT_BACKOFF_MAX`` after the last window ended starts over.
 INTENT_BACKOFF_BASE = 1.0
 INTENT_BACKOFF_MAX = 30.0
+#: A lower ceiling for reasons that end without a word from the controller: a full disk freed by an operator is
+#: not announced, so the daemon must try again soon enough to meet demand within one replan interval (10 s by
+#: default) of the disk being freed. Each try is one refused commit: cheap for the controller.
+INTENT_BACKOFF_MAX_BY_REASON = {"storage_failure": 4.0}
 
 
 @attrs.frozen
@@ -116,10 +120,14 @@ class PlannerState:
 class ActionDropped:
     """The gate refused or never committed the action with ``op_id`` (for ``FailRequest``: the intent's op_id).
 
-    The planner forgets it was in flight, so the next plan may plan it again.
+    The planner forgets it was in flight, so the next plan may plan it again. ``unacknowledged``: the controller
+    answered that it did not take the request's intent (a typed rejection: ``storage_failure``, ``no_quorum``...),
+    so no machine was asked for: its machines leave the step window (``PlannerState.step_log``) too. A drop whose
+    intent may have been committed (a broken link) keeps them: the window only ever over-counts.
     """
 
     op_id: str
+    unacknowledged: bool = False
 
 
 @attrs.frozen
@@ -170,9 +178,14 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             return Observed(attrs.evolve(state, capacity=capacity), notes)
         case ActionDropped():
             op = obs.op_id
+            request = state.pending_requests.get(op)
+            step_log = state.step_log
+            if obs.unacknowledged and request is not None:
+                step_log = _release_steps(step_log, request)
             return Observed(
                 attrs.evolve(
                     state,
+                    step_log=step_log,
                     pending_requests={k: v for k, v in state.pending_requests.items() if k != op},
                     pending_fails={k: v for k, v in state.pending_fails.items() if k != op},
                     pending_returns={k: v for k, v in state.pending_returns.items() if v != op},
@@ -197,7 +210,8 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
                 return Observed(state)  # an action already in flight when the window opened: no escalation
             quiet = obs.at - previous.until > INTENT_BACKOFF_MAX
             attempts = 1 if quiet else previous.attempts + 1
-            delay = min(INTENT_BACKOFF_MAX, INTENT_BACKOFF_BASE * 2.0 ** min(attempts - 1, 60))
+            ceiling = INTENT_BACKOFF_MAX_BY_REASON.get(obs.reason, INTENT_BACKOFF_MAX)
+            delay = min(ceiling, INTENT_BACKOFF_BASE * 2.0 ** min(attempts - 1, 60))
             backoff = IntentBackoff(attempts, obs.at + delay)
             note = Note(
                 "intents_refused",
@@ -207,3 +221,21 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             )
             return Observed(attrs.evolve(state, intent_backoff=backoff), (note,))
     raise TypeError(f"not an observation: {obs!r}")
+
+
+def _release_steps(
+    step_log: tuple[tuple[float, str, int], ...], request: PendingRequest
+) -> tuple[tuple[float, str, int], ...]:
+    """``step_log`` without ``request``'s machines: its plan's entry for its provider (the plan that made it, at
+    ``planned_at``) loses ``count``, and goes when nothing is left."""
+    released: list[tuple[float, str, int]] = []
+    left = request.count
+    for at, provider, n in step_log:
+        if left and at == request.planned_at and provider == request.provider:
+            taken = min(n, left)
+            left -= taken
+            n -= taken
+            if n == 0:
+                continue
+        released.append((at, provider, n))
+    return tuple(released)

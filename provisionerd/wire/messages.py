@@ -29,7 +29,15 @@ from provisionerd.domain.model import (
 #: ``ErrorMsg.code`` values. The sender closes the connection after most of them (see docs/protocol.md).
 ERROR_CODES = ("version_mismatch", "not_allowed", "bad_frame", "not_joined", "token_invalid", "internal")
 #: ``Rejected.reason`` values: a typed refusal of one request; the connection stays up.
-REJECT_REASONS = ("stale_epoch", "no_quorum", "not_primary", "no_lease", "invalid", "token_invalid")
+REJECT_REASONS = (
+    "stale_epoch",
+    "no_quorum",
+    "not_primary",
+    "no_lease",
+    "invalid",
+    "token_invalid",
+    "storage_failure",
+)
 #: ``LeaseDenied.reason`` values.
 DENY_REASONS = ("held", "grace", "no_quorum", "not_primary", "stale_epoch", "no_lease")
 

@@ -121,3 +121,13 @@ def test_seed_7001_two_daemons_never_trust_a_lease_at_once():
     was granted 2.1 but lost the primary before committing a fact; the new primary's grace re-granted the writer of
     the latest fact (b) at once. It now re-grants only the last grantee, recorded durably at each grant."""
     assert "two_lease_holders" not in violated(7001)
+
+
+def test_seed_474_a_daemon_takes_the_lease_again_after_accepting_a_controller_reset():
+    """Found by the campaign once it drew ``store_loss`` (lifecycle; kills, partitions, then the controller back on
+    an empty store): the daemon halted, the admin accepted the reset, and its lease keeper refused the new
+    controller's epoch 1.1 forever as "below" the 1.2 it had held this start (``epoch_went_backwards``), so demand
+    was never met again. Fixed: an amnesia halt also forgets the epochs the keeper held (``builder._halt_keeper``).
+    Seed 235 was the same."""
+    assert "no_convergence" not in violated(474)
+    assert "no_convergence" not in violated(235)

@@ -59,6 +59,10 @@ class SimCloud(FakeProvider):
         self.slow = 1.0  # latency multiplier (a "slow" window)
         self._caller = ""
         self.on_vanished: list[Callable[[str, str], None]] = []
+        #: Machine id -> when a return or stop first named it (the store-loss check tells those from forgotten).
+        self.named_by_mutation: dict[str, float] = {}
+        #: Machine ids a ``vanish`` fault took.
+        self.vanished: set[str] = set()
         #: Called with (machine_id, instance_ref, join_token) for each machine created (a booting worker).
         self.on_created: list[Callable[[str, str, str], None]] = []
 
@@ -75,6 +79,7 @@ class SimCloud(FakeProvider):
             return None
         machine_id = self.rng.choice(running)
         self.machines[machine_id]["status"] = "terminated"
+        self.vanished.add(machine_id)
         self.recorder.note("provider", "vanished", machine=machine_id)
         for hook in self.on_vanished:
             hook(machine_id, self.machines[machine_id]["instanceRef"])
@@ -95,6 +100,8 @@ class SimCloud(FakeProvider):
         check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
         if action in MUTATING:
             self.recorder.mutation(Mutation(trio.current_time(), self.name, action, str(input["op_id"]), caller))
+            for machine in input.get("machines", ()):  # a return or stop names its machines
+                self.named_by_mutation.setdefault(str(machine.get("machineId", "")), trio.current_time())
         else:
             self.recorder.note("provider", "call", action=action, caller=caller.instance)
         await trio.sleep(self.latency * self.slow * (0.2 + self.rng.random()))

@@ -16,6 +16,13 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
 ``twin``            a second live daemon with slot ``slot``'s identity (the same config on another host) starts,
                     competes for the provider, and after ``duration`` stops (``mode``: kill | stop, i.e. crash or
                     clean stop with its leases released)
+``storage_failure`` the controller's disk is full (SQLite's ``max_page_count`` at the store's size): every write
+                    that needs one more page is answered ``storage_failure`` (commits, grants to a new holder, worker
+                    token uses; demand changes and failovers are refused to the admin) until it is freed
+``store_loss``      the controller comes back on an empty store, a new incarnation (term 1 again, no facts, the
+                    demand sent again by the scheduler): every daemon that remembers the old one must halt, make no
+                    provider mutation and keep every machine; after ``duration`` the admin accepts the reset
+                    (``accept-reset``) and the run goes on
 
 Faults may overlap; the undo of one restores the normal state of what it touched (a later overlapping fault of the
 same kind may therefore end early). ``quiet_after`` is when the last fault is undone: from then on the world is
@@ -46,8 +53,11 @@ WEIGHTED = (
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
 #: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
 #: times drawn before it are the same as before it existed.
-KINDS = (*WEIGHTED, "twin")
+KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss")
 TWIN_CHANCE = 0.3
+#: Storage faults are drawn after the twin, each with its own chance, for the same reason.
+STORAGE_FAILURE_CHANCE = 0.25
+STORE_LOSS_CHANCE = 0.15
 
 
 @attrs.frozen
@@ -138,4 +148,10 @@ def draw_plan(
         at = round(rng.uniform(5.0, horizon * 0.8), 3)
         duration = round(min(horizon - at, rng.uniform(10.0, 120.0)), 3)
         faults.append(Fault(at, "twin", duration, rng.choice(slots), mode=rng.choice(("kill", "stop"))))
+    if "storage_failure" in kinds and max_faults > 0 and rng.random() < STORAGE_FAILURE_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.8), 3)
+        faults.append(Fault(at, "storage_failure", round(min(horizon - at, rng.uniform(5.0, 90.0)), 3)))
+    if "store_loss" in kinds and max_faults > 0 and rng.random() < STORE_LOSS_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.7), 3)
+        faults.append(Fault(at, "store_loss", round(min(horizon - at, rng.uniform(5.0, 60.0)), 3)))
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

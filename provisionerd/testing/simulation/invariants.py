@@ -19,6 +19,10 @@ violation names its invariant with a stable word (the ``simulate`` command print
                              (invariant 3)
 ``daemon_crashed``           a daemon task died of an exception (anything but cancellation is a bug)
 ``controller_error``         the reference controller counted an internal error
+``mutation_while_halted``    a daemon that remembers a controller incarnation that was lost (``store_loss``) started
+                             a provider mutation before the admin accepted the reset (invariant 9)
+``machine_forgotten``        a machine running when the controller lost its store was gone when the admin accepted
+                             the reset, and no vanish fault took it (invariant 9: keep every machine)
 ``stuck``                    the run made no virtual progress (a busy loop) within its wall-clock budget
 ``no_convergence``           with the lifecycle: machines did not match demand within the settle time after faults
 
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING
 from provisionerd.domain.model import TAG_INSTANCE, TAG_OP, RequestIntent, ReturnIntent
 
 if TYPE_CHECKING:
+    from provisionerd.domain.model import Epoch
     from provisionerd.testing.simulation.observe import Belief, Commit, Creation, Mutation, Recorder
 
 INVARIANTS = (
@@ -52,6 +57,8 @@ INVARIANTS = (
     "unexplained_machine",
     "daemon_crashed",
     "controller_error",
+    "mutation_while_halted",
+    "machine_forgotten",
     "stuck",
     "no_convergence",
 )
@@ -104,6 +111,12 @@ def check_single_holder(rec: Recorder, belief: Belief) -> None:
 
 def check_mutation(rec: Recorder, m: Mutation) -> None:
     c = m.caller
+    if c.instance in rec.amnesiac:
+        rec.violate(
+            "mutation_while_halted",
+            f"{m.action} {m.op_id} by {c.instance}, which remembers a lost controller incarnation, before the admin"
+            " accepted the reset",
+        )
     if not c.valid:
         rec.violate(
             "mutation_without_lease",
@@ -143,9 +156,15 @@ def check_creation(rec: Recorder, creation: Creation) -> None:
 
 
 def check_lease_history(rec: Recorder) -> None:
-    """The pairwise lease rule over every belief of the run (see the module docstring)."""
+    """The pairwise lease rule over every belief of the run (see the module docstring), one controller era at a
+    time (a store loss starts the epochs again; across eras ``check_single_holder`` checked every instant)."""
+    for grants, beliefs in [*rec.past_eras, (rec.grants, rec.beliefs)]:
+        _check_era(rec, grants, beliefs)
+
+
+def _check_era(rec: Recorder, grants: dict[tuple[str, Epoch], float], all_beliefs: list[Belief]) -> None:
     by_provider: dict[str, list[Belief]] = {}
-    for belief in rec.beliefs:
+    for belief in all_beliefs:
         by_provider.setdefault(belief.provider, []).append(belief)
     for provider, beliefs in by_provider.items():
         for a, b in itertools.combinations(beliefs, 2):
@@ -159,7 +178,7 @@ def check_lease_history(rec: Recorder) -> None:
                     )
                 continue
             old, new = (a, b) if a.epoch < b.epoch else (b, a)
-            granted = rec.grants.get((provider, new.epoch))
+            granted = grants.get((provider, new.epoch))
             if granted is not None and old.end > granted:
                 rec.violate(
                     "two_lease_holders",
@@ -167,7 +186,7 @@ def check_lease_history(rec: Recorder) -> None:
                     f"{old.end:.3f}, after {new.epoch} was granted at {granted:.3f}",
                 )
     per_instance: dict[tuple[str, str], list[Belief]] = {}
-    for belief in rec.beliefs:
+    for belief in all_beliefs:
         per_instance.setdefault((belief.instance, belief.provider), []).append(belief)
     for (instance, provider), beliefs in per_instance.items():
         for a, b in itertools.pairwise(beliefs):

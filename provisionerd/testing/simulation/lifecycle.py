@@ -18,6 +18,7 @@ Short policy times (join deadline, idle time, back-offs) keep a run to minutes o
 from __future__ import annotations
 
 import inspect
+import math
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 CLUSTER = "simcluster"
 DEMAND_ID = "sim-demand"
+#: Seconds between an admin's or a worker's tries while the controller answers ``storage_failure``.
+STORAGE_RETRY = 2.0
 
 
 def available() -> bool:
@@ -107,11 +110,15 @@ class Workers:
 
     async def _boot(self, machine_id: str, instance_ref: str, token: str, delay: float) -> None:
         await trio.sleep(delay)
-        cluster, server = self.world.cluster, self.world.server
-        if cluster is None or self.world.cloud.machines[machine_id]["status"] != "running":
-            return
-        wall = self.world.wall()
-        admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, token, wall)
+        while True:
+            cluster, server = self.world.cluster, self.world.server
+            if cluster is None or self.world.cloud.machines[machine_id]["status"] != "running":
+                return
+            wall = self.world.wall()
+            admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, token, wall)
+            if isinstance(admitted, HostState) or admitted.reason != "storage_failure":
+                break
+            await trio.sleep(STORAGE_RETRY)  # the token use could not be recorded: the agent tries again
         if not isinstance(admitted, HostState):
             self.world.recorder.note("worker", "refused", machine=machine_id, reason=admitted.reason)
             return
@@ -131,19 +138,37 @@ class Workers:
 
 
 async def drive_demand(world: World, steps: tuple[DemandStep, ...]) -> None:
-    for step in steps:
+    """Set each step's demand at its time; one the controller refuses (a storage failure) is sent again every
+    ``STORAGE_RETRY`` seconds until it is taken or the next step is due, as a scheduler would."""
+    for i, step in enumerate(steps):
         await trio.sleep_until(step.at)
-        assert world.cluster is not None
-        if world.cluster.set_demand(demand_items(step.count)) is not None:
-            world.server.broadcast_demand()
-        world.recorder.note("demand", "set", count=step.count)
+        next_at = steps[i + 1].at if i + 1 < len(steps) else math.inf
+        while True:
+            assert world.cluster is not None
+            try:
+                changed = world.cluster.set_demand(demand_items(step.count))
+            except ValueError as exc:
+                world.recorder.note("demand", "refused", count=step.count, detail=str(exc)[:120])
+                if trio.current_time() + STORAGE_RETRY >= next_at:
+                    break
+                await trio.sleep(STORAGE_RETRY)
+                continue
+            if changed is not None:
+                world.server.broadcast_demand()
+            world.recorder.note("demand", "set", count=step.count)
+            break
 
 
 def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     """After the faults and the settle time: the provider runs exactly the wanted machines (within caps)."""
     s = world.settings
     wanted = min(steps[-1].count, s.capacity, s.provider_cap)
-    ours = [m for m in world.cloud.running() if m["tags"].get(TAG_CLUSTER) == CLUSTER]
+    # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
+    ours = [
+        m
+        for m in world.cloud.running()
+        if m["tags"].get(TAG_CLUSTER) == CLUSTER and m["machineId"] not in world.losses.forgotten
+    ]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
     if len(ours) != wanted or len(joined) != wanted:
         world.recorder.violate(

@@ -31,6 +31,7 @@ from provisionerd.config.loader import (
     TlsPaths,
 )
 from provisionerd.controller.lease import LeaseState
+from provisionerd.controller.memory_file import InMemory
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import CommittedFact, Epoch, Fact
 from provisionerd.provider.client import PluginClient
@@ -46,7 +47,7 @@ from refcontroller.leases import Denied, Granted
 class ObservedCluster(Cluster):
     recorder: Recorder | None = None
 
-    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied:
+    def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied | Rejection:
         table, seq = self.leases, self.leases.seq
         result = super().acquire(replica, provider, holder, now)
         if isinstance(result, Granted) and self.recorder is not None:
@@ -135,6 +136,7 @@ class DaemonNode:
         cloud: SimCloud,
         connect: Any,
         identity: str | None = None,
+        memory: InMemory | None = None,
     ) -> None:
         self.slot = slot
         self.identity = identity or f"prov-{slot}"
@@ -177,6 +179,11 @@ class DaemonNode:
             instance=self.instance.replace("#", "-"),
             **lifecycle_options(settings, self.client, rng),
         )
+        if memory is not None:
+            # The slot's state file: what this host's daemon remembers of the controller survives its restarts.
+            guard = self.core.guard
+            guard._store = memory
+            guard.memory = memory.load()
         loop = getattr(self.core, "loop", None)
         if loop is not None and hasattr(loop, "state"):
             # The loop names its op_ids with a per-start incarnation it would draw from ``secrets``: draw it here.

@@ -101,6 +101,12 @@ class Recorder:
         self.last_new_epoch: dict[str, Epoch] = {}
         self.beliefs: list[Belief] = []
         self.open_beliefs: dict[tuple[str, str], Belief] = {}
+        #: Finished controller eras (a store loss starts a new one: its epochs start again at term 1): each era's
+        #: ``grants`` and ``beliefs``, judged apart by ``invariants.check_lease_history``.
+        self.past_eras: list[tuple[dict[tuple[str, Epoch], float], list[Belief]]] = []
+        #: Daemon instances that remember a controller incarnation that was lost and whose reset no admin has
+        #: accepted yet: none of them may start a provider mutation (``mutation_while_halted``).
+        self.amnesiac: set[str] = set()
         self.mutations: list[Mutation] = []
         self.creations: dict[str, list[Creation]] = collections.defaultdict(list)
         self.counts: collections.Counter[str] = collections.Counter()
@@ -127,6 +133,23 @@ class Recorder:
         return min(self.violations, key=lambda v: v.at) if self.violations else None
 
     # --- observations (the continuous checks run from here) --------------------------------------------------------
+
+    def new_controller(self, incarnation: str) -> None:
+        """The controller came back on an empty store (``store_loss``): a new era of epochs and facts. Beliefs
+        still open stay checked against every other by ``check_single_holder``."""
+        self.past_eras.append((self.grants, self.beliefs))
+        self.grants, self.beliefs = {}, []
+        self.last_new_epoch.clear()
+        self.last_fact.clear()
+        self.note("controller", "new_incarnation", incarnation=incarnation)
+
+    def amnesia(self, instance: str, halted: bool) -> None:
+        """``instance`` must be halted (it remembers a lost incarnation) or no longer (the admin accepted)."""
+        if halted:
+            self.amnesiac.add(instance)
+        else:
+            self.amnesiac.discard(instance)
+        self.note("check", "must_halt" if halted else "may_resume", instance=instance)
 
     def grant(self, provider: str, holder: str, epoch: Epoch, renewal: bool) -> None:
         """A lease grant on the controller; ``renewal`` is false only for a newly numbered epoch."""
@@ -211,3 +234,15 @@ def _now() -> float:
         return trio.current_time()
     except RuntimeError:
         return float("nan")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line for a daemon task that died: each exception with the last frame it passed."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_exception(e) for e in exc.exceptions)
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:
+        where = f"{tb.tb_frame.f_code.co_filename.rsplit('/', 2)[-1]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc} at {where}"

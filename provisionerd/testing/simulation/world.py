@@ -22,13 +22,15 @@ from typing import Any
 import attrs
 import trio
 
+from provisionerd.controller.memory_file import InMemory
 from provisionerd.domain.model import Role
 from provisionerd.testing.simulation import invariants, lifecycle
 from provisionerd.testing.simulation.cloud import SimCloud
 from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw_plan
 from provisionerd.testing.simulation.network import OK, SimNet
 from provisionerd.testing.simulation.nodes import WALL_EPOCH, DaemonNode, DaemonSettings, ObservedCluster
-from provisionerd.testing.simulation.observe import Recorder
+from provisionerd.testing.simulation.observe import Recorder, describe_exception
+from provisionerd.testing.simulation.store_loss import StoreLosses
 from refcontroller.server import Timeouts, open_controller_server
 from refcontroller.store import FactStore
 
@@ -125,6 +127,9 @@ class World:
         self.nodes: dict[str, DaemonNode] = {}
         self.instances: list[DaemonNode] = []
         self.incarnations: dict[str, int] = {}
+        #: Each slot's state file (``controller.<cluster>.json``): survives the slot's restarts, as on a real host.
+        self.memories: dict[str, InMemory] = {}
+        self.losses = StoreLosses()  # the controller's lost stores (``store_loss``)
         self.cluster: ObservedCluster | None = None
         self.server: Any = None
         self.cloud = SimCloud(
@@ -184,6 +189,7 @@ class World:
                     nursery.cancel_scope.cancel()
         finally:
             store.close()
+            self.losses.close()
 
     def _serve(self, stream: trio.abc.Stream, replica: int) -> None:
         assert self._nursery is not None
@@ -207,6 +213,7 @@ class World:
             request_timeout=s.request_timeout,
             lifecycle=lifecycle.core_options(self) if lifecycle.available() else {},
         )
+        memory = self.memories.setdefault(slot, InMemory())
         node = DaemonNode(
             slot,
             self.incarnations[slot],
@@ -216,10 +223,13 @@ class World:
             self.cloud,
             self.net.connector(slot),
             identity=identity,
+            memory=memory,
         )
         self.nodes[slot] = node
         self.instances.append(node)
         self.recorder.note(node.instance, "started")
+        if memory.load().incarnation in self.losses.incarnations:  # it remembers a controller that was lost
+            self.recorder.amnesia(node.instance, True)
         self._nursery.start_soon(self._run_node, node)
         return node
 
@@ -253,7 +263,7 @@ class World:
                     node.workload = self._make_workload(node)
                     await nursery.start(node.workload.run)
         except Exception as exc:  # a daemon task died: the real code has a bug (or the harness does)
-            self.recorder.violate("daemon_crashed", f"{node.instance}: {_describe(exc)}")
+            self.recorder.violate("daemon_crashed", f"{node.instance}: {describe_exception(exc)}")
 
     # --- faults ----------------------------------------------------------------------------------------------------
 
@@ -283,7 +293,11 @@ class World:
                 if target == old:
                     target = (old + 1) % self.settings.replicas
                 if self.settings.replicas > 1:
-                    self.cluster.fail_over(trio.current_time(), target)
+                    try:
+                        self.cluster.fail_over(trio.current_time(), target)
+                    except ValueError as exc:  # the new term could not be saved (a storage failure)
+                        self.recorder.note("faults", "failover_refused", detail=str(exc)[:120])
+                        return
                     self.server.disconnect_replica(old)
             case "quorum_loss":
                 self.cluster.set_quorum(False)
@@ -305,6 +319,10 @@ class World:
                 self.cloud.vanish()
             case "no_join":
                 self.workers.no_join = True
+            case "storage_failure":
+                self.cluster.store.set_page_limit(0)
+            case "store_loss":
+                self.losses.lose(self)
             case "twin":
                 twin = _twin_slot(fault.slot)
                 if twin not in self.nodes or self.nodes[twin].scope.cancel_called:
@@ -327,6 +345,11 @@ class World:
                 self.cloud.slow = 1.0
             case "no_join":
                 self.workers.no_join = False
+            case "storage_failure":
+                self.cluster.store.set_page_limit(None)
+            case "store_loss":
+                self.losses.check_kept(self)
+                self._nursery.start_soon(self.losses.accept_resets, self)
             case "twin":
                 node = self.nodes.get(_twin_slot(fault.slot))
                 if node is not None and fault.mode == "stop":
@@ -366,14 +389,3 @@ def invariants_gate(node: DaemonNode) -> list[str]:
     from provisionerd.execution.gate import violations
 
     return violations(node.core.gate.decisions)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    tb = exc.__traceback__
-    where = ""
-    while tb is not None:
-        where = f"{tb.tb_frame.f_code.co_filename.rsplit('/', 2)[-1]}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return f"{type(exc).__name__}: {exc} at {where}"

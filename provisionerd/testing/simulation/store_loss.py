@@ -1,0 +1,100 @@
+"""The ``store_loss`` fault: the reference controller comes back on an empty store, a new incarnation (term 1 again,
+no facts, no hosts, no lease; the scheduler sends its demand again), as after a lost disk or a store restored from
+nothing. DESIGN invariant 9 says what the daemons must do, and the recorder checks it:
+
+- every daemon instance that remembers the lost incarnation (its slot's state file says so: at the loss, or when it
+  starts later) is *amnesiac* until the admin accepts the reset: a provider mutation it starts meanwhile is
+  ``mutation_while_halted``;
+- when the admin decides, every machine that ran at the loss still runs, unless a ``vanish`` fault took it or a
+  return or stop already named it before the loss (``machine_forgotten`` otherwise);
+- the admin (the world) accepts the reset on each daemon that reports the amnesia, at the fault's end and then
+  whenever another one does (one that was partitioned, or restarted still remembering the old incarnation).
+
+After the reset the machines the lost log explained are the admin's: the orphan policy reports them, and the
+convergence check leaves them out (``forgotten``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from provisionerd.testing.simulation.nodes import ObservedCluster
+from refcontroller.store import FactStore
+
+if TYPE_CHECKING:
+    from provisionerd.testing.simulation.world import World
+
+#: Seconds between two looks of the admin for a daemon that reports the amnesia.
+ADMIN_POLL = 1.0
+
+
+class StoreLosses:
+    def __init__(self) -> None:
+        #: Controller incarnations lost so far, and their stores (closed at the end of the run).
+        self.incarnations: set[str] = set()
+        self.stores: list[FactStore] = []
+        #: Machines running when a store was lost (machine id -> when): the halted daemons must keep them.
+        self.forgotten: dict[str, float] = {}
+        self.resets_accepted = 0
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+    def lose(self, world: World) -> None:
+        """The controller restarts on an empty store; every daemon that remembers the old one must now halt."""
+        assert world.cluster is not None
+        old, s, server = world.cluster, world.settings, world.server
+        self.incarnations.add(old.store.incarnation)
+        self.stores.append(old.store)
+        now = trio.current_time()
+        for machine in world.cloud.running():
+            self.forgotten.setdefault(str(machine["machineId"]), now)
+        store = FactStore.open(":memory:", incarnation=f"sim-{world.seed}-after-loss-{len(self.stores)}")
+        cluster = ObservedCluster.open(store, s.replicas, s.ttl, s.check_interval, now)
+        cluster.replicas.addresses = list(world.addresses)
+        cluster.recorder = world.recorder
+        cluster.on_host_change = server.broadcast_host
+        if old.demand.items:
+            cluster.set_demand(old.demand.items)
+        world.recorder.new_controller(store.incarnation)
+        world.cluster = cluster
+        server.cluster = cluster
+        for replica in range(s.replicas):
+            server.disconnect_replica(replica)
+        for node in world.instances:
+            memory = world.memories.get(node.slot)
+            remembers = memory is not None and memory.load().incarnation == old.store.incarnation
+            if remembers and not node.scope.cancel_called:
+                world.recorder.amnesia(node.instance, True)
+
+    def check_kept(self, world: World) -> None:
+        """When the admin decides: every machine running at the loss still runs (see the module docstring)."""
+        cloud = world.cloud
+        for machine_id, lost_at in sorted(self.forgotten.items()):
+            doc = cloud.machines[machine_id]
+            named = cloud.named_by_mutation.get(machine_id)
+            under_way = named is not None and named <= lost_at
+            if doc["status"] == "running" or machine_id in cloud.vanished or under_way:
+                continue
+            world.recorder.violate(
+                "machine_forgotten",
+                f"machine {machine_id}, running when the controller lost its store at {lost_at:.3f}, is"
+                f" {doc['status']} before the admin accepted the reset",
+            )
+
+    async def accept_resets(self, world: World) -> None:
+        """The admin accepts the reset on every amnesiac daemon that reports the amnesia, now and later."""
+        rec = world.recorder
+        while trio.current_time() < world.end_time:
+            for node in world.instances:
+                if node.scope.cancel_called or node.instance not in rec.amnesiac:
+                    continue
+                if node.core.guard.finding is not None:
+                    answer = node.core.guard.accept_reset("sim-admin")
+                    self.resets_accepted += 1
+                    rec.note(node.instance, "reset_accepted", ok=answer.get("ok"))
+                    rec.amnesia(node.instance, False)
+            await trio.sleep(ADMIN_POLL)
