@@ -2,18 +2,26 @@
 
 ``FramedStream`` is the only thing in the daemon and the reference controller that touches a connection's bytes.
 Memory is bounded by one frame: the length is checked against ``max_frame`` before a single body byte is read, and
-the receive buffer never holds more than a header plus ``max_frame`` bytes.
+the receive buffer never holds more than a header plus ``max_frame`` bytes. A server bounds more than that:
+
+- a ``BufferPool`` shared by all its connections caps the bytes they buffer together (a connection that would
+  take it past the cap is dropped with ``BuffersExhausted``), and gets every byte back when a connection ends;
+- ``receive(allowed=...)`` reads the frame's kind first (``codec.peek``) and refuses a kind outside ``allowed``
+  with ``OpcodeNotAllowed`` before the body is decoded;
+- a ``DecodeBudget`` per connection (a token bucket of the codec's units on trio's clock) makes a peer that keeps
+  sending expensive frames wait for its next decode, so it cannot take the event loop from the others.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
+import attrs
 import trio
 
-from provisionerd.domain.errors import FrameTooLarge, TruncatedFrame
-from provisionerd.wire.codec import decode, encode
+from provisionerd.domain.errors import BuffersExhausted, FrameTooLarge, OpcodeNotAllowed, TruncatedFrame
+from provisionerd.wire.codec import decode_metered, encode, peek
 from provisionerd.wire.messages import Envelope, Message
 
 HEADER = struct.Struct("<Q")
@@ -22,6 +30,65 @@ DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB
 #: How much to ask the transport for at once when more than the current frame's remainder may be waiting. Reading
 #: ahead cuts syscalls for bursts of small frames; it never takes the buffer past one header + max_frame.
 _READ_CHUNK = 64 * 1024
+
+
+@attrs.define(eq=False)
+class BufferPool:
+    """Bytes buffered by all the connections of one server, at most ``limit``. ``in_use`` is what they hold now."""
+
+    limit: int
+    in_use: int = 0
+    refused: int = 0
+
+    def take(self, n: int) -> None:
+        """Account ``n`` more buffered bytes, or raise ``BuffersExhausted`` (and account nothing)."""
+        if self.in_use + n > self.limit:
+            self.refused += 1
+            raise BuffersExhausted(f"{self.in_use} of {self.limit} buffered bytes in use, {n} more refused")
+        self.in_use += n
+
+    def give_back(self, n: int) -> None:
+        self.in_use -= n
+
+
+@attrs.define(eq=False)
+class DecodeBudget:
+    """A token bucket of decoding units (``codec.decode_metered``) for one connection, on trio's clock.
+
+    It holds at most ``burst`` units and refills at ``rate`` per second. A decode may overdraw it (its cost is
+    known once it is done; ``bounds.py`` caps one frame's); the next decode then waits until the level is back
+    at zero, so a peer gets at most ``rate`` units per second over time, whatever it sends.
+    """
+
+    rate: float
+    burst: float
+    level: float = attrs.field(default=None)
+    stamp: float | None = None
+    waited: float = 0.0  # seconds this connection was held back, for status and tests
+
+    def __attrs_post_init__(self) -> None:
+        if not (self.rate > 0 and self.burst > 0):
+            raise ValueError(f"rate and burst must be positive, not {self.rate!r}, {self.burst!r}")
+        if self.level is None:
+            self.level = self.burst
+
+    def _refill(self, now: float) -> None:
+        if self.stamp is not None:
+            self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    async def ready(self) -> None:
+        """Return once the bucket is not in debt."""
+        self._refill(trio.current_time())
+        if self.level < 0:
+            delay = -self.level / self.rate
+            self.waited += delay
+            await trio.sleep(delay)
+            self._refill(trio.current_time())
+
+    def charge(self, units: int) -> None:
+        self._refill(trio.current_time())
+        self.level -= units
 
 
 def frame_bytes(body: bytes) -> bytes:
@@ -37,11 +104,20 @@ class FramedStream:
     ``FrameTooLarge`` before its body is read; sent, it raises ``FrameTooLarge`` and nothing is written.
     """
 
-    def __init__(self, stream: trio.abc.Stream, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        *,
+        pool: BufferPool | None = None,
+        budget: DecodeBudget | None = None,
+    ) -> None:
         if max_frame < 8:
             raise ValueError(f"max_frame must be at least 8 bytes, not {max_frame!r}")
         self.stream = stream
         self.max_frame = max_frame
+        self.pool = pool
+        self.budget = budget
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
 
@@ -80,8 +156,19 @@ class FramedStream:
             chunk = await self.stream.receive_some(max(needed - len(self._buffer), min(_READ_CHUNK, room)))
             if not chunk:
                 return False
+            if self.pool is not None:
+                self.pool.take(len(chunk))
             self._buffer += chunk
         return True
+
+    def _consume(self, n: int) -> None:
+        del self._buffer[:n]
+        if self.pool is not None:
+            self.pool.give_back(n)
+
+    def release(self) -> None:
+        """Drop whatever is buffered and give it back to the pool (the server calls it when a connection ends)."""
+        self._consume(len(self._buffer))
 
     async def receive_body(self) -> bytes | None:
         """The next frame's body undecoded; ``None`` on a clean EOF between frames.
@@ -101,17 +188,35 @@ class FramedStream:
             got = len(self._buffer) - HEADER_SIZE
             raise TruncatedFrame(f"stream ended after {got} of {length} body bytes")
         body = bytes(self._buffer[HEADER_SIZE : HEADER_SIZE + length])
-        del self._buffer[: HEADER_SIZE + length]
+        self._consume(HEADER_SIZE + length)
         return body
 
-    async def receive(self) -> Envelope | None:
+    async def receive(self, allowed: Collection[type] | None = None, role: str = "") -> Envelope | None:
         """The next frame decoded; ``None`` on a clean EOF between frames.
 
-        Raises ``FrameTooLarge``, ``TruncatedFrame`` or ``DecodeError`` (all ``ProtocolError``: drop the peer), and
-        the stream's own errors (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
+        With ``allowed``, a frame of another kind raises ``OpcodeNotAllowed(role, kind)`` before its body is
+        decoded. Raises ``FrameTooLarge``, ``TruncatedFrame``, ``BuffersExhausted`` or ``DecodeError`` (all
+        ``ProtocolError``: drop the peer), and the stream's own errors (``trio.BrokenResourceError``,
+        ``trio.ClosedResourceError``).
         """
         body = await self.receive_body()
-        return None if body is None else decode(body)
+        if body is None:
+            return None
+        if allowed is not None:
+            head = peek(body)
+            if head.kind not in allowed:
+                raise OpcodeNotAllowed(role, head.member)
+        return await self.decode(body)
+
+    async def decode(self, body: bytes) -> Envelope:
+        """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the
+        budget is in debt, then charges what the decode cost."""
+        if self.budget is None:
+            return decode_metered(body)[0]
+        await self.budget.ready()
+        envelope, units = decode_metered(body)
+        self.budget.charge(units)
+        return envelope
 
     async def aclose(self) -> None:
         await self.stream.aclose()
