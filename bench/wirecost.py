@@ -30,7 +30,7 @@ from pathlib import Path
 
 import trio
 
-from provisionerd.domain.model import Role
+from provisionerd.domain.model import RequestIntent, Role
 from provisionerd.pki.certs import init_certs
 from provisionerd.testing.hostile_frames import LIST_FIELDS, list_bomb
 from provisionerd.wire import bounds, codec
@@ -133,11 +133,12 @@ async def run(rounds: int, work: Path) -> dict[str, object]:
         observer = await connect(certs, address, Role.PROVISIONER)
         reply = await observer.request(Join(role=Role.PROVISIONER, identity="observer", providers=("p",)))
         assert isinstance(reply, JoinReply) and reply.accepted, reply
-        while not isinstance(grant := await observer.request(LeaseAcquire("p")), LeaseGrant):
-            await trio.sleep(0.2)  # the promoted controller's grace
+        for _ in range(100):  # the promoted controller's grace: 2.5 s here
+            if isinstance(grant := await observer.request(LeaseAcquire("p")), LeaseGrant):
+                break
+            await trio.sleep(0.1)
+        assert isinstance(grant, LeaseGrant), grant
         refs = [f"i-{n}" for n in range(len(LIST_FIELDS) * rounds)]
-        from provisionerd.domain.model import RequestIntent
-
         fact = RequestIntent(
             provider="p",
             epoch=grant.epoch,
