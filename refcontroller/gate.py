@@ -23,6 +23,7 @@ role, shown in the controller's status under ``refusals``. The reasons:
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,10 +71,20 @@ def peer_address(stream: trio.abc.Stream) -> str:
 
 
 @attrs.define(eq=False)
+class Peer:
+    """Who is on a connection, as far as known: its address, and its role once its certificate was read."""
+
+    address: str
+    role: str = ""
+
+
+@attrs.define(eq=False)
 class Gate:
     limits: Limits = Limits()
     pool: BufferPool = attrs.field(default=None)
     open_total: int = 0
+    peak_total: int = 0  # the most connections open at once since the start
+    closed: int = 0  # connections admitted and closed since the start
     open_by_address: collections.Counter[str] = attrs.field(factory=collections.Counter)
     refusals: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
 
@@ -97,10 +108,12 @@ class Gate:
             yield False
             return
         self.open_total += 1
+        self.peak_total = max(self.peak_total, self.open_total)
         self.open_by_address[address] += 1
         try:
             yield True
         finally:
+            self.closed += 1
             self.open_total -= 1
             self.open_by_address[address] -= 1
             if not self.open_by_address[address]:
@@ -117,8 +130,39 @@ class Gate:
             by_reason.setdefault(reason, {})[role] = n
         return {
             "connections": self.open_total,
+            "peak_connections": self.peak_total,
             "addresses": len(self.open_by_address),
             "buffered_bytes": self.pool.in_use,
             "refusals": by_reason,
             "limits": attrs.asdict(self.limits),
         }
+
+
+def _libc_malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None (another libc, another system)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+async def return_memory(gate: Gate, interval: float = 2.0) -> None:
+    """Every ``interval`` seconds in which connections closed, hand the memory they freed back to the system.
+
+    Python frees a closed connection's buffers and TLS state, but glibc keeps the freed heap pages (and raises its
+    mmap threshold after the first large frees, so later buffers land on the heap too): without this, RSS after a
+    flood stays near its peak. ``malloc_trim(0)`` releases every free page; it costs about a millisecond.
+    """
+    trim = _libc_malloc_trim()
+    if trim is None:
+        return
+    try:  # M_MMAP_THRESHOLD (-3) fixed at 128 KiB: a frame buffer is its own mapping, unmapped when freed
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)
+    except (OSError, AttributeError):
+        pass
+    seen = gate.closed
+    while True:
+        await trio.sleep(interval)
+        if gate.closed != seen:
+            seen = gate.closed
+            trim(0)

@@ -47,7 +47,7 @@ from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
 from provisionerd.wire.tls import peer_role
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
-from refcontroller.gate import Gate, peer_address
+from refcontroller.gate import Gate, Peer, peer_address
 from refcontroller.leases import instance_problem
 from refcontroller.session import PEER_ERRORS, Session
 
@@ -107,7 +107,7 @@ class ControllerServer:
         try:
             with self.gate.admit(address) as admitted:
                 if admitted:
-                    await self._serve(framed, replica, role, address)
+                    await self._serve(framed, replica, role, Peer(address, role.value if role else ""))
         except Exception:
             log.exception("internal error on replica %s", replica)
             self.stats["internal_errors"] += 1
@@ -116,9 +116,9 @@ class ControllerServer:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
-    async def _serve(self, framed: FramedStream, replica: int, role: Role | None, address: str) -> None:
+    async def _serve(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer) -> None:
         try:
-            session = await self._join(framed, replica, role, address)
+            session = await self._join(framed, replica, role, peer)
             if session is not None:
                 self.sessions.add(session)
                 try:
@@ -130,7 +130,7 @@ class ControllerServer:
         except (*PEER_ERRORS, AuthError) as exc:
             # Before the join: a failed TLS handshake (no or foreign certificate), a certificate without a role, a
             # garbage first frame, or a peer too slow to join. (A joined session handles its own errors.)
-            self.gate.refuse(self.refusal_reason(exc), address, role.value if role else "", repr(exc))
+            self.gate.refuse(self.refusal_reason(exc), peer.address, peer.role, repr(exc))
             self.stats["peers_dropped"] += 1
             if isinstance(exc, ProtocolError):
                 await self.send_error_and_close(framed, "bad_frame", str(exc))
@@ -149,7 +149,8 @@ class ControllerServer:
             return "join_timeout"
         return "disconnected"
 
-    async def _join(self, framed: FramedStream, replica: int, role: Role | None, address: str) -> Session | None:
+    async def _join(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer) -> Session | None:
+        address = peer.address
         if role is None:
             assert isinstance(framed.stream, trio.SSLStream)
             with trio.move_on_after(self.timeouts.handshake) as slow:
@@ -163,6 +164,7 @@ class ControllerServer:
                 self.gate.refuse("handshake", address, "", f"no TLS handshake within {self.timeouts.handshake}s")
                 return None
             role = peer_role(framed.stream)
+            peer.role = role.value
         with trio.fail_after(self.timeouts.join):
             body = await framed.receive_body()
         if body is None:
