@@ -44,7 +44,7 @@ from provisionerd.domain.model import PROTOCOL_VERSION, HostState, Role
 from provisionerd.wire.codec import peek
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME, FramedStream
 from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
-from provisionerd.wire.tls import peer_role
+from provisionerd.wire.tls import peer_role, server_handshake
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.gate import Gate, Peer, peer_address
@@ -155,7 +155,7 @@ class ControllerServer:
             assert isinstance(framed.stream, trio.SSLStream)
             with trio.move_on_after(self.timeouts.handshake) as slow:
                 try:
-                    await framed.stream.do_handshake()
+                    await server_handshake(framed.stream)
                 except trio.BrokenResourceError as exc:  # no, a foreign or an expired certificate; a dead peer
                     self.gate.refuse("handshake", address, "", f"TLS handshake failed: {exc.__cause__!r}")
                     self.stats["peers_dropped"] += 1

@@ -14,7 +14,7 @@ from provisionerd.domain.model import Role
 from provisionerd.testing.hostile_frames import LIST_FIELDS, list_bomb
 from provisionerd.wire import codec, framing
 from provisionerd.wire.framing import frame_bytes
-from provisionerd.wire.messages import ErrorMsg, FactCommit, Heartbeat, HeartbeatAck, JoinReply
+from provisionerd.wire.messages import ErrorMsg, FactCommit, Heartbeat, HeartbeatAck, Join, JoinReply
 from provisionerd.wire.roles import ALLOWED
 
 
@@ -89,3 +89,23 @@ async def test_a_worker_join_with_a_list_beyond_its_cap_is_refused_before_its_el
         envelope = await peer.receive_envelope()
         assert envelope.msg.code == "bad_frame" and "Join.providers holds" in envelope.msg.message
         assert refusals(h) == {"over_bounds": {"worker": 1}}
+
+
+@on_mock_clock
+async def test_refused_joins_are_counted_by_reason_and_role(tmp_path: Path) -> None:
+    async with memory_controller(tmp_path) as h:
+        _, reply = await h.join(Role.PROVISIONER, providers=("aws",), protocol_version=99)
+        assert isinstance(reply, ErrorMsg) and reply.code == "version_mismatch"
+        _, reply = await h.join(Role.WORKER, "w", instance_ref="i-9", token="not-issued")
+        assert isinstance(reply, ErrorMsg) and reply.code == "token_invalid"
+        _, reply = await h.join(Role.PROVISIONER, "", providers=("aws",))
+        assert isinstance(reply, JoinReply) and not reply.accepted
+        posing = Peer(h.open_stream(0, Role.ADMIN))
+        reply = await posing.request(Join(role=Role.PROVISIONER, identity="posing", providers=("aws",)))
+        assert isinstance(reply, ErrorMsg) and reply.code == "not_allowed"
+        assert refusals(h) == {
+            "join_refused": {"provisioner": 1},
+            "not_allowed": {"admin": 1},
+            "token_invalid": {"worker": 1},
+            "version_mismatch": {"provisioner": 1},
+        }
