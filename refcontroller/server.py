@@ -130,7 +130,11 @@ class ControllerServer:
         except (*PEER_ERRORS, AuthError) as exc:
             # Before the join: a failed TLS handshake (no or foreign certificate), a certificate without a role, a
             # garbage first frame, or a peer too slow to join. (A joined session handles its own errors.)
-            self.gate.refuse(self.refusal_reason(exc), peer.address, peer.role, repr(exc))
+            reason = self.refusal_reason(exc)
+            if reason == "disconnected":  # the peer left: nothing was refused
+                log.info("peer left before its join replica=%s peer=%s: %r", replica, peer.address, exc)
+            else:
+                self.gate.refuse(reason, peer.address, peer.role, repr(exc))
             self.stats["peers_dropped"] += 1
             if isinstance(exc, ProtocolError):
                 await self.send_error_and_close(framed, "bad_frame", str(exc))
@@ -176,10 +180,8 @@ class ControllerServer:
             return None
         envelope = await framed.decode(body)
         join, corr = envelope.msg, envelope.corr
+        assert isinstance(join, Join), join  # its kind was read above
         cluster = self.cluster
-        if not isinstance(join, Join):
-            await self.send_error_and_close(framed, "not_joined", "the first frame must be Join", corr)
-            return None
         if join.protocol_version != PROTOCOL_VERSION:
             self.gate.refuse("version_mismatch", address, role.value, f"peer speaks {join.protocol_version}")
             await self.send_error_and_close(
