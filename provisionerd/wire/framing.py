@@ -62,15 +62,14 @@ class DecodeBudget:
 
     rate: float
     burst: float
-    level: float = attrs.field(default=None)
-    stamp: float | None = None
-    waited: float = 0.0  # seconds this connection was held back, for status and tests
+    level: float = attrs.field(init=False)
+    stamp: float | None = attrs.field(init=False, default=None)
+    waited: float = attrs.field(init=False, default=0.0)  # seconds this connection was held back
 
     def __attrs_post_init__(self) -> None:
         if not (self.rate > 0 and self.burst > 0):
             raise ValueError(f"rate and burst must be positive, not {self.rate!r}, {self.burst!r}")
-        if self.level is None:
-            self.level = self.burst
+        self.level = self.burst
 
     def _refill(self, now: float) -> None:
         if self.stamp is not None:
