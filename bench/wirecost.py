@@ -78,8 +78,13 @@ async def connect(certs: Path, address: str, role: Role) -> Client:
 
 
 async def refusal_of(client: Client, body: bytes) -> str:
-    """Send a raw body; the code of the ErrorMsg that answers it (or "closed")."""
-    await client.framed.send_raw(frame_bytes(body))
+    """Send a raw body; the code of the ErrorMsg that answers it, or "closed" when the connection ended first (the
+    controller refuses on the frame's first bytes and closes with the rest unread, so the kernel may reset the
+    connection before the error is read)."""
+    try:
+        await client.framed.send_raw(frame_bytes(body))
+    except trio.BrokenResourceError:
+        return "closed"
     try:
         while (envelope := await client.framed.receive()) is not None:
             if isinstance(envelope.msg, ErrorMsg):

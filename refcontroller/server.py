@@ -41,7 +41,6 @@ import trio
 
 from provisionerd.domain.errors import AuthError, BuffersExhausted, FrameOverBounds, ProtocolError
 from provisionerd.domain.model import PROTOCOL_VERSION, HostState, Role
-from provisionerd.wire.codec import peek
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME, FramedStream
 from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
 from provisionerd.wire.tls import peer_role, server_handshake
@@ -170,14 +169,15 @@ class ControllerServer:
             role = peer_role(framed.stream)
             peer.role = role.value
         with trio.fail_after(self.timeouts.join):
+            head = await framed.receive_head()
+            if head is None:
+                return None
+            if head.kind is not Join:  # refused on its kind: the rest of it is neither read nor decoded
+                self.gate.refuse("not_joined", address, role.value, f"first frame is {head.member}")
+                await self.send_error_and_close(framed, "not_joined", "the first frame must be Join", head.corr)
+                return None
             body = await framed.receive_body()
-        if body is None:
-            return None
-        head = peek(body)
-        if head.kind is not Join:  # refused on its kind: the body is never decoded
-            self.gate.refuse("not_joined", address, role.value, f"first frame is {head.member}")
-            await self.send_error_and_close(framed, "not_joined", "the first frame must be Join", head.corr)
-            return None
+        assert body is not None  # its head was there
         envelope = await framed.decode(body)
         join, corr = envelope.msg, envelope.corr
         assert isinstance(join, Join), join  # its kind was read above

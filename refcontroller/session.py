@@ -24,7 +24,6 @@ import trio
 
 from provisionerd.domain.errors import ProtocolError
 from provisionerd.domain.model import HostState, Role
-from provisionerd.wire.codec import peek
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
     Ack,
@@ -158,17 +157,19 @@ class Session:
     async def _read_loop(self) -> None:
         server = self.server
         while True:
+            body = None
             with trio.move_on_after(server.heartbeat_timeout) as silent:
-                body = await self.framed.receive_body()
+                head = await self.framed.receive_head()
+                if head is not None and head.kind in ALLOWED[self.role]:
+                    body = await self.framed.receive_body()
             if silent.cancelled_caught:
                 log.info(
                     "peer silent for %ss replica=%s identity=%r", server.heartbeat_timeout, self.replica, self.identity
                 )
                 return
-            if body is None:
+            if head is None:
                 return
-            head = peek(body)
-            if head.kind not in ALLOWED[self.role]:  # refused on its kind: the body is never decoded
+            if body is None:  # refused on its kind: the rest of it is neither read nor decoded
                 server.stats["not_allowed"] += 1
                 server.gate.refuse(
                     "not_allowed", self.address, self.role.value, f"{head.member} from identity={self.identity!r}"

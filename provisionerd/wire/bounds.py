@@ -38,6 +38,27 @@ DEFAULT_MAX_UNITS = 10_000
 MAX_UNITS: dict[str, int] = {"adminSetDemand": 120_000}
 
 
+#: The largest body each kind may have, checked once its kind is known and before the rest of it is read (the
+#: frame limit for the kinds not named). A Join holds at most 1000 provider names of 256 characters; the small
+#: control messages have room to grow new fields.
+SMALL_BODY = 16 * 1024
+MAX_BODY_BYTES: dict[str, int] = {
+    "join": 512 * 1024,
+    **dict.fromkeys(
+        (
+            "joinReply", "heartbeat", "heartbeatAck", "errorMsg", "rejected", "ack", "leaseAcquire", "leaseRenew",
+            "leaseRelease", "leaseGrant", "leaseDenied", "factAck", "workerStatus", "adminFailover",
+            "adminQuorum", "adminStatus",
+        ),
+        SMALL_BODY,
+    ),
+}  # fmt: skip
+
+
+def max_body_bytes(member: str, frame_limit: int) -> int:
+    return min(MAX_BODY_BYTES.get(member, frame_limit), frame_limit)
+
+
 def list_cap(struct_name: str, field: str) -> int:
     return LIST_CAPS.get((struct_name, field), DEFAULT_LIST_CAP)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import struct
 import threading
 import types
 import typing
@@ -299,6 +300,51 @@ def peek(body: bytes) -> FrameHead:
         return FrameHead(corr, member, _MESSAGE_BY_MEMBER[member])
     except KeyError:
         raise DecodeError(f"unknown frame kind {member!r}") from None
+
+
+#: Enough of a body for ``peek_prefix`` when it is laid out as writers lay it out: the segment table (8 bytes), the
+#: root pointer (8) and Frame's two data words (16), with room for a few words of padding.
+PREFIX_BYTES = 64
+_WORD = struct.Struct("<Q")
+
+
+@functools.cache
+def _member_by_discriminant() -> dict[int, str]:
+    body = schema().Frame.schema.fields["body"].schema
+    return {f.proto.discriminantValue: name for name, f in body.fields.items()}
+
+
+@functools.cache
+def _discriminant_word_and_shift() -> tuple[int, int]:
+    offset = schema().Frame.schema.fields["body"].schema.node.struct.discriminantOffset  # in 16-bit units
+    return offset // 4, (offset % 4) * 16
+
+
+def peek_prefix(prefix: bytes) -> FrameHead | None:
+    """``peek`` from the first bytes of a body, or None when they do not settle it (more than one segment, a root
+    struct that is not right there, a kind this side does not know): then ``peek`` the whole body.
+
+    Reads what a Cap'n Proto reader would: the segment table's count, the root struct pointer, and ``corr`` and the
+    union discriminant in Frame's data section. Only a single-segment body whose root struct's first two data
+    words lie within ``prefix`` is answered, so nothing is read as a default that the full reader would find.
+    """
+    if len(prefix) < 16 or int.from_bytes(prefix[:4], "little") != 0:
+        return None
+    pointer = _WORD.unpack_from(prefix, 8)[0]
+    offset = (pointer >> 2) & 0x3FFFFFFF
+    data_words = (pointer >> 32) & 0xFFFF
+    word, shift = _discriminant_word_and_shift()
+    if pointer & 3 or offset & 0x20000000 or data_words <= word:  # not a struct, a negative offset, too small
+        return None
+    start = 8 + 8 * (1 + offset)  # the struct follows the root pointer by ``offset`` words
+    if start + 8 * (word + 1) > len(prefix):
+        return None
+    corr = _WORD.unpack_from(prefix, start)[0]
+    discriminant = (_WORD.unpack_from(prefix, start + 8 * word)[0] >> shift) & 0xFFFF
+    member = _member_by_discriminant().get(discriminant)
+    if member is None or member not in _MESSAGE_BY_MEMBER:
+        return None
+    return FrameHead(corr, member, _MESSAGE_BY_MEMBER[member])
 
 
 def decode(body: bytes) -> Envelope:

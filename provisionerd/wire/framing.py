@@ -4,8 +4,9 @@
 Memory is bounded by one frame: the length is checked against ``max_frame`` before a single body byte is read, and
 the receive buffer never holds more than a header plus ``max_frame`` bytes. A server bounds more than that:
 
-- a ``BufferPool`` shared by all its connections caps the bytes they buffer together (a connection that would
-  take it past the cap is dropped with ``BuffersExhausted``), and gets every byte back when a connection ends;
+- a ``BufferPool`` shared by all its connections caps the bytes they buffer together beyond a small allowance
+  each (``POOL_FREE_BYTES``; a connection that would take the pool past its cap is dropped with
+  ``BuffersExhausted``), and gets every byte back when a connection ends;
 - ``receive(allowed=...)`` reads the frame's kind first (``codec.peek``) and refuses a kind outside ``allowed``
   with ``OpcodeNotAllowed`` before the body is decoded;
 - a ``DecodeBudget`` per connection (a token bucket of the codec's units on trio's clock) makes a peer that keeps
@@ -20,8 +21,15 @@ from collections.abc import Collection, Iterable
 import attrs
 import trio
 
-from provisionerd.domain.errors import BuffersExhausted, FrameTooLarge, OpcodeNotAllowed, TruncatedFrame
-from provisionerd.wire.codec import decode_metered, encode, peek
+from provisionerd.domain.errors import (
+    BuffersExhausted,
+    FrameOverBounds,
+    FrameTooLarge,
+    OpcodeNotAllowed,
+    TruncatedFrame,
+)
+from provisionerd.wire import bounds
+from provisionerd.wire.codec import PREFIX_BYTES, FrameHead, decode_metered, encode, peek, peek_prefix
 from provisionerd.wire.messages import Envelope, Message
 
 HEADER = struct.Struct("<Q")
@@ -90,6 +98,11 @@ class DecodeBudget:
         self.level -= units
 
 
+#: Bytes each connection may buffer without drawing on its server's ``BufferPool`` (times the connection cap,
+#: this is part of the memory bound).
+POOL_FREE_BYTES = 64 * 1024
+
+
 def frame_bytes(body: bytes) -> bytes:
     """``body`` with its length header: what goes on the stream."""
     return HEADER.pack(len(body)) + body
@@ -116,6 +129,7 @@ class FramedStream:
         self.stream = stream
         self.max_frame = max_frame
         self.pool = pool
+        self._charged = 0  # what this connection holds of the pool
         self.budget = budget
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
@@ -155,15 +169,25 @@ class FramedStream:
             chunk = await self.stream.receive_some(max(needed - len(self._buffer), min(_READ_CHUNK, room)))
             if not chunk:
                 return False
-            if self.pool is not None:
-                self.pool.take(len(chunk))
+            self._charge(len(self._buffer) + len(chunk))
             self._buffer += chunk
         return True
 
     def _consume(self, n: int) -> None:
         del self._buffer[:n]
-        if self.pool is not None:
-            self.pool.give_back(n)
+        self._charge(len(self._buffer))
+
+    def _charge(self, buffered: int) -> None:
+        """Hold of the pool what ``buffered`` bytes take beyond the first ``POOL_FREE_BYTES``: a connection always
+        has room for a small frame (a Join, a heartbeat), so big half-sent frames of others cannot lock it out."""
+        if self.pool is None:
+            return
+        want = max(0, buffered - POOL_FREE_BYTES)
+        if want > self._charged:
+            self.pool.take(want - self._charged)
+        elif want < self._charged:
+            self.pool.give_back(self._charged - want)
+        self._charged = want
 
     def release(self) -> None:
         """Drop whatever is buffered and give it back to the pool (the server calls it when a connection ends)."""
@@ -190,6 +214,32 @@ class FramedStream:
         self._consume(HEADER_SIZE + length)
         return body
 
+    async def receive_head(self) -> FrameHead | None:
+        """The next frame's kind and ``corr``, reading as little of it as settles them: its first ``PREFIX_BYTES``
+        when it is laid out as writers lay it out (``codec.peek_prefix``), else the whole body. The frame stays
+        buffered for ``receive_body``; a caller that refuses it just closes. ``None`` on a clean EOF between frames.
+
+        So refusing a 1 MiB frame on its kind costs neither its transfer nor its decoding.
+        """
+        if not await self._fill(HEADER_SIZE):
+            if self._buffer:
+                raise TruncatedFrame(f"stream ended after {len(self._buffer)} of {HEADER_SIZE} header bytes")
+            return None
+        (length,) = HEADER.unpack_from(self._buffer)
+        if length > self.max_frame:
+            raise FrameTooLarge(length, self.max_frame)
+        for size in (min(length, PREFIX_BYTES), length):
+            if not await self._fill(HEADER_SIZE + size):
+                raise TruncatedFrame(f"stream ended after {len(self._buffer) - HEADER_SIZE} of {length} body bytes")
+            part = bytes(self._buffer[HEADER_SIZE : HEADER_SIZE + size])
+            head = peek_prefix(part) if size < length else peek(part)
+            if head is not None:
+                limit = bounds.max_body_bytes(head.member, self.max_frame)
+                if length > limit:
+                    raise FrameOverBounds(f"a {head.member} frame of {length} bytes, at most {limit} allowed")
+                return head
+        raise AssertionError("unreachable: peek of the whole body answers or raises")
+
     async def receive(self, allowed: Collection[type] | None = None, role: str = "") -> Envelope | None:
         """The next frame decoded; ``None`` on a clean EOF between frames.
 
@@ -198,14 +248,14 @@ class FramedStream:
         ``ProtocolError``: drop the peer), and the stream's own errors (``trio.BrokenResourceError``,
         ``trio.ClosedResourceError``).
         """
-        body = await self.receive_body()
-        if body is None:
-            return None
         if allowed is not None:
-            head = peek(body)
+            head = await self.receive_head()
+            if head is None:
+                return None
             if head.kind not in allowed:
                 raise OpcodeNotAllowed(role, head.member)
-        return await self.decode(body)
+        body = await self.receive_body()
+        return None if body is None else await self.decode(body)
 
     async def decode(self, body: bytes) -> Envelope:
         """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the

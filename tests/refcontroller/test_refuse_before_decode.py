@@ -85,10 +85,16 @@ async def test_a_joined_worker_sending_any_list_bearing_frame_outside_its_allowl
 async def test_a_worker_join_with_a_list_beyond_its_cap_is_refused_before_its_elements(tmp_path: Path) -> None:
     async with memory_controller(tmp_path) as h:
         peer = Peer(h.open_stream(0, Role.WORKER))
+        await peer.framed.send_raw(frame_bytes(list_bomb("join", ("providers",), size=256 * 1024)))
+        envelope = await peer.receive_envelope()
+        assert envelope.msg.code == "bad_frame" and "Join.providers holds 32756 elements" in envelope.msg.message
+        # A Join larger than any legitimate one is refused on its size, before the rest of it is read.
+        peer = Peer(h.open_stream(0, Role.WORKER))
         await peer.framed.send_raw(frame_bytes(list_bomb("join", ("providers",))))
         envelope = await peer.receive_envelope()
-        assert envelope.msg.code == "bad_frame" and "Join.providers holds" in envelope.msg.message
-        assert refusals(h) == {"over_bounds": {"worker": 1}}
+        assert envelope.msg.code == "bad_frame"
+        assert envelope.msg.message == "a join frame of 1048576 bytes, at most 524288 allowed"
+        assert refusals(h) == {"over_bounds": {"worker": 2}}
 
 
 @on_mock_clock

@@ -3,7 +3,10 @@ any element is read, a unit budget per frame kind, and ``peek`` reading only the
 
 from __future__ import annotations
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
+import wire_strategies
 
 from provisionerd.domain.errors import DecodeError, FrameOverBounds
 from provisionerd.domain.model import DemandItem, ResourceShape
@@ -76,3 +79,19 @@ def test_peek_reads_the_kind_and_corr_only() -> None:
         codec.peek(b"\x00" * 7)
     with pytest.raises(DecodeError):
         codec.peek(b"\xff" * 64)
+
+
+@hypothesis.given(wire_strategies.messages, st.integers(0, 2**64 - 1), st.binary(max_size=80))
+@hypothesis.settings(max_examples=300, deadline=None)
+def test_peek_prefix_agrees_with_peek_or_declines(msg, corr: int, junk: bytes) -> None:
+    body = codec.encode(msg, corr)
+    head = codec.peek_prefix(body[: codec.PREFIX_BYTES])
+    assert head == codec.peek(body)  # what writers produce is always settled by its prefix
+    # Arbitrary bytes: declined, or the same answer as the full reader's when it has one.
+    mangled = (junk + body[len(junk) :])[: len(body)]
+    guess = codec.peek_prefix(mangled[: codec.PREFIX_BYTES])
+    if guess is not None:
+        try:
+            assert guess == codec.peek(mangled)
+        except DecodeError:
+            pass  # the full body is malformed: a refusal on the kind or as bad_frame both close

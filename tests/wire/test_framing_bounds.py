@@ -32,14 +32,19 @@ async def test_the_pool_caps_bytes_buffered_across_connections_and_gets_them_bac
     pool = BufferPool(limit=100_000)
     a_client, a = _pair(pool=pool)
     b_client, b = _pair(pool=pool)
-    await a_client.send_raw(HEADER.pack(80_000) + b"\0" * 70_000)  # a half-sent frame, held
+    c_client, c = _pair(pool=pool)
+    free = framing.POOL_FREE_BYTES
+    await a_client.send_raw(HEADER.pack(free + 80_000) + b"\0" * (free + 70_000))  # a half-sent frame, held
     async with trio.open_nursery() as nursery:
         nursery.start_soon(a.receive_body)
         await trio.testing.wait_all_tasks_blocked()
         assert pool.in_use == 8 + 70_000
-        await b_client.send_raw(HEADER.pack(50_000) + b"\0" * 50_000)
+        await b_client.send_raw(HEADER.pack(free + 50_000) + b"\0" * (free + 50_000))
         with pytest.raises(BuffersExhausted):
             await b.receive_body()
+        # A small frame fits in any connection's allowance, however full the pool is.
+        await c_client.send(Heartbeat(2), 1)
+        assert (await c.receive()).msg == Heartbeat(2)  # type: ignore[union-attr]
         nursery.cancel_scope.cancel()
     assert pool.refused == 1
     a.release()
