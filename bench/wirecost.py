@@ -10,7 +10,9 @@ then, from the *worker* certificate, sends each list-bearing message filled with
 (``provisionerd.testing.hostile_frames``: 1 MiB, 250,000 zero-size structs or 131,000 empty texts) ``--rounds``
 times: as the first frame of a connection for ``join``, after a worker's join for the others. For each frame it
 reads the controller's CPU time (``/proc/<pid>/schedstat``, nanoseconds) before sending and after the refusal came
-back, so the figure includes receiving the 1 MiB over TLS. It also decodes the issue's frame in this process with
+back (the connection's end: the controller refuses on the frame's first bytes and closes with the rest unread, so
+the client usually sees a reset rather than the ``errorMsg``); the figure includes whatever else the controller did
+meanwhile (the observer's heartbeats). It also decodes the issue's frame in this process with
 the caps lifted, which is what the controller spent on it before (6.2 s in the issue, on another machine).
 
 The last line is ``{"max_frame_cpu_ms": X, "max_heartbeat_rtt_ms": Y, "uncapped_decode_ms": Z, ...}``.
