@@ -31,6 +31,7 @@ import trio
 
 from provisionerd.domain.model import DemandItem
 from refcontroller.admin import AdminClient, AdminError
+from refcontroller.gate import Limits
 from refcontroller.listeners import ServeConfig, serve
 from refcontroller.server import ControllerServer, Timeouts
 
@@ -69,6 +70,7 @@ async def open_refcontroller(
     timeouts: Timeouts = Timeouts(),
     host: str = "127.0.0.1",
     new_incarnation: bool = False,
+    limits: Limits = Limits(),
 ) -> AsyncIterator[RefController]:
     """Run the controller in this trio run (on real sockets) until the block exits."""
     config = ServeConfig(
@@ -79,6 +81,7 @@ async def open_refcontroller(
         check_interval=check_interval,
         timeouts=timeouts,
         new_incarnation=new_incarnation,
+        limits=limits,
     )
     async with trio.open_nursery() as nursery:
         running = await nursery.start(serve, config)

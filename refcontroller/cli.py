@@ -2,6 +2,8 @@
 
     refcontroller serve --certs DIR --data DIR --listen ADDR[,ADDR...]
                         [--lease-ttl S] [--check-interval S] [--heartbeat-timeout S] [--max-frame BYTES]
+                        [--handshake-timeout S] [--join-timeout S] [--max-connections N]
+                        [--max-connections-per-address N] [--max-buffered-bytes BYTES]
                         [--log-level LEVEL] [--new-incarnation]
     refcontroller admin --certs DIR --connect ADDR[,ADDR...] [--timeout S] COMMAND
         demand (--file PATH | --clear)     PATH is a JSON array of demand items ('-' = stdin)
@@ -13,6 +15,12 @@
 prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", ...], "term": N, "incarnation":
 "..."}``. It logs to stderr and stops cleanly on SIGTERM or SIGINT. ``admin`` prints the controller's JSON answer on
 stdout.
+
+The bounds (docs/protocol.md §2.1): ``--handshake-timeout`` (10 s) for the TLS handshake, ``--join-timeout`` (10 s)
+from the handshake to a complete Join frame, ``--max-connections`` (2000) open at once and
+``--max-connections-per-address`` (200) from one IP address (over a cap a new connection is closed before TLS),
+``--max-buffered-bytes`` (256 MiB) received but not yet processed across all connections (a connection that would
+pass it is dropped). Every refusal is logged and counted in ``admin status`` under ``gate.refusals``.
 
 ``serve`` refuses to start on a store that is damaged, lost, or behind its mark (a zero-length file, a mark without
 its file, a lost write-ahead log: see ``refcontroller.store``), with one line on stderr and exit code 2: starting
@@ -38,8 +46,10 @@ import trio
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem
 from refcontroller import addresses as addr
+from refcontroller import gate
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.demand_file import parse_demand
+from refcontroller.gate import Limits
 from refcontroller.listeners import ServeConfig, serve
 from refcontroller.server import Timeouts
 from refcontroller.store import StoreRefused
@@ -49,6 +59,13 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
     return value
 
 
@@ -64,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--check-interval", type=_positive, default=5.0, help="quorum check interval T_check (5)")
     s.add_argument("--heartbeat-timeout", type=_positive, default=15.0, help="drop silent peers after (15)")
     s.add_argument("--max-frame", type=int, default=1 << 20, help="largest frame body in bytes (1 MiB)")
+    s.add_argument("--handshake-timeout", type=_positive, default=10.0, help="TLS handshake within (10)")
+    s.add_argument("--join-timeout", type=_positive, default=10.0, help="first frame within, after TLS (10)")
+    s.add_argument("--max-connections", type=_count, default=gate.DEFAULT_MAX_CONNECTIONS, help="open at once (2000)")
+    s.add_argument(
+        "--max-connections-per-address", type=_count, default=gate.DEFAULT_MAX_PER_ADDRESS, help="from one IP (200)"
+    )
+    s.add_argument(
+        "--max-buffered-bytes", type=_count, default=gate.DEFAULT_MAX_BUFFERED_BYTES, help="all connections (256 MiB)"
+    )
     s.add_argument("--log-level", default="INFO")
     s.add_argument(
         "--new-incarnation",
@@ -123,8 +149,18 @@ def _serve(args: argparse.Namespace) -> int:
         listen=listen,
         lease_ttl=args.lease_ttl,
         check_interval=args.check_interval,
-        timeouts=Timeouts(heartbeat=args.heartbeat_timeout, send=args.heartbeat_timeout),
+        timeouts=Timeouts(
+            heartbeat=args.heartbeat_timeout,
+            send=args.heartbeat_timeout,
+            handshake=args.handshake_timeout,
+            join=args.join_timeout,
+        ),
         max_frame=args.max_frame,
+        limits=Limits(
+            max_connections=args.max_connections,
+            max_per_address=args.max_connections_per_address,
+            max_buffered_bytes=args.max_buffered_bytes,
+        ),
         new_incarnation=args.new_incarnation,
     )
     trio.run(_serve_until_signalled, config)

@@ -21,6 +21,7 @@ from provisionerd.wire.framing import DEFAULT_MAX_FRAME
 from provisionerd.wire.tls import server_ssl_context
 from refcontroller import addresses as addr
 from refcontroller.cluster import Cluster
+from refcontroller.gate import Gate, Limits, return_memory
 from refcontroller.server import ControllerServer, Timeouts, open_controller_server
 from refcontroller.store import FactStore
 
@@ -38,6 +39,7 @@ class ServeConfig:
     check_interval: float = 5.0
     timeouts: Timeouts = Timeouts()
     max_frame: int = DEFAULT_MAX_FRAME
+    limits: Limits = Limits()
     #: Set aside whatever store is in ``data_dir`` and start a new incarnation (``refcontroller serve
     #: --new-incarnation``): the explicit way to start afresh after a store was lost or damaged.
     new_incarnation: bool = False
@@ -96,8 +98,9 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[Running] = 
                 cluster.term,
                 ",".join(actual),
             )
-            options = {"timeouts": config.timeouts, "max_frame": config.max_frame}
+            options = {"timeouts": config.timeouts, "max_frame": config.max_frame, "gate": Gate(config.limits)}
             async with open_controller_server(cluster, **options) as server, trio.open_nursery() as nursery:
+                nursery.start_soon(return_memory, server.gate)
                 for replica, listeners in enumerate(per_replica):
                     handler = functools.partial(server.handle_stream, replica=replica)
                     nursery.start_soon(trio.serve_listeners, handler, listeners)

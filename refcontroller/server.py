@@ -6,9 +6,12 @@ protocol, fails TLS or goes silent is dropped, and every other peer keeps being 
 
 The join (the first frame of every connection), in order:
 
-1. For a TLS stream, the handshake (within ``handshake_timeout``) and the role from the peer's certificate. A
+0. The caps of ``gate.py``: over ``max_connections`` (or ``max_per_address`` from one address) the connection is
+   closed at once, before TLS.
+1. For a TLS stream, the handshake (within ``timeouts.handshake``) and the role from the peer's certificate. A
    stream that is not TLS must be given its ``role`` (in-memory tests and simulations).
-2. A first frame that is not ``Join`` gets ``ErrorMsg{not_joined}``; another protocol version gets
+2. The first frame must be complete within ``timeouts.join``. Its kind is read before its body: one that is not
+   ``Join`` gets ``ErrorMsg{not_joined}`` undecoded. Then the Join is decoded; another protocol version gets
    ``ErrorMsg{version_mismatch}``; a ``Join.role`` other than the certificate's (or the controller role) gets
    ``ErrorMsg{not_allowed}``. The connection is then closed.
 3. A standby answers ``JoinReply(accepted=False, primary=False, redirect=<primary host:port>)`` and closes.
@@ -17,6 +20,8 @@ The join (the first frame of every connection), in order:
    and its providers. A bad name is refused with ``JoinReply(accepted=False, reason=...)``.
 5. ``JoinReply(accepted=True, term, primary=True, controller_id="replica-<i>", incarnation, last_index)`` (the
    store's incarnation and its last fact index), then the session (``session.py``).
+
+Every refusal is logged and counted by ``gate.Gate.refuse`` (reason, peer, role) and shown in ``status``.
 
 When a worker's connection ends, its host becomes ``lost`` one heartbeat timeout later (a token is single-use, so
 it cannot come back). On failover every session of the old primary is disconnected so its clients rejoin.
@@ -34,13 +39,14 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import AuthError, ProtocolError
+from provisionerd.domain.errors import AuthError, BuffersExhausted, FrameOverBounds, ProtocolError
 from provisionerd.domain.model import PROTOCOL_VERSION, HostState, Role
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME, FramedStream
 from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
-from provisionerd.wire.tls import peer_role
+from provisionerd.wire.tls import peer_role, server_handshake
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
+from refcontroller.gate import Gate, Peer, peer_address
 from refcontroller.leases import instance_problem
 from refcontroller.session import PEER_ERRORS, Session
 
@@ -53,12 +59,13 @@ MAX_NAME = 256
 @attrs.frozen
 class Timeouts:
     """Seconds. ``heartbeat``: silence after which a peer is dropped, and the time from a worker's disconnect to
-    its host becoming ``lost``; ``handshake``: TLS handshake plus the Join frame; ``send``: one write to a peer
-    that does not read (it is dropped)."""
+    its host becoming ``lost``; ``handshake``: the TLS handshake; ``join``: from the handshake to a complete
+    first frame (the pre-join idle timeout); ``send``: one write to a peer that does not read (it is dropped)."""
 
     heartbeat: float = 15.0
     handshake: float = 10.0
     send: float = 15.0
+    join: float = 10.0
 
 
 @attrs.define(eq=False)
@@ -71,6 +78,7 @@ class ControllerServer:
     wall_clock: Callable[[], float] = time.time
     sessions: set[Session] = attrs.field(factory=set)
     stats: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    gate: Gate = attrs.field(factory=Gate)
     _nursery: trio.Nursery | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -93,9 +101,23 @@ class ControllerServer:
         """
         if role is None and not isinstance(stream, trio.SSLStream):
             raise TypeError("a stream without TLS must be given the peer's role")
-        framed = FramedStream(stream, self.max_frame)
+        address = peer_address(stream)
+        framed = FramedStream(stream, self.max_frame, pool=self.gate.pool, budget=self.gate.budget())
         try:
-            session = await self._join(framed, replica, role)
+            with self.gate.admit(address) as admitted:
+                if admitted:
+                    await self._serve(framed, replica, role, Peer(address, role.value if role else ""))
+        except Exception:
+            log.exception("internal error on replica %s", replica)
+            self.stats["internal_errors"] += 1
+        finally:
+            framed.release()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _serve(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer) -> None:
+        try:
+            session = await self._join(framed, replica, role, peer)
             if session is not None:
                 self.sessions.add(session)
                 try:
@@ -105,34 +127,63 @@ class ControllerServer:
                     if session.role is Role.WORKER:
                         self._start_lost_timer(session.join.instance_ref)
         except (*PEER_ERRORS, AuthError) as exc:
-            # Before the join this is a refusal: a failed TLS handshake (no or foreign certificate), a certificate
-            # without a role, a garbage first frame, or a peer too slow to join.
-            log.info("peer refused before join on replica %s: %r", replica, exc)
+            # Before the join: a failed TLS handshake (no or foreign certificate), a certificate without a role, a
+            # garbage first frame, or a peer too slow to join. (A joined session handles its own errors.)
+            reason = self.refusal_reason(exc)
+            if reason == "disconnected":  # the peer left: nothing was refused
+                log.info("peer left before its join replica=%s peer=%s: %r", replica, peer.address, exc)
+            else:
+                self.gate.refuse(reason, peer.address, peer.role, repr(exc))
             self.stats["peers_dropped"] += 1
             if isinstance(exc, ProtocolError):
                 await self.send_error_and_close(framed, "bad_frame", str(exc))
-        except Exception:
-            log.exception("internal error on replica %s", replica)
-            self.stats["internal_errors"] += 1
-        finally:
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
 
-    async def _join(self, framed: FramedStream, replica: int, role: Role | None) -> Session | None:
-        with trio.fail_after(self.timeouts.handshake):
-            if role is None:
-                assert isinstance(framed.stream, trio.SSLStream)
-                await framed.stream.do_handshake()
-                role = peer_role(framed.stream)
-            envelope = await framed.receive()
-        if envelope is None:
-            return None
+    @staticmethod
+    def refusal_reason(exc: BaseException) -> str:
+        if isinstance(exc, FrameOverBounds):
+            return "over_bounds"
+        if isinstance(exc, BuffersExhausted):
+            return "buffers_exhausted"
+        if isinstance(exc, ProtocolError):
+            return "bad_frame"
+        if isinstance(exc, AuthError):
+            return "no_role"
+        if isinstance(exc, trio.TooSlowError):
+            return "join_timeout"
+        return "disconnected"
+
+    async def _join(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer) -> Session | None:
+        address = peer.address
+        if role is None:
+            assert isinstance(framed.stream, trio.SSLStream)
+            with trio.move_on_after(self.timeouts.handshake) as slow:
+                try:
+                    await server_handshake(framed.stream)
+                except trio.BrokenResourceError as exc:  # no, a foreign or an expired certificate; a dead peer
+                    self.gate.refuse("handshake", address, "", f"TLS handshake failed: {exc.__cause__!r}")
+                    self.stats["peers_dropped"] += 1
+                    return None
+            if slow.cancelled_caught:
+                self.gate.refuse("handshake", address, "", f"no TLS handshake within {self.timeouts.handshake}s")
+                return None
+            role = peer_role(framed.stream)
+            peer.role = role.value
+        with trio.fail_after(self.timeouts.join):
+            head = await framed.receive_head()
+            if head is None:
+                return None
+            if head.kind is not Join:  # refused on its kind: the rest of it is neither read nor decoded
+                self.gate.refuse("not_joined", address, role.value, f"first frame is {head.member}")
+                await self.send_error_and_close(framed, "not_joined", "the first frame must be Join", head.corr)
+                return None
+            body = await framed.receive_body()
+        assert body is not None  # its head was there
+        envelope = await framed.decode(body)
         join, corr = envelope.msg, envelope.corr
+        assert isinstance(join, Join), join  # its kind was read above
         cluster = self.cluster
-        if not isinstance(join, Join):
-            await self.send_error_and_close(framed, "not_joined", "the first frame must be Join", corr)
-            return None
         if join.protocol_version != PROTOCOL_VERSION:
+            self.gate.refuse("version_mismatch", address, role.value, f"peer speaks {join.protocol_version}")
             await self.send_error_and_close(
                 framed,
                 "version_mismatch",
@@ -142,6 +193,7 @@ class ControllerServer:
             return None
         if join.role is not role or role is Role.CONTROLLER:
             self.stats["not_allowed"] += 1
+            self.gate.refuse("not_allowed", address, role.value, f"Join role {join.role.value}")
             await self.send_error_and_close(
                 framed, "not_allowed", f"Join role {join.role.value!r} but certificate role {role.value!r}", corr
             )
@@ -161,6 +213,9 @@ class ControllerServer:
             )
             return None
         refusal = self._admit(join, replica)
+        if refusal is not None:
+            reason = "token_invalid" if refusal.reason == "token_invalid" else "join_refused"
+            self.gate.refuse(reason, address, role.value, f"identity={join.identity[:64]!r}: {refusal.detail}")
         if refusal is not None and refusal.reason == "token_invalid":
             await self.send_error_and_close(framed, "token_invalid", refusal.detail, corr)
             return None
@@ -173,7 +228,7 @@ class ControllerServer:
                 s for s in self.sessions if s.role is Role.WORKER and s.join.instance_ref == join.instance_ref
             ]:
                 other.disconnect()
-        session = Session(self, framed, replica, role, join)
+        session = Session(self, framed, replica, role, join, address)
         accepted = JoinReply(
             accepted=True,
             term=cluster.term,
@@ -253,6 +308,7 @@ class ControllerServer:
             (s.describe() for s in self.sessions), key=lambda d: (d["replica"], d["role"], d["identity"])
         )
         document["stats"] = dict(sorted(self.stats.items()))
+        document["gate"] = self.gate.status()
         return document
 
 

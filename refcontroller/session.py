@@ -24,7 +24,6 @@ import trio
 
 from provisionerd.domain.errors import ProtocolError
 from provisionerd.domain.model import HostState, Role
-from provisionerd.wire.codec import opcode
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
     Ack,
@@ -43,7 +42,7 @@ from provisionerd.wire.messages import (
     WorkerStatus,
 )
 from provisionerd.wire.paging import HOSTS_PAGE_ITEMS, demand_pages, host_pushes, paginate_by_size
-from provisionerd.wire.roles import is_allowed
+from provisionerd.wire.roles import ALLOWED
 from refcontroller.commits import INVALID
 from refcontroller.leases import holder_key
 from refcontroller.replies import provisioner_reply, worker_status_valid
@@ -64,6 +63,7 @@ class Session:
     replica: int
     role: Role
     join: Join
+    address: str = "memory"
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     push_lock: trio.Lock = attrs.field(factory=trio.Lock)
     changed: trio.Event = attrs.field(factory=trio.Event)
@@ -141,6 +141,8 @@ class Session:
             )
             self.server.stats["peers_dropped"] += 1
             if isinstance(exc, ProtocolError):
+                reason = self.server.refusal_reason(exc)
+                self.server.gate.refuse(reason, self.address, self.role.value, f"identity={self.identity!r}: {exc}")
                 await self.server.send_error_and_close(self.framed, "bad_frame", str(exc))
         except Exception:
             # A bug in this reference controller: keep serving the other peers, and count it so tests notice.
@@ -155,26 +157,29 @@ class Session:
     async def _read_loop(self) -> None:
         server = self.server
         while True:
+            body = None
             with trio.move_on_after(server.heartbeat_timeout) as silent:
-                envelope = await self.framed.receive()
+                head = await self.framed.receive_head()
+                if head is not None and head.kind in ALLOWED[self.role]:
+                    body = await self.framed.receive_body()
             if silent.cancelled_caught:
                 log.info(
                     "peer silent for %ss replica=%s identity=%r", server.heartbeat_timeout, self.replica, self.identity
                 )
                 return
-            if envelope is None:
+            if head is None:
                 return
-            msg, corr = envelope.msg, envelope.corr
-            if not is_allowed(self.role, msg):
-                log.warning(
-                    "opcode %s not allowed for role %s identity=%r", opcode(msg), self.role.value, self.identity
-                )
+            if body is None:  # refused on its kind: the rest of it is neither read nor decoded
                 server.stats["not_allowed"] += 1
+                server.gate.refuse(
+                    "not_allowed", self.address, self.role.value, f"{head.member} from identity={self.identity!r}"
+                )
                 await server.send_error_and_close(
-                    self.framed, "not_allowed", f"role {self.role.value} may not send {opcode(msg)}", corr
+                    self.framed, "not_allowed", f"role {self.role.value} may not send {head.member}", head.corr
                 )
                 return
-            await self._answer(msg, corr)
+            envelope = await self.framed.decode(body)
+            await self._answer(envelope.msg, envelope.corr)
 
     async def _answer(self, msg: Message, corr: int) -> None:
         server, cluster = self.server, self.server.cluster

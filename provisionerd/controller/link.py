@@ -44,7 +44,7 @@ from provisionerd.wire.messages import (
     ResyncPage,
     ResyncRequest,
 )
-from provisionerd.wire.roles import is_allowed
+from provisionerd.wire.roles import ALLOWED
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +234,11 @@ class Link:
 
     async def _read_loop(self) -> None:
         while True:
-            envelope = await self.framed.receive()
+            # A kind only clients send is refused (OpcodeNotAllowed, a ProtocolError) before its body is decoded.
+            envelope = await self.framed.receive(ALLOWED[Role.CONTROLLER], Role.CONTROLLER.value)
             if envelope is None:
                 raise LinkDown("the controller closed the connection")
             msg, corr = envelope.msg, envelope.corr
-            if not is_allowed(Role.CONTROLLER, msg):
-                raise ProtocolError(f"the controller sent {opcode(msg)}, which only clients send")
             self._route(msg, corr)
 
     def _route(self, msg: Message, corr: int) -> None:

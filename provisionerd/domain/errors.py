@@ -88,6 +88,16 @@ class DecodeError(ProtocolError):
     """The frame body is not a valid message of the schema."""
 
 
+class FrameOverBounds(DecodeError):
+    """A frame holds a list longer than its field allows, or more elements in all than its kind allows. Raised on
+    a list's length, before any of its elements is read (``provisionerd.wire.bounds``)."""
+
+
+class BuffersExhausted(ProtocolError):
+    """Receiving more would take the bytes buffered across all connections past their cap: this peer is dropped
+    (``provisionerd.wire.framing.BufferPool``)."""
+
+
 class VersionMismatch(ProtocolError):
     def __init__(self, ours: int, theirs: int) -> None:
         self.ours = ours

@@ -14,14 +14,19 @@ so a class and the schema cannot drift apart silently. How each Python type trav
     attrs class (Epoch, ...)       a struct
     Fact                           struct Fact: provider, epoch and opId, then a union of the kinds
 
-``decode`` treats the body as hostile: the reader is bounded (traversal and nesting limits), every field is read
-inside the ``try``, and whatever is wrong surfaces as ``DecodeError`` and nothing else.
+``decode`` treats the body as hostile: the reader is bounded (traversal and nesting limits), every list's length
+is checked against its cap before an element is read and every struct built is counted against the kind's budget
+(``bounds.py``: ``FrameOverBounds``), every field is read inside the ``try``, and whatever is wrong surfaces as
+``DecodeError`` (or that subclass) and nothing else. ``peek`` reads only the frame's ``corr`` and kind, so a
+receiver refuses what the peer may not send before it pays for the body.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import struct
+import threading
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -32,7 +37,8 @@ import capnp
 
 from provisionerd import resources
 from provisionerd.domain import model
-from provisionerd.domain.errors import DecodeError
+from provisionerd.domain.errors import DecodeError, FrameOverBounds
+from provisionerd.wire import bounds
 from provisionerd.wire.messages import MESSAGE_TYPES, Envelope, Message
 
 SCHEMA_PATH = resources.wire_schema()
@@ -84,7 +90,33 @@ def _read_enum_name(reader: Any, wire: str, by_raw: dict[int, str]) -> str:
         raise DecodeError(f"unknown enum value {raw} in field {wire!r}") from None
 
 
-def _plan_type(tp: Any, field: attrs.Attribute | None = None) -> tuple[Writer, Reader]:
+class _Meter(threading.local):
+    """Units left for the frame being decoded on this thread (``decode`` sets it; readers spend it)."""
+
+    left: int = 0
+    spent: int = 0
+
+
+_METER = _Meter()
+
+
+def _spend(units: int, what: str) -> None:
+    _METER.left -= units
+    _METER.spent += units
+    if _METER.left < 0:
+        raise FrameOverBounds(f"frame exceeds its decoding budget at {what}")
+
+
+def _checked_list(reader: Any, wire: str, owner: str) -> Any:
+    """The list reader of field ``wire``, refused on its length alone if above the field's cap."""
+    items = getattr(reader, wire)
+    cap = bounds.list_cap(owner, wire)
+    if len(items) > cap:
+        raise FrameOverBounds(f"{owner}.{wire} holds {len(items)} elements, at most {cap} allowed")
+    return items
+
+
+def _plan_type(tp: Any, field: attrs.Attribute | None = None, owner: str = "") -> tuple[Writer, Reader]:
     wire_enum = field.metadata.get("wire_enum") if field is not None else None
     if wire_enum:
         by_raw = _enum_table(wire_enum)
@@ -105,9 +137,9 @@ def _plan_type(tp: Any, field: attrs.Attribute | None = None) -> tuple[Writer, R
     if origin in (types.UnionType, typing.Union) and len(args) == 2 and type(None) in args:
         return _write_optional, _read_optional
     if origin is Mapping:
-        return _write_map, _read_map
+        return _write_map, functools.partial(_read_map, owner=owner)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return _plan_list(args[0])
+        return _plan_list(args[0], owner)
     raise TypeError(f"no wire mapping for {tp!r}")
 
 
@@ -131,9 +163,11 @@ def _write_map(b: Any, w: str, v: Mapping[str, str]) -> None:
         entry.value = value
 
 
-def _read_map(r: Any, w: str) -> dict[str, str]:
+def _read_map(r: Any, w: str, owner: str) -> dict[str, str]:
     out: dict[str, str] = {}
-    for entry in getattr(r, w):
+    entries = _checked_list(r, w, owner)
+    _spend(len(entries), f"{owner}.{w}")
+    for entry in entries:
         key = entry.key
         if key in out:
             raise DecodeError(f"duplicate key in map field {w!r}")
@@ -141,9 +175,9 @@ def _read_map(r: Any, w: str) -> dict[str, str]:
     return out
 
 
-def _plan_list(item: Any) -> tuple[Writer, Reader]:
+def _plan_list(item: Any, owner: str) -> tuple[Writer, Reader]:
     if item is str:
-        return (lambda b, w, v: setattr(b, w, list(v)), lambda r, w: tuple(getattr(r, w)))
+        return (lambda b, w, v: setattr(b, w, list(v)), lambda r, w: tuple(_checked_list(r, w, owner)))
     if not attrs.has(item):
         raise TypeError(f"no wire mapping for a list of {item!r}")
 
@@ -152,14 +186,23 @@ def _plan_list(item: Any) -> tuple[Writer, Reader]:
         for element, value in zip(elements, v, strict=True):
             _write_struct(element, value)
 
-    return write, lambda r, w: tuple(_read_struct(item, element) for element in getattr(r, w))
+    def read(r: Any, w: str) -> tuple[Any, ...]:
+        elements = _checked_list(r, w, owner)
+        _spend(len(elements), f"{owner}.{w}")  # before the first element: the whole list must fit the budget
+        return tuple(_read_struct(item, element, counted=True) for element in elements)
+
+    return write, read
 
 
 @functools.cache
 def _plan(cls: type, skip: tuple[str, ...] = ()) -> tuple[tuple[str, str, Writer, Reader], ...]:
     """``(attr name, wire name, writer, reader)`` for each field of ``cls`` (minus ``skip``)."""
     attrs.resolve_types(cls)
-    return tuple((f.name, wire_name(f.name), *_plan_type(f.type, f)) for f in attrs.fields(cls) if f.name not in skip)
+    return tuple(
+        (f.name, wire_name(f.name), *_plan_type(f.type, f, cls.__name__))
+        for f in attrs.fields(cls)
+        if f.name not in skip
+    )
 
 
 def _write_struct(builder: Any, value: Any, skip: tuple[str, ...] = ()) -> None:
@@ -168,7 +211,9 @@ def _write_struct(builder: Any, value: Any, skip: tuple[str, ...] = ()) -> None:
         write(builder, wire, getattr(value, name))
 
 
-def _read_struct(cls: type, reader: Any, skip: tuple[str, ...] = (), **extra: Any) -> Any:
+def _read_struct(cls: type, reader: Any, skip: tuple[str, ...] = (), counted: bool = False, **extra: Any) -> Any:
+    if not counted:  # a list's elements were paid for with the list
+        _spend(1, cls.__name__)
     kwargs = {name: read(reader, wire) for name, wire, _, read in _plan(cls, skip)}
     return cls(**kwargs, **extra)
 
@@ -221,14 +266,101 @@ def encode(msg: Message, corr: int = 0) -> bytes:
 _MALFORMED = (capnp.KjException, ValueError, RuntimeError, TypeError, KeyError, IndexError, OverflowError)
 
 
-def decode(body: bytes) -> Envelope:
-    """Parse one frame body. Any byte string either decodes or raises ``DecodeError``; work is bounded by its size.
+@attrs.frozen
+class FrameHead:
+    """What ``peek`` reads of a frame without touching its body: the correlation id and the message kind."""
 
-    The traversal limit is twice the body's size in words (a well-formed message reads each word once), which
-    stops amplification through overlapping pointers or lists of empty elements.
-    """
+    corr: int
+    member: str  # the Frame.body union member, e.g. "adminSetDemand"
+    kind: type  # its message class
+
+
+def _check_length(body: bytes) -> None:
     if len(body) % 8 or not body:
         raise DecodeError(f"frame body of {len(body)} bytes is not a whole number of 8-byte words")
+
+
+#: ``peek`` reads the root pointer and Frame's own two data words and one pointer, nothing below them.
+_PEEK_TRAVERSAL_WORDS = 16
+
+
+def peek(body: bytes) -> FrameHead:
+    """The frame's ``corr`` and kind, in constant time whatever the body holds. Raises ``DecodeError`` for a body
+    that is not a ``Frame`` or names a kind this side does not know."""
+    _check_length(body)
+    try:
+        with schema().Frame.from_bytes(
+            body, traversal_limit_in_words=_PEEK_TRAVERSAL_WORDS, nesting_limit=NESTING_LIMIT
+        ) as root:
+            corr = root.corr
+            member = root.body.which()
+    except _MALFORMED as exc:
+        raise DecodeError(f"malformed frame body: {type(exc).__name__}: {_first_line(exc)}") from None
+    try:
+        return FrameHead(corr, member, _MESSAGE_BY_MEMBER[member])
+    except KeyError:
+        raise DecodeError(f"unknown frame kind {member!r}") from None
+
+
+#: Enough of a body for ``peek_prefix`` when it is laid out as writers lay it out: the segment table (8 bytes), the
+#: root pointer (8) and Frame's two data words (16), with room for a few words of padding.
+PREFIX_BYTES = 64
+_WORD = struct.Struct("<Q")
+
+
+@functools.cache
+def _member_by_discriminant() -> dict[int, str]:
+    body = schema().Frame.schema.fields["body"].schema
+    return {f.proto.discriminantValue: name for name, f in body.fields.items()}
+
+
+@functools.cache
+def _discriminant_word_and_shift() -> tuple[int, int]:
+    offset = schema().Frame.schema.fields["body"].schema.node.struct.discriminantOffset  # in 16-bit units
+    return offset // 4, (offset % 4) * 16
+
+
+def peek_prefix(prefix: bytes) -> FrameHead | None:
+    """``peek`` from the first bytes of a body, or None when they do not settle it (more than one segment, a root
+    struct that is not right there, a kind this side does not know): then ``peek`` the whole body.
+
+    Reads what a Cap'n Proto reader would: the segment table's count, the root struct pointer, and ``corr`` and the
+    union discriminant in Frame's data section. Only a single-segment body whose root struct's first two data
+    words lie within ``prefix`` is answered, so nothing is read as a default that the full reader would find.
+    """
+    if len(prefix) < 16 or int.from_bytes(prefix[:4], "little") != 0:
+        return None
+    pointer = _WORD.unpack_from(prefix, 8)[0]
+    offset = (pointer >> 2) & 0x3FFFFFFF
+    data_words = (pointer >> 32) & 0xFFFF
+    word, shift = _discriminant_word_and_shift()
+    if pointer & 3 or offset & 0x20000000 or data_words <= word:  # not a struct, a negative offset, too small
+        return None
+    start = 8 + 8 * (1 + offset)  # the struct follows the root pointer by ``offset`` words
+    if start + 8 * (word + 1) > len(prefix):
+        return None
+    corr = _WORD.unpack_from(prefix, start)[0]
+    discriminant = (_WORD.unpack_from(prefix, start + 8 * word)[0] >> shift) & 0xFFFF
+    member = _member_by_discriminant().get(discriminant)
+    if member is None or member not in _MESSAGE_BY_MEMBER:
+        return None
+    return FrameHead(corr, member, _MESSAGE_BY_MEMBER[member])
+
+
+def decode(body: bytes) -> Envelope:
+    """Parse one frame body. Any byte string either decodes or raises ``DecodeError``; work is bounded by its size
+    and by the caps of ``bounds.py`` (``FrameOverBounds``, checked on each list's length before its elements).
+
+    The traversal limit is twice the body's size in words (a well-formed message reads each word once), which
+    stops amplification through overlapping pointers; lists of empty elements, cheap in words, are stopped by the
+    list caps and the unit budget.
+    """
+    return decode_metered(body)[0]
+
+
+def decode_metered(body: bytes) -> tuple[Envelope, int]:
+    """``decode``, and the units it spent (what a per-connection decode budget charges)."""
+    _check_length(body)
     try:
         with schema().Frame.from_bytes(
             body, traversal_limit_in_words=2 * (len(body) // 8) + 64, nesting_limit=NESTING_LIMIT
@@ -236,12 +368,13 @@ def decode(body: bytes) -> Envelope:
             corr = root.corr
             member = root.body.which()
             cls = _MESSAGE_BY_MEMBER[member]
+            _METER.left, _METER.spent = bounds.max_units(member), 0
             msg = _read_struct(cls, getattr(root.body, member))
     except DecodeError:
         raise
     except _MALFORMED as exc:
         raise DecodeError(f"malformed frame body: {type(exc).__name__}: {_first_line(exc)}") from None
-    return Envelope(corr, msg)
+    return Envelope(corr, msg), _METER.spent
 
 
 def _first_line(exc: BaseException) -> str:

@@ -5,6 +5,10 @@ a client without a certificate or with one from another CA during the handshake.
 handshake may still complete (its certificate is checked after the server's Finished), so a refused client sees
 the failure on its first receive, and the server sees ``trio.BrokenResourceError`` from ``do_handshake``.
 
+The refused client is told why: ``server_handshake`` sends the TLS alert OpenSSL made for the refusal
+(``certificate_required`` without a certificate, ``unknown_ca`` for a certificate of another CA,
+``bad_certificate``, ``certificate_expired``...), which ``trio.SSLStream`` would otherwise drop with the connection.
+
 Usage (server)::
 
     ssl_stream = trio.SSLStream(tcp_stream, server_ssl_context(certs_dir), server_side=True)
@@ -20,6 +24,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import Role
@@ -55,6 +61,30 @@ def server_ssl_context(certs_dir: Path | str, name: str = "controller") -> Clust
 def client_ssl_context(certs_dir: Path | str, role: Role | str) -> ClusterSSLContext:
     """The client side: presents ``<role>.pem``, verifies the server against the CA and its host name."""
     return _context(ssl.PROTOCOL_TLS_CLIENT, certs_dir, Role(role).value)
+
+
+async def server_handshake(ssl_stream: trio.SSLStream[Any], alert_timeout: float = 1.0) -> None:
+    """``ssl_stream.do_handshake()``; when it fails, first send the peer the alert that says why.
+
+    trio marks the stream broken on the ``SSLError`` without writing what OpenSSL queued for the peer (the alert
+    record), so it is taken from the stream's outgoing buffer and written to the transport here, best effort
+    within ``alert_timeout``. ``tests/wire/test_tls.py`` fails if a trio release moves that buffer.
+
+    Raises:
+        trio.BrokenResourceError: the handshake failed (``__cause__`` is the ``ssl.SSLError``).
+    """
+    try:
+        await ssl_stream.do_handshake()
+    except trio.BrokenResourceError:
+        outgoing = getattr(ssl_stream, "_outgoing", None)
+        pending = outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
+        if pending:
+            with trio.move_on_after(alert_timeout):
+                try:
+                    await ssl_stream.transport_stream.send_all(pending)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                    pass
+        raise
 
 
 def peer_role(ssl_stream: Any, cluster: str | None = None) -> Role:

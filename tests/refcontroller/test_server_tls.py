@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import ssl
 from pathlib import Path
 
@@ -73,6 +74,20 @@ async def test_no_certificate_and_foreign_ca_are_refused(certs: Path, foreign_ce
         assert reply.accepted
         status = await ctl.status()
         assert status["stats"]["peers_dropped"] == 2 and "internal_errors" not in status["stats"]
+        assert status["gate"]["refusals"] == {"handshake": {"-": 2}}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
+@on_real_clock
+async def test_openssl_s_client_without_a_certificate_prints_the_alert_the_controller_sent(
+    certs: Path, tmp_path: Path
+) -> None:
+    async with open_refcontroller(certs, tmp_path, replicas=1) as ctl:
+        argv = ["openssl", "s_client", "-connect", ctl.addresses[0], "-CAfile", str(certs / "ca.pem"), "-ign_eof"]
+        with trio.fail_after(20):
+            result = await trio.run_process(argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
+        said = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
+        assert "alert certificate required" in said and "alert number 116" in said, said
 
 
 @on_real_clock

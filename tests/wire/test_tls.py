@@ -16,7 +16,7 @@ from provisionerd.domain.model import Role
 from provisionerd.pki import certs
 from provisionerd.wire import messages as m
 from provisionerd.wire.framing import FramedStream
-from provisionerd.wire.tls import client_ssl_context, peer_role, server_ssl_context
+from provisionerd.wire.tls import client_ssl_context, peer_role, server_handshake, server_ssl_context
 
 
 async def _handshake(server_ctx, client_ctx, hostname="localhost"):
@@ -183,3 +183,31 @@ async def test_framed_tls_over_loopback_tcp(certs_dir):
             await stream.aclose()
             nursery.cancel_scope.cancel()
     assert seen == [(Role.PROVISIONER, m.Envelope(5, m.Heartbeat(11)))]
+
+
+async def _alert_seen_by(client_ctx, certs_dir) -> str:
+    """What a client of ``client_ctx`` reads after ``server_handshake`` refused it: the SSL error's text."""
+    left, right = trio.testing.memory_stream_pair()
+    server = trio.SSLStream(left, server_ssl_context(certs_dir), server_side=True)
+    client = trio.SSLStream(right, client_ctx, server_hostname="localhost")
+
+    async def serve() -> None:
+        with pytest.raises(trio.BrokenResourceError):
+            await server_handshake(server)
+        await trio.aclose_forcefully(server)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            with pytest.raises(trio.BrokenResourceError) as refused:
+                await client.do_handshake()
+                await client.receive_some()  # TLS 1.3: the client's handshake completes; the alert comes next
+    return str(refused.value.__cause__)
+
+
+async def test_a_refused_handshake_sends_the_alert_that_says_why(certs_dir, foreign_certs_dir):
+    bare = ssl.create_default_context(cafile=str(certs_dir / "ca.pem"))
+    assert "CERTIFICATE_REQUIRED" in await _alert_seen_by(bare, certs_dir)
+    foreign = client_ssl_context(foreign_certs_dir, Role.PROVISIONER)
+    foreign.load_verify_locations(cafile=str(certs_dir / "ca.pem"))
+    assert "UNKNOWN_CA" in await _alert_seen_by(foreign, certs_dir)

@@ -1,0 +1,169 @@
+"""What the controller lets in: connection caps, the shared receive-buffer pool, and the refusal record.
+
+Every refusal goes through ``Gate.refuse``: one log line (reason, peer address, role) and one count per reason and
+role, shown in the controller's status under ``refusals``. The reasons:
+
+    connections_total        a new connection while ``max_connections`` are open (closed before TLS)
+    connections_per_address  a new connection while ``max_per_address`` are open from the same address
+    handshake                the TLS handshake failed (no, foreign or expired certificate) or took too long
+    no_role                  the certificate carries no role of this cluster
+    join_timeout             no complete first frame within the join timeout after the handshake
+    not_joined               the first frame is not a Join (refused on its kind, before its body is decoded)
+    version_mismatch         the Join speaks another protocol version
+    not_allowed              a Join role other than the certificate's, or a frame outside the role's allowlist
+                             (refused on its kind, before its body is decoded)
+    join_refused             a Join refused on its content (bad identity, instance or provider names)
+    token_invalid            a worker Join with a spent, unknown or expired token
+    over_bounds              a frame whose lists exceed the caps of ``provisionerd.wire.bounds``
+    buffers_exhausted        a frame would take the bytes buffered by all connections past ``max_buffered_bytes``
+    bad_frame                any other framing or decoding error
+
+A peer that goes away before its Join is answered was not refused: that is logged at INFO and not counted here.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from provisionerd.wire.framing import BufferPool, DecodeBudget
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_MAX_CONNECTIONS = 2000
+DEFAULT_MAX_PER_ADDRESS = 200
+DEFAULT_MAX_BUFFERED_BYTES = 256 << 20
+
+
+@attrs.frozen
+class Limits:
+    """The controller's global bounds (``refcontroller serve --max-connections`` etc., docs/protocol.md §2)."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_per_address: int = DEFAULT_MAX_PER_ADDRESS
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    #: Per connection: decoding units (``provisionerd.wire.bounds``) per second, and the burst one frame may use.
+    decode_rate: float = 20_000.0
+    decode_burst: float = 150_000.0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("max_connections", "max_per_address", "max_buffered_bytes", "decode_rate", "decode_burst"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """The peer's IP address for a socket (under TLS or not); ``"memory"`` for an in-memory stream."""
+    inner: Any = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    if isinstance(inner, trio.SocketStream):
+        try:
+            return str(inner.socket.getpeername()[0])
+        except OSError:
+            return "unknown"
+    return "memory"
+
+
+@attrs.define(eq=False)
+class Peer:
+    """Who is on a connection, as far as known: its address, and its role once its certificate was read."""
+
+    address: str
+    role: str = ""
+
+
+@attrs.define(eq=False)
+class Gate:
+    limits: Limits = Limits()
+    pool: BufferPool = attrs.field(default=None)
+    open_total: int = 0
+    peak_total: int = 0  # the most connections open at once since the start
+    closed: int = 0  # connections admitted and closed since the start
+    open_by_address: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    refusals: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
+
+    def __attrs_post_init__(self) -> None:
+        if self.pool is None:
+            self.pool = BufferPool(self.limits.max_buffered_bytes)
+
+    def budget(self) -> DecodeBudget:
+        return DecodeBudget(self.limits.decode_rate, self.limits.decode_burst)
+
+    @contextmanager
+    def admit(self, address: str) -> Iterator[bool]:
+        """Yields whether a new connection from ``address`` is within the caps (refusing it if not); while the
+        block runs an admitted connection is counted as open."""
+        if self.open_total >= self.limits.max_connections:
+            self.refuse("connections_total", address, "", f"{self.open_total} connections open")
+            yield False
+            return
+        if self.open_by_address[address] >= self.limits.max_per_address:
+            self.refuse("connections_per_address", address, "", f"{self.open_by_address[address]} open from it")
+            yield False
+            return
+        self.open_total += 1
+        self.peak_total = max(self.peak_total, self.open_total)
+        self.open_by_address[address] += 1
+        try:
+            yield True
+        finally:
+            self.closed += 1
+            self.open_total -= 1
+            self.open_by_address[address] -= 1
+            if not self.open_by_address[address]:
+                del self.open_by_address[address]
+
+    def refuse(self, reason: str, address: str, role: str, detail: str) -> None:
+        """Log and count one refusal. ``detail`` is for humans and never holds a token or a credential."""
+        self.refusals[(reason, role or "-")] += 1
+        log.warning("refused reason=%s peer=%s role=%s: %s", reason, address, role or "-", detail[:300])
+
+    def status(self) -> dict[str, Any]:
+        by_reason: dict[str, dict[str, int]] = {}
+        for (reason, role), n in sorted(self.refusals.items()):
+            by_reason.setdefault(reason, {})[role] = n
+        return {
+            "connections": self.open_total,
+            "peak_connections": self.peak_total,
+            "addresses": len(self.open_by_address),
+            "buffered_bytes": self.pool.in_use,
+            "refusals": by_reason,
+            "limits": attrs.asdict(self.limits),
+        }
+
+
+def _libc_malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None (another libc, another system)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+async def return_memory(gate: Gate, interval: float = 2.0) -> None:
+    """Every ``interval`` seconds in which connections closed, hand the memory they freed back to the system.
+
+    Python frees a closed connection's buffers and TLS state, but glibc keeps the freed heap pages (and raises its
+    mmap threshold after the first large frees, so later buffers land on the heap too): without this, RSS after a
+    flood stays near its peak. ``malloc_trim(0)`` releases every free page; it costs about a millisecond.
+    """
+    trim = _libc_malloc_trim()
+    if trim is None:
+        return
+    try:  # M_MMAP_THRESHOLD (-3) fixed at 128 KiB: a frame buffer is its own mapping, unmapped when freed
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)
+    except (OSError, AttributeError):
+        pass
+    seen = gate.closed
+    while True:
+        await trio.sleep(interval)
+        if gate.closed != seen:
+            seen = gate.closed
+            trim(0)
