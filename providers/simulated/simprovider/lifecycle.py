@@ -7,6 +7,8 @@ passed; then ``running``. A return makes it ``shutting-down`` until the return r
 
 from __future__ import annotations
 
+import heapq
+
 LIVE = ("pending", "running", "shutting-down")
 
 
@@ -138,6 +140,19 @@ def start_return(config: dict, state: dict, ref: dict, tags: dict, rid: str) -> 
         if config["returnPolls"] == 0:
             m["state"] = "terminated"
     return entry
+
+
+def page(
+    entries: list[dict], cursor: str | None, size: int | None, key: str = "machineId"
+) -> tuple[list[dict], str | None]:
+    """One page of a paged answer (``listMachines``, ``getReturnRequests``): keyset paging in ``key`` order, the
+    entries after ``cursor``, at most ``size``; the next cursor is the page's last key when more follow. No
+    ``size`` (a daemon that does not page): everything, no cursor."""
+    after = entries if cursor is None else [e for e in entries if e[key] > cursor]
+    if size is None or len(after) <= size:
+        return sorted(after, key=lambda e: e[key]), None
+    first = heapq.nsmallest(size, after, key=lambda e: e[key])
+    return first, first[-1][key]
 
 
 def return_requests(state: dict, asked: set[str], now: float) -> list[dict]:
