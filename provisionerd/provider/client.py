@@ -34,7 +34,7 @@ the transport, which owns the deadline (``runtime.PluginTransport`` says why).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import trio
 
@@ -43,6 +43,7 @@ from provisionerd.provider import contract
 from provisionerd.provider.legacy.adapter import LegacyProvider
 from provisionerd.provider.paging import (
     LIST_PAGE_SIZE,
+    READ_SLICE,
     RECLAIM_CHUNK,
     PageJoin,
     max_pages,
@@ -210,10 +211,23 @@ class PluginClient:
         first, cursor = contract.listing_input(tags), None
         while True:
             document = await self.transport.call(action, page_input(first, cursor, size), timeout=timeout)
-            cursor = join.add(contract.read_machines(self.name, document), next_cursor(self.name, action, document))
-            await trio.lowlevel.checkpoint()  # one page at a time holds the loop
+            cursor = join.add(await self._read_machines(document), next_cursor(self.name, action, document))
             if cursor is None:
                 return join.items
+
+    async def _read_machines(self, document: Mapping[str, Any]) -> list[ProviderMachine]:
+        """The machines of one validated ``listMachines`` page, read ``READ_SLICE`` at a time with a checkpoint
+        before each: the transport's validation of the page was one stretch of the loop, reading it is never
+        more than a slice (an older plugin's single page of 20,000 machines included)."""
+        entries = document.get("machines")
+        if not isinstance(entries, list):
+            return list(contract.read_machines(self.name, document))  # its error
+        machines: list[ProviderMachine] = []
+        for start in range(0, len(entries), READ_SLICE):
+            await trio.lowlevel.checkpoint()
+            machines.extend(contract.read_machines(self.name, {"machines": entries[start : start + READ_SLICE]}))
+        await trio.lowlevel.checkpoint()
+        return machines
 
     # --- mutations -----------------------------------------------------------------------------------------------
 

@@ -229,7 +229,7 @@ def get_return_requests(call: Call, inp: dict) -> dict:
 def list_machines(call: Call, inp: dict) -> dict:
     wanted = tag_filter(inp.get("tags"))
     cursor, size = paging(inp)
-    machines, next_cursor = lifecycle.page(lifecycle.listing(call.state, wanted), cursor, size)
+    machines, next_cursor = lifecycle.listing(call.state, wanted, cursor, size)
     return {"machines": machines} if next_cursor is None else {"machines": machines, "nextCursor": next_cursor}
 
 
