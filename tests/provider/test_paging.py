@@ -230,3 +230,27 @@ def test_the_default_page_stays_well_under_the_line_cap():
 
     page = {"machines": [machine(i) for i in range(paging.LIST_PAGE_SIZE)], "nextCursor": "i-000999"}
     assert len(json.dumps(page)) * 8 < 8 << 20
+
+
+def test_the_reclaim_poll_names_the_live_machines_in_chunks():
+    from types import SimpleNamespace
+
+    from provisionerd.execution.reclaims import ReclaimPoll
+    from provisionerd.planner.state import Reclaimed
+
+    transport = PagingTransport(4500, reclaimed=3)
+    live = SimpleNamespace(live=True)
+    machines = {
+        m["machineId"]: SimpleNamespace(provider="p", state=live, machine_id=m["machineId"], hostname=m["name"])
+        for m in transport.entries
+    }
+    view = SimpleNamespace(facts=SimpleNamespace(machines=machines))
+    applied, emitted = [], []
+    events = SimpleNamespace(emit=lambda kind, **fields: emitted.append((kind, fields)))
+    executor = SimpleNamespace(client=lambda name: PluginClient(transport))
+    poll = ReclaimPoll(None, executor, events, 30.0, leased=list, apply=applied.append, wall=lambda: 5.0)
+    trio.run(poll.poll, "p", view)
+    assert [len(i["machines"]) for i in transport.inputs] == [2000, 2000, 500]  # never one line of 4,500
+    reclaimed = ["i-000000", "i-000001", "i-000002"]
+    assert applied == [Reclaimed("p", tuple(reclaimed), 5.0)]
+    assert emitted == [("reclaimed", {"provider": "p", "machines": reclaimed})]
