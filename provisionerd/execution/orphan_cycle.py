@@ -212,7 +212,7 @@ class OrphanCycle:
         )
         # The cap on the next pass's pages: the configured fleet, or what this pass saw, whichever is larger.
         self._expected = expected_fleet(obs.view, obs.listing, floor=self._fleet_floor)
-        result = classify(obs, self.policy, self.memory)
+        result = await classify_off_loop(obs, self.policy, self.memory)
         self.memory = result.memory
         self.passes += 1
         open_ops = open_ops_of(obs.view, self.provider)
@@ -306,6 +306,42 @@ class OrphanCycle:
             blocked_by=list(finding.blocked_by),
             evidence=thaw(finding.evidence),
         )
+
+
+#: Listed plus known machines from which a pass classifies in a worker thread (see ``classify_off_loop``).
+OFF_LOOP_AT = 5000
+
+
+def view_snapshot(view: FactView) -> FactView:
+    """A copy of what the classifier reads of ``view`` (its intents, machines, returns and reported orphans:
+    dict copies, ~1 ms per 100k entries on the loop), so a thread can classify while the session folds new facts
+    into the live view. The records are shared: folding replaces or updates them field by field, never leaving
+    one half-written for a reader."""
+    return FactView(
+        intents=dict(view.intents),
+        machines=dict(view.machines),
+        returns=dict(view.returns),
+        reported_orphans=dict(view.reported_orphans),
+        latest_epoch=dict(view.latest_epoch),
+        last_index=view.last_index,
+    )
+
+
+async def classify_off_loop(obs: Observation, policy: OrphanPolicy, memory: ClassifierMemory) -> Classification:
+    """``classify``, in a worker thread when the pass is large (``OFF_LOOP_AT`` listed plus known machines).
+
+    Why: classifying a listing of 100k machines against a 100k-machine view is ~0.5 s of pure Python, which on
+    the loop would stall heartbeats and lease renewals; in a thread the interpreter hands the loop the GIL every
+    switch interval (5 ms). The thread classifies a snapshot of the view (``view_snapshot``), never the live one
+    the session keeps folding into. The result is the same as inline (pure function, same inputs); small passes
+    (every test on trio's ``MockClock``, the simulation) stay inline and deterministic."""
+    listed = len(obs.listing) if isinstance(obs.listing, tuple) else 0
+    known = len(obs.view.machines) if isinstance(obs.view, FactView) else 0
+    if listed + known < OFF_LOOP_AT:
+        return classify(obs, policy, memory)
+    if isinstance(obs.view, FactView):
+        obs = attrs.evolve(obs, view=view_snapshot(obs.view))
+    return await trio.to_thread.run_sync(classify, obs, policy, memory)
 
 
 async def observe(
