@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from provisionerd.execution.orphan_cycle import release_off_loop
+from provisionerd.execution.orphan_offload import release_off_loop
 from provisionerd.execution.orphan_reads import read_listing
 from provisionerd.orphans.model import Unreadable
 from provisionerd.provider.client import PluginClient

@@ -53,6 +53,7 @@ import trio
 
 from provisionerd.domain.errors import ProviderError, ProvisionerdError
 from provisionerd.domain.model import Fact
+from provisionerd.execution.orphan_offload import classify_off_loop, is_large, release_off_loop
 from provisionerd.execution.orphan_reads import (
     ControllerReader,
     LeaseReader,
@@ -66,7 +67,6 @@ from provisionerd.orphans.classify import (
     Observation,
     OrphanPolicy,
     PlannedAction,
-    classify,
 )
 from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
 from provisionerd.planner.fact_view import FactView
@@ -210,8 +210,7 @@ class OrphanCycle:
             list_timeout=self._list_timeout,
             expected=self._expected,
         )
-        # The cap on the next pass's pages: the configured fleet, or what this pass saw, whichever is larger.
-        self._expected = expected_fleet(obs.view, obs.listing, floor=self._fleet_floor)
+        self._expected = expected_fleet(obs.view, obs.listing, floor=self._fleet_floor)  # the next pass's cap
         result = await classify_off_loop(obs, self.policy, self.memory)
         self.memory = result.memory
         self.passes += 1
@@ -312,54 +311,6 @@ class OrphanCycle:
         )
 
 
-#: Listed plus known machines from which a pass classifies in a worker thread (see ``classify_off_loop``).
-OFF_LOOP_AT = 5000
-
-
-def view_snapshot(view: FactView) -> FactView:
-    """A copy of what the classifier reads of ``view`` (its intents, machines, returns and reported orphans:
-    dict copies, ~1 ms per 100k entries on the loop), so a thread can classify while the session folds new facts
-    into the live view. The records are shared: folding replaces or updates them field by field, never leaving
-    one half-written for a reader."""
-    return FactView(
-        intents=dict(view.intents),
-        machines=dict(view.machines),
-        returns=dict(view.returns),
-        reported_orphans=dict(view.reported_orphans),
-        latest_epoch=dict(view.latest_epoch),
-        last_index=view.last_index,
-    )
-
-
-def is_large(obs: Observation) -> bool:
-    """Whether a pass is large enough (``OFF_LOOP_AT``) to classify and release off the loop."""
-    listed = len(obs.listing) if isinstance(obs.listing, tuple) else 0
-    known = len(obs.view.machines) if isinstance(obs.view, FactView) else 0
-    return listed + known >= OFF_LOOP_AT
-
-
-async def release_off_loop(held: list[Any]) -> None:
-    """Drop what ``held`` holds (its only references) in a worker thread: freeing 100k listed machines at once is
-    ~30-50 ms of deallocation, which the thread does in the GIL's switch-interval slices instead of in one loop
-    step."""
-    await trio.to_thread.run_sync(held.clear)
-
-
-async def classify_off_loop(obs: Observation, policy: OrphanPolicy, memory: ClassifierMemory) -> Classification:
-    """``classify``, in a worker thread when the pass is large (``OFF_LOOP_AT`` listed plus known machines).
-
-    Why: classifying a listing of 100k machines against a 100k-machine view is ~0.5 s of pure Python, which on
-    the loop would stall heartbeats and lease renewals; in a thread the interpreter hands the loop the GIL every
-    switch interval (5 ms). The thread classifies a snapshot of the view (``view_snapshot``), never the live one
-    the session keeps folding into. The result is the same as inline (pure function, same inputs); small passes
-    (every test on trio's ``MockClock``, the simulation) stay inline and deterministic."""
-    if not is_large(obs):
-        return classify(obs, policy, memory)
-    if isinstance(obs.view, FactView):
-        obs = attrs.evolve(obs, view=view_snapshot(obs.view))
-    return await trio.to_thread.run_sync(classify, obs, policy, memory)
-
-
 async def observe(
     cluster: str,
     provider: str,
@@ -373,9 +324,8 @@ async def observe(
 ) -> Observation:
     """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
     ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
-    (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``).
-    ``expected`` (about how many machines the listing should show) sets the cap on its pages
-    (``paging.max_pages``)."""
+    (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``). ``expected``
+    (about how many machines the listing should show) caps its pages (``paging.max_pages``)."""
     listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected)
     controller = read_controller()  # after the listing, never before
     return Observation(

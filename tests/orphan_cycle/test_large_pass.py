@@ -20,8 +20,8 @@ from provisionerd.domain.model import (
     ProviderMachine,
     RequestIntent,
 )
-from provisionerd.execution import orphan_cycle
-from provisionerd.execution.orphan_cycle import OFF_LOOP_AT, classify_off_loop
+from provisionerd.execution import orphan_offload
+from provisionerd.execution.orphan_offload import OFF_LOOP_AT, classify_off_loop
 from provisionerd.orphans.classify import ClassifierMemory, OrphanPolicy, classify
 from provisionerd.orphans.model import ControllerState, LeaseState, Observation
 from provisionerd.planner.fact_view import FactView, fold
@@ -71,7 +71,7 @@ def recording(monkeypatch) -> list[tuple[int, object]]:
         calls.append((threading.get_ident(), obs.view))
         return classify(obs, policy, memory)
 
-    monkeypatch.setattr(orphan_cycle, "classify", spy)
+    monkeypatch.setattr(orphan_offload, "classify", spy)
     return calls
 
 
