@@ -164,6 +164,7 @@ class Pieces:
                 events=self.events,
                 wall_clock=self.wall,
                 list_timeout=provider.timeouts.for_action("listMachines"),
+                fleet_floor=provider.max_machines,
             )
             cycles[provider.name] = (cycle, provider.orphans.interval)
         return cycles

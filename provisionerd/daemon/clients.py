@@ -165,6 +165,7 @@ class ReadOnlyClient:
         tags: Mapping[str, str],
         *,
         timeout: float | None = None,  # noqa: ASYNC109
+        expected: int = 0,
     ) -> tuple[ProviderMachine, ...]:
         self.calls.append("listMachines")
-        return await self.inner.list_machines(tags, timeout=timeout)
+        return await self.inner.list_machines(tags, timeout=timeout, expected=expected)

@@ -249,6 +249,7 @@ async def decide_and_act(
         actor.read_lease,
         wall_clock=actor.wall_clock,
         list_timeout=provider.timeouts.for_action("listMachines"),
+        expected=provider.max_machines,
     )
     policy = policy_of(provider)
     result = classify(obs, policy)

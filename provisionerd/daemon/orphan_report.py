@@ -75,7 +75,8 @@ async def _dry_run(
     listings: dict[str, Listing] = {}
     for name in names:  # every listing before the controller's view (see Observation)
         timeout_for = config.provider(name).timeouts.for_action("listMachines")
-        listings[name] = await read_listing(guarded[name], config.cluster, timeout=timeout_for)
+        expected = config.provider(name).max_machines
+        listings[name] = await read_listing(guarded[name], config.cluster, timeout=timeout_for, expected=expected)
     controller = await read_controller_once(config, connect, timeout, identity=side_identity(config.identity, "report"))
     # A provider without a listing (ListingAbsent) is not unreadable: the report states what it cannot see.
     unreadable = [

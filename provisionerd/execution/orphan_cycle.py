@@ -53,14 +53,20 @@ import trio
 
 from provisionerd.domain.errors import ProviderError, ProvisionerdError
 from provisionerd.domain.model import Fact
-from provisionerd.execution.orphan_reads import ControllerReader, LeaseReader, read_listing, unknown_outcomes
+from provisionerd.execution.orphan_offload import classify_off_loop, is_large, release_off_loop
+from provisionerd.execution.orphan_reads import (
+    ControllerReader,
+    LeaseReader,
+    expected_fleet,
+    read_listing,
+    unknown_outcomes,
+)
 from provisionerd.orphans.classify import (
     Classification,
     ClassifierMemory,
     Observation,
     OrphanPolicy,
     PlannedAction,
-    classify,
 )
 from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
 from provisionerd.planner.fact_view import FactView
@@ -166,6 +172,7 @@ class OrphanCycle:
         events: EventLog,
         wall_clock: Callable[[], float] = time.time,
         list_timeout: float | None = None,
+        fleet_floor: int = 0,
     ) -> None:
         self.cluster = cluster
         self.identity = identity
@@ -179,6 +186,8 @@ class OrphanCycle:
         self._events = events
         self._wall_clock = wall_clock
         self._list_timeout = list_timeout
+        self._fleet_floor = fleet_floor
+        self._expected = fleet_floor
         self._seen: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self.passes = 0
         self.interval = 0.0  # set by run
@@ -201,8 +210,10 @@ class OrphanCycle:
             self._read_lease,
             wall_clock=self._wall_clock,
             list_timeout=self._list_timeout,
+            expected=self._expected,
         )
-        result = classify(obs, self.policy, self.memory)
+        self._expected = expected_fleet(obs.view, obs.listing, floor=self._fleet_floor)  # the next pass's cap
+        result = await classify_off_loop(obs, self.policy, self.memory)
         self.memory = result.memory
         self.passes += 1
         open_ops = open_ops_of(obs.view, self.provider)
@@ -218,6 +229,10 @@ class OrphanCycle:
                 actions.append(record)
                 if record.outcome == "refused":
                     break
+        if is_large(obs):
+            held = [obs]
+            del obs
+            await release_off_loop(held)
         return PassResult(result, findings, tuple(actions))
 
     # --- actions -------------------------------------------------------------------------------------------------
@@ -307,11 +322,13 @@ async def observe(
     *,
     wall_clock: Callable[[], float] = time.time,
     list_timeout: float | None = None,
+    expected: int = 0,
 ) -> Observation:
     """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
     ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
-    (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``)."""
-    listing = await read_listing(client, cluster, timeout=list_timeout)
+    (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``). ``expected``
+    (about how many machines the listing should show) caps its pages (``paging.max_pages``)."""
+    listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected)
     controller = read_controller()  # after the listing, never before
     return Observation(
         cluster_id=cluster,

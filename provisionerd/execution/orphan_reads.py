@@ -66,14 +66,19 @@ async def read_listing(
     cluster: str,
     *,
     timeout: float | None = None,  # noqa: ASYNC109
+    expected: int = 0,
 ) -> Listing:
     """``listMachines`` for this cluster's machines, or ``Unreadable`` with the reason it could not be read
-    (``ListingAbsent``, without calling anything, for a provider that has no listing)."""
+    (``ListingAbsent``, without calling anything, for a provider that has no listing).
+
+    The listing is read page by page (``provisionerd.provider.paging``); ``expected`` (about how many machines
+    the caller expects) sets the cap on pages, and pages that do not join up (a cursor loop, more pages than the
+    cap, a page larger than asked) are ``Unreadable`` with that reason, like any other unreadable answer."""
     absent = listing_absent(client)
     if absent is not None:
         return absent
     try:
-        return await client.list_machines(listing_filter(cluster), timeout=timeout)
+        return await client.list_machines(listing_filter(cluster), timeout=timeout, expected=expected)
     except ProviderError as exc:
         return Unreadable(str(exc))
 
@@ -130,6 +135,16 @@ def read_session(session: ControllerSession, tracker: SettleTracker, provider: s
     # The session joins only a primary and breaks the link when told it no longer is one.
     settled = tracker.settled(view.generation)
     return ControllerRead(view.facts, tuple(view.hosts.values()), ControllerState(primary=True, settled=settled))
+
+
+def expected_fleet(view: FactView | Unreadable, listing: Listing, *, floor: int = 0) -> int:
+    """About how many machines the next listing should show, at most: the most of ``floor`` (the provider's
+    configured ``max_machines``), every machine the controller's view knows (any provider, ended ones too: an upper
+    bound that costs nothing to count) and what this listing showed. Only the cap on pages (``paging.max_pages``)
+    uses it, never a decision about a machine."""
+    known = len(view.machines) if isinstance(view, FactView) else 0
+    listed = len(listing) if isinstance(listing, tuple) else 0
+    return max(floor, known, listed)
 
 
 def read_keeper(keeper: LeaseKeeper) -> LeaseState:

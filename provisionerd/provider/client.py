@@ -34,11 +34,22 @@ the transport, which owns the deadline (``runtime.PluginTransport`` says why).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import trio
 
 from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.provider import contract
 from provisionerd.provider.legacy.adapter import LegacyProvider
+from provisionerd.provider.paging import (
+    LIST_PAGE_SIZE,
+    READ_SLICE,
+    RECLAIM_CHUNK,
+    PageJoin,
+    max_pages,
+    next_cursor,
+    page_input,
+)
 from provisionerd.provider.runtime import PluginTransport
 from provisionerd.provider.values import (
     Features,
@@ -84,13 +95,16 @@ class ProviderReader(Protocol):
     async def get_return_requests(
         self, machines: Sequence[MachineRef], *, timeout: float | None = None
     ) -> tuple[Reclaim, ...]:
-        """Which of ``machines`` (every live one the caller knows) the provider wants back."""
+        """Which of ``machines`` (every live one the caller knows) the provider wants back. Asked in chunks of
+        ``paging.RECLAIM_CHUNK`` machines, each answer read page by page (``provider.paging``)."""
         ...
 
     async def list_machines(
-        self, tags: Mapping[str, str], *, timeout: float | None = None
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
     ) -> tuple[ProviderMachine, ...]:
-        """Every live machine carrying all of ``tags`` (``contract.cluster_filter``, ``contract.op_filter``)."""
+        """Every live machine carrying all of ``tags`` (``contract.cluster_filter``, ``contract.op_filter``), read
+        page by page (``provider.paging``: a ``PagingViolation`` for pages that do not join up). ``expected``
+        is about how many the caller expects: the cap on pages derives from it (``paging.max_pages``)."""
         ...
 
 
@@ -121,8 +135,12 @@ class PluginClient:
     ``transport`` is public for what only it can do: a persistent transport must be ``run`` in a nursery
     (``provisionerd.daemon.clients.supervise``)."""
 
-    def __init__(self, transport: PluginTransport) -> None:
+    def __init__(
+        self, transport: PluginTransport, *, page_size: int = LIST_PAGE_SIZE, reclaim_chunk: int = RECLAIM_CHUNK
+    ) -> None:
         self.transport = transport
+        self.page_size = page_size
+        self.reclaim_chunk = reclaim_chunk
         # The legacy adapter is the one transport that knows more than its calls (its features, its journal).
         self._legacy = transport if isinstance(transport, LegacyProvider) else None
 
@@ -165,14 +183,51 @@ class PluginClient:
     async def get_return_requests(
         self, machines: Sequence[MachineRef], *, timeout: float | None = None
     ) -> tuple[Reclaim, ...]:
-        document = await self.transport.call("getReturnRequests", contract.reclaims_input(machines), timeout=timeout)
-        return contract.read_reclaims(self.name, document)
+        # The request side is chunked too: one line naming 100k machines would be ~8 MB. A plugin that answers
+        # every reclaim whatever it is asked about gives the same ones per chunk: kept once (by name and id).
+        action, size = "getReturnRequests", self.reclaim_chunk
+        limit = max_pages(len(machines), size)
+        joined: dict[tuple[str, str], Reclaim] = {}
+        for start in range(0, max(len(machines), 1), size):
+            chunk = contract.reclaims_input(machines[start : start + size])
+            join: PageJoin[Reclaim] = PageJoin(self.name, action, size, limit, lambda r: (r.name, r.machine_id))
+            cursor: str | None = None
+            while True:
+                document = await self.transport.call(action, page_input(chunk, cursor, size), timeout=timeout)
+                cursor = join.add(contract.read_reclaims(self.name, document), next_cursor(self.name, action, document))
+                await trio.lowlevel.checkpoint()  # between pages, whatever the transport did
+                if cursor is None:
+                    break
+            joined.update(((r.name, r.machine_id), r) for r in join.items)
+        return tuple(joined.values())
 
     async def list_machines(
-        self, tags: Mapping[str, str], *, timeout: float | None = None
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
     ) -> tuple[ProviderMachine, ...]:
-        document = await self.transport.call("listMachines", contract.listing_input(tags), timeout=timeout)
-        return contract.read_machines(self.name, document)
+        action, size = "listMachines", self.page_size
+        join: PageJoin[ProviderMachine] = PageJoin(
+            self.name, action, size, max_pages(expected, size), lambda m: m.machine_id
+        )
+        first, cursor = contract.listing_input(tags), None
+        while True:
+            document = await self.transport.call(action, page_input(first, cursor, size), timeout=timeout)
+            cursor = join.add(await self._read_machines(document), next_cursor(self.name, action, document))
+            if cursor is None:
+                return join.items
+
+    async def _read_machines(self, document: Mapping[str, Any]) -> list[ProviderMachine]:
+        """The machines of one validated ``listMachines`` page, read ``READ_SLICE`` at a time with a checkpoint
+        before each: the transport's validation of the page was one stretch of the loop, reading it is never
+        more than a slice (an older plugin's single page of 20,000 machines included)."""
+        entries = document.get("machines")
+        if not isinstance(entries, list):
+            return list(contract.read_machines(self.name, document))  # its error
+        machines: list[ProviderMachine] = []
+        for start in range(0, len(entries), READ_SLICE):
+            await trio.lowlevel.checkpoint()
+            machines.extend(contract.read_machines(self.name, {"machines": entries[start : start + READ_SLICE]}))
+        await trio.lowlevel.checkpoint()
+        return machines
 
     # --- mutations -----------------------------------------------------------------------------------------------
 

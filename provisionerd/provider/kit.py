@@ -22,6 +22,7 @@ import trio
 
 from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderRejected
 from provisionerd.provider.legacy.adapter import detect_legacy
+from provisionerd.provider.paging import PageJoin, PagingViolation, next_cursor, page_input
 from provisionerd.provider.runtime import PluginTransport
 
 __all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy"]
@@ -157,6 +158,7 @@ class Kit:
             )
             await self.step("listMachines shows the owner tags", lambda: self.check_listed(op_id, machines), machines)
             await self.step("listMachines filters by tags", lambda: self.check_filter(machines), machines)
+            await self.step("listMachines pages join up", lambda: self.check_pages(machines), machines)
             returned = await self.step("requestReturnMachines works", lambda: self.check_return(machines), machines)
             if returned:
                 created = None
@@ -255,6 +257,38 @@ class Kit:
         if leaked:
             raise CheckFailed(f"a filter on another cluster lists our machines {leaked}")
         return "another cluster's filter lists none of ours"
+
+    async def check_pages(self, machines: list[dict[str, Any]]) -> str:
+        """Asked one machine a page, the pages must join up: each machine once, none missing, never more than
+        asked on a page that has a next one, no cursor twice (``provider.paging``). A plugin that does not page
+        answers everything at once: that works, up to the transport's line cap, and is said."""
+        tags = {"provisionerd:cluster": CLUSTER}
+        whole = set(await self.listed(tags))
+        # A tighter cap than the daemon's: the kit knows the listing it expects to page through.
+        join: PageJoin[dict[str, Any]] = PageJoin(
+            self.provider, "listMachines", 1, 2 * len(whole) + 5, lambda m: m["machineId"]
+        )
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            out = await self.rpc.call("listMachines", page_input({"tags": tags}, cursor, 1))
+            seen.extend(m["machineId"] for m in out["machines"])
+            try:
+                cursor = join.add(out["machines"], next_cursor(self.provider, "listMachines", out))
+            except PagingViolation as exc:
+                raise CheckFailed(exc.detail) from None
+            if cursor is None:
+                break
+        twice = sorted({m for m in seen if seen.count(m) > 1})
+        if twice:
+            raise CheckFailed(f"machines on two pages: {twice[:5]}")
+        missing = sorted(whole - set(seen))
+        ours = {m["machineId"] for m in machines} - set(seen)
+        if missing or ours:
+            raise CheckFailed(f"missing from the pages: {sorted(set(missing) | ours)[:5]}")
+        if join.pages == 1 and len(seen) > 1:
+            return f"does not page: {len(seen)} machines in one answer (fine up to the 8 MiB line cap)"
+        return f"{len(seen)} machines in {join.pages} pages of 1, each once"
 
     def return_input(self, op_id: str, machines: list[dict[str, Any]]) -> dict[str, Any]:
         refs = [{"name": m["name"], "machineId": m["machineId"]} for m in machines]

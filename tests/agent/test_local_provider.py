@@ -96,6 +96,12 @@ def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
     assert agents_by_machine(tmp_path) == running
 
     assert set(listed(plugin)) == set(machines)
+    first = plugin.call("listMachines", {"tags": {"provisionerd:cluster": CLUSTER}, "pageSize": 1})
+    rest = plugin.call(
+        "listMachines", {"tags": {"provisionerd:cluster": CLUSTER}, "pageSize": 1, "cursor": first["nextCursor"]}
+    )
+    assert "nextCursor" not in rest  # two machines, two pages of one, joined: each once
+    assert sorted(m["machineId"] for m in first["machines"] + rest["machines"]) == sorted(machines)
     assert set(listed(plugin, **{"provisionerd:op": "op-1"})) == set(machines)
     assert listed(plugin, **{"provisionerd:op": "op-other"}) == {}
     other = plugin.call("listMachines", {"tags": {"provisionerd:cluster": "someone-else"}})
@@ -166,6 +172,11 @@ def test_an_agent_that_died_is_reported_and_a_reused_pid_is_not_touched(certs: P
     wanted = plugin.call("getReturnRequests", {"machines": [{"name": m, "machineId": m} for m in machines]})
     assert wanted["requests"] == [{"machine": victim, "machineId": victim, "gracePeriod": 0}]
     assert plugin.call("getReturnRequests", {"machines": []})["requests"] == wanted["requests"]
+    asked = [{"name": m, "machineId": m} for m in [*machines, "local-gone"]]  # and one that no longer exists
+    page = plugin.call("getReturnRequests", {"machines": asked, "pageSize": 1})
+    last = plugin.call("getReturnRequests", {"machines": asked, "pageSize": 1, "cursor": page["nextCursor"]})
+    assert "nextCursor" not in last
+    assert sorted(r["machineId"] for r in page["requests"] + last["requests"]) == sorted([victim, "local-gone"])
     status = {m["machineId"]: m for m in settle(plugin, request["requestId"])["machines"]}
     assert status[victim]["result"] == "fail" and status[survivor]["result"] == "succeed"
     assert set(listed(plugin)) == {survivor}

@@ -129,3 +129,40 @@ def test_many_requests_in_flight_on_the_persistent_transport(plugin, ec2):
     assert all("result" in r for r in replies.values())
     assert len(replies[sent[0]]["result"]["machines"]) == 2
     assert b'"id": null' in bad and b"invalid_request" in bad
+
+
+def _pages(p, action, inp, size):
+    pages, cursor = [], None
+    for _ in range(30):
+        answer = p.call(action, {**inp, "pageSize": size, **({"cursor": cursor} if cursor else {})})["result"]
+        pages.append(answer)
+        cursor = answer.get("nextCursor")
+        if cursor is None:
+            return pages
+    raise AssertionError("no last page in 30")
+
+
+def test_listing_and_reclaims_page_through_ec2s_own_next_token(plugin, ec2):
+    with plugin.persistent() as p:
+        p.call("requestMachines", plugin.request_input("op-pages", 7))
+        ours = _ids(plugin, ec2, "op-pages")
+        cluster = {"tags": {"provisionerd:cluster": plugin.cluster}}
+        for size in (1, 3, 5, 7, 50):
+            plugin.set_faults()  # a fresh call log per size
+            plugin.reset_calls()
+            pages = _pages(p, "listMachines", cluster, size)
+            ids = [m["machineId"] for page in pages for m in page["machines"]]
+            assert sorted(ids) == ours, size  # no duplicate, none missing
+            assert all(len(page["machines"]) <= size for page in pages), size
+            calls = plugin.calls("DescribeInstances")
+            assert calls and all(c["max_results"] >= 5 for c in calls), calls  # EC2's MaxResults, never below 5
+            if size >= 5:  # a page EC2 gave whole: one DescribeInstances per page, each after the first by token
+                assert [c["token"] for c in calls] == [False] + [True] * (len(calls) - 1), (size, calls)
+        bad = p.call("listMachines", {**cluster, "pageSize": 2, "cursor": "no-such-cursor"})
+        assert bad["error"]["code"] == "invalid_request"
+
+        killed, marked = ours[:2]
+        ec2.terminate_instances(InstanceIds=[killed])
+        ec2.create_tags(Resources=[marked], Tags=[{"Key": "provisionerd:reclaim", "Value": "30"}])
+        pages = _pages(p, "getReturnRequests", {"machines": [{"name": i, "machineId": i} for i in ours]}, 1)
+        assert [[r["machineId"] for r in page["requests"]] for page in pages] == [[killed], [marked]]

@@ -16,6 +16,7 @@ from provisionerd.domain.errors import LeaseError, ProviderTimeout
 from provisionerd.domain.model import TAG_CLUSTER, HostState, HostStatus, Lost, OrphanAdopted, OrphanReported
 from provisionerd.orphans.model import orphan_op_id
 from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.provider.paging import LIST_PAGE_SIZE
 
 TERMINATE = OrphanPolicy(orphan_action="terminate")
 
@@ -231,7 +232,8 @@ def test_untagged_foreign_and_protected_machines_are_never_touched():
     assert set(world.provider_actions()) == {"listMachines"}
     (finding,) = seen["last"].findings
     assert finding.machine_id == "i-protected" and "protected" in finding.blocked_by
-    assert world.provider.calls[0][1] == {"tags": {TAG_CLUSTER: CLUSTER}}  # the listing asks for this cluster
+    # the listing asks for this cluster, one page at a time
+    assert world.provider.calls[0][1] == {"tags": {TAG_CLUSTER: CLUSTER}, "pageSize": LIST_PAGE_SIZE}
 
 
 def test_detections_are_audited_when_new_or_changed_and_resolved_when_gone():

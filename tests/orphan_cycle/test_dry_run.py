@@ -22,6 +22,7 @@ from provisionerd.daemon.orphan_report import dry_run
 from provisionerd.domain.errors import ProviderCrashed
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, RequestIntent
 from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
+from provisionerd.provider.paging import LIST_PAGE_SIZE
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
@@ -83,7 +84,7 @@ def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
 
     mock_run(main)
     report = seen["report"]
-    assert fake.calls == [("listMachines", {"tags": {TAG_CLUSTER: "clu"}})]  # the provider's call log
+    assert fake.calls == [("listMachines", {"tags": {TAG_CLUSTER: "clu"}, "pageSize": LIST_PAGE_SIZE})]  # its call log
     assert report.mutations == 0 and report.calls == {"sim": ("listMachines",)}
     assert report.unreadable == ()
     got = {(f.orphan_class, f.machine_id, f.action) for f in report.findings}

@@ -152,3 +152,30 @@ def test_idempotency_typed_errors_and_foreign_machines(plugin):
     assert status["status"] == "complete_with_error" and status["machines"][0]["result"] == "fail"
     listed = _ok(plugin, "listMachines", {"tags": {"provisionerd:cluster": "other"}})["machines"]
     assert [m["machineId"] for m in listed] == [machine["machineId"]]
+
+
+def _pages(driver, action, inp, page_size):
+    """Every page of ``action`` with ``page_size``, following the plugin's cursors (at most 50 pages)."""
+    pages, cursor = [], None
+    for _ in range(50):
+        paged = {**inp, "pageSize": page_size, **({} if cursor is None else {"cursor": cursor})}
+        answer = _ok(driver, action, paged)
+        pages.append(answer)
+        cursor = answer.get("nextCursor")
+        if cursor is None:
+            return pages
+    raise AssertionError(f"{action}: no last page in 50")
+
+
+def test_listing_pages_join_up_with_no_duplicate_and_none_missing(plugin):
+    accepted = _ok(plugin, "requestMachines", request_input(plugin.template, 5, "op-pages"))
+    made = {m["machineId"] for m in _poll(plugin, accepted["requestId"])["machines"]}
+    assert {m["machineId"] for m in _listed(plugin)} == made  # without pageSize: everything, one page
+    for size in (1, 2, 5, 7):
+        pages = _pages(plugin, "listMachines", {"tags": {"provisionerd:cluster": "c1"}}, size)
+        ids = [m["machineId"] for page in pages for m in page["machines"]]
+        assert sorted(ids) == sorted(made), size  # no duplicate, none missing
+        assert all(len(page["machines"]) <= size for page in pages)
+        assert len(pages) == -(-5 // size), size  # no empty page after the last
+    wanted = _pages(plugin, "getReturnRequests", {"machines": [{"machineId": m, "name": ""} for m in made]}, 2)
+    assert all(len(page["requests"]) <= 2 for page in wanted)

@@ -179,3 +179,18 @@ def test_bad_input_config_and_environment_are_typed_errors(env, contract):
     assert "PRO_DATA_DIR" in _refused(oneshot(SIMULATED, "describeProvider", {}, no_data), "provider_error")["message"]
     usage = oneshot(SIMULATED, "describeProvider", {}, env)  # still the bad config
     assert usage.rc == 1
+
+
+def test_reclaims_come_in_pages(env, contract):
+    write_sim_config(env, delays={"bootPolls": 0}, faults=[{"kind": "reclaim", "count": 3, "times": 1}])
+    request_id = ok(SIMULATED, "requestMachines", request_input("sim-cpu-8", 4, "op-rp"), env)["requestId"]
+    _status(env, request_id)
+    first = ok(SIMULATED, "getReturnRequests", {"machines": [], "pageSize": 2}, env)
+    contract.check_output("getReturnRequests", first)
+    assert len(first["requests"]) == 2 and first["nextCursor"] == first["requests"][-1]["machineId"]
+    rest = ok(SIMULATED, "getReturnRequests", {"machines": [], "pageSize": 2, "cursor": first["nextCursor"]}, env)
+    assert len(rest["requests"]) == 1 and "nextCursor" not in rest
+    ids = [r["machineId"] for r in first["requests"] + rest["requests"]]
+    assert len(set(ids)) == 3 and ids == sorted(ids)
+    refused = oneshot(SIMULATED, "getReturnRequests", {"machines": [], "pageSize": 0}, env)
+    _refused(refused, "invalid_request")

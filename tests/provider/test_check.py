@@ -41,6 +41,26 @@ def test_a_correct_plugin_passes(tmp_path, capsys, h, transport):
     assert report["failed"] == 0 and report["passed"] == len(report["checks"]) >= 14
 
 
+def test_the_kit_pages_the_listing(tmp_path, capsys, h):
+    code, report = run_cli(capsys, "--transport", "persistent", str(mini_plugin(tmp_path / "p", h)))
+    ok, detail = rows(report)["listMachines pages join up"]
+    assert code == 0 and ok and detail == "2 machines in 2 pages of 1, each once", detail
+
+
+@pytest.mark.parametrize(
+    ("breaks", "ok", "detail"),
+    [
+        (["no_paging"], True, "does not page: 2 machines in one answer (fine up to the 8 MiB line cap)"),
+        (["page_loop"], False, "cursor loop: page 2 returned cursor 'again' again"),
+        (["page_repeat"], False, "machines on two pages: ['m-"),
+    ],
+)
+def test_the_kit_says_how_a_plugin_pages(tmp_path, capsys, h, breaks, ok, detail):
+    code, report = run_cli(capsys, "--transport", "persistent", str(mini_plugin(tmp_path / "p", h, breaks)))
+    got_ok, got = rows(report)["listMachines pages join up"]
+    assert (got_ok, code) == (ok, 0 if ok else 1) and got.startswith(detail), got
+
+
 def test_table_output_and_exit_code(tmp_path, capsys, h):
     plugin = mini_plugin(tmp_path / "p", h, ["non_idempotent"])
     code = main(["check", "--transport", "persistent", "--timeout", "5", str(plugin)])

@@ -30,6 +30,12 @@ def test_two_pilot_jobs_run_on_the_nodes_and_are_found_by_their_tags(
     assert all(listed[m["machineId"]]["tags"] == m["tags"] for m in machines)
     assert set(plugin.listed(**{"provisionerd:op": "op-life"})) == set(listed)
     assert plugin.listed(**{"provisionerd:op": "another-op"}) == {}
+    cluster_tags = {"tags": {"provisionerd:cluster": plugin.cluster_tag}}
+    first_page = plugin.call("listMachines", {**cluster_tags, "pageSize": 1})
+    last_page = plugin.call("listMachines", {**cluster_tags, "pageSize": 1, "cursor": first_page["nextCursor"]})
+    assert "nextCursor" not in last_page  # two pilots, two pages of one, in job id order, each once
+    paged = [m["machineId"] for m in first_page["machines"] + last_page["machines"]]
+    assert paged == sorted(listed, key=int)
 
     # The same op_id again (even from a daemon that lost its records): the same jobs, none new.
     again = plugin.call("requestMachines", doc)

@@ -296,3 +296,21 @@ def test_request_ids_split_back(kind: str, cluster: str, op_id: str) -> None:
 def test_foreign_request_ids_are_not_ours() -> None:
     assert submit.parse_request_id("aws-123") is None
     assert submit.parse_request_id("slurm-req@abc@") is None
+
+
+@given(ids=st.sets(st.integers(1, 10**7), max_size=60), size=st.integers(1, 70))
+def test_job_pages_join_up_in_job_id_order(ids: set[int], size: int) -> None:
+    from slurm_plugin.status import keyset_page
+
+    entries = [{"machineId": str(i)} for i in ids]
+    pages, doc = [], {"pageSize": size}
+    while True:
+        page, more = keyset_page(entries, doc)
+        pages.append(page)
+        if not more:
+            break
+        doc = {"pageSize": size, "cursor": more["nextCursor"]}
+    joined = [int(e["machineId"]) for page in pages for e in page]
+    assert joined == sorted(ids) and all(len(p) <= size for p in pages)  # numeric order, each once, none missing
+    with pytest.raises(PluginError, match="cursor"):
+        keyset_page(entries, {"pageSize": 1, "cursor": "x9"})

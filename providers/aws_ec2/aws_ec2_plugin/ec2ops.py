@@ -61,6 +61,18 @@ class Ec2:
             raise from_exception(exc, "DescribeInstances") from None
         return found
 
+    def describe_page(
+        self, filters: list[dict[str, Any]], token: str | None, max_results: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of DescribeInstances: EC2's own ``MaxResults`` (5 to 1000) and ``NextToken``. The instances
+        of the page, and the token of the next one (None: the last)."""
+        params: dict[str, Any] = {"Filters": filters, "MaxResults": max(5, min(1000, max_results))}
+        if token:
+            params["NextToken"] = token
+        out = call("DescribeInstances", self.client.describe_instances, **params)
+        instances = [i for r in out.get("Reservations", ()) for i in r.get("Instances", ())]
+        return instances, out.get("NextToken") or None
+
     def describe_values(self, name: str, values: Sequence[str], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Instances whose filter ``name`` matches any of ``values`` and all ``extra`` filters, in batches."""
         found: list[dict[str, Any]] = []

@@ -69,7 +69,10 @@ def install(events: Any, spec: Mapping[str, Any]) -> None:
 def _call_logger(path: str) -> Any:
     def log_call(model: Any, params: Mapping[str, Any], **_: Any) -> None:
         ids = params.get("InstanceIds") or params.get("Resources") or ()
-        line = json.dumps({"op": model.name, "ids": len(ids)}) + "\n"
+        entry = {"op": model.name, "ids": len(ids)}
+        if "MaxResults" in params:  # EC2's own paging, as listMachines pages use it
+            entry.update(max_results=params["MaxResults"], token=bool(params.get("NextToken")))
+        line = json.dumps(entry) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line.encode())

@@ -162,3 +162,22 @@ def tag_filter(doc: object) -> dict[str, str]:
     ):
         raise _bad("tags must map at most 40 strings to strings")
     return dict(tags)
+
+
+def paging(doc: object) -> tuple[int, str | None, int | None]:
+    """The paging fields of ``listMachines`` (docs/providers.md, "Paging"): ``(skip, token, page_size)``.
+
+    The cursor this plugin hands out is ``"<skip>:<NextToken>"``: EC2's own token of the page to ask for (empty:
+    the first), and how many of that page's instances were already given (EC2 answers at least 5 instances a page,
+    and more than one reservation's worth may come back, so a page the daemon asked smaller is given in parts)."""
+    doc = _object(doc, "input")
+    size = doc.get("pageSize")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise _bad("pageSize must be an integer >= 1")
+    cursor = doc.get("cursor")
+    if cursor is None:
+        return 0, None, size
+    skip, sep, token = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
+    if not sep or not skip.isdigit() or len(cursor) > 4096:
+        raise _bad("cursor: not one this plugin gave")
+    return int(skip), token or None, size

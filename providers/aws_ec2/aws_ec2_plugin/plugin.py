@@ -110,14 +110,36 @@ class Plugin:
 
     def get_return_requests(self, doc: dict[str, Any]) -> dict[str, Any]:
         ids = inputs.machine_ids(doc, required=False)
-        return status.return_requests(
+        _, _, size = inputs.paging({k: v for k, v in doc.items() if k != "cursor"})
+        cursor = doc.get("cursor")
+        if cursor is not None and (not isinstance(cursor, str) or not inputs.INSTANCE_ID.match(cursor)):
+            raise PluginError("invalid_request", "cursor: not one this plugin gave")
+        out = status.return_requests(
             self.ec2, ids, self.cluster, self.config.reclaim_tag, self.config.reclaim_grace_period
         )
+        # Keyset pages in machineId order (the daemon names at most a page's worth of machines per call anyway).
+        wanted = sorted(
+            (r for r in out["requests"] if cursor is None or r["machineId"] > cursor), key=lambda r: r["machineId"]
+        )
+        if size is not None and len(wanted) > size:
+            return {**out, "requests": wanted[:size], "nextCursor": wanted[size - 1]["machineId"]}
+        return {**out, "requests": wanted}
 
     def list_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
         tags = inputs.tag_filter(doc)
         filters = tag_filters(tags) + [{"Name": "instance-state-name", "Values": list(machines.LIVE_STATES)}]
-        return {"machines": [machines.listed(i) for i in self.ec2.describe(filters)]}
+        skip, token, size = inputs.paging(doc)
+        if size is None:  # a daemon that does not page: everything (up to MAX_INSTANCES)
+            return {"machines": [machines.listed(i) for i in self.ec2.describe(filters)]}
+        # One EC2 page per call, through its own NextToken/MaxResults (see inputs.paging for the cursor).
+        instances, next_token = self.ec2.describe_page(filters, token, skip + size)
+        page = instances[skip : skip + size]
+        out: dict[str, Any] = {"machines": [machines.listed(i) for i in page]}
+        if skip + size < len(instances):
+            out["nextCursor"] = f"{skip + size}:{token or ''}"
+        elif next_token:
+            out["nextCursor"] = f"0:{next_token}"
+        return out
 
     # --- mutations --------------------------------------------------------------------------------------------
 

@@ -124,6 +124,26 @@ for path in sys.argv[2:]:
 ' "$@"
 }
 
+# list_page FILTER_JSON CURSOR SIZE RECORD...: the listMachines answer for the records (paths) whose machine
+# carries every tag in FILTER_JSON: keyset paging in machineId order (CURSOR and SIZE may be empty: the first page,
+# no limit), with nextCursor when more follow. Each entry is the record plus its status.
+list_page() {
+    "$PY" -S -c '
+import json, sys
+wanted, cursor, size = json.loads(sys.argv[1]).items(), sys.argv[2], sys.argv[3]
+found = []
+for path in sys.argv[4:]:
+    record = json.load(open(path))
+    if all(record["tags"].get(k) == v for k, v in wanted) and record["machineId"] > cursor:
+        found.append({**record, "status": "running"})
+found.sort(key=lambda m: m["machineId"])
+answer = {"machines": found}
+if size and len(found) > int(size):
+    answer = {"machines": found[: int(size)], "nextCursor": found[int(size) - 1]["machineId"]}
+print(json.dumps(answer, separators=(",", ":")))
+' "$@"
+}
+
 # lock: take the provider's lock until this script exits (separate one-shot calls must not interleave).
 # mkdir is atomic, and unlike flock it is in coreutils. A holder killed with SIGKILL leaves its lock behind:
 # it is broken when the pid written inside no longer runs.

@@ -203,8 +203,9 @@ const actions = {
     });
   },
 
-  async getReturnRequests() {
-    return {status: 'complete', message: '', requests: []};  // nobody reclaims our machines
+  async getReturnRequests(input) {
+    paging(input);  // nobody reclaims our machines: one empty page, whatever the cursor
+    return {status: 'complete', message: '', requests: []};
   },
 
   async listMachines(input) {
@@ -212,16 +213,35 @@ const actions = {
     if (!filter || typeof filter !== 'object' || typeof filter['provisionerd:cluster'] !== 'string') {
       throw invalid('tags: a filter naming provisionerd:cluster is required');
     }
+    const {cursor, pageSize} = paging(input);
     await cloudCall();
-    const machines = Object.values(state.machines)
+    // Keyset paging (docs/providers.md, "Paging"): machineId order, the page after the cursor, and the page's
+    // last id as nextCursor when more follow.
+    const matching = Object.values(state.machines)
       .filter((m) => isLive(m) && Object.entries(filter).every(([k, v]) => m.tags[k] === v))
-      .map((m) => ({
-        machineId: m.machineId, name: m.name, status: machineStatus(m), launchtime: m.launchtime,
-        privateIpAddress: m.privateIpAddress, tags: m.tags,
-      }));
+      .filter((m) => cursor === undefined || m.machineId > cursor)
+      .sort((a, b) => (a.machineId < b.machineId ? -1 : a.machineId > b.machineId ? 1 : 0));
+    const page = pageSize === undefined ? matching : matching.slice(0, pageSize);
+    const machines = page.map((m) => ({
+      machineId: m.machineId, name: m.name, status: machineStatus(m), launchtime: m.launchtime,
+      privateIpAddress: m.privateIpAddress, tags: m.tags,
+    }));
+    if (page.length < matching.length) return {machines, nextCursor: page[page.length - 1].machineId};
     return {machines};
   },
 };
+
+// The optional paging fields of listMachines and getReturnRequests.
+function paging(input) {
+  const {cursor, pageSize} = input;
+  if (cursor !== undefined && (typeof cursor !== 'string' || cursor === '')) {
+    throw invalid('cursor: expected a non-empty string');
+  }
+  if (pageSize !== undefined && !(Number.isInteger(pageSize) && pageSize >= 1)) {
+    throw invalid('pageSize: expected an integer >= 1');
+  }
+  return {cursor, pageSize};
+}
 
 function machineDoc(m, result, status, message = '') {
   return {

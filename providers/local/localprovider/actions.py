@@ -343,7 +343,8 @@ class Provider:
         for machine_id, name in sorted(asked.items()):
             if machine_id not in known and machine_id not in agents:
                 wanted.append({"machine": name or machine_id, "machineId": machine_id, "gracePeriod": 0})
-        return {"status": "complete", "message": "", "requests": wanted}
+        page, cursor = _page(sorted(wanted, key=lambda w: w["machineId"]), doc)
+        return {"status": "complete", "message": "", "requests": page, **cursor}
 
     # --- listing ---------------------------------------------------------------------------------------------
 
@@ -367,7 +368,23 @@ class Provider:
                     "tags": agent.tags,
                 }
             )
-        return {"machines": listed}
+        page, cursor = _page(listed, doc)  # listed in machineId order
+        return {"machines": page, **cursor}
+
+
+def _page(entries: list[dict[str, Any]], doc: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Keyset paging of ``listMachines`` and ``getReturnRequests`` (docs/providers.md, "Paging"): of ``entries``
+    (in machineId order), those after ``doc["cursor"]``, at most ``doc["pageSize"]``, and ``{"nextCursor": ...}``
+    (the page's last id) when more follow. Without ``pageSize``: everything, and no cursor."""
+    cursor, size = doc.get("cursor"), doc.get("pageSize")
+    if cursor is not None and (not isinstance(cursor, str) or not cursor):
+        raise _bad("cursor must be a non-empty string")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise _bad("pageSize must be an integer >= 1")
+    after = entries if cursor is None else [e for e in entries if e["machineId"] > cursor]
+    if size is None or len(after) <= size:
+        return after, {}
+    return after[:size], {"nextCursor": after[size - 1]["machineId"]}
 
 
 ACTIONS: dict[str, Callable[..., dict[str, Any]]] = {

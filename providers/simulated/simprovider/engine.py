@@ -17,7 +17,7 @@ import time
 
 from . import faults, lifecycle
 from .errors import Fault
-from .inputs import bootstrap_list, machine_refs, non_empty_str, obj, op_and_tags, request_refs, tag_filter
+from .inputs import bootstrap_list, machine_refs, non_empty_str, obj, op_and_tags, paging, request_refs, tag_filter
 
 NONE, SOFT, DURABLE = 0, 1, 2
 VERSION = "1.0.0"
@@ -217,12 +217,20 @@ def request_return_machines(call: Call, inp: dict) -> dict:
 
 def get_return_requests(call: Call, inp: dict) -> dict:
     asked = {r["machineId"] for r in machine_refs(inp, required=False)}
-    return {"status": "complete", "message": "", "requests": lifecycle.return_requests(call.state, asked, call.now)}
+    cursor, size = paging(inp)
+    wanted = lifecycle.return_requests(call.state, asked, call.now)
+    requests, next_cursor = lifecycle.page(wanted, cursor, size)
+    out = {"status": "complete", "message": "", "requests": requests}
+    if next_cursor is not None:
+        out["nextCursor"] = next_cursor
+    return out
 
 
 def list_machines(call: Call, inp: dict) -> dict:
     wanted = tag_filter(inp.get("tags"))
-    return {"machines": lifecycle.listing(call.state, wanted)}
+    cursor, size = paging(inp)
+    machines, next_cursor = lifecycle.listing(call.state, wanted, cursor, size)
+    return {"machines": machines} if next_cursor is None else {"machines": machines, "nextCursor": next_cursor}
 
 
 ACTIONS = {

@@ -104,3 +104,14 @@ def tag_filter(value: object) -> dict:
     tags = string_map(value, "tags")
     non_empty_str(tags.get("provisionerd:cluster"), "tags.provisionerd:cluster")
     return tags
+
+
+def paging(inp: dict) -> tuple[str | None, int | None]:
+    """The paging fields of ``listMachines`` and ``getReturnRequests`` (both optional): ``cursor``, ``pageSize``."""
+    cursor = inp.get("cursor")
+    if cursor is not None:
+        non_empty_str(cursor, "cursor")
+    size = inp.get("pageSize")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise bad("pageSize", f"expected an integer >= 1, got {size!r}")
+    return cursor, size

@@ -7,6 +7,9 @@ passed; then ``running``. A return makes it ``shutting-down`` until the return r
 
 from __future__ import annotations
 
+import bisect
+import heapq
+
 LIVE = ("pending", "running", "shutting-down")
 
 
@@ -140,6 +143,19 @@ def start_return(config: dict, state: dict, ref: dict, tags: dict, rid: str) -> 
     return entry
 
 
+def page(
+    entries: list[dict], cursor: str | None, size: int | None, key: str = "machineId"
+) -> tuple[list[dict], str | None]:
+    """One page of a paged answer (``listMachines``, ``getReturnRequests``): keyset paging in ``key`` order, the
+    entries after ``cursor``, at most ``size``; the next cursor is the page's last key when more follow. No
+    ``size`` (a daemon that does not page): everything, no cursor."""
+    after = entries if cursor is None else [e for e in entries if e[key] > cursor]
+    if size is None or len(after) <= size:
+        return sorted(after, key=lambda e: e[key]), None
+    first = heapq.nsmallest(size, after, key=lambda e: e[key])
+    return first, first[-1][key]
+
+
 def return_requests(state: dict, asked: set[str], now: float) -> list[dict]:
     """``getReturnRequests``: reclaimed live machines, plus any asked-about machine that vanished (grace 0)."""
     out = []
@@ -152,26 +168,49 @@ def return_requests(state: dict, asked: set[str], now: float) -> list[dict]:
     return out
 
 
-def listing(state: dict, wanted: dict) -> list[dict]:
-    """``listMachines``: live machines carrying every wanted tag."""
-    out = []
+#: The machine ids in order, for keyset pages: (id of the machines dict, its size) -> sorted ids. Machines are
+#: never removed from the state, so the same dict with the same size holds the same ids.
+_ORDER: dict = {"key": None, "ids": []}
+
+
+def _ordered_ids(machines: dict) -> list[str]:
+    key = (id(machines), len(machines))
+    if _ORDER["key"] != key:
+        _ORDER["key"], _ORDER["ids"] = key, sorted(machines)
+    return _ORDER["ids"]
+
+
+def listing(
+    state: dict, wanted: dict, cursor: str | None = None, size: int | None = None
+) -> tuple[list[dict], str | None]:
+    """``listMachines``: live machines carrying every wanted tag, one keyset page (see ``page``). A page walks
+    the ids in order from the cursor and stops when it is full, so a page of 500 out of 100,000 costs 500."""
     wanted_items = wanted.items()
-    for m in state["machines"].values():
-        if m["state"] not in LIVE:
-            continue
-        tags = m["tags"]
-        if all(tags.get(k) == v for k, v in wanted_items):
-            out.append(
-                {
-                    "machineId": m["machineId"],
-                    "name": m["name"],
-                    "status": m["state"],
-                    "launchtime": m["launchtime"],
-                    "privateIpAddress": m["privateIpAddress"],
-                    "tags": tags,
-                }
-            )
-    return out
+    machines = state["machines"]
+    ids = _ordered_ids(machines)
+    picked: list[dict] = []
+    for i in range(0 if cursor is None else bisect.bisect_right(ids, cursor), len(ids)):
+        m = machines[ids[i]]
+        if m["state"] in LIVE and all(m["tags"].get(k) == v for k, v in wanted_items):
+            picked.append(m)
+            if size is not None and len(picked) > size:
+                break
+    next_cursor = None
+    if size is not None and len(picked) > size:
+        picked = picked[:size]
+        next_cursor = picked[-1]["machineId"]
+    docs = [
+        {
+            "machineId": m["machineId"],
+            "name": m["name"],
+            "status": m["state"],
+            "launchtime": m["launchtime"],
+            "privateIpAddress": m["privateIpAddress"],
+            "tags": m["tags"],
+        }
+        for m in picked
+    ]
+    return docs, next_cursor
 
 
 def world_events(state: dict, plan, now: float) -> bool:

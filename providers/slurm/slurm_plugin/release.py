@@ -18,6 +18,7 @@ from slurm_plugin import jobs as jobmod
 from slurm_plugin import tags as tagmod
 from slurm_plugin.cluster import SlurmCluster
 from slurm_plugin.config import Config
+from slurm_plugin.status import keyset_page
 from slurm_plugin.store import Store
 from slurm_plugin.submit import live_keys, remove_token, request_id_for, sweep_tokens
 
@@ -92,7 +93,9 @@ def get_return_requests(config: Config, cluster: SlurmCluster, store: Store, doc
                 "message": _describe(job_id, record, reason),
             }
         )
-    return {"status": "complete", "message": f"{len(wanted)} machine(s) taken back by Slurm", "requests": wanted}
+    page, cursor = keyset_page(wanted, doc)
+    message = f"{len(wanted)} machine(s) taken back by Slurm"
+    return {"status": "complete", "message": message, "requests": page, **cursor}
 
 
 def _describe(job_id: str, record: jobmod.JobRecord | None, reason: str) -> str:

@@ -14,6 +14,7 @@ from slurm_plugin import jobs as jobmod
 from slurm_plugin import tags as tagmod
 from slurm_plugin.cluster import SlurmCluster
 from slurm_plugin.config import Config
+from slurm_plugin.errors import PluginError
 from slurm_plugin.jobs import JobRecord
 from slurm_plugin.store import Store
 from slurm_plugin.submit import parse_request_id, remove_token
@@ -175,4 +176,19 @@ def list_machines(config: Config, cluster: SlurmCluster, doc: Mapping[str, Any])
                 "node": r.nodes,
             }
         )
-    return {"machines": machines}
+    page, cursor = keyset_page(machines, doc)  # in job id order already
+    return {"machines": page, **cursor}
+
+
+def keyset_page(entries: list[dict[str, Any]], doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Keyset paging of ``listMachines`` and ``getReturnRequests`` (docs/providers.md, "Paging"): ``entries`` in
+    job id order after ``doc["cursor"]`` (a job id), at most ``doc["pageSize"]``, and ``{"nextCursor": <the page's
+    last job id>}`` when more follow. Without ``pageSize``: everything. The schema checked both fields' types."""
+    cursor, size = doc.get("cursor"), doc.get("pageSize")
+    if cursor is not None and not str(cursor).isdigit():
+        raise PluginError("invalid_request", f"cursor: not a job id this plugin gave: {str(cursor)[:40]!r}")
+    ordered = sorted(entries, key=lambda e: int(e["machineId"]))
+    after = ordered if cursor is None else [e for e in ordered if int(e["machineId"]) > int(cursor)]
+    if size is None or len(after) <= size:
+        return after, {}
+    return after[:size], {"nextCursor": after[size - 1]["machineId"]}

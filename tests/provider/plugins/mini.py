@@ -8,6 +8,9 @@ State lives in $PRO_DATA_DIR/state.json so separate one-shot calls agree. $PRO_C
   missing_tags    machines get no tags and no instanceRef
   sticky_return   returned machines stay in listMachines
   untyped_errors  an unknown template fails with a plain message instead of an error document
+  no_paging       listMachines ignores pageSize and cursor (an older plugin: everything, one page)
+  page_loop       listMachines gives the same nextCursor on every page
+  page_repeat     listMachines's last page repeats the first machine
   hang:<action>   that action never answers
 Usage: mini.py oneshot <action> -f <file> | mini.py serve
 """
@@ -148,7 +151,17 @@ def handle(state, action, doc):
             for m in state["machines"].values()
             if m["status"] != "terminated" and all(m["tags"].get(k) == v for k, v in want.items())
         ]
-        return {"machines": found}
+        size, cursor = doc.get("pageSize"), doc.get("cursor")
+        if size is None or "no_paging" in BREAKS:
+            return {"machines": found}
+        found.sort(key=lambda m: m["machineId"])
+        first = found[:1]
+        if cursor is not None:
+            found = [m for m in found if m["machineId"] > cursor]
+        if len(found) <= size:
+            return {"machines": first + found if "page_repeat" in BREAKS and cursor else found}
+        page = found[:size]
+        return {"machines": page, "nextCursor": "again" if "page_loop" in BREAKS else page[-1]["machineId"]}
     raise Rejected("invalid_request", f"unsupported action {action}")
 
 

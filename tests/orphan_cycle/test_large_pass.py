@@ -1,0 +1,102 @@
+"""A large orphan pass classifies in a worker thread on a snapshot of the view (``orphan_cycle.classify_off_loop``):
+the same result as inline, and the session may go on folding facts into the live view meanwhile."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+import trio.lowlevel
+
+from provisionerd.domain.model import (
+    TAG_CLUSTER,
+    TAG_EPOCH,
+    TAG_INSTANCE,
+    TAG_OP,
+    TAG_PROVIDER,
+    CommittedFact,
+    Epoch,
+    InstanceFact,
+    ProviderMachine,
+    RequestIntent,
+)
+from provisionerd.execution import orphan_offload
+from provisionerd.execution.orphan_offload import OFF_LOOP_AT, classify_off_loop
+from provisionerd.orphans.classify import ClassifierMemory, OrphanPolicy, classify
+from provisionerd.orphans.model import ControllerState, LeaseState, Observation
+from provisionerd.planner.fact_view import FactView, fold
+
+NOW = 1_800_000_000.0
+EPOCH = Epoch(1, 1)
+
+
+def world(machines: int, listed_extra: int) -> Observation:
+    facts: list[CommittedFact] = []
+    listing = []
+    for op in range(machines // 10):
+        op_id = f"c:p:0:{op}"
+        refs = tuple(f"ref-{op}-{j}" for j in range(10))
+        facts.append(CommittedFact(len(facts) + 1, RequestIntent("p", EPOCH, op_id, "t", 10, refs, ("0" * 64,) * 10)))
+        for ref in refs:
+            machine_id = f"m-{ref}"
+            facts.append(
+                CommittedFact(
+                    len(facts) + 1,
+                    InstanceFact("p", EPOCH, op_id, ref, machine_id, "t", "0" * 64, launch_time=NOW - 60),
+                )
+            )
+            tags = {TAG_CLUSTER: "c", TAG_PROVIDER: "p", TAG_OP: op_id, TAG_EPOCH: str(EPOCH), TAG_INSTANCE: ref}
+            listing.append(ProviderMachine(machine_id, "", "succeed", "running", NOW - 60, "", ref, tags))
+    for n in range(listed_extra):  # tagged for us, no fact: orphans
+        tags = {TAG_CLUSTER: "c", TAG_PROVIDER: "p", TAG_OP: "c:p:0:gone", TAG_EPOCH: str(EPOCH)}
+        listing.append(ProviderMachine(f"x-{n}", "", "succeed", "running", NOW - 7200, "", "", tags))
+    view = FactView()
+    fold(facts, view)
+    return Observation(
+        cluster_id="c",
+        provider="p",
+        now=NOW,
+        listing=tuple(listing),
+        view=view,
+        lease=LeaseState(held=True, epoch=EPOCH),
+        controller=ControllerState(primary=True, settled=True),
+    )
+
+
+def recording(monkeypatch) -> list[tuple[int, object]]:
+    """Each classify call's thread and view, through the module's own name for it."""
+    calls: list[tuple[int, object]] = []
+
+    def spy(obs, policy, memory=None):
+        calls.append((threading.get_ident(), obs.view))
+        return classify(obs, policy, memory)
+
+    monkeypatch.setattr(orphan_offload, "classify", spy)
+    return calls
+
+
+def test_a_large_pass_classifies_off_the_loop_on_a_snapshot_with_the_same_result(monkeypatch):
+    obs = world(OFF_LOOP_AT, 7)
+    inline = classify(obs, OrphanPolicy(), ClassifierMemory())
+    assert len(inline.findings) == 7
+    calls = recording(monkeypatch)
+    off_loop = trio.run(classify_off_loop, obs, OrphanPolicy(), ClassifierMemory())
+    assert off_loop.findings == inline.findings and off_loop.allowed == inline.allowed
+    ((thread, view),) = calls
+    assert thread != threading.get_ident()  # a worker thread, not the loop's
+    assert view is not obs.view and view.machines == obs.view.machines  # a snapshot of the live view
+    assert view.machines is not obs.view.machines and view.intents is not obs.view.intents
+
+
+def test_a_small_pass_stays_inline(monkeypatch):
+    obs = world(100, 1)
+    calls = recording(monkeypatch)
+
+    async def main():
+        # No checkpoint at all: inline (a thread would be a checkpoint, and MockClock tests rely on none).
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            return await classify_off_loop(obs, OrphanPolicy(), ClassifierMemory())
+
+    assert len(trio.run(main).findings) == 1
+    assert calls == [(threading.get_ident(), obs.view)]
