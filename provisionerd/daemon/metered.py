@@ -160,9 +160,11 @@ class MeteredClient:
         return await self._timed("getReturnRequests", lambda: self.inner.get_return_requests(machines, timeout=timeout))
 
     async def list_machines(
-        self, tags: Mapping[str, str], *, timeout: float | None = None
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
     ) -> tuple[ProviderMachine, ...]:
-        return await self._timed("listMachines", lambda: self.inner.list_machines(tags, timeout=timeout))
+        return await self._timed(
+            "listMachines", lambda: self.inner.list_machines(tags, timeout=timeout, expected=expected)
+        )
 
     async def request_machines(self, request: MachineRequest, *, timeout: float | None = None) -> RequestAccepted:
         return await self._timed("requestMachines", lambda: self.inner.request_machines(request, timeout=timeout))
