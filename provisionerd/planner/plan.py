@@ -14,7 +14,10 @@ Rules
 - Requests go to the item's compatible offers in choice order (:mod:`provisionerd.planner.offers`), skipping offers that
   are out of capacity, on a throttled or unhealthy provider, at ``maxNumber``, at the provider cap or at the
   provider's own step limit, and spilling over to the next offer when one fills. At most ``policy.step_limit``
-  machines per sliding ``policy.step_interval`` over all providers; items are served in demand_id order. Caps
+  machines per sliding ``policy.step_interval`` over all providers; items are served in demand_id order. A
+  provider's own step limit is the floor of its adaptive step (:mod:`provisionerd.planner.ramp`: it doubles per
+  accepted round while demand uses all of it, halves on ``capacity_unavailable`` or ``throttled``, up to its
+  ``max_machines``); the global limit grows by what the ramps added. Caps
   count every live machine (returning ones included), every open intent's missing machines and every request in
   flight, so they hold even before the facts of this plan's actions land.
 - Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
@@ -49,7 +52,8 @@ from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, format_key
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice
+from provisionerd.planner.ramp import Planned
+from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
 
 __all__ = ["DemandDecision", "Plan", "plan"]
@@ -208,12 +212,17 @@ def _emit(
             pending_returns.update(dict.fromkeys(batch, op_id))
     pending_requests = dict(state.pending_requests)
     step_used: dict[str, int] = {}
+    asked: dict[str, list[str]] = {provider: [] for provider in sorted(planner.saturated)}
     for demand_id, (provider, template_id), count in planner.requests:
         op_id = ops.new(provider)
         actions.append(RequestMachines(op_id, provider, template_id, count, demand_id))
         pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
         step_used[provider] = step_used.get(provider, 0) + count
+        asked.setdefault(provider, []).append(op_id)
     step_log = planner.step_log + tuple((now, provider, n) for provider, n in sorted(step_used.items()))
+    ramps = state.ramps
+    for provider, op_ids in asked.items():  # the requests each step asked, and whether demand used all of it
+        ramps = advance_ramp(ramps, provider, Planned(tuple(op_ids), provider in planner.saturated), policy)
     new_state = attrs.evolve(
         state,
         applied_seq=state.applied_seq if snapshot is None else max(state.applied_seq, snapshot.seq),
@@ -226,6 +235,7 @@ def _emit(
         machine_seen=counts.machine_seen,
         reclaimed=_prune_reclaimed(state.reclaimed, view, now, policy, notes),
         step_log=step_log,
+        ramps=ramps,
         capacity=state.capacity.pruned(now),
     )
     return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions))
