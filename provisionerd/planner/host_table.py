@@ -60,6 +60,11 @@ class JoinIndex:
         """Not joined, launch time unknown (not ``> 0``)."""
         return [m for m in self.unjoined.values() if not m.launch_time > 0]
 
+    def earliest_unjoined_launch(self) -> float | None:
+        """The earliest known launch time of a machine not joined (``None``: there is none). One pass here (a
+        plain mapping of hosts, as in tests); :class:`HostTable` answers from its heap."""
+        return min((m.launch_time for m in self.unjoined.values() if m.launch_time > 0), default=None)
+
 
 class HostTable(MutableMapping[str, HostState]):
     """The latest :class:`HostState` per instance_ref, with the join indexes against ``active_refs``.
@@ -125,6 +130,19 @@ class HostTable(MutableMapping[str, HostState]):
         for ref, machine in found.items():
             heapq.heappush(heap, (machine.launch_time, ref, machine.machine_id))
         return list(found.values())
+
+    def earliest_unjoined_launch(self) -> float | None:
+        """The earliest known launch time of a machine not joined (``None``: there is none): the heap's top, once
+        the entries of machines that joined or left since are dropped (amortised O(log n) each, dropped once)."""
+        heap, unjoined = self._deadlines, self._unjoined
+        while heap:
+            launch, ref, machine_id = heap[0]
+            machine = unjoined.get(ref)
+            if machine is not None and machine.machine_id == machine_id and machine.launch_time == launch:
+                return launch
+            heapq.heappop(heap)
+            self._stale -= 1
+        return None
 
     def _rebuild_deadlines(self) -> None:
         self._deadlines = [(m.launch_time, ref, m.machine_id) for ref, m in self._unjoined.items() if m.launch_time > 0]

@@ -69,6 +69,10 @@ class Plan:
     state: PlannerState
     notes: tuple[Note, ...] = ()
     decisions: tuple[DemandDecision, ...] = ()
+    #: The earliest time after ``now`` at which this plan's inputs, unchanged, would plan something new (an idle
+    #: machine reaching its ``idle_time``, a join deadline, a ``max_ttl``, a provisioning timeout, a full step window
+    #: freeing room); ``None``: none. Found on the plan's own pass: no extra scan (``planner.deadlines``).
+    wake_at: float | None = None
 
 
 class _OpIds:
@@ -160,7 +164,11 @@ def plan(
     retire = list(counts.retire)
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
-        retire.extend(("idle", e[2]) for e in entries if now - e[0] >= idle_time)
+        for entry in entries:
+            if now - entry[0] >= idle_time:
+                retire.append(("idle", entry[2]))
+            else:
+                counts.due(entry[0] + idle_time, now)
     return _emit(state, view, counts, planner, retire, notes, snapshot, now, policy)
 
 
@@ -238,7 +246,10 @@ def _emit(
         ramps=ramps,
         capacity=state.capacity.pruned(now),
     )
-    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions))
+    if step_log and (planner.saturated or planner.step_room <= 0):  # room comes back as the window slides
+        counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
+    wake_at = counts.wake if math.isfinite(counts.wake) else None
+    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
 
 
 def _prune_reclaimed(
