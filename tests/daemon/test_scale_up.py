@@ -21,6 +21,7 @@ from provisionerd.domain.errors import Throttled
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape
 from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
+from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 from provisionerd.testing.fake_provider import FakeProvider
 
 BASE_TIME = 1_800_000_000
@@ -89,6 +90,12 @@ def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> 
                     seen["served"] = trio.current_time() - start
                 seen["requested"] = sum(f.count for f in facts(RequestIntent))
                 seen["status_after"] = core.status()["providers"]["sim"]["step"]
+                seen["gauge"] = [
+                    sample.value
+                    for family in SnapshotCollector(core.status).collect()
+                    if family.name == "provisionerd_provider_step"
+                    for sample in family.samples
+                ]
                 nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -112,6 +119,7 @@ def test_a_demand_jump_from_0_to_1000_is_served_within_3_minutes_with_the_defaul
     ]
     assert seen["status_before"] == {"step": 10, "floor": 10, "cap": 1000, "interval_s": 60.0, "reason": "start"}
     assert seen["status_after"]["step"] == 1000 and seen["status_after"]["reason"] == "accepted"
+    assert seen["gauge"] == [1000.0]  # provisionerd_provider_step{provider="sim"}
 
 
 def test_a_throttled_request_halves_the_step_and_the_jump_is_still_served(tmp_path, memory_controller):
