@@ -146,7 +146,8 @@ def tally(
                 active[machine.demand_id] -= 1
     # The cutoff is the shortest deadline of any provider, with a second of slack so float rounding never hides a
     # machine; the test below, with the machine's own provider's deadline, decides.
-    late = joins.unjoined_launched_by(now - policy.min_join_deadline + 1.0)
+    cutoff = now - policy.min_join_deadline + 1.0
+    late = joins.unjoined_launched_by(cutoff)
     deadlines: dict[str, float] = {}
     for machine in (*late, *joins.unjoined_unknown_launch()):
         if machine.machine_id in skip or machine.op_id in timed_out:
@@ -162,7 +163,7 @@ def tally(
             result.due(launched + deadline, now)
     # The machines not read above launched after the cutoff: the earliest of them is due no sooner than its launch
     # plus the shortest deadline (a lower bound: waking then reads it above, with its own provider's deadline).
-    earliest = joins.earliest_unjoined_launch()
+    earliest = joins.earliest_unjoined_launch_after(cutoff)
     if earliest is not None:
         result.due(earliest + policy.min_join_deadline, now)
 
