@@ -95,6 +95,12 @@ def render_provider(name: str, p: dict[str, Any]) -> list[str]:
         lines.append("  back-offs: " + ", ".join(parts))
     else:
         lines.append("  back-offs: none")
+    step = p.get("step")
+    if isinstance(step, dict) and step.get("step") is not None:
+        lines.append(
+            f"  step: {step['step']} per {step.get('interval_s')}s  (floor {step.get('floor')}, cap {step.get('cap')},"
+            f" {step.get('reason')})"
+        )
     health = p.get("health", {})
     if health.get("state") == "unhealthy":
         lines.append(

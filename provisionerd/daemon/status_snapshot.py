@@ -11,7 +11,8 @@ keepers, the planner state, the offer feed, the last provider calls) and answers
     ``busy``, ``lost``: the controller's host status, also for a machine whose instance fact is not in yet;
     ``returning``), ``demand`` (``wanted`` and ``supplied``,
     in total and ``by_template``), ``last_call`` (action, outcome, age), ``backoffs`` (kind -> count) and their
-    ``backoff_details``, ``health`` (``reconcile.provider_health``'s entry), ``offers``, and ``checks``: the
+    ``backoff_details``, ``health`` (``reconcile.provider_health``'s entry), ``offers``, ``step`` (the adaptive
+    step in force, its floor and cap and why it last changed: ``ReconcileLoop.steps``), and ``checks``: the
     four questions kept apart, each ``{"state": ok | failed | pending | limited | unknown, "detail": ...}``:
     **access** (were the credentials accepted?), **connectivity** (does the plugin answer?), **readiness** (do
     machines join?), **capacity** (are offers available, is a back-off in force?);
@@ -101,8 +102,12 @@ class StatusSnapshot:
         view = self.pieces.session.view
         fleet = _Fleet(view, wall_now, self.pieces)
         health = self.loop.provider_health()
+        steps = self.loop.steps()
         providers = {
-            name: self._provider(name, keeper, now, wall_now, fleet, health.get(name, {"state": "healthy"}))
+            name: {
+                **self._provider(name, keeper, now, wall_now, fleet, health.get(name, {"state": "healthy"})),
+                "step": steps.get(name),
+            }
             for name, keeper in self.pieces.keepers.items()
         }
         ok, reasons = self.ready(now)

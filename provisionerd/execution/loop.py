@@ -23,8 +23,10 @@ observation into it and wakes the loop), the nursery their tasks run in and the 
 - ``outcome_log.OutcomeLog``: what the loop keeps of the outcomes (the ops settled, the failing returns' back-off).
 
 Replanning happens on every change of the session (demand, hosts, facts, link), of a lease, of the offers, after
-every action's outcome, and every ``replan_interval`` seconds. ``getReturnRequests`` is polled every
-``reclaim_interval`` with every live machine of each leased provider.
+every action's outcome, at the next deadline the planner knows of (an idle machine's ``idle_time``, a join
+deadline, a ``max_ttl``, a provisioning timeout, the step window freeing room, a back-off's end:
+``planner.deadlines``), and at the latest ``replan_interval`` seconds after the last cycle. ``getReturnRequests`` is
+polled every ``reclaim_interval`` with every live machine of each leased provider.
 
 Clocks: the planner's ``now`` is ``wall()`` (wall-clock seconds, the clock of launch times and host ``since``);
 everything the loop waits for runs on trio's clock. Tests pass ``wall=lambda: BASE + trio.current_time()``.
@@ -32,6 +34,7 @@ everything the loop waits for runs on trio's clock. Tests pass ``wall=lambda: BA
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -53,13 +56,24 @@ from provisionerd.execution.outcome_log import OutcomeLog
 from provisionerd.execution.reclaims import ReclaimPoll
 from provisionerd.execution.recovery import Recovery
 from provisionerd.planner.capacity import ProbeStarted, ProbeSucceeded
+from provisionerd.planner.deadlines import next_deadline
 from provisionerd.planner.offers import Catalog
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import ActionDropped, Observation, PlannerState, SnapshotSeqReset, observe
+from provisionerd.planner.ramp import Ramp, bounds, changes
+from provisionerd.planner.state import (
+    ActionDropped,
+    Observation,
+    PlannerState,
+    SnapshotSeqReset,
+    observe,
+    ramp_step,
+)
 from provisionerd.telemetry.events import EventLog
 
 __all__ = ["LoopSettings", "ReconcileLoop", "ViewSource"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = LoopSettings()
 
@@ -102,6 +116,7 @@ class ReconcileLoop:
         self._catalog = Catalog(())
         self._last_notes: set[tuple[str, str, str, str]] = set()
         self._skip = ""
+        self._wake_at: float | None = None  # the last plan's ``wake_at`` (wall)
         limiter = trio.CapacityLimiter(settings.max_concurrent)
         self.outcome_log = OutcomeLog(settings, events, self.wake)
         self.outcomes: list[Any] = self.outcome_log.recent  # every outcome, for tests and status (bounded)
@@ -136,8 +151,11 @@ class ReconcileLoop:
 
     def apply(self, obs: Observation) -> None:
         """Fold one observation into the planner state and replan."""
+        before = self.state.ramps
         observed = observe(self.state, obs, self.policy)
         self.state = observed.state
+        if self.state.ramps is not before:
+            self._steps_changed(before)
         self._emit_notes(observed.notes, dedupe=False)
         for note in observed.notes:
             if note.kind == "provider_unhealthy":
@@ -153,6 +171,40 @@ class ReconcileLoop:
             elif note.kind == "provider_healthy":
                 self.events.emit("provider_healthy", provider=note.provider, detail=note.detail)
         self.wake()
+
+    def _steps_changed(self, before: Mapping[str, Ramp]) -> None:
+        """A ``step_changed`` event per provider whose adaptive step moved (``planner.ramp``)."""
+        policy = self.policy
+        limits = {}
+        for provider in self.state.ramps:
+            own = policy.of(provider)
+            if own.step_limit is not None:
+                limits[provider] = (own.step_limit, own.max_machines)
+        for provider, old, new, reason in changes(before, self.state.ramps, limits):
+            log.info("provider %s: step %d -> %d (%s)", provider, old, new, reason)
+            self.events.emit("step_changed", provider=provider, old=old, new=new, reason=reason)
+
+    def steps(self) -> dict[str, dict[str, Any]]:
+        """Each served provider's adaptive step, for ``provisionerd status``: ``step`` (machines per
+        ``step_interval`` in force now), ``floor`` (its ``step_limit``), ``cap`` and why it last changed (``None``
+        for a provider without its own step limit)."""
+        policy = self.policy
+        found: dict[str, dict[str, Any]] = {}
+        for provider in self.leases:
+            own = policy.of(provider)
+            step = ramp_step(self.state.ramps, provider, policy)
+            if step is None or own.step_limit is None:
+                found[provider] = {"step": None, "floor": None, "cap": own.max_machines, "reason": None}
+                continue
+            ramp = self.state.ramps.get(provider)
+            found[provider] = {
+                "step": step,
+                "floor": own.step_limit,
+                "cap": bounds(own.step_limit, own.max_machines)[1],
+                "interval_s": policy.step_interval,
+                "reason": "start" if ramp is None else ramp.reason,
+            }
+        return found
 
     def unhealthy(self, provider: str) -> bool:
         """Whether ``provider`` is unhealthy now: no request is asked of it, its offers are read only by its probe
@@ -249,18 +301,15 @@ class ReconcileLoop:
         self._nursery.start_soon(fn, *args)
 
     def _next_cycle_at(self) -> float:
-        """The timer: ``replan_interval`` from now, or sooner when a back-off window (throttle, capacity, an
-        unhealthy provider's probe) ends, so the planner can use the provider or offer again at once."""
+        """The timer (trio's clock): the next deadline the planner knows of (``planner.deadlines.next_deadline``: an
+        idle machine reaching its ``idle_time``, a join deadline, a ``max_ttl``, a provisioning timeout, the step
+        window freeing room, a back-off window ending), never later than ``replan_interval`` from now."""
         now, wall_now = trio.current_time(), self.wall()
-        capacity = self.state.capacity
-        ends = [
-            *(t.until for t in capacity.throttles.values()),
-            *capacity.unavailable.values(),
-            *(u.until for u in capacity.unhealthy.values()),
-            self.state.intent_backoff.until,
-        ]
-        upcoming = [end - wall_now for end in ends if end > wall_now]
-        return now + min([self.settings.replan_interval, *upcoming])
+        deadline = next_deadline(self.state, wall_now, self._wake_at)
+        wait = self.settings.replan_interval
+        if deadline is not None:
+            wait = min(wait, deadline - wall_now)
+        return now + wait
 
     async def _watch(self, changed: Callable[[], Any], *, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()  # no checkpoint until changed() is waiting
@@ -319,6 +368,7 @@ class ReconcileLoop:
             self.state, view.demand, view.facts, self._catalog_for(leased), view.hosts, self.wall(), self.policy
         )
         self.state = result.state
+        self._wake_at = result.wake_at
         self._emit_notes(result.notes)
         allowed = set(leased)
         for action in result.actions:

@@ -113,7 +113,7 @@ class RequestFlow:
             if outcome is not None:
                 return outcome
         assert accepted is not None
-        run.add(CallSucceeded(provider))
+        run.add(CallSucceeded(provider, op_id=op_id))
         status = await steps.poll(run, provider, accepted.request_id, deadline)
         if status is None or not status.final:
             return await self._timed_out(intent, status)

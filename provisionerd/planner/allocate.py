@@ -19,7 +19,7 @@ from provisionerd.domain.actions import Note
 from provisionerd.domain.model import DemandItem, Offer
 from provisionerd.planner.offers import Catalog, OfferKey, Rejection, Requirement, requirement_of
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import PlannerState
+from provisionerd.planner.state import PlannerState, ramp_step
 from provisionerd.planner.supply import IdleEntry, Tally
 
 
@@ -73,7 +73,17 @@ class Allocator:
         self.catalog, self.counts, self.now, self.policy = catalog, counts, now, policy
         self.capacity = state.capacity
         self.step_log = tuple(e for e in state.step_log if e[0] > now - policy.step_interval)
-        self.step_room = policy.step_limit - sum(e[2] for e in self.step_log)
+        self.ramps = state.ramps
+        # The global limit grows by what the providers' ramps added above their floors (the daemon's global limit
+        # is the sum of the providers' own: it must not hold back a step that doubled).
+        grown = 0
+        for provider in state.ramps:
+            step, floor = ramp_step(state.ramps, provider, policy), policy.of(provider).step_limit
+            if step is not None and floor is not None:
+                grown += step - floor
+        self.step_room = policy.step_limit + grown - sum(e[2] for e in self.step_log)
+        #: Providers whose own step had no room left for the demand that wanted them (``ramp.Planned.used_all``).
+        self.saturated: set[str] = set()
         self.provider_load = counts.provider_load()
         self.requests: list[tuple[str, OfferKey, int]] = []  # (demand_id, offer, count)
         self.decisions: list[DemandDecision] = []
@@ -83,7 +93,7 @@ class Allocator:
         """What ``provider``'s own step limit leaves in this window (``None``: it has none)."""
         if provider in self._provider_room:
             return self._provider_room[provider]
-        limit = self.policy.of(provider).step_limit
+        limit = ramp_step(self.ramps, provider, self.policy)
         room = None if limit is None else limit - sum(e[2] for e in self.step_log if e[1] == provider)
         self._provider_room[provider] = room
         return room
@@ -130,7 +140,10 @@ class Allocator:
             own_room = self._room_of(key[0])
             if own_room is not None:
                 room = min(room, own_room)
-                self._provider_room[key[0]] = own_room - min(room, deficit, self.step_room)
+                left = own_room - min(room, deficit, self.step_room)
+                self._provider_room[key[0]] = left
+                if left <= 0:
+                    self.saturated.add(key[0])
             count = min(room, deficit, self.step_room)
             self.counts.load[key] = self.counts.load.get(key, 0) + count
             self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + count
@@ -164,5 +177,7 @@ class Allocator:
             return f"provider cap {own.max_machines} reached"
         room = self._room_of(key[0])
         if room is not None and room <= 0:
-            return f"provider step limit {own.step_limit} per {self.policy.step_interval:g}s reached"
+            self.saturated.add(key[0])
+            step = ramp_step(self.ramps, key[0], self.policy)
+            return f"provider step limit {step} per {self.policy.step_interval:g}s reached"
         return None

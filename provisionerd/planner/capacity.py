@@ -97,10 +97,13 @@ class ProbeSucceeded:
 class CallSucceeded:
     """A mutation (``action``) on ``provider`` succeeded: its throttle back-off starts over, and so does its unhealthy
     state and failure count, unless the success proves nothing about what failed: a ``returnMachines`` clears only
-    ``auth_failed`` (the credentials work), not a quota or a request found invalid."""
+    ``auth_failed`` (the credentials work), not a quota or a request found invalid. ``op_id``: the request's, when
+    ``action`` is ``requestMachines`` (its acceptance may double the provider's step, :mod:`provisionerd.planner.ramp`).
+    """
 
     provider: str
     action: str = "requestMachines"
+    op_id: str = ""
 
 
 @attrs.frozen

@@ -60,6 +60,11 @@ class JoinIndex:
         """Not joined, launch time unknown (not ``> 0``)."""
         return [m for m in self.unjoined.values() if not m.launch_time > 0]
 
+    def earliest_unjoined_launch_after(self, cutoff: float) -> float | None:
+        """The earliest known launch time after ``cutoff`` of a machine not joined (``None``: there is none). One
+        pass here (a plain mapping of hosts, as in tests); :class:`HostTable` answers from its heap."""
+        return min((m.launch_time for m in self.unjoined.values() if m.launch_time > cutoff), default=None)
+
 
 class HostTable(MutableMapping[str, HostState]):
     """The latest :class:`HostState` per instance_ref, with the join indexes against ``active_refs``.
@@ -125,6 +130,29 @@ class HostTable(MutableMapping[str, HostState]):
         for ref, machine in found.items():
             heapq.heappush(heap, (machine.launch_time, ref, machine.machine_id))
         return list(found.values())
+
+    def earliest_unjoined_launch_after(self, cutoff: float) -> float | None:
+        """The earliest known launch time after ``cutoff`` of a machine not joined (``None``: there is none). Like
+        :meth:`unjoined_launched_by`, it pops the entries up to ``cutoff`` and pushes the live ones back (O(k log n)
+        for the k machines launched by then, which a pass reads anyway); entries of machines that joined or left
+        since are dropped on the way."""
+        heap, unjoined = self._deadlines, self._unjoined
+        held: list[tuple[float, str, str]] = []
+        found: float | None = None
+        while heap:
+            launch, ref, machine_id = heap[0]
+            machine = unjoined.get(ref)
+            if machine is None or machine.machine_id != machine_id:
+                heapq.heappop(heap)
+                self._stale -= 1
+            elif launch <= cutoff:
+                held.append(heapq.heappop(heap))
+            else:
+                found = launch
+                break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        return found
 
     def _rebuild_deadlines(self) -> None:
         self._deadlines = [(m.launch_time, ref, m.machine_id) for ref, m in self._unjoined.items() if m.launch_time > 0]

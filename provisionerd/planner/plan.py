@@ -14,7 +14,10 @@ Rules
 - Requests go to the item's compatible offers in choice order (:mod:`provisionerd.planner.offers`), skipping offers that
   are out of capacity, on a throttled or unhealthy provider, at ``maxNumber``, at the provider cap or at the
   provider's own step limit, and spilling over to the next offer when one fills. At most ``policy.step_limit``
-  machines per sliding ``policy.step_interval`` over all providers; items are served in demand_id order. Caps
+  machines per sliding ``policy.step_interval`` over all providers; items are served in demand_id order. A
+  provider's own step limit is the floor of its adaptive step (:mod:`provisionerd.planner.ramp`: it doubles per
+  accepted round while demand uses all of it, halves on ``capacity_unavailable`` or ``throttled``, up to its
+  ``max_machines``); the global limit grows by what the ramps added. Caps
   count every live machine (returning ones included), every open intent's missing machines and every request in
   flight, so they hold even before the facts of this plan's actions land.
 - Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
@@ -49,7 +52,8 @@ from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, format_key
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice
+from provisionerd.planner.ramp import Planned
+from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
 
 __all__ = ["DemandDecision", "Plan", "plan"]
@@ -65,6 +69,10 @@ class Plan:
     state: PlannerState
     notes: tuple[Note, ...] = ()
     decisions: tuple[DemandDecision, ...] = ()
+    #: The earliest time after ``now`` at which this plan's inputs, unchanged, would plan something new (an idle
+    #: machine reaching its ``idle_time``, a join deadline, a ``max_ttl``, a provisioning timeout, a full step window
+    #: freeing room); ``None``: none. Found on the plan's own pass: no extra scan (``planner.deadlines``).
+    wake_at: float | None = None
 
 
 class _OpIds:
@@ -156,7 +164,11 @@ def plan(
     retire = list(counts.retire)
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
-        retire.extend(("idle", e[2]) for e in entries if now - e[0] >= idle_time)
+        for entry in entries:
+            if now - entry[0] >= idle_time:
+                retire.append(("idle", entry[2]))
+            else:
+                counts.due(entry[0] + idle_time, now)
     return _emit(state, view, counts, planner, retire, notes, snapshot, now, policy)
 
 
@@ -208,12 +220,17 @@ def _emit(
             pending_returns.update(dict.fromkeys(batch, op_id))
     pending_requests = dict(state.pending_requests)
     step_used: dict[str, int] = {}
+    asked: dict[str, list[str]] = {provider: [] for provider in sorted(planner.saturated)}
     for demand_id, (provider, template_id), count in planner.requests:
         op_id = ops.new(provider)
         actions.append(RequestMachines(op_id, provider, template_id, count, demand_id))
         pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
         step_used[provider] = step_used.get(provider, 0) + count
+        asked.setdefault(provider, []).append(op_id)
     step_log = planner.step_log + tuple((now, provider, n) for provider, n in sorted(step_used.items()))
+    ramps = state.ramps
+    for provider, op_ids in asked.items():  # the requests each step asked, and whether demand used all of it
+        ramps = advance_ramp(ramps, provider, Planned(tuple(op_ids), provider in planner.saturated), policy)
     new_state = attrs.evolve(
         state,
         applied_seq=state.applied_seq if snapshot is None else max(state.applied_seq, snapshot.seq),
@@ -226,9 +243,13 @@ def _emit(
         machine_seen=counts.machine_seen,
         reclaimed=_prune_reclaimed(state.reclaimed, view, now, policy, notes),
         step_log=step_log,
+        ramps=ramps,
         capacity=state.capacity.pruned(now),
     )
-    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions))
+    if step_log and (planner.saturated or planner.step_room <= 0):  # room comes back as the window slides
+        counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
+    wake_at = counts.wake if math.isfinite(counts.wake) else None
+    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
 
 
 def _prune_reclaimed(

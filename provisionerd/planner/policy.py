@@ -67,9 +67,11 @@ def _problems(values: Mapping[str, object]) -> list[str]:
 class ProviderPolicy:
     """One provider's knobs (the ones :class:`Policy` documents), applied to that provider's machines only.
 
-    ``step_limit``: at most this many new machines requested from this provider in any sliding
-    ``Policy.step_interval`` (``None``: only the global ``Policy.step_limit`` binds). ``max_machines``: most machines
-    (live + requested) at this provider (``None``: uncapped).
+    ``step_limit``: the floor of this provider's adaptive step, the most new machines requested from it in any
+    sliding ``Policy.step_interval`` (:mod:`provisionerd.planner.ramp`: it starts here, doubles per accepted round
+    while demand uses all of it, halves on ``capacity_unavailable`` or ``throttled``, up to ``max_machines``;
+    ``None``: not ramped, only the global ``Policy.step_limit`` binds). ``max_machines``: most machines (live +
+    requested) at this provider (``None``: uncapped).
     """
 
     join_deadline: float = 900.0

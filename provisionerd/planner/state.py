@@ -36,6 +36,7 @@ from provisionerd.planner.capacity import (
     apply_capacity,
 )
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.ramp import Accepted, Outcome, Ramp, Refused, advance, current
 
 
 @attrs.frozen
@@ -100,6 +101,7 @@ class PlannerState:
     step_log: tuple[tuple[float, str, int], ...] = ()  # (planned_at, provider, machines), within the step window
     capacity: CapacityState = attrs.field(factory=CapacityState)
     intent_backoff: IntentBackoff = attrs.field(factory=IntentBackoff)
+    ramps: Mapping[str, Ramp] = attrs.field(factory=dict)  # provider -> its adaptive step (planner.ramp)
 
     def intents_refused_until(self, now: float) -> float | None:
         """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""
@@ -175,7 +177,8 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             | ProviderResumed()
         ):
             capacity, notes = apply_capacity(state.capacity, obs, policy)
-            return Observed(attrs.evolve(state, capacity=capacity), notes)
+            ramps = _ramped(state.ramps, obs, policy)
+            return Observed(attrs.evolve(state, capacity=capacity, ramps=ramps), notes)
         case ActionDropped():
             op = obs.op_id
             request = state.pending_requests.get(op)
@@ -221,6 +224,37 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             )
             return Observed(attrs.evolve(state, intent_backoff=backoff), (note,))
     raise TypeError(f"not an observation: {obs!r}")
+
+
+def ramp_step(ramps: Mapping[str, Ramp], provider: str, policy: Policy) -> int | None:
+    """``provider``'s step in force (``None``: it has no step limit of its own, so it is not ramped)."""
+    own = policy.of(provider)
+    if own.step_limit is None:
+        return None
+    return current(ramps.get(provider), own.step_limit, own.max_machines)
+
+
+def advance_ramp(ramps: Mapping[str, Ramp], provider: str, outcome: Outcome, policy: Policy) -> Mapping[str, Ramp]:
+    """``ramps`` after ``outcome`` for ``provider`` (the same mapping when nothing changes or it is not ramped)."""
+    own = policy.of(provider)
+    if own.step_limit is None:
+        return ramps
+    before = ramps.get(provider)
+    after = advance(before, outcome, own.step_limit, own.max_machines)
+    return ramps if after is before else {**ramps, provider: after}
+
+
+def _ramped(ramps: Mapping[str, Ramp], obs: CapacityObservation, policy: Policy) -> Mapping[str, Ramp]:
+    """What a capacity observation means for the provider's step: an accepted request may double it; running out
+    of capacity or a throttle halves it (:mod:`provisionerd.planner.ramp`)."""
+    match obs:
+        case CallSucceeded(action="requestMachines") if obs.op_id:
+            return advance_ramp(ramps, obs.provider, Accepted(obs.op_id), policy)
+        case CapacityUnavailable():
+            return advance_ramp(ramps, obs.provider, Refused("capacity_unavailable"), policy)
+        case Throttled():
+            return advance_ramp(ramps, obs.provider, Refused("throttled"), policy)
+    return ramps
 
 
 def _release_steps(

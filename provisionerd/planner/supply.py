@@ -10,6 +10,7 @@ The same goes for an open intent's outstanding machines.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
@@ -38,6 +39,14 @@ class Tally:
     fails: list[IntentRecord] = attrs.field(factory=list)  # open intents past the provisioning timeout
     intent_seen: dict[str, float] = attrs.field(factory=dict)
     machine_seen: dict[str, float] = attrs.field(factory=dict)
+    #: The earliest deadline after ``now`` found on the way (a provisioning timeout, a join deadline, a max_ttl):
+    #: the plan that ran at ``now`` would plan something new then (``provisionerd.planner.deadlines``).
+    wake: float = math.inf
+
+    def due(self, at: float, now: float) -> None:
+        """Note a deadline at ``at``, if it is after ``now`` and before the earliest one noted."""
+        if now < at < self.wake:
+            self.wake = at
 
     def provider_load(self) -> dict[str, int]:
         loads: dict[str, int] = {}
@@ -67,6 +76,8 @@ def _count_intents(tally: Tally, state: PlannerState, view: FactView, now: float
             timed_out.add(op_id)
             if op_id not in state.pending_fails:
                 tally.fails.append(record)
+        else:
+            tally.due(seen + timeout, now)
     for request in pending.values():  # planned, intent not committed yet
         key = (request.provider, request.template_id)
         load[key] = load.get(key, 0) + request.count
@@ -135,7 +146,8 @@ def tally(
                 active[machine.demand_id] -= 1
     # The cutoff is the shortest deadline of any provider, with a second of slack so float rounding never hides a
     # machine; the test below, with the machine's own provider's deadline, decides.
-    late = joins.unjoined_launched_by(now - policy.min_join_deadline + 1.0)
+    cutoff = now - policy.min_join_deadline + 1.0
+    late = joins.unjoined_launched_by(cutoff)
     deadlines: dict[str, float] = {}
     for machine in (*late, *joins.unjoined_unknown_launch()):
         if machine.machine_id in skip or machine.op_id in timed_out:
@@ -143,9 +155,17 @@ def tally(
         deadline = deadlines.get(machine.provider)
         if deadline is None:
             deadline = deadlines[machine.provider] = policy.of(machine.provider).join_deadline
-        if now - launched_at(machine) >= deadline:
+        launched = launched_at(machine)
+        if now - launched >= deadline:
             result.retire.append(("never_joined", machine))
             active[machine.demand_id] -= 1
+        else:
+            result.due(launched + deadline, now)
+    # The machines not read above launched after the cutoff: the earliest of them is due no sooner than its launch
+    # plus the shortest deadline (a lower bound: waking then reads it above, with its own provider's deadline).
+    earliest = joins.earliest_unjoined_launch_after(cutoff)
+    if earliest is not None:
+        result.due(earliest + policy.min_join_deadline, now)
 
     # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
     givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
@@ -160,10 +180,15 @@ def tally(
                     max_ttl = ttls[provider]
                 else:
                     max_ttl = ttls[provider] = policy.of(provider).max_ttl
-                if max_ttl is not None and machine.machine_id not in skip and now - launched_at(machine) >= max_ttl:
+                if max_ttl is None or machine.machine_id in skip:
+                    continue
+                launched = launched_at(machine)
+                if now - launched >= max_ttl:
                     result.retire.append(("max_ttl", machine))
                     active[machine.demand_id] -= 1
                     aged.add(machine.machine_id)
+                else:
+                    result.due(launched + max_ttl, now)
     for demand_id in givers:
         entries = [
             (host.since, machine.machine_id, machine)

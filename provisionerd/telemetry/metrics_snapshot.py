@@ -138,6 +138,7 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         "code",
     )
     offers = _gauge("provisionerd_offers", "Offers (templates) last read from the provider.", p_)
+    step = _gauge("provisionerd_provider_step", "The adaptive step: most new machines per step interval now.", p_)
     last_call = _gauge("provisionerd_provider_last_call_age_seconds", "Seconds since the last provider call ended.", p_)
     for name, entry in providers.items():
         p = _map(entry)
@@ -166,5 +167,7 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
             offers.add_metric([name], value)
         if (value := _num(_map(p.get("last_call")).get("age_s"))) is not None:
             last_call.add_metric([name], value)
+        if (value := _num(_map(p.get("step")).get("step"))) is not None:
+            step.add_metric([name], value)
     yield from (lease_state, standby, term, seq, valid, machines, wanted, supplied, backoffs, unhealthy, offers)
-    yield last_call
+    yield from (last_call, step)
