@@ -206,8 +206,10 @@ class Persistent:
         if self.proc is None:
             return
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        if self.proc.poll() is None:
+        try:
             self.proc.stdin.close()  # EOF: the plugin finishes and exits
+        except BrokenPipeError:
+            pass  # it had exited already
         self.proc.wait(timeout=30)
         self.proc.stdout.close()
         self.stderr.close()
