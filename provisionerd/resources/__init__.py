@@ -25,6 +25,7 @@ PLUGINS: dict[str, str] = {
     "simulated": "a simulated cloud with scripted faults, for tests and trials; persistent or one-shot",
     "aws_ec2": "Amazon EC2 instances (needs the aws extra: boto3); persistent or one-shot",
     "slurm": "nodes of a Slurm cluster, as batch jobs; persistent or one-shot",
+    "kubernetes": "pilot pods in a namespace of a Kubernetes cluster (needs the kubernetes extra); persistent",
     "examples/bash": "the contract in bash, one script per action; one-shot",
     "examples/node": "the contract in Node.js; persistent",
     "examples/lsf_legacy": "an LSF resource-connector plugin as-is (the legacy contract); one-shot",

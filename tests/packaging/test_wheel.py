@@ -36,7 +36,16 @@ IGNORED = shutil.ignore_patterns(
 )
 #: This environment's site-packages: the installed venv finds the dependencies there.
 DEPS = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-SHIPPED = ("local", "simulated", "aws_ec2", "slurm", "examples/bash", "examples/node", "examples/lsf_legacy")
+SHIPPED = (
+    "local",
+    "simulated",
+    "aws_ec2",
+    "slurm",
+    "kubernetes",
+    "examples/bash",
+    "examples/node",
+    "examples/lsf_legacy",
+)
 
 
 @attrs.frozen

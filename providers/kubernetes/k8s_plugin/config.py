@@ -1,0 +1,153 @@
+"""The plugin's configuration: ``$PRO_CONF_DIR/kubernetes.json``, checked against ``config.schema.json``.
+
+The plugin adopts an existing cluster: the file names the API server and the credentials (a CA file and a bearer
+token file, read again for every connection so a rotated ServiceAccount token is picked up; or ``inCluster`` for
+the pod's own ServiceAccount), the one namespace it works in, the agent command, and the templates (a pod spec
+each: image, cpu and memory requests, node selector, tolerations). The plugin creates nothing but pods and their
+Secrets in that namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jsonschema
+
+from k8s_plugin.errors import PluginError
+
+CONFIG_FILE = "kubernetes.json"
+_SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
+_MAX_CONFIG_BYTES = 1 << 20
+_MEMORY_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20}
+_MEMORY_UNITS.update({"Gi": 1 << 30, "Ti": 1 << 40})
+
+
+def cpu_millis(text: str) -> int:
+    """A Kubernetes CPU quantity (``2``, ``0.5``, ``250m``) in millicores."""
+    if text.endswith("m"):
+        return int(text[:-1])
+    return round(float(text) * 1000)
+
+
+def memory_bytes(text: str) -> int:
+    """A Kubernetes memory quantity (``512Mi``, ``1G``, ``1048576``) in bytes."""
+    digits = text.rstrip("KMGTi")
+    return int(digits) * _MEMORY_UNITS[text[len(digits) :]]
+
+
+@attrs.frozen
+class Template:
+    template_id: str
+    max_number: int
+    image: str
+    cpu: str
+    memory: str
+    node_selector: Mapping[str, str] = attrs.field(factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    type: str = "X86_64"
+    attributes: Mapping[str, tuple[str, str]] = attrs.field(factory=dict)
+
+    def as_contract(self, max_number: int | None = None) -> dict[str, Any]:
+        attributes: dict[str, list[str]] = {
+            "type": ["String", self.type],
+            "ncpus": ["Numeric", str(max(1, cpu_millis(self.cpu) // 1000))],
+            "mem": ["Numeric", str(memory_bytes(self.memory) >> 20)],
+        }
+        attributes.update({name: list(value) for name, value in self.attributes.items()})
+        return {
+            "templateId": self.template_id,
+            "maxNumber": self.max_number if max_number is None else max_number,
+            "attributes": attributes,
+        }
+
+
+@attrs.frozen
+class Config:
+    namespace: str
+    agent_certs: str
+    agent_command: tuple[str, ...]
+    agent_extra_args: tuple[str, ...]
+    templates: Mapping[str, Template]
+    api_server: str | None = None
+    ca_file: str | None = None
+    token_file: str | None = None
+    in_cluster: bool = False
+    request_timeout: float = 20.0
+    unschedulable_seconds: float = 120.0
+    service_account_name: str | None = None
+    test_faults: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_environment(cls) -> Config:
+        conf_dir = os.environ.get("PRO_CONF_DIR", "")
+        if not conf_dir:
+            raise PluginError("provider_error", f"PRO_CONF_DIR is not set: the plugin needs {CONFIG_FILE}")
+        return cls.from_file(Path(conf_dir) / CONFIG_FILE)
+
+    @classmethod
+    def from_file(cls, path: Path) -> Config:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(_MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise PluginError("provider_error", f"cannot read {path}: {exc.strerror}") from None
+        if len(data) > _MAX_CONFIG_BYTES:
+            raise PluginError("provider_error", f"{path} is larger than {_MAX_CONFIG_BYTES} bytes")
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise PluginError("provider_error", f"{path} is not JSON") from None
+        return cls.from_document(doc, path.parent)
+
+    @classmethod
+    def from_document(cls, doc: Any, base: Path) -> Config:
+        schema = json.loads(_SCHEMA_PATH.read_text())
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+        if errors:
+            where = "/".join(str(p) for p in errors[0].path) or "(top)"
+            raise PluginError("provider_error", f"{CONFIG_FILE}: {where}: {errors[0].message[:300]}")
+        in_cluster = bool(doc.get("inCluster", False))
+        if not in_cluster and not (doc.get("apiServer") and doc.get("tokenFile")):
+            raise PluginError("provider_error", f"{CONFIG_FILE}: apiServer and tokenFile are needed unless inCluster")
+        templates: dict[str, Template] = {}
+        for t in doc["templates"]:
+            if t["templateId"] in templates:
+                raise PluginError("provider_error", f"{CONFIG_FILE}: templateId {t['templateId']!r} twice")
+            templates[t["templateId"]] = Template(
+                template_id=t["templateId"],
+                max_number=t["maxNumber"],
+                image=t["image"],
+                cpu=t["cpu"],
+                memory=t["memory"],
+                node_selector=dict(t.get("nodeSelector", {})),
+                tolerations=tuple(t.get("tolerations", ())),
+                type=t.get("type", "X86_64"),
+                attributes={k: (v[0], v[1]) for k, v in t.get("attributes", {}).items()},
+            )
+
+        def path(key: str) -> str | None:
+            value = doc.get(key)
+            return None if value is None else str(base / value)
+
+        agent = doc["agent"]
+        return cls(
+            namespace=doc["namespace"],
+            agent_certs=agent["certs"],
+            agent_command=tuple(agent.get("command") or (sys.executable, "-m", "provisionerd", "agent")),
+            agent_extra_args=tuple(agent.get("extraArgs", ())),
+            templates=templates,
+            api_server=doc.get("apiServer"),
+            ca_file=path("caFile"),
+            token_file=path("tokenFile"),
+            in_cluster=in_cluster,
+            request_timeout=float(doc.get("requestTimeout", 20)),
+            unschedulable_seconds=float(doc.get("unschedulableSeconds", 120)),
+            service_account_name=doc.get("serviceAccountName"),
+            test_faults=frozenset(doc.get("testFaults", ())),
+        )

@@ -1,0 +1,83 @@
+"""The status split (docs/kubernetes.md): four separate answers, so one failing never hides the others.
+
+- ``connectivity``: the API server answers (``/version``), with its version.
+- ``access``: one SelfSubjectAccessReview per (verb, resource) the plugin uses (``Api.VERBS``, the same list as
+  ``rbac.yaml``); ``missing`` names each one the credentials lack.
+- ``readiness``: this provider's pods by phase, and how many are Running with the ``Ready`` condition (an agent
+  joining the controller is the daemon's to report).
+- ``capacity``: per template, how many more pods the namespace's ResourceQuotas admit (``null``: no quota
+  limits it). Node capacity needs cluster-wide reads that the namespaced Role does not grant; it is not read.
+
+Each part catches its own typed error and reports it as ``{"ok": false, "code", "message"}``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from k8s_plugin import labels as lab
+from k8s_plugin.errors import PluginError
+
+if TYPE_CHECKING:
+    from k8s_plugin.plugin import Plugin
+
+
+def _part(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return {"ok": True, **fn()}
+    except PluginError as err:
+        return {"ok": False, "code": err.code, "message": err.message}
+
+
+def status_report(plugin: Plugin) -> dict[str, Any]:
+    api = plugin.api
+
+    def connectivity() -> dict[str, Any]:
+        version = api.server_version()
+        return {"server": str(version.get("gitVersion", ""))}
+
+    def access() -> dict[str, Any]:
+        missing = []
+        for verb, resource in api.VERBS:
+            allowed, _reason = api.can_i(verb, resource)
+            if not allowed:
+                missing.append(f"{verb} {resource}")
+        if missing:
+            raise PluginError(
+                "auth_failed",
+                f"namespace {api.namespace!r}: the credentials lack " + ", ".join(missing),
+            )
+        return {"checked": [f"{v} {r}" for v, r in api.VERBS]}
+
+    def readiness() -> dict[str, Any]:
+        wanted = {lab.CLUSTER: os.environ["PROVISIONERD_CLUSTER"]} if os.environ.get("PROVISIONERD_CLUSTER") else {}
+        if os.environ.get("PROVIDER_NAME"):
+            wanted[lab.PROVIDER] = os.environ["PROVIDER_NAME"]
+        phases: Counter[str] = Counter()
+        ready = 0
+        for pod, _tags in plugin._owned(wanted):
+            status = pod.get("status") or {}
+            phases[status.get("phase") or "Pending"] += 1
+            conditions = status.get("conditions") or []
+            ready += any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return {"pods": sum(phases.values()), "phases": dict(sorted(phases.items())), "ready": ready}
+
+    def capacity() -> dict[str, Any]:
+        templates = {}
+        for template in plugin.config.templates.values():
+            room, lines = plugin.quota_room(template)
+            templates[template.template_id] = {"quotaRoom": room, "quotas": lines}
+        return {"templates": templates, "nodes": "not read (the namespaced Role grants no node access)"}
+
+    report = {
+        "connectivity": _part(connectivity),
+        "access": _part(access),
+        "readiness": _part(readiness),
+        "capacity": _part(capacity),
+    }
+    if not report["access"]["ok"]:
+        report["access"]["missing"] = report["access"]["message"].rsplit("lack ", 1)[-1].split(", ")
+    return report

@@ -1,0 +1,154 @@
+"""The pod and Secret one machine is made of, and how a pod's state reads as a contract result.
+
+The pod runs the worker agent (``restartPolicy: Never``: a pilot that ends is over). Its join token is in a Secret
+of the same name that only this pod mounts (mode 0400), owned by the pod (``ownerReferences``: the garbage
+collector deletes it with the pod; the plugin deletes it too on return). The token is never in the pod spec, its
+env or its command line: the container reads it from the mounted file on standard input (``--token-stdin``).
+The pod gets no ServiceAccount token (``automountServiceAccountToken: false``): the agent needs no API access.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from k8s_plugin import labels as lab
+from k8s_plugin.config import Config, Template
+
+TOKEN_DIR = "/var/run/provisionerd/join"
+TOKEN_KEY = "token"
+#: The container's entry: the shell reads the token file onto the agent's stdin ("$@" is the agent command).
+ENTRY = ["/bin/sh", "-c", f'exec "$@" --token-stdin < {TOKEN_DIR}/{TOKEN_KEY}', "provisionerd-pilot"]
+
+
+def pod_manifest(
+    config: Config, template: Template, name: str, tags: Mapping[str, str], boot: Mapping[str, Any]
+) -> dict[str, Any]:
+    agent = [
+        *config.agent_command,
+        "--certs",
+        config.agent_certs,
+        "--controllers",
+        ",".join(boot["controllers"]),
+        "--instance-ref",
+        boot["instanceRef"],
+        "--machine-id",
+        "$(POD_NAME)",
+        *config.agent_extra_args,
+    ]
+    resources = {"cpu": template.cpu, "memory": template.memory}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [
+            {
+                "name": "agent",
+                "image": template.image,
+                "command": [*ENTRY, *agent],
+                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "resources": {"requests": resources, "limits": resources},
+                "volumeMounts": [{"name": "join", "mountPath": TOKEN_DIR, "readOnly": True}],
+            }
+        ],
+        "volumes": [{"name": "join", "secret": {"secretName": name, "defaultMode": 0o400}}],
+    }
+    if template.node_selector:
+        spec["nodeSelector"] = dict(template.node_selector)
+    if template.tolerations:
+        spec["tolerations"] = [dict(t) for t in template.tolerations]
+    if config.service_account_name:
+        spec["serviceAccountName"] = config.service_account_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {**lab.labels_for(tags), lab.TEMPLATE_LABEL: template.template_id},
+            "annotations": {lab.TAGS_ANNOTATION: lab.annotation_for(tags)},
+        },
+        "spec": spec,
+    }
+
+
+def secret_manifest(pod: Mapping[str, Any], tags: Mapping[str, str], token: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": {
+            "name": meta["name"],
+            "labels": lab.labels_for(tags),
+            "annotations": {lab.TAGS_ANNOTATION: lab.annotation_for(tags)},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def owned_by(secret: Mapping[str, Any], pod_name: str) -> bool:
+    refs = secret.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("kind") == "Pod" and r.get("name") == pod_name for r in refs)
+
+
+def epoch_seconds(stamp: Any) -> int:
+    if not isinstance(stamp, str):
+        return 0
+    try:
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0
+
+
+def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
+    """When the scheduler first said it cannot place the pod (``PodScheduled=False, Unschedulable``), or None."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            return float(epoch_seconds(cond.get("lastTransitionTime")) or time.time())
+    return None
+
+
+def returned(pod: Mapping[str, Any]) -> bool:
+    return lab.RETURNED_LABEL in ((pod.get("metadata") or {}).get("labels") or {})
+
+
+def outcome(pod: Mapping[str, Any] | None, unschedulable_limit: float, now: float) -> tuple[str, str, str]:
+    """``(result, status, message)`` of one machine of a create request."""
+    if pod is None:
+        return "fail", "terminated", "the pod is gone (deleted outside provisionerd, or never created)"
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    name = meta.get("name", "")
+    if meta.get("deletionTimestamp"):
+        if returned(pod):
+            return "succeed", "terminated", f"pod {name} is being deleted (returned)"
+        return "fail", "terminated", f"pod {name} is being deleted outside provisionerd"
+    if phase == "Running":
+        return "succeed", "running", f"pod {name} is running on node {pod.get('spec', {}).get('nodeName', '')}"
+    if phase == "Pending":
+        since = unschedulable_since(pod)
+        if since is not None and now - since > unschedulable_limit:
+            return "fail", "unschedulable", f"pod {name} unschedulable for {now - since:.0f} s: capacity_unavailable"
+        if since is not None:
+            return "executing", "pending", f"pod {name} waits for a node (unschedulable so far)"
+        return "executing", "pending", f"pod {name} is pending"
+    if phase == "Succeeded" and returned(pod):
+        return "succeed", "terminated", f"pod {name} ended (returned)"
+    return "fail", phase.lower(), f"pod {name} ended: phase {phase}, {status.get('reason') or 'no reason given'}"

@@ -1,0 +1,94 @@
+"""The plugin against the real API server, as its ServiceAccount: create, status, list, return; what stays
+untouched; where the join token is (and is not)."""
+
+from __future__ import annotations
+
+import json
+
+from k8s_helpers import Namespace, Persistent, iter_json_strings, secret_token, wait_for
+from kubernetes.client.exceptions import ApiException
+
+
+def test_request_status_list_return(plugin: Persistent, namespace: Namespace) -> None:
+    accepted = plugin.call("requestMachines", plugin.request("op-1", "small", 2))
+    done = plugin.settle(accepted["requestId"])
+    assert done["status"] == "complete", done
+    machines = done["machines"]
+    assert [m["result"] for m in machines] == ["succeed", "succeed"]
+    assert {m["instanceRef"] for m in machines} == {"op-1-i0", "op-1-i1"}
+    assert all(m["tags"]["provisionerd:op"] == "op-1" and m["privateIpAddress"] for m in machines)
+    pods, secrets = namespace.pods(), namespace.secrets()
+    for m in machines:
+        pod = pods[m["machineId"]]
+        assert pod.status.phase == "Running" and pod.spec.node_name.startswith("kwok-node-")
+        assert pod.metadata.labels["provisionerd/op"] == "op-1"
+        # The Secret is the pod's own (ownerReferences), holds the token, and only that pod mounts it.
+        secret = secrets[m["machineId"]]
+        assert [(r.kind, r.uid) for r in secret.metadata.owner_references] == [("Pod", pod.metadata.uid)]
+        assert secret_token(secret) in plugin.tokens
+        assert [v.secret.secret_name for v in pod.spec.volumes if v.secret] == [m["machineId"]]
+        # The token is nowhere in the pod (spec, env, command line, annotations).
+        text = json.dumps(namespace.plane.admin.sanitize_for_serialization(pod))
+        assert not any(t in text for t in plugin.tokens)
+        assert pod.spec.automount_service_account_token is False
+    assert set(plugin.listed()) == {m["machineId"] for m in machines}
+    assert set(plugin.listed(**{"provisionerd:op": "op-1"})) == {m["machineId"] for m in machines}
+    assert plugin.listed(**{"provisionerd:op": "op-other"}) == {}
+
+    ret = plugin.give_back("ret-1", machines)
+    wait_for(lambda: plugin.status(ret["requestId"])["status"] == "complete", 60, "the return to complete")
+    assert not {m["machineId"] for m in machines} & set(namespace.pods())
+    assert not {m["machineId"] for m in machines} & set(namespace.secrets())
+    assert plugin.listed() == {}
+    again = plugin.give_back("ret-1", machines)  # returning twice is harmless
+    assert again["requestId"] == ret["requestId"]
+    assert not any(t in line for line in plugin.outputs for t in plugin.tokens)
+
+
+def test_foreign_pods_and_secrets_are_never_touched(plugin: Persistent, namespace: Namespace) -> None:
+    core = namespace.plane.core
+    spec = {"containers": [{"name": "c", "image": "x"}], "automountServiceAccountToken": False}
+    core.create_namespaced_pod(namespace.name, {"metadata": {"name": "foreign"}, "spec": spec})
+    # Looks like ours by its labels but carries no tags annotation: still not ours.
+    fake_labels = {"app.kubernetes.io/managed-by": "provisionerd", "provisionerd/cluster": plugin.cluster_tag}
+    core.create_namespaced_pod(
+        namespace.name, {"metadata": {"name": "pvd-lookalike-0", "labels": fake_labels}, "spec": spec}
+    )
+    core.create_namespaced_secret(namespace.name, {"metadata": {"name": "foreign"}, "stringData": {"k": "v"}})
+    accepted = plugin.call("requestMachines", plugin.request("op-f", "small", 1))
+    ours = plugin.settle(accepted["requestId"])["machines"]
+    assert set(plugin.listed()) == {ours[0]["machineId"]}
+    refs = [{"name": n, "machineId": n} for n in ("foreign", "pvd-lookalike-0")] + ours
+    ret = plugin.give_back("ret-f", refs)
+    assert "refused 2 not ours" in ret["message"]
+    status = wait_for(lambda: (s := plugin.status(ret["requestId"]))["status"] != "running" and s, 60, "return")
+    by_id = {m["machineId"]: m for m in status["machines"]}
+    assert by_id["foreign"]["result"] == "fail" and by_id["foreign"]["status"] == "untouched"
+    assert by_id[ours[0]["machineId"]]["result"] == "succeed"
+    pods = namespace.pods()
+    assert "foreign" in pods and "pvd-lookalike-0" in pods and pods["foreign"].metadata.deletion_timestamp is None
+    assert "foreign" in namespace.secrets()
+
+
+def test_the_garbage_collector_deletes_the_secret_with_its_pod(plugin: Persistent, namespace: Namespace) -> None:
+    accepted = plugin.call("requestMachines", plugin.request("op-gc", "small", 1))
+    (machine,) = plugin.settle(accepted["requestId"])["machines"]
+    name = machine["machineId"]
+    core = namespace.plane.core
+    core.delete_namespaced_pod(name, namespace.name, grace_period_seconds=0)  # someone else deletes the pod
+    wait_for(lambda: name not in namespace.secrets(), 60, "the garbage collector to delete the pod's Secret")
+    # ... and the daemon hears of it as a machine taken back.
+    wanted = plugin.call("getReturnRequests", {"machines": [{"name": name, "machineId": name}]})["requests"]
+    assert [(w["machineId"], w["gracePeriod"]) for w in wanted] == [(name, 0)]
+    try:
+        core.read_namespaced_pod(name, namespace.name)
+        raise AssertionError("the pod is still there")
+    except ApiException as exc:
+        assert exc.status == 404
+
+
+def test_no_token_in_any_json_string_of_the_pods(plugin: Persistent, namespace: Namespace) -> None:
+    plugin.call("requestMachines", plugin.request("op-t", "small", 2))
+    for pod in namespace.pods().values():
+        strings = list(iter_json_strings(namespace.plane.admin.sanitize_for_serialization(pod)))
+        assert not any(t in s for s in strings for t in plugin.tokens)

@@ -1,0 +1,74 @@
+"""Pure parts of the Kubernetes plugin: error mapping, labels, the Role manifest against the verbs used."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+PLUGIN = Path(__file__).resolve().parents[2] / "providers" / "kubernetes"
+sys.path.insert(0, str(PLUGIN))
+
+from k8s_plugin import labels as lab  # noqa: E402
+from k8s_plugin.api import Api, ApiError, classify  # noqa: E402
+
+
+def _exc(status: int, message: str = "", reason: str = "", headers: dict[str, str] | None = None) -> ApiException:
+    exc = ApiException(status=status, reason=reason)
+    exc.body = json.dumps({"kind": "Status", "reason": reason, "message": message})
+    exc.headers = headers or {}
+    return exc
+
+
+def test_errors_are_typed() -> None:
+    quota = classify(
+        _exc(403, 'pods "p" is forbidden: exceeded quota: q, requested: pods=1', "Forbidden"), "create", "pods", "ns"
+    )
+    assert quota.code == "quota_exceeded" and "exceeded quota" in quota.message
+    denied = classify(_exc(403, "forbidden", "Forbidden"), "delete", "pods", "ns")
+    assert denied.code == "auth_failed" and "'delete' on 'pods'" in denied.message
+    assert classify(_exc(401), "list", "pods", "ns").code == "auth_failed"
+    slow = classify(_exc(429, reason="TooManyRequests", headers={"Retry-After": "7"}), "list", "pods", "ns")
+    assert slow.code == "throttled" and slow.retry_after == 7 and slow.document()["retryAfter"] == 7
+    assert "retry after 7 s" in slow.message
+    down = classify(_exc(503, reason="ServiceUnavailable"), "create", "pods", "ns")
+    assert down.code == "throttled" and down.retryable
+    gone = classify(_exc(404, reason="NotFound"), "get", "pods", "ns")
+    assert isinstance(gone, ApiError) and gone.status == 404
+    assert classify(_exc(422, "bad", "Invalid"), "create", "pods", "ns").code == "invalid_request"
+
+
+def test_the_role_grants_exactly_the_verbs_the_plugin_uses() -> None:
+    docs = list(yaml.safe_load_all((PLUGIN / "rbac.yaml").read_text()))
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    granted = {(verb, resource) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == set(Api.VERBS)
+    assert all(rule["apiGroups"] == [""] for rule in role["rules"])
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+@pytest.mark.parametrize("value", ["c1", "op-7f3a9e.0001", "a:b", "x" * 64, "h.abc", "", "-x", "ünïcode"])
+def test_label_values_are_valid_and_one_to_one(value: str) -> None:
+    import re
+
+    label = lab.label_value(value)
+    assert re.fullmatch(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?", label) and len(label) <= 63
+    assert (label == value) == (not label.startswith("h.") or False) or label.startswith("h.")
+    others = {lab.label_value(v) for v in ["c1", "op-7f3a9e.0001", "a:b", "x" * 64, "h.abc", "", "-x", "ünïcode"]}
+    assert len(others) == 8
+
+
+def test_tags_of_refuses_what_is_not_ours() -> None:
+    tags = {lab.CLUSTER: "c:1", lab.PROVIDER: "k8s", lab.OP: "op:1", lab.EPOCH: "3.7", lab.INSTANCE: "c/i-1"}
+    meta = {"labels": lab.labels_for(tags), "annotations": {lab.TAGS_ANNOTATION: lab.annotation_for(tags)}}
+    assert lab.tags_of(meta) == tags
+    forged = {**meta, "labels": {**meta["labels"], "provisionerd/op": "other"}}
+    assert lab.tags_of(forged) is None  # labels that disagree with the annotation
+    assert lab.tags_of({"labels": meta["labels"]}) is None
+    assert lab.tags_of({"labels": meta["labels"], "annotations": {lab.TAGS_ANNOTATION: "not json"}}) is None
+    assert lab.pod_name("c", "op", 0) == lab.pod_name("c", "op", 0) != lab.pod_name("c", "op", 1)
