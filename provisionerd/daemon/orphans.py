@@ -3,7 +3,12 @@
 ``run_orphan_cycles(pieces)`` runs the cycles the daemon's builder makes (``Pieces.orphan_cycles``: one
 :class:`~provisionerd.execution.orphan_cycle.OrphanCycle` per configured provider that has a client, each reading
 the daemon's own session and that provider's lease keeper and acting only through the executor). The cycles share
-nothing but the events log.
+nothing but the events log. A cycle lists nothing (its ``orphan_pass`` event says ``skipped: {"unhealthy": ...}``
+or ``skipped: {"standby": ...}`` and ``listed: false``; ``OrphanCycle.last_skip`` and ``skipped`` count them) while
+its provider is unhealthy in a way that refuses returns too (``auth_failed``, ``invalid_request``: the reconcile
+loop's probe alone decides when it is healthy again; a ``quota_exceeded`` provider is still listed, as the loop
+still polls its reclaims: returning an orphan frees quota), or while this daemon is a standby for it (the
+controller refused its lease as ``held``: the holder's cycle does the work).
 
 ``OrphanActions`` answers the admin socket's ``orphan_action`` command (``provisionerd orphans adopt|return``
 while the daemon runs): the admin's explicit action, decided and carried out by
@@ -23,6 +28,7 @@ restart it still decides with the config the rest of the daemon runs on. Every r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,17 +38,37 @@ from provisionerd.daemon.admin_guard import AdminRefusals
 from provisionerd.daemon.admin_socket import Command
 from provisionerd.daemon.builder import Pieces
 from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult, action_timeout, decide_and_act
+from provisionerd.daemon.status_snapshot import standby
 from provisionerd.domain.errors import ProtocolError
+from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.orphan_cycle import OrphanCycle
+
+#: Why a cycle skips its pass (``OrphanCycle.skip``): the detail of each reason.
+STANDBY_DETAIL = "another daemon holds this provider's lease (the controller refused it as held); its cycle lists"
+
+
+def skip_reason(pieces: Pieces, loop: ReconcileLoop | None, provider: str) -> tuple[str, str] | None:
+    """``("standby", ...)``, ``("unhealthy", "<code>: ...")`` or ``None`` (run the pass): see the module docstring."""
+    if standby(pieces.keepers[provider]):
+        return ("standby", STANDBY_DETAIL)
+    entry = None if loop is None else loop.state.capacity.unhealthy.get(provider)
+    if entry is not None and entry.blocks_returns:
+        return ("unhealthy", f"{entry.code}: nothing is asked of it until the reconcile loop's probe succeeds")
+    return None
 
 
 async def run_orphan_cycles(
-    pieces: Pieces, *, task_status: trio.TaskStatus[dict[str, OrphanCycle]] = trio.TASK_STATUS_IGNORED
+    pieces: Pieces,
+    loop: ReconcileLoop | None = None,
+    *,
+    task_status: trio.TaskStatus[dict[str, OrphanCycle]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the orphan cycles of ``pieces`` until cancelled; hands them to ``task_status`` (for status and tests)."""
+    """Run the orphan cycles of ``pieces`` until cancelled; hands them to ``task_status`` (for status and tests).
+    ``loop``: the reconcile loop whose provider health the cycles follow (``skip_reason``)."""
     cycles = pieces.orphan_cycles()
     async with trio.open_nursery() as nursery:
-        for cycle, interval in cycles.values():
+        for name, (cycle, interval) in cycles.items():
+            cycle.skip = functools.partial(skip_reason, pieces, loop, name)
             await nursery.start(cycle.run, interval)
         task_status.started({name: cycle for name, (cycle, _) in cycles.items()})
 

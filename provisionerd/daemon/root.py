@@ -254,7 +254,7 @@ class DaemonCore:
             await nursery.start(self.feed.run)
             await nursery.start(self.loop.run)
             # Orphan cycles (provisionerd.daemon.orphans): one per provider, every action through the executor.
-            self.orphan_cycles = await nursery.start(run_orphan_cycles, self.pieces)
+            self.orphan_cycles = await nursery.start(run_orphan_cycles, self.pieces, self.loop)
             self.events.emit("daemon_started", identity=self.config.identity, providers=list(self.keepers))
             task_status.started()
 

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -54,6 +55,13 @@ import trio
 from provisionerd.domain.errors import ProviderError, ProvisionerdError
 from provisionerd.domain.model import Fact
 from provisionerd.execution.orphan_offload import classify_off_loop, is_large, release_off_loop
+from provisionerd.execution.orphan_owners import (  # re-exported: the owners of never-joined machines
+    EXECUTOR,
+    RECONCILER,
+    open_ops_of,
+    returned_by,
+    with_owners,
+)
 from provisionerd.execution.orphan_reads import (
     ControllerReader,
     LeaseReader,
@@ -68,14 +76,9 @@ from provisionerd.orphans.classify import (
     OrphanPolicy,
     PlannedAction,
 )
-from provisionerd.orphans.model import CLEANUP_ACTIONS, NEVER_JOINED, Finding, ListingAbsent, Unreadable, thaw
-from provisionerd.planner.fact_view import FactView
+from provisionerd.orphans.model import CLEANUP_ACTIONS, Finding, ListingAbsent, Unreadable, thaw
 from provisionerd.provider.client import ProviderReader
 from provisionerd.telemetry.events import EventLog
-
-RECONCILER = "reconciler"
-EXECUTOR = "executor"
-ORPHAN_CYCLE = "orphan_cycle"
 
 
 class OrphanExecutor(Protocol):
@@ -95,33 +98,6 @@ class OrphanExecutor(Protocol):
     ) -> Any: ...
 
     async def commit_fact(self, fact: Fact) -> int: ...
-
-
-def returned_by(finding: Finding, open_ops: Collection[str] = ()) -> str | None:
-    """Who returns a never-joined machine (see the module docstring); ``None`` for other classes. ``open_ops``:
-    the op_ids of the provider's open request intents."""
-    if finding.orphan_class != NEVER_JOINED:
-        return None
-    if finding.evidence.get("source") != "intent_tag":
-        return RECONCILER
-    return EXECUTOR if finding.evidence.get("op_id") in open_ops else ORPHAN_CYCLE
-
-
-def open_ops_of(view: FactView | Unreadable, provider: str) -> frozenset[str]:
-    if isinstance(view, Unreadable):
-        return frozenset()
-    return frozenset(record.intent.op_id for record in view.open_intents(provider))
-
-
-def with_owners(findings: Sequence[Finding], open_ops: Collection[str] = ()) -> tuple[Finding, ...]:
-    """The findings, each never-joined one with ``returned_by`` added to its evidence."""
-    out = []
-    for finding in findings:
-        owner = returned_by(finding, open_ops)
-        if owner is not None:
-            finding = attrs.evolve(finding, evidence={**thaw(finding.evidence), "returned_by": owner})
-        out.append(finding)
-    return tuple(out)
 
 
 #: What each automatic (class, action) rests on, for the audit's ``confirmed_by``.
@@ -191,14 +167,26 @@ class OrphanCycle:
         self._seen: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self.passes = 0
         self.interval = 0.0  # set by run
+        #: Why no pass should run now, as ``(reason, detail)`` (``None``: run it); the daemon sets it (unhealthy
+        #: provider, standby daemon). A skipped pass calls nothing and reads nothing; ``skipped`` counts them.
+        self.skip: Callable[[], tuple[str, str] | None] = lambda: None
+        self.skipped: Counter[str] = Counter()
+        self.last_skip: str | None = None
 
     async def run(self, interval: float, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """A pass, then ``interval`` seconds of sleep, forever. A pass survives any failure of what it reads or
-        calls (each is audited); only a bug escapes."""
+        """A pass (unless ``skip`` names a reason: then only an ``orphan_pass`` event with ``skipped: {reason:
+        detail}`` and ``listed: false``), then ``interval`` seconds of sleep, forever. A pass survives any failure
+        of what it reads or calls (each is audited); only a bug escapes."""
         self.interval = interval  # a reload may set another one; the next sleep takes it
         task_status.started()
         while True:
-            await self.run_pass()
+            why = self.skip()
+            self.last_skip = None if why is None else why[0]
+            if why is None:
+                await self.run_pass()
+            else:
+                self.skipped[why[0]] += 1
+                self._events.emit("orphan_pass", provider=self.provider, skipped={why[0]: why[1]}, listed=False)
             await trio.sleep(self.interval)
 
     async def run_pass(self) -> PassResult:

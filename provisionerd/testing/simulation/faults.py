@@ -23,6 +23,9 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
                     demand sent again by the scheduler): every daemon that remembers the old one must halt, make no
                     provider mutation and keep every machine; after ``duration`` the admin accepts the reset
                     (``accept-reset``) and the run goes on
+``reload``          one slot's daemon gets an admin orphan action (``admin``) and, while it is under way, a config
+                    reload (``mode``: a live change or one that needs a restart; ``value``); a live change is undone
+                    at the fault's end (``reload_fault``)
 
 Faults may overlap; the undo of one restores the normal state of what it touched (a later overlapping fault of the
 same kind may therefore end early). ``quiet_after`` is when the last fault is undone: from then on the world is
@@ -53,11 +56,15 @@ WEIGHTED = (
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
 #: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
 #: times drawn before it are the same as before it existed.
-KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss")
+KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss", "reload")
 TWIN_CHANCE = 0.3
 #: Storage faults are drawn after the twin, each with its own chance, for the same reason.
 STORAGE_FAILURE_CHANCE = 0.25
 STORE_LOSS_CHANCE = 0.15
+#: A reload during an admin action is drawn last, with its own chance (the same reason).
+RELOAD_CHANCE = 0.25
+RELOAD_CHANGES = ("cap_down", "idle_time", "rename", "addresses")
+RELOAD_ADMIN = ("adopt_dry", "adopt", "adopt_missing", "return_missing")
 
 
 @attrs.frozen
@@ -68,7 +75,8 @@ class Fault:
     slot: str = ""
     direction: str = ""  # c2s | s2c | both
     mode: str = ""  # partition: drop | stall; provider_fault: a cloud fault kind
-    value: float = 0.0  # delay seconds, provider fault rate, slow factor, failover target replica
+    value: float = 0.0  # delay seconds, provider fault rate, slow factor, failover target replica, reload value
+    admin: str = ""  # reload: the admin's orphan action (``RELOAD_ADMIN``)
 
     @property
     def ends(self) -> float:
@@ -154,4 +162,12 @@ def draw_plan(
     if "store_loss" in kinds and max_faults > 0 and rng.random() < STORE_LOSS_CHANCE:
         at = round(rng.uniform(5.0, horizon * 0.7), 3)
         faults.append(Fault(at, "store_loss", round(min(horizon - at, rng.uniform(5.0, 60.0)), 3)))
+    if "reload" in kinds and max_faults > 0 and rng.random() < RELOAD_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.8), 3)
+        mode = rng.choice(RELOAD_CHANGES)
+        value = float(rng.randint(0, 3)) if mode == "cap_down" else round(rng.uniform(5.0, 120.0), 3)
+        duration = round(min(horizon - at, rng.uniform(10.0, 90.0)), 3)
+        faults.append(
+            Fault(at, "reload", duration, rng.choice(slots), mode=mode, value=value, admin=rng.choice(RELOAD_ADMIN))
+        )
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

@@ -23,6 +23,12 @@ violation names its invariant with a stable word (the ``simulate`` command print
                              a provider mutation before the admin accepted the reset (invariant 9)
 ``machine_forgotten``        a machine running when the controller lost its store was gone when the admin accepted
                              the reset, and no vanish fault took it (invariant 9: keep every machine)
+``reload_raised``            a config reload, or the guarded admin command, raised out (``reload`` fault)
+``admin_unanswered``         an admin orphan action got no answer, or one neither ok nor a typed refusal
+                             (``internal_error`` is the daemon's own bug report)
+``reload_half_applied``      a reload that needs a restart changed the running config, policy or orphan policy
+``reload_not_live``          a live reload was not in force at once, or the reloaded daemon made a new request beyond
+                             the new ``max_machines`` (machines already above a lowered cap are no violation)
 ``stuck``                    the run made no virtual progress (a busy loop) within its wall-clock budget
 ``no_convergence``           with the lifecycle: machines did not match demand within the settle time after faults
 
@@ -41,9 +47,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from provisionerd.domain.model import TAG_INSTANCE, TAG_OP, RequestIntent, ReturnIntent
+from provisionerd.planner.fact_view import fold
 
 if TYPE_CHECKING:
-    from provisionerd.domain.model import Epoch
+    from provisionerd.domain.model import CommittedFact, Epoch
     from provisionerd.testing.simulation.observe import Belief, Commit, Creation, Mutation, Recorder
 
 INVARIANTS = (
@@ -59,6 +66,10 @@ INVARIANTS = (
     "controller_error",
     "mutation_while_halted",
     "machine_forgotten",
+    "reload_raised",
+    "admin_unanswered",
+    "reload_half_applied",
+    "reload_not_live",
     "stuck",
     "no_convergence",
 )
@@ -149,6 +160,53 @@ def check_creation(rec: Recorder, creation: Creation) -> None:
             "op_created_twice",
             f"op {creation.op_id} created {len(creation.machine_ids)} machines for an "
             f"intent of {max(i.count for i in intents)}",
+        )
+
+
+# --- the reload fault (``reload_fault``) ---------------------------------------------------------------------------
+
+#: The typed refusals an admin request may get (``daemon.admin_guard``); ``internal_error`` is not among them.
+ADMIN_REFUSALS = frozenset({"bad_request", "unknown_provider", "busy", "not_ready"})
+
+
+def check_admin_answer(rec: Recorder, instance: str, request: dict[str, object], answer: object) -> None:
+    if isinstance(answer, dict) and isinstance(answer.get("ok"), bool):
+        decided = isinstance(answer.get("result"), dict)  # a decision: done, would do, or refused with a reason
+        if decided or answer.get("pending") is True or answer.get("refused") in ADMIN_REFUSALS:
+            return
+    rec.violate(
+        "admin_unanswered",
+        f"{instance}: orphan_action {request.get('action')} {request.get('machine')} answered {answer!r:.200}",
+    )
+
+
+def check_restart_reload(rec: Recorder, instance: str, outcome: str, *, unchanged: bool) -> None:
+    if outcome != "restart_needed" or not unchanged:
+        rec.violate(
+            "reload_half_applied",
+            f"{instance}: a reload that needs a restart was {outcome}; running config unchanged: {unchanged}",
+        )
+
+
+def check_live_reload(rec: Recorder, instance: str, outcome: str, *, installed: bool) -> None:
+    if outcome != "applied" or not installed:
+        rec.violate("reload_not_live", f"{instance}: a live reload was {outcome}; new config in force: {installed}")
+
+
+def check_request_within_cap(
+    rec: Recorder, m: Mutation, cap: int, facts: Iterable[CommittedFact], provider: str
+) -> None:
+    """A request planned after a live reload lowered the cap: the machines live in the controller's log (a lower
+    bound of what the planner counts) plus this request's count must fit in ``cap``."""
+    intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, m.op_id), []) if c.provider == provider]
+    count = max((i.count for i in intents), default=0)
+    view = fold(facts)
+    live = sum(n for (p, _), n in view.live_by_offer.items() if p == provider)
+    if live + count > cap:
+        rec.violate(
+            "reload_not_live",
+            f"{m.op_id} by {m.caller.instance}: {count} machine(s) requested with {live} live after a reload set "
+            f"max_machines = {cap}",
         )
 
 

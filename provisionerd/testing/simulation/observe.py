@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -110,6 +111,8 @@ class Recorder:
         self.mutations: list[Mutation] = []
         self.creations: dict[str, list[Creation]] = collections.defaultdict(list)
         self.counts: collections.Counter[str] = collections.Counter()
+        #: Called with every provider mutation after the continuous checks (a fault's own watch: ``reload``).
+        self.on_mutation: list[Callable[[Mutation], None]] = []
 
     # --- the trace -------------------------------------------------------------------------------------------------
 
@@ -218,6 +221,8 @@ class Recorder:
             epoch=str(c.epoch),
         )
         invariants.check_mutation(self, mutation)
+        for watch in self.on_mutation:
+            watch(mutation)
 
     def creation(self, creation: Creation) -> None:
         from provisionerd.testing.simulation import invariants

@@ -30,6 +30,7 @@ from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw
 from provisionerd.testing.simulation.network import OK, SimNet
 from provisionerd.testing.simulation.nodes import WALL_EPOCH, DaemonNode, DaemonSettings, ObservedCluster
 from provisionerd.testing.simulation.observe import Recorder, describe_exception
+from provisionerd.testing.simulation.reload_fault import ReloadFaults
 from provisionerd.testing.simulation.store_loss import StoreLosses
 from refcontroller.server import Timeouts, open_controller_server
 from refcontroller.store import FactStore
@@ -130,6 +131,7 @@ class World:
         #: Each slot's state file (``controller.<cluster>.json``): survives the slot's restarts, as on a real host.
         self.memories: dict[str, InMemory] = {}
         self.losses = StoreLosses()  # the controller's lost stores (``store_loss``)
+        self.reloads = ReloadFaults()  # reloads during an admin action (``reload``)
         self.cluster: ObservedCluster | None = None
         self.server: Any = None
         self.cloud = SimCloud(
@@ -323,6 +325,9 @@ class World:
                 self.cluster.store.set_page_limit(0)
             case "store_loss":
                 self.losses.lose(self)
+            case "reload":
+                assert self._nursery is not None
+                self._nursery.start_soon(self.reloads.begin, self, fault)
             case "twin":
                 twin = _twin_slot(fault.slot)
                 if twin not in self.nodes or self.nodes[twin].scope.cancel_called:
@@ -350,6 +355,8 @@ class World:
             case "store_loss":
                 self.losses.check_kept(self)
                 self._nursery.start_soon(self.losses.accept_resets, self)
+            case "reload":
+                self.reloads.end(self, fault)
             case "twin":
                 node = self.nodes.get(_twin_slot(fault.slot))
                 if node is not None and fault.mode == "stop":

@@ -1,0 +1,98 @@
+"""The orphan cycle inside the real ``DaemonCore`` lists nothing while its provider is unhealthy (``auth_failed``)
+or while the daemon is a standby (the controller refused its lease as ``held``); on MockClock, counting the
+provider's ``listMachines`` calls."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from cycle_world import OLD
+from lease_holder import holding_lease
+from memory_ctl import daemon_config, memory_controller
+
+from provisionerd.daemon.root import DaemonCore
+from provisionerd.domain.errors import rejection
+from provisionerd.provider.client import PluginClient
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_provider import FakeProvider
+
+NOW = OLD + 4000.0
+ORPHANS = "interval = 30\nsettle = 5"
+
+
+def listings(fake: FakeProvider) -> int:
+    return sum(1 for action, _ in fake.calls if action == "listMachines")
+
+
+def run_core(tmp_path, fake: FakeProvider, events: EventLog, *, other_holder: bool, seconds: float) -> dict:
+    seen: dict = {}
+
+    async def main():
+        async with memory_controller(tmp_path, ttl=30.0) as net:
+            config = daemon_config(tmp_path, net.addresses, orphans=ORPHANS)
+            core = DaemonCore(
+                config,
+                connect=net.connect,
+                events=events,
+                providers={"sim": PluginClient(fake)},
+                wall=lambda: NOW + trio.current_time(),
+            )
+
+            async def daemon():
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(core.run)
+                    await trio.sleep(seconds)
+                    seen["cycle"] = core.orphan_cycles["sim"]
+                    seen["health"] = core.loop.provider_health()
+                    seen["lease"] = core.keepers["sim"].reason
+                    nursery.cancel_scope.cancel()
+
+            if other_holder:
+                async with holding_lease(config, "sim", net.connect, identity="the-primary-daemon"):
+                    await daemon()
+            else:
+                await daemon()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return seen
+
+
+def test_an_unhealthy_provider_is_not_listed_by_the_orphan_cycle(tmp_path):
+    fake = FakeProvider("sim", launch_time=OLD)
+    for _ in range(1000):  # every offer read and probe answers auth_failed for the whole run
+        fake.fail_next("getAvailableTemplates", rejection("sim", "getAvailableTemplates", "auth_failed", "bad key"))
+    events = EventLog(keep=100_000)
+    seen = run_core(tmp_path, fake, events, other_holder=False, seconds=600.0)
+    assert seen["health"]["sim"]["state"] == "unhealthy" and seen["health"]["sim"]["code"] == "auth_failed"
+    cycle = seen["cycle"]
+    # The first offer read fails at once (before the first orphan pass could list): 10 minutes, no listing.
+    assert listings(fake) == 0
+    assert cycle.passes == 0 and cycle.skipped["unhealthy"] >= 19 and cycle.last_skip == "unhealthy"
+    skipped = [e for e in events.of_kind("orphan_pass") if e.get("listed") is False]
+    assert skipped and all(e["skipped"]["unhealthy"].startswith("auth_failed") for e in skipped)
+    assert not [e for e in events.of_kind("orphan_pass") if e.get("listed") is not False]
+
+
+def test_a_healthy_provider_is_listed_every_interval(tmp_path):
+    """The control: the same daemon and provider without the failures lists at each pass."""
+    fake = FakeProvider("sim", launch_time=OLD)
+    seen = run_core(tmp_path, fake, EventLog(keep=100_000), other_holder=False, seconds=600.0)
+    assert seen["health"]["sim"]["state"] == "healthy"
+    assert listings(fake) >= 19 and seen["cycle"].passes >= 19 and not seen["cycle"].skipped
+
+
+def test_a_standby_daemon_does_not_list(tmp_path):
+    fake = FakeProvider("sim", launch_time=OLD)
+    events = EventLog(keep=100_000)
+    seen = run_core(tmp_path, fake, events, other_holder=True, seconds=300.0)
+    assert seen["lease"] == "denied: held"
+    cycle = seen["cycle"]
+    # The first pass, at start, comes before the controller's first answer to the lease request: the daemon cannot
+    # know yet that it is a standby. After that answer, 5 minutes without a listing.
+    denied = next(e["mono"] for e in events.of_kind("lease_denied") if e["reason"] == "held")
+    passes = list(events.of_kind("orphan_pass"))
+    listed = [e for e in passes if e.get("listed") is not False]
+    assert len(listed) == 1 and listed[0]["mono"] <= denied and listings(fake) == 1
+    assert cycle.passes == 1 and cycle.skipped["standby"] >= 9 and cycle.last_skip == "standby"
+    skipped = [e for e in passes if e.get("listed") is False]
+    assert len(skipped) == cycle.skipped["standby"] and all("standby" in e["skipped"] for e in skipped)
