@@ -18,9 +18,10 @@ orphan actions read the orphan policy and the cluster from it, ``status()`` show
    half-way).
 
 Hooks: ``on_applied(old, new)`` is where a live setting outside the holder takes effect (``provisionerd run``
-sets the log level there; the orphan cycles take their interval and settle window there). A new live setting (for
-example a metrics listen address) is added to ``LIVE_FIELDS`` and given an ``on_applied`` hook; until then a change
-of it is reported as needing a restart, the safe side.
+sets the log level there; the orphan cycles take their interval and settle window there; the metrics listener
+moves to a new ``metrics_listen`` there, binding it after the switch and staying put, with an ERROR and the event
+``metrics_listen_failed``, when it cannot). A new live setting is added to ``LIVE_FIELDS`` and given an
+``on_applied`` hook; until then a change of it is reported as needing a restart, the safe side.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from provisionerd.planner.policy import Policy, ProviderPolicy
 log = logging.getLogger(__name__)
 
 #: Paths (outside ``providers``) a reload applies without a restart.
-LIVE_FIELDS = frozenset({"daemon.log_level"})
+LIVE_FIELDS = frozenset({"daemon.log_level", "daemon.metrics_listen"})
 #: A provider's fields a reload applies without a restart (``orphans`` covers every orphan knob).
 LIVE_PROVIDER_FIELDS = frozenset(
     {

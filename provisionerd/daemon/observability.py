@@ -16,6 +16,7 @@ joins three things that already exist without adding a call anywhere else:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,8 @@ from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.telemetry.metrics import DaemonMetrics
 from provisionerd.telemetry.metrics_http import HttpServer, Response, open_http_listeners, serve_listeners
+
+log = logging.getLogger(__name__)
 
 #: Seconds a /metrics rendering is served again before the state is read anew.
 METRICS_MIN_INTERVAL = 1.0
@@ -57,29 +60,68 @@ class Observability:
         )
         self.address: tuple[str, int] | None = None  # where the listener is bound (None: not listening)
         self._rendered: tuple[float, bytes] | None = None  # (trio time, text) of the last /metrics rendering
+        self._wanted: str | None = None  # the address the running config names
+        self._moved = trio.Event()  # set by ``listen_at`` when a reload names another one
 
     def document(self) -> dict[str, Any]:
         return self.snapshot.document()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve ``[daemon] metrics_listen`` until cancelled (without one, only note the start and return).
+        """Serve ``[daemon] metrics_listen`` until cancelled, moving to another address when a reload names one
+        (``listen_at``; none: no listener).
 
         Raises:
-            ConfigError: the address cannot be listened on (in use, or not this host's).
+            ConfigError: at start, the address cannot be listened on (in use, or not this host's). After a reload
+                such an address is logged (ERROR) and emitted (``metrics_listen_failed``), and the listener stays
+                where it was.
         """
         self.snapshot.mark_started()
-        address = self.pieces.config.daemon.metrics_listen
+        self._wanted = self.pieces.config.daemon.metrics_listen
+        listeners = await self._open(self._wanted)
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            scope = await self._serve_on(nursery, listeners)
+            while True:
+                await self._moved.wait()
+                self._moved = trio.Event()
+                try:
+                    listeners = await self._open(self._wanted)
+                except ConfigError as exc:
+                    log.error("%s; the metrics listener stays at %s", "; ".join(exc.problems), self.address)
+                    self.pieces.events.emit("metrics_listen_failed", problems=list(exc.problems))
+                    continue
+                scope.cancel()  # the old listener closes once the new one is bound
+                scope = await self._serve_on(nursery, listeners)
+
+    def listen_at(self, address: str | None) -> None:
+        """A reload's ``on_applied`` hook: move the listener to ``address`` (cannot fail here; ``serve`` binds it)."""
+        if address != self._wanted:
+            self._wanted = address
+            self._moved.set()
+
+    async def _open(self, address: str | None) -> list[trio.SocketListener] | None:
         if address is None:
-            task_status.started()
-            return
+            return None
         try:
-            listeners = await open_http_listeners(address)
-        except OSError as exc:  # in use, not an address of this host: the daemon does not start
+            return await open_http_listeners(address)
+        except OSError as exc:  # in use, not an address of this host
             problem = f"daemon.metrics_listen: cannot listen on {address!r}: {exc.strerror or exc}"
             raise ConfigError("cannot start the metrics listener", [problem]) from None
-        async with trio.open_nursery() as nursery:
-            self.address = await nursery.start(serve_listeners, listeners, self.server)
-            task_status.started()
+
+    async def _serve_on(self, nursery: trio.Nursery, listeners: list[trio.SocketListener] | None) -> trio.CancelScope:
+        """Serve on ``listeners`` in ``nursery`` under a scope of its own (cancel it to close them)."""
+        if listeners is None:
+            self.address = None
+            return trio.CancelScope()
+
+        async def run(*, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as inner:
+                    self.address = await inner.start(serve_listeners, listeners, self.server)
+                    task_status.started(scope)
+
+        scope: trio.CancelScope = await nursery.start(run)
+        return scope
 
     def _metrics(self) -> Response:
         # A scrape reads the whole fleet once (status_snapshot: ~1-2 us per machine): scrapes within

@@ -130,6 +130,7 @@ class DaemonCore:
         self.orphan_cycles: dict[str, OrphanCycle] = {}
         self.current.on_applied.append(self._apply_orphan_settings)
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
+        self.current.on_applied.append(lambda _old, new: self.observability.listen_at(new.daemon.metrics_listen))
 
     @property
     def config(self) -> Config:
