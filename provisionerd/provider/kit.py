@@ -368,9 +368,9 @@ class Kit:
         """Give back every machine the kit asked for, whatever its request's status, verify they are gone, and
         add the row that says so: failed, naming the ids, for any it could not return or could not see.
 
-        Until ``settle`` (plus two call timeouts) runs out: read what each request made (its status, any status, and its op's listing),
-        return whatever is alive and not asked back yet (a request may report its machines only later), and stop
-        once nothing is alive and every request has shown its machines."""
+        Until ``settle`` (plus two call timeouts) runs out: read what each request made (its status, any
+        status, and its op's listing), return whatever is alive and not asked back yet (a request may report
+        its machines only later), and stop once nothing is alive and every request has shown its machines."""
         asked = dict(self.asked)
         if not asked:
             return
