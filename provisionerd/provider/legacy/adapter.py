@@ -49,6 +49,7 @@ from provisionerd.provider.legacy.journal import (
 )
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES, LSF_ACTIONS, UserDataTemplate, machine_alive
 from provisionerd.provider.legacy.shapes import lsf_request, normalise, salvage_request_id, with_machine_ids
+from provisionerd.provider.legacy.state_files import READERS
 from provisionerd.provider.legacy.status import NOT_REPORTED, create_entry, return_entry, unknown_entry
 from provisionerd.provider.oneshot import OneShotProvider, op_of
 from provisionerd.provider.runtime import check_input, check_output, join_tokens, redactor_for
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 REQUEST_PREFIX = "lsf:"
 RETURN_PREFIX = "lsf-return:"
 EXTENSION_ACTIONS = ("describeProvider", "listMachines")
+_MAX_RECORDS = 100  # plugin records named per unknown outcome
 _POLL_FIRST, _POLL_MAX = 0.2, 5.0  # seconds between status polls of an op being listed while its request runs
 
 
@@ -75,12 +77,14 @@ class LegacySettings:
 
     ``user_data``: the userData template (the only channel to the machine). ``rc_account``: the LSF account sent
     when the daemon's input has none. ``journal_path``: where the op_id -> requestId journal lives (empty: memory
-    only; then a daemon restart forgets the plugin's requestIds). It must not be inside the plugin's data dir."""
+    only; then a daemon restart forgets the plugin's requestIds). It must not be inside the plugin's data dir.
+    ``state_file``: the layout of the plugin's own state file (``"awsv2"``), read for the orphan report."""
 
     user_data: UserDataTemplate = UserDataTemplate()
     rc_account: str = "default"
     journal_path: str = ""
     max_ops: int = 4096
+    state_file: str = ""  # the layout of the plugin's own state file (``legacy.state_files.READERS``), if known
 
 
 class LegacyProvider:
@@ -116,7 +120,36 @@ class LegacyProvider:
             found.append(
                 {"op_id": op.op_id, "template": op.template_id, "instance_refs": refs, "detail": calls[0].detail}
             )
+        if found:
+            self._what_the_plugin_recorded(found)
         return found
+
+    def _what_the_plugin_recorded(self, found: list[dict[str, Any]]) -> None:
+        """Add to each unknown outcome the plugin's own records the journal does not account for (its state file,
+        through the configured reader: ``legacy.state_files``), or exactly what cannot be seen without one."""
+        reader = READERS.get(self.settings.state_file)
+        if reader is None:
+            for entry in found:
+                entry["cannot_see"] = (
+                    f"the machines made for {', '.join(entry['instance_refs'])} (template {entry['template']}): "
+                    "no state-file reader is configured for this plugin ([providers.legacy] state_file; "
+                    f"known: {', '.join(sorted(READERS))})"
+                )
+            return
+        read = reader(self.runner.config.data_dir)
+        if read.problem:
+            for entry in found:
+                entry["cannot_see"] = (
+                    f"the machines made for {', '.join(entry['instance_refs'])} (template {entry['template']}): "
+                    f"the plugin's state file {read.where} {read.problem}"
+                )
+            return
+        known = {c.request_id for op in self.journal.creates.values() for c in op.calls if c.request_id}
+        unexplained = [r for r in read.requests if r.request_id not in known]
+        for entry in found:
+            mine = [r for r in unexplained if r.template_id in (entry["template"], "")]
+            entry["records_from"] = read.where
+            entry["plugin_records"] = [r.as_json() for r in mine[:_MAX_RECORDS]]
 
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         redact = self._redact.including(join_tokens(action, input))
