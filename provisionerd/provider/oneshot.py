@@ -189,15 +189,18 @@ class OneShotProvider:
         if not script.is_file():
             raise ProviderUnsupported(self.name, action, f"no {script.name} in the plugin directory")
         deadline = self.config.timeout_for(action) if timeout is None else timeout
-        call = self.calls.create(
-            action,
-            document,
-            op=op or op_of(document),
-            key=key,
-            validate=validate,
-            timeout=deadline,
-            secrets=[*secrets, *join_tokens(action, document)],
-        )
+        try:
+            call = self.calls.create(
+                action,
+                document,
+                op=op or op_of(document),
+                key=key,
+                validate=validate,
+                timeout=deadline,
+                secrets=[*secrets, *join_tokens(action, document)],
+            )
+        except OSError as exc:  # nothing ran: a known outcome
+            raise ProviderFailed(self.name, action, f"cannot prepare the call's directory: {exc.strerror}") from None
         try:
             limits = self.config.limits
             argv = [
@@ -228,12 +231,15 @@ class OneShotProvider:
     ) -> Any:
         limits = self.config.limits
         with trio.move_on_after(deadline) as scope:
-            async with open_group_process(
-                argv, env=self._env, cwd=str(call.path), grace=limits.term_grace, detached=True
-            ) as proc:
-                await proc.wait()
-                # Leftover descendants die now: they must not outlive the call.
-                await kill_group(proc, limits.term_grace)
+            try:
+                async with open_group_process(
+                    argv, env=self._env, cwd=str(call.path), grace=limits.term_grace, detached=True
+                ) as proc:
+                    await proc.wait()
+                    # Leftover descendants die now: they must not outlive the call.
+                    await kill_group(proc, limits.term_grace)
+            except OSError as exc:  # the wrapper (our own interpreter) could not start: the plugin never ran
+                raise ProviderFailed(self.name, action, f"cannot start the call wrapper: {exc.strerror}") from None
         assert proc.returncode is not None  # the group was reaped on leaving the process block
         return self._conclude(
             action, call, redact, validate, partial, proc.returncode, scope.cancelled_caught, deadline

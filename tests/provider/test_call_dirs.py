@@ -136,3 +136,21 @@ def test_a_second_process_never_touches_the_owners_calls(tmp_path, h):
     assert other.take_finished() == [] and entries(calls) == ["0000000000000-leftover"]
     out = trio.run(lambda: other.run_document("requestMachines", {"op_id": "op-2"}))
     assert out == {"requestId": "req-7"} and entries(calls) == ["0000000000000-leftover"]
+
+
+def test_a_call_about_the_same_op_waits_for_the_leftover(tmp_path, h):
+    """The daemon's recovery lists the op after a restart: the listing must not run before the request left by the
+    dead daemon has ended (it would miss the machines that request is still making)."""
+    path, calls = plugin(h, tmp_path / "plugin", 1.5), tmp_path / "calls"
+    h.write_executable(
+        path / "listMachines.sh",
+        f'#!/bin/sh\nls "{calls}" > "{path}/seen-by-listing"\necho \'{{"machines": []}}\'\n',
+    )
+    run_and_kill(path, calls, 30)
+    transport = OneShotProvider(config(path, calls))
+    tags = {"provisionerd:cluster": "c", "provisionerd:op": "op-1"}
+    assert trio.run(lambda: transport.call("listMachines", {"tags": tags})) == {"machines": []}
+    # When the listing ran, the leftover had been collected (its directory gone): it waited for it.
+    seen = [n for n in (path / "seen-by-listing").read_text().split() if not n.startswith(".")]
+    assert len(seen) == 1  # only the listing's own call directory
+    assert entries(calls) == []
