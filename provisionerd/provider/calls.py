@@ -2,7 +2,7 @@
 
 Each call gets a directory ``<root>/<id>/`` (0700; every file 0600)::
 
-    call.json   written and fsync'd before the plugin starts: action, op, key, validate, deadline (wall clock)
+    call.json   written before the plugin starts (fsync'd for a mutation): action, op, key, validate, deadline
     in.json     the input document (``-f`` argument of the script)
     pid         the wrapper's pid and start time (``provider.callwrap`` writes it first): identifies the process
                 across a daemon restart without trusting a reused pid (as ``providers/local`` does)
@@ -50,12 +50,13 @@ MAX_LEFTOVERS = 10_000  # call directories looked at on a start (bounded work on
 _MAX_RECORD = 64 << 10  # bytes of call.json / pid / status read
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new 0600 file and fsync it."""
+def write_private(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to a new 0600 file (and fsync it when ``durable``)."""
     fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -228,11 +229,15 @@ class CallDirs:
         validate: bool,
         timeout: float,
         secrets: Collection[str] = (),
+        durable: bool = True,
+        temporary: bool = False,
     ) -> CallDir:
-        """A new call's directory with its record and input written (and fsync'd) before anything runs.
+        """A new call's directory with its record and input written (fsync'd when ``durable``: a mutation) before
+        anything runs.
         ``secrets`` (the join tokens the input carries, in clear in ``in.json`` next to it anyway) are kept so
-        that whoever collects the call redacts them from what it reports."""
-        if self.root is None:
+        that whoever collects the call redacts them from what it reports. ``temporary``: a call nothing of which
+        must survive us (a read): a fresh temporary directory even under an owned root."""
+        if self.root is None or temporary:
             call = CallDir(Path(tempfile.mkdtemp(prefix="provisionerd-call-")), temporary=True)  # 0700, ours alone
         else:
             call = CallDir(self.root / f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}")
@@ -245,8 +250,9 @@ class CallDirs:
             "deadline": time.time() + timeout,
             "secrets": sorted(set(secrets)),
         }
-        write_private(call.infile, json.dumps(document, separators=(",", ":")).encode())
-        write_private(call.path / "call.json", json.dumps(record).encode())
+        durable = durable and not call.temporary
+        write_private(call.infile, json.dumps(document, separators=(",", ":")).encode(), durable=durable)
+        write_private(call.path / "call.json", json.dumps(record).encode(), durable=durable)
         return call
 
     def leftovers(self) -> list[Leftover]:

@@ -32,6 +32,7 @@ from provisionerd.domain.errors import (
 )
 from provisionerd.provider.calls import WRAPPER, CallDir, CallDirs, Collected, Leftover
 from provisionerd.provider.callwrap import DROPPED
+from provisionerd.provider.piped import run_piped
 from provisionerd.provider.process import StderrTail, kill_group, open_group_process
 from provisionerd.provider.runtime import (
     ProviderConfig,
@@ -47,7 +48,10 @@ from provisionerd.provider.runtime import (
 
 log = logging.getLogger(__name__)
 
-_QUOTED_STDERR = 1000  # characters of a plugin's stderr tail quoted in an error detail
+_QUOTED_STDERR = 1000
+MUTATIONS = frozenset(
+    {"requestMachines", "requestReturnMachines", "stopMachines"}
+)  # characters of a plugin's stderr tail quoted in an error detail
 
 
 def signal_name(number: int) -> str:
@@ -189,6 +193,9 @@ class OneShotProvider:
         if not script.is_file():
             raise ProviderUnsupported(self.name, action, f"no {script.name} in the plugin directory")
         deadline = self.config.timeout_for(action) if timeout is None else timeout
+        if action not in MUTATIONS:
+            return await self._read(action, document, deadline, redact, validate, partial)
+        durable = self.calls.owned  # fsync'd: a mutation's answer must survive a power cut too
         try:
             call = self.calls.create(
                 action,
@@ -198,6 +205,7 @@ class OneShotProvider:
                 validate=validate,
                 timeout=deadline,
                 secrets=[*secrets, *join_tokens(action, document)],
+                durable=durable,
             )
         except OSError as exc:  # nothing ran: a known outcome
             raise ProviderFailed(self.name, action, f"cannot prepare the call's directory: {exc.strerror}") from None
@@ -211,6 +219,7 @@ class OneShotProvider:
                 str(call.path),
                 str(limits.max_output),
                 str(_stderr_keep(limits.stderr_tail)),
+                "1" if durable else "0",
                 str(script),
                 "-f",
                 str(call.infile),
@@ -218,6 +227,56 @@ class OneShotProvider:
             return await self._run(action, argv, call, deadline, redact, validate, partial)
         finally:
             call.remove()
+
+    async def _read(
+        self,
+        action: str,
+        document: Mapping[str, Any],
+        deadline: float,
+        redact: Redactor,
+        validate: bool,
+        partial: bytearray | None,
+    ) -> Any:
+        """A read: on pipes, in a temporary directory (``provider.piped``: nothing of it needs to survive us)."""
+        script, limits = self.script(action), self.config.limits
+        try:
+            call = self.calls.create(
+                action, document, op="", key="", validate=validate, timeout=deadline, temporary=True
+            )
+        except OSError as exc:
+            raise ProviderFailed(self.name, action, f"cannot prepare the call's directory: {exc.strerror}") from None
+        tail = StderrTail(limits.stderr_tail, lambda: redact)  # redacted before any cut
+        try:
+            result = await run_piped(
+                [str(script), "-f", str(call.infile)],
+                env=self._env,
+                cwd=str(call.path),
+                deadline=deadline,
+                max_output=limits.max_output,
+                grace=limits.term_grace,
+                tail=tail,
+                partial=partial,
+            )
+        except PermissionError as exc:
+            raise ProviderUnsupported(self.name, action, f"cannot execute {str(script)!r}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ProviderCrashed(self.name, action, f"cannot start {str(script)!r}: {exc.strerror}") from None
+        finally:
+            call.remove()
+        if result.too_large:
+            raise ProviderProtocolViolation(
+                self.name, action, f"stdout exceeds {limits.max_output} bytes; the plugin was killed"
+            )
+        if result.timed_out:
+            raise ProviderTimeout(
+                self.name,
+                action,
+                f"no answer within {deadline:g} s; the process group was killed{self._stderr(tail, redact)}",
+            )
+        assert result.returncode is not None  # the group was reaped on leaving the process block
+        if result.returncode == 0:
+            return self._success(action, result.stdout, tail, redact, validate)
+        raise self._failure(action, result.returncode, result.stdout, tail, redact)
 
     async def _run(
         self,
