@@ -1,12 +1,16 @@
 """``provisionerd provider check``: run the conformance kit against a plugin and print a table of checks.
 (``provisionerd provider path`` is ``provider_path.py``.)
 
-    provisionerd provider check [--transport oneshot|persistent] [--json] [--conf-dir DIR] [--timeout S] PATH
+    provisionerd provider check [--transport oneshot|persistent] [--json] [--conf-dir DIR] [--data-dir DIR]
+                                [--env KEY=VALUE]... [--env-file FILE] [--timeout S] PATH
 
 One-shot: PATH is the directory of ``<action>.sh``. Persistent: PATH is an executable, or a directory holding an
 executable named ``provider``. ``PRO_CONF_DIR`` is ``--conf-dir``, else ``PATH/conf`` when it exists;
-``PRO_DATA_DIR`` is a fresh temporary directory; the cluster id is ``conformance``. Exit 0 only when every check
-passed; 2 for bad arguments.
+``PRO_DATA_DIR`` is ``--data-dir`` (kept), else a fresh temporary directory, removed at the end only when nothing
+was left behind (the plugin's own records of a machine it could not return stay there, and the report names the
+directory). ``--env`` / ``--env-file`` (``KEY=VALUE`` lines, ``#`` comments) add variables to the plugin's
+environment; their values are taken as secrets: redacted from every row of the report. The cluster id is
+``conformance``. Exit 0 only when every check passed (warnings pass); 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -14,19 +18,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+import attrs
 import trio
 
 from provisionerd.cli import provider_path
-from provisionerd.provider.kit import CLUSTER, CheckResult, Kit, KitOptions, detect_legacy
+from provisionerd.provider.kit import CLUSTER, RETURN_ROW, CheckResult, Kit, KitOptions, detect_legacy
 from provisionerd.provider.legacy.kit import legacy_checks
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import open_persistent_provider
-from provisionerd.provider.runtime import Limits, ProviderConfig
+from provisionerd.provider.runtime import Limits, ProviderConfig, Redactor
+from provisionerd.telemetry.files import make_private_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--transport", choices=("oneshot", "persistent"), default="oneshot")
     check.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
     check.add_argument("--conf-dir", type=Path, help="PRO_CONF_DIR for the plugin (default: PATH/conf if present)")
+    check.add_argument("--data-dir", type=Path, help="PRO_DATA_DIR for the plugin, kept (default: a temporary one)")
+    check.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="a variable for the plugin (repeatable)"
+    )
+    check.add_argument("--env-file", type=Path, help="KEY=VALUE lines for the plugin's environment")
     check.add_argument("--timeout", type=float, default=30.0, help="seconds per call before it counts as hung")
     sub.add_parser("path", help="print where a shipped plugin is installed (path [NAME])")
     return parser
@@ -54,8 +66,37 @@ def resolve_target(path: Path, transport: str) -> Path:
     return exe
 
 
-def plugin_config(target: Path, transport: str, *, conf_dir: Path | None, data_dir: Path) -> ProviderConfig:
-    """The runtime config of the plugin at ``target`` (its ``conf`` directory by default, when it has one)."""
+def parse_env(pairs: list[str], env_file: Path | None) -> dict[str, str]:
+    """The variables of ``--env-file`` then ``--env`` (later wins); ``ValueError`` naming the bad entry (never its
+    value: it may be a secret)."""
+    lines: list[tuple[str, str]] = []
+    if env_file is not None:
+        try:
+            text = env_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--env-file {env_file}: cannot be read ({exc.__class__.__name__})") from None
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                lines.append((f"--env-file {env_file} line {number}", line.strip()))
+    lines.extend((f"--env #{i + 1}", pair) for i, pair in enumerate(pairs))
+    env: dict[str, str] = {}
+    for where, line in lines:
+        key, sep, value = line.partition("=")
+        key = key.strip().removeprefix("export ").strip()
+        if not sep or not _ENV_KEY.fullmatch(key):
+            raise ValueError(f"{where}: not KEY=VALUE with KEY a variable name")
+        env[key] = value
+    return env
+
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def plugin_config(
+    target: Path, transport: str, *, conf_dir: Path | None, data_dir: Path, env: dict[str, str] | None = None
+) -> ProviderConfig:
+    """The runtime config of the plugin at ``target`` (its ``conf`` directory by default, when it has one).
+    ``env`` values reach the plugin as credentials: redacted from everything the runtime reports."""
     home = target if transport == "oneshot" else target.parent
     if conf_dir is None and (home / "conf").is_dir():
         conf_dir = home / "conf"
@@ -66,15 +107,30 @@ def plugin_config(target: Path, transport: str, *, conf_dir: Path | None, data_d
         transport=transport,
         conf_dir=str(conf_dir.resolve()) if conf_dir else "",
         data_dir=str(data_dir),
+        credentials=dict(env or {}),
         limits=Limits(term_grace=0.5),
     )
 
 
 async def check_plugin(
-    target: Path, transport: str, *, conf_dir: Path | None, data_dir: Path, options: KitOptions
+    target: Path,
+    transport: str,
+    *,
+    conf_dir: Path | None,
+    data_dir: Path,
+    options: KitOptions,
+    env: dict[str, str] | None = None,
 ) -> list[CheckResult]:
-    """Run the kit against the plugin at ``target`` (see ``resolve_target``)."""
-    config = plugin_config(target, transport, conf_dir=conf_dir, data_dir=data_dir)
+    """Run the kit against the plugin at ``target`` (see ``resolve_target``); every row redacted of ``env``'s
+    values."""
+    config = plugin_config(target, transport, conf_dir=conf_dir, data_dir=data_dir, env=env)
+    options = attrs.evolve(options, data_dir=options.data_dir or str(data_dir))
+    redact = Redactor().including((env or {}).values())
+    rows = await _run_kit(config, target, transport, options)
+    return [attrs.evolve(r, detail=redact(r.detail)) for r in rows]
+
+
+async def _run_kit(config: ProviderConfig, target: Path, transport: str, options: KitOptions) -> list[CheckResult]:
     if transport == "oneshot":
         client = OneShotProvider(config)
         if detect_legacy(target, transport):
@@ -86,10 +142,15 @@ async def check_plugin(
 
 def format_table(rows: list[CheckResult]) -> str:
     width = max((len(r.name) for r in rows), default=0)
-    lines = [f"{'PASS' if r.ok else 'FAIL'}  {r.name:<{width}}  {r.detail}" for r in rows]
+    lines = [f"{_mark(r)}  {r.name:<{width}}  {r.detail}" for r in rows]
     passed = sum(r.ok for r in rows)
-    lines.append(f"{passed} passed, {len(rows) - passed} failed")
+    warned = sum(r.ok and r.warning for r in rows)
+    lines.append(f"{passed} passed ({warned} with a warning), {len(rows) - passed} failed")
     return "\n".join(lines)
+
+
+def _mark(row: CheckResult) -> str:
+    return "FAIL" if not row.ok else "WARN" if row.warning else "PASS"
 
 
 def summary(rows: list[CheckResult]) -> dict[str, object]:
@@ -97,7 +158,8 @@ def summary(rows: list[CheckResult]) -> dict[str, object]:
     return {
         "passed": passed,
         "failed": len(rows) - passed,
-        "checks": [{"name": r.name, "ok": r.ok, "detail": r.detail} for r in rows],
+        "warnings": sum(r.ok and r.warning for r in rows),
+        "checks": [{"name": r.name, "ok": r.ok, "warning": r.warning, "detail": r.detail} for r in rows],
     }
 
 
@@ -120,13 +182,32 @@ def main(argv: list[str]) -> int:
     if args.conf_dir is not None and not args.conf_dir.is_dir():
         print(f"provisionerd provider check: --conf-dir {args.conf_dir} is not a directory", file=sys.stderr)
         return 2
+    try:
+        env = parse_env(args.env, args.env_file)
+    except ValueError as exc:
+        print(f"provisionerd provider check: {exc}", file=sys.stderr)
+        return 2
     options = KitOptions(timeout=args.timeout, settle=max(60.0, args.timeout))
-    data_dir = Path(tempfile.mkdtemp(prefix="provisionerd-check-"))
+    if args.data_dir is not None:
+        data_dir, keep = args.data_dir.resolve(), True
+        try:
+            make_private_dir(data_dir)
+        except OSError as exc:
+            print(f"provisionerd provider check: --data-dir {args.data_dir}: {exc.strerror}", file=sys.stderr)
+            return 2
+    else:
+        data_dir, keep = Path(tempfile.mkdtemp(prefix="provisionerd-check-")), False
+    rows: list[CheckResult] = []
     try:
         rows = trio.run(
-            lambda: check_plugin(target, args.transport, conf_dir=args.conf_dir, data_dir=data_dir, options=options)
+            lambda: check_plugin(
+                target, args.transport, conf_dir=args.conf_dir, data_dir=data_dir, options=options, env=env
+            )
         )
     finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+        # A temporary data dir goes only when nothing is left: it holds the plugin's record of what it made.
+        left = any(not r.ok and r.name == RETURN_ROW for r in rows) or not rows
+        if not keep and not left:
+            shutil.rmtree(data_dir, ignore_errors=True)
     print(json.dumps(summary(rows)) if args.json else format_table(rows))
     return 0 if rows and all(r.ok for r in rows) else 1

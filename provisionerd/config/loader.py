@@ -154,6 +154,7 @@ class LegacyOptions:
     rc_account: str = "default"
     journal: Path | None = None
     max_ops: int = 4096
+    state_file: str = ""  # the layout of the plugin's own state file, read for the orphan report ("awsv2")
 
     def settings_table(self) -> dict[str, Any]:
         """The table ``legacy_settings`` takes (without ``mode``)."""
@@ -164,6 +165,8 @@ class LegacyOptions:
         }
         if self.journal is not None:
             table["journal"] = str(self.journal)
+        if self.state_file:
+            table["state_file"] = self.state_file
         return table
 
 

@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
+from provisionerd.controller.memory_file import state_dir_of
 from provisionerd.daemon.metered import unwrap
 from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.provider import runtime
@@ -48,6 +49,7 @@ def runtime_config(config: Config, provider: ProviderConfig) -> runtime.Provider
         args = tuple(command[1:])
     else:
         path, args = str(provider.path or ""), ()
+    state = state_dir_of(config)  # one-shot calls outlive the daemon there (provider.calls)
     return runtime.ProviderConfig(
         name=provider.name,
         cluster=config.cluster,
@@ -56,6 +58,7 @@ def runtime_config(config: Config, provider: ProviderConfig) -> runtime.Provider
         args=args,
         conf_dir=str(provider.conf_dir or ""),
         data_dir=str(provider.data_dir or ""),
+        calls_dir="" if state is None else str(state / "calls" / provider.name),
         credentials=dict(provider.env),
         timeouts={action: provider.timeouts.for_action(action) for action in ACTION_TIMEOUT_KEYS},
     )

@@ -6,7 +6,10 @@ Pure: strings in, strings out. The JSON document is the one ``provisionerd orpha
 
 and, when a provider cannot list machines (a legacy LSF plugin), also
 ``"invisible": {"<provider>": ["tagged_unknown", "ghost"]}`` and ``"unknown_outcomes": {"<provider>": [{"op_id",
-"template", "instance_refs", "detail"}]}``: what the report cannot see there, instead of claiming none.
+"template", "instance_refs", "detail"}]}``: what the report cannot see there, instead of claiming none. An unknown
+outcome also carries ``"records_from"`` and ``"plugin_records"`` (the plugin's own state file, through a reader
+for its known layout: requests the journal does not account for, with their machines) or ``"cannot_see"`` (which
+machines cannot be seen, and why).
 
 ``mutations`` is the number of provider mutations the command made: 0 for a dry run, by definition; the caller
 passes its own count (taken from the provider call log) so the document states what happened, not what was meant.
@@ -84,6 +87,34 @@ def blind_spots(
                 f"outcome (template {_clean(str(entry.get('template', '?')))}, refs {refs}): any machines "
                 "it made are invisible"
             )
+            lines.extend(_plugin_record_lines(name, entry))
+    return lines
+
+
+def _plugin_record_lines(name: str, entry: Mapping[str, Any]) -> list[str]:
+    """What the plugin's own state file shows for an unknown outcome, or what cannot be seen."""
+    where = f"provider {_clean(name)}:   "
+    if entry.get("cannot_see"):
+        return [f"{where}cannot see {_one_line(str(entry['cannot_see']))}"]
+    if "records_from" not in entry:
+        return []
+    records = [r for r in entry.get("plugin_records", ()) if isinstance(r, Mapping)]
+    source = _clean(str(entry["records_from"]))
+    if not records:
+        return [f"{where}{source} records no request the journal does not account for"]
+    lines = []
+    for record in records:
+        machines = [m for m in record.get("machines", ()) if isinstance(m, Mapping)]
+        listed = ", ".join(
+            f"{_clean(str(m.get('machineId', '?')))} ({_clean(str(m.get('status', '') or '?'))}"
+            f"{', returning' if m.get('returning') else ''})"
+            for m in machines
+        )
+        lines.append(
+            f"{where}{source} records request {_clean(str(record.get('requestId', '?')))} "
+            f"(template {_clean(str(record.get('templateId', '') or '?'))}) the journal does not know: "
+            f"{listed or 'no machines yet'}"
+        )
     return lines
 
 
@@ -159,6 +190,11 @@ def format_duration(seconds: float) -> str:
     if minutes:
         return f"{sign}{minutes}m{secs:02d}s"
     return f"{sign}{secs}s"
+
+
+def _one_line(text: str) -> str:
+    """A sentence kept readable (spaces stay) but on one line, with nothing unprintable."""
+    return "".join(ch if ch == " " else _escape(ch) for ch in text)
 
 
 def _clean(text: str) -> str:

@@ -22,20 +22,25 @@ import trio
 
 from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderRejected
 from provisionerd.provider.legacy.adapter import detect_legacy
+from provisionerd.provider.legacy.rules import machine_alive
 from provisionerd.provider.paging import PageJoin, PagingViolation, next_cursor, page_input
 from provisionerd.provider.runtime import PluginTransport
 
 __all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy"]
 
 CLUSTER = "conformance"
+RETURN_ROW = "every machine the kit asked for is returned"
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
 
 
 @attrs.frozen
 class CheckResult:
+    """One row. ``warning``: passed, but worth a look (a check the daemon never relies on did not hold)."""
+
     name: str
     ok: bool
     detail: str = ""
+    warning: bool = False
 
 
 @attrs.frozen
@@ -43,6 +48,7 @@ class KitOptions:
     timeout: float = 30.0  # per call
     settle: float = 60.0  # how long a request may stay "running" (and returned machines stay listed)
     poll: float = 0.2  # seconds between status polls
+    data_dir: str = ""  # the plugin's PRO_DATA_DIR, named when machines are left behind
 
 
 class CheckFailed(Exception):
@@ -76,6 +82,9 @@ class Kit:
         self.tokens: list[str] = []
         self.first_request: dict[str, Any] = {}
         self._nonce = secrets.token_hex(4)
+        self.asked: dict[str, str | None] = {}  # every op the kit sent requestMachines for -> its requestId
+        self.gone: set[str] = set()  # machines a return of the kit's was confirmed for
+        self.can_list = True  # listMachines by op tag (a legacy plugin cannot list)
 
     # --- plumbing --------------------------------------------------------------------------------------------------
 
@@ -116,6 +125,20 @@ class Kit:
             "bootstrap": boot,
         }
 
+    async def ask(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """``requestMachines``, remembered (before the call: a call that times out may still have made machines)
+        so that ``return_everything`` gives back whatever it made."""
+        op_id = request["op_id"]
+        self.asked.setdefault(op_id, None)
+        try:
+            out = await self.rpc.call("requestMachines", request)
+        except ProviderError as exc:
+            if not exc.outcome_unknown and self.asked[op_id] is None:
+                del self.asked[op_id]  # refused: nothing was made
+            raise
+        self.asked[op_id] = out["requestId"]
+        return out
+
     async def settle(self, request_id: str) -> dict[str, Any]:
         """Poll ``getRequestStatus`` until the request leaves ``running``; its status entry."""
         with trio.move_on_after(self.options.settle):
@@ -139,7 +162,6 @@ class Kit:
         features = await self.step("describeProvider is valid and honest", self.check_describe)
         template = await self.step("getAvailableTemplates is valid", lambda: self.check_templates(features))
         op_id = f"conformance-{self._nonce}"
-        created: list[dict[str, Any]] | None = None
         try:
             request_id = await self.step(
                 "requestMachines gives a valid answer", lambda: self.check_request(op_id, template), template
@@ -147,7 +169,6 @@ class Kit:
             machines = await self.step(
                 "getRequestStatus reaches complete", lambda: self.check_complete(request_id, template), request_id
             )
-            created = machines
             await self.step(
                 "machines carry the owner tags and instanceRef", lambda: self.check_tags(op_id, machines), machines
             )
@@ -160,15 +181,13 @@ class Kit:
             await self.step("listMachines filters by tags", lambda: self.check_filter(machines), machines)
             await self.step("listMachines pages join up", lambda: self.check_pages(machines), machines)
             returned = await self.step("requestReturnMachines works", lambda: self.check_return(machines), machines)
-            if returned:
-                created = None
             await self.step("return twice is harmless", lambda: self.check_return_again(machines), returned)
             await self.step("returned machines leave listMachines", lambda: self.check_gone(op_id, machines), returned)
             await self.step("getReturnRequests is valid", lambda: self.check_return_requests(machines))
             await self.step("an invalid request gives a typed error", self.check_invalid)
         finally:
-            if created:
-                await self.cleanup(created)
+            with trio.CancelScope(shield=True):
+                await self.return_everything()
         await self.step("join tokens never come back", self.check_tokens)
         return self.rows
 
@@ -194,7 +213,7 @@ class Kit:
     async def check_request(self, op_id: str, template: dict[str, Any]) -> tuple[str, str]:
         count = min(2, template["maxNumber"])
         self.first_request = self.request_input(op_id, template["templateId"], count)
-        out = await self.rpc.call("requestMachines", self.first_request)
+        out = await self.ask(self.first_request)
         return out["requestId"], f"requestId {out['requestId']!r} for {count} machines"
 
     async def check_complete(self, request_id: str, template: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -228,7 +247,7 @@ class Kit:
         return True, "all machines tagged"
 
     async def check_idempotent(self, op_id: str, machines: list[dict[str, Any]]) -> str:
-        out = await self.rpc.call("requestMachines", self.first_request)  # the very same input, op_id included
+        out = await self.ask(self.first_request)  # the very same input, op_id included
         entry = await self.settle(out["requestId"])
         first = sorted(m["machineId"] for m in machines)
         second = sorted(m["machineId"] for m in entry["machines"])
@@ -302,6 +321,7 @@ class Kit:
         failed = [m["machineId"] for m in entry["machines"] if m["result"] != "succeed"]
         if entry["status"] != "complete" or failed:
             raise CheckFailed(f"return request {entry['status']!r}; not succeeded: {failed}")
+        self.gone.update(m["machineId"] for m in machines)
         return True, f"return request {out['requestId']!r} complete"
 
     async def check_return_again(self, machines: list[dict[str, Any]]) -> str:
@@ -331,9 +351,7 @@ class Kit:
     async def check_invalid(self) -> str:
         op_id = f"conformance-bad-{self._nonce}"
         try:
-            out = await self.rpc.call(
-                "requestMachines", self.request_input(op_id, f"no-such-template-{self._nonce}", 1)
-            )
+            out = await self.ask(self.request_input(op_id, f"no-such-template-{self._nonce}", 1))
         except ProviderRejected as exc:
             if not isinstance(exc, InvalidRequest):
                 raise CheckFailed(f"expected code 'invalid_request', got {exc.code!r}: {exc.message[:200]!r}") from None
@@ -346,15 +364,74 @@ class Kit:
             raise CheckFailed(f"{echoed} join tokens appear in the plugin's outputs or errors")
         return f"{len(self.tokens)} tokens, {len(self.rpc.texts)} outputs checked"
 
-    async def cleanup(self, machines: list[dict[str, Any]]) -> None:
-        """Best effort: give back what the kit created when a check stopped it half-way."""
-        with trio.move_on_after(self.options.timeout):
-            try:
-                await self.rpc.call(
-                    "requestReturnMachines", self.return_input(f"conformance-cleanup-{self._nonce}", machines)
-                )
-            except ProviderError:
-                pass
+    async def return_everything(self) -> None:
+        """Give back every machine the kit asked for, whatever its request's status, verify they are gone, and
+        add the row that says so: failed, naming the ids, for any it could not return or could not see.
+
+        Until ``settle`` (plus two call timeouts) runs out: read what each request made (its status, any
+        status, and its op's listing), return whatever is alive and not asked back yet (a request may report
+        its machines only later), and stop once nothing is alive and every request has shown its machines."""
+        asked = dict(self.asked)
+        if not asked:
+            return
+        sent: dict[str, dict[str, Any]] = {}
+        problems: dict[str, None] = {}
+        left: dict[str, dict[str, Any]] = {}
+        unseen: list[str] = []
+        # The settle time, plus room for the calls themselves (a round is 2-3 calls per request).
+        with trio.move_on_after(self.options.settle + 2 * self.options.timeout):
+            while True:
+                unseen = []
+                left = await self._alive_machines(asked, unseen)
+                new = [m for mid, m in left.items() if mid not in sent]
+                if new:
+                    op_id = f"conformance-cleanup-{self._nonce}-{len(sent)}"
+                    try:
+                        await self.rpc.call("requestReturnMachines", self.return_input(op_id, new))
+                    except ProviderError as exc:
+                        problems[f"a return failed: {_describe(exc)}"] = None
+                    sent.update((m["machineId"], m) for m in new)
+                if not left and not unseen:
+                    break
+                await trio.sleep(self.options.poll)
+        where = f"; the plugin's records are in {self.options.data_dir}" if self.options.data_dir else ""
+        failures = list(problems)
+        if left:
+            failures.insert(0, f"could not return {len(left)}: {', '.join(sorted(left))}")
+        if unseen:
+            failures.append(f"requests whose machines were never reported, so cannot be returned: {', '.join(unseen)}")
+        if failures:
+            self.rows.append(CheckResult(RETURN_ROW, False, "; ".join(failures) + where))
+            return
+        detail = f"returned {', '.join(sorted(sent))}; none left" if sent else "none left"
+        self.rows.append(CheckResult(RETURN_ROW, True, f"{len(asked)} requests: {detail}"))
+
+    async def _alive_machines(self, asked: Mapping[str, str | None], unseen: list[str]) -> dict[str, dict[str, Any]]:
+        """The machines of the kit's requests that still run: from each request's status (any status) and, when
+        the plugin can list, from the listing of its op. A request neither shows is added to ``unseen``."""
+        found: dict[str, dict[str, Any]] = {}
+        for op_id, request_id in asked.items():
+            seen = False
+            if request_id is not None:
+                try:
+                    out = await self.rpc.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
+                except ProviderError:
+                    out = {"requests": []}
+                for entry in out["requests"]:
+                    if entry["requestId"] == request_id:
+                        seen |= entry["status"] != "running" or bool(entry.get("machines"))
+                        found.update((m["machineId"], m) for m in entry.get("machines", ()))
+            if self.can_list:
+                try:
+                    listed = await self.listed({"provisionerd:cluster": CLUSTER, "provisionerd:op": op_id})
+                except ProviderError:
+                    pass
+                else:
+                    seen = True
+                    found.update(listed)
+            if not seen:
+                unseen.append(repr(request_id or op_id))
+        return {mid: m for mid, m in found.items() if machine_alive(m)}
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,11 +10,11 @@ unknown).
 
 from __future__ import annotations
 
-import json
+import errno
+import logging
 import os
-import shutil
 import signal
-import tempfile
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,19 +23,17 @@ import trio
 
 from provisionerd.domain.errors import (
     ProviderCrashed,
+    ProviderError,
     ProviderFailed,
     ProviderProtocolViolation,
     ProviderRejected,
     ProviderTimeout,
     ProviderUnsupported,
 )
-from provisionerd.provider.process import (
-    OutputTooLarge,
-    StderrTail,
-    kill_group,
-    open_group_process,
-    read_capped,
-)
+from provisionerd.provider.calls import WRAPPER, CallDir, CallDirs, Collected, Leftover
+from provisionerd.provider.callwrap import DROPPED
+from provisionerd.provider.piped import run_piped
+from provisionerd.provider.process import StderrTail, kill_group, open_group_process
 from provisionerd.provider.runtime import (
     ProviderConfig,
     Redactor,
@@ -48,7 +46,12 @@ from provisionerd.provider.runtime import (
     snippet,
 )
 
-_QUOTED_STDERR = 1000  # characters of a plugin's stderr tail quoted in an error detail
+log = logging.getLogger(__name__)
+
+_QUOTED_STDERR = 1000
+MUTATIONS = frozenset(
+    {"requestMachines", "requestReturnMachines", "stopMachines"}
+)  # characters of a plugin's stderr tail quoted in an error detail
 
 
 def signal_name(number: int) -> str:
@@ -73,6 +76,8 @@ class OneShotProvider:
         self.name = config.name
         self._env = config.plugin_env()
         self._redact = redactor_for(config)
+        self.calls = CallDirs(config.calls_dir, config.name)
+        self._leftovers: list[Leftover] = self.calls.leftovers()  # left by an earlier process, not collected yet
 
     def script(self, action: str) -> Path:
         return Path(self.config.path) / f"{action}.sh"
@@ -81,12 +86,70 @@ class OneShotProvider:
         return os.access(self.script(action), os.X_OK)
 
     async def aclose(self) -> None:
-        """Nothing to close: no process outlives its call."""
+        """Nothing to close: no process outlives its call (the call directories' lock is released)."""
+        self.calls.close()
 
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         redact = self._redact.including(join_tokens(action, input))
         check_input(self.name, action, input, redact)
+        # Calls an earlier process left: a call about the same op waits for them (a listing of an op whose
+        # requestMachines still runs would miss its machines), the finished ones are collected and logged.
+        for done in [*self.take_finished(), *await self.take_op(op_of(input))]:
+            _log_collected(self.name, done)
         return await self._execute(action, input, timeout, redact, validate=True)
+
+    # --- calls an earlier process left behind (provider.calls) ------------------------------------------------
+
+    def take_finished(self) -> list[Collected]:
+        """Collect every leftover call that is no longer running (its directory is removed)."""
+        if not self._leftovers:
+            return []
+        done = [left for left in self._leftovers if left.ended()]
+        self._leftovers = [left for left in self._leftovers if left not in done]
+        return [self._collect(left, timed_out=False) for left in done]
+
+    def pending_ops(self) -> set[str]:
+        """The ops of leftover calls still running."""
+        return {left.op for left in self._leftovers if left.op and not left.ended()}
+
+    async def take_op(self, op: str) -> list[Collected]:
+        """Wait for the leftover calls of ``op`` (each until it ends or its recorded deadline passes: then its
+        group is killed and it is a ``ProviderTimeout``) and collect them."""
+        if not op:
+            return []
+        mine = [left for left in self._leftovers if left.op == op]
+        if not mine:
+            return []
+        self._leftovers = [left for left in self._leftovers if left.op != op]
+        found = []
+        for left in mine:
+            ended = await left.wait()
+            found.append(self._collect(left, timed_out=not ended))
+        return found
+
+    def _collect(self, left: Leftover, *, timed_out: bool) -> Collected:
+        call = left.dir
+        try:
+            if call.identity() is None and call.status() is None:
+                return Collected(left.action, left.op, left.key, started=False)
+            partial = bytearray()
+            redact = self._redact.including(left.secrets)
+            try:
+                document = self._conclude(
+                    left.action,
+                    call,
+                    redact,
+                    left.validate,
+                    partial,
+                    None,
+                    timed_out,
+                    self.config.timeout_for(left.action),
+                )
+            except ProviderError as exc:
+                return Collected(left.action, left.op, left.key, error=exc, stdout=bytes(partial))
+            return Collected(left.action, left.op, left.key, document=document, stdout=bytes(partial))
+        finally:
+            call.remove()
 
     async def run_document(
         self,
@@ -96,6 +159,8 @@ class OneShotProvider:
         timeout: float | None = None,  # noqa: ASYNC109
         secrets: Collection[str] = (),
         partial: bytearray | None = None,
+        key: str = "",
+        op: str = "",
     ) -> Any:
         """Run ``<action>.sh`` on ``document`` as it is: no input or output schema check (the caller, the legacy
         adapter, sends LSF shapes and normalises what LSF plugins print before checking it). Everything else is as
@@ -103,9 +168,13 @@ class OneShotProvider:
         the parsed JSON of a successful answer.
 
         ``partial``, when given, receives stdout as it arrives (up to the cap): after a ``ProviderTimeout`` it holds
-        whatever the plugin printed before it was killed (a requestId printed before a hang is not lost)."""
+        whatever the plugin printed before it was killed (a requestId printed before a hang is not lost). ``key``
+        is recorded with the call: whoever collects it after a restart (``take_finished``/``take_op``) knows which
+        of its calls it was, ``op`` which op it is about (default: the document's ``op_id`` or op tag)."""
         redact = self._redact.including(secrets)
-        return await self._execute(action, document, timeout, redact, validate=False, partial=partial)
+        return await self._execute(
+            action, document, timeout, redact, validate=False, partial=partial, key=key, op=op, secrets=secrets
+        )
 
     async def _execute(
         self,
@@ -116,70 +185,173 @@ class OneShotProvider:
         *,
         validate: bool,
         partial: bytearray | None = None,
+        key: str = "",
+        op: str = "",
+        secrets: Collection[str] = (),
     ) -> Any:
         script = self.script(action)
         if not script.is_file():
             raise ProviderUnsupported(self.name, action, f"no {script.name} in the plugin directory")
         deadline = self.config.timeout_for(action) if timeout is None else timeout
-        workdir = tempfile.mkdtemp(prefix="provisionerd-call-")  # 0700, ours alone
+        if action not in MUTATIONS:
+            return await self._read(action, document, deadline, redact, validate, partial)
+        durable = self.calls.owned  # fsync'd: a mutation's answer must survive a power cut too
         try:
-            infile = os.path.join(workdir, "in.json")
-            fd = os.open(infile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(_dumps(document))
-            argv = [str(script), "-f", infile]
-            return await self._run(action, argv, workdir, deadline, redact, validate, partial)
+            call = self.calls.create(
+                action,
+                document,
+                op=op or op_of(document),
+                key=key,
+                validate=validate,
+                timeout=deadline,
+                secrets=[*secrets, *join_tokens(action, document)],
+                durable=durable,
+            )
+        except OSError as exc:  # nothing ran: a known outcome
+            raise ProviderFailed(self.name, action, f"cannot prepare the call's directory: {exc.strerror}") from None
+        try:
+            limits = self.config.limits
+            argv = [
+                sys.executable,
+                "-I",
+                "-S",
+                str(WRAPPER),
+                str(call.path),
+                str(limits.max_output),
+                str(_stderr_keep(limits.stderr_tail)),
+                "1" if durable else "0",
+                str(script),
+                "-f",
+                str(call.infile),
+            ]
+            return await self._run(action, argv, call, deadline, redact, validate, partial)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            call.remove()
+
+    async def _read(
+        self,
+        action: str,
+        document: Mapping[str, Any],
+        deadline: float,
+        redact: Redactor,
+        validate: bool,
+        partial: bytearray | None,
+    ) -> Any:
+        """A read: on pipes, in a temporary directory (``provider.piped``: nothing of it needs to survive us)."""
+        script, limits = self.script(action), self.config.limits
+        try:
+            call = self.calls.create(
+                action, document, op="", key="", validate=validate, timeout=deadline, temporary=True
+            )
+        except OSError as exc:
+            raise ProviderFailed(self.name, action, f"cannot prepare the call's directory: {exc.strerror}") from None
+        tail = StderrTail(limits.stderr_tail, lambda: redact)  # redacted before any cut
+        try:
+            result = await run_piped(
+                [str(script), "-f", str(call.infile)],
+                env=self._env,
+                cwd=str(call.path),
+                deadline=deadline,
+                max_output=limits.max_output,
+                grace=limits.term_grace,
+                tail=tail,
+                partial=partial,
+            )
+        except PermissionError as exc:
+            raise ProviderUnsupported(self.name, action, f"cannot execute {str(script)!r}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ProviderCrashed(self.name, action, f"cannot start {str(script)!r}: {exc.strerror}") from None
+        finally:
+            call.remove()
+        if result.too_large:
+            raise ProviderProtocolViolation(
+                self.name, action, f"stdout exceeds {limits.max_output} bytes; the plugin was killed"
+            )
+        if result.timed_out:
+            raise ProviderTimeout(
+                self.name,
+                action,
+                f"no answer within {deadline:g} s; the process group was killed{self._stderr(tail, redact)}",
+            )
+        assert result.returncode is not None  # the group was reaped on leaving the process block
+        if result.returncode == 0:
+            return self._success(action, result.stdout, tail, redact, validate)
+        raise self._failure(action, result.returncode, result.stdout, tail, redact)
 
     async def _run(
         self,
         action: str,
         argv: list[str],
-        workdir: str,
+        call: CallDir,
         deadline: float,
         redact: Redactor,
         validate: bool = True,
         partial: bytearray | None = None,
     ) -> Any:
         limits = self.config.limits
-        tail = StderrTail(limits.stderr_tail, lambda: redact)  # redacted before any cut
-        capture = _Capture(partial)
         with trio.move_on_after(deadline) as scope:
             try:
-                async with open_group_process(argv, env=self._env, cwd=workdir, grace=limits.term_grace) as proc:
-                    assert proc.stdout is not None and proc.stderr is not None  # all three are pipes
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(tail.drain, proc.stderr)
-                        nursery.start_soon(capture.read, proc.stdout, limits.max_output, nursery.cancel_scope)
-                        await proc.wait()
-                        # Leftover descendants die now: they may hold stdout open, and they must not outlive
-                        # the call anyway. Then stdout reaches EOF and the reader finishes.
-                        await kill_group(proc, limits.term_grace)
-                        await capture.done.wait()
-                        with trio.move_on_after(limits.term_grace):
-                            await tail.eof.wait()  # the error detail wants the whole tail
-                        nursery.cancel_scope.cancel()  # stderr, if a process that left the group holds it
-            except PermissionError as exc:
-                raise ProviderUnsupported(self.name, action, f"cannot execute {argv[0]!r}: {exc.strerror}") from None
-            except OSError as exc:
-                raise ProviderCrashed(self.name, action, f"cannot start {argv[0]!r}: {exc.strerror}") from None
-        if capture.too_large:
+                async with open_group_process(
+                    argv, env=self._env, cwd=str(call.path), grace=limits.term_grace, detached=True
+                ) as proc:
+                    await proc.wait()
+                    # Leftover descendants die now: they must not outlive the call.
+                    await kill_group(proc, limits.term_grace)
+            except OSError as exc:  # the wrapper (our own interpreter) could not start: the plugin never ran
+                raise ProviderFailed(self.name, action, f"cannot start the call wrapper: {exc.strerror}") from None
+        assert proc.returncode is not None  # the group was reaped on leaving the process block
+        return self._conclude(
+            action, call, redact, validate, partial, proc.returncode, scope.cancelled_caught, deadline
+        )
+
+    def _conclude(
+        self,
+        action: str,
+        call: CallDir,
+        redact: Redactor,
+        validate: bool,
+        partial: bytearray | None,
+        returncode: int | None,
+        timed_out: bool,
+        deadline: float,
+    ) -> Any:
+        """The answer (or typed error) of a call that ended, read from its directory: the live path and the
+        collection of a call a dead daemon left behind (``returncode`` None: the wrapper was not our child)."""
+        limits = self.config.limits
+        tail = StderrTail(limits.stderr_tail, lambda: redact)  # redacted before any cut
+        err = _read_tail(call.path / "stderr", 2 * _stderr_keep(limits.stderr_tail) + len(DROPPED))
+        if err.startswith(DROPPED):
+            tail.truncated, err = True, err[len(DROPPED) :]
+        tail.feed(err)
+        stdout = _read_head(call.path / "stdout", limits.max_output + 1)
+        if partial is not None:
+            partial += stdout  # whatever arrived (a requestId printed before a hang is not lost)
+        status = call.status()
+        if status is not None and "exec_error" in status:
+            why = str(status["exec_error"])[:200]
+            if status.get("errno") == errno.EACCES:
+                raise ProviderUnsupported(self.name, action, f"cannot execute {str(self.script(action))!r}: {why}")
+            raise ProviderCrashed(self.name, action, f"cannot start {str(self.script(action))!r}: {why}")
+        if len(stdout) > limits.max_output or (status or {}).get("too_large"):
             raise ProviderProtocolViolation(
                 self.name, action, f"stdout exceeds {limits.max_output} bytes; the plugin was killed"
             )
-        if scope.cancelled_caught:
+        if timed_out:
             raise ProviderTimeout(
                 self.name,
                 action,
                 f"no answer within {deadline:g} s; the process group was killed{self._stderr(tail, redact)}",
             )
-        stdout = capture.stdout
-        returncode = proc.returncode
-        assert returncode is not None  # the group was reaped on leaving the process block
-        if returncode == 0:
+        code = _exit_code(status)
+        if code is None:
+            if returncode is None or returncode >= 0:
+                raise ProviderCrashed(
+                    self.name, action, f"the plugin's wrapper ended without a status{self._stderr(tail, redact)}"
+                )
+            code = returncode  # the wrapper itself was killed (the group's SIGKILL)
+        if code == 0:
             return self._success(action, stdout, tail, redact, validate)
-        raise self._failure(action, returncode, stdout, tail, redact)
+        raise self._failure(action, code, stdout, tail, redact)
 
     def _success(self, action: str, stdout: bytes, tail: StderrTail, redact: Redactor, validate: bool) -> Any:
         try:
@@ -219,40 +391,65 @@ class OneShotProvider:
         return f"; stderr tail: {snippet(text, redact, _QUOTED_STDERR)}" if text else ""
 
 
-class _Capture:
-    """A call's stdout, read to EOF in its own task (a pipe must be drained while the plugin writes)."""
-
-    def __init__(self, partial: bytearray | None = None) -> None:
-        self.stdout = b""
-        self.too_large = False
-        self.done = trio.Event()
-        self._partial = partial
-
-    async def read(self, stream: trio.abc.ReceiveStream, limit: int, scope: trio.CancelScope) -> None:
-        if self._partial is not None:
-            await self._read_keeping(stream, limit, scope, self._partial)
-            return
-        try:
-            self.stdout = await read_capped(stream, limit)
-            self.done.set()
-        except OutputTooLarge:
-            self.too_large = True
-            scope.cancel()  # the group is killed on leaving the process block
-
-    async def _read_keeping(
-        self, stream: trio.abc.ReceiveStream, limit: int, scope: trio.CancelScope, into: bytearray
-    ) -> None:
-        # The same as read_capped, but every chunk lands in the caller's buffer at once: a cancellation (the
-        # call's deadline) leaves there what had arrived.
-        while chunk := await stream.receive_some(65536):
-            into += chunk
-            if len(into) > limit:
-                self.too_large = True
-                scope.cancel()
-                return
-        self.stdout = bytes(into)
-        self.done.set()
+def _stderr_keep(tail: int) -> int:
+    """Bytes of stderr the wrapper keeps at least: four times the tail, so the redacted tail is cut from whole
+    text (redact, then truncate) however much the secrets shrink it."""
+    return max(4 * tail, 16 << 10)
 
 
-def _dumps(document: Mapping[str, Any]) -> str:
-    return json.dumps(document, separators=(",", ":"))
+def _exit_code(status: Mapping[str, Any] | None) -> int | None:
+    if status is None:
+        return None
+    if isinstance(status.get("exit"), int):
+        return int(status["exit"])
+    if isinstance(status.get("signal"), int):
+        return -int(status["signal"])
+    return None
+
+
+def _read_head(path: Path, limit: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
+def _read_tail(path: Path, limit: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                f.seek(size - limit)
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
+def op_of(document: Mapping[str, Any]) -> str:
+    """The op a call is about: its ``op_id``, or the ``provisionerd:op`` its tags filter on ("" for none)."""
+    op = document.get("op_id")
+    if isinstance(op, str):
+        return op
+    tags = document.get("tags")
+    found = tags.get("provisionerd:op") if isinstance(tags, Mapping) else None
+    return found if isinstance(found, str) else ""
+
+
+def _log_collected(provider: str, done: Collected) -> None:
+    """What became of a call an earlier process left (its errors are redacted already)."""
+    if not done.started:
+        log.info("provider %s: %s of op %r, left by an earlier process, never started", provider, done.action, done.op)
+    elif done.error is not None:
+        log.warning(
+            "provider %s: %s of op %r, left by an earlier process: %s", provider, done.action, done.op, done.error
+        )
+    else:
+        request_id = done.document.get("requestId") if isinstance(done.document, dict) else None
+        log.warning(
+            "provider %s: %s of op %r, left by an earlier process, succeeded (requestId %r)",
+            provider,
+            done.action,
+            done.op,
+            request_id,
+        )

@@ -33,17 +33,25 @@ class OutputTooLarge(Exception):
 
 @asynccontextmanager
 async def open_group_process(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None = None, grace: float = 1.0
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    grace: float = 1.0,
+    detached: bool = False,
 ) -> AsyncIterator[trio.Process]:
     """Start ``argv`` with piped stdin/stdout/stderr as the leader of a new process group; kill the group on exit.
+    ``detached``: stdin, stdout and stderr on ``/dev/null`` instead (the one-shot transport's wrapper, which
+    writes the plugin's output to files: a daemon killed mid-call must not take the call down with its pipes).
 
     Raises ``OSError`` when the program cannot be started (missing, not executable).
     """
+    stdio = subprocess.DEVNULL if detached else subprocess.PIPE
     process = await trio.lowlevel.open_process(
         list(argv),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdin=stdio,
+        stdout=stdio,
+        stderr=stdio,
         env=dict(env),
         cwd=cwd,
         start_new_session=True,

@@ -84,6 +84,9 @@ class ProviderConfig:
     args: tuple[str, ...] = ()
     conf_dir: str = ""
     data_dir: str = ""
+    #: Where the one-shot transport keeps each call's directory (``provider.calls``; the daemon's
+    #: ``<state_dir>/calls/<name>``). Empty: temporary directories, and a call's result dies with the daemon.
+    calls_dir: str = ""
     log_dir: str = ""
     lsf_top: str = ""
     env: Mapping[str, str] = attrs.field(factory=dict)

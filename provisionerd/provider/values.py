@@ -190,6 +190,11 @@ class UnknownOutcome:
     template_id: str
     instance_refs: tuple[str, ...]
     detail: str
+    #: What the plugin's own state file records that the journal does not account for (``legacy.state_files``),
+    #: where that file is, and, when nothing could be read, exactly what cannot be seen.
+    plugin_records: tuple[Mapping[str, Any], ...] = ()
+    records_from: str = ""
+    cannot_see: str = ""
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> UnknownOutcome:
@@ -198,13 +203,23 @@ class UnknownOutcome:
             str(document.get("template", "")),
             tuple(str(r) for r in document.get("instance_refs", ())),
             str(document.get("detail") or ""),
+            tuple(r for r in document.get("plugin_records", ()) if isinstance(r, Mapping)),
+            str(document.get("records_from") or ""),
+            str(document.get("cannot_see") or ""),
         )
 
     def as_json(self) -> dict[str, Any]:
-        """The orphan report's and the events' shape: ``{"op_id", "template", "instance_refs", "detail"}``."""
-        return {
+        """The orphan report's and the events' shape: ``{"op_id", "template", "instance_refs", "detail"}``, and
+        ``plugin_records``/``records_from`` or ``cannot_see`` when the adapter says what it could (not) read."""
+        document: dict[str, Any] = {
             "op_id": self.op_id,
             "template": self.template_id,
             "instance_refs": list(self.instance_refs),
             "detail": self.detail,
         }
+        if self.records_from:
+            document["records_from"] = self.records_from
+            document["plugin_records"] = [dict(r) for r in self.plugin_records]
+        if self.cannot_see:
+            document["cannot_see"] = self.cannot_see
+        return document

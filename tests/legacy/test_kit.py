@@ -73,3 +73,56 @@ def test_an_lsf_plugin_that_breaks_the_lsf_contract_fails(tmp_path, capsys, sett
     code, rows = run(capsys, "--conf-dir", str(conf_with(tmp_path, settings)), str(EXAMPLE))
     ok, detail = rows[row]
     assert code == 1 and not ok and reason in detail, detail
+
+
+def test_an_accepted_unknown_template_is_a_warning_and_its_machine_is_returned(tmp_path, capsys):
+    conf = conf_with(tmp_path, {"ACCEPT_ANY_TEMPLATE": True})
+    data = tmp_path / "data"
+    code = main(["check", "--json", "--timeout", "10", "--conf-dir", str(conf), "--data-dir", str(data), str(EXAMPLE)])
+    report = json.loads(capsys.readouterr().out)
+    rows = {c["name"]: c for c in report["checks"]}
+    assert code == 0, report
+    unknown = rows["an unknown template is refused"]
+    assert unknown["ok"] and unknown["warning"] and "accepted" in unknown["detail"]
+    assert report["warnings"] == 1
+    returned = rows["every machine the kit asked for is returned"]
+    assert returned["ok"], returned
+    machines = json.loads((data / "lsfexample-state.json").read_text())["machines"]
+    assert len(machines) == 3 and all(m["status"] == "terminated" for m in machines.values())  # 2 + the unknown one
+
+
+def test_a_conf_dir_without_the_templates_says_where_it_looked(tmp_path, capsys):
+    empty = tmp_path / "aws" / "conf"
+    empty.mkdir(parents=True)
+    (empty / "awsprov_templates.json").write_text('{"templates": []}')  # one level too deep for an awsv2 layout
+    code, rows = run(capsys, "--conf-dir", str(empty), str(EXAMPLE))
+    ok, detail = rows["getAvailableTemplates is valid"]
+    assert code == 1 and not ok
+    assert f"{empty}/*templates.json: found awsprov_templates.json" in detail
+    assert f"{empty}/conf/*templates.json: missing" in detail
+    assert f"try --conf-dir {tmp_path / 'aws'}" in detail
+
+
+def test_env_values_reach_the_plugin_and_never_the_report(tmp_path, capsys):
+    conf = conf_with(tmp_path, {"LOG_INPUTS": True})
+    data = tmp_path / "data"
+    env_file = tmp_path / "plugin.env"
+    # A value that would be in the report (the template's id): it must come out redacted.
+    env_file.write_text("# the plugin's settings\nexport LSFEX_SECRET=lsfex-small\n")
+    code = main(
+        [
+            "check", "--json", "--timeout", "10", "--conf-dir", str(conf), "--data-dir", str(data),
+            "--env-file", str(env_file), "--env", f"PROVIDER_NAME={EXAMPLE.name}-given", str(EXAMPLE),
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "lsfex-small" not in out and "'***'" in out  # a value given to the kit is a secret: redacted
+    # The example logs under its PROVIDER_NAME: the given value reached it.
+    assert f"{EXAMPLE.name}-given" in (data / "lsfexample-provider.log").read_text()
+
+
+def test_bad_env_arguments_exit_2_without_echoing_the_value(tmp_path, capsys):
+    assert main(["check", "--env", "no-equals-s3cr3t", str(EXAMPLE)]) == 2
+    err = capsys.readouterr().err
+    assert "--env #1" in err and "s3cr3t" not in err

@@ -17,6 +17,7 @@ Settings marked TEST make this provider misbehave on purpose, the way real cloud
     SLOW_REQUEST_PHASE    ... "before_create", "after_create" (default) or "after_answer"
     RECLAIM_COUNT         TEST: the cloud wants this many running machines back (oldest first)
     RECLAIM_GRACE         seconds of notice for a reclaimed machine (default 120)
+    ACCEPT_ANY_TEMPLATE   TEST: an unknown templateId is taken for the first template instead of refused
 
 userData from the request is the machine's user data: kept with the machine (mode 0600), as a cloud would hand it
 to the instance at boot.
@@ -103,6 +104,9 @@ def request_machines(request, conf):
     template_id = request["template"]["templateId"]
     count = int(request["template"]["machineCount"])
     template = next((t for t in templates() if t["templateId"] == template_id), None)
+    if template is None and conf.get("ACCEPT_ANY_TEMPLATE"):
+        template = templates()[0]
+        template_id = template["templateId"]
     if template is None:
         raise Refused(f"Template {template_id} is not defined in lsfexampleprov_templates.json")
     if count < 1:

@@ -35,9 +35,11 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderOutcomeUnknown, ProviderUnsupported
+from provisionerd.provider.calls import Collected
 from provisionerd.provider.legacy.journal import (
     ACCEPTED,
     CALLING,
+    NOT_ISSUED,
     REFUSED,
     UNKNOWN,
     CreateOp,
@@ -47,8 +49,9 @@ from provisionerd.provider.legacy.journal import (
 )
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES, LSF_ACTIONS, UserDataTemplate, machine_alive
 from provisionerd.provider.legacy.shapes import lsf_request, normalise, salvage_request_id, with_machine_ids
+from provisionerd.provider.legacy.state_files import READERS
 from provisionerd.provider.legacy.status import NOT_REPORTED, create_entry, return_entry, unknown_entry
-from provisionerd.provider.oneshot import OneShotProvider
+from provisionerd.provider.oneshot import OneShotProvider, op_of
 from provisionerd.provider.runtime import check_input, check_output, join_tokens, redactor_for
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 REQUEST_PREFIX = "lsf:"
 RETURN_PREFIX = "lsf-return:"
 EXTENSION_ACTIONS = ("describeProvider", "listMachines")
+_MAX_RECORDS = 100  # plugin records named per unknown outcome
+_POLL_FIRST, _POLL_MAX = 0.2, 5.0  # seconds between status polls of an op being listed while its request runs
 
 
 def detect_legacy(path: Path, transport: str) -> bool:
@@ -72,12 +77,14 @@ class LegacySettings:
 
     ``user_data``: the userData template (the only channel to the machine). ``rc_account``: the LSF account sent
     when the daemon's input has none. ``journal_path``: where the op_id -> requestId journal lives (empty: memory
-    only; then a daemon restart forgets the plugin's requestIds). It must not be inside the plugin's data dir."""
+    only; then a daemon restart forgets the plugin's requestIds). It must not be inside the plugin's data dir.
+    ``state_file``: the layout of the plugin's own state file (``"awsv2"``), read for the orphan report."""
 
     user_data: UserDataTemplate = UserDataTemplate()
     rc_account: str = "default"
     journal_path: str = ""
     max_ops: int = 4096
+    state_file: str = ""  # the layout of the plugin's own state file (``legacy.state_files.READERS``), if known
 
 
 class LegacyProvider:
@@ -96,6 +103,7 @@ class LegacyProvider:
         self.journal = Journal(settings.journal_path, settings.max_ops)
         self._redact = redactor_for(runner.config)
         self._in_flight: set[str] = set()
+        self._collect(runner.take_finished())  # calls that ended while no daemon was there to read them
 
     async def aclose(self) -> None:
         """Nothing to close: each plugin call is its own process."""
@@ -103,13 +111,45 @@ class LegacyProvider:
     def unknown_outcomes(self) -> list[dict[str, Any]]:
         """Create ops with a call whose outcome is unknown: for the orphan report, which cannot see what they made."""
         found = []
+        pending = self.runner.pending_ops()  # still running under an earlier process: not unknown yet
         for op in self.journal.unknown_creates():
+            if op.op_id in pending:
+                continue
             calls = [c for c in op.calls if c.state in (UNKNOWN, CALLING)]
             refs = [r for c in calls for r in c.refs]
             found.append(
                 {"op_id": op.op_id, "template": op.template_id, "instance_refs": refs, "detail": calls[0].detail}
             )
+        if found:
+            self._what_the_plugin_recorded(found)
         return found
+
+    def _what_the_plugin_recorded(self, found: list[dict[str, Any]]) -> None:
+        """Add to each unknown outcome the plugin's own records the journal does not account for (its state file,
+        through the configured reader: ``legacy.state_files``), or exactly what cannot be seen without one."""
+        reader = READERS.get(self.settings.state_file)
+        if reader is None:
+            for entry in found:
+                entry["cannot_see"] = (
+                    f"the machines made for {', '.join(entry['instance_refs'])} (template {entry['template']}): "
+                    "no state-file reader is configured for this plugin ([providers.legacy] state_file; "
+                    f"known: {', '.join(sorted(READERS))})"
+                )
+            return
+        read = reader(self.runner.config.data_dir)
+        if read.problem:
+            for entry in found:
+                entry["cannot_see"] = (
+                    f"the machines made for {', '.join(entry['instance_refs'])} (template {entry['template']}): "
+                    f"the plugin's state file {read.where} {read.problem}"
+                )
+            return
+        known = {c.request_id for op in self.journal.creates.values() for c in op.calls if c.request_id}
+        unexplained = [r for r in read.requests if r.request_id not in known]
+        for entry in found:
+            mine = [r for r in unexplained if r.template_id in (entry["template"], "")]
+            entry["records_from"] = read.where
+            entry["plugin_records"] = [r.as_json() for r in mine[:_MAX_RECORDS]]
 
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         redact = self._redact.including(join_tokens(action, input))
@@ -123,9 +163,14 @@ class LegacyProvider:
                 "legacy": True,
             }
         if action == "listMachines":
+            self._collect(self.runner.take_finished())
+            self._collect(await self.runner.take_op(op_of(input)))
             return await self._list_op(input, timeout)
         if action not in LSF_ACTIONS:
             raise ProviderUnsupported(self.name, action, "a legacy LSF plugin has only the five LSF actions")
+        self._collect(self.runner.take_finished())
+        for op_id in _ops_named(action, input):
+            self._collect(await self.runner.take_op(op_id))  # a call about an op waits for its earlier calls
         deadline = trio.current_time() + (self.runner.config.timeout_for(action) if timeout is None else timeout)
         if action == "requestMachines":
             return await self._request(input, deadline)
@@ -140,6 +185,69 @@ class LegacyProvider:
 
     async def _plugin(self, action: str, document: Mapping[str, Any], deadline: float, **kw: Any) -> Any:
         return await self.runner.run_document(action, document, timeout=max(0.0, deadline - trio.current_time()), **kw)
+
+    # --- calls an earlier process left (provider.calls) ----------------------------------------------------------
+
+    def _collect(self, collected: list[Collected]) -> None:
+        """Take the outcome of each plugin call an earlier process started and never read (it was killed) as the
+        call's answer, as if that process had read it: a requestId becomes an accepted call (polled as usual,
+        so its machines are tracked, not leaked), a refusal a refused one, and only a lost answer stays unknown."""
+        changed = False
+        for done in collected:
+            changed |= self._apply(done)
+        if changed:
+            self.journal.save()
+
+    def _apply(self, done: Collected) -> bool:
+        kind, _, rest = done.key.partition(":")
+        op_id, _, index = rest.rpartition(":") if kind == "create" else (rest, "", "")
+        call: PluginCall | ReturnOp | None = None
+        if (
+            kind == "create"
+            and (op := self.journal.creates.get(op_id))
+            and index.isdigit()
+            and int(index) < len(op.calls)
+        ):
+            call = op.calls[int(index)]
+        elif kind == "return":
+            call = self.journal.returns.get(op_id)
+        if call is None or getattr(call, "key", done.key) != done.key or call.state not in (UNKNOWN, CALLING):
+            log.warning(
+                "provider %s: a %s call left by an earlier process (key %r) matches no open journal record: %s",
+                self.name,
+                done.action,
+                done.key,
+                _summary(done),
+            )
+            return False
+        if not done.started:
+            call.state, call.detail = (NOT_ISSUED if kind == "create" else UNKNOWN), "the plugin never started"
+            return True
+        request_id = None
+        if done.error is None:
+            try:
+                out = check_output(self.name, done.action, done.document, self._redact)
+                request_id = out["requestId"]
+            except ProviderError as exc:
+                done = attrs.evolve(done, error=exc)
+        if request_id is None and done.error is not None:
+            unknown = getattr(done.error, "outcome_unknown", True)
+            request_id = salvage_request_id(bytearray(done.stdout)) if unknown else None
+            if request_id is None:
+                call.state = UNKNOWN if unknown else REFUSED
+                call.detail = f"collected after a restart: {type(done.error).__name__}: {done.error}"[:300]
+                log.warning("provider %s: %s %s: %s", self.name, done.action, op_id, call.detail)
+                return True
+        call.state, call.request_id = ACCEPTED, request_id
+        call.detail = "collected after a restart"
+        log.warning(
+            "provider %s: %s of op %s answered %s while the daemon was down: tracked from the collected output",
+            self.name,
+            done.action,
+            op_id,
+            request_id,
+        )
+        return True
 
     # --- requestMachines -------------------------------------------------------------------------------------------
 
@@ -202,11 +310,13 @@ class LegacyProvider:
                     later.detail = "not requested: no time left within the call's deadline"
                 return None
             lsf, secrets = lsf_request(doc, call.refs, self.settings.user_data, self.settings.rc_account)
-            call.state = CALLING
+            call.state, call.key = CALLING, f"create:{op.op_id}:{index}"
             self.journal.save()  # before the plugin runs: a crash from here on leaves an unknown outcome behind
             partial = bytearray()
             try:
-                out = await self._plugin("requestMachines", lsf, deadline, secrets=secrets, partial=partial)
+                out = await self._plugin(
+                    "requestMachines", lsf, deadline, secrets=secrets, partial=partial, key=call.key, op=op.op_id
+                )
                 out = check_output(self.name, "requestMachines", out, self._redact.including(secrets))
             except ProviderError as exc:
                 salvaged = salvage_request_id(partial) if exc.outcome_unknown else None
@@ -242,7 +352,14 @@ class LegacyProvider:
         self.journal.save()
         partial = bytearray()
         try:
-            out = await self._plugin("requestReturnMachines", {"machines": machines}, deadline, partial=partial)
+            out = await self._plugin(
+                "requestReturnMachines",
+                {"machines": machines},
+                deadline,
+                partial=partial,
+                key=f"return:{op_id}",
+                op=op_id,
+            )
             out = check_output(self.name, "requestReturnMachines", out, self._redact)
         except ProviderError as exc:
             salvaged = salvage_request_id(partial) if exc.outcome_unknown else None
@@ -323,12 +440,7 @@ class LegacyProvider:
                 + ("is not in the legacy journal" if op is None else "has a call whose outcome is unknown")
             )
             raise ProviderUnsupported(self.name, "listMachines", why)
-        status = await self.call(
-            "getRequestStatus", {"requests": [{"requestId": REQUEST_PREFIX + op.op_id}]}, timeout=timeout
-        )
-        (entry,) = status["requests"]
-        if entry["status"] == "running" and NOT_REPORTED in entry["message"]:
-            raise ProviderUnsupported(self.name, "listMachines", f"op {op_id!r}: {entry['message']}")
+        entry = await self._settled_entry(op, timeout)
         machines = [
             {
                 "machineId": m["machineId"],
@@ -344,6 +456,32 @@ class LegacyProvider:
         ]
         return check_output(self.name, "listMachines", {"machines": machines}, self._redact)
 
+    async def _settled_entry(self, op: CreateOp, timeout: float | None) -> dict[str, Any]:  # noqa: ASYNC109
+        """The op's status entry once its plugin request is no longer running (LSF plugins often report no
+        machines while a request runs, and "none listed" must not read as "none made": after a restart this is
+        how a request the daemon never saw the end of is polled as usual). ``ProviderUnsupported`` when the
+        plugin does not report the request, or it still runs at the deadline (the caller tries again later)."""
+        deadline = trio.current_time() + (
+            self.runner.config.timeout_for("listMachines") if timeout is None else timeout
+        )
+        delay = _POLL_FIRST
+        while True:
+            left = max(0.0, deadline - trio.current_time())
+            status = await self.call(
+                "getRequestStatus", {"requests": [{"requestId": REQUEST_PREFIX + op.op_id}]}, timeout=left
+            )
+            (entry,) = status["requests"]
+            if entry["status"] == "running" and NOT_REPORTED in entry["message"]:
+                raise ProviderUnsupported(self.name, "listMachines", f"op {op.op_id!r}: {entry['message']}")
+            if entry["status"] != "running" or sum(machine_alive(m) for m in entry["machines"]) >= op.count:
+                return entry
+            if trio.current_time() + delay >= deadline:
+                raise ProviderUnsupported(
+                    self.name, "listMachines", f"op {op.op_id!r}: its plugin request is still running"
+                )
+            await trio.sleep(delay)
+            delay = min(2 * delay, _POLL_MAX)
+
     # --- getReturnRequests -----------------------------------------------------------------------------------------
 
     async def _reclaims(self, doc: Mapping[str, Any], deadline: float) -> dict[str, Any]:
@@ -354,3 +492,21 @@ class LegacyProvider:
                 machines[mid] = {"name": seen.name, "machineId": mid}  # every machine we know of, asked or not
         out = await self._plugin("getReturnRequests", {"machines": list(machines.values())}, deadline)
         return check_output(self.name, "getReturnRequests", with_machine_ids(out, machines.values()), self._redact)
+
+
+def _ops_named(action: str, document: Mapping[str, Any]) -> list[str]:
+    """The ops a call is about (whose earlier calls it must wait for)."""
+    if action == "getRequestStatus":
+        ids = [r.get("requestId", "") for r in document.get("requests", ()) if isinstance(r, Mapping)]
+        return [i.split(":", 1)[1] for i in ids if isinstance(i, str) and i.startswith((REQUEST_PREFIX, RETURN_PREFIX))]
+    op = op_of(document)
+    return [op] if op else []
+
+
+def _summary(done: Collected) -> str:
+    if not done.started:
+        return "never started"
+    if done.error is not None:
+        return f"{type(done.error).__name__}: {done.error}"[:300]
+    request_id = done.document.get("requestId") if isinstance(done.document, Mapping) else None
+    return f"answered requestId {request_id!r}"

@@ -39,6 +39,7 @@ class PluginCall:
     state: str = NOT_ISSUED
     request_id: str | None = None
     detail: str = ""
+    key: str = ""  # the key its plugin call was run with (``provider.calls``): found again after a restart
 
 
 @attrs.define

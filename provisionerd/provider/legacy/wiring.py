@@ -7,6 +7,7 @@
     [providers.legacy]
     rc_account = "default"
     journal = "/var/lib/provisionerd/aws-lsf.journal.json"
+    state_file = "awsv2"        # the plugin's own records ($PRO_DATA_DIR/aws-db.json), read for the orphan report
     [providers.legacy.user_data]
     PROVISIONERD_JOIN_TOKEN = "{join_token}"
     PROVISIONERD_CONTROLLERS = "{controllers}"
@@ -25,9 +26,10 @@ from typing import Any
 from provisionerd.domain.errors import ConfigError
 from provisionerd.provider.legacy.adapter import LegacyProvider, LegacySettings, detect_legacy
 from provisionerd.provider.legacy.rules import UserDataTemplate
+from provisionerd.provider.legacy.state_files import READERS
 from provisionerd.provider.oneshot import OneShotProvider
 
-_KEYS = {"user_data", "rc_account", "journal", "max_ops"}
+_KEYS = {"user_data", "rc_account", "journal", "max_ops", "state_file"}
 
 
 def legacy_settings(table: Mapping[str, Any], where: str = "providers.legacy") -> LegacySettings:
@@ -51,9 +53,14 @@ def legacy_settings(table: Mapping[str, Any], where: str = "providers.legacy") -
     max_ops = table.get("max_ops", 4096)
     if not isinstance(max_ops, int) or isinstance(max_ops, bool) or not 1 <= max_ops <= 1_000_000:
         problems.append(f"{where}.max_ops: must be an integer from 1 to 1000000")
+    state_file = table.get("state_file", "")
+    if state_file != "" and state_file not in READERS:
+        problems.append(f"{where}.state_file: unknown layout {state_file!r} (known: {sorted(READERS)})")
     if problems:
         raise ConfigError("invalid legacy provider settings", problems)
-    return LegacySettings(user_data=user_data, rc_account=rc_account, journal_path=journal, max_ops=max_ops)
+    return LegacySettings(
+        user_data=user_data, rc_account=rc_account, journal_path=journal, max_ops=max_ops, state_file=state_file
+    )
 
 
 def client_for(

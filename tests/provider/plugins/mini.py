@@ -128,10 +128,11 @@ def handle(state, action, doc):
             ms = []
             for mid in req["machines"]:
                 m = state["machines"][mid]
+                stuck = "never_complete" in BREAKS and req["kind"] == "create" and m["status"] != "terminated"
                 entry = {
                     "machineId": mid,
                     "name": m["name"],
-                    "result": "succeed",
+                    "result": "executing" if stuck else "succeed",
                     "status": m["status"],
                     "privateIpAddress": m["privateIpAddress"],
                     "launchtime": m["launchtime"],
@@ -140,7 +141,15 @@ def handle(state, action, doc):
                 if "missing_tags" not in BREAKS:
                     entry.update(instanceRef=m["instanceRef"], tags=m["tags"])
                 ms.append(entry)
-            out.append({"requestId": r["requestId"], "status": "complete", "message": "", "machines": ms})
+            never = "never_complete" in BREAKS and req["kind"] == "create"
+            out.append(
+                {
+                    "requestId": r["requestId"],
+                    "status": "running" if never else "complete",
+                    "message": "",
+                    "machines": ms,
+                }
+            )
         return {"requests": out}
     if action == "getReturnRequests":
         return {"status": "complete", "message": "", "requests": []}
