@@ -57,7 +57,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import attrs
@@ -336,6 +336,28 @@ class FactStore:
             assert index is not None
             self._index_tokens(fact)
         return CommittedFact(index=index, fact=fact)
+
+    def append_many(self, facts: Iterable[Fact], holder: str) -> int:
+        """Append ``facts`` in order in one transaction (a bulk load: benches, imports); the last index (0: none).
+
+        The same rows as :meth:`append` one by one, without its per-fact transaction and mark rewrite. A
+        duplicate raises ``ValueError`` and nothing is appended.
+        """
+        last = 0
+        with self._transaction():
+            for fact in facts:
+                body = fact_to_json(fact)
+                try:
+                    cursor = self._conn.execute(
+                        "INSERT INTO facts (provider, epoch_term, epoch_seq, holder, digest, body)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        (fact.provider, fact.epoch.term, fact.epoch.seq, holder, _digest(body), body),
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise ValueError(f"fact already committed: {body[:200]}") from exc
+                last = cursor.lastrowid or last
+                self._index_tokens(fact)
+        return last
 
     def _index_tokens(self, fact: Fact) -> None:
         if isinstance(fact, RequestIntent):
