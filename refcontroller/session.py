@@ -3,6 +3,9 @@
 The reader enforces the per-role allowlist on every frame (``ErrorMsg{not_allowed}`` and close), drops a peer that
 stays silent for the heartbeat timeout, and answers requests in order with the request's ``corr``.
 
+A resync is sent by a task of its own, page by page (each page read from the store just before it is sent, the
+frame lock taken per frame): the reader goes on answering heartbeats, lease renewals and commits between its pages.
+
 The pusher sends what changed since the last push: host states (coalesced per instance, latest wins) of the
 providers this provisioner declared, and the demand snapshot when its ``seq`` moved, or when forced (after the join
 and after a resync). A resync holds ``push_lock`` from taking its snapshot until its last page is sent, so every
@@ -14,6 +17,7 @@ bounded by one demand snapshot plus one pending state per host.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -70,6 +74,7 @@ class Session:
     force_demand: bool = True  # a snapshot follows every join
     demand_sent: int = -1
     pending_hosts: dict[str, HostState] = attrs.field(factory=dict)
+    _tasks: trio.Nursery | None = attrs.field(default=None, init=False)
 
     @property
     def identity(self) -> str:
@@ -109,14 +114,18 @@ class Session:
         """Serve until the peer leaves, misbehaves, or the server disconnects it. Never raises peer errors."""
         with self.cancel_scope:
             async with trio.open_nursery() as nursery:
+                self._tasks = nursery
                 if self.role is Role.PROVISIONER:
                     nursery.start_soon(self._guarded, self._push_loop, "push")
                 await self._guarded(self._read_loop, "read")
                 nursery.cancel_scope.cancel()
 
-    async def _guarded(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
+    async def _guarded(self, loop: Callable[[], Awaitable[None]], name: str, *, ends: bool = True) -> None:
+        """Run ``loop``; a peer error drops the peer. ``ends``: the session ends with the loop, however it ends."""
         try:
             await loop()
+            if not ends:
+                return
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             # The peer went away without a clean close (no TLS close_notify, a reset): a disconnect, not a fault.
             if not self.cancel_scope.cancel_called:
@@ -190,7 +199,13 @@ class Session:
             case Heartbeat(seq=seq):
                 await self.send(HeartbeatAck(seq, cluster.term), corr)
             case ResyncRequest(providers=providers):
-                await self._resync(providers, corr)
+                # From a task of its own: heartbeats, lease renewals and commits are answered between its pages.
+                assert self._tasks is not None
+                self._tasks.start_soon(
+                    functools.partial(
+                        self._guarded, functools.partial(self._resync, providers, corr), "resync", ends=False
+                    )
+                )
             case WorkerStatus(status=status):
                 if not worker_status_valid(status):
                     await self.send(Rejected(INVALID, "a worker reports idle or busy"), corr)

@@ -31,7 +31,7 @@ import trio
 
 from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
 from provisionerd.domain.errors import LinkDown, ProtocolError
-from provisionerd.domain.model import DemandSnapshot, Role
+from provisionerd.domain.model import CommittedFact, DemandSnapshot, Role
 from provisionerd.wire.codec import opcode
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
@@ -107,6 +107,7 @@ class Link:
         self._resync_corr = 0
         self._resync_seq = 0  # ``wanted`` when the resync being collected was sent
         self._resync_reason = ""
+        self._committed_during: list[CommittedFact] = []  # acknowledged while the resync is collected
         self._resync_progress = trio.Event()
         #: The session's resync-want counter; a resync is due while it is above the current view's ``sync_seq``.
         self.wanted = wanted
@@ -121,6 +122,12 @@ class Link:
             self.reason = reason
             log.info("controller link to %s broken: %s", self.address, reason)
         self._scope.cancel()
+
+    def note_committed(self, committed: CommittedFact) -> None:
+        """A fact this daemon committed was acknowledged: the resync being collected folds it too (the controller
+        answers commits between resync pages, so the pages, fixed when it began, may not hold it)."""
+        if self._resync is not None:
+            self._committed_during.append(committed)
 
     def request_resync(self, seq: int) -> None:
         """Resync (again) with a request sent after this call, answering want ``seq``."""
@@ -221,6 +228,7 @@ class Link:
 
     async def _resync_once(self, reason: str) -> None:
         self._resync = ResyncCollector()
+        self._committed_during = []
         self._resync_corr, self._resync_seq, self._resync_reason = next(self._corr), self.wanted, reason
         self._resync_progress = trio.Event()
         await self._outbox_send.send((ResyncRequest(self._providers), self._resync_corr))
@@ -276,6 +284,9 @@ class Link:
                         sync_seq=self._resync_seq,
                         version=0 if old is None else old.version + 1,
                     )
+                    for committed in sorted(self._committed_during, key=lambda c: c.index):
+                        view.facts.apply(committed)  # one the pages already held is ignored (its index)
+                    self._committed_during = []
                     view.demand = self.demand
                     self.view = view
                     self._on_resynced(view, self._resync_reason)

@@ -214,6 +214,8 @@ class ControllerSession:
         """Fold a fact this daemon just committed into the current view (the same generation only)."""
         if self.guard is not None:
             self.guard.note_acknowledged(committed.index)
+        if self._link is not None:
+            self._link.note_committed(committed)
         if self.view is not None:
             self.view.apply_fact(committed)
             self._notify()

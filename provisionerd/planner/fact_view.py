@@ -93,6 +93,7 @@ class FactView:
     active_by_demand: dict[str, int] = attrs.field(factory=dict)  # demand_id -> ACTIVE machines
     live_by_offer: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (provider, template) -> live machines
     open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
+    open_returns: dict[str, None] = attrs.field(factory=dict)  # op_ids of returns not confirmed, in commit order
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
@@ -131,7 +132,9 @@ class FactView:
                     record.failed_reason = fact.reason
                     self.open_ops.pop(fact.op_id, None)
             case ReturnIntent():
-                self.returns.setdefault(fact.op_id, ReturnRecord(fact))
+                if fact.op_id not in self.returns:
+                    self.returns[fact.op_id] = ReturnRecord(fact)
+                    self.open_returns[fact.op_id] = None
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state is MachineState.ACTIVE:
@@ -140,6 +143,7 @@ class FactView:
             case Returned():
                 if fact.op_id in self.returns:
                     self.returns[fact.op_id].done = True
+                    self.open_returns.pop(fact.op_id, None)
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state.live:

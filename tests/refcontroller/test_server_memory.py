@@ -333,3 +333,26 @@ async def test_tls_handshake_and_certificate_role_over_memory_streams(tmp_path: 
         reply = await peer.request(Join(role=Role.PROVISIONER, identity="posing", providers=("aws",)))
         assert isinstance(reply, ErrorMsg) and reply.code == "not_allowed"
         assert "certificate role 'worker'" in reply.message
+
+
+@on_mock_clock
+async def test_heartbeats_are_answered_between_the_pages_of_a_resync(tmp_path: Path) -> None:
+    """The resync goes out from a task of its own: a heartbeat sent right after a resync request of many pages is
+    acknowledged before the resync's last page (it used to wait behind every page)."""
+    async with memory_controller(tmp_path) as h:
+        prov = await provisioner(h)
+        epoch = Epoch(1, 1)
+        h.cluster.store.append_many([intent("aws", epoch, f"op-{i}", refs=(f"r{i}",)) for i in range(2000)], "d1")
+        await prov.framed.send(ResyncRequest(("aws",)), 7)
+        await prov.framed.send(Heartbeat(1), 8)
+        order: list[tuple[int, str]] = []
+        pages = 0
+        while True:
+            envelope = await prov.receive_envelope()
+            order.append((envelope.corr, type(envelope.msg).__name__))
+            if isinstance(envelope.msg, ResyncPage):
+                pages += 1
+                if pages == envelope.msg.page_count:
+                    break
+        assert pages >= 4
+        assert order.index((8, "HeartbeatAck")) < len(order) - 1, order
