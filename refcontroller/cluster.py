@@ -60,6 +60,8 @@ class ResyncPlan:
     hosts: tuple[HostState, ...]
     #: The log index the resync set is fixed at: the facts live as of it (``store_lifecycle``).
     as_of: int = 0
+    #: The facts after the request's ``after_index`` (every one, live or ended), not the whole resync set.
+    incremental: bool = False
 
 
 @attrs.define(eq=False)
@@ -171,21 +173,29 @@ class Cluster:
             self.hosts.drop(self.store.ended_refs)
         return committed
 
-    def resync_plan(self, providers: Collection[str]) -> ResyncPlan:
-        """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends."""
+    def resync_plan(self, providers: Collection[str], after_index: int = 0, incarnation: str = "") -> ResyncPlan:
+        """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends.
+
+        Incremental (every fact after ``after_index``) when the requester names this store's incarnation and an
+        index within its log; else the whole resync set (protocol §6.3)."""
         providers = tuple(sorted(set(providers)))
         as_of = self.store.last_index()
-        sizes = self.store.fact_sizes(providers, as_of)
+        incremental = 0 < after_index <= as_of and incarnation == self.store.incarnation
+        if incremental:
+            sizes = self.store.facts_after(providers, after_index, as_of)
+        else:
+            sizes = self.store.fact_sizes(providers, as_of)
         ranges = [
             (sizes[page.start][0], sizes[page.stop - 1][0])
             for page in page_bounds([size for _, size in sizes])
             if len(page)
         ]
-        return ResyncPlan(providers, tuple(ranges), tuple(self.hosts.for_providers(providers)), as_of)
+        hosts = tuple(self.hosts.for_providers(providers))
+        return ResyncPlan(providers, tuple(ranges), hosts, as_of, incremental)
 
     def resync_facts(self, plan: ResyncPlan, page: int) -> list[CommittedFact]:
         first, last = plan.fact_ranges[page]
-        return self.store.facts(plan.providers, first, last, as_of=plan.as_of)
+        return self.store.facts(plan.providers, first, last, as_of=None if plan.incremental else plan.as_of)
 
     # --- workers ----------------------------------------------------------------------------------------------
 

@@ -388,6 +388,14 @@ class FactStore:
         row = self._conn.execute("SELECT max(idx) FROM facts").fetchone()
         return int(row[0] or 0)
 
+    def last_index_of(self, providers: Collection[str]) -> int:
+        """The highest index of a fact of ``providers`` (0: none): the heartbeat digest's ``lastIndex``."""
+        best = 0
+        for provider in providers:
+            row = self._conn.execute("SELECT max(idx) FROM facts WHERE provider = ?", (provider,)).fetchone()
+            best = max(best, int(row[0] or 0))
+        return best
+
     def latest(self, provider: str) -> LatestFact | None:
         """Epoch and holder on ``provider``'s latest committed fact (highest index), or ``None``."""
         row = self._conn.execute(
@@ -424,6 +432,18 @@ class FactStore:
         else:
             rows = self._resync_rows(providers, first_index, last_index, as_of, "body")
         return [CommittedFact(index=int(i), fact=fact_from_json(body)) for i, body in rows]
+
+    def facts_after(self, providers: Collection[str], after: int, upto: int) -> list[tuple[int, int]]:
+        """``(index, JSON size)`` of every fact of ``providers`` (live or ended) with ``after < index <= upto``."""
+        marks = ",".join("?" * len(providers))
+        return [
+            (int(i), int(n))
+            for i, n in self._conn.execute(
+                f"SELECT idx, length(body) FROM facts WHERE provider IN ({marks}) AND idx > ? AND idx <= ?"
+                " ORDER BY idx",
+                (*providers, after, upto),
+            )
+        ]
 
     def _resync_rows(
         self, providers: Collection[str], first: int, last: int, as_of: int, column: str

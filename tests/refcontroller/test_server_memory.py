@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from rc_client import Harness, Peer, memory_controller, on_mock_clock
+from rc_client import Harness, Peer, memory_controller, on_mock_clock, seq_term
 from rc_factories import instance, intent, item
 
 from provisionerd.domain.model import CommittedFact, Epoch, HostStatus, Role
@@ -28,7 +28,6 @@ from provisionerd.wire.messages import (
     FactAck,
     FactCommit,
     Heartbeat,
-    HeartbeatAck,
     HostStatePush,
     Join,
     JoinReply,
@@ -84,7 +83,7 @@ async def test_join_reply_then_demand_snapshot(tmp_path: Path) -> None:
         )
         assert len(reply.incarnation) == 32
         assert await peer.push() == DemandPage(snapshot_seq=1, page=0, page_count=1, items=(item("a", 3),))
-        assert await peer.request(Heartbeat(7)) == HeartbeatAck(7, 1)
+        assert seq_term(await peer.request(Heartbeat(7))) == (7, 1)
 
 
 @on_mock_clock
@@ -143,7 +142,7 @@ async def test_garbage_and_oversize_frames_drop_only_that_peer(tmp_path: Path) -
         reply = await huge.push()
         assert isinstance(reply, ErrorMsg) and reply.code == "bad_frame" and "exceeds" in reply.message
         assert await huge.closed()
-        assert await good.request(Heartbeat(1)) == HeartbeatAck(1, 1)
+        assert seq_term(await good.request(Heartbeat(1))) == (1, 1)
         assert h.server.stats["peers_dropped"] == 2 and h.server.stats["internal_errors"] == 0
 
 
@@ -264,7 +263,7 @@ async def test_resync_sends_facts_and_hosts_then_demand(tmp_path: Path) -> None:
         everything = await prov.request(ResyncRequest(()))
         assert isinstance(everything, ResyncPage) and len(everything.facts) == 6
         empty_peer = await provisioner(h, "d9", providers=("none",))
-        assert await empty_peer.request(ResyncRequest(())) == ResyncPage(0, 1, (), ())
+        assert await empty_peer.request(ResyncRequest(())) == ResyncPage(0, 1, (), (), as_of=6)
         refused = await empty_peer.request(ResyncRequest(("aws",)))
         assert isinstance(refused, Rejected) and refused.reason == "invalid"
 
@@ -299,7 +298,7 @@ async def test_silent_peer_is_dropped_after_the_heartbeat_timeout(tmp_path: Path
     async with memory_controller(tmp_path, heartbeat=15.0) as h:
         prov = await provisioner(h)
         await trio.sleep(10)
-        assert await prov.request(Heartbeat(1)) == HeartbeatAck(1, 1)
+        assert seq_term(await prov.request(Heartbeat(1))) == (1, 1)
         assert await prov.closed()
         assert trio.current_time() == 25.0  # 15 s after the last frame it sent
 

@@ -300,3 +300,31 @@ def test_refcontroller_history_pages_the_audit_log(tmp_path: Path, capsys: objec
     out = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
     assert out["facts"][0]["fact"]["kind"] == "Lost" and out["next_after"] is None
     assert main(["history", "--data", str(tmp_path / "nothing"), "--provider", P]) == 2
+
+
+def test_an_incremental_resync_sends_every_later_fact_and_only_to_the_same_incarnation(cluster: Cluster) -> None:
+    granted = cluster.acquire(cluster.replicas.primary, P, "d1", 40.0)
+    assert isinstance(granted, Granted), granted
+    epoch = granted.lease.epoch
+    for fact in (intent("r1", "a"), instance("r1", "a", "m1"), intent("r2", "b")):
+        assert isinstance(
+            cluster.commit(cluster.replicas.primary, attrs.evolve(fact, epoch=epoch), "d1", 41.0), CommittedFact
+        )
+    full = cluster.resync_plan([P])
+    assert not full.incremental and full.as_of == 3
+    lost = cluster.commit(cluster.replicas.primary, Lost(P, epoch, "l1", "m1", "gone"), "d1", 41.0)
+    assert isinstance(lost, CommittedFact)
+    later = cluster.resync_plan([P], after_index=3, incarnation=cluster.store.incarnation)
+    assert later.incremental and later.as_of == 4
+    assert [c.index for page in range(len(later.fact_ranges)) for c in cluster.resync_facts(later, page)] == [4]
+    # another incarnation, or an index past the log: the whole resync set (r1 ended with m1: only r2 and the Lost)
+    for after, incarnation in ((3, "other"), (99, cluster.store.incarnation), (0, cluster.store.incarnation)):
+        plan = cluster.resync_plan([P], after_index=after, incarnation=incarnation)
+        assert not plan.incremental
+        assert [c.index for page in range(len(plan.fact_ranges)) for c in cluster.resync_facts(plan, page)] == [3, 4]
+    # folding the full set, or the earlier full one plus the increment, gives the daemon the same live state
+    whole = fold(c for page in range(len(full.fact_ranges)) for c in cluster.resync_facts(full, page))
+    whole.mark_synced(full.as_of)
+    whole.apply_after_sync([c for page in range(len(later.fact_ranges)) for c in cluster.resync_facts(later, page)], 4)
+    fresh = fold(cluster.store.facts([P], 1, 4))
+    assert _summary(whole) == _summary(fresh) and whole.synced_to == 4
