@@ -189,6 +189,10 @@ struct Heartbeat {
 struct HeartbeatAck {
   seq @0 :UInt64;
   term @1 :UInt64;
+  # The digest (§6.3 "Incremental resync"; 0 from older controllers: no digest). For the connection's providers:
+  lastIndex @2 :UInt64;           # the highest fact index of those providers
+  demandSeq @3 :UInt64;           # the current demand snapshot's seq
+  hostSeq @4 :UInt64;             # host-state changes pushed to this connection so far (hostStatePush.seq)
 }
 
 enum ErrorCode {
@@ -278,6 +282,9 @@ struct FactAck {
 
 struct ResyncRequest {
   providers @0 :List(Text);
+  afterIndex @1 :UInt64;          # 0: a full resync; else the provisioner holds every fact of these providers up
+                                  # to this index of incarnation `incarnation` and asks only for later ones
+  incarnation @2 :Text;           # the JoinReply.incarnation those facts came from (with afterIndex)
 }
 
 struct ResyncPage {
@@ -285,10 +292,15 @@ struct ResyncPage {
   pageCount @1 :UInt32;           # >= 1
   facts @2 :List(CommittedFact);  # in log order across all pages
   hosts @3 :List(HostState);
+  incremental @4 :Bool;           # true: the facts after the request's afterIndex (fold them into what you hold);
+                                  # false: the whole resync set (replace what you hold)
+  asOf @5 :UInt64;                # the log index the resync was fixed at (0 from older controllers)
+  hostSeq @6 :UInt64;             # the connection's host-state seq the hosts are as of
 }
 
 struct HostStatePush {
   hosts @0 :List(HostState);
+  seq @1 :UInt64;                 # this connection's host-state seq after these changes (0 from older controllers)
 }
 
 struct WorkerStatus {

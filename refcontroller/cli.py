@@ -10,11 +10,18 @@
         failover [--target N]              default: the next replica
         quorum {lost,restored}
         status
+    refcontroller history --data DIR --provider NAME [--after INDEX] [--limit N]
 
 ``serve`` runs one replica per ``--listen`` address (port 0 = any free port) and, once every listener is up,
 prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", ...], "term": N, "incarnation":
 "..."}``. It logs to stderr and stops cleanly on SIGTERM or SIGINT. ``admin`` prints the controller's JSON answer on
 stdout.
+
+``history`` prints one page of a provider's audit log, read from the store in ``--data`` without writing to it
+(safe beside a running ``serve``): ``{"facts": [{"index": I, "ended_at": E, "fact": {...}}, ...], "next_after":
+I}``, oldest first, at most ``--limit`` (500, at most 10,000) facts after ``--after``; ``ended_at`` is 0 for a fact
+still in the resync set, else the index of the fact that ended its lifecycle (docs/protocol.md §6.3);
+``next_after`` is ``null`` on the last page.
 
 The bounds (docs/protocol.md §2.1): ``--handshake-timeout`` (10 s) for the TLS handshake, ``--join-timeout`` (10 s)
 from the handshake to a complete Join frame, ``--max-connections`` (2000) open at once and
@@ -44,15 +51,16 @@ from pathlib import Path
 import trio
 
 from provisionerd.domain.errors import ConfigError
-from provisionerd.domain.model import DemandItem
+from provisionerd.domain.model import DemandItem, Fact
 from refcontroller import addresses as addr
 from refcontroller import gate
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.demand_file import parse_demand
 from refcontroller.gate import Limits
-from refcontroller.listeners import ServeConfig, serve
+from refcontroller.jsonconv import unstructure
+from refcontroller.listeners import FACTS_FILE, ServeConfig, serve
 from refcontroller.server import Timeouts
-from refcontroller.store import StoreRefused
+from refcontroller.store import StoreRefused, read_history
 
 
 def _positive(text: str) -> float:
@@ -111,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     q = ops.add_parser("quorum", help="simulate losing or regaining the quorum")
     q.add_argument("state", choices=["lost", "restored"])
     ops.add_parser("status", help="replicas, term, leases, demand, facts, hosts")
+
+    h = commands.add_parser("history", help="a page of a provider's fact log, ended lifecycles included")
+    h.add_argument("--data", required=True, type=Path, help="directory of the durable fact log")
+    h.add_argument("--provider", required=True)
+    h.add_argument("--after", type=int, default=0, help="the last index of the previous page (0: from the start)")
+    h.add_argument("--limit", type=_count, default=500, help="facts per page (500, at most 10000)")
     return parser
 
 
@@ -118,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         try:
+            if args.command == "history":
+                return _history(args)
             return _serve(args) if args.command == "serve" else _admin(args)
         except BaseExceptionGroup as group:  # trio wraps what a nursery raised; show the one cause plainly
             raise _only_cause(group) from None
@@ -204,4 +220,13 @@ def _admin(args: argparse.Namespace) -> int:
     else:
         result = trio.run(client.status)
     print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    limit = min(args.limit, 10_000)
+    page = read_history(args.data / FACTS_FILE, args.provider, max(0, args.after), limit)
+    facts = [{"index": i, "ended_at": e, "fact": unstructure(f, Fact)} for i, e, f in page]
+    next_after = page[-1][0] if len(page) == limit else None
+    print(json.dumps({"facts": facts, "next_after": next_after}, sort_keys=True))
     return 0

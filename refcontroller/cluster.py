@@ -58,6 +58,10 @@ class ResyncPlan:
     providers: tuple[str, ...]
     fact_ranges: tuple[tuple[int, int], ...]  # (first_index, last_index) per page of facts
     hosts: tuple[HostState, ...]
+    #: The log index the resync set is fixed at: the facts live as of it (``store_lifecycle``).
+    as_of: int = 0
+    #: The facts after the request's ``after_index`` (every one, live or ended), not the whole resync set.
+    incremental: bool = False
 
 
 @attrs.define(eq=False)
@@ -165,22 +169,33 @@ class Cluster:
             host = self.hosts.identify(fact.instance_ref, fact.machine_id, fact.hostname, fact.address)
             if host is not None and self.on_host_change is not None:
                 self.on_host_change(host)
+        if self.store.ended_refs:  # their lifecycles ended: history now, their hosts are not state any more
+            self.hosts.drop(self.store.ended_refs)
         return committed
 
-    def resync_plan(self, providers: Collection[str]) -> ResyncPlan:
-        """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends."""
+    def resync_plan(self, providers: Collection[str], after_index: int = 0, incarnation: str = "") -> ResyncPlan:
+        """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends.
+
+        Incremental (every fact after ``after_index``) when the requester names this store's incarnation and an
+        index within its log; else the whole resync set (protocol §6.3)."""
         providers = tuple(sorted(set(providers)))
-        sizes = self.store.fact_sizes(providers, self.store.last_index())
+        as_of = self.store.last_index()
+        incremental = 0 < after_index <= as_of and incarnation == self.store.incarnation
+        if incremental:
+            sizes = self.store.facts_after(providers, after_index, as_of)
+        else:
+            sizes = self.store.fact_sizes(providers, as_of)
         ranges = [
             (sizes[page.start][0], sizes[page.stop - 1][0])
             for page in page_bounds([size for _, size in sizes])
             if len(page)
         ]
-        return ResyncPlan(providers, tuple(ranges), tuple(self.hosts.for_providers(providers)))
+        hosts = tuple(self.hosts.for_providers(providers))
+        return ResyncPlan(providers, tuple(ranges), hosts, as_of, incremental)
 
     def resync_facts(self, plan: ResyncPlan, page: int) -> list[CommittedFact]:
         first, last = plan.fact_ranges[page]
-        return self.store.facts(plan.providers, first, last)
+        return self.store.facts(plan.providers, first, last, as_of=None if plan.incremental else plan.as_of)
 
     # --- workers ----------------------------------------------------------------------------------------------
 
@@ -190,6 +205,8 @@ class Cluster:
         known = self.hosts.get(instance_ref)
         if known is not None and known.status is HostStatus.LOST:
             return commits.Rejection("token_invalid", f"instance {instance_ref!r} is lost: it cannot rejoin")
+        if known is None and self.store.instance_ended(instance_ref):
+            return commits.Rejection("token_invalid", f"instance {instance_ref!r} ended: it cannot rejoin")
         try:
             admitted = admit(self.store, instance_ref, token, wall)
         except StoreFailure as exc:
@@ -264,7 +281,11 @@ class Cluster:
             ],
             "latest_epochs": {p: str(e) for p, e in sorted(self.store.latest_epochs().items())},
             "demand": {"seq": self.demand.seq, "items": unstructure(self.demand.items, tuple[DemandItem, ...])},
-            "facts": {"count": self.store.count(), "last_index": self.store.last_index()},
+            "facts": {
+                "count": self.store.count(),
+                "live": self.store.live_count(),
+                "last_index": self.store.last_index(),
+            },
             "storage_failures": self.storage_failures,
             "hosts": [unstructure(host, HostState) for host in self.hosts.all()],
         }

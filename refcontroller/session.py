@@ -3,6 +3,9 @@
 The reader enforces the per-role allowlist on every frame (``ErrorMsg{not_allowed}`` and close), drops a peer that
 stays silent for the heartbeat timeout, and answers requests in order with the request's ``corr``.
 
+A resync is sent by a task of its own, page by page (each page read from the store just before it is sent, the
+frame lock taken per frame): the reader goes on answering heartbeats, lease renewals and commits between its pages.
+
 The pusher sends what changed since the last push: host states (coalesced per instance, latest wins) of the
 providers this provisioner declared, and the demand snapshot when its ``seq`` moved, or when forced (after the join
 and after a resync). A resync holds ``push_lock`` from taking its snapshot until its last page is sent, so every
@@ -14,6 +17,7 @@ bounded by one demand snapshot plus one pending state per host.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -70,6 +74,9 @@ class Session:
     force_demand: bool = True  # a snapshot follows every join
     demand_sent: int = -1
     pending_hosts: dict[str, HostState] = attrs.field(factory=dict)
+    #: Host-state changes queued for this connection so far (the digest's and HostStatePush's ``seq``).
+    host_seq: int = 0
+    _tasks: trio.Nursery | None = attrs.field(default=None, init=False)
 
     @property
     def identity(self) -> str:
@@ -98,6 +105,7 @@ class Session:
     def notify_host(self, host: HostState) -> None:
         if self.role is Role.PROVISIONER and host.provider in self.providers:
             self.pending_hosts[host.instance_ref] = host
+            self.host_seq += 1
             self.changed.set()
 
     def disconnect(self) -> None:
@@ -109,14 +117,18 @@ class Session:
         """Serve until the peer leaves, misbehaves, or the server disconnects it. Never raises peer errors."""
         with self.cancel_scope:
             async with trio.open_nursery() as nursery:
+                self._tasks = nursery
                 if self.role is Role.PROVISIONER:
                     nursery.start_soon(self._guarded, self._push_loop, "push")
                 await self._guarded(self._read_loop, "read")
                 nursery.cancel_scope.cancel()
 
-    async def _guarded(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
+    async def _guarded(self, loop: Callable[[], Awaitable[None]], name: str, *, ends: bool = True) -> None:
+        """Run ``loop``; a peer error drops the peer. ``ends``: the session ends with the loop, however it ends."""
         try:
             await loop()
+            if not ends:
+                return
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             # The peer went away without a clean close (no TLS close_notify, a reset): a disconnect, not a fault.
             if not self.cancel_scope.cancel_called:
@@ -188,9 +200,15 @@ class Session:
             case Join():
                 await self.send(Rejected(INVALID, "already joined"), corr)
             case Heartbeat(seq=seq):
-                await self.send(HeartbeatAck(seq, cluster.term), corr)
-            case ResyncRequest(providers=providers):
-                await self._resync(providers, corr)
+                digest = (0, 0, 0)
+                if self.role is Role.PROVISIONER:
+                    digest = (cluster.store.last_index_of(self.providers), cluster.demand.seq, self.host_seq)
+                await self.send(HeartbeatAck(seq, cluster.term, *digest), corr)
+            case ResyncRequest():
+                # From a task of its own: heartbeats, lease renewals and commits are answered between its pages.
+                assert self._tasks is not None
+                resync = functools.partial(self._resync, msg, corr)
+                self._tasks.start_soon(functools.partial(self._guarded, resync, "resync", ends=False))
             case WorkerStatus(status=status):
                 if not worker_status_valid(status):
                     await self.send(Rejected(INVALID, "a worker reports idle or busy"), corr)
@@ -226,17 +244,19 @@ class Session:
                 reply = provisioner_reply(cluster, self.replica, self.holder, self.providers, msg, now)
                 await self.send(reply, corr)
 
-    async def _resync(self, providers: tuple[str, ...], corr: int) -> None:
-        wanted = frozenset(providers) or self.providers
+    async def _resync(self, request: ResyncRequest, corr: int) -> None:
+        wanted = frozenset(request.providers) or self.providers
         if not wanted <= self.providers:
             await self.send(Rejected(INVALID, "resync of providers not declared in this connection's Join"), corr)
             return
         cluster = self.server.cluster
         async with self.push_lock:
-            plan = cluster.resync_plan(wanted)
+            plan = cluster.resync_plan(wanted, request.after_index, request.incarnation)
+            host_seq = self.host_seq
             host_chunks = (
                 paginate_by_size(plan.hosts, lambda c: ResyncPage(0, 1, (), c), HOSTS_PAGE_ITEMS) if plan.hosts else []
             )
+            tail = (plan.incremental, plan.as_of, host_seq)
             for host in plan.hosts:  # the resync carries them; a pending older push would only repeat them
                 if self.pending_hosts.get(host.instance_ref) == host:
                     del self.pending_hosts[host.instance_ref]
@@ -244,11 +264,11 @@ class Session:
             page = 0
             for page in range(len(plan.fact_ranges)):
                 facts = cluster.resync_facts(plan, page)
-                await self.send(ResyncPage(page, page_count, facts, ()), corr)
+                await self.send(ResyncPage(page, page_count, facts, (), *tail), corr)
             for i, chunk in enumerate(host_chunks):
-                await self.send(ResyncPage(len(plan.fact_ranges) + i, page_count, (), chunk), corr)
+                await self.send(ResyncPage(len(plan.fact_ranges) + i, page_count, (), chunk, *tail), corr)
             if not plan.fact_ranges and not host_chunks:
-                await self.send(ResyncPage(0, 1, (), ()), corr)
+                await self.send(ResyncPage(0, 1, (), (), *tail), corr)
             self.force_demand = True
             self.changed.set()
 
@@ -260,7 +280,9 @@ class Session:
                 self.changed = trio.Event()
                 hosts = list(self.pending_hosts.values())
                 self.pending_hosts.clear()
-                frames: list[tuple[Message, int]] = [(push, 0) for push in host_pushes(hosts)] if hosts else []
+                frames: list[tuple[Message, int]] = (
+                    [(attrs.evolve(push, seq=self.host_seq), 0) for push in host_pushes(hosts)] if hosts else []
+                )
                 snapshot = cluster.demand
                 if self.force_demand or snapshot.seq != self.demand_sent:
                     frames += [(page, 0) for page in demand_pages(snapshot.seq, snapshot.items)]

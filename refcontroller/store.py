@@ -57,12 +57,14 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
+from refcontroller import store_lifecycle
 from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
 from refcontroller.store_mark import (
     Mark,
@@ -147,6 +149,8 @@ class FactStore:
         #: This store's incarnation id (made when it was created, never again).
         self.incarnation = incarnation
         self._mark = mark
+        #: The instance refs whose lifecycle the last ``append`` ended (``store_lifecycle``): their hosts go.
+        self.ended_refs: tuple[str, ...] = ()
 
     @classmethod
     def open(cls, path: str | Path, *, new_incarnation: bool = False, incarnation: str | None = None) -> FactStore:
@@ -161,7 +165,7 @@ class FactStore:
         fresh_id = incarnation or new_incarnation_id()
         if str(path) == ":memory:":
             conn = _connect(":memory:")
-            conn.executescript(_SCHEMA)
+            _create_schema(conn)
             _create_meta(conn, fresh_id)
             return cls(conn, fresh_id)
         path = Path(path)
@@ -194,7 +198,7 @@ class FactStore:
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
             had_tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'meta'").fetchone()[0] > 0
-            conn.executescript(_SCHEMA)
+            _create_schema(conn)
             stored = _meta(conn, "incarnation")
             has_rows = had_tables and any(
                 conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() for table in ("facts", "meta", "used_tokens")
@@ -335,7 +339,32 @@ class FactStore:
             index = cursor.lastrowid
             assert index is not None
             self._index_tokens(fact)
+            ended = store_lifecycle.track(self._conn, fact, index)
+        self.ended_refs = tuple(ended)
         return CommittedFact(index=index, fact=fact)
+
+    def append_many(self, facts: Iterable[Fact], holder: str) -> int:
+        """Append ``facts`` in order in one transaction (a bulk load: benches, imports); the last index (0: none).
+
+        The same rows as :meth:`append` one by one, without its per-fact transaction and mark rewrite. A
+        duplicate raises ``ValueError`` and nothing is appended.
+        """
+        last = 0
+        with self._transaction():
+            for fact in facts:
+                body = fact_to_json(fact)
+                try:
+                    cursor = self._conn.execute(
+                        "INSERT INTO facts (provider, epoch_term, epoch_seq, holder, digest, body)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        (fact.provider, fact.epoch.term, fact.epoch.seq, holder, _digest(body), body),
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise ValueError(f"fact already committed: {body[:200]}") from exc
+                last = cursor.lastrowid or last
+                self._index_tokens(fact)
+                store_lifecycle.track(self._conn, fact, last)
+        return last
 
     def _index_tokens(self, fact: Fact) -> None:
         if isinstance(fact, RequestIntent):
@@ -359,6 +388,14 @@ class FactStore:
         row = self._conn.execute("SELECT max(idx) FROM facts").fetchone()
         return int(row[0] or 0)
 
+    def last_index_of(self, providers: Collection[str]) -> int:
+        """The highest index of a fact of ``providers`` (0: none): the heartbeat digest's ``lastIndex``."""
+        best = 0
+        for provider in providers:
+            row = self._conn.execute("SELECT max(idx) FROM facts WHERE provider = ?", (provider,)).fetchone()
+            best = max(best, int(row[0] or 0))
+        return best
+
     def latest(self, provider: str) -> LatestFact | None:
         """Epoch and holder on ``provider``'s latest committed fact (highest index), or ``None``."""
         row = self._conn.execute(
@@ -376,24 +413,81 @@ class FactStore:
         return {provider: Epoch(term, seq) for provider, term, seq in rows}
 
     def fact_sizes(self, providers: Collection[str], upto_index: int) -> list[tuple[int, int]]:
-        """``(index, JSON size)`` of each fact of ``providers`` up to ``upto_index``, in log order (for paging)."""
+        """``(index, JSON size)`` of each fact of ``providers`` in the resync set as of ``upto_index`` (the live
+        ones, ``store_lifecycle``, and each provider's latest), in log order (for paging)."""
+        return [(int(i), int(n)) for i, n in self._resync_rows(providers, 1, upto_index, upto_index, "length(body)")]
+
+    def facts(
+        self, providers: Collection[str], first_index: int, last_index: int, as_of: int | None = None
+    ) -> list[CommittedFact]:
+        """Facts of ``providers`` with ``first_index <= index <= last_index``, in log order: every one, or (with
+        ``as_of``) those of the resync set as of that index (``fact_sizes``)."""
+        rows: Iterable[tuple[int, str]]
+        if as_of is None:
+            marks = ",".join("?" * len(providers))
+            rows = self._conn.execute(
+                f"SELECT idx, body FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
+                (*providers, first_index, last_index),
+            )
+        else:
+            rows = self._resync_rows(providers, first_index, last_index, as_of, "body")
+        return [CommittedFact(index=int(i), fact=fact_from_json(body)) for i, body in rows]
+
+    def facts_after(self, providers: Collection[str], after: int, upto: int) -> list[tuple[int, int]]:
+        """``(index, JSON size)`` of every fact of ``providers`` (live or ended) with ``after < index <= upto``."""
         marks = ",".join("?" * len(providers))
         return [
             (int(i), int(n))
             for i, n in self._conn.execute(
-                f"SELECT idx, length(body) FROM facts WHERE provider IN ({marks}) AND idx <= ? ORDER BY idx",
-                (*providers, upto_index),
+                f"SELECT idx, length(body) FROM facts WHERE provider IN ({marks}) AND idx > ? AND idx <= ?"
+                " ORDER BY idx",
+                (*providers, after, upto),
             )
         ]
 
-    def facts(self, providers: Collection[str], first_index: int, last_index: int) -> list[CommittedFact]:
-        """Facts of ``providers`` with ``first_index <= index <= last_index``, in log order."""
-        marks = ",".join("?" * len(providers))
+    def _resync_rows(
+        self, providers: Collection[str], first: int, last: int, as_of: int, column: str
+    ) -> list[tuple[int, Any]]:
+        """``(idx, column)`` of the facts live as of ``as_of`` with ``first <= idx <= last``, plus each provider's
+        latest fact up to ``as_of`` (so the daemon's latest epoch and last index are what the whole log says)."""
+        rows: dict[int, Any] = {}
+        last = min(last, as_of)
+        for provider in providers:
+            for i, value in self._conn.execute(
+                f"SELECT idx, {column} FROM facts WHERE provider = ? AND ended_at = 0 AND idx BETWEEN ? AND ?"
+                f" UNION ALL SELECT idx, {column} FROM facts WHERE provider = ? AND ended_at > ?"
+                " AND idx BETWEEN ? AND ?",
+                (provider, first, last, provider, as_of, first, last),
+            ):
+                rows[int(i)] = value
+            latest = self._conn.execute(
+                f"SELECT idx, {column} FROM facts WHERE provider = ? AND idx <= ? ORDER BY idx DESC LIMIT 1",
+                (provider, as_of),
+            ).fetchone()
+            if latest is not None and first <= latest[0] <= last:
+                rows[int(latest[0])] = latest[1]
+        return sorted(rows.items())
+
+    def history(self, provider: str, after: int = 0, limit: int = 500) -> list[tuple[int, int, Fact]]:
+        """``(index, ended_at, fact)`` of ``provider``'s facts after index ``after``, at most ``limit`` (a page of
+        the audit log: live facts have ``ended_at`` 0)."""
         rows = self._conn.execute(
-            f"SELECT idx, body FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
-            (*providers, first_index, last_index),
+            "SELECT idx, ended_at, body FROM facts WHERE provider = ? AND idx > ? ORDER BY idx LIMIT ?",
+            (provider, after, max(1, min(limit, 10_000))),
         )
-        return [CommittedFact(index=int(i), fact=fact_from_json(body)) for i, body in rows]
+        return [(int(i), int(e), fact_from_json(body)) for i, e, body in rows]
+
+    def live_count(self, providers: Collection[str] | None = None) -> int:
+        """How many facts are live (in the resync set, without the latest-fact extras)."""
+        if providers is None:
+            return int(self._conn.execute("SELECT count(*) FROM facts WHERE ended_at = 0").fetchone()[0])
+        marks = ",".join("?" * len(providers))
+        query = f"SELECT count(*) FROM facts WHERE ended_at = 0 AND provider IN ({marks})"
+        return int(self._conn.execute(query, tuple(providers)).fetchone()[0])
+
+    def instance_ended(self, instance_ref: str) -> bool:
+        """Whether ``instance_ref`` is a machine whose lifecycle ended: it never joins again."""
+        return store_lifecycle.ended_instance(self._conn, instance_ref)
 
     def all_facts(self) -> Iterator[CommittedFact]:
         for i, body in self._conn.execute("SELECT idx, body FROM facts ORDER BY idx"):
@@ -434,11 +528,51 @@ class FactStore:
         return None if row is None else str(row[0])
 
 
+def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) -> list[tuple[int, int, Fact]]:
+    """A page of ``provider``'s facts (``FactStore.history``) read from the store file at ``path`` without writing
+    to it (SQLite read-only: safe beside a running controller).
+
+    Raises:
+        StoreRefused: the file is missing, unreadable, or was written before lifecycles (serve on it once first).
+    """
+    if not path.is_file():
+        raise StoreRefused(f"store {str(path)!r} does not exist")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreRefused(f"store {str(path)!r} cannot be read: {exc}") from None
+    try:
+        return FactStore(conn, "").history(provider, after, limit)
+    except sqlite3.Error as exc:
+        raise StoreRefused(
+            f"store {str(path)!r} cannot be read ({exc}): serve on it once to bring it up to date"
+        ) from None
+    finally:
+        conn.close()
+
+
 def _connect(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     return conn
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """The tables (``IF NOT EXISTS``); a log written before ``store_lifecycle`` gains its column and is replayed."""
+    conn.executescript(_SCHEMA)
+    conn.executescript(store_lifecycle.SCHEMA)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(facts)")}
+    missing = [(name, decl) for name, decl in store_lifecycle.FACT_COLUMNS if name not in columns]
+    if missing:
+        conn.execute("BEGIN IMMEDIATE")
+        for name, decl in missing:
+            conn.execute(f"ALTER TABLE facts ADD COLUMN {name} {decl}")
+        replayed = store_lifecycle.backfill(conn)
+        conn.execute("COMMIT")
+        if replayed:
+            log.warning("store written before lifecycles: %d facts replayed to tell live from ended", replayed)
+    conn.executescript(store_lifecycle.FACT_INDEXES)
 
 
 def _meta(conn: sqlite3.Connection, key: str) -> str | None:

@@ -110,6 +110,13 @@ class HostTable:
         self._hosts[instance_ref] = changed
         return changed
 
+    def drop(self, instance_refs: Collection[str]) -> int:
+        """Forget the hosts of machines whose lifecycle ended (``store_lifecycle``); how many there were."""
+        return sum(self._hosts.pop(ref, None) is not None for ref in instance_refs)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
     def for_providers(self, providers: Collection[str]) -> list[HostState]:
         return sorted((h for h in self._hosts.values() if h.provider in providers), key=lambda h: h.instance_ref)
 

@@ -10,7 +10,13 @@ The link resyncs when it starts and again, one resync at a time, whenever
 - no demand snapshot came within ``snapshot_wait`` of a resync (pushes are fire-and-forget: the one after the join
   may be lost, and demand is level-triggered only if we can always get the level again), with the wait doubling up
   to ``refresh_interval``;
-- ``refresh_interval`` passed since the last one (a lost *change* push, of demand or hosts, heals within it).
+- ``refresh_interval`` passed since the last one (a lost *change* push, of demand or hosts, heals within it), as
+  long as the controller sends no digest; with one (protocol §6.3) two heartbeat acks in a row whose digest
+  disagrees with what we hold ask for one instead ("digest").
+
+A resync is incremental when it can be: it names the last log index our facts are synced to (``synced_to``, also
+those of the previous link when the controller is the same incarnation) and, if the controller answers with the
+later facts only, they are folded into the facts we hold.
 
 The controller answers every resync with its pages and then a fresh demand snapshot (protocol §6.3). Each resync
 builds a new view of the same generation; the link's latest demand carries over (demand seqs continue on a link).
@@ -31,7 +37,8 @@ import trio
 
 from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
 from provisionerd.domain.errors import LinkDown, ProtocolError
-from provisionerd.domain.model import DemandSnapshot, Role
+from provisionerd.domain.model import CommittedFact, DemandSnapshot, Role
+from provisionerd.planner.fact_view import FactView
 from provisionerd.wire.codec import opcode
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
@@ -85,6 +92,8 @@ class Link:
         wanted: int = 0,
         snapshot_wait: float | None = None,
         refresh_interval: float = float("inf"),
+        incarnation: str = "",
+        base: FactView | None = None,
     ) -> None:
         self.framed = framed
         self.generation = generation
@@ -107,12 +116,21 @@ class Link:
         self._resync_corr = 0
         self._resync_seq = 0  # ``wanted`` when the resync being collected was sent
         self._resync_reason = ""
+        self._committed_during: list[CommittedFact] = []  # acknowledged while the resync is collected
         self._resync_progress = trio.Event()
         #: The session's resync-want counter; a resync is due while it is above the current view's ``sync_seq``.
         self.wanted = wanted
         self._wake_resync = trio.Event()
         self._snapshot_wait = snapshot_wait if snapshot_wait is not None else request_timeout
         self._refresh_interval = refresh_interval
+        #: The controller's incarnation (JoinReply) and the facts this daemon holds from it: the first resync asks
+        #: only for the facts after them (``base.synced_to``); later ones after the current view's.
+        self._incarnation = incarnation
+        self._base = base if incarnation else None
+        self.host_seq = 0  # the controller's host-state seq for this connection that our hosts are as of
+        self._digest_seen = False  # the controller sends a digest: no periodic refresh, a resync when it disagrees
+        self._disagreements = 0
+        self._digest_wants = False
         self._scope = trio.CancelScope()
         self._outbox_send, self._outbox = trio.open_memory_channel[tuple[Message, int]](OUTBOX_SIZE)
 
@@ -121,6 +139,12 @@ class Link:
             self.reason = reason
             log.info("controller link to %s broken: %s", self.address, reason)
         self._scope.cancel()
+
+    def note_committed(self, committed: CommittedFact) -> None:
+        """A fact this daemon committed was acknowledged: the resync being collected folds it too (the controller
+        answers commits between resync pages, so the pages, fixed when it began, may not hold it)."""
+        if self._resync is not None:
+            self._committed_during.append(committed)
 
     def request_resync(self, seq: int) -> None:
         """Resync (again) with a request sent after this call, answering want ``seq``."""
@@ -200,7 +224,8 @@ class Link:
                 reason = self._resync_due(refresh_at, snapshot_by)
                 if reason:
                     break
-                with trio.move_on_at(refresh_at if self.demand is not None else min(refresh_at, snapshot_by)):
+                wake_at = float("inf") if self._digest_seen else refresh_at  # a digest replaces the refresh
+                with trio.move_on_at(wake_at if self.demand is not None else min(wake_at, snapshot_by)):
                     await self._wake_resync.wait()
             if self.demand is not None:
                 snapshot_wait = self._snapshot_wait
@@ -213,17 +238,24 @@ class Link:
         now = trio.current_time()
         if self.wanted > self.view.sync_seq:
             return "requested"
+        if self._digest_wants:
+            return "digest"
         if self.demand is None and now >= snapshot_by:
             return "no_demand_snapshot"
-        if now >= refresh_at:
+        if now >= refresh_at and not self._digest_seen:
             return "refresh"
         return ""
 
     async def _resync_once(self, reason: str) -> None:
         self._resync = ResyncCollector()
+        self._committed_during = []
         self._resync_corr, self._resync_seq, self._resync_reason = next(self._corr), self.wanted, reason
         self._resync_progress = trio.Event()
-        await self._outbox_send.send((ResyncRequest(self._providers), self._resync_corr))
+        self._digest_wants, self._disagreements = False, 0
+        base = self._base if self.view is None else self.view.facts
+        after = base.synced_to if base is not None and self._incarnation else 0
+        request = ResyncRequest(self._providers, after, self._incarnation if after else "")
+        await self._outbox_send.send((request, self._resync_corr))
         # Each page must follow the previous one within the request timeout; a big resync may take many.
         while self._resync is not None:
             with trio.move_on_after(self._request_timeout) as scope:
@@ -241,12 +273,41 @@ class Link:
             msg, corr = envelope.msg, envelope.corr
             self._route(msg, corr)
 
+    def _check_digest(self, ack: HeartbeatAck) -> None:
+        """Resync (incrementally) when the controller's digest disagrees with what we hold twice running: once
+        may be a push or a commit acknowledgement still on its way (protocol §6.3)."""
+        if not (ack.last_index or ack.demand_seq or ack.host_seq):
+            return  # an older controller: no digest, the periodic refresh stays
+        self._digest_seen = True
+        view = self.view
+        if view is None or self._resync is not None:
+            return
+        behind = (
+            ack.last_index > view.facts.last_index
+            or (self.demand is not None and ack.demand_seq != self.demand.seq)
+            or ack.host_seq > self.host_seq
+        )
+        self._disagreements = self._disagreements + 1 if behind else 0
+        if self._disagreements >= 2 and not self._digest_wants:
+            log.info(
+                "controller digest disagrees: index %s (ours %s), demand %s (ours %s), hosts %s (ours %s)",
+                ack.last_index,
+                view.facts.last_index,
+                ack.demand_seq,
+                None if self.demand is None else self.demand.seq,
+                ack.host_seq,
+                self.host_seq,
+            )
+            self._digest_wants = True
+            self._wake_resync.set()
+
     def _route(self, msg: Message, corr: int) -> None:
         match msg:
             case HeartbeatAck(term=term):
                 self.last_ack = trio.current_time()
                 if term != self.term:
                     raise LinkDown(f"the controller's term moved from {self.term} to {term}")
+                self._check_digest(msg)
             case ErrorMsg(code=code, message=text):
                 raise LinkDown(f"controller error {code}: {text}")
             case DemandPage(snapshot_seq=seq, page=page, page_count=count, items=items) if corr == 0:
@@ -256,9 +317,10 @@ class Link:
                     if self.view is not None:
                         self.view.set_demand(snapshot)
                         self._on_view_changed()
-            case HostStatePush(hosts=hosts) if corr == 0:
+            case HostStatePush(hosts=hosts, seq=seq) if corr == 0:
                 # Before the resync is folded a push is dropped: the resync (sent after it) carries newer state.
                 if self.view is not None:
+                    self.host_seq = max(self.host_seq, seq)
                     self.view.apply_hosts(hosts)
                     self._on_view_changed()
             case ResyncPage(page=page, page_count=count, facts=facts, hosts=hosts) if corr == self._resync_corr:
@@ -266,16 +328,21 @@ class Link:
                 if collector is None:
                     raise ProtocolError("a resync page after the resync completed")
                 self._resync_progress.set()
-                if collector.add(page, count, facts, hosts):
+                if collector.add(page, count, facts, hosts, (msg.incremental, msg.as_of, msg.host_seq)):
                     self._resync = None
                     old = self.view
-                    view = collector.build(
-                        self.generation,
-                        self.address,
-                        self.term,
-                        sync_seq=self._resync_seq,
-                        version=0 if old is None else old.version + 1,
-                    )
+                    base = self._base if old is None else old.facts
+                    self._base = None  # held only until the first resync is in
+                    args = (self.generation, self.address, self.term)
+                    version = 0 if old is None else old.version + 1
+                    if collector.incremental and base is not None and base.synced_to:
+                        view = collector.build_incremental(base, *args, sync_seq=self._resync_seq, version=version)
+                    else:
+                        view = collector.build(*args, sync_seq=self._resync_seq, version=version)
+                    self.host_seq = collector.host_seq
+                    for committed in sorted(self._committed_during, key=lambda c: c.index):
+                        view.facts.apply(committed)  # one the pages already held is ignored (its index)
+                    self._committed_during = []
                     view.demand = self.demand
                     self.view = view
                     self._on_resynced(view, self._resync_reason)

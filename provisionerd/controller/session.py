@@ -115,6 +115,7 @@ class ControllerSession:
         self._corr = itertools.count(1)
         self._changed = trio.Event()
         self._ready = trio.Event()
+        self._incarnation = ""  # the controller incarnation the current view's facts came from
         self._sync_wanted = 0  # resync wants registered so far (a view answers those <= its sync_seq)
         self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
         #: Called with each new generation's view once its resync is folded (e.g. to renew leases at once).
@@ -214,6 +215,8 @@ class ControllerSession:
         """Fold a fact this daemon just committed into the current view (the same generation only)."""
         if self.guard is not None:
             self.guard.note_acknowledged(committed.index)
+        if self._link is not None:
+            self._link.note_committed(committed)
         if self.view is not None:
             self.view.apply_fact(committed)
             self._notify()
@@ -344,7 +347,11 @@ class ControllerSession:
             wanted=self._sync_wanted,
             snapshot_wait=max(s.request_timeout, s.heartbeat_interval),
             refresh_interval=s.heartbeat_interval * s.refresh_heartbeats or float("inf"),
+            incarnation=reply.incarnation,
+            # The facts we hold, if they came from this very incarnation: the first resync asks only for later ones.
+            base=self.view.facts if self.view is not None and self._incarnation == reply.incarnation else None,
         )
+        self._incarnation = reply.incarnation
         self._link = link
         self._notify()
         try:

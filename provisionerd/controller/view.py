@@ -2,7 +2,9 @@
 
 ``ControllerView`` is the daemon's whole picture of the controller for one *generation* (one joined link): the
 facts folded from that link's resync (plus the facts this daemon committed on it), the hosts from the resync and
-later pushes, and the demand snapshot received on it. A new generation never inherits anything from an older one.
+later pushes, and the demand snapshot received on it. A new generation inherits nothing from an older one but its
+facts, and those only when the controller is the same incarnation and answers an incremental resync (protocol
+§6.3): then the later facts are folded into them.
 A link resyncs more than once (a lease was granted, the demand snapshot did not come, the periodic refresh): each
 resync builds a new view of the same generation, numbered by ``sync_seq``, that keeps only the link's demand.
 
@@ -103,16 +105,58 @@ class ResyncCollector:
     def __init__(self) -> None:
         self._count: int | None = None
         self._pages: dict[int, tuple[tuple[CommittedFact, ...], tuple[HostState, ...]]] = {}
+        #: What the first page said (protocol §6.3): every page of one resync says the same.
+        self.incremental = False
+        self.as_of = 0
+        self.host_seq = 0
 
-    def add(self, page: int, page_count: int, facts: tuple[CommittedFact, ...], hosts: tuple[HostState, ...]) -> bool:
+    def add(
+        self,
+        page: int,
+        page_count: int,
+        facts: tuple[CommittedFact, ...],
+        hosts: tuple[HostState, ...],
+        tail: tuple[bool, int, int] = (False, 0, 0),
+    ) -> bool:
+        """``tail``: the page's ``(incremental, as_of, host_seq)``."""
         if not 1 <= page_count <= MAX_PAGES or not 0 <= page < page_count:
             raise ProtocolError(f"resync page {page} of {page_count} is out of range")
         if self._count is None:
             self._count = page_count
+            self.incremental, self.as_of, self.host_seq = tail
         elif page_count != self._count:
             raise ProtocolError(f"resync changed its page count from {self._count} to {page_count}")
+        elif tail != (self.incremental, self.as_of, self.host_seq):
+            raise ProtocolError("the pages of one resync disagree on incremental, asOf or hostSeq")
         self._pages.setdefault(page, (facts, hosts))
         return len(self._pages) == self._count
+
+    def _facts(self) -> list[CommittedFact]:
+        return sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
+
+    def _hosts(self) -> list[HostState]:
+        return [host for i in sorted(self._pages) for host in self._pages[i][1]]
+
+    def build_incremental(
+        self, base: FactView, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0
+    ) -> ControllerView:
+        """The view after an incremental resync: ``base`` (the facts this daemon holds) with the later facts
+        folded in, and the hosts replaced by the resync's (they are always sent whole)."""
+        hosts = base.hosts
+        for ref in [ref for ref in hosts]:
+            del hosts[ref]
+        for host in self._hosts():
+            hosts[host.instance_ref] = host
+        base.apply_after_sync(self._facts(), self.as_of)
+        return ControllerView(
+            generation=generation,
+            primary=primary,
+            term=term,
+            facts=base,
+            hosts=hosts,
+            version=version,
+            sync_seq=sync_seq,
+        )
 
     def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0) -> ControllerView:
         """The resynced view: facts folded in log order, hosts keyed by instance_ref in the view's host table.
@@ -120,12 +164,11 @@ class ResyncCollector:
         The hosts go in before the facts are folded: then no joined machine is ever counted as not joined in passing
         and the table's not-joined index holds only the machines that really have no host.
         """
-        facts = sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
         view = FactView()
-        for i in sorted(self._pages):
-            for host in self._pages[i][1]:
-                view.hosts[host.instance_ref] = host
-        fold(facts, view)
+        for host in self._hosts():
+            view.hosts[host.instance_ref] = host
+        fold(self._facts(), view)
+        view.mark_synced(self.as_of)
         return ControllerView(
             generation=generation,
             primary=primary,

@@ -332,8 +332,33 @@ async def run_cli(paths: DemoPaths, args: list[str], timeout: float) -> subproce
         return done
 
 
-async def read_facts(config: Config, timeout: float) -> tuple[FactView, dict[str, HostState]]:
-    """Join the controller as a side identity, take the resync (facts and hosts) and leave: no lease, no commit."""
+async def read_facts(config: Config, timeout: float, data: Path | None = None) -> tuple[FactView, dict[str, HostState]]:
+    """Join the controller as a side identity, take the resync (facts and hosts) and leave: no lease, no commit.
+
+    A resync holds live lifecycles only (protocol §6.3): with ``data`` (the controller's ``--data``) the facts are
+    folded from its whole log instead (``refcontroller history``, read-only), ended lifecycles included."""
+    view_facts = await _whole_log(data) if data is not None else None
+    facts, hosts = await _resynced(config, timeout)
+    return (view_facts if view_facts is not None else facts), hosts
+
+
+async def _whole_log(data: Path) -> FactView:
+    from provisionerd.domain.model import CommittedFact
+    from provisionerd.planner.fact_view import fold
+    from refcontroller.listeners import FACTS_FILE
+    from refcontroller.store import read_history
+
+    facts: list[CommittedFact] = []
+    after = 0
+    while True:
+        page = read_history(data / FACTS_FILE, PROVIDER, after, 10_000)
+        facts += [CommittedFact(index, fact) for index, _, fact in page]
+        if len(page) < 10_000:
+            return fold(facts)
+        after = page[-1][0]
+
+
+async def _resynced(config: Config, timeout: float) -> tuple[FactView, dict[str, HostState]]:
     from provisionerd.controller.connect import tls_connector
     from provisionerd.controller.session import ControllerSession, LinkState, SessionSettings
 

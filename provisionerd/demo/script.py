@@ -263,7 +263,7 @@ class DemoRun:
     async def _verify(self) -> None:
         assert self.config is not None
         while True:  # the last Returned fact may trail the agents' exit by one status poll
-            facts, hosts = await dc.read_facts(self.config, timeout=10)
+            facts, hosts = await dc.read_facts(self.config, timeout=10, data=self.paths.controller_data)
             made = [m for m in facts.machines.values() if m.provider == dc.PROVIDER and m.op_id in facts.intents]
             returned = sum(1 for m in made if m.state is MachineState.RETURNED)
             if returned >= len(made):

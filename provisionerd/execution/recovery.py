@@ -73,9 +73,10 @@ class Recovery:
             intent = facts.intents[op_id].intent
             if intent.provider in allowed and not ex.is_busy(op_id) and not outcomes.settled(op_id):
                 idle[op_id] = intent
-        outcomes.keep_returns({op_id for op_id, record in facts.returns.items() if not record.done})
-        for op_id, record in facts.returns.items():
-            if record.done or record.intent.provider not in allowed or ex.is_busy(op_id):
+        outcomes.keep_returns(set(facts.open_returns))
+        for op_id in facts.open_returns:  # the pending returns only, never every return ever made
+            record = facts.returns[op_id]
+            if record.intent.provider not in allowed or ex.is_busy(op_id):
                 continue
             live = [
                 m

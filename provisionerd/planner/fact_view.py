@@ -88,11 +88,16 @@ class FactView:
     reported_orphans: dict[str, OrphanReported] = attrs.field(factory=dict)  # machine_id -> latest report
     latest_epoch: dict[str, Epoch] = attrs.field(factory=dict)  # provider -> epoch on its latest fact
     last_index: int = 0
+    #: Every fact of our providers up to this log index is folded (the last resync's ``as_of``); above it only
+    #: ``folded_above``: what this daemon committed since. An incremental resync sends what is above it.
+    synced_to: int = 0
+    folded_above: set[int] = attrs.field(factory=set)
     # Indexes kept in step with the records on every change, so the planner need not scan 100k machines:
     active_refs: dict[str, MachineRecord] = attrs.field(factory=dict)  # instance_ref -> ACTIVE machine
     active_by_demand: dict[str, int] = attrs.field(factory=dict)  # demand_id -> ACTIVE machines
     live_by_offer: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (provider, template) -> live machines
     open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
+    open_returns: dict[str, None] = attrs.field(factory=dict)  # op_ids of returns not confirmed, in commit order
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
@@ -114,6 +119,29 @@ class FactView:
         if committed.index <= self.last_index:
             return
         self.last_index = committed.index
+        if self.synced_to:  # only once synced: a view folded from scratch marks its sync point after (mark_synced)
+            self.folded_above.add(committed.index)
+        self._fold(committed)
+
+    def mark_synced(self, as_of: int) -> None:
+        """A full resync as of log index ``as_of`` is folded (0: the controller did not say: no incremental)."""
+        self.synced_to = as_of
+        self.folded_above = set()
+
+    def apply_after_sync(self, facts: Iterable[CommittedFact], as_of: int) -> None:
+        """Fold an incremental resync: every fact of our providers after ``synced_to`` up to ``as_of``, in log
+        order. Those folded already (this daemon's own commits, ``folded_above``) are skipped; the others are
+        folded even when below ``last_index`` (another provider's facts between our own commits: facts of
+        different providers commute, and one provider's facts come in log order)."""
+        for committed in facts:
+            if committed.index <= self.synced_to or committed.index in self.folded_above:
+                continue
+            self.last_index = max(self.last_index, committed.index)
+            self._fold(committed)
+        self.synced_to = max(self.synced_to, as_of)
+        self.folded_above = {i for i in self.folded_above if i > self.synced_to}
+
+    def _fold(self, committed: CommittedFact) -> None:
         fact = committed.fact
         current = self.latest_epoch.get(fact.provider, NO_EPOCH)
         self.latest_epoch[fact.provider] = max(current, fact.epoch)
@@ -131,7 +159,9 @@ class FactView:
                     record.failed_reason = fact.reason
                     self.open_ops.pop(fact.op_id, None)
             case ReturnIntent():
-                self.returns.setdefault(fact.op_id, ReturnRecord(fact))
+                if fact.op_id not in self.returns:
+                    self.returns[fact.op_id] = ReturnRecord(fact)
+                    self.open_returns[fact.op_id] = None
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state is MachineState.ACTIVE:
@@ -140,6 +170,7 @@ class FactView:
             case Returned():
                 if fact.op_id in self.returns:
                     self.returns[fact.op_id].done = True
+                    self.open_returns.pop(fact.op_id, None)
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state.live:

@@ -114,8 +114,13 @@ class Heartbeat:
 
 @attrs.frozen
 class HeartbeatAck:
+    """``last_index``/``demand_seq``/``host_seq``: the controller's digest (protocol §6.3; all 0: no digest)."""
+
     seq: int
     term: int
+    last_index: int = 0
+    demand_seq: int = 0
+    host_seq: int = 0
 
 
 @attrs.frozen
@@ -200,7 +205,11 @@ class FactAck:
 
 @attrs.frozen
 class ResyncRequest:
+    """``after_index`` 0: full; else only facts after it, if ``incarnation`` is the controller's (§6.3)."""
+
     providers: tuple[str, ...] = _strs()
+    after_index: int = 0
+    incarnation: str = ""
 
 
 @attrs.frozen
@@ -209,11 +218,15 @@ class ResyncPage:
     page_count: int
     facts: tuple[CommittedFact, ...] = attrs.field(converter=_committed_facts, default=())
     hosts: tuple[HostState, ...] = attrs.field(converter=_host_states, default=())
+    incremental: bool = False
+    as_of: int = 0
+    host_seq: int = 0
 
 
 @attrs.frozen
 class HostStatePush:
     hosts: tuple[HostState, ...] = attrs.field(converter=_host_states, default=())
+    seq: int = 0
 
 
 # --- worker ----------------------------------------------------------------------------------------------------

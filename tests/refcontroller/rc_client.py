@@ -158,3 +158,11 @@ def on_real_clock(fn):  # type: ignore[no-untyped-def]
         return trio.run(bounded)
 
     return wrapper
+
+
+def seq_term(msg: Message) -> tuple[int, int]:
+    """A heartbeat ack's seq and term (its digest aside: protocol §6.3)."""
+    from provisionerd.wire.messages import HeartbeatAck
+
+    assert isinstance(msg, HeartbeatAck), msg
+    return msg.seq, msg.term

@@ -266,5 +266,5 @@ def test_status_document(cluster: Cluster) -> None:
         }
     )
     assert status["leases"] == [{"provider": "aws", "holder": "d1", "epoch": "1.1", "expires_in_s": 25.0}]
-    assert status["facts"] == {"count": 1, "last_index": 1} and status["demand"]["seq"] == 1
+    assert status["facts"] == {"count": 1, "live": 1, "last_index": 1} and status["demand"]["seq"] == 1
     assert status["latest_epochs"] == {"aws": "1.1"}

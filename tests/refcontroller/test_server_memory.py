@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from rc_client import Harness, Peer, memory_controller, on_mock_clock
+from rc_client import Harness, Peer, memory_controller, on_mock_clock, seq_term
 from rc_factories import instance, intent, item
 
 from provisionerd.domain.model import CommittedFact, Epoch, HostStatus, Role
@@ -28,7 +28,6 @@ from provisionerd.wire.messages import (
     FactAck,
     FactCommit,
     Heartbeat,
-    HeartbeatAck,
     HostStatePush,
     Join,
     JoinReply,
@@ -84,7 +83,7 @@ async def test_join_reply_then_demand_snapshot(tmp_path: Path) -> None:
         )
         assert len(reply.incarnation) == 32
         assert await peer.push() == DemandPage(snapshot_seq=1, page=0, page_count=1, items=(item("a", 3),))
-        assert await peer.request(Heartbeat(7)) == HeartbeatAck(7, 1)
+        assert seq_term(await peer.request(Heartbeat(7))) == (7, 1)
 
 
 @on_mock_clock
@@ -143,7 +142,7 @@ async def test_garbage_and_oversize_frames_drop_only_that_peer(tmp_path: Path) -
         reply = await huge.push()
         assert isinstance(reply, ErrorMsg) and reply.code == "bad_frame" and "exceeds" in reply.message
         assert await huge.closed()
-        assert await good.request(Heartbeat(1)) == HeartbeatAck(1, 1)
+        assert seq_term(await good.request(Heartbeat(1))) == (1, 1)
         assert h.server.stats["peers_dropped"] == 2 and h.server.stats["internal_errors"] == 0
 
 
@@ -264,7 +263,7 @@ async def test_resync_sends_facts_and_hosts_then_demand(tmp_path: Path) -> None:
         everything = await prov.request(ResyncRequest(()))
         assert isinstance(everything, ResyncPage) and len(everything.facts) == 6
         empty_peer = await provisioner(h, "d9", providers=("none",))
-        assert await empty_peer.request(ResyncRequest(())) == ResyncPage(0, 1, (), ())
+        assert await empty_peer.request(ResyncRequest(())) == ResyncPage(0, 1, (), (), as_of=6)
         refused = await empty_peer.request(ResyncRequest(("aws",)))
         assert isinstance(refused, Rejected) and refused.reason == "invalid"
 
@@ -299,7 +298,7 @@ async def test_silent_peer_is_dropped_after_the_heartbeat_timeout(tmp_path: Path
     async with memory_controller(tmp_path, heartbeat=15.0) as h:
         prov = await provisioner(h)
         await trio.sleep(10)
-        assert await prov.request(Heartbeat(1)) == HeartbeatAck(1, 1)
+        assert seq_term(await prov.request(Heartbeat(1))) == (1, 1)
         assert await prov.closed()
         assert trio.current_time() == 25.0  # 15 s after the last frame it sent
 
@@ -333,3 +332,26 @@ async def test_tls_handshake_and_certificate_role_over_memory_streams(tmp_path: 
         reply = await peer.request(Join(role=Role.PROVISIONER, identity="posing", providers=("aws",)))
         assert isinstance(reply, ErrorMsg) and reply.code == "not_allowed"
         assert "certificate role 'worker'" in reply.message
+
+
+@on_mock_clock
+async def test_heartbeats_are_answered_between_the_pages_of_a_resync(tmp_path: Path) -> None:
+    """The resync goes out from a task of its own: a heartbeat sent right after a resync request of many pages is
+    acknowledged before the resync's last page (it used to wait behind every page)."""
+    async with memory_controller(tmp_path) as h:
+        prov = await provisioner(h)
+        epoch = Epoch(1, 1)
+        h.cluster.store.append_many([intent("aws", epoch, f"op-{i}", refs=(f"r{i}",)) for i in range(2000)], "d1")
+        await prov.framed.send(ResyncRequest(("aws",)), 7)
+        await prov.framed.send(Heartbeat(1), 8)
+        order: list[tuple[int, str]] = []
+        pages = 0
+        while True:
+            envelope = await prov.receive_envelope()
+            order.append((envelope.corr, type(envelope.msg).__name__))
+            if isinstance(envelope.msg, ResyncPage):
+                pages += 1
+                if pages == envelope.msg.page_count:
+                    break
+        assert pages >= 4
+        assert order.index((8, "HeartbeatAck")) < len(order) - 1, order
