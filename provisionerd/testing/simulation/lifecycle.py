@@ -49,23 +49,9 @@ def core_options(world: World) -> dict[str, Any]:
     """``DaemonCore`` keyword arguments for a simulated daemon: short policy times, quick loops."""
     from provisionerd.execution.executor import ExecutorSettings
     from provisionerd.execution.loop import LoopSettings
-    from provisionerd.planner.policy import Policy, ProviderPolicy
+    from provisionerd.planner.policy import Policy
 
     s = world.settings
-    # The provider's own knobs, as the daemon builds them from its config (``policy_from_config``): its own
-    # ``step_limit`` makes its step adaptive (``planner.ramp``), so the faults' throttles and capacity refusals
-    # halve it and accepted rounds double it from 2 up to the provider's cap (4, 8 or 20).
-    own = ProviderPolicy(
-        join_deadline=60.0,
-        idle_time=30.0,
-        provisioning_timeout=120.0,
-        capacity_backoff=20.0,
-        throttle_base=2.0,
-        throttle_max=20.0,
-        quota_pause=30.0,
-        step_limit=2,
-        max_machines=s.provider_cap,
-    )
     policy = Policy(
         cluster=CLUSTER,
         join_deadline=60.0,
@@ -77,7 +63,7 @@ def core_options(world: World) -> dict[str, Any]:
         quota_pause=30.0,
         step_limit=20,
         step_interval=30.0,
-        providers={"sim": own},
+        provider_caps={"sim": s.provider_cap},
     )
     return {
         "policy": policy,
