@@ -43,23 +43,13 @@ from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKey
 
 from provisionerd import resources
 from provisionerd.config.loader import Config, ProviderConfig
+from provisionerd.domain.contract_actions import CONTRACT_ACTIONS  # the scripts a one-shot plugin directory may hold
 from provisionerd.domain.errors import ConfigError
 
 #: The share of a lease's TTL after which the keeper renews it (``controller.lease.LeaseKeeper``'s default).
 RENEW_FRACTION = 1 / 3
 #: A PEM file above this size is refused unread (bounded work on bad input).
 MAX_PEM_BYTES = 1 << 20
-#: The one-shot actions whose scripts a plugin directory may hold (``provider.schemas.ACTIONS``).
-ONESHOT_ACTIONS = (
-    "getAvailableTemplates",
-    "requestMachines",
-    "requestReturnMachines",
-    "getRequestStatus",
-    "getReturnRequests",
-    "describeProvider",
-    "listMachines",
-    "stopMachines",
-)
 
 Problem = tuple[str, str]  # (field, message)
 
@@ -175,7 +165,7 @@ def _oneshot_dir(field: str, path: Path) -> Iterator[Problem]:
     if not path.is_dir():
         yield field, f"{path} is not a directory (a one-shot plugin is a directory of <action>.sh scripts)"
         return
-    present = [path / f"{action}.sh" for action in ONESHOT_ACTIONS if (path / f"{action}.sh").exists()]
+    present = [path / f"{action}.sh" for action in CONTRACT_ACTIONS if (path / f"{action}.sh").exists()]
     if not present:
         yield field, f"{path} holds no <action>.sh script (requestMachines.sh, getRequestStatus.sh, ...)"
     for script in present:

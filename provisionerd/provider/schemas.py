@@ -23,20 +23,12 @@ import jsonschema
 import referencing
 from jsonschema.protocols import Validator
 
+from provisionerd.domain.contract_actions import CONTRACT_ACTIONS
 from provisionerd.provider.fastcheck import Compiler, Predicate, UnsupportedSchema
 from provisionerd.resources import schema_dir
 
-#: Every action of the contract. The first five are the LSF resource connector's; the rest are our extensions.
-ACTIONS = (
-    "getAvailableTemplates",
-    "requestMachines",
-    "requestReturnMachines",
-    "getRequestStatus",
-    "getReturnRequests",
-    "describeProvider",
-    "listMachines",
-    "stopMachines",
-)
+#: Every action of the contract (``domain.contract_actions``).
+ACTIONS = CONTRACT_ACTIONS
 #: Actions that change the infrastructure: they carry ``op_id`` and owner tags.
 MUTATING = frozenset({"requestMachines", "requestReturnMachines", "stopMachines"})
 

@@ -22,26 +22,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-import attrs
 import trio
 
-from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.files import open_private
-from provisionerd.telemetry.logging_setup import event_extra
+from provisionerd.telemetry.logging_setup import event_extra, json_default
 
 log = logging.getLogger("provisionerd.events")
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, Epoch):
-        return str(value)
-    if attrs.has(type(value)):
-        return attrs.asdict(value)
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    return repr(value)
+    return json_default(value, other=repr)  # the one conversion, with repr for values it does not know
 
 
 def _mono() -> float | None:

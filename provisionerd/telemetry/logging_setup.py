@@ -19,6 +19,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import PurePath
 from typing import Any, TextIO
 
 import attrs
@@ -44,16 +45,17 @@ def event_extra(event: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {EVENT_ATTR: event, FIELDS_ATTR: fields}
 
 
-def json_default(value: Any) -> Any:
-    """Values ``json`` cannot write: attrs values as objects, sets and tuples as lists, the rest as ``str``
-    (an ``Epoch`` as its text, as in the events stream; a ``Path`` its text)."""
-    if isinstance(value, Epoch):
+def json_default(value: Any, *, other: Callable[[Any], str] = str) -> Any:
+    """Values ``json`` cannot write, for the JSON log and the events stream alike: an ``Epoch`` and a ``Path`` as
+    their text, attrs values as objects, sets and tuples as lists, anything else through ``other`` (``str`` here;
+    the events stream passes ``repr``)."""
+    if isinstance(value, (Epoch, PurePath)):
         return str(value)
     if attrs.has(type(value)):
         return attrs.asdict(value)
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
-    return str(value)
+    return other(value)
 
 
 def _unchanged(text: str) -> str:

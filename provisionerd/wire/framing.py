@@ -200,6 +200,19 @@ class FramedStream:
             FrameTooLarge: the header announces more than ``max_frame`` (no body byte is read).
             TruncatedFrame: the stream ended inside a header or a body.
         """
+        length = await self._body_length()
+        if length is None:
+            return None
+        if not await self._fill(HEADER_SIZE + length):
+            got = len(self._buffer) - HEADER_SIZE
+            raise TruncatedFrame(f"stream ended after {got} of {length} body bytes")
+        body = bytes(self._buffer[HEADER_SIZE : HEADER_SIZE + length])
+        self._consume(HEADER_SIZE + length)
+        return body
+
+    async def _body_length(self) -> int | None:
+        """The next frame's body length from its header (``None``: a clean EOF between frames), checked against
+        ``max_frame`` before any body byte is read (``FrameTooLarge``; ``TruncatedFrame`` inside a header)."""
         if not await self._fill(HEADER_SIZE):
             if self._buffer:
                 raise TruncatedFrame(f"stream ended after {len(self._buffer)} of {HEADER_SIZE} header bytes")
@@ -207,12 +220,7 @@ class FramedStream:
         (length,) = HEADER.unpack_from(self._buffer)
         if length > self.max_frame:
             raise FrameTooLarge(length, self.max_frame)
-        if not await self._fill(HEADER_SIZE + length):
-            got = len(self._buffer) - HEADER_SIZE
-            raise TruncatedFrame(f"stream ended after {got} of {length} body bytes")
-        body = bytes(self._buffer[HEADER_SIZE : HEADER_SIZE + length])
-        self._consume(HEADER_SIZE + length)
-        return body
+        return int(length)
 
     async def receive_head(self) -> FrameHead | None:
         """The next frame's kind and ``corr``, reading as little of it as settles them: its first ``PREFIX_BYTES``
@@ -221,13 +229,9 @@ class FramedStream:
 
         So refusing a 1 MiB frame on its kind costs neither its transfer nor its decoding.
         """
-        if not await self._fill(HEADER_SIZE):
-            if self._buffer:
-                raise TruncatedFrame(f"stream ended after {len(self._buffer)} of {HEADER_SIZE} header bytes")
+        length = await self._body_length()
+        if length is None:
             return None
-        (length,) = HEADER.unpack_from(self._buffer)
-        if length > self.max_frame:
-            raise FrameTooLarge(length, self.max_frame)
         for size in (min(length, PREFIX_BYTES), length):
             if not await self._fill(HEADER_SIZE + size):
                 raise TruncatedFrame(f"stream ended after {len(self._buffer) - HEADER_SIZE} of {length} body bytes")
