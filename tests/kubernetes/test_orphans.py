@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import trio
-from k8s_helpers import ROOT, Namespace
+from k8s_helpers import ROOT, Namespace, wait_for
 from test_daemon_end_to_end import CLUSTER_TAG, PROVIDER, write_config
 
 from provisionerd.pki.certs import init_certs
@@ -51,8 +51,15 @@ def stray_tags(op_id: str, cluster: str = CLUSTER_TAG) -> dict[str, str]:
 
 
 def snapshot(namespace: Namespace) -> dict[str, tuple[Any, ...]]:
+    """What a return or a patch of ours would change (uid, labels, annotations, deletion); the scheduler and kwok
+    still write a pod's binding and status, so its resourceVersion is not compared."""
     return {
-        name: (pod.metadata.uid, pod.metadata.resource_version, pod.metadata.deletion_timestamp)
+        name: (
+            pod.metadata.uid,
+            dict(pod.metadata.labels or {}),
+            dict(pod.metadata.annotations or {}),
+            pod.metadata.deletion_timestamp,
+        )
         for name, pod in namespace.pods().items()
     }
 
@@ -63,6 +70,8 @@ def test_the_orphan_dry_run_finds_a_labelled_pod_with_no_fact(namespace: Namespa
     core.create_namespaced_pod(namespace.name, owned_pod("pvd-lookalike-0", stray_tags("op-look"), annotate=False))
     core.create_namespaced_pod(namespace.name, owned_pod("pvd-other-0", stray_tags("op-o", cluster="other")))
     core.create_namespaced_pod(namespace.name, {"metadata": {"name": "foreign"}, "spec": SPEC})
+    running = lambda: all(p.status.phase == "Running" for p in namespace.pods().values())  # noqa: E731
+    wait_for(running, 60, "the four pods to run (kwok)")
     seen = trio.run(_dry_run, namespace, tmp_path)
     result = seen["result"]
     assert result.returncode == 0, result.stderr.decode()[-3000:]
@@ -75,11 +84,11 @@ def test_the_orphan_dry_run_finds_a_labelled_pod_with_no_fact(namespace: Namespa
     assert {"no_lease", "dry_run"} <= set(finding["blocked_by"])
     text = result.stdout.decode()
     assert "pvd-lookalike-0" not in text and "pvd-other-0" not in text and "foreign" not in text
-    # Nothing changed: every pod as it was (same uid, same resourceVersion: not patched, not deleting), the
+    # Nothing changed: every pod as it was (same uid, labels and annotations: not patched, not deleting), the
     # controller's log, no lease taken.
     assert seen["pods_after"] == seen["pods_before"]
     assert set(seen["pods_after"]) == {"pvd-stray-0", "pvd-lookalike-0", "pvd-other-0", "foreign"}
-    assert all(deleting is None for _, _, deleting in seen["pods_after"].values())
+    assert all(deleting is None for *_, deleting in seen["pods_after"].values())
     assert seen["facts_after"] == seen["facts_before"] and seen["leases"] == []
 
 
