@@ -180,7 +180,9 @@ def test_the_daemon_grows_onto_kubernetes_and_shrinks_back(namespace: Namespace,
     with StandInKubelet(namespace, tmp_path / "kubelet") as kubelet:
         out = trio.run(_scenario, namespace, tmp_path)
     intents = [f for f in out["facts"] if isinstance(f, RequestIntent)]
-    made = [f for f in out["facts"] if isinstance(f, InstanceFact)]
+    # The instance facts as they were when the agents had joined (the store may have compacted the ended
+    # lifecycles by the end).
+    made = out["made"]
     assert sum(i.count for i in intents) == 3 and len(made) == 3
     assert {f.machine_id for f in made} == set(out["pods_up"]) == set(kubelet.started)
     assert {(h["instance_ref"], h["machine_id"]) for h in out["hosts"]} == {
@@ -251,7 +253,8 @@ async def _scenario(namespace: Namespace, tmp: Path) -> dict[str, Any]:
                     return hosts if ok else None
 
                 out["hosts"] = await poll(joined, 120, "three agents to join")
-                out["pods_up"] = {f.machine_id for f in facts_of(ctl, InstanceFact)}
+                out["made"] = facts_of(ctl, InstanceFact)
+                out["pods_up"] = {f.machine_id for f in out["made"]}
                 await ctl.set_demand([])
                 returned = lambda: {m for f in facts_of(ctl, Returned) for m in f.machine_ids}  # noqa: E731
                 await poll(lambda: returned() >= out["pods_up"], 90, "three machines Returned")
