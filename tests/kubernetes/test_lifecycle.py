@@ -4,6 +4,7 @@ untouched; where the join token is (and is not)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from k8s_helpers import Namespace, Persistent, iter_json_strings, secret_token, wait_for
 from kubernetes.client.exceptions import ApiException
@@ -92,3 +93,36 @@ def test_no_token_in_any_json_string_of_the_pods(plugin: Persistent, namespace: 
     for pod in namespace.pods().values():
         strings = list(iter_json_strings(namespace.plane.admin.sanitize_for_serialization(pod)))
         assert not any(t in s for s in strings for t in plugin.tokens)
+
+
+def test_list_machines_pages_join_up(plugin: Persistent, namespace: Namespace) -> None:
+    """One Kubernetes page (``limit``/``continue``) per call: ``nextCursor`` is the continue token, absent on the
+    last page; the pages join up to the whole listing, each pod once. A cursor the API server cannot read is a
+    typed ``invalid_request``."""
+    accepted = plugin.call("requestMachines", plugin.request("op-p", "small", 3))
+    made = {m["machineId"] for m in plugin.settle(accepted["requestId"])["machines"]}
+    core = namespace.plane.core
+    spec = {"containers": [{"name": "c", "image": "x"}], "automountServiceAccountToken": False}
+    core.create_namespaced_pod(namespace.name, {"metadata": {"name": "foreign"}, "spec": spec})
+    assert set(plugin.listed()) == made
+    tags = {"provisionerd:cluster": plugin.cluster_tag}
+    for size in (1, 2):
+        seen: list[str] = []
+        cursors: list[str] = []
+        doc: dict[str, Any] = {"tags": tags, "pageSize": size}
+        for _ in range(10):
+            page = plugin.call("listMachines", doc)
+            assert len(page["machines"]) <= size
+            seen += [m["machineId"] for m in page["machines"]]
+            if "nextCursor" not in page:
+                break
+            cursors.append(page["nextCursor"])
+            doc = {"tags": tags, "pageSize": size, "cursor": page["nextCursor"]}
+        else:
+            raise AssertionError(f"no last page after 10 pages: {cursors}")
+        assert sorted(seen) == sorted(made), (size, seen)
+        # It pages: at least one cursor per full page before the last (the API server may end with an empty
+        # page), never the same cursor twice.
+        assert len(cursors) >= -(-len(made) // size) - 1 and len(set(cursors)) == len(cursors), (size, cursors)
+    bad = plugin.error("listMachines", {"tags": tags, "pageSize": 1, "cursor": "not-a-continue-token"})
+    assert bad["code"] == "invalid_request", bad

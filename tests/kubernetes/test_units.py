@@ -52,6 +52,15 @@ def test_the_role_grants_exactly_the_verbs_the_plugin_uses() -> None:
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 
 
+def test_the_optional_cluster_role_grants_exactly_the_node_reads() -> None:
+    role, binding = yaml.safe_load_all((PLUGIN / "rbac-nodes.yaml").read_text())
+    assert role["kind"] == "ClusterRole" and binding["kind"] == "ClusterRoleBinding"
+    granted = {(verb, resource) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == set(Api.NODE_VERBS) and all(verb == "list" for verb, _ in granted)  # read-only
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", "provisionerd")]
+
+
 @pytest.mark.parametrize("value", ["c1", "op-7f3a9e.0001", "a:b", "x" * 64, "h.abc", "", "-x", "ünïcode"])
 def test_label_values_are_valid_and_one_to_one(value: str) -> None:
     import re

@@ -128,6 +128,9 @@ class Api:
         ("list", "resourcequotas"),
     )
 
+    #: Cluster-wide reads for node capacity, granted only by the OPTIONAL ClusterRole in ``rbac-nodes.yaml``.
+    NODE_VERBS = (("list", "nodes"), ("list", "pods"))
+
     def __init__(self, config: Config, api_client: k8s.ApiClient | None = None) -> None:
         self.config = config
         self.namespace = config.namespace
@@ -191,11 +194,28 @@ class Api:
     def server_version(self) -> dict[str, Any]:
         return self._call("get", "version", self.version.get_code)
 
-    def can_i(self, verb: str, resource: str) -> tuple[bool, str]:
+    # nodes (optional: rbac-nodes.yaml)
+    def list_nodes(self, limit: int) -> dict[str, Any]:
+        return self._call("list", "nodes (cluster-wide)", self.core.list_node, limit=limit)
+
+    def list_bound_pods(self, limit: int) -> dict[str, Any]:
+        """Pods of every namespace that are bound to a node (for their requests)."""
+        return self._call(
+            "list",
+            "pods (cluster-wide)",
+            self.core.list_pod_for_all_namespaces,
+            field_selector="spec.nodeName!=",
+            limit=limit,
+        )
+
+    def can_i(self, verb: str, resource: str, cluster_wide: bool = False) -> tuple[bool, str]:
+        attributes = {"verb": verb, "resource": resource}
+        if not cluster_wide:
+            attributes["namespace"] = self.namespace
         body = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SelfSubjectAccessReview",
-            "spec": {"resourceAttributes": {"namespace": self.namespace, "verb": verb, "resource": resource}},
+            "spec": {"resourceAttributes": attributes},
         }
         doc = self._call("create", "selfsubjectaccessreviews", self.authz.create_self_subject_access_review, body)
         status = doc.get("status") or {}

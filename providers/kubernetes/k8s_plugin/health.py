@@ -6,7 +6,9 @@
 - ``readiness``: this provider's pods by phase, and how many are Running with the ``Ready`` condition (an agent
   joining the controller is the daemon's to report).
 - ``capacity``: per template, how many more pods the namespace's ResourceQuotas admit (``null``: no quota
-  limits it). Node capacity needs cluster-wide reads that the namespaced Role does not grant; it is not read.
+  limits it), and, with the OPTIONAL ClusterRole of ``rbac-nodes.yaml`` (``list nodes``, ``list pods``
+  cluster-wide), how many the matching nodes still fit (``k8s_plugin.nodes``). Without it ``nodes`` says the
+  capacity is from quota only and names the missing permission.
 
 Each part catches its own typed error and reports it as ``{"ok": false, "code", "message"}``.
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from k8s_plugin import labels as lab
+from k8s_plugin import nodes as nodemod
 from k8s_plugin.errors import PluginError
 
 if TYPE_CHECKING:
@@ -66,11 +69,32 @@ def status_report(plugin: Plugin) -> dict[str, Any]:
         return {"pods": sum(phases.values()), "phases": dict(sorted(phases.items())), "ready": ready}
 
     def capacity() -> dict[str, Any]:
-        templates = {}
+        templates: dict[str, dict[str, Any]] = {}
         for template in plugin.config.templates.values():
             room, lines = plugin.quota_room(template)
             templates[template.template_id] = {"quotaRoom": room, "quotas": lines}
-        return {"templates": templates, "nodes": "not read (the namespaced Role grants no node access)"}
+        return {"templates": templates, "nodes": node_capacity(templates)}
+
+    def node_capacity(templates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        missing = [f"{v} {r}" for v, r in api.NODE_VERBS if not api.can_i(v, r, cluster_wide=True)[0]]
+        if missing:
+            return {
+                "read": False,
+                "source": "quota only",
+                "missing": [f"{m} (cluster-wide)" for m in missing],
+                "message": "capacity is from quota only: the optional ClusterRole of rbac-nodes.yaml is not bound "
+                "(the credentials lack " + ", ".join(f"{m} cluster-wide" for m in missing) + ")",
+            }
+        node_list = (api.list_nodes(nodemod.MAX_NODES).get("items")) or []
+        pods = api.list_bound_pods(nodemod.MAX_PODS)
+        used = nodemod.requested(pods.get("items") or [])
+        truncated = bool((pods.get("metadata") or {}).get("continue"))
+        for template in plugin.config.templates.values():
+            templates[template.template_id].update(nodemod.room(node_list, used, template))
+        out: dict[str, Any] = {"read": True, "source": "quota and nodes", "nodes": len(node_list)}
+        if truncated:
+            out["message"] = f"more than {nodemod.MAX_PODS} bound pods: requests counted for the first only"
+        return out
 
     report = {
         "connectivity": _part(connectivity),
