@@ -49,9 +49,23 @@ def core_options(world: World) -> dict[str, Any]:
     """``DaemonCore`` keyword arguments for a simulated daemon: short policy times, quick loops."""
     from provisionerd.execution.executor import ExecutorSettings
     from provisionerd.execution.loop import LoopSettings
-    from provisionerd.planner.policy import Policy
+    from provisionerd.planner.policy import Policy, ProviderPolicy
 
     s = world.settings
+    # The provider's own knobs, as the daemon builds them from its config (``policy_from_config``): its own
+    # ``step_limit`` makes its step adaptive (``planner.ramp``), so the faults' throttles and capacity refusals
+    # halve it and accepted rounds double it from 2 up to the provider's cap (4, 8 or 20).
+    own = ProviderPolicy(
+        join_deadline=60.0,
+        idle_time=30.0,
+        provisioning_timeout=120.0,
+        capacity_backoff=20.0,
+        throttle_base=2.0,
+        throttle_max=20.0,
+        quota_pause=30.0,
+        step_limit=2,
+        max_machines=s.provider_cap,
+    )
     policy = Policy(
         cluster=CLUSTER,
         join_deadline=60.0,
@@ -63,7 +77,7 @@ def core_options(world: World) -> dict[str, Any]:
         quota_pause=30.0,
         step_limit=20,
         step_interval=30.0,
-        provider_caps={"sim": s.provider_cap},
+        providers={"sim": own},
     )
     return {
         "policy": policy,
@@ -164,11 +178,7 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     s = world.settings
     wanted = min(steps[-1].count, s.capacity, s.provider_cap)
     # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
-    ours = [
-        m
-        for m in world.cloud.running()
-        if m["tags"].get(TAG_CLUSTER) == CLUSTER and m["machineId"] not in world.losses.forgotten
-    ]
+    ours = [m for m in world.cloud.running() if m["tags"].get(TAG_CLUSTER) == CLUSTER and not world.losses.explained(m)]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
     if len(ours) != wanted or len(joined) != wanted:
         world.recorder.violate(

@@ -11,15 +11,18 @@ nothing. DESIGN invariant 9 says what the daemons must do, and the recorder chec
   whenever another one does (one that was partitioned, or restarted still remembering the old incarnation).
 
 After the reset the machines the lost log explained are the admin's: the orphan policy reports them, and the
-convergence check leaves them out (``forgotten``).
+convergence check leaves them out: those running at the loss (``forgotten``) and those a request the lost log held
+made later, its call still under way at the loss (``lost_ops``: the daemon could not commit their instance facts
+to the new store, so they are tagged orphans like the others).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from provisionerd.domain.model import TAG_OP, RequestIntent
 from provisionerd.testing.simulation.nodes import ObservedCluster
 from refcontroller.store import FactStore
 
@@ -37,6 +40,8 @@ class StoreLosses:
         self.stores: list[FactStore] = []
         #: Machines running when a store was lost (machine id -> when): the halted daemons must keep them.
         self.forgotten: dict[str, float] = {}
+        #: Request op ids the lost stores held: machines they make after the loss are explained by a lost log too.
+        self.lost_ops: set[str] = set()
         self.resets_accepted = 0
 
     def close(self) -> None:
@@ -52,6 +57,7 @@ class StoreLosses:
         now = trio.current_time()
         for machine in world.cloud.running():
             self.forgotten.setdefault(str(machine["machineId"]), now)
+        self.lost_ops.update(c.fact.op_id for c in old.store.all_facts() if isinstance(c.fact, RequestIntent))
         store = FactStore.open(":memory:", incarnation=f"sim-{world.seed}-after-loss-{len(self.stores)}")
         cluster = ObservedCluster.open(store, s.replicas, s.ttl, s.check_interval, now)
         cluster.replicas.addresses = list(world.addresses)
@@ -69,6 +75,10 @@ class StoreLosses:
             remembers = memory is not None and memory.load().incarnation == old.store.incarnation
             if remembers and not node.scope.cancel_called:
                 world.recorder.amnesia(node.instance, True)
+
+    def explained(self, machine: dict[str, Any]) -> bool:
+        """Whether a lost log explained ``machine``: running at a loss, or made by a request that log held."""
+        return str(machine["machineId"]) in self.forgotten or machine["tags"].get(TAG_OP) in self.lost_ops
 
     def check_kept(self, world: World) -> None:
         """When the admin decides: every machine running at the loss still runs (see the module docstring)."""
