@@ -112,8 +112,9 @@ class SimCloud(FakeProvider):
             raise rejection(self.name, action, code, f"simulated {code}")
         output = self._do(caller.instance, action, input) if works else None
         if fault == "hang":
-            await trio.sleep(timeout if timeout is not None else 60.0)
-            raise ProviderTimeout(self.name, action, f"no answer within {timeout}s (simulated)")
+            waited = timeout if timeout is not None else 60.0
+            await trio.sleep(waited)
+            raise ProviderTimeout(self.name, action, f"no answer within {waited:g} s (simulated)")
         if fault == "crash":
             raise ProviderCrashed(self.name, action, "the plugin exited with status 1 (simulated)")
         if fault == "garbage":

@@ -7,8 +7,8 @@ controller invariant is exercised under faults. Every few virtual seconds a daem
 - requests 1..3 machines under a fresh op_id (``RequestIntent`` through ``gate.mutation``, then
   ``requestMachines`` with the owner tags and one seeded join token per machine; only the SHA-256 leaves the
   daemon), polls the request and commits an ``InstanceFact`` per machine under the epoch it holds then;
-- or returns 1..2 of the provider's machines (``ReturnIntent`` through the gate, ``requestReturnMachines``,
-  ``Returned``);
+- or returns 1..2 of the provider's machines that its controller view has facts for (``ReturnIntent`` through
+  the gate, ``requestReturnMachines``, ``Returned``);
 - or, first, resolves a request whose outcome it does not know (timeout, crash, garbage answer): it looks for the
   op_id's tag in ``listMachines`` and only when nothing carries it retries through the gate with the *same* op_id,
   and only on a cloud with client tokens (``features.idempotentRequest``). On a cloud without them an empty listing
@@ -197,7 +197,12 @@ class GateDriver:
             )
         except ProviderError:
             return
-        machines = sorted(listed, key=lambda m: m.machine_id)
+        # Only machines the controller's facts explain, as the daemon's planner returns: a tagged machine with no
+        # fact behind it is an orphan, the orphan policy's (after its grace), never a return of the lifecycle; a
+        # daemon that never saw a lost store's incarnation (a twin on another host) cannot tell it from one of its own.
+        view = self.node.core.session.view
+        explained = view.facts.machines if view is not None else {}
+        machines = sorted((m for m in listed if m.machine_id in explained), key=lambda m: m.machine_id)
         if not machines:
             return
         chosen = self.rng.sample(machines, min(len(machines), self.rng.randint(1, 2)))
