@@ -33,22 +33,41 @@ def _parser() -> argparse.ArgumentParser:
         help="force the workload of every run (default: drawn from each seed)",
     )
     p.add_argument("--trace", type=int, metavar="SEED", help="run one seed and print its whole trace")
-    p.add_argument("--wall-budget", type=float, default=120.0, help="wall seconds one run may take (default 120)")
+    p.add_argument(
+        "--wall-budget",
+        type=float,
+        default=None,
+        help="wall seconds one run may take (default 120, and 120 per virtual hour of --churn)",
+    )
+    p.add_argument(
+        "--churn",
+        type=float,
+        default=0.0,
+        metavar="HOURS",
+        help="long churn runs of HOURS virtual hours (demand changes every few minutes; link and daemon faults);"
+        " each run prints its history figures",
+    )
     return p
 
 
-def _overrides(workload: str) -> dict[str, Any]:
+def _overrides(workload: str, churn_hours: float = 0.0) -> dict[str, Any]:
+    from provisionerd.testing.simulation import churn
+
+    if churn_hours > 0:
+        return churn.settings_for(churn_hours)
     return {} if workload == "any" else {"workload": workload}
 
 
-def _run(job: tuple[int, str, float]) -> dict[str, Any]:
+def _run(job: tuple[int, str, float, float]) -> dict[str, Any]:
     from provisionerd.testing.simulation import World, run_world
 
-    seed, workload, budget = job
-    world = World(seed, keep_trace=False, **_overrides(workload))
+    seed, workload, budget, churn_hours = job
+    world = World(seed, keep_trace=False, **_overrides(workload, churn_hours))
     result = run_world(world, wall_budget=budget)
     first = result.first
     line: dict[str, Any] = {"seed": seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
+    if world.churn is not None:
+        line["churn"] = {**world.churn.summary(), "wall_s": round(result.wall_seconds, 3)}
     if first is not None:
         line.update(
             invariant=first.invariant,
@@ -61,7 +80,7 @@ def _run(job: tuple[int, str, float]) -> dict[str, Any]:
     return line
 
 
-def _results(jobs: list[tuple[int, str, float]], processes: int) -> Iterator[dict[str, Any]]:
+def _results(jobs: list[tuple[int, str, float, float]], processes: int) -> Iterator[dict[str, Any]]:
     if processes <= 1:
         yield from map(_run, jobs)
         return
@@ -69,10 +88,10 @@ def _results(jobs: list[tuple[int, str, float]], processes: int) -> Iterator[dic
         yield from pool.imap(_run, jobs, chunksize=4)
 
 
-def _trace(seed: int, workload: str, budget: float) -> int:
+def _trace(seed: int, workload: str, budget: float, churn_hours: float = 0.0) -> int:
     from provisionerd.testing.simulation import World, run_world
 
-    world = World(seed, keep_trace=True, **_overrides(workload))
+    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours))
     print(
         json.dumps(
             {"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
@@ -98,16 +117,23 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse printed the problem (or the help)
         return int(exc.code or 0)
-    if args.seeds < 0 or args.jobs < 1 or args.start < 0 or args.wall_budget <= 0:
-        print("provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0", file=sys.stderr)
+    budget = args.wall_budget if args.wall_budget is not None else 120.0 * max(1.0, args.churn)
+    if args.seeds < 0 or args.jobs < 1 or args.start < 0 or budget <= 0 or not 0 <= args.churn <= 24 * 365:
+        print(
+            "provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0,"
+            " --churn between 0 and 8760 hours",
+            file=sys.stderr,
+        )
         return 2
     if args.trace is not None:
-        return _trace(args.trace, args.workload, args.wall_budget)
+        return _trace(args.trace, args.workload, budget, args.churn)
     started = time.perf_counter()
-    jobs = [(seed, args.workload, args.wall_budget) for seed in range(args.start, args.start + args.seeds)]
+    jobs = [(seed, args.workload, budget, args.churn) for seed in range(args.start, args.start + args.seeds)]
     failing, virtual = 0, 0.0
     for line in _results(jobs, args.jobs):
         virtual += line["virtual_s"]
+        if "churn" in line:
+            print(json.dumps({"seed": line["seed"], "churn": line["churn"]}), flush=True)
         if "invariant" in line:
             failing += 1
             print(

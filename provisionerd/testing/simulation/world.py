@@ -24,7 +24,7 @@ import trio
 
 from provisionerd.controller.memory_file import InMemory
 from provisionerd.domain.model import Role
-from provisionerd.testing.simulation import invariants, lifecycle
+from provisionerd.testing.simulation import churn, invariants, lifecycle
 from provisionerd.testing.simulation.cloud import SimCloud
 from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw_plan
 from provisionerd.testing.simulation.network import OK, SimNet
@@ -63,6 +63,7 @@ class WorldSettings:
     fault_kinds: tuple[str, ...] = KINDS
     workload: str = "gate"  # gate (the seeded stand-in driver) | lifecycle (DaemonCore's own, demand-driven)
     provider_cap: int = 20
+    churn: float = 0.0  # > 0: a long churn run of that many virtual seconds (``churn.py``)
 
     @classmethod
     def draw(cls, rng: random.Random, **overrides: Any) -> WorldSettings:
@@ -120,7 +121,9 @@ class World:
         self.scheduler_seed = rng.getrandbits(64)
         self._spawn = random.Random(rng.getrandbits(64))
         self.token_rng = random.Random(rng.getrandbits(64))
-        self.demand = lifecycle.draw_demand(random.Random(rng.getrandbits(64)), s.horizon)
+        draw_demand = churn.draw_demand if s.churn else lifecycle.draw_demand
+        self.demand = draw_demand(random.Random(rng.getrandbits(64)), s.horizon)
+        self.churn = churn.ChurnWatch() if s.churn else None
         self.workers = lifecycle.Workers(self, random.Random(rng.getrandbits(64)))
         self.recorder = Recorder(keep_trace=keep_trace)
         self.addresses = tuple(f"ctl{i}:7400" for i in range(s.replicas))
@@ -186,6 +189,8 @@ class World:
                     nursery.start_soon(self._apply_faults)
                     if self.lifecycle:
                         nursery.start_soon(lifecycle.drive_demand, self, self.demand[1:])
+                    if self.churn is not None:
+                        nursery.start_soon(self.churn.run, self, PROVIDER)
                     await trio.sleep_until(self.end_time)
                     self.final_checks()
                     nursery.cancel_scope.cancel()
@@ -374,6 +379,9 @@ class World:
         invariants.check_lease_history(rec)
         reported = {c.fact.machine_id for c in rec.commits if c.kind == "OrphanReported"}
         invariants.check_machines_explained(rec, PROVIDER, self.cloud.running(), reported)
+        if self.churn is not None:
+            self.churn.sample(self, PROVIDER)
+            self.churn.check_views(self, PROVIDER)
         if self.lifecycle and not rec.violations:
             lifecycle.check_convergence(self, self.demand)
         if self.server is not None and self.server.stats.get("internal_errors"):
