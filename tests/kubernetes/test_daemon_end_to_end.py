@@ -180,15 +180,15 @@ def test_the_daemon_grows_onto_kubernetes_and_shrinks_back(namespace: Namespace,
     with StandInKubelet(namespace, tmp_path / "kubelet") as kubelet:
         out = trio.run(_scenario, namespace, tmp_path)
     intents = [f for f in out["facts"] if isinstance(f, RequestIntent)]
-    # The instance facts as they were when the agents had joined (the store may have compacted the ended
-    # lifecycles by the end).
-    made = out["made"]
+    made = out["made"]  # the instance facts once the agents had joined and been named
     assert sum(i.count for i in intents) == 3 and len(made) == 3
     assert {f.machine_id for f in made} == set(out["pods_up"]) == set(kubelet.started)
     assert {(h["instance_ref"], h["machine_id"]) for h in out["hosts"]} == {
         (f.instance_ref, f.machine_id) for f in made
     }
     assert {m for f in out["facts"] if isinstance(f, Returned) for m in f.machine_ids} == set(out["pods_up"])
+    # all_facts is the whole log: the ended lifecycles left the resync set, not the log.
+    assert {f.machine_id for f in out["facts"] if isinstance(f, InstanceFact)} == set(out["pods_up"])
     pods, secrets = namespace.pods(), namespace.secrets()
     assert not set(out["pods_up"]) & set(pods) and not set(out["pods_up"]) & set(secrets)
     assert "foreign" in pods and pods["foreign"].metadata.deletion_timestamp is None and "foreign" in secrets
@@ -247,14 +247,20 @@ async def _scenario(namespace: Namespace, tmp: Path) -> dict[str, Any]:
             try:
                 await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=1), 3)])
 
-                async def joined() -> list[dict[str, Any]] | None:
+                async def joined() -> tuple[list[dict[str, Any]], list[InstanceFact]] | None:
+                    # An agent may join on its intent's token before the daemon commits its InstanceFact
+                    # (refcontroller/workers.py): the daemon commits the facts of a request once it is final, i.e.
+                    # once the plugin reports every pod Running, seen at its next poll, and the last pod's agent
+                    # usually joins before that. Its host has no machine id until the fact names it.
                     hosts = [h for h in (await ctl.status())["hosts"] if h["provider"] == PROVIDER]
-                    ok = len(hosts) == 3 and all(h["status"] in ("joined", "idle") for h in hosts)
-                    return hosts if ok else None
+                    made = facts_of(ctl, InstanceFact)
+                    up = len(hosts) == 3 and all(h["status"] in ("joined", "idle") for h in hosts)
+                    named = all(h["machine_id"] for h in hosts) and len(made) == 3
+                    return (hosts, made) if up and named else None
 
-                out["hosts"] = await poll(joined, 120, "three agents to join")
-                out["made"] = facts_of(ctl, InstanceFact)
+                out["hosts"], out["made"] = await poll(joined, 120, "three agents joined and their instance facts")
                 out["pods_up"] = {f.machine_id for f in out["made"]}
+                assert len(out["pods_up"]) == 3  # else the waits below for these machines would pass at once
                 await ctl.set_demand([])
                 returned = lambda: {m for f in facts_of(ctl, Returned) for m in f.machine_ids}  # noqa: E731
                 await poll(lambda: returned() >= out["pods_up"], 90, "three machines Returned")
