@@ -28,6 +28,26 @@ from refcontroller.store_etcd_client import EtcdClient, EtcdError
 log = logging.getLogger(__name__)
 
 
+class EtcdReplicaSet(ReplicaSet):
+    """The one replica of this process, primary in ``term``. ``quorum_fresh`` is computed on trio's clock at each
+    read: true only before ``fresh_until`` (the last confirming request's send time + ``T_check``), so a primary
+    that was stopped and wakes up finds it false before it answers anything (no flag left over from before)."""
+
+    fresh_until: float = float("-inf")
+    _switch: bool = True
+
+    @property
+    def quorum_fresh(self) -> bool:
+        return self._switch and trio.current_time() < self.fresh_until
+
+    @quorum_fresh.setter
+    def quorum_fresh(self, value: bool) -> None:  # ReplicaSet.set_quorum (and its __init__): the admin's switch
+        self._switch = value
+
+    def lose(self) -> None:
+        self.fresh_until = float("-inf")
+
+
 def promote(
     client: EtcdClient,
     election: EtcdElection,
@@ -36,12 +56,14 @@ def promote(
     check_interval: float,
     now: float,
 ) -> Cluster:
-    """The primary's ``Cluster`` after ``election`` won ``claim`` (blocking: replays the log)."""
+    """The primary's ``Cluster`` after ``election`` won ``claim`` (blocking: replays the log). Its quorum is fresh
+    for ``check_interval`` from ``now`` (the campaign's transaction went through a majority just before)."""
     store = EtcdFactStore.replay(client, election, election.prefix)
     store.save_term(claim.term)  # the mirror's copy: etcd has it already
-    replicas = ReplicaSet(
+    replicas = EtcdReplicaSet(
         count=1, term=claim.term, primary=0, promoted_at=now, save_term=store.save_term, addresses=[claim.address]
     )
+    replicas.fresh_until = now + check_interval
     cluster = Cluster(
         store=store,
         replicas=replicas,
@@ -50,58 +72,31 @@ def promote(
         check_interval=check_interval,
         demand=store.load_demand(),
     )
-    store.on_deposed = lambda _reason: replicas.set_quorum(False)
+    store.on_deposed = lambda _reason: replicas.lose()
     return cluster
 
 
 async def keep_primary(cluster: Cluster, election: EtcdElection, check_interval: float) -> str:
-    """Confirm the claim until it is lost; return why. ``quorum_fresh`` follows the confirmations (see above)."""
-    fresh = _Freshness(trio.current_time())  # the campaign's own transaction went through a majority just now
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_expire, cluster.replicas, fresh, check_interval)
-        reason = await _confirm_loop(cluster, election, fresh, check_interval)
-        nursery.cancel_scope.cancel()
-    cluster.replicas.set_quorum(False)
-    return reason
-
-
-class _Freshness:
-    def __init__(self, confirmed_at: float) -> None:
-        self.confirmed_at = confirmed_at
-        self.renewed = trio.Event()
-
-    def confirm(self, sent: float) -> None:
-        self.confirmed_at = sent
-        self.renewed.set()
-        self.renewed = trio.Event()
-
-
-async def _expire(replicas: ReplicaSet, fresh: _Freshness, check_interval: float) -> None:
-    """Mark the quorum lost the moment the last confirmation is ``check_interval`` old (a confirm may hang)."""
-    while True:
-        renewed = fresh.renewed
-        with trio.move_on_at(fresh.confirmed_at + check_interval):
-            await renewed.wait()
-            continue
-        replicas.set_quorum(False)
-        await renewed.wait()
-
-
-async def _confirm_loop(cluster: Cluster, election: EtcdElection, fresh: _Freshness, check_interval: float) -> str:
+    """Confirm the claim every ``check_interval / 3`` until it is lost; return why. Each confirmation moves
+    ``fresh_until`` to its send time + ``check_interval``."""
+    replicas = cluster.replicas
+    assert isinstance(replicas, EtcdReplicaSet)
     store = cluster.store
-    while True:
-        sent = trio.current_time()
-        ok = False
-        with trio.move_on_after(check_interval):
-            try:
-                ok = await trio.to_thread.run_sync(election.confirm, abandon_on_cancel=True)
-            except EtcdError as exc:
-                log.warning("primary claim not confirmed: %s", exc)
-        if isinstance(store, EtcdFactStore) and store.deposed:
-            return f"deposed: {store.deposed}"
-        if ok:
-            fresh.confirm(sent)
-            cluster.replicas.set_quorum(True)
-        elif election.claim is None:
-            return "the primary claim was lost"
-        await trio.sleep_until(sent + check_interval / 3)
+    try:
+        while True:
+            sent = trio.current_time()
+            ok = False
+            with trio.move_on_after(check_interval):
+                try:
+                    ok = await trio.to_thread.run_sync(election.confirm, abandon_on_cancel=True)
+                except EtcdError as exc:
+                    log.warning("primary claim not confirmed: %s", exc)
+            if isinstance(store, EtcdFactStore) and store.deposed:
+                return f"deposed: {store.deposed}"
+            if ok:
+                replicas.fresh_until = max(replicas.fresh_until, sent + check_interval)
+            elif election.claim is None:
+                return "the primary claim was lost"
+            await trio.sleep_until(sent + check_interval / 3)
+    finally:
+        replicas.lose()

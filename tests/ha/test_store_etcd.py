@@ -13,7 +13,6 @@ import itertools
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -73,14 +72,6 @@ def replica(etcd_endpoints, prefix):
         r.close()
 
 
-def wait_until(predicate, limit: float = 10.0) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - t0 < limit, "timed out"
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
 def test_store_urls_are_parsed_and_bad_ones_refused() -> None:
     assert parse_store_url("etcd://127.0.0.1:2379,127.0.0.1:2380") == ("http://127.0.0.1:2379", "http://127.0.0.1:2380")
     for bad in ("sqlite:///x", "etcd://", "etcd://host", "etcd://h:1,x"):
@@ -89,8 +80,12 @@ def test_store_urls_are_parsed_and_bad_ones_refused() -> None:
 
 
 def test_a_deposed_primary_cannot_commit_and_the_next_one_replays_every_fact(replica, prefix) -> None:
+    trio.run(_deposed_primary, replica, prefix)
+
+
+async def _deposed_primary(replica, prefix) -> None:
     a, b = replica("a"), replica("b")
-    now = time.monotonic()
+    now = trio.current_time()
     ca = a.promote(now)
     assert ca.term == 1 and b.election.campaign() is None  # one primary per term
     assert a.election.stored_term() == 1
@@ -102,9 +97,12 @@ def test_a_deposed_primary_cannot_commit_and_the_next_one_replays_every_fact(rep
     assert ca.set_demand([item()]) is not None
 
     # A stops refreshing its etcd lease (stopped, partitioned): etcd drops its claim, B wins the next term.
-    waited = wait_until(lambda: b.election.current() is None)
-    assert waited < 2 * a.election.lease_ttl + 1
-    t_b = time.monotonic()
+    stopped = trio.current_time()
+    with trio.fail_after(2 * a.election.lease_ttl + 1):
+        while b.election.current() is not None:  # noqa: ASYNC110 - etcd expires the claim, no event here
+            await trio.sleep(0.05)
+    print(f"claim expired {trio.current_time() - stopped:.2f} s after the last refresh")
+    t_b = trio.current_time()
     cb = b.promote(t_b)
     assert cb.term == 2 and b.election.stored_term() == 2
     assert cb.store.incarnation == ca.store.incarnation
@@ -112,11 +110,13 @@ def test_a_deposed_primary_cannot_commit_and_the_next_one_replays_every_fact(rep
     assert cb.store.last_grantee("aws") == "prov#1" and cb.demand.seq == ca.demand.seq
 
     # A wakes up and tries to commit under its old term: etcd refuses (the claim is not its own any more).
-    woke = ca.commit(0, instance("aws", Epoch(1, 1), "i-2"), "prov#1", time.monotonic())
-    assert getattr(woke, "reason", None) == "storage_failure", woke
+    assert not ca.replicas.quorum_fresh  # T_check passed without a confirmation: no grant, no renewal, no commit
+    ca.replicas.fresh_until = trio.current_time() + CHECK  # as if a confirmation had raced the expiry
+    woke = ca.commit(0, instance("aws", Epoch(1, 1), "i-2"), "prov#1", trio.current_time())
+    assert getattr(woke, "reason", None) == "storage_failure", woke  # etcd refused: the claim is not A's
     assert ca.store.deposed and not ca.replicas.quorum_fresh
     assert not a.election.confirm()
-    assert isinstance(ca.acquire(0, "aws", "prov#9", time.monotonic() + 100), Denied)  # no quorum: no grant
+    assert isinstance(ca.acquire(0, "aws", "prov#9", trio.current_time() + 100), Denied)
 
     # B: the grace protects the lease A may have granted; only the last grantee gets it at once.
     denied = cb.acquire(0, "aws", "prov#2", t_b + 0.1)
