@@ -84,7 +84,7 @@ def held(status: dict) -> bool:
     return status["leases"][0]["state"] == "held"
 
 
-def test_kill_9_of_the_primary_replica_process(tmp_path: Path, etcd_endpoints) -> None:
+def _setup(tmp_path: Path, etcd_endpoints) -> tuple[Path, Path, str]:
     from provisionerd.pki.certs import init_certs
 
     certs = tmp_path / "certs"
@@ -93,86 +93,134 @@ def test_kill_9_of_the_primary_replica_process(tmp_path: Path, etcd_endpoints) -
     plugin.mkdir(parents=True)
     (plugin / "describeProvider.sh").write_text("#!/bin/sh\nexit 1\n")
     (plugin / "describeProvider.sh").chmod(0o755)
-    store = "etcd://" + ",".join(e.removeprefix("http://") for e in etcd_endpoints)
-    seen: dict = {}
+    return certs, plugin, "etcd://" + ",".join(e.removeprefix("http://") for e in etcd_endpoints)
 
-    async def main() -> None:
-        replicas: dict[str, trio.Process] = {}
-        daemon = None
-        try:
-            for i in range(3):
-                proc, address = await start_replica(certs, store, tmp_path / f"replica{i}.log")
-                replicas[address] = proc
-            addresses = tuple(replicas)
-            admin = AdminClient(certs, addresses, timeout=3)
-            first = await primary_status(admin)
-            seen["first_ctl"] = first
-            state = tmp_path / "state"
-            config = Config(
-                cluster="testcluster",
-                identity="prov-etcd",
-                controller=ControllerSettings(
-                    addresses,
-                    connect_timeout=2,
-                    request_timeout=2,
-                    heartbeat_interval=0.3,
-                    heartbeat_timeout=1.5,
-                    backoff=Backoff(initial=0.1, max=0.5),
-                ),
-                tls=provisioner_tls(certs),
-                lease=LeaseSettings(margin=0.5),
-                daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
-                providers=(ProviderConfig("sim", "oneshot", path=plugin),),
+
+async def _run(tmp_path: Path, certs: Path, plugin: Path, store: str, fault, seen: dict) -> None:
+    """Three replicas and one daemon; ``await fault(replicas, primary_address, daemon_status_of)`` in between."""
+    replicas: dict[str, trio.Process] = {}
+    daemon = None
+    try:
+        for i in range(3):
+            proc, address = await start_replica(certs, store, tmp_path / f"replica{i}.log")
+            replicas[address] = proc
+        addresses = tuple(replicas)
+        admin = AdminClient(certs, addresses, timeout=3)
+        seen["first_ctl"] = await primary_status(admin)
+        state = tmp_path / "state"
+        config = Config(
+            cluster="testcluster",
+            identity="prov-etcd",
+            controller=ControllerSettings(
+                addresses,
+                connect_timeout=2,
+                request_timeout=2,
+                heartbeat_interval=0.3,
+                heartbeat_timeout=1.5,
+                backoff=Backoff(initial=0.1, max=0.5),
+            ),
+            tls=provisioner_tls(certs),
+            lease=LeaseSettings(margin=0.5),
+            daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
+            providers=(ProviderConfig("sim", "oneshot", path=plugin),),
+        )
+        write_daemon_config(config, tmp_path / "pd.toml")
+        with open(tmp_path / "daemon.log", "wb") as err:  # noqa: ASYNC230
+            daemon = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "provisionerd", "run", "--config", str(tmp_path / "pd.toml")],
+                start_new_session=True,
+                stderr=err,
             )
-            write_daemon_config(config, tmp_path / "pd.toml")
-            with open(tmp_path / "daemon.log", "wb") as err:  # noqa: ASYNC230
-                daemon = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "provisionerd", "run", "--config", str(tmp_path / "pd.toml")],
-                    start_new_session=True,
-                    stderr=err,
-                )
-            before = await daemon_status(state / "admin.sock", held)
-            seen["before"] = before
-            primary = before["link"]["primary"]
-            assert primary in replicas
-            killed_at = time.monotonic()
-            os.killpg(replicas[primary].pid, signal.SIGKILL)
-            await replicas[primary].wait()
-            old = Epoch.parse(before["leases"][0]["epoch"])
-            after = await daemon_status(
-                state / "admin.sock",
-                lambda s: held(s) and s["link"]["primary"] != primary and Epoch.parse(s["leases"][0]["epoch"]) > old,
-            )
-            seen["regained_s"] = time.monotonic() - killed_at
-            seen["after"] = after
-            seen["second_ctl"] = await primary_status(admin)
-        finally:
-            if daemon is not None and daemon.returncode is None:
-                daemon.send_signal(signal.SIGTERM)
-                with trio.move_on_after(10):
-                    await daemon.wait()
-                if daemon.returncode is None:
-                    os.killpg(daemon.pid, signal.SIGKILL)
-                    await daemon.wait()
-            for proc in replicas.values():
+        before = await daemon_status(state / "admin.sock", held)
+        seen["before"] = before
+        primary = before["link"]["primary"]
+        assert primary in replicas
+        await fault(replicas, primary)
+        old = Epoch.parse(before["leases"][0]["epoch"])
+        t0 = time.monotonic()
+        after = await daemon_status(
+            state / "admin.sock",
+            lambda s: held(s) and s["link"]["primary"] != primary and Epoch.parse(s["leases"][0]["epoch"]) > old,
+        )
+        seen["regained_s"] = seen.get("fault_s", 0.0) + time.monotonic() - t0
+        seen["after"] = after
+        # Asked of the other replicas (a stopped one accepts TCP but never completes TLS).
+        others = AdminClient(certs, tuple(a for a in addresses if a != primary), timeout=3)
+        seen["second_ctl"] = await primary_status(others)
+        seen["replicas"] = replicas
+        if "after_fault" in seen:
+            await seen["after_fault"](replicas, primary, state)
+    finally:
+        if daemon is not None and daemon.returncode is None:
+            daemon.send_signal(signal.SIGTERM)
+            with trio.move_on_after(10):
+                await daemon.wait()
+            if daemon.returncode is None:
+                os.killpg(daemon.pid, signal.SIGKILL)
+                await daemon.wait()
+        for proc in replicas.values():
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGTERM)
+                with trio.move_on_after(5):
+                    await proc.wait()
                 if proc.returncode is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    with trio.move_on_after(5):
-                        await proc.wait()
-                    if proc.returncode is None:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        await proc.wait()
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    await proc.wait()
 
-    trio.run(main)
+
+def _check_handover(seen: dict, tmp_path: Path) -> None:
     before, after, ctl = seen["before"], seen["after"], seen["second_ctl"]
-    print(f"kill -9 of the primary replica: the daemon held the lease again after {seen['regained_s']:.2f} s")
-    assert seen["regained_s"] < 2 + CHECK + TTL  # well inside the new primary's grace: the same holder, at once
     assert after["link"]["term"] > before["link"]["term"]
     assert after["link"]["instance"] == before["link"]["instance"]  # the same process holds it again
+    assert Epoch.parse(after["leases"][0]["epoch"]).term == ctl["term"]  # granted by the new primary
     assert ctl["incarnation"] == seen["first_ctl"]["incarnation"]  # one log, whichever replica serves it
-    assert ctl["grace_remaining_s"] > 0  # re-granted inside the grace: only the last grantee could be
     (lease,) = ctl["leases"]
     assert lease["holder"] == f"prov-etcd#{before['link']['instance']}"
     assert after["controller"]["halted"] is False  # no amnesia found
     events = [json.loads(line) for line in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
     assert not [e for e in events if e["event"] == "controller_amnesia"]
+
+
+def test_kill_9_of_the_primary_replica_process(tmp_path: Path, etcd_endpoints) -> None:
+    certs, plugin, store = _setup(tmp_path, etcd_endpoints)
+    seen: dict = {}
+
+    async def kill(replicas: dict[str, trio.Process], primary: str) -> None:
+        os.killpg(replicas[primary].pid, signal.SIGKILL)
+        await replicas[primary].wait()
+
+    trio.run(_run, tmp_path, certs, plugin, store, kill, seen)
+    print(f"kill -9 of the primary replica: the daemon held the lease again after {seen['regained_s']:.2f} s")
+    assert seen["regained_s"] < 2 + CHECK + TTL  # well inside the new primary's grace: the same holder, at once
+    assert seen["second_ctl"]["grace_remaining_s"] > 0  # re-granted inside the grace: only the last grantee could be
+    _check_handover(seen, tmp_path)
+
+
+def test_sigstop_of_the_primary_past_its_etcd_lease(tmp_path: Path, etcd_endpoints) -> None:
+    """The stopped primary loses its claim; on SIGCONT it finds its quorum stale and its claim gone: it steps down
+    without a grant or commit (its log says so), and the lease the daemon holds is the new primary's."""
+    certs, plugin, store = _setup(tmp_path, etcd_endpoints)
+    seen: dict = {}
+
+    async def stop(replicas: dict[str, trio.Process], primary: str) -> None:
+        os.killpg(replicas[primary].pid, signal.SIGSTOP)
+        seen["stopped"] = primary
+
+    async def wake(replicas: dict[str, trio.Process], primary: str, state: Path) -> None:
+        os.killpg(replicas[primary].pid, signal.SIGCONT)
+        log = tmp_path / f"replica{list(replicas).index(primary)}.log"
+        with trio.fail_after(10):
+            while "stepping down" not in log.read_text():  # noqa: ASYNC110, ASYNC240 - another process writes it
+                await trio.sleep(0.1)
+        seen["woken_log"] = log.read_text()
+        seen["after_wake"] = await daemon_status(state / "admin.sock", held)
+
+    seen["after_fault"] = wake
+    trio.run(_run, tmp_path, certs, plugin, store, stop, seen)
+    print(f"SIGSTOP of the primary replica: the daemon held the lease again after {seen['regained_s']:.2f} s")
+    _check_handover(seen, tmp_path)
+    woken = seen["woken_log"]
+    assert "lost the primary claim" in woken or "deposed" in woken
+    # After the old primary woke, the daemon still holds the new primary's lease (never one the old one granted).
+    assert Epoch.parse(seen["after_wake"]["leases"][0]["epoch"]).term == seen["second_ctl"]["term"]
