@@ -96,7 +96,7 @@ def _setup(tmp_path: Path, etcd_endpoints) -> tuple[Path, Path, str]:
     return certs, plugin, "etcd://" + ",".join(e.removeprefix("http://") for e in etcd_endpoints)
 
 
-async def _run(tmp_path: Path, certs: Path, plugin: Path, store: str, fault, seen: dict) -> None:
+async def _run(tmp_path: Path, certs: Path, plugin: Path, store: str, fault, seen: dict, provider=None) -> None:
     """Three replicas and one daemon; ``await fault(replicas, primary_address, daemon_status_of)`` in between."""
     replicas: dict[str, trio.Process] = {}
     daemon = None
@@ -122,9 +122,11 @@ async def _run(tmp_path: Path, certs: Path, plugin: Path, store: str, fault, see
             tls=provisioner_tls(certs),
             lease=LeaseSettings(margin=0.5),
             daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
-            providers=(ProviderConfig("sim", "oneshot", path=plugin),),
+            providers=(provider or ProviderConfig("sim", "oneshot", path=plugin),),
         )
         write_daemon_config(config, tmp_path / "pd.toml")
+        if "demand" in seen:
+            await admin.set_demand(seen["demand"])
         with open(tmp_path / "daemon.log", "wb") as err:  # noqa: ASYNC230
             daemon = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "provisionerd", "run", "--config", str(tmp_path / "pd.toml")],
@@ -148,6 +150,7 @@ async def _run(tmp_path: Path, certs: Path, plugin: Path, store: str, fault, see
         others = AdminClient(certs, tuple(a for a in addresses if a != primary), timeout=3)
         seen["second_ctl"] = await primary_status(others)
         seen["replicas"] = replicas
+        seen["others"] = others
         if "after_fault" in seen:
             await seen["after_fault"](replicas, primary, state)
     finally:
@@ -224,3 +227,70 @@ def test_sigstop_of_the_primary_past_its_etcd_lease(tmp_path: Path, etcd_endpoin
     assert "lost the primary claim" in woken or "deposed" in woken
     # After the old primary woke, the daemon still holds the new primary's lease (never one the old one granted).
     assert Epoch.parse(seen["after_wake"]["leases"][0]["epoch"]).term == seen["second_ctl"]["term"]
+
+
+def test_kill_9_of_the_primary_while_10_machines_are_requested(tmp_path: Path, etcd_endpoints) -> None:
+    """Demand for 10 machines of the simulated provider (real plugin processes); the primary replica is killed once
+    the first machines exist. The daemon finishes on the new primary: 10 machines, each created once (no op_id
+    twice), each explained by a committed instance fact, none lost from the log."""
+    from provisionerd.domain.model import DemandItem, ResourceShape
+
+    certs, plugin, store = _setup(tmp_path, etcd_endpoints)
+    data = tmp_path / "sim-data"
+    seen: dict = {"demand": [DemandItem(demand_id="d1", shape=ResourceShape(ncpus=8), count=10)]}
+    root = Path(__file__).resolve().parents[2]
+    provider = ProviderConfig("sim", "oneshot", path=root / "providers" / "simulated", data_dir=data)
+
+    def machines() -> dict:
+        path = data / "state.json"
+        return json.loads(path.read_text())["machines"] if path.exists() else {}
+
+    async def kill_mid_request(replicas: dict[str, trio.Process], primary: str) -> None:
+        with trio.fail_after(30):
+            while not machines():  # noqa: ASYNC110 - the plugin process writes it
+                await trio.sleep(0.02)
+        seen["machines_at_kill"] = len(machines())
+        os.killpg(replicas[primary].pid, signal.SIGKILL)
+        await replicas[primary].wait()
+
+    async def settle(replicas: dict[str, trio.Process], primary: str, state: Path) -> None:
+        with trio.fail_after(60):
+            while True:
+                status = await seen["others"].status()
+                instances = status["facts"]["live"]
+                if len(machines()) >= 10 and instances >= 10:
+                    break
+                await trio.sleep(0.2)
+        await trio.sleep(2.0)  # a duplicate request would show up meanwhile
+        seen["final_machines"] = machines()
+        seen["final_ctl"] = await seen["others"].status()
+
+    seen["after_fault"] = settle
+    trio.run(_run, tmp_path, certs, plugin, store, kill_mid_request, seen, provider)
+    print(
+        f"kill -9 once {seen['machines_at_kill']} of 10 machines existed (before their facts):"
+        f" lease again after {seen['regained_s']:.2f} s;"
+        f" {len(seen['final_machines'])} machines in the end"
+    )
+    _check_handover(seen, tmp_path)
+    final = seen["final_machines"]
+    assert len(final) == 10, final.keys()
+    assert len({m["tags"]["provisionerd:op"] for m in final.values()}) == 1  # one op_id, created once
+    # The log in etcd (the truth, whichever replica serves it): one intent, one instance fact per machine.
+    from provisionerd.domain.model import InstanceFact, RequestIntent
+    from refcontroller.jsonconv import fact_from_json
+    from refcontroller.store_etcd_client import EtcdClient
+
+    client = EtcdClient(etcd_endpoints)
+    try:
+        entries = [
+            json.loads(kv.value) for kv in client.range_from(b"provisionerd/ops/0", b"provisionerd/ops/:", 10_000)
+        ]
+    finally:
+        client.close()
+    facts = [fact_from_json(e["args"][0]) for e in entries if e["op"] == "append"]
+    intents = [f for f in facts if isinstance(f, RequestIntent)]
+    instances = [f for f in facts if isinstance(f, InstanceFact)]
+    assert len(intents) == 1 and intents[0].count == 10
+    assert sorted(f.machine_id for f in instances) == sorted(final)  # every machine explained, none twice
+    assert seen["final_ctl"]["facts"]["count"] == len(facts)
