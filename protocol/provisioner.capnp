@@ -263,6 +263,13 @@ struct LeaseDenied {
   retryAfterMs @2 :UInt64;
 }
 
+# ctl -> provisioner push (corr 0): the provider's lease ended (released, or expired unrenewed) and this connection
+# was denied it as `held` meanwhile. A hint, never a grant: the provisioner may acquire at once instead of waiting
+# out `retryAfterMs`; the primary's rules (grace, quorum) still decide.
+struct LeaseFreed {
+  provider @0 :Text;
+}
+
 # --- demand, facts, hosts --------------------------------------------------------------------------------------
 
 struct DemandPage {
@@ -357,5 +364,6 @@ struct Frame {
     adminQuorum @22 :AdminQuorum;
     adminStatus @23 :AdminStatus;
     adminReply @24 :AdminReply;
+    leaseFreed @25 :LeaseFreed;
   }
 }

@@ -1,6 +1,7 @@
 """The ``refcontroller`` command.
 
-    refcontroller serve --certs DIR --data DIR --listen ADDR[,ADDR...]
+    refcontroller serve --certs DIR (--data DIR --listen ADDR[,ADDR...] | --store etcd://HOST:PORT[,...] --listen ADDR)
+                        [--etcd-lease-ttl S]
                         [--lease-ttl S] [--check-interval S] [--heartbeat-timeout S] [--max-frame BYTES]
                         [--handshake-timeout S] [--join-timeout S] [--max-connections N]
                         [--max-connections-per-address N] [--max-buffered-bytes BYTES]
@@ -12,6 +13,9 @@
         status
     refcontroller history --data DIR --provider NAME [--after INDEX] [--limit N]
 
+``serve --store etcd://...`` runs **one** replica (``refcontroller.serve_etcd``) on an etcd cluster: run one process per
+replica, each with its own ``--listen`` address; they elect their primary through etcd, and the ready line has
+``"store": "etcd"``. Without ``--store``, the embedded SQLite store in ``--data``:
 ``serve`` runs one replica per ``--listen`` address (port 0 = any free port) and, once every listener is up,
 prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", ...], "term": N, "incarnation":
 "..."}``. It logs to stderr and stops cleanly on SIGTERM or SIGINT. ``admin`` prints the controller's JSON answer on
@@ -42,10 +46,12 @@ refused.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -59,8 +65,10 @@ from refcontroller.demand_file import parse_demand
 from refcontroller.gate import Limits
 from refcontroller.jsonconv import unstructure
 from refcontroller.listeners import FACTS_FILE, ServeConfig, serve
+from refcontroller.serve_etcd import EtcdServeConfig, serve_etcd
 from refcontroller.server import Timeouts
 from refcontroller.store import StoreRefused, read_history
+from refcontroller.store_etcd_client import parse_store_url
 
 
 def _positive(text: str) -> float:
@@ -83,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = commands.add_parser("serve", help="run the replicas")
     s.add_argument("--certs", required=True, type=Path, help="directory made by 'provisionerd certs init'")
-    s.add_argument("--data", required=True, type=Path, help="directory of the durable fact log")
+    s.add_argument("--data", type=Path, help="directory of the durable fact log (the embedded SQLite store)")
+    s.add_argument("--store", help="etcd://HOST:PORT[,HOST:PORT...]: this process is one replica on that etcd")
+    s.add_argument("--etcd-lease-ttl", type=_count, default=2, help="the primary's claim on etcd expires after (2 s)")
     s.add_argument("--listen", required=True, help="HOST:PORT per replica, comma-separated (port 0 = any)")
     s.add_argument("--lease-ttl", type=_positive, default=30.0, help="lease TTL in seconds (default 30)")
     s.add_argument("--check-interval", type=_positive, default=5.0, help="quorum check interval T_check (5)")
@@ -159,9 +169,13 @@ def _serve(args: argparse.Namespace) -> int:
     listen = tuple(addr.format(*a) for a in addr.parse_list(args.listen))
     if args.max_frame < 64 * 1024:
         raise ConfigError(f"--max-frame must be at least 65536 bytes, not {args.max_frame}")
+    if (args.data is None) == (args.store is None):
+        raise ConfigError("serve needs exactly one of --data DIR (embedded store) and --store etcd://...")
+    if args.store is not None and len(listen) != 1:
+        raise ConfigError("--store etcd://... runs one replica: give one --listen address (run one process each)")
     config = ServeConfig(
         certs_dir=args.certs,
-        data_dir=args.data,
+        data_dir=args.data or Path(),
         listen=listen,
         lease_ttl=args.lease_ttl,
         check_interval=args.check_interval,
@@ -179,20 +193,30 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         new_incarnation=args.new_incarnation,
     )
-    trio.run(_serve_until_signalled, config)
+    if args.store is None:
+        trio.run(_serve_until_signalled, functools.partial(serve, config), {})
+        return 0
+    try:
+        endpoints = parse_store_url(args.store)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    etcd = EtcdServeConfig(config, endpoints, etcd_lease_ttl=args.etcd_lease_ttl)
+    extra: dict[str, object] = {"store": "etcd"}
+    trio.run(_serve_until_signalled, functools.partial(serve_etcd, etcd), extra)
     return 0
 
 
-async def _serve_until_signalled(config: ServeConfig) -> None:
+async def _serve_until_signalled(run: Callable[..., Awaitable[object]], extra: dict[str, object]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            running = await nursery.start(serve, config)
+            running = await nursery.start(run)
             cluster = running.server.cluster
             ready = {
                 "ready": True,
                 "listen": list(running.addresses),
                 "term": cluster.term,
                 "incarnation": cluster.store.incarnation,
+                **extra,
             }
             print(json.dumps(ready), flush=True)
             async for signum in signals:

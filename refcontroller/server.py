@@ -80,6 +80,7 @@ class ControllerServer:
     stats: collections.Counter[str] = attrs.field(factory=collections.Counter)
     gate: Gate = attrs.field(factory=Gate)
     _nursery: trio.Nursery | None = None
+    _watched: set[str] = attrs.field(factory=set, init=False)  # providers whose lease expiry is watched
 
     def __attrs_post_init__(self) -> None:
         self.cluster.on_host_change = self.broadcast_host
@@ -288,6 +289,29 @@ class ControllerServer:
         for session in list(self.sessions):
             if session.replica == replica:
                 session.disconnect()
+
+    def lease_freed(self, provider: str) -> None:
+        """``provider``'s lease ended (released, or expired unrenewed): tell every connection that was denied it as
+        ``held`` (``LeaseFreed``), so a standby acquires at once, within the rules (grace, quorum) of its request."""
+        if self.cluster.leases.live(provider, trio.current_time()) is not None:
+            return  # a released lease already granted again (nothing freed): the waiters stay waiting
+        for session in self.sessions:
+            session.notify_freed(provider)
+
+    def watch_expiry(self, provider: str) -> None:
+        """Push ``LeaseFreed`` when ``provider``'s live lease expires unrenewed (one watcher per provider)."""
+        if self._nursery is not None and provider not in self._watched:
+            self._watched.add(provider)
+            self._nursery.start_soon(self._watch_expiry, provider)
+
+    async def _watch_expiry(self, provider: str) -> None:
+        try:
+            # Sleeps to a deadline a renewal may move (looked up again on waking): no event to wait on.
+            while (lease := self.cluster.leases.live(provider, trio.current_time())) is not None:  # noqa: ASYNC110
+                await trio.sleep_until(lease.expires_at)
+        finally:
+            self._watched.discard(provider)
+        self.lease_freed(provider)
 
     def _start_lost_timer(self, instance_ref: str) -> None:
         if self._nursery is not None:

@@ -39,6 +39,10 @@ from provisionerd.wire.messages import (
     Heartbeat,
     HeartbeatAck,
     Join,
+    LeaseDenied,
+    LeaseFreed,
+    LeaseGrant,
+    LeaseRelease,
     Message,
     Rejected,
     ResyncPage,
@@ -76,6 +80,10 @@ class Session:
     pending_hosts: dict[str, HostState] = attrs.field(factory=dict)
     #: Host-state changes queued for this connection so far (the digest's and HostStatePush's ``seq``).
     host_seq: int = 0
+    #: Providers this connection was denied as ``held`` since its last grant of them: told ``LeaseFreed`` when the
+    #: lease ends (``ControllerServer.lease_freed``), so a standby acquires at once instead of at ``retryAfter``.
+    waiting: set[str] = attrs.field(factory=set)
+    pending_freed: set[str] = attrs.field(factory=set)
     _tasks: trio.Nursery | None = attrs.field(default=None, init=False)
 
     @property
@@ -106,6 +114,12 @@ class Session:
         if self.role is Role.PROVISIONER and host.provider in self.providers:
             self.pending_hosts[host.instance_ref] = host
             self.host_seq += 1
+            self.changed.set()
+
+    def notify_freed(self, provider: str) -> None:
+        if provider in self.waiting:
+            self.waiting.discard(provider)
+            self.pending_freed.add(provider)
             self.changed.set()
 
     def disconnect(self) -> None:
@@ -242,6 +256,14 @@ class Session:
                 await self.send(AdminReply(True, json.dumps(server.status(), sort_keys=True)), corr)
             case _:
                 reply = provisioner_reply(cluster, self.replica, self.holder, self.providers, msg, now)
+                match reply:
+                    case LeaseDenied(provider=provider, reason="held"):
+                        self.waiting.add(provider)
+                        server.watch_expiry(provider)
+                    case LeaseGrant(provider=provider):
+                        self.waiting.discard(provider)
+                    case Ack() if isinstance(msg, LeaseRelease):
+                        server.lease_freed(msg.provider)
                 await self.send(reply, corr)
 
     async def _resync(self, request: ResyncRequest, corr: int) -> None:
@@ -283,6 +305,8 @@ class Session:
                 frames: list[tuple[Message, int]] = (
                     [(attrs.evolve(push, seq=self.host_seq), 0) for push in host_pushes(hosts)] if hosts else []
                 )
+                frames += [(LeaseFreed(provider), 0) for provider in sorted(self.pending_freed)]
+                self.pending_freed.clear()
                 snapshot = cluster.demand
                 if self.force_demand or snapshot.seq != self.demand_sent:
                     frames += [(page, 0) for page in demand_pages(snapshot.seq, snapshot.items)]

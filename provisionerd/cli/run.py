@@ -8,7 +8,8 @@ change that needs a restart (controller, identity, TLS, the provider set, a prov
 not applied at all: the running config stays entirely in force and the fields are named in the log, in the event
 ``config_reloaded`` (``restart_needed``) and in ``status`` (``reload``).
 SIGTERM and SIGINT release every lease (bounded) and exit 0. An admin socket directory that another user could
-change refuses the start with exit 2 (``InsecurePath``).
+change refuses the start with exit 2 (``InsecurePath``), and so does an admin socket another live daemon serves
+(``AdminSocketInUse``: a second start of the same config; the message names the process that holds it).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from provisionerd.cli.logs import add_log_format_argument, setup_daemon_logging
 from provisionerd.config.loader import Config
 from provisionerd.config.proofs import load_proven  # the proofs gate a start and every reload
 from provisionerd.daemon import systemd
-from provisionerd.daemon.admin_socket import prepare_socket_dir
+from provisionerd.daemon.admin_socket import AdminSocketInUse, prepare_socket_dir, refuse_if_in_use
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import ConfigError, InsecurePath
 
@@ -82,6 +83,11 @@ def main(argv: list[str]) -> int:
         print(f"provisionerd run: {exc}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:  # raised inside the daemon's nursery (a metrics address that cannot be bound)
+        in_use = group.subgroup(AdminSocketInUse)  # lost a race with another start of this config
+        if in_use is not None:
+            for leaf in _leaves(in_use):
+                print(f"provisionerd run: refusing to start: {leaf}", file=sys.stderr)
+            return 2
         found = group.subgroup(ConfigError)
         if found is None:
             raise
@@ -91,19 +97,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _leaves(group: BaseExceptionGroup[ConfigError]) -> list[BaseException]:
+def _leaves(group: BaseExceptionGroup[Exception]) -> list[BaseException]:
     return [
         leaf for exc in group.exceptions for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     ]
 
 
 def _refuse_insecure_paths(config: Config) -> int | None:
-    """Exit 2 on an admin socket directory another user could change (``InsecurePath``), before anything starts."""
+    """Exit 2 on an admin socket directory another user could change (``InsecurePath``) or an admin socket another
+    live daemon serves (``AdminSocketInUse``), before anything starts (the events file is not even opened)."""
     socket = config.daemon.admin_socket
     try:
         if socket is not None:
             prepare_socket_dir(socket)
-    except (InsecurePath, OSError) as exc:
+            refuse_if_in_use(socket)
+    except (InsecurePath, AdminSocketInUse, OSError) as exc:
         print(f"provisionerd run: refusing to start: {exc}", file=sys.stderr)
         return 2
     return None

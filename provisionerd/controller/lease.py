@@ -5,7 +5,10 @@ only until ``renew_sent + ttl - margin``, where ``renew_sent`` is the local mono
 was *sent* (the controller's TTL started no earlier than that, so the local deadline is conservative however long
 the reply took). When that deadline passes without a successful renewal the lease **lapses at once**: the state
 changes, waiters and guards are woken or cancelled, and a ``lease_lost`` event is emitted. The keeper then
-re-acquires with jittered exponential backoff (or the controller's ``retry_after``).
+re-acquires with jittered exponential backoff (or the controller's ``retry_after``). A keeper waiting after a
+denial is woken early by ``lease_freed`` (the controller pushed ``LeaseFreed``: the holder released the lease or let
+it expire) and asks again at once: a standby takes over a cleanly released lease without waiting out the hint. The
+push is only a hint: the controller's rules (grace, quorum) still decide, and a second denial waits again.
 
 The epochs the keeper holds never go backwards: a grant carrying an epoch below one already held is refused. A
 grant of the *same* epoch after a local lapse is the controller still counting us as the holder of that lease,
@@ -129,6 +132,7 @@ class LeaseKeeper:
         self._changed = trio.Event()
         self._hold_scope: trio.CancelScope | None = None
         self._poked = trio.Event()
+        self._freed = trio.Event()
         #: Called with the epoch on every acquisition (never on a renewal), before anyone is woken: the daemon
         #: uses it to resync before it plans from the view again (another holder's facts are not pushed to us).
         self.on_acquired: list[Callable[[Epoch], None]] = []
@@ -235,6 +239,13 @@ class LeaseKeeper:
         """Renew at once instead of at the next scheduled time (after a rejoin, the new primary may not know us)."""
         self._poked.set()
 
+    def lease_freed(self) -> None:
+        """The controller says the provider's lease ended (``LeaseFreed``): a keeper waiting to acquire asks again now
+        instead of at the end of its wait. Ignored while the lease is held or given back."""
+        if self.state in (LeaseState.NONE, LeaseState.LAPSED):
+            self._events.emit("lease_freed", provider=self.provider)
+            self._freed.set()
+
     def halt(self, reason: str) -> None:
         """Lapse now, whatever epoch is held (every mutation of the daemon is being stopped)."""
         if self.state is LeaseState.HELD:
@@ -267,6 +278,7 @@ class LeaseKeeper:
         while True:
             await self._transport.wait_ready()
             sent = trio.current_time()
+            self._freed = trio.Event()  # a push answers a denial sent from now on (the link keeps the order)
             try:
                 reply = await self._transport.acquire(self.provider)
             except LinkDown as exc:
@@ -277,7 +289,10 @@ class LeaseKeeper:
                 if accepted:
                     assert isinstance(reply, LeaseGranted)
                     return reply, sent
-            await trio.sleep(delay)
+            if delay == float("inf"):  # a grant this keeper cannot use: a push changes nothing (_refuse_unusable)
+                await trio.sleep_forever()
+            with trio.move_on_after(delay):
+                await self._freed.wait()
 
     def _judge_grant(self, reply: LeaseReply, sent: float) -> tuple[float, bool]:
         """Whether an acquire reply is a grant we may hold; otherwise how long to wait before trying again."""

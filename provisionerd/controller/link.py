@@ -47,6 +47,7 @@ from provisionerd.wire.messages import (
     Heartbeat,
     HeartbeatAck,
     HostStatePush,
+    LeaseFreed,
     Message,
     ResyncPage,
     ResyncRequest,
@@ -94,6 +95,7 @@ class Link:
         refresh_interval: float = float("inf"),
         incarnation: str = "",
         base: FactView | None = None,
+        on_lease_freed: Callable[[str], None] | None = None,
     ) -> None:
         self.framed = framed
         self.generation = generation
@@ -104,6 +106,7 @@ class Link:
         self._request_timeout = request_timeout
         self._on_resynced = on_resynced
         self._on_view_changed = on_view_changed
+        self._on_lease_freed = on_lease_freed
         self._corr = corr
         self._providers = providers
         self.pending: dict[int, _Pending] = {}
@@ -323,6 +326,9 @@ class Link:
                     self.host_seq = max(self.host_seq, seq)
                     self.view.apply_hosts(hosts)
                     self._on_view_changed()
+            case LeaseFreed(provider=provider) if corr == 0:
+                if self._on_lease_freed is not None and provider in self._providers:
+                    self._on_lease_freed(provider)
             case ResyncPage(page=page, page_count=count, facts=facts, hosts=hosts) if corr == self._resync_corr:
                 collector = self._resync
                 if collector is None:

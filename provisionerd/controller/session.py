@@ -120,6 +120,9 @@ class ControllerSession:
         self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
         #: Called with each new generation's view once its resync is folded (e.g. to renew leases at once).
         self.on_resync: list[Callable[[ControllerView], None]] = []
+        #: Called with a provider whose lease the controller pushed as freed (``LeaseFreed``): a waiting keeper
+        #: acquires at once instead of at its ``retry_after``.
+        self.on_lease_freed: list[Callable[[str], None]] = []
 
     # --- for the daemon -----------------------------------------------------------------------------------------
 
@@ -350,6 +353,7 @@ class ControllerSession:
             incarnation=reply.incarnation,
             # The facts we hold, if they came from this very incarnation: the first resync asks only for later ones.
             base=self.view.facts if self.view is not None and self._incarnation == reply.incarnation else None,
+            on_lease_freed=self._lease_freed,
         )
         self._incarnation = reply.incarnation
         self._link = link
@@ -364,6 +368,10 @@ class ControllerSession:
             self._events.emit("link_down", address=address, generation=self.generation, reason=link.reason)
             self._notify()
         raise LinkBroken(link.reason)
+
+    def _lease_freed(self, provider: str) -> None:
+        for callback in self.on_lease_freed:
+            callback(provider)
 
     def _resynced(self, view: ControllerView, reason: str) -> None:
         if self.guard is not None:

@@ -17,10 +17,18 @@ within ``CLIENT_TIMEOUT``), the reply's send (``CLIENT_TIMEOUT``), the connectio
 (``MAX_CONNECTIONS``: more are answered ``busy`` at once), and each command's run (its own ``timeout(request)``:
 past it the reply says ``pending``; a command that must finish what it started runs that part outside the
 request, see ``OrphanActions``).
+
+One daemon per socket (issue 22): a socket file left by a daemon that died is removed at start, but one that still
+answers never is. The daemon then refuses to start (``AdminSocketInUse``, exit 2) and names the process that holds
+it (its pid from ``SO_PEERCRED``, its identity and instance from its ``status``), so a second start of one config
+cannot steal ``status`` and ``orphans`` from the first. Two starts racing each other are kept apart by an exclusive
+``flock`` on ``<socket>.lock`` (0600, next to the socket, held while the socket is served and never removed: a
+removed lock file could be locked twice).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -34,7 +42,8 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.telemetry.files import check_private_dir, make_private_dir
+from provisionerd.domain.errors import ProvisionerdError
+from provisionerd.telemetry.files import check_private_dir, make_private_dir, open_private
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,77 @@ class Peer:
 
     pid: int | None
     uid: int | None
+
+
+class AdminSocketInUse(ProvisionerdError):
+    """Another live process serves this admin socket (it answered, or holds its lock): the daemon refuses to start
+    rather than take the socket away from it. ``pid`` (None where it cannot be had) and ``holder`` name it."""
+
+    def __init__(self, path: str, pid: int | None, holder: str = "") -> None:
+        self.path = path
+        self.pid = pid
+        self.holder = holder
+        who = f"process {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"admin socket {path!r} is in use by {who}{f' ({holder})' if holder else ''}: another daemon runs with "
+            "this config; stop it first, or give this one its own daemon.admin_socket"
+        )
+
+
+@attrs.frozen
+class SocketHolder:
+    """The process that answers on an admin socket: its pid (``SO_PEERCRED``) and what its status says of it."""
+
+    pid: int | None
+    holder: str = ""
+
+
+def holder_of(path: Path, timeout: float = 2.0) -> SocketHolder | None:  # noqa: ASYNC109 - a blocking helper
+    """The live process serving ``path``, or None when nothing answers there (no file, or a stale one: connection
+    refused). Blocking, bounded by ``timeout``: connect, read the listener's pid, ask ``status`` for its identity
+    and instance. A listener that accepts but does not answer in time is still a live holder."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return None
+        pid = _peer_of_socket(sock).pid
+        holder = ""
+        try:
+            sock.sendall(b'{"cmd": "status"}\n')
+            data = bytearray()
+            while len(data) < MAX_REPLY and (chunk := sock.recv(65536)):
+                data += chunk
+            status = json.loads(bytes(data)).get("status", {})
+            process = status.get("process", {})
+            holder = f"identity {status.get('identity')!r}, instance {process.get('instance')!r}"
+        except (OSError, ValueError, AttributeError):
+            pass  # it answers, and that is enough to refuse: what it says only adds detail
+        return SocketHolder(pid, holder)
+
+
+def refuse_if_in_use(path: Path) -> None:
+    """Raise ``AdminSocketInUse`` when a live process answers on ``path`` (blocking, bounded; see ``holder_of``)."""
+    holder = holder_of(path)
+    if holder is not None:
+        raise AdminSocketInUse(str(path), holder.pid, holder.holder)
+
+
+def _lock_socket(path: Path) -> int:
+    """Take ``<path>.lock`` (exclusive ``flock``, not waiting) and return its descriptor, or raise
+    ``AdminSocketInUse`` when another process holds it (naming it when it already answers on the socket)."""
+    fd = open_private(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = holder_of(path)
+        raise AdminSocketInUse(str(path), *((holder.pid, holder.holder) if holder else (None, "starting"))) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @attrs.define
@@ -100,7 +180,8 @@ async def serve_admin_socket(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit. Raises
-    ``InsecurePath`` (before serving) on a directory another user could change.
+    ``InsecurePath`` (before serving) on a directory another user could change, and ``AdminSocketInUse`` when
+    another live process serves ``path`` (its socket is left alone).
     ``on_refusal(code, message)`` hears every request the socket itself refuses (the daemon logs and counts them:
     ``daemon.admin_guard``); each such reply names its ``refused`` code."""
     commands = dict(commands or {})
@@ -114,7 +195,26 @@ async def serve_admin_socket(
 
     # A local directory and socket file, once at start and once at exit: not worth a worker thread each.
     prepare_socket_dir(path)
-    if path.is_socket():  # noqa: ASYNC240
+    lock = await trio.to_thread.run_sync(_lock_socket, path)
+    try:
+        await _serve_locked(path, status, commands, counts, own_uid, refuse, task_status)
+    finally:
+        os.close(lock)
+
+
+async def _serve_locked(
+    path: Path,
+    status: Callable[[], dict[str, Any]],
+    commands: Mapping[str, Command],
+    counts: AdminSocketCounts,
+    own_uid: int,
+    refuse: Callable[..., dict[str, Any]],
+    task_status: trio.TaskStatus[None],
+) -> None:
+    holder = await trio.to_thread.run_sync(holder_of, path)
+    if holder is not None:  # a daemon that does not take the lock (an older one) still answers there
+        raise AdminSocketInUse(str(path), holder.pid, holder.holder)
+    if path.is_socket():  # noqa: ASYNC240 - stale: nothing answers on it
         path.unlink()  # noqa: ASYNC240
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     in_progress = 0
@@ -234,11 +334,16 @@ async def _answer(
 
 def _peer(stream: trio.SocketStream) -> Peer:
     """The connecting process (Linux ``SO_PEERCRED``); its fields are None where they cannot be had."""
+    return _peer_of_socket(stream.socket)
+
+
+def _peer_of_socket(sock: Any) -> Peer:
+    """The process at the other end of a connected unix socket (for a client: the one that listens)."""
     option = getattr(socket, "SO_PEERCRED", None)
     if option is None:
         return Peer(None, None)
     try:
-        raw = stream.socket.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+        raw = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", raw)
     except (OSError, struct.error):
         return Peer(None, None)

@@ -237,6 +237,7 @@ def build_pieces(
         guard.on_halt.append(functools.partial(_halt_keeper, keeper))
     guard.on_halt.append(functools.partial(_halt_session, session))
     session.on_resync.append(functools.partial(_renew_all, keepers))
+    session.on_lease_freed.append(functools.partial(_lease_freed, keepers))
     return Pieces(
         current=current,
         identity=session.settings.identity,
@@ -278,3 +279,9 @@ def _halt_session(session: ControllerSession, finding: Amnesia) -> None:
 def _renew_all(keepers: Mapping[str, LeaseKeeper], _view: ControllerView) -> None:
     for keeper in keepers.values():
         keeper.renew_now()
+
+
+def _lease_freed(keepers: Mapping[str, LeaseKeeper], provider: str) -> None:
+    keeper = keepers.get(provider)
+    if keeper is not None:
+        keeper.lease_freed()

@@ -53,7 +53,7 @@ from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import ProviderClient
-from provisionerd.telemetry.events import EventLog
+from provisionerd.telemetry.events import EventLog, ProcessInstance
 
 log = logging.getLogger("provisionerd")
 
@@ -100,6 +100,7 @@ class DaemonCore:
         )
         pieces = self.pieces
         self.events = pieces.events
+        self.events.process = ProcessInstance.current(pieces.session.instance)  # the name the controller knows us by
         self.session = pieces.session
         self.ops = pieces.ops
         self.keepers = pieces.keepers
@@ -202,6 +203,7 @@ class DaemonCore:
         return {
             "cluster": self.config.cluster,
             "identity": self.config.identity,
+            "process": self.events.process.as_field(),
             "link": self.session.status(),
             "leases": leases,
             "controller": {**self.guard.status(), "halted_refusals": self.gate.halted_refusals},

@@ -5,6 +5,11 @@ with ``ts`` (wall clock, epoch seconds), ``mono`` (trio's clock when inside ``tr
 same at INFO for humans, and keeps the most recent events in memory for ``provisionerd status`` and tests.
 ``listeners`` are called with each record after it is written (the Prometheus counters: ``telemetry.metrics``).
 
+Every record names the process that wrote it: ``"process": {"pid": ..., "instance": ...}`` (``ProcessInstance``),
+so two daemons appending to one events file (two starts of one config, say) stay apart. ``instance`` is random per
+process start (16 hex characters); ``DaemonCore`` sets it to its ``Join.instance``, the name the controller knows
+the process (lease holder) by.
+
 Kinds emitted by the daemon: ``link_up``, ``link_down``, ``redirect``, ``join``, ``join_refused``, ``resync``,
 ``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_released``, ``gate``,
 ``controller_amnesia``, ``controller_reset_accepted``.
@@ -17,11 +22,13 @@ import collections
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+import attrs
 import trio
 
 from provisionerd.telemetry.files import open_private
@@ -41,6 +48,21 @@ def _mono() -> float | None:
         return None
 
 
+@attrs.frozen
+class ProcessInstance:
+    """Which process start wrote an event: its pid and a random name of the start (never reused)."""
+
+    pid: int
+    instance: str
+
+    @classmethod
+    def current(cls, instance: str = "") -> ProcessInstance:
+        return cls(os.getpid(), instance or secrets.token_hex(8))
+
+    def as_field(self) -> dict[str, Any]:
+        return {"pid": self.pid, "instance": self.instance}
+
+
 class EventLog:
     """Append-only events: an optional JSON-lines file, the ``logging`` module, and a bounded in-memory tail.
 
@@ -48,7 +70,9 @@ class EventLog:
     decision it records has consequences; ``emit`` never raises on a full disk, it logs the failure once.
     """
 
-    def __init__(self, path: Path | None = None, *, keep: int = 1000) -> None:
+    def __init__(self, path: Path | None = None, *, keep: int = 1000, process: ProcessInstance | None = None) -> None:
+        #: Named in every record (``"process"``); replace it with ``attrs.evolve`` to name the start otherwise.
+        self.process = process if process is not None else ProcessInstance.current()
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._path = path
@@ -59,7 +83,13 @@ class EventLog:
             self._file = os.fdopen(open_private(path), "a", encoding="utf-8")
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record: dict[str, Any] = {"ts": round(time.time(), 6), "mono": _mono(), "event": event, **fields}
+        record: dict[str, Any] = {
+            "ts": round(time.time(), 6),
+            "mono": _mono(),
+            "event": event,
+            "process": self.process.as_field(),
+            **fields,
+        }
         self.recent.append(record)
         line = json.dumps(record, default=_json_default, sort_keys=False)
         log.info("%s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()), extra=event_extra(event, fields))

@@ -48,7 +48,7 @@ MAX_BODY_BYTES: dict[str, int] = {
         (
             "joinReply", "heartbeat", "heartbeatAck", "errorMsg", "rejected", "ack", "leaseAcquire", "leaseRenew",
             "leaseRelease", "leaseGrant", "leaseDenied", "factAck", "workerStatus", "adminFailover",
-            "adminQuorum", "adminStatus",
+            "adminQuorum", "adminStatus", "leaseFreed",
         ),
         SMALL_BODY,
     ),

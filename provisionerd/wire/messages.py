@@ -180,6 +180,14 @@ class LeaseDenied:
     retry_after_ms: int = 0
 
 
+@attrs.frozen
+class LeaseFreed:
+    """ctl -> provisioner push: ``provider``'s lease ended (released or expired) after this connection was denied it
+    as ``held``. A hint to acquire now rather than at ``retry_after_ms``; never a grant."""
+
+    provider: str
+
+
 # --- demand, facts, hosts --------------------------------------------------------------------------------------
 
 
@@ -291,6 +299,7 @@ Message = (
     | AdminQuorum
     | AdminStatus
     | AdminReply
+    | LeaseFreed
 )
 
 #: Every message class, in the order of the ``Frame.body`` union in the schema.

@@ -30,6 +30,7 @@ from provisionerd.wire.messages import (
     JoinReply,
     LeaseAcquire,
     LeaseDenied,
+    LeaseFreed,
     LeaseGrant,
     LeaseRelease,
     LeaseRenew,
@@ -59,6 +60,7 @@ ALLOWED: dict[Role, frozenset[type]] = {
             ResyncPage,
             HostStatePush,
             AdminReply,
+            LeaseFreed,
         }
     ),
 }

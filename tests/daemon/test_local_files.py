@@ -97,6 +97,7 @@ def test_under_umask_000_every_file_the_daemon_writes_is_0600_in_0700_directorie
         "log/deep/events.jsonl",
         "run",
         "run/pd",
+        "run/pd/admin.sock.lock",  # the lock that keeps a second start off a live socket (0600, kept)
         "state",
         "state/sub",
         "state/sub/controller.c1.json",

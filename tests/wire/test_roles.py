@@ -35,6 +35,7 @@ SPEC = {
         m.ResyncPage,
         m.HostStatePush,
         m.AdminReply,
+        m.LeaseFreed,
     },
 }
 

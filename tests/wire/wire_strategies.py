@@ -125,5 +125,6 @@ MESSAGE_STRATEGIES = {
     m.AdminQuorum: st.builds(m.AdminQuorum, st.booleans()),
     m.AdminStatus: st.just(m.AdminStatus()),
     m.AdminReply: st.builds(m.AdminReply, st.booleans(), text),
+    m.LeaseFreed: st.builds(m.LeaseFreed, text),
 }
 messages = st.one_of(*MESSAGE_STRATEGIES.values())

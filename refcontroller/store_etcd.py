@@ -1,0 +1,164 @@
+"""The reference controller's durable state on etcd (issue 22): the same ``FactStore`` interface, replicated.
+
+etcd holds the truth as one **operation log** under the store's prefix: ``ops/<n>`` (zero-padded, so key order is
+log order) is one write of the store (a fact appended, a lease grantee recorded, the demand replaced, a join token
+used), ``ops/next`` the next ``n``. The primary keeps a **mirror**: an in-memory SQLite ``FactStore`` built by
+replaying the log when it is elected, so every read (resync, paging, lifecycle, token claims) is the SQLite code
+the embedded store runs, and a fact's index is the one replaying gives (the same on every replica, since the log
+is applied in one order by one code).
+
+**Each write is one etcd transaction that compares the expected next index and the primary's claim**
+(``election_etcd.EtcdElection.fence``): ``ops/next == n`` and ``primary == our claim``; it then puts ``ops/<n>``
+and ``ops/next = n + 1``. So a deposed primary (its lease expired while it was stopped or partitioned, or another
+replica was elected) cannot commit: its compare fails. Only a write etcd accepted is acknowledged.
+
+The mirror applies a write before etcd does (the SQLite code decides what the write is, e.g. whether a token was
+already used); when the etcd transaction then fails the mirror is ahead of the log, so the store is **poisoned**:
+``StoreFailure`` now and for every later write, and ``on_deposed`` tells the replica to step down and drop the
+mirror (a new election replays a new one). A write whose etcd answer was lost (timeout) is treated the same: the
+log may or may not hold it, and the next primary's replay decides.
+
+The term is not written here: the election advances it in its own transaction (``save_term`` only records it in
+the mirror). The incarnation is ``meta/incarnation``, created once by whichever replica first opens the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from provisionerd.domain.model import CommittedFact, DemandSnapshot, Fact
+from refcontroller.election_etcd import EtcdElection
+from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
+from refcontroller.store import FactStore
+from refcontroller.store_etcd_client import EtcdClient, EtcdError, absent, put, value_is
+from refcontroller.store_mark import StoreRefused, new_incarnation_id
+from refcontroller.store_tx import StoreFailure
+
+log = logging.getLogger(__name__)
+
+#: Log entries read per request while replaying.
+REPLAY_PAGE = 500
+
+
+def _op_key(prefix: bytes, n: int) -> bytes:
+    return prefix + b"ops/%020d" % n
+
+
+def open_incarnation(client: EtcdClient, prefix: bytes) -> str:
+    """The store's incarnation: created once (the first replica to open it), then read by every other."""
+    key = prefix + b"meta/incarnation"
+    client.txn([absent(key)], [put(key, new_incarnation_id().encode())])
+    kv = client.get(key)
+    if kv is None:
+        raise StoreRefused(f"etcd store {prefix.decode()!r}: no incarnation after creating one")
+    return kv.value.decode()
+
+
+class EtcdFactStore(FactStore):
+    """A ``FactStore`` whose writes go to etcd first-class (see the module docstring). Open with ``replay``."""
+
+    client: EtcdClient
+    election: EtcdElection
+    prefix: bytes
+    next_op: int
+    deposed: str
+    on_deposed: Callable[[str], None] | None
+
+    @classmethod
+    def replay(cls, client: EtcdClient, election: EtcdElection, prefix: bytes = b"provisionerd/") -> EtcdFactStore:
+        """Build the mirror from the whole log. Raises ``EtcdError`` (etcd unreachable) or ``StoreRefused`` (a log
+        with a gap, or an entry this code cannot apply)."""
+        incarnation = open_incarnation(client, prefix)
+        store = cls.open(":memory:", incarnation=incarnation)  # the mirror: FactStore's own schema and code
+        assert isinstance(store, EtcdFactStore)
+        store.client, store.election, store.prefix = client, election, prefix
+        store.deposed, store.on_deposed = "", None
+        n = 1
+        while page := client.range_from(_op_key(prefix, n), prefix + b"ops/:", REPLAY_PAGE):  # ':' follows '9'
+            for kv in page:
+                if kv.key != _op_key(prefix, n):
+                    raise StoreRefused(f"etcd store {prefix.decode()!r}: entry {n} missing (found {kv.key!r})")
+                store._apply(json.loads(kv.value))
+                n += 1
+        store.next_op = n
+        stored_next = client.get(prefix + b"ops/next")
+        if (int(stored_next.value) if stored_next else 1) != n:
+            raise StoreRefused(f"etcd store {prefix.decode()!r}: ops/next disagrees with the {n - 1} entries")
+        log.info("etcd store replayed: %d entries, %d facts, incarnation %s", n - 1, store.count(), incarnation)
+        return store
+
+    # --- replaying --------------------------------------------------------------------------------------------
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        kind, args = op.get("op"), op.get("args", [])
+        match kind:
+            case "append":
+                FactStore.append(self, fact_from_json(args[0]), args[1])
+            case "grantee":
+                FactStore.save_grantee(self, args[0], args[1])
+            case "demand":
+                FactStore.save_demand(self, DemandSnapshot(int(args[0]), demand_items_from_json(args[1])))
+            case "token":
+                FactStore.use_token(self, args[0], args[1], float(args[2]), args[3])
+            case _:
+                raise StoreRefused(f"etcd store {self.prefix.decode()!r}: unknown entry {kind!r}")
+
+    # --- writes: the mirror first, then the fenced etcd transaction ---------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self.deposed:
+            raise StoreFailure(f"this replica was deposed: {self.deposed}")
+
+    def _log(self, kind: str, *args: Any) -> None:
+        n = self.next_op
+        next_key = self.prefix + b"ops/next"
+        expected = value_is(next_key, str(n).encode()) if n > 1 else absent(next_key)
+        body = json.dumps({"op": kind, "args": list(args)}, separators=(",", ":")).encode()
+        try:
+            ok = self.client.txn(
+                [self.election.fence(), expected],
+                [put(_op_key(self.prefix, n), body), put(next_key, str(n + 1).encode())],
+            )
+        except EtcdError as exc:
+            self._depose(f"entry {n} not confirmed by etcd: {exc}")
+            raise StoreFailure(f"etcd: {exc}") from exc
+        if not ok:
+            self._depose(f"entry {n} refused: the primary claim or the next index moved (another primary?)")
+            raise StoreFailure(f"not committed: {self.deposed}")
+        self.next_op = n + 1
+
+    def _depose(self, reason: str) -> None:
+        self.deposed = reason
+        log.warning("etcd store deposed: %s", reason)
+        if self.on_deposed is not None:
+            self.on_deposed(reason)
+
+    def save_term(self, term: int) -> None:
+        """The mirror only: the election advanced the term in etcd, in the transaction that made us primary."""
+        FactStore.save_term(self, term)
+
+    def save_demand(self, snapshot: DemandSnapshot) -> None:
+        self._check_writable()
+        FactStore.save_demand(self, snapshot)
+        self._log("demand", snapshot.seq, demand_items_to_json(snapshot.items))
+
+    def save_grantee(self, provider: str, holder: str) -> None:
+        self._check_writable()
+        FactStore.save_grantee(self, provider, holder)
+        self._log("grantee", provider, holder)
+
+    def append(self, fact: Fact, holder: str) -> CommittedFact:
+        self._check_writable()
+        committed = FactStore.append(self, fact, holder)
+        self._log("append", fact_to_json(fact), holder)
+        return committed
+
+    def use_token(self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "") -> bool:
+        self._check_writable()
+        used = FactStore.use_token(self, token_hash, instance_ref, at, rejoin_hash)
+        if used:
+            self._log("token", token_hash, instance_ref, at, rejoin_hash)
+        return used
