@@ -57,6 +57,7 @@ CHECKS: tuple[Check, ...] = (
     Check("host states pushed", "host_pushes", state.host_state_pushes),
     Check("failover: no grant without a fresh quorum", "quorum", admin.no_grant_without_quorum),
     Check("failover: grace after promotion", "grace_after_promotion", admin.grace_after_promotion),
+    Check("failover: a fact of the previous term refused", "refuse_stale_epoch", admin.previous_term_fact_refused),
 )
 
 

@@ -93,15 +93,24 @@ async def grace_after_promotion(ctx: Context) -> str:
     regrant = await again.request(LeaseAcquire(provider))
     if isinstance(regrant, LeaseGrant) and regrant.epoch > old.epoch and regrant.epoch.term > old.epoch.term:
         said.append(f"the last grantee re-granted at once: {regrant.epoch} in {trio.current_time() - start:.2f}s")
-        stale, _ = ctx.intent(provider, old.epoch)
-        reply = await again.request(FactCommit(stale))
-        if isinstance(reply, Rejected) and reply.reason == "stale_epoch":
-            said.append(f"a fact under the old {old.epoch}: stale_epoch")
-        else:
-            problems.append(f"a fact under the previous term's {old.epoch} answered {describe(reply)}")
-        await again.request(LeaseRelease(provider, regrant.epoch))
+        ctx.memo["failover"] = (again, provider, old.epoch, regrant.epoch)
     else:
         problems.append(f"the last grantee's acquire after the failover answered {describe(regrant)}")
     if problems:
         raise CheckFailed("; ".join(problems))
     return "; ".join(said)
+
+
+async def previous_term_fact_refused(ctx: Context) -> str:
+    _needs_admin(ctx)
+    if "failover" not in ctx.memo:
+        raise NotRun("the failover row did not get the lease back in the new term")
+    peer, provider, old, new = ctx.memo.pop("failover")
+    stale, _ = ctx.intent(provider, old)
+    reply = await peer.request(FactCommit(stale))
+    await peer.request(LeaseRelease(provider, new))
+    if not (isinstance(reply, Rejected) and reply.reason == "stale_epoch"):
+        if isinstance(reply, FactAck):
+            ctx.intents.append((provider, stale.op_id))
+        raise CheckFailed(f"a fact under the previous term's {old} (current {new}) answered {describe(reply)}")
+    return f"a fact under the previous term's {old} (current {new}): rejected stale_epoch"
