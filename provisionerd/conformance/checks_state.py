@@ -9,6 +9,7 @@ import trio
 from provisionerd.conformance.context import IDENTITY, Context
 from provisionerd.conformance.peer import Peer, describe, join, join_primary, new_instance
 from provisionerd.conformance.results import CheckFailed, NotRun
+from provisionerd.domain.errors import FrameOverBounds
 from provisionerd.domain.model import Epoch, HostStatus, Role
 from provisionerd.wire import codec
 from provisionerd.wire.messages import (
@@ -164,34 +165,69 @@ async def fact_acks_increase(ctx: Context) -> str:
 # --- resync ---------------------------------------------------------------------------------------------------
 
 
-#: Big intents (each ~145 KB encoded): three of them cannot share one 256 KiB page.
+#: Big intents (each ~145 KB encoded): three of them cannot share one 256 KiB page; and more small ones than one
+#: page may hold (500 items).
 BIG_INTENTS, BIG_COUNT, BIG_REF = 3, 600, 150
-SMALL_INTENTS = 5
+SMALL_INTENTS = RESYNC_PAGE_ITEMS + 1
 
 
-async def _resync(ctx: Context) -> tuple[list[ResyncPage], list[int], list[int], str]:
-    """Commit big and small intents, resync; the pages, their body sizes, the acked indexes, what followed."""
-    if "resync" in ctx.memo:
-        return ctx.memo["resync"]
-    provider = ctx.provider("resync")
+#: The pages, their body sizes, the acked indexes, what followed the last page, the pages refused undecoded.
+Resynced = tuple[list[ResyncPage], list[int], list[int], str, list[str]]
+
+
+def _page_count(body: bytes) -> int:
+    """``ResyncPage.pageCount`` of a page too big to decode, read with pycapnp alone (no list is traversed)."""
+    with codec.schema().Frame.from_bytes(body, traversal_limit_in_words=64) as frame:
+        return int(frame.body.resyncPage.pageCount)
+
+
+async def _resync(ctx: Context) -> Resynced:
+    """The resync the three resync rows look at (once per run)."""
+    if "resync" not in ctx.memo:
+        try:
+            ctx.memo["resync"] = await resync_with(ctx, ctx.provider("resync"), big_first=False)
+        except CheckFailed as exc:  # the other resync rows say the same, without committing it all again
+            ctx.memo["resync"] = exc
+    result: Resynced | CheckFailed = ctx.memo["resync"]
+    if isinstance(result, CheckFailed):
+        raise CheckFailed(f"the resync setup failed: {result}")
+    return result
+
+
+async def resync_with(
+    ctx: Context, provider: str, big_first: bool, small: int = SMALL_INTENTS, big: int = BIG_INTENTS
+) -> Resynced:
+    """Commit ``small`` small and ``big`` big intents on ``provider`` (the small ones first unless ``big_first``),
+    resync it; the pages, their body sizes, the acked indexes, and what followed the last page.
+
+    The rows commit the small ones first: the reference controller pages by the facts' JSON size, which a fact
+    full of short strings exceeds when encoded, so a big fact followed by 499 small ones makes a page above 256 KiB
+    (``tests/conformance/test_kit_reference.py`` keeps that known bug in sight)."""
     peer, _ = await ctx.provisioner([provider])
     grant = await ctx.acquire(peer, provider)
-    acked = []
-    for i in range(BIG_INTENTS + SMALL_INTENTS):
-        big = i < BIG_INTENTS
-        fact, _ = ctx.intent(provider, grant.epoch, BIG_COUNT if big else 1, BIG_REF if big else 0)
-        acked.append(await ctx.commit(peer, fact))
+    bigs = [ctx.intent(provider, grant.epoch, BIG_COUNT, BIG_REF)[0] for _ in range(big)]
+    smalls = [ctx.intent(provider, grant.epoch)[0] for _ in range(small)]
+    acked = await ctx.commit_renewing(peer, provider, grant.epoch, bigs + smalls if big_first else smalls + bigs)
     peer.pushes.clear()
     corr = await peer.send(ResyncRequest((provider,)))
     pages: list[ResyncPage] = []
     sizes: list[int] = []
+    refused: list[str] = []
+    expected: int | None = None
     after = "nothing"
     with trio.move_on_after(ctx.options.timeout * 3) as scope:
-        while not pages or len(pages) < pages[0].page_count:
+        while len(pages) + len(refused) < (pages[0].page_count if pages else expected or 1e9):
             body = await peer.framed.receive_body()
             if body is None:
                 raise CheckFailed(f"the controller closed after {len(pages)} resync pages")
-            envelope = codec.decode(body)
+            try:
+                envelope = codec.decode(body)
+            except FrameOverBounds as exc:  # a page over the list caps our reader (and the daemon's) accepts
+                if codec.peek(body).corr != corr:
+                    raise
+                refused.append(f"a page of {len(body)} bytes our reader refuses: {exc}")
+                expected = expected if expected is not None else _page_count(body)
+                continue
             if envelope.corr == corr and isinstance(envelope.msg, ResyncPage):
                 pages.append(envelope.msg)
                 sizes.append(len(body))
@@ -217,13 +253,13 @@ async def _resync(ctx: Context) -> tuple[list[ResyncPage], list[int], list[int],
     if scope.cancelled_caught:
         after = f"no whole demand snapshot within {ctx.options.timeout * 3:g}s"
     await peer.request(LeaseRelease(provider, grant.epoch))
-    result = (pages, sizes, acked, after)
-    ctx.memo["resync"] = result
-    return result
+    return pages, sizes, acked, after, refused
 
 
 async def resync_in_log_order(ctx: Context) -> str:
-    pages, _, acked, _ = await _resync(ctx)
+    pages, _, acked, _, refused = await _resync(ctx)
+    if refused:
+        raise NotRun(f"{len(refused)} page(s) could not be read (see the page-bounds row)")
     numbers = [p.page for p in pages]
     if numbers != list(range(len(pages))) or {p.page_count for p in pages} != {len(pages)}:
         raise CheckFailed(f"pages numbered {numbers} of {[p.page_count for p in pages]}")
@@ -237,7 +273,13 @@ async def resync_in_log_order(ctx: Context) -> str:
 
 
 async def resync_page_bounds(ctx: Context) -> str:
-    pages, sizes, _, _ = await _resync(ctx)
+    pages, sizes, _, _, refused = await _resync(ctx)
+    if refused:
+        raise CheckFailed("; ".join(refused))
+    return page_bound_evidence(pages, sizes)
+
+
+def page_bound_evidence(pages: list[ResyncPage], sizes: list[int]) -> str:
     problems = []
     for page, size in zip(pages, sizes, strict=True):
         items = len(page.facts) + len(page.hosts)
@@ -247,11 +289,12 @@ async def resync_page_bounds(ctx: Context) -> str:
             problems.append(f"page {page.page} is {size} bytes (at most {PAGE_BYTES})")
     if problems:
         raise CheckFailed("; ".join(problems))
-    return f"{len(pages)} pages of {sizes} bytes (at most {PAGE_BYTES}), items {[len(p.facts) for p in pages]}"
+    counts = [len(p.facts) + len(p.hosts) for p in pages]
+    return f"{len(pages)} pages of {sizes} bytes and {counts} items (at most {PAGE_BYTES}, {RESYNC_PAGE_ITEMS})"
 
 
 async def demand_after_resync(ctx: Context) -> str:
-    _, _, _, after = await _resync(ctx)
+    after = (await _resync(ctx))[3]
     if after.startswith("no "):
         raise CheckFailed(after + " after the last resync page")
     return after + " after the last page"
@@ -294,7 +337,8 @@ async def host_state_pushes(ctx: Context) -> str:
     if not ctx.connector.has_role(Role.WORKER):
         raise NotRun(f"no worker certificate in {ctx.connector.certs_dir}")
     tokens = await ctx.tokens()
-    holder, ref = tokens.holder, tokens.refs[2]
+    holder, _ = await ctx.provisioner([tokens.provider])  # a fresh link: an idle one may have been dropped
+    ref = tokens.refs[2]
     worker, _ = await join_primary(
         ctx.connector, ctx.addresses, Join(Role.WORKER, IDENTITY, instance_ref=ref, token=tokens.tokens[2])
     )

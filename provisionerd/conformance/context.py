@@ -29,10 +29,13 @@ from provisionerd.wire.messages import (
     LeaseDenied,
     LeaseGrant,
     LeaseRelease,
+    LeaseRenew,
     Message,
 )
 
 IDENTITY = "conformance-kit"
+#: Facts committed between two lease renewals.
+COMMIT_BATCH = 50
 
 
 @attrs.frozen
@@ -46,12 +49,11 @@ class KitOptions:
 
 @attrs.frozen
 class Tokens:
-    """The workers the kit's intent gave a token to (instance refs and tokens, in order) and the provisioner."""
+    """The workers the kit's intent gave a token to (instance refs and tokens, in order) and their provider."""
 
     provider: str
     refs: tuple[str, ...]
     tokens: tuple[str, ...] = attrs.field(repr=False)
-    holder: Peer
 
 
 @attrs.define(eq=False)
@@ -111,6 +113,27 @@ class Context:
             self.intents.append((fact.provider, fact.op_id))
         return reply.index
 
+    async def commit_renewing(self, peer: Peer, provider: str, epoch: Epoch, facts: Sequence[Any]) -> list[int]:
+        """``commit_many`` in batches, renewing the lease before each, as a daemon would: many commits take time."""
+        acked: list[int] = []
+        for start in range(0, len(facts), COMMIT_BATCH):
+            renewed = await peer.request(LeaseRenew(provider, epoch))
+            if not isinstance(renewed, LeaseGrant):
+                raise CheckFailed(f"renew of {epoch} after {start} commits answered {describe(renewed)}")
+            acked += await self.commit_many(peer, facts[start : start + COMMIT_BATCH])
+        return acked
+
+    async def commit_many(self, peer: Peer, facts: Sequence[Any]) -> list[int]:
+        """Commit ``facts`` pipelined; their indexes. ``CheckFailed`` naming the first one not acknowledged."""
+        replies = await peer.request_many([FactCommit(fact) for fact in facts])
+        for fact, reply in zip(facts, replies, strict=True):
+            if isinstance(reply, FactAck) and isinstance(fact, RequestIntent):
+                self.intents.append((fact.provider, fact.op_id))
+        for fact, reply in zip(facts, replies, strict=True):
+            if not isinstance(reply, FactAck):
+                raise CheckFailed(f"FactCommit of {type(fact).__name__} {fact.op_id!r} answered {describe(reply)}")
+        return [reply.index for reply in replies if isinstance(reply, FactAck)]
+
     def intent(self, provider: str, epoch: Epoch, count: int = 1, ref_size: int = 0) -> tuple[RequestIntent, list[str]]:
         """An intent for ``count`` machines, its tokens returned apart (``ref_size``: pad instance refs to it)."""
         op = self.op_id()
@@ -129,7 +152,8 @@ class Context:
             grant = await self.acquire(peer, provider)
             fact, tokens = self.intent(provider, grant.epoch, count=6)
             await self.commit(peer, fact)
-            self._tokens = Tokens(provider, fact.instance_refs, tuple(tokens), peer)
+            await peer.request(LeaseRelease(provider, grant.epoch))
+            self._tokens = Tokens(provider, fact.instance_refs, tuple(tokens))
         return self._tokens
 
     async def admin(self, msg: Message) -> dict[str, Any]:
@@ -154,12 +178,15 @@ class Context:
             try:
                 peer, _ = await self.provisioner([provider])
                 grant = await self.acquire(peer, provider)
-                for op in ops:
-                    reply = await peer.request(FactCommit(RequestFailed(provider, grant.epoch, op, "conformance kit")))
-                    if isinstance(reply, FactAck):
-                        ended += 1
-                    else:
-                        problems.append(f"{op}: {describe(reply)}")
+                for start in range(0, len(ops), COMMIT_BATCH):
+                    batch = ops[start : start + COMMIT_BATCH]
+                    await peer.request(LeaseRenew(provider, grant.epoch))
+                    failed = [FactCommit(RequestFailed(provider, grant.epoch, op, "conformance kit")) for op in batch]
+                    for op, reply in zip(batch, await peer.request_many(failed), strict=True):
+                        if isinstance(reply, FactAck):
+                            ended += 1
+                        else:
+                            problems.append(f"{op}: {describe(reply)}")
                 await peer.request(LeaseRelease(provider, grant.epoch))
             except CheckFailed as exc:
                 problems.append(f"{provider}: {exc}")

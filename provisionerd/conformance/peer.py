@@ -103,6 +103,17 @@ class Peer:
         corr = await self.send(msg)
         return await self.reply_to(corr, type(msg).__name__, timeout)
 
+    async def request_many(self, msgs: Sequence[Message], batch: int = 100) -> list[Message]:
+        """Send ``msgs`` pipelined, ``batch`` frames per write, and return their replies in order (a controller
+        answers one connection's requests in order, so each reply is read in turn)."""
+        replies: list[Message] = []
+        for start in range(0, len(msgs), batch):
+            chunk = [(msg, self.next_corr()) for msg in msgs[start : start + batch]]
+            await self.framed.send_many(chunk)
+            for msg, corr in chunk:
+                replies.append(await self.reply_to(corr, type(msg).__name__))
+        return replies
+
     async def reply_to(self, corr: int, what: str, timeout: float | None = None) -> Message:
         wait = self.timeout if timeout is None else timeout
         deadline = trio.current_time() + wait

@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 import trio
 
+from provisionerd.conformance import checks_state as state
 from provisionerd.conformance.battery import CHECKS, Report, run_battery
-from provisionerd.conformance.context import KitOptions
-from provisionerd.conformance.results import Status
+from provisionerd.conformance.context import Context, KitOptions
+from provisionerd.conformance.peer import Connector
+from provisionerd.conformance.results import CheckFailed, Status
 from refcontroller.api import open_refcontroller_process
 from refcontroller.rules import ENV, Rules
 
 pytestmark = pytest.mark.slow
 
-#: Short leases, so the grace after the controller's start (ttl + check interval) is over in 2.5 s.
-TTL, CHECK = 2.0, 0.5
+#: Short leases, so the grace after the controller's start (ttl + check interval) is over in 3.5 s.
+TTL, CHECK = 3.0, 0.5
 ADMIN_ROWS = sum(c.admin for c in CHECKS)
 
 
@@ -93,3 +95,25 @@ def test_rules_are_all_on_by_default_and_unknown_names_refused() -> None:
     assert Rules.from_env({ENV: "page_bounds, role_allowlist"}) == Rules(page_bounds=False, role_allowlist=False)
     with pytest.raises(ValueError, match="no rule 'grace'"):
         Rules.without("grace")
+
+
+@pytest.mark.xfail(
+    reason="a bug the kit found in the reference controller, left for its owners: it pages a resync by the facts'"
+    " JSON size (refcontroller/paging.py, store.fact_sizes), and a big intent followed by 499 small facts encodes"
+    " to a page above the 256 KiB of docs/protocol.md §6.5 (~287 KB); fix it, and this test XPASSes (strict)",
+    raises=CheckFailed,
+    strict=True,
+)
+def test_the_kit_catches_a_resync_page_the_reference_controller_sizes_wrong(certs: Path, tmp_path: Path) -> None:
+    async def run() -> str:
+        async with open_refcontroller_process(
+            certs, tmp_path / "data", replicas=1, lease_ttl=TTL, check_interval=CHECK
+        ) as ctl:
+            ctx = Context(Connector(certs), ctl.addresses, KitOptions())
+            try:
+                pages, sizes, *_ = await state.resync_with(ctx, ctx.provider("bigfirst"), True, small=499, big=1)
+                return state.page_bound_evidence(pages, sizes)
+            finally:
+                await ctx.cleanup()
+
+    trio.run(run)
