@@ -38,6 +38,7 @@ from provisionerd.domain.model import (
 )
 from refcontroller.jsonconv import fact_to_json
 from refcontroller.leases import Lease
+from refcontroller.rules import RULES
 from refcontroller.store import LatestFact
 
 NOT_PRIMARY = "not_primary"
@@ -108,7 +109,7 @@ def epoch_rejection(
         if fact.epoch.term < term or (latest is not None and fact.epoch < latest.epoch):
             return Rejection(STALE_EPOCH, f"epoch {fact.epoch} is older than term {term} or the latest fact")
         return Rejection(NO_LEASE, f"provider {fact.provider!r} has no live lease")
-    if fact.epoch != lease.epoch:
+    if fact.epoch != lease.epoch and RULES.refuse_stale_epoch:
         return Rejection(STALE_EPOCH, f"epoch {fact.epoch} is not the current {lease.epoch}")
     if sender != lease.holder:
         return Rejection(NO_LEASE, f"the lease for {fact.provider!r} is held by another process")

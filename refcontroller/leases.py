@@ -29,6 +29,7 @@ from __future__ import annotations
 import attrs
 
 from provisionerd.domain.model import Epoch
+from refcontroller.rules import RULES
 
 #: Denial reasons (the wire's ``LeaseDenied.reason``; ``not_primary`` is decided before the table is asked).
 HELD = "held"
@@ -132,7 +133,7 @@ class LeaseTable:
             if current.holder != holder:
                 return Denied(provider, HELD, current.expires_at - now)
             return self._extend(current, now)
-        if now < self.grace_ends_at and holder != previous_holder:
+        if now < self.grace_ends_at and holder != previous_holder and RULES.grace_after_promotion:
             return Denied(provider, GRACE, self.grace_ends_at - now)
         self.seq += 1
         lease = Lease(provider, holder, Epoch(self.term, self.seq), now + self.ttl)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from refcontroller.rules import RULES
+
 #: Defaults, the wire's (``provisionerd.wire.paging``): a quarter of the 1 MiB frame for the payload, 500 items.
 #: Sizes here are JSON lengths, within a small factor of the encoded size, so the quarter leaves ample room.
 PAGE_BYTES = 256 * 1024
@@ -26,7 +28,7 @@ def page_bounds(sizes: Sequence[int], max_bytes: int = PAGE_BYTES, max_items: in
     pages: list[range] = []
     start, used = 0, 0
     for i, size in enumerate(sizes):
-        if i > start and (used + size > max_bytes or i - start >= max_items):
+        if RULES.page_bounds and i > start and (used + size > max_bytes or i - start >= max_items):
             pages.append(range(start, i))
             start, used = i, 0
         used += size

@@ -48,6 +48,7 @@ from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.gate import Gate, Peer, peer_address
 from refcontroller.leases import instance_problem
+from refcontroller.rules import RULES
 from refcontroller.session import PEER_ERRORS, Session
 
 log = logging.getLogger(__name__)
@@ -192,14 +193,14 @@ class ControllerServer:
                 corr,
             )
             return None
-        if join.role is not role or role is Role.CONTROLLER:
+        if (join.role is not role or role is Role.CONTROLLER) and RULES.role_allowlist:
             self.stats["not_allowed"] += 1
             self.gate.refuse("not_allowed", address, role.value, f"Join role {join.role.value}")
             await self.send_error_and_close(
                 framed, "not_allowed", f"Join role {join.role.value!r} but certificate role {role.value!r}", corr
             )
             return None
-        if not cluster.is_primary(replica):
+        if not cluster.is_primary(replica) and RULES.redirect_non_primary:
             await self._send_quietly(
                 framed,
                 JoinReply(

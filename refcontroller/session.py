@@ -54,6 +54,7 @@ from provisionerd.wire.roles import ALLOWED
 from refcontroller.commits import INVALID
 from refcontroller.leases import holder_key
 from refcontroller.replies import provisioner_reply, worker_status_valid
+from refcontroller.rules import RULES
 
 if TYPE_CHECKING:
     from refcontroller.server import ControllerServer
@@ -186,7 +187,7 @@ class Session:
             body = None
             with trio.move_on_after(server.heartbeat_timeout) as silent:
                 head = await self.framed.receive_head()
-                if head is not None and head.kind in ALLOWED[self.role]:
+                if head is not None and (head.kind in ALLOWED[self.role] or not RULES.role_allowlist):
                     body = await self.framed.receive_body()
             if silent.cancelled_caught:
                 log.info(
@@ -286,6 +287,7 @@ class Session:
             page = 0
             for page in range(len(plan.fact_ranges)):
                 facts = cluster.resync_facts(plan, page)
+                facts = facts if RULES.resync_in_order else facts[::-1]
                 await self.send(ResyncPage(page, page_count, facts, (), *tail), corr)
             for i, chunk in enumerate(host_chunks):
                 await self.send(ResyncPage(len(plan.fact_ranges) + i, page_count, (), chunk, *tail), corr)

@@ -24,6 +24,7 @@ PACKAGES = (
     "provisionerd.testing",
     "provisionerd.daemon",
     "provisionerd.execution",
+    "provisionerd.conformance",
     "provisionerd.controller",
     "provisionerd.agent",
     "provisionerd.provider",

@@ -1,0 +1,1 @@
+"""``provisionerd controller check``: the conformance kit for controller implementers (docs/controllers.md)."""
