@@ -48,8 +48,20 @@ def ignores(pid: int, signum: int) -> bool:
     return bool(mask & (1 << (signum - 1)))
 
 
+def _names_path(argv: list[str], directory: str) -> bool:
+    """Whether an argument is ``directory`` or a path under it (alone or as a ``KEY=`` value): a bare substring test
+    would also take ``.../test_x1`` for ``.../test_x10`` and so count another test's agents."""
+    under = directory.rstrip("/") + "/"
+    for arg in argv:
+        value = arg.partition("=")[2] if "=" in arg else arg
+        if value == directory or value.startswith(under):
+            return True
+    return False
+
+
 def live_agents(marker: str) -> list[int]:
-    """Pids of live ``provisionerd agent`` processes whose command line mentions ``marker``."""
+    """Pids of live ``provisionerd agent`` processes whose command line names ``marker`` (a directory) or a path
+    under it."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -58,7 +70,7 @@ def live_agents(marker: str) -> list[int]:
             argv = cmdline(int(name))
         except OSError:
             continue
-        if "agent" in argv and "--instance-ref" in argv and any(marker in arg for arg in argv) and alive(int(name)):
+        if "agent" in argv and "--instance-ref" in argv and _names_path(argv, marker) and alive(int(name)):
             found.append(int(name))
     return sorted(found)
 
