@@ -65,10 +65,8 @@ from refcontroller.demand_file import parse_demand
 from refcontroller.gate import Limits
 from refcontroller.jsonconv import unstructure
 from refcontroller.listeners import FACTS_FILE, ServeConfig, serve
-from refcontroller.serve_etcd import EtcdServeConfig, serve_etcd
 from refcontroller.server import Timeouts
 from refcontroller.store import StoreRefused, read_history
-from refcontroller.store_etcd_client import parse_store_url
 
 
 def _positive(text: str) -> float:
@@ -196,6 +194,14 @@ def _serve(args: argparse.Namespace) -> int:
     if args.store is None:
         trio.run(_serve_until_signalled, functools.partial(serve, config), {})
         return 0
+    # The etcd store's client (httpx) is the ``etcd`` extra: the embedded SQLite store, the demo's, needs none of it.
+    try:
+        from refcontroller.serve_etcd import EtcdServeConfig, serve_etcd
+        from refcontroller.store_etcd_client import parse_store_url
+    except ImportError as exc:
+        raise ConfigError(
+            f"--store etcd:// needs the etcd extra (pip install 'provisionerd[etcd]'): {exc}"
+        ) from None
     try:
         endpoints = parse_store_url(args.store)
     except ValueError as exc:

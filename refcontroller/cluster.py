@@ -38,7 +38,7 @@ from provisionerd.domain.model import (
 from refcontroller import commits, demand
 from refcontroller.jsonconv import unstructure
 from refcontroller.leases import Denied, Granted, LeaseTable
-from refcontroller.paging import page_bounds
+from refcontroller.paging import encoded_bound, page_bounds
 from refcontroller.replicas import ReplicaSet
 from refcontroller.store import FactStore, StoreFailure
 from refcontroller.workers import HostTable, admit
@@ -187,7 +187,7 @@ class Cluster:
             sizes = self.store.fact_sizes(providers, as_of)
         ranges = [
             (sizes[page.start][0], sizes[page.stop - 1][0])
-            for page in page_bounds([size for _, size in sizes])
+            for page in page_bounds([encoded_bound(size) for _, size in sizes])
             if len(page)
         ]
         hosts = tuple(self.hosts.for_providers(providers))

@@ -1,7 +1,7 @@
 """Split a sequence into pages bounded by item count and by (estimated) encoded size.
 
 Large state (demand, resync facts) goes in several frames, never one giant frame. Sizes are estimates supplied by
-the caller (JSON length of each item), so the byte budget is set well under the frame limit. A single item larger
+the caller (``encoded_bound`` of each item's JSON length), and the byte budget is a quarter of the frame limit. A single item larger
 than the budget gets a page of its own; the caller bounds item sizes (``commits.MAX_FACT_BYTES``).
 """
 
@@ -12,9 +12,18 @@ from collections.abc import Sequence
 from refcontroller.rules import RULES
 
 #: Defaults, the wire's (``provisionerd.wire.paging``): a quarter of the 1 MiB frame for the payload, 500 items.
-#: Sizes here are JSON lengths, within a small factor of the encoded size, so the quarter leaves ample room.
 PAGE_BYTES = 256 * 1024
 PAGE_ITEMS = 500
+#: A bound of a fact's encoded size from its JSON length: a short text field costs a pointer and a padded word on
+#: the wire but a few bytes of JSON, so small facts encode larger than their JSON (a page of 499 small facts after
+#: a big one, sized by JSON length, encoded to ~287 KB: the conformance kit's page-bounds row).
+ENCODED_PER_JSON_BYTE = 2
+ENCODED_PER_ITEM = 64
+
+
+def encoded_bound(json_length: int) -> int:
+    """An upper bound of the encoded size of an item whose JSON is ``json_length`` bytes long."""
+    return ENCODED_PER_JSON_BYTE * json_length + ENCODED_PER_ITEM
 
 
 def page_bounds(sizes: Sequence[int], max_bytes: int = PAGE_BYTES, max_items: int = PAGE_ITEMS) -> list[range]:

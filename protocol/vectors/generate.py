@@ -81,6 +81,7 @@ VECTORS: dict[str, tuple[int, m.Message]] = {
     "leaseRelease": (12, m.LeaseRelease("aws", E)),
     "leaseGrant": (10, m.LeaseGrant("aws", E, 30000)),
     "leaseDenied": (10, m.LeaseDenied("aws", "grace", 34500)),
+    "leaseFreed": (0, m.LeaseFreed("aws")),
     "demandPage": (0, m.DemandPage(5, 0, 2, (ITEM, DemandItem("cpu", ResourceShape(), 0)))),
     **{f"factCommit.{kind}": (20 + i, m.FactCommit(fact)) for i, (kind, fact) in enumerate(FACTS.items())},
     "factAck": (20, m.FactAck(43)),
