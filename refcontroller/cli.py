@@ -199,9 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
         from refcontroller.serve_etcd import EtcdServeConfig, serve_etcd
         from refcontroller.store_etcd_client import parse_store_url
     except ImportError as exc:
-        raise ConfigError(
-            f"--store etcd:// needs the etcd extra (pip install 'provisionerd[etcd]'): {exc}"
-        ) from None
+        raise ConfigError(f"--store etcd:// needs the etcd extra (pip install 'provisionerd[etcd]'): {exc}") from None
     try:
         endpoints = parse_store_url(args.store)
     except ValueError as exc:

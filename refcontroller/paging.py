@@ -1,8 +1,9 @@
 """Split a sequence into pages bounded by item count and by (estimated) encoded size.
 
 Large state (demand, resync facts) goes in several frames, never one giant frame. Sizes are estimates supplied by
-the caller (``encoded_bound`` of each item's JSON length), and the byte budget is a quarter of the frame limit. A single item larger
-than the budget gets a page of its own; the caller bounds item sizes (``commits.MAX_FACT_BYTES``).
+the caller (``encoded_bound`` of each item's JSON length), and the byte budget is a quarter of the frame limit. A
+single item larger than the budget gets a page of its own; the caller bounds item sizes
+(``commits.MAX_FACT_BYTES``).
 """
 
 from __future__ import annotations

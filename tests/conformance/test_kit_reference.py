@@ -16,7 +16,7 @@ from provisionerd.conformance import checks_state as state
 from provisionerd.conformance.battery import CHECKS, Report, run_battery
 from provisionerd.conformance.context import Context, KitOptions
 from provisionerd.conformance.peer import Connector
-from provisionerd.conformance.results import CheckFailed, Status
+from provisionerd.conformance.results import Status
 from refcontroller.api import open_refcontroller_process
 from refcontroller.rules import ENV, Rules
 
