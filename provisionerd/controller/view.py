@@ -2,7 +2,9 @@
 
 ``ControllerView`` is the daemon's whole picture of the controller for one *generation* (one joined link): the
 facts folded from that link's resync (plus the facts this daemon committed on it), the hosts from the resync and
-later pushes, and the demand snapshot received on it. A new generation inherits nothing from an older one but its
+later pushes, and the demand snapshot received on it. Its facts hold live state only (``FactView(prune=True)``): a
+lifecycle that ends, in a fold of the daemon's own commit or of an incremental resync, leaves the view at once, as
+it leaves the controller's resync set. A new generation inherits nothing from an older one but its
 facts, and those only when the controller is the same incarnation and answers an incremental resync (protocol
 §6.3): then the later facts are folded into them.
 A link resyncs more than once (a lease was granted, the demand snapshot did not come, the periodic refresh): each
@@ -164,7 +166,7 @@ class ResyncCollector:
         The hosts go in before the facts are folded: then no joined machine is ever counted as not joined in passing
         and the table's not-joined index holds only the machines that really have no host.
         """
-        view = FactView()
+        view = FactView(prune=True)  # the daemon's view holds live state only: ended lifecycles leave it as they end
         for host in self._hosts():
             view.hosts[host.instance_ref] = host
         fold(self._facts(), view)
