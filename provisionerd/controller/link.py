@@ -28,6 +28,7 @@ go out in one write.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 from collections.abc import Callable
@@ -72,6 +73,15 @@ class LinkBroken(Exception):
 class _Pending:
     done: trio.Event = attrs.field(factory=trio.Event)
     reply: Message | None = None
+
+
+def _settle_heap() -> None:
+    """After a page of a full resync is folded: collect the young generations (cheap: what the page left) and
+    freeze what survived, the view's records. The collector then never walks the view again: without this, a
+    full collection over a view of 100,000 machines holds the loop for 100 ms and more, each time the heap has
+    grown by a quarter. Frozen objects are still freed by their reference counts when a newer view replaces them."""
+    gc.collect(1)
+    gc.freeze()
 
 
 class Link:
@@ -328,7 +338,10 @@ class Link:
                 if collector is None:
                     raise ProtocolError("a resync page after the resync completed")
                 self._resync_progress.set()
-                if collector.add(page, count, facts, hosts, (msg.incremental, msg.as_of, msg.host_seq)):
+                done = collector.add(page, count, facts, hosts, (msg.incremental, msg.as_of, msg.host_seq))
+                if not collector.incremental:
+                    _settle_heap()
+                if done:
                     self._resync = None
                     old = self.view
                     base = self._base if old is None else old.facts
