@@ -282,6 +282,9 @@ class Link:
                 raise LinkDown("the controller closed the connection")
             msg, corr = envelope.msg, envelope.corr
             self._route(msg, corr)
+            # Frames already buffered are read without waiting on the stream: yield between them, so a burst of
+            # resync pages is folded one page per task step, never several in one stretch of the loop.
+            await trio.lowlevel.checkpoint()
 
     def _check_digest(self, ack: HeartbeatAck) -> None:
         """Resync (incrementally) when the controller's digest disagrees with what we hold twice running: once

@@ -159,8 +159,13 @@ class FactView:
 
     def _fold(self, committed: CommittedFact) -> None:
         fact = committed.fact
-        current = self.latest_epoch.get(fact.provider, NO_EPOCH)
-        self.latest_epoch[fact.provider] = max(current, fact.epoch)
+        epoch, current = fact.epoch, self.latest_epoch.get(fact.provider, NO_EPOCH)
+        # max(current, epoch) by the fields: attrs' generated ordering builds two tuples through generators per
+        # call (a third of a 100k-fact resync's fold)
+        if epoch is not current and (epoch.term, epoch.seq) > (current.term, current.seq):
+            self.latest_epoch[fact.provider] = epoch
+        elif fact.provider not in self.latest_epoch:
+            self.latest_epoch[fact.provider] = current
         match fact:
             case RequestIntent():
                 if fact.op_id not in self.intents:
