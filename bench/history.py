@@ -23,8 +23,10 @@ Each row (measured in the daemon process):
   its read loop, and its handling waits behind whatever holds the daemon's;
 - ``daemon_rss_mb``: the daemon process's peak RSS;
 - ``loop_max_ms``: the longest single task step on the daemon's event loop in that time (a trio instrument), and
-  ``loop_steps`` the four longest ``[ms, task]``; ``hb_gap_at_s``: the three longest heartbeat round trips with
-  when they were sent (seconds after the join), which tells the controller's stretches from the daemon's;
+  ``loop_steps`` the four longest ``[ms, task]``, ``loop_max_cpu_ms`` the longest in CPU time of the loop's thread
+  (what a step cost, without the time the process waited for a core on a loaded machine); ``hb_gap_at_s``: the
+  three longest heartbeat round trips with when they were sent (seconds after the join), which tells the
+  controller's stretches from the daemon's;
 - ``incremental_s`` (when the controller offers it): after the link is up the daemon drops it and rejoins 60 s of
   nothing later (the break is simulated by dropping and rejoining at once: the controller's log is the same), and
   this is the second resync's time.
@@ -128,17 +130,19 @@ class _LongestStep(trio.abc.Instrument):
     """The longest stretch one task held the daemon's event loop (a task step), and which task."""
 
     def __init__(self) -> None:
-        self.started = 0.0
+        self.started = self.started_cpu = 0.0
         self.longest: list[tuple[float, str]] = []
+        self.longest_cpu = 0.0  # the same in CPU time of the loop's thread: what the step itself cost, not preemption
 
     def reset(self) -> None:
-        self.longest = []
+        self.longest, self.longest_cpu = [], 0.0
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.started = time.perf_counter()
+        self.started, self.started_cpu = time.perf_counter(), time.thread_time()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         took = time.perf_counter() - self.started
+        self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.started_cpu)
         if took > 0.005:
             self.longest.append((took, task.name.rsplit(".", 1)[-1]))
 
@@ -214,6 +218,7 @@ async def daemon_child(address: str, certs: Path, limit: float, rejoin: bool) ->
             "drops": drops,
             "hb_gap_at_s": [[round(1000 * r, 1), round(s - t0, 3)] for r, s in sorted(worst, reverse=True)[:3]],
             "loop_max_ms": round(1000 * max((t for t, _ in steps.longest), default=0.0), 1),
+            "loop_max_cpu_ms": round(1000 * steps.longest_cpu, 1),
             "loop_steps": sorted(((round(1000 * t, 1), n) for t, n in steps.longest), reverse=True)[:4],
             "machines": None if session.view is None else len(session.view.facts.machines),
         }
