@@ -22,6 +22,11 @@ Each row (measured in the daemon process):
   every 20 ms from the join until 1 s after the view is in place; the controller's ack waits behind whatever holds
   its read loop, and its handling waits behind whatever holds the daemon's;
 - ``daemon_rss_mb``: the daemon process's peak RSS;
+- ``loop_max_ms``: the longest single task step on the daemon's event loop in that time (a trio instrument), and
+  ``loop_steps`` the four longest ``[ms, task]``, ``loop_max_cpu_ms`` the longest in CPU time of the loop's thread
+  (what a step cost, without the time the process waited for a core on a loaded machine); ``hb_gap_at_s``: the
+  three longest heartbeat round trips with when they were sent (seconds after the join), which tells the
+  controller's stretches from the daemon's;
 - ``incremental_s`` (when the controller offers it): after the link is up the daemon drops it and rejoins 60 s of
   nothing later (the break is simulated by dropping and rejoining at once: the controller's log is the same), and
   this is the second resync's time.
@@ -121,7 +126,30 @@ class _Counting(trio.abc.Stream):
         await self._inner.aclose()
 
 
+class _LongestStep(trio.abc.Instrument):
+    """The longest stretch one task held the daemon's event loop (a task step), and which task."""
+
+    def __init__(self) -> None:
+        self.started = self.started_cpu = 0.0
+        self.longest: list[tuple[float, str]] = []
+        self.longest_cpu = 0.0  # the same in CPU time of the loop's thread: what the step itself cost, not preemption
+
+    def reset(self) -> None:
+        self.longest, self.longest_cpu = [], 0.0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.started, self.started_cpu = time.perf_counter(), time.thread_time()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        took = time.perf_counter() - self.started
+        self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.started_cpu)
+        if took > 0.005:
+            self.longest.append((took, task.name.rsplit(".", 1)[-1]))
+
+
 async def daemon_child(address: str, certs: Path, limit: float, rejoin: bool) -> dict[str, Any]:
+    steps = _LongestStep()
+    trio.lowlevel.add_instrument(steps)
     received = [0]
     ctx = client_ssl_context(certs, Role.PROVISIONER)
     host, port = address.rsplit(":", 1)
@@ -132,11 +160,14 @@ async def daemon_child(address: str, certs: Path, limit: float, rejoin: bool) ->
 
     probes: dict[int, float] = {}
     rtts: list[float] = []
+    worst: list[tuple[float, float]] = []  # (rtt, sent) of every probe answered
     original_route = Link._route
 
     def route(self: Link, msg: Message, corr: int) -> None:
         if isinstance(msg, HeartbeatAck) and corr in probes:
-            rtts.append(trio.current_time() - probes.pop(corr))
+            sent = probes.pop(corr)
+            rtts.append(trio.current_time() - sent)
+            worst.append((rtts[-1], sent))
         original_route(self, msg, corr)
 
     Link._route = route  # type: ignore[method-assign]
@@ -164,6 +195,8 @@ async def daemon_child(address: str, certs: Path, limit: float, rejoin: bool) ->
                     link, t0, cpu0, bytes0 = current, trio.current_time(), time.process_time(), received[0]
                     probes.clear()
                     rtts.clear()
+                    worst.clear()
+                    steps.reset()
                     nursery.start_soon(probe, link, done)
                 if session.state is LinkState.UP and link is not None and session._link is link:
                     break
@@ -183,6 +216,10 @@ async def daemon_child(address: str, certs: Path, limit: float, rejoin: bool) ->
             "hb_gap_max_ms": round(1000 * max(gaps, default=0.0), 1),
             "daemon_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "drops": drops,
+            "hb_gap_at_s": [[round(1000 * r, 1), round(s - t0, 3)] for r, s in sorted(worst, reverse=True)[:3]],
+            "loop_max_ms": round(1000 * max((t for t, _ in steps.longest), default=0.0), 1),
+            "loop_max_cpu_ms": round(1000 * steps.longest_cpu, 1),
+            "loop_steps": sorted(((round(1000 * t, 1), n) for t, n in steps.longest), reverse=True)[:4],
             "machines": None if session.view is None else len(session.view.facts.machines),
         }
 

@@ -2,7 +2,9 @@
 
 ``ControllerView`` is the daemon's whole picture of the controller for one *generation* (one joined link): the
 facts folded from that link's resync (plus the facts this daemon committed on it), the hosts from the resync and
-later pushes, and the demand snapshot received on it. A new generation inherits nothing from an older one but its
+later pushes, and the demand snapshot received on it. Its facts hold live state only (``FactView(prune=True)``): a
+lifecycle that ends, in a fold of the daemon's own commit or of an incremental resync, leaves the view at once, as
+it leaves the controller's resync set. A new generation inherits nothing from an older one but its
 facts, and those only when the controller is the same incarnation and answers an incremental resync (protocol
 §6.3): then the later facts are folded into them.
 A link resyncs more than once (a lease was granted, the demand snapshot did not come, the periodic refresh): each
@@ -100,11 +102,19 @@ class DemandAssembler:
 
 
 class ResyncCollector:
-    """The pages of one resync reply, in any order; ``add`` returns True when the last one is in."""
+    """The pages of one resync reply, in any order; ``add`` returns True when the last one is in.
+
+    A full resync is folded as its pages come, in page order (a page that comes early waits for the ones before
+    it): each page costs its own fold, never the whole resync's at the end, and its decoded facts are dropped once
+    folded, so a resync of 100,000 machines neither holds the loop for seconds nor holds every fact twice. An
+    incremental one is small and folds at the end (``build_incremental``), into the facts the daemon holds.
+    """
 
     def __init__(self) -> None:
         self._count: int | None = None
         self._pages: dict[int, tuple[tuple[CommittedFact, ...], tuple[HostState, ...]]] = {}
+        self._folded = 0  # pages 0 .. _folded-1 are in ``_view`` (full resync only)
+        self._view: FactView | None = None
         #: What the first page said (protocol §6.3): every page of one resync says the same.
         self.incremental = False
         self.as_of = 0
@@ -129,7 +139,22 @@ class ResyncCollector:
         elif tail != (self.incremental, self.as_of, self.host_seq):
             raise ProtocolError("the pages of one resync disagree on incremental, asOf or hostSeq")
         self._pages.setdefault(page, (facts, hosts))
+        if not self.incremental:
+            self._fold_ready()
         return len(self._pages) == self._count
+
+    def _fold_ready(self) -> None:
+        """Fold the pages that follow the ones folded already (full resync), and forget their facts."""
+        view = self._view
+        if view is None:
+            view = self._view = FactView(prune=True)  # the daemon's view holds live state only
+        while self._folded in self._pages:
+            facts, hosts = self._pages[self._folded]
+            fold(sorted(facts, key=lambda f: f.index), view)
+            for host in hosts:
+                view.hosts[host.instance_ref] = host
+            self._pages[self._folded] = ((), ())
+            self._folded += 1
 
     def _facts(self) -> list[CommittedFact]:
         return sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
@@ -159,15 +184,13 @@ class ResyncCollector:
         )
 
     def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0) -> ControllerView:
-        """The resynced view: facts folded in log order, hosts keyed by instance_ref in the view's host table.
-
-        The hosts go in before the facts are folded: then no joined machine is ever counted as not joined in passing
-        and the table's not-joined index holds only the machines that really have no host.
-        """
-        view = FactView()
-        for host in self._hosts():
-            view.hosts[host.instance_ref] = host
-        fold(self._facts(), view)
+        """The resynced view: facts folded in log order (page by page as they came), hosts keyed by instance_ref in
+        the view's host table (which keeps its join index right whichever of a machine and its host comes first)."""
+        if self.incremental or self._view is None:  # an incremental reply answered as full by a caller: fold it now
+            self.incremental = False
+            self._fold_ready()
+        view = self._view
+        assert view is not None
         view.mark_synced(self.as_of)
         return ControllerView(
             generation=generation,

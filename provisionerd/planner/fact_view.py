@@ -3,6 +3,15 @@
 Pure and synchronous. The daemon rebuilds this from a resync after every (re)join, so it is the only memory the
 reconciler and the orphan classifier may trust. Folding the same facts twice gives the same view; facts arrive in
 log order (``CommittedFact.index``) and a fact already folded (index not above ``last_index``) changes nothing.
+
+A view made with ``prune=True`` (the daemon's, ``controller/view.py``) holds live state only: a lifecycle that
+ended is dropped as it ends, by the rules the controller uses to take it out of the resync set (docs/protocol.md
+§6.3, "History"; ``refcontroller/store_lifecycle.py``): a request op ends when it is closed (failed, or as many
+machines as it asked for) and every machine it brought is returned or lost; its intent, its machines, the orphan
+reports about them and their hosts go, and so does every return whose machines all ended. An adopted machine, or
+one whose intent is not in the view (a late machine of an op that ended), ends on its own when it is gone. So the
+view an incremental resync folds holds what a full resync would give, not every machine since the daemon started.
+Without ``prune`` (an audit fold of the whole log) every record stays.
 """
 
 from __future__ import annotations
@@ -101,6 +110,13 @@ class FactView:
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
+    #: Drop ended lifecycles as they end (the module's docstring); the daemon's view does, an audit fold does not.
+    prune: bool = False
+    # Kept only with ``prune``: per request op in the view, its machines not yet returned or lost; per live return,
+    # the machines it names whose lifecycle has not ended; per machine, the live returns that name it.
+    _live_of_op: dict[str, int] = attrs.field(init=False, factory=dict)
+    _return_left: dict[str, set[str]] = attrs.field(init=False, factory=dict)
+    _returns_naming: dict[str, list[str]] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.hosts = HostTable(self.active_refs)
@@ -143,8 +159,13 @@ class FactView:
 
     def _fold(self, committed: CommittedFact) -> None:
         fact = committed.fact
-        current = self.latest_epoch.get(fact.provider, NO_EPOCH)
-        self.latest_epoch[fact.provider] = max(current, fact.epoch)
+        epoch, current = fact.epoch, self.latest_epoch.get(fact.provider, NO_EPOCH)
+        # max(current, epoch) by the fields: attrs' generated ordering builds two tuples through generators per
+        # call (a third of a 100k-fact resync's fold)
+        if epoch is not current and (epoch.term, epoch.seq) > (current.term, current.seq):
+            self.latest_epoch[fact.provider] = epoch
+        elif fact.provider not in self.latest_epoch:
+            self.latest_epoch[fact.provider] = current
         match fact:
             case RequestIntent():
                 if fact.op_id not in self.intents:
@@ -158,10 +179,18 @@ class FactView:
                 if record is not None and not record.failed_reason:
                     record.failed_reason = fact.reason
                     self.open_ops.pop(fact.op_id, None)
+                    if self.prune and not self._live_of_op.get(fact.op_id):
+                        self._end_op(fact.op_id)
             case ReturnIntent():
                 if fact.op_id not in self.returns:
                     self.returns[fact.op_id] = ReturnRecord(fact)
                     self.open_returns[fact.op_id] = None
+                    if self.prune:
+                        # A machine not in the view counts as live, as the controller counts it (an orphan's return
+                        # names a machine that has no fact): the return stays until its named machines end.
+                        self._return_left[fact.op_id] = set(fact.machine_ids)
+                        for machine_id in set(fact.machine_ids):
+                            self._returns_naming.setdefault(machine_id, []).append(fact.op_id)
                 for machine_id in fact.machine_ids:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state is MachineState.ACTIVE:
@@ -203,14 +232,15 @@ class FactView:
         if fact.machine_id in self.machines:
             return  # the same machine reported twice (a retried status poll): one record
         record = self.intents.get(fact.op_id)
+        ref, token = _shared(record, fact)
         self._track(
             MachineRecord(
                 provider=fact.provider,
                 machine_id=fact.machine_id,
-                instance_ref=fact.instance_ref,
-                op_id=fact.op_id,
+                instance_ref=ref,
+                op_id=fact.op_id if record is None else record.intent.op_id,
                 template_id=fact.template_id,
-                token_hash=fact.token_hash,
+                token_hash=token,
                 hostname=fact.hostname,
                 address=fact.address,
                 launch_time=fact.launch_time,
@@ -221,6 +251,8 @@ class FactView:
         self.reported_orphans.pop(fact.machine_id, None)
         if record is not None and fact.machine_id not in record.machine_ids:
             record.machine_ids.append(fact.machine_id)
+            if self.prune:
+                self._live_of_op[fact.op_id] = self._live_of_op.get(fact.op_id, 0) + 1
             if not record.open:
                 self.open_ops.pop(fact.op_id, None)
 
@@ -242,9 +274,75 @@ class FactView:
             if self.active_refs.get(machine.instance_ref) is machine:
                 del self.active_refs[machine.instance_ref]
                 self.hosts.machine_removed(machine)
-            self.active_by_demand[machine.demand_id] -= 1
+            left = self.active_by_demand[machine.demand_id] - 1
+            if left:
+                self.active_by_demand[machine.demand_id] = left
+            else:  # no zero entries: the keys would grow with every demand item ever served
+                del self.active_by_demand[machine.demand_id]
         if old.live and not state.live:
-            self.live_by_offer[(machine.provider, machine.template_id)] -= 1
+            key = (machine.provider, machine.template_id)
+            left = self.live_by_offer[key] - 1
+            if left:
+                self.live_by_offer[key] = left
+            else:
+                del self.live_by_offer[key]
+            if self.prune:
+                self._gone(machine)
+
+    # --- pruning (``prune``): an ended lifecycle leaves the view ---------------------------------------------------
+
+    def _gone(self, machine: MachineRecord) -> None:
+        """``machine`` was returned or lost: end its lifecycle if that was the last of it."""
+        record = None if machine.adopted else self.intents.get(machine.op_id)
+        if record is None or machine.machine_id not in record.machine_ids:
+            self._forget(machine)  # adopted, or a late machine of an op that ended: its lifecycle is its own
+            return
+        left = self._live_of_op[machine.op_id] - 1
+        self._live_of_op[machine.op_id] = left
+        if not left and not record.open:
+            self._end_op(machine.op_id)
+
+    def _end_op(self, op_id: str) -> None:
+        """The request op ``op_id`` is closed and none of its machines is live: its intent and machines go."""
+        record = self.intents.pop(op_id)
+        self.open_ops.pop(op_id, None)
+        self._live_of_op.pop(op_id, None)
+        for machine_id in record.machine_ids:
+            machine = self.machines.get(machine_id)
+            if machine is not None and machine.op_id == op_id and not machine.adopted:
+                self._forget(machine)
+
+    def _forget(self, machine: MachineRecord) -> None:
+        """Drop an ended machine with its orphan report, its host and every return left with no live machine."""
+        if self.machines.get(machine.machine_id) is machine:
+            del self.machines[machine.machine_id]
+        self.reported_orphans.pop(machine.machine_id, None)
+        ref = machine.instance_ref
+        if ref and ref in self.hosts and ref not in self.active_refs:
+            del self.hosts[ref]  # the controller drops the host of an ended machine too (it never rejoins)
+        for op_id in self._returns_naming.pop(machine.machine_id, ()):
+            left = self._return_left.get(op_id)
+            if left is None:
+                continue
+            left.discard(machine.machine_id)
+            if not left:
+                del self._return_left[op_id]
+                self.returns.pop(op_id, None)
+                self.open_returns.pop(op_id, None)
+
+
+def _shared(record: IntentRecord | None, fact: InstanceFact) -> tuple[str, str]:
+    """The machine's instance_ref and token hash as the intent's own string objects when they are the same text: a
+    view of 100,000 machines then holds each once, not twice (~17 MB). The i-th machine of an intent is looked for
+    at i first; a small intent is searched, a large one is not (the fact's own strings are kept)."""
+    if record is not None:
+        refs, i = record.intent.instance_refs, len(record.machine_ids)
+        if not (i < len(refs) and refs[i] == fact.instance_ref) and len(refs) <= 64:
+            i = refs.index(fact.instance_ref) if fact.instance_ref in refs else len(refs)
+        hashes = record.intent.token_hashes
+        if i < len(refs) and i < len(hashes) and refs[i] == fact.instance_ref and hashes[i] == fact.token_hash:
+            return refs[i], hashes[i]
+    return fact.instance_ref, fact.token_hash
 
 
 def fold(facts: Iterable[CommittedFact], view: FactView | None = None) -> FactView:

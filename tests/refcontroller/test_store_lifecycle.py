@@ -328,3 +328,73 @@ def test_an_incremental_resync_sends_every_later_fact_and_only_to_the_same_incar
     whole.apply_after_sync([c for page in range(len(later.fact_ranges)) for c in cluster.resync_facts(later, page)], 4)
     fresh = fold(cluster.store.facts([P], 1, 4))
     assert _summary(whole) == _summary(fresh) and whole.synced_to == 4
+
+
+def _records(view: FactView) -> dict[str, object]:
+    """Every record the view holds, live or not (``_summary`` is the live part only)."""
+    return {
+        "machines": {m: (r.state, r.op_id) for m, r in view.machines.items()},
+        "intents": set(view.intents),
+        "returns": {op: r.done for op, r in view.returns.items()},
+        "orphans": set(view.reported_orphans),
+        "open_ops": list(view.open_ops),
+        "open_returns": set(view.open_returns),
+    }
+
+
+def test_the_daemons_view_drops_ended_lifecycles_as_the_resync_set_does() -> None:
+    """The daemon's view (``prune``) folded fact by fact, or from a full resync plus incremental ones, holds what a
+    fresh full resync gives: every record, not only the live part, so it never grows with history (issue 18)."""
+    for seed in range(60):
+        rng = random.Random(1000 + seed)
+        store = FactStore.open(":memory:")
+        facts = _random_facts(rng, rng.randint(20, 200))
+        daemon = FactView(prune=True)  # every fact as it is committed (the daemon's own commits)
+        synced: FactView | None = None  # a full resync early, then an incremental one at each checkpoint
+        for i, fact in enumerate(facts):
+            committed = store.append(fact, "d")
+            daemon.apply(committed)
+            if i == 3:
+                synced = fold(resync_set(store), FactView(prune=True))
+                synced.mark_synced(store.last_index())
+            if synced is not None and (i % 13 == 0 or i == len(facts) - 1):
+                synced.apply_after_sync(store.facts([P], synced.synced_to + 1, store.last_index()), store.last_index())
+            if i % 13 == 0 or i == len(facts) - 1:
+                fresh = fold(resync_set(store), FactView(prune=True))
+                assert _records(daemon) == _records(fresh), f"seed {seed} after fact {i + 1}"
+                assert _summary(daemon) == _summary(fold(store.facts([P], 1, store.last_index())))
+                if synced is not None:
+                    assert _records(synced) == _records(fresh), f"seed {seed} after fact {i + 1} (incremental)"
+
+
+def test_an_incremental_resync_leaves_no_returned_or_lost_machine_in_the_daemons_view() -> None:
+    from provisionerd.controller.view import ResyncCollector
+
+    store = FactStore.open(":memory:")
+    for fact in (intent("r1", "a"), instance("r1", "a", "m1"), intent("r2", "b", "c")):
+        store.append(fact, "d")
+    store.append(instance("r2", "b", "m2"), "d")
+    store.append(instance("r2", "c", "m3"), "d")
+    hosts = (HostState("a", P, "m1", HostStatus.IDLE, 1.0), HostState("b", P, "m2", HostStatus.IDLE, 1.0))
+    full = ResyncCollector()
+    assert full.add(0, 1, tuple(resync_set(store)), hosts, (False, store.last_index(), 1))
+    view = full.build(1, "ctl0", 1)
+    assert set(view.facts.machines) == {"m1", "m2", "m3"} and set(view.hosts) == {"a", "b"}
+    before = store.last_index()
+    for fact in (ReturnIntent(P, E, "x1", ("m1",), "idle"), Returned(P, E, "x1", ("m1",)), Lost(P, E, "l1", "m2", "x")):
+        store.append(fact, "d")
+    later = ResyncCollector()
+    assert later.add(
+        0, 1, tuple(store.facts([P], before + 1, store.last_index())), hosts, (True, store.last_index(), 2)
+    )
+    view = later.build_incremental(view.facts, 1, "ctl0", 1)
+    # r1 ended with m1 (returned): its intent, machine, return and host are gone; r2 lives on in m3, so the lost m2
+    # stays as the resync set keeps it until r2 ends
+    assert set(view.facts.machines) == {"m2", "m3"} and set(view.facts.intents) == {"r2"}
+    assert view.facts.returns == {} and view.facts.open_returns == {} and set(view.hosts) == {"b"}
+    store.append(Lost(P, E, "l2", "m3", "x"), "d")
+    view.apply_fact(CommittedFact(store.last_index(), Lost(P, E, "l2", "m3", "x")))
+    assert view.facts.machines == {} and view.facts.intents == {} and dict(view.hosts) == {}
+    assert view.facts.active_by_demand == {} and view.facts.live_by_offer == {}
+    fresh = fold(resync_set(store), FactView(prune=True))
+    assert _records(view.facts) == _records(fresh)

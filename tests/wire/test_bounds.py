@@ -23,18 +23,19 @@ def test_every_list_bearing_message_filled_with_empty_elements_is_refused_on_its
     body = list_bomb(member, path)
     assert len(body) == 1 << 20
     assert codec.peek(body).member == member
-    built: list[str] = []
-    real = codec._read_struct
+    spent: list[str] = []  # every struct on the way in charges one unit, every list its length, before it is read
+    real = codec._spend
 
-    def counting(cls, reader, *args, **kwargs):  # type: ignore[no-untyped-def]
-        built.append(cls.__name__)
-        return real(cls, reader, *args, **kwargs)
+    def counting(units: int, what: str) -> None:
+        spent.append(what)
+        real(units, what)
 
-    monkeypatch.setattr(codec, "_read_struct", counting)
+    monkeypatch.setattr(codec, "_spend", counting)
     with pytest.raises(FrameOverBounds, match="elements, at most"):
         codec.decode(body)
-    # Refused before the list's first element: only the structs on the path to it were built.
-    assert len(built) <= len(path) + 1, built
+    # Refused before the list's first element: only the structs on the path to it were charged (and so built), never
+    # the list itself, which is charged before its elements are read.
+    assert len(spent) <= len(path) + 1, spent
 
 
 def test_the_issue_frame_holds_250000_zero_size_structs_and_costs_nothing_to_refuse() -> None:

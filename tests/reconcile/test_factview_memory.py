@@ -1,0 +1,42 @@
+"""What the daemon's view holds at 100,000 machines (issue 18): one copy of each string, facts folded page by page."""
+
+from reconcile_world import EPOCH, token_hash
+
+from provisionerd.controller.view import ResyncCollector
+from provisionerd.domain.model import CommittedFact, InstanceFact, RequestIntent
+from provisionerd.wire.codec import decode, encode
+from provisionerd.wire.messages import ResyncPage
+
+
+def _facts(op: str, count: int, start: int) -> list[CommittedFact]:
+    refs = tuple(f"{op}/{i}" for i in range(count))
+    intent = RequestIntent("p", EPOCH, op, "t", count, refs, tuple(map(token_hash, refs)), "d1")
+    machines = [
+        InstanceFact("p", EPOCH, op, ref, f"{op}-m{i}", "t", token_hash(ref)) for i, ref in enumerate(reversed(refs))
+    ]
+    return [CommittedFact(start + i, f) for i, f in enumerate([intent, *machines])]
+
+
+def test_a_machine_shares_its_ref_and_token_hash_with_its_intent_after_decoding() -> None:
+    page = decode(encode(ResyncPage(0, 1, tuple(_facts("op1", 3, 1)), ()))).msg
+    collector = ResyncCollector()
+    assert collector.add(0, 1, page.facts, page.hosts)
+    view = collector.build(1, "ctl0", 1).facts
+    intent = view.intents["op1"].intent
+    for machine in view.machines.values():
+        i = intent.instance_refs.index(machine.instance_ref)
+        assert machine.instance_ref is intent.instance_refs[i] and machine.token_hash is intent.token_hashes[i]
+        assert machine.op_id is intent.op_id and machine.provider is intent.provider  # interned by the codec
+
+
+def test_a_full_resync_is_folded_page_by_page_and_forgets_the_pages_it_folded() -> None:
+    first, second = _facts("op1", 2, 1), _facts("op2", 2, 10)
+    collector = ResyncCollector()
+    assert not collector.add(1, 3, tuple(second), ())  # early: waits for page 0
+    assert collector._view is not None and not collector._view.machines
+    assert not collector.add(0, 3, tuple(first), ())
+    assert set(collector._view.machines) == {"op1-m0", "op1-m1", "op2-m0", "op2-m1"}
+    assert collector._pages[0] == ((), ()) and collector._pages[1] == ((), ())
+    assert collector.add(2, 3, (), ())
+    view = collector.build(1, "ctl0", 1)
+    assert view.facts.last_index == 12 and view.facts.open_ops == {}
