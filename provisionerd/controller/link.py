@@ -76,6 +76,12 @@ class _Pending:
     reply: Message | None = None
 
 
+#: A full resync of at least this many pages (500 facts each) settles the heap after each page: below it the view
+#: is small enough for the collector to walk, and ``gc.freeze`` (process-wide, and cyclic garbage alive at that
+#: moment is never collected) is not worth its cost.
+FREEZE_MIN_PAGES = 4
+
+
 def _settle_heap() -> None:
     """After a page of a full resync is folded: collect the young generations (cheap: what the page left) and
     freeze what survived, the view's records. The collector then never walks the view again: without this, a
@@ -348,7 +354,7 @@ class Link:
                     raise ProtocolError("a resync page after the resync completed")
                 self._resync_progress.set()
                 done = collector.add(page, count, facts, hosts, (msg.incremental, msg.as_of, msg.host_seq))
-                if not collector.incremental:
+                if not collector.incremental and count >= FREEZE_MIN_PAGES:
                     _settle_heap()
                 if done:
                     self._resync = None
