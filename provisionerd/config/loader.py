@@ -197,6 +197,9 @@ class ProviderConfig:
     orphans: OrphanSettings = OrphanSettings()
     # A frozen config must not hand out a mutable dict of credentials.
     env: Mapping[str, str] = attrs.field(factory=dict, repr=_redact_env, converter=_read_only)
+    #: Seconds without reaching any controller after which a machine's agent gives up (0: never); see
+    #: docs/fleet.md.
+    worker_orphan_timeout: float = 0.0
 
     @property
     def command(self) -> tuple[str, ...]:

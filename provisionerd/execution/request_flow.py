@@ -87,7 +87,11 @@ class RequestFlow:
         try:
             async with self._deps.gate.mutation(provider, intent) as permit:
                 request = MachineRequest.of(
-                    OwnerTags(s.cluster, provider, op_id, permit.epoch), action.template_id, issued, s.controllers
+                    OwnerTags(s.cluster, provider, op_id, permit.epoch),
+                    action.template_id,
+                    issued,
+                    s.controllers,
+                    s.limits_of(provider),
                 )
                 steps.emit(
                     "called",
