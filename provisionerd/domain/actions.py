@@ -21,6 +21,9 @@ class RequestMachines:
     template_id: str
     count: int
     demand_id: str
+    #: The item's reservation and release mode, for the intent (``planner.release``).
+    reservation: str = ""
+    release: str = ""
 
 
 @attrs.frozen

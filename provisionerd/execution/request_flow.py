@@ -81,6 +81,8 @@ class RequestFlow:
             tuple(t.instance_ref for t in issued),
             tuple(t.hash for t in issued),
             action.demand_id,
+            action.reservation,
+            action.release,
         )
         error: ProviderError | None = None
         accepted: RequestAccepted | None = None

@@ -53,6 +53,7 @@ from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
+from provisionerd.planner.release import RELEASED, release_completed
 from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
 
@@ -60,7 +61,7 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 
 #: Order in which retire reasons are emitted (and a machine's single reason, see
 #: :func:`provisionerd.planner.supply.tally`).
-RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", "idle")
+RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", RELEASED, "idle")
 
 
 @attrs.frozen
@@ -151,9 +152,11 @@ def plan(
     counts = tally(state, view, _as_hosts(hosts), now, policy, None if demand is None else demand.wanted)
     planner = Allocator(state, catalog, counts, now, policy)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
+    released: list[tuple[str, MachineRecord]] = []
     if demand is None:
         notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
     else:
+        released = release_completed(counts, view, demand.reservations)  # before reuse: nobody else takes them
         idle_pool = excess_pool(counts, demand.items)
         active, outstanding = counts.active, counts.outstanding
         for demand_id, wanted in demand.wanted.items():
@@ -161,7 +164,7 @@ def plan(
             # items of a big snapshot have none, and a call per item would be most of this loop's cost).
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
                 planner.serve(demand.items[demand_id], idle_pool, notes, demand.requirement)
-    retire = list(counts.retire)
+    retire = [*counts.retire, *released]
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
         for entry in entries:
@@ -221,9 +224,12 @@ def _emit(
     pending_requests = dict(state.pending_requests)
     step_used: dict[str, int] = {}
     asked: dict[str, list[str]] = {provider: [] for provider in sorted(planner.saturated)}
+    items = {} if snapshot is None else demand_index(snapshot).items
     for demand_id, (provider, template_id), count in planner.requests:
         op_id = ops.new(provider)
-        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id))
+        item = items.get(demand_id)
+        reservation, release = ("", "") if item is None else (item.reservation, item.release)
+        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release))
         pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
         step_used[provider] = step_used.get(provider, 0) + count
         asked.setdefault(provider, []).append(op_id)

@@ -120,6 +120,8 @@ class World:
                             refs,
                             tuple(token_hash(r) for r in refs),
                             action.demand_id,
+                            action.reservation,
+                            action.release,
                         )
                     )
                 case ReturnMachines():
