@@ -200,6 +200,11 @@ class ProviderConfig:
     #: Seconds without reaching any controller after which a machine's agent gives up (0: never); see
     #: docs/fleet.md.
     worker_orphan_timeout: float = 0.0
+    #: Voluntary returns (idle, max_ttl, released) per ``disruption_interval``: at most this many machines and/or
+    #: this percent of the provider's live machines (``None``: no budget); see docs/fleet.md.
+    disruption_budget: int | None = None
+    disruption_budget_percent: float | None = None
+    disruption_interval: float = 60.0
 
     @property
     def command(self) -> tuple[str, ...]:

@@ -47,7 +47,9 @@ import attrs
 
 from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
 from provisionerd.domain.model import DemandSnapshot, HostState, Offer
+from provisionerd.planner import budget
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
+from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, format_key
@@ -200,6 +202,11 @@ def _emit(
         actions.append(MarkLost(op_id, machine.provider, machine.machine_id, "reclaimed"))
         pending_lost[machine.machine_id] = op_id
     pending_returns = dict(state.pending_returns)
+    rooms: dict[str, int | None] = {}  # provider -> voluntary returns it may still have now (planner.budget)
+    spent: dict[str, int] = {}
+    live: dict[str, int] = {}
+    for (owner, _), n in view.live_by_offer.items():
+        live[owner] = live.get(owner, 0) + n
     groups: dict[tuple[str, str], list[str]] = {}
     for reason, machine in retire:
         groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
@@ -215,6 +222,12 @@ def _emit(
             detail = f"{len(machine_ids)} {reason} return(s) wait for the throttle until {until:.1f}"
             notes.append(Note("deferred", detail, provider))
             continue
+        if reason in VOLUNTARY:
+            machine_ids = _budgeted(
+                provider, reason, machine_ids, rooms, spent, live, state, now, policy, counts, notes
+            )
+            if not machine_ids:
+                continue
         machine_ids.sort()
         for start in range(0, len(machine_ids), policy.return_batch):
             batch = tuple(machine_ids[start : start + policy.return_batch])
@@ -251,11 +264,46 @@ def _emit(
         step_log=step_log,
         ramps=ramps,
         capacity=state.capacity.pruned(now),
+        disruptions=budget.recorded(state.disruptions, spent, now, policy) if state.disruptions or spent else (),
     )
     if step_log and (planner.saturated or planner.step_room <= 0):  # room comes back as the window slides
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
     wake_at = counts.wake if math.isfinite(counts.wake) else None
     return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
+
+
+def _budgeted(
+    provider: str,
+    reason: str,
+    machine_ids: list[str],
+    rooms: dict[str, int | None],
+    spent: dict[str, int],
+    live: Mapping[str, int],
+    state: PlannerState,
+    now: float,
+    policy: Policy,
+    counts: Tally,
+    notes: list[Note],
+) -> list[str]:
+    """The voluntary returns of one (provider, reason) group the provider's disruption budget lets go now, in
+    the group's order (longest idle first for ``idle``); the rest wait with a ``deferred`` note, and the plan
+    wakes when the window frees room."""
+    own = policy.of(provider)
+    if provider not in rooms:
+        rooms[provider] = budget.room(state.disruptions, provider, live.get(provider, 0), now, own)
+    left = rooms[provider]
+    if left is None:
+        return machine_ids
+    allowed, waiting = machine_ids[:left], len(machine_ids) - left
+    rooms[provider] = left - len(allowed)
+    spent[provider] = spent.get(provider, 0) + len(allowed)
+    if waiting > 0:
+        notes.append(Note("deferred", f"{waiting} {reason} return(s) wait for the disruption budget", provider))
+        log = state.disruptions + ((now, provider, spent[provider]),)
+        again = budget.room_returns_at(log, provider, now, own)
+        if again is not None:
+            counts.due(again, now)
+    return allowed
 
 
 def _prune_reclaimed(

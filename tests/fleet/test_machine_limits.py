@@ -6,8 +6,11 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from provisionerd.config.loader import Config
 from provisionerd.daemon.builder import executor_settings_from, policy_from_config
+from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import Epoch
 from provisionerd.domain.tokens import issue
 from provisionerd.provider.contract import request_input
@@ -29,6 +32,9 @@ CONFIG = """
     path = "plugins/ec2"
     max_ttl = 3600
     worker_orphan_timeout = 600
+    disruption_budget = 2
+    disruption_budget_percent = 10
+    disruption_interval = 120
     [[providers]]
     name = "onprem"
     transport = "oneshot"
@@ -52,3 +58,14 @@ def test_each_provider_tells_its_machines_its_own_limits(tmp_path: Path) -> None
     assert schemas.input_problems("requestMachines", limited) == []
     limited["bootstrap"][0]["orphanTimeout"] = 0
     assert schemas.input_problems("requestMachines", limited) != []
+
+
+def test_the_disruption_budget_reaches_the_planner_policy(tmp_path: Path) -> None:
+    config = Config.from_toml(textwrap.dedent(CONFIG), base_dir=tmp_path)
+    ec2, onprem = policy_from_config(config).of("ec2"), policy_from_config(config).of("onprem")
+    assert (ec2.disruption_budget, ec2.disruption_budget_percent, ec2.disruption_interval) == (2, 10.0, 120.0)
+    assert (onprem.disruption_budget, onprem.disruption_budget_percent) == (None, None)
+    bad = textwrap.dedent(CONFIG).replace("disruption_budget_percent = 10", "disruption_budget_percent = 150")
+    with pytest.raises(ConfigError) as caught:
+        Config.from_toml(bad, base_dir=tmp_path)
+    assert "disruption_budget_percent" in str(caught.value.problems)
