@@ -113,6 +113,7 @@ struct RequestIntent {
   demandId @4 :Text;
   reservation @5 :Text;           # the demand item's reservation and release when planned (see DemandItem)
   release @6 :Text;
+  price @7 :PriceQuote;           # the chosen offer's quote when planned; null = unpriced
 }
 
 struct InstanceFact {
@@ -137,6 +138,7 @@ struct ReturnIntent {
 
 struct Returned {
   machineIds @0 :List(Text);
+  at @1 :Float64;                 # epoch seconds when the return was confirmed; 0 = unknown (informational)
 }
 
 struct Lost {

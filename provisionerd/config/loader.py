@@ -213,6 +213,17 @@ class ProviderConfig:
 
 
 @attrs.frozen
+class CostSettings:
+    """``[cost]``: the cluster's currency and an optional cap per machine-hour for every demand item without its
+    own (docs/fleet.md). A cap compares like with like: offers quoted in another currency, or not per hour, are
+    refused under it; the schema refuses a cap without a currency and a unit other than ``hour``."""
+
+    currency: str = ""
+    unit: str = "hour"
+    max_hourly_cost: float | None = None
+
+
+@attrs.frozen
 class Config:
     cluster: str
     identity: str
@@ -222,6 +233,7 @@ class Config:
     lease: LeaseSettings = LeaseSettings()
     daemon: DaemonSettings = DaemonSettings()
     source: Path | None = attrs.field(default=None, eq=False)
+    cost: CostSettings = CostSettings()
 
     def provider(self, name: str) -> ProviderConfig:
         for provider in self.providers:

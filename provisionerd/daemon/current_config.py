@@ -91,6 +91,8 @@ def policy_from_config(config: Config) -> Policy:
         cluster=config.cluster,
         step_limit=sum(p.step_limit for p in config.providers),
         providers={p.name: provider_policy(p) for p in config.providers},
+        cost_cap=config.cost.max_hourly_cost,
+        cost_currency=config.cost.currency,
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import attrs
 
+from provisionerd.domain.model import NO_QUOTE, PriceQuote
+
 
 @attrs.frozen
 class RequestMachines:
@@ -24,6 +26,8 @@ class RequestMachines:
     #: The item's reservation and release mode, for the intent (``planner.release``).
     reservation: str = ""
     release: str = ""
+    #: The chosen offer's quote, for the intent and its instance facts (``provisionerd cost``).
+    price: PriceQuote = NO_QUOTE
 
 
 @attrs.frozen

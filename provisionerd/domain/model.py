@@ -153,6 +153,8 @@ class RequestIntent:
     #: tagged with them, so their release on completion needs no memory beyond the facts.
     reservation: str = ""
     release: str = RELEASE_IDLE
+    #: The chosen offer's price quote when planned (``NO_QUOTE``: unpriced); each ``InstanceFact`` copies it.
+    price: PriceQuote = NO_QUOTE
 
 
 @attrs.frozen
@@ -200,6 +202,9 @@ class Returned:
     epoch: Epoch
     op_id: str
     machine_ids: tuple[str, ...]
+    #: Wall-clock epoch seconds when the return was confirmed (0 = unknown): where ``provisionerd cost`` ends a
+    #: machine's spend.
+    at: float = 0.0
 
 
 @attrs.frozen

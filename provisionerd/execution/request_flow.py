@@ -83,6 +83,7 @@ class RequestFlow:
             action.demand_id,
             action.reservation,
             action.release,
+            action.price,
         )
         error: ProviderError | None = None
         accepted: RequestAccepted | None = None

@@ -40,19 +40,20 @@ op_id, since ``RequestFailed`` closes that intent.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 
 import attrs
 
 from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
-from provisionerd.domain.model import DemandSnapshot, HostState, Offer
+from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
 from provisionerd.planner import budget
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
-from provisionerd.planner.offers import Catalog, OfferKey, format_key
+from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
 from provisionerd.planner.release import RELEASED, release_completed
@@ -160,12 +161,15 @@ def plan(
     else:
         released = release_completed(counts, view, demand.reservations)  # before reuse: nobody else takes them
         idle_pool = excess_pool(counts, demand.items)
+        requirement = demand.requirement
+        if policy.cost_cap is not None or policy.cost_currency:
+            requirement = functools.partial(cluster_cost, demand.requirement, policy.cost_cap, policy.cost_currency)
         active, outstanding = counts.active, counts.outstanding
         for demand_id, wanted in demand.wanted.items():
             # Only items with a deficit have anything to serve (the test Allocator.serve makes, inlined: most
             # items of a big snapshot have none, and a call per item would be most of this loop's cost).
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
-                planner.serve(demand.items[demand_id], idle_pool, notes, demand.requirement)
+                planner.serve(demand.items[demand_id], idle_pool, notes, requirement)
     retire = [*counts.retire, *released]
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
@@ -242,7 +246,9 @@ def _emit(
         op_id = ops.new(provider)
         item = items.get(demand_id)
         reservation, release = ("", "") if item is None else (item.reservation, item.release)
-        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release))
+        chosen = planner.catalog.by_key.get((provider, template_id))
+        price = chosen.offer.price if chosen is not None and chosen.offer.price is not None else NO_QUOTE
+        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release, price))
         pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
         step_used[provider] = step_used.get(provider, 0) + count
         asked.setdefault(provider, []).append(op_id)

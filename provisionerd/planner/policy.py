@@ -170,6 +170,9 @@ class Policy:
     return_batch: int = 100
     reclaim_memory: float = 3600.0
     providers: Mapping[str, ProviderPolicy] = attrs.field(factory=dict)
+    #: ``[cost]``: a cap per machine-hour for items without their own, and the currency of caps that name none.
+    cost_cap: float | None = None
+    cost_currency: str = ""
     # Derived in __attrs_post_init__ (frozen: set once), read on the planner's hot paths.
     _default: ProviderPolicy = attrs.field(init=False, eq=False, repr=False)
     _capped: Mapping[str, ProviderPolicy] = attrs.field(init=False, eq=False, repr=False)

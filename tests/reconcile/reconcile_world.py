@@ -122,6 +122,7 @@ class World:
                             action.demand_id,
                             action.reservation,
                             action.release,
+                            action.price,
                         )
                     )
                 case ReturnMachines():
