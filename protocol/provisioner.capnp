@@ -71,8 +71,8 @@ struct DemandItem {
   providers @4 :List(Text);           # empty = any provider this daemon serves
   placement @5 :List(KeyValue);       # placement hints
   reservation @6 :Text;               # the reservation the machines are for ("" = none); kept on their intent
-  release @7 :Text;                   # "" = after idleTime; "onCompletion" spelled "on_completion": at once when
-                                      # no item names the reservation any more
+  release @7 :Text;                   # "" = after idleTime; "on_completion" = at once when no item names
+                                      # the reservation any more
   costCurrency @8 :Text;              # maxHourlyCost's currency ("" = unchecked); other currencies are refused
 }
 

@@ -23,9 +23,10 @@ def test_a_completed_reservation_is_released_at_once_and_other_idle_machines_wai
 
     async def scenario(rig, nursery):
         rig.session.set_demand(1, job, other, plain)
-        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 4)
-        for made in rig.facts(InstanceFact):
-            rig.join(made.machine_id, HostStatus.IDLE)
+        # The view, not the controller's log: the loop plans from the view, which folds the log a moment later.
+        await rig.wait_for(lambda: len(rig.session.view.facts.machines) == 4)
+        for machine_id in list(rig.session.view.facts.machines):
+            rig.join(machine_id, HostStatus.IDLE)
         await trio.sleep(50)  # every machine idle and needed: nothing goes
         assert rig.facts(ReturnIntent) == []
         seen["removed"] = trio.current_time()
