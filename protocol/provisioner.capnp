@@ -70,6 +70,19 @@ struct DemandItem {
   maxHourlyCost @3 :OptionalFloat64;  # cap on the price per machine-hour; none = no cap
   providers @4 :List(Text);           # empty = any provider this daemon serves
   placement @5 :List(KeyValue);       # placement hints
+  reservation @6 :Text;               # the reservation the machines are for ("" = none); kept on their intent
+  release @7 :Text;                   # "" = after idleTime; "on_completion" = at once when no item names
+                                      # the reservation any more
+  costCurrency @8 :Text;              # maxHourlyCost's currency ("" = unchecked); other currencies are refused
+}
+
+struct PriceQuote {
+  # A provider's price for one machine of an offer, as the provider gave it; amount 0 and empty currency = none.
+  amount @0 :Float64;
+  currency @1 :Text;
+  unit @2 :Text;                      # "hour"
+  source @3 :Text;
+  timestamp @4 :Text;                 # RFC 3339
 }
 
 # --- facts -----------------------------------------------------------------------------------------------------
@@ -98,6 +111,9 @@ struct RequestIntent {
   instanceRefs @2 :List(Text);
   tokenHashes @3 :List(Text);     # hex SHA-256 of each single-use join token, never the token
   demandId @4 :Text;
+  reservation @5 :Text;           # the demand item's reservation and release when planned (see DemandItem)
+  release @6 :Text;
+  price @7 :PriceQuote;           # the chosen offer's quote when planned; null = unpriced
 }
 
 struct InstanceFact {
@@ -108,6 +124,7 @@ struct InstanceFact {
   hostname @4 :Text;
   address @5 :Text;
   launchTime @6 :Float64;         # epoch seconds as the provider reported them; 0 = unknown
+  price @7 :PriceQuote;           # the quote the machine was chosen at; null = unpriced
 }
 
 struct RequestFailed {
@@ -121,6 +138,7 @@ struct ReturnIntent {
 
 struct Returned {
   machineIds @0 :List(Text);
+  at @1 :Float64;                 # epoch seconds when the return was confirmed; 0 = unknown (informational)
 }
 
 struct Lost {

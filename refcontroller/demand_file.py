@@ -2,7 +2,8 @@
 
 Each item is ``{"demand_id": str, "shape": {"ncpus": int, "mem_mb": int, "gpus": int, "gpu_type": str|null,
 "arch": str|null, "attributes": {str: str}}, "count": int, "max_hourly_cost": number|null, "providers": [str],
-"placement": {str: str}}``; only ``demand_id``, ``shape`` and ``count`` are required. The document is checked
+"placement": {str: str}, "reservation": str, "release": "" | "on_completion",
+"cost_currency": str}``; only ``demand_id``, ``shape`` and ``count`` are required. The document is checked
 against this JSON Schema first (cattrs alone would turn ``"5"`` or ``5.7`` into ``5``), then structured.
 """
 
@@ -46,6 +47,9 @@ SCHEMA: dict[str, Any] = {
             "max_hourly_cost": {"type": ["number", "null"], "minimum": 0},
             "providers": {"type": "array", "items": {"type": "string"}},
             "placement": _STR_MAP,
+            "reservation": {"type": "string", "maxLength": 256},
+            "release": {"enum": ["", "on_completion"]},
+            "cost_currency": {"type": "string", "pattern": "^([A-Z]{3})?$"},
         },
     },
 }

@@ -10,7 +10,7 @@ import random
 import attrs
 
 from provisionerd.agent.token import rejoin_credential
-from provisionerd.domain.errors import AuthError
+from provisionerd.domain.errors import AuthError, LinkDown
 from provisionerd.domain.model import PROTOCOL_VERSION
 from provisionerd.wire.messages import ErrorMsg, JoinReply, Message
 
@@ -19,6 +19,7 @@ EXIT_STOPPED = 0  # returned (SIGTERM/SIGINT): a clean stop
 EXIT_USAGE = 2  # bad arguments or configuration (a token file readable by others, say)
 EXIT_TOKEN_REFUSED = 3  # the controller refused the join token (unknown, spent, another instance's)
 EXIT_REFUSED = 4  # refused for another reason: protocol version, role, refused by the primary
+EXIT_ORPHANED = 5  # no controller reached for ``--orphan-timeout`` seconds: nothing controls this machine any more
 
 
 class JoinRefused(AuthError):
@@ -34,6 +35,18 @@ def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Rand
     """``initial * 2**attempt`` capped at ``maximum``, scaled by a factor in ``[0.5, 1]`` (so agents that lost
     the same controller at once do not reconnect in lockstep)."""
     return min(maximum, initial * 2.0 ** min(attempt, 32)) * (1.0 - 0.5 * rng.random())
+
+
+class Orphaned(LinkDown):
+    """No controller was reached for ``silence`` seconds (at least the agent's ``orphan_timeout``): the machine
+    is presumably forgotten (its daemon and controllers gone, its fact lost), so the agent stops instead of
+    keeping an unmanaged machine alive. ``exit_code`` is what ``provisionerd agent`` exits with."""
+
+    exit_code = EXIT_ORPHANED
+
+    def __init__(self, silence: float) -> None:
+        self.silence = silence
+        super().__init__(f"no controller reached for {silence:.1f} s")
 
 
 @attrs.frozen

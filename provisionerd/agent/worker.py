@@ -11,8 +11,11 @@ the token got no answer (the connection broke in between), the controller may or
 the token is then refused, the agent tries the proof once before giving up.
 
 ``run`` returns only by cancellation (the machine is being returned) and raises ``JoinRefused`` when the controller
-refuses the worker for good: token refused, version mismatch, role not allowed, or refused by the primary. Time is
-trio's clock throughout, so tests drive it with ``MockClock`` over in-memory streams.
+refuses the worker for good: token refused, version mismatch, role not allowed, or refused by the primary. With an
+``orphan_timeout`` it raises ``Orphaned`` once no frame has come from any controller for that long (counted from
+the start, so an agent that never joins stops too): a machine nothing controls any more does not live on (the CLI
+then exits, and shuts the machine down where the provider said that terminates it). Time is trio's clock
+throughout, so tests drive it with ``MockClock`` over in-memory streams.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import attrs
 import trio
 
 from provisionerd.agent.join import (
+    EXIT_ORPHANED,
     EXIT_REFUSED,
     EXIT_STOPPED,
     EXIT_TOKEN_REFUSED,
@@ -34,6 +38,7 @@ from provisionerd.agent.join import (
     Joined,
     JoinOutcome,
     JoinRefused,
+    Orphaned,
     Redirect,
     Refused,
     backoff_delay,
@@ -47,6 +52,7 @@ from provisionerd.wire.messages import Ack, ErrorMsg, Heartbeat, HeartbeatAck, J
 log = logging.getLogger(__name__)
 
 __all__ = [  # the join's pure parts live in agent.join; re-exported for callers of the agent
+    "EXIT_ORPHANED",
     "EXIT_REFUSED",
     "EXIT_STOPPED",
     "EXIT_TOKEN_REFUSED",
@@ -58,6 +64,7 @@ __all__ = [  # the join's pure parts live in agent.join; re-exported for callers
     "JoinOutcome",
     "JoinRefused",
     "Joined",
+    "Orphaned",
     "Redirect",
     "Refused",
     "WorkerAgent",
@@ -91,7 +98,9 @@ def _addresses(items: Iterable[str]) -> tuple[str, ...]:
 @attrs.frozen
 class AgentConfig:
     """Seconds for the times. ``reply_timeout``: silence (no frame at all) after which the connection is
-    presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together."""
+    presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together; ``orphan_timeout``:
+    silence from every controller after which the agent gives up for good (``None``: never), at least
+    ``reply_timeout`` so that a healthy session's gaps between acknowledgements never reach it."""
 
     controllers: tuple[str, ...] = attrs.field(converter=_addresses)
     instance_ref: str
@@ -102,6 +111,12 @@ class AgentConfig:
     backoff_initial: float = 0.2
     backoff_max: float = 5.0
     max_redirects: int = 3
+    orphan_timeout: float | None = attrs.field(default=None)
+
+    @orphan_timeout.validator
+    def _check_orphan_timeout(self, _attribute: object, value: float | None) -> None:
+        if value is not None and not value >= self.reply_timeout:
+            raise ValueError(f"orphan_timeout must be at least reply_timeout ({self.reply_timeout:g}), not {value!r}")
 
     @controllers.validator
     def _check_controllers(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -126,6 +141,7 @@ class WorkerAgent:
         self.term = 0
         self.connected_to = ""
         self._last_heard = 0.0
+        self._orphan_scope: trio.CancelScope | None = None
 
     def set_status(self, status: HostStatus) -> None:
         """Report ``idle`` or ``busy`` (now if joined, otherwise right after the next join)."""
@@ -135,7 +151,31 @@ class WorkerAgent:
         self._wake.set()
 
     async def run(self) -> None:
-        """Stay joined until cancelled. Raises ``JoinRefused`` when the controller refuses this worker."""
+        """Stay joined until cancelled. Raises ``JoinRefused`` when the controller refuses this worker, and
+        ``Orphaned`` when no controller was heard for ``orphan_timeout`` seconds."""
+        timeout = self.config.orphan_timeout
+        self._last_heard = trio.current_time()
+        if timeout is None:
+            await self._keep_joined()
+            return
+        # One deadline, moved forward by every frame heard (``_heard``): no watchdog task, nothing to poll.
+        with trio.CancelScope(deadline=self._last_heard + timeout) as scope:
+            self._orphan_scope = scope
+            try:
+                await self._keep_joined()
+            finally:
+                self._orphan_scope = None
+        if scope.cancelled_caught:
+            orphaned = Orphaned(trio.current_time() - self._last_heard)
+            log.error("%s (orphan timeout %g s): giving up", orphaned, timeout)
+            raise orphaned
+
+    def _heard(self) -> None:
+        self._last_heard = now = trio.current_time()
+        if self._orphan_scope is not None and self.config.orphan_timeout is not None:
+            self._orphan_scope.deadline = now + self.config.orphan_timeout
+
+    async def _keep_joined(self) -> None:
         addresses, cursor, attempt = self.config.controllers, 0, 0
         while True:
             lasted = await self._attempt(addresses[cursor])
@@ -213,7 +253,7 @@ class WorkerAgent:
             joined.controller_id,
             self.joins,
         )
-        self._last_heard = trio.current_time()
+        self._heard()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._guard, self._read_loop, framed, nursery.cancel_scope)
@@ -239,7 +279,7 @@ class WorkerAgent:
             envelope = await framed.receive()
             if envelope is None:
                 raise LinkDown("the controller closed the connection")
-            self._last_heard = trio.current_time()
+            self._heard()
             match envelope.msg:
                 case HeartbeatAck(term=term):
                     if term != self.term:

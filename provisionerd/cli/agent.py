@@ -4,13 +4,21 @@
                        (--token-file PATH | --token-stdin)
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
+                       [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
 pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
 logged and visible in the process list, which is how the local provider finds its agents by their tags.
 
+``--orphan-timeout S``: when no controller has been heard for S seconds (counted from the start, so an agent that
+never joins stops too), the agent exits with code 5; with ``--on-orphan shutdown`` it first runs
+``--shutdown-command`` (default ``shutdown -h now``, no shell), for providers where a machine that shuts itself
+down is terminated (EC2 launched with ``InstanceInitiatedShutdownBehavior=terminate``). Providers set these from
+the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
+
 Signals: SIGTERM or SIGINT stop the agent (exit 0); SIGUSR1 reports ``busy``, SIGUSR2 reports ``idle``.
-Exit codes: 0 stopped, 2 bad arguments or token file, 3 join token refused, 4 refused for another reason.
+Exit codes: 0 stopped, 2 bad arguments or token file, 3 join token refused, 4 refused for another reason,
+5 orphaned (no controller reached for ``--orphan-timeout``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,11 +37,13 @@ import trio
 
 from provisionerd.agent.token import read_token_file, read_token_stream
 from provisionerd.agent.worker import (
+    EXIT_ORPHANED,
     EXIT_STOPPED,
     EXIT_USAGE,
     AgentConfig,
     Connector,
     JoinRefused,
+    Orphaned,
     WorkerAgent,
 )
 from provisionerd.cli.logs import add_log_format_argument
@@ -85,6 +97,13 @@ def tls_connector(certs_dir: Path) -> Connector:
     return connect
 
 
+#: What ``--on-orphan shutdown`` runs by default: a halt, which terminates an EC2 instance launched with
+#: ``InstanceInitiatedShutdownBehavior=terminate``.
+DEFAULT_SHUTDOWN = "shutdown -h now"
+#: How long the shutdown command may take before the agent exits anyway.
+SHUTDOWN_WAIT = 60.0
+
+
 def _label(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -118,6 +137,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reply-timeout", type=float, default=15.0, help="seconds of silence before reconnecting (default 15)"
     )
+    parser.add_argument(
+        "--orphan-timeout",
+        type=float,
+        default=None,
+        help="exit (code 5) after this many seconds without hearing any controller (default: never)",
+    )
+    parser.add_argument(
+        "--on-orphan",
+        choices=("exit", "shutdown"),
+        default="exit",
+        help="after the orphan timeout: just exit, or run --shutdown-command first (default exit)",
+    )
+    parser.add_argument(
+        "--shutdown-command",
+        default=DEFAULT_SHUTDOWN,
+        help=f"what --on-orphan shutdown runs, split like a shell would, no shell (default {DEFAULT_SHUTDOWN!r})",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_log_format_argument(parser, default="text")
     return parser
@@ -131,13 +167,32 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         raise ConfigError("--instance-ref must be 1..256 characters")
     if not (0 < args.heartbeat and args.heartbeat * 2 <= args.reply_timeout):
         raise ConfigError("--heartbeat must be positive and at most half of --reply-timeout")
+    if args.orphan_timeout is not None and not args.orphan_timeout >= args.reply_timeout:
+        raise ConfigError("--orphan-timeout must be at least --reply-timeout")
+    if args.on_orphan == "shutdown" and (args.orphan_timeout is None or not shlex.split(args.shutdown_command)):
+        raise ConfigError("--on-orphan shutdown needs --orphan-timeout and a non-empty --shutdown-command")
     return AgentConfig(
         controllers,
         args.instance_ref,
         identity=args.identity,
         heartbeat_interval=args.heartbeat,
         reply_timeout=args.reply_timeout,
+        orphan_timeout=args.orphan_timeout,
     )
+
+
+def shut_down(command: str) -> None:
+    """Run the shutdown command (no shell), waiting at most ``SHUTDOWN_WAIT``; failures are logged, not raised:
+    the agent exits either way."""
+    argv = shlex.split(command)
+    log.warning("orphaned: running the shutdown command %r", argv[0])
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=SHUTDOWN_WAIT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.error("the shutdown command failed: %s: %s", type(exc).__name__, exc)
+        return
+    if done.returncode != 0:
+        log.error("the shutdown command exited with %d", done.returncode)
 
 
 def _read_token(args: argparse.Namespace) -> str:
@@ -188,7 +243,7 @@ async def run_agent(agent: WorkerAgent, early: list[int] | None = None) -> int:
                 nonlocal exit_code
                 try:
                     await agent.run()
-                except JoinRefused as exc:
+                except (JoinRefused, Orphaned) as exc:
                     log.error("%s", exc)
                     exit_code = exc.exit_code
                 nursery.cancel_scope.cancel()
@@ -239,5 +294,7 @@ def main(argv: list[str]) -> int:
     del token
     early.exit_on_stop = False
     code = trio.run(run_agent, agent, early.pending)
+    if code == EXIT_ORPHANED and args.on_orphan == "shutdown":
+        shut_down(args.shutdown_command)
     log.info("exiting with code %d", code)
     return code

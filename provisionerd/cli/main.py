@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "provisionerd.cli.controller",
         "accept a controller that forgot (controller accept-reset --config FILE)",
     ),
+    "cost": ("provisionerd.cli.cost", "estimated spend by provider, template, currency (cost --config FILE)"),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.cli.simulate", "seeded whole-system simulation campaign (simulate --seeds N)"),

@@ -197,11 +197,30 @@ class ProviderConfig:
     orphans: OrphanSettings = OrphanSettings()
     # A frozen config must not hand out a mutable dict of credentials.
     env: Mapping[str, str] = attrs.field(factory=dict, repr=_redact_env, converter=_read_only)
+    #: Seconds without reaching any controller after which a machine's agent gives up (0: never); see
+    #: docs/fleet.md.
+    worker_orphan_timeout: float = 0.0
+    #: Voluntary returns (idle, max_ttl, released) per ``disruption_interval``: at most this many machines and/or
+    #: this percent of the provider's live machines (``None``: no budget); see docs/fleet.md.
+    disruption_budget: int | None = None
+    disruption_budget_percent: float | None = None
+    disruption_interval: float = 60.0
 
     @property
     def command(self) -> tuple[str, ...]:
         """The persistent provider's argv (``argv``, or ``(path,)``)."""
         return self.argv or ((str(self.path),) if self.path is not None else ())
+
+
+@attrs.frozen
+class CostSettings:
+    """``[cost]``: the cluster's currency and an optional cap per machine-hour for every demand item without its
+    own (docs/fleet.md). A cap compares like with like: offers quoted in another currency, or not per hour, are
+    refused under it; the schema refuses a cap without a currency and a unit other than ``hour``."""
+
+    currency: str = ""
+    unit: str = "hour"
+    max_hourly_cost: float | None = None
 
 
 @attrs.frozen
@@ -214,6 +233,7 @@ class Config:
     lease: LeaseSettings = LeaseSettings()
     daemon: DaemonSettings = DaemonSettings()
     source: Path | None = attrs.field(default=None, eq=False)
+    cost: CostSettings = CostSettings()
 
     def provider(self, name: str) -> ProviderConfig:
         for provider in self.providers:

@@ -59,6 +59,7 @@ from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import ProviderClient
+from provisionerd.provider.values import MachineLimits
 from provisionerd.telemetry.events import EventLog
 
 __all__ = [
@@ -82,6 +83,7 @@ def executor_settings_from(config: Config, policy: Policy) -> ExecutorSettings:
         provisioning_timeout=longest,
         return_timeout=longest,
         provider_timeouts=timeouts,
+        machine_limits={p.name: MachineLimits(p.worker_orphan_timeout, p.max_ttl) for p in config.providers},
     )
 
 

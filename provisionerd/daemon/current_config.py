@@ -51,6 +51,9 @@ LIVE_PROVIDER_FIELDS = frozenset(
         "join_deadline",
         "idle_time",
         "max_ttl",
+        "disruption_budget",
+        "disruption_budget_percent",
+        "disruption_interval",
         "capacity_backoff",
         "quota_pause",
         "unhealthy_backoff",
@@ -76,6 +79,9 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
         unhealthy_max=provider.unhealthy_backoff_max,
         step_limit=provider.step_limit,
         max_machines=provider.max_machines,
+        disruption_budget=provider.disruption_budget,
+        disruption_budget_percent=provider.disruption_budget_percent,
+        disruption_interval=provider.disruption_interval,
     )
 
 
@@ -85,6 +91,8 @@ def policy_from_config(config: Config) -> Policy:
         cluster=config.cluster,
         step_limit=sum(p.step_limit for p in config.providers),
         providers={p.name: provider_policy(p) for p in config.providers},
+        cost_cap=config.cost.max_hourly_cost,
+        cost_currency=config.cost.currency,
     )
 
 

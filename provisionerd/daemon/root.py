@@ -51,6 +51,7 @@ from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.execution.orphan_cycle import OrphanCycle
+from provisionerd.planner.cost import estimate
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog, ProcessInstance
@@ -229,6 +230,17 @@ class DaemonCore:
         """The admin's decision after controller amnesia (``provisionerd controller accept-reset``)."""
         return Command(run=self._accept_reset, timeout=lambda _request: 5.0)
 
+    @property
+    def cost(self) -> Command:
+        """The estimated spend of the machines the view holds (``provisionerd cost``)."""
+        return Command(run=self._cost, timeout=lambda _request: 5.0)
+
+    async def _cost(self, request: dict[str, Any], peer_uid: int | None) -> dict[str, Any]:
+        view = self.pieces.session.view
+        if view is None:
+            return {"ok": False, "error": "no view of the facts yet (not joined or not resynced)"}
+        return {"ok": True, "at": self.wall(), "cost": estimate(view.facts.machines.values(), self.wall()).to_json()}
+
     async def _accept_reset(self, request: dict[str, Any], peer_uid: int | None) -> dict[str, Any]:
         who = request.get("user")
         by = f"{who if isinstance(who, str) and who.isprintable() else '?'}"[:64] + f" (uid {peer_uid})"
@@ -240,7 +252,11 @@ class DaemonCore:
             await nursery.start(self.orphan_actions.run)
             await nursery.start(self.observability.serve)  # [daemon] metrics_listen: /metrics, /healthz, /readyz
             if self.config.daemon.admin_socket is not None:
-                commands = {"orphan_action": self.orphan_actions.command, "controller_accept_reset": self.accept_reset}
+                commands = {
+                    "orphan_action": self.orphan_actions.command,
+                    "controller_accept_reset": self.accept_reset,
+                    "cost": self.cost,  # provisionerd cost (planner.cost, docs/fleet.md)
+                }
                 await nursery.start(
                     functools.partial(
                         serve_admin_socket,

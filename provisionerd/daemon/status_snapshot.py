@@ -45,6 +45,7 @@ from provisionerd.daemon.metered import NO_ANSWER, CallLog, outcome_of
 from provisionerd.domain.model import HostStatus
 from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
+from provisionerd.planner.cost import estimate
 from provisionerd.planner.fact_view import MachineState
 
 JOINED = ("joined", "idle", "busy")
@@ -122,6 +123,7 @@ class StatusSnapshot:
                 "loop_heartbeat_age_s": None if age is None else round(age, 3),
             },
             "ready": {"ok": ok, "reasons": reasons},
+            "cost": _spend(view, wall_now),
         }
 
     def _provider(
@@ -297,3 +299,15 @@ class _Fleet:
         if counts["booting"]:
             return {"state": "pending", "detail": f"{counts['booting']} machine(s) booting, {joined} joined"}
         return {"state": "ok", "detail": f"{joined} machine(s) joined, none waiting"}
+
+
+def _spend(view: ControllerView | None, wall_now: float) -> list[dict[str, Any]]:
+    """Estimated spend so far by provider and currency (``planner.cost``; the metric
+    ``provisionerd_estimated_spend``)."""
+    if view is None:
+        return []
+    totals: dict[tuple[str, str], float] = {}
+    for line in estimate(view.facts.machines.values(), wall_now).lines:
+        key = (line.provider, line.currency)
+        totals[key] = totals.get(key, 0.0) + line.amount
+    return [{"provider": p, "currency": c, "amount": round(a, 6)} for (p, c), a in sorted(totals.items())]

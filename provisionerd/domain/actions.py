@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import attrs
 
+from provisionerd.domain.model import NO_QUOTE, PriceQuote
+
 
 @attrs.frozen
 class RequestMachines:
@@ -21,6 +23,11 @@ class RequestMachines:
     template_id: str
     count: int
     demand_id: str
+    #: The item's reservation and release mode, for the intent (``planner.release``).
+    reservation: str = ""
+    release: str = ""
+    #: The chosen offer's quote, for the intent and its instance facts (``provisionerd cost``).
+    price: PriceQuote = NO_QUOTE
 
 
 @attrs.frozen

@@ -62,12 +62,23 @@ class ResourceShape:
     attributes: Mapping[str, str] = attrs.field(factory=dict)
 
 
+#: ``DemandItem.release`` values: ``""`` returns unneeded machines after ``idle_time``; ``"on_completion"``
+#: returns the machines made for the item's reservation as soon as no item of the demand names it any more.
+RELEASE_IDLE = ""
+RELEASE_ON_COMPLETION = "on_completion"
+RELEASE_MODES = (RELEASE_IDLE, RELEASE_ON_COMPLETION)
+
+
 @attrs.frozen
 class DemandItem:
     """``count`` machines of ``shape`` wanted now (the whole wanted level, not a delta).
 
     ``providers`` restricts placement (empty = any provider this daemon serves); ``max_hourly_cost`` caps the
-    price per machine-hour (``None`` = no cap; with a cap an unpriced offer is rejected).
+    price per machine-hour (``None`` = no cap; with a cap an unpriced offer is rejected); ``cost_currency`` is the
+    cap's currency (empty: the cap is in the currency of every offer, unchecked; set: an offer quoted in another
+    currency is rejected). ``reservation`` names the reservation the machines are for (kept on their intent);
+    with ``release = "on_completion"`` they are returned at once when the reservation leaves the demand
+    (docs/fleet.md).
     """
 
     demand_id: str
@@ -76,6 +87,9 @@ class DemandItem:
     max_hourly_cost: float | None = None
     providers: tuple[str, ...] = ()
     placement: Mapping[str, str] = attrs.field(factory=dict)
+    reservation: str = ""
+    release: str = RELEASE_IDLE
+    cost_currency: str = ""
 
 
 @attrs.frozen
@@ -96,6 +110,15 @@ class PriceQuote:
     unit: str  # "hour"
     source: str
     timestamp: str  # RFC 3339, as the provider gave it
+
+    @property
+    def known(self) -> bool:
+        """Whether this is a quote at all (``NO_QUOTE``, the default of a fact without one, is not)."""
+        return bool(self.currency and self.unit)
+
+
+#: The quote of a machine chosen without one (an unpriced offer, or a fact written before facts carried quotes).
+NO_QUOTE = PriceQuote(0.0, "", "", "", "")
 
 
 @attrs.frozen
@@ -126,6 +149,12 @@ class RequestIntent:
     instance_refs: tuple[str, ...]
     token_hashes: tuple[str, ...]  # hex SHA-256 of each single-use join token
     demand_id: str = ""
+    #: The demand item's ``reservation`` and ``release`` when the request was planned: the machines it makes are
+    #: tagged with them, so their release on completion needs no memory beyond the facts.
+    reservation: str = ""
+    release: str = RELEASE_IDLE
+    #: The chosen offer's price quote when planned (``NO_QUOTE``: unpriced); each ``InstanceFact`` copies it.
+    price: PriceQuote = NO_QUOTE
 
 
 @attrs.frozen
@@ -142,6 +171,8 @@ class InstanceFact:
     hostname: str = ""
     address: str = ""
     launch_time: float = 0.0
+    #: The offer's price quote when the machine was chosen (``NO_QUOTE``: unpriced); ``provisionerd cost`` sums it.
+    price: PriceQuote = NO_QUOTE
 
 
 @attrs.frozen
@@ -171,6 +202,9 @@ class Returned:
     epoch: Epoch
     op_id: str
     machine_ids: tuple[str, ...]
+    #: Wall-clock epoch seconds when the return was confirmed (0 = unknown): where ``provisionerd cost`` ends a
+    #: machine's spend.
+    at: float = 0.0
 
 
 @attrs.frozen

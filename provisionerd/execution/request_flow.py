@@ -81,13 +81,20 @@ class RequestFlow:
             tuple(t.instance_ref for t in issued),
             tuple(t.hash for t in issued),
             action.demand_id,
+            action.reservation,
+            action.release,
+            action.price,
         )
         error: ProviderError | None = None
         accepted: RequestAccepted | None = None
         try:
             async with self._deps.gate.mutation(provider, intent) as permit:
                 request = MachineRequest.of(
-                    OwnerTags(s.cluster, provider, op_id, permit.epoch), action.template_id, issued, s.controllers
+                    OwnerTags(s.cluster, provider, op_id, permit.epoch),
+                    action.template_id,
+                    issued,
+                    s.controllers,
+                    s.limits_of(provider),
                 )
                 steps.emit(
                     "called",

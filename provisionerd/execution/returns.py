@@ -75,7 +75,8 @@ class ReturnFlow:
         listed = {m.machine_id: m for m in status.machines}
         # A machine the status leaves out was already gone (returned twice is harmless); "fail" stays RETURNING.
         done = tuple(mid for mid in ids if mid not in listed or listed[mid].result == "succeed")
-        if done and not await self._deps.facts.commit_quietly(Returned(provider, NO_EPOCH, op_id, done)):
+        confirmed = Returned(provider, NO_EPOCH, op_id, done, self._deps.wall())
+        if done and not await self._deps.facts.commit_quietly(confirmed):
             return ReturnOutcome(op_id, provider, "unknown", code="commit_failed")
         if len(done) < len(ids):
             return ReturnOutcome(op_id, provider, "partial", done, code=status.status, detail=status.message)

@@ -143,6 +143,7 @@ class Steps:
                 machine.name,
                 machine.address,
                 machine.launch_time,
+                intent.price,
             )
             if not await self._commit_made(fact):
                 return None

@@ -85,7 +85,11 @@ class UnknownOutcomeFlow:
                 # it, and after a failover the intent is re-committed under the epoch held now.
                 async with self._deps.gate.mutation(provider, intent) as permit:
                     request = MachineRequest.of(
-                        OwnerTags(s.cluster, provider, op_id, permit.epoch), intent.template_id, issued, s.controllers
+                        OwnerTags(s.cluster, provider, op_id, permit.epoch),
+                        intent.template_id,
+                        issued,
+                        s.controllers,
+                        s.limits_of(provider),
                     )
                     steps.emit(
                         "called",

@@ -8,6 +8,7 @@ import attrs
 
 from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
 from provisionerd.planner.state import Observation
+from provisionerd.provider.values import MachineLimits
 
 GATE_ERRORS = (LeaseError, ControllerRejected, LinkDown)
 
@@ -30,6 +31,11 @@ class ExecutorSettings:
     retries: int = 3
     retry_delay: float = 1.0
     provider_timeouts: Mapping[str, float] = attrs.field(factory=dict)
+    #: Per provider: what its new machines are told about their own lifetime (default: no limits).
+    machine_limits: Mapping[str, MachineLimits] = attrs.field(factory=dict)
+
+    def limits_of(self, provider: str) -> MachineLimits:
+        return self.machine_limits.get(provider, MachineLimits())
 
     def request_timeout(self, provider: str) -> float:
         """How long a request to ``provider`` is polled."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import attrs
 
 from provisionerd.domain.actions import Note
-from provisionerd.domain.model import DemandItem, DemandSnapshot
+from provisionerd.domain.model import RELEASE_MODES, DemandItem, DemandSnapshot
 from provisionerd.planner.offers import Requirement, requirement_of
 
 #: How many recent snapshots are remembered.
@@ -35,6 +35,8 @@ class DemandIndex:
     items: Mapping[str, DemandItem]
     wanted: Mapping[str, int]  # demand_id -> max(count, 0)
     notes: tuple[Note, ...]
+    #: Every reservation an item names (``planner.release``: machines of the others are released).
+    reservations: frozenset[str] = frozenset()
     _requirements: dict[str, Requirement] = attrs.field(factory=dict)
 
     def requirement(self, item: DemandItem) -> Requirement:
@@ -53,10 +55,14 @@ def build(snapshot: DemandSnapshot) -> DemandIndex:
         if item.demand_id in items or not item.demand_id:
             notes.append(Note("invalid_demand", "empty or duplicate demand_id: item ignored", demand_id=item.demand_id))
             continue
+        if item.release not in RELEASE_MODES:
+            detail = f"unknown release {item.release[:64]!r}: its machines are returned after idle_time"
+            notes.append(Note("invalid_demand", detail, demand_id=item.demand_id))
         items[item.demand_id] = item
     ordered = dict(sorted(items.items()))
     wanted = {demand_id: max(item.count, 0) for demand_id, item in ordered.items()}
-    return DemandIndex(snapshot, ordered, wanted, tuple(notes))
+    reservations = frozenset(item.reservation for item in ordered.values() if item.reservation)
+    return DemandIndex(snapshot, ordered, wanted, tuple(notes), reservations=reservations)
 
 
 _recent: list[DemandIndex] = []  # most recent last

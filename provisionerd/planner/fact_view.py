@@ -23,12 +23,14 @@ import attrs
 
 from provisionerd.domain.model import (
     NO_EPOCH,
+    NO_QUOTE,
     CommittedFact,
     Epoch,
     InstanceFact,
     Lost,
     OrphanAdopted,
     OrphanReported,
+    PriceQuote,
     RequestFailed,
     RequestIntent,
     Returned,
@@ -63,6 +65,8 @@ class MachineRecord:
     return_op: str = ""
     adopted: bool = False
     demand_id: str = ""  # the demand item its intent served ("" for adopted machines)
+    price: PriceQuote = NO_QUOTE  # the quote it was chosen at (InstanceFact.price; planner.cost)
+    ended_at: float = 0.0  # wall seconds its return was confirmed (Returned.at; 0 = live or unknown)
 
 
 @attrs.define
@@ -204,6 +208,7 @@ class FactView:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state.live:
                         self._set_state(machine, MachineState.RETURNED)
+                        machine.ended_at = fact.at
             case Lost():
                 machine = self.machines.get(fact.machine_id)
                 if machine is not None and machine.state.live:
@@ -245,6 +250,7 @@ class FactView:
                 address=fact.address,
                 launch_time=fact.launch_time,
                 demand_id="" if record is None else record.intent.demand_id,
+                price=fact.price,
             )
         )
         # An instance fact explains the machine: an earlier orphan report about it no longer stands.

@@ -20,7 +20,9 @@ demand field      offer attribute              rule
 ``_cost``                                      an unpriced offer is rejected. Without a cap price never rejects.
 ================  ==========================  ==================================================================
 
-The currency of a quote is not compared with the cap: a cluster is assumed to price in one currency.
+A cap compares like with like: a quote counts only per ``hour``, and when the item names the cap's currency
+(``DemandItem.cost_currency``) an offer quoted in another currency is rejected, never converted. An item with a
+cap and no currency compares amounts alone (as before currencies were named: one currency per cluster).
 
 Choice order (:func:`offer_sort_key`): priced offers first, cheapest ``amount`` first; ties, and the unpriced
 offers after all priced ones, are ordered by offer id ``(provider, template_id)``. A price that is negative,
@@ -30,7 +32,7 @@ non-finite or not per hour counts as unpriced.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -124,6 +126,7 @@ class Requirement:
     cap: float | None
     providers: tuple[str, ...]
     placement: tuple[tuple[str, str], ...]
+    currency: str | None = None  # the cap's currency, upper-cased (None: unchecked)
 
 
 def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
@@ -132,10 +135,12 @@ def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
     cap: float | None
     providers: tuple[str, ...]
     placement: Mapping[str, str]
+    currency = None
     if isinstance(item, ResourceShape):
         shape, cap, providers, placement = item, None, (), {}
     else:
         shape, cap, providers, placement = item.shape, item.max_hourly_cost, item.providers, item.placement
+        currency = item.cost_currency.upper() or None
     return Requirement(
         ncpus=shape.ncpus,
         mem_mb=shape.mem_mb,
@@ -146,7 +151,21 @@ def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
         cap=cap,
         providers=tuple(sorted(set(providers))),
         placement=tuple(sorted(placement.items())),
+        currency=currency,
     )
+
+
+def cluster_cost(
+    requirement: Callable[[DemandItem], Requirement], cap: float | None, currency: str, item: DemandItem
+) -> Requirement:
+    """``requirement(item)`` under the cluster's ``[cost]``: its cap when the item has none, its currency when
+    the item's cap names none. The item's own cap and currency win."""
+    req = requirement(item)
+    own_cap = req.cap if req.cap is not None else cap
+    own_currency = req.currency or currency.upper() or None
+    if own_cap == req.cap and own_currency == req.currency:
+        return req
+    return attrs.evolve(req, cap=own_cap, currency=own_currency)
 
 
 def _fmt(value: float) -> str:
@@ -186,6 +205,9 @@ def reasons_for(req: Requirement, parsed: ParsedOffer) -> tuple[str, ...]:
             quote = offer.price
             why = "unpriced" if quote is None else f"unusable price quote {quote.amount!r}/{quote.unit}"
             reasons.append(f"{why} offer rejected under cost cap {_fmt(req.cap)}/hour")
+        elif req.currency is not None and offer.price is not None and offer.price.currency.upper() != req.currency:
+            quoted = offer.price.currency[:16]
+            reasons.append(f"price in {quoted!r}, cost cap in {req.currency!r}: currencies are never compared")
         elif parsed.price > req.cap:
             reasons.append(f"price {_fmt(parsed.price)}/hour above cost cap {_fmt(req.cap)}/hour")
     return tuple(reasons)

@@ -40,19 +40,23 @@ op_id, since ``RequestFailed`` closes that intent.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 
 import attrs
 
 from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
-from provisionerd.domain.model import DemandSnapshot, HostState, Offer
+from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
+from provisionerd.planner import budget
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
+from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
-from provisionerd.planner.offers import Catalog, OfferKey, format_key
+from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
+from provisionerd.planner.release import RELEASED, release_completed
 from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
 
@@ -60,7 +64,7 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 
 #: Order in which retire reasons are emitted (and a machine's single reason, see
 #: :func:`provisionerd.planner.supply.tally`).
-RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", "idle")
+RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", RELEASED, "idle")
 
 
 @attrs.frozen
@@ -151,17 +155,22 @@ def plan(
     counts = tally(state, view, _as_hosts(hosts), now, policy, None if demand is None else demand.wanted)
     planner = Allocator(state, catalog, counts, now, policy)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
+    released: list[tuple[str, MachineRecord]] = []
     if demand is None:
         notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
     else:
+        released = release_completed(counts, view, demand.reservations)  # before reuse: nobody else takes them
         idle_pool = excess_pool(counts, demand.items)
+        requirement = demand.requirement
+        if policy.cost_cap is not None or policy.cost_currency:
+            requirement = functools.partial(cluster_cost, demand.requirement, policy.cost_cap, policy.cost_currency)
         active, outstanding = counts.active, counts.outstanding
         for demand_id, wanted in demand.wanted.items():
             # Only items with a deficit have anything to serve (the test Allocator.serve makes, inlined: most
             # items of a big snapshot have none, and a call per item would be most of this loop's cost).
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
-                planner.serve(demand.items[demand_id], idle_pool, notes, demand.requirement)
-    retire = list(counts.retire)
+                planner.serve(demand.items[demand_id], idle_pool, notes, requirement)
+    retire = [*counts.retire, *released]
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
         for entry in entries:
@@ -197,6 +206,11 @@ def _emit(
         actions.append(MarkLost(op_id, machine.provider, machine.machine_id, "reclaimed"))
         pending_lost[machine.machine_id] = op_id
     pending_returns = dict(state.pending_returns)
+    rooms: dict[str, int | None] = {}  # provider -> voluntary returns it may still have now (planner.budget)
+    spent: dict[str, int] = {}
+    live: dict[str, int] = {}
+    for (owner, _), n in view.live_by_offer.items():
+        live[owner] = live.get(owner, 0) + n
     groups: dict[tuple[str, str], list[str]] = {}
     for reason, machine in retire:
         groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
@@ -212,6 +226,12 @@ def _emit(
             detail = f"{len(machine_ids)} {reason} return(s) wait for the throttle until {until:.1f}"
             notes.append(Note("deferred", detail, provider))
             continue
+        if reason in VOLUNTARY:
+            machine_ids = _budgeted(
+                provider, reason, machine_ids, rooms, spent, live, state, now, policy, counts, notes
+            )
+            if not machine_ids:
+                continue
         machine_ids.sort()
         for start in range(0, len(machine_ids), policy.return_batch):
             batch = tuple(machine_ids[start : start + policy.return_batch])
@@ -221,9 +241,14 @@ def _emit(
     pending_requests = dict(state.pending_requests)
     step_used: dict[str, int] = {}
     asked: dict[str, list[str]] = {provider: [] for provider in sorted(planner.saturated)}
+    items = {} if snapshot is None else demand_index(snapshot).items
     for demand_id, (provider, template_id), count in planner.requests:
         op_id = ops.new(provider)
-        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id))
+        item = items.get(demand_id)
+        reservation, release = ("", "") if item is None else (item.reservation, item.release)
+        chosen = planner.catalog.by_key.get((provider, template_id))
+        price = chosen.offer.price if chosen is not None and chosen.offer.price is not None else NO_QUOTE
+        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release, price))
         pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
         step_used[provider] = step_used.get(provider, 0) + count
         asked.setdefault(provider, []).append(op_id)
@@ -245,11 +270,46 @@ def _emit(
         step_log=step_log,
         ramps=ramps,
         capacity=state.capacity.pruned(now),
+        disruptions=budget.recorded(state.disruptions, spent, now, policy) if state.disruptions or spent else (),
     )
     if step_log and (planner.saturated or planner.step_room <= 0):  # room comes back as the window slides
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
     wake_at = counts.wake if math.isfinite(counts.wake) else None
     return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
+
+
+def _budgeted(
+    provider: str,
+    reason: str,
+    machine_ids: list[str],
+    rooms: dict[str, int | None],
+    spent: dict[str, int],
+    live: Mapping[str, int],
+    state: PlannerState,
+    now: float,
+    policy: Policy,
+    counts: Tally,
+    notes: list[Note],
+) -> list[str]:
+    """The voluntary returns of one (provider, reason) group the provider's disruption budget lets go now, in
+    the group's order (longest idle first for ``idle``); the rest wait with a ``deferred`` note, and the plan
+    wakes when the window frees room."""
+    own = policy.of(provider)
+    if provider not in rooms:
+        rooms[provider] = budget.room(state.disruptions, provider, live.get(provider, 0), now, own)
+    left = rooms[provider]
+    if left is None:
+        return machine_ids
+    allowed, waiting = machine_ids[:left], len(machine_ids) - left
+    rooms[provider] = left - len(allowed)
+    spent[provider] = spent.get(provider, 0) + len(allowed)
+    if waiting > 0:
+        notes.append(Note("deferred", f"{waiting} {reason} return(s) wait for the disruption budget", provider))
+        log = state.disruptions + ((now, provider, spent[provider]),)
+        again = budget.room_returns_at(log, provider, now, own)
+        if again is not None:
+            counts.due(again, now)
+    return allowed
 
 
 def _prune_reclaimed(

@@ -41,7 +41,15 @@ _DURATIONS = (
     "unhealthy_base",
     "unhealthy_max",
 )
-_PROVIDER_KNOBS = (*_DURATIONS, "max_ttl", "step_limit", "max_machines")
+_PROVIDER_KNOBS = (
+    *_DURATIONS,
+    "max_ttl",
+    "step_limit",
+    "max_machines",
+    "disruption_budget",
+    "disruption_budget_percent",
+    "disruption_interval",
+)
 
 
 def _problems(values: Mapping[str, object]) -> list[str]:
@@ -60,6 +68,17 @@ def _problems(values: Mapping[str, object]) -> list[str]:
     cap = values.get("max_machines")
     if cap is not None and not _is_count(cap, 0):
         problems.append(f"max_machines: must be an integer >= 0 or None, not {cap!r}")
+    budget = values.get("disruption_budget")
+    if budget is not None and not _is_count(budget, 0):
+        problems.append(f"disruption_budget: must be an integer >= 0 or None, not {budget!r}")
+    percent = values.get("disruption_budget_percent")
+    if percent is not None and not (
+        isinstance(percent, (int, float)) and not isinstance(percent, bool) and 0 <= percent <= 100
+    ):
+        problems.append(f"disruption_budget_percent: must be a number from 0 to 100 or None, not {percent!r}")
+    interval = values.get("disruption_interval", 1.0)
+    if not (isinstance(interval, (int, float)) and not isinstance(interval, bool) and _positive(interval)):
+        problems.append(f"disruption_interval: must be a positive number of seconds, not {interval!r}")
     return problems
 
 
@@ -71,7 +90,9 @@ class ProviderPolicy:
     sliding ``Policy.step_interval`` (:mod:`provisionerd.planner.ramp`: it starts here, doubles per accepted round
     while demand uses all of it, halves on ``capacity_unavailable`` or ``throttled``, up to ``max_machines``;
     ``None``: not ramped, only the global ``Policy.step_limit`` binds). ``max_machines``: most machines (live +
-    requested) at this provider (``None``: uncapped).
+    requested) at this provider (``None``: uncapped). ``disruption_budget`` / ``disruption_budget_percent`` /
+    ``disruption_interval``: at most that many machines (or percent of the live ones, rounded up) returned
+    voluntarily in any sliding interval (:mod:`provisionerd.planner.budget`; ``None``: no budget).
     """
 
     join_deadline: float = 900.0
@@ -86,6 +107,9 @@ class ProviderPolicy:
     unhealthy_max: float = 1800.0
     step_limit: int | None = None
     max_machines: int | None = None
+    disruption_budget: int | None = None
+    disruption_budget_percent: float | None = None
+    disruption_interval: float = 60.0
 
     def __attrs_post_init__(self) -> None:
         problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})
@@ -146,6 +170,9 @@ class Policy:
     return_batch: int = 100
     reclaim_memory: float = 3600.0
     providers: Mapping[str, ProviderPolicy] = attrs.field(factory=dict)
+    #: ``[cost]``: a cap per machine-hour for items without their own, and the currency of caps that name none.
+    cost_cap: float | None = None
+    cost_currency: str = ""
     # Derived in __attrs_post_init__ (frozen: set once), read on the planner's hot paths.
     _default: ProviderPolicy = attrs.field(init=False, eq=False, repr=False)
     _capped: Mapping[str, ProviderPolicy] = attrs.field(init=False, eq=False, repr=False)

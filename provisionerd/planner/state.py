@@ -102,6 +102,8 @@ class PlannerState:
     capacity: CapacityState = attrs.field(factory=CapacityState)
     intent_backoff: IntentBackoff = attrs.field(factory=IntentBackoff)
     ramps: Mapping[str, Ramp] = attrs.field(factory=dict)  # provider -> its adaptive step (planner.ramp)
+    #: Voluntary returns within each provider's disruption window (``planner.budget``).
+    disruptions: tuple[tuple[float, str, int], ...] = ()
 
     def intents_refused_until(self, now: float) -> float | None:
         """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""

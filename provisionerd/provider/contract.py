@@ -33,6 +33,7 @@ from provisionerd.domain.model import (
     ProviderMachine,
 )
 from provisionerd.provider.values import (
+    Bootstrap,
     Features,
     MachineRef,
     MachineRequest,
@@ -80,11 +81,22 @@ def request_input(request: MachineRequest) -> dict[str, Any]:
         "template": {"templateId": request.template_id, "machineCount": request.count},
         "op_id": request.op_id,
         "tags": request.owner.as_tags(),
-        "bootstrap": [
-            {"instanceRef": b.instance_ref, "controllers": list(b.controllers), "joinToken": b.join_token}
-            for b in request.bootstrap
-        ],
+        "bootstrap": [_bootstrap(b) for b in request.bootstrap],
     }
+
+
+def _bootstrap(boot: Bootstrap) -> dict[str, Any]:
+    """One ``bootstrap`` entry; the optional limits only when set (a plugin that predates them never sees them)."""
+    entry: dict[str, Any] = {
+        "instanceRef": boot.instance_ref,
+        "controllers": list(boot.controllers),
+        "joinToken": boot.join_token,
+    }
+    if boot.limits.orphan_timeout > 0:
+        entry["orphanTimeout"] = boot.limits.orphan_timeout
+    if boot.limits.max_lifetime > 0:
+        entry["maxLifetime"] = boot.limits.max_lifetime
+    return entry
 
 
 def machine_refs(machines: Sequence[MachineRef]) -> list[dict[str, str]]:

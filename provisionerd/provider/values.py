@@ -88,12 +88,23 @@ class OwnerTags:
 
 
 @attrs.frozen
+class MachineLimits:
+    """How long a new machine may live on its own (seconds, 0 = no limit): ``orphan_timeout`` (the daemon's
+    ``worker_orphan_timeout``: its agent gives up after that long without reaching a controller) and
+    ``max_lifetime`` (the provider's ``max_ttl``, for providers that can enforce it, such as Slurm's ``--time``)."""
+
+    orphan_timeout: float = 0.0
+    max_lifetime: float = 0.0
+
+
+@attrs.frozen
 class Bootstrap:
     """What one new machine needs to join: its instance ref, the controllers, and its single-use join token."""
 
     instance_ref: str
     controllers: tuple[str, ...]
     join_token: str = attrs.field(repr=False)
+    limits: MachineLimits = MachineLimits()
 
 
 @attrs.frozen
@@ -106,10 +117,18 @@ class MachineRequest:
 
     @classmethod
     def of(
-        cls, owner: OwnerTags, template_id: str, issued: Sequence[IssuedToken], controllers: Sequence[str]
+        cls,
+        owner: OwnerTags,
+        template_id: str,
+        issued: Sequence[IssuedToken],
+        controllers: Sequence[str],
+        limits: MachineLimits = MachineLimits(),
     ) -> MachineRequest:
-        """One machine per issued token (``provisionerd.domain.tokens.issue``), each told the same controllers."""
-        return cls(template_id, owner, tuple(Bootstrap(t.instance_ref, tuple(controllers), t.token) for t in issued))
+        """One machine per issued token (``provisionerd.domain.tokens.issue``), each told the same controllers
+        and ``limits``."""
+        return cls(
+            template_id, owner, tuple(Bootstrap(t.instance_ref, tuple(controllers), t.token, limits) for t in issued)
+        )
 
     @property
     def op_id(self) -> str:

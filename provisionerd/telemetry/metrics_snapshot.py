@@ -78,6 +78,18 @@ class SnapshotCollector(Collector):
         if (value := _num(_map(doc.get("ready")).get("ok"))) is not None:
             ready.add_metric([], value)
         yield ready
+        spend = _gauge(
+            "provisionerd_estimated_spend",
+            "Estimated spend so far of the machines the daemon's view holds: quote x hours (docs/fleet.md).",
+            "provider",
+            "currency",
+        )
+        lines = doc.get("cost")
+        for line in lines if isinstance(lines, list) else ():
+            entry = _map(line)
+            if (value := _num(entry.get("amount"))) is not None:
+                spend.add_metric([str(entry.get("provider")), str(entry.get("currency"))], value)
+        yield spend
 
 
 def _link(doc: Mapping[str, Any]) -> Iterator[Metric]:

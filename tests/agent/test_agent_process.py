@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,3 +116,34 @@ def test_sigterm_while_waiting_for_the_token_on_stdin_stops_it(certs: Path, tmp_
         wait_for(lambda: catches(agent.pid, signal.SIGTERM), timeout=60, what="the agent's signal handlers")
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0
+
+
+def test_an_agent_that_reaches_no_controller_exits_after_the_orphan_timeout_and_shuts_down(
+    certs: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "shut-down"
+    argv = agent_argv(certs, tmp_path, "--token-stdin", "--heartbeat", "0.5", "--reply-timeout", "1")
+    argv += ["--orphan-timeout", "2", "--on-orphan", "shutdown", "--shutdown-command", f"touch {marker}"]
+    started = time.monotonic()
+    with running(argv, TOKEN.encode() + b"\n") as agent:
+        assert agent.wait(timeout=60) == 5
+        took = time.monotonic() - started
+        assert agent.stderr is not None
+        log = agent.stderr.read().decode()
+    assert 2.0 <= took < 30, took  # the timeout counts from the agent's start, not from its first join
+    assert marker.exists() and "no controller reached for 2.0 s" in log and TOKEN not in log
+
+
+def test_without_an_orphan_timeout_the_agent_keeps_trying(certs: Path, tmp_path: Path) -> None:
+    argv = agent_argv(certs, tmp_path, "--token-stdin", "--heartbeat", "0.5", "--reply-timeout", "1")
+    with running(argv, TOKEN.encode() + b"\n") as agent:
+        with pytest.raises(subprocess.TimeoutExpired):
+            agent.wait(timeout=4)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 0
+
+
+def test_an_orphan_timeout_below_the_reply_timeout_is_refused(certs: Path, tmp_path: Path) -> None:
+    argv = agent_argv(certs, tmp_path, "--token-stdin", "--orphan-timeout", "3")  # reply timeout 15
+    with running(argv, TOKEN.encode() + b"\n") as agent:
+        assert agent.wait(timeout=60) == 2

@@ -13,6 +13,7 @@ from agent_fakes import FakeController
 
 from provisionerd.agent.token import REJOIN_PREFIX
 from provisionerd.agent.worker import (
+    EXIT_ORPHANED,
     EXIT_REFUSED,
     EXIT_TOKEN_REFUSED,
     AgentConfig,
@@ -20,6 +21,7 @@ from provisionerd.agent.worker import (
     Elsewhere,
     Joined,
     JoinRefused,
+    Orphaned,
     Redirect,
     Refused,
     WorkerAgent,
@@ -286,3 +288,43 @@ def test_other_final_refusals_exit_with_code_4() -> None:
     assert JoinRefused("version_mismatch", "x").exit_code == EXIT_REFUSED
     assert JoinRefused("refused", "x").exit_code == EXIT_REFUSED
     assert JoinRefused("token_invalid", "x").exit_code == EXIT_TOKEN_REFUSED
+
+
+@on_mock_clock
+async def test_an_agent_cut_off_from_every_controller_gives_up_after_the_orphan_timeout() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery, orphan_timeout=60.0)
+
+        async def cut_off_later() -> None:
+            await trio.sleep(102)  # joined at 0, heard every 5 s (heartbeat acks) until 100
+            fake.down.update(ADDRS)
+            fake.fail_over()
+
+        nursery.start_soon(cut_off_later)
+        with pytest.raises(Orphaned) as orphaned:
+            await agent.run()
+        # Last heard at 100 (the ack of the beat at 100): gives up at 160, while retrying every address.
+        assert trio.current_time() == pytest.approx(160.0)
+        assert orphaned.value.exit_code == EXIT_ORPHANED and orphaned.value.silence == pytest.approx(60.0)
+        assert agent.joins >= 1 and fake.heartbeats[-1] == 100
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_an_agent_that_never_reaches_a_controller_gives_up_too_and_a_joined_one_never_does() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery, orphan_timeout=30.0)
+        fake.down.update(ADDRS)
+        with pytest.raises(Orphaned):
+            await agent.run()
+        assert trio.current_time() == pytest.approx(30.0) and agent.joins == 0
+        healthy, kept = make(nursery, orphan_timeout=15.0)  # = reply_timeout: the smallest allowed
+        with trio.move_on_after(1000):
+            await kept.run()
+        assert kept.joins == 1  # acks every 5 s keep pushing the deadline on
+        nursery.cancel_scope.cancel()
+
+
+def test_the_orphan_timeout_is_at_least_the_reply_timeout() -> None:
+    with pytest.raises(ValueError, match="orphan_timeout"):
+        AgentConfig(ADDRS, REF, reply_timeout=15.0, orphan_timeout=10.0)

@@ -141,3 +141,29 @@ def test_concurrent_calls_with_one_op_id_create_the_machines_once(shared, ec2):
     assert sorted(r["id"] for r in replies) == sorted(ids)
     assert sorted(r["result"]["message"][:10] for r in replies) == ["0 launched", "2 launched"]
     assert len(plugin.instances(ec2, **{"provisionerd:op": "op-race"})) == 2
+
+
+def test_instances_terminate_when_they_halt_and_the_agent_learns_the_orphan_timeout(shared, ec2):
+    plugin, p = shared
+    doc = plugin.request_input("op-halt", 2)
+    doc["bootstrap"][0]["orphanTimeout"] = 600
+    p.call("requestMachines", doc)
+    instances = sorted(
+        plugin.instances(ec2, **{"provisionerd:op": "op-halt"}),
+        key=lambda i: plugin.tags_of(i)["provisionerd:instance"],
+    )
+    assert len(instances) == 2
+    for instance in instances:
+        behaviour = ec2.describe_instance_attribute(
+            InstanceId=instance["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+        )
+        assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    first, second = (plugin.user_data(ec2, i["InstanceId"])["provisionerd"] for i in instances)
+    assert first["orphanTimeout"] == 600 and first["onOrphan"] == "shutdown"
+    assert "orphanTimeout" not in second and "onOrphan" not in second
+
+
+def test_a_bad_orphan_timeout_is_an_invalid_request(plugin):
+    doc = plugin.request_input("op-bad-orphan", 1)
+    doc["bootstrap"][0]["orphanTimeout"] = -1
+    assert plugin.error("requestMachines", doc)["code"] == "invalid_request"

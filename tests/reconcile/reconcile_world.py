@@ -120,6 +120,9 @@ class World:
                             refs,
                             tuple(token_hash(r) for r in refs),
                             action.demand_id,
+                            action.reservation,
+                            action.release,
+                            action.price,
                         )
                     )
                 case ReturnMachines():

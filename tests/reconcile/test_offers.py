@@ -2,11 +2,12 @@
 
 import math
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import fuzz_settings, item, offer
 
-from provisionerd.domain.model import Offer, PriceQuote, ResourceShape
+from provisionerd.domain.model import DemandItem, Offer, PriceQuote, ResourceShape
 from provisionerd.planner.offers import Catalog, choose_offer, compatibility_reasons, offer_key
 
 
@@ -157,3 +158,20 @@ def test_choice_is_the_cheapest_eligible_and_every_other_offer_is_explained(dema
 
 def _order(parsed):
     return (parsed.price is None, parsed.price or 0.0, parsed.offer.provider, parsed.offer.template_id)
+
+
+def _quoted(currency: str, unit: str = "hour") -> Offer:
+    return Offer(
+        "p", "t", 10, {"ncpus": ("Numeric", "4")}, PriceQuote(0.5, currency, unit, "t", "2026-01-01T00:00:00Z")
+    )
+
+
+def test_a_cost_cap_compares_like_with_like_and_refuses_another_currency() -> None:
+    capped = attrs.evolve(DemandItem("d", ResourceShape(), 1), max_hourly_cost=1.0, cost_currency="usd")
+    assert compatibility_reasons(capped, _quoted("USD")) == ()
+    (why,) = compatibility_reasons(capped, _quoted("EUR"))
+    assert "'EUR'" in why and "'USD'" in why
+    (monthly,) = compatibility_reasons(capped, _quoted("USD", "month"))
+    assert "unusable" in monthly
+    unnamed = attrs.evolve(capped, cost_currency="")
+    assert compatibility_reasons(unnamed, _quoted("EUR")) == ()  # no currency named: amounts alone, as before

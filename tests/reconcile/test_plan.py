@@ -3,10 +3,13 @@
 from reconcile_world import CLUSTER, EPOCH, NOW, World, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.domain.model import HostStatus, OrphanAdopted, RequestFailed
+from provisionerd.domain.model import HostStatus, OrphanAdopted, PriceQuote, RequestFailed
 from provisionerd.planner.capacity import CapacityUnavailable, ProviderUnhealthy, Throttled
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
+
+#: The quote of reconcile_world.offer's default price, which each request carries for its intent and facts.
+QUOTE = PriceQuote(0.1, "USD", "hour", "test", "2026-01-01T00:00:00Z")
 
 
 def world(*offers, **policy):
@@ -34,7 +37,7 @@ def test_demand_is_requested_once_from_the_cheapest_offer():
     w = world(offer("p", "dear", price=0.5), offer("p", "cheap", price=0.1))
     snap = snapshot(1, item("d", 3))
     first = w.plan(snap)
-    assert first.actions == (RequestMachines("c1:p:i0:0", "p", "cheap", 3, "d"),)
+    assert first.actions == (RequestMachines("c1:p:i0:0", "p", "cheap", 3, "d", price=QUOTE),)
     assert first.decisions[0].requested == ((("p", "cheap"), 3),)
     assert w.plan(snap).actions == ()  # replay before the intent is committed: in flight, nothing new
     w.commit_actions(first.actions)
@@ -45,7 +48,7 @@ def test_demand_is_requested_once_from_the_cheapest_offer():
     assert w.plan(snap).actions == ()
     assert w.state.pending_requests == {}
     more = w.plan(snapshot(2, item("d", 5)))
-    assert more.actions == (RequestMachines("c1:p:i0:1", "p", "cheap", 2, "d"),)
+    assert more.actions == (RequestMachines("c1:p:i0:1", "p", "cheap", 2, "d", price=QUOTE),)
 
 
 def test_stale_snapshot_plans_nothing_and_says_so():
@@ -65,7 +68,7 @@ def test_op_ids_skip_ones_already_in_the_facts_after_a_restart():
     w.commit_actions(w.plan(snapshot(1, item("d", 1))).actions)
     w.state = PlannerState.initial("i0")  # a restart that reused its incarnation: the facts still guard
     result = w.plan(snapshot(1, item("d", 2)))
-    assert result.actions == (RequestMachines("c1:p:i0:1", "p", "t", 1, "d"),)
+    assert result.actions == (RequestMachines("c1:p:i0:1", "p", "t", 1, "d", price=QUOTE),)
 
 
 def test_capacity_error_falls_to_the_next_offer_then_returns_after_the_window():
@@ -143,7 +146,7 @@ def test_a_machine_that_never_joins_is_returned_at_the_deadline_and_replaced():
     result = w.plan(snap)
     assert result.actions == (
         ReturnMachines("c1:p:i0:1", "p", (machine_id,), "never_joined"),
-        RequestMachines("c1:p:i0:2", "p", "t", 1, "d"),
+        RequestMachines("c1:p:i0:2", "p", "t", 1, "d", price=QUOTE),
     )
     # a machine with an unknown launch time counts from when the planner first saw it
     w.commit_actions(result.actions)
@@ -190,7 +193,7 @@ def test_max_ttl_retires_once_idle_and_a_replacement_is_requested():
     result = w.plan(snapshot(1, item("d", 1)))
     assert result.actions == (
         ReturnMachines("c1:p:i0:1", "p", (a,), "max_ttl"),
-        RequestMachines("c1:p:i0:2", "p", "t", 1, "d"),
+        RequestMachines("c1:p:i0:2", "p", "t", 1, "d", price=QUOTE),
     )
 
 
@@ -201,7 +204,7 @@ def test_reclaimed_machine_is_marked_lost_and_replaced():
     result = w.plan(snapshot(1, item("d", 2)))
     assert result.actions == (
         MarkLost("c1:p:i0:1", "p", a, "reclaimed"),
-        RequestMachines("c1:p:i0:2", "p", "t", 1, "d"),
+        RequestMachines("c1:p:i0:2", "p", "t", 1, "d", price=QUOTE),
     )
     w.commit_actions(result.actions)
     assert w.plan(snapshot(1, item("d", 2))).actions == ()
@@ -227,12 +230,12 @@ def test_provisioning_timeout_fails_the_intent_and_returns_its_unjoined_machines
     assert result.actions == (
         FailRequest(op_id, "p", "provisioning_timeout"),
         ReturnMachines("c1:p:i0:1", "p", (waiting,), "provisioning_timeout"),
-        RequestMachines("c1:p:i0:2", "p", "t", 1, "d"),
+        RequestMachines("c1:p:i0:2", "p", "t", 1, "d", price=QUOTE),
     )
     assert w.plan(snap).actions == ()  # all in flight
     w.commit_actions(result.actions)
     replaced = w.plan(snap)
-    assert replaced.actions == (RequestMachines("c1:p:i0:3", "p", "t", 1, "d"),)
+    assert replaced.actions == (RequestMachines("c1:p:i0:3", "p", "t", 1, "d", price=QUOTE),)
 
 
 def test_throttle_defers_returns_and_blocks_requests():
@@ -252,7 +255,7 @@ def test_dropped_action_is_planned_again_with_a_new_op_id():
     w = world()
     first = w.plan(snapshot(1, item("d", 2)))
     w.state = observe(w.state, ActionDropped(first.actions[0].op_id), w.policy).state
-    assert w.plan(snapshot(1, item("d", 2))).actions == (RequestMachines("c1:p:i0:1", "p", "t", 2, "d"),)
+    assert w.plan(snapshot(1, item("d", 2))).actions == (RequestMachines("c1:p:i0:1", "p", "t", 2, "d", price=QUOTE),)
 
 
 def test_without_a_snapshot_only_deadlines_and_reclaims_act():

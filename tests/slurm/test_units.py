@@ -314,3 +314,33 @@ def test_job_pages_join_up_in_job_id_order(ids: set[int], size: int) -> None:
     assert joined == sorted(ids) and all(len(p) <= size for p in pages)  # numeric order, each once, none missing
     with pytest.raises(PluginError, match="cursor"):
         keyset_page(entries, {"pageSize": 1, "cursor": "x9"})
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 1800), ("30:15", 1815), ("1:00:00", 3600), ("2-0", 172800), ("1-02:03", 93780), ("1-0:0:5", 86405)],
+)
+def test_slurm_times_read_back_in_seconds(text: str, seconds: float) -> None:
+    assert submit.slurm_seconds(text) == seconds
+    assert submit.slurm_seconds("UNLIMITED") == float("inf")
+
+
+def test_a_pilot_job_carries_max_ttl_as_its_time_limit_unless_the_template_is_shorter(tmp_path: Path) -> None:
+    def times(config: Config, lifetime: float) -> list[str]:
+        args = submit.sbatch_args(config, config.templates["t"], {tagmod.CLUSTER: "c"}, "k", lifetime)
+        return [a for a in args if a.startswith("--time")]
+
+    plain = Config.from_document(_config())
+    assert times(plain, 0) == [] and times(plain, 3600) == ["--time=60"] and times(plain, 61) == ["--time=2"]
+    capped = Config.from_document(_config(timeLimit="30"))  # 30 minutes: shorter than a 1 h max_ttl
+    assert times(capped, 3600) == ["--time=30"] and times(capped, 600) == ["--time=10"]
+
+
+def test_the_pilot_agent_learns_the_orphan_timeout(tmp_path: Path) -> None:
+    config = Config.from_document(_config())
+    boot = {"instanceRef": "i", "controllers": ["a:1"], "joinToken": "SECRET-TOKEN-123456"}
+    assert "--orphan-timeout" not in submit.job_script(config, boot, tmp_path / "k.token")
+    argv = shlex.split(submit.job_script(config, {**boot, "orphanTimeout": 600}, tmp_path / "k.token").splitlines()[-1])
+    assert argv[argv.index("--orphan-timeout") + 1] == "600"
+    argv = shlex.split(submit.job_script(config, {**boot, "orphanTimeout": 1}, tmp_path / "k.token").splitlines()[-1])
+    assert argv[argv.index("--orphan-timeout") + 1] == "15"  # never below the agent's reply timeout

@@ -7,9 +7,13 @@ instance itself (IMDS). So the join token goes into user-data only, and tags car
 User-data is one JSON document; the worker agent on the image reads it from IMDS
 (``http://169.254.169.254/latest/user-data``):
 
-    {"provisionerd": {"version": 1, "instanceRef", "controllers", "joinToken", "cluster"}, "userData": {...}}
+    {"provisionerd": {"version": 1, "instanceRef", "controllers", "joinToken", "cluster"
+                      [, "orphanTimeout", "onOrphan": "shutdown"]}, "userData": {...}}
 
-where ``userData`` is the request's LSF-style ``userData`` object, passed through untouched.
+where ``userData`` is the request's LSF-style ``userData`` object, passed through untouched. ``orphanTimeout``
+(seconds) is there when the daemon sets ``worker_orphan_timeout``: the agent is then started with
+``--orphan-timeout`` and ``--on-orphan shutdown``, and since every instance is launched with
+``InstanceInitiatedShutdownBehavior=terminate`` its halt terminates the instance.
 """
 
 from __future__ import annotations
@@ -50,16 +54,16 @@ def instance_tags(
 
 def user_data(bootstrap: Mapping[str, Any], cluster: str, passthrough: Mapping[str, Any]) -> str:
     """The user-data document for one instance. Raises ``invalid_request`` above EC2's 16 KiB limit."""
-    doc = {
-        "provisionerd": {
-            "version": 1,
-            "instanceRef": bootstrap["instanceRef"],
-            "controllers": list(bootstrap["controllers"]),
-            "joinToken": bootstrap["joinToken"],
-            "cluster": cluster,
-        },
-        "userData": dict(passthrough),
+    head: dict[str, Any] = {
+        "version": 1,
+        "instanceRef": bootstrap["instanceRef"],
+        "controllers": list(bootstrap["controllers"]),
+        "joinToken": bootstrap["joinToken"],
+        "cluster": cluster,
     }
+    if bootstrap.get("orphanTimeout"):
+        head.update(orphanTimeout=bootstrap["orphanTimeout"], onOrphan="shutdown")
+    doc = {"provisionerd": head, "userData": dict(passthrough)}
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_USER_DATA:
         # The size only: the text holds the token.

@@ -87,6 +87,11 @@ def _run_params(request: CreateRequest, template: Template, index: int, entry: A
         ],
         # IMDSv2 only: user-data holds a join token, and v2's session token defeats simple SSRF reads of it.
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # An instance that halts itself is gone, not stopped (a stopped one still holds its volumes and counts
+        # against limits, and nobody would start it again): the agent halts the machine when it has reached no
+        # controller for the orphan timeout (user-data ``orphanTimeout``/``onOrphan``), so even a machine whose
+        # daemon and controllers are all gone ends by itself.
+        "InstanceInitiatedShutdownBehavior": "terminate",
     }
     if template.subnet_id:
         params["SubnetId"] = template.subnet_id

@@ -117,6 +117,10 @@ def _check_bootstrap(entry: object, i: int) -> None:
     token = entry.get("joinToken")
     if not isinstance(token, str) or not 16 <= len(token) <= 512:
         raise _bad(f"{where}.joinToken must be a string of 16-512 characters")  # never echo the value
+    for key in ("orphanTimeout", "maxLifetime"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+            raise _bad(f"{where}.{key} must be a positive number of seconds, not {value!r}")
 
 
 def machine_ids(doc: object, *, required: bool) -> list[str]:

@@ -43,6 +43,8 @@ def spawn_agent(conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, 
         "--reply-timeout",
         f"{conf.reply_timeout:g}",
     ]
+    if boot.get("orphanTimeout"):  # never below the reply timeout, which the agent refuses
+        argv += ["--orphan-timeout", f"{max(float(boot['orphanTimeout']), conf.reply_timeout):g}"]
     for key, value in sorted(record["tags"].items()):
         argv += ["--label", f"{key}={value}"]
     argv += ["--label", f"{procs.HOME_LABEL}={home}"]

@@ -13,6 +13,7 @@ unknown outcome (an sbatch that timed out) finds what the first attempt made.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import stat
@@ -109,6 +110,33 @@ def live_keys(records: Iterable[JobRecord]) -> set[str]:
     }
 
 
+#: The agent refuses an orphan timeout below its reply timeout (15 s unless ``agentExtraArgs`` changes it).
+ORPHAN_TIMEOUT_FLOOR = 15.0
+
+
+def time_limit(seconds: float) -> str:
+    """``--time`` in whole minutes, rounded up (Slurm's own unit; at least 1): a machine's ``maxLifetime``."""
+    return str(max(1, math.ceil(seconds / 60)))
+
+
+def slurm_seconds(text: str) -> float:
+    """A Slurm time (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``, ``UNLIMITED``) in seconds."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return math.inf
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", text
+    parts = [int(p) for p in rest.split(":")]
+    if dash:  # after a day count: hours first
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:
+        hours, (minutes, seconds) = 0, (parts + [0])[:2]
+    return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
 def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str:
     """The batch script: exec the agent. Everything in it is visible to whoever can read the job; no secret is."""
     argv = [
@@ -123,6 +151,9 @@ def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str
         str(token_file),
         *config.agent_extra_args,
     ]
+    if boot.get("orphanTimeout"):
+        # The pilot job ending is the machine's return: exiting is all the agent has to do.
+        argv += ["--orphan-timeout", f"{max(float(boot['orphanTimeout']), ORPHAN_TIMEOUT_FLOOR):g}"]
     line = " ".join(shlex.quote(a) for a in argv)
     return (
         "#!/bin/sh\n"
@@ -132,12 +163,21 @@ def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str
     )
 
 
-def sbatch_args(config: Config, template: Template, machine_tags: Mapping[str, str], key: str) -> list[str]:
+def sbatch_args(
+    config: Config, template: Template, machine_tags: Mapping[str, str], key: str, max_lifetime: float = 0.0
+) -> list[str]:
+    """``max_lifetime``: the bootstrap's ``maxLifetime`` (the daemon's ``max_ttl``), as ``--time`` unless the
+    template's own ``timeLimit`` is shorter: Slurm ends the pilot job (the machine) then, busy or not, even if
+    nothing controls it any more."""
+    resources = template.resource_args()
+    shorter = template.time_limit is None or slurm_seconds(template.time_limit) > max_lifetime
+    if max_lifetime > 0 and shorter:
+        resources = [a for a in resources if not a.startswith("--time=")] + [f"--time={time_limit(max_lifetime)}"]
     args = [
         f"--job-name=pvd-{key}",
         f"--comment={tagmod.encode(machine_tags)}",
         f"--partition={config.partition}",
-        *template.resource_args(),
+        *resources,
         f"--output={config.workdir / 'logs' / f'pvd-{key}-%j.out'}",
         f"--chdir={config.workdir}",
         f"--export={config.export}",
@@ -191,7 +231,8 @@ def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: M
             write_token(token_file, boot["joinToken"])
             try:
                 job_id = cluster.submit(
-                    sbatch_args(config, template, machine_tags, key), job_script(config, boot, token_file)
+                    sbatch_args(config, template, machine_tags, key, float(boot.get("maxLifetime") or 0)),
+                    job_script(config, boot, token_file),
                 )
             except PluginError as err:
                 if err.code != "throttled":

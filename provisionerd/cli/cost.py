@@ -1,0 +1,65 @@
+"""``provisionerd cost``: the estimated spend of a running daemon's machines, from the facts.
+
+    provisionerd cost (--config FILE | --socket PATH) [--json]
+
+Asks the daemon (admin socket, command ``cost``) for the estimate ``planner.cost`` makes from the facts its view
+holds: per machine, the price quote it was chosen at (``InstanceFact.price``) times the hours from its launch to
+its confirmed return (``Returned.at``) or to now. Lines by provider, template and currency; totals per currency
+(amounts in different currencies are never added); machines that cannot be estimated are counted apart
+(unpriced, not per hour, no time). An estimate, not a bill (docs/fleet.md).
+
+Exit 0 on an answer, 1 when the daemon cannot be reached or has no view yet, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from provisionerd.cli.admin_target import TargetError, add_target, socket_of
+from provisionerd.daemon.admin_socket import query
+
+
+def render(cost: dict[str, Any]) -> list[str]:
+    lines = [f"{'PROVIDER':<16} {'TEMPLATE':<24} {'CUR':<4} {'MACHINES':>8} {'HOURS':>12} {'AMOUNT':>14}"]
+    for line in cost.get("lines", []):
+        lines.append(
+            f"{line['provider']:<16} {line['template_id']:<24} {line['currency']:<4} {line['machines']:>8}"
+            f" {line['machine_hours']:>12.3f} {line['amount']:>14.4f}"
+        )
+    for currency, amount in sorted(cost.get("totals", {}).items()):
+        lines.append(f"total {currency}: {amount:.4f}")
+    skipped = {k: v for k, v in cost.get("not_estimated", {}).items() if v}
+    if skipped:
+        lines.append("not estimated: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(skipped.items())))
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="provisionerd cost", description="estimated spend, from the facts")
+    add_target(parser)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        path = socket_of(args)
+    except TargetError as exc:
+        print(f"provisionerd cost: {exc}", file=sys.stderr)
+        return 1
+    try:
+        reply = query(path, "cost")
+    except (OSError, ValueError) as exc:
+        print(f"provisionerd cost: cannot reach the daemon at {path}: {exc}", file=sys.stderr)
+        return 1
+    if not reply.get("ok") or not isinstance(reply.get("cost"), dict):
+        print(f"provisionerd cost: {reply.get('error') or 'no cost report in the answer'}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"at": reply.get("at"), **reply["cost"]}, indent=2, sort_keys=True))
+    else:
+        print("\n".join(render(reply["cost"])))
+    return 0

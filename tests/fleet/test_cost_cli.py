@@ -1,0 +1,124 @@
+"""``provisionerd cost --json`` against the daemon's admin command ``cost``: the real ``DaemonCore`` command over a
+real unix socket (the CLI in a thread), its view folded from facts; the total is what the facts say."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+
+from provisionerd.cli import main as cli
+from provisionerd.config.loader import Config
+from provisionerd.controller.view import ControllerView
+from provisionerd.daemon.admin_socket import serve_admin_socket
+from provisionerd.daemon.root import DaemonCore
+from provisionerd.domain.model import (
+    CommittedFact,
+    Epoch,
+    InstanceFact,
+    Lost,
+    PriceQuote,
+    RequestIntent,
+    Returned,
+)
+from provisionerd.planner.fact_view import FactView
+from provisionerd.provider.client import PluginClient
+from provisionerd.telemetry.events import EventLog
+from provisionerd.testing.fake_provider import FakeProvider
+
+CONFIG = """
+    cluster = "clu"
+    identity = "prov-1"
+    [controller]
+    addresses = ["ctl0:7400"]
+    [tls]
+    ca = "ca.pem"
+    cert = "provisioner.pem"
+    key = "provisioner.key"
+    [[providers]]
+    name = "sim"
+    transport = "oneshot"
+    path = "plugins/sim"
+"""
+T0 = 1_800_000_000.0
+NOW = T0 + 7200.0
+USD = PriceQuote(0.5, "USD", "hour", "sim", "2026-01-01T00:00:00Z")
+EUR = PriceQuote(2.0, "EUR", "hour", "sim", "2026-01-01T00:00:00Z")
+E = Epoch(1, 1)
+
+
+async def unreachable(address: str) -> trio.abc.Stream:
+    raise OSError(f"nothing runs in this test: {address}")
+
+
+def facts() -> list[CommittedFact]:
+    made = [
+        RequestIntent("sim", E, "op-1", "small", 3, ("r0", "r1", "r2"), ("h0", "h1", "h2"), "d", price=USD),
+        InstanceFact("sim", E, "op-1", "r0", "m0", "small", "h0", launch_time=T0, price=USD),  # live: 2 h
+        InstanceFact("sim", E, "op-1", "r1", "m1", "small", "h1", launch_time=T0, price=USD),  # returned after 1 h
+        InstanceFact("sim", E, "op-1", "r2", "m2", "small", "h2", launch_time=T0, price=USD),  # lost: no end
+        RequestIntent("sim", E, "op-2", "big", 1, ("r3",), ("h3",), "d", price=EUR),
+        InstanceFact("sim", E, "op-2", "r3", "m3", "big", "h3", launch_time=T0 + 3600, price=EUR),  # live: 1 h
+        RequestIntent("sim", E, "op-3", "free", 1, ("r4",), ("h4",), "d"),
+        InstanceFact("sim", E, "op-3", "r4", "m4", "free", "h4", launch_time=T0),  # unpriced
+        Returned("sim", E, "op-4", ("m1",), at=T0 + 3600),
+        Lost("sim", E, "op-5", "m2", "reclaimed"),
+    ]
+    return [CommittedFact(i + 1, f) for i, f in enumerate(made)]
+
+
+def test_the_cost_command_reports_the_spend_the_facts_say(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = Config.from_toml(textwrap.dedent(CONFIG), base_dir=tmp_path)
+    core = DaemonCore(
+        config, connect=unreachable, events=EventLog(), providers={"sim": PluginClient(FakeProvider("sim"))}
+    )
+    core.wall = lambda: NOW
+    sock = Path(tempfile.mkdtemp(prefix="pd-cost-", dir="/tmp")) / "admin.sock"
+    codes: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_admin_socket, sock, dict, {"cost": core.cost})
+            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json"]))
+            view = ControllerView(1, "ctl0:7400", 1, FactView(), {})
+            for committed in facts():
+                view.facts.apply(committed)
+            core.pieces.session.view = view
+            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json"]))
+            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock)]))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    out = capsys.readouterr()
+    assert codes == [1, 0, 0] and "no view of the facts yet" in out.err
+    report, _ = json.JSONDecoder().raw_decode(out.out)  # the --json answer, then the table
+    # m0: 0.5 x 2 h, m1: 0.5 x 1 h (returned), m3: 2.0 EUR x 1 h; m2 lost (no end), m4 unpriced.
+    assert report["totals"] == {"USD": pytest.approx(1.5), "EUR": pytest.approx(2.0)}
+    assert report["not_estimated"] == {"unpriced": 1, "other_unit": 0, "no_time": 1}
+    assert [(line["template_id"], line["machines"], line["machine_hours"]) for line in report["lines"]] == [
+        ("big", 1, 1.0),
+        ("small", 2, 3.0),
+    ]
+    assert "total USD: 1.5000" in out.out and "total EUR: 2.0000" in out.out
+
+
+def test_the_metric_exports_the_running_total_of_the_status_document() -> None:
+    from provisionerd.daemon.status_snapshot import _spend
+    from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
+
+    view = ControllerView(1, "ctl0:7400", 1, FactView(), {})
+    for committed in facts():
+        view.facts.apply(committed)
+    doc = {"cost": _spend(view, NOW)}
+    assert doc["cost"] == [
+        {"provider": "sim", "currency": "EUR", "amount": 2.0},
+        {"provider": "sim", "currency": "USD", "amount": 1.5},
+    ]
+    (family,) = [f for f in SnapshotCollector(lambda: doc).collect() if f.name == "provisionerd_estimated_spend"]
+    assert {(s.labels["currency"], s.value) for s in family.samples} == {("EUR", 2.0), ("USD", 1.5)}
+    later = {"cost": _spend(view, NOW + 3600)}  # one more hour of the two live machines
+    assert {e["currency"]: e["amount"] for e in later["cost"]} == {"EUR": 4.0, "USD": 2.0}
