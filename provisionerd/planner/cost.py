@@ -7,8 +7,9 @@ in different currencies are never added. What cannot be estimated is counted, ne
 quote (``unpriced``), with a quote not per hour (``other_unit``), or with no launch time or end time
 (``no_time``: lost machines, returns confirmed before facts carried a time).
 
-An estimate, not a bill: the quote is the one the planner saw (spot prices move), billing granularity is ignored,
-and machines the daemon's view no longer holds (pruned history) are not in it.
+An estimate, not a bill: the quote is the one the planner saw (spot prices move), billing granularity is ignored.
+The daemon's view holds live state only (``FactView(prune=True)``), so a machine whose lifecycle ended is not in
+its report: spend over the whole history needs the controller's log (docs/fleet.md, "Only the live fleet").
 """
 
 from __future__ import annotations
