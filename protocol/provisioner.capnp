@@ -180,6 +180,9 @@ struct JoinReply {
   incarnation @7 :Text;           # accepted replies: the id of the controller's fact log, made when the log was
                                   # created and never again ("" from older controllers: unknown, see §4)
   lastIndex @8 :UInt64;           # accepted replies: the highest fact index the log ever committed (0: empty)
+  credential @9 :Text;            # accepted worker replies: the instance's own credential, issued when its token
+                                  # was spent (a secret: never log it); the worker presents it in Join.token on
+                                  # every later join. "" when the join already presented it (§4 "Worker credential")
 }
 
 struct Heartbeat {

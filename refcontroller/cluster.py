@@ -41,7 +41,7 @@ from refcontroller.leases import Denied, Granted, LeaseTable
 from refcontroller.paging import page_bounds
 from refcontroller.replicas import ReplicaSet
 from refcontroller.store import FactStore, StoreFailure
-from refcontroller.workers import HostTable, admit
+from refcontroller.workers import HostTable, admit, revoke_lost
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,17 @@ class Cluster:
 
     # --- workers ----------------------------------------------------------------------------------------------
 
-    def admit_worker(self, replica: int, instance_ref: str, token: str, wall: float) -> HostState | commits.Rejection:
+    def admit_worker(
+        self,
+        replica: int,
+        instance_ref: str,
+        token: str,
+        wall: float,
+        *,
+        credential: str | None = None,
+        live: bool = False,
+    ) -> HostState | commits.Rejection:
+        """``workers.admit``: ``credential`` is what a spent token is exchanged for; ``live``: a session is open."""
         if not self.is_primary(replica):
             return commits.Rejection(NOT_PRIMARY)
         known = self.hosts.get(instance_ref)
@@ -208,7 +218,7 @@ class Cluster:
         if known is None and self.store.instance_ended(instance_ref):
             return commits.Rejection("token_invalid", f"instance {instance_ref!r} ended: it cannot rejoin")
         try:
-            admitted = admit(self.store, instance_ref, token, wall)
+            admitted = admit(self.store, instance_ref, token, wall, credential=credential, live=live)
         except StoreFailure as exc:
             return self._storage_failed(f"token use of {instance_ref!r}", exc)
         if isinstance(admitted, HostState):
@@ -222,6 +232,7 @@ class Cluster:
         return self.hosts.set_status(instance_ref, status, wall)
 
     def worker_lost(self, instance_ref: str, wall: float) -> HostState | None:
+        revoke_lost(self.store, instance_ref, wall)  # durable: refused after a restart too
         return self.hosts.set_status(instance_ref, HostStatus.LOST, wall)
 
     # --- admin ------------------------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ class WorkerAgent:
         return framed, judge_join_reply(None if envelope is None else envelope.msg)
 
     async def _serve(self, framed: FramedStream, address: str, joined: Joined) -> None:
-        self._credentials.accepted()
+        self._credentials.accepted(joined.credential)
         self.joins += 1
         self.term, self.connected_to = joined.term, address
         log.info(

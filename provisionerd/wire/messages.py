@@ -91,6 +91,7 @@ class Join:
 class JoinReply:
     """ctl -> client. A standby answers ``accepted=False, primary=False, redirect="host:port"``.
 
+    An accepted worker reply may carry ``credential``: the instance's own secret for every later join.
     An accepted reply carries the controller's ``incarnation`` (the id of its fact log, made when the log was
     created and never again; ``""`` from an older controller: unknown) and ``last_index`` (the highest fact index
     the log ever committed), so a provisioner can tell a controller that forgot what it acknowledged.
@@ -105,6 +106,8 @@ class JoinReply:
     reason: str = ""
     incarnation: str = ""
     last_index: int = 0
+    # A worker's own credential, a secret like the token: kept out of repr (protocol §4 "Worker credential").
+    credential: str = attrs.field(default="", repr=False)
 
 
 @attrs.frozen
