@@ -167,6 +167,8 @@ struct Join {
   token @5 :Text;                 # worker only: the single-use join token (a secret: never log it)
   instance @6 :Text;              # provisioner only: random per process start, at most 64 chars, never reused;
                                   # the lease holder is identity + instance ("" from older clients: identity only)
+  machineId @7 :Text;             # worker only, the opt-in address-bound join (§4): the provider's machine id this
+                                  # worker claims to be, with instanceRef "" and token "bootstrap-v1:<secret>"
 }
 
 struct JoinReply {
@@ -183,6 +185,7 @@ struct JoinReply {
   credential @9 :Text;            # accepted worker replies: the instance's own credential, issued when its token
                                   # was spent (a secret: never log it); the worker presents it in Join.token on
                                   # every later join. "" when the join already presented it (§4 "Worker credential")
+  instanceRef @10 :Text;          # accepted address-bound joins: the instance the claimed machine was paired with
 }
 
 struct Heartbeat {

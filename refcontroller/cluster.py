@@ -36,12 +36,13 @@ from provisionerd.domain.model import (
     InstanceFact,
 )
 from refcontroller import commits, demand
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.jsonconv import unstructure
 from refcontroller.leases import Denied, Granted, LeaseTable
 from refcontroller.paging import page_bounds
 from refcontroller.replicas import ReplicaSet
 from refcontroller.store import FactStore, StoreFailure
-from refcontroller.workers import HostTable, admit, revoke_lost
+from refcontroller.workers import HostTable, admit, admit_by_address, revoke_lost
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,26 @@ class Cluster:
             admitted = admit(self.store, instance_ref, token, wall, credential=credential, live=live)
         except StoreFailure as exc:
             return self._storage_failed(f"token use of {instance_ref!r}", exc)
+        if isinstance(admitted, HostState):
+            self.hosts.add(admitted)
+        return admitted
+
+    def admit_by_address(
+        self,
+        replica: int,
+        join: tuple[str, str],
+        peer: str,
+        policy: AddressBoundJoin | None,
+        wall: float,
+        credential: str,
+    ) -> HostState | commits.Rejection:
+        """``workers.admit_by_address`` for ``join = (machine_id, secret)`` arriving from ``peer``."""
+        if not self.is_primary(replica):
+            return commits.Rejection(NOT_PRIMARY)
+        try:
+            admitted = admit_by_address(self.store, policy, *join, peer, wall, credential=credential)
+        except StoreFailure as exc:
+            return self._storage_failed(f"address-bound join of {join[0]!r}", exc)
         if isinstance(admitted, HostState):
             self.hosts.add(admitted)
         return admitted

@@ -49,6 +49,7 @@ from provisionerd.wire.tls import peer_role, server_handshake
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.credentials import is_credential, new_credential
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.gate import Gate, Peer, peer_address
 from refcontroller.leases import instance_problem
 from refcontroller.session import PEER_ERRORS, Session
@@ -83,6 +84,8 @@ class ControllerServer:
     sessions: set[Session] = attrs.field(factory=set)
     stats: collections.Counter[str] = attrs.field(factory=collections.Counter)
     gate: Gate = attrs.field(factory=Gate)
+    #: The opt-in address-bound join (``credentials_address``); ``None``: off (every such Join is refused).
+    address_bound: AddressBoundJoin | None = None
     _nursery: trio.Nursery | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -218,7 +221,11 @@ class ControllerServer:
             return None
         # A worker's first join (or the exchange of a rejoin proof) gets its own credential in the reply.
         issued = "" if role is not Role.WORKER or is_credential(join.token) else new_credential()
-        refusal = self._admit(join, replica, issued)
+        refusal = self._admit(join, replica, issued, address)
+        if isinstance(refusal, HostState):  # a worker: its session is its instance's (named by an address-bound join)
+            join, paired, refusal = attrs.evolve(join, instance_ref=refusal.instance_ref), refusal.instance_ref, None
+        else:
+            paired = ""
         if refusal is not None:
             reason = refusal.reason if refusal.reason in SECRET_REFUSALS else "join_refused"
             self.gate.refuse(reason, address, role.value, f"identity={join.identity[:64]!r}: {refusal.detail}")
@@ -243,11 +250,13 @@ class ControllerServer:
             incarnation=cluster.store.incarnation,
             last_index=cluster.store.last_index(),
             credential=issued,
+            instance_ref=paired if join.machine_id else "",
         )
         await session.send(accepted, corr)
         return session
 
-    def _admit(self, join: Join, replica: int, credential: str = "") -> Rejection | None:
+    def _admit(self, join: Join, replica: int, credential: str = "", address: str = "") -> Rejection | HostState | None:
+        """``None``: admitted (not a worker); a worker's admission gives its host."""
         if not join.identity or len(join.identity) > MAX_NAME:
             return Rejection("invalid", f"identity must be 1..{MAX_NAME} characters")
         if join.role is Role.PROVISIONER:
@@ -257,15 +266,26 @@ class ControllerServer:
             if problem is not None:
                 return Rejection("invalid", problem)
         if join.role is Role.WORKER:
-            live = any(s.role is Role.WORKER and s.join.instance_ref == join.instance_ref for s in self.sessions)
-            admitted = self.cluster.admit_worker(
-                replica, join.instance_ref, join.token, self.wall_clock(), credential=credential or None, live=live
-            )
+            if join.machine_id and not join.instance_ref:  # the opt-in address-bound join (credentials_address)
+                admitted = self.cluster.admit_by_address(
+                    replica, (join.machine_id, join.token), address, self.address_bound, self.wall_clock(), credential
+                )
+            else:
+                live = any(s.role is Role.WORKER and s.join.instance_ref == join.instance_ref for s in self.sessions)
+                admitted = self.cluster.admit_worker(
+                    replica, join.instance_ref, join.token, self.wall_clock(), credential=credential or None, live=live
+                )
             if isinstance(admitted, Rejection):
-                log.warning("worker refused instance_ref=%r: %s", join.instance_ref, admitted.detail)
+                log.warning(
+                    "worker refused instance_ref=%r machine_id=%r: %s",
+                    join.instance_ref,
+                    join.machine_id[:256],
+                    admitted.detail,
+                )
                 self.stats["workers_refused"] += 1
                 return admitted
             self.broadcast_host(admitted)
+            return admitted
         return None
 
     async def send_error_and_close(self, framed: FramedStream, code: str, message: str, corr: int = 0) -> None:

@@ -510,6 +510,15 @@ class FactStore:
         )
         return [TokenClaim(*row) for row in rows]
 
+    def machine_claims(self, machine_id: str) -> list[tuple[str, TokenClaim]]:
+        """``(token hash, claim)`` of every instance fact that names ``machine_id`` (the address-bound join)."""
+        rows = self._conn.execute(
+            "SELECT token_hash, instance_ref, provider, machine_id, hostname, address FROM token_claims"
+            " WHERE machine_id = ? AND machine_id != '' LIMIT 10",
+            (machine_id,),
+        )
+        return [(str(row[0]), TokenClaim(*row[1:])) for row in rows]
+
     def use_token(
         self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "", credential_hash: str = ""
     ) -> bool:

@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS worker_credentials (
     revoked_at REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS token_claims_by_instance ON token_claims (instance_ref);
+CREATE INDEX IF NOT EXISTS token_claims_by_machine ON token_claims (machine_id);
 """
 
 

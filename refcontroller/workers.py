@@ -36,15 +36,18 @@ import attrs
 
 from provisionerd.agent.token import rejoin_hash_of_credential
 from provisionerd.domain.model import HostState, HostStatus
-from refcontroller import credentials
+from refcontroller import credentials, credentials_address
 from refcontroller.commits import Rejection
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.store import FactStore, StoreFailure, TokenClaim
 
 log = logging.getLogger(__name__)
 
 TOKEN_INVALID = "token_invalid"
 #: Every reason a worker's Join is refused for its secret: each is answered ``ErrorMsg{tokenInvalid}``.
-SECRET_REFUSALS = frozenset({TOKEN_INVALID, credentials.CREDENTIAL_STALE, credentials.CREDENTIAL_REVOKED})
+SECRET_REFUSALS = frozenset(
+    {TOKEN_INVALID, credentials.CREDENTIAL_STALE, credentials.CREDENTIAL_REVOKED, *credentials_address.REASONS}
+)
 #: The longest ``Join.token`` looked at (join tokens are 16..512 characters, ``agent.token``; credentials 51).
 MAX_TOKEN_CHARS = 1024
 
@@ -102,6 +105,47 @@ def admit(
     if not claims:  # a credential outlived its claims: nothing says whose machine this is
         return Rejection(credentials.CREDENTIAL_STALE, f"no committed fact names instance {instance_ref!r}")
     return _joined(instance_ref, claims, wall_now)
+
+
+def admit_by_address(
+    store: FactStore,
+    policy: AddressBoundJoin | None,
+    machine_id: str,
+    secret: str,
+    peer: str,
+    wall_now: float,
+    *,
+    credential: str | None = None,
+) -> HostState | Rejection:
+    """The opt-in address-bound join (``credentials_address``): admit the worker claiming ``machine_id`` from
+    ``peer`` once, as the instance whose fact names that machine, spending its token; or say why not.
+
+    Raises:
+        StoreFailure: the token's use or the credential could not be recorded (nothing was).
+    """
+    ca = credentials_address
+    if policy is None:
+        return Rejection(ca.ADDRESS_BOUND_OFF, "this controller admits no address-bound join")
+    if not policy.admits_secret(secret):
+        return Rejection(ca.BOOTSTRAP_INVALID, "not the cluster's bootstrap secret")
+    claims = store.machine_claims(machine_id[:256])
+    if len({claim.instance_ref for _, claim in claims}) != 1:
+        found = "no instance fact" if not claims else "more than one instance fact"
+        return Rejection(ca.MACHINE_UNKNOWN, f"{found} names machine {machine_id[:256]!r}")
+    digest, claim = claims[0]
+    ref = claim.instance_ref
+    if store.instance_gone(ref) or store.credential(ref) is not None:
+        return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before or is gone")
+    if not ca.same_address(claim.address, peer):
+        return Rejection(
+            ca.ADDRESS_MISMATCH,
+            f"machine {machine_id!r} was reported at {claim.address!r}, the join came from {peer!r}",
+        )
+    fresh_hash = credentials.credential_hash(credential or credentials.new_credential())
+    if not store.use_token(digest, ref, wall_now, credential_hash=fresh_hash):
+        return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before")
+    log.info("address-bound join machine_id=%r instance_ref=%r peer=%s", machine_id, ref, peer)
+    return _joined(ref, [claim], wall_now)
 
 
 def _joined(instance_ref: str, claims: list[TokenClaim], wall_now: float) -> HostState:

@@ -45,6 +45,9 @@ MAX_TOKEN_CHARS = 512
 #: daemon makes (URL-safe base64), so the two never collide.
 REJOIN_PREFIX = "rejoin-v1:"
 _REJOIN_CONTEXT = b"provisionerd-rejoin-v1\x00"
+#: The opt-in address-bound join (protocol §4): ``Join.token`` is this + the cluster's bootstrap secret, read like a
+#: join token (a 0600 file deleted once read, or stdin), with ``Join.machineId`` and no ``instanceRef``.
+BOOTSTRAP_PREFIX = "bootstrap-v1:"
 
 
 def _check(token: str, source: str) -> str:

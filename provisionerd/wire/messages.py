@@ -85,6 +85,8 @@ class Join:
     # The single-use join token is a secret: kept out of repr so it cannot reach a log line by accident.
     token: str = attrs.field(default="", repr=False)
     instance: str = ""
+    #: The address-bound join (protocol §4): the provider's machine id a worker without a token claims to be.
+    machine_id: str = ""
 
 
 @attrs.frozen
@@ -108,6 +110,8 @@ class JoinReply:
     last_index: int = 0
     # A worker's own credential, a secret like the token: kept out of repr (protocol §4 "Worker credential").
     credential: str = attrs.field(default="", repr=False)
+    #: An accepted address-bound join: the instance the claimed machine was paired with.
+    instance_ref: str = ""
 
 
 @attrs.frozen

@@ -78,3 +78,13 @@ async def test_a_revoked_credential_ends_the_agent_with_exit_code_3() -> None:
         assert refused.value.exit_code == EXIT_TOKEN_REFUSED
         assert [what for _, _, what in events(fake)][-2:] == ["join:credential", "refused"]
         nursery.cancel_scope.cancel()
+
+
+def test_an_address_bound_join_claims_the_machine_until_the_controller_names_the_instance() -> None:
+    credentials = Credentials("", "bootstrap-secret-of-the-cluster", claim="i-0abc")
+    assert credentials.current() == "bootstrap-v1:bootstrap-secret-of-the-cluster"
+    assert credentials.machine_claim() == "i-0abc" and not credentials.refused()  # no proof: nothing was spent
+    joined = judge_join_reply(JoinReply(True, 1, primary=True, credential=SECRET, instance_ref="c1/i-1"))
+    assert isinstance(joined, Joined) and joined.instance_ref == "c1/i-1"
+    credentials.accepted(joined.credential, joined.instance_ref)
+    assert (credentials.instance_ref, credentials.machine_claim(), credentials.current()) == ("c1/i-1", "", SECRET)

@@ -1,6 +1,7 @@
 """Real processes: ``refcontroller serve`` killed and restarted on the same store and port, ``provisionerd agent``s.
 
-An agent that joined with its token holds its own credential; after the controller's restart it rejoins with it.
+An agent that joined with its token holds its own credential (and a legacy machine that joined by the address-bound
+join, #19, too); after the controller's restart it rejoins with it.
 A machine returned before the restart (a ``Returned`` fact) is refused after it: its agent exits with code 3. The
 spent token is refused too. Neither the token nor the credential shows in any log.
 """
@@ -39,7 +40,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def controller(certs: Path, data: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def controller(certs: Path, data: Path, port: int, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     argv = [
         sys.executable,
         "-m",
@@ -57,6 +58,7 @@ def controller(certs: Path, data: Path, port: int, log: Path) -> Iterator[subpro
         "0.5",
         "--heartbeat-timeout",
         "3",
+        *extra,
     ]
     with log.open("ab") as sink:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=sink, start_new_session=True)
@@ -72,7 +74,11 @@ def controller(certs: Path, data: Path, port: int, log: Path) -> Iterator[subpro
         process.stdout.close()
 
 
-def start_agent(certs: Path, tmp_path: Path, port: int, ref: str, token: str, log: Path) -> subprocess.Popen[bytes]:
+def start_agent(
+    certs: Path, tmp_path: Path, port: int, ref: str, token: str, log: Path, *how: str
+) -> subprocess.Popen[bytes]:
+    """``provisionerd agent`` for ``ref`` (or, with ``how``, e.g. ``--address-bound --machine-id M``) reading
+    ``token`` from stdin."""
     argv = [
         sys.executable,
         "-m",
@@ -82,8 +88,7 @@ def start_agent(certs: Path, tmp_path: Path, port: int, ref: str, token: str, lo
         str(certs),
         "--controllers",
         f"127.0.0.1:{port}",
-        "--instance-ref",
-        ref,
+        *(("--instance-ref", ref) if ref else how),
         "--token-stdin",
         "--heartbeat",
         "0.5",
@@ -176,3 +181,43 @@ def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_retur
     assert not any(t.encode() in everything for t in tokens)
     refusals = ctl_log.read_text()
     assert "reason=credential_revoked" in refusals and "reason=token_invalid" in refusals
+
+
+def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controller(certs: Path, tmp_path: Path) -> None:
+    """#19: no token reaches the machine; it joins as the machine the provider reported at 127.0.0.1, once."""
+    port, data, ctl_log = free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    bootstrap = tmp_path / "bootstrap"
+    secret = secrets.token_urlsafe(24)
+    bootstrap.write_text(secret)
+    bootstrap.chmod(0o600)
+    option = ("--address-bound-join", str(bootstrap))
+    unused = hashlib.sha256(secrets.token_urlsafe(24).encode()).hexdigest()  # the token the plugin never carried
+    claim = ("--address-bound", "--machine-id", "i-0abc")
+    agent, log = None, tmp_path / "legacy.log"
+    try:
+        with controller(certs, data, port, ctl_log, *option):
+            commit(
+                certs,
+                port,
+                [
+                    lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, ("c1/i-1",), (unused,)),
+                    lambda epoch: InstanceFact(
+                        PROVIDER, epoch, "op-1", "c1/i-1", "i-0abc", "local-1", unused, address="127.0.0.1"
+                    ),
+                ],
+            )
+            agent = start_agent(certs, tmp_path, port, "", secret, log, *claim)
+            wait_for(lambda: hosts(certs, port) == {"c1/i-1": "idle"}, 60, 0.2, "the legacy agent idle")
+            # Once: a second claim of the same machine, from the same address, is refused.
+            second = start_agent(certs, tmp_path, port, "", secret, tmp_path / "second.log", *claim)
+            assert second.wait(timeout=60) == 3
+        with controller(certs, data, port, ctl_log, *option):
+            wait_for(lambda: hosts(certs, port).get("c1/i-1") == "idle", 60, 0.2, "the legacy agent back")
+            assert "join #2" in log.read_text() and alive(agent.pid)
+    finally:
+        if agent is not None and agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGTERM)
+            agent.wait(timeout=10)
+    everything = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
+    assert secret.encode() not in everything and b"cred-v1:" not in everything
+    assert "reason=machine_joined" in ctl_log.read_text()
