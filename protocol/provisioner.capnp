@@ -185,6 +185,8 @@ struct Join {
   token @5 :Text;                 # worker only: the single-use join token (a secret: never log it)
   instance @6 :Text;              # provisioner only: random per process start, at most 64 chars, never reused;
                                   # the lease holder is identity + instance ("" from older clients: identity only)
+  machineId @7 :Text;             # worker only, the opt-in address-bound join (§4): the provider's machine id this
+                                  # worker claims to be, with instanceRef "" and token "bootstrap-v1:<secret>"
 }
 
 struct JoinReply {
@@ -198,6 +200,10 @@ struct JoinReply {
   incarnation @7 :Text;           # accepted replies: the id of the controller's fact log, made when the log was
                                   # created and never again ("" from older controllers: unknown, see §4)
   lastIndex @8 :UInt64;           # accepted replies: the highest fact index the log ever committed (0: empty)
+  credential @9 :Text;            # accepted worker replies: the instance's own credential, issued when its token
+                                  # was spent (a secret: never log it); the worker presents it in Join.token on
+                                  # every later join. "" when the join already presented it (§4 "Worker credential")
+  instanceRef @10 :Text;          # accepted address-bound joins: the instance the claimed machine was paired with
 }
 
 struct Heartbeat {

@@ -5,7 +5,7 @@
                         [--lease-ttl S] [--check-interval S] [--heartbeat-timeout S] [--max-frame BYTES]
                         [--handshake-timeout S] [--join-timeout S] [--max-connections N]
                         [--max-connections-per-address N] [--max-buffered-bytes BYTES]
-                        [--log-level LEVEL] [--new-incarnation]
+                        [--log-level LEVEL] [--new-incarnation] [--address-bound-join FILE]
     refcontroller admin --certs DIR --connect ADDR[,ADDR...] [--timeout S] COMMAND
         demand (--file PATH | --clear)     PATH is a JSON array of demand items ('-' = stdin)
         failover [--target N]              default: the next replica
@@ -61,6 +61,7 @@ from provisionerd.domain.model import DemandItem, Fact
 from refcontroller import addresses as addr
 from refcontroller import gate
 from refcontroller.admin import AdminClient, AdminError
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.demand_file import parse_demand
 from refcontroller.gate import Limits
 from refcontroller.jsonconv import unstructure
@@ -107,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-buffered-bytes", type=_count, default=gate.DEFAULT_MAX_BUFFERED_BYTES, help="all connections (256 MiB)"
     )
     s.add_argument("--log-level", default="INFO")
+    s.add_argument(
+        "--address-bound-join",
+        type=Path,
+        metavar="FILE",
+        help="admit workers of legacy plugins by machine id and address, with the bootstrap secret in FILE (0600)",
+    )
     s.add_argument(
         "--new-incarnation",
         action="store_true",
@@ -190,6 +197,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_buffered_bytes=args.max_buffered_bytes,
         ),
         new_incarnation=args.new_incarnation,
+        address_bound=None if args.address_bound_join is None else AddressBoundJoin.from_file(args.address_bound_join),
     )
     if args.store is None:
         trio.run(_serve_until_signalled, functools.partial(serve, config), {})

@@ -36,12 +36,13 @@ from provisionerd.domain.model import (
     InstanceFact,
 )
 from refcontroller import commits, demand
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.jsonconv import unstructure
 from refcontroller.leases import Denied, Granted, LeaseTable
 from refcontroller.paging import encoded_bound, page_bounds
 from refcontroller.replicas import ReplicaSet
 from refcontroller.store import FactStore, StoreFailure
-from refcontroller.workers import HostTable, admit
+from refcontroller.workers import HostTable, admit, admit_by_address, revoke_lost
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,17 @@ class Cluster:
 
     # --- workers ----------------------------------------------------------------------------------------------
 
-    def admit_worker(self, replica: int, instance_ref: str, token: str, wall: float) -> HostState | commits.Rejection:
+    def admit_worker(
+        self,
+        replica: int,
+        instance_ref: str,
+        token: str,
+        wall: float,
+        *,
+        credential: str | None = None,
+        live: bool = False,
+    ) -> HostState | commits.Rejection:
+        """``workers.admit``: ``credential`` is what a spent token is exchanged for; ``live``: a session is open."""
         if not self.is_primary(replica):
             return commits.Rejection(NOT_PRIMARY)
         known = self.hosts.get(instance_ref)
@@ -208,9 +219,29 @@ class Cluster:
         if known is None and self.store.instance_ended(instance_ref):
             return commits.Rejection("token_invalid", f"instance {instance_ref!r} ended: it cannot rejoin")
         try:
-            admitted = admit(self.store, instance_ref, token, wall)
+            admitted = admit(self.store, instance_ref, token, wall, credential=credential, live=live)
         except StoreFailure as exc:
             return self._storage_failed(f"token use of {instance_ref!r}", exc)
+        if isinstance(admitted, HostState):
+            self.hosts.add(admitted)
+        return admitted
+
+    def admit_by_address(
+        self,
+        replica: int,
+        join: tuple[str, str],
+        peer: str,
+        policy: AddressBoundJoin | None,
+        wall: float,
+        credential: str,
+    ) -> HostState | commits.Rejection:
+        """``workers.admit_by_address`` for ``join = (machine_id, secret)`` arriving from ``peer``."""
+        if not self.is_primary(replica):
+            return commits.Rejection(NOT_PRIMARY)
+        try:
+            admitted = admit_by_address(self.store, policy, *join, peer, wall, credential=credential)
+        except StoreFailure as exc:
+            return self._storage_failed(f"address-bound join of {join[0]!r}", exc)
         if isinstance(admitted, HostState):
             self.hosts.add(admitted)
         return admitted
@@ -222,6 +253,7 @@ class Cluster:
         return self.hosts.set_status(instance_ref, status, wall)
 
     def worker_lost(self, instance_ref: str, wall: float) -> HostState | None:
+        revoke_lost(self.store, instance_ref, wall)  # durable: refused after a restart too
         return self.hosts.set_status(instance_ref, HostStatus.LOST, wall)
 
     # --- admin ------------------------------------------------------------------------------------------------

@@ -13,7 +13,11 @@ role, shown in the controller's status under ``refusals``. The reasons:
     not_allowed              a Join role other than the certificate's, or a frame outside the role's allowlist
                              (refused on its kind, before its body is decoded)
     join_refused             a Join refused on its content (bad identity, instance or provider names)
-    token_invalid            a worker Join with a spent, unknown or expired token
+    token_invalid            a worker Join with a spent, unknown or expired token (or a spent rejoin proof)
+    credential_stale         a worker Join with a credential that is not its instance's current one
+    credential_revoked       a worker Join of a machine returned or lost (the fact log, or its revoked credential)
+    bootstrap_invalid, machine_unknown, machine_joined, address_mismatch, address_bound_off
+                             an address-bound worker Join refused (``credentials_address``)
     over_bounds              a frame whose lists exceed the caps of ``provisionerd.wire.bounds``
     buffers_exhausted        a frame would take the bytes buffered by all connections past ``max_buffered_bytes``
     bad_frame                any other framing or decoding error

@@ -21,6 +21,7 @@ from provisionerd.wire.framing import DEFAULT_MAX_FRAME
 from provisionerd.wire.tls import server_ssl_context
 from refcontroller import addresses as addr
 from refcontroller.cluster import Cluster
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.gate import Gate, Limits, return_memory
 from refcontroller.server import ControllerServer, Timeouts, open_controller_server
 from refcontroller.store import FactStore
@@ -43,6 +44,8 @@ class ServeConfig:
     #: Set aside whatever store is in ``data_dir`` and start a new incarnation (``refcontroller serve
     #: --new-incarnation``): the explicit way to start afresh after a store was lost or damaged.
     new_incarnation: bool = False
+    #: The opt-in address-bound join (``--address-bound-join FILE``, ``credentials_address``); ``None``: off.
+    address_bound: AddressBoundJoin | None = None
 
 
 @attrs.frozen
@@ -98,7 +101,12 @@ async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[Running] = 
                 cluster.term,
                 ",".join(actual),
             )
-            options = {"timeouts": config.timeouts, "max_frame": config.max_frame, "gate": Gate(config.limits)}
+            options = {
+                "timeouts": config.timeouts,
+                "max_frame": config.max_frame,
+                "gate": Gate(config.limits),
+                "address_bound": config.address_bound,
+            }
             async with open_controller_server(cluster, **options) as server, trio.open_nursery() as nursery:
                 nursery.start_soon(return_memory, server.gate)
                 for replica, listeners in enumerate(per_replica):

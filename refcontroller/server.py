@@ -15,7 +15,8 @@ The join (the first frame of every connection), in order:
    ``ErrorMsg{version_mismatch}``; a ``Join.role`` other than the certificate's (or the controller role) gets
    ``ErrorMsg{not_allowed}``. The connection is then closed.
 3. A standby answers ``JoinReply(accepted=False, primary=False, redirect=<primary host:port>)`` and closes.
-4. A worker is admitted by its single-use token (``workers.py``) or gets ``ErrorMsg{token_invalid}``; a
+4. A worker is admitted by its single-use token, exchanged for its own credential (``JoinReply.credential``), or
+   on a later join by that credential (``workers.py``, ``credentials.py``), or gets ``ErrorMsg{token_invalid}``; a
    provisioner must name itself (``identity``, and ``instance``: its process start, see ``leases.holder_key``)
    and its providers. A bad name is refused with ``JoinReply(accepted=False, reason=...)``.
 5. ``JoinReply(accepted=True, term, primary=True, controller_id="replica-<i>", incarnation, last_index)`` (the
@@ -23,8 +24,9 @@ The join (the first frame of every connection), in order:
 
 Every refusal is logged and counted by ``gate.Gate.refuse`` (reason, peer, role) and shown in ``status``.
 
-When a worker's connection ends, its host becomes ``lost`` one heartbeat timeout later (a token is single-use, so
-it cannot come back). On failover every session of the old primary is disconnected so its clients rejoin.
+When a worker's connection ends, its host becomes ``lost`` one heartbeat timeout later unless it rejoined with its
+credential meanwhile; a lost host's credential is revoked in the store, so it cannot come back, not even after a
+restart. On failover every session of the old primary is disconnected so its clients rejoin.
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
 from provisionerd.wire.tls import peer_role, server_handshake
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
+from refcontroller.credentials import is_credential, new_credential
+from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.gate import Gate, Peer, peer_address
 from refcontroller.leases import instance_problem
 from refcontroller.rules import RULES
 from refcontroller.session import PEER_ERRORS, Session
+from refcontroller.workers import SECRET_REFUSALS
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,8 @@ class ControllerServer:
     sessions: set[Session] = attrs.field(factory=set)
     stats: collections.Counter[str] = attrs.field(factory=collections.Counter)
     gate: Gate = attrs.field(factory=Gate)
+    #: The opt-in address-bound join (``credentials_address``); ``None``: off (every such Join is refused).
+    address_bound: AddressBoundJoin | None = None
     _nursery: trio.Nursery | None = None
     _watched: set[str] = attrs.field(factory=set, init=False)  # providers whose lease expiry is watched
 
@@ -214,11 +221,17 @@ class ControllerServer:
                 corr,
             )
             return None
-        refusal = self._admit(join, replica)
+        # A worker's first join (or the exchange of a rejoin proof) gets its own credential in the reply.
+        issued = "" if role is not Role.WORKER or is_credential(join.token) else new_credential()
+        refusal = self._admit(join, replica, issued, address)
+        if isinstance(refusal, HostState):  # a worker: its session is its instance's (named by an address-bound join)
+            join, paired, refusal = attrs.evolve(join, instance_ref=refusal.instance_ref), refusal.instance_ref, None
+        else:
+            paired = ""
         if refusal is not None:
-            reason = "token_invalid" if refusal.reason == "token_invalid" else "join_refused"
+            reason = refusal.reason if refusal.reason in SECRET_REFUSALS else "join_refused"
             self.gate.refuse(reason, address, role.value, f"identity={join.identity[:64]!r}: {refusal.detail}")
-        if refusal is not None and refusal.reason == "token_invalid":
+        if refusal is not None and refusal.reason in SECRET_REFUSALS:
             await self.send_error_and_close(framed, "token_invalid", refusal.detail, corr)
             return None
         if refusal is not None:
@@ -238,11 +251,14 @@ class ControllerServer:
             controller_id=f"replica-{replica}",
             incarnation=cluster.store.incarnation,
             last_index=cluster.store.last_index(),
+            credential=issued,
+            instance_ref=paired if join.machine_id else "",
         )
         await session.send(accepted, corr)
         return session
 
-    def _admit(self, join: Join, replica: int) -> Rejection | None:
+    def _admit(self, join: Join, replica: int, credential: str = "", address: str = "") -> Rejection | HostState | None:
+        """``None``: admitted (not a worker); a worker's admission gives its host."""
         if not join.identity or len(join.identity) > MAX_NAME:
             return Rejection("invalid", f"identity must be 1..{MAX_NAME} characters")
         if join.role is Role.PROVISIONER:
@@ -252,12 +268,26 @@ class ControllerServer:
             if problem is not None:
                 return Rejection("invalid", problem)
         if join.role is Role.WORKER:
-            admitted = self.cluster.admit_worker(replica, join.instance_ref, join.token, self.wall_clock())
+            if join.machine_id and not join.instance_ref:  # the opt-in address-bound join (credentials_address)
+                admitted = self.cluster.admit_by_address(
+                    replica, (join.machine_id, join.token), address, self.address_bound, self.wall_clock(), credential
+                )
+            else:
+                live = any(s.role is Role.WORKER and s.join.instance_ref == join.instance_ref for s in self.sessions)
+                admitted = self.cluster.admit_worker(
+                    replica, join.instance_ref, join.token, self.wall_clock(), credential=credential or None, live=live
+                )
             if isinstance(admitted, Rejection):
-                log.warning("worker refused instance_ref=%r: %s", join.instance_ref, admitted.detail)
+                log.warning(
+                    "worker refused instance_ref=%r machine_id=%r: %s",
+                    join.instance_ref,
+                    join.machine_id[:256],
+                    admitted.detail,
+                )
                 self.stats["workers_refused"] += 1
                 return admitted
             self.broadcast_host(admitted)
+            return admitted
         return None
 
     async def send_error_and_close(self, framed: FramedStream, code: str, message: str, corr: int = 0) -> None:

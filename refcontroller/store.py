@@ -64,7 +64,7 @@ from typing import Any
 import attrs
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
-from refcontroller import store_lifecycle
+from refcontroller import store_credentials, store_lifecycle
 from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
 from refcontroller.store_mark import (
     Mark,
@@ -502,10 +502,31 @@ class FactStore:
         )
         return [TokenClaim(*row) for row in rows]
 
-    def use_token(self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "") -> bool:
+    def instance_claims(self, instance_ref: str) -> list[TokenClaim]:
+        """Every claim committed for ``instance_ref`` (whatever its token): who a credential's holder is."""
+        rows = self._conn.execute(
+            "SELECT instance_ref, provider, machine_id, hostname, address FROM token_claims WHERE instance_ref = ?",
+            (instance_ref,),
+        )
+        return [TokenClaim(*row) for row in rows]
+
+    def machine_claims(self, machine_id: str) -> list[tuple[str, TokenClaim]]:
+        """``(token hash, claim)`` of every instance fact that names ``machine_id`` (the address-bound join)."""
+        rows = self._conn.execute(
+            "SELECT token_hash, instance_ref, provider, machine_id, hostname, address FROM token_claims"
+            " WHERE machine_id = ? AND machine_id != '' LIMIT 10",
+            (machine_id,),
+        )
+        return [(str(row[0]), TokenClaim(*row[1:])) for row in rows]
+
+    def use_token(
+        self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "", credential_hash: str = ""
+    ) -> bool:
         """Mark the token used; ``False`` if it already was (the check and the mark are one statement).
 
-        ``rejoin_hash`` (``agent.token.rejoin_hash``) is stored with it, in the same transaction.
+        ``rejoin_hash`` (``agent.token.rejoin_hash``; a controller before per-instance credentials) and
+        ``credential_hash`` (the instance's new credential, ``store_credentials``) are stored with it, in the same
+        transaction: a token is never spent without its credential being recorded.
         """
         with self._transaction():
             cursor = self._conn.execute(
@@ -517,6 +538,8 @@ class FactStore:
                     "INSERT OR REPLACE INTO rejoin_hashes (instance_ref, rejoin_hash, token_hash) VALUES (?, ?, ?)",
                     (instance_ref, rejoin_hash, token_hash),
                 )
+            if cursor.rowcount == 1 and credential_hash:
+                store_credentials.issue(self._conn, instance_ref, credential_hash, at)
         return cursor.rowcount == 1
 
     def rejoin_token_hash(self, instance_ref: str, rejoin_hash: str) -> str | None:
@@ -526,6 +549,35 @@ class FactStore:
             (instance_ref, rejoin_hash),
         ).fetchone()
         return None if row is None else str(row[0])
+
+    # --- per-instance worker credentials (``store_credentials``) -----------------------------------------------
+
+    def credential(self, instance_ref: str) -> store_credentials.CredentialRecord | None:
+        """The credential record of ``instance_ref`` (``None``: none was ever issued)."""
+        return store_credentials.record(self._conn, instance_ref)
+
+    def exchange_rejoin_proof(self, instance_ref: str, rejoin_hash: str, credential_hash: str, at: float) -> bool:
+        """A worker admitted before credentials existed trades its rejoin proof for a credential, once: only while
+        the instance has no credential, and the proof's row is deleted in the same transaction."""
+        with self._transaction():
+            if store_credentials.record(self._conn, instance_ref) is not None:
+                return False
+            if store_credentials.take_rejoin_hash(self._conn, instance_ref, rejoin_hash) is None:
+                return False
+            store_credentials.issue(self._conn, instance_ref, credential_hash, at)
+        return True
+
+    def revoke_credential(self, instance_ref: str, reason: str, at: float) -> bool:
+        """Revoke ``instance_ref``'s credential durably; ``True`` if it admitted until now."""
+        with self._transaction():
+            return store_credentials.revoke(self._conn, instance_ref, reason, at)
+
+    def instance_gone(self, instance_ref: str) -> bool:
+        """Whether the fact log says ``instance_ref``'s machine was returned or lost."""
+        return store_credentials.instance_gone(self._conn, instance_ref)
+
+    def credential_counts(self) -> dict[str, int]:
+        return store_credentials.counts(self._conn)
 
 
 def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) -> list[tuple[int, int, Fact]]:
@@ -562,6 +614,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
     """The tables (``IF NOT EXISTS``); a log written before ``store_lifecycle`` gains its column and is replayed."""
     conn.executescript(_SCHEMA)
     conn.executescript(store_lifecycle.SCHEMA)
+    conn.executescript(store_credentials.SCHEMA)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(facts)")}
     missing = [(name, decl) for name, decl in store_lifecycle.FACT_COLUMNS if name not in columns]
     if missing:

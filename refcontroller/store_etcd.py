@@ -102,7 +102,11 @@ class EtcdFactStore(FactStore):
             case "demand":
                 FactStore.save_demand(self, DemandSnapshot(int(args[0]), demand_items_from_json(args[1])))
             case "token":
-                FactStore.use_token(self, args[0], args[1], float(args[2]), args[3])
+                FactStore.use_token(self, args[0], args[1], float(args[2]), args[3], *args[4:5])
+            case "exchange":
+                FactStore.exchange_rejoin_proof(self, args[0], args[1], args[2], float(args[3]))
+            case "revoke":
+                FactStore.revoke_credential(self, args[0], args[1], float(args[2]))
             case _:
                 raise StoreRefused(f"etcd store {self.prefix.decode()!r}: unknown entry {kind!r}")
 
@@ -156,9 +160,28 @@ class EtcdFactStore(FactStore):
         self._log("append", fact_to_json(fact), holder)
         return committed
 
-    def use_token(self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "") -> bool:
+    def use_token(
+        self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "", credential_hash: str = ""
+    ) -> bool:
         self._check_writable()
-        used = FactStore.use_token(self, token_hash, instance_ref, at, rejoin_hash)
+        used = FactStore.use_token(self, token_hash, instance_ref, at, rejoin_hash, credential_hash)
         if used:
-            self._log("token", token_hash, instance_ref, at, rejoin_hash)
+            self._log("token", token_hash, instance_ref, at, rejoin_hash, credential_hash)
         return used
+
+    # The per-instance credentials (``store_credentials``): only hashes, replicated like every other write, so a
+    # new primary admits and refuses the same workers.
+
+    def exchange_rejoin_proof(self, instance_ref: str, rejoin_hash: str, credential_hash: str, at: float) -> bool:
+        self._check_writable()
+        exchanged = FactStore.exchange_rejoin_proof(self, instance_ref, rejoin_hash, credential_hash, at)
+        if exchanged:
+            self._log("exchange", instance_ref, rejoin_hash, credential_hash, at)
+        return exchanged
+
+    def revoke_credential(self, instance_ref: str, reason: str, at: float) -> bool:
+        self._check_writable()
+        revoked = FactStore.revoke_credential(self, instance_ref, reason, at)
+        if revoked:
+            self._log("revoke", instance_ref, reason, at)
+        return revoked

@@ -1,6 +1,6 @@
-"""Worker admission by single-use join token, and the table of host states.
+"""Worker admission by single-use join token, then by the instance's own credential, and the table of host states.
 
-**Which hashes admit a worker.** A worker joins with ``(instance_ref, token)``. It is admitted when
+**Which hashes admit a worker.** A worker's first join carries ``(instance_ref, token)``. It is admitted when
 ``sha256(token)`` (lowercase hex) was committed for that same ``instance_ref`` by either
 
 - a ``RequestIntent``: ``token_hashes[i]`` belongs to ``instance_refs[i]`` (same position), or
@@ -10,8 +10,15 @@ The daemon commits the intent *before* calling the provider and the instance fac
 and a fast machine can boot and join in between; accepting the intent's hashes is what makes that join work. A
 token whose hash was committed for a different ``instance_ref`` is refused, as is an unknown one.
 
-**Once.** The first admission marks the hash used, durably (the store's ``used_tokens``), so a second join with the
-same token is refused even after a restart or a failover. The token itself is never stored or logged.
+**Once, then the instance's own credential.** The first admission marks the hash used and records the hash of the
+instance's new credential, durably and in one transaction (the store's ``used_tokens`` and
+``worker_credentials``), so a second join with the same token is refused even after a restart or a failover. Every
+later join presents the credential (``credentials.py``: what admits, in order, and why a secret and not a
+certificate). Neither the token nor the credential is ever stored or logged.
+
+**Revocation.** A machine the fact log says was returned or lost is refused on every path. A host the controller
+gave up (``lost``: its connection gone for the heartbeat timeout) has its credential revoked in the store by
+:func:`revoke_lost`, so it stays refused after a restart, when the host table below is empty again.
 
 **Host states.** ``joined`` at admission, then ``idle``/``busy`` as the worker reports, and ``lost`` when its
 connection has been gone for the heartbeat timeout (the server decides when; this table only records). ``since``
@@ -22,16 +29,26 @@ process (like the worker join facts of the real controller); a lost host stays `
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Collection
 
 import attrs
 
-from provisionerd.agent.token import rejoin_hash, rejoin_hash_of_credential
+from provisionerd.agent.token import rejoin_hash_of_credential
 from provisionerd.domain.model import HostState, HostStatus
+from refcontroller import credentials, credentials_address
 from refcontroller.commits import Rejection
-from refcontroller.store import FactStore
+from refcontroller.credentials_address import AddressBoundJoin
+from refcontroller.store import FactStore, StoreFailure, TokenClaim
+
+log = logging.getLogger(__name__)
 
 TOKEN_INVALID = "token_invalid"
+#: Every reason a worker's Join is refused for its secret: each is answered ``ErrorMsg{tokenInvalid}``.
+SECRET_REFUSALS = frozenset(
+    {TOKEN_INVALID, credentials.CREDENTIAL_STALE, credentials.CREDENTIAL_REVOKED, *credentials_address.REASONS}
+)
+#: The longest ``Join.token`` looked at (join tokens are 16..512 characters, ``agent.token``; credentials 51).
 MAX_TOKEN_CHARS = 1024
 
 
@@ -40,23 +57,98 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def admit(store: FactStore, instance_ref: str, token: str, wall_now: float) -> HostState | Rejection:
-    """Admit a worker (consuming its token) or say why not. The detail never contains the token."""
+def admit(
+    store: FactStore,
+    instance_ref: str,
+    token: str,
+    wall_now: float,
+    *,
+    credential: str | None = None,
+    live: bool = False,
+) -> HostState | Rejection:
+    """Admit a worker (consuming its token, or checking its credential) or say why not.
+
+    ``credential``: the new credential a token (or rejoin proof) is exchanged for, which the caller hands to the
+    worker in the accepted ``JoinReply`` (``None``: a random one nobody learns, for callers that never rejoin).
+    ``live``: a session of ``instance_ref`` is open now. The detail never contains a secret.
+
+    Raises:
+        StoreFailure: the token's use or the credential could not be recorded (nothing was).
+    """
     if not instance_ref or not token or len(token) > MAX_TOKEN_CHARS:
         return Rejection(TOKEN_INVALID, "a worker joins with an instance_ref and a token")
-    proof = rejoin_hash_of_credential(token)
-    if proof is not None:  # a rejoin: the proof of the token this instance was admitted with
-        digest = store.rejoin_token_hash(instance_ref, proof) or ""
-        claims = [claim for claim in store.token_claims(digest) if claim.instance_ref == instance_ref]
-        if not claims:
+    if store.instance_gone(instance_ref):
+        return Rejection(credentials.CREDENTIAL_REVOKED, f"instance {instance_ref!r} was returned or lost")
+    fresh_hash = credentials.credential_hash(credential or credentials.new_credential())
+    if credentials.is_credential(token):
+        record = store.credential(instance_ref)
+        if record is None or not credentials.matches(token, record.credential_hash):
+            return Rejection(credentials.CREDENTIAL_STALE, f"not the current credential of {instance_ref!r}")
+        if record.revoked:
+            return Rejection(credentials.CREDENTIAL_REVOKED, f"the credential of {instance_ref!r} was revoked")
+        claims = store.instance_claims(instance_ref)
+    elif (proof := rejoin_hash_of_credential(token)) is not None:  # the scheme before credentials: once
+        if store.credential(instance_ref) is not None:
+            return Rejection(TOKEN_INVALID, f"instance {instance_ref!r} holds a credential: its rejoin proof is spent")
+        if live:
+            return Rejection(TOKEN_INVALID, f"instance {instance_ref!r} has a live session: a proof cannot replace it")
+        if not store.exchange_rejoin_proof(instance_ref, proof, fresh_hash, wall_now):
             return Rejection(TOKEN_INVALID, f"instance {instance_ref!r} was never admitted with this rejoin proof")
+        claims = store.instance_claims(instance_ref)
     else:
         digest = token_hash(token)
         claims = [claim for claim in store.token_claims(digest) if claim.instance_ref == instance_ref]
         if not claims:
             return Rejection(TOKEN_INVALID, f"no committed fact gives this token to instance {instance_ref!r}")
-        if not store.use_token(digest, instance_ref, wall_now, rejoin_hash(token, instance_ref)):
+        if not store.use_token(digest, instance_ref, wall_now, credential_hash=fresh_hash):
             return Rejection(TOKEN_INVALID, f"the token of instance {instance_ref!r} was already used")
+    if not claims:  # a credential outlived its claims: nothing says whose machine this is
+        return Rejection(credentials.CREDENTIAL_STALE, f"no committed fact names instance {instance_ref!r}")
+    return _joined(instance_ref, claims, wall_now)
+
+
+def admit_by_address(
+    store: FactStore,
+    policy: AddressBoundJoin | None,
+    machine_id: str,
+    secret: str,
+    peer: str,
+    wall_now: float,
+    *,
+    credential: str | None = None,
+) -> HostState | Rejection:
+    """The opt-in address-bound join (``credentials_address``): admit the worker claiming ``machine_id`` from
+    ``peer`` once, as the instance whose fact names that machine, spending its token; or say why not.
+
+    Raises:
+        StoreFailure: the token's use or the credential could not be recorded (nothing was).
+    """
+    ca = credentials_address
+    if policy is None:
+        return Rejection(ca.ADDRESS_BOUND_OFF, "this controller admits no address-bound join")
+    if not policy.admits_secret(secret):
+        return Rejection(ca.BOOTSTRAP_INVALID, "not the cluster's bootstrap secret")
+    claims = store.machine_claims(machine_id[:256])
+    if len({claim.instance_ref for _, claim in claims}) != 1:
+        found = "no instance fact" if not claims else "more than one instance fact"
+        return Rejection(ca.MACHINE_UNKNOWN, f"{found} names machine {machine_id[:256]!r}")
+    digest, claim = claims[0]
+    ref = claim.instance_ref
+    if store.instance_gone(ref) or store.credential(ref) is not None:
+        return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before or is gone")
+    if not ca.same_address(claim.address, peer):
+        return Rejection(
+            ca.ADDRESS_MISMATCH,
+            f"machine {machine_id!r} was reported at {claim.address!r}, the join came from {peer!r}",
+        )
+    fresh_hash = credentials.credential_hash(credential or credentials.new_credential())
+    if not store.use_token(digest, ref, wall_now, credential_hash=fresh_hash):
+        return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before")
+    log.info("address-bound join machine_id=%r instance_ref=%r peer=%s", machine_id, ref, peer)
+    return _joined(ref, [claim], wall_now)
+
+
+def _joined(instance_ref: str, claims: list[TokenClaim], wall_now: float) -> HostState:
     # Prefer the claim that came from an instance fact: it knows the machine id, hostname and address.
     claim = max(claims, key=lambda c: bool(c.machine_id))
     return HostState(
@@ -68,6 +160,19 @@ def admit(store: FactStore, instance_ref: str, token: str, wall_now: float) -> H
         hostname=claim.hostname,
         address=claim.address,
     )
+
+
+def revoke_lost(store: FactStore, instance_ref: str, wall_now: float) -> bool:
+    """Revoke the credential of a host given up as lost, durably; ``False`` if there was none to revoke or the
+    store failed (logged: the host is refused in memory until a restart, as before credentials)."""
+    try:
+        revoked = store.revoke_credential(instance_ref, credentials.REVOKED_LOST, wall_now)
+    except StoreFailure as exc:
+        log.warning("credential of lost host %r not revoked durably: %s", instance_ref, exc)
+        return False
+    if revoked:
+        log.info("credential revoked instance_ref=%r reason=lost", instance_ref)
+    return revoked
 
 
 @attrs.define(eq=False)

@@ -9,7 +9,7 @@ import random
 
 import attrs
 
-from provisionerd.agent.token import rejoin_credential
+from provisionerd.agent.token import BOOTSTRAP_PREFIX, rejoin_credential
 from provisionerd.domain.errors import AuthError, LinkDown
 from provisionerd.domain.model import PROTOCOL_VERSION
 from provisionerd.wire.messages import ErrorMsg, JoinReply, Message
@@ -53,6 +53,10 @@ class Orphaned(LinkDown):
 class Joined:
     term: int
     controller_id: str
+    #: The instance's own credential when this join spent the token ("" when it presented the credential already).
+    credential: str = attrs.field(default="", repr=False)
+    #: An address-bound join's answer: the instance the controller paired the claimed machine with.
+    instance_ref: str = ""
 
 
 @attrs.frozen
@@ -81,8 +85,8 @@ def judge_join_reply(msg: Message | None) -> JoinOutcome:
     match msg:
         case JoinReply(accepted=True, protocol_version=version) if version != PROTOCOL_VERSION:
             return Refused("version_mismatch", f"controller speaks {version}, we speak {PROTOCOL_VERSION}")
-        case JoinReply(accepted=True, term=term, controller_id=controller_id):
-            return Joined(term, controller_id)
+        case JoinReply(accepted=True, term=term, controller_id=controller_id, credential=credential) as reply:
+            return Joined(term, controller_id, credential, reply.instance_ref)
         case JoinReply(primary=False, redirect=redirect) if redirect:
             return Redirect(redirect)
         case JoinReply(primary=False, reason=reason):
@@ -101,11 +105,18 @@ def judge_join_reply(msg: Message | None) -> JoinOutcome:
 
 @attrs.define
 class Credentials:
-    """Which secret the next ``Join`` carries. The raw token is forgotten once a join has been accepted."""
+    """Which secret the next ``Join`` carries: the token until a join is accepted, then the instance's own
+    credential from that reply (``JoinReply.credential``), or, from a controller that issues none, the rejoin proof
+    derived from the token. The raw token is forgotten once a join has been accepted; the credential is held in
+    memory only and never logged."""
 
     instance_ref: str
     _token: str | None = attrs.field(repr=False)
+    #: The address-bound join: the machine id claimed (``instance_ref`` is then "" until the controller names it,
+    #: and the token is the cluster's bootstrap secret).
+    claim: str = ""
     _proof: str = attrs.field(init=False, repr=False)
+    _credential: str = attrs.field(default="", init=False, repr=False)
     use_proof: bool = False
     maybe_spent: bool = False  # a Join with the raw token went out and no answer came back
     proof_tried: bool = False
@@ -114,7 +125,16 @@ class Credentials:
         assert self._token is not None
         self._proof = rejoin_credential(self._token, self.instance_ref)
 
+    @property
+    def has_credential(self) -> bool:
+        return bool(self._credential)
+
     def current(self) -> str:
+        if self._credential:
+            return self._credential
+        if self.claim:
+            assert self._token is not None
+            return BOOTSTRAP_PREFIX + self._token
         if self.use_proof:
             self.proof_tried = True
             return self._proof
@@ -122,14 +142,27 @@ class Credentials:
         return self._token
 
     def sent_without_answer(self) -> None:
-        if not self.use_proof:
+        if not self.use_proof and not self._credential:
             self.maybe_spent = True
 
-    def accepted(self) -> None:
+    def accepted(self, credential: str = "", instance_ref: str = "") -> None:
+        """A join was accepted; ``credential``: the one its reply issued (kept for every later join);
+        ``instance_ref``: the instance an address-bound join was paired with."""
         self.use_proof, self._token = True, None
+        if credential:
+            self._credential = credential
+        if instance_ref and not self.instance_ref:
+            self.instance_ref = instance_ref
+
+    def machine_claim(self) -> str:
+        """What the next Join puts in ``machineId``: the claim until the controller paired it with an instance."""
+        return self.claim if not self.instance_ref else ""
 
     def refused(self) -> bool:
-        """The token (or proof) was refused. True: try the proof now; False: give up."""
+        """The token (or proof) was refused. True: try the proof now; False: give up (a refused credential is
+        final: the machine was returned or lost, or another holder replaced it)."""
+        if self._credential or self.claim:
+            return False
         if not self.use_proof and self.maybe_spent and not self.proof_tried:
             self.use_proof = True
             return True

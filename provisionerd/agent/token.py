@@ -1,23 +1,28 @@
-"""The worker agent's secrets: reading its single-use join token, and the rejoin proof derived from it.
+"""The worker agent's secrets: reading its single-use join token, and the rejoin proof derived from it (for controllers
+that issue no per-instance credential).
 
 **Where a token may come from.** A 0600 file that the agent deletes once read, or its standard input. Never argv
 (every user of the host can read ``/proc/<pid>/cmdline``) and never the environment (inherited by children, shown
 by ``ps e``, readable through ``/proc/<pid>/environ`` by the same user). A token file that group or others may read
 is refused and left in place: the secret is already exposed, and an operator should see the file.
 
-**Rejoin.** A token admits its worker once. After a controller failover the worker must join the new primary, and
-cannot present the spent token again. It presents instead ``REJOIN_PREFIX + rejoin_proof(token, instance_ref)``
-in ``Join.token``: an HMAC of its instance reference keyed by the token. Only a holder of the token can compute it,
-it names one instance, and it is not the token. The controller side (what a controller must do to support it):
+**Rejoin.** A token admits its worker once. A controller that issues per-instance credentials answers the first
+join with one (``JoinReply.credential``, see ``agent.join.Credentials``), and the worker presents that on every
+later join: this is what the reference controller does (``refcontroller/credentials.py``), and once a credential
+was issued the proof below is refused. For a controller that issues none, the worker presents instead
+``REJOIN_PREFIX + rejoin_proof(token, instance_ref)`` in ``Join.token``: an HMAC of its instance reference keyed by
+the token. Only a holder of the token can compute it, it names one instance, and it is not the token; but it stays
+valid as long as the controller keeps its hash, so a token read after the join still yields it. A controller that
+accepts it must at least:
 
-1. When it admits a worker by its token, it also stores ``rejoin_hash(token, instance_ref)`` durably with the
+1. When it admits a worker by its token, also store ``rejoin_hash(token, instance_ref)`` durably with the
    used-token record (it holds the token in memory at that moment; it never stores the token or the proof).
-2. A ``Join`` whose token starts with ``REJOIN_PREFIX`` is a rejoin: ``rejoin_hash_of_credential(join.token)``
-   must equal the stored hash for ``join.instance_ref``, and that host must not be ``lost`` (nor returned);
-   otherwise ``ErrorMsg{token_invalid}``. Accepted, the host is ``joined`` again, and a session still open for
-   the same instance is closed (the new connection wins: the old one is a half-dead TCP connection).
-3. The timer that marks a disconnected worker ``lost`` (one heartbeat timeout after its connection ended) must
-   not fire for a host that has rejoined meanwhile: check for a live session of that instance when it fires.
+2. Treat a ``Join`` whose token starts with ``REJOIN_PREFIX`` as a rejoin: ``rejoin_hash_of_credential(join.token)``
+   must equal the stored hash for ``join.instance_ref``, and that host must not be ``lost`` (nor returned), also
+   after a restart; otherwise ``ErrorMsg{token_invalid}``. It must not close a live session of the same instance
+   for a proof (anyone who read the token can make one).
+3. Not fire the timer that marks a disconnected worker ``lost`` (one heartbeat timeout after its connection
+   ended) for a host that has rejoined meanwhile: check for a live session of that instance when it fires.
 4. The proof is never a valid token (tokens the daemon makes have no ``:``), so the two paths cannot be confused.
 """
 
@@ -40,6 +45,9 @@ MAX_TOKEN_CHARS = 512
 #: daemon makes (URL-safe base64), so the two never collide.
 REJOIN_PREFIX = "rejoin-v1:"
 _REJOIN_CONTEXT = b"provisionerd-rejoin-v1\x00"
+#: The opt-in address-bound join (protocol §4): ``Join.token`` is this + the cluster's bootstrap secret, read like a
+#: join token (a 0600 file deleted once read, or stdin), with ``Join.machineId`` and no ``instanceRef``.
+BOOTSTRAP_PREFIX = "bootstrap-v1:"
 
 
 def _check(token: str, source: str) -> str:

@@ -130,11 +130,14 @@ class AgentConfig:
 class WorkerAgent:
     """Keeps one worker joined until cancelled. ``joins`` counts accepted joins; ``term`` is the latest seen."""
 
-    def __init__(self, config: AgentConfig, token: str, connect: Connector, rng: random.Random | None = None):
+    def __init__(
+        self, config: AgentConfig, token: str, connect: Connector, rng: random.Random | None = None, claim: str = ""
+    ):
+        """``claim``: join by the address-bound join as this machine id, ``token`` being the bootstrap secret."""
         self.config = config
         self._connect = connect
         self._rng = rng if rng is not None else random.Random()
-        self._credentials = Credentials(config.instance_ref, token)
+        self._credentials = Credentials(config.instance_ref, token, claim=claim)
         self.status = HostStatus.IDLE
         self._wake = trio.Event()
         self.joins = 0
@@ -222,11 +225,13 @@ class WorkerAgent:
             stream = await self._connect(address)
             framed = FramedStream(stream)
             try:
+                credentials = self._credentials
                 join = Join(
                     role=Role.WORKER,
-                    identity=self.config.identity or self.config.instance_ref,
-                    instance_ref=self.config.instance_ref,
-                    token=self._credentials.current(),
+                    identity=self.config.identity or credentials.instance_ref or credentials.claim,
+                    instance_ref=credentials.instance_ref,
+                    token=credentials.current(),
+                    machine_id=credentials.machine_claim(),
                 )
                 try:
                     await framed.send(join, 1)
@@ -242,13 +247,13 @@ class WorkerAgent:
         return framed, judge_join_reply(None if envelope is None else envelope.msg)
 
     async def _serve(self, framed: FramedStream, address: str, joined: Joined) -> None:
-        self._credentials.accepted()
+        self._credentials.accepted(joined.credential, joined.instance_ref)
         self.joins += 1
         self.term, self.connected_to = joined.term, address
         log.info(
             "joined via %s as %r (term %d, %s, join #%d)",
             address,
-            self.config.instance_ref,
+            self._credentials.instance_ref,
             joined.term,
             joined.controller_id,
             self.joins,

@@ -119,12 +119,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--certs", required=True, type=Path, help="directory with ca.pem, worker.pem, worker.key")
     parser.add_argument("--controllers", required=True, help="HOST:PORT[,HOST:PORT...] of the controller replicas")
-    parser.add_argument("--instance-ref", required=True, help="this machine's instance reference")
+    parser.add_argument("--instance-ref", default="", help="this machine's instance reference")
+    parser.add_argument(
+        "--address-bound",
+        action="store_true",
+        help="join by --machine-id from the provider's address for it, the secret read being the cluster's bootstrap"
+        " secret, not a join token (controller option --address-bound-join; docs/providers.md)",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--token-file", type=Path, help="a 0600 file holding the join token (deleted once read)")
     source.add_argument("--token-stdin", action="store_true", help="read the join token from standard input")
     parser.add_argument("--identity", default="", help="the name to join with (default: the instance reference)")
-    parser.add_argument("--machine-id", default="", help="informational: the provider's id for this machine")
+    parser.add_argument(
+        "--machine-id", default="", help="the provider's id for this machine (informational without --address-bound)"
+    )
     parser.add_argument(
         "--label",
         action="append",
@@ -163,7 +171,10 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     controllers = tuple(parse_address(part) for part in args.controllers.split(",") if part.strip())
     if not controllers:
         raise ConfigError("--controllers needs at least one HOST:PORT")
-    if not 0 < len(args.instance_ref) <= 256:
+    if args.address_bound:
+        if args.instance_ref or not 0 < len(args.machine_id) <= 256:
+            raise ConfigError("--address-bound needs --machine-id (1..256 characters) and no --instance-ref")
+    elif not 0 < len(args.instance_ref) <= 256:
         raise ConfigError("--instance-ref must be 1..256 characters")
     if not (0 < args.heartbeat and args.heartbeat * 2 <= args.reply_timeout):
         raise ConfigError("--heartbeat must be positive and at most half of --reply-timeout")
@@ -290,7 +301,8 @@ def main(argv: list[str]) -> int:
         ",".join(config.controllers),
         dict(args.label),
     )
-    agent = WorkerAgent(config, token, tls_connector(args.certs))
+    claim = args.machine_id if args.address_bound else ""
+    agent = WorkerAgent(config, token, tls_connector(args.certs), claim=claim)
     del token
     early.exit_on_stop = False
     code = trio.run(run_agent, agent, early.pending)

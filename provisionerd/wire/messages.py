@@ -85,12 +85,15 @@ class Join:
     # The single-use join token is a secret: kept out of repr so it cannot reach a log line by accident.
     token: str = attrs.field(default="", repr=False)
     instance: str = ""
+    #: The address-bound join (protocol §4): the provider's machine id a worker without a token claims to be.
+    machine_id: str = ""
 
 
 @attrs.frozen
 class JoinReply:
     """ctl -> client. A standby answers ``accepted=False, primary=False, redirect="host:port"``.
 
+    An accepted worker reply may carry ``credential``: the instance's own secret for every later join.
     An accepted reply carries the controller's ``incarnation`` (the id of its fact log, made when the log was
     created and never again; ``""`` from an older controller: unknown) and ``last_index`` (the highest fact index
     the log ever committed), so a provisioner can tell a controller that forgot what it acknowledged.
@@ -105,6 +108,10 @@ class JoinReply:
     reason: str = ""
     incarnation: str = ""
     last_index: int = 0
+    # A worker's own credential, a secret like the token: kept out of repr (protocol §4 "Worker credential").
+    credential: str = attrs.field(default="", repr=False)
+    #: An accepted address-bound join: the instance the claimed machine was paired with.
+    instance_ref: str = ""
 
 
 @attrs.frozen

@@ -37,6 +37,8 @@ class FakeController:
     heartbeats: list[float] = attrs.field(factory=list)
     close_after_accept: bool = False  # accept the join, then close at once (a controller in trouble)
     drop_after_join_frame: bool = False  # consume the join, then close without answering (once)
+    issue_credentials: bool = False  # answer a token join with a per-instance credential (refcontroller/credentials)
+    credentials: dict[str, str] = attrs.field(factory=dict)  # instance_ref -> its current credential
     _sessions: list[trio.CancelScope] = attrs.field(factory=list)
 
     def allow(self, instance_ref: str, token: str) -> None:
@@ -62,8 +64,13 @@ class FakeController:
         digest = hashlib.sha256(join.token.encode()).hexdigest()
         if self.token_hashes.get(digest) == join.instance_ref and digest not in self.used:
             self.used.add(digest)
-            self.rejoin_hashes[join.instance_ref] = rejoin_hash(join.token, join.instance_ref)
+            if self.issue_credentials:
+                self.credentials[join.instance_ref] = f"cred-v1:{join.instance_ref}-{len(self.used)}"
+            else:
+                self.rejoin_hashes[join.instance_ref] = rejoin_hash(join.token, join.instance_ref)
             return None
+        if join.token.startswith("cred-v1:"):
+            return None if self.credentials.get(join.instance_ref) == join.token else "credential refused"
         proof = rejoin_hash_of_credential(join.token)
         if proof is not None and self.rejoin_supported and self.rejoin_hashes.get(join.instance_ref) == proof:
             return None
@@ -86,7 +93,7 @@ class FakeController:
             await trio.sleep_forever()
         join = envelope.msg
         assert isinstance(join, Join)
-        kind = "proof" if join.token.startswith("rejoin-v1:") else "token"
+        kind = {"rejoin-v1:": "proof", "cred-v1:": "credential"}.get(join.token.partition(":")[0] + ":", "token")
         self.log.append((trio.current_time(), address, f"join:{kind}"))
         if replica != self.primary:
             self.log.append((trio.current_time(), address, "redirect"))
@@ -101,7 +108,9 @@ class FakeController:
             self.log.append((trio.current_time(), address, "refused"))
             await framed.send(ErrorMsg("token_invalid", refusal), envelope.corr)
             return
-        await framed.send(JoinReply(True, self.term, primary=True, controller_id=f"replica-{replica}"), envelope.corr)
+        issued = self.credentials.get(join.instance_ref, "") if kind == "token" else ""
+        reply = JoinReply(True, self.term, primary=True, controller_id=f"replica-{replica}", credential=issued)
+        await framed.send(reply, envelope.corr)
         if self.close_after_accept:
             return
         while (envelope := await framed.receive()) is not None:
