@@ -165,3 +165,30 @@ def test_the_quorum_goes_stale_within_t_check_when_the_majority_stops(etcd_clust
 
     trio.run(main)
     assert seen["stale_after"] <= CHECK + 0.1, seen
+
+
+def test_worker_credentials_are_replicated_to_the_next_primary(replica, prefix) -> None:
+    # Token use with its credential hash, the rejoin-proof exchange and a revocation are log entries like facts:
+    # a replica that replays the log admits and refuses the same workers.
+    a = replica("a")
+    ca = a.promote(trio.run(_now))
+    store = ca.store
+    assert store.use_token("t1", "i-1", 1.0, credential_hash="c1")
+    assert store.use_token("t2", "i-2", 2.0, rejoin_hash="r2")
+    assert store.exchange_rejoin_proof("i-2", "r2", "c2", 3.0)
+    assert store.use_token("t3", "i-3", 4.0, credential_hash="c3")
+    assert store.revoke_credential("i-3", "lost", 5.0)
+    before = {ref: store.credential(ref) for ref in ("i-1", "i-2", "i-3")}
+    b = replica("b")
+    replayed = EtcdFactStore.replay(b.client, b.election, prefix)
+    try:
+        after = {ref: replayed.credential(ref) for ref in ("i-1", "i-2", "i-3")}
+        assert not replayed.use_token("t1", "i-1", 9.0, credential_hash="other")  # spent on the replica too
+    finally:
+        replayed.close()
+    assert after == before
+    assert all(record is not None for record in after.values())
+
+
+async def _now() -> float:
+    return trio.current_time()
