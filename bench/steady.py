@@ -2,7 +2,7 @@
 
 Run from the repository root inside the project's environment::
 
-    python bench/steady.py [--minutes 10] [--machines 100000]
+    python bench/steady.py [--minutes 10] [--machines 100000] [--profile FILE]
 
 It fills the reference controller's store through the store API (``realprocs.fill``, as ``history.py`` does):
 ``--machines`` live machines of provider ``sim`` (request intents of 10, each with its instance facts, launched
@@ -15,7 +15,8 @@ heartbeat timeout, orphan passes every 60 s after a 60 s settle). No demand is s
 machines wait inside their 900 s join deadline, so at rest the daemon only keeps its link, its lease, its reclaim
 polls and its orphan passes over the whole fleet.
 
-The daemon's admin socket is polled every 2 s and its events log read at the end. The last line is JSON:
+The daemon's admin socket is polled every ``--poll`` seconds (15) and its events log read at the end. The last line
+is JSON:
 
 - ``link_ups`` / ``link_drops``: ``link_up`` and ``link_down`` events (one up and no drop is the target);
 - ``lease_held_throughout``: from its first ``held`` every poll said ``held``, and no ``lease_lost`` event;
@@ -23,8 +24,12 @@ The daemon's admin socket is polled every 2 s and its events log read at the end
 - ``orphan_passes``: completed passes (``orphan_pass`` events that skipped nothing), with ``orphan_findings`` of
   the last and ``orphan_known`` (the machines it compared); ``orphan_pass_done``: at least one completed;
 - ``daemon_cpu_share_at_rest``: the daemon process's CPU time over wall time from its first completed orphan pass
-  (the start-up resync done) to the end: periodic passes included (target < 0.05); ``plugin_cpu_share_at_rest``
-  the same for the persistent plugin process, ``controller_cpu_share_at_rest`` for the controller's;
+  (the start-up resync done) to the end: periodic passes included (target < 0.05), and
+  ``daemon_cpu_share_at_rest_without_polls`` without what this bench's own status queries cost it;
+  ``plugin_cpu_share_at_rest`` the same for the persistent plugin process, ``controller_cpu_share_at_rest`` for
+  the controller's;
+  ``daemon_cpu_share_per_poll``: the daemon's share between two polls of that window (periodic work shows as
+  peaks); ``status_query_cpu_ms``: what one admin ``status`` query costs the daemon (each poll makes one);
 - ``daemon_rss_mb`` and ``daemon_peak_rss_mb``; ``max_hb_ack_age_s``: the largest ``last_heartbeat_ack_age`` a poll
   saw; ``actions``: provider calls the daemon made, by kind (none expected: no machine is idle or past a deadline).
 """
@@ -65,7 +70,7 @@ CLUSTER = "bench"
 PROVIDER = "sim"
 TEMPLATE = "sim-cpu-8"
 EPOCH = Epoch(1, 1)
-POLL = 2.0
+POLL = 15.0
 
 
 def machine(n: int) -> tuple[str, str, str, str]:
@@ -144,7 +149,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def run(minutes: float, count: int) -> dict[str, Any]:
+def run(minutes: float, count: int, poll: float = POLL, profile: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp:
         root = Path(tmp)
         certs, data, state, plugin_data = root / "certs", root / "data", root / "state", root / "plugin"
@@ -157,14 +162,15 @@ def run(minutes: float, count: int) -> dict[str, Any]:
             config = root / "daemon.toml"
             write_config(config, address, certs, state, plugin_data, count)
             with open(root / "daemon.log", "wb") as log:
+                profiling = ["-m", "cProfile", "-o", str(profile)] if profile else []
                 daemon = subprocess.Popen(
-                    [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
+                    [sys.executable, *profiling, "-m", "provisionerd", "run", "--config", str(config)],
                     stderr=log,
                     cwd=str(REPO),
                     start_new_session=True,
                 )
             try:
-                return watch(daemon, ctl.pid, state, minutes) | {"store_facts": facts, "fill_s": round(fill_s, 1)}
+                return watch(daemon, ctl.pid, state, minutes, poll) | {"store_facts": facts, "fill_s": round(fill_s, 1)}
             finally:
                 daemon.terminate()
                 try:
@@ -174,7 +180,9 @@ def run(minutes: float, count: int) -> dict[str, Any]:
                     daemon.wait()
 
 
-def watch(daemon: subprocess.Popen[bytes], controller_pid: int, state: Path, minutes: float) -> dict[str, Any]:
+def watch(
+    daemon: subprocess.Popen[bytes], controller_pid: int, state: Path, minutes: float, poll: float
+) -> dict[str, Any]:
     started = time.monotonic()
     end = started + 60 * minutes
     held_at: float | None = None
@@ -183,8 +191,11 @@ def watch(daemon: subprocess.Popen[bytes], controller_pid: int, state: Path, min
     rest: dict[str, float] | None = None  # CPU seconds at the first completed orphan pass, and when
     polls = 0
     plugin_pid = 0
+    timeline: list[tuple[float, float]] = []  # (when, daemon CPU seconds) at each poll of the rest window
     while time.monotonic() < end:
-        time.sleep(POLL)
+        time.sleep(poll)
+        if rest is not None:
+            timeline.append((time.monotonic(), realprocs.cpu_seconds(daemon.pid)))
         if daemon.poll() is not None:
             raise RuntimeError(f"the daemon exited with {daemon.returncode}")
         try:
@@ -208,10 +219,23 @@ def watch(daemon: subprocess.Popen[bytes], controller_pid: int, state: Path, min
             }
     rss, peak = realprocs.rss_mb(daemon.pid)
     out: dict[str, Any] = {"minutes": minutes, "polls": polls, "daemon_rss_mb": rss, "daemon_peak_rss_mb": peak}
+    out["daemon_cpu_share_per_poll"] = [
+        round((c1 - c0) / (t1 - t0), 3) for (t0, c0), (t1, c1) in zip(timeline, timeline[1:], strict=False)
+    ]
+    costs: list[float] = []
+    for _ in range(3):  # what one status query costs the daemon (each poll above made one)
+        before = realprocs.cpu_seconds(daemon.pid)
+        query(state / "admin.sock")
+        costs.append(realprocs.cpu_seconds(daemon.pid) - before)
+    costs.sort()
+    out["status_query_cpu_ms"] = round(1000 * costs[1], 1)
     if rest is not None:
         wall = time.monotonic() - rest["at"]
         out["rest_s"] = round(wall, 1)
-        out["daemon_cpu_share_at_rest"] = round((realprocs.cpu_seconds(daemon.pid) - rest["daemon"]) / wall, 4)
+        spent = realprocs.cpu_seconds(daemon.pid) - rest["daemon"]
+        out["daemon_cpu_share_at_rest"] = round(spent / wall, 4)
+        queries = len(timeline) + 3  # the polls of the window and the three measured just now
+        out["daemon_cpu_share_at_rest_without_polls"] = round(max(0.0, spent - queries * costs[1]) / wall, 4)
         if plugin_pid:
             out["plugin_cpu_share_at_rest"] = round((realprocs.cpu_seconds(plugin_pid) - rest["plugin"]) / wall, 4)
         spent = realprocs.cpu_seconds(controller_pid) - rest["controller"]
@@ -259,8 +283,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--machines", type=int, default=100_000)
+    parser.add_argument("--poll", type=float, default=POLL, help="seconds between two admin status queries")
+    parser.add_argument("--profile", type=Path, help="run the daemon under cProfile, its stats written here")
     args = parser.parse_args()
-    print(json.dumps(run(args.minutes, args.machines)))
+    print(json.dumps(run(args.minutes, args.machines, args.poll, args.profile and args.profile.resolve())))
     return 0
 
 
