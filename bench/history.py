@@ -37,7 +37,6 @@ The last line is ``{"history": {"1000": {...}, ...}, "live_100k": {...}}``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import os
@@ -51,7 +50,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import realprocs
 import trio
+from realprocs import token_hash
 
 from provisionerd.controller.link import Link
 from provisionerd.controller.session import ControllerSession
@@ -61,8 +62,6 @@ from provisionerd.pki.certs import init_certs
 from provisionerd.telemetry.events import EventLog
 from provisionerd.wire.messages import Heartbeat, HeartbeatAck, Message
 from provisionerd.wire.tls import client_ssl_context
-from refcontroller.listeners import FACTS_FILE
-from refcontroller.store import FactStore
 
 PROVIDER = "sim"
 IDENTITY = "bench"
@@ -72,36 +71,28 @@ PROBE_EVERY = 0.02
 PROBE_CORR = 1 << 40
 
 
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def history_facts(ended: int, live: int) -> Iterator[Fact]:
     """``ended`` whole lifecycles (intent, instance, return intent, returned), then ``live`` machines in tens."""
     for i in range(ended):
         op, ref, machine = f"h{i}", f"h{i}-r", f"h{i}-m"
-        yield RequestIntent(PROVIDER, EPOCH, op, "t", 1, (ref,), (_hash(ref),), "d")
-        yield InstanceFact(PROVIDER, EPOCH, op, ref, machine, "t", _hash(ref), f"host-{machine}", "10.0.0.1", 1e9)
+        token = token_hash(ref)
+        yield RequestIntent(PROVIDER, EPOCH, op, "t", 1, (ref,), (token,), "d")
+        yield InstanceFact(PROVIDER, EPOCH, op, ref, machine, "t", token, f"host-{machine}", "10.0.0.1", 1e9)
         yield ReturnIntent(PROVIDER, EPOCH, f"hr{i}", (machine,), "idle")
         yield Returned(PROVIDER, EPOCH, f"hr{i}", (machine,))
     for j in range(0, live, 10):
         op = f"l{j}"
         refs = tuple(f"{op}-r{k}" for k in range(min(10, live - j)))
-        yield RequestIntent(PROVIDER, EPOCH, op, "t", len(refs), refs, tuple(_hash(r) for r in refs), "d")
+        yield RequestIntent(PROVIDER, EPOCH, op, "t", len(refs), refs, tuple(token_hash(r) for r in refs), "d")
         for ref in refs:
-            yield InstanceFact(PROVIDER, EPOCH, op, ref, f"{ref}-m", "t", _hash(ref), f"host-{ref}", "10.0.0.2", 1e9)
+            yield InstanceFact(
+                PROVIDER, EPOCH, op, ref, f"{ref}-m", "t", token_hash(ref), f"host-{ref}", "10.0.0.2", 1e9
+            )
 
 
 def fill(data: Path, ended: int, live: int) -> tuple[int, float]:
     """Make the store; (facts, seconds)."""
-    data.mkdir(mode=0o700, parents=True, exist_ok=True)
-    started = time.monotonic()
-    store = FactStore.open(data / FACTS_FILE)
-    try:
-        last = store.append_many(history_facts(ended, live), HOLDER)
-    finally:
-        store.close()
-    return last, time.monotonic() - started
+    return realprocs.fill(data, history_facts(ended, live), HOLDER)
 
 
 # --- the daemon side (a child process) --------------------------------------------------------------------------
@@ -245,16 +236,7 @@ def run_row(ended: int, live: int, limit: float) -> dict[str, Any]:
         certs = root / "certs"
         init_certs(certs, "bench")
         facts, fill_s = fill(root / "data", ended, live)
-        controller = subprocess.Popen(
-            [sys.executable, "-m", "refcontroller", "serve", "--certs", str(certs), "--data", str(root / "data")]
-            + ["--listen", "127.0.0.1:0", "--log-level", "WARNING"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert controller.stdout is not None
-            ready = json.loads(controller.stdout.readline())
-            address = ready["listen"][0]
+        with realprocs.controller(certs, root / "data") as (_, address):
             child = subprocess.run(
                 [sys.executable, __file__, "--child", address, "--certs", str(certs), "--limit", str(limit)],
                 capture_output=True,
@@ -265,9 +247,6 @@ def run_row(ended: int, live: int, limit: float) -> dict[str, Any]:
             if child.returncode != 0 or not lines:
                 raise RuntimeError(f"daemon process failed: {child.stderr[-2000:]}")
             row: dict[str, Any] = json.loads(lines[-1])
-        finally:
-            controller.terminate()
-            controller.wait(30)
         row.update(store_facts=facts, fill_s=round(fill_s, 1))
         return row
 

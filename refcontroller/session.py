@@ -3,8 +3,10 @@
 The reader enforces the per-role allowlist on every frame (``ErrorMsg{not_allowed}`` and close), drops a peer that
 stays silent for the heartbeat timeout, and answers requests in order with the request's ``corr``.
 
-A resync is sent by a task of its own, page by page (each page read from the store just before it is sent, the
-frame lock taken per frame): the reader goes on answering heartbeats, lease renewals and commits between its pages.
+A resync is planned and sent by a task of its own: the plan's pages are fixed a chunk of facts at a time
+(``cluster.ResyncPlanner``, a checkpoint after each), then sent page by page (each page read from the store just
+before it is sent, the frame lock taken per frame): the reader goes on answering heartbeats, lease renewals and
+commits while it plans and between its pages.
 
 The pusher sends what changed since the last push: host states (coalesced per instance, latest wins) of the
 providers this provisioner declared, and the demand snapshot when its ``seq`` moved, or when forced (after the join
@@ -274,8 +276,10 @@ class Session:
             return
         cluster = self.server.cluster
         async with self.push_lock:
-            plan = cluster.resync_plan(wanted, request.after_index, request.incarnation)
-            host_seq = self.host_seq
+            planner = cluster.resync_planner(wanted, request.after_index, request.incarnation)
+            host_seq = self.host_seq  # with the planner's hosts: what the plan carries is as of now
+            while (plan := planner.step()) is None:  # a chunk of facts sized per step: the loop is never held
+                await trio.lowlevel.checkpoint()
             host_chunks = (
                 paginate_by_size(plan.hosts, lambda c: ResyncPage(0, 1, (), c), HOSTS_PAGE_ITEMS) if plan.hosts else []
             )

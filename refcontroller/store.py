@@ -445,6 +445,51 @@ class FactStore:
             )
         ]
 
+    def resync_sizes(
+        self, providers: Collection[str], after: int, as_of: int, limit: int, *, every: bool = False
+    ) -> list[tuple[int, int]]:
+        """``(index, JSON size)`` of the first ``limit`` facts of ``providers`` with ``after < index <= as_of`` in
+        the resync set as of ``as_of`` (``fact_sizes``), or, with ``every``, of all of them (``facts_after``), in log
+        order: one bounded chunk of a resync plan (``cluster.ResyncPlanner``), each query an ordered index scan.
+
+        Calls with the same ``as_of`` chained by ``after`` (the last index of the previous chunk) give exactly
+        ``fact_sizes`` (or ``facts_after``) whatever is committed between them: a fact with an index up to
+        ``as_of`` that ends later ends at a later index, so it stays in the set as of ``as_of``."""
+        rows: dict[int, int] = {}
+        queries: list[tuple[str, tuple[str | int, ...]]]
+        for provider in providers:
+            if every:
+                queries = [
+                    (
+                        "SELECT idx, length(body) FROM facts WHERE provider = ? AND idx > ? AND idx <= ? ORDER BY idx"
+                        " LIMIT ?",
+                        (provider, after, as_of, limit),
+                    ),
+                ]
+            else:
+                queries = [
+                    (
+                        "SELECT idx, length(body) FROM facts WHERE provider = ? AND ended_at = 0 AND idx > ?"
+                        " AND idx <= ? ORDER BY idx LIMIT ?",
+                        (provider, after, as_of, limit),
+                    ),
+                    (
+                        # the facts ended since as_of (few): by ended_at, not by scanning idx past every ended one
+                        "SELECT idx, length(body) FROM facts INDEXED BY facts_live WHERE provider = ? AND ended_at > ?"
+                        " AND idx > ? AND idx <= ? ORDER BY idx LIMIT ?",
+                        (provider, as_of, after, as_of, limit),
+                    ),
+                    (
+                        "SELECT idx, length(body) FROM facts WHERE provider = ? AND idx <= ? ORDER BY idx DESC LIMIT 1",
+                        (provider, as_of),
+                    ),
+                ]
+            for query, args in queries:
+                for i, n in self._conn.execute(query, args):
+                    if int(i) > after:
+                        rows[int(i)] = int(n)
+        return sorted(rows.items())[:limit]
+
     def _resync_rows(
         self, providers: Collection[str], first: int, last: int, as_of: int, column: str
     ) -> list[tuple[int, Any]]:
@@ -455,7 +500,7 @@ class FactStore:
         for provider in providers:
             for i, value in self._conn.execute(
                 f"SELECT idx, {column} FROM facts WHERE provider = ? AND ended_at = 0 AND idx BETWEEN ? AND ?"
-                f" UNION ALL SELECT idx, {column} FROM facts WHERE provider = ? AND ended_at > ?"
+                f" UNION ALL SELECT idx, {column} FROM facts INDEXED BY facts_live WHERE provider = ? AND ended_at > ?"
                 " AND idx BETWEEN ? AND ?",
                 (provider, first, last, provider, as_of, first, last),
             ):
