@@ -292,7 +292,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
     requests = [json.loads(text) for _, text in world.inputs("requestMachines")]
     assert requests and all(r["userData"] == {} for r in requests)
     assert not any({"bootstrap", "op_id", "tags"} & set(r) for r in requests)  # the legacy adapter's LSF input
-    assert seen["daemon_rc"] == 0
+    assert seen["daemon_rc"] == 0 and seen["agent_rcs"] == [0, 0]  # SIGTERM: clean exits, never a refusal (3)
 
     # --- both joined by the address-bound join, as the instances the plugin's machines are ---------------------
     store = FactStore.open(tmp_path / "ctl" / "facts.sqlite")
