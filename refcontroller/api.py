@@ -103,10 +103,13 @@ async def open_refcontroller_process(
     host: str = "127.0.0.1",
     ready_timeout: float = 30.0,
     new_incarnation: bool = False,
+    address_bound_join: Path | str | None = None,
+    stderr: int | None = None,
 ) -> AsyncIterator[RefController]:
     """Run ``refcontroller serve`` as a subprocess (its own session) until the block exits; then SIGTERM it.
 
-    Waits for the ``{"ready": true, ...}`` line on its stdout; stderr (the log) is inherited.
+    Waits for the ``{"ready": true, ...}`` line on its stdout; stderr (the log) is inherited, or goes to the file
+    descriptor ``stderr``. ``address_bound_join``: the bootstrap secret file of ``--address-bound-join``.
     """
     argv = [
         sys.executable,
@@ -126,8 +129,9 @@ async def open_refcontroller_process(
         "--heartbeat-timeout",
         str(heartbeat_timeout),
         *(["--new-incarnation"] if new_incarnation else []),
+        *(["--address-bound-join", str(address_bound_join)] if address_bound_join is not None else []),
     ]
-    process = await trio.lowlevel.open_process(argv, stdout=-1, start_new_session=True)
+    process = await trio.lowlevel.open_process(argv, stdout=-1, stderr=stderr, start_new_session=True)
     try:
         assert process.stdout is not None
         with trio.fail_after(ready_timeout):

@@ -11,6 +11,8 @@ Settings marked TEST make this provider misbehave on purpose, the way real cloud
 
     LOG_INPUTS            keep a copy of every input file in $PRO_DATA_DIR/inputs/
     BOOT_POLLS            status polls a new machine stays pending (default 1)
+    PRIVATE_IP            the privateIpAddress every new machine gets (default 10.200.<n // 256>.<n % 256> for the
+                          n-th machine), as a cloud's subnet decides it; tests give 127.0.0.1 to play the machines
     SHORT_FILL            TEST: create this many machines fewer than asked, and still report success
     STICKY_RETURN         TEST: report returns as done while the machines keep running
     SLOW_REQUEST_SECONDS  TEST: requestMachines sleeps this long ...
@@ -130,7 +132,7 @@ def request_machines(request, conf):
             machine_id = f"lsfex-{n:06d}"
             state["machines"][machine_id] = {
                 "name": f"host-{n:06d}.example.internal",
-                "ip": f"10.200.{n // 256 % 256}.{n % 256}",
+                "ip": str(conf.get("PRIVATE_IP") or f"10.200.{n // 256 % 256}.{n % 256}"),
                 "template": template_id,
                 "status": "pending",
                 "launchtime": int(time.time()),
