@@ -47,8 +47,12 @@ def labels(pid: int) -> dict[str, str]:
 def agents_by_machine(tmp_path: Path) -> dict[str, int]:
     found = {}
     for pid in live_agents(str(tmp_path)):
-        argv = cmdline(pid)
-        found[argv[argv.index("--machine-id") + 1]] = pid
+        try:
+            argv = cmdline(pid)
+        except OSError:
+            continue  # exited since live_agents looked
+        if "--machine-id" in argv:  # read again: the pid may be gone, or reused by a process that is no agent
+            found[argv[argv.index("--machine-id") + 1]] = pid
     return found
 
 
