@@ -1,15 +1,18 @@
 """Which running daemon a command talks to: ``--socket PATH``, or ``--config FILE`` and its ``daemon.admin_socket``.
 
-Shared by the commands that ask a daemon through its admin socket (``status``, ``controller accept-reset``); each
+Shared by the commands that ask a daemon through its admin socket (``status``, ``cost``, ``controller accept-reset``); each
 keeps its own exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 from provisionerd.config.loader import Config
+from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.errors import ConfigError
 
 
@@ -35,3 +38,22 @@ def socket_of(args: argparse.Namespace) -> Path:
     if path is None:
         raise TargetError("the config sets no daemon.admin_socket")
     return path
+
+
+def ask(prog: str, args: argparse.Namespace, cmd: str) -> dict[str, Any] | None:
+    """The daemon's answer to ``cmd``, or ``None`` after printing why there is none (no socket named, the daemon
+    unreachable, or an answer that is not ``ok``) as ``prog: reason`` on stderr."""
+    try:
+        path = socket_of(args)
+    except TargetError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    try:
+        reply = query(path, cmd)
+    except (OSError, ValueError) as exc:
+        print(f"{prog}: cannot reach the daemon at {path}: {exc}", file=sys.stderr)
+        return None
+    if not reply.get("ok"):
+        print(f"{prog}: {reply.get('error')}", file=sys.stderr)
+        return None
+    return reply

@@ -18,8 +18,7 @@ import json
 import sys
 from typing import Any
 
-from provisionerd.cli.admin_target import TargetError, add_target, socket_of
-from provisionerd.daemon.admin_socket import query
+from provisionerd.cli.admin_target import add_target, ask
 
 
 def render(cost: dict[str, Any]) -> list[str]:
@@ -45,18 +44,11 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    try:
-        path = socket_of(args)
-    except TargetError as exc:
-        print(f"provisionerd cost: {exc}", file=sys.stderr)
+    reply = ask("provisionerd cost", args, "cost")
+    if reply is None:
         return 1
-    try:
-        reply = query(path, "cost")
-    except (OSError, ValueError) as exc:
-        print(f"provisionerd cost: cannot reach the daemon at {path}: {exc}", file=sys.stderr)
-        return 1
-    if not reply.get("ok") or not isinstance(reply.get("cost"), dict):
-        print(f"provisionerd cost: {reply.get('error') or 'no cost report in the answer'}", file=sys.stderr)
+    if not isinstance(reply.get("cost"), dict):
+        print("provisionerd cost: no cost report in the answer", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"at": reply.get("at"), **reply["cost"]}, indent=2, sort_keys=True))

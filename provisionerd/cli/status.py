@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from provisionerd.cli.admin_target import TargetError, add_target, socket_of
-from provisionerd.daemon.admin_socket import query
+from provisionerd.cli.admin_target import add_target, ask
 
 
 def render(status: dict[str, Any]) -> list[str]:
@@ -121,18 +119,8 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    try:
-        path = socket_of(args)
-    except TargetError as exc:
-        print(f"provisionerd status: {exc}", file=sys.stderr)
-        return 1
-    try:
-        reply = query(path)
-    except (OSError, ValueError) as exc:
-        print(f"provisionerd status: cannot reach the daemon at {path}: {exc}", file=sys.stderr)
-        return 1
-    if not reply.get("ok"):
-        print(f"provisionerd status: {reply.get('error')}", file=sys.stderr)
+    reply = ask("provisionerd status", args, "status")
+    if reply is None:
         return 1
     if args.json:
         print(json.dumps(reply["status"], indent=2, sort_keys=True))
