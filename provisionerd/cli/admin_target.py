@@ -1,7 +1,7 @@
 """Which running daemon a command talks to: ``--socket PATH``, or ``--config FILE`` and its ``daemon.admin_socket``.
 
-Shared by the commands that ask a daemon through its admin socket (``status``, ``cost``, ``controller accept-reset``); each
-keeps its own exit codes.
+Shared by the commands that ask a daemon through its admin socket (``status``, ``cost``, ``controller
+accept-reset``); each keeps its own exit codes.
 """
 
 from __future__ import annotations

@@ -55,26 +55,19 @@ def core_options(world: World) -> dict[str, Any]:
     # The provider's own knobs, as the daemon builds them from its config (``policy_from_config``): its own
     # ``step_limit`` makes its step adaptive (``planner.ramp``), so the faults' throttles and capacity refusals
     # halve it and accepted rounds double it from 2 up to the provider's cap (4, 8 or 20).
-    own = ProviderPolicy(
-        join_deadline=60.0,
-        idle_time=30.0,
-        provisioning_timeout=120.0,
-        capacity_backoff=20.0,
-        throttle_base=2.0,
-        throttle_max=20.0,
-        quota_pause=30.0,
-        step_limit=2,
-        max_machines=s.provider_cap,
-    )
+    times: dict[str, Any] = {  # the policy times the daemon and its provider share
+        "join_deadline": 60.0,
+        "idle_time": 30.0,
+        "provisioning_timeout": 120.0,
+        "capacity_backoff": 20.0,
+        "throttle_base": 2.0,
+        "throttle_max": 20.0,
+        "quota_pause": 30.0,
+    }
+    own = ProviderPolicy(**times, step_limit=2, max_machines=s.provider_cap)
     policy = Policy(
         cluster=CLUSTER,
-        join_deadline=60.0,
-        idle_time=30.0,
-        provisioning_timeout=120.0,
-        capacity_backoff=20.0,
-        throttle_base=2.0,
-        throttle_max=20.0,
-        quota_pause=30.0,
+        **times,
         step_limit=20,
         step_interval=30.0,
         providers={"sim": own},
