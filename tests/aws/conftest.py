@@ -8,7 +8,6 @@ that none of it contains the fake AWS secrets or any join token the test used.
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import os
@@ -28,17 +27,21 @@ import jsonschema
 import pytest
 import referencing
 
-REPO = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = REPO / "providers" / "aws_ec2"
-SCHEMAS = REPO / "schemas"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # importlib mode: make aws_fakes etc. importable
+from aws_fakes import (  # noqa: E402
+    ACCESS_KEY,
+    IMAGE,
+    PLUGIN_DIR,
+    REGION,
+    SCHEMAS,
+    SECRET_KEY,
+    SESSION_TOKEN,
+    tags_of,
+    user_data,
+)
+
 sys.path.insert(0, str(PLUGIN_DIR))
 
-REGION = "us-east-1"
-# Recognisable fakes: if any of these shows up in plugin output, a secret leaked.
-ACCESS_KEY = "AKIAFAKELEAKCHECK0001"
-SECRET_KEY = "fAkE/SeCrEt+KeY-must-never-appear-0123456789"
-SESSION_TOKEN = "FakeSessionToken-must-never-appear-9876543210"
-IMAGE = "ami-0123456789abcdef0"
 START_TIMEOUT = 30.0
 CALL_TIMEOUT = 60.0
 
@@ -122,15 +125,6 @@ def schemas() -> Schemas:
     if not (SCHEMAS / "defs.json").exists():
         pytest.fail("schemas/ is missing: the contract schemas are needed to check the plugin's output")
     return Schemas()
-
-
-def user_data(ec2: Any, instance_id: str) -> dict[str, Any]:
-    value = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
-    return json.loads(base64.b64decode(value))
-
-
-def tags_of(instance: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
 
 
 class PluginRunner:

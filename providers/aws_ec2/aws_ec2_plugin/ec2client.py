@@ -32,7 +32,7 @@ def make_client(config: Config, redactor: Redactor) -> Any:
         region_name=config.region,
         endpoint_url=config.endpoint_url,
         config=botocore.config.Config(
-            retries={"mode": "standard", "max_attempts": config.max_attempts},
+            retries={"mode": "standard", "total_max_attempts": config.max_attempts},  # counts the first
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             user_agent_extra="provisionerd-aws_ec2",
