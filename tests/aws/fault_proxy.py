@@ -3,8 +3,9 @@
 moto raises no capacity errors by itself (/work/shared/notes/backends.md), and a botocore hook (the plugin's
 ``fault_injection``) works only inside the plugin process. This proxy sits on the wire instead, so the plugin runs
 with its production configuration apart from ``endpoint_url``: every request is forwarded to the emulator untouched,
-except a ``RunInstances`` for an instance type in ``refuse_types``, which gets EC2's own error document
-(``InsufficientInstanceCapacity``, HTTP 500, as EC2 sends it) and never reaches the emulator.
+except a ``RunInstances`` for an instance type in ``refuse_types`` (after the first ``forward_first`` of that type:
+capacity that runs out part-way), which gets EC2's own error document (``InsufficientInstanceCapacity``, HTTP 500,
+as EC2 sends it) and never reaches the emulator.
 
 It records the ``(InstanceType, forwarded)`` of every ``RunInstances`` it saw, never a parameter beyond the type (the
 user-data in a RunInstances body carries a join token).
@@ -37,11 +38,12 @@ CAPACITY_ERROR = (
 class FaultProxy:
     """``with FaultProxy(moto_url, refuse_types={"c5.xlarge"}) as proxy:``, then point the plugin at ``proxy.url``."""
 
-    def __init__(self, upstream: str, refuse_types: Iterable[str] = ()) -> None:
+    def __init__(self, upstream: str, refuse_types: Iterable[str] = (), forward_first: int = 0) -> None:
         parts = urllib.parse.urlsplit(upstream)
         assert parts.scheme == "http" and parts.hostname == "127.0.0.1", upstream  # loopback emulator only
         self.upstream = (parts.hostname, parts.port or 80)
         self.refuse_types = frozenset(refuse_types)
+        self.forward_first = forward_first  # RunInstances of a refused type forwarded before the refusals start
         self.run_instances: list[tuple[str, bool]] = []  # (InstanceType, forwarded) per RunInstances seen
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -77,8 +79,9 @@ class FaultProxy:
             form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
             if form.get("Action") == ["RunInstances"]:
                 kind = (form.get("InstanceType") or ["?"])[0]
-                refuse = kind in self.refuse_types
                 with self._lock:
+                    done = sum(1 for t, forwarded in self.run_instances if t == kind and forwarded)
+                    refuse = kind in self.refuse_types and done >= self.forward_first
                     self.run_instances.append((kind, not refuse))
                 if refuse:
                     doc = CAPACITY_ERROR.format(type=kind, request_id=uuid.uuid4())

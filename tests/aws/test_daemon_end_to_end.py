@@ -5,7 +5,8 @@ processes on the real clock:
   provider over its persistent transport, two offers (templates ``a-c5-xlarge`` and ``b-m5-xlarge``, the same shape),
   the fake credentials in the provider's ``env``;
 - the plugin talks to ``moto_server`` through ``FaultProxy`` (fault_proxy.py), which forwards everything, and in the
-  second test answers every RunInstances for ``c5.xlarge`` with EC2's ``InsufficientInstanceCapacity``;
+  second test answers every RunInstances for ``c5.xlarge`` with EC2's ``InsufficientInstanceCapacity`` (in the
+  third, every one after the first: capacity that runs out part-way);
 - the test plays each machine's image (moto runs no user-data): once an instance is ``running`` it reads the
   instance's user-data back from the emulator (DescribeInstanceAttribute) and starts ``provisionerd agent`` from
   exactly what it says (join token, controllers, instance ref; daemon_rig.boot_agent); once the instance is
@@ -18,6 +19,7 @@ AWS key and no join token in any file the run wrote (the daemon's config holds t
 
 from __future__ import annotations
 
+import collections
 import shutil
 import sys
 import tempfile
@@ -94,7 +96,9 @@ class Machines:
                 self.agent_rcs[instance_id] = await stop(agent)
 
 
-def run_scenario(ec2: Any, moto_endpoint: str, tmp: Path, state: Path, refuse_types: set[str]) -> dict[str, Any]:
+def run_scenario(
+    ec2: Any, moto_endpoint: str, tmp: Path, state: Path, refuse_types: set[str], forward_first: int = 0
+) -> dict[str, Any]:
     from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller_process
     from refcontroller.store import FactStore
@@ -176,7 +180,7 @@ def run_scenario(ec2: Any, moto_endpoint: str, tmp: Path, state: Path, refuse_ty
         seen["returned_s"] = time.monotonic() - dropped
         seen["hosts_after"] = (await ctl.status())["hosts"]
 
-    with FaultProxy(moto_endpoint, refuse_types=refuse_types) as proxy:
+    with FaultProxy(moto_endpoint, refuse_types=refuse_types, forward_first=forward_first) as proxy:
         trio.run(main, proxy)
         seen["refused"], seen["forwarded"] = proxy.refused(), proxy.forwarded()
     store = FactStore.open(tmp / "ctl" / "facts.sqlite")
@@ -190,21 +194,23 @@ def run_scenario(ec2: Any, moto_endpoint: str, tmp: Path, state: Path, refuse_ty
     return seen
 
 
-def check_end_to_end(seen: dict[str, Any], expected_type: str, tmp: Path, state: Path) -> None:
-    """Everything the issue's row asks, on one run."""
+def check_end_to_end(seen: dict[str, Any], types: dict[str, int], tmp: Path, state: Path) -> None:
+    """Everything the issue's row asks, on one run; ``types``: how many instances of each instance type."""
     facts = seen["facts"]
     intents = {f.op_id: f for f in facts if isinstance(f, RequestIntent)}
     made = {f.machine_id: f for f in facts if isinstance(f, InstanceFact)}
     instances = seen["instances_down"]
-    template_id = dict((t, i) for i, t in OFFERS)[expected_type]
+    template_of = {instance_type: template_id for template_id, instance_type in OFFERS}
 
     # --- demand 3 -> exactly 3 instances, of the expected offer, each with the owner tags and shutdown-terminates --
     assert len(instances) == DEMAND and set(instances) == set(made) == set(seen["boot_docs"]), (instances, made)
+    assert collections.Counter(i["InstanceType"] for i in instances.values()) == types
     for instance_id, instance in instances.items():
         tags, fact = tags_of(instance), made[instance_id]
         intent = intents[fact.op_id]
         head = seen["boot_docs"][instance_id]["provisionerd"]
-        assert instance["InstanceType"] == expected_type and fact.template_id == template_id == intent.template_id
+        template_id = template_of[instance["InstanceType"]]
+        assert fact.template_id == template_id == intent.template_id
         assert tags["provisionerd:cluster"] == seen["cluster"] == head["cluster"]
         assert tags["provisionerd:provider"] == PROVIDER == fact.provider
         assert tags["provisionerd:op"] == fact.op_id and tags["provisionerd:epoch"] == str(intent.epoch)
@@ -227,7 +233,7 @@ def check_end_to_end(seen: dict[str, Any], expected_type: str, tmp: Path, state:
     assert {m for f in facts if isinstance(f, Returned) for m in f.machine_ids} == set(made)
     assert seen["hosts_after"] == []
     assert seen["daemon_rc"] == 0, "provisionerd run did not exit 0 on SIGTERM"
-    assert set(seen["agent_rcs"]) == set(made)
+    assert seen["agent_rcs"] == {m: 0 for m in made}  # each stopped by SIGTERM when its instance went away
     # --- no fake AWS key and no join token in anything the run wrote ----------------------------------------------
     secrets = [ACCESS_KEY, SECRET_KEY, SESSION_TOKEN]
     tokens = [doc["provisionerd"]["joinToken"] for doc in seen["boot_docs"].values()]
@@ -246,7 +252,7 @@ def test_demand_3_launches_3_instances_whose_agents_join_from_their_user_data_an
     ec2: Any, moto_endpoint: str, tmp_path: Path, short_dir: Path
 ) -> None:
     seen = run_scenario(ec2, moto_endpoint, tmp_path, short_dir, refuse_types=set())
-    check_end_to_end(seen, "c5.xlarge", tmp_path, short_dir)  # the first offer in the daemon's order
+    check_end_to_end(seen, {"c5.xlarge": DEMAND}, tmp_path, short_dir)  # the first offer in the daemon's order
     assert seen["refused"] == [] and seen["forwarded"] == ["c5.xlarge"] * DEMAND
     assert not [f for f in seen["facts"] if isinstance(f, RequestFailed)]
     print(
@@ -259,7 +265,7 @@ def test_a_capacity_error_for_one_instance_type_falls_over_to_the_next_offer(
     ec2: Any, moto_endpoint: str, tmp_path: Path, short_dir: Path
 ) -> None:
     seen = run_scenario(ec2, moto_endpoint, tmp_path, short_dir, refuse_types={"c5.xlarge"})
-    check_end_to_end(seen, "m5.xlarge", tmp_path, short_dir)
+    check_end_to_end(seen, {"m5.xlarge": DEMAND}, tmp_path, short_dir)
     # The first offer was tried first: one RunInstances, made max_attempts times by botocore (the capacity error
     # comes as HTTP 500), then the plugin stopped launching and refused the request with capacity_unavailable.
     assert seen["refused"] == ["c5.xlarge"] * attrs.fields(PluginConfig).max_attempts.default
@@ -272,4 +278,25 @@ def test_a_capacity_error_for_one_instance_type_falls_over_to_the_next_offer(
     print(
         f"{len(seen['refused'])} RunInstances refused for c5.xlarge; 3 m5.xlarge joined {seen['up_s']:.2f} s after"
         f" demand 3; demand 0 -> all terminated after {seen['terminated_s']:.2f} s"
+    )
+
+
+def test_capacity_that_runs_out_part_way_is_kept_and_the_rest_comes_from_the_next_offer(
+    ec2: Any, moto_endpoint: str, tmp_path: Path, short_dir: Path
+) -> None:
+    """One c5.xlarge launches, then EC2 has no more: the plugin keeps it and accepts the request with the shortfall
+    (``complete_with_error``); the daemon keeps the one machine and asks the next offer for the other two."""
+    seen = run_scenario(ec2, moto_endpoint, tmp_path, short_dir, refuse_types={"c5.xlarge"}, forward_first=1)
+    check_end_to_end(seen, {"c5.xlarge": 1, "m5.xlarge": DEMAND - 1}, tmp_path, short_dir)
+    attempts = attrs.fields(PluginConfig).max_attempts.default
+    assert seen["forwarded"].count("c5.xlarge") == 1 and set(seen["refused"]) == {"c5.xlarge"}
+    # Each refused RunInstances is made max_attempts times. Today the daemon asks c5 once more for the shortfall
+    # (a partial result does not back the template off; the refusal of that second request does): 2 calls.
+    assert seen["refused"] and len(seen["refused"]) % attempts == 0, seen["refused"]
+    assert seen["forwarded"].count("m5.xlarge") == DEMAND - 1
+    intents = [f for f in seen["facts"] if isinstance(f, RequestIntent)]
+    assert sum(i.count for i in intents if i.template_id == "b-m5-xlarge") == DEMAND - 1
+    print(
+        f"1 c5.xlarge then {len(seen['refused'])} refused; 2 m5.xlarge; 3 joined {seen['up_s']:.2f} s after demand 3;"
+        f" demand 0 -> all terminated after {seen['terminated_s']:.2f} s"
     )
