@@ -92,3 +92,17 @@ def test_missing_credentials_are_an_auth_failure(plugin):
     # describeProvider needs no credentials and no network.
     rc, out = plugin.oneshot("describeProvider", {}, env=env)
     assert rc == 0 and out["features"]["idempotentRequest"] is True and out["features"]["priceQuotes"] is False
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_max_attempts_is_the_number_of_calls_the_first_included(plugin, attempts):
+    """A capacity error on the wire (``FaultProxy``, HTTP 500 as EC2 sends it) is retried by botocore: exactly
+    ``max_attempts`` RunInstances in all (botocore's ``max_attempts`` counts retries only: 1 used to make 2)."""
+    from fault_proxy import FaultProxy
+
+    with FaultProxy(plugin.config["endpoint_url"], refuse_types={"c5.xlarge"}) as proxy:
+        plugin.write_config(endpoint_url=proxy.url, max_attempts=attempts)
+        error = plugin.error("requestMachines", plugin.request_input("op-att", 1))
+    assert (error["code"], error["retryable"]) == ("capacity_unavailable", True)
+    assert "InsufficientInstanceCapacity" in error["message"]
+    assert proxy.refused() == ["c5.xlarge"] * attempts and proxy.forwarded() == []
