@@ -173,16 +173,27 @@ async def wait_for(what: str, probe: Any, limit: float, interval: float = 0.2) -
     raise AssertionError(f"not within {limit:g} s: {what}")
 
 
-async def stop(process: trio.Process, grace: float = 10.0) -> int:
-    """SIGTERM to the process group, SIGKILL after ``grace``; returns the exit code."""
+def terminate(process: trio.Process) -> None:
+    """SIGTERM to the process group, once: a second one could land while the first is being handled, after
+    Python's finalisation has restored the default action, and kill the process (exit -15, not its own code)."""
     if process.returncode is None:
         try:
             os.killpg(process.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        with trio.move_on_after(grace):
-            await process.wait()
+
+
+async def reap(process: trio.Process, grace: float = 10.0) -> int:
+    """Wait up to ``grace`` for the exit, then SIGKILL the process group; returns the exit code."""
+    with trio.move_on_after(grace):
+        await process.wait()
     if process.returncode is None:
         os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
     return process.returncode
+
+
+async def stop(process: trio.Process, grace: float = 10.0) -> int:
+    """SIGTERM (once), SIGKILL after ``grace``; returns the exit code."""
+    terminate(process)
+    return await reap(process, grace)

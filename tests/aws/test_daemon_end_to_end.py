@@ -34,7 +34,18 @@ import pytest
 import trio
 from aws_ec2_plugin.config import Config as PluginConfig
 from aws_fakes import ACCESS_KEY, SECRET_KEY, SESSION_TOKEN, shutdown_behaviour, tags_of
-from daemon_rig import OFFERS, PROVIDER, boot_agent, boot_document, daemon_config, daemon_status, stop, wait_for
+from daemon_rig import (
+    OFFERS,
+    PROVIDER,
+    boot_agent,
+    boot_document,
+    daemon_config,
+    daemon_status,
+    reap,
+    stop,
+    terminate,
+    wait_for,
+)
 from fault_proxy import FaultProxy
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape, Returned
@@ -65,6 +76,7 @@ class Machines:
         self.agents: dict[str, trio.Process] = {}
         self.boot_docs: dict[str, dict[str, Any]] = {}  # instance id -> its user-data, as read at boot
         self.shutdown_behaviour: dict[str, str] = {}
+        self.terminated: set[str] = set()  # instances whose agent got its SIGTERM (the machine went away)
         self.agent_rcs: dict[str, int] = {}
 
     def instances(self) -> dict[str, dict[str, Any]]:
@@ -86,14 +98,18 @@ class Machines:
                     home = self.root / instance_id
                     self.agents[instance_id] = await boot_agent(doc, self.certs, home)
                 elif state in ("shutting-down", "terminated") and instance_id in self.agents:
-                    if instance_id not in self.agent_rcs:
-                        self.agent_rcs[instance_id] = await stop(self.agents[instance_id])
+                    if instance_id not in self.terminated:
+                        self.terminated.add(instance_id)
+                        terminate(self.agents[instance_id])
             await trio.sleep(0.3)
 
     async def stop_all(self) -> None:
+        """Every agent's exit code; an agent whose instance is still there gets its SIGTERM now."""
         for instance_id, agent in self.agents.items():
-            if instance_id not in self.agent_rcs:
-                self.agent_rcs[instance_id] = await stop(agent)
+            if instance_id not in self.terminated:
+                self.terminated.add(instance_id)
+                terminate(agent)
+            self.agent_rcs[instance_id] = await reap(agent)
 
 
 def run_scenario(
@@ -233,7 +249,7 @@ def check_end_to_end(seen: dict[str, Any], types: dict[str, int], tmp: Path, sta
     assert {m for f in facts if isinstance(f, Returned) for m in f.machine_ids} == set(made)
     assert seen["hosts_after"] == []
     assert seen["daemon_rc"] == 0, "provisionerd run did not exit 0 on SIGTERM"
-    assert seen["agent_rcs"] == {m: 0 for m in made}  # each stopped by SIGTERM when its instance went away
+    assert seen["agent_rcs"] == {m: 0 for m in made}  # one SIGTERM each (its instance went away): a clean stop
     # --- no fake AWS key and no join token in anything the run wrote ----------------------------------------------
     secrets = [ACCESS_KEY, SECRET_KEY, SESSION_TOKEN]
     tokens = [doc["provisionerd"]["joinToken"] for doc in seen["boot_docs"].values()]
