@@ -34,6 +34,10 @@ NOW = datetime.datetime.now(datetime.UTC)
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
+    global NOW
+    # The proofs' "now" is when the certificates are made: taken at collection it could be more than their 5 minutes
+    # of backdating before them (a suite that reaches this module later than that: "not valid before").
+    NOW = datetime.datetime.now(datetime.UTC)
     directory = tmp_path_factory.mktemp("certs")
     init_certs(directory, "proofs")
     return directory
