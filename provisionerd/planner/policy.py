@@ -40,6 +40,7 @@ _DURATIONS = (
     "quota_pause",
     "unhealthy_base",
     "unhealthy_max",
+    "drain_timeout",
 )
 _PROVIDER_KNOBS = (
     *_DURATIONS,
@@ -110,6 +111,7 @@ class ProviderPolicy:
     disruption_budget: int | None = None
     disruption_budget_percent: float | None = None
     disruption_interval: float = 60.0
+    drain_timeout: float = 3600.0
 
     def __attrs_post_init__(self) -> None:
         problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})
@@ -141,7 +143,9 @@ class Policy:
 
     - ``join_deadline``: a machine not joined this long after launch is returned (``never_joined``).
     - ``idle_time``: a joined machine idle this long is returned when demand no longer needs it.
-    - ``max_ttl``: a machine this old is retired at its next idle moment, needed or not (``None`` = never).
+    - ``max_ttl``: a machine this old is retired, needed or not (``None`` = never): at once when idle; a busy one
+      is asked to drain (``planner.drain``: the controller places no new work on it) and returned when it goes
+      idle, or ``drain_timeout`` after the drain was asked, busy or not.
     - ``provisioning_timeout``: an intent still open this long after it was planned (or first seen, after a
       restart) is failed and its machines that have not joined are returned.
     - ``capacity_backoff``: how long an offer stays unavailable after ``capacity_unavailable``.
@@ -164,6 +168,7 @@ class Policy:
     quota_pause: float = 900.0
     unhealthy_base: float = 30.0
     unhealthy_max: float = 1800.0
+    drain_timeout: float = 3600.0
     step_limit: int = 100
     step_interval: float = 60.0
     provider_caps: Mapping[str, int] = attrs.field(factory=dict)
@@ -215,6 +220,7 @@ class Policy:
             quota_pause=self.quota_pause,
             unhealthy_base=self.unhealthy_base,
             unhealthy_max=self.unhealthy_max,
+            drain_timeout=self.drain_timeout,
         )
         capped = {p: attrs.evolve(default, max_machines=cap) for p, cap in self.provider_caps.items()}
         everyone = (default, *self.providers.values())
