@@ -24,12 +24,13 @@ earlier). A controller that ignores the drain keeps placing work: the machine st
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 
 import attrs
 
 from provisionerd.domain.model import HostState, HostStatus
 from provisionerd.planner.fact_view import MachineRecord
+from provisionerd.planner.host_table import HostTable
 from provisionerd.planner.policy import Policy
 
 #: ``DrainRequested.reason`` for a machine past its ``max_ttl``.
@@ -74,11 +75,24 @@ def aged(
     deadline (a ``max_ttl`` or a drain timeout). ``skip``: machines in flight (returning, lost). A host the
     controller calls LOST is left to the orphan classifier's ghost rule.
 
-    Cost: one pass over the active machines (only called when some provider has a ``max_ttl``)."""
+    Cost (only called when some provider has a ``max_ttl``): with ``hosts`` the view's own ``HostTable``, the
+    machines launched before the shortest ``max_ttl`` (its launch-time heap) and those of unknown launch time;
+    any other mapping, one pass over every active machine."""
     found = Aged()
     busy, lost = HostStatus.BUSY, HostStatus.LOST
     ttls: dict[str, float | None] = {}
-    for ref, machine in active_refs.items():
+    table = hosts.indexes(active_refs) if isinstance(hosts, HostTable) else None
+    candidates: Iterable[MachineRecord] = active_refs.values()
+    if table is not None:
+        # A second of slack so float rounding never hides a machine; the test below, with its own provider's
+        # max_ttl, decides. The machines not read are due no sooner than the earliest of them plus the shortest.
+        cutoff = now - policy.min_max_ttl + 1.0
+        candidates = (*table.active_launched_by(cutoff), *table.active_unknown_launch())
+        earliest = table.earliest_active_launch_after(cutoff)
+        if earliest is not None:
+            found.due(earliest + policy.min_max_ttl, now)
+    for machine in candidates:
+        ref = machine.instance_ref
         host = hosts.get(ref)
         if host is None or host.status is lost or machine.machine_id in skip:
             continue

@@ -184,8 +184,10 @@ class Policy:
     #: The shortest join deadline of any provider (the default's included): the planner reads not-joined machines
     #: launched before ``now - min_join_deadline`` and checks each against its own provider's deadline.
     min_join_deadline: float = attrs.field(init=False, eq=False, repr=False)
-    #: Whether any provider has a ``max_ttl`` (else the planner skips that pass).
+    #: Whether any provider has a ``max_ttl`` (else the planner skips that pass), and the shortest one (``inf``:
+    #: none): the drain pass reads only machines launched before ``now - min_max_ttl`` (``planner.drain``).
     any_max_ttl: bool = attrs.field(init=False, eq=False, repr=False)
+    min_max_ttl: float = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         problems = []
@@ -227,7 +229,9 @@ class Policy:
         object.__setattr__(self, "_default", default)
         object.__setattr__(self, "_capped", capped)
         object.__setattr__(self, "min_join_deadline", min(p.join_deadline for p in everyone))
-        object.__setattr__(self, "any_max_ttl", any(p.max_ttl is not None for p in everyone))
+        ttls = [p.max_ttl for p in everyone if p.max_ttl is not None]
+        object.__setattr__(self, "any_max_ttl", bool(ttls))
+        object.__setattr__(self, "min_max_ttl", min(ttls, default=math.inf))
 
     def of(self, provider: str) -> ProviderPolicy:
         """The knobs in force for ``provider``'s machines, intents and offers."""

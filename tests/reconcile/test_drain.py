@@ -155,3 +155,21 @@ def test_each_provider_has_its_own_drain_timeout():
         ((a,), "drain_timeout")
     ]
     assert result.wake_at is not None and result.wake_at <= start + TTL + 900.0 + PLAN_SLACK
+
+
+def test_the_plan_wakes_at_the_next_max_ttl_and_reads_only_machines_past_the_shortest():
+    w, (a,), start = aged_busy()
+    w.now = start + TTL - 10.0
+    early = w.plan(snapshot(1, item("d", 1)))
+    assert early.actions == () and early.wake_at == start + TTL
+    # The same world through a plain dict of hosts (one pass over every machine) plans the same.
+    plain = dict(w.hosts)
+    w.now = start + TTL
+    again = plan_with(w, plain)
+    assert again.actions == (DrainMachines("c1:p:i0:1", "p", (a,), "max_ttl", start + TTL),)
+
+
+def plan_with(w, hosts):
+    from provisionerd.planner.plan import plan
+
+    return plan(w.state, snapshot(1, item("d", 1)), w.view, w.offers, hosts, w.now, w.policy)
