@@ -162,7 +162,8 @@ struct OrphanAdopted {
 
 struct DrainRequested {
   # The daemon asks the controller to place no new work on these machines (past maxTtl, docs/operations.md);
-  # it returns each when idle, or at `at` + drainTimeout busy or not. Live while a machine it names is.
+  # it returns each when idle, or at `at` + its drain_timeout, busy or not. Live while a machine it names is.
+  # Sent only to a controller whose JoinReply said `drains`.
   machineIds @0 :List(Text);
   reason @1 :Text;                # "max_ttl"
   at @2 :Float64;                 # epoch seconds when the drain was asked: the drain timeout counts from here
@@ -215,6 +216,8 @@ struct JoinReply {
                                   # was spent (a secret: never log it); the worker presents it in Join.token on
                                   # every later join. "" when the join already presented it (§4 "Worker credential")
   instanceRef @10 :Text;          # accepted address-bound joins: the instance the claimed machine was paired with
+  drains @11 :Bool;               # accepted replies: this controller knows Fact.drainRequested and HostState.draining
+                                  # (false from older controllers: a provisioner sends them no drainRequested)
 }
 
 struct Heartbeat {
