@@ -102,6 +102,7 @@ struct Fact {
     lost @8 :Lost;
     orphanReported @9 :OrphanReported;
     orphanAdopted @10 :OrphanAdopted;
+    drainRequested @11 :DrainRequested;
   }
 }
 
@@ -159,6 +160,15 @@ struct OrphanAdopted {
   address @3 :Text;
 }
 
+struct DrainRequested {
+  # The daemon asks the controller to place no new work on these machines (past maxTtl, docs/operations.md);
+  # it returns each when idle, or at `at` + its drain_timeout, busy or not. Live while a machine it names is.
+  # Sent only to a controller whose JoinReply said `drains`.
+  machineIds @0 :List(Text);
+  reason @1 :Text;                # "max_ttl"
+  at @2 :Float64;                 # epoch seconds when the drain was asked: the drain timeout counts from here
+}
+
 struct CommittedFact {
   index @0 :UInt64;               # position in the controller's log, strictly increasing
   fact @1 :Fact;
@@ -172,6 +182,8 @@ struct HostState {
   since @4 :Float64;              # epoch seconds
   hostname @5 :Text;
   address @6 :Text;
+  draining @7 :Bool;              # a DrainRequested fact names this host's machine: the controller places no
+                                  # new work on it (false from older controllers)
 }
 
 # --- session ---------------------------------------------------------------------------------------------------
@@ -204,6 +216,8 @@ struct JoinReply {
                                   # was spent (a secret: never log it); the worker presents it in Join.token on
                                   # every later join. "" when the join already presented it (§4 "Worker credential")
   instanceRef @10 :Text;          # accepted address-bound joins: the instance the claimed machine was paired with
+  drains @11 :Bool;               # accepted replies: this controller knows Fact.drainRequested and HostState.draining
+                                  # (false from older controllers: a provisioner sends them no drainRequested)
 }
 
 struct Heartbeat {

@@ -29,6 +29,7 @@ from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
     DemandSnapshot,
+    DrainRequested,
     Epoch,
     Fact,
     HostState,
@@ -222,8 +223,15 @@ class Cluster:
             return self._storage_failed(f"{type(fact).__name__} {fact.op_id!r}", exc)
         if isinstance(fact, InstanceFact):
             host = self.hosts.identify(fact.instance_ref, fact.machine_id, fact.hostname, fact.address)
+            if host is not None and self.store.draining(fact.provider, fact.machine_id):
+                host = self.hosts.drain(fact.instance_ref) or host
             if host is not None and self.on_host_change is not None:
                 self.on_host_change(host)
+        elif isinstance(fact, DrainRequested):  # no new work on them from now on (workers.HostTable.placeable)
+            for ref in self.hosts.by_machine(fact.provider, fact.machine_ids):
+                drained = self.hosts.drain(ref)
+                if drained is not None and self.on_host_change is not None:
+                    self.on_host_change(drained)
         if self.store.ended_refs:  # their lifecycles ended: history now, their hosts are not state any more
             self.hosts.drop(self.store.ended_refs)
         return committed
@@ -276,8 +284,14 @@ class Cluster:
         except StoreFailure as exc:
             return self._storage_failed(f"token use of {instance_ref!r}", exc)
         if isinstance(admitted, HostState):
-            self.hosts.add(admitted)
+            admitted = self.hosts.add(self._drained_if_asked(admitted))
         return admitted
+
+    def _drained_if_asked(self, host: HostState) -> HostState:
+        """A host rejoining (after a restart of this controller, say) stays draining if the facts say so."""
+        if self.store.draining(host.provider, host.machine_id):
+            return attrs.evolve(host, draining=True)
+        return host
 
     def admit_by_address(
         self,
@@ -296,7 +310,7 @@ class Cluster:
         except StoreFailure as exc:
             return self._storage_failed(f"address-bound join of {join[0]!r}", exc)
         if isinstance(admitted, HostState):
-            self.hosts.add(admitted)
+            admitted = self.hosts.add(self._drained_if_asked(admitted))
         return admitted
 
     def worker_status(self, instance_ref: str, status: HostStatus, wall: float) -> HostState | None:
@@ -373,4 +387,6 @@ class Cluster:
             },
             "storage_failures": self.storage_failures,
             "hosts": [unstructure(host, HostState) for host in self.hosts.all()],
+            #: Where new work may go: not draining, not busy, not lost (``workers.HostTable.placeable``).
+            "placeable": [host.instance_ref for host in self.hosts.placeable()],
         }

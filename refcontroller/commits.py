@@ -27,6 +27,7 @@ import attrs
 
 from provisionerd.domain.model import (
     FACT_TYPES,
+    DrainRequested,
     Fact,
     InstanceFact,
     Lost,
@@ -84,7 +85,7 @@ def problems(fact: Fact) -> list[str]:
         case InstanceFact():
             if not _HEX64.fullmatch(fact.token_hash):
                 found.append("token_hash must be a lowercase hex SHA-256 digest")
-        case ReturnIntent() | Returned():
+        case ReturnIntent() | Returned() | DrainRequested():
             if not fact.machine_ids or not all(fact.machine_ids):
                 found.append("machine_ids must be non-empty")
         case OrphanReported():

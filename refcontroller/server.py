@@ -253,6 +253,7 @@ class ControllerServer:
             last_index=cluster.store.last_index(),
             credential=issued,
             instance_ref=paired if join.machine_id else "",
+            drains=True,
         )
         await session.send(accepted, corr)
         return session

@@ -534,6 +534,10 @@ class FactStore:
         """Whether ``instance_ref`` is a machine whose lifecycle ended: it never joins again."""
         return store_lifecycle.ended_instance(self._conn, instance_ref)
 
+    def draining(self, provider: str, machine_id: str) -> bool:
+        """Whether a ``DrainRequested`` fact names the machine: its host takes no new work (``store_lifecycle``)."""
+        return bool(machine_id) and store_lifecycle.draining(self._conn, provider, machine_id)
+
     def all_facts(self) -> Iterator[CommittedFact]:
         for i, body in self._conn.execute("SELECT idx, body FROM facts ORDER BY idx"):
             yield CommittedFact(index=int(i), fact=fact_from_json(body))

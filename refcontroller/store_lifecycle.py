@@ -13,7 +13,8 @@ ended its lifecycle. The facts live *as of* log index ``L`` are those with ``idx
   reported as many machines as it asked for; an adoption op is closed at once. An origin op **ends** when it is
   closed and every machine it brought is gone (a failed intent with no machine ends with its ``RequestFailed``).
   With it end its facts and, for each of its machines, the ``Lost`` and ``OrphanReported`` facts about it.
-- a return op (``ReturnIntent``, ``Returned``) ends when every machine it names has an origin that ended.
+- a return op (``ReturnIntent``, ``Returned``) ends when every machine it names has an origin that ended; so does
+  a ``DrainRequested`` (``store.draining`` reads the live ones: the controller places no work on those hosts).
 - an ``OrphanReported`` about a machine that has no origin stays live (an open finding), and so does anything
   else not covered above.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import sqlite3
 
 from provisionerd.domain.model import (
+    DrainRequested,
     Fact,
     InstanceFact,
     Lost,
@@ -84,7 +86,7 @@ CREATE INDEX IF NOT EXISTS lifecycle_mentions_by_op ON lifecycle_mentions (provi
 FACT_COLUMNS = (("ended_at", "INTEGER NOT NULL DEFAULT 0"),)
 FACT_INDEXES = "CREATE INDEX IF NOT EXISTS facts_live ON facts (provider, ended_at, idx);"
 
-_RETURN_KINDS = ("ReturnIntent", "Returned")
+_RETURN_KINDS = ("ReturnIntent", "Returned", "DrainRequested")
 
 
 def track(conn: sqlite3.Connection, fact: Fact, idx: int) -> list[str]:
@@ -119,13 +121,13 @@ def track(conn: sqlite3.Connection, fact: Fact, idx: int) -> list[str]:
             _member(conn, p, fact.op_id, idx)
             conn.execute("UPDATE lifecycle_ops SET closed = 1 WHERE provider = ? AND origin = ?", (p, fact.op_id))
             return _end_if_done(conn, p, [fact.op_id], idx)
-        case ReturnIntent() | Returned():
+        case ReturnIntent() | Returned() | DrainRequested():
             kind = type(fact).__name__
             conn.executemany(
                 "INSERT INTO lifecycle_mentions (provider, machine_id, kind, op_id, idx) VALUES (?, ?, ?, ?, ?)",
                 [(p, m, kind, fact.op_id, idx) for m in fact.machine_ids],
             )
-            ended = [] if isinstance(fact, ReturnIntent) else _gone(conn, p, fact.machine_ids, idx)
+            ended = _gone(conn, p, fact.machine_ids, idx) if isinstance(fact, Returned) else []
             _end_returns(conn, p, [fact.op_id], idx)  # at once when every machine it names ended already
             return ended
         case Lost() | OrphanReported():
@@ -251,16 +253,25 @@ def _end_returns(conn: sqlite3.Connection, p: str, op_ids: list[str], idx: int) 
             "SELECT count(*) FROM lifecycle_mentions r LEFT JOIN lifecycle_machines m"
             " ON m.provider = r.provider AND m.machine_id = r.machine_id LEFT JOIN lifecycle_ops o"
             " ON o.provider = m.provider AND o.origin = m.origin"
-            " WHERE r.provider = ? AND r.op_id = ? AND r.kind IN ('ReturnIntent', 'Returned')"
+            " WHERE r.provider = ? AND r.op_id = ? AND r.kind IN ('ReturnIntent', 'Returned', 'DrainRequested')"
             " AND (o.ended_at IS NULL OR o.ended_at = 0)",
             (p, op_id),
         ).fetchone()[0]
         if open_machines == 0:
             conn.execute(
                 "UPDATE facts SET ended_at = ? WHERE ended_at = 0 AND idx IN (SELECT idx FROM lifecycle_mentions"
-                " WHERE provider = ? AND op_id = ? AND kind IN ('ReturnIntent', 'Returned'))",
+                " WHERE provider = ? AND op_id = ? AND kind IN ('ReturnIntent', 'Returned', 'DrainRequested'))",
                 (idx, p, op_id),
             )
+
+
+def draining(conn: sqlite3.Connection, provider: str, machine_id: str) -> bool:
+    """Whether a ``DrainRequested`` fact names ``machine_id`` (its lifecycle lives: the host takes no new work)."""
+    row = conn.execute(
+        "SELECT 1 FROM lifecycle_mentions WHERE provider = ? AND machine_id = ? AND kind = 'DrainRequested' LIMIT 1",
+        (provider, machine_id),
+    ).fetchone()
+    return row is not None
 
 
 def ended_instance(conn: sqlite3.Connection, instance_ref: str) -> bool:

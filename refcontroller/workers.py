@@ -22,8 +22,11 @@ gave up (``lost``: its connection gone for the heartbeat timeout) has its creden
 
 **Host states.** ``joined`` at admission, then ``idle``/``busy`` as the worker reports, and ``lost`` when its
 connection has been gone for the heartbeat timeout (the server decides when; this table only records). ``since``
-is the wall-clock time the host entered its status. The table is kept in memory, shared by all replicas of the
-process (like the worker join facts of the real controller); a lost host stays ``lost``.
+is the wall-clock time the host entered its status. ``draining`` (any status) once a ``DrainRequested`` fact names
+its machine: work is placed only on :meth:`HostTable.placeable` hosts (joined or idle, not draining), so a
+draining host finishes what it runs and gets nothing new; the daemon returns it when idle or at its drain timeout.
+The table is kept in memory, shared by all replicas of the process (like the worker join facts of the real
+controller); a lost host stays ``lost``, and a rejoining one is draining again if the facts say so.
 """
 
 from __future__ import annotations
@@ -175,6 +178,10 @@ def revoke_lost(store: FactStore, instance_ref: str, wall_now: float) -> bool:
     return revoked
 
 
+def _ref(host: HostState) -> str:
+    return host.instance_ref
+
+
 @attrs.define(eq=False)
 class HostTable:
     """``instance_ref -> HostState``. Every change returns the new state (or ``None`` if nothing changed)."""
@@ -196,6 +203,25 @@ class HostTable:
         changed = attrs.evolve(host, status=status, since=wall_now)
         self._hosts[instance_ref] = changed
         return changed
+
+    def drain(self, instance_ref: str) -> HostState | None:
+        """Mark a known, not-lost host draining (no new work is placed on it); ``None`` if unknown, lost or already."""
+        host = self._hosts.get(instance_ref)
+        if host is None or host.draining or host.status is HostStatus.LOST:
+            return None
+        changed = attrs.evolve(host, draining=True)
+        self._hosts[instance_ref] = changed
+        return changed
+
+    def by_machine(self, provider: str, machine_ids: Collection[str]) -> list[str]:
+        """The instance refs of the hosts of ``provider``'s ``machine_ids`` (one pass over the table)."""
+        wanted = set(machine_ids)
+        return [ref for ref, h in self._hosts.items() if h.provider == provider and h.machine_id in wanted]
+
+    def placeable(self) -> list[HostState]:
+        """The hosts new work may be placed on: joined or idle, and not draining (by instance_ref)."""
+        free = (HostStatus.JOINED, HostStatus.IDLE)
+        return sorted((h for h in self._hosts.values() if h.status in free and not h.draining), key=_ref)
 
     def identify(self, instance_ref: str, machine_id: str, hostname: str, address: str) -> HostState | None:
         """Fill in what an instance fact committed after the worker joined says about its host (a worker that

@@ -24,6 +24,7 @@ from pathlib import Path
 from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
+    DrainRequested,
     Epoch,
     HostState,
     HostStatus,
@@ -63,6 +64,7 @@ FACTS = {
     "lost": Lost("aws", E, "op-4", "m-2", "vanished"),
     "orphanReported": OrphanReported("aws", E, "op-5", "m-3", "tagged_unknown", '{"age_s": 900}'),
     "orphanAdopted": OrphanAdopted("aws", E, "op-6", "m-3", "i-3", "node-3", "10.0.0.3"),
+    "drainRequested": DrainRequested("aws", E, "op-7", ("m-1",), "max_ttl", 1700003600.5),
 }
 
 #: file stem -> (corr, message). One per Frame.body member; factCommit once per fact kind.

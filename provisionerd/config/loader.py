@@ -205,6 +205,9 @@ class ProviderConfig:
     disruption_budget: int | None = None
     disruption_budget_percent: float | None = None
     disruption_interval: float = 60.0
+    #: A busy machine past ``max_ttl`` is asked to drain and returned when idle, or this long after the ask busy or
+    #: not (``provisionerd.planner.drain``; docs/operations.md).
+    drain_timeout: float = 3600.0
 
     @property
     def command(self) -> tuple[str, ...]:

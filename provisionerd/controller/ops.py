@@ -6,13 +6,15 @@ kind is a protocol violation: the link is broken (the session rejoins) and the c
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
 from provisionerd.controller.lease import LeaseGranted, LeaseRefused, LeaseReply
 from provisionerd.controller.session import ControllerSession
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.errors import ControllerRejected, LinkDown
-from provisionerd.domain.model import CommittedFact, Epoch, Fact
+from provisionerd.domain.model import CommittedFact, DrainRequested, Epoch, Fact
 from provisionerd.wire.messages import (
     Ack,
     FactAck,
@@ -25,10 +27,14 @@ from provisionerd.wire.messages import (
     Message,
 )
 
+log = logging.getLogger(__name__)
+
 
 class ControllerOps:
     def __init__(self, session: ControllerSession) -> None:
         self._session = session
+        #: ``DrainRequested`` facts not sent to a controller that does not know them.
+        self.drains_refused = 0
 
     async def wait_ready(self) -> None:
         await self._session.wait_ready()
@@ -66,10 +72,18 @@ class ControllerOps:
             raise self._unexpected(reply, "Ack")
 
     async def commit(self, fact: Fact) -> int:
-        """Commit ``fact``; its index once the primary acknowledged it. Waits (bounded) for a resynced link."""
+        """Commit ``fact``; its index once the primary acknowledged it. Waits (bounded) for a resynced link.
+
+        A ``DrainRequested`` is refused here (``ControllerRejected("invalid")``, nothing sent) when the controller
+        did not announce ``JoinReply.drains``: an older one could not decode it and would close the link. The drain
+        then lives in the daemon alone (``planner.drain``: the machine still goes at its drain timeout)."""
         if self._session.state is not LinkState.UP:
             with trio.move_on_after(self._session.settings.request_timeout):
                 await self._session.wait_ready()
+        if isinstance(fact, DrainRequested) and not self._session.controller_drains:
+            self.drains_refused += 1
+            log.info("DrainRequested %s not sent: the controller does not know it (older than drains)", fact.op_id)
+            raise ControllerRejected("invalid", "the controller does not know DrainRequested (JoinReply.drains)")
         reply = await self._session.request(FactCommit(fact))
         if not isinstance(reply, FactAck):
             raise self._unexpected(reply, "FactAck")

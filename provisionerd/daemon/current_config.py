@@ -54,6 +54,7 @@ LIVE_PROVIDER_FIELDS = frozenset(
         "disruption_budget",
         "disruption_budget_percent",
         "disruption_interval",
+        "drain_timeout",
         "capacity_backoff",
         "quota_pause",
         "unhealthy_backoff",
@@ -82,6 +83,7 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
         disruption_budget=provider.disruption_budget,
         disruption_budget_percent=provider.disruption_budget_percent,
         disruption_interval=provider.disruption_interval,
+        drain_timeout=provider.drain_timeout,
     )
 
 

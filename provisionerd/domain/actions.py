@@ -34,7 +34,8 @@ class RequestMachines:
 class ReturnMachines:
     """Commit a ``ReturnIntent(op_id, machine_ids, reason)``, then ``requestReturnMachines``.
 
-    ``reason`` is one of ``idle``, ``never_joined``, ``max_ttl``, ``provisioning_timeout``.
+    ``reason`` is one of ``idle``, ``never_joined``, ``max_ttl``, ``drained``, ``drain_timeout``, ``released``,
+    ``provisioning_timeout``.
     """
 
     op_id: str
@@ -62,7 +63,19 @@ class FailRequest:
     reason: str
 
 
-Action = RequestMachines | ReturnMachines | MarkLost | FailRequest
+@attrs.frozen
+class DrainMachines:
+    """Commit a ``DrainRequested(op_id, machine_ids, reason, at)`` fact; no provider call (the controller stops
+    placing work on the machines; ``planner.drain`` returns them when idle or ``drain_timeout`` after ``at``)."""
+
+    op_id: str
+    provider: str
+    machine_ids: tuple[str, ...]
+    reason: str
+    at: float
+
+
+Action = RequestMachines | ReturnMachines | MarkLost | FailRequest | DrainMachines
 
 
 @attrs.frozen

@@ -239,7 +239,31 @@ class OrphanAdopted:
     address: str = ""
 
 
-Fact = RequestIntent | InstanceFact | RequestFailed | ReturnIntent | Returned | Lost | OrphanReported | OrphanAdopted
+@attrs.frozen
+class DrainRequested:
+    """Asks the controller to place no new work on ``machine_ids`` (past ``max_ttl``: ``planner.drain``); each is
+    returned when idle, or ``drain_timeout`` after ``at`` (wall epoch seconds) busy or not. The fact is what makes
+    the drain outlive a restart of the daemon."""
+
+    provider: str
+    epoch: Epoch
+    op_id: str
+    machine_ids: tuple[str, ...]
+    reason: str
+    at: float
+
+
+Fact = (
+    RequestIntent
+    | InstanceFact
+    | RequestFailed
+    | ReturnIntent
+    | Returned
+    | Lost
+    | OrphanReported
+    | OrphanAdopted
+    | DrainRequested
+)
 FACT_TYPES: tuple[type, ...] = (
     RequestIntent,
     InstanceFact,
@@ -249,6 +273,7 @@ FACT_TYPES: tuple[type, ...] = (
     Lost,
     OrphanReported,
     OrphanAdopted,
+    DrainRequested,
 )
 
 
@@ -272,7 +297,8 @@ class HostStatus(enum.Enum):
 
 @attrs.frozen
 class HostState:
-    """What the controller knows of a worker host. ``since`` is when it entered ``status`` (epoch seconds)."""
+    """What the controller knows of a worker host. ``since`` is when it entered ``status`` (epoch seconds).
+    ``draining``: a ``DrainRequested`` fact names the machine, so the controller places no new work on it."""
 
     instance_ref: str
     provider: str
@@ -281,6 +307,7 @@ class HostState:
     since: float
     hostname: str = ""
     address: str = ""
+    draining: bool = False
 
 
 # --- what a provider reports -----------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ claim just before it calls the executor, which claims again for the call. At mos
 recoveries) run at once (the loop's ``CapacityLimiter``).
 
 Requests and returns go to the executor (one whose provider turned unhealthy while it waited for the limiter is
-dropped before the executor sees it: no token, no intent); ``FailRequest`` and ``MarkLost`` are facts committed
-here (``RequestFailed`` after the op's listing has been attributed, ``Lost``). A fact the gate refuses hands the action
-back, and a refusal that means the controller takes no intents for now also backs the planner off
-(``observations.gate_refusal_observation``).
+dropped before the executor sees it: no token, no intent); ``FailRequest``, ``MarkLost`` and ``DrainMachines`` are
+facts committed here (``RequestFailed`` after the op's listing has been attributed, ``Lost``, ``DrainRequested``). A
+fact the gate refuses hands the action back, and a refusal that means the controller takes no intents for now also
+backs the planner off (``observations.gate_refusal_observation``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import trio
 
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.actions import Action, FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.domain.model import NO_EPOCH, Fact, Lost, RequestFailed
+from provisionerd.domain.actions import Action, DrainMachines, FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.domain.model import NO_EPOCH, DrainRequested, Fact, Lost, RequestFailed
 from provisionerd.execution.executor import GATE_ERRORS, Executor
 from provisionerd.execution.loop_inputs import Spawn
 from provisionerd.execution.observations import gate_refusal_observation
@@ -53,6 +53,8 @@ def action_fields(action: Action) -> dict[str, Any]:
             return {"kind": "lost", "machine": action.machine_id, "reason": action.reason}
         case FailRequest():
             return {"kind": "fail", "reason": action.reason}
+        case DrainMachines():
+            return {"kind": "drain", "machines": list(action.machine_ids), "reason": action.reason}
     return {"kind": type(action).__name__}
 
 
@@ -151,6 +153,11 @@ class Dispatcher:
                     outcome = await self._commit(
                         action, Lost(action.provider, NO_EPOCH, action.op_id, action.machine_id, action.reason)
                     )
+                case DrainMachines():
+                    fact = DrainRequested(
+                        action.provider, NO_EPOCH, action.op_id, action.machine_ids, action.reason, action.at
+                    )
+                    outcome = await self._commit(action, fact)
         self._outcomes.record(outcome)
 
     async def _attribute(self, op_id: str) -> None:

@@ -4,9 +4,9 @@ Pure. Two sources, both cheap at 100,000 machines:
 
 - what the last plan found on its own pass (``Plan.wake_at``): the next idle machine reaching its provider's
   ``idle_time`` (only the idle machines demand does not need are read, as the plan reads them anyway), the next
-  join deadline (the earliest not-joined launch is the top of ``HostTable``'s heap), the next ``max_ttl`` (read only
-  when a provider has one), the next provisioning timeout (one per open intent), and the step window freeing room
-  when the step held demand back;
+  join deadline (the earliest not-joined launch is the top of ``HostTable``'s heap), the next ``max_ttl`` and the
+  next drain timeout (``planner.drain``; read only when a provider has a ``max_ttl``), the next provisioning
+  timeout (one per open intent), and the step window freeing room when the step held demand back;
 - the back-off windows in the planner state: a throttle, an offer out of capacity, an unhealthy provider's next
   probe, the controller's intent refusals (a handful of entries per provider).
 

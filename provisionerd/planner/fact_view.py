@@ -25,6 +25,7 @@ from provisionerd.domain.model import (
     NO_EPOCH,
     NO_QUOTE,
     CommittedFact,
+    DrainRequested,
     Epoch,
     InstanceFact,
     Lost,
@@ -67,6 +68,7 @@ class MachineRecord:
     demand_id: str = ""  # the demand item its intent served ("" for adopted machines)
     price: PriceQuote = NO_QUOTE  # the quote it was chosen at (InstanceFact.price; planner.cost)
     ended_at: float = 0.0  # wall seconds its return was confirmed (Returned.at; 0 = live or unknown)
+    drain_since: float = 0.0  # wall seconds its drain was asked (the first DrainRequested.at; 0 = not draining)
 
 
 @attrs.define
@@ -232,6 +234,11 @@ class FactView:
                         )
                     )
                 self.reported_orphans.pop(fact.machine_id, None)
+            case DrainRequested():  # planner.drain: the first drain of a live machine counts
+                for machine_id in fact.machine_ids:
+                    machine = self.machines.get(machine_id)
+                    if machine is not None and machine.state.live and not machine.drain_since > 0:
+                        machine.drain_since = fact.at
 
     def _add_instance(self, fact: InstanceFact) -> None:
         if fact.machine_id in self.machines:

@@ -90,8 +90,14 @@ class HostTable(MutableMapping[str, HostState]):
         self._deadlines: list[tuple[float, str, str]] = []
         self._stale = 0
         self._available: dict[str, dict[str, Placed]] = {}
+        # Every active machine by launch time, joined or not (``planner.drain``: only those past the shortest
+        # ``max_ttl`` are read), kept the same way: stale entries dropped when read, rebuilt when they outnumber.
+        self._aging: list[tuple[float, str, str]] = []
+        self._aging_stale = 0
+        self._aging_unknown: dict[str, MachineRecord] = {}
         for machine in active_refs.values():
             self._unjoin(machine)
+            self._age(machine)
 
     def indexes(self, active_refs: Mapping[str, MachineRecord]) -> HostTable | None:
         """This table as the join index if it is joined against ``active_refs`` (the same dict), else ``None``."""
@@ -196,6 +202,7 @@ class HostTable(MutableMapping[str, HostState]):
 
     def machine_added(self, machine: MachineRecord) -> None:
         """``machine`` became ``active_refs[machine.instance_ref]``."""
+        self._age(machine)
         host = self._hosts.get(machine.instance_ref)
         if host is None:
             self._unjoin(machine)
@@ -206,6 +213,64 @@ class HostTable(MutableMapping[str, HostState]):
         """``machine`` is no longer ``active_refs[machine.instance_ref]`` (it left ACTIVE)."""
         self._join(machine)
         self._unplace(machine.instance_ref, machine)
+        if self._aging_unknown.pop(machine.instance_ref, None) is None and machine.launch_time > 0:
+            self._aging_stale += 1
+
+    # --- every active machine by launch time (planner.drain) -------------------------------------------------------
+
+    def _age(self, machine: MachineRecord) -> None:
+        if machine.launch_time > 0:
+            heapq.heappush(self._aging, (machine.launch_time, machine.instance_ref, machine.machine_id))
+        else:
+            self._aging_unknown[machine.instance_ref] = machine
+
+    def _aging_live(self, ref: str, machine_id: str) -> MachineRecord | None:
+        machine = self._active.get(ref)
+        return machine if machine is not None and machine.machine_id == machine_id else None
+
+    def active_launched_by(self, cutoff: float) -> list[MachineRecord]:
+        """Active machines (joined or not) whose known launch time is at most ``cutoff``: pops the heap up to it
+        and pushes the live entries back (O(k log n) for the k returned; the content never changes)."""
+        heap = self._aging
+        if self._aging_stale > len(heap) // 2 + 64:
+            live = self._active.items()
+            self._aging = heap = [(m.launch_time, r, m.machine_id) for r, m in live if m.launch_time > 0]
+            heapq.heapify(heap)
+            self._aging_stale = 0
+        found: dict[str, MachineRecord] = {}
+        while heap and heap[0][0] <= cutoff:
+            _, ref, machine_id = heapq.heappop(heap)
+            machine = self._aging_live(ref, machine_id)
+            if machine is not None and ref not in found:
+                found[ref] = machine
+            else:
+                self._aging_stale -= 1
+        for ref, machine in found.items():
+            heapq.heappush(heap, (machine.launch_time, ref, machine.machine_id))
+        return list(found.values())
+
+    def active_unknown_launch(self) -> list[MachineRecord]:
+        """Active machines whose launch time is unknown (counted from first seen: read every pass)."""
+        return list(self._aging_unknown.values())
+
+    def earliest_active_launch_after(self, cutoff: float) -> float | None:
+        """The earliest known launch time after ``cutoff`` of an active machine (``None``: none)."""
+        heap = self._aging
+        held: list[tuple[float, str, str]] = []
+        found: float | None = None
+        while heap:
+            launch, ref, machine_id = heap[0]
+            if self._aging_live(ref, machine_id) is None:
+                heapq.heappop(heap)
+                self._aging_stale -= 1
+            elif launch <= cutoff:
+                held.append(heapq.heappop(heap))
+            else:
+                found = launch
+                break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        return found
 
     def _unjoin(self, machine: MachineRecord) -> None:
         ref = machine.instance_ref

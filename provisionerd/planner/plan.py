@@ -22,15 +22,17 @@ Rules
   flight, so they hold even before the facts of this plan's actions land.
 - Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
   join deadline, and idle machines past ``max_ttl`` are returned; idle machines an item does not need (and no
-  other item reuses) are returned once idle for ``idle_time``, longest idle first. A busy machine is never
-  returned. Returns wait while their provider is throttled or unhealthy (but not for ``quota_exceeded``).
+  other item reuses) are returned once idle for ``idle_time``, longest idle first. A busy machine past ``max_ttl``
+  is asked to drain (``DrainMachines``) and returned when idle or at its ``drain_timeout``
+  (:mod:`provisionerd.planner.drain`); no other busy machine is ever returned. Returns wait while their provider
+  is throttled or unhealthy (but not for ``quota_exceeded``).
 - Every action planned is remembered in the state until the facts show it (or the driver reports it dropped),
   so replaying the same snapshot against the same view plans nothing new. Committing the planned facts changes
   nothing either, except that a committed ``RequestFailed`` or ``Lost`` frees what the plan held for it.
 - Every deadline, back-off, cap and step limit is the machine's, intent's or offer's own provider's
   (``policy.of(provider)``, :class:`provisionerd.planner.policy.ProviderPolicy`).
-- Action order: ``FailRequest``, ``MarkLost``, ``ReturnMachines`` (per provider, by reason, batched), then
-  ``RequestMachines`` (retire before acquiring).
+- Action order: ``FailRequest``, ``MarkLost``, ``ReturnMachines`` (per provider, by reason, batched),
+  ``DrainMachines``, then ``RequestMachines`` (retire before acquiring).
 
 op_id scheme: ``"<cluster>:<provider>:<incarnation>:<n>"`` with ``n`` the state's op counter, which only grows.
 ``incarnation`` differs per process start (see :class:`provisionerd.planner.state.PlannerState`); any candidate
@@ -46,12 +48,21 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
+from provisionerd.domain.actions import (
+    Action,
+    DrainMachines,
+    FailRequest,
+    MarkLost,
+    Note,
+    RequestMachines,
+    ReturnMachines,
+)
 from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
 from provisionerd.planner import budget
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
+from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, DRAINED
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
@@ -64,7 +75,7 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 
 #: Order in which retire reasons are emitted (and a machine's single reason, see
 #: :func:`provisionerd.planner.supply.tally`).
-RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", RELEASED, "idle")
+RETIRE_REASONS = ("provisioning_timeout", "never_joined", DRAIN_TIMEOUT, "max_ttl", DRAINED, RELEASED, "idle")
 
 
 @attrs.frozen
@@ -238,6 +249,7 @@ def _emit(
             op_id = ops.new(provider)
             actions.append(ReturnMachines(op_id, provider, batch, reason))
             pending_returns.update(dict.fromkeys(batch, op_id))
+    drain_seen = _drains(state, view, counts, ops, actions, (rooms, spent, live), now, policy, notes)
     pending_requests = dict(state.pending_requests)
     step_used: dict[str, int] = {}
     asked: dict[str, list[str]] = {provider: [] for provider in sorted(planner.saturated)}
@@ -271,6 +283,7 @@ def _emit(
         ramps=ramps,
         capacity=state.capacity.pruned(now),
         disruptions=budget.recorded(state.disruptions, spent, now, policy) if state.disruptions or spent else (),
+        drain_seen=drain_seen,
     )
     if step_log and (planner.saturated or planner.step_room <= 0):  # room comes back as the window slides
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
@@ -310,6 +323,39 @@ def _budgeted(
         if again is not None:
             counts.due(again, now)
     return allowed
+
+
+def _drains(
+    state: PlannerState,
+    view: FactView,
+    counts: Tally,
+    ops: _OpIds,
+    actions: list[Action],
+    budgets: tuple[dict[str, int | None], dict[str, int], Mapping[str, int]],
+    now: float,
+    policy: Policy,
+    notes: list[Note],
+) -> Mapping[str, float]:
+    """Ask the busy machines past ``max_ttl`` to drain (``planner.drain``), one ``DrainMachines`` per provider and
+    batch, as far as the disruption budget lets (the ask is the voluntary disruption); ``PlannerState.drain_seen``
+    after it (entries of machines no longer active dropped)."""
+    machines = view.machines
+    seen = state.drain_seen
+    if seen:
+        seen = {m: t for m, t in seen.items() if m in machines and machines[m].state is MachineState.ACTIVE}
+    groups: dict[str, list[str]] = {}
+    for machine in counts.drain:
+        groups.setdefault(machine.provider, []).append(machine.machine_id)
+    for provider, machine_ids in sorted(groups.items()):
+        machine_ids = _budgeted(provider, "drain", machine_ids, *budgets, state, now, policy, counts, notes)
+        machine_ids.sort()
+        if machine_ids:
+            counts.due(now + policy.of(provider).drain_timeout, now)  # returned then, busy or not
+        for start in range(0, len(machine_ids), policy.return_batch):
+            batch = tuple(machine_ids[start : start + policy.return_batch])
+            actions.append(DrainMachines(ops.new(provider), provider, batch, DRAIN_REASON, now))
+            seen = {**seen, **dict.fromkeys(batch, now)}
+    return seen
 
 
 def _prune_reclaimed(

@@ -40,6 +40,7 @@ _DURATIONS = (
     "quota_pause",
     "unhealthy_base",
     "unhealthy_max",
+    "drain_timeout",
 )
 _PROVIDER_KNOBS = (
     *_DURATIONS,
@@ -110,6 +111,7 @@ class ProviderPolicy:
     disruption_budget: int | None = None
     disruption_budget_percent: float | None = None
     disruption_interval: float = 60.0
+    drain_timeout: float = 3600.0
 
     def __attrs_post_init__(self) -> None:
         problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})
@@ -141,7 +143,9 @@ class Policy:
 
     - ``join_deadline``: a machine not joined this long after launch is returned (``never_joined``).
     - ``idle_time``: a joined machine idle this long is returned when demand no longer needs it.
-    - ``max_ttl``: a machine this old is retired at its next idle moment, needed or not (``None`` = never).
+    - ``max_ttl``: a machine this old is retired, needed or not (``None`` = never): at once when idle; a busy one
+      is asked to drain (``planner.drain``: the controller places no new work on it) and returned when it goes
+      idle, or ``drain_timeout`` after the drain was asked, busy or not.
     - ``provisioning_timeout``: an intent still open this long after it was planned (or first seen, after a
       restart) is failed and its machines that have not joined are returned.
     - ``capacity_backoff``: how long an offer stays unavailable after ``capacity_unavailable``.
@@ -164,6 +168,7 @@ class Policy:
     quota_pause: float = 900.0
     unhealthy_base: float = 30.0
     unhealthy_max: float = 1800.0
+    drain_timeout: float = 3600.0
     step_limit: int = 100
     step_interval: float = 60.0
     provider_caps: Mapping[str, int] = attrs.field(factory=dict)
@@ -179,8 +184,10 @@ class Policy:
     #: The shortest join deadline of any provider (the default's included): the planner reads not-joined machines
     #: launched before ``now - min_join_deadline`` and checks each against its own provider's deadline.
     min_join_deadline: float = attrs.field(init=False, eq=False, repr=False)
-    #: Whether any provider has a ``max_ttl`` (else the planner skips that pass).
+    #: Whether any provider has a ``max_ttl`` (else the planner skips that pass), and the shortest one (``inf``:
+    #: none): the drain pass reads only machines launched before ``now - min_max_ttl`` (``planner.drain``).
     any_max_ttl: bool = attrs.field(init=False, eq=False, repr=False)
+    min_max_ttl: float = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         problems = []
@@ -215,13 +222,16 @@ class Policy:
             quota_pause=self.quota_pause,
             unhealthy_base=self.unhealthy_base,
             unhealthy_max=self.unhealthy_max,
+            drain_timeout=self.drain_timeout,
         )
         capped = {p: attrs.evolve(default, max_machines=cap) for p, cap in self.provider_caps.items()}
         everyone = (default, *self.providers.values())
         object.__setattr__(self, "_default", default)
         object.__setattr__(self, "_capped", capped)
         object.__setattr__(self, "min_join_deadline", min(p.join_deadline for p in everyone))
-        object.__setattr__(self, "any_max_ttl", any(p.max_ttl is not None for p in everyone))
+        ttls = [p.max_ttl for p in everyone if p.max_ttl is not None]
+        object.__setattr__(self, "any_max_ttl", bool(ttls))
+        object.__setattr__(self, "min_max_ttl", min(ttls, default=math.inf))
 
     def of(self, provider: str) -> ProviderPolicy:
         """The knobs in force for ``provider``'s machines, intents and offers."""

@@ -104,6 +104,9 @@ class PlannerState:
     ramps: Mapping[str, Ramp] = attrs.field(factory=dict)  # provider -> its adaptive step (planner.ramp)
     #: Voluntary returns within each provider's disruption window (``planner.budget``).
     disruptions: tuple[tuple[float, str, int], ...] = ()
+    #: machine_id -> when this process first asked it to drain (``planner.drain``; until the fact shows it, and
+    #: the only record when the fact never lands). Kept while the machine is active.
+    drain_seen: Mapping[str, float] = attrs.field(factory=dict)
 
     def intents_refused_until(self, now: float) -> float | None:
         """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""

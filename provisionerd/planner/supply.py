@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import attrs
 
 from provisionerd.domain.model import HostState
+from provisionerd.planner import drain
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
 from provisionerd.planner.host_table import join_index
 from provisionerd.planner.offers import OfferKey
@@ -37,6 +38,7 @@ class Tally:
     retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reason, machine) to return
     lost: list[MachineRecord] = attrs.field(factory=list)  # reclaimed by the provider
     fails: list[IntentRecord] = attrs.field(factory=list)  # open intents past the provisioning timeout
+    drain: list[MachineRecord] = attrs.field(factory=list)  # busy past max_ttl, to be asked to drain (planner.drain)
     intent_seen: dict[str, float] = attrs.field(factory=dict)
     machine_seen: dict[str, float] = attrs.field(factory=dict)
     #: The earliest deadline after ``now`` found on the way (a provisioning timeout, a join deadline, a max_ttl):
@@ -96,8 +98,9 @@ def tally(
     """Count supply and find the machines to retire, in precedence order per machine:
 
     reclaimed (lost) > not joined and its intent timed out (``provisioning_timeout``) > not joined past the join
-    deadline (``never_joined``) > joined, idle and older than ``max_ttl`` (``max_ttl``), each deadline the machine's
-    (or intent's) own provider's (``policy.of(provider)``). Every other active
+    deadline (``never_joined``) > joined and older than ``max_ttl`` (idle: ``max_ttl``; busy: drained, see
+    :mod:`provisionerd.planner.drain`), each deadline the machine's (or intent's) own provider's
+    (``policy.of(provider)``). Every other active
     machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
     supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
     ``wanted`` is ``None``: demand unknown).
@@ -171,24 +174,16 @@ def tally(
     givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
     idle = result.idle
     aged: set[str] = set()
-    if policy.any_max_ttl:  # every joined machine not busy may be past its provider's max_ttl, whatever it serves
-        ttls: dict[str, float | None] = {}
-        for by_ref in joins.available.values():
-            for _, machine in by_ref.values():
-                provider = machine.provider
-                if provider in ttls:
-                    max_ttl = ttls[provider]
-                else:
-                    max_ttl = ttls[provider] = policy.of(provider).max_ttl
-                if max_ttl is None or machine.machine_id in skip:
-                    continue
-                launched = launched_at(machine)
-                if now - launched >= max_ttl:
-                    result.retire.append(("max_ttl", machine))
-                    active[machine.demand_id] -= 1
-                    aged.add(machine.machine_id)
-                else:
-                    result.due(launched + max_ttl, now)
+    if policy.any_max_ttl:  # every joined machine may be past its provider's max_ttl (planner.drain), busy or not
+        found = drain.aged(active_refs, hosts, skip, launched_at, state.drain_seen, now, policy)
+        for reason_machine in found.retire:
+            result.retire.append(reason_machine)
+        for machine in (*(m for _, m in found.retire), *found.draining):
+            active[machine.demand_id] -= 1
+            aged.add(machine.machine_id)
+        result.drain = found.drain
+        aged.update(m.machine_id for m in found.drain)  # busy: never idle-listed anyway
+        result.due(found.wake, now)
     for demand_id in givers:
         entries = [
             (host.since, machine.machine_id, machine)

@@ -112,6 +112,8 @@ class JoinReply:
     credential: str = attrs.field(default="", repr=False)
     #: An accepted address-bound join: the instance the claimed machine was paired with.
     instance_ref: str = ""
+    #: The controller knows ``DrainRequested`` facts and ``HostState.draining`` (``False`` from older ones).
+    drains: bool = False
 
 
 @attrs.frozen

@@ -11,11 +11,12 @@ from collections.abc import Iterable, MutableMapping
 
 import attrs
 
-from provisionerd.domain.actions import Action, FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.domain.actions import Action, DrainMachines, FailRequest, MarkLost, RequestMachines, ReturnMachines
 from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
     DemandSnapshot,
+    DrainRequested,
     Epoch,
     Fact,
     HostState,
@@ -131,6 +132,12 @@ class World:
                     self.commit(Lost(action.provider, EPOCH, action.op_id, action.machine_id, action.reason))
                 case FailRequest():
                     self.commit(RequestFailed(action.provider, EPOCH, action.op_id, action.reason))
+                case DrainMachines():
+                    self.commit(
+                        DrainRequested(
+                            action.provider, EPOCH, action.op_id, action.machine_ids, action.reason, action.at
+                        )
+                    )
 
     def fulfil(self, op_id: str, count: int | None = None, *, launch: float | None = None) -> list[str]:
         """The provider created ``count`` (default: all outstanding) machines for ``op_id``: commit their facts."""

@@ -233,4 +233,11 @@ def test_host_table_index_matches_a_recount_as_hosts_and_facts_interleave(data):
             == ids(m for m in unjoined.values() if m.op_id == op)
         )
     assert ids(table.unjoined_unknown_launch()) == ids(built.unjoined_unknown_launch())
+    # The drain pass's index of every active machine by launch time (planner.drain).
+    active = list(view.active_refs.values())
+    for cutoff in (0.0, 100.5, 101.0, 1e9, 100.0, 1e9):
+        assert ids(table.active_launched_by(cutoff)) == ids(m for m in active if 0 < m.launch_time <= cutoff)
+        later = [m.launch_time for m in active if m.launch_time > cutoff]
+        assert table.earliest_active_launch_after(cutoff) == min(later, default=None)
+    assert ids(table.active_unknown_launch()) == ids(m for m in active if not m.launch_time > 0)
     assert FactView().hosts.indexes(view.active_refs) is None  # a table of another view is not used

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, NOW, World, fuzz_settings, item, offer, snapshot, token_hash
 
-from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
+from provisionerd.domain.actions import DrainMachines, FailRequest, MarkLost, RequestMachines, ReturnMachines
 from provisionerd.domain.model import (
     CommittedFact,
     HostState,
@@ -317,15 +317,23 @@ def test_new_op_ids_are_fresh_and_in_flight_until_committed(case):
     for a in result.actions:
         if isinstance(a, FailRequest):
             assert case.view.intents[a.op_id].open
-    # nothing retires a busy machine, or one already on its way out
-    retired = [m for a in result.actions for m in getattr(a, "machine_ids", ())]
+    # nothing retires a busy machine (but at its drain timeout), or one already on its way out; only busy machines
+    # are asked to drain (planner.drain)
+    returns = [a for a in result.actions if isinstance(a, ReturnMachines)]
+    retired = [m for a in returns for m in a.machine_ids]
     assert len(retired) == len(set(retired))
-    for machine_id in retired:
-        machine = case.view.machines[machine_id]
-        assert machine.state is MachineState.ACTIVE
-        host = case.hosts.get(machine.instance_ref)
-        assert host is None or host.status is not HostStatus.BUSY
-        assert machine_id not in case.state.pending_returns
+    for action in returns:
+        for machine_id in action.machine_ids:
+            machine = case.view.machines[machine_id]
+            assert machine.state is MachineState.ACTIVE
+            host = case.hosts.get(machine.instance_ref)
+            assert host is None or host.status is not HostStatus.BUSY or action.reason == "drain_timeout"
+            assert machine_id not in case.state.pending_returns
+    for action in result.actions:
+        if isinstance(action, DrainMachines):
+            for machine_id in action.machine_ids:
+                machine = case.view.machines[machine_id]
+                assert case.hosts[machine.instance_ref].status is HostStatus.BUSY and machine_id not in retired
 
 
 @SETTINGS
@@ -354,6 +362,11 @@ def test_every_deadline_is_the_machines_own_providers(case):
         if isinstance(action, FailRequest):
             seen = case.state.intent_seen.get(action.op_id, case.now)
             assert case.now - seen >= own.provisioning_timeout
+        if isinstance(action, DrainMachines):
+            for machine_id in action.machine_ids:
+                machine = case.view.machines[machine_id]
+                launched = machine.launch_time if machine.launch_time > 0 else case.state.machine_seen.get(machine_id)
+                assert own.max_ttl is not None and launched is not None and case.now - launched >= own.max_ttl
         if not isinstance(action, ReturnMachines):
             continue
         for machine_id in action.machine_ids:

@@ -63,6 +63,7 @@ FACT_STRATEGIES = {
     model.OrphanAdopted: st.builds(
         model.OrphanAdopted, **_head, machine_id=text, instance_ref=text, hostname=text, address=text
     ),
+    model.DrainRequested: st.builds(model.DrainRequested, **_head, machine_ids=texts, reason=text, at=floats),
 }
 facts = st.one_of(*FACT_STRATEGIES.values())
 committed = st.builds(model.CommittedFact, u64, facts)
@@ -75,6 +76,7 @@ hosts = st.builds(
     since=floats,
     hostname=text,
     address=text,
+    draining=st.booleans(),
 )
 
 
