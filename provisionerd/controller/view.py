@@ -28,6 +28,8 @@ from provisionerd.planner.fact_view import FactView, fold
 #: Bounds per snapshot / resync. Far above any real cluster, far below what would exhaust memory.
 MAX_PAGES = 10_000
 MAX_DEMAND_ITEMS = 1_000_000
+#: ``fold_step``'s limit when a caller folds all that is ready at once.
+MAX_FOLD = 1 << 62
 
 
 @attrs.define(eq=False)
@@ -114,6 +116,9 @@ class ResyncCollector:
         self._count: int | None = None
         self._pages: dict[int, tuple[tuple[CommittedFact, ...], tuple[HostState, ...]]] = {}
         self._folded = 0  # pages 0 .. _folded-1 are in ``_view`` (full resync only)
+        #: Page ``_folded`` in log order while it is folded in steps (``fold_step``), and how much of it is in.
+        self._current: list[CommittedFact] | None = None
+        self._offset = 0
         self._view: FactView | None = None
         #: What the first page said (protocol §6.3): every page of one resync says the same.
         self.incremental = False
@@ -127,8 +132,11 @@ class ResyncCollector:
         facts: tuple[CommittedFact, ...],
         hosts: tuple[HostState, ...],
         tail: tuple[bool, int, int] = (False, 0, 0),
+        *,
+        fold: bool = True,
     ) -> bool:
-        """``tail``: the page's ``(incremental, as_of, host_seq)``."""
+        """``tail``: the page's ``(incremental, as_of, host_seq)``. A full resync's pages are folded here as they
+        come in order, unless ``fold`` is False: then the caller folds them in steps (``fold_step``)."""
         if not 1 <= page_count <= MAX_PAGES or not 0 <= page < page_count:
             raise ProtocolError(f"resync page {page} of {page_count} is out of range")
         if self._count is None:
@@ -139,22 +147,39 @@ class ResyncCollector:
         elif tail != (self.incremental, self.as_of, self.host_seq):
             raise ProtocolError("the pages of one resync disagree on incremental, asOf or hostSeq")
         self._pages.setdefault(page, (facts, hosts))
-        if not self.incremental:
+        if not self.incremental and fold:
             self._fold_ready()
         return len(self._pages) == self._count
 
     def _fold_ready(self) -> None:
         """Fold the pages that follow the ones folded already (full resync), and forget their facts."""
+        while self.fold_step(MAX_FOLD):
+            pass
+
+    def fold_step(self, limit: int) -> bool:
+        """Fold at most ``limit`` more facts of the pages ready (a full resync: the pages that follow the ones
+        folded already, in log order), a page's hosts once all its facts are in, and forget what was folded.
+        True while more is ready: a caller that checkpoints between steps holds its loop for ``limit`` facts'
+        folds at a time, whatever the page size."""
         view = self._view
         if view is None:
             view = self._view = FactView(prune=True)  # the daemon's view holds live state only
-        while self._folded in self._pages:
+        left = limit
+        while self._folded in self._pages and left > 0:
             facts, hosts = self._pages[self._folded]
-            fold(sorted(facts, key=lambda f: f.index), view)
-            for host in hosts:
-                view.hosts[host.instance_ref] = host
-            self._pages[self._folded] = ((), ())
-            self._folded += 1
+            if self._current is None:
+                self._current, self._offset = sorted(facts, key=lambda f: f.index), 0
+            chunk = self._current[self._offset : self._offset + left]
+            fold(chunk, view)
+            self._offset += len(chunk)
+            left -= len(chunk)
+            if self._offset >= len(self._current):
+                for host in hosts:
+                    view.hosts[host.instance_ref] = host
+                self._pages[self._folded] = ((), ())
+                self._folded += 1
+                self._current = None
+        return self._folded in self._pages
 
     def _facts(self) -> list[CommittedFact]:
         return sorted((f for fs, _ in self._pages.values() for f in fs), key=lambda f: f.index)
@@ -186,9 +211,10 @@ class ResyncCollector:
     def build(self, generation: int, primary: str, term: int, *, sync_seq: int = 0, version: int = 0) -> ControllerView:
         """The resynced view: facts folded in log order (page by page as they came), hosts keyed by instance_ref in
         the view's host table (which keeps its join index right whichever of a machine and its host comes first)."""
-        if self.incremental or self._view is None:  # an incremental reply answered as full by a caller: fold it now
-            self.incremental = False
-            self._fold_ready()
+        # An incremental reply answered as full by a caller is folded now, and so is what a caller folding in steps
+        # (``fold_step``) left.
+        self.incremental = False
+        self._fold_ready()
         view = self._view
         assert view is not None
         view.mark_synced(self.as_of)

@@ -22,6 +22,7 @@ from provisionerd.domain.model import (
     HostState,
     HostStatus,
     InstanceFact,
+    PriceQuote,
     RequestIntent,
     ResourceShape,
     ReturnIntent,
@@ -148,3 +149,61 @@ def test_the_metered_client_reports_every_call_with_its_outcome(error, outcome):
     assert [(p, a, o) for p, a, o, _ in ended] == [("sim", "getAvailableTemplates", outcome)]
     assert calls.last["sim"].outcome == outcome and calls.last["sim"].at == 1.0
     assert ("sim" in calls.last_ok) is (outcome == "ok")
+
+
+def _priced_view(machines: int, start: float) -> ControllerView:
+    refs = [f"clu/op-1/{i}" for i in range(machines)]
+    price = PriceQuote(0.5, "USD", "hour", "offer", "")
+    facts = [
+        RequestIntent(
+            "sim", Epoch(1, 1), "op-1", "small", machines, tuple(refs), ("a" * 64,) * machines, demand_id="d1"
+        ),
+        *(
+            InstanceFact(
+                "sim",
+                Epoch(1, 1),
+                "op-1",
+                refs[i],
+                f"m{i}",
+                "small",
+                "a" * 64,
+                launch_time=start + 7.0 * i,
+                price=price,
+            )
+            for i in range(machines)
+        ),
+        ReturnIntent("sim", Epoch(1, 1), "ret-1", ("m2",), "idle"),
+    ]
+    view = fold(CommittedFact(i + 1, f) for i, f in enumerate(facts))
+    view.hosts[refs[0]] = HostState(refs[0], "sim", "m0", HostStatus.IDLE, 0.0)
+    return ControllerView(1, "ctl0", 1, view, view.hosts, DemandSnapshot(1, (DemandItem("d1", ResourceShape(), 5),)))
+
+
+@pytest.mark.parametrize("now_offset", [-10.0, 0.0, 15.0, 3600.0, 86400.0 * 400])
+def test_the_spend_curve_equals_the_cost_estimate_at_any_time(now_offset):
+    start = 1.7e9
+    view = _priced_view(40, start)
+    now = start + now_offset
+    assert status_snapshot._Pass(view).spend.at(now) == status_snapshot._spend(view, now)
+
+
+def test_a_status_query_walks_the_view_again_only_when_it_changed():
+    view = _priced_view(6, 100.0)
+    pieces = types.SimpleNamespace(
+        keepers={},
+        policy=Policy(cluster="clu", providers={"sim": ProviderPolicy(join_deadline=60.0)}),
+        session=types.SimpleNamespace(view=view),
+    )
+    snapshot = status_snapshot.StatusSnapshot.__new__(status_snapshot.StatusSnapshot)
+    snapshot.pieces, snapshot._cached, snapshot.passes, snapshot.pass_seconds = pieces, None, 0, 0.0  # type: ignore[assignment]
+    first = snapshot._pass(view)
+    assert snapshot._pass(view) is first and snapshot.passes == 1
+    # Machines booting past their deadline are counted at the time asked, from the pass made earlier.
+    assert status_snapshot._Fleet(view, 150.0, pieces, first).overdue["sim"] == 0  # type: ignore[arg-type]
+    assert status_snapshot._Fleet(view, 200.0, pieces, first).overdue["sim"] == 4  # type: ignore[arg-type]
+    fresh = status_snapshot._Fleet(view, 200.0, pieces)  # type: ignore[arg-type]
+    assert fresh.overdue == status_snapshot._Fleet(view, 200.0, pieces, first).overdue  # type: ignore[arg-type]
+    view.apply_hosts([HostState("clu/op-1/1", "sim", "m1", HostStatus.BUSY, 0.0)])
+    second = snapshot._pass(view)
+    assert second is not first and snapshot.passes == 2
+    assert status_snapshot._Fleet(view, 200.0, pieces, second).machines["sim"]["busy"] == 1  # type: ignore[arg-type]

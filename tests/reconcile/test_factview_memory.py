@@ -40,3 +40,34 @@ def test_a_full_resync_is_folded_page_by_page_and_forgets_the_pages_it_folded() 
     assert collector.add(2, 3, (), ())
     view = collector.build(1, "ctl0", 1)
     assert view.facts.last_index == 12 and view.facts.open_ops == {}
+
+
+def _machines(view) -> dict[str, tuple[str, str]]:
+    return {m: (r.instance_ref, r.state.value) for m, r in view.machines.items()}
+
+
+def test_a_full_resync_folded_in_steps_of_any_size_is_the_view_folded_at_once() -> None:
+    pages = [_facts("op1", 7, 1), _facts("op2", 3, 20), [], _facts("op3", 5, 40)]
+    at_once = ResyncCollector()
+    for i in (1, 0, 3, 2):
+        at_once.add(i, len(pages), tuple(reversed(pages[i])), ())
+    expected = at_once.build(1, "ctl0", 1).facts
+    for limit in (1, 2, 3, 100):
+        stepped = ResyncCollector()
+        for i in (1, 0, 3, 2):  # page 1 waits for page 0; page 3 for page 2
+            stepped.add(i, len(pages), tuple(reversed(pages[i])), (), fold=False)
+            while stepped.fold_step(limit):
+                pass
+        view = stepped.build(1, "ctl0", 1).facts
+        assert _machines(view) == _machines(expected) and view.last_index == expected.last_index == 45
+        assert stepped._pages == {i: ((), ()) for i in range(len(pages))}
+
+
+def test_one_fold_step_folds_at_most_its_limit_of_facts() -> None:
+    collector = ResyncCollector()
+    collector.add(0, 1, tuple(_facts("op1", 9, 1)), (), fold=False)  # 10 facts: the intent and its 9 machines
+    assert collector._view is None  # nothing folded on add
+    assert collector.fold_step(4) and collector._view is not None and collector._view.last_index == 4
+    assert collector.fold_step(4) and collector._view.last_index == 8
+    assert not collector.fold_step(4) and collector._view.last_index == 10
+    assert not collector.fold_step(4)
