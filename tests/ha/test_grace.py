@@ -41,6 +41,7 @@ from ha_procs import (  # noqa: E402
     store_url,
     stub_plugin,
 )
+from sim_compare import real_grace_outcome, sim_grace_outcome  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -116,6 +117,7 @@ def test_after_kill_9_of_the_primary_the_same_holder_at_once_another_only_after_
             else:
                 seen["b_after"] = await poll_status(states["b"] / "admin.sock", held, limit=2 * GRACE_S + 10)
             seen["ctl_end"] = await others.status()
+            seen["window_end"] = time.time()
             seen["events"] = {name: events_of(state) for name, state in states.items()}
         finally:
             for proc in procs:
@@ -127,6 +129,11 @@ def test_after_kill_9_of_the_primary_the_same_holder_at_once_another_only_after_
     new_term = seen["ctl"]["term"]
     b_acquired = [e for e in b_events if e["event"] == "lease_acquired"]
     (lease,) = seen["ctl_end"]["leases"]
+    # The simulation's controller model, given the same fault plan (sim_compare), decides the same.
+    real = real_grace_outcome(a_events, b_events, new_term, grace_ends, seen["window_end"])
+    simulated = sim_grace_outcome(holder_killed=holder == "killed")
+    print(f"outcome: real {real}, simulated {simulated}")
+    assert real == simulated
     if holder == "alive":
         regained = seen["a_regained"] - killed_at
         early = grace_ends - seen["a_regained"]

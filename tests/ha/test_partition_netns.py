@@ -47,6 +47,7 @@ from ha_procs import (  # noqa: E402
     stop,
     store_url,
 )
+from sim_compare import real_partition_outcome, sim_partition_outcome  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -207,3 +208,8 @@ def test_a_partition_from_the_primary_only_lapses_the_lease_before_another_grant
     assert seen["a_end"]["link"]["state"] == "up" and seen["a_end"]["leases"][0]["state"] != "held"
     (lease,) = seen["ctl_end"]["leases"]
     assert lease["holder"] == seen["holder_b"]
+    # The simulation's controller model, given the same fault plan (sim_compare), decides the same.
+    real = real_partition_outcome(a_events, b_events, cut_at, grant_at, seen["healed_at"])
+    simulated = sim_partition_outcome()
+    print(f"outcome: real {real}, simulated {simulated}")
+    assert real == simulated
