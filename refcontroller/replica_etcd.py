@@ -58,7 +58,19 @@ def promote(
 ) -> Cluster:
     """The primary's ``Cluster`` after ``election`` won ``claim`` (blocking: replays the log). Its quorum is fresh
     for ``check_interval`` from ``now`` (the campaign's transaction went through a majority just before)."""
-    store = EtcdFactStore.replay(client, election, election.prefix)
+    return primary_cluster(EtcdFactStore.replay(client, election, election.prefix), claim, ttl, check_interval, now)
+
+
+async def promote_stepped(
+    client: EtcdClient, election: EtcdElection, claim: Claim, ttl: float, check_interval: float, now: float
+) -> Cluster:
+    """``promote`` on the event loop: the log replayed in steps (``EtcdFactStore.replay_stepped``), so the replica
+    keeps answering (redirects, heartbeats) while a long log is read. ``now``: the won campaign's time."""
+    store = await EtcdFactStore.replay_stepped(client, election, election.prefix)
+    return primary_cluster(store, claim, ttl, check_interval, now)
+
+
+def primary_cluster(store: EtcdFactStore, claim: Claim, ttl: float, check_interval: float, now: float) -> Cluster:
     store.save_term(claim.term)  # the mirror's copy: etcd has it already
     replicas = EtcdReplicaSet(
         count=1, term=claim.term, primary=0, promoted_at=now, save_term=store.save_term, addresses=[claim.address]

@@ -29,7 +29,7 @@ from refcontroller.election_etcd import Claim, EtcdElection
 from refcontroller.gate import Gate, return_memory
 from refcontroller.leases import LeaseTable
 from refcontroller.listeners import Running, ServeConfig, _close_all, open_replica_listeners
-from refcontroller.replica_etcd import keep_primary, promote
+from refcontroller.replica_etcd import keep_primary, promote_stepped
 from refcontroller.replicas import ReplicaSet
 from refcontroller.server import ControllerServer, open_controller_server
 from refcontroller.store import FactStore
@@ -122,8 +122,9 @@ async def _replica_loop(
                 _install(server, standby_cluster(address, current, s.lease_ttl, s.check_interval, trio.current_time()))
             if claim is None:
                 await trio.sleep(s.check_interval / 2)
-        try:  # on the event loop (the mirror's SQLite connection belongs to it): blocks for the replay
-            cluster = promote(store_client, election, claim, s.lease_ttl, s.check_interval, trio.current_time())
+        won_at = trio.current_time()
+        try:  # the mirror's SQLite connection belongs to the event loop: replayed there, in steps
+            cluster = await promote_stepped(store_client, election, claim, s.lease_ttl, s.check_interval, won_at)
         except EtcdError as exc:
             log.warning("elected in term %d but the log could not be replayed: %s; resigning", claim.term, exc)
             await trio.to_thread.run_sync(election.resign)

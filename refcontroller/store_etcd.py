@@ -29,11 +29,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Fact
 from refcontroller.election_etcd import EtcdElection
 from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
 from refcontroller.store import FactStore
-from refcontroller.store_etcd_client import EtcdClient, EtcdError, absent, put, value_is
+from refcontroller.store_etcd_client import EtcdClient, EtcdError, KeyValue, absent, put, value_is
 from refcontroller.store_mark import StoreRefused, new_incarnation_id
 from refcontroller.store_tx import StoreFailure
 
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Log entries read per request while replaying.
 REPLAY_PAGE = 500
+#: Log entries applied to the mirror between two checkpoints of the event loop (``replay_stepped``).
+APPLY_STEP = 20
 
 
 def _op_key(prefix: bytes, n: int) -> bytes:
@@ -68,26 +72,62 @@ class EtcdFactStore(FactStore):
     on_deposed: Callable[[str], None] | None
 
     @classmethod
-    def replay(cls, client: EtcdClient, election: EtcdElection, prefix: bytes = b"provisionerd/") -> EtcdFactStore:
-        """Build the mirror from the whole log. Raises ``EtcdError`` (etcd unreachable) or ``StoreRefused`` (a log
-        with a gap, or an entry this code cannot apply)."""
-        incarnation = open_incarnation(client, prefix)
+    def _empty(cls, client: EtcdClient, election: EtcdElection, prefix: bytes, incarnation: str) -> EtcdFactStore:
         store = cls.open(":memory:", incarnation=incarnation)  # the mirror: FactStore's own schema and code
         assert isinstance(store, EtcdFactStore)
         store.client, store.election, store.prefix = client, election, prefix
         store.deposed, store.on_deposed = "", None
-        n = 1
-        while page := client.range_from(_op_key(prefix, n), prefix + b"ops/:", REPLAY_PAGE):  # ':' follows '9'
-            for kv in page:
-                if kv.key != _op_key(prefix, n):
-                    raise StoreRefused(f"etcd store {prefix.decode()!r}: entry {n} missing (found {kv.key!r})")
-                store._apply(json.loads(kv.value))
-                n += 1
-        store.next_op = n
-        stored_next = client.get(prefix + b"ops/next")
+        store.next_op = 1
+        return store
+
+    def _apply_entries(self, page: list[KeyValue]) -> None:
+        """Apply log entries that follow ``next_op`` in order. Raises ``StoreRefused`` on a gap."""
+        for kv in page:
+            if kv.key != _op_key(self.prefix, self.next_op):
+                raise StoreRefused(
+                    f"etcd store {self.prefix.decode()!r}: entry {self.next_op} missing (found {kv.key!r})"
+                )
+            self._apply(json.loads(kv.value))
+            self.next_op += 1
+
+    def _check_next(self, stored_next: KeyValue | None) -> None:
+        n = self.next_op
         if (int(stored_next.value) if stored_next else 1) != n:
-            raise StoreRefused(f"etcd store {prefix.decode()!r}: ops/next disagrees with the {n - 1} entries")
-        log.info("etcd store replayed: %d entries, %d facts, incarnation %s", n - 1, store.count(), incarnation)
+            raise StoreRefused(f"etcd store {self.prefix.decode()!r}: ops/next disagrees with the {n - 1} entries")
+        log.info("etcd store replayed: %d entries, %d facts, incarnation %s", n - 1, self.count(), self.incarnation)
+
+    def _page(self) -> list[KeyValue]:
+        return self.client.range_from(_op_key(self.prefix, self.next_op), self.prefix + b"ops/:", REPLAY_PAGE)
+
+    @classmethod
+    def replay(cls, client: EtcdClient, election: EtcdElection, prefix: bytes = b"provisionerd/") -> EtcdFactStore:
+        """Build the mirror from the whole log, blocking (``replay_stepped`` is the event loop's). Raises
+        ``EtcdError`` (etcd unreachable) or ``StoreRefused`` (a log with a gap, or an entry this code cannot
+        apply)."""
+        store = cls._empty(client, election, prefix, open_incarnation(client, prefix))
+        while page := store._page():  # ':' follows '9'
+            store._apply_entries(page)
+        store._check_next(client.get(prefix + b"ops/next"))
+        return store
+
+    @classmethod
+    async def replay_stepped(
+        cls, client: EtcdClient, election: EtcdElection, prefix: bytes = b"provisionerd/", *, step: int = APPLY_STEP
+    ) -> EtcdFactStore:
+        """``replay`` without blocking the event loop for more than one step: every etcd read runs in a worker
+        thread, and the entries are applied to the mirror (whose SQLite connection belongs to the event loop)
+        ``step`` at a time, with a checkpoint between steps. A store that fails is closed."""
+        incarnation = await trio.to_thread.run_sync(open_incarnation, client, prefix)
+        store = cls._empty(client, election, prefix, incarnation)
+        try:
+            while page := await trio.to_thread.run_sync(store._page):
+                for start in range(0, len(page), step):
+                    store._apply_entries(page[start : start + step])
+                    await trio.lowlevel.checkpoint()
+            store._check_next(await trio.to_thread.run_sync(client.get, prefix + b"ops/next"))
+        except BaseException:
+            store.close()
+            raise
         return store
 
     # --- replaying --------------------------------------------------------------------------------------------

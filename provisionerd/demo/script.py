@@ -121,6 +121,7 @@ class DemoRun:
         self.admin = dc.open_admin(self.paths, self.addresses)
         self.observer.admin = self.admin
         self.progress.say(f"    replicas {', '.join(self.addresses)} (log: {self.controller.log})")
+        self.progress.say(f"    store: {dc.DEMO_STORE}")
 
     async def _daemon(self) -> None:
         if len(str(self.paths.admin_socket).encode()) > 100:  # sockaddr_un holds 108 bytes

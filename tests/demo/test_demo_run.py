@@ -38,6 +38,7 @@ def test_the_demo_at_the_default_size_reaches_ok_and_leaves_nothing_behind(tmp_p
     steps = [line for line in story.splitlines() if line.startswith("==> [")]
     assert [s.split("]")[0] for s in steps] == [f"==> [{i}/11" for i in range(1, 12)]
     assert "tagged_unknown" in story and "lease epoch 2." in story  # the orphan report; the lease in the new term
+    assert "store: embedded (SQLite" in story  # it says it runs the embedded store, not etcd (issue 22 item 6)
     # Nothing of the run survives it: no agent, no daemon, no controller, no plugin, and no directory.
     assert agents_naming(str(tmp_path)) == []
     assert processes_naming(str(tmp_path)) == []

@@ -26,6 +26,10 @@ class EtcdCluster:
     def pids(self) -> list[int]:
         return [int((self.work / f"m{i}.pid").read_text()) for i in range(len(self.endpoints))]
 
+    def replace_command(self, member: int) -> list[str]:
+        """``.ci/etcd-cluster replace``: member ``member`` loses its data dir and rejoins as a new member."""
+        return [str(SCRIPT), "replace", str(self.work), str(member)]
+
 
 @pytest.fixture(scope="module")
 def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
