@@ -149,7 +149,10 @@ def test_a_second_call_while_the_first_is_in_flight_is_refused(world):
         client = world.adapter()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
-            await trio.sleep(0.3)
+            # In flight once the plugin has its input (a fixed sleep lost this race under load).
+            with trio.fail_after(30):
+                while not world.inputs("requestMachines"):
+                    await trio.sleep(0.02)
             with pytest.raises(ProviderOutcomeUnknown, match="still being requested"):
                 await client.call("requestMachines", world.request("op-1", 1))
             nursery.cancel_scope.cancel()  # the first call dies with its process group
