@@ -14,7 +14,7 @@ The order matters and is the caller's job: read the listing *first*, the view *a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -90,6 +90,9 @@ class ControllerRead:
     view: FactView | Unreadable
     hosts: tuple[HostState, ...] = ()
     controller: ControllerState = ControllerState()
+    #: Licence units in use per pool by the controller's count; ``None``: it does not say (the protocol does not
+    #: carry it yet), which the licence class never reads as 0.
+    licenses_in_use: Mapping[str, int] | None = None
 
 
 class SettleTracker:
