@@ -26,7 +26,7 @@ from provisionerd.daemon.orphan_admin import policy_of, side_identity
 from provisionerd.daemon.orphan_direct import read_controller_once
 from provisionerd.execution.orphan_cycle import open_ops_of, with_owners
 from provisionerd.execution.orphan_licences import Grants, LicenseReads, counted
-from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
+from provisionerd.execution.orphan_reads import licenses_in_use, read_listing, unknown_outcomes
 from provisionerd.orphans.classify import Observation, OrphanPolicy, classify
 from provisionerd.orphans.model import BreakerState, Finding, LeaseState, Listing, ListingAbsent, Unreadable
 from provisionerd.provider.client import ProviderClient
@@ -108,7 +108,7 @@ async def _dry_run(
             listing=listings[name],
             view=controller.view,
             hosts=controller.hosts,
-            licenses=counted(grants[name], controller.licenses_in_use),
+            licenses=counted(grants[name], licenses_in_use(controller.demand, name)),
             lease=LeaseState(),  # this command holds no lease, ever
             controller=controller.controller,
         )

@@ -1,11 +1,15 @@
 """Orphan class ``license`` (d) with real processes: the reference controller, ``provisionerd run`` and the
-simulated provider's one-shot plugin processes holding a leaked licence grant (3 units checked out, 1 in use by the
-licence source's count) and a fully used one.
+simulated provider's one-shot plugin processes holding licence grants, all checked out long ago (past the grace):
 
-The daemon's orphan cycle asks the plugin (it declares ``licensePools``), reports the leaked grant with its
-evidence (an ``OrphanReported`` fact in the controller's log, an ``orphan_detected`` event), and never returns it:
-the controller does not say how many units are in use, which is never read as 0. ``provisionerd orphans --dry-run
---json`` (a real subprocess) shows the same finding with its evidence, and changes nothing.
+- ``matlab``: 3 units, 1 in use by the licence source; the controller names no use of it (it does not say);
+- ``busy``: 2 units, none in use by the source, 1 in use by the controller's count (``DemandPage.licenses``);
+- ``idle``: 2 units, in use by nobody: 0 by the source and 0 by the controller;
+- ``ansys``: 2 units, both in use by the source: no mismatch, no finding.
+
+The daemon's orphan cycle asks the plugin (it declares ``licensePools``), reports ``matlab`` and ``busy`` with their
+evidence (``OrphanReported`` facts in the controller's log, ``orphan_detected`` events) and never returns them, and
+returns ``idle`` (its record committed first, then ``returnLicenses``). ``provisionerd orphans --dry-run --json``
+(a real subprocess) shows the findings with their evidence, and changes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 import pytest
 import sim_state
 import trio
+
+from provisionerd.domain.model import LicenseUse
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +83,8 @@ def test_a_leaked_licence_is_reported_with_evidence_by_the_real_daemon_and_never
     shipped = json.loads((ROOT / "providers" / "simulated" / "conf" / "simulated.json").read_text())
     shipped["licensePools"] = [
         {"pool": "matlab", "granted": 3, "inUse": 1, "checkedOut": LONG_AGO},  # 2 units leaked
+        {"pool": "busy", "granted": 2, "inUse": 0, "checkedOut": LONG_AGO},
+        {"pool": "idle", "granted": 2, "inUse": 0, "checkedOut": LONG_AGO},
         {"pool": "ansys", "granted": 2, "inUse": 2, "checkedOut": LONG_AGO},  # all in use: no finding
     ]
     (conf / "simulated.json").write_text(json.dumps(shipped))
@@ -85,6 +93,8 @@ def test_a_leaked_licence_is_reported_with_evidence_by_the_real_daemon_and_never
     async def main():
         async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=5.0, check_interval=0.5) as ctl:
             cluster = ctl.server.cluster
+            # What the controller says is in use, carried on the demand snapshot's first page.
+            await ctl.admin.set_demand([], [LicenseUse("sim", "busy", 1), LicenseUse("sim", "idle", 0)])
             write_config(config_path, certs, ctl.addresses, data, conf, state)
             with open(tmp_path / "daemon.log", "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a real file
                 proc = await trio.lowlevel.open_process(
@@ -99,9 +109,9 @@ def test_a_leaked_licence_is_reported_with_evidence_by_the_real_daemon_and_never
                     while not any(  # noqa: ASYNC110
                         e["event"] == "orphan_pass" and e.get("licenses", {}).get("read") == "ok" and e["settled"]
                         for e in events_of(state)
-                    ) or not [c for c in cluster.store.all_facts() if getattr(c.fact, "orphan_class", "") == "license"]:
+                    ) or not sim_state.read(data).get("licenses", {}).get("idle", {}).get("returned"):
                         await trio.sleep(0.2)
-                await trio.sleep(2.0)  # a few more passes: none of them may return the grant
+                await trio.sleep(2.0)  # a few more passes: none of them may return another grant
                 seen["dry"] = await trio.run_process(
                     [
                         sys.executable,
@@ -131,23 +141,34 @@ def test_a_leaked_licence_is_reported_with_evidence_by_the_real_daemon_and_never
     trio.run(main)
     log = (tmp_path / "daemon.log").read_text()
     assert seen["rc"] == 0, log[-3000:]
-    # The dry-run report: the mismatch, with its evidence, reported (the controller's count is unknown).
+    # The dry-run report (after the return): each mismatch with its evidence, reported.
     dry = seen["dry"]
     assert dry.returncode == 0, dry.stderr.decode()[-2000:]
     report = json.loads(dry.stdout)
-    [finding] = [f for f in report["findings"] if f["class"] == "license"]
-    assert (finding["machine_id"], finding["action"]) == ("matlab", "report")
-    evidence = finding["evidence"]
-    assert (evidence["granted"], evidence["provider_in_use"], evidence["idle"]) == (3, 1, 2)
-    assert evidence["in_use"] is None and evidence["returnable"] is False and evidence["checked_out"] == LONG_AGO
+    found = {f["machine_id"]: f for f in report["findings"] if f["class"] == "license"}
+    assert set(found) == {"matlab", "busy"} and {f["action"] for f in found.values()} == {"report"}
+    matlab, busy = found["matlab"]["evidence"], found["busy"]["evidence"]
+    assert (matlab["granted"], matlab["provider_in_use"], matlab["idle"], matlab["in_use"]) == (3, 1, 2, None)
+    assert (busy["granted"], busy["provider_in_use"], busy["in_use"], busy["idle"]) == (2, 0, 1, 1)
+    assert busy["in_use_source"] == "controller" and busy["returnable"] is False
+    assert matlab["checked_out"] == LONG_AGO and matlab["age"] >= 7200
     assert report["mutations"] == 0
-    # The daemon: it reported the grant (a fact in the controller's log) and audited it, and returned nothing.
-    [reported] = [f for f in seen["facts"] if getattr(f, "orphan_class", "") == "license"]
-    assert reported.machine_id == "matlab" and json.loads(reported.evidence)["idle"] == 2
+    # The daemon: it reported the two in use (facts in the controller's log), returned only the idle one.
+    licence_facts = {
+        f.machine_id: json.loads(f.evidence) for f in seen["facts"] if getattr(f, "orphan_class", "") == "license"
+    }
+    assert set(licence_facts) == {"matlab", "busy", "idle"}
+    assert licence_facts["idle"]["returnable"] is True and licence_facts["idle"]["in_use"] == 0
+    assert not licence_facts["busy"]["returnable"] and not licence_facts["matlab"]["returnable"]
     events = events_of(state)
-    detected = [e for e in events if e["event"] == "orphan_detected" and e["orphan_class"] == "license"]
-    assert {e["machine_id"] for e in detected} == {"matlab"} and {e["action"] for e in detected} == {"report"}
-    assert not [e for e in events if e["event"] == "orphan_action" and e["action"] == "return"]
-    # The plugin: nothing checked in, and no returnLicenses request was ever made.
-    assert {p: s["returned"] for p, s in seen["state"]["licenses"].items()} == {"matlab": 0, "ansys": 0}
-    assert not [r for r in seen["state"]["requests"].values() if r["kind"] == "licenses"]
+    returns = [e for e in events if e["event"] == "orphan_action" and e["action"] == "return"]
+    assert [(e["machine_id"], e["outcome"]) for e in returns] == [("idle", "ok")]
+    assert returns[0]["confirmed_by"]["by"] == "automatic"
+    # The plugin: only the idle grant was checked in, by one request.
+    assert {p: s["returned"] for p, s in seen["state"]["licenses"].items()} == {
+        "matlab": 0,
+        "busy": 0,
+        "idle": 2,
+        "ansys": 0,
+    }
+    assert len([r for r in seen["state"]["requests"].values() if r["kind"] == "licenses"]) == 1
