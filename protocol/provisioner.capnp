@@ -310,11 +310,20 @@ struct LeaseFreed {
 
 # --- demand, facts, hosts --------------------------------------------------------------------------------------
 
+# The controller's count of licence units in use by jobs, per provider and pool (orphan class license).
+struct LicenseUse {
+  provider @0 :Text;
+  pool @1 :Text;
+  inUse @2 :UInt32;
+}
+
 struct DemandPage {
   snapshotSeq @0 :UInt64;
   page @1 :UInt32;                # 0-based
   pageCount @2 :UInt32;           # >= 1
   items @3 :List(DemandItem);
+  licenses @4 :List(LicenseUse);  # page 0 only (empty on the others and from older controllers): the controller's
+                                  # licence use as of this snapshot; a pool not named is one it does not count
 }
 
 struct FactCommit {
@@ -356,6 +365,7 @@ struct WorkerStatus {
 
 struct AdminSetDemand {
   items @0 :List(DemandItem);
+  licenses @1 :List(LicenseUse);  # the licence use the demand snapshot carries (DemandPage.licenses)
 }
 
 struct AdminFailover {

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from provisionerd.domain.errors import ProtocolError, ProvisionerdError
-from provisionerd.domain.model import DemandItem, Role
+from provisionerd.domain.model import DemandItem, LicenseUse, Role
 from provisionerd.wire.framing import FramedStream
 from provisionerd.wire.messages import (
     AdminFailover,
@@ -49,9 +49,9 @@ class AdminClient:
         self.timeout = timeout
         self._ssl = client_ssl_context(Path(certs_dir), Role.ADMIN)
 
-    async def set_demand(self, items: Sequence[DemandItem]) -> dict[str, Any]:
-        """Replace the demand; ``{"seq": n, "changed": bool}``."""
-        return await self.call(AdminSetDemand(tuple(items)))
+    async def set_demand(self, items: Sequence[DemandItem], licenses: Sequence[LicenseUse] = ()) -> dict[str, Any]:
+        """Replace the demand (and the licence use it carries); ``{"seq": n, "changed": bool}``."""
+        return await self.call(AdminSetDemand(tuple(items), tuple(licenses)))
 
     async def fail_over(self, target: int | None = None) -> dict[str, Any]:
         """Promote ``target`` (default: the next replica); ``{"primary": i, "term": t, "previous": j}``."""

@@ -35,6 +35,7 @@ from provisionerd.domain.model import (
     HostState,
     HostStatus,
     InstanceFact,
+    LicenseUse,
 )
 from refcontroller import commits, demand
 from refcontroller.credentials_address import AddressBoundJoin
@@ -325,15 +326,15 @@ class Cluster:
 
     # --- admin ------------------------------------------------------------------------------------------------
 
-    def set_demand(self, items: Sequence[DemandItem]) -> DemandSnapshot | None:
+    def set_demand(self, items: Sequence[DemandItem], licenses: Sequence[LicenseUse] = ()) -> DemandSnapshot | None:
         """Replace the demand (stored before it takes effect); the new snapshot, or ``None`` if unchanged.
 
         Raises ``ValueError`` listing every problem of an unacceptable demand.
         """
-        found = demand.problems(items)
+        found = demand.problems(items) + demand.license_problems(licenses)
         if found:
             raise ValueError("; ".join(found))
-        snapshot = demand.next_snapshot(self.demand, items)
+        snapshot = demand.next_snapshot(self.demand, items, licenses)
         if snapshot is not None:
             try:
                 self.store.save_demand(snapshot)

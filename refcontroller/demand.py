@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from provisionerd.domain.model import DemandItem, DemandSnapshot
+from provisionerd.domain.model import DemandItem, DemandSnapshot, LicenseUse
 
 #: Bounds on what an admin may set: an item count and a demand_id length. Pages keep each frame small.
 MAX_ITEMS = 100_000
 MAX_ID = 256
+#: Licence uses (provider, pool) an admin may set with the demand: they travel on the demand's first page.
+MAX_LICENSES = 1000
 
 
 def problems(items: Sequence[DemandItem]) -> list[str]:
@@ -38,9 +40,31 @@ def problems(items: Sequence[DemandItem]) -> list[str]:
     return found
 
 
-def next_snapshot(current: DemandSnapshot, items: Sequence[DemandItem]) -> DemandSnapshot | None:
-    """The snapshot that replaces ``current`` with ``items``, or ``None`` when nothing changes."""
-    items = tuple(items)
-    if items == current.items:
+def license_problems(licenses: Sequence[LicenseUse]) -> list[str]:
+    """What is wrong with the licence use an admin sets alongside the demand (empty when acceptable)."""
+    found: list[str] = []
+    if len(licenses) > MAX_LICENSES:
+        found.append(f"at most {MAX_LICENSES} licence uses, not {len(licenses)}")
+    seen: set[tuple[str, str]] = set()
+    for i, use in enumerate(licenses[:MAX_LICENSES]):
+        if not isinstance(use, LicenseUse):
+            found.append(f"licenses[{i}]: not a LicenseUse")
+            continue
+        if not use.provider or not use.pool or len(use.provider) > MAX_ID or len(use.pool) > MAX_ID:
+            found.append(f"licenses[{i}]: provider and pool must be 1..{MAX_ID} characters")
+        elif (use.provider, use.pool) in seen:
+            found.append(f"licenses[{i}]: {use.provider!r}/{use.pool!r} appears twice")
+        seen.add((use.provider, use.pool))
+        if use.in_use < 0:
+            found.append(f"licenses[{i}].in_use: must be >= 0, not {use.in_use}")
+    return found
+
+
+def next_snapshot(
+    current: DemandSnapshot, items: Sequence[DemandItem], licenses: Sequence[LicenseUse] = ()
+) -> DemandSnapshot | None:
+    """The snapshot that replaces ``current`` with ``items`` and ``licenses``, or ``None`` when nothing changes."""
+    items, uses = tuple(items), tuple(licenses)
+    if items == current.items and uses == current.licenses:
         return None
-    return DemandSnapshot(seq=current.seq + 1, items=items)
+    return DemandSnapshot(seq=current.seq + 1, items=items, licenses=uses)

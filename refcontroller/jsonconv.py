@@ -16,7 +16,7 @@ from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from provisionerd.domain.errors import ProvisionerdError
-from provisionerd.domain.model import DemandItem, Fact
+from provisionerd.domain.model import DemandItem, Fact, LicenseUse
 
 converter = make_converter(forbid_extra_keys=True)
 configure_tagged_union(Fact, converter, tag_name="kind")
@@ -60,6 +60,20 @@ def demand_items_from_json(text: str) -> tuple[DemandItem, ...]:
     except json.JSONDecodeError as exc:
         raise JsonDocumentError(f"invalid demand items: {exc}") from exc
     return _structure(data, tuple[DemandItem, ...], "demand items")
+
+
+def licenses_to_json(uses: Sequence[LicenseUse]) -> str:
+    return json.dumps([[u.provider, u.pool, u.in_use] for u in uses])
+
+
+def licenses_from_json(text: str | None) -> tuple[LicenseUse, ...]:
+    """The stored licence use of the demand snapshot (none stored, by an older controller: none)."""
+    if not text:
+        return ()
+    try:
+        return tuple(LicenseUse(str(p), str(pool), int(n)) for p, pool, n in json.loads(text))
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise JsonDocumentError(f"invalid demand licences: {exc}") from exc
 
 
 def unstructure(value: Any, cls: Any = None) -> Any:

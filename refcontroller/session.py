@@ -234,9 +234,9 @@ class Session:
                 if host is not None:
                     server.broadcast_host(host)
                 await self.send(Ack(), corr)
-            case AdminSetDemand(items=items):
+            case AdminSetDemand(items=items, licenses=licenses):
                 try:
-                    snapshot = cluster.set_demand(items)
+                    snapshot = cluster.set_demand(items, licenses)
                 except ValueError as exc:
                     await self.send(_admin(False, error=str(exc)), corr)
                     return
@@ -315,7 +315,9 @@ class Session:
                 self.pending_freed.clear()
                 snapshot = cluster.demand
                 if self.force_demand or snapshot.seq != self.demand_sent:
-                    frames += [(page, 0) for page in demand_pages(snapshot.seq, snapshot.items)]
+                    frames += [
+                        (page, 0) for page in demand_pages(snapshot.seq, snapshot.items, licenses=snapshot.licenses)
+                    ]
                     self.force_demand, self.demand_sent = False, snapshot.seq
                 if frames:
                     with trio.fail_after(self.server.send_timeout):

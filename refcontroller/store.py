@@ -65,7 +65,14 @@ import attrs
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
 from refcontroller import store_credentials, store_lifecycle
-from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json, fact_from_json, fact_to_json
+from refcontroller.jsonconv import (
+    demand_items_from_json,
+    demand_items_to_json,
+    fact_from_json,
+    fact_to_json,
+    licenses_from_json,
+    licenses_to_json,
+)
 from refcontroller.store_mark import (
     Mark,
     StoreRefused,
@@ -291,13 +298,18 @@ class FactStore:
         items = self._conn.execute("SELECT value FROM meta WHERE key = 'demand_items'").fetchone()
         if seq is None or items is None:
             return DemandSnapshot(seq=0, items=())
-        return DemandSnapshot(seq=int(seq[0]), items=demand_items_from_json(items[0]))
+        uses = self._conn.execute("SELECT value FROM meta WHERE key = 'demand_licenses'").fetchone()
+        return DemandSnapshot(int(seq[0]), demand_items_from_json(items[0]), licenses_from_json(uses and uses[0]))
 
     def save_demand(self, snapshot: DemandSnapshot) -> None:
         with self._transaction():
             self._conn.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                [("demand_seq", str(snapshot.seq)), ("demand_items", demand_items_to_json(snapshot.items))],
+                [
+                    ("demand_seq", str(snapshot.seq)),
+                    ("demand_items", demand_items_to_json(snapshot.items)),
+                    ("demand_licenses", licenses_to_json(snapshot.licenses)),
+                ],
             )
 
     # --- lease grantees ---------------------------------------------------------------------------------------

@@ -389,7 +389,7 @@ class Link:
             case ErrorMsg(code=code, message=text):
                 raise LinkDown(f"controller error {code}: {text}")
             case DemandPage(snapshot_seq=seq, page=page, page_count=count, items=items) if corr == 0:
-                snapshot = self._assembler.add(seq, page, count, items)
+                snapshot = self._assembler.add(seq, page, count, items, msg.licenses)
                 if snapshot is not None:
                     self.demand = snapshot
                     if self.view is not None:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, MutableMapping
 import attrs
 
 from provisionerd.domain.errors import ProtocolError
-from provisionerd.domain.model import CommittedFact, DemandItem, DemandSnapshot, HostState
+from provisionerd.domain.model import CommittedFact, DemandItem, DemandSnapshot, HostState, LicenseUse
 from provisionerd.planner.fact_view import FactView, fold
 
 #: Bounds per snapshot / resync. Far above any real cluster, far below what would exhaust memory.
@@ -81,14 +81,22 @@ class DemandAssembler:
         self._count = 0
         self._pages: dict[int, tuple[DemandItem, ...]] = {}
         self._items = 0
+        self._licenses: tuple[LicenseUse, ...] = ()  # page 0's
 
-    def add(self, seq: int, page: int, page_count: int, items: tuple[DemandItem, ...]) -> DemandSnapshot | None:
+    def add(
+        self,
+        seq: int,
+        page: int,
+        page_count: int,
+        items: tuple[DemandItem, ...],
+        licenses: tuple[LicenseUse, ...] = (),
+    ) -> DemandSnapshot | None:
         if not 1 <= page_count <= MAX_PAGES or not 0 <= page < page_count:
             raise ProtocolError(f"demand page {page} of {page_count} is out of range")
         if self.last_seq is not None and seq <= self.last_seq:
             return None
         if seq != self._seq:
-            self._seq, self._count, self._pages, self._items = seq, page_count, {}, 0
+            self._seq, self._count, self._pages, self._items, self._licenses = seq, page_count, {}, 0, ()
         elif page_count != self._count:
             raise ProtocolError(f"demand snapshot {seq} changed its page count from {self._count} to {page_count}")
         if page not in self._pages:
@@ -96,9 +104,12 @@ class DemandAssembler:
             if self._items > MAX_DEMAND_ITEMS:
                 raise ProtocolError(f"demand snapshot {seq} has more than {MAX_DEMAND_ITEMS} items")
             self._pages[page] = items
+            if page == 0:
+                self._licenses = licenses
         if len(self._pages) < self._count:
             return None
-        snapshot = DemandSnapshot(seq, tuple(item for i in range(self._count) for item in self._pages[i]))
+        items_all = tuple(item for i in range(self._count) for item in self._pages[i])
+        snapshot = DemandSnapshot(seq, items_all, self._licenses)
         self.last_seq, self._seq, self._pages = seq, None, {}
         return snapshot
 

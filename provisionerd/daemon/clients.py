@@ -22,15 +22,17 @@ import trio
 from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConfig
 from provisionerd.controller.memory_file import state_dir_of
 from provisionerd.daemon.metered import unwrap
+from provisionerd.domain.errors import ProviderUnsupported
 from provisionerd.domain.model import Offer, ProviderMachine
 from provisionerd.provider import runtime
-from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
+from provisionerd.provider.client import LicenseReader, PluginClient, ProviderClient, ProviderReader
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import PersistentProvider
 from provisionerd.provider.runtime import PluginTransport
 from provisionerd.provider.values import (
     Features,
+    LicenseGrant,
     MachineRef,
     ProviderDescription,
     Reclaim,
@@ -172,3 +174,16 @@ class ReadOnlyClient:
     ) -> tuple[ProviderMachine, ...]:
         self.calls.append("listMachines")
         return await self.inner.list_machines(tags, timeout=timeout, expected=expected)
+
+    async def list_licenses(
+        self,
+        tags: Mapping[str, str],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+        expected: int = 0,
+    ) -> tuple[LicenseGrant, ...]:
+        self.calls.append("listLicenses")
+        inner = self.inner
+        if not isinstance(inner, LicenseReader):
+            raise ProviderUnsupported(self.name, "listLicenses", "this client holds no licence pools")
+        return await inner.list_licenses(tags, timeout=timeout, expected=expected)

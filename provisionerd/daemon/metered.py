@@ -32,9 +32,11 @@ from provisionerd.domain.errors import (
     ProviderUnsupported,
 )
 from provisionerd.domain.model import Offer, ProviderMachine
-from provisionerd.provider.client import ProviderClient
+from provisionerd.provider.client import LicenseClient, LicenseReader, ProviderClient
 from provisionerd.provider.values import (
     Features,
+    LicenseGrant,
+    LicenseReturn,
     MachineRef,
     MachineRequest,
     MachineReturn,
@@ -176,6 +178,20 @@ class MeteredClient:
 
     async def stop_machines(self, request: MachineReturn, *, timeout: float | None = None) -> RequestAccepted:
         return await self._timed("stopMachines", lambda: self.inner.stop_machines(request, timeout=timeout))
+
+    async def list_licenses(
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
+    ) -> tuple[LicenseGrant, ...]:
+        inner = self.inner
+        if not isinstance(inner, LicenseReader):
+            raise ProviderUnsupported(self.name, "listLicenses", "this client holds no licence pools")
+        return await self._timed("listLicenses", lambda: inner.list_licenses(tags, timeout=timeout, expected=expected))
+
+    async def return_licenses(self, request: LicenseReturn, *, timeout: float | None = None) -> RequestAccepted:
+        inner = self.inner
+        if not isinstance(inner, LicenseClient):
+            raise ProviderUnsupported(self.name, "returnLicenses", "this client holds no licence pools")
+        return await self._timed("returnLicenses", lambda: inner.return_licenses(request, timeout=timeout))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -95,7 +95,8 @@ async def read_controller_once(
         nursery.cancel_scope.cancel()
     if not up or view is None:
         return ControllerRead(Unreadable(reason))
-    return ControllerRead(view.facts, tuple(view.hosts.values()), ControllerState(primary=True, settled=True))
+    state = ControllerState(primary=True, settled=True)
+    return ControllerRead(view.facts, tuple(view.hosts.values()), state, demand=view.demand)
 
 
 async def act(

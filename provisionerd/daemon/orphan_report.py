@@ -1,8 +1,10 @@
 """``provisionerd orphans --dry-run``'s report: what looks orphaned, classified as the daemon would, changing nothing.
 
 ``dry_run(config)`` reads every provider's ``listMachines`` first (through a ``ReadOnlyClient``, which refuses
-every action but the read-only ones), then joins the controller as its own identity (``<identity>-orphans-report``)
-for one resync of the facts and hosts (no lease, no commit: ``orphan_direct.read_controller_once``), and
+every action but the read-only ones), and the licence grants of every provider that declares licence pools
+(``listLicenses``: orphan class ``license``), then joins the controller as its own identity
+(``<identity>-orphans-report``) for one resync of the facts and hosts (no lease, no commit:
+``orphan_direct.read_controller_once``), and
 classifies each provider with the provider's orphan policy in dry run and no lease held, so each automatic action
 shows what would be done and everything that blocks it (``no_lease`` and ``dry_run`` at least). A provider that
 cannot list machines (a legacy LSF plugin) is stated as such (``invisible``, ``unknown_outcomes``), not reported
@@ -23,7 +25,8 @@ from provisionerd.daemon.clients import ReadOnlyClient, open_clients
 from provisionerd.daemon.orphan_admin import policy_of, side_identity
 from provisionerd.daemon.orphan_direct import read_controller_once
 from provisionerd.execution.orphan_cycle import open_ops_of, with_owners
-from provisionerd.execution.orphan_reads import read_listing, unknown_outcomes
+from provisionerd.execution.orphan_licences import Grants, LicenseReads, counted
+from provisionerd.execution.orphan_reads import licenses_in_use, read_listing, unknown_outcomes
 from provisionerd.orphans.classify import Observation, OrphanPolicy, classify
 from provisionerd.orphans.model import BreakerState, Finding, LeaseState, Listing, ListingAbsent, Unreadable
 from provisionerd.provider.client import ProviderClient
@@ -73,16 +76,23 @@ async def _dry_run(
 ) -> DryRunReport:
     guarded = {name: ReadOnlyClient(clients[name]) for name in names}
     listings: dict[str, Listing] = {}
+    grants: dict[str, Grants] = {}
     for name in names:  # every listing before the controller's view (see Observation)
         timeout_for = config.provider(name).timeouts.for_action("listMachines")
         expected = config.provider(name).max_machines
         listings[name] = await read_listing(guarded[name], config.cluster, timeout=timeout_for, expected=expected)
+        grants[name] = await LicenseReads(name).read(guarded[name], config.cluster)  # class d: only declared pools
     controller = await read_controller_once(config, connect, timeout, identity=side_identity(config.identity, "report"))
     # A provider without a listing (ListingAbsent) is not unreadable: the report states what it cannot see.
     unreadable = [
         f"the listing of provider {name!r} could not be read: {listing.reason}"
         for name, listing in listings.items()
         if isinstance(listing, Unreadable) and not isinstance(listing, ListingAbsent)
+    ]
+    unreadable += [
+        f"the licence pools of provider {name!r} could not be read: {read.reason}"
+        for name, read in grants.items()
+        if isinstance(read, Unreadable)
     ]
     absent = {name: listing for name, listing in listings.items() if isinstance(listing, ListingAbsent)}
     if isinstance(controller.view, Unreadable):
@@ -98,6 +108,7 @@ async def _dry_run(
             listing=listings[name],
             view=controller.view,
             hosts=controller.hosts,
+            licenses=counted(grants[name], licenses_in_use(controller.demand, name)),
             lease=LeaseState(),  # this command holds no lease, ever
             controller=controller.controller,
         )

@@ -13,4 +13,6 @@ CONTRACT_ACTIONS = (
     "describeProvider",
     "listMachines",
     "stopMachines",
+    "listLicenses",
+    "returnLicenses",
 )

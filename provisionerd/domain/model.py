@@ -9,7 +9,7 @@ monotonic clock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -93,11 +93,26 @@ class DemandItem:
 
 
 @attrs.frozen
+class LicenseUse:
+    """The controller's count of licence units of ``pool`` (held from ``provider``) in use by jobs."""
+
+    provider: str
+    pool: str
+    in_use: int
+
+
+def _license_uses(uses: Iterable[LicenseUse]) -> tuple[LicenseUse, ...]:
+    return tuple(uses)
+
+
+@attrs.frozen
 class DemandSnapshot:
-    """The controller's full wanted state. Level-triggered: a higher ``seq`` replaces everything before it."""
+    """The controller's full wanted state. Level-triggered: a higher ``seq`` replaces everything before it.
+    ``licenses``: its count of licence units in use, as of this snapshot (empty: it counts none)."""
 
     seq: int
     items: tuple[DemandItem, ...] = ()
+    licenses: tuple[LicenseUse, ...] = attrs.field(default=(), converter=_license_uses)
 
 
 # --- offers ----------------------------------------------------------------------------------------------------

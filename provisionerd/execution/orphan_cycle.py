@@ -6,7 +6,8 @@ A pass (``OrphanCycle.run_pass``):
    legacy LSF plugin, is ``ListingAbsent``: not called, every action blocked by ``listing_absent``, and each
    ``orphan_pass`` event says ``listing: "absent"``, the ``invisible`` classes and the adapter's
    ``unknown_outcomes``), *then* the controller's view, hosts and the lease (``provisionerd.execution.orphan_reads``,
-   through the provider's typed read-only client, ``provisionerd.provider.client.ProviderReader``);
+   through the provider's typed read-only client, ``provisionerd.provider.client.ProviderReader``), and between the
+   listing and the view the licence grants of a plugin that declares pools (``orphan_licences``: class d);
 2. classifies them (``provisionerd.orphans.classify``, pure) with the memory of the previous pass;
 3. writes the audit: ``orphan_pass`` (counts, breaker, skipped views), ``orphan_detected`` for every finding that
    is new or whose action or blockers changed since the last pass (with its evidence), ``orphan_resolved`` for a
@@ -54,6 +55,7 @@ import trio
 
 from provisionerd.domain.errors import ProviderError, ProvisionerdError
 from provisionerd.domain.model import Fact
+from provisionerd.execution.orphan_licences import LicenseReads, counted, grants_summary, return_grant
 from provisionerd.execution.orphan_offload import classify_off_loop, is_large, release_off_loop
 from provisionerd.execution.orphan_owners import (  # re-exported: the owners of never-joined machines
     EXECUTOR,
@@ -108,7 +110,7 @@ RULES = {
     ("tagged_unknown", "stop"): "this cluster's and provider's tags, no live fact, older than orphan_grace",
     ("tagged_unknown", "terminate"): "this cluster's and provider's tags, no live fact, older than orphan_grace",
     ("ghost", "retire"): "missing from ghost_confirmations consecutive listings, no live host",
-    ("license", "return"): "nothing in use and the provider agrees",
+    ("license", "return"): "the controller counts 0 in use, the licence source agrees, older than orphan_grace",
     ("license", "report"): "units granted but not in use",
 }
 #: The pass-wide preconditions every automatic action passed (the classifier checked each one).
@@ -165,6 +167,7 @@ class OrphanCycle:
         self._fleet_floor = fleet_floor
         self._expected = fleet_floor
         self._seen: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self.licenses = LicenseReads(provider)  # class d: asked only when the plugin declares pools
         self.passes = 0
         self.interval = 0.0  # set by run
         #: Why no pass should run now, as ``(reason, detail)`` (``None``: run it); the daemon sets it (unhealthy
@@ -199,6 +202,7 @@ class OrphanCycle:
             wall_clock=self._wall_clock,
             list_timeout=self._list_timeout,
             expected=self._expected,
+            licenses=self.licenses,
         )
         self._expected = expected_fleet(obs.view, obs.listing, floor=self._fleet_floor)  # the next pass's cap
         result = await classify_off_loop(obs, self.policy, self.memory)
@@ -226,7 +230,10 @@ class OrphanCycle:
     # --- actions -------------------------------------------------------------------------------------------------
 
     async def _carry_out(self, action: PlannedAction) -> ActionRecord:
-        record = await carry_out(self._executor, action)
+        if action.orphan_class == "license" and action.kind == "return":
+            record = await _licence_return(self._executor, action, self.cluster)
+        else:
+            record = await carry_out(self._executor, action)
         if action.kind in CLEANUP_ACTIONS and record.outcome in ("ok", "failed"):
             self.memory = self.memory.after_cleanup(record.outcome == "ok")
         confirmed_by = {
@@ -265,6 +272,7 @@ class OrphanCycle:
             lease_epoch=obs.lease.epoch if obs.lease.usable else None,
             primary=obs.controller.primary,
             settled=obs.controller.settled,
+            licenses=grants_summary(self.licenses.last),
             breaker={
                 "open": result.breaker.open,
                 "reasons": list(result.breaker.reasons),
@@ -278,6 +286,8 @@ class OrphanCycle:
                 self._detected(finding)
             return
         current = {(f.orphan_class, f.machine_id) for f in findings}
+        if isinstance(self.licenses.last, Unreadable):  # an unread licence source proves no grant went back
+            current |= {k for k in self._seen if k[0] == "license"}
         for finding in findings:
             self._detected(finding)
         for key in [k for k in self._seen if k not in current]:
@@ -311,12 +321,15 @@ async def observe(
     wall_clock: Callable[[], float] = time.time,
     list_timeout: float | None = None,
     expected: int = 0,
+    licenses: LicenseReads | None = None,
 ) -> Observation:
     """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
     ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
     (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``). ``expected``
-    (about how many machines the listing should show) caps its pages (``paging.max_pages``)."""
+    (about how many machines the listing should show) caps its pages (``paging.max_pages``). ``licenses``: read
+    the provider's licence grants too, after the listing (``orphan_licences``)."""
     listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected)
+    grants = await licenses.read(client, cluster) if licenses is not None else ()
     controller = read_controller()  # after the listing, never before
     return Observation(
         cluster_id=cluster,
@@ -325,6 +338,7 @@ async def observe(
         listing=listing,
         view=controller.view,
         hosts=controller.hosts,
+        licenses=counted(grants, controller.licenses_in_use),
         lease=read_lease(),
         controller=controller.controller,
     )
@@ -344,6 +358,16 @@ async def carry_out(executor: OrphanExecutor, action: PlannedAction, *, reason: 
             return ActionRecord(action, return_outcome(outcome), _answer(outcome))
         index = await executor.commit_fact(action.fact())
         return ActionRecord(action, "ok", {"fact_index": index})
+    except ProviderError as exc:
+        return ActionRecord(action, "failed", {"error": type(exc).__name__, "detail": str(exc)})
+    except ProvisionerdError as exc:
+        return ActionRecord(action, "refused", {"error": type(exc).__name__, "detail": str(exc)})
+
+
+async def _licence_return(executor: Any, action: PlannedAction, cluster: str) -> ActionRecord:
+    """A licence return (``orphan_licences.return_grant``), with ``carry_out``'s outcomes."""
+    try:
+        return ActionRecord(action, "ok", await return_grant(executor, action, cluster))
     except ProviderError as exc:
         return ActionRecord(action, "failed", {"error": type(exc).__name__, "detail": str(exc)})
     except ProvisionerdError as exc:

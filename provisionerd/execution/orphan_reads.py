@@ -14,7 +14,7 @@ The order matters and is the caller's job: read the listing *first*, the view *a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -24,7 +24,7 @@ from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session import ControllerSession
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.errors import LeaseError, ProviderError
-from provisionerd.domain.model import HostState
+from provisionerd.domain.model import DemandSnapshot, HostState
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
 from provisionerd.planner.fact_view import FactView
 from provisionerd.provider.client import ProviderReader
@@ -90,6 +90,11 @@ class ControllerRead:
     view: FactView | Unreadable
     hosts: tuple[HostState, ...] = ()
     controller: ControllerState = ControllerState()
+    #: Licence units in use per pool by the controller's count (``DemandPage.licenses``); ``None``, or a pool it does
+    #: not name: it does not say, which the licence class never reads as 0.
+    licenses_in_use: Mapping[str, int] | None = None
+    #: The demand snapshot the licence use came from, for a reader of every provider at once (the dry run).
+    demand: DemandSnapshot | None = None
 
 
 class SettleTracker:
@@ -134,7 +139,18 @@ def read_session(session: ControllerSession, tracker: SettleTracker, provider: s
         return ControllerRead(Unreadable(f"view predates the lease grant for {provider!r}; waiting for its resync"))
     # The session joins only a primary and breaks the link when told it no longer is one.
     settled = tracker.settled(view.generation)
-    return ControllerRead(view.facts, tuple(view.hosts.values()), ControllerState(primary=True, settled=settled))
+    state = ControllerState(primary=True, settled=settled)
+    return ControllerRead(view.facts, tuple(view.hosts.values()), state, licenses_in_use(view.demand, provider))
+
+
+def licenses_in_use(demand: DemandSnapshot | None, provider: str | None) -> dict[str, int] | None:
+    """What the controller says is in use per licence pool of ``provider``, from its latest demand snapshot
+    (``DemandSnapshot.licenses``); ``None`` when it names no pool of the provider (or no snapshot came yet): then
+    it does not say, which the licence class never reads as 0."""
+    if demand is None or provider is None:
+        return None
+    uses = {use.pool: use.in_use for use in demand.licenses if use.provider == provider}
+    return uses or None
 
 
 def expected_fleet(view: FactView | Unreadable, listing: Listing, *, floor: int = 0) -> int:

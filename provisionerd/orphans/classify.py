@@ -20,8 +20,11 @@ Classes
     allowed only once ``ghost_confirmations`` (at least 2) consecutive listings missed it, and never while the
     controller still sees its host alive (then the listing, not the machine, is suspect).
 ``license``
-    A counted grant not returned: see :class:`~provisionerd.orphans.model.CountedResource`. ``return`` when in use
-    is 0 and the provider agrees, otherwise ``report``.
+    A licence grant with more units than anyone uses (see :class:`~provisionerd.orphans.model.CountedResource`).
+    ``return`` (through ``returnLicenses``) when the controller's in-use count is 0, the licence source agrees and
+    the grant is older than ``orphan_grace`` from its checkout time (unknown: ``launch_time_unknown``); otherwise
+    ``report``. Never ``return`` while the controller counts a unit in use or does not say. Its op_id also names
+    the grant's checkout time and size, so a later leak of the same pool is a new return, not a replay.
 
 Ownership
 ---------
@@ -60,6 +63,7 @@ from provisionerd.orphans.detect import Candidate, detect
 from provisionerd.orphans.gates import breaker_state, gate
 from provisionerd.orphans.model import (  # noqa: F401  (the public names, importable from here)
     BLOCKERS,
+    LICENSE,
     ORPHAN_CLASSES,
     BreakerState,
     Classification,
@@ -121,12 +125,16 @@ def classify(obs: Observation, policy: OrphanPolicy, memory: ClassifierMemory | 
 
 
 def _planned(candidate: Candidate, finding: Finding, provider: str, epoch: Epoch) -> PlannedAction:
+    key = finding.machine_id
+    if finding.orphan_class == LICENSE:
+        key = f"{key}\0{finding.evidence.get('checked_out')}\0{finding.evidence.get('granted')}"
     return PlannedAction(
         kind=finding.action,
         orphan_class=finding.orphan_class,
         provider=provider,
         machine_id=finding.machine_id,
-        op_id=orphan_op_id(provider, finding.orphan_class, finding.machine_id, finding.action),
+        op_id=orphan_op_id(provider, finding.orphan_class, key, finding.action),
+        units=candidate.units,
         epoch=epoch,
         machine_name=candidate.machine_name,
         instance_ref=candidate.instance_ref,

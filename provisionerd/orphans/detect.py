@@ -55,6 +55,7 @@ class Candidate:
     instance_ref: str = ""
     hostname: str = ""
     address: str = ""
+    units: int = 0  # a licence return's units
 
 
 @attrs.frozen
@@ -125,7 +126,7 @@ def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, in
             known = len(owned) + len(ghosts)
         else:
             candidates += _never_joined_from_facts(obs, policy, view, hosts)
-    candidates += (_license(r, obs, view) for r in obs.licenses if r.granted > r.in_use)
+    candidates += (_license(r, obs, policy, view) for r in sorted(obs.licenses, key=_pool) if r.granted > r.used)
     return Detection(tuple(candidates), dict(misses), known)
 
 
@@ -343,13 +344,37 @@ def _never_joined_from_facts(
     return candidates
 
 
-def _license(resource: CountedResource, obs: Observation, view: FactView | None) -> Candidate:
-    returnable = resource.in_use == 0 and resource.provider_agrees
-    evidence = {
+def _pool(resource: CountedResource) -> str:
+    return resource.resource
+
+
+def _license(resource: CountedResource, obs: Observation, policy: OrphanPolicy, view: FactView | None) -> Candidate:
+    """A grant with more units than anyone uses: ``return`` when nothing holds it by every count (the controller's
+    in use 0, the licence source agrees), after ``orphan_grace`` from its checkout; otherwise ``report``. Never
+    ``return`` while the controller counts a unit in use or does not say (``in_use`` ``None``)."""
+    returnable = resource.returnable
+    checked_out = launch_of(resource.checked_out)
+    evidence: dict[str, Any] = {
         "granted": resource.granted,
         "in_use": resource.in_use,
+        "in_use_source": "controller" if resource.in_use is not None else "unknown (the controller does not say)",
+        "provider_in_use": resource.provider_in_use,
         "provider_agrees": resource.provider_agrees,
+        "idle": resource.granted - resource.used,
         "returnable": returnable,
+        "checked_out": checked_out,
+        "age": _age(obs.now, checked_out),
+        "orphan_grace": policy.orphan_grace,
     }
-    blockers = () if returnable or not _reported(view, resource.resource, LICENSE) else (ALREADY_REPORTED,)
-    return Candidate(LICENSE, resource.resource, "return" if returnable else "report", evidence, blockers)
+    blockers: tuple[str, ...] = ()
+    if returnable:
+        if checked_out is None:
+            blockers = (LAUNCH_TIME_UNKNOWN,)
+        elif obs.now - checked_out < policy.orphan_grace:
+            blockers = (GRACE,)
+    elif _reported(view, resource.resource, LICENSE):
+        blockers = (ALREADY_REPORTED,)
+    action = "return" if returnable else "report"
+    return Candidate(
+        LICENSE, resource.resource, action, evidence, blockers, units=resource.granted if returnable else 0
+    )

@@ -154,21 +154,49 @@ def _nonnegative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
         raise ValueError(f"{attribute.name} must be an integer >= 0, not {value!r}")
 
 
+def _count_or_unknown(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None:
+        _nonnegative(instance, attribute, value)
+
+
+def _epoch_seconds(instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{attribute.name} must be epoch seconds >= 0 (0: unknown), not {value!r}")
+
+
 @attrs.frozen
 class CountedResource:
-    """One counted grant held from a provider (a licence pool, a quota of IPs...), class ``license``.
+    """One counted grant held from a provider (a licence pool), class ``license``.
 
-    ``granted``: how many units the provider (licence server) says are checked out to this cluster;
-    ``in_use``: how many the controller counts as in use by jobs; ``provider_agrees``: the provider confirms the
-    grant may be returned now (its own view of use is also zero). A finding exists when ``granted > in_use``
-    (units held but not used); it is returned automatically only when ``in_use == 0`` and ``provider_agrees``,
-    otherwise it is reported for an admin to reconcile.
+    ``granted``: how many units the licence source says are checked out to this cluster; ``in_use``: how many the
+    controller counts as in use by jobs (``None``: the controller does not say, which is never read as 0);
+    ``provider_agrees``: the licence source confirms the grant may be returned now (its own count of use is 0);
+    ``provider_in_use``: that count, for the evidence (``None``: not given); ``checked_out``: epoch seconds when the
+    oldest unit still granted was checked out (0: unknown), the clock ``orphan_grace`` is measured on.
+
+    A finding exists when more units are granted than anyone uses (``granted > in_use``, or ``granted >
+    provider_in_use`` while the controller does not say). It is returned automatically only when ``in_use == 0``
+    (known), ``provider_agrees`` and the grant is older than ``orphan_grace``; otherwise it is reported for an admin.
     """
 
     resource: str
     granted: int = attrs.field(validator=_nonnegative)
-    in_use: int = attrs.field(validator=_nonnegative)
+    in_use: int | None = attrs.field(validator=_count_or_unknown)
     provider_agrees: bool = False
+    provider_in_use: int | None = attrs.field(default=None, validator=_count_or_unknown)
+    checked_out: float = attrs.field(default=0.0, validator=_epoch_seconds)
+
+    @property
+    def used(self) -> int:
+        """The units someone says are in use: the controller's count, else the licence source's (else 0)."""
+        if self.in_use is not None:
+            return self.in_use
+        return self.provider_in_use or 0
+
+    @property
+    def returnable(self) -> bool:
+        """Whether nothing holds the grant by every count that exists (grace aside): the one case it may go back."""
+        return self.in_use == 0 and self.provider_agrees and self.granted > 0 and not self.provider_in_use
 
 
 # Typed converters for the sequence fields: mypy's attrs plugin cannot solve ``converter=tuple``'s type variable.
@@ -280,15 +308,21 @@ class PlannedAction:
     hostname: str = ""
     address: str = ""
     evidence_json: str = "{}"
+    units: int = 0  # licence units a ``license`` return checks in (the grant's ``granted``); 0 for machines
 
     def fact(self) -> Fact:
         """The fact to commit (and have acknowledged) *before* the provider call, or as the whole action.
 
         ``return``/``stop``/``terminate`` -> ``ReturnIntent``; ``adopt`` -> ``OrphanAdopted``; ``retire`` ->
-        ``Lost``; ``report`` -> ``OrphanReported``. A licence return has no fact type of its own yet: it is
-        recorded as a ``ReturnIntent`` naming the resource, which the fact view ignores as an unknown machine.
+        ``Lost``; ``report`` -> ``OrphanReported``. A licence return is recorded as an ``OrphanReported`` of class
+        ``license`` whose evidence holds the units and the op_id (never a ``ReturnIntent``: recovery would resume
+        that as a return of a *machine* named like the pool).
         """
         reason = f"orphan {self.orphan_class}: {self.kind}"
+        if self.orphan_class == LICENSE and self.kind == "return":
+            return OrphanReported(
+                self.provider, self.epoch, self.op_id, self.machine_id, self.orphan_class, self.evidence_json
+            )
         if self.kind in ("return", "stop", "terminate"):
             return ReturnIntent(self.provider, self.epoch, self.op_id, (self.machine_id,), reason)
         if self.kind == "adopt":

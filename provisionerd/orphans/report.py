@@ -161,7 +161,7 @@ def render_table(
 def summarize_evidence(evidence: Mapping[str, Any]) -> str:
     """The evidence an admin reads first, as ``key=value`` pairs (the JSON carries all of it)."""
     parts = []
-    if evidence.get("age") is not None:
+    if evidence.get("age") is not None:  # a machine's since its launch, a licence grant's since its checkout
         parts.append(f"age={format_duration(evidence['age'])}")
     for key, label in (("op_id", "op"), ("fact_state", "fact"), ("not_found_reads", "misses")):
         if evidence.get(key) not in (None, ""):
@@ -172,7 +172,11 @@ def summarize_evidence(evidence: Mapping[str, Any]) -> str:
     if evidence.get("matching_hosts"):
         parts.append(f"hosts={len(evidence['matching_hosts'])}")
     if "granted" in evidence:
-        parts.append(f"granted={evidence['granted']} in_use={evidence['in_use']}")
+        in_use = "?" if evidence.get("in_use") is None else evidence["in_use"]
+        idle = f" idle={evidence['idle']}" if "idle" in evidence else ""
+        parts.append(f"granted={evidence['granted']} in_use={in_use}{idle}")
+        if evidence.get("provider_in_use") is not None:
+            parts.append(f"source_in_use={evidence['provider_in_use']}")
         parts.append(f"provider_agrees={'yes' if evidence.get('provider_agrees') else 'no'}")
     if evidence.get("epoch"):
         parts.append(f"epoch={evidence['epoch']}")

@@ -12,6 +12,8 @@ Two levels, one above the other::
 ``ProviderReader`` is the read-only half of ``ProviderClient`` (``describeProvider``, ``getAvailableTemplates``,
 ``getRequestStatus``, ``getReturnRequests``, ``listMachines``): what the orphan reads and the dry-run report need,
 so a client that has only these methods cannot mutate (``provisionerd.daemon.clients.ReadOnlyClient``).
+Licence pools (``listLicenses``, ``returnLicenses``) are their own protocols, ``LicenseReader`` and
+``LicenseClient``: only a plugin whose features say ``licensePools`` is asked, and a client without them holds none.
 
 Errors are the transport's, unchanged, each typed (``provisionerd.domain.errors``): a refusal is the
 ``ProviderRejected`` subclass of its code (``Throttled``, ``CapacityUnavailable``, ``QuotaExceeded``,
@@ -53,6 +55,8 @@ from provisionerd.provider.paging import (
 from provisionerd.provider.runtime import PluginTransport
 from provisionerd.provider.values import (
     Features,
+    LicenseGrant,
+    LicenseReturn,
     MachineRef,
     MachineRequest,
     MachineReturn,
@@ -106,6 +110,28 @@ class ProviderReader(Protocol):
         page by page (``provider.paging``: a ``PagingViolation`` for pages that do not join up). ``expected``
         is about how many the caller expects: the cap on pages derives from it (``paging.max_pages``)."""
         ...
+
+
+@runtime_checkable
+class LicenseReader(Protocol):
+    """A client that can read licence grants (``listLicenses``). Separate from ``ProviderReader`` because only a
+    plugin whose ``describeProvider`` features say ``licensePools`` is ever asked; a client without the method is
+    one that holds no pools (the orphan cycle checks ``isinstance(client, LicenseReader)`` and the feature)."""
+
+    async def list_licenses(
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
+    ) -> tuple[LicenseGrant, ...]:
+        """Every licence pool's grant to the cluster named in ``tags``, read page by page (``provider.paging``: a
+        ``PagingViolation`` for pages that do not join up; a pool seen twice is kept once, the later copy)."""
+        ...
+
+
+@runtime_checkable
+class LicenseClient(LicenseReader, Protocol):
+    """A client that can also check licence units back in (``returnLicenses``), a mutation: only after the
+    orphan cycle committed its record under a valid lease (``provisionerd.execution.orphan_licences``)."""
+
+    async def return_licenses(self, request: LicenseReturn, *, timeout: float | None = None) -> RequestAccepted: ...
 
 
 @runtime_checkable
@@ -215,6 +241,19 @@ class PluginClient:
             if cursor is None:
                 return join.items
 
+    async def list_licenses(
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
+    ) -> tuple[LicenseGrant, ...]:
+        action, size = "listLicenses", self.page_size
+        join: PageJoin[LicenseGrant] = PageJoin(self.name, action, size, max_pages(expected, size), lambda g: g.pool)
+        first, cursor = contract.licenses_input(tags), None
+        while True:
+            document = await self.transport.call(action, page_input(first, cursor, size), timeout=timeout)
+            cursor = join.add(contract.read_licenses(self.name, document), next_cursor(self.name, action, document))
+            await trio.lowlevel.checkpoint()  # between pages, whatever the transport did
+            if cursor is None:
+                return join.items
+
     async def _read_machines(self, document: Mapping[str, Any]) -> list[ProviderMachine]:
         """The machines of one validated ``listMachines`` page, read ``READ_SLICE`` at a time with a checkpoint
         before each: the transport's validation of the page was one stretch of the loop, reading it is never
@@ -243,6 +282,11 @@ class PluginClient:
     async def stop_machines(self, request: MachineReturn, *, timeout: float | None = None) -> RequestAccepted:
         document = await self.transport.call("stopMachines", contract.return_input(request), timeout=timeout)
         return contract.read_accepted(self.name, "stopMachines", document)
+
+    async def return_licenses(self, request: LicenseReturn, *, timeout: float | None = None) -> RequestAccepted:
+        action = "returnLicenses"
+        document = await self.transport.call(action, contract.license_return_input(request), timeout=timeout)
+        return contract.read_accepted(self.name, action, document)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -35,6 +35,8 @@ from provisionerd.domain.model import (
 from provisionerd.provider.values import (
     Bootstrap,
     Features,
+    LicenseGrant,
+    LicenseReturn,
     MachineRef,
     MachineRequest,
     MachineReturn,
@@ -121,6 +123,20 @@ def reclaims_input(machines: Sequence[MachineRef]) -> dict[str, Any]:
 def listing_input(tags: Mapping[str, str]) -> dict[str, Any]:
     """The ``listMachines`` input: machines carrying all of ``tags`` (which must name the cluster)."""
     return {"tags": dict(tags)}
+
+
+def licenses_input(tags: Mapping[str, str]) -> dict[str, Any]:
+    """The ``listLicenses`` input: the grants held for the cluster named in ``tags``."""
+    return {"tags": dict(tags)}
+
+
+def license_return_input(request: LicenseReturn) -> dict[str, Any]:
+    """The ``returnLicenses`` input: one pool, ``count`` units, under the owner tags (op_id is the key)."""
+    return {
+        "op_id": request.op_id,
+        "tags": request.owner.as_tags(),
+        "licenses": [{"pool": request.pool, "count": request.count}],
+    }
 
 
 # --- outputs -------------------------------------------------------------------------------------------------------
@@ -252,3 +268,41 @@ def read_reclaims(provider: str, document: Mapping[str, Any]) -> tuple[Reclaim, 
                 )
             )
         return tuple(reclaims)
+
+
+#: Most licence pools accepted from one provider in one read (bounded memory whatever a plugin says).
+MAX_LICENSE_POOLS = 10_000
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000_000:
+        raise ValueError("a licence count must be an integer in 0..1e9")
+    return value
+
+
+def read_licenses(provider: str, document: Mapping[str, Any]) -> tuple[LicenseGrant, ...]:
+    """The grants of one ``listLicenses`` page. A grant that claims more units in use than granted is refused
+    (the source contradicts itself: no decision can rest on it), so is a non-finite ``checkedOut``."""
+    action = "listLicenses"
+    entries = document.get("licenses")
+    if not isinstance(entries, list):
+        raise ProviderAnswerInvalid(provider, action, [("$.licenses", 'type: must be of type "array"')])
+    grants = []
+    for i, entry in enumerate(entries):
+        try:
+            granted, in_use = _count(entry["granted"]), _count(entry["inUse"])
+            if in_use > granted:
+                raise ValueError("inUse exceeds granted")
+            since = entry["checkedOut"]
+            if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
+                raise ValueError("checkedOut must be finite epoch seconds")
+            pool = entry["pool"]
+            if not isinstance(pool, str) or not pool:
+                raise ValueError("pool must be a non-empty string")
+            grants.append(LicenseGrant(pool, granted, in_use, max(float(since), 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"key {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else str(exc)
+            if not isinstance(exc, (KeyError, ValueError)):
+                what = type(exc).__name__
+            raise ProviderAnswerInvalid(provider, action, [(f"$.licenses[{i}]", f"readable: {what}"[:200])]) from None
+    return tuple(grants)

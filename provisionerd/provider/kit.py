@@ -30,6 +30,7 @@ __all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy"]
 
 CLUSTER = "conformance"
 RETURN_ROW = "every machine the kit asked for is returned"
+LICENSE_ROW = "licence pools: listLicenses pages join up, returnLicenses refuses an unknown pool"
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
 
 
@@ -185,6 +186,7 @@ class Kit:
             await self.step("returned machines leave listMachines", lambda: self.check_gone(op_id, machines), returned)
             await self.step("getReturnRequests is valid", lambda: self.check_return_requests(machines))
             await self.step("an invalid request gives a typed error", self.check_invalid)
+            await self.step(LICENSE_ROW, lambda: self.check_licenses(features))
         finally:
             with trio.CancelScope(shield=True):
                 await self.return_everything()
@@ -357,6 +359,48 @@ class Kit:
                 raise CheckFailed(f"expected code 'invalid_request', got {exc.code!r}: {exc.message[:200]!r}") from None
             return "unknown templateId -> invalid_request"
         raise CheckFailed(f"an unknown templateId was accepted: {out}")
+
+    async def check_licenses(self, features: dict[str, bool] | None) -> str:
+        """Only for a plugin whose features say ``licensePools`` (any other is never asked, and the row says so):
+        ``listLicenses`` asked one pool a page joins up (each pool once, ``inUse <= granted``, no cursor twice),
+        and ``returnLicenses`` for a pool that does not exist is a typed ``invalid_request``. Nothing real is
+        checked in: a licence server's units may be in use by jobs the kit cannot see."""
+        if not features or not features.get("licensePools"):
+            return "not declared (features.licensePools is false): never asked"
+        tags = {"provisionerd:cluster": CLUSTER}
+        join: PageJoin[dict[str, Any]] = PageJoin(self.provider, "listLicenses", 1, 10_001, lambda g: g["pool"])
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            out = await self.rpc.call("listLicenses", page_input({"tags": tags}, cursor, 1))
+            seen.extend(g["pool"] for g in out["licenses"])
+            try:
+                cursor = join.add(out["licenses"], next_cursor(self.provider, "listLicenses", out))
+            except PagingViolation as exc:
+                raise CheckFailed(exc.detail) from None
+            if cursor is None:
+                break
+        twice = sorted({p for p in seen if seen.count(p) > 1})
+        if twice:
+            raise CheckFailed(f"pools on two pages: {twice[:5]}")
+        over = [g["pool"] for g in join.items if g["inUse"] > g["granted"]]
+        if over:
+            raise CheckFailed(f"pools with more units in use than granted: {over[:5]}")
+        op_id = f"conformance-lic-{self._nonce}"
+        bogus = {
+            "op_id": op_id,
+            "tags": self.owner_tags(op_id),
+            "licenses": [{"pool": f"no-such-pool-{self._nonce}", "count": 1}],
+        }
+        try:
+            answer = await self.rpc.call("returnLicenses", bogus)
+        except ProviderRejected as exc:
+            if not isinstance(exc, InvalidRequest):
+                raise CheckFailed(f"unknown pool: expected 'invalid_request', got {exc.code!r}") from None
+        else:
+            raise CheckFailed(f"returnLicenses accepted a pool that does not exist: {answer}")
+        idle = sum(g["granted"] - g["inUse"] for g in join.items)
+        return f"{len(join.items)} pools in {join.pages} pages, {idle} units granted and idle; unknown pool refused"
 
     async def check_tokens(self) -> str:
         echoed = sum(1 for token in self.tokens if any(token in text for text in self.rpc.texts))

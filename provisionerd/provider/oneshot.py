@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _QUOTED_STDERR = 1000
 MUTATIONS = frozenset(
-    {"requestMachines", "requestReturnMachines", "stopMachines"}
+    {"requestMachines", "requestReturnMachines", "stopMachines", "returnLicenses"}
 )  # characters of a plugin's stderr tail quoted in an error detail
 
 

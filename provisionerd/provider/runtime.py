@@ -50,6 +50,8 @@ DEFAULT_TIMEOUTS: Mapping[str, float] = {
     "requestMachines": 180.0,
     "requestReturnMachines": 120.0,
     "stopMachines": 120.0,
+    "listLicenses": 60.0,
+    "returnLicenses": 60.0,
 }
 #: Variables of the daemon's own environment a plugin inherits; nothing else leaks from the daemon.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")

@@ -30,7 +30,7 @@ from provisionerd.resources import schema_dir
 #: Every action of the contract (``domain.contract_actions``).
 ACTIONS = CONTRACT_ACTIONS
 #: Actions that change the infrastructure: they carry ``op_id`` and owner tags.
-MUTATING = frozenset({"requestMachines", "requestReturnMachines", "stopMachines"})
+MUTATING = frozenset({"requestMachines", "requestReturnMachines", "stopMachines", "returnLicenses"})
 
 SCHEMA_DIR = schema_dir()  # inside the installed package (provisionerd/resources)
 _MAX_PROBLEMS = 10

@@ -15,6 +15,8 @@ Per action::
     stopMachines            MachineReturn                        -> RequestAccepted
     getReturnRequests       MachineRef, ...                      -> tuple[Reclaim, ...]
     listMachines            tags to match                        -> tuple[ProviderMachine, ...]
+    listLicenses            tags to match                        -> tuple[LicenseGrant, ...]  (features.licensePools)
+    returnLicenses          LicenseReturn (OwnerTags)            -> RequestAccepted            (features.licensePools)
 
 ``MachineRequest`` holds the join tokens (in its ``Bootstrap`` entries, kept out of ``repr``): never log it, never
 keep it beyond the call.
@@ -46,6 +48,7 @@ class Features:
     stop_machines: bool = False
     tags: bool = False
     price_quotes: bool = False
+    license_pools: bool = False  # listLicenses/returnLicenses: it holds licence pools for the cluster (class d)
 
     @classmethod
     def from_mapping(cls, features: Mapping[str, Any]) -> Features:
@@ -57,7 +60,7 @@ class Features:
         return dict(zip(_FEATURE_KEYS, attrs.astuple(self), strict=True))
 
 
-_FEATURE_KEYS = ("idempotentRequest", "listMachines", "stopMachines", "tags", "priceQuotes")
+_FEATURE_KEYS = ("idempotentRequest", "listMachines", "stopMachines", "tags", "priceQuotes", "licensePools")
 
 
 @attrs.frozen
@@ -159,6 +162,19 @@ class MachineReturn:
         return self.owner.op_id
 
 
+@attrs.frozen
+class LicenseReturn:
+    """``returnLicenses``: check ``count`` units of ``pool`` back in under ``owner`` (its op_id is the key)."""
+
+    pool: str
+    count: int
+    owner: OwnerTags
+
+    @property
+    def op_id(self) -> str:
+        return self.owner.op_id
+
+
 # --- outputs -------------------------------------------------------------------------------------------------------
 
 
@@ -198,6 +214,18 @@ class Reclaim:
     name: str
     machine_id: str = ""
     grace_period: int | None = None
+
+
+@attrs.frozen
+class LicenseGrant:
+    """One licence pool's grant to the cluster as the licence source sees it (``listLicenses``): ``granted`` units
+    checked out, ``in_use`` of them in use by the source's own count, ``checked_out`` the epoch seconds the oldest
+    unit still granted was checked out (0: unknown, then nothing is returned automatically)."""
+
+    pool: str
+    granted: int
+    in_use: int
+    checked_out: float = 0.0
 
 
 @attrs.frozen

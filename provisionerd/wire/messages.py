@@ -23,6 +23,7 @@ from provisionerd.domain.model import (
     Fact,
     HostState,
     HostStatus,
+    LicenseUse,
     Role,
 )
 
@@ -50,6 +51,10 @@ def _strs() -> tuple[str, ...]:
 # ``converter=tuple`` (or of a generic converter), and would refuse every argument.
 def _demand_items(items: Iterable[DemandItem]) -> tuple[DemandItem, ...]:
     return tuple(items)
+
+
+def _license_uses(uses: Iterable[LicenseUse]) -> tuple[LicenseUse, ...]:
+    return tuple(uses)
 
 
 def _committed_facts(items: Iterable[CommittedFact]) -> tuple[CommittedFact, ...]:
@@ -208,6 +213,7 @@ class DemandPage:
     page: int
     page_count: int
     items: tuple[DemandItem, ...] = attrs.field(converter=_demand_items, default=())
+    licenses: tuple[LicenseUse, ...] = attrs.field(converter=_license_uses, default=())  # page 0 only
 
 
 @attrs.frozen
@@ -260,6 +266,7 @@ class WorkerStatus:
 @attrs.frozen
 class AdminSetDemand:
     items: tuple[DemandItem, ...] = attrs.field(converter=_demand_items, default=())
+    licenses: tuple[LicenseUse, ...] = attrs.field(converter=_license_uses, default=())
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from provisionerd.domain.model import CommittedFact, DemandItem, HostState
+from provisionerd.domain.model import CommittedFact, DemandItem, HostState, LicenseUse
 from provisionerd.wire.codec import encode
 from provisionerd.wire.messages import DemandPage, HostStatePush, Message, ResyncPage
 
@@ -61,10 +61,15 @@ def demand_pages(
     items: Sequence[DemandItem],
     max_items: int = DEMAND_PAGE_ITEMS,
     max_bytes: int = PAGE_BYTES,
+    licenses: Sequence[LicenseUse] = (),
 ) -> list[DemandPage]:
-    """One demand snapshot as its pages, ``page`` 0..n-1 of ``page_count`` n. No demand is one empty page."""
+    """One demand snapshot as its pages, ``page`` 0..n-1 of ``page_count`` n. No demand is one empty page. Page 0
+    carries the snapshot's ``licenses`` (a few per pool: they fit in the room a page leaves)."""
     chunks = paginate_by_size(items, lambda c: DemandPage(snapshot_seq, 0, 1, c), max_items, max_bytes)
-    return [DemandPage(snapshot_seq, i, len(chunks), chunk) for i, chunk in enumerate(chunks)]
+    return [
+        DemandPage(snapshot_seq, i, len(chunks), chunk, tuple(licenses) if i == 0 else ())
+        for i, chunk in enumerate(chunks)
+    ]
 
 
 def resync_pages(

@@ -84,8 +84,12 @@ def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
 
     mock_run(main)
     report = seen["report"]
-    assert fake.calls == [("listMachines", {"tags": {TAG_CLUSTER: "clu"}, "pageSize": LIST_PAGE_SIZE})]  # its call log
-    assert report.mutations == 0 and report.calls == {"sim": ("listMachines",)}
+    # Its call log: the listing, and whether it declares licence pools (it does not, so no listLicenses).
+    assert fake.calls == [
+        ("listMachines", {"tags": {TAG_CLUSTER: "clu"}, "pageSize": LIST_PAGE_SIZE}),
+        ("describeProvider", {}),
+    ]
+    assert report.mutations == 0 and report.calls == {"sim": ("listMachines", "describeProvider")}
     assert report.unreadable == ()
     got = {(f.orphan_class, f.machine_id, f.action) for f in report.findings}
     assert got == {
@@ -134,7 +138,7 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
     no_view = seen["no_view"]
     assert len(no_view.unreadable) == 1 and "controller's view could not be read" in no_view.unreadable[0]
     assert "cannot reach" in no_view.unreadable[0] and no_view.findings == ()
-    assert [action for action, _ in fake.calls] == ["listMachines", "listMachines"]
+    assert [action for action, _ in fake.calls if action != "describeProvider"] == ["listMachines", "listMachines"]
 
 
 def test_the_read_only_client_has_no_mutation_to_ask_for():
@@ -142,7 +146,7 @@ def test_the_read_only_client_has_no_mutation_to_ask_for():
     # the plugin can see only reads, whoever holds the client.
     fake = FakeProvider("sim")
     guarded = ReadOnlyClient(PluginClient(fake))
-    for method in ("request_machines", "request_return_machines", "stop_machines", "call"):
+    for method in ("request_machines", "request_return_machines", "stop_machines", "return_licenses", "call"):
         assert not hasattr(guarded, method)
     assert isinstance(guarded, ProviderReader) and not isinstance(guarded, ProviderClient)
 

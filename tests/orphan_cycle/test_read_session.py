@@ -6,6 +6,7 @@ import attrs
 import trio
 
 from provisionerd.controller.session_settings import LinkState
+from provisionerd.domain.model import DemandSnapshot, LicenseUse
 from provisionerd.execution.orphan_reads import SettleTracker, read_session
 from provisionerd.orphans.model import Unreadable
 from provisionerd.planner.fact_view import FactView
@@ -16,6 +17,7 @@ class _View:
     generation: int = 1
     facts: FactView = attrs.field(factory=FactView)
     hosts: dict = attrs.field(factory=dict)
+    demand: DemandSnapshot | None = None  # the controller's licence use travels on it
 
 
 @attrs.define
@@ -40,5 +42,17 @@ def test_a_view_older_than_the_lease_grant_is_unreadable_for_that_provider() -> 
         assert fresh.view is session.view.facts
         # Without a provider (the admin commands) the grant does not matter.
         assert read_session(_Session(), SettleTracker(0.0)).view is not None  # type: ignore[arg-type]
+
+    trio.run(main)
+
+
+def test_the_controllers_licence_use_is_read_from_its_demand_snapshot() -> None:
+    uses = (LicenseUse("sim", "matlab", 0), LicenseUse("other", "matlab", 4))
+
+    async def main() -> None:
+        session = _Session(synced={"sim"}, view=_View(demand=DemandSnapshot(3, (), uses)))
+        assert read_session(session, SettleTracker(0.0), "sim").licenses_in_use == {"matlab": 0}  # type: ignore[arg-type]
+        silent = _Session(synced={"sim"}, view=_View(demand=DemandSnapshot(3)))
+        assert read_session(silent, SettleTracker(0.0), "sim").licenses_in_use is None  # type: ignore[arg-type]
 
     trio.run(main)

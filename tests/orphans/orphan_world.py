@@ -97,8 +97,10 @@ class World:
         self.hosts.append(HostState(instance_ref, PROVIDER, machine_id, status, NOW - 10, hostname, address))
         return self
 
-    def grant(self, resource: str, granted: int, in_use: int, agrees: bool) -> World:
-        self.licenses.append(CountedResource(resource, granted, in_use, agrees))
+    def grant(
+        self, resource: str, granted: int, in_use: int | None, agrees: bool, checked_out: float = NOW - 3600
+    ) -> World:
+        self.licenses.append(CountedResource(resource, granted, in_use, agrees, checked_out=checked_out))
         return self
 
     def observe(self, **changes) -> Observation:

@@ -135,7 +135,13 @@ hosts = st.builds(
     address=st.sampled_from(ADDRS),
 )
 licenses = st.builds(
-    CountedResource, st.sampled_from(["lic-a", "lic-b"]), st.integers(0, 3), st.integers(0, 3), st.booleans()
+    CountedResource,
+    st.sampled_from(["lic-a", "lic-b"]),
+    st.integers(0, 3),
+    st.none() | st.integers(0, 3),
+    st.booleans(),
+    provider_in_use=st.none() | st.integers(0, 3),
+    checked_out=st.sampled_from([0.0, NOW - 10, NOW - 4000]),
 )
 policies = st.builds(
     OrphanPolicy,

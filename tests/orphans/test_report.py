@@ -79,7 +79,7 @@ def test_empty_report():
 def test_evidence_summary_in_the_table():
     world = World().listed("m1", name="n1").host(hostname="n1").grant("lic", 3, 1, False)
     table = render_table(run(world.observe()).findings)
-    assert "host=n1" in table and "granted=3 in_use=1 provider_agrees=no" in table
+    assert "host=n1" in table and "granted=3 in_use=1 idle=2 provider_agrees=no" in table
 
 
 def test_format_duration():

@@ -108,6 +108,14 @@ SAMPLES = {
             ]
         },
     ),
+    "listLicenses": (
+        {"tags": {"provisionerd:cluster": "c1"}, "pageSize": 10},
+        {"licenses": [{"pool": "matlab", "granted": 3, "inUse": 1, "checkedOut": 1700000000}], "nextCursor": None},
+    ),
+    "returnLicenses": (
+        {"op_id": "op-1", "tags": TAGS, "licenses": [{"pool": "matlab", "count": 2}]},
+        {"requestId": "lic-1"},
+    ),
 }
 ERROR = {"error": {"code": "throttled", "message": "slow down", "retryable": True}}
 

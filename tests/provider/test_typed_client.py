@@ -231,7 +231,7 @@ def test_the_small_outputs_read_into_their_values():
         "p", {"name": "sim", "version": "1", "contractVersion": 1, "features": {**features, "priceQuotes": False}}
     )
     assert described == ProviderDescription("sim", "1", 1, Features(True, True, False, True, False))
-    assert described.features.as_mapping() == {**features, "priceQuotes": False}
+    assert described.features.as_mapping() == {**features, "priceQuotes": False, "licensePools": False}
     assert Features.from_mapping({"listMachines": "yes"}) == Features()  # only true is true
     assert contract.read_accepted("p", "requestMachines", {"requestId": "r"}) == RequestAccepted("r", "")
     reclaims = contract.read_reclaims(

@@ -40,6 +40,8 @@ ACTIONS = (
     "requestReturnMachines",
     "getReturnRequests",
     "listMachines",
+    "listLicenses",
+    "returnLicenses",
 )
 ATTRIBUTE_TYPES = ("String", "Numeric", "Boolean")
 
@@ -91,6 +93,23 @@ def _check_template(t: object, where: str) -> dict:
         if "timestamp" in price and not isinstance(price["timestamp"], str):
             raise _fail(f"{pw}.timestamp", "expected an RFC 3339 string")
     return {"templateId": tid, "maxNumber": max_number, "capacity": capacity, "attributes": attrs, "price": price}
+
+
+def _check_pool(pool: object, where: str) -> dict:
+    """A licence pool the simulated licence source holds for the cluster: ``granted`` units checked out to it, of
+    which ``inUse`` are in use by the source's own count. ``granted > inUse`` is a leak (units held, unused);
+    ``checkedOut`` (epoch seconds) defaults to when the pool was first listed."""
+    if not isinstance(pool, dict):
+        raise _fail(where, "expected an object")
+    name = pool.get("pool")
+    if not isinstance(name, str) or not name:
+        raise _fail(f"{where}.pool", f"expected a non-empty string, got {name!r}")
+    granted = _int(pool, "granted", where, minimum=0)
+    in_use = _int(pool, "inUse", where, default=0, minimum=0)
+    if in_use > granted:
+        raise _fail(f"{where}.inUse", f"expected at most granted ({granted}), got {in_use}")
+    checked_out = None if pool.get("checkedOut") is None else _number(pool, "checkedOut", where)
+    return {"pool": name, "granted": granted, "inUse": in_use, "checkedOut": checked_out}
 
 
 def _check_fault(rule: object, where: str) -> dict:
@@ -154,6 +173,12 @@ def parse(doc: object) -> dict:
     faults = doc.get("faults", [])
     if not isinstance(faults, list):
         raise _fail("faults", "expected a list")
+    pools = doc.get("licensePools", [])
+    if not isinstance(pools, list):
+        raise _fail("licensePools", "expected a list")
+    checked_pools = [_check_pool(p, f"licensePools[{i}]") for i, p in enumerate(pools)]
+    if len({p["pool"] for p in checked_pools}) != len(checked_pools):
+        raise _fail("licensePools", "pool names must be unique")
     return {
         "name": str(doc.get("name", "simulated")),
         "seed": str(seed),
@@ -164,6 +189,7 @@ def parse(doc: object) -> dict:
         "templates": checked,
         "templatesById": by_id,
         "faults": [_check_fault(f, f"faults[{i}]") for i, f in enumerate(faults)],
+        "licensePools": checked_pools,
     }
 
 

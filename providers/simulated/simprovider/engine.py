@@ -6,7 +6,8 @@ much the state changed: ``SOFT`` (poll counters, fault counters: saved without f
 created or returned: saved with fsync before answering, as a cloud commits before it acknowledges).
 
 State layout (``state.json``): ``next`` (id counters), ``ops`` (op_id -> request id), ``requests``, ``machines``,
-``faults`` (per-rule call counters). A machine's ``state`` is ``pending``, ``running``, ``shutting-down``,
+``faults`` (per-rule call counters), ``licenses`` (pool -> units returned and when the grant was first listed). A
+machine's ``state`` is ``pending``, ``running``, ``shutting-down``,
 ``terminated`` (returned) or ``vanished``. Join tokens are never stored: only their SHA-256.
 """
 
@@ -17,7 +18,17 @@ import time
 
 from . import faults, lifecycle
 from .errors import Fault
-from .inputs import bootstrap_list, machine_refs, non_empty_str, obj, op_and_tags, paging, request_refs, tag_filter
+from .inputs import (
+    bootstrap_list,
+    items,
+    machine_refs,
+    non_empty_str,
+    obj,
+    op_and_tags,
+    paging,
+    request_refs,
+    tag_filter,
+)
 
 NONE, SOFT, DURABLE = 0, 1, 2
 VERSION = "1.0.0"
@@ -77,6 +88,7 @@ def describe_provider(call: Call, inp: dict) -> dict:
             "stopMachines": False,
             "tags": True,
             "priceQuotes": any(t["price"] is not None for t in config["templates"]),
+            "licensePools": bool(config["licensePools"]),
         },
     }
 
@@ -233,6 +245,80 @@ def list_machines(call: Call, inp: dict) -> dict:
     return {"machines": machines} if next_cursor is None else {"machines": machines, "nextCursor": next_cursor}
 
 
+def _pool_state(call: Call, pool: dict) -> dict:
+    held = call.state.setdefault("licenses", {})
+    entry = held.get(pool["pool"])
+    if entry is None:
+        since = pool["checkedOut"] if pool["checkedOut"] is not None else int(call.now)
+        entry = held[pool["pool"]] = {"returned": 0, "checkedOut": since}
+        call.touched(DURABLE)
+    return entry
+
+
+def list_licenses(call: Call, inp: dict) -> dict:
+    """Every configured pool's grant to the cluster: ``granted`` is what the config checked out minus what
+    ``returnLicenses`` gave back (never below the units in use)."""
+    if not call.config["licensePools"]:
+        raise Fault("invalid_request", "'listLicenses': not supported (features.licensePools is false)")
+    tag_filter(inp.get("tags"))
+    cursor, size = paging(inp)
+    grants = []
+    for pool in call.config["licensePools"]:
+        entry = _pool_state(call, pool)
+        granted = max(pool["granted"] - entry["returned"], pool["inUse"])
+        grants.append(
+            {"pool": pool["pool"], "granted": granted, "inUse": pool["inUse"], "checkedOut": entry["checkedOut"]}
+        )
+    page, next_cursor = lifecycle.page(grants, cursor, size, "pool")
+    return {"licenses": page} if next_cursor is None else {"licenses": page, "nextCursor": next_cursor}
+
+
+def return_licenses(call: Call, inp: dict) -> dict:
+    """Check units back in. Idempotent by op_id; units in use by the source's own count are never taken back
+    (a return that names more gets only the idle ones, and says so)."""
+    pools = {p["pool"]: p for p in call.config["licensePools"]}
+    if not pools:
+        raise Fault("invalid_request", "'returnLicenses': not supported (features.licensePools is false)")
+    op_id, _tags = op_and_tags(inp)
+    asked = items(inp.get("licenses"), "licenses", required=True)
+    wanted = []
+    for i, entry in enumerate(asked):
+        obj(entry, f"licenses[{i}]")
+        name = non_empty_str(entry.get("pool"), f"licenses[{i}].pool")
+        count = entry.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise Fault("invalid_request", f"licenses[{i}].count: expected an integer >= 1, got {count!r}")
+        if name not in pools:
+            raise Fault("invalid_request", f"licenses[{i}].pool: unknown pool {name!r}")
+        wanted.append((name, count))
+    state = call.state
+    fingerprint = ["licenses", sorted(wanted)]
+    known = state["ops"].get(op_id)
+    if known is not None:
+        if state["requests"][known]["fingerprint"] != fingerprint:
+            raise Fault("invalid_request", f"op_id {op_id!r} was already used for a different request")
+        return {"requestId": known, "message": f"op_id {op_id!r} already returned: nothing more checked in"}
+    rid = "lic-" + _ident(call.config["seed"], "request", call.next_id("request"), 12)
+    done = []
+    for name, count in wanted:
+        pool, entry = pools[name], _pool_state(call, pools[name])
+        idle = max(pool["granted"] - entry["returned"] - pool["inUse"], 0)
+        entry["returned"] += min(count, idle)
+        done.append(f"{name}: {min(count, idle)} of {count}")
+    state["requests"][rid] = {
+        "kind": "licenses",
+        "opId": op_id,
+        "fingerprint": fingerprint,
+        "entries": [],
+        "polls": 0,
+        "createdAt": int(call.now),
+        "message": "; ".join(done),
+    }
+    state["ops"][op_id] = rid
+    call.touched(DURABLE)
+    return {"requestId": rid, "message": "checked in " + "; ".join(done)}
+
+
 ACTIONS = {
     "describeProvider": describe_provider,
     "getAvailableTemplates": get_available_templates,
@@ -241,6 +327,8 @@ ACTIONS = {
     "requestReturnMachines": request_return_machines,
     "getReturnRequests": get_return_requests,
     "listMachines": list_machines,
+    "listLicenses": list_licenses,
+    "returnLicenses": return_licenses,
 }
 
 

@@ -59,7 +59,12 @@ def _write_all(data: bytes) -> None:
 
 
 def _mutating_actions(config: dict) -> frozenset:
-    names = {"requestMachines", "requestReturnMachines"}
+    names = {
+        "requestMachines",
+        "requestReturnMachines",
+        "returnLicenses",
+        "listLicenses",
+    }  # licences: first list writes
     for rule in config["faults"]:
         if rule["kind"] in ("vanish", "reclaim"):
             names.update(config_mod.ACTIONS if "*" in rule["actions"] else rule["actions"])
