@@ -151,7 +151,7 @@ def test_a_second_call_while_the_first_is_in_flight_is_refused(world):
             nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
             # In flight once the plugin has its input (a fixed sleep lost this race under load).
             with trio.fail_after(30):
-                while not world.inputs("requestMachines"):
+                while not world.inputs("requestMachines"):  # noqa: ASYNC110 - the plugin process writes it
                     await trio.sleep(0.02)
             with pytest.raises(ProviderOutcomeUnknown, match="still being requested"):
                 await client.call("requestMachines", world.request("op-1", 1))
