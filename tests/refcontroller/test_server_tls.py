@@ -109,14 +109,16 @@ async def test_garbage_and_oversize_frames_drop_that_peer_only(certs: Path, tmp_
         good, _ = await join_provisioner(certs, ctl.addresses[0], "good")
         bad, _ = await join_provisioner(certs, ctl.addresses[0], "bad")
         await bad.framed.send_raw(HEADER.pack(64) + bytes(range(64)))
-        assert isinstance(await bad.push(), DemandPage)
         error = await bad.push()
+        if isinstance(error, DemandPage):  # the join's demand push and the read of the garbage race each other
+            error = await bad.push()
         assert isinstance(error, ErrorMsg) and error.code == "bad_frame"
         assert await bad.closed()
         huge, _ = await join_provisioner(certs, ctl.addresses[0], "huge")
         await huge.framed.send_raw(HEADER.pack(2 << 20) + b"x" * 1024)
         await huge.closed()
-        assert isinstance(huge.pushes[-1], ErrorMsg) and "exceeds" in huge.pushes[-1].message
+        errors = [p for p in huge.pushes if isinstance(p, ErrorMsg)]  # the join's demand push may come either side
+        assert [e.code for e in errors] == ["bad_frame"] and "exceeds" in errors[0].message, huge.pushes
         assert seq_term(await good.request(Heartbeat(3))) == (3, 1)
 
 
