@@ -133,6 +133,10 @@ class DaemonCore:
         # ``provisionerd orphans adopt|return`` through the admin socket: decided and done with our own pieces.
         self.admin = AdminRefusals()
         self.admin_peers = AdminSocketCounts()  # who the socket accepted and refused (SO_PEERCRED)
+        #: ``cost``'s fold of the controller's history and the incarnation it came from: the next report reads only
+        #: the facts after it (the log only grows); one read at a time.
+        self._spend: tuple[str, SpendFold] | None = None
+        self._spend_lock = trio.Lock()
         self.orphan_actions = OrphanActions(pieces, refusals=self.admin)
         self.orphan_cycles: dict[str, OrphanCycle] = {}
         self.current.on_applied.append(self._apply_orphan_settings)
@@ -251,21 +255,32 @@ class DaemonCore:
             return {"ok": True, "at": self.wall(), "scope": "live", "cost": report.to_json()}
         if request.get("scope", "history") != "history":
             return {"ok": False, "error": "scope is 'history' (the default) or 'live'"}
-        spend = SpendFold()
-        pages = 0
-        try:
-            async for page in history_pages(self.session):
-                spend.add_all(page.facts)
-                pages += 1
-        except (LinkDown, ControllerRejected) as exc:
-            log.info("cost: the controller's history could not be read: %s", exc)
-            return {"ok": False, "error": f"cannot read the controller's history: {exc}"}
+        async with self._spend_lock:
+            incarnation = self.session.incarnation
+            kept = self._spend
+            spend = kept[1] if kept is not None and incarnation and kept[0] == incarnation else SpendFold()
+            before, pages = spend.facts, 0
+            try:
+                async for page in history_pages(self.session, after=spend.last_index):
+                    spend.add_all(page.facts)
+                    pages += 1
+            except (LinkDown, ControllerRejected) as exc:
+                log.info("cost: the controller's history could not be read: %s", exc)
+                return {"ok": False, "error": f"cannot read the controller's history: {exc}"}
+            finally:  # what was folded is a prefix of the log: the next read goes on from it (same incarnation)
+                same = incarnation and self.session.incarnation == incarnation
+                self._spend = (incarnation, spend) if same else None
         at = self.wall()
         return {
             "ok": True,
             "at": at,
             "scope": "history",
-            "history": {"facts": spend.facts, "pages": pages, "until_index": spend.last_index},
+            "history": {
+                "facts": spend.facts,
+                "read_now": spend.facts - before,
+                "pages": pages,
+                "until_index": spend.last_index,
+            },
             "cost": spend.report(at).to_json(),
         }
 

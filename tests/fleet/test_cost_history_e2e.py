@@ -137,6 +137,7 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
                     while len(ended(await log())) < 4:  # noqa: ASYNC110 - another process commits them
                         await trio.sleep(0.3)
                 seen["live_midway"] = await trio.to_thread.run_sync(cli, config, "--live")
+                seen["history_midway"] = await trio.to_thread.run_sync(cli, config)
                 await ctl.set_demand([])
                 with trio.fail_after(90):
                     while not (facts := await log()) or {f.machine_id for f in made(facts)} - ended(facts):  # noqa: ASYNC110
@@ -144,6 +145,7 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
                 await trio.sleep(1.0)  # the daemon folds the last returns and prunes them
                 seen["facts"] = await log()
                 seen["history"] = await trio.to_thread.run_sync(cli, config)
+                seen["history_again"] = await trio.to_thread.run_sync(cli, config)
                 seen["live"] = await trio.to_thread.run_sync(cli, config, "--live")
                 seen["history_all"] = await trio.to_thread.run_sync(run_cli, config, "history", "--all")
                 seen["history_page"] = await trio.to_thread.run_sync(run_cli, config, "history", "--limit", "4")
@@ -169,6 +171,13 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
     assert history["totals"]["USD"] == pytest.approx(expected, rel=1e-6, abs=1e-6) and expected > 0
     assert sum(line["machines"] for line in history["lines"]) == len(instances)
     assert history["not_estimated"] == {"unpriced": 0, "other_unit": 0, "no_time": 0}
+    # The daemon keeps its fold: each report reads only the facts committed since the last one.
+    midway = seen["history_midway"]["history"]
+    assert 0 < midway["facts"] < history["history"]["facts"] == len(facts)
+    assert history["history"]["read_now"] == len(facts) - midway["facts"]
+    again = seen["history_again"]
+    assert again["history"]["read_now"] == 0 and again["history"]["facts"] == len(facts)
+    assert again["totals"] == history["totals"] and again["lines"] == history["lines"]
     # The daemon's view was pruned to live state: at the end it holds none of those machines, and midway it held
     # only the live ones, fewer than the history had by then.
     assert seen["live"]["scope"] == "live" and seen["live"]["lines"] == [] and seen["live"]["totals"] == {}
