@@ -22,6 +22,8 @@ from provisionerd.cli.admin_target import add_target, ask
 
 #: Pages ``--all`` reads at most (500 facts each).
 MAX_PAGES = 100_000
+#: How long to wait for one page (the daemon's own bound is 15 s).
+TIMEOUT = 20.0
 
 
 def _about(fact: dict[str, Any]) -> str:
@@ -57,7 +59,8 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     after, until = args.after, args.until
     for _ in range(MAX_PAGES if args.all else 1):
-        reply = ask("provisionerd history", args, "history", {"after": after, "until": until, "limit": args.limit})
+        fields = {"after": after, "until": until, "limit": args.limit}
+        reply = ask("provisionerd history", args, "history", fields, TIMEOUT)
         if reply is None:
             return 1
         for fact in reply.get("facts", []):

@@ -133,13 +133,13 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
                     while not ((s := await status()) and s["leases"][0]["state"] == "held"):  # noqa: ASYNC110 - another process
                         await trio.sleep(0.1)
                 await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 2)])
-                with trio.fail_after(90):  # never joined: returned at the deadline and replaced, twice over
+                with trio.fail_after(150):  # never joined: returned at the deadline and replaced, twice over
                     while len(ended(await log())) < 4:  # noqa: ASYNC110 - another process commits them
                         await trio.sleep(0.3)
                 seen["live_midway"] = await trio.to_thread.run_sync(cli, config, "--live")
                 seen["history_midway"] = await trio.to_thread.run_sync(cli, config)
                 await ctl.set_demand([])
-                with trio.fail_after(90):
+                with trio.fail_after(150):
                     while not (facts := await log()) or {f.machine_id for f in made(facts)} - ended(facts):  # noqa: ASYNC110
                         await trio.sleep(0.3)
                 await trio.sleep(1.0)  # the daemon folds the last returns and prunes them
@@ -181,7 +181,8 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
     # The daemon's view was pruned to live state: at the end it holds none of those machines, and midway it held
     # only the live ones, fewer than the history had by then.
     assert seen["live"]["scope"] == "live" and seen["live"]["lines"] == [] and seen["live"]["totals"] == {}
-    assert sum(line["machines"] for line in seen["live_midway"]["lines"]) <= 2
+    machines = {key: sum(line["machines"] for line in seen[key]["lines"]) for key in ("live_midway", "history_midway")}
+    assert machines["live_midway"] < machines["history_midway"], machines
     assert seen["controller"]["stats"].get("history_refused", 0) == 0
     # provisionerd history: the same log, every fact of the daemon's provider, ended ones included; one page of 4
     # says where the next starts.
