@@ -383,6 +383,24 @@ struct AdminReply {
   json @1 :Text;
 }
 
+# --- history (§6.6) --------------------------------------------------------------------------------------------
+
+# A page of the fact log, ended lifecycles included (the resync set holds live ones only). Sent by an admin (any
+# providers) or a provisioner (only providers its Join declared); a worker may not. The cursor is a fact index.
+struct HistoryQuery {
+  providers @0 :List(Text);       # empty: every provider the sender may read (admin: all; provisioner: its Join's)
+  afterIndex @1 :UInt64;          # the cursor: facts with a higher index (0: from the start)
+  untilIndex @2 :UInt64;          # facts up to this index (0: the log's last index as of this query)
+  maxFacts @3 :UInt32;            # at most this many (0 or more than the controller's page: its page, 500)
+}
+
+struct HistoryPage {
+  facts @0 :List(CommittedFact);  # in log order, bounded in count and in encoded bytes like a resync page
+  nextAfter @1 :UInt64;           # the cursor for the next query (afterIndex): the last index this page covers
+  untilIndex @2 :UInt64;          # the upper bound this page used: send it back to page one fixed log
+  done @3 :Bool;                  # true: no fact of the query above nextAfter up to untilIndex
+}
+
 # --- the root --------------------------------------------------------------------------------------------------
 
 struct Frame {
@@ -413,5 +431,7 @@ struct Frame {
     adminStatus @23 :AdminStatus;
     adminReply @24 :AdminReply;
     leaseFreed @25 :LeaseFreed;
+    historyQuery @26 :HistoryQuery;
+    historyPage @27 :HistoryPage;
   }
 }

@@ -24,7 +24,10 @@ from provisionerd.wire.messages import (
     AdminReply,
     AdminSetDemand,
     AdminStatus,
+    Envelope,
     ErrorMsg,
+    HistoryPage,
+    HistoryQuery,
     Join,
     JoinReply,
     Message,
@@ -63,15 +66,25 @@ class AdminClient:
     async def status(self) -> dict[str, Any]:
         return await self.call(AdminStatus())
 
-    async def call(self, msg: Message) -> dict[str, Any]:
+    async def history(self, query: HistoryQuery) -> HistoryPage:
+        """One page of the fact log, ended lifecycles included (protocol §6.6); ``AdminError`` on a refusal."""
+        envelope = await self._exchange(query)
+        if envelope is None or not isinstance(envelope.msg, HistoryPage):
+            raise AdminError(f"unexpected answer to HistoryQuery: {envelope!r}")
+        return envelope.msg
+
+    async def _exchange(self, msg: Message) -> Envelope | None:
         with trio.fail_after(self.timeout):
             framed = await self._connect_to_primary()
             try:
                 await framed.send(msg, 2)
-                envelope = await framed.receive()
+                return await framed.receive()
             finally:
                 with trio.move_on_after(1.0):  # a clean TLS close; forceful if the controller is gone
                     await framed.stream.aclose()
+
+    async def call(self, msg: Message) -> dict[str, Any]:
+        envelope = await self._exchange(msg)
         if envelope is None or not isinstance(envelope.msg, AdminReply):
             raise AdminError(f"unexpected answer to {type(msg).__name__}: {envelope!r}")
         document = json.loads(envelope.msg.json) if envelope.msg.json else {}

@@ -14,6 +14,7 @@ at start, and must never serve a real daemon. Each rule is consulted by one line
 ``redirect_non_primary``   ``server.ControllerServer._join``: a standby redirects every join to the primary
 ``role_allowlist``         ``server.ControllerServer._join`` (the Join's role is the certificate's) and
                            ``session.Session._read_loop`` (each frame's kind is in its role's allowlist)
+``history_scope``          ``history.readable``: a provisioner reads the history of its Join's providers only
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Rules:
     page_bounds: bool = True
     redirect_non_primary: bool = True
     role_allowlist: bool = True
+    history_scope: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

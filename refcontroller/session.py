@@ -40,6 +40,7 @@ from provisionerd.wire.messages import (
     AdminStatus,
     Heartbeat,
     HeartbeatAck,
+    HistoryQuery,
     Join,
     LeaseDenied,
     LeaseFreed,
@@ -53,6 +54,7 @@ from provisionerd.wire.messages import (
 )
 from provisionerd.wire.paging import HOSTS_PAGE_ITEMS, demand_pages, host_pushes, paginate_by_size
 from provisionerd.wire.roles import ALLOWED
+from refcontroller import history
 from refcontroller.commits import INVALID
 from refcontroller.leases import holder_key
 from refcontroller.replies import provisioner_reply, worker_status_valid
@@ -255,6 +257,14 @@ class Session:
             case AdminQuorum(fresh=fresh):
                 cluster.set_quorum(fresh)
                 await self.send(_admin(True, quorum_fresh=fresh), corr)
+            case HistoryQuery():  # one bounded page (refcontroller.history), answered in order like the rest
+                page = history.answer(cluster.store, msg, self.role, self.providers)
+                if isinstance(page, Rejected):
+                    server.stats["history_refused"] += 1
+                    log.info(
+                        "history query refused identity=%r role=%s: %s", self.identity, self.role.value, page.detail
+                    )
+                await self.send(page, corr)
             case AdminStatus():
                 await self.send(AdminReply(True, json.dumps(server.status(), sort_keys=True)), corr)
             case _:

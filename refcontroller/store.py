@@ -534,6 +534,42 @@ class FactStore:
         )
         return [(int(i), int(e), fact_from_json(body)) for i, e, body in rows]
 
+    def history_rows(
+        self, providers: Collection[str] | None, after: int, until: int, limit: int
+    ) -> list[tuple[int, str]]:
+        """``(index, JSON body)`` of the first ``limit`` facts of ``providers`` (``None``: every provider) with
+        ``after < index <= until``, ended lifecycles included, in log order: a page of the history query
+        (``refcontroller.history``). Each query is an ordered index scan stopped by its ``LIMIT`` (the primary key,
+        or ``facts_by_provider`` per provider, indexes only), then the bodies of the chosen rows by primary key:
+        the work is bounded by ``limit`` (times the providers named), never by the log's length."""
+        if limit < 1 or after >= until:
+            return []
+        chosen: list[int]
+        if providers is None:
+            chosen = [
+                int(i)
+                for (i,) in self._conn.execute(
+                    "SELECT idx FROM facts WHERE idx > ? AND idx <= ? ORDER BY idx LIMIT ?", (after, until, limit)
+                )
+            ]
+        else:
+            found: set[int] = set()
+            for provider in set(providers):
+                found.update(
+                    int(i)
+                    for (i,) in self._conn.execute(
+                        "SELECT idx FROM facts INDEXED BY facts_by_provider WHERE provider = ? AND idx > ?"
+                        " AND idx <= ? ORDER BY idx LIMIT ?",
+                        (provider, after, until, limit),
+                    )
+                )
+            chosen = sorted(found)[:limit]
+        if not chosen:
+            return []
+        marks = ",".join("?" * len(chosen))
+        rows = self._conn.execute(f"SELECT idx, body FROM facts WHERE idx IN ({marks}) ORDER BY idx", chosen)
+        return [(int(i), str(body)) for i, body in rows]
+
     def live_count(self, providers: Collection[str] | None = None) -> int:
         """How many facts are live (in the resync set, without the latest-fact extras)."""
         if providers is None:

@@ -107,6 +107,11 @@ VECTORS: dict[str, tuple[int, m.Message]] = {
     "adminQuorum": (6, m.AdminQuorum(False)),
     "adminStatus": (7, m.AdminStatus()),
     "adminReply": (7, m.AdminReply(True, '{"primary": 1, "term": 4}')),
+    "historyQuery": (40, m.HistoryQuery(("aws",), 41, 42, 500)),
+    "historyPage": (
+        40,
+        m.HistoryPage((CommittedFact(42, FACTS["returned"]),), 42, 42, True),
+    ),
 }
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from provisionerd.config.loader import Config
-from provisionerd.daemon.admin_socket import query
+from provisionerd.daemon.admin_socket import CLIENT_TIMEOUT, request
 from provisionerd.domain.errors import ConfigError
 
 
@@ -40,16 +41,23 @@ def socket_of(args: argparse.Namespace) -> Path:
     return path
 
 
-def ask(prog: str, args: argparse.Namespace, cmd: str) -> dict[str, Any] | None:
-    """The daemon's answer to ``cmd``, or ``None`` after printing why there is none (no socket named, the daemon
-    unreachable, or an answer that is not ``ok``) as ``prog: reason`` on stderr."""
+def ask(
+    prog: str,
+    args: argparse.Namespace,
+    cmd: str,
+    fields: Mapping[str, Any] | None = None,
+    timeout: float = CLIENT_TIMEOUT,
+) -> dict[str, Any] | None:
+    """The daemon's answer to ``cmd`` (with the request's other ``fields``), or ``None`` after printing why there
+    is none (no socket named, the daemon unreachable, or an answer that is not ``ok``) as ``prog: reason`` on
+    stderr."""
     try:
         path = socket_of(args)
     except TargetError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
     try:
-        reply = query(path, cmd)
+        reply = request(path, {**(fields or {}), "cmd": cmd}, timeout)
     except (OSError, ValueError) as exc:
         print(f"{prog}: cannot reach the daemon at {path}: {exc}", file=sys.stderr)
         return None

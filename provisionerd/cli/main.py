@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "accept a controller that forgot (controller accept-reset --config FILE)",
     ),
     "cost": ("provisionerd.cli.cost", "estimated spend by provider, template, currency (cost --config FILE)"),
+    "history": ("provisionerd.cli.history", "the controller's fact log, ended lifecycles too (history --config FILE)"),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.cli.simulate", "seeded whole-system simulation campaign (simulate --seeds N)"),

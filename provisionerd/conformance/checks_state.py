@@ -10,7 +10,7 @@ from provisionerd.conformance.context import IDENTITY, Context
 from provisionerd.conformance.peer import Peer, describe, join, join_primary, new_instance
 from provisionerd.conformance.results import CheckFailed, NotRun
 from provisionerd.domain.errors import FrameOverBounds
-from provisionerd.domain.model import Epoch, HostStatus, Role
+from provisionerd.domain.model import Epoch, HostStatus, InstanceFact, Returned, ReturnIntent, Role
 from provisionerd.wire import codec
 from provisionerd.wire.messages import (
     Ack,
@@ -20,6 +20,8 @@ from provisionerd.wire.messages import (
     FactCommit,
     Heartbeat,
     HeartbeatAck,
+    HistoryPage,
+    HistoryQuery,
     HostStatePush,
     Join,
     JoinReply,
@@ -358,3 +360,55 @@ async def host_state_pushes(ctx: Context) -> str:
                 seen.append(f"{status.value} (seq {push.seq})")
                 break
     return f"the provisioner of {tokens.provider} was pushed {ref}: " + ", then ".join(seen)
+
+
+# --- history (§6.6) -------------------------------------------------------------------------------------------
+
+
+async def history_paged_own_providers(ctx: Context) -> str:
+    """An ended lifecycle stays readable through the history query, page by page in log order within the page
+    bounds; a provisioner reading a provider its Join did not declare is refused and keeps its link."""
+    provider = ctx.provider("history")
+    peer, _ = await ctx.provisioner([provider])
+    grant = await ctx.acquire(peer, provider)
+    intent, _ = ctx.intent(provider, grant.epoch)
+    ref, machine = intent.instance_refs[0], f"{intent.op_id}-machine"
+    back = f"{intent.op_id}-back"
+    ended = [
+        intent,
+        InstanceFact(provider, grant.epoch, intent.op_id, ref, machine, "kit-template", intent.token_hashes[0]),
+        ReturnIntent(provider, grant.epoch, back, (machine,), "kit"),
+        Returned(provider, grant.epoch, back, (machine,)),
+    ]
+    acked = await ctx.commit_many(peer, ended)
+    acked += [await ctx.commit(peer, ctx.intent(provider, grant.epoch)[0])]  # and one live intent
+    got: list[int] = []
+    pages, after, until = 0, 0, 0
+    while True:
+        corr = await peer.send(HistoryQuery((provider,), after, until, 2))
+        body = await peer.framed.receive_body()  # the reply, as bytes: its size is part of the check
+        if body is None:
+            raise CheckFailed(f"the controller closed after {pages} history pages")
+        envelope = codec.decode(body)
+        if envelope.corr != corr or not isinstance(envelope.msg, HistoryPage):
+            raise CheckFailed(f"HistoryQuery answered {describe(envelope.msg)} (corr {envelope.corr}, not {corr})")
+        page, pages = envelope.msg, pages + 1
+        if len(page.facts) > 2 or len(body) > PAGE_BYTES:
+            raise CheckFailed(f"a history page of {len(page.facts)} facts and {len(body)} bytes (asked for 2)")
+        got += [c.index for c in page.facts]
+        if page.done or pages > 2 * len(acked) + 2:
+            break
+        after, until = page.next_after, page.until_index
+    if got != acked:
+        raise CheckFailed(f"history pages gave indexes {got}, not the {len(acked)} acked in order {acked}")
+    other = ctx.provider("history-other")
+    refused = await peer.request(HistoryQuery((other,)))
+    if not (isinstance(refused, Rejected) and refused.reason == "invalid"):
+        raise CheckFailed(f"a history query of a provider not in the Join answered {describe(refused)}")
+    beat = await peer.request(Heartbeat(1))
+    if not isinstance(beat, HeartbeatAck):
+        raise CheckFailed(f"after the refused history query a heartbeat answered {describe(beat)}")
+    await peer.request(LeaseRelease(provider, grant.epoch))
+    return f"{len(got)} facts (a returned machine's lifecycle and a live intent) in {pages} pages of <= 2; " + (
+        f"another provider's history refused: {refused.detail[:80]}"
+    )

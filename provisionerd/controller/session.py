@@ -157,6 +157,11 @@ class ControllerSession:
                     continue
                 await self.changed()
 
+    @property
+    def incarnation(self) -> str:
+        """The controller incarnation the current view's facts came from ("" before the first join)."""
+        return self._incarnation
+
     def status(self) -> dict[str, object]:
         link = self._link
         return {

@@ -8,8 +8,12 @@ quote (``unpriced``), with a quote not per hour (``other_unit``), or with no lau
 (``no_time``: lost machines, returns confirmed before facts carried a time).
 
 An estimate, not a bill: the quote is the one the planner saw (spot prices move), billing granularity is ignored.
-The daemon's view holds live state only (``FactView(prune=True)``), so a machine whose lifecycle ended is not in
-its report: spend over the whole history needs the controller's log (docs/fleet.md, "Only the live fleet").
+
+Two ways in. ``estimate(machines, now)`` prices machine records (the daemon's view: live state only, since
+``FactView(prune=True)`` drops a lifecycle that ended). ``SpendFold`` prices the whole history: fed the facts in log
+order (the controller's history query, docs/protocol.md §6.6), it keeps only the machines still open and prices each
+one as its lifecycle ends, so its memory follows the live fleet, not the log; ``report(now)`` prices the open ones
+to ``now``. Over the same facts the two agree (``estimate`` of an unpruned fold).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from provisionerd.domain.model import CommittedFact, InstanceFact, Lost, OrphanAdopted, Returned
 from provisionerd.planner.fact_view import MachineRecord, MachineState
 
 HOUR = 3600.0
@@ -73,30 +78,120 @@ def machine_spend(machine: MachineRecord, now: float) -> tuple[float, float] | N
     return hours, hours * quote.amount
 
 
-def estimate(machines: Iterable[MachineRecord], now: float) -> CostReport:
-    """The spend of ``machines`` up to ``now`` (wall epoch seconds), by provider, template and currency."""
-    if not math.isfinite(now):
-        raise ValueError(f"now must be a finite number of seconds, not {now!r}")
-    sums: dict[tuple[str, str, str], list[float]] = {}
-    unpriced = other_unit = no_time = 0
-    for machine in machines:
+class _Sums:
+    """Spend summed by ``(provider, template, currency)`` and what could not be estimated, counted."""
+
+    def __init__(self) -> None:
+        self.sums: dict[tuple[str, str, str], list[float]] = {}
+        self.unpriced = self.other_unit = self.no_time = 0
+
+    def add(self, machine: MachineRecord, now: float) -> None:
         quote = machine.price
         if not quote.known:
-            unpriced += 1
-            continue
+            self.unpriced += 1
+            return
         if quote.unit != "hour":
-            other_unit += 1
-            continue
+            self.other_unit += 1
+            return
         spend = machine_spend(machine, now)
         if spend is None:
-            no_time += 1
-            continue
-        entry = sums.setdefault((machine.provider, machine.template_id, quote.currency), [0, 0.0, 0.0])
+            self.no_time += 1
+            return
+        entry = self.sums.setdefault((machine.provider, machine.template_id, quote.currency), [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += spend[0]
         entry[2] += spend[1]
-    lines = tuple(
-        CostLine(provider, template, currency, int(n), round(hours, 6), round(amount, 6))
-        for (provider, template, currency), (n, hours, amount) in sorted(sums.items())
-    )
-    return CostReport(lines, unpriced, other_unit, no_time)
+
+    def report(self) -> CostReport:
+        lines = tuple(
+            CostLine(provider, template, currency, int(n), round(hours, 6), round(amount, 6))
+            for (provider, template, currency), (n, hours, amount) in sorted(self.sums.items())
+        )
+        return CostReport(lines, self.unpriced, self.other_unit, self.no_time)
+
+
+def _finite(now: float) -> None:
+    if not math.isfinite(now):
+        raise ValueError(f"now must be a finite number of seconds, not {now!r}")
+
+
+def estimate(machines: Iterable[MachineRecord], now: float) -> CostReport:
+    """The spend of ``machines`` up to ``now`` (wall epoch seconds), by provider, template and currency."""
+    _finite(now)
+    sums = _Sums()
+    for machine in machines:
+        sums.add(machine, now)
+    return sums.report()
+
+
+class SpendFold:
+    """The spend of every machine the facts name, ended or live, folded from the facts in log order.
+
+    A machine opens with its ``InstanceFact`` (or ``OrphanAdopted``: no quote, counted ``unpriced``) and is priced
+    when its lifecycle ends: at its ``Returned.at``, or counted ``no_time`` when ``Lost``. Only open machines are
+    held. A fact at or below the last index folded is skipped (a page read twice), as ``FactView.apply`` does.
+    """
+
+    def __init__(self) -> None:
+        self._sums = _Sums()
+        self._open: dict[str, MachineRecord] = {}
+        self.last_index = 0
+        self.facts = 0
+
+    @property
+    def open_machines(self) -> int:
+        return len(self._open)
+
+    def add(self, committed: CommittedFact) -> None:
+        if committed.index <= self.last_index:
+            return
+        self.last_index = committed.index
+        self.facts += 1
+        fact = committed.fact
+        match fact:
+            case InstanceFact():
+                if fact.machine_id not in self._open:
+                    self._open[fact.machine_id] = MachineRecord(
+                        provider=fact.provider,
+                        machine_id=fact.machine_id,
+                        instance_ref=fact.instance_ref,
+                        op_id=fact.op_id,
+                        template_id=fact.template_id,
+                        token_hash="",
+                        hostname="",
+                        address="",
+                        launch_time=fact.launch_time,
+                        price=fact.price,
+                    )
+            case OrphanAdopted():
+                if fact.machine_id not in self._open:
+                    self._open[fact.machine_id] = MachineRecord(
+                        fact.provider, fact.machine_id, fact.instance_ref, fact.op_id, "", "", "", "", 0.0, adopted=True
+                    )
+            case Returned():
+                for machine_id in fact.machine_ids:
+                    machine = self._open.pop(machine_id, None)
+                    if machine is not None:
+                        machine.state, machine.ended_at = MachineState.RETURNED, fact.at
+                        self._sums.add(machine, fact.at)
+            case Lost():
+                machine = self._open.pop(fact.machine_id, None)
+                if machine is not None:
+                    machine.state = MachineState.LOST
+                    self._sums.add(machine, 0.0)
+            case _:
+                pass
+
+    def add_all(self, facts: Iterable[CommittedFact]) -> None:
+        for committed in facts:
+            self.add(committed)
+
+    def report(self, now: float) -> CostReport:
+        """The spend so far: the ended machines as they ended, the open ones up to ``now`` (wall epoch seconds)."""
+        _finite(now)
+        sums = _Sums()
+        sums.sums = {key: list(entry) for key, entry in self._sums.sums.items()}
+        sums.unpriced, sums.other_unit, sums.no_time = self._sums.unpriced, self._sums.other_unit, self._sums.no_time
+        for machine in self._open.values():
+            sums.add(machine, now)
+        return sums.report()

@@ -29,6 +29,8 @@ LIST_CAPS: dict[tuple[str, str], int] = {
     ("ResyncPage", "hosts"): PAGE_ITEMS,
     ("HostStatePush", "hosts"): PAGE_ITEMS,
     ("AdminSetDemand", "items"): MAX_ADMIN_DEMAND_ITEMS,
+    ("HistoryQuery", "providers"): MAX_PROVIDERS,
+    ("HistoryPage", "facts"): PAGE_ITEMS,
 }
 
 #: Units (structs built plus map entries) one frame may cost, by ``Frame.body`` member; ``DEFAULT_MAX_UNITS`` for
@@ -44,6 +46,7 @@ MAX_UNITS: dict[str, int] = {"adminSetDemand": 120_000}
 SMALL_BODY = 16 * 1024
 MAX_BODY_BYTES: dict[str, int] = {
     "join": 512 * 1024,
+    "historyQuery": 512 * 1024,  # like a Join: at most 1000 provider names
     **dict.fromkeys(
         (
             "joinReply", "heartbeat", "heartbeatAck", "errorMsg", "rejected", "ack", "leaseAcquire", "leaseRenew",

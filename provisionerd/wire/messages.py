@@ -290,6 +290,27 @@ class AdminReply:
     json: str = ""
 
 
+# --- history ---------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class HistoryQuery:
+    """A page of the fact log after index ``after_index`` (ended lifecycles included; docs/protocol.md §6.6)."""
+
+    providers: tuple[str, ...] = _strs()
+    after_index: int = 0
+    until_index: int = 0
+    max_facts: int = 0
+
+
+@attrs.frozen
+class HistoryPage:
+    facts: tuple[CommittedFact, ...] = attrs.field(converter=_committed_facts, default=())
+    next_after: int = 0
+    until_index: int = 0
+    done: bool = True
+
+
 Message = (
     Join
     | JoinReply
@@ -316,6 +337,8 @@ Message = (
     | AdminStatus
     | AdminReply
     | LeaseFreed
+    | HistoryQuery
+    | HistoryPage
 )
 
 #: Every message class, in the order of the ``Frame.body`` union in the schema.

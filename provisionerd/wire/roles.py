@@ -25,6 +25,8 @@ from provisionerd.wire.messages import (
     FactCommit,
     Heartbeat,
     HeartbeatAck,
+    HistoryPage,
+    HistoryQuery,
     HostStatePush,
     Join,
     JoinReply,
@@ -43,9 +45,10 @@ from provisionerd.wire.messages import (
 _SESSION = frozenset({Join, Heartbeat})
 
 ALLOWED: dict[Role, frozenset[type]] = {
-    Role.PROVISIONER: _SESSION | {LeaseAcquire, LeaseRenew, LeaseRelease, FactCommit, ResyncRequest},
+    # HistoryQuery: a provisioner reads only the providers its Join declared (the controller checks each query)
+    Role.PROVISIONER: _SESSION | {LeaseAcquire, LeaseRenew, LeaseRelease, FactCommit, ResyncRequest, HistoryQuery},
     Role.WORKER: _SESSION | {WorkerStatus},
-    Role.ADMIN: _SESSION | {AdminSetDemand, AdminFailover, AdminQuorum, AdminStatus},
+    Role.ADMIN: _SESSION | {AdminSetDemand, AdminFailover, AdminQuorum, AdminStatus, HistoryQuery},
     Role.CONTROLLER: frozenset(
         {
             JoinReply,
@@ -61,6 +64,7 @@ ALLOWED: dict[Role, frozenset[type]] = {
             HostStatePush,
             AdminReply,
             LeaseFreed,
+            HistoryPage,
         }
     ),
 }

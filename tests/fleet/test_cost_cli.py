@@ -83,18 +83,21 @@ def test_the_cost_command_reports_the_spend_the_facts_say(tmp_path: Path, capsys
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_admin_socket, sock, dict, {"cost": core.cost})
-            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json"]))
+            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json", "--live"]))
             view = ControllerView(1, "ctl0:7400", 1, FactView(), {})
             for committed in facts():
                 view.facts.apply(committed)
             core.pieces.session.view = view
+            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json", "--live"]))
+            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--live"]))
+            # The whole history needs the controller's log: no link here, so no answer.
             codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json"]))
-            codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock)]))
             nursery.cancel_scope.cancel()
 
     trio.run(main)
     out = capsys.readouterr()
-    assert codes == [1, 0, 0] and "no view of the facts yet" in out.err
+    assert codes == [1, 0, 0, 1] and "no view of the facts yet" in out.err
+    assert "cannot read the controller's history: controller link is" in out.err
     report, _ = json.JSONDecoder().raw_decode(out.out)  # the --json answer, then the table
     # m0: 0.5 x 2 h, m1: 0.5 x 1 h (returned), m3: 2.0 EUR x 1 h; m2 lost (no end), m4 unpriced.
     assert report["totals"] == {"USD": pytest.approx(1.5), "EUR": pytest.approx(2.0)}

@@ -72,7 +72,10 @@ def test_we_decode_what_capnp_encodes_from_text():
     ]
 
 
-@given(batch=st.tuples(*MESSAGE_STRATEGIES.values()), corrs=st.lists(u64, min_size=25, max_size=25))
+@given(
+    batch=st.tuples(*MESSAGE_STRATEGIES.values()),
+    corrs=st.lists(u64, min_size=len(MESSAGE_STRATEGIES), max_size=len(MESSAGE_STRATEGIES)),
+)
 @settings(
     max_examples=5,
     deadline=None,

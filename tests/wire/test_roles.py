@@ -19,9 +19,10 @@ SPEC = {
         m.LeaseRelease,
         m.FactCommit,
         m.ResyncRequest,
+        m.HistoryQuery,
     },
     Role.WORKER: {m.Join, m.Heartbeat, m.WorkerStatus},
-    Role.ADMIN: {m.Join, m.Heartbeat, m.AdminSetDemand, m.AdminFailover, m.AdminQuorum, m.AdminStatus},
+    Role.ADMIN: {m.Join, m.Heartbeat, m.AdminSetDemand, m.AdminFailover, m.AdminQuorum, m.AdminStatus, m.HistoryQuery},
     Role.CONTROLLER: {
         m.JoinReply,
         m.HeartbeatAck,
@@ -36,6 +37,7 @@ SPEC = {
         m.HostStatePush,
         m.AdminReply,
         m.LeaseFreed,
+        m.HistoryPage,
     },
 }
 

@@ -128,5 +128,7 @@ MESSAGE_STRATEGIES = {
     m.AdminStatus: st.just(m.AdminStatus()),
     m.AdminReply: st.builds(m.AdminReply, st.booleans(), text),
     m.LeaseFreed: st.builds(m.LeaseFreed, text),
+    m.HistoryQuery: st.builds(m.HistoryQuery, texts, u64, u64, u32),
+    m.HistoryPage: st.builds(m.HistoryPage, _small(committed), u64, u64, st.booleans()),
 }
 messages = st.one_of(*MESSAGE_STRATEGIES.values())

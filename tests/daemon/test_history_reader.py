@@ -1,0 +1,105 @@
+"""The daemon's reader of the history query (``controller.history``): it follows the cursor with the bound the first
+page fixed, and abandons a controller whose answers make no sense instead of looping or trusting them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from provisionerd.controller.history import HistoryUnreadable, history_pages
+from provisionerd.domain.model import CommittedFact, Epoch, Lost
+from provisionerd.wire.messages import Ack, HistoryPage, HistoryQuery, Message
+
+
+def fact(index: int) -> CommittedFact:
+    return CommittedFact(index, Lost("aws", Epoch(1, 1), f"op{index}", f"m{index}", "gone"))
+
+
+class Scripted:
+    """A stand-in for the session: answers each request with the next scripted reply, recording the queries."""
+
+    def __init__(self, replies: list[Message]) -> None:
+        self.replies = replies
+        self.queries: list[HistoryQuery] = []
+
+    async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
+        assert isinstance(msg, HistoryQuery)
+        self.queries.append(msg)
+        return self.replies.pop(0)
+
+
+def read(session: Scripted, **kwargs: Any) -> list[HistoryPage]:
+    async def main() -> list[HistoryPage]:
+        return [page async for page in history_pages(session, **kwargs)]  # type: ignore[arg-type]
+
+    return trio.run(main)
+
+
+def test_the_reader_follows_the_cursor_with_the_first_pages_bound() -> None:
+    session = Scripted(
+        [
+            HistoryPage((fact(1), fact(2)), 2, 9, False),
+            HistoryPage((fact(5),), 5, 9, False),
+            HistoryPage((), 9, 9, True),
+        ]
+    )
+    pages = read(session, providers=("aws",))
+    assert [c.index for p in pages for c in p.facts] == [1, 2, 5]
+    assert [(q.after_index, q.until_index) for q in session.queries] == [(0, 0), (2, 9), (5, 9)]
+    assert {q.providers for q in session.queries} == {("aws",)}
+
+
+@pytest.mark.parametrize(
+    "replies",
+    [
+        [Ack()],  # not a page
+        [HistoryPage((fact(1),), 1, 9, False), HistoryPage((), 1, 9, False)],  # the cursor does not move
+        [HistoryPage((fact(4),), 4, 9, False), HistoryPage((fact(2),), 2, 9, False)],  # it goes back
+        [HistoryPage((fact(4),), 4, 9, False), HistoryPage((fact(10),), 10, 12, False)],  # past the fixed bound
+        [HistoryPage((fact(3), fact(12)), 12, 9, True)],  # a fact above the page's own bound
+    ],
+    ids=["not_a_page", "stuck", "back", "past_the_bound", "outside"],
+)
+def test_nonsense_from_the_controller_abandons_the_read(replies: list[Message]) -> None:
+    with pytest.raises(HistoryUnreadable):
+        read(Scripted(replies))
+
+
+def test_a_history_that_never_ends_is_abandoned_at_the_page_bound() -> None:
+    session = Scripted([HistoryPage((fact(i),), i, 10**9, False) for i in range(1, 50)])
+    with pytest.raises(HistoryUnreadable, match="within 5 pages"):
+        read(session, max_pages=5)
+    assert len(session.queries) == 5
+
+
+def test_the_admin_history_command_answers_one_page_as_json_and_refuses_bad_fields() -> None:
+    import json
+
+    from provisionerd.daemon.history_admin import history_command
+    from provisionerd.domain.model import InstanceFact, PriceQuote
+
+    usd = PriceQuote(0.5, "USD", "hour", "sim", "2026-01-01T00:00:00Z")
+    made = CommittedFact(7, InstanceFact("aws", Epoch(1, 1), "op", "r", "m", "t", "h", launch_time=5.0, price=usd))
+    session = Scripted([HistoryPage((made,), 7, 9, False)])
+    command = history_command(session)  # type: ignore[arg-type]
+
+    async def main() -> list[dict[str, Any]]:
+        out = [await command.run({"cmd": "history", "after": 6, "until": 9, "limit": 1}, None)]
+        for bad in ({"after": -1}, {"until": "9"}, {"limit": 10**6}, {"after": True}):
+            out.append(await command.run({"cmd": "history", **bad}, None))
+        return out
+
+    answered, *refused = trio.run(main)
+    assert answered == {
+        "ok": True,
+        "facts": [json.loads(json.dumps(answered["facts"][0]))],
+        "next_after": 7,
+        "until_index": 9,
+        "done": False,
+    }
+    (doc,) = answered["facts"]
+    assert (doc["index"], doc["kind"], doc["machine_id"], doc["price"]["amount"]) == (7, "InstanceFact", "m", 0.5)
+    assert session.queries == [HistoryQuery((), 6, 9, 1)]
+    assert all(r["ok"] is False and "must be an integer" in r["error"] for r in refused)
