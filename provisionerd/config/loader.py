@@ -205,6 +205,10 @@ class ProviderConfig:
     disruption_budget: int | None = None
     disruption_budget_percent: float | None = None
     disruption_interval: float = 60.0
+    #: More unhealthy machines than this (a count, or ``"N%"`` of the live ones) within ``max_unhealthy_window``
+    #: stops replacement at this provider ("": never); see docs/fleet.md.
+    max_unhealthy: str = ""
+    max_unhealthy_window: float = 600.0
 
     @property
     def command(self) -> tuple[str, ...]:

@@ -272,7 +272,11 @@ class HostStatus(enum.Enum):
 
 @attrs.frozen
 class HostState:
-    """What the controller knows of a worker host. ``since`` is when it entered ``status`` (epoch seconds)."""
+    """What the controller knows of a worker host. ``since`` is when it entered ``status`` (epoch seconds).
+
+    ``capabilities``: what the worker reported at its join (offer attribute names: ``ncpus``, ``mem``, ``type``
+    and its template's probes, e.g. ``ngpus``), which the planner checks against its template
+    (:mod:`provisionerd.planner.health`); empty when it reported nothing."""
 
     instance_ref: str
     provider: str
@@ -281,6 +285,7 @@ class HostState:
     since: float
     hostname: str = ""
     address: str = ""
+    capabilities: Mapping[str, str] = attrs.field(factory=dict)
 
 
 # --- what a provider reports -----------------------------------------------------------------------------------

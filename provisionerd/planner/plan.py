@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
 from provisionerd.domain.actions import Action, FailRequest, MarkLost, Note, RequestMachines, ReturnMachines
 from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
-from provisionerd.planner import budget
+from provisionerd.planner import budget, health
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
@@ -64,7 +64,7 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 
 #: Order in which retire reasons are emitted (and a machine's single reason, see
 #: :func:`provisionerd.planner.supply.tally`).
-RETIRE_REASONS = ("provisioning_timeout", "never_joined", "max_ttl", RELEASED, "idle")
+RETIRE_REASONS = ("provisioning_timeout", "never_joined", health.CAPABILITY_MISMATCH, "max_ttl", RELEASED, "idle")
 
 
 @attrs.frozen
@@ -152,8 +152,10 @@ def plan(
     demand = None if snapshot is None else demand_index(snapshot)
     if demand is not None:
         notes.extend(demand.notes)
-    counts = tally(state, view, _as_hosts(hosts), now, policy, None if demand is None else demand.wanted)
-    planner = Allocator(state, catalog, counts, now, policy)
+    wanting = None if demand is None else demand.wanted
+    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, _capability_check(catalog))
+    state, blocked = _health(state, view, counts, now, policy, notes)
+    planner = Allocator(state, catalog, counts, now, policy, blocked)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
     released: list[tuple[str, MachineRecord]] = []
     if demand is None:
@@ -170,7 +172,11 @@ def plan(
             # items of a big snapshot have none, and a call per item would be most of this loop's cost).
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
                 planner.serve(demand.items[demand_id], idle_pool, notes, requirement)
-    retire = [*counts.retire, *released]
+    retire = [
+        (health.mismatch_reason(counts.shortfalls[m.machine_id]) if r == health.CAPABILITY_MISMATCH else r, m)
+        for r, m in counts.retire
+    ]
+    retire += released
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
         for entry in entries:
@@ -215,7 +221,8 @@ def _emit(
     for reason, machine in retire:
         groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
     order = {reason: i for i, reason in enumerate(RETIRE_REASONS)}
-    for (provider, reason), machine_ids in sorted(groups.items(), key=lambda g: (g[0][0], order[g[0][1]])):
+    by_order = sorted(groups.items(), key=lambda g: (g[0][0], order[health.reason_kind(g[0][1])], g[0][1]))
+    for (provider, reason), machine_ids in by_order:
         unhealthy = state.capacity.unhealthy.get(provider)
         if unhealthy is not None and unhealthy.blocks_returns:
             detail = f"{len(machine_ids)} {reason} return(s) wait: {unhealthy.reason(provider)}"
@@ -276,6 +283,58 @@ def _emit(
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
     wake_at = counts.wake if math.isfinite(counts.wake) else None
     return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
+
+
+def _capability_check(catalog: Catalog) -> Callable[[HostState, MachineRecord], tuple[str, ...]]:
+    """``planner.health.capability_shortfall`` of a host against its machine's template in ``catalog``, cached per
+    (template, report) for this plan: machines of one template mostly report alike. A template no longer offered
+    is not judged (nothing to compare with)."""
+    cache: dict[tuple[OfferKey, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
+
+    def check(host: HostState, machine: MachineRecord) -> tuple[str, ...]:
+        key = (machine.provider, machine.template_id)
+        memo = (key, tuple(host.capabilities.items()))
+        found = cache.get(memo)
+        if found is None:
+            template = catalog.by_key.get(key)
+            found = () if template is None else health.capability_shortfall(template, host.capabilities)
+            if len(cache) < 4096:
+                cache[memo] = found
+        return found
+
+    return check
+
+
+def _health(
+    state: PlannerState, view: FactView, counts: Tally, now: float, policy: Policy, notes: list[Note]
+) -> tuple[PlannerState, dict[str, str]]:
+    """Log this pass's unhealthy findings, mark the offers of machines short of their template suspect, and name
+    the providers protected by ``max_unhealthy`` (``planner.health``): ``(state, {provider: why})``."""
+    findings = [(m.provider, m.machine_id) for m in counts.lost]
+    findings += [(m.provider, m.machine_id) for r, m in counts.retire if r in health.UNHEALTHY_REASONS]
+    findings.sort()  # the log's order must not depend on set iteration (hash seeds)
+    capacity = state.capacity
+    for machine_id, reasons in sorted(counts.shortfalls.items()):
+        machine = view.machines[machine_id]
+        why = f"machine {machine_id} short of its template: {'; '.join(reasons)}"
+        notes.append(Note(health.CAPABILITY_MISMATCH, why, machine.provider, machine.demand_id))
+        until = now + policy.of(machine.provider).capacity_backoff
+        capacity = capacity.with_suspect((machine.provider, machine.template_id), until, why[:200])
+        counts.due(until, now)
+    if not findings and not state.unhealthy:
+        return (state if capacity is state.capacity else attrs.evolve(state, capacity=capacity)), {}
+    providers = {p for p, _ in findings} | {e[1] for e in state.unhealthy}
+    windows = {p: policy.of(p).max_unhealthy_window for p in providers}
+    log = health.recorded(state.unhealthy, findings, now, windows)
+    live: dict[str, int] = {}
+    for (owner, _), n in view.live_by_offer.items():
+        live[owner] = live.get(owner, 0) + n
+    blocked: dict[str, str] = {}
+    for provider, found in health.protections(log, live, now, policy.of).items():
+        blocked[provider] = found.reason()
+        notes.append(Note("provider_protected", found.reason(), provider))
+        counts.due(found.eases_at, now)
+    return attrs.evolve(state, capacity=capacity, unhealthy=log), blocked
 
 
 def _budgeted(

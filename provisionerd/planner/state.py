@@ -104,6 +104,8 @@ class PlannerState:
     ramps: Mapping[str, Ramp] = attrs.field(factory=dict)  # provider -> its adaptive step (planner.ramp)
     #: Voluntary returns within each provider's disruption window (``planner.budget``).
     disruptions: tuple[tuple[float, str, int], ...] = ()
+    #: Unhealthy machines found within each provider's ``max_unhealthy_window`` (``planner.health``).
+    unhealthy: tuple[tuple[float, str, str], ...] = ()
 
     def intents_refused_until(self, now: float) -> float | None:
         """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""

@@ -11,7 +11,7 @@ The same goes for an open intent's outstanding machines.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -35,6 +35,8 @@ class Tally:
     active: dict[str, int] = attrs.field(factory=dict)  # demand_id -> usable machines (not retiring)
     idle: dict[str, list[IdleEntry]] = attrs.field(factory=dict)  # demand_id -> joined idle machines
     retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reason, machine) to return
+    #: machine_id -> why its host's report falls short of its template (retired as ``capability_mismatch``).
+    shortfalls: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     lost: list[MachineRecord] = attrs.field(factory=list)  # reclaimed by the provider
     fails: list[IntentRecord] = attrs.field(factory=list)  # open intents past the provisioning timeout
     intent_seen: dict[str, float] = attrs.field(factory=dict)
@@ -92,11 +94,14 @@ def tally(
     now: float,
     policy: Policy,
     wanted: Mapping[str, int] | None,
+    check: Callable[[HostState, MachineRecord], tuple[str, ...]] | None = None,
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
     reclaimed (lost) > not joined and its intent timed out (``provisioning_timeout``) > not joined past the join
-    deadline (``never_joined``) > joined, idle and older than ``max_ttl`` (``max_ttl``), each deadline the machine's
+    deadline (``never_joined``) > joined, not busy, and its host's capability report falls short of its template
+    (``check`` says why: ``capability_mismatch``, :mod:`provisionerd.planner.health`) > joined, idle and older than
+    ``max_ttl`` (``max_ttl``), each deadline the machine's
     (or intent's) own provider's (``policy.of(provider)``). Every other active
     machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
     supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
@@ -167,6 +172,17 @@ def tally(
     if earliest is not None:
         result.due(earliest + policy.min_join_deadline, now)
 
+    if check is not None:  # a report that falls short of the template: not supply (planner.health)
+        for by_ref in joins.available.values():
+            for host, machine in by_ref.values():
+                if not host.capabilities or machine.machine_id in skip:
+                    continue
+                reasons = check(host, machine)
+                if reasons:
+                    result.retire.append(("capability_mismatch", machine))
+                    result.shortfalls[machine.machine_id] = reasons
+                    active[machine.demand_id] -= 1
+                    skip.add(machine.machine_id)
     # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
     givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
     idle = result.idle
