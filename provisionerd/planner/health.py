@@ -49,6 +49,9 @@ MEM_SLACK = 0.10
 #: The longest ``ReturnIntent.reason`` a capability return writes.
 MAX_REASON = 300
 
+#: The most findings kept per provider (bounded memory and work when a whole fleet is lost at once: beyond it the
+#: count reads "at least", which is far above any sensible ``max_unhealthy``).
+MAX_LOGGED = 10_000
 #: ``(found at, provider, machine_id)``: unhealthy findings within the window, oldest first.
 UnhealthyLog = tuple[tuple[float, str, str], ...]
 
@@ -118,13 +121,19 @@ def recorded(
     log: UnhealthyLog, findings: Iterable[tuple[str, str]], now: float, windows: Mapping[str, float]
 ) -> UnhealthyLog:
     """``log`` with ``findings`` (``(provider, machine_id)``) added at ``now`` (a machine already logged is not
-    logged twice) and every entry older than its provider's window (``windows``; 0 when not named) dropped."""
+    logged twice, nor beyond ``MAX_LOGGED`` per provider) and every entry older than its provider's window
+    (``windows``; 0 when not named) dropped."""
     kept = [e for e in log if e[0] + windows.get(e[1], 0.0) > now]
     seen = {e[2] for e in kept}
+    per_provider: dict[str, int] = {}
+    for e in kept:
+        per_provider[e[1]] = per_provider.get(e[1], 0) + 1
     for provider, machine_id in findings:
-        if machine_id not in seen and windows.get(provider, 0.0) > 0:
-            kept.append((now, provider, machine_id))
-            seen.add(machine_id)
+        if machine_id in seen or windows.get(provider, 0.0) <= 0 or per_provider.get(provider, 0) >= MAX_LOGGED:
+            continue
+        kept.append((now, provider, machine_id))
+        seen.add(machine_id)
+        per_provider[provider] = per_provider.get(provider, 0) + 1
     return tuple(kept)
 
 

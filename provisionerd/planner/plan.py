@@ -320,6 +320,7 @@ def _health(
         notes.append(Note(health.CAPABILITY_MISMATCH, why, machine.provider, machine.demand_id))
         until = now + policy.of(machine.provider).capacity_backoff
         capacity = capacity.with_suspect((machine.provider, machine.template_id), until, why[:200])
+    for until, _ in capacity.suspect.values():  # the plan wakes when an offer stops being suspect
         counts.due(until, now)
     if not findings and not state.unhealthy:
         return (state if capacity is state.capacity else attrs.evolve(state, capacity=capacity)), {}

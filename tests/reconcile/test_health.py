@@ -215,3 +215,9 @@ def test_protected_exactly_when_the_window_holds_more_than_max_unhealthy(
     again = health.recorded(log, [*kept, *kept], now, {"p": window})
     assert len(again) == len(inside)
     assert len(health.recorded(again, [("p", "new"), ("p", "new")], now, {"p": window})) == len(inside) + 1
+
+
+def test_the_log_is_bounded_per_provider() -> None:
+    findings = [("p", f"m{i}") for i in range(health.MAX_LOGGED + 5)] + [("q", "x")]
+    log = health.recorded((), findings, NOW, {"p": 600.0, "q": 600.0})
+    assert sum(1 for e in log if e[1] == "p") == health.MAX_LOGGED and ("q" in {e[1] for e in log})

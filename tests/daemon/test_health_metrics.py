@@ -1,0 +1,30 @@
+"""The machine-health gauges (issue 20 item 2) read the status document's ``health.machines`` of each provider."""
+
+from __future__ import annotations
+
+from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
+
+
+def gauges(doc: dict) -> dict[tuple[str, str], float]:
+    return {
+        (sample.name, sample.labels.get("provider", "")): sample.value
+        for family in SnapshotCollector(lambda: doc).collect()
+        for sample in family.samples
+        if sample.name in ("provisionerd_provider_protected", "provisionerd_unhealthy_machines")
+    }
+
+
+def test_a_protected_provider_reads_1_with_its_unhealthy_count_and_others_read_0() -> None:
+    protected = {"unhealthy": 3, "max_unhealthy": 1, "protected": True, "reason": "...", "eases_in_s": 590.0}
+    doc = {
+        "providers": {
+            "ec2": {"health": {"state": "healthy", "machines": protected}},
+            "slurm": {"health": {"state": "healthy"}},
+        }
+    }
+    assert gauges(doc) == {
+        ("provisionerd_provider_protected", "ec2"): 1.0,
+        ("provisionerd_unhealthy_machines", "ec2"): 3.0,
+        ("provisionerd_provider_protected", "slurm"): 0.0,
+        ("provisionerd_unhealthy_machines", "slurm"): 0.0,
+    }
