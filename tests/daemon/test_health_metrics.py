@@ -28,3 +28,18 @@ def test_a_protected_provider_reads_1_with_its_unhealthy_count_and_others_read_0
         ("provisionerd_provider_protected", "slurm"): 0.0,
         ("provisionerd_unhealthy_machines", "slurm"): 0.0,
     }
+
+
+def test_status_text_says_why_replacement_stopped() -> None:
+    from provisionerd.cli.status import render_provider
+
+    reason = (
+        "provider 'ec2' protected: 3 unhealthy machines within 600s, more than max_unhealthy 1: replacement stopped"
+    )
+    machines = {"unhealthy": 3, "max_unhealthy": 1, "window_s": 600.0, "protected": True, "reason": reason}
+    lines = render_provider("ec2", {"health": {"state": "healthy", "machines": {**machines, "eases_in_s": 590.0}}})
+    assert f"  PROTECTED: {reason}  (eases in 590.0s)" in lines
+    calm = {**machines, "protected": False, "reason": None, "unhealthy": 1}
+    assert "  unhealthy machines: 1 within 600.0s (max_unhealthy 1)" in render_provider(
+        "ec2", {"health": {"machines": calm}}
+    )
