@@ -21,12 +21,17 @@ Rules
   count every live machine (returning ones included), every open intent's missing machines and every request in
   flight, so they hold even before the facts of this plan's actions land.
 - Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
-  join deadline, and idle machines past ``max_ttl`` are returned; idle machines an item does not need (and no
+  join deadline, joined machines whose capability report falls short of their template (``capability_mismatch:
+  <why>``; their offer turns suspect, :mod:`provisionerd.planner.health`) and idle machines past ``max_ttl`` are
+  returned; idle machines an item does not need (and no
   other item reuses) are returned once idle for ``idle_time``, longest idle first. A busy machine is never
   returned. Returns wait while their provider is throttled or unhealthy (but not for ``quota_exceeded``).
 - Every action planned is remembered in the state until the facts show it (or the driver reports it dropped),
   so replaying the same snapshot against the same view plans nothing new. Committing the planned facts changes
   nothing either, except that a committed ``RequestFailed`` or ``Lost`` frees what the plan held for it.
+- Health (:mod:`provisionerd.planner.health`): lost, never-joined, timed-out and short machines are logged as
+  unhealthy; a provider with more than its ``max_unhealthy`` of them within ``max_unhealthy_window`` gets no new
+  request (note ``provider_protected``) until the window holds no more than that.
 - Every deadline, back-off, cap and step limit is the machine's, intent's or offer's own provider's
   (``policy.of(provider)``, :class:`provisionerd.planner.policy.ProviderPolicy`).
 - Action order: ``FailRequest``, ``MarkLost``, ``ReturnMachines`` (per provider, by reason, batched), then
