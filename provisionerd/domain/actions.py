@@ -73,7 +73,8 @@ class Note:
     From :func:`provisionerd.planner.plan.plan`: ``stale_snapshot``, ``no_snapshot``, ``invalid_demand``,
     ``unmet_demand`` (with why: step limit, or no eligible offer with room), ``deferred`` (returns waiting for a
     throttle), ``unknown_reclaim``, ``duplicate_offer``, ``capability_mismatch`` (a machine short of its
-    template), ``provider_protected`` (``max_unhealthy`` stopped replacement). From :func:`provisionerd.planner.state.observe`:
+    template), ``provider_protected`` (``max_unhealthy`` stopped replacement).
+    From :func:`provisionerd.planner.state.observe`:
     ``offer_unavailable``, ``provider_throttled``, ``provider_paused`` (raise it as an event), ``provider_resumed``.
     """
 

@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
-from provisionerd.domain.model import Offer, ResourceShape
-from provisionerd.planner.offers import ParsedOffer, parse_offer, reasons_for, requirement_of
+from provisionerd.domain.model import HostState, Offer, ResourceShape
+from provisionerd.planner.offers import Catalog, ParsedOffer, parse_offer, reasons_for, requirement_of
 from provisionerd.planner.policy import ProviderPolicy
+
+if TYPE_CHECKING:
+    from provisionerd.planner.fact_view import MachineRecord
 
 #: The retire reason of a machine short of its template (its ``ReturnIntent.reason`` adds why, after ``": "``).
 CAPABILITY_MISMATCH = "capability_mismatch"
@@ -91,6 +95,35 @@ def capability_shortfall(template: ParsedOffer | Offer, reported: Mapping[str, s
         attributes={name: (kinds[name], value) for name, value in reported.items()},
     )
     return reasons_for(requirement_of(shape), parse_offer(machine))
+
+
+class CapabilityCheck:
+    """:func:`capability_shortfall` of a host against its machine's template in ``catalog``, for one plan pass.
+
+    A host state is judged once per catalog: ``verdicts`` (``Catalog.verdicts``: instance_ref -> (the host state
+    judged, its shortfall)) is checked by identity (host states are replaced, never changed), so a pass over 25,000
+    idle hosts that all passed reads a dict per host instead of judging them again. Within a pass, judgements are
+    shared per (template, report): machines of one template mostly report alike. A template no longer offered is
+    not judged (nothing to compare with)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.verdicts = catalog.verdicts
+        if len(self.verdicts) > 400_000:  # hosts long gone: bounded memory
+            self.verdicts.clear()
+        self._shared: dict[tuple[tuple[str, str], tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
+
+    def judge(self, host: HostState, machine: MachineRecord) -> tuple[str, ...]:
+        key = (machine.provider, machine.template_id)
+        memo = (key, tuple(host.capabilities.items()))
+        found = self._shared.get(memo)
+        if found is None:
+            template = self.catalog.by_key.get(key)
+            found = () if template is None else capability_shortfall(template, host.capabilities)
+            if len(self._shared) < 4096:
+                self._shared[memo] = found
+        self.verdicts[host.instance_ref] = (host, found)
+        return found
 
 
 def mismatch_reason(reasons: Iterable[str]) -> str:

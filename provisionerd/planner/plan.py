@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -158,7 +158,7 @@ def plan(
     if demand is not None:
         notes.extend(demand.notes)
     wanting = None if demand is None else demand.wanted
-    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, _capability_check(catalog))
+    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog))
     state, blocked = _health(state, view, counts, now, policy, notes)
     planner = Allocator(state, catalog, counts, now, policy, blocked)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
@@ -288,26 +288,6 @@ def _emit(
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
     wake_at = counts.wake if math.isfinite(counts.wake) else None
     return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
-
-
-def _capability_check(catalog: Catalog) -> Callable[[HostState, MachineRecord], tuple[str, ...]]:
-    """``planner.health.capability_shortfall`` of a host against its machine's template in ``catalog``, cached per
-    (template, report) for this plan: machines of one template mostly report alike. A template no longer offered
-    is not judged (nothing to compare with)."""
-    cache: dict[tuple[OfferKey, tuple[tuple[str, str], ...]], tuple[str, ...]] = {}
-
-    def check(host: HostState, machine: MachineRecord) -> tuple[str, ...]:
-        key = (machine.provider, machine.template_id)
-        memo = (key, tuple(host.capabilities.items()))
-        found = cache.get(memo)
-        if found is None:
-            template = catalog.by_key.get(key)
-            found = () if template is None else health.capability_shortfall(template, host.capabilities)
-            if len(cache) < 4096:
-                cache[memo] = found
-        return found
-
-    return check
 
 
 def _health(

@@ -11,12 +11,13 @@ The same goes for an open intent's outstanding machines.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
 from provisionerd.domain.model import HostState
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
+from provisionerd.planner.health import CapabilityCheck
 from provisionerd.planner.host_table import join_index
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
@@ -94,7 +95,7 @@ def tally(
     now: float,
     policy: Policy,
     wanted: Mapping[str, int] | None,
-    check: Callable[[HostState, MachineRecord], tuple[str, ...]] | None = None,
+    check: CapabilityCheck | None = None,
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
@@ -173,11 +174,17 @@ def tally(
         result.due(earliest + policy.min_join_deadline, now)
 
     if check is not None:  # a report that falls short of the template: not supply (planner.health)
+        verdicts, judge = check.verdicts, check.judge
         for by_ref in joins.available.values():
-            for host, machine in by_ref.values():
-                if not host.capabilities or machine.machine_id in skip:
+            for ref, (host, machine) in by_ref.items():
+                if not host.capabilities:
                     continue
-                reasons = check(host, machine)
+                judged = verdicts.get(ref)
+                if judged is not None and judged[0] is host and not judged[1]:
+                    continue  # this very host state passed before
+                if machine.machine_id in skip:
+                    continue
+                reasons = judge(host, machine)
                 if reasons:
                     result.retire.append(("capability_mismatch", machine))
                     result.shortfalls[machine.machine_id] = reasons
