@@ -3,10 +3,14 @@
 The report uses offer attribute names (:mod:`provisionerd.planner.offers`), so the daemon can check it against the
 machine's template with the same compatibility function offers are chosen by (:mod:`provisionerd.planner.health`):
 
+With ``--report-host`` (opt-in, see :func:`report`):
+
 - ``ncpus``: the CPUs this process may run on (``sched_getaffinity``; ``cpu_count`` where that is missing);
 - ``mem``: physical memory in MiB (``SC_PHYS_PAGES * SC_PAGE_SIZE``: the kernel's MemTotal, a little below a cloud's
   nominal size; the daemon allows for that);
 - ``type``: the architecture (``platform.machine()`` upper-cased, LSF's ``type``);
+And always:
+
 - one entry per **probe**: ``NAME=COMMAND`` pairs from the agent's own command line (``--probe``), which the provider
   plugin took from its own configuration or the machine's user data, e.g. ``ngpus=nvidia-smi -L | wc -l``.
 
@@ -145,9 +149,11 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def report(probes: Mapping[str, str], timeout: float) -> dict[str, str]:
-    """The whole report: the built-in entries and each probe's value (probes run one after another)."""
-    out = built_in()
+def report(probes: Mapping[str, str], timeout: float, *, host: bool = False) -> dict[str, str]:
+    """The whole report: each probe's value (probes run one after another) and, with ``host``, the built-in
+    entries. The built-ins are opt-in (``--report-host``): a template that declares its nominal size (a record
+    that plays a machine, a pod under a smaller limit) would otherwise have every machine returned as short."""
+    out = built_in() if host else {}
     for name, command in probes.items():
         out[name] = run_probe(command, timeout)
     return out

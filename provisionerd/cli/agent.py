@@ -5,7 +5,7 @@
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
                        [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
-                       [--probe NAME=COMMAND ...] [--probe-timeout S]
+                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
 pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
@@ -17,10 +17,10 @@ never joins stops too), the agent exits with code 5; with ``--on-orphan shutdown
 down is terminated (EC2 launched with ``InstanceInitiatedShutdownBehavior=terminate``). Providers set these from
 the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
 
-``--probe NAME=COMMAND``: measured once at start with the built-in ``ncpus``, ``mem`` and ``type``, and sent with
-every join (``provisionerd.agent.capabilities``); the daemon returns a machine whose report falls short of its
-template. Probes come only from this command line (the provider's own config or the machine's user data), never
-from the controller.
+``--probe NAME=COMMAND``: measured once at start (with ``--report-host``, also the built-in ``ncpus``, ``mem`` and
+``type``), and sent with every join (``provisionerd.agent.capabilities``); the daemon returns a machine whose report
+falls short of its template. Probes come only from this command line (the provider's own config or the machine's
+user data), never from the controller.
 
 Signals: SIGTERM or SIGINT stop the agent (exit 0); SIGUSR1 reports ``busy``, SIGUSR2 reports ``idle``.
 Exit codes: 0 stopped, 2 bad arguments or token file, 3 join token refused, 4 refused for another reason,
@@ -187,6 +187,11 @@ def _parser() -> argparse.ArgumentParser:
         " line it prints is reported as NAME, e.g. ngpus='nvidia-smi -L | wc -l'",
     )
     parser.add_argument("--probe-timeout", type=float, default=10.0, help="seconds each probe may take (default 10)")
+    parser.add_argument(
+        "--report-host",
+        action="store_true",
+        help="also report this machine's ncpus, mem (MiB) and type, which the daemon checks against the template",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_log_format_argument(parser, default="text")
     return parser
@@ -338,7 +343,7 @@ def main(argv: list[str]) -> int:
         dict(args.label),
     )
     # Measured once, before the first join: a machine's hardware does not change while it serves.
-    report = capabilities.report(probes, args.probe_timeout)
+    report = capabilities.report(probes, args.probe_timeout, host=args.report_host)
     log.info("capabilities %s", " ".join(f"{k}={v}" for k, v in sorted(report.items())))
     config = attrs.evolve(config, capabilities=report)
     claim = args.machine_id if args.address_bound else ""

@@ -49,6 +49,7 @@ def template(template_id: str, price: float, gpus_seen: str) -> dict[str, Any]:
         "ngpus": 1,
         "price": price,
         "probes": {"ngpus": f"echo {gpus_seen}"},
+        "reportHost": True,  # ncpus 1, mem 64 MiB: this host has them, so only the GPU probe can fall short
     }
 
 

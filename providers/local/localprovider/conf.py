@@ -38,7 +38,7 @@ DEFAULT_TEMPLATE = {
     "price": 0,
 }
 KEYS = {"templates", "certsDir", "heartbeatSeconds", "replyTimeoutSeconds", "killGraceSeconds", "agentCommand"}
-TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes"}
+TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes", "reportHost"}
 #: At most this many probes per template (the agent's own limit).
 MAX_PROBES = 5
 
@@ -57,6 +57,8 @@ class Template:
     #: against the template's attributes. A probe that reports less than the template declares makes a machine
     #: the daemon returns (how the tests make a bad machine on purpose: ``"ngpus": 1`` with ``"echo 0"``).
     probes: tuple[tuple[str, str], ...] = ()
+    #: The agents also report this host's ncpus, mem and type (``--report-host``), checked against the template.
+    report_host: bool = False
 
     def document(self, available: int) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -139,6 +141,7 @@ def _template(doc: Any, index: int) -> Template:
     return Template(
         template_id=doc["templateId"],
         probes=tuple(sorted(probes.items())),
+        report_host=doc.get("reportHost") is True,
         max_number=_int(doc, "maxNumber", where, default=64),
         ncpus=_int(doc, "ncpus", where, auto=os.cpu_count() or 1, default=1),
         mem_mb=_int(doc, "memMb", where, auto=_host_mem_mb(), default=1024),

@@ -48,6 +48,8 @@ def spawn_agent(conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, 
     template = conf.template(record["templateId"])
     for name, command in template.probes if template is not None else ():
         argv += ["--probe", f"{name}={command}"]  # from this plugin's own config, never from a request
+    if template is not None and template.report_host:
+        argv.append("--report-host")
     for key, value in sorted(record["tags"].items()):
         argv += ["--label", f"{key}={value}"]
     argv += ["--label", f"{procs.HOME_LABEL}={home}"]
