@@ -184,6 +184,8 @@ struct HostState {
   address @6 :Text;
   draining @7 :Bool;              # a DrainRequested fact names this host's machine: the controller places no
                                   # new work on it (false from older controllers)
+  capabilities @8 :List(KeyValue);  # what the worker reported at its join (Join.capabilities), bounded by the
+                                    # controller; empty = nothing reported (older workers): nothing to verify
 }
 
 # --- session ---------------------------------------------------------------------------------------------------
@@ -199,6 +201,9 @@ struct Join {
                                   # the lease holder is identity + instance ("" from older clients: identity only)
   machineId @7 :Text;             # worker only, the opt-in address-bound join (§4): the provider's machine id this
                                   # worker claims to be, with instanceRef "" and token "bootstrap-v1:<secret>"
+  capabilities @8 :List(KeyValue);  # worker only: what the machine has, as offer attribute names (ncpus, mem in
+                                    # MiB, type, and each probe its template declares, e.g. ngpus); at most 8
+                                    # entries, keys <= 32 and values <= 64 characters (§4 "Capabilities")
 }
 
 struct JoinReply {

@@ -46,6 +46,7 @@ from provisionerd.domain.model import PROTOCOL_VERSION, HostState, Role
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME, FramedStream
 from provisionerd.wire.messages import ErrorMsg, Join, JoinReply
 from provisionerd.wire.tls import peer_role, server_handshake
+from refcontroller import workers
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.credentials import is_credential, new_credential
@@ -287,6 +288,11 @@ class ControllerServer:
                 )
                 self.stats["workers_refused"] += 1
                 return admitted
+            report, dropped = workers.reported_capabilities(join.capabilities)
+            if dropped:
+                log.warning("worker %r: %d capability entries dropped (bounds)", admitted.instance_ref, dropped)
+                self.stats["capabilities_dropped"] += dropped
+            admitted = self.cluster.hosts.report(admitted.instance_ref, report) or admitted
             self.broadcast_host(admitted)
             return admitted
         return None

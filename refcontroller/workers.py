@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import attrs
 
@@ -165,6 +165,33 @@ def _joined(instance_ref: str, claims: list[TokenClaim], wall_now: float) -> Hos
     )
 
 
+#: The most capability entries a host keeps, and the longest key and value (``Join.capabilities``, protocol §4).
+MAX_CAPABILITIES = 8
+MAX_CAPABILITY_KEY = 32
+MAX_CAPABILITY_VALUE = 64
+
+
+def reported_capabilities(reported: Mapping[str, str]) -> tuple[dict[str, str], int]:
+    """What a worker's ``Join.capabilities`` may put in its host state, and how many entries were dropped: the
+    first ``MAX_CAPABILITIES`` in key order whose key is 1..32 characters of ``[A-Za-z0-9_.:-]`` and whose value is
+    at most 64 printable characters. The controller only carries the report; the daemon judges it."""
+    kept: dict[str, str] = {}
+    dropped = 0
+    for key in sorted(reported):
+        value = reported[key]
+        if (
+            len(kept) < MAX_CAPABILITIES
+            and 0 < len(key) <= MAX_CAPABILITY_KEY
+            and all(c.isascii() and (c.isalnum() or c in "_.:-") for c in key)
+            and len(value) <= MAX_CAPABILITY_VALUE
+            and value.isprintable()
+        ):
+            kept[key] = value
+        else:
+            dropped += 1
+    return kept, dropped
+
+
 def revoke_lost(store: FactStore, instance_ref: str, wall_now: float) -> bool:
     """Revoke the credential of a host given up as lost, durably; ``False`` if there was none to revoke or the
     store failed (logged: the host is refused in memory until a restart, as before credentials)."""
@@ -222,6 +249,15 @@ class HostTable:
         """The hosts new work may be placed on: joined or idle, and not draining (by instance_ref)."""
         free = (HostStatus.JOINED, HostStatus.IDLE)
         return sorted((h for h in self._hosts.values() if h.status in free and not h.draining), key=_ref)
+
+    def report(self, instance_ref: str, capabilities: Mapping[str, str]) -> HostState | None:
+        """Record what the worker of a known host reported at its join; ``None`` if unknown or unchanged."""
+        host = self._hosts.get(instance_ref)
+        if host is None or host.capabilities == capabilities:
+            return None
+        changed = attrs.evolve(host, capabilities=dict(capabilities))
+        self._hosts[instance_ref] = changed
+        return changed
 
     def identify(self, instance_ref: str, machine_id: str, hostname: str, address: str) -> HostState | None:
         """Fill in what an instance fact committed after the worker joined says about its host (a worker that

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import attrs
 import trio
@@ -100,7 +100,8 @@ class AgentConfig:
     """Seconds for the times. ``reply_timeout``: silence (no frame at all) after which the connection is
     presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together; ``orphan_timeout``:
     silence from every controller after which the agent gives up for good (``None``: never), at least
-    ``reply_timeout`` so that a healthy session's gaps between acknowledgements never reach it."""
+    ``reply_timeout`` so that a healthy session's gaps between acknowledgements never reach it. ``capabilities``:
+    the machine's report (``agent.capabilities``), measured once at start and sent with every join."""
 
     controllers: tuple[str, ...] = attrs.field(converter=_addresses)
     instance_ref: str
@@ -112,6 +113,8 @@ class AgentConfig:
     backoff_max: float = 5.0
     max_redirects: int = 3
     orphan_timeout: float | None = attrs.field(default=None)
+    #: What this machine has (``agent.capabilities.report``), sent in every Join.
+    capabilities: Mapping[str, str] = attrs.field(factory=dict)
 
     @orphan_timeout.validator
     def _check_orphan_timeout(self, _attribute: object, value: float | None) -> None:
@@ -232,6 +235,7 @@ class WorkerAgent:
                     instance_ref=credentials.instance_ref,
                     token=credentials.current(),
                     machine_id=credentials.machine_claim(),
+                    capabilities=self.config.capabilities,
                 )
                 try:
                     await framed.send(join, 1)

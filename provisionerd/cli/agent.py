@@ -5,6 +5,7 @@
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
                        [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
+                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
 pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
@@ -15,6 +16,11 @@ never joins stops too), the agent exits with code 5; with ``--on-orphan shutdown
 ``--shutdown-command`` (default ``shutdown -h now``, no shell), for providers where a machine that shuts itself
 down is terminated (EC2 launched with ``InstanceInitiatedShutdownBehavior=terminate``). Providers set these from
 the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
+
+``--probe NAME=COMMAND``: measured once at start (with ``--report-host``, also the built-in ``ncpus``, ``mem`` and
+``type``), and sent with every join (``provisionerd.agent.capabilities``); the daemon returns a machine whose report
+falls short of its template. Probes come only from this command line (the provider's own config or the machine's
+user data), never from the controller.
 
 Signals: SIGTERM or SIGINT stop the agent (exit 0); SIGUSR1 reports ``busy``, SIGUSR2 reports ``idle``.
 Exit codes: 0 stopped, 2 bad arguments or token file, 3 join token refused, 4 refused for another reason,
@@ -33,8 +39,10 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import attrs
 import trio
 
+from provisionerd.agent import capabilities
 from provisionerd.agent.token import read_token_file, read_token_stream
 from provisionerd.agent.worker import (
     EXIT_ORPHANED,
@@ -111,6 +119,13 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _probe(text: str) -> tuple[str, str]:
+    try:
+        return capabilities.parse_probe(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="provisionerd agent",
@@ -162,6 +177,21 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_SHUTDOWN,
         help=f"what --on-orphan shutdown runs, split like a shell would, no shell (default {DEFAULT_SHUTDOWN!r})",
     )
+    parser.add_argument(
+        "--probe",
+        action="append",
+        type=_probe,
+        default=[],
+        metavar="NAME=COMMAND",
+        help="a capability probe (repeatable, at most 5): COMMAND runs through /bin/sh once at start and the first"
+        " line it prints is reported as NAME, e.g. ngpus='nvidia-smi -L | wc -l'",
+    )
+    parser.add_argument("--probe-timeout", type=float, default=10.0, help="seconds each probe may take (default 10)")
+    parser.add_argument(
+        "--report-host",
+        action="store_true",
+        help="also report this machine's ncpus, mem (MiB) and type, which the daemon checks against the template",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_log_format_argument(parser, default="text")
     return parser
@@ -190,6 +220,16 @@ def _config(args: argparse.Namespace) -> AgentConfig:
         reply_timeout=args.reply_timeout,
         orphan_timeout=args.orphan_timeout,
     )
+
+
+def _probes(args: argparse.Namespace) -> dict[str, str]:
+    """``--probe`` as ``{name: command}``; ``ConfigError`` for a bad timeout, too many or a name twice."""
+    if not 0 < args.probe_timeout <= 300:
+        raise ConfigError("--probe-timeout must be more than 0 and at most 300 seconds")
+    try:
+        return capabilities.check_probes(args.probe)
+    except ValueError as exc:
+        raise ConfigError(f"--probe: {exc}") from None
 
 
 def shut_down(command: str) -> None:
@@ -289,6 +329,7 @@ def main(argv: list[str]) -> int:
     )
     try:
         config = _config(args)
+        probes = _probes(args)
         token = _read_token(args)
         formatter.redact = Redactor().including([token])  # the join token never reaches the log, in either format
     except ConfigError as exc:
@@ -301,6 +342,10 @@ def main(argv: list[str]) -> int:
         ",".join(config.controllers),
         dict(args.label),
     )
+    # Measured once, before the first join: a machine's hardware does not change while it serves.
+    report = capabilities.report(probes, args.probe_timeout, host=args.report_host)
+    log.info("capabilities %s", " ".join(f"{k}={v}" for k, v in sorted(report.items())))
+    config = attrs.evolve(config, capabilities=report)
     claim = args.machine_id if args.address_bound else ""
     agent = WorkerAgent(config, token, tls_connector(args.certs), claim=claim)
     del token

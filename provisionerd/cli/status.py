@@ -105,6 +105,14 @@ def render_provider(name: str, p: dict[str, Any]) -> list[str]:
             f"  UNHEALTHY: {health.get('code')}: {health.get('detail')}  ({health.get('failures')} failures,"
             f" next probe in {health.get('next_probe_in_s')}s)"
         )
+    machines = health.get("machines")
+    if isinstance(machines, dict) and machines.get("protected"):
+        lines.append(f"  PROTECTED: {machines.get('reason')}  (eases in {machines.get('eases_in_s')}s)")
+    elif isinstance(machines, dict):
+        lines.append(
+            f"  unhealthy machines: {machines.get('unhealthy')} within {machines.get('window_s')}s"
+            f" (max_unhealthy {machines.get('max_unhealthy')})"
+        )
     for check in ("access", "connectivity", "readiness", "capacity"):
         c = p.get("checks", {}).get(check, {})
         lines.append(f"  {check:<12} {c.get('state', '?'):<8} {c.get('detail', '')}")

@@ -208,6 +208,10 @@ class ProviderConfig:
     #: A busy machine past ``max_ttl`` is asked to drain and returned when idle, or this long after the ask busy or
     #: not (``provisionerd.planner.drain``; docs/operations.md).
     drain_timeout: float = 3600.0
+    #: More unhealthy machines than this (a count, or ``"N%"`` of the live ones) within ``max_unhealthy_window``
+    #: stops replacement at this provider ("": never); see docs/fleet.md.
+    max_unhealthy: str = ""
+    max_unhealthy_window: float = 600.0
 
     @property
     def command(self) -> tuple[str, ...]:

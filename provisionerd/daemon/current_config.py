@@ -55,6 +55,8 @@ LIVE_PROVIDER_FIELDS = frozenset(
         "disruption_budget_percent",
         "disruption_interval",
         "drain_timeout",
+        "max_unhealthy",
+        "max_unhealthy_window",
         "capacity_backoff",
         "quota_pause",
         "unhealthy_backoff",
@@ -68,7 +70,9 @@ MAX_NAMED = 50
 
 def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
     """One configured provider's knobs, as the planner and the orphan cycle read them (``max_ttl = 0``: none;
-    ``idle_time = 0``: return at once, which the planner spells as a millisecond)."""
+    ``idle_time = 0``: return at once, which the planner spells as a millisecond; ``max_unhealthy``: ``"3"`` or
+    ``"40%"``, as the schema allows)."""
+    text = provider.max_unhealthy.strip()
     return ProviderPolicy(
         join_deadline=provider.join_deadline,
         idle_time=max(provider.idle_time, 0.001),
@@ -84,6 +88,9 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
         disruption_budget_percent=provider.disruption_budget_percent,
         disruption_interval=provider.disruption_interval,
         drain_timeout=provider.drain_timeout,
+        max_unhealthy=None if not text or text.endswith("%") else int(text),
+        max_unhealthy_percent=float(text[:-1]) if text.endswith("%") else None,
+        max_unhealthy_window=provider.max_unhealthy_window,
     )
 
 

@@ -35,7 +35,8 @@ class ReturnMachines:
     """Commit a ``ReturnIntent(op_id, machine_ids, reason)``, then ``requestReturnMachines``.
 
     ``reason`` is one of ``idle``, ``never_joined``, ``max_ttl``, ``drained``, ``drain_timeout``, ``released``,
-    ``provisioning_timeout``.
+    ``provisioning_timeout``, or ``capability_mismatch: <why>`` (the machine's report fell short of its template,
+    ``planner.health``).
     """
 
     op_id: str
@@ -84,7 +85,9 @@ class Note:
 
     From :func:`provisionerd.planner.plan.plan`: ``stale_snapshot``, ``no_snapshot``, ``invalid_demand``,
     ``unmet_demand`` (with why: step limit, or no eligible offer with room), ``deferred`` (returns waiting for a
-    throttle), ``unknown_reclaim``, ``duplicate_offer``. From :func:`provisionerd.planner.state.observe`:
+    throttle), ``unknown_reclaim``, ``duplicate_offer``, ``capability_mismatch`` (a machine short of its
+    template), ``provider_protected`` (``max_unhealthy`` stopped replacement).
+    From :func:`provisionerd.planner.state.observe`:
     ``offer_unavailable``, ``provider_throttled``, ``provider_paused`` (raise it as an event), ``provider_resumed``.
     """
 

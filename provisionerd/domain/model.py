@@ -313,7 +313,12 @@ class HostStatus(enum.Enum):
 @attrs.frozen
 class HostState:
     """What the controller knows of a worker host. ``since`` is when it entered ``status`` (epoch seconds).
-    ``draining``: a ``DrainRequested`` fact names the machine, so the controller places no new work on it."""
+
+    ``draining``: a ``DrainRequested`` fact names the machine, so the controller places no new work on it.
+
+    ``capabilities``: what the worker reported at its join (offer attribute names: ``ncpus``, ``mem``, ``type``
+    and its template's probes, e.g. ``ngpus``), which the planner checks against its template
+    (:mod:`provisionerd.planner.health`); empty when it reported nothing."""
 
     instance_ref: str
     provider: str
@@ -323,6 +328,7 @@ class HostState:
     hostname: str = ""
     address: str = ""
     draining: bool = False
+    capabilities: Mapping[str, str] = attrs.field(factory=dict)
 
 
 # --- what a provider reports -----------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from provisionerd.execution.reclaims import ReclaimPoll
 from provisionerd.execution.recovery import Recovery
 from provisionerd.planner.capacity import ProbeStarted, ProbeSucceeded
 from provisionerd.planner.deadlines import next_deadline
+from provisionerd.planner.health import status as machine_health
 from provisionerd.planner.offers import Catalog
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy
@@ -216,12 +217,21 @@ class ReconcileLoop:
         the provider's message, how long it has been so, the failures in a row and when the next probe is due."""
         now = self.wall()
         health: dict[str, dict[str, Any]] = {}
+        view = self.session.view
+        live: dict[str, int] = {}
+        for (owner, _), n in ({} if view is None else view.facts.live_by_offer).items():
+            live[owner] = live.get(owner, 0) + n
         for provider in self.leases:
             entry = self.state.capacity.unhealthy.get(provider)
+            # Its machines' health (planner.health): shown once it has a max_unhealthy or an unhealthy machine.
+            own = self.policy.of(provider)
+            machines = machine_health(self.state.unhealthy, provider, live.get(provider, 0), now, own)
+            shown = {"machines": machines} if machines["unhealthy"] or machines["max_unhealthy"] is not None else {}
             if entry is None:
-                health[provider] = {"state": "healthy"}
+                health[provider] = {"state": "healthy", **shown}
                 continue
             health[provider] = {
+                **shown,
                 "state": "unhealthy",
                 "code": entry.code,
                 "detail": entry.detail,

@@ -69,8 +69,18 @@ def excess_pool(counts: Tally, items: Mapping[str, DemandItem]) -> dict[OfferKey
 class Allocator:
     """The demand phase of one plan call: reuse, then requests, under caps and the step limit."""
 
-    def __init__(self, state: PlannerState, catalog: Catalog, counts: Tally, now: float, policy: Policy) -> None:
+    def __init__(
+        self,
+        state: PlannerState,
+        catalog: Catalog,
+        counts: Tally,
+        now: float,
+        policy: Policy,
+        blocked: Mapping[str, str] | None = None,
+    ) -> None:
+        """``blocked``: providers no request may go to this pass, and why (``planner.health``'s protection)."""
         self.catalog, self.counts, self.now, self.policy = catalog, counts, now, policy
+        self.blocked: Mapping[str, str] = blocked or {}
         self.capacity = state.capacity
         self.step_log = tuple(e for e in state.step_log if e[0] > now - policy.step_interval)
         self.ramps = state.ramps
@@ -129,7 +139,7 @@ class Allocator:
             if deficit <= 0 or self.step_room <= 0:
                 break
             key = parsed.key
-            why = self.capacity.offer_block(key, self.now) or self._full(key, parsed.offer)
+            why = self.blocked.get(key[0]) or self.capacity.offer_block(key, self.now) or self._full(key, parsed.offer)
             if why is not None:
                 blocked.append(Rejection(key[0], key[1], (why,)))
                 continue

@@ -161,6 +161,8 @@ class CapacityState:
     unhealthy: Mapping[str, Unhealthy] = attrs.field(factory=dict)
     strikes: Mapping[str, int] = attrs.field(factory=dict)  # unhealthy failures in a row, kept past a good probe
     jitter_seed: int = 0
+    #: Offers whose machine fell short of the template (``planner.health``): offer -> (suspect until, why).
+    suspect: Mapping[OfferKey, tuple[float, str]] = attrs.field(factory=dict)
 
     def offer_block(self, key: OfferKey, now: float) -> str | None:
         """Why no new request may go to offer ``key`` now (``None`` = it may)."""
@@ -173,7 +175,17 @@ class CapacityState:
         until = self.unavailable.get(key)
         if until is not None and now < until:
             return f"capacity_unavailable until {until:.1f}"
+        suspect = self.suspect.get(key)
+        if suspect is not None and now < suspect[0]:
+            return f"suspect until {suspect[0]:.1f}: {suspect[1]}"
         return None
+
+    def with_suspect(self, key: OfferKey, until: float, why: str) -> CapacityState:
+        """Offer ``key`` suspect until ``until`` (or later, if it was already) because of ``why``."""
+        previous = self.suspect.get(key)
+        if previous is not None and previous[0] >= until:
+            return self
+        return attrs.evolve(self, suspect={**self.suspect, key: (until, why)})
 
     def unhealthy_reason(self, provider: str) -> str | None:
         """Why nothing may be asked of ``provider`` but a probe (``None``: it is healthy). The state lasts until a
@@ -201,12 +213,17 @@ class CapacityState:
     def pruned(self, now: float) -> CapacityState:
         """Drop windows that ended. A throttle's attempt count survives its window until a success resets it; an
         unhealthy provider stays so until a probe succeeds."""
+        state = self
+        if self.suspect:
+            suspect = {k: s for k, s in self.suspect.items() if now < s[0]}
+            if len(suspect) != len(self.suspect):
+                state = attrs.evolve(state, suspect=suspect)
         if not self.unavailable:
-            return self
+            return state
         unavailable = {k: u for k, u in self.unavailable.items() if now < u}
         if len(unavailable) == len(self.unavailable):
-            return self
-        return attrs.evolve(self, unavailable=unavailable)
+            return state
+        return attrs.evolve(state, unavailable=unavailable)
 
 
 def _unit_jitter(seed: int, provider: str, attempt: int) -> float:

@@ -271,6 +271,9 @@ class Catalog:
         self.duplicates = tuple(duplicates)
         self.ordered = tuple(sorted(self.by_key.values(), key=offer_sort_key))
         self._rankings: dict[Requirement, tuple[tuple[ParsedOffer, ...], tuple[Rejection, ...]]] = {}
+        #: instance_ref -> (the host state judged, why it falls short of its template): a host is judged once per
+        #: state and catalog (``planner.health``; the plan checks identity, so a changed host is judged again).
+        self.verdicts: dict[str, tuple[object, tuple[str, ...]]] = {}
         self._rank_index: dict[Requirement, dict[OfferKey, int]] = {}
 
     def __len__(self) -> int:

@@ -21,14 +21,18 @@ Rules
   count every live machine (returning ones included), every open intent's missing machines and every request in
   flight, so they hold even before the facts of this plan's actions land.
 - Retirement: reclaimed machines are marked lost; not-joined machines of a timed-out intent, machines past the
-  join deadline, and idle machines past ``max_ttl`` are returned; idle machines an item does not need (and no
-  other item reuses) are returned once idle for ``idle_time``, longest idle first. A busy machine past ``max_ttl``
-  is asked to drain (``DrainMachines``) and returned when idle or at its ``drain_timeout``
-  (:mod:`provisionerd.planner.drain`); no other busy machine is ever returned. Returns wait while their provider
-  is throttled or unhealthy (but not for ``quota_exceeded``).
+  join deadline, joined machines whose capability report falls short of their template (``capability_mismatch:
+  <why>``; their offer turns suspect, :mod:`provisionerd.planner.health`) and idle machines past ``max_ttl`` are
+  returned; idle machines an item does not need (and no other item reuses) are returned once idle for
+  ``idle_time``, longest idle first. A busy machine past ``max_ttl`` is asked to drain (``DrainMachines``) and
+  returned when idle or at its ``drain_timeout`` (:mod:`provisionerd.planner.drain`); no other busy machine is
+  ever returned. Returns wait while their provider is throttled or unhealthy (but not for ``quota_exceeded``).
 - Every action planned is remembered in the state until the facts show it (or the driver reports it dropped),
   so replaying the same snapshot against the same view plans nothing new. Committing the planned facts changes
   nothing either, except that a committed ``RequestFailed`` or ``Lost`` frees what the plan held for it.
+- Health (:mod:`provisionerd.planner.health`): lost, never-joined, timed-out and short machines are logged as
+  unhealthy; a provider with more than its ``max_unhealthy`` of them within ``max_unhealthy_window`` gets no new
+  request (note ``provider_protected``) until the window holds no more than that.
 - Every deadline, back-off, cap and step limit is the machine's, intent's or offer's own provider's
   (``policy.of(provider)``, :class:`provisionerd.planner.policy.ProviderPolicy`).
 - Action order: ``FailRequest``, ``MarkLost``, ``ReturnMachines`` (per provider, by reason, batched),
@@ -58,7 +62,7 @@ from provisionerd.domain.actions import (
     ReturnMachines,
 )
 from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
-from provisionerd.planner import budget
+from provisionerd.planner import budget, health
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
@@ -75,7 +79,16 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 
 #: Order in which retire reasons are emitted (and a machine's single reason, see
 #: :func:`provisionerd.planner.supply.tally`).
-RETIRE_REASONS = ("provisioning_timeout", "never_joined", DRAIN_TIMEOUT, "max_ttl", DRAINED, RELEASED, "idle")
+RETIRE_REASONS = (
+    "provisioning_timeout",
+    "never_joined",
+    health.CAPABILITY_MISMATCH,
+    DRAIN_TIMEOUT,
+    "max_ttl",
+    DRAINED,
+    RELEASED,
+    "idle",
+)
 
 
 @attrs.frozen
@@ -163,8 +176,10 @@ def plan(
     demand = None if snapshot is None else demand_index(snapshot)
     if demand is not None:
         notes.extend(demand.notes)
-    counts = tally(state, view, _as_hosts(hosts), now, policy, None if demand is None else demand.wanted)
-    planner = Allocator(state, catalog, counts, now, policy)
+    wanting = None if demand is None else demand.wanted
+    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog))
+    state, blocked = _health(state, view, counts, now, policy, notes)
+    planner = Allocator(state, catalog, counts, now, policy, blocked)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
     released: list[tuple[str, MachineRecord]] = []
     if demand is None:
@@ -181,7 +196,11 @@ def plan(
             # items of a big snapshot have none, and a call per item would be most of this loop's cost).
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
                 planner.serve(demand.items[demand_id], idle_pool, notes, requirement)
-    retire = [*counts.retire, *released]
+    retire = [
+        (health.mismatch_reason(counts.shortfalls[m.machine_id]) if r == health.CAPABILITY_MISMATCH else r, m)
+        for r, m in counts.retire
+    ]
+    retire += released
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
         for entry in entries:
@@ -226,7 +245,8 @@ def _emit(
     for reason, machine in retire:
         groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
     order = {reason: i for i, reason in enumerate(RETIRE_REASONS)}
-    for (provider, reason), machine_ids in sorted(groups.items(), key=lambda g: (g[0][0], order[g[0][1]])):
+    by_order = sorted(groups.items(), key=lambda g: (g[0][0], order[health.reason_kind(g[0][1])], g[0][1]))
+    for (provider, reason), machine_ids in by_order:
         unhealthy = state.capacity.unhealthy.get(provider)
         if unhealthy is not None and unhealthy.blocks_returns:
             detail = f"{len(machine_ids)} {reason} return(s) wait: {unhealthy.reason(provider)}"
@@ -289,6 +309,39 @@ def _emit(
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
     wake_at = counts.wake if math.isfinite(counts.wake) else None
     return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
+
+
+def _health(
+    state: PlannerState, view: FactView, counts: Tally, now: float, policy: Policy, notes: list[Note]
+) -> tuple[PlannerState, dict[str, str]]:
+    """Log this pass's unhealthy findings, mark the offers of machines short of their template suspect, and name
+    the providers protected by ``max_unhealthy`` (``planner.health``): ``(state, {provider: why})``."""
+    findings = [(m.provider, m.machine_id) for m in counts.lost]
+    findings += [(m.provider, m.machine_id) for r, m in counts.retire if r in health.UNHEALTHY_REASONS]
+    findings.sort()  # the log's order must not depend on set iteration (hash seeds)
+    capacity = state.capacity
+    for machine_id, reasons in sorted(counts.shortfalls.items()):
+        machine = view.machines[machine_id]
+        why = f"machine {machine_id} short of its template: {'; '.join(reasons)}"
+        notes.append(Note(health.CAPABILITY_MISMATCH, why, machine.provider, machine.demand_id))
+        until = now + policy.of(machine.provider).capacity_backoff
+        capacity = capacity.with_suspect((machine.provider, machine.template_id), until, why[:200])
+    for until, _ in capacity.suspect.values():  # the plan wakes when an offer stops being suspect
+        counts.due(until, now)
+    if not findings and not state.unhealthy:
+        return (state if capacity is state.capacity else attrs.evolve(state, capacity=capacity)), {}
+    providers = {p for p, _ in findings} | {e[1] for e in state.unhealthy}
+    windows = {p: policy.of(p).max_unhealthy_window for p in providers}
+    log = health.recorded(state.unhealthy, findings, now, windows)
+    live: dict[str, int] = {}
+    for (owner, _), n in view.live_by_offer.items():
+        live[owner] = live.get(owner, 0) + n
+    blocked: dict[str, str] = {}
+    for provider, found in health.protections(log, live, now, policy.of).items():
+        blocked[provider] = found.reason()
+        notes.append(Note("provider_protected", found.reason(), provider))
+        counts.due(found.eases_at, now)
+    return attrs.evolve(state, capacity=capacity, unhealthy=log), blocked
 
 
 def _budgeted(

@@ -50,6 +50,9 @@ _PROVIDER_KNOBS = (
     "disruption_budget",
     "disruption_budget_percent",
     "disruption_interval",
+    "max_unhealthy",
+    "max_unhealthy_percent",
+    "max_unhealthy_window",
 )
 
 
@@ -80,6 +83,24 @@ def _problems(values: Mapping[str, object]) -> list[str]:
     interval = values.get("disruption_interval", 1.0)
     if not (isinstance(interval, (int, float)) and not isinstance(interval, bool) and _positive(interval)):
         problems.append(f"disruption_interval: must be a positive number of seconds, not {interval!r}")
+    problems += _health_problems(values)
+    return problems
+
+
+def _health_problems(values: Mapping[str, object]) -> list[str]:
+    """``max_unhealthy`` and its window (``planner.health``)."""
+    problems = []
+    count = values.get("max_unhealthy")
+    if count is not None and not _is_count(count, 0):
+        problems.append(f"max_unhealthy: must be an integer >= 0 or None, not {count!r}")
+    percent = values.get("max_unhealthy_percent")
+    if percent is not None and not (
+        isinstance(percent, (int, float)) and not isinstance(percent, bool) and 0 <= percent <= 100
+    ):
+        problems.append(f"max_unhealthy_percent: must be a number from 0 to 100 or None, not {percent!r}")
+    window = values.get("max_unhealthy_window", 1.0)
+    if not (isinstance(window, (int, float)) and not isinstance(window, bool) and _positive(window)):
+        problems.append(f"max_unhealthy_window: must be a positive number of seconds, not {window!r}")
     return problems
 
 
@@ -112,6 +133,11 @@ class ProviderPolicy:
     disruption_budget_percent: float | None = None
     disruption_interval: float = 60.0
     drain_timeout: float = 3600.0
+    #: More unhealthy machines than this (and/or this percent of the live ones) within ``max_unhealthy_window``
+    #: stops replacement at this provider (:mod:`provisionerd.planner.health`; ``None``: never stops).
+    max_unhealthy: int | None = None
+    max_unhealthy_percent: float | None = None
+    max_unhealthy_window: float = 600.0
 
     def __attrs_post_init__(self) -> None:
         problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})

@@ -107,6 +107,8 @@ class PlannerState:
     #: machine_id -> when this process first asked it to drain (``planner.drain``; until the fact shows it, and
     #: the only record when the fact never lands). Kept while the machine is active.
     drain_seen: Mapping[str, float] = attrs.field(factory=dict)
+    #: Unhealthy machines found within each provider's ``max_unhealthy_window`` (``planner.health``).
+    unhealthy: tuple[tuple[float, str, str], ...] = ()
 
     def intents_refused_until(self, now: float) -> float | None:
         """When the controller's last refusal window ends (``None`` when it has ended): plan nothing before."""

@@ -18,6 +18,7 @@ import attrs
 from provisionerd.domain.model import HostState
 from provisionerd.planner import drain
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
+from provisionerd.planner.health import CapabilityCheck
 from provisionerd.planner.host_table import join_index
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
@@ -36,6 +37,8 @@ class Tally:
     active: dict[str, int] = attrs.field(factory=dict)  # demand_id -> usable machines (not retiring)
     idle: dict[str, list[IdleEntry]] = attrs.field(factory=dict)  # demand_id -> joined idle machines
     retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reason, machine) to return
+    #: machine_id -> why its host's report falls short of its template (retired as ``capability_mismatch``).
+    shortfalls: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
     lost: list[MachineRecord] = attrs.field(factory=list)  # reclaimed by the provider
     fails: list[IntentRecord] = attrs.field(factory=list)  # open intents past the provisioning timeout
     drain: list[MachineRecord] = attrs.field(factory=list)  # busy past max_ttl, to be asked to drain (planner.drain)
@@ -94,13 +97,15 @@ def tally(
     now: float,
     policy: Policy,
     wanted: Mapping[str, int] | None,
+    check: CapabilityCheck | None = None,
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
     reclaimed (lost) > not joined and its intent timed out (``provisioning_timeout``) > not joined past the join
-    deadline (``never_joined``) > joined and older than ``max_ttl`` (idle: ``max_ttl``; busy: drained, see
-    :mod:`provisionerd.planner.drain`), each deadline the machine's (or intent's) own provider's
-    (``policy.of(provider)``). Every other active
+    deadline (``never_joined``) > joined, not busy, and its host's capability report falls short of its template
+    (``check`` says why: ``capability_mismatch``, :mod:`provisionerd.planner.health`) > joined and older than
+    ``max_ttl`` (idle: ``max_ttl``; busy: drained, see :mod:`provisionerd.planner.drain`), each deadline the
+    machine's (or intent's) own provider's (``policy.of(provider)``). Every other active
     machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
     supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
     ``wanted`` is ``None``: demand unknown).
@@ -170,6 +175,23 @@ def tally(
     if earliest is not None:
         result.due(earliest + policy.min_join_deadline, now)
 
+    if check is not None:  # a report that falls short of the template: not supply (planner.health)
+        verdicts, judge = check.verdicts, check.judge
+        for by_ref in joins.available.values():
+            for ref, (host, machine) in by_ref.items():
+                if not host.capabilities:
+                    continue
+                judged = verdicts.get(ref)
+                if judged is not None and judged[0] is host and not judged[1]:
+                    continue  # this very host state passed before
+                if machine.machine_id in skip:
+                    continue
+                reasons = judge(host, machine)
+                if reasons:
+                    result.retire.append(("capability_mismatch", machine))
+                    result.shortfalls[machine.machine_id] = reasons
+                    active[machine.demand_id] -= 1
+                    skip.add(machine.machine_id)
     # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
     givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
     idle = result.idle

@@ -7,7 +7,8 @@ daemon holds now, so it cannot drift from ``status``: the two read the same docu
 - ``link.state``, ``link.generation``; ``controller.halted``; ``reconcile.cycles``;
 - ``providers.<name>``: ``lease`` (``state``, ``epoch`` as ``"term.seq"``, ``remaining``, ``standby``),
   ``machines`` (state -> count), ``demand.by_template`` (template -> ``wanted``/``supplied``), ``backoffs``
-  (kind -> count), ``health`` (``state``, ``code``), ``offers``, ``last_call.age_s``;
+  (kind -> count), ``health`` (``state``, ``code``, ``machines.protected``, ``machines.unhealthy``), ``offers``,
+  ``last_call.age_s``;
 - ``demand.unplaced``; ``health.loop_heartbeat_age_s``; ``ready.ok``.
 
 A key missing or of the wrong type is skipped, never an error: a scrape always answers.
@@ -149,6 +150,16 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         p_,
         "code",
     )
+    protected = _gauge(
+        "provisionerd_provider_protected",
+        "1 while more machines were unhealthy than max_unhealthy allows: no replacement is requested.",
+        p_,
+    )
+    sick_machines = _gauge(
+        "provisionerd_unhealthy_machines",
+        "Machines found unhealthy (lost, never joined, timed out, short of their template) in max_unhealthy_window.",
+        p_,
+    )
     offers = _gauge("provisionerd_offers", "Offers (templates) last read from the provider.", p_)
     step = _gauge("provisionerd_provider_step", "The adaptive step: most new machines per step interval now.", p_)
     last_call = _gauge("provisionerd_provider_last_call_age_seconds", "Seconds since the last provider call ended.", p_)
@@ -175,6 +186,9 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         sick = health.get("state") == "unhealthy"
         code = health.get("code")
         unhealthy.add_metric([name, code if sick and isinstance(code, str) else "none"], 1.0 if sick else 0.0)
+        fleet_health = _map(health.get("machines"))
+        protected.add_metric([name], 1.0 if fleet_health.get("protected") is True else 0.0)
+        sick_machines.add_metric([name], _num(fleet_health.get("unhealthy")) or 0.0)
         if (value := _num(p.get("offers"))) is not None:
             offers.add_metric([name], value)
         if (value := _num(_map(p.get("last_call")).get("age_s"))) is not None:
@@ -182,4 +196,4 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         if (value := _num(_map(p.get("step")).get("step"))) is not None:
             step.add_metric([name], value)
     yield from (lease_state, standby, term, seq, valid, machines, wanted, supplied, backoffs, unhealthy, offers)
-    yield from (last_call, step)
+    yield from (last_call, step, protected, sick_machines)

@@ -11,7 +11,7 @@ fails at its source rather than at encode time on the other side of the program.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -92,6 +92,8 @@ class Join:
     instance: str = ""
     #: The address-bound join (protocol §4): the provider's machine id a worker without a token claims to be.
     machine_id: str = ""
+    #: A worker's capabilities (protocol §4 "Capabilities"): offer attribute name -> the value it found.
+    capabilities: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -39,6 +39,7 @@ class FakeController:
     drop_after_join_frame: bool = False  # consume the join, then close without answering (once)
     issue_credentials: bool = False  # answer a token join with a per-instance credential (refcontroller/credentials)
     credentials: dict[str, str] = attrs.field(factory=dict)  # instance_ref -> its current credential
+    received: list[Join] = attrs.field(factory=list)  # every Join, as it arrived
     _sessions: list[trio.CancelScope] = attrs.field(factory=list)
 
     def allow(self, instance_ref: str, token: str) -> None:
@@ -93,6 +94,7 @@ class FakeController:
             await trio.sleep_forever()
         join = envelope.msg
         assert isinstance(join, Join)
+        self.received.append(join)
         kind = {"rejoin-v1:": "proof", "cred-v1:": "credential"}.get(join.token.partition(":")[0] + ":", "token")
         self.log.append((trio.current_time(), address, f"join:{kind}"))
         if replica != self.primary:

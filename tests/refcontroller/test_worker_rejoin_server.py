@@ -111,3 +111,29 @@ async def test_what_protocol_md_says_of_a_second_join_an_empty_identity_and_a_lo
         assert seq_term(await worker.request(Heartbeat(1))) == (1, 1)
         assert [s.join.instance_ref for s in h.server.sessions if s.role is Role.WORKER] == ["i-1"]
         assert h.cluster.store.credential("i-2") is None
+
+
+@on_mock_clock
+async def test_a_workers_capability_report_reaches_its_host_state_bounded(tmp_path: Path) -> None:
+    """``Join.capabilities`` is carried into the host the provisioner sees (protocol §4 "Capabilities"): entries
+    with sane keys and short printable values; the others are dropped, counted and logged (more than 8 entries is a
+    frame over bounds, refused before it is read: ``wire.bounds``)."""
+    async with memory_controller(tmp_path) as h:
+        await machines(h)
+        report = {"ncpus": "4", "mem": "7900", "type": "X86_64", "ngpus": "0", "bad key": "1", "long": "x" * 65}
+        report |= {"extra0": "0", "extra1": "1"}
+        worker, reply = await h.join(Role.WORKER, "w1", instance_ref="i-1", token="tok-i-1", capabilities=report)
+        assert isinstance(reply, JoinReply) and reply.accepted
+        host = h.server.cluster.hosts.get("i-1")
+        assert host is not None
+        assert dict(host.capabilities) == {
+            "extra0": "0",
+            "extra1": "1",
+            "mem": "7900",
+            "ncpus": "4",
+            "ngpus": "0",
+            "type": "X86_64",
+        }
+        assert h.server.stats["capabilities_dropped"] == 2
+        (plan_host,) = [x for x in h.server.cluster.hosts.for_providers(["aws"]) if x.instance_ref == "i-1"]
+        assert plan_host.capabilities == host.capabilities

@@ -38,7 +38,9 @@ DEFAULT_TEMPLATE = {
     "price": 0,
 }
 KEYS = {"templates", "certsDir", "heartbeatSeconds", "replyTimeoutSeconds", "killGraceSeconds", "agentCommand"}
-TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price"}
+TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes", "reportHost"}
+#: At most this many probes per template (the agent's own limit).
+MAX_PROBES = 5
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,13 @@ class Template:
     ngpus: int
     arch: str
     price: float | None
+    #: ``{name: shell command}``: each agent of the template runs them at start and reports what they print
+    #: (``provisionerd agent --probe``), e.g. ``{"ngpus": "nvidia-smi -L | wc -l"}``; the daemon checks the report
+    #: against the template's attributes. A probe that reports less than the template declares makes a machine
+    #: the daemon returns (how the tests make a bad machine on purpose: ``"ngpus": 1`` with ``"echo 0"``).
+    probes: tuple[tuple[str, str], ...] = ()
+    #: The agents also report this host's ncpus, mem and type (``--report-host``), checked against the template.
+    report_host: bool = False
 
     def document(self, available: int) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -120,8 +129,19 @@ def _template(doc: Any, index: int) -> Template:
     price = doc.get("price")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
         raise PluginError("provider_error", f"local.json {where}.price: expected a number >= 0 or null")
+    probes = doc.get("probes", {})
+    if (
+        not isinstance(probes, dict)
+        or len(probes) > MAX_PROBES
+        or not all(isinstance(k, str) and k and isinstance(v, str) and v.strip() for k, v in probes.items())
+    ):
+        raise PluginError(
+            "provider_error", f"local.json {where}.probes: expected at most {MAX_PROBES} names -> non-empty commands"
+        )
     return Template(
         template_id=doc["templateId"],
+        probes=tuple(sorted(probes.items())),
+        report_host=doc.get("reportHost") is True,
         max_number=_int(doc, "maxNumber", where, default=64),
         ncpus=_int(doc, "ncpus", where, auto=os.cpu_count() or 1, default=1),
         mem_mb=_int(doc, "memMb", where, auto=_host_mem_mb(), default=1024),

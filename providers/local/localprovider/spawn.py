@@ -45,6 +45,11 @@ def spawn_agent(conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, 
     ]
     if boot.get("orphanTimeout"):  # never below the reply timeout, which the agent refuses
         argv += ["--orphan-timeout", f"{max(float(boot['orphanTimeout']), conf.reply_timeout):g}"]
+    template = conf.template(record["templateId"])
+    for name, command in template.probes if template is not None else ():
+        argv += ["--probe", f"{name}={command}"]  # from this plugin's own config, never from a request
+    if template is not None and template.report_host:
+        argv.append("--report-host")
     for key, value in sorted(record["tags"].items()):
         argv += ["--label", f"{key}={value}"]
     argv += ["--label", f"{procs.HOME_LABEL}={home}"]

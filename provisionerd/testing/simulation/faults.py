@@ -13,6 +13,8 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
 ``provider_slow``   provider calls take ``factor`` times longer
 ``vanish``          a running machine disappears behind the daemons' backs
 ``no_join``         machines created meanwhile never join the controller (lifecycle runs)
+``bad_machines``    machines created meanwhile join reporting fewer CPUs than their template declares: the daemon
+                    must return each (``capability_mismatch``) and replace it (lifecycle runs)
 ``twin``            a second live daemon with slot ``slot``'s identity (the same config on another host) starts,
                     competes for the provider, and after ``duration`` stops (``mode``: kill | stop, i.e. crash or
                     clean stop with its leases released)
@@ -56,7 +58,7 @@ WEIGHTED = (
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
 #: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
 #: times drawn before it are the same as before it existed.
-KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss", "reload")
+KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss", "bad_machines", "reload")
 TWIN_CHANCE = 0.3
 #: Storage faults are drawn after the twin, each with its own chance, for the same reason.
 STORAGE_FAILURE_CHANCE = 0.25
@@ -65,6 +67,9 @@ STORE_LOSS_CHANCE = 0.15
 RELOAD_CHANCE = 0.25
 RELOAD_CHANGES = ("cap_down", "idle_time", "rename", "addresses")
 RELOAD_ADMIN = ("adopt_dry", "adopt", "adopt_missing", "return_missing")
+#: Machines that join short of their template (issue 20 item 1): drawn after the storage faults (the same reason),
+#: before the reload (which stays last).
+BAD_MACHINES_CHANCE = 0.25
 
 
 @attrs.frozen
@@ -162,6 +167,9 @@ def draw_plan(
     if "store_loss" in kinds and max_faults > 0 and rng.random() < STORE_LOSS_CHANCE:
         at = round(rng.uniform(5.0, horizon * 0.7), 3)
         faults.append(Fault(at, "store_loss", round(min(horizon - at, rng.uniform(5.0, 60.0)), 3)))
+    if "bad_machines" in kinds and max_faults > 0 and rng.random() < BAD_MACHINES_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.7), 3)
+        faults.append(Fault(at, "bad_machines", round(min(horizon - at, rng.uniform(10.0, 90.0)), 3)))
     if "reload" in kinds and max_faults > 0 and rng.random() < RELOAD_CHANCE:
         at = round(rng.uniform(5.0, horizon * 0.8), 3)
         mode = rng.choice(RELOAD_CHANGES)

@@ -106,6 +106,7 @@ class Workers:
         self.world = world
         self.rng = rng
         self.no_join = False  # set during a ``no_join`` fault window
+        self.bad = False  # set during a ``bad_machines`` window: new machines report 1 CPU (their template: 2)
         self.joined: set[str] = set()
 
     def created(self, machine_id: str, instance_ref: str, token: str) -> None:
@@ -113,9 +114,10 @@ class Workers:
             self.world.recorder.note("worker", "never_joins", machine=machine_id)
             return
         assert self.world._nursery is not None
-        self.world._nursery.start_soon(self._boot, machine_id, instance_ref, token, self.rng.uniform(3.0, 30.0))
+        delay = self.rng.uniform(3.0, 30.0)
+        self.world._nursery.start_soon(self._boot, machine_id, instance_ref, token, delay, self.bad)
 
-    async def _boot(self, machine_id: str, instance_ref: str, token: str, delay: float) -> None:
+    async def _boot(self, machine_id: str, instance_ref: str, token: str, delay: float, bad: bool = False) -> None:
         await trio.sleep(delay)
         while True:
             cluster, server = self.world.cluster, self.world.server
@@ -129,8 +131,10 @@ class Workers:
         if not isinstance(admitted, HostState):
             self.world.recorder.note("worker", "refused", machine=machine_id, reason=admitted.reason)
             return
+        if bad:  # its Join's capability report, as the controller keeps it (refcontroller.workers)
+            admitted = cluster.hosts.report(instance_ref, {"ncpus": "1"}) or admitted
         self.joined.add(instance_ref)
-        self.world.recorder.note("worker", "joined", machine=machine_id, instance=instance_ref)
+        self.world.recorder.note("worker", "joined", machine=machine_id, instance=instance_ref, bad=bad)
         server.broadcast_host(admitted)
         idle = cluster.worker_status(instance_ref, HostStatus.IDLE, wall)
         if idle is not None:

@@ -326,6 +326,8 @@ class World:
                 self.cloud.vanish()
             case "no_join":
                 self.workers.no_join = True
+            case "bad_machines":
+                self.workers.bad = True
             case "storage_failure":
                 self.cluster.store.set_page_limit(0)
             case "store_loss":
@@ -355,6 +357,8 @@ class World:
                 self.cloud.slow = 1.0
             case "no_join":
                 self.workers.no_join = False
+            case "bad_machines":
+                self.workers.bad = False
             case "storage_failure":
                 self.cluster.store.set_page_limit(None)
             case "store_loss":
