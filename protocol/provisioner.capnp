@@ -223,6 +223,8 @@ struct JoinReply {
   instanceRef @10 :Text;          # accepted address-bound joins: the instance the claimed machine was paired with
   drains @11 :Bool;               # accepted replies: this controller knows Fact.drainRequested and HostState.draining
                                   # (false from older controllers: a provisioner sends them no drainRequested)
+  history @12 :Bool;              # accepted replies: this controller answers historyQuery (§6.6; false from older
+                                  # controllers: a provisioner sends them no historyQuery)
 }
 
 struct Heartbeat {

@@ -255,6 +255,7 @@ class ControllerServer:
             credential=issued,
             instance_ref=paired if join.machine_id else "",
             drains=True,
+            history=True,
         )
         await session.send(accepted, corr)
         return session

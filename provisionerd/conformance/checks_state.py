@@ -369,7 +369,9 @@ async def history_paged_own_providers(ctx: Context) -> str:
     """An ended lifecycle stays readable through the history query, page by page in log order within the page
     bounds; a provisioner reading a provider its Join did not declare is refused and keeps its link."""
     provider = ctx.provider("history")
-    peer, _ = await ctx.provisioner([provider])
+    peer, reply = await ctx.provisioner([provider])
+    if not reply.history:  # the daemon sends the query only to a controller that announced it
+        raise CheckFailed("the accepted JoinReply does not say history: true, so no provisioner will ask (§4, §6.6)")
     grant = await ctx.acquire(peer, provider)
     intent, _ = ctx.intent(provider, grant.epoch)
     ref, machine = intent.instance_refs[0], f"{intent.op_id}-machine"

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 import trio
 
 from provisionerd.controller.session import ControllerSession
-from provisionerd.domain.errors import LinkDown
+from provisionerd.domain.errors import LinkDown, ProvisionerdError
 from provisionerd.wire.messages import HistoryPage, HistoryQuery
 
 #: Pages one read asks for at most: 500 facts each, 100 million facts in all.
@@ -24,6 +24,11 @@ MAX_PAGES = 200_000
 class HistoryUnreadable(LinkDown):
     """The controller's answers to the history query make no sense (a cursor that does not move, a reply of
     another kind, no end): the read is abandoned."""
+
+
+class HistoryNotServed(ProvisionerdError):
+    """The controller this session joined did not announce the history query (``JoinReply.history`` false: an
+    older controller, which would close the link on one): nothing was sent."""
 
 
 async def history_page(
@@ -36,7 +41,12 @@ async def history_page(
         LinkDown: the link is not up or broke (the read may be tried again).
         ControllerRejected: the controller refused the query (``invalid``: a provider it may not read).
         HistoryUnreadable: the answer is not a page, or not a page of what was asked.
+        HistoryNotServed: the joined controller does not answer the query (nothing sent; the link stays up).
     """
+    if session.generation and not session.controller_history:
+        raise HistoryNotServed(
+            "the controller does not serve the history query (JoinReply.history is false: an older controller)"
+        )
     reply = await session.request(HistoryQuery(tuple(providers), after, until, max_facts))
     if not isinstance(reply, HistoryPage):
         raise HistoryUnreadable(f"expected HistoryPage, the controller sent {type(reply).__name__}")

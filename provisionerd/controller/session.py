@@ -118,6 +118,7 @@ class ControllerSession:
         self._incarnation = ""  # the controller incarnation the current view's facts came from
         #: Whether the controller of the current link knows ``DrainRequested`` (``JoinReply.drains``).
         self.controller_drains = False
+        self.controller_history = False  # JoinReply.history: the controller answers HistoryQuery
         self._sync_wanted = 0  # resync wants registered so far (a view answers those <= its sync_seq)
         self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
         #: Called with each new generation's view once its resync is folded (e.g. to renew leases at once).
@@ -331,6 +332,7 @@ class ControllerSession:
         self.generation += 1
         self.primary, self.term, self.state = address, reply.term, LinkState.SYNCING
         self.controller_drains = reply.drains
+        self.controller_history = reply.history
         self._backoff.reset()
         self._events.emit(
             "join",

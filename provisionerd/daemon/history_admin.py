@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from provisionerd.controller.history import history_page
+from provisionerd.controller.history import HistoryNotServed, history_page
 from provisionerd.controller.session import ControllerSession
 from provisionerd.daemon.admin_socket import Command
 from provisionerd.domain.errors import ControllerRejected, LinkDown
@@ -46,7 +46,7 @@ def history_command(session: ControllerSession) -> Command:
             return {"ok": False, "error": str(exc)}
         try:
             page = await history_page(session, after=after, until=until, max_facts=limit)
-        except (LinkDown, ControllerRejected) as exc:  # HistoryUnreadable is a LinkDown
+        except (LinkDown, ControllerRejected, HistoryNotServed) as exc:  # HistoryUnreadable is a LinkDown
             return {"ok": False, "error": f"cannot read the controller's history: {exc}"}
         return {
             "ok": True,

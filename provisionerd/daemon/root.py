@@ -37,7 +37,7 @@ import trio
 
 from provisionerd.config.loader import Config
 from provisionerd.config.proofs import load_proven
-from provisionerd.controller.history import history_pages
+from provisionerd.controller.history import HistoryNotServed, history_pages
 from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.daemon.admin_guard import AdminRefusals
 from provisionerd.daemon.admin_socket import AdminSocketCounts, Command, serve_admin_socket
@@ -267,6 +267,9 @@ class DaemonCore:
             except (LinkDown, ControllerRejected) as exc:
                 log.info("cost: the controller's history could not be read: %s", exc)
                 return {"ok": False, "error": f"cannot read the controller's history: {exc}"}
+            except HistoryNotServed as exc:
+                log.info("cost: %s", exc)
+                return {"ok": False, "error": f"{exc}; 'provisionerd cost --live' prices the live fleet from the view"}
             finally:  # what was folded is a prefix of the log: the next read goes on from it (same incarnation)
                 same = incarnation and self.session.incarnation == incarnation
                 self._spend = (incarnation, spend) if same else None

@@ -121,6 +121,8 @@ class JoinReply:
     instance_ref: str = ""
     #: The controller knows ``DrainRequested`` facts and ``HostState.draining`` (``False`` from older ones).
     drains: bool = False
+    #: The controller answers ``HistoryQuery`` (``False`` from older ones: it would close the link on one).
+    history: bool = False
 
 
 @attrs.frozen

@@ -23,6 +23,8 @@ class Scripted:
     def __init__(self, replies: list[Message]) -> None:
         self.replies = replies
         self.queries: list[HistoryQuery] = []
+        self.generation = 1  # joined once ...
+        self.controller_history = True  # ... a controller that announced the query (JoinReply.history)
 
     async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
         assert isinstance(msg, HistoryQuery)
@@ -103,3 +105,21 @@ def test_the_admin_history_command_answers_one_page_as_json_and_refuses_bad_fiel
     assert (doc["index"], doc["kind"], doc["machine_id"], doc["price"]["amount"]) == (7, "InstanceFact", "m", 0.5)
     assert session.queries == [HistoryQuery((), 6, 9, 1)]
     assert all(r["ok"] is False and "must be an integer" in r["error"] for r in refused)
+
+
+def test_a_controller_that_did_not_announce_the_query_is_never_sent_one() -> None:
+    """An older controller (``JoinReply.history`` false) would close the link on a ``HistoryQuery`` it cannot
+    decode: the reader refuses locally, typed, and sends nothing; the admin command says so and names ``--live``."""
+    import json
+
+    from provisionerd.controller.history import HistoryNotServed
+    from provisionerd.daemon.history_admin import history_command
+
+    older = Scripted([HistoryPage((), 9, 9, True)])
+    older.controller_history = False
+    with pytest.raises(HistoryNotServed, match="JoinReply.history"):
+        read(older)
+    answer = trio.run(history_command(older).run, {"after": 0}, None)  # type: ignore[arg-type]
+    assert answer["ok"] is False and "does not serve the history query" in answer["error"]
+    assert older.queries == []  # nothing went on the wire
+    json.dumps(answer)

@@ -81,6 +81,7 @@ async def test_join_reply_then_demand_snapshot(tmp_path: Path) -> None:
             incarnation=h.cluster.store.incarnation,
             last_index=0,
             drains=True,  # it knows DrainRequested (issue 20 item 4)
+            history=True,  # it answers HistoryQuery (issue 18 item 1)
         )
         assert len(reply.incarnation) == 32
         assert await peer.push() == DemandPage(snapshot_seq=1, page=0, page_count=1, items=(item("a", 3),))
