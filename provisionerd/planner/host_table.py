@@ -92,12 +92,13 @@ class HostTable(MutableMapping[str, HostState]):
         self._available: dict[str, dict[str, Placed]] = {}
         # Every active machine by launch time, joined or not (``planner.drain``: only those past the shortest
         # ``max_ttl`` are read), kept the same way: stale entries dropped when read, rebuilt when they outnumber.
-        self._aging: list[tuple[float, str, str]] = []
+        # Built at the first drain pass (``None`` until then): a fleet with no ``max_ttl`` pays no memory for it
+        # (a tuple per machine, ~8 MB at 100k).
+        self._aging: list[tuple[float, str, str]] | None = None
         self._aging_stale = 0
         self._aging_unknown: dict[str, MachineRecord] = {}
         for machine in active_refs.values():
             self._unjoin(machine)
-            self._age(machine)
 
     def indexes(self, active_refs: Mapping[str, MachineRecord]) -> HostTable | None:
         """This table as the join index if it is joined against ``active_refs`` (the same dict), else ``None``."""
@@ -213,12 +214,24 @@ class HostTable(MutableMapping[str, HostState]):
         """``machine`` is no longer ``active_refs[machine.instance_ref]`` (it left ACTIVE)."""
         self._join(machine)
         self._unplace(machine.instance_ref, machine)
+        if self._aging is None:
+            return
         if self._aging_unknown.pop(machine.instance_ref, None) is None and machine.launch_time > 0:
             self._aging_stale += 1
 
     # --- every active machine by launch time (planner.drain) -------------------------------------------------------
 
+    def _aging_heap(self) -> list[tuple[float, str, str]]:
+        """The launch-time heap, built from the active machines at its first use."""
+        if self._aging is None:
+            self._aging, self._aging_stale = [], 0
+            for machine in self._active.values():
+                self._age(machine)
+        return self._aging
+
     def _age(self, machine: MachineRecord) -> None:
+        if self._aging is None:
+            return
         if machine.launch_time > 0:
             heapq.heappush(self._aging, (machine.launch_time, machine.instance_ref, machine.machine_id))
         else:
@@ -231,7 +244,7 @@ class HostTable(MutableMapping[str, HostState]):
     def active_launched_by(self, cutoff: float) -> list[MachineRecord]:
         """Active machines (joined or not) whose known launch time is at most ``cutoff``: pops the heap up to it
         and pushes the live entries back (O(k log n) for the k returned; the content never changes)."""
-        heap = self._aging
+        heap = self._aging_heap()
         if self._aging_stale > len(heap) // 2 + 64:
             live = self._active.items()
             self._aging = heap = [(m.launch_time, r, m.machine_id) for r, m in live if m.launch_time > 0]
@@ -251,11 +264,12 @@ class HostTable(MutableMapping[str, HostState]):
 
     def active_unknown_launch(self) -> list[MachineRecord]:
         """Active machines whose launch time is unknown (counted from first seen: read every pass)."""
+        self._aging_heap()
         return list(self._aging_unknown.values())
 
     def earliest_active_launch_after(self, cutoff: float) -> float | None:
         """The earliest known launch time after ``cutoff`` of an active machine (``None``: none)."""
-        heap = self._aging
+        heap = self._aging_heap()
         held: list[tuple[float, str, str]] = []
         found: float | None = None
         while heap:
