@@ -15,7 +15,7 @@ mapping of hosts, :func:`join_index` builds the same sets in one pass over hosts
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING
 
 from provisionerd.domain.model import HostState, HostStatus
@@ -143,22 +143,14 @@ class HostTable(MutableMapping[str, HostState]):
         :meth:`unjoined_launched_by`, it pops the entries up to ``cutoff`` and pushes the live ones back (O(k log n)
         for the k machines launched by then, which a pass reads anyway); entries of machines that joined or left
         since are dropped on the way."""
-        heap, unjoined = self._deadlines, self._unjoined
-        held: list[tuple[float, str, str]] = []
-        found: float | None = None
-        while heap:
-            launch, ref, machine_id = heap[0]
+        unjoined = self._unjoined
+
+        def live(ref: str, machine_id: str) -> bool:
             machine = unjoined.get(ref)
-            if machine is None or machine.machine_id != machine_id:
-                heapq.heappop(heap)
-                self._stale -= 1
-            elif launch <= cutoff:
-                held.append(heapq.heappop(heap))
-            else:
-                found = launch
-                break
-        for entry in held:
-            heapq.heappush(heap, entry)
+            return machine is not None and machine.machine_id == machine_id
+
+        found, dropped = _earliest_live_after(self._deadlines, cutoff, live)
+        self._stale -= dropped
         return found
 
     def _rebuild_deadlines(self) -> None:
@@ -270,20 +262,8 @@ class HostTable(MutableMapping[str, HostState]):
     def earliest_active_launch_after(self, cutoff: float) -> float | None:
         """The earliest known launch time after ``cutoff`` of an active machine (``None``: none)."""
         heap = self._aging_heap()
-        held: list[tuple[float, str, str]] = []
-        found: float | None = None
-        while heap:
-            launch, ref, machine_id = heap[0]
-            if self._aging_live(ref, machine_id) is None:
-                heapq.heappop(heap)
-                self._aging_stale -= 1
-            elif launch <= cutoff:
-                held.append(heapq.heappop(heap))
-            else:
-                found = launch
-                break
-        for entry in held:
-            heapq.heappush(heap, entry)
+        found, dropped = _earliest_live_after(heap, cutoff, lambda ref, mid: self._aging_live(ref, mid) is not None)
+        self._aging_stale -= dropped
         return found
 
     def _unjoin(self, machine: MachineRecord) -> None:
@@ -343,3 +323,27 @@ def join_index(active_refs: Mapping[str, MachineRecord], hosts: Mapping[str, Hos
         if machine is not None:
             available.setdefault(machine.demand_id, {})[host.instance_ref] = (host, machine)
     return JoinIndex(unjoined, available)
+
+
+def _earliest_live_after(
+    heap: list[tuple[float, str, str]], cutoff: float, live: Callable[[str, str], bool]
+) -> tuple[float | None, int]:
+    """The earliest launch time after ``cutoff`` among the heap's live entries (``live(ref, machine_id)``), and how
+    many dead entries were dropped on the way. The live entries up to ``cutoff`` are popped and pushed back
+    (O(k log n) for the k of them); the heap's content is otherwise unchanged."""
+    held: list[tuple[float, str, str]] = []
+    found: float | None = None
+    dropped = 0
+    while heap:
+        launch, ref, machine_id = heap[0]
+        if not live(ref, machine_id):
+            heapq.heappop(heap)
+            dropped += 1
+        elif launch <= cutoff:
+            held.append(heapq.heappop(heap))
+        else:
+            found = launch
+            break
+    for entry in held:
+        heapq.heappush(heap, entry)
+    return found, dropped
