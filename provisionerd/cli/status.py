@@ -67,7 +67,12 @@ def render_provider(name: str, p: dict[str, Any]) -> list[str]:
         f"  ({lease.get('reason', '')}){standby}"
     ]
     machines = p.get("machines", {})
-    lines.append("  machines: " + "  ".join(f"{state} {n}" for state, n in machines.items()))
+    draining = p.get("draining")
+    lines.append(
+        "  machines: "
+        + "  ".join(f"{state} {n}" for state, n in machines.items())
+        + (f"  (draining {draining})" if isinstance(draining, int) and draining else "")
+    )
     demand = p.get("demand", {})
     by_template = demand.get("by_template", {})
     per = ", ".join(f"{t} {d.get('wanted')}/{d.get('supplied')}" for t, d in by_template.items())

@@ -41,7 +41,7 @@ import time
 import weakref
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
@@ -136,6 +136,8 @@ class StatusSnapshot:
             },
             "ready": {"ok": ok, "reasons": reasons},
             "cost": [] if view is None else self._pass(view).spend.at(wall_now),
+            # DrainRequested facts kept to the daemon: the controller did not announce JoinReply.drains.
+            "drains_refused": self.pieces.ops.drains_refused,
         }
 
     def _pass(self, view: ControllerView) -> _Pass:
@@ -180,6 +182,9 @@ class StatusSnapshot:
                 "reason": status.reason,
             },
             "machines": {state: fleet.machines[name][state] for state in _STATES},
+            # Of the active machines above: asked to drain (max_ttl passed while busy), returned when idle or at
+            # drain_timeout (planner.drain).
+            "draining": fleet.draining.get(name, 0),
             "demand": {
                 "wanted": sum(t["wanted"] for t in by_template.values()),
                 "supplied": sum(t["supplied"] for t in by_template.values()),
@@ -258,12 +263,15 @@ class _Pass:
         tally: dict[tuple[str, str, str, str], int] = {}
         booting: dict[str, list[float]] = {}  # provider -> launch times of machines without a host
         counted: set[str] = set()  # instance refs already counted through a machine record
+        draining: dict[str, int] = {}  # provider -> active machines asked to drain (planner.drain)
         active, returning = MachineState.ACTIVE, MachineState.RETURNING
         for machine in facts.machines.values():
             state = machine.state
             if state is active:
                 ref = machine.instance_ref
                 counted.add(ref)
+                if machine.drain_since > 0:
+                    draining[machine.provider] = draining.get(machine.provider, 0) + 1
                 host = hosts.get(ref) if ref else None
                 if host is None:
                     name = "booting"
@@ -290,6 +298,7 @@ class _Pass:
                 key = (intent.provider, intent.template_id, intent.demand_id, name)
                 tally[key] = tally.get(key, 0) + 1
         self.tally = tally
+        self.draining = draining
         self.booting = {provider: sorted(times) for provider, times in booting.items()}
         self.spend = _SpendCurve(facts.machines.values())
 
@@ -354,10 +363,12 @@ class _Fleet:
         self.wanted: Counter[OfferKey] = Counter()
         self.supplied: Counter[OfferKey] = Counter()
         self.overdue: Counter[str] = Counter()  # booting past the provider's join deadline
+        self.draining: Mapping[str, int] = {}  # provider -> active machines asked to drain
         self.wanted_total = self.unplaced = 0
         if view is None:
             return
         passed = _Pass(view) if passed is None else passed
+        self.draining = passed.draining
         for provider, launches in passed.booting.items():
             deadline = pieces.policy.of(provider).join_deadline
             overdue = bisect.bisect_left(launches, wall_now - deadline)  # wall_now - launch > deadline

@@ -91,6 +91,13 @@ class SnapshotCollector(Collector):
             if (value := _num(entry.get("amount"))) is not None:
                 spend.add_metric([str(entry.get("provider")), str(entry.get("currency"))], value)
         yield spend
+        refused = CounterMetricFamily(
+            "provisionerd_drains_refused",
+            "DrainRequested facts kept to the daemon: the controller did not announce JoinReply.drains.",
+        )
+        if (value := _num(doc.get("drains_refused"))) is not None:
+            refused.add_metric([], value)
+        yield refused
 
 
 def _link(doc: Mapping[str, Any]) -> Iterator[Metric]:
@@ -160,6 +167,11 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         "Machines found unhealthy (lost, never joined, timed out, short of their template) in max_unhealthy_window.",
         p_,
     )
+    draining = _gauge(
+        "provisionerd_machines_draining",
+        "Active machines asked to drain (busy past max_ttl): returned when idle or at drain_timeout.",
+        p_,
+    )
     offers = _gauge("provisionerd_offers", "Offers (templates) last read from the provider.", p_)
     step = _gauge("provisionerd_provider_step", "The adaptive step: most new machines per step interval now.", p_)
     last_call = _gauge("provisionerd_provider_last_call_age_seconds", "Seconds since the last provider call ended.", p_)
@@ -174,6 +186,7 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
             seq.add_metric([name], float(epoch[1]))
         valid.add_metric([name], _num(lease.get("remaining")) or 0.0)
         counts = _map(p.get("machines"))
+        draining.add_metric([name], _num(p.get("draining")) or 0.0)
         for state in MACHINE_STATES:
             machines.add_metric([name, state], _num(counts.get(state)) or 0.0)
         for template, numbers in _map(_map(p.get("demand")).get("by_template")).items():
@@ -196,4 +209,4 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         if (value := _num(_map(p.get("step")).get("step"))) is not None:
             step.add_metric([name], value)
     yield from (lease_state, standby, term, seq, valid, machines, wanted, supplied, backoffs, unhealthy, offers)
-    yield from (last_call, step, protected, sick_machines)
+    yield from (last_call, step, protected, sick_machines, draining)

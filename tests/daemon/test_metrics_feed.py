@@ -207,3 +207,38 @@ def test_a_status_query_walks_the_view_again_only_when_it_changed():
     second = snapshot._pass(view)
     assert second is not first and snapshot.passes == 2
     assert status_snapshot._Fleet(view, 200.0, pieces, second).machines["sim"]["busy"] == 1  # type: ignore[arg-type]
+
+
+def test_machines_asked_to_drain_are_counted_per_provider_in_status_and_a_gauge():
+    """Issue 20 item 4: an operator sees how many active machines are draining (a ``DrainRequested`` fact names
+    them); a returned one no longer counts; the gauge reads the status document."""
+    from provisionerd.domain.model import DrainRequested
+    from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
+
+    refs = [f"clu/op-1/{i}" for i in range(3)]
+    facts = [
+        RequestIntent("sim", Epoch(1, 1), "op-1", "small", 3, tuple(refs), ("a" * 64,) * 3, demand_id="d1"),
+        *(
+            InstanceFact("sim", Epoch(1, 1), "op-1", refs[i], f"m{i}", "small", "a" * 64, launch_time=100.0)
+            for i in range(3)
+        ),
+        DrainRequested("sim", Epoch(1, 1), "drain-1", ("m0", "m1"), "max_ttl", 5000.0),
+        ReturnIntent("sim", Epoch(1, 1), "ret-1", ("m1",), "drained"),
+    ]
+    view = fold(CommittedFact(i + 1, f) for i, f in enumerate(facts))
+    controller = ControllerView(1, "ctl0", 1, view, view.hosts, DemandSnapshot(1, ()))
+    pieces = types.SimpleNamespace(keepers={"sim": None}, policy=Policy(cluster="clu"))
+    fleet = status_snapshot._Fleet(controller, 6000.0, pieces)  # type: ignore[arg-type]
+    assert dict(fleet.draining) == {"sim": 1}  # m0; m1 is returning, m2 was never asked
+    doc = {"providers": {"sim": {"draining": 1}, "other": {}}, "drains_refused": 2}
+    got = {
+        (s.name, s.labels.get("provider", "")): s.value
+        for family in SnapshotCollector(lambda: doc).collect()
+        for s in family.samples
+        if s.name in ("provisionerd_machines_draining", "provisionerd_drains_refused_total")
+    }
+    assert got == {
+        ("provisionerd_machines_draining", "sim"): 1.0,
+        ("provisionerd_machines_draining", "other"): 0.0,
+        ("provisionerd_drains_refused_total", ""): 2.0,
+    }
