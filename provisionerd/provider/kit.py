@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -279,30 +280,36 @@ class Kit:
             raise CheckFailed(f"a filter on another cluster lists our machines {leaked}")
         return "another cluster's filter lists none of ours"
 
-    async def check_pages(self, machines: list[dict[str, Any]]) -> str:
-        """Asked one machine a page, the pages must join up: each machine once, none missing, never more than
-        asked on a page that has a next one, no cursor twice (``provider.paging``). A plugin that does not page
-        answers everything at once: that works, up to the transport's line cap, and is said."""
-        tags = {"provisionerd:cluster": CLUSTER}
-        whole = set(await self.listed(tags))
-        # A tighter cap than the daemon's: the kit knows the listing it expects to page through.
-        join: PageJoin[dict[str, Any]] = PageJoin(
-            self.provider, "listMachines", 1, 2 * len(whole) + 5, lambda m: m["machineId"]
-        )
+    async def _one_a_page(
+        self, action: str, field: str, key: str, max_pages: int
+    ) -> tuple[PageJoin[dict[str, Any]], list[str]]:
+        """Page through ``action`` (our cluster's tags) asking one item a page, each page's ``field`` list joined
+        up by ``provider.paging`` (no cursor twice, at most ``max_pages``): the join and every ``key`` in page
+        order. ``CheckFailed`` on a paging violation or an item on two pages."""
+        join: PageJoin[dict[str, Any]] = PageJoin(self.provider, action, 1, max_pages, lambda d: d[key])
         seen: list[str] = []
         cursor: str | None = None
         while True:
-            out = await self.rpc.call("listMachines", page_input({"tags": tags}, cursor, 1))
-            seen.extend(m["machineId"] for m in out["machines"])
+            out = await self.rpc.call(action, page_input({"tags": {"provisionerd:cluster": CLUSTER}}, cursor, 1))
+            seen.extend(d[key] for d in out[field])
             try:
-                cursor = join.add(out["machines"], next_cursor(self.provider, "listMachines", out))
+                cursor = join.add(out[field], next_cursor(self.provider, action, out))
             except PagingViolation as exc:
                 raise CheckFailed(exc.detail) from None
             if cursor is None:
                 break
-        twice = sorted({m for m in seen if seen.count(m) > 1})
+        twice = sorted(k for k, n in Counter(seen).items() if n > 1)
         if twice:
-            raise CheckFailed(f"machines on two pages: {twice[:5]}")
+            raise CheckFailed(f"{field} on two pages: {twice[:5]}")
+        return join, seen
+
+    async def check_pages(self, machines: list[dict[str, Any]]) -> str:
+        """Asked one machine a page, the pages must join up: each machine once, none missing, never more than
+        asked on a page that has a next one, no cursor twice (``provider.paging``). A plugin that does not page
+        answers everything at once: that works, up to the transport's line cap, and is said."""
+        whole = set(await self.listed({"provisionerd:cluster": CLUSTER}))
+        # A tighter cap than the daemon's: the kit knows the listing it expects to page through.
+        join, seen = await self._one_a_page("listMachines", "machines", "machineId", 2 * len(whole) + 5)
         missing = sorted(whole - set(seen))
         ours = {m["machineId"] for m in machines} - set(seen)
         if missing or ours:
@@ -367,22 +374,7 @@ class Kit:
         checked in: a licence server's units may be in use by jobs the kit cannot see."""
         if not features or not features.get("licensePools"):
             return "not declared (features.licensePools is false): never asked"
-        tags = {"provisionerd:cluster": CLUSTER}
-        join: PageJoin[dict[str, Any]] = PageJoin(self.provider, "listLicenses", 1, 10_001, lambda g: g["pool"])
-        seen: list[str] = []
-        cursor: str | None = None
-        while True:
-            out = await self.rpc.call("listLicenses", page_input({"tags": tags}, cursor, 1))
-            seen.extend(g["pool"] for g in out["licenses"])
-            try:
-                cursor = join.add(out["licenses"], next_cursor(self.provider, "listLicenses", out))
-            except PagingViolation as exc:
-                raise CheckFailed(exc.detail) from None
-            if cursor is None:
-                break
-        twice = sorted({p for p in seen if seen.count(p) > 1})
-        if twice:
-            raise CheckFailed(f"pools on two pages: {twice[:5]}")
+        join, _ = await self._one_a_page("listLicenses", "licenses", "pool", 10_001)
         over = [g["pool"] for g in join.items if g["inUse"] > g["granted"]]
         if over:
             raise CheckFailed(f"pools with more units in use than granted: {over[:5]}")
