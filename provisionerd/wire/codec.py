@@ -39,7 +39,7 @@ import capnp
 from provisionerd import resources
 from provisionerd.domain import model
 from provisionerd.domain.errors import DecodeError, FrameOverBounds
-from provisionerd.wire import bounds
+from provisionerd.wire import bounds, native
 from provisionerd.wire.messages import MESSAGE_TYPES, Envelope, Message
 
 SCHEMA_PATH = resources.wire_schema()
@@ -318,6 +318,7 @@ def _struct_writer(cls: type, skip: tuple[str, ...] = ()) -> Callable[[Any, Any]
 
 _FACT_BY_MEMBER: dict[str, type] = {wire_name(cls.__name__): cls for cls in model.FACT_TYPES}
 _MESSAGE_BY_MEMBER: dict[str, type] = {opcode(cls): cls for cls in MESSAGE_TYPES}
+_MEMBER_BY_MESSAGE: dict[type, str] = {cls: member for member, cls in _MESSAGE_BY_MEMBER.items()}
 
 
 def _spend_fact(units: int, what: str) -> None:
@@ -391,6 +392,132 @@ def _read_fact(reader: Any) -> Any:
     return _fact_reader(reader.which())(reader)
 
 
+# --- the native path ---------------------------------------------------------------------------------------------
+# ``wire/native.py`` loads the optional extension (rust/fastwire); these plans tell it the same mapping as above,
+# as numbers: per class, in attrs field order, each field's kind, where it sits (a data offset in units of its
+# size, or a pointer index), the plan of what it holds, its list cap, its enum table. The extension builds the
+# values positionally; a fact's header fields are read from the ``Fact`` struct (``outer``), the rest from its
+# member. Whatever the extension refuses is decoded by the reference path below, which gives the answer.
+
+_N_SCALAR = {"bool": 0, "uint32": 1, "uint64": 2, "int32": 3, "float64": 4, "text": 5}
+_N_TEXT_INTERN, _N_STRUCT, _N_ENUM, _N_OPT_TEXT, _N_OPT_F64 = 6, 7, 8, 9, 10
+_N_MAP, _N_LIST_TEXT, _N_LIST_STRUCT, _N_FACT = 11, 12, 13, 14
+
+
+class _NativePlans:
+    """The extension's plan tables, compiled once from the classes and the schema."""
+
+    def __init__(self) -> None:
+        self.plans: list[tuple[type, int, int, list[dict[str, Any]]]] = []
+        self.index: dict[type, int] = {}
+        self.facts: list[tuple[int, int, int, dict[int, tuple[int, int]], dict[type, int]]] = []
+
+    def struct(self, cls: type) -> int:
+        if cls in self.index:
+            return self.index[cls]
+        self.index[cls] = len(self.plans)
+        fields: list[dict[str, Any]] = []
+        node = getattr(schema(), cls.__name__).schema.node.struct
+        self.plans.append((cls, node.dataWordCount, node.pointerCount, fields))
+        is_fact = cls in model.FACT_TYPES
+        own = getattr(schema(), cls.__name__).schema.fields
+        header = schema().Fact.schema.fields
+        for name, wire, _, _ in _plan(cls):
+            outer = is_fact and name in _FACT_HEADER
+            fields.append(self._field(cls, name, (header if outer else own)[wire], outer))
+        return self.index[cls]
+
+    def _field(self, cls: type, name: str, field: Any, outer: bool) -> dict[str, Any]:
+        attr = attrs.fields_dict(cls)[name]
+        tp: Any = attr.type  # resolved by _plan
+        slot, kind = field.proto.slot, _field_kind(cls, name)
+        out: dict[str, Any] = {
+            "kind": 0, "outer": outer, "offset": slot.offset, "plan": 0, "cap": 0, "table": [], "raw": {},
+            "opt_disc": 0, "opt_some": 0, "opt_none": 0, "words": (0, 0), "name": sys.intern(name),
+        }  # fmt: skip
+        which = slot.type.which()
+        wire_enum = attr.metadata.get("wire_enum")
+        if wire_enum or (isinstance(tp, type) and issubclass(tp, enum.Enum)):
+            by_raw = _enum_table(wire_enum or tp.__name__)
+            convert: Callable[[str], Any] = _snake if wire_enum else tp
+            table = [convert(by_raw[raw]) if raw in by_raw else None for raw in range(max(by_raw) + 1)]
+            raw_of = {value: raw for raw, value in enumerate(table) if value is not None}
+            if not wire_enum:  # the reference writes tp(v).value: a member or its value
+                raw_of.update({value.value: raw for value, raw in list(raw_of.items())})
+            return out | {"kind": _N_ENUM, "table": table, "raw": raw_of}
+        if kind == "scalar":
+            code = _N_TEXT_INTERN if which == "text" and name in _SHARED_TEXT else _N_SCALAR[which]
+            return out | {"kind": code}
+        if kind == "struct":
+            return out | {"kind": _N_STRUCT, "plan": self.struct(tp)}
+        if kind == "fact":
+            return out | {"kind": _N_FACT, "plan": self.fact()}
+        owner, wire = cls.__name__, wire_name(name)
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin in (types.UnionType, typing.Union):
+            node = field.schema.node.struct
+            some = field.schema.fields["some"].proto
+            code = _N_OPT_TEXT if some.slot.type.which() == "text" else _N_OPT_F64
+            if code == _N_OPT_TEXT and some.slot.offset != 0:
+                raise TypeError(f"{owner}.{wire}: an optional's text is read from pointer 0")
+            sizes = (node.dataWordCount, node.pointerCount)
+            none = field.schema.fields["none"].proto.discriminantValue
+            optional = {"opt_disc": node.discriminantOffset, "opt_some": some.discriminantValue, "opt_none": none}
+            optional["words"] = sizes
+            return out | {"kind": code, "cap": some.slot.offset} | optional
+        cap = bounds.list_cap(owner, wire)
+        if origin is Mapping:
+            entry = schema().KeyValue.schema
+            if (entry.fields["key"].proto.slot.offset, entry.fields["value"].proto.slot.offset) != (0, 1):
+                raise TypeError("KeyValue is read as key at pointer 0, value at pointer 1")
+            sizes = (entry.node.struct.dataWordCount, entry.node.struct.pointerCount)
+            return out | {"kind": _N_MAP, "cap": cap, "words": sizes}
+        if args[0] is str:
+            return out | {"kind": _N_LIST_TEXT, "cap": cap}
+        return out | {"kind": _N_LIST_STRUCT, "plan": self.struct(args[0]), "cap": cap}
+
+    def fact(self) -> int:
+        if not self.facts:
+            node = schema().Fact.schema.node.struct
+            members: dict[int, tuple[int, int]] = {}
+            by_class: dict[type, int] = {}
+            self.facts.append((node.discriminantOffset, node.dataWordCount, node.pointerCount, members, by_class))
+            fields = schema().Fact.schema.fields
+            for member, cls in _FACT_BY_MEMBER.items():
+                proto = fields[member].proto
+                members[proto.discriminantValue] = (proto.slot.offset, self.struct(cls))
+                by_class[cls] = proto.discriminantValue
+        return 0
+
+    def frame(self) -> tuple[int, int, tuple[int, int], dict[int, tuple[int, int, int]], dict[type, int]]:
+        corr_field, body_field, members = _frame_fields()
+        out, by_class = {}, {}
+        for member, cls in _MESSAGE_BY_MEMBER.items():
+            proto = members[member].proto
+            out[proto.discriminantValue] = (proto.slot.offset, self.struct(cls), bounds.max_units(member))
+            by_class[cls] = proto.discriminantValue
+        node = schema().Frame.schema.node.struct
+        disc = body_field.schema.node.struct.discriminantOffset
+        return corr_field.proto.slot.offset, disc, (node.dataWordCount, node.pointerCount), out, by_class
+
+
+@functools.cache
+def _native_codec() -> tuple[Any, type[BaseException]] | None:
+    """The extension's codec and its ``Refused``, or None when the extension is not there (``native.load``)."""
+    module = native.load()
+    if module is None:
+        return None
+    plans = _NativePlans()
+    frame = plans.frame()
+    return module.Codec(plans.plans, plans.facts, frame, Envelope), module.Refused
+
+
+#: How many frames the native codec handed back to the reference path since the process started: bodies it did
+#: not read (malformed, over a bound, a layout it does not read) and values it did not write (out of range, not
+#: the declared type).
+NATIVE_HANDED_BACK = [0]
+
+
 # --- the public pair -------------------------------------------------------------------------------------------
 
 
@@ -408,6 +535,19 @@ def encode(msg: Message, corr: int = 0) -> bytes:
         TypeError: ``msg`` is not a wire message (or holds a value of the wrong type).
         ValueError: a value does not fit its wire field (negative or too large an integer, a lone surrogate).
     """
+    fast = _native_codec()
+    if fast is not None:
+        codec, refused = fast
+        try:
+            body: bytes = codec.encode(msg, corr)
+            return body
+        except refused:  # a value the reference path must judge (or a layout it writes otherwise)
+            NATIVE_HANDED_BACK[0] += 1
+    return encode_reference(msg, corr)
+
+
+def encode_reference(msg: Message, corr: int = 0) -> bytes:
+    """``encode`` through pycapnp alone: the reference the native writer is checked against."""
     member = opcode(msg)
     if _MESSAGE_BY_MEMBER.get(member) is not type(msg):
         raise TypeError(f"not a wire message: {type(msg).__name__}")
@@ -520,11 +660,33 @@ def decode(body: bytes) -> Envelope:
 
 
 def decode_metered(body: bytes) -> tuple[Envelope, int]:
-    """``decode``, and the units it spent (what a per-connection decode budget charges)."""
+    """``decode``, and the units it spent (what a per-connection decode budget charges): the native reader's
+    answer when it gives one, else the reference path's."""
+    _check_length(body)
+    fast = _native_codec()
+    if fast is not None:
+        codec, refused = fast
+        try:
+            envelope, units = codec.decode(body, _traversal_words(body))
+            # the plans hold the caps of when they were compiled; the frame's budget is read now (as the
+            # reference path reads it), and a frame over it is the reference path's to refuse
+            if units <= bounds.max_units(_MEMBER_BY_MESSAGE[type(envelope.msg)]):
+                return envelope, units
+        except (refused, *_MALFORMED):
+            NATIVE_HANDED_BACK[0] += 1
+    return decode_reference(body)
+
+
+def _traversal_words(body: bytes) -> int:
+    return 2 * (len(body) // 8) + 64
+
+
+def decode_reference(body: bytes) -> tuple[Envelope, int]:
+    """``decode_metered`` through pycapnp alone: the reference the native reader is checked against."""
     _check_length(body)
     try:
         with schema().Frame.from_bytes(
-            body, traversal_limit_in_words=2 * (len(body) // 8) + 64, nesting_limit=NESTING_LIMIT
+            body, traversal_limit_in_words=_traversal_words(body), nesting_limit=NESTING_LIMIT
         ) as root:
             corr_field, body_field, members = _frame_fields()
             corr = root._get_by_field(corr_field)

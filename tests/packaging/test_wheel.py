@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 #: Not part of a source tree a user builds from.
 IGNORED = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".*_cache", ".hypothesis", "demo-*"
-)
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".*_cache", ".hypothesis", "demo-*",
+    "target", "_fastwire*.so",  # cargo's build output and the editable install's native codec
+)  # fmt: skip
 #: This environment's site-packages: the installed venv finds the dependencies there.
 DEPS = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
 SHIPPED = (
@@ -132,6 +133,20 @@ def test_the_installed_code_is_the_wheels_not_the_checkouts(installed: Installed
     paths = {Path(p).resolve() for p in done.stdout.splitlines() if p} - {Path(d).resolve() for d in DEPS}
     assert not [p for p in paths if p.is_relative_to(REPO)]
     assert installed.run(str(installed.bin / "python"), "-c", "import providers").returncode != 0
+
+
+def test_the_wheel_carries_the_native_codec_and_the_install_uses_it(installed: Installed) -> None:
+    if shutil.which("cargo") is None and not os.environ.get("CI"):
+        pytest.skip("no cargo here: the wheel is built without the native codec (the reference codec alone)")
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        assert [n for n in wheel.namelist() if n.startswith("provisionerd/wire/_fastwire")], wheel.namelist()
+    probe = (
+        "from provisionerd.wire import codec, _fastwire; print(codec._native_codec() is not None, _fastwire.__file__)"
+    )
+    done = installed.run(str(installed.bin / "python"), "-c", probe)
+    assert done.returncode == 0, done.stderr
+    used, path = done.stdout.split()
+    assert used == "True" and Path(path).is_relative_to(installed.venv)
 
 
 def test_the_wheel_holds_every_runtime_file_with_its_mode(installed: Installed) -> None:

@@ -1,0 +1,995 @@
+//! provisionerd's native reader for wire frames: a Cap'n Proto frame body -> the attrs message it carries.
+//!
+//! It knows nothing of the schema by itself. `provisionerd/wire/native.py` compiles, from the loaded schema and
+//! the attrs classes, one plan per struct (which field sits where, as what kind, built into which class) and
+//! hands the plans to `Decoder`. The reader then follows the Cap'n Proto encoding spec on the bytes directly:
+//! segment table, struct and list pointers, far pointers and their landing pads, with every offset checked
+//! against its segment, a traversal budget in words (as the C++ reader's) and a nesting limit.
+//!
+//! It is only ever a faster path: whatever it does not accept, for any reason (malformed input, a layout it
+//! does not read, a list above its cap, the unit budget spent, an error building a value), it raises `Refused`
+//! and the caller decodes the frame with the reference codec (pycapnp), which gives the answer: the value, or
+//! the typed error. So native and reference can only differ by native accepting what the reference refuses,
+//! and the differential tests (tests/wire/test_native.py) look for exactly that.
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyString, PyTuple};
+
+create_exception!(
+    _fastwire,
+    Refused,
+    PyException,
+    "The native reader does not answer for this frame."
+);
+
+// Field kinds: the numbers provisionerd/wire/native.py uses.
+const K_BOOL: u8 = 0;
+const K_U32: u8 = 1;
+const K_U64: u8 = 2;
+const K_I32: u8 = 3;
+const K_F64: u8 = 4;
+const K_TEXT: u8 = 5;
+const K_TEXT_INTERN: u8 = 6;
+const K_STRUCT: u8 = 7;
+const K_ENUM: u8 = 8;
+const K_OPT_TEXT: u8 = 9;
+const K_OPT_F64: u8 = 10;
+const K_MAP: u8 = 11;
+const K_LIST_TEXT: u8 = 12;
+const K_LIST_STRUCT: u8 = 13;
+const K_FACT: u8 = 14;
+
+const NESTING_LIMIT: u32 = 16;
+
+fn refused(why: &str) -> PyErr {
+    Refused::new_err(why.to_string())
+}
+
+type R<T> = PyResult<T>;
+
+#[derive(FromPyObject)]
+struct Field {
+    #[pyo3(item)]
+    kind: u8,
+    #[pyo3(item)]
+    outer: bool, // read from / written to the enclosing Fact struct (a fact's header), not the member
+    #[pyo3(item)]
+    offset: u32, // data offset in units of the field's size, or the pointer index
+    #[pyo3(item)]
+    plan: usize, // struct kinds: the plan of the element / struct; K_FACT: the fact plan
+    #[pyo3(item)]
+    cap: u64, // list kinds: at most this many elements; K_OPT_F64: the offset of `some`
+    #[pyo3(item)]
+    table: Vec<Option<PyObject>>, // K_ENUM: raw value -> Python value
+    #[pyo3(item)]
+    raw: Py<PyDict>, // K_ENUM: Python value -> raw value
+    #[pyo3(item)]
+    opt_disc: u32, // K_OPT_*, K_MAP: the Optional struct's discriminant offset (16-bit units)
+    #[pyo3(item)]
+    opt_some: u16, // K_OPT_*: the discriminant of `some`
+    #[pyo3(item)]
+    opt_none: u16, // K_OPT_*: the discriminant of `none`
+    #[pyo3(item)]
+    words: (u16, u16), // K_OPT_*: the Optional struct's size; K_MAP: KeyValue's (data words, pointers)
+    #[pyo3(item)]
+    name: Py<PyString>, // the attribute
+}
+
+struct Plan {
+    cls: PyObject,
+    dw: u16,
+    pc: u16,
+    fields: Vec<Field>,
+}
+
+struct FactPlan {
+    disc_offset: u32,
+    dw: u16,
+    pc: u16,
+    members: Vec<Option<(u32, usize)>>, // discriminant -> (pointer index in Fact, plan)
+    by_class: Py<PyDict>,               // class -> discriminant
+}
+
+#[derive(Clone, Copy)]
+struct S {
+    seg: usize,
+    data: usize, // word index of the data section
+    dw: usize,
+    pc: usize,
+    depth: u32,
+}
+
+const EMPTY: S = S {
+    seg: 0,
+    data: 0,
+    dw: 0,
+    pc: 0,
+    depth: 0,
+};
+
+#[derive(Clone, Copy)]
+struct L {
+    seg: usize,
+    start: usize, // word index of the first element (after the tag for inline composite)
+    size: u8,     // element size code
+    count: usize,
+    dw: usize, // inline composite: words of data / pointers per element
+    pc: usize,
+    depth: u32,
+}
+
+struct Msg<'a> {
+    segs: Vec<&'a [u8]>,
+    budget: i64,
+    units: i64,
+    max_units: i64,
+}
+
+impl<'a> Msg<'a> {
+    fn parse(body: &'a [u8], budget: i64, max_units: i64) -> R<Self> {
+        if body.len() < 8 || !body.len().is_multiple_of(8) {
+            return Err(refused("length"));
+        }
+        let count = u32::from_le_bytes(body[0..4].try_into().unwrap()) as usize + 1;
+        if count > 512 {
+            return Err(refused("segment count"));
+        }
+        let table_words = (4 + 4 * count).div_ceil(8);
+        if body.len() < table_words * 8 {
+            return Err(refused("segment table"));
+        }
+        let mut segs = Vec::with_capacity(count);
+        let mut at = table_words * 8;
+        for i in 0..count {
+            let o = 4 + 4 * i;
+            let words = u32::from_le_bytes(body[o..o + 4].try_into().unwrap()) as usize;
+            let end = at
+                .checked_add(
+                    words
+                        .checked_mul(8)
+                        .ok_or_else(|| refused("segment size"))?,
+                )
+                .ok_or_else(|| refused("segment size"))?;
+            if end > body.len() {
+                return Err(refused("segment past the body"));
+            }
+            segs.push(&body[at..end]);
+            at = end;
+        }
+        Ok(Msg {
+            segs,
+            budget,
+            units: 0,
+            max_units,
+        })
+    }
+
+    #[inline]
+    fn word(&self, seg: usize, idx: usize) -> R<u64> {
+        let s = self.segs.get(seg).ok_or_else(|| refused("segment id"))?;
+        let o = idx.checked_mul(8).ok_or_else(|| refused("offset"))?;
+        if o + 8 > s.len() {
+            return Err(refused("pointer out of its segment"));
+        }
+        Ok(u64::from_le_bytes(s[o..o + 8].try_into().unwrap()))
+    }
+
+    fn seg_words(&self, seg: usize) -> usize {
+        self.segs[seg].len() / 8
+    }
+
+    fn charge(&mut self, words: usize) -> R<()> {
+        self.budget -= words.max(1) as i64;
+        if self.budget < 0 {
+            return Err(refused("traversal limit"));
+        }
+        Ok(())
+    }
+
+    /// Charge ``units`` of the frame kind's budget (``bounds.max_units``) before the work they pay for.
+    fn spend(&mut self, units: usize) -> R<()> {
+        self.units += units as i64;
+        if self.units > self.max_units {
+            return Err(refused("unit budget"));
+        }
+        Ok(())
+    }
+
+    /// The pointer at (seg, pos): None if null, else (segment, content start word, the word describing it).
+    fn resolve(&self, seg: usize, pos: usize) -> R<Option<(usize, usize, u64)>> {
+        let w = self.word(seg, pos)?;
+        if w == 0 {
+            return Ok(None);
+        }
+        match w & 3 {
+            2 => {
+                let double = (w >> 2) & 1 == 1;
+                let pad = ((w >> 3) & 0x1fff_ffff) as usize;
+                let sid = (w >> 32) as usize;
+                if !double {
+                    let tag = self.word(sid, pad)?;
+                    if tag & 3 >= 2 {
+                        return Err(refused("far pointer lands on a far or capability pointer"));
+                    }
+                    let start = target(pad, tag)?;
+                    Ok(Some((sid, start, tag)))
+                } else {
+                    let far = self.word(sid, pad)?;
+                    let tag = self.word(sid, pad + 1)?;
+                    if far & 7 != 2 || tag & 3 >= 2 {
+                        return Err(refused("malformed double-far landing pad"));
+                    }
+                    Ok(Some((
+                        (far >> 32) as usize,
+                        ((far >> 3) & 0x1fff_ffff) as usize,
+                        tag,
+                    )))
+                }
+            }
+            3 => Err(refused("capability pointer")),
+            _ => Ok(Some((seg, target(pos, w)?, w))),
+        }
+    }
+
+    fn struct_at(&mut self, seg: usize, pos: usize, depth: u32) -> R<Option<S>> {
+        let Some((seg, start, tag)) = self.resolve(seg, pos)? else {
+            return Ok(None);
+        };
+        if tag & 3 != 0 {
+            return Err(refused("expected a struct pointer"));
+        }
+        if depth >= NESTING_LIMIT {
+            return Err(refused("nesting limit"));
+        }
+        let dw = ((tag >> 32) & 0xffff) as usize;
+        let pc = (tag >> 48) as usize;
+        if start + dw + pc > self.seg_words(seg) {
+            return Err(refused("struct out of its segment"));
+        }
+        self.charge(dw + pc)?;
+        Ok(Some(S {
+            seg,
+            data: start,
+            dw,
+            pc,
+            depth: depth + 1,
+        }))
+    }
+
+    fn list_at(&mut self, seg: usize, pos: usize, depth: u32) -> R<Option<L>> {
+        let Some((seg, start, tag)) = self.resolve(seg, pos)? else {
+            return Ok(None);
+        };
+        if tag & 3 != 1 {
+            return Err(refused("expected a list pointer"));
+        }
+        if depth >= NESTING_LIMIT {
+            return Err(refused("nesting limit"));
+        }
+        let size = ((tag >> 32) & 7) as u8;
+        let n = (tag >> 35) as usize;
+        let total = self.seg_words(seg);
+        if size == 7 {
+            let words = n;
+            if start + 1 + words > total {
+                return Err(refused("list out of its segment"));
+            }
+            let head = self.word(seg, start)?;
+            if head & 3 != 0 {
+                return Err(refused("inline composite tag is not a struct"));
+            }
+            let count = ((head >> 2) & 0x3fff_ffff) as usize;
+            let dw = ((head >> 32) & 0xffff) as usize;
+            let pc = (head >> 48) as usize;
+            if count.checked_mul(dw + pc).is_none_or(|w| w > words) {
+                return Err(refused("inline composite list larger than its words"));
+            }
+            // elements of no size cost nothing to place: charge them one word each (as the C++ reader does)
+            self.charge(if dw + pc == 0 { count + 1 } else { words + 1 })?;
+            return Ok(Some(L {
+                seg,
+                start: start + 1,
+                size,
+                count,
+                dw,
+                pc,
+                depth: depth + 1,
+            }));
+        }
+        let bits: usize = match size {
+            0 => 0,
+            1 => 1,
+            2 => 8,
+            3 => 16,
+            4 => 32,
+            5 | 6 => 64,
+            _ => unreachable!(),
+        };
+        let words = (n * bits).div_ceil(64);
+        if start + words > total {
+            return Err(refused("list out of its segment"));
+        }
+        self.charge(if bits == 0 { n } else { words })?;
+        Ok(Some(L {
+            seg,
+            start,
+            size,
+            count: n,
+            dw: 0,
+            pc: 0,
+            depth: depth + 1,
+        }))
+    }
+
+    fn text_at<'py>(
+        &mut self,
+        py: Python<'py>,
+        seg: usize,
+        pos: usize,
+        depth: u32,
+        intern: bool,
+    ) -> R<Bound<'py, PyString>> {
+        let Some(l) = self.list_at(seg, pos, depth)? else {
+            return Ok(PyString::new(py, ""));
+        };
+        if l.size != 2 || l.count == 0 {
+            return Err(refused("text is not a byte list"));
+        }
+        let bytes = &self.segs[l.seg][l.start * 8..l.start * 8 + l.count];
+        if bytes[l.count - 1] != 0 {
+            return Err(refused("text not NUL-terminated"));
+        }
+        let s =
+            std::str::from_utf8(&bytes[..l.count - 1]).map_err(|_| refused("text is not UTF-8"))?;
+        Ok(if intern {
+            PyString::intern(py, s)
+        } else {
+            PyString::new(py, s)
+        })
+    }
+}
+
+fn target(pos: usize, w: u64) -> R<usize> {
+    let off = ((w as u32 as i32) >> 2) as i64;
+    let t = pos as i64 + 1 + off;
+    if t < 0 {
+        return Err(refused("pointer before its segment"));
+    }
+    Ok(t as usize)
+}
+
+#[inline]
+fn data_u64(m: &Msg, s: &S, idx: usize) -> R<u64> {
+    if idx < s.dw {
+        m.word(s.seg, s.data + idx)
+    } else {
+        Ok(0)
+    }
+}
+
+fn data_bits(m: &Msg, s: &S, offset: usize, width: usize) -> R<u64> {
+    let bit = offset * width;
+    let w = data_u64(m, s, bit / 64)?;
+    let v = w >> (bit % 64);
+    Ok(if width == 64 {
+        v
+    } else {
+        v & ((1u64 << width) - 1)
+    })
+}
+
+#[pyclass(frozen, module = "provisionerd.wire._fastwire")]
+struct Codec {
+    plans: Vec<Plan>,
+    facts: Vec<FactPlan>,
+    corr_offset: usize,
+    body_disc: usize,
+    frame_words: (u16, u16),
+    members: Vec<Option<(u32, usize, i64)>>, // body discriminant -> (pointer, plan, max units)
+    by_class: Py<PyDict>,                    // message class -> body discriminant
+    envelope: PyObject,
+}
+
+impl Codec {
+    fn element(&self, l: &L, i: usize) -> S {
+        S {
+            seg: l.seg,
+            data: l.start + i * (l.dw + l.pc),
+            dw: l.dw,
+            pc: l.pc,
+            depth: l.depth,
+        }
+    }
+
+    fn struct_list(&self, m: &mut Msg, s: &S, f: &Field) -> R<Option<L>> {
+        if (f.offset as usize) >= s.pc {
+            return Ok(None);
+        }
+        let Some(l) = m.list_at(s.seg, s.data + s.dw + f.offset as usize, s.depth)? else {
+            return Ok(None);
+        };
+        if l.size != 7 {
+            return Err(refused("struct list not inline composite"));
+        }
+        if l.count as u64 > f.cap {
+            return Err(refused("list above its cap"));
+        }
+        Ok(Some(l))
+    }
+
+    fn ptr_struct(&self, m: &mut Msg, s: &S, index: u32) -> R<S> {
+        if (index as usize) >= s.pc {
+            return Ok(S {
+                depth: s.depth + 1,
+                ..EMPTY
+            });
+        }
+        Ok(m.struct_at(s.seg, s.data + s.dw + index as usize, s.depth)?
+            .unwrap_or(S {
+                depth: s.depth + 1,
+                ..EMPTY
+            }))
+    }
+
+    fn text<'py>(
+        &self,
+        py: Python<'py>,
+        m: &mut Msg,
+        s: &S,
+        index: u32,
+        intern: bool,
+    ) -> R<Bound<'py, PyAny>> {
+        if (index as usize) >= s.pc {
+            return Ok(PyString::new(py, "").into_any());
+        }
+        Ok(
+            m.text_at(py, s.seg, s.data + s.dw + index as usize, s.depth, intern)?
+                .into_any(),
+        )
+    }
+
+    fn value<'py>(&self, py: Python<'py>, m: &mut Msg, f: &Field, s: &S) -> R<Bound<'py, PyAny>> {
+        let off = f.offset as usize;
+        Ok(match f.kind {
+            K_BOOL => PyBool::new(py, data_bits(m, s, off, 1)? != 0)
+                .to_owned()
+                .into_any(),
+            K_U32 => data_bits(m, s, off, 32)?.into_pyobject(py)?.into_any(),
+            K_U64 => data_bits(m, s, off, 64)?.into_pyobject(py)?.into_any(),
+            K_I32 => (data_bits(m, s, off, 32)? as u32 as i32)
+                .into_pyobject(py)?
+                .into_any(),
+            K_F64 => PyFloat::new(py, f64::from_bits(data_bits(m, s, off, 64)?)).into_any(),
+            K_TEXT | K_TEXT_INTERN => self.text(py, m, s, f.offset, f.kind == K_TEXT_INTERN)?,
+            K_ENUM => {
+                let raw = data_bits(m, s, off, 16)? as usize;
+                match f.table.get(raw) {
+                    Some(Some(v)) => v.bind(py).clone(),
+                    _ => return Err(refused("unknown enumerant")),
+                }
+            }
+            K_STRUCT => {
+                let inner = self.ptr_struct(m, s, f.offset)?;
+                m.spend(1)?;
+                self.build(py, m, f.plan, &inner, None)?
+            }
+            K_FACT => {
+                let fact = self.ptr_struct(m, s, f.offset)?;
+                self.fact(py, m, f.plan, &fact)?
+            }
+            K_OPT_TEXT | K_OPT_F64 => {
+                let opt = self.ptr_struct(m, s, f.offset)?;
+                let disc = data_bits(m, &opt, f.opt_disc as usize, 16)?;
+                if disc == f.opt_none as u64 {
+                    py.None().into_bound(py)
+                } else if disc != f.opt_some as u64 {
+                    return Err(refused("an optional's union holds no member"));
+                } else if f.kind == K_OPT_TEXT {
+                    self.text(py, m, &opt, 0, false)?
+                } else {
+                    PyFloat::new(py, f64::from_bits(data_bits(m, &opt, f.cap as usize, 64)?))
+                        .into_any()
+                }
+            }
+            K_LIST_TEXT => {
+                if off >= s.pc {
+                    return Ok(PyTuple::empty(py).into_any());
+                }
+                let Some(l) = m.list_at(s.seg, s.data + s.dw + off, s.depth)? else {
+                    return Ok(PyTuple::empty(py).into_any());
+                };
+                if l.size != 6 {
+                    return Err(refused("text list not a pointer list"));
+                }
+                if l.count as u64 > f.cap {
+                    return Err(refused("list above its cap"));
+                }
+                let mut items = Vec::with_capacity(l.count);
+                for i in 0..l.count {
+                    items.push(m.text_at(py, l.seg, l.start + i, l.depth, false)?);
+                }
+                PyTuple::new(py, items)?.into_any()
+            }
+            K_LIST_STRUCT => {
+                let Some(l) = self.struct_list(m, s, f)? else {
+                    return Ok(PyTuple::empty(py).into_any());
+                };
+                m.spend(l.count)?;
+                let mut items = Vec::with_capacity(l.count);
+                for i in 0..l.count {
+                    let e = self.element(&l, i);
+                    items.push(self.build(py, m, f.plan, &e, None)?);
+                }
+                PyTuple::new(py, items)?.into_any()
+            }
+            K_MAP => {
+                let dict = PyDict::new(py);
+                let Some(l) = self.struct_list(m, s, f)? else {
+                    return Ok(dict.into_any());
+                };
+                m.spend(l.count)?;
+                for i in 0..l.count {
+                    let e = self.element(&l, i);
+                    let key = self.text(py, m, &e, 0, false)?;
+                    if dict.contains(&key)? {
+                        return Err(refused("duplicate key"));
+                    }
+                    let value = self.text(py, m, &e, 1, false)?;
+                    dict.set_item(key, value)?;
+                }
+                dict.into_any()
+            }
+            _ => return Err(refused("unknown field kind")),
+        })
+    }
+
+    fn build<'py>(
+        &self,
+        py: Python<'py>,
+        m: &mut Msg,
+        plan: usize,
+        s: &S,
+        outer: Option<&S>,
+    ) -> R<Bound<'py, PyAny>> {
+        let p = &self.plans[plan];
+        let mut args = Vec::with_capacity(p.fields.len());
+        for f in &p.fields {
+            let from = if f.outer {
+                outer.ok_or_else(|| refused("header field outside a fact"))?
+            } else {
+                s
+            };
+            args.push(self.value(py, m, f, from)?);
+        }
+        p.cls.bind(py).call1(PyTuple::new(py, args)?)
+    }
+
+    fn fact<'py>(
+        &self,
+        py: Python<'py>,
+        m: &mut Msg,
+        fact_plan: usize,
+        fact: &S,
+    ) -> R<Bound<'py, PyAny>> {
+        let fp = &self.facts[fact_plan];
+        let disc = data_bits(m, fact, fp.disc_offset as usize, 16)? as usize;
+        let Some(Some((ptr, plan))) = fp.members.get(disc) else {
+            return Err(refused("unknown fact kind"));
+        };
+        let member = self.ptr_struct(m, fact, *ptr)?;
+        m.spend(1)?;
+        self.build(py, m, *plan, &member, Some(fact))
+    }
+}
+
+/// A message being built: one segment of words, allocated in the order the reference writer allocates (each
+/// struct, list and text when its field is written, depth first in field order), so that a message that fits
+/// pycapnp's first segment comes out byte for byte as the reference encodes it.
+struct Out {
+    words: Vec<u64>,
+}
+
+impl Out {
+    fn alloc(&mut self, n: usize) -> usize {
+        let at = self.words.len();
+        self.words.resize(at + n, 0);
+        at
+    }
+
+    fn pointer(&mut self, at: usize, target: usize, low: u64, high: u64) {
+        let off = (target as i64 - at as i64 - 1) as i32 as u32 as u64;
+        self.words[at] = ((off << 2) & 0xffff_fffc) | low | (high << 32);
+    }
+
+    fn new_struct(&mut self, at: usize, dw: u16, pc: u16) -> S {
+        let start = self.alloc(dw as usize + pc as usize);
+        // a struct of no size points at its own pointer (offset -1), as Cap'n Proto writers do: a zero word
+        // there would read as a null pointer
+        let target = if dw == 0 && pc == 0 { at } else { start };
+        self.pointer(at, target, 0, dw as u64 | ((pc as u64) << 16));
+        S {
+            seg: 0,
+            data: start,
+            dw: dw as usize,
+            pc: pc as usize,
+            depth: 0,
+        }
+    }
+
+    fn set_bits(&mut self, s: &S, offset: usize, width: usize, v: u64) {
+        let bit = offset * width;
+        let w = &mut self.words[s.data + bit / 64];
+        let mask = if width == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << width) - 1) << (bit % 64)
+        };
+        *w = (*w & !mask) | ((v << (bit % 64)) & mask);
+    }
+
+    fn text(&mut self, at: usize, v: &str) {
+        let n = v.len() + 1;
+        let start = self.alloc(n.div_ceil(8));
+        self.pointer(at, start, 1, 2 | ((n as u64) << 3));
+        for (i, chunk) in v.as_bytes().chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.words[start + i] = u64::from_le_bytes(word);
+        }
+    }
+
+    fn composite(&mut self, at: usize, count: usize, dw: u16, pc: u16) -> usize {
+        let size = dw as usize + pc as usize;
+        let start = self.alloc(1 + count * size);
+        self.pointer(at, start, 1, 7 | (((count * size) as u64) << 3));
+        self.words[start] = ((count as u64) << 2) | ((dw as u64) << 32) | ((pc as u64) << 48);
+        start + 1
+    }
+}
+
+fn text_of<'py>(v: &Bound<'py, PyAny>) -> R<String> {
+    let s = v.downcast::<PyString>().map_err(|_| refused("not a str"))?;
+    Ok(s.to_str()
+        .map_err(|_| refused("not encodable as UTF-8"))?
+        .to_owned())
+}
+
+impl Codec {
+    fn put(&self, py: Python<'_>, o: &mut Out, f: &Field, s: &S, v: &Bound<'_, PyAny>) -> R<()> {
+        let at = s.data + s.dw + f.offset as usize;
+        let off = f.offset as usize;
+        match f.kind {
+            K_BOOL => {
+                let b = v
+                    .downcast::<PyBool>()
+                    .map_err(|_| refused("not a bool"))?
+                    .is_true();
+                o.set_bits(s, off, 1, b as u64)
+            }
+            K_U32 => o.set_bits(
+                s,
+                off,
+                32,
+                v.extract::<u32>().map_err(|_| refused("not a u32"))? as u64,
+            ),
+            K_U64 => o.set_bits(
+                s,
+                off,
+                64,
+                v.extract::<u64>().map_err(|_| refused("not a u64"))?,
+            ),
+            K_I32 => o.set_bits(
+                s,
+                off,
+                32,
+                v.extract::<i32>().map_err(|_| refused("not an i32"))? as u32 as u64,
+            ),
+            K_F64 => o.set_bits(
+                s,
+                off,
+                64,
+                v.extract::<f64>()
+                    .map_err(|_| refused("not a float"))?
+                    .to_bits(),
+            ),
+            K_TEXT | K_TEXT_INTERN => o.text(at, &text_of(v)?),
+            K_ENUM => {
+                let raw = f
+                    .raw
+                    .bind(py)
+                    .get_item(v)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| refused("no such enumerant"))?;
+                o.set_bits(s, off, 16, raw.extract::<u16>()? as u64)
+            }
+            K_STRUCT => {
+                let p = &self.plans[f.plan];
+                let inner = o.new_struct(at, p.dw, p.pc);
+                self.put_struct(py, o, f.plan, &inner, v, None)?
+            }
+            K_FACT => self.put_fact(py, o, f.plan, at, v)?,
+            K_OPT_TEXT | K_OPT_F64 => {
+                let opt = o.new_struct(at, f.words.0, f.words.1);
+                if v.is_none() {
+                    o.set_bits(&opt, f.opt_disc as usize, 16, f.opt_none as u64);
+                } else {
+                    o.set_bits(&opt, f.opt_disc as usize, 16, f.opt_some as u64);
+                    if f.kind == K_OPT_TEXT {
+                        o.text(opt.data + opt.dw, &text_of(v)?)
+                    } else {
+                        o.set_bits(
+                            &opt,
+                            f.cap as usize,
+                            64,
+                            v.extract::<f64>().map_err(|_| refused("float"))?.to_bits(),
+                        )
+                    }
+                }
+            }
+            K_LIST_TEXT => {
+                let items = v
+                    .downcast::<PyTuple>()
+                    .map_err(|_| refused("not a tuple"))?;
+                let n = items.len();
+                let start = o.alloc(n);
+                o.pointer(at, start, 1, 6 | ((n as u64) << 3));
+                for (i, item) in items.iter().enumerate() {
+                    o.text(start + i, &text_of(&item)?);
+                }
+            }
+            K_LIST_STRUCT => {
+                let items = v
+                    .downcast::<PyTuple>()
+                    .map_err(|_| refused("not a tuple"))?;
+                let p = &self.plans[f.plan];
+                let size = p.dw as usize + p.pc as usize;
+                let first = o.composite(at, items.len(), p.dw, p.pc);
+                for (i, item) in items.iter().enumerate() {
+                    let e = S {
+                        seg: 0,
+                        data: first + i * size,
+                        dw: p.dw as usize,
+                        pc: p.pc as usize,
+                        depth: 0,
+                    };
+                    self.put_struct(py, o, f.plan, &e, &item, None)?;
+                }
+            }
+            K_MAP => {
+                let map = v.downcast::<PyDict>().map_err(|_| refused("not a dict"))?;
+                let mut entries = Vec::with_capacity(map.len());
+                for (k, val) in map.iter() {
+                    entries.push((text_of(&k)?, text_of(&val)?));
+                }
+                entries.sort(); // key order, as the reference writes it (keys are unique)
+                let (dw, pc) = f.words;
+                let size = dw as usize + pc as usize;
+                let first = o.composite(at, entries.len(), dw, pc);
+                for (i, (k, val)) in entries.iter().enumerate() {
+                    let e = first + i * size + dw as usize;
+                    o.text(e, k);
+                    o.text(e + 1, val);
+                }
+            }
+            _ => return Err(refused("unknown field kind")),
+        }
+        Ok(())
+    }
+
+    /// The fields of `v` into `s` (its header fields into `outer`, for a fact), in the reference writer's order.
+    fn put_struct(
+        &self,
+        py: Python<'_>,
+        o: &mut Out,
+        plan: usize,
+        s: &S,
+        v: &Bound<'_, PyAny>,
+        outer: Option<&S>,
+    ) -> R<()> {
+        for f in &self.plans[plan].fields {
+            let to = if f.outer {
+                outer.ok_or_else(|| refused("header field outside a fact"))?
+            } else {
+                s
+            };
+            self.put(py, o, f, to, &v.getattr(f.name.bind(py))?)?;
+        }
+        Ok(())
+    }
+
+    fn put_fact(
+        &self,
+        py: Python<'_>,
+        o: &mut Out,
+        fact_plan: usize,
+        at: usize,
+        v: &Bound<'_, PyAny>,
+    ) -> R<()> {
+        let fp = &self.facts[fact_plan];
+        let disc: usize = fp
+            .by_class
+            .bind(py)
+            .get_item(v.get_type())
+            .ok()
+            .flatten()
+            .ok_or_else(|| refused("not a fact"))?
+            .extract()?;
+        let Some(Some((ptr, plan))) = fp.members.get(disc) else {
+            return Err(refused("not a fact"));
+        };
+        let fact = o.new_struct(at, fp.dw, fp.pc);
+        o.set_bits(&fact, fp.disc_offset as usize, 16, disc as u64);
+        // the header first (the reference writes it before it initialises the member), then the member
+        for f in self.plans[*plan].fields.iter().filter(|f| f.outer) {
+            self.put(py, o, f, &fact, &v.getattr(f.name.bind(py))?)?;
+        }
+        let p = &self.plans[*plan];
+        let member = o.new_struct(fact.data + fact.dw + *ptr as usize, p.dw, p.pc);
+        for f in p.fields.iter().filter(|f| !f.outer) {
+            self.put(py, o, f, &member, &v.getattr(f.name.bind(py))?)?;
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Codec {
+    /// Codec(plans, facts, frame, envelope); see provisionerd/wire/codec.py (``_NativePlans``) for the shapes.
+    #[new]
+    #[allow(clippy::type_complexity)]
+    fn new(
+        plans: Vec<(PyObject, u16, u16, Vec<Field>)>,
+        facts: Vec<(
+            u32,
+            u16,
+            u16,
+            std::collections::HashMap<usize, (u32, usize)>,
+            Py<PyDict>,
+        )>,
+        frame: (
+            usize,
+            usize,
+            (u16, u16),
+            std::collections::HashMap<usize, (u32, usize, i64)>,
+            Py<PyDict>,
+        ),
+        envelope: PyObject,
+    ) -> PyResult<Self> {
+        let n = plans.len();
+        let nf = facts.len();
+        let plans: Vec<Plan> = plans
+            .into_iter()
+            .map(|(cls, dw, pc, fields)| Plan {
+                cls,
+                dw,
+                pc,
+                fields,
+            })
+            .collect();
+        let bad = |why: &str| pyo3::exceptions::PyValueError::new_err(why.to_string());
+        for p in &plans {
+            for f in &p.fields {
+                let wrong = match f.kind {
+                    K_STRUCT | K_LIST_STRUCT => f.plan >= n,
+                    K_FACT => f.plan >= nf,
+                    k => k > K_FACT,
+                };
+                if wrong {
+                    return Err(bad("a plan refers to no plan"));
+                }
+            }
+        }
+        fn dense<T: Clone>(m: std::collections::HashMap<usize, T>) -> Vec<Option<T>> {
+            let len = m.keys().max().map_or(0, |k| k + 1);
+            let mut v = vec![None; len];
+            for (k, x) in m {
+                v[k] = Some(x);
+            }
+            v
+        }
+        let facts: Vec<FactPlan> = facts
+            .into_iter()
+            .map(|(disc_offset, dw, pc, members, by_class)| FactPlan {
+                disc_offset,
+                dw,
+                pc,
+                members: dense(members),
+                by_class,
+            })
+            .collect();
+        if facts
+            .iter()
+            .any(|fp| fp.members.iter().flatten().any(|(_, p)| *p >= n))
+        {
+            return Err(bad("a fact plan refers to no plan"));
+        }
+        let (corr_offset, body_disc, frame_words, members, by_class) = frame;
+        let members = dense(members);
+        if members.iter().flatten().any(|(_, p, _)| *p >= n) {
+            return Err(bad("a frame member refers to no plan"));
+        }
+        Ok(Codec {
+            plans,
+            facts,
+            corr_offset,
+            body_disc,
+            frame_words,
+            members,
+            by_class,
+            envelope,
+        })
+    }
+
+    /// (Envelope, units spent) for `body`, or `Refused`. `budget` is the traversal limit in words.
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        budget: i64,
+    ) -> PyResult<(Bound<'py, PyAny>, i64)> {
+        let mut m = Msg::parse(body, budget, i64::MAX)?;
+        let root = m.struct_at(0, 0, 0)?.ok_or_else(|| refused("null root"))?;
+        let corr = data_bits(&m, &root, self.corr_offset, 64)?;
+        let disc = data_bits(&m, &root, self.body_disc, 16)? as usize;
+        let Some(Some((ptr, plan, max_units))) = self.members.get(disc) else {
+            return Err(refused("unknown frame kind"));
+        };
+        m.max_units = *max_units;
+        let inner = self.ptr_struct(&mut m, &root, *ptr)?;
+        m.spend(1)?;
+        let msg = self.build(py, &mut m, *plan, &inner, None)?;
+        let envelope = self.envelope.bind(py).call1((corr, msg))?;
+        Ok((envelope, m.units))
+    }
+
+    /// The frame body carrying `msg` with correlation id `corr` (one segment), or `Refused`.
+    fn encode<'py>(
+        &self,
+        py: Python<'py>,
+        msg: &Bound<'py, PyAny>,
+        corr: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let disc: usize = self
+            .by_class
+            .bind(py)
+            .get_item(msg.get_type())
+            .ok()
+            .flatten()
+            .ok_or_else(|| refused("not a wire message"))?
+            .extract()?;
+        let Some(Some((ptr, plan, _))) = self.members.get(disc) else {
+            return Err(refused("not a wire message"));
+        };
+        let mut o = Out {
+            words: Vec::with_capacity(128),
+        };
+        o.alloc(1); // the root pointer
+        let root = o.new_struct(0, self.frame_words.0, self.frame_words.1);
+        o.set_bits(&root, self.corr_offset, 64, corr);
+        o.set_bits(&root, self.body_disc, 16, disc as u64);
+        let p = &self.plans[*plan];
+        let inner = o.new_struct(root.data + root.dw + *ptr as usize, p.dw, p.pc);
+        self.put_struct(py, &mut o, *plan, &inner, msg, None)?;
+        let n = o.words.len();
+        if n > u32::MAX as usize {
+            return Err(refused("message too large"));
+        }
+        let mut bytes = Vec::with_capacity(8 + 8 * n);
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.extend_from_slice(&(n as u32).to_le_bytes());
+        for w in &o.words {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        Ok(PyBytes::new(py, &bytes))
+    }
+}
+
+#[pymodule]
+fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Codec>()?;
+    m.add("Refused", m.py().get_type::<Refused>())?;
+    Ok(())
+}

@@ -1,0 +1,184 @@
+"""The native codec (rust/fastwire) against the reference path (pycapnp): same bytes, same values, same units.
+
+The native codec only ever answers for the reference: a body it does not read, or a value it does not write, goes
+to the reference path, which decides. So the one thing it must never do is accept what the reference refuses, or
+read or write something else than the reference does. These tests look for exactly that, on every message kind
+(hypothesis), on bodies spread over several segments, and on hostile bodies (the reference's own bytes mutated).
+
+Skipped where the extension is not built (a checkout without Rust), except in CI, which builds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from wire_strategies import messages, u64
+
+from provisionerd.domain import model
+from provisionerd.domain.errors import DecodeError
+from provisionerd.wire import codec, native
+from provisionerd.wire import messages as m
+
+BUILT = native.load() is not None
+pytestmark = pytest.mark.skipif(not BUILT and not os.environ.get("CI"), reason="the native codec is not built")
+SLOW = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def fast() -> tuple[object, type[BaseException]]:
+    pair = codec._native_codec()
+    assert pair is not None, "CI builds the native codec (pip install builds rust/fastwire with cargo)"
+    return pair
+
+
+def segments(body: bytes) -> int:
+    return struct.unpack_from("<I", body)[0] + 1
+
+
+def handed_back() -> int:
+    return codec.NATIVE_HANDED_BACK[0]
+
+
+@given(msg=messages, corr=u64)
+@SLOW
+def test_native_writes_the_reference_bytes_and_reads_the_reference_values(msg, corr):
+    native_codec, _ = fast()
+    before = handed_back()
+    reference = codec.encode_reference(msg, corr)
+    ours = native_codec.encode(msg, corr)  # type: ignore[attr-defined]
+    if segments(reference) == 1:  # pycapnp's first segment holds it: allocation order is the same
+        assert ours == reference
+    assert segments(ours) == 1
+    expected = codec.decode_reference(reference)
+    assert expected[0] == m.Envelope(corr, msg)
+    assert native_codec.decode(reference, codec._traversal_words(reference)) == expected  # type: ignore[attr-defined]
+    assert codec.decode_reference(ours) == expected
+    assert codec.decode_metered(ours) == expected
+    assert handed_back() == before
+
+
+def _facts(n: int) -> m.ResyncPage:
+    facts = []
+    for i in range(n):
+        fact = model.InstanceFact(
+            "sim", model.Epoch(3, 7), f"op-{i // 10}", f"ref-{i}", f"i-{i:017x}", "c5.large", "ab" * 32, f"h{i}"
+        )
+        facts.append(model.CommittedFact(1000 + i, fact))
+    return m.ResyncPage(0, 1, tuple(facts), (), True, 1000 + n, 1)
+
+
+def test_a_body_over_several_segments_reads_through_its_far_pointers():
+    native_codec, _ = fast()
+    page = _facts(400)
+    reference = codec.encode_reference(page, 9)
+    assert segments(reference) > 1  # pycapnp's writer spilled into more segments: far pointers and landing pads
+    before = handed_back()
+    expected = codec.decode_reference(reference)
+    assert native_codec.decode(reference, codec._traversal_words(reference)) == expected  # type: ignore[attr-defined]
+    ours = codec.encode(page, 9)
+    assert segments(ours) == 1 and codec.decode_reference(ours) == expected
+    assert handed_back() == before
+
+
+def test_shared_text_fields_come_back_as_one_string():
+    envelope = codec.decode(codec.encode(_facts(20)))
+    providers = {id(committed.fact.provider) for committed in envelope.msg.facts}
+    ops = {id(committed.fact.op_id) for committed in envelope.msg.facts}
+    assert len(providers) == 1 and len(ops) == 2
+
+
+def _outcome(decode, body):
+    try:
+        return decode(body)
+    except DecodeError as exc:
+        return type(exc), str(exc)
+
+
+@given(
+    msg=messages,
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=6),
+    cut=st.integers(0, 64),
+)
+@SLOW
+def test_a_hostile_body_is_never_read_otherwise_than_the_reference_reads_it(msg, edits, cut):
+    native_codec, refused = fast()
+    body = bytearray(codec.encode_reference(msg, 5))
+    for position, value in edits:
+        body[position % len(body)] = value
+    mutated = bytes(body[: max(8, len(body) - 8 * (cut // 8))])
+    reference = _outcome(codec.decode_reference, mutated)
+    try:
+        ours = native_codec.decode(mutated, codec._traversal_words(mutated))  # type: ignore[attr-defined]
+    except (refused, DecodeError, *codec._MALFORMED):
+        pass  # handed back: the reference decides
+    else:
+        assert ours == reference  # it read it: then the reference reads the same value (never an error)
+    assert _outcome(codec.decode_metered, mutated) == reference  # what the daemon gets is the reference's answer
+
+
+VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
+
+
+def _vector_bodies() -> list[bytes]:
+    return [bytes.fromhex(json.loads(p.read_text())["body_hex"]) for p in sorted(VECTORS.glob("*.json"))]
+
+
+def test_every_single_byte_change_of_every_vector_reads_as_the_reference_reads_it():
+    # Exhaustive where the random edits above are thin: each byte of each vector body set to 0, 1, 0xff and its
+    # own value with the top bit flipped (pointer kinds and offsets, list sizes, text terminators, segment table).
+    native_codec, refused = fast()
+    bodies = _vector_bodies()
+    assert len(bodies) >= 30
+    read = 0
+    for body in bodies:
+        for position in range(len(body)):
+            for value in {0, 1, 0xFF, body[position] ^ 0x80}:
+                mutated = body[:position] + bytes([value]) + body[position + 1 :]
+                reference = _outcome(codec.decode_reference, mutated)
+                try:
+                    ours = native_codec.decode(mutated, codec._traversal_words(mutated))  # type: ignore[attr-defined]
+                except (refused, DecodeError, *codec._MALFORMED):
+                    continue
+                read += 1
+                assert ours == reference, (body.hex(), position, value)
+    assert read > 1000  # most single-byte changes still read (data fields, text bytes): the check has teeth
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        m.Heartbeat(-1),  # a negative UInt64
+        m.Heartbeat(2**64),  # too large
+        m.LeaseAcquire("\ud800"),  # a lone surrogate: not UTF-8
+    ],
+    ids=["negative", "too-large", "surrogate"],
+)
+def test_a_value_the_wire_cannot_carry_is_refused_as_the_reference_refuses_it(bad):
+    with pytest.raises(ValueError) as reference:
+        codec.encode_reference(bad)
+    before = handed_back()
+    with pytest.raises(ValueError) as ours:
+        codec.encode(bad)
+    assert str(ours.value) == str(reference.value)
+    assert handed_back() == before + 1
+
+
+def test_a_field_of_the_wrong_type_is_refused_as_the_reference_refuses_it():
+    wrong = attrs.evolve(m.LeaseAcquire("p"), provider=7)  # attrs does not check types: the codec must
+    with pytest.raises((TypeError, ValueError)) as reference:
+        codec.encode_reference(wrong)
+    with pytest.raises(type(reference.value)):
+        codec.encode(wrong)
+
+
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert native.load() is None
+    monkeypatch.delenv(native.SWITCH)
+    assert native.load() is not None
