@@ -6,6 +6,8 @@ VENV := .venv
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed-test
 LINT_STAMP := $(VENV)/.installed-lint
+# The native codec's sources: an editable install builds it once, so a change to them must reinstall.
+NATIVE := rust/fastwire/Cargo.toml rust/fastwire/Cargo.lock rust/fastwire/src/lib.rs
 
 .PHONY: demo test lint bench simulate clean
 
@@ -13,15 +15,15 @@ $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+$(RUN_STAMP): pyproject.toml $(NATIVE) | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+$(STAMP): pyproject.toml $(NATIVE) | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(RUN_STAMP) $(STAMP)
 
-$(LINT_STAMP): pyproject.toml | $(VENV)/bin/python
+$(LINT_STAMP): pyproject.toml $(NATIVE) | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e '.[lint]'
 	touch $(RUN_STAMP) $(LINT_STAMP)
 

@@ -11,18 +11,31 @@ not read) it hands back, and the reference codec decodes the frame and gives the
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from types import ModuleType
 
+log = logging.getLogger(__name__)
+
 #: The environment variable that turns the native reader off when set to ``0``.
 SWITCH = "PROVISIONERD_NATIVE_CODEC"
+#: The shape of the plans ``codec`` hands the extension (``PLAN_VERSION`` in rust/fastwire/src/lib.rs).
+PLAN_VERSION = 1
 
 
 def load() -> ModuleType | None:
-    """The extension module, or None when it is not built (a checkout without Rust) or switched off."""
+    """The extension module, or None when it is not built (a checkout without Rust), switched off, or built from
+    other sources than these (``PLAN_VERSION``; logged)."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
     try:
-        return importlib.import_module("provisionerd.wire._fastwire")
+        module = importlib.import_module("provisionerd.wire._fastwire")
     except ImportError:
         return None
+    if getattr(module, "PLAN_VERSION", None) != PLAN_VERSION:  # built from other sources than these: rebuild it
+        log.warning(
+            "native codec not used: stale build",
+            extra={"built": getattr(module, "PLAN_VERSION", None), "expected": PLAN_VERSION, "path": module.__file__},
+        )
+        return None
+    return module

@@ -10,6 +10,7 @@ Skipped where the extension is not built (a checkout without Rust), except in CI
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import struct
@@ -175,6 +176,11 @@ def test_a_field_of_the_wrong_type_is_refused_as_the_reference_refuses_it():
         codec.encode_reference(wrong)
     with pytest.raises(type(reference.value)):
         codec.encode(wrong)
+
+
+def test_the_build_is_of_these_sources():
+    module = importlib.import_module("provisionerd.wire._fastwire")
+    assert module.PLAN_VERSION == native.PLAN_VERSION
 
 
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch):

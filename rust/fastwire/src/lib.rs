@@ -990,6 +990,8 @@ impl Codec {
 #[pymodule]
 fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Codec>()?;
+    // The shape of the plans `Codec` takes; provisionerd/wire/native.py loads no other (a stale build).
+    m.add("PLAN_VERSION", 1)?;
     m.add("Refused", m.py().get_type::<Refused>())?;
     Ok(())
 }
