@@ -15,8 +15,9 @@ from provisionerd.wire.framing import HEADER, FramedStream, frame_bytes
 
 class PiecemealStream(trio.abc.Stream):
     """Takes each ``send_all`` in ``pieces`` parts with a scheduler round between them (as a socket takes a big
-    write) and detects no overlap: two writers in ``send_all`` at once would interleave their bytes in ``wire``.
-    A write whose last byte is in ``hold`` then waits for that event before it returns (or raises ``fail``)."""
+    write) and, unlike an SSLStream, does not refuse a second writer: two writers in ``send_all`` at once would
+    interleave their bytes in ``wire`` (and show in ``most_inside``). A write whose last byte is in ``hold`` then
+    waits for that event before it returns (and raises ``fail`` after it)."""
 
     def __init__(self, pieces: int = 3) -> None:
         self.pieces = pieces
