@@ -2,7 +2,7 @@
 
 Run from the repository root inside the project's environment::
 
-    python bench/wire.py [--frames 20000] [--batch 1] [--rounds 3]
+    python bench/wire.py [--frames 20000] [--batch 1] [--rounds 3] [--breakdown]
 
 One process, one trio loop, both ends on loopback over mutual TLS with the cluster's certificates (a controller
 server context, a provisioner client): the sender writes ``--frames`` frames in batches of ``--batch`` (one write
@@ -10,6 +10,9 @@ per batch; 1 by default: a frame per write, as a request and its reply go) and t
 
 - ``raw``: the same framed bytes, built once before the clock starts, written with ``send_all`` and read with
   ``receive_some`` until every byte is in: what trio's TLS stream costs alone;
+- ``framing``: those pre-encoded bytes through ``FramedStream`` both ways and no codec: ``send_raw`` (the writers'
+  turn) and ``receive_checked`` (header, kind peeked from the prefix and checked against the allowed kinds and its
+  size bound, body copied out): what the framing layer adds around the codec;
 - ``codec``: every frame encoded on the way out (``FramedStream.send_many``) and on the way in read with
   ``FramedStream.receive`` (the head peeked and checked against the allowed kinds, then the body decoded in full):
   what the daemon and the controller pay per frame.
@@ -17,13 +20,22 @@ per batch; 1 by default: a frame per write, as a request and its reply go) and t
 The message is a ``ResyncPage`` of three instance facts (~1 KB, the issue's "1 KB message"). Each figure is the
 best of ``--rounds``; ``encode_us``/``decode_us`` are the codec alone (CPU time, best of 9 runs). The last line is
 ``{"codec_frames_s": ..., "raw_frames_s": ..., "codec_vs_raw": ..., ...}`` (the issue's target: codec >= 70% of raw);
-``codec_cpu_us_per_frame``, ``raw_cpu_us_per_frame`` and ``codec_vs_raw_cpu`` are the same rounds in the process's
-CPU time (both ends run in it), which the load of other processes on a shared machine does not move.
+``codec_cpu_us_per_frame``, ``framing_cpu_us_per_frame``, ``raw_cpu_us_per_frame`` and ``codec_vs_raw_cpu`` are
+the same rounds in the process's CPU time (both ends run in it), which the load of other processes on a shared
+machine does not move. ``framing_share_cpu_us`` (framing - raw) and ``codec_share_cpu_us`` (codec - framing) split
+what a frame costs beyond raw TLS between the framing layer and the codec.
+
+``--breakdown`` adds ``breakdown_cpu_us_per_frame``, one pair of ends changed at a time from ``raw`` (the same
+rounds): ``send_raw+receive_some`` (the writers' turn alone), ``send_raw+receive_body`` (framing without the kind
+check), ``send_many+receive_some`` (encoding in the stream), ``send_raw+receive`` (peek and decoding in the stream).
+In the stream the codec costs more than ``encode_us``/``decode_us`` alone: the TLS stream and trio's loop run
+between two frames and the codec's code and data no longer stay in the CPU's caches.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -100,68 +112,119 @@ async def timed(send: Callable[[], Awaitable[None]], receive: Callable[[], Await
     return trio.current_time() - started, time.process_time() - cpu
 
 
-async def one_round(
-    certs: Path, msg: ResyncPage, batches: list[int]
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((wall, CPU) seconds raw, (wall, CPU) seconds codec) for the frames of ``batches`` on a fresh mTLS
-    connection."""
-    client, server = await _pair(certs)
+class Link(NamedTuple):
+    """One mTLS connection: its two ends raw, and the same two ends framed."""
+
+    client: trio.SSLStream[trio.SocketStream]
+    server: trio.SSLStream[trio.SocketStream]
+    sender: FramedStream
+    receiver: FramedStream
+
+
+#: ``(send, receive)`` of one row, each given the row's connection.
+Ends = tuple[Callable[[Link], Awaitable[None]], Callable[[Link], Awaitable[None]]]
+ROWS = ("raw", "framing", "codec")
+BREAKDOWN = ("send_raw+receive_some", "send_raw+receive_body", "send_many+receive_some", "send_raw+receive")
+
+
+def rows(msg: ResyncPage, batches: list[int]) -> dict[str, Ends]:
     framed_one = frame_bytes(codec.encode(msg, 5))
     raw_batches = [framed_one * n for n in batches]
-    total = len(framed_one) * sum(batches)
-
-    async def raw_send() -> None:
-        for data in raw_batches:
-            await client.send_all(data)
-
-    async def raw_receive() -> None:
-        got = 0
-        while got < total:
-            got += len(await server.receive_some(65536))
-
-    raw = await timed(raw_send, raw_receive)
-    sender, receiver = FramedStream(client), FramedStream(server)
+    total, frames = len(framed_one) * sum(batches), sum(batches)
     allowed = ALLOWED[Role.CONTROLLER]
 
-    async def codec_send() -> None:
+    async def raw_send(link: Link) -> None:
+        for data in raw_batches:
+            await link.client.send_all(data)
+
+    async def raw_receive(link: Link) -> None:
+        got = 0
+        while got < total:
+            got += len(await link.server.receive_some(65536))
+
+    async def framed_send(link: Link) -> None:
+        for data in raw_batches:
+            await link.sender.send_raw(data)
+
+    async def checked_receive(link: Link) -> None:
+        for _ in range(frames):
+            assert await link.receiver.receive_checked(allowed, "controller") is not None
+
+    async def body_receive(link: Link) -> None:
+        for _ in range(frames):
+            assert await link.receiver.receive_body() is not None
+
+    async def codec_send(link: Link) -> None:
         for n in batches:
-            await sender.send_many([(msg, 5)] * n)
+            await link.sender.send_many([(msg, 5)] * n)
 
-    async def codec_receive() -> None:
-        for _ in range(sum(batches)):
-            envelope = await receiver.receive(allowed, "controller")
-            assert envelope is not None and envelope.msg.page_count == 1
+    async def codec_receive(link: Link) -> None:
+        for _ in range(frames):
+            envelope = await link.receiver.receive(allowed, "controller")
+            assert envelope is not None and isinstance(envelope.msg, ResyncPage) and envelope.msg.page_count == 1
 
-    coded = await timed(codec_send, codec_receive)
-    await client.aclose()
-    await server.aclose()
-    return raw, coded
+    return {
+        "raw": (raw_send, raw_receive),
+        "framing": (framed_send, checked_receive),
+        "codec": (codec_send, codec_receive),
+        "send_raw+receive_some": (framed_send, raw_receive),
+        "send_raw+receive_body": (framed_send, body_receive),
+        "send_many+receive_some": (codec_send, raw_receive),
+        "send_raw+receive": (framed_send, codec_receive),
+    }
 
 
-async def run(certs: Path, frames: int, batch: int, rounds: int) -> dict[str, Any]:
+async def one_round(certs: Path, ends: dict[str, Ends], names: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """``{row: (wall, CPU) seconds}`` for the rows ``names``, each on a fresh mTLS connection."""
+    out = {}
+    for name in names:
+        client, server = await _pair(certs)
+        link = Link(client, server, FramedStream(client), FramedStream(server))
+        send, receive = ends[name]
+        out[name] = await timed(functools.partial(send, link), functools.partial(receive, link))
+        await client.aclose()
+        await server.aclose()
+    return out
+
+
+async def run(certs: Path, frames: int, batch: int, rounds: int, breakdown: bool = False) -> dict[str, Any]:
     msg = message()
     batches = [batch] * (frames // batch) + ([frames % batch] if frames % batch else [])
-    raw_best = codec_best = raw_cpu = codec_cpu = float("inf")
+    ends = rows(msg, batches)
+    names = ROWS + (BREAKDOWN if breakdown else ())
+    wall = dict.fromkeys(names, float("inf"))
+    cpu = dict.fromkeys(names, float("inf"))
     for _ in range(rounds):
-        (raw, raw_c), (coded, coded_c) = await one_round(certs, msg, batches)
-        raw_best, codec_best = min(raw_best, raw), min(codec_best, coded)
-        raw_cpu, codec_cpu = min(raw_cpu, raw_c), min(codec_cpu, coded_c)
+        for name, (w, c) in (await one_round(certs, ends, names)).items():
+            wall[name], cpu[name] = min(wall[name], w), min(cpu[name], c)
     body = codec.encode(msg, 5)
-    return {
-        "codec_frames_s": round(frames / codec_best),
-        "raw_frames_s": round(frames / raw_best),
-        "codec_vs_raw": round(raw_best / codec_best, 3),
+
+    def us(name: str) -> float:
+        return round(1e6 * cpu[name] / frames, 1)
+
+    result: dict[str, Any] = {
+        "codec_frames_s": round(frames / wall["codec"]),
+        "raw_frames_s": round(frames / wall["raw"]),
+        "codec_vs_raw": round(wall["raw"] / wall["codec"], 3),
         # The same from this process's CPU time (both ends run in it): what a frame costs, not what the OS gave
         # the process on a shared machine (the wall figures move with the load of other processes).
-        "codec_cpu_us_per_frame": round(1e6 * codec_cpu / frames, 1),
-        "raw_cpu_us_per_frame": round(1e6 * raw_cpu / frames, 1),
-        "codec_vs_raw_cpu": round(raw_cpu / codec_cpu, 3),
+        "codec_cpu_us_per_frame": us("codec"),
+        "raw_cpu_us_per_frame": us("raw"),
+        "codec_vs_raw_cpu": round(cpu["raw"] / cpu["codec"], 3),
+        "framing_frames_s": round(frames / wall["framing"]),
+        "framing_cpu_us_per_frame": us("framing"),
+        "framing_vs_raw_cpu": round(cpu["raw"] / cpu["framing"], 3),
+        "framing_share_cpu_us": round(us("framing") - us("raw"), 1),
+        "codec_share_cpu_us": round(us("codec") - us("framing"), 1),
         "frame_bytes": len(frame_bytes(body)),
         "frames": frames,
         "batch": batch,
         "encode_us": cpu_us(lambda: codec.encode(msg, 5)),
         "decode_us": cpu_us(lambda: codec.decode(body)),
     }
+    if breakdown:
+        result["breakdown_cpu_us_per_frame"] = {name: us(name) for name in BREAKDOWN}
+    return result
 
 
 def main() -> int:
@@ -169,11 +232,12 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--breakdown", action="store_true", help="also the rows that change one end at a time")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-wire-") as tmp:
         certs = Path(tmp) / "certs"
         init_certs(certs, "bench")
-        result = trio.run(run, certs, args.frames, args.batch, args.rounds)
+        result = trio.run(run, certs, args.frames, args.batch, args.rounds, args.breakdown)
     print(json.dumps(result))
     return 0
 

@@ -111,8 +111,8 @@ def frame_bytes(body: bytes) -> bytes:
 class FramedStream:
     """Frames over ``stream`` (a TCP, TLS or in-memory trio stream).
 
-    Sending is safe from several tasks (a lock serializes writers). Receiving is for one task at a time, like the
-    stream underneath. A frame above ``max_frame`` is refused in both directions: received, it raises
+    Sending is safe from several tasks (they take turns, in FIFO order). Receiving is for one task at a time, like
+    the stream underneath. A frame above ``max_frame`` is refused in both directions: received, it raises
     ``FrameTooLarge`` before its body is read; sent, it raises ``FrameTooLarge`` and nothing is written.
     """
 
@@ -132,7 +132,9 @@ class FramedStream:
         self._charged = 0  # what this connection holds of the pool
         self.budget = budget
         self._buffer = bytearray()
-        self._send_lock = trio.Lock()
+        # The writers' turn (``send_raw``): True while one of them is in ``send_all``; the others wait in the lot.
+        self._sending = False
+        self._writers = trio.lowlevel.ParkingLot()
 
     # --- sending -----------------------------------------------------------------------------------------------
 
@@ -151,40 +153,70 @@ class FramedStream:
 
         Every frame is encoded and size-checked first, so either all of them are handed to the stream or none.
         """
-        data = b"".join(self._frame(msg, corr) for msg, corr in items)
-        if data:
-            await self.send_raw(data)
+        frames = [self._frame(msg, corr) for msg, corr in items]
+        if frames:
+            await self.send_raw(frames[0] if len(frames) == 1 else b"".join(frames))
 
     async def send_raw(self, data: bytes) -> None:
         """Write already framed bytes (tests use it to send malformed frames)."""
-        # trio.Lock's ``acquire`` yields to the scheduler even when the lock is free (a full round of the run
-        # queue per frame, ~10-25 us at 1 KB frames: bench/wire.py); ``send_all`` checkpoints anyway, so an
-        # uncontended writer takes the lock at once and only a second writer waits its turn.
-        try:
-            self._send_lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self._send_lock.acquire()
+        # One writer in ``send_all`` at a time: a TLS stream raises BusyResourceError on overlap, and a stream that
+        # took part of one write could interleave two frames. A flag and a parking lot rather than a trio.Lock: a
+        # free turn is one attribute test (the Lock's acquire_nowait + release cost ~1 us, a fifth of what the
+        # framing adds to a frame) and no scheduler round (``send_all`` checkpoints anyway). A writer that finishes
+        # hands the turn straight to the first one parked (``_sending`` stays True), so newcomers queue behind them.
+        # A writer cancelled while parked leaves the lot without the turn (trio removes it); one cancelled or
+        # failing inside ``send_all`` passes it on in ``finally``.
+        if self._sending:
+            await self._writers.park()
+        else:
+            self._sending = True
         try:
             await self.stream.send_all(data)
         finally:
-            self._send_lock.release()
+            if self._writers:
+                self._writers.unpark()
+            else:
+                self._sending = False
 
     # --- receiving ---------------------------------------------------------------------------------------------
+    #
+    # Each path tests ``len(self._buffer)`` before it awaits ``_fill``: a frame already buffered (the rest of a
+    # read-ahead chunk) costs no helper coroutine, and one that is not waits in ``_fill`` right on the stream.
 
-    async def _fill(self, needed: int) -> bool:
-        """Read until the buffer holds ``needed`` bytes. False on EOF first (the buffer keeps what came)."""
-        while len(self._buffer) < needed:
-            room = HEADER_SIZE + self.max_frame - len(self._buffer)
-            chunk = await self.stream.receive_some(max(needed - len(self._buffer), min(_READ_CHUNK, room)))
+    async def _fill(self, needed: int, length: int = -1) -> bool:
+        """Read until the buffer holds ``needed`` bytes. False on an EOF between frames (nothing buffered);
+        ``TruncatedFrame`` on an EOF inside a header, or inside a body of ``length`` bytes when one is given."""
+        buffer = self._buffer
+        while len(buffer) < needed:
+            room = HEADER_SIZE + self.max_frame - len(buffer)
+            chunk = await self.stream.receive_some(max(needed - len(buffer), min(_READ_CHUNK, room)))
             if not chunk:
+                if length >= 0:
+                    raise TruncatedFrame(f"stream ended after {len(buffer) - HEADER_SIZE} of {length} body bytes")
+                if buffer:
+                    raise TruncatedFrame(f"stream ended after {len(buffer)} of {HEADER_SIZE} header bytes")
                 return False
-            self._charge(len(self._buffer) + len(chunk))
-            self._buffer += chunk
+            self._charge(len(buffer) + len(chunk))
+            buffer += chunk
         return True
+
+    def _length(self) -> int:
+        """The buffered header's body length, checked against ``max_frame`` before any body byte is read (the one
+        place this is checked: ``FrameTooLarge``)."""
+        (length,) = HEADER.unpack_from(self._buffer)
+        if length > self.max_frame:
+            raise FrameTooLarge(length, self.max_frame)
+        return int(length)
 
     def _consume(self, n: int) -> None:
         del self._buffer[:n]
         self._charge(len(self._buffer))
+
+    def _take(self, end: int) -> bytes:
+        """The buffered body that ends at ``end``, consumed with its header."""
+        body = bytes(self._buffer[HEADER_SIZE:end])
+        self._consume(end)
+        return body
 
     def _charge(self, buffered: int) -> None:
         """Hold of the pool what ``buffered`` bytes take beyond the first ``POOL_FREE_BYTES``: a connection always
@@ -209,75 +241,96 @@ class FramedStream:
             FrameTooLarge: the header announces more than ``max_frame`` (no body byte is read).
             TruncatedFrame: the stream ended inside a header or a body.
         """
-        length = await self._body_length()
-        if length is None:
+        buffer = self._buffer
+        if len(buffer) < HEADER_SIZE and not await self._fill(HEADER_SIZE):
             return None
-        if not await self._fill(HEADER_SIZE + length):
-            got = len(self._buffer) - HEADER_SIZE
-            raise TruncatedFrame(f"stream ended after {got} of {length} body bytes")
-        body = bytes(self._buffer[HEADER_SIZE : HEADER_SIZE + length])
-        self._consume(HEADER_SIZE + length)
-        return body
+        length = self._length()
+        end = HEADER_SIZE + length
+        if len(buffer) < end:
+            await self._fill(end, length)
+        return self._take(end)
 
-    async def _body_length(self) -> int | None:
-        """The next frame's body length from its header (``None``: a clean EOF between frames), checked against
-        ``max_frame`` before any body byte is read (``FrameTooLarge``; ``TruncatedFrame`` inside a header)."""
-        if not await self._fill(HEADER_SIZE):
-            if self._buffer:
-                raise TruncatedFrame(f"stream ended after {len(self._buffer)} of {HEADER_SIZE} header bytes")
+    async def _head(self) -> tuple[int, FrameHead, bytes | None] | None:
+        """The next frame's body length and head, and its body when the whole of it was needed to settle the head
+        (``receive_head``). The frame stays buffered."""
+        buffer = self._buffer
+        if len(buffer) < HEADER_SIZE and not await self._fill(HEADER_SIZE):
             return None
-        (length,) = HEADER.unpack_from(self._buffer)
-        if length > self.max_frame:
-            raise FrameTooLarge(length, self.max_frame)
-        return int(length)
+        length = self._length()
+        head = body = None
+        if length > PREFIX_BYTES:
+            if len(buffer) < HEADER_SIZE + PREFIX_BYTES:
+                await self._fill(HEADER_SIZE + PREFIX_BYTES, length)
+            head = peek_prefix(bytes(buffer[HEADER_SIZE : HEADER_SIZE + PREFIX_BYTES]))
+        if head is None:
+            end = HEADER_SIZE + length
+            if len(buffer) < end:
+                await self._fill(end, length)
+            body = bytes(buffer[HEADER_SIZE:end])
+            head = peek(body)
+        limit = bounds.max_body_bytes(head.member, self.max_frame)
+        if length > limit:
+            raise FrameOverBounds(f"a {head.member} frame of {length} bytes, at most {limit} allowed")
+        return length, head, body
 
     async def receive_head(self) -> FrameHead | None:
         """The next frame's kind and ``corr``, reading as little of it as settles them: its first ``PREFIX_BYTES``
         when it is laid out as writers lay it out (``codec.peek_prefix``), else the whole body. The frame stays
         buffered for ``receive_body``; a caller that refuses it just closes. ``None`` on a clean EOF between frames.
+        Raises ``FrameOverBounds`` for a body above its kind's bound (``bounds.max_body_bytes``), before the rest of
+        it is read.
 
         So refusing a 1 MiB frame on its kind costs neither its transfer nor its decoding.
         """
-        length = await self._body_length()
-        if length is None:
+        got = await self._head()
+        return None if got is None else got[1]
+
+    async def receive_checked(self, allowed: Collection[type], role: str = "") -> bytes | None:
+        """The next frame's body, undecoded, once its kind is in ``allowed``: ``receive(allowed)`` without the
+        decoding. ``None`` on a clean EOF between frames.
+
+        Checked in this order, each before any more of the frame is read: its length against ``max_frame``
+        (``FrameTooLarge``), its length against its kind's bound (``FrameOverBounds``), its kind against
+        ``allowed`` (``OpcodeNotAllowed(role, kind)``); the kind comes from the body's first ``PREFIX_BYTES`` as in
+        ``receive_head``. A refused frame stays buffered (the caller drops the peer). The body is copied once.
+        """
+        got = await self._head()
+        if got is None:
             return None
-        for size in (min(length, PREFIX_BYTES), length):
-            if not await self._fill(HEADER_SIZE + size):
-                raise TruncatedFrame(f"stream ended after {len(self._buffer) - HEADER_SIZE} of {length} body bytes")
-            part = bytes(self._buffer[HEADER_SIZE : HEADER_SIZE + size])
-            head = peek_prefix(part) if size < length else peek(part)
-            if head is not None:
-                limit = bounds.max_body_bytes(head.member, self.max_frame)
-                if length > limit:
-                    raise FrameOverBounds(f"a {head.member} frame of {length} bytes, at most {limit} allowed")
-                return head
-        raise AssertionError("unreachable: peek of the whole body answers or raises")
+        length, head, body = got
+        if head.kind not in allowed:
+            raise OpcodeNotAllowed(role, head.member)
+        end = HEADER_SIZE + length
+        if body is None:
+            if len(self._buffer) < end:
+                await self._fill(end, length)
+            return self._take(end)
+        self._consume(end)
+        return body
 
     async def receive(self, allowed: Collection[type] | None = None, role: str = "") -> Envelope | None:
         """The next frame decoded; ``None`` on a clean EOF between frames.
 
         With ``allowed``, a frame of another kind raises ``OpcodeNotAllowed(role, kind)`` before its body is
-        decoded. Raises ``FrameTooLarge``, ``TruncatedFrame``, ``BuffersExhausted`` or ``DecodeError`` (all
-        ``ProtocolError``: drop the peer), and the stream's own errors (``trio.BrokenResourceError``,
-        ``trio.ClosedResourceError``).
+        decoded (``receive_checked``). Raises ``FrameTooLarge``, ``TruncatedFrame``, ``BuffersExhausted`` or
+        ``DecodeError`` (all ``ProtocolError``: drop the peer), and the stream's own errors
+        (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
         """
-        if allowed is not None:
-            head = await self.receive_head()
-            if head is None:
-                return None
-            if head.kind not in allowed:
-                raise OpcodeNotAllowed(role, head.member)
-        body = await self.receive_body()
+        body = await (self.receive_body() if allowed is None else self.receive_checked(allowed, role))
         return None if body is None else await self.decode(body)
 
     async def decode(self, body: bytes) -> Envelope:
         """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the
         budget is in debt, then charges what the decode cost."""
-        if self.budget is None:
+        budget = self.budget
+        if budget is None:
             return decode_metered(body)[0]
-        await self.budget.ready()
+        # A level at or above zero can only grow by the refill ``ready`` would do, and ``charge`` does that same
+        # refill first: ``ready`` would return at once and change nothing ``charge`` does not, so skip its call.
+        if budget.level < 0:
+            await budget.ready()
         envelope, units = decode_metered(body)
-        self.budget.charge(units)
+        budget.charge(units)
         return envelope
 
     async def aclose(self) -> None:

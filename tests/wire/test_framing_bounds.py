@@ -5,12 +5,17 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from wire_strategies import messages, u64
 
-from provisionerd.domain.errors import BuffersExhausted, OpcodeNotAllowed
+from provisionerd.domain.errors import BuffersExhausted, FrameOverBounds, OpcodeNotAllowed
+from provisionerd.domain.model import DemandItem, ResourceShape
 from provisionerd.testing.hostile_frames import list_bomb
-from provisionerd.wire import framing
+from provisionerd.wire import bounds, codec, framing
+from provisionerd.wire.codec import PREFIX_BYTES
 from provisionerd.wire.framing import HEADER, BufferPool, DecodeBudget, FramedStream, frame_bytes
-from provisionerd.wire.messages import AdminStatus, Heartbeat
+from provisionerd.wire.messages import MESSAGE_TYPES, AdminStatus, DemandPage, Heartbeat
 
 
 def _pair(**options: object) -> tuple[FramedStream, FramedStream]:
@@ -82,3 +87,112 @@ async def _decode_budget() -> None:
 def test_budget_and_pool_refuse_nonsense() -> None:
     with pytest.raises(ValueError):
         DecodeBudget(rate=0, burst=1)
+
+
+class Trickle(trio.abc.ReceiveStream):
+    """Hands out ``data`` ``size`` bytes at a time, and only the first ``readable`` bytes of it: reading past them
+    fails the test (the reader had to refuse the frame first)."""
+
+    def __init__(self, data: bytes, readable: int, size: int = 1 << 16) -> None:
+        self.data, self.readable, self.size = data, readable, size
+        self.handed_out = 0
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        if self.handed_out >= self.readable:
+            raise AssertionError(f"read past byte {self.readable}")
+        n = min(self.size, max_bytes or self.size, self.readable - self.handed_out)
+        chunk = self.data[self.handed_out : self.handed_out + n]
+        self.handed_out += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+ALL_KINDS = frozenset(MESSAGE_TYPES)
+PREFIXED = HEADER.size + PREFIX_BYTES  # a header and what peek_prefix reads
+
+
+@pytest.mark.parametrize("method", ["receive", "receive_checked"])
+async def test_a_kind_outside_allowed_is_refused_on_the_prefix_unread(method: str) -> None:
+    stream = Trickle(frame_bytes(list_bomb("adminSetDemand", ("items",))), readable=PREFIXED, size=16)
+    framed = FramedStream(stream)  # type: ignore[arg-type]
+    with pytest.raises(OpcodeNotAllowed, match="role 'worker' may not send 'adminSetDemand'"):
+        await getattr(framed, method)({Heartbeat, AdminStatus}, "worker")
+    assert stream.handed_out == PREFIXED
+
+
+@pytest.mark.parametrize("allowed", [ALL_KINDS, frozenset({AdminStatus})], ids=["allowed", "not-allowed"])
+async def test_a_body_over_its_kinds_bound_is_refused_on_the_prefix_before_the_kind_check(
+    allowed: frozenset[type],
+) -> None:
+    body = codec.encode(Heartbeat(7), 1)
+    body += bytes(bounds.SMALL_BODY + 8 - len(body))  # a heartbeat 8 bytes over its bound
+    stream = Trickle(frame_bytes(body), readable=PREFIXED)
+    framed = FramedStream(stream)  # type: ignore[arg-type]
+    with pytest.raises(FrameOverBounds, match=f"a heartbeat frame of {bounds.SMALL_BODY + 8} bytes, at most"):
+        await framed.receive(allowed, "worker")
+    assert stream.handed_out == PREFIXED
+
+
+@given(
+    frames=st.lists(st.tuples(messages, u64), min_size=1, max_size=6),
+    size=st.integers(1, 300),
+)
+@settings(max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+def test_receive_checked_gives_the_bodies_sent_at_any_chunk_size_and_the_pool_gets_all_back(frames, size):
+    # Small bodies (<= PREFIX_BYTES) take the path that peeks the whole body, larger ones the prefix path.
+    bodies = [codec.encode(msg, corr) for msg, corr in frames]
+    data = b"".join(frame_bytes(body) for body in bodies)
+
+    async def main() -> list[bytes | None]:
+        pool = BufferPool(limit=1 << 20)
+        framed = FramedStream(Trickle(data, len(data) + 1, size), pool=pool)  # type: ignore[arg-type]
+        got = [await framed.receive_checked(ALL_KINDS) for _ in bodies]
+        assert pool.in_use == 0
+        return got
+
+    assert trio.run(main) == bodies
+
+
+def _big_page() -> bytes:
+    """A real 185 KB DemandPage body: our encoder lays it out in several segments, so its kind is peeked whole."""
+    items = tuple(DemandItem(f"d{n:03d}-" + "x" * 200, ResourceShape(ncpus=1, mem_mb=1), 1) for n in range(400))
+    return codec.encode(DemandPage(1, 0, 1, items), 9)
+
+
+def _big_bomb() -> bytes:
+    """A single-segment body of POOL_FREE_BYTES + 8 KiB: its kind is peeked from its prefix."""
+    return list_bomb("demandPage", ("items",), 500, size=framing.POOL_FREE_BYTES + 8192)
+
+
+@pytest.mark.parametrize("make", [_big_page, _big_bomb], ids=["segments", "one-segment"])
+async def test_receive_checked_charges_the_pool_for_a_big_frame_and_gives_it_back(make) -> None:
+    pool = BufferPool(limit=1 << 20)
+    client, server = _pair(pool=pool)
+    body = make()
+    data = frame_bytes(body)
+    cut = framing.POOL_FREE_BYTES + 4096
+    await client.send_raw(data[:cut])
+    got: list[bytes | None] = []
+    async with trio.open_nursery() as nursery:
+
+        async def receive() -> None:
+            got.append(await server.receive_checked(ALL_KINDS, "controller"))
+
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.in_use == cut - framing.POOL_FREE_BYTES  # what came beyond the connection's free allowance
+        await client.send_raw(data[cut:])
+    assert got == [body]
+    assert pool.in_use == 0
+
+
+async def test_a_big_frame_received_with_allowed_decodes_and_gives_the_pool_back() -> None:
+    pool = BufferPool(limit=1 << 20)
+    client, server = _pair(pool=pool)
+    body = _big_page()
+    await client.send_raw(frame_bytes(body))
+    assert await server.receive(ALL_KINDS, "controller") == codec.decode(body)
+    assert pool.in_use == 0
