@@ -408,7 +408,7 @@ class _NativePlans:
     """The extension's plan tables, compiled once from the classes and the schema."""
 
     def __init__(self) -> None:
-        self.plans: list[tuple[type, int, int, list[dict[str, Any]]]] = []
+        self.plans: list[tuple[type, int, int, list[dict[str, Any]], bool]] = []
         self.index: dict[type, int] = {}
         self.facts: list[tuple[int, int, int, dict[int, tuple[int, int]], dict[type, int]]] = []
 
@@ -418,13 +418,15 @@ class _NativePlans:
         self.index[cls] = len(self.plans)
         fields: list[dict[str, Any]] = []
         node = getattr(schema(), cls.__name__).schema.node.struct
-        self.plans.append((cls, node.dataWordCount, node.pointerCount, fields))
+        self.plans.append((cls, node.dataWordCount, node.pointerCount, fields, False))  # its index, for recursion
         is_fact = cls in model.FACT_TYPES
         own = getattr(schema(), cls.__name__).schema.fields
         header = schema().Fact.schema.fields
         for name, wire, _, _ in _plan(cls):
             outer = is_fact and name in _FACT_HEADER
             fields.append(self._field(cls, name, (header if outer else own)[wire], outer))
+        share = _shareable(cls, fields)
+        self.plans[self.index[cls]] = (cls, node.dataWordCount, node.pointerCount, fields, share)
         return self.index[cls]
 
     def _field(self, cls: type, name: str, field: Any, outer: bool) -> dict[str, Any]:
@@ -499,6 +501,17 @@ class _NativePlans:
         node = schema().Frame.schema.node.struct
         disc = body_field.schema.node.struct.discriminantOffset
         return corr_field.proto.slot.offset, disc, (node.dataWordCount, node.pointerCount), out, by_class
+
+
+def _shareable(cls: type, fields: list[dict[str, Any]]) -> bool:
+    """Whether equal bytes may decode to one shared ``cls`` value: a frozen class of scalars and texts only, with
+    no validator, converter or post-init to run per value (``Epoch``, ``PriceQuote``)."""
+    params = getattr(cls, "__attrs_attrs__", ())
+    plain = all(a.validator is None and a.converter is None for a in params)
+    frozen = getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"  # @attrs.frozen
+    small = all(f["kind"] <= _N_TEXT_INTERN and not f["outer"] for f in fields)
+    message = cls in MESSAGE_TYPES  # a frame's own message is seldom repeated: it would only churn the memo
+    return plain and frozen and small and not message and not hasattr(cls, "__attrs_post_init__")
 
 
 @functools.cache

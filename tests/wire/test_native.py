@@ -92,6 +92,34 @@ def test_shared_text_fields_come_back_as_one_string():
     providers = {id(committed.fact.provider) for committed in envelope.msg.facts}
     ops = {id(committed.fact.op_id) for committed in envelope.msg.facts}
     assert len(providers) == 1 and len(ops) == 2
+    # small values (scalars and texts, no validators) decoded once per distinct bytes, equal to the reference's
+    epochs = {id(committed.fact.epoch) for committed in envelope.msg.facts}
+    prices = {id(committed.fact.price) for committed in envelope.msg.facts}
+    assert len(epochs) == 1 and len(prices) == 1
+    assert envelope == codec.decode_reference(codec.encode_reference(_facts(20)))[0]
+
+
+def test_distinct_small_values_stay_distinct_past_the_memo_s_size():
+    # more distinct epochs than the memo holds (4096; it starts over when full): each decodes to its own value,
+    # over pages of at most 500 facts (the list cap), twice round
+    for _ in range(2):
+        for first in range(0, 5000, 500):
+            facts = tuple(
+                model.CommittedFact(i, model.RequestIntent("p", model.Epoch(i, i + 1), f"op{i}", "t", 1, (), ()))
+                for i in range(first, first + 500)
+            )
+            got = codec.decode(codec.encode(m.ResyncPage(0, 1, facts, (), True, 5000, 1))).msg
+            assert [f.fact.epoch for f in got.facts] == [model.Epoch(i, i + 1) for i in range(first, first + 500)]
+
+
+def test_small_values_that_differ_only_in_a_text_are_not_shared():
+    quotes = [model.PriceQuote(0.1, currency, "hour", "", "") for currency in ("USD", "EUR", "", "USD\x00")]
+    facts = tuple(
+        model.CommittedFact(i, attrs.evolve(_facts(1).facts[0].fact, price=quote)) for i, quote in enumerate(quotes)
+    )
+    page = m.ResyncPage(0, 1, facts, (), True, 4, 1)
+    for _ in range(2):
+        assert [f.fact.price for f in codec.decode(codec.encode(page)).msg.facts] == quotes
 
 
 def _outcome(decode, body):

@@ -82,7 +82,13 @@ struct Plan {
     dw: u16,
     pc: u16,
     fields: Vec<Field>,
+    share: bool, // a small value (scalars and texts only, no validators): decoded once, then shared (`Codec.memo`)
 }
+
+/// At most this many shared values are kept; past it the memo starts over (a peer cannot grow it).
+const MEMO_CAP: usize = 4096;
+/// Only values whose key (data words and texts) is at most this long are shared.
+const MEMO_KEY_MAX: usize = 256;
 
 struct FactPlan {
     disc_offset: u32,
@@ -323,6 +329,23 @@ impl<'a> Msg<'a> {
         }))
     }
 
+    /// The bytes of the text at (seg, pos) without its NUL, checked as `text_at` checks them but for UTF-8
+    /// (the caller checks that before it makes a string of them); empty for a null pointer.
+    fn text_slice(&mut self, seg: usize, pos: usize, depth: u32) -> R<&'a [u8]> {
+        let Some(l) = self.list_at(seg, pos, depth)? else {
+            return Ok(&[]);
+        };
+        if l.size != 2 || l.count == 0 {
+            return Err(refused("text is not a byte list"));
+        }
+        let segment: &'a [u8] = self.segs[l.seg];
+        let bytes = &segment[l.start * 8..l.start * 8 + l.count];
+        if bytes[l.count - 1] != 0 {
+            return Err(refused("text not NUL-terminated"));
+        }
+        Ok(&bytes[..l.count - 1])
+    }
+
     fn text_at<'py>(
         &mut self,
         py: Python<'py>,
@@ -390,6 +413,7 @@ struct Codec {
     members: Vec<Option<(u32, usize, i64)>>, // body discriminant -> (pointer, plan, max units)
     by_class: Py<PyDict>,                    // message class -> body discriminant
     envelope: PyObject,
+    memo: std::sync::Mutex<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
 }
 
 impl Codec {
@@ -554,6 +578,9 @@ impl Codec {
         outer: Option<&S>,
     ) -> R<Bound<'py, PyAny>> {
         let p = &self.plans[plan];
+        if p.share && outer.is_none() {
+            return self.shared(py, m, plan, s);
+        }
         let mut args = Vec::with_capacity(p.fields.len());
         for f in &p.fields {
             let from = if f.outer {
@@ -564,6 +591,68 @@ impl Codec {
             args.push(self.value(py, m, f, from)?);
         }
         p.cls.bind(py).call1(PyTuple::new(py, args)?)
+    }
+
+    /// A `share` plan's value: the one already decoded from the same data words and texts, or a new one (kept).
+    /// Equal bytes decode to equal values, so sharing changes nothing but the count of objects (a page of
+    /// facts carries a few epochs and price quotes many times over).
+    fn shared<'py>(
+        &self,
+        py: Python<'py>,
+        m: &mut Msg,
+        plan: usize,
+        s: &S,
+    ) -> R<Bound<'py, PyAny>> {
+        let p = &self.plans[plan];
+        let mut key: Vec<u8> = Vec::with_capacity(16 + 8 * s.dw);
+        key.extend_from_slice(&(plan as u32).to_le_bytes());
+        key.extend_from_slice(&(s.dw as u32).to_le_bytes());
+        for i in 0..s.dw {
+            key.extend_from_slice(&m.word(s.seg, s.data + i)?.to_le_bytes());
+        }
+        let mut texts: Vec<&[u8]> = Vec::new();
+        for f in &p.fields {
+            if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
+                let bytes = if (f.offset as usize) < s.pc {
+                    m.text_slice(s.seg, s.data + s.dw + f.offset as usize, s.depth)?
+                } else {
+                    &[]
+                };
+                key.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                key.extend_from_slice(bytes);
+                texts.push(bytes);
+            }
+        }
+        if key.len() <= MEMO_KEY_MAX {
+            if let Some(v) = self.memo.lock().unwrap().get(&key) {
+                return Ok(v.bind(py).clone());
+            }
+        }
+        let mut args = Vec::with_capacity(p.fields.len());
+        let mut next = texts.iter();
+        for f in &p.fields {
+            if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
+                let bytes = next.next().expect("one slice per text field");
+                let text = std::str::from_utf8(bytes).map_err(|_| refused("text is not UTF-8"))?;
+                let value = if f.kind == K_TEXT_INTERN {
+                    PyString::intern(py, text)
+                } else {
+                    PyString::new(py, text)
+                };
+                args.push(value.into_any());
+            } else {
+                args.push(self.value(py, m, f, s)?);
+            }
+        }
+        let value = p.cls.bind(py).call1(PyTuple::new(py, args)?)?;
+        if key.len() <= MEMO_KEY_MAX {
+            let mut memo = self.memo.lock().unwrap();
+            if memo.len() >= MEMO_CAP {
+                memo.clear();
+            }
+            memo.insert(key, value.clone().unbind());
+        }
+        Ok(value)
     }
 
     fn fact<'py>(
@@ -841,7 +930,7 @@ impl Codec {
     #[new]
     #[allow(clippy::type_complexity)]
     fn new(
-        plans: Vec<(PyObject, u16, u16, Vec<Field>)>,
+        plans: Vec<(PyObject, u16, u16, Vec<Field>, bool)>,
         facts: Vec<(
             u32,
             u16,
@@ -862,11 +951,12 @@ impl Codec {
         let nf = facts.len();
         let plans: Vec<Plan> = plans
             .into_iter()
-            .map(|(cls, dw, pc, fields)| Plan {
+            .map(|(cls, dw, pc, fields, share)| Plan {
                 cls,
                 dw,
                 pc,
                 fields,
+                share,
             })
             .collect();
         let bad = |why: &str| pyo3::exceptions::PyValueError::new_err(why.to_string());
@@ -920,6 +1010,7 @@ impl Codec {
             members,
             by_class,
             envelope,
+            memo: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -991,7 +1082,7 @@ impl Codec {
 fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Codec>()?;
     // The shape of the plans `Codec` takes; provisionerd/wire/native.py loads no other (a stale build).
-    m.add("PLAN_VERSION", 1)?;
+    m.add("PLAN_VERSION", 2)?;
     m.add("Refused", m.py().get_type::<Refused>())?;
     Ok(())
 }
