@@ -85,7 +85,8 @@ async def test_a_page_is_decoded_from_the_store_a_step_at_a_time(
 
 @on_mock_clock
 async def test_each_page_waits_for_the_socket_to_drain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The session waits on ``pacing.until_drained`` of its own stream before it reads and writes each page."""
+    """The session waits on ``pacing.until_drained`` of its own stream before it writes each page (made while the
+    previous one drains)."""
     events: list[str] = []
     real_drained = session_module.until_drained
 
@@ -113,7 +114,7 @@ async def test_each_page_waits_for_the_socket_to_drain(tmp_path: Path, monkeypat
             if isinstance(envelope.msg, ResyncPage):
                 count, seen = envelope.msg.page_count, seen + 1
     assert count is not None and count >= 2
-    assert events == [e for page in range(count) for e in ("drained", f"page {page}")]
+    assert events == [e for page in range(count) for e in (f"page {page}", "drained")]
 
 
 async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
