@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import logging
 import signal
@@ -218,10 +219,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def settle_startup_heap() -> None:
+    """Collect, then freeze what the started controller holds (modules, the schema, the store, the server): the
+    collector never walks it again. A full collection during a resync of 100,000 facts walked it for 20-30 ms of
+    CPU (70-90 ms on a loaded machine) in which no heartbeat was answered. Only a serving process does this (it is
+    process-wide): in-process tests and embedders keep their collector as it was."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _serve_until_signalled(run: Callable[..., Awaitable[object]], extra: dict[str, object]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             running = await nursery.start(run)
+            settle_startup_heap()
             cluster = running.server.cluster
             ready = {
                 "ready": True,

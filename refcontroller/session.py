@@ -5,8 +5,11 @@ stays silent for the heartbeat timeout, and answers requests in order with the r
 
 A resync is planned and sent by a task of its own: the plan's pages are fixed a chunk of facts at a time
 (``cluster.ResyncPlanner``, a checkpoint after each), then sent page by page (each page read from the store just
-before it is sent, the frame lock taken per frame): the reader goes on answering heartbeats, lease renewals and
-commits while it plans and between its pages.
+before it is sent and decoded ``cluster.DECODE_STEP`` facts per task step, the frame lock taken per frame): the
+reader goes on answering heartbeats, lease renewals and commits while it plans, between its pages and within
+them. Before each page the socket must have drained to ``pacing.LOW_WATER`` unsent bytes, so a reply written
+between two pages waits behind at most one page and the peer's receive window, not behind every page the kernel
+would buffer (``refcontroller/pacing.py``).
 
 The pusher sends what changed since the last push: host states (coalesced per instance, latest wins) of the
 providers this provisioner declared, and the demand snapshot when its ``seq`` moved, or when forced (after the join
@@ -28,9 +31,10 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from provisionerd.domain.errors import ProtocolError
-from provisionerd.domain.model import HostState, Role
-from provisionerd.wire.framing import FramedStream
+from provisionerd.domain.errors import FrameTooLarge, ProtocolError
+from provisionerd.domain.model import CommittedFact, HostState, Role
+from provisionerd.wire.codec import encode
+from provisionerd.wire.framing import FramedStream, frame_bytes
 from provisionerd.wire.messages import (
     Ack,
     AdminFailover,
@@ -57,6 +61,7 @@ from provisionerd.wire.roles import ALLOWED
 from refcontroller import history
 from refcontroller.commits import INVALID
 from refcontroller.leases import holder_key
+from refcontroller.pacing import until_drained
 from refcontroller.replies import provisioner_reply, worker_status_valid
 from refcontroller.rules import RULES
 
@@ -181,6 +186,13 @@ class Session:
             self.server.stats["internal_errors"] += 1
         self.cancel_scope.cancel()
 
+    def _framed_bytes(self, msg: Message, corr: int) -> bytes:
+        """``msg`` encoded and framed as ``FramedStream.send`` frames it (``FrameTooLarge``: nothing is sent)."""
+        body = encode(msg, corr)
+        if len(body) > self.framed.max_frame:
+            raise FrameTooLarge(len(body), self.framed.max_frame)
+        return frame_bytes(body)
+
     async def send(self, msg: Message, corr: int) -> None:
         with trio.fail_after(self.server.send_timeout):
             await self.framed.send(msg, corr)
@@ -300,9 +312,17 @@ class Session:
             page_count = max(1, len(plan.fact_ranges) + len(host_chunks))
             page = 0
             for page in range(len(plan.fact_ranges)):
-                facts = cluster.resync_facts(plan, page)
+                facts: list[CommittedFact] = []
+                for decoded in cluster.resync_facts_in_steps(plan, page):
+                    facts += decoded
+                    await trio.lowlevel.checkpoint()
                 facts = facts if RULES.resync_in_order else facts[::-1]
-                await self.send(ResyncPage(page, page_count, facts, (), *tail), corr)
+                # Made (and encoded) while the previous page drains, written once it has: the peer never waits for
+                # a page to be made, and a reply never waits behind more than one.
+                data = self._framed_bytes(ResyncPage(page, page_count, tuple(facts), (), *tail), corr)
+                with trio.fail_after(self.server.send_timeout):  # a peer that stops reading is dropped
+                    await until_drained(self.framed.stream)
+                    await self.framed.send_raw(data)
             for i, chunk in enumerate(host_chunks):
                 await self.send(ResyncPage(len(plan.fact_ranges) + i, page_count, (), chunk, *tail), corr)
             if not plan.fact_ranges and not host_chunks:

@@ -434,16 +434,25 @@ class FactStore:
     ) -> list[CommittedFact]:
         """Facts of ``providers`` with ``first_index <= index <= last_index``, in log order: every one, or (with
         ``as_of``) those of the resync set as of that index (``fact_sizes``)."""
-        rows: Iterable[tuple[int, str]]
-        if as_of is None:
-            marks = ",".join("?" * len(providers))
-            rows = self._conn.execute(
-                f"SELECT idx, body FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
-                (*providers, first_index, last_index),
-            )
-        else:
-            rows = self._resync_rows(providers, first_index, last_index, as_of, "body")
-        return [CommittedFact(index=int(i), fact=fact_from_json(body)) for i, body in rows]
+        return [
+            CommittedFact(index=i, fact=fact_from_json(body))
+            for i, body in self.fact_bodies(providers, first_index, last_index, as_of)
+        ]
+
+    def fact_bodies(
+        self, providers: Collection[str], first_index: int, last_index: int, as_of: int | None = None
+    ) -> list[tuple[int, str]]:
+        """``facts`` as ``(index, JSON text)``, undecoded: one ordered index scan; a caller decodes them in steps
+        (``cluster.Cluster.resync_facts_in_steps``)."""
+        if as_of is not None:
+            live = self._resync_rows(providers, first_index, last_index, as_of, "body")
+            return [(int(i), str(body)) for i, body in live]
+        marks = ",".join("?" * len(providers))
+        rows = self._conn.execute(
+            f"SELECT idx, body FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
+            (*providers, first_index, last_index),
+        )
+        return [(int(i), str(body)) for i, body in rows]
 
     def facts_after(self, providers: Collection[str], after: int, upto: int) -> list[tuple[int, int]]:
         """``(index, JSON size)`` of every fact of ``providers`` (live or ended) with ``after < index <= upto``."""

@@ -245,6 +245,14 @@ class FactView:
             return  # the same machine reported twice (a retried status poll): one record
         record = self.intents.get(fact.op_id)
         ref, token = _shared(record, fact)
+        # The quote as a shared object when it is the same (``NO_QUOTE``, or the intent's: every machine of an
+        # intent is chosen at its quote): a decoded fact brings its own copy, ~100 bytes a machine that a view of
+        # 100,000 machines would hold apart (live_100k daemon RSS 153 -> 142 MB).
+        price = fact.price
+        if not price.currency and price == NO_QUOTE:
+            price = NO_QUOTE
+        elif record is not None and price == record.intent.price:
+            price = record.intent.price
         self._track(
             MachineRecord(
                 provider=fact.provider,
@@ -257,7 +265,7 @@ class FactView:
                 address=fact.address,
                 launch_time=fact.launch_time,
                 demand_id="" if record is None else record.intent.demand_id,
-                price=fact.price,
+                price=price,
             )
         )
         # An instance fact explains the machine: an earlier orphan report about it no longer stands.

@@ -3,7 +3,7 @@
 from reconcile_world import EPOCH, token_hash
 
 from provisionerd.controller.view import ResyncCollector
-from provisionerd.domain.model import CommittedFact, InstanceFact, RequestIntent
+from provisionerd.domain.model import NO_QUOTE, CommittedFact, InstanceFact, PriceQuote, RequestIntent
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.messages import ResyncPage
 
@@ -71,3 +71,27 @@ def test_one_fold_step_folds_at_most_its_limit_of_facts() -> None:
     assert collector.fold_step(4) and collector._view.last_index == 8
     assert not collector.fold_step(4) and collector._view.last_index == 10
     assert not collector.fold_step(4)
+
+
+def test_a_machine_holds_its_intents_price_quote_not_a_decoded_copy() -> None:
+    """Every machine of an intent is chosen at the intent's quote: after decoding, each machine holds the intent's
+    quote object (and an unpriced one ``NO_QUOTE``), not ~100 bytes of its own; a machine quoted otherwise keeps
+    its own."""
+    quote = PriceQuote(0.5, "USD", "hour", "list", "2026-01-01T00:00:00Z")
+    refs = ("q/0", "q/1", "q/2")
+    intent = RequestIntent("p", EPOCH, "q", "t", 3, refs, tuple(map(token_hash, refs)), "d1", price=quote)
+    other = PriceQuote(0.75, "USD", "hour", "spot", "2026-01-01T00:00:00Z")
+    machines = [
+        InstanceFact("p", EPOCH, "q", ref, f"q-m{i}", "t", token_hash(ref), price=other if i == 2 else quote)
+        for i, ref in enumerate(refs)
+    ]
+    unpriced = _facts("op1", 2, 10)
+    facts = (CommittedFact(1, intent), *(CommittedFact(2 + i, m) for i, m in enumerate(machines)), *unpriced)
+    page = decode(encode(ResyncPage(0, 1, facts, ()))).msg
+    collector = ResyncCollector()
+    assert collector.add(0, 1, page.facts, page.hosts)
+    view = collector.build(1, "ctl0", 1).facts
+    held = view.intents["q"].intent.price
+    assert held == quote and view.machines["q-m0"].price is held and view.machines["q-m1"].price is held
+    assert view.machines["q-m2"].price == other and view.machines["q-m2"].price is not held
+    assert all(view.machines[f"op1-m{i}"].price is NO_QUOTE for i in range(2))
