@@ -408,7 +408,7 @@ class _NativePlans:
     """The extension's plan tables, compiled once from the classes and the schema."""
 
     def __init__(self) -> None:
-        self.plans: list[tuple[type, int, int, list[dict[str, Any]], bool]] = []
+        self.plans: list[tuple[type, int, int, list[dict[str, Any]], bool, bool]] = []
         self.index: dict[type, int] = {}
         self.facts: list[tuple[int, int, int, dict[int, tuple[int, int]], dict[type, int]]] = []
 
@@ -418,15 +418,17 @@ class _NativePlans:
         self.index[cls] = len(self.plans)
         fields: list[dict[str, Any]] = []
         node = getattr(schema(), cls.__name__).schema.node.struct
-        self.plans.append((cls, node.dataWordCount, node.pointerCount, fields, False))  # its index, for recursion
+        self.plans.append(
+            (cls, node.dataWordCount, node.pointerCount, fields, False, False)
+        )  # its index, for recursion
         is_fact = cls in model.FACT_TYPES
         own = getattr(schema(), cls.__name__).schema.fields
         header = schema().Fact.schema.fields
         for name, wire, _, _ in _plan(cls):
             outer = is_fact and name in _FACT_HEADER
             fields.append(self._field(cls, name, (header if outer else own)[wire], outer))
-        share = _shareable(cls, fields)
-        self.plans[self.index[cls]] = (cls, node.dataWordCount, node.pointerCount, fields, share)
+        share, raw_new = _shareable(cls, fields), _stores_only(cls)
+        self.plans[self.index[cls]] = (cls, node.dataWordCount, node.pointerCount, fields, share, raw_new)
         return self.index[cls]
 
     def _field(self, cls: type, name: str, field: Any, outer: bool) -> dict[str, Any]:
@@ -501,6 +503,22 @@ class _NativePlans:
         node = schema().Frame.schema.node.struct
         disc = body_field.schema.node.struct.discriminantOffset
         return corr_field.proto.slot.offset, disc, (node.dataWordCount, node.pointerCount), out, by_class
+
+
+def _stores_only(cls: type) -> bool:
+    """Whether ``cls``'s ``__init__`` only stores its arguments for what the codec hands it (each field given,
+    no validator, no pre- or post-init, every converter returning a tuple as it is): then the native codec makes
+    the value without calling it, as ``object.__new__`` and ``object.__setattr__`` would."""
+    params = getattr(cls, "__attrs_attrs__", ())
+    if not params or hasattr(cls, "__attrs_post_init__") or hasattr(cls, "__attrs_pre_init__"):
+        return False
+    sample = (object(),)
+    for a in params:
+        if a.validator is not None or not a.init or a.alias != a.name:
+            return False
+        if a.converter is not None and not (callable(a.converter) and a.converter(sample) is sample):
+            return False
+    return getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
 
 
 def _shareable(cls: type, fields: list[dict[str, Any]]) -> bool:

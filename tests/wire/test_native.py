@@ -216,3 +216,40 @@ def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch):
     assert native.load() is None
     monkeypatch.delenv(native.SWITCH)
     assert native.load() is not None
+
+
+@attrs.frozen
+class _Plain:
+    a: int
+    b: tuple[str, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class _Validated:
+    a: int = attrs.field(validator=attrs.validators.instance_of(int))
+
+
+@attrs.frozen
+class _Converted:
+    a: tuple[str, ...] = attrs.field(converter=lambda v: tuple(sorted(v)))
+
+
+@attrs.frozen
+class _PostInit:
+    a: int
+
+    def __attrs_post_init__(self) -> None:
+        pass
+
+
+@attrs.define
+class _Mutable:
+    a: int
+
+
+def test_a_value_is_made_without_its_init_only_when_the_init_would_only_store_it():
+    assert codec._stores_only(_Plain)
+    for cls in (_Validated, _Converted, _PostInit, _Mutable):
+        assert not codec._stores_only(cls), cls.__name__
+    # and what the rule lets through decodes as the reference decodes it (every kind: the hypothesis test above)
+    assert codec._stores_only(model.InstanceFact) and not codec._stores_only(m.ErrorMsg)

@@ -83,6 +83,7 @@ struct Plan {
     pc: u16,
     fields: Vec<Field>,
     share: bool, // a small value (scalars and texts only, no validators): decoded once, then shared (`Codec.memo`)
+    raw_new: bool, // made as `object.__new__` and `object.__setattr__` would (nothing to run in its `__init__`)
 }
 
 /// At most this many shared values are kept; past it the memo starts over (a peer cannot grow it).
@@ -590,6 +591,9 @@ impl Codec {
             };
             args.push(self.value(py, m, f, from)?);
         }
+        if p.raw_new {
+            return raw_new(py, p, args);
+        }
         p.cls.bind(py).call1(PyTuple::new(py, args)?)
     }
 
@@ -735,6 +739,33 @@ impl Out {
         self.pointer(at, start, 1, 7 | (((count * size) as u64) << 3));
         self.words[start] = ((count as u64) << 2) | ((dw as u64) << 32) | ((pc as u64) << 48);
         start + 1
+    }
+}
+
+/// `p.cls` with `args` as its fields, made as `object.__new__(cls)` and `object.__setattr__` make it: for a class
+/// whose `__init__` would only store them (no validator, converter or post-init: `native.py` decides).
+fn raw_new<'py>(py: Python<'py>, p: &Plan, args: Vec<Bound<'py, PyAny>>) -> R<Bound<'py, PyAny>> {
+    let cls = p
+        .cls
+        .bind(py)
+        .downcast::<pyo3::types::PyType>()
+        .map_err(|_| refused("not a class"))?;
+    // SAFETY: `cls` is a live type object; PyType_GenericAlloc returns a new reference (or NULL with an error
+    // set), which `from_owned_ptr` takes over; the names and values are live for the calls.
+    unsafe {
+        let obj = pyo3::ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0);
+        if obj.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let obj = Bound::from_owned_ptr(py, obj);
+        for (f, value) in p.fields.iter().zip(args) {
+            if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), f.name.as_ptr(), value.as_ptr())
+                != 0
+            {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        Ok(obj)
     }
 }
 
@@ -930,7 +961,7 @@ impl Codec {
     #[new]
     #[allow(clippy::type_complexity)]
     fn new(
-        plans: Vec<(PyObject, u16, u16, Vec<Field>, bool)>,
+        plans: Vec<(PyObject, u16, u16, Vec<Field>, bool, bool)>,
         facts: Vec<(
             u32,
             u16,
@@ -951,12 +982,13 @@ impl Codec {
         let nf = facts.len();
         let plans: Vec<Plan> = plans
             .into_iter()
-            .map(|(cls, dw, pc, fields, share)| Plan {
+            .map(|(cls, dw, pc, fields, share, raw_new)| Plan {
                 cls,
                 dw,
                 pc,
                 fields,
                 share,
+                raw_new,
             })
             .collect();
         let bad = |why: &str| pyo3::exceptions::PyValueError::new_err(why.to_string());
@@ -1082,7 +1114,7 @@ impl Codec {
 fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Codec>()?;
     // The shape of the plans `Codec` takes; provisionerd/wire/native.py loads no other (a stale build).
-    m.add("PLAN_VERSION", 2)?;
+    m.add("PLAN_VERSION", 3)?;
     m.add("Refused", m.py().get_type::<Refused>())?;
     Ok(())
 }
