@@ -82,8 +82,20 @@ class Provider:
 
     @staticmethod
     def _alive(record: Mapping[str, Any], agents: Mapping[str, procs.AgentProc]) -> bool:
+        """The machine's agent is running: the scan found this very process (pid and start time) as our agent.
+        What may be signalled (``_return``, ``_sweep``) is decided by this alone."""
         agent = agents.get(record["machineId"])
         return agent is not None and (agent.pid, agent.starttime) == (record.get("pid"), record.get("starttime"))
+
+    @classmethod
+    def _not_dead(cls, record: Mapping[str, Any], agents: Mapping[str, procs.AgentProc]) -> bool:
+        """``_alive``, or the very process started for it (pid and start time) still exists: between its fork and
+        its exec an agent's command line is still this plugin's, so the scan does not know it yet (a loaded machine
+        makes that window long enough for the next status call to fall into it). Only a status uses this."""
+        if record["machineId"] in agents:
+            return cls._alive(record, agents)
+        pid, starttime = record.get("pid"), record.get("starttime")
+        return bool(pid) and bool(starttime) and procs.is_running(int(pid), int(starttime))
 
     def _sweep(self, conf: conf_mod.Conf, agents: dict[str, procs.AgentProc]) -> None:
         now = time.time()
@@ -258,7 +270,7 @@ class Provider:
         if state == FAILED:
             return self._entry(record, "fail", "terminated", record.get("message", ""))
         if state == RUNNING:
-            if self._alive(record, agents):
+            if self._not_dead(record, agents):
                 return self._entry(record, "succeed", "running")
             return self._entry(record, "fail", "terminated", f"the agent exited on its own (logs/{machine_id}.log)")
         return self._entry(record, "succeed", "shutting-down" if state == RETURNING else "terminated")
