@@ -75,7 +75,7 @@ def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
     ask = request_input("op-1", secret, NOWHERE)
     first = plugin.call("requestMachines", ask)
     entry = settle(plugin, first["requestId"])
-    assert entry["status"] == "complete"
+    assert entry["status"] == "complete", entry
     machines = {m["machineId"]: m for m in entry["machines"]}
     assert len(machines) == 2 and all(m["result"] == "succeed" for m in machines.values())
 

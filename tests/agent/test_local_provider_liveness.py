@@ -11,8 +11,10 @@ our agent is never signalled, tests/agent/test_local_provider.py).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "providers" / "local"))
@@ -56,3 +58,37 @@ def test_an_agent_the_scan_found_must_be_the_very_process_started():
     assert not Provider._not_dead(record, {"m-1": other})
     same = procs.AgentProc(os.getpid(), record["starttime"], "m-1", "ref", {})  # type: ignore[arg-type]
     assert Provider._not_dead(record, {"m-1": same})
+
+
+def test_a_child_an_agent_forked_and_has_not_execd_is_not_the_machine(tmp_path):
+    """At import trio runs ``ldconfig -p`` (``ctypes.util.find_library``): until that child execs it shows the agent's
+    own command line. The scan used to take the child, the later pid, for the machine, so a status right after a
+    request called the agent dead and a return would have signalled the child."""
+    data_dir = str(tmp_path)
+    code = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(20)\n    os._exit(0)\ntime.sleep(20)\n"
+    argv = [sys.executable, "-c", code, "agent", "--machine-id", "m-1", "--instance-ref", "r-1"]
+    parent = subprocess.Popen([*argv, "--label", f"{procs.HOME_LABEL}={data_dir}"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(_claimants(data_dir)) < 2:  # the parent and its forked child both name m-1
+            assert time.monotonic() < deadline, "the child was never forked"
+            time.sleep(0.02)
+        found = procs.scan_agents(data_dir)
+        assert found["m-1"].pid == parent.pid
+        assert Provider._alive(_record(parent.pid), found)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+
+
+def _claimants(data_dir: str) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().decode(errors="replace").split("\0")
+        except (OSError, NotADirectoryError):
+            continue
+        if procs.parse_agent_argv(argv, data_dir) is not None:
+            pids.append(int(name))
+    return pids

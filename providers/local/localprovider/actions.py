@@ -89,9 +89,10 @@ class Provider:
 
     @classmethod
     def _not_dead(cls, record: Mapping[str, Any], agents: Mapping[str, procs.AgentProc]) -> bool:
-        """``_alive``, or the very process started for it (pid and start time) still exists: between its fork and
-        its exec an agent's command line is still this plugin's, so the scan does not know it yet (a loaded machine
-        makes that window long enough for the next status call to fall into it). Only a status uses this."""
+        """``_alive``, or the scan found no agent for it and the very process started for it (pid and start time)
+        still exists: a status does not call a machine dead on a command line it could not read. (What the scan
+        took for a second agent, a child the agent forked and has not exec'd yet, is ``procs.scan_agents``'s to
+        leave out.) Only a status uses this."""
         if record["machineId"] in agents:
             return cls._alive(record, agents)
         pid, starttime = record.get("pid"), record.get("starttime")

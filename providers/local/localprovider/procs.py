@@ -26,6 +26,7 @@ PROC = "/proc"
 class ProcStat:
     state: str  # R, S, D, Z, X, ...
     starttime: int
+    ppid: int = 0
 
     @property
     def gone(self) -> bool:
@@ -51,7 +52,7 @@ def proc_stat(pid: int) -> ProcStat | None:
     # The command name (field 2) is in parentheses and may itself contain spaces and parentheses.
     fields = text[text.rfind(")") + 2 :].split()
     try:
-        return ProcStat(fields[0], int(fields[19]))
+        return ProcStat(fields[0], int(fields[19]), int(fields[1]))
     except (IndexError, ValueError):
         return None
 
@@ -97,13 +98,18 @@ def parse_agent_argv(argv: list[str], data_dir: str) -> tuple[str, str, dict[str
 
 
 def scan_agents(data_dir: str) -> dict[str, AgentProc]:
-    """Every live agent of this user started by the provider whose state lives in ``data_dir``, by machine id."""
-    found: dict[str, AgentProc] = {}
+    """Every live agent of this user started by the provider whose state lives in ``data_dir``, by machine id.
+
+    A child an agent has forked and not yet exec'd shows the agent's own command line (at import, trio runs
+    ``ldconfig -p`` through ``ctypes.util.find_library``: a loaded machine makes that window long). Such a child is
+    not the machine: of the processes naming one machine id, those whose parent is one of them are left out, and
+    of any still left the oldest is the machine."""
+    claims: dict[str, list[tuple[int, ProcStat, str, dict[str, str]]]] = {}
     uid = os.getuid()
     try:
         entries = list(os.scandir(PROC))
     except OSError:
-        return found
+        return {}
     for entry in entries:
         if not entry.name.isdigit():
             continue
@@ -122,6 +128,12 @@ def scan_agents(data_dir: str) -> dict[str, AgentProc]:
         if stat is None or stat.gone:
             continue
         machine_id, instance_ref, tags = parsed
+        claims.setdefault(machine_id, []).append((pid, stat, instance_ref, tags))
+    found: dict[str, AgentProc] = {}
+    for machine_id, claimants in claims.items():
+        pids = {pid for pid, *_ in claimants}
+        roots = [c for c in claimants if c[1].ppid not in pids] or claimants
+        pid, stat, instance_ref, tags = min(roots, key=lambda c: (c[1].starttime, c[0]))
         found[machine_id] = AgentProc(pid, stat.starttime, machine_id, instance_ref, tags)
     return found
 
