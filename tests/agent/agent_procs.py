@@ -19,6 +19,13 @@ def _state(pid: int) -> str:
     return text[text.rfind(")") + 2 :].split()[0]
 
 
+def parent(pid: int) -> int:
+    """The parent pid of ``pid`` (field 4 of /proc/<pid>/stat); raises OSError when it is gone."""
+    with open(f"/proc/{pid}/stat") as handle:
+        text = handle.read()
+    return int(text[text.rfind(")") + 2 :].split()[1])
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie has exited: not alive)."""
     return _state(pid) not in ("gone", "Z", "X")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_procs import alive, cmdline, environ, ignores, live_agents, wait_for
+from agent_procs import alive, cmdline, environ, ignores, live_agents, parent, wait_for
 from local_driver import (
     CLUSTER,
     PLUGIN,
@@ -45,10 +45,15 @@ def labels(pid: int) -> dict[str, str]:
 
 
 def agents_by_machine(tmp_path: Path) -> dict[str, int]:
+    """The agent of each machine. A child an agent forked and has not exec'd yet (trio's ``ldconfig -p`` at import)
+    shows the agent's command line: a process whose parent is a live agent is not one."""
     found = {}
-    for pid in live_agents(str(tmp_path)):
+    pids = live_agents(str(tmp_path))
+    for pid in pids:
         try:
             argv = cmdline(pid)
+            if parent(pid) in pids:
+                continue
         except OSError:
             continue  # exited since live_agents looked
         if "--machine-id" in argv:  # read again: the pid may be gone, or reused by a process that is no agent
