@@ -30,7 +30,7 @@ import sys
 import threading
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -493,12 +493,13 @@ class _NativePlans:
                 by_class[cls] = proto.discriminantValue
         return 0
 
-    def frame(self) -> tuple[int, int, tuple[int, int], dict[int, tuple[int, int, int]], dict[type, int]]:
+    def frame(self) -> tuple[int, int, tuple[int, int], dict[int, tuple[int, int, int, int]], dict[type, int]]:
         corr_field, body_field, members = _frame_fields()
         out, by_class = {}, {}
         for member, cls in _MESSAGE_BY_MEMBER.items():
             proto = members[member].proto
-            out[proto.discriminantValue] = (proto.slot.offset, self.struct(cls), bounds.max_units(member))
+            named = bounds.MAX_BODY_BYTES.get(member, -1)  # -1: the frame limit alone
+            out[proto.discriminantValue] = (proto.slot.offset, self.struct(cls), bounds.max_units(member), named)
             by_class[cls] = proto.discriminantValue
         node = schema().Frame.schema.node.struct
         disc = body_field.schema.node.struct.discriminantOffset
@@ -540,7 +541,7 @@ def _native_codec() -> tuple[Any, type[BaseException]] | None:
         return None
     plans = _NativePlans()
     frame = plans.frame()
-    return module.Codec(plans.plans, plans.facts, frame, Envelope), module.Refused
+    return module.Codec(plans.plans, plans.facts, frame, (Envelope, _stores_only(Envelope))), module.Refused
 
 
 #: How many frames the native codec handed back to the reference path since the process started: bodies it did
@@ -575,6 +576,20 @@ def encode(msg: Message, corr: int = 0) -> bytes:
         except refused:  # a value the reference path must judge (or a layout it writes otherwise)
             NATIVE_HANDED_BACK[0] += 1
     return encode_reference(msg, corr)
+
+
+def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | None:
+    """The frame header and body for ``msg`` written at once by the native codec, or None when it is not there or
+    does not write this one (a body above ``max_frame`` included): then ``encode`` and the caller's checks decide."""
+    fast = _native_codec()
+    if fast is None:
+        return None
+    codec, refused = fast
+    try:
+        framed: bytes = codec.encode_framed(msg, corr, max_frame)
+        return framed
+    except refused:
+        return None
 
 
 def encode_reference(msg: Message, corr: int = 0) -> bytes:
@@ -706,6 +721,25 @@ def decode_metered(body: bytes) -> tuple[Envelope, int]:
         except (refused, *_MALFORMED):
             NATIVE_HANDED_BACK[0] += 1
     return decode_reference(body)
+
+
+def decode_allowed_native(body: bytes, allowed: Collection[type], max_frame: int) -> tuple[Envelope, int] | None:
+    """``decode_metered`` by the native codec for a frame received on a link, which first checks on the frame's head
+    that its kind is in ``allowed`` and its length within its kind's bound (``bounds.max_body_bytes`` for
+    ``max_frame``); None when the native codec is not there or does not answer (any refusal, a check above
+    included): the caller's reference path then checks and decodes the frame and gives the typed error."""
+    fast = _native_codec()
+    if fast is None:
+        return None
+    codec, refused = fast
+    try:  # the native reader refuses a body that is not a whole number of words (``_check_length``)
+        envelope, units = codec.decode_allowed(body, _traversal_words(body), allowed, max_frame)
+    except (refused, *_MALFORMED):
+        return None
+    # the plans hold the caps of when they were compiled: the frame's budget is read now (``bounds.max_units``)
+    if units > bounds.MAX_UNITS.get(_MEMBER_BY_MESSAGE[type(envelope.msg)], bounds.DEFAULT_MAX_UNITS):
+        return None
+    return envelope, units
 
 
 def _traversal_words(body: bytes) -> int:

@@ -29,7 +29,16 @@ from provisionerd.domain.errors import (
     TruncatedFrame,
 )
 from provisionerd.wire import bounds
-from provisionerd.wire.codec import PREFIX_BYTES, FrameHead, decode_metered, encode, peek, peek_prefix
+from provisionerd.wire.codec import (
+    PREFIX_BYTES,
+    FrameHead,
+    decode_allowed_native,
+    decode_metered,
+    encode,
+    encode_framed_native,
+    peek,
+    peek_prefix,
+)
 from provisionerd.wire.messages import Envelope, Message
 
 HEADER = struct.Struct("<Q")
@@ -139,6 +148,9 @@ class FramedStream:
     # --- sending -----------------------------------------------------------------------------------------------
 
     def _frame(self, msg: Message, corr: int) -> bytes:
+        framed = encode_framed_native(msg, corr, self.max_frame)  # header and body written at once
+        if framed is not None:
+            return framed
         body = encode(msg, corr)
         if len(body) > self.max_frame:
             raise FrameTooLarge(len(body), self.max_frame)
@@ -316,21 +328,64 @@ class FramedStream:
         ``DecodeError`` (all ``ProtocolError``: drop the peer), and the stream's own errors
         (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
         """
+        budget = self.budget
+        if allowed is not None and (budget is None or budget.level >= 0):
+            # A whole small frame in hand (the common case): the native codec checks its kind and bound on its
+            # head, then decodes it, in one call, with no copy into the buffer when it came in a chunk of its own.
+            # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.
+            buffer = self._buffer
+            if buffer:
+                got = self._native_frame(buffer, allowed)
+                if got is not None:
+                    self._consume(got[2])
+            else:
+                chunk = await self.stream.receive_some(min(_READ_CHUNK, HEADER_SIZE + self.max_frame))
+                if not chunk:
+                    return None  # EOF between frames
+                got = self._native_frame(chunk, allowed)
+                rest = chunk if got is None else chunk[got[2] :]
+                if rest:
+                    self._charge(len(rest))
+                    buffer += rest
+            if got is not None:
+                if budget is not None:
+                    budget.charge(got[1])
+                return got[0]
         body = await (self.receive_body() if allowed is None else self.receive_checked(allowed, role))
-        return None if body is None else await self.decode(body)
+        if body is None:
+            return None
+        budget = self.budget
+        if budget is not None and budget.level < 0:
+            await budget.ready()
+        return self._decode_charged(body)
+
+    def _native_frame(self, data: bytes | bytearray, allowed: Collection[type]) -> tuple[Envelope, int, int] | None:
+        """``(envelope, units, end)`` for the frame at the start of ``data`` when ``data`` holds all of it and the
+        native codec answers for it (``codec.decode_allowed_native``), else None."""
+        if len(data) < HEADER_SIZE:
+            return None
+        (length,) = HEADER.unpack_from(data)
+        end = HEADER_SIZE + length
+        if length > self.max_frame or len(data) < end:
+            return None
+        got = decode_allowed_native(bytes(data[HEADER_SIZE:end]), allowed, self.max_frame)
+        return None if got is None else (got[0], got[1], end)
 
     async def decode(self, body: bytes) -> Envelope:
         """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the
         budget is in debt, then charges what the decode cost."""
-        budget = self.budget
-        if budget is None:
-            return decode_metered(body)[0]
         # A level at or above zero can only grow by the refill ``ready`` would do, and ``charge`` does that same
         # refill first: ``ready`` would return at once and change nothing ``charge`` does not, so skip its call.
-        if budget.level < 0:
+        budget = self.budget
+        if budget is not None and budget.level < 0:
             await budget.ready()
+        return self._decode_charged(body)
+
+    def _decode_charged(self, body: bytes) -> Envelope:
+        """Decode ``body`` and charge what it cost to the budget (``decode`` has waited out any debt)."""
         envelope, units = decode_metered(body)
-        budget.charge(units)
+        if self.budget is not None:
+            self.budget.charge(units)
         return envelope
 
     async def aclose(self) -> None:

@@ -411,13 +411,77 @@ struct Codec {
     corr_offset: usize,
     body_disc: usize,
     frame_words: (u16, u16),
-    members: Vec<Option<(u32, usize, i64)>>, // body discriminant -> (pointer, plan, max units)
-    by_class: Py<PyDict>,                    // message class -> body discriminant
+    members: Vec<Option<(u32, usize, i64, i64)>>, // body discriminant -> (pointer, plan, max units, max body bytes or -1)
+    by_class: Py<PyDict>,                         // message class -> body discriminant
     envelope: PyObject,
+    envelope_raw: bool, // made as `raw_new` makes values: its `__init__` would only store `corr` and `msg`
+    envelope_names: (Py<PyString>, Py<PyString>),
     memo: std::sync::Mutex<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
 }
 
 impl Codec {
+    /// `decode`, with `decode_allowed`'s checks when `check` is given, made on the frame's head.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        budget: i64,
+        check: Option<(&Bound<'py, PyAny>, i64)>,
+    ) -> PyResult<(Bound<'py, PyAny>, i64)> {
+        let mut m = Msg::parse(body, budget, i64::MAX)?;
+        let root = m.struct_at(0, 0, 0)?.ok_or_else(|| refused("null root"))?;
+        let corr = data_bits(&m, &root, self.corr_offset, 64)?;
+        let disc = data_bits(&m, &root, self.body_disc, 16)? as usize;
+        let Some(Some((ptr, plan, max_units, max_body))) = self.members.get(disc) else {
+            return Err(refused("unknown frame kind"));
+        };
+        if let Some((allowed, max_frame)) = check {
+            let limit = if *max_body >= 0 {
+                (*max_body).min(max_frame)
+            } else {
+                max_frame
+            };
+            if body.len() as i64 > limit {
+                return Err(refused("over its kind's bound"));
+            }
+            if !allowed.contains(self.plans[*plan].cls.bind(py))? {
+                return Err(refused("kind not allowed"));
+            }
+        }
+        m.max_units = *max_units;
+        let inner = self.ptr_struct(&mut m, &root, *ptr)?;
+        m.spend(1)?;
+        let msg = self.build(py, &mut m, *plan, &inner, None)?;
+        let envelope = if self.envelope_raw {
+            let (c, n) = &self.envelope_names;
+            let cls = self
+                .envelope
+                .bind(py)
+                .downcast::<pyo3::types::PyType>()
+                .map_err(|_| refused("not a class"))?;
+            let corr = corr.into_pyobject(py)?;
+            // SAFETY: as in `raw_new`: a new reference from PyType_GenericAlloc (or NULL with an error set), and
+            // live names and values for the calls.
+            unsafe {
+                let obj = pyo3::ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0);
+                if obj.is_null() {
+                    return Err(PyErr::fetch(py));
+                }
+                let obj = Bound::from_owned_ptr(py, obj);
+                if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), c.as_ptr(), corr.as_ptr()) != 0
+                    || pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), n.as_ptr(), msg.as_ptr())
+                        != 0
+                {
+                    return Err(PyErr::fetch(py));
+                }
+                obj
+            }
+        } else {
+            self.envelope.bind(py).call1((corr, msg))?
+        };
+        Ok((envelope, m.units))
+    }
+
     fn element(&self, l: &L, i: usize) -> S {
         S {
             seg: l.seg,
@@ -957,10 +1021,11 @@ impl Codec {
 
 #[pymethods]
 impl Codec {
-    /// Codec(plans, facts, frame, envelope); see provisionerd/wire/codec.py (``_NativePlans``) for the shapes.
+    /// Codec(plans, facts, frame, (envelope class, made raw)); see provisionerd/wire/codec.py (``_NativePlans``) for the shapes.
     #[new]
     #[allow(clippy::type_complexity)]
     fn new(
+        py: Python<'_>,
         plans: Vec<(PyObject, u16, u16, Vec<Field>, bool, bool)>,
         facts: Vec<(
             u32,
@@ -973,10 +1038,10 @@ impl Codec {
             usize,
             usize,
             (u16, u16),
-            std::collections::HashMap<usize, (u32, usize, i64)>,
+            std::collections::HashMap<usize, (u32, usize, i64, i64)>,
             Py<PyDict>,
         ),
-        envelope: PyObject,
+        envelope: (PyObject, bool),
     ) -> PyResult<Self> {
         let n = plans.len();
         let nf = facts.len();
@@ -1030,7 +1095,7 @@ impl Codec {
         }
         let (corr_offset, body_disc, frame_words, members, by_class) = frame;
         let members = dense(members);
-        if members.iter().flatten().any(|(_, p, _)| *p >= n) {
+        if members.iter().flatten().any(|(_, p, _, _)| *p >= n) {
             return Err(bad("a frame member refers to no plan"));
         }
         Ok(Codec {
@@ -1041,7 +1106,12 @@ impl Codec {
             frame_words,
             members,
             by_class,
-            envelope,
+            envelope: envelope.0,
+            envelope_raw: envelope.1,
+            envelope_names: (
+                PyString::intern(py, "corr").unbind(),
+                PyString::intern(py, "msg").unbind(),
+            ),
             memo: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -1053,19 +1123,22 @@ impl Codec {
         body: &[u8],
         budget: i64,
     ) -> PyResult<(Bound<'py, PyAny>, i64)> {
-        let mut m = Msg::parse(body, budget, i64::MAX)?;
-        let root = m.struct_at(0, 0, 0)?.ok_or_else(|| refused("null root"))?;
-        let corr = data_bits(&m, &root, self.corr_offset, 64)?;
-        let disc = data_bits(&m, &root, self.body_disc, 16)? as usize;
-        let Some(Some((ptr, plan, max_units))) = self.members.get(disc) else {
-            return Err(refused("unknown frame kind"));
-        };
-        m.max_units = *max_units;
-        let inner = self.ptr_struct(&mut m, &root, *ptr)?;
-        m.spend(1)?;
-        let msg = self.build(py, &mut m, *plan, &inner, None)?;
-        let envelope = self.envelope.bind(py).call1((corr, msg))?;
-        Ok((envelope, m.units))
+        self.read(py, body, budget, None)
+    }
+
+    /// `decode` for a frame received on a link: `Refused` before anything below the frame's head is read when
+    /// its kind's class is not in `allowed` (a set of message classes) or the body is longer than its kind's
+    /// bound (`bounds.max_body_bytes`: the kind's named bound if any, `max_frame` at most). The caller's
+    /// reference path then gives the typed error (`OpcodeNotAllowed`, `FrameOverBounds`).
+    fn decode_allowed<'py>(
+        &self,
+        py: Python<'py>,
+        body: &[u8],
+        budget: i64,
+        allowed: &Bound<'py, PyAny>,
+        max_frame: i64,
+    ) -> PyResult<(Bound<'py, PyAny>, i64)> {
+        self.read(py, body, budget, Some((allowed, max_frame)))
     }
 
     /// The frame body carrying `msg` with correlation id `corr` (one segment), or `Refused`.
@@ -1075,6 +1148,48 @@ impl Codec {
         msg: &Bound<'py, PyAny>,
         corr: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
+        let words = self.words_of(py, msg, corr)?;
+        PyBytes::new_with(py, 8 + 8 * words.len(), |buf| {
+            put_body(buf, &words);
+            Ok(())
+        })
+    }
+
+    /// What goes on the stream for `msg` with correlation id `corr`: the frame header (the body's length, 8
+    /// bytes little-endian) and the body, written once; `Refused` when the body would pass `max_frame` bytes (or
+    /// for anything `encode` refuses): the caller's reference path gives the typed error.
+    fn encode_framed<'py>(
+        &self,
+        py: Python<'py>,
+        msg: &Bound<'py, PyAny>,
+        corr: u64,
+        max_frame: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let words = self.words_of(py, msg, corr)?;
+        let body = 8 + 8 * words.len();
+        if body as u64 > max_frame {
+            return Err(refused("over the frame limit"));
+        }
+        PyBytes::new_with(py, 8 + body, |buf| {
+            buf[..8].copy_from_slice(&(body as u64).to_le_bytes());
+            put_body(&mut buf[8..], &words);
+            Ok(())
+        })
+    }
+}
+
+/// A one-segment body: the segment table (0 = one segment, then its length in words), then the words.
+fn put_body(buf: &mut [u8], words: &[u64]) {
+    buf[..4].copy_from_slice(&0u32.to_le_bytes());
+    buf[4..8].copy_from_slice(&(words.len() as u32).to_le_bytes());
+    for (chunk, w) in buf[8..].chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
+}
+
+impl Codec {
+    /// The one segment's words for `msg` in a frame with `corr`, or `Refused`.
+    fn words_of(&self, py: Python<'_>, msg: &Bound<'_, PyAny>, corr: u64) -> PyResult<Vec<u64>> {
         let disc: usize = self
             .by_class
             .bind(py)
@@ -1083,7 +1198,7 @@ impl Codec {
             .flatten()
             .ok_or_else(|| refused("not a wire message"))?
             .extract()?;
-        let Some(Some((ptr, plan, _))) = self.members.get(disc) else {
+        let Some(Some((ptr, plan, _, _))) = self.members.get(disc) else {
             return Err(refused("not a wire message"));
         };
         let mut o = Out {
@@ -1096,17 +1211,10 @@ impl Codec {
         let p = &self.plans[*plan];
         let inner = o.new_struct(root.data + root.dw + *ptr as usize, p.dw, p.pc);
         self.put_struct(py, &mut o, *plan, &inner, msg, None)?;
-        let n = o.words.len();
-        if n > u32::MAX as usize {
+        if o.words.len() > u32::MAX as usize {
             return Err(refused("message too large"));
         }
-        let mut bytes = Vec::with_capacity(8 + 8 * n);
-        bytes.extend_from_slice(&0u32.to_le_bytes());
-        bytes.extend_from_slice(&(n as u32).to_le_bytes());
-        for w in &o.words {
-            bytes.extend_from_slice(&w.to_le_bytes());
-        }
-        Ok(PyBytes::new(py, &bytes))
+        Ok(o.words)
     }
 }
 
@@ -1114,7 +1222,7 @@ impl Codec {
 fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Codec>()?;
     // The shape of the plans `Codec` takes; provisionerd/wire/native.py loads no other (a stale build).
-    m.add("PLAN_VERSION", 3)?;
+    m.add("PLAN_VERSION", 4)?;
     m.add("Refused", m.py().get_type::<Refused>())?;
     Ok(())
 }
