@@ -578,6 +578,11 @@ def encode(msg: Message, corr: int = 0) -> bytes:
     return encode_reference(msg, corr)
 
 
+def native_available() -> bool:
+    """Whether the native codec is there (built, of these sources, not switched off): ``native.load``."""
+    return _native_codec() is not None
+
+
 def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | None:
     """The frame header and body for ``msg`` written at once by the native codec, or None when it is not there or
     does not write this one (a body above ``max_frame`` included): then ``encode`` and the caller's checks decide."""

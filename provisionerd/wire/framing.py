@@ -36,6 +36,7 @@ from provisionerd.wire.codec import (
     decode_metered,
     encode,
     encode_framed_native,
+    native_available,
     peek,
     peek_prefix,
 )
@@ -329,7 +330,7 @@ class FramedStream:
         (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
         """
         budget = self.budget
-        if allowed is not None and (budget is None or budget.level >= 0):
+        if allowed is not None and (budget is None or budget.level >= 0) and native_available():
             # A whole small frame in hand (the common case): the native codec checks its kind and bound on its
             # head, then decodes it, in one call, with no copy into the buffer when it came in a chunk of its own.
             # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.

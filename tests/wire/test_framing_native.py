@@ -11,6 +11,7 @@ Skipped where the extension is not built (a checkout without Rust), except in CI
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 import trio
@@ -54,11 +55,21 @@ class Chunks(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
-@given(frames=st.lists(st.tuples(messages, u64), min_size=1, max_size=6), size=st.integers(1, 5000))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_receive_gives_the_reference_envelopes_at_any_chunk_size_and_the_pool_gets_all_back(frames, size):
+@given(
+    frames=st.lists(st.tuples(messages, u64), min_size=1, max_size=6),
+    size=st.integers(1, 5000),
+    native_on=st.booleans(),
+)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_receive_gives_the_reference_envelopes_at_any_chunk_size_and_the_pool_gets_all_back(frames, size, native_on):
     # Chunks of one frame or several, or cut inside a header or a body: some frames come whole (the fast path,
-    # from a chunk of its own or from the buffer), others in pieces (the path through receive_checked).
+    # from a chunk of its own or from the buffer), others in pieces (the path through receive_checked). Without
+    # the native codec every frame takes the path through receive_checked.
+    with mock.patch.object(codec, "_native_codec", codec._native_codec if native_on else lambda: None):
+        _receive_all(frames, size)
+
+
+def _receive_all(frames: list[tuple[Message, int]], size: int) -> None:
     bodies = [codec.encode_reference(msg, corr) for msg, corr in frames]
     data = b"".join(frame_bytes(body) for body in bodies)
 
