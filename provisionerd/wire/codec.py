@@ -583,17 +583,23 @@ def native_available() -> bool:
     return _native_codec() is not None
 
 
-def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | None:
-    """The frame header and body for ``msg`` written at once by the native codec, or None when it is not there or
-    does not write this one (a body above ``max_frame`` included): then ``encode`` and the caller's checks decide."""
+def framed_writer() -> tuple[Callable[[Message, int, int], bytes], type[BaseException]] | None:
+    """The native codec's ``encode_framed(msg, corr, max_frame)`` (the frame header and body written at once) and
+    the ``Refused`` it raises for what it does not write (a body above ``max_frame`` included: then ``encode`` and
+    the caller's checks decide), or None when the native codec is not there. A ``FramedStream`` keeps it."""
     fast = _native_codec()
-    if fast is None:
+    return None if fast is None else (fast[0].encode_framed, fast[1])
+
+
+def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | None:
+    """The frame header and body for ``msg`` written at once by the native codec (``framed_writer``), or None when
+    it is not there or does not write this one."""
+    writer = framed_writer()
+    if writer is None:
         return None
-    codec, refused = fast
     try:
-        framed: bytes = codec.encode_framed(msg, corr, max_frame)
-        return framed
-    except refused:
+        return writer[0](msg, corr, max_frame)
+    except writer[1]:
         return None
 
 

@@ -35,7 +35,7 @@ from provisionerd.wire.codec import (
     decode_allowed_native,
     decode_metered,
     encode,
-    encode_framed_native,
+    framed_writer,
     native_available,
     peek,
     peek_prefix,
@@ -145,13 +145,18 @@ class FramedStream:
         # The writers' turn (``send_raw``): True while one of them is in ``send_all``; the others wait in the lot.
         self._sending = False
         self._writers = trio.lowlevel.ParkingLot()
+        self._writer = framed_writer()  # the native codec's framed encoder, when it is there
+        self._native = native_available()  # ``receive`` takes a whole frame in hand in one native call
 
     # --- sending -----------------------------------------------------------------------------------------------
 
     def _frame(self, msg: Message, corr: int) -> bytes:
-        framed = encode_framed_native(msg, corr, self.max_frame)  # header and body written at once
-        if framed is not None:
-            return framed
+        writer = self._writer
+        if writer is not None:
+            try:
+                return writer[0](msg, corr, self.max_frame)  # header and body written at once
+            except writer[1]:
+                pass  # what the native writer leaves: ``encode`` and the size check decide
         body = encode(msg, corr)
         if len(body) > self.max_frame:
             raise FrameTooLarge(len(body), self.max_frame)
@@ -330,7 +335,7 @@ class FramedStream:
         (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
         """
         budget = self.budget
-        if allowed is not None and (budget is None or budget.level >= 0) and native_available():
+        if allowed is not None and (budget is None or budget.level >= 0) and self._native:
             # A whole small frame in hand (the common case): the native codec checks its kind and bound on its
             # head, then decodes it, in one call, with no copy into the buffer when it came in a chunk of its own.
             # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.
