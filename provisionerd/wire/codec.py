@@ -578,12 +578,29 @@ def encode(msg: Message, corr: int = 0) -> bytes:
     return encode_reference(msg, corr)
 
 
-def native_codec() -> tuple[Any, type[BaseException]] | None:
-    """The native codec and the ``Refused`` it raises for what it does not answer, or None when it is not there
-    (``native.load``). A ``FramedStream`` keeps it: it writes frames with ``encode_framed(msg, corr, max_frame)``
-    (header and body at once; ``Refused`` above ``max_frame`` too, then ``encode`` and the size check decide) and
-    reads whole ones through ``decode_allowed_native``."""
-    return _native_codec()
+def native_available() -> bool:
+    """Whether the native codec is there (built, of these sources, not switched off): ``native.load``."""
+    return _native_codec() is not None
+
+
+def framed_writer() -> tuple[Callable[[Message, int, int], bytes], type[BaseException]] | None:
+    """The native codec's ``encode_framed(msg, corr, max_frame)`` (the frame header and body written at once) and
+    the ``Refused`` it raises for what it does not write (a body above ``max_frame`` included: then ``encode`` and
+    the caller's checks decide), or None when the native codec is not there. A ``FramedStream`` keeps it."""
+    fast = _native_codec()
+    return None if fast is None else (fast[0].encode_framed, fast[1])
+
+
+def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | None:
+    """The frame header and body for ``msg`` written at once by the native codec (``framed_writer``), or None when
+    it is not there or does not write this one."""
+    writer = framed_writer()
+    if writer is None:
+        return None
+    try:
+        return writer[0](msg, corr, max_frame)
+    except writer[1]:
+        return None
 
 
 def encode_reference(msg: Message, corr: int = 0) -> bytes:
@@ -717,13 +734,14 @@ def decode_metered(body: bytes) -> tuple[Envelope, int]:
     return decode_reference(body)
 
 
-def decode_allowed_native(
-    fast: tuple[Any, type[BaseException]], body: bytes, allowed: Collection[type], max_frame: int
-) -> tuple[Envelope, int] | None:
-    """``decode_metered`` by the native codec ``fast`` (``native_codec``) for a frame received on a link, which
-    first checks on the frame's head that its kind is in ``allowed`` and its length within its kind's bound
-    (``bounds.max_body_bytes`` for ``max_frame``); None when it does not answer (any refusal, a check above
+def decode_allowed_native(body: bytes, allowed: Collection[type], max_frame: int) -> tuple[Envelope, int] | None:
+    """``decode_metered`` by the native codec for a frame received on a link, which first checks on the frame's head
+    that its kind is in ``allowed`` and its length within its kind's bound (``bounds.max_body_bytes`` for
+    ``max_frame``); None when the native codec is not there or does not answer (any refusal, a check above
     included): the caller's reference path then checks and decodes the frame and gives the typed error."""
+    fast = _native_codec()
+    if fast is None:
+        return None
     codec, refused = fast
     try:  # the native reader refuses a body that is not a whole number of words (``_check_length``)
         envelope, units = codec.decode_allowed(body, _traversal_words(body), allowed, max_frame)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Collection, Iterable
-from typing import Any
 
 import attrs
 import trio
@@ -36,7 +35,8 @@ from provisionerd.wire.codec import (
     decode_allowed_native,
     decode_metered,
     encode,
-    native_codec,
+    framed_writer,
+    native_available,
     peek,
     peek_prefix,
 )
@@ -145,19 +145,17 @@ class FramedStream:
         # The writers' turn (``send_raw``): True while one of them is in ``send_all``; the others wait in the lot.
         self._sending = False
         self._writers = trio.lowlevel.ParkingLot()
-        # The native codec when it is there: frames are written header and body at once, and ``receive`` takes a
-        # whole frame in hand in one call.
-        self._native = native_codec()
+        self._writer = framed_writer()  # the native codec's framed encoder, when it is there
+        self._native = native_available()  # ``receive`` takes a whole frame in hand in one native call
 
     # --- sending -----------------------------------------------------------------------------------------------
 
     def _frame(self, msg: Message, corr: int) -> bytes:
-        fast = self._native
-        if fast is not None:
+        writer = self._writer
+        if writer is not None:
             try:
-                framed: bytes = fast[0].encode_framed(msg, corr, self.max_frame)  # header and body at once
-                return framed
-            except fast[1]:
+                return writer[0](msg, corr, self.max_frame)  # header and body written at once
+            except writer[1]:
                 pass  # what the native writer leaves: ``encode`` and the size check decide
         body = encode(msg, corr)
         if len(body) > self.max_frame:
@@ -336,21 +334,21 @@ class FramedStream:
         ``DecodeError`` (all ``ProtocolError``: drop the peer), and the stream's own errors
         (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
         """
-        budget, fast = self.budget, self._native
-        if allowed is not None and (budget is None or budget.level >= 0) and fast is not None:
+        budget = self.budget
+        if allowed is not None and (budget is None or budget.level >= 0) and self._native:
             # A whole small frame in hand (the common case): the native codec checks its kind and bound on its
             # head, then decodes it, in one call, with no copy into the buffer when it came in a chunk of its own.
             # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.
             buffer = self._buffer
             if buffer:
-                got = self._native_frame(fast, buffer, allowed)
+                got = self._native_frame(buffer, allowed)
                 if got is not None:
                     self._consume(got[2])
             else:
                 chunk = await self.stream.receive_some(min(_READ_CHUNK, HEADER_SIZE + self.max_frame))
                 if not chunk:
                     return None  # EOF between frames
-                got = self._native_frame(fast, chunk, allowed)
+                got = self._native_frame(chunk, allowed)
                 rest = chunk if got is None else chunk[got[2] :]
                 if rest:
                     self._charge(len(rest))
@@ -360,34 +358,40 @@ class FramedStream:
                     budget.charge(got[1])
                 return got[0]
         body = await (self.receive_body() if allowed is None else self.receive_checked(allowed, role))
-        return None if body is None else await self.decode(body)
+        if body is None:
+            return None
+        budget = self.budget
+        if budget is not None and budget.level < 0:
+            await budget.ready()
+        return self._decode_charged(body)
 
-    def _native_frame(
-        self, fast: tuple[Any, type[BaseException]], data: bytes | bytearray, allowed: Collection[type]
-    ) -> tuple[Envelope, int, int] | None:
+    def _native_frame(self, data: bytes | bytearray, allowed: Collection[type]) -> tuple[Envelope, int, int] | None:
         """``(envelope, units, end)`` for the frame at the start of ``data`` when ``data`` holds all of it and the
-        native codec ``fast`` answers for it (``codec.decode_allowed_native``), else None."""
+        native codec answers for it (``codec.decode_allowed_native``), else None."""
         if len(data) < HEADER_SIZE:
             return None
         (length,) = HEADER.unpack_from(data)
         end = HEADER_SIZE + length
         if length > self.max_frame or len(data) < end:
             return None
-        got = decode_allowed_native(fast, bytes(data[HEADER_SIZE:end]), allowed, self.max_frame)
+        got = decode_allowed_native(bytes(data[HEADER_SIZE:end]), allowed, self.max_frame)
         return None if got is None else (got[0], got[1], end)
 
     async def decode(self, body: bytes) -> Envelope:
         """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the
         budget is in debt, then charges what the decode cost."""
-        budget = self.budget
-        if budget is None:
-            return decode_metered(body)[0]
         # A level at or above zero can only grow by the refill ``ready`` would do, and ``charge`` does that same
         # refill first: ``ready`` would return at once and change nothing ``charge`` does not, so skip its call.
-        if budget.level < 0:
+        budget = self.budget
+        if budget is not None and budget.level < 0:
             await budget.ready()
+        return self._decode_charged(body)
+
+    def _decode_charged(self, body: bytes) -> Envelope:
+        """Decode ``body`` and charge what it cost to the budget (``decode`` has waited out any debt)."""
         envelope, units = decode_metered(body)
-        budget.charge(units)
+        if self.budget is not None:
+            self.budget.charge(units)
         return envelope
 
     async def aclose(self) -> None:

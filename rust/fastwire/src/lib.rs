@@ -454,41 +454,32 @@ impl Codec {
         let msg = self.build(py, &mut m, *plan, &inner, None)?;
         let envelope = if self.envelope_raw {
             let (c, n) = &self.envelope_names;
-            let corr = corr.into_pyobject(py)?.into_any();
-            alloc_with(py, &self.envelope, [(c, corr), (n, msg)].into_iter())?
+            let cls = self
+                .envelope
+                .bind(py)
+                .downcast::<pyo3::types::PyType>()
+                .map_err(|_| refused("not a class"))?;
+            let corr = corr.into_pyobject(py)?;
+            // SAFETY: as in `raw_new`: a new reference from PyType_GenericAlloc (or NULL with an error set), and
+            // live names and values for the calls.
+            unsafe {
+                let obj = pyo3::ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0);
+                if obj.is_null() {
+                    return Err(PyErr::fetch(py));
+                }
+                let obj = Bound::from_owned_ptr(py, obj);
+                if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), c.as_ptr(), corr.as_ptr()) != 0
+                    || pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), n.as_ptr(), msg.as_ptr())
+                        != 0
+                {
+                    return Err(PyErr::fetch(py));
+                }
+                obj
+            }
         } else {
             self.envelope.bind(py).call1((corr, msg))?
         };
         Ok((envelope, m.units))
-    }
-
-    /// The one segment's words for `msg` in a frame with `corr`, or `Refused`.
-    fn words_of(&self, py: Python<'_>, msg: &Bound<'_, PyAny>, corr: u64) -> PyResult<Vec<u64>> {
-        let disc: usize = self
-            .by_class
-            .bind(py)
-            .get_item(msg.get_type())
-            .ok()
-            .flatten()
-            .ok_or_else(|| refused("not a wire message"))?
-            .extract()?;
-        let Some(Some((ptr, plan, _, _))) = self.members.get(disc) else {
-            return Err(refused("not a wire message"));
-        };
-        let mut o = Out {
-            words: Vec::with_capacity(128),
-        };
-        o.alloc(1); // the root pointer
-        let root = o.new_struct(0, self.frame_words.0, self.frame_words.1);
-        o.set_bits(&root, self.corr_offset, 64, corr);
-        o.set_bits(&root, self.body_disc, 16, disc as u64);
-        let p = &self.plans[*plan];
-        let inner = o.new_struct(root.data + root.dw + *ptr as usize, p.dw, p.pc);
-        self.put_struct(py, &mut o, *plan, &inner, msg, None)?;
-        if o.words.len() > u32::MAX as usize {
-            return Err(refused("message too large"));
-        }
-        Ok(o.words)
     }
 
     fn element(&self, l: &L, i: usize) -> S {
@@ -818,17 +809,8 @@ impl Out {
 /// `p.cls` with `args` as its fields, made as `object.__new__(cls)` and `object.__setattr__` make it: for a class
 /// whose `__init__` would only store them (no validator, converter or post-init: `native.py` decides).
 fn raw_new<'py>(py: Python<'py>, p: &Plan, args: Vec<Bound<'py, PyAny>>) -> R<Bound<'py, PyAny>> {
-    alloc_with(py, &p.cls, p.fields.iter().map(|f| &f.name).zip(args))
-}
-
-/// A new instance of `cls` made as `object.__new__` and `object.__setattr__` would make it: each name set to its
-/// value, nothing else run (for a class whose `__init__` would only store them).
-fn alloc_with<'a, 'py>(
-    py: Python<'py>,
-    cls: &PyObject,
-    fields: impl Iterator<Item = (&'a Py<PyString>, Bound<'py, PyAny>)>,
-) -> R<Bound<'py, PyAny>> {
-    let cls = cls
+    let cls = p
+        .cls
         .bind(py)
         .downcast::<pyo3::types::PyType>()
         .map_err(|_| refused("not a class"))?;
@@ -840,8 +822,9 @@ fn alloc_with<'a, 'py>(
             return Err(PyErr::fetch(py));
         }
         let obj = Bound::from_owned_ptr(py, obj);
-        for (name, value) in fields {
-            if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) != 0
+        for (f, value) in p.fields.iter().zip(args) {
+            if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), f.name.as_ptr(), value.as_ptr())
+                != 0
             {
                 return Err(PyErr::fetch(py));
             }
@@ -1201,6 +1184,37 @@ fn put_body(buf: &mut [u8], words: &[u64]) {
     buf[4..8].copy_from_slice(&(words.len() as u32).to_le_bytes());
     for (chunk, w) in buf[8..].chunks_exact_mut(8).zip(words) {
         chunk.copy_from_slice(&w.to_le_bytes());
+    }
+}
+
+impl Codec {
+    /// The one segment's words for `msg` in a frame with `corr`, or `Refused`.
+    fn words_of(&self, py: Python<'_>, msg: &Bound<'_, PyAny>, corr: u64) -> PyResult<Vec<u64>> {
+        let disc: usize = self
+            .by_class
+            .bind(py)
+            .get_item(msg.get_type())
+            .ok()
+            .flatten()
+            .ok_or_else(|| refused("not a wire message"))?
+            .extract()?;
+        let Some(Some((ptr, plan, _, _))) = self.members.get(disc) else {
+            return Err(refused("not a wire message"));
+        };
+        let mut o = Out {
+            words: Vec::with_capacity(128),
+        };
+        o.alloc(1); // the root pointer
+        let root = o.new_struct(0, self.frame_words.0, self.frame_words.1);
+        o.set_bits(&root, self.corr_offset, 64, corr);
+        o.set_bits(&root, self.body_disc, 16, disc as u64);
+        let p = &self.plans[*plan];
+        let inner = o.new_struct(root.data + root.dw + *ptr as usize, p.dw, p.pc);
+        self.put_struct(py, &mut o, *plan, &inner, msg, None)?;
+        if o.words.len() > u32::MAX as usize {
+            return Err(refused("message too large"));
+        }
+        Ok(o.words)
     }
 }
 
