@@ -24,6 +24,7 @@ def test_the_built_in_report_names_this_machine() -> None:
     assert int(report["mem"]) > 0 and report["type"] == os.uname().machine.upper()
 
 
+@pytest.mark.process
 def test_a_probe_reports_the_first_line_it_prints_and_says_why_when_it_cannot() -> None:
     assert capabilities.run_probe("printf '2\\nmore\\n'", 5) == "2"
     assert capabilities.run_probe("echo '  1  ' | tr -d x", 5) == "1"
@@ -33,6 +34,7 @@ def test_a_probe_reports_the_first_line_it_prints_and_says_why_when_it_cannot() 
     assert capabilities.run_probe("printf '%0100d' 0", 5) == "0" * capabilities.MAX_VALUE
 
 
+@pytest.mark.process
 def test_a_probe_that_hangs_is_killed_with_its_children_at_its_timeout(tmp_path: Path) -> None:
     marker = tmp_path / "child.pid"
     started = time.monotonic()
@@ -46,6 +48,7 @@ def test_a_probe_that_hangs_is_killed_with_its_children_at_its_timeout(tmp_path:
     assert not _alive(child)  # the whole process group went, not only the shell
 
 
+@pytest.mark.process
 def test_a_probe_that_prints_without_end_costs_a_bounded_read() -> None:
     started = time.monotonic()
     assert capabilities.run_probe("yes 7", 5) == "7"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from agent_procs import alive, catches, cmdline, environ, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 TOKEN = "SeCrEt-join-token-0123456789abcdef"
 

@@ -28,7 +28,7 @@ from provisionerd.domain.model import Epoch, Fact, InstanceFact, RequestIntent, 
 from provisionerd.wire.messages import FactAck, FactCommit
 from refcontroller.admin import AdminClient
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 PROVIDER = "local"
 

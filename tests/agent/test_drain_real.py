@@ -37,7 +37,7 @@ from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "providers" / "local"

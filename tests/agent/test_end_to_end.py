@@ -20,7 +20,7 @@ from local_driver import OneShot, plugin_env, request_input, return_input
 
 from refcontroller.api import RefController, open_refcontroller
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 @attrs.define

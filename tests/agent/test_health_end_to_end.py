@@ -33,7 +33,7 @@ from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import DemandItem, RequestIntent, ResourceShape, Returned, ReturnIntent
 from refcontroller.api import RefController, open_refcontroller
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "providers" / "local"

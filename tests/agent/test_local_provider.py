@@ -25,7 +25,7 @@ from local_driver import (
     return_input,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 #: Nothing listens there: these agents keep retrying, which is all a provider test needs of them.
 NOWHERE = ["127.0.0.1:9"]

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "providers" / "local"))
 
 from localprovider import procs  # noqa: E402
@@ -34,6 +36,7 @@ def test_the_process_started_for_a_machine_is_alive_before_the_scan_sees_it_as_a
     assert Provider._not_dead(_record(os.getpid()), {})
 
 
+@pytest.mark.process
 def test_a_machine_whose_process_is_gone_is_dead():
     child = subprocess.Popen(["sleep", "5"])
     record = _record(child.pid)
@@ -60,6 +63,7 @@ def test_an_agent_the_scan_found_must_be_the_very_process_started():
     assert Provider._not_dead(record, {"m-1": same})
 
 
+@pytest.mark.process
 def test_a_child_an_agent_forked_and_has_not_execd_is_not_the_machine(tmp_path):
     """At import trio runs ``ldconfig -p`` (``ctypes.util.find_library``): until that child execs it shows the agent's
     own command line. The scan used to take the child, the later pid, for the machine, so a status right after a

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def test_conformance_kit_passes_on_the_persistent_transport(plugin):

@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def test_same_op_id_twice_creates_the_machines_once(shared, ec2):

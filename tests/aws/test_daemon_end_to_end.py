@@ -51,7 +51,7 @@ from fault_proxy import FaultProxy
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape, Returned
 from provisionerd.domain.tokens import token_hash
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 DEMAND = 3

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def _our_instance(ec2, plugin):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def _ids(plugin, ec2, op_id):

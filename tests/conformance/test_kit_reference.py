@@ -20,7 +20,7 @@ from provisionerd.conformance.results import Status
 from refcontroller.api import open_refcontroller_process
 from refcontroller.rules import ENV, Rules
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 #: Short leases, so the grace after the controller's start (ttl + check interval) is over in 3.5 s.
 TTL, CHECK = 3.0, 0.5

@@ -1,28 +1,24 @@
 """The golden frames of ``protocol/vectors/``: one per message kind, checked both ways with the project's codec and
-with the C++ ``capnp`` tool (skipped only where it is missing and we are not in CI: .ci/run installs it)."""
+with the C++ ``capnp`` tool (the integration tier: ``make test-integration`` installs it; in CI a missing tool is a
+failure)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from rigs import backends
 
 from provisionerd.wire import codec
 from provisionerd.wire.framing import frame_bytes
 from provisionerd.wire.messages import MESSAGE_TYPES, Envelope
 
 VECTORS_DIR = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
-CAPNP = shutil.which("capnp")
-needs_capnp = pytest.mark.skipif(
-    CAPNP is None and not os.environ.get("CI"), reason="the capnp tool (Debian capnproto) is not installed here"
-)
 
 
 def _generator() -> ModuleType:
@@ -60,8 +56,9 @@ def test_our_codec_decodes_each_vector_to_its_value_and_encodes_it_to_the_same_b
 
 
 def _capnp(*args: str, stdin: bytes) -> bytes:
-    assert CAPNP is not None, "CI must have the capnp tool"
-    done = subprocess.run([CAPNP, *args], input=stdin, capture_output=True, timeout=30, check=False)
+    done = subprocess.run(
+        [backends.need("capnp", "Debian: capnproto"), *args], input=stdin, capture_output=True, timeout=30, check=False
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return done.stdout
 
@@ -69,7 +66,7 @@ def _capnp(*args: str, stdin: bytes) -> bytes:
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
-@needs_capnp
+@pytest.mark.integration
 @pytest.mark.parametrize("stem", STEMS)
 def test_capnp_decodes_each_vector_to_its_text_and_encodes_the_text_to_its_value(stem: str) -> None:
     corr, msg = GEN.VECTORS[stem]
@@ -84,6 +81,6 @@ def test_capnp_decodes_each_vector_to_its_text_and_encodes_the_text_to_its_value
     assert codec.decode(_capnp("encode", schema, "Frame", stdin=text)) == Envelope(corr, msg)
 
 
-@needs_capnp
+@pytest.mark.process
 def test_the_generator_check_says_the_files_are_current() -> None:
     assert GEN.main(["--check"]) == 0

@@ -201,6 +201,7 @@ def test_peer_refusal_is_a_pure_decision():
     assert peer_refusal(Peer(10, 1001), 1000, started_by_daemon=True)[0] == "foreign_uid"
 
 
+@pytest.mark.process
 def test_started_by_us_follows_the_parent_chain():
     assert not _started_by_us(os.getpid())  # the daemon asking itself (tests do)
     assert not _started_by_us(None)
@@ -239,6 +240,7 @@ print(s.makefile().readline())
 """
 
 
+@pytest.mark.process
 def test_a_plugin_process_cannot_use_the_admin_socket(tmp_path):
     path = tmp_path / "run" / "admin.sock"
     counts = AdminSocketCounts()
@@ -289,6 +291,7 @@ def _ask_as(uid: int, path: Path) -> dict:
     return json.loads(data)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid() a child to nobody")
 def test_a_process_of_another_uid_cannot_use_the_admin_socket():
     # pytest's tmp dirs sit in a 0700 directory: this one is reachable by nobody, up to the socket's directory.

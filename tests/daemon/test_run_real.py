@@ -30,7 +30,7 @@ from provisionerd.config.writer import daemon_config_toml, provisioner_tls, writ
 from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import Epoch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def real_config(certs: Path, addresses, state: Path) -> Config:

@@ -18,7 +18,7 @@ from provisionerd.demo import script as demo_script
 from provisionerd.demo.progress import Progress
 from provisionerd.demo.run import run_demo
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 WORKERS = 8
 

@@ -201,7 +201,7 @@ def test_the_json_line_has_exactly_the_promised_keys() -> None:
     assert failed.document()["failed_step"] == "failover" and failed.document()["error"].startswith("timed out")
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_failing_step_is_named_and_everything_is_cleaned_up(tmp_path: Path, monkeypatch) -> None:
     """The daemon exits at once: the demo fails in step 'daemon' saying so, and stops the controller it started."""
 

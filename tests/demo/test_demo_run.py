@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from demo_scan import agents_naming, processes_naming, start_demo
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 KEYS = ["ok", "requested", "joined", "returned", "failovers", "orphans_reported", "leaked", "seconds"]
 

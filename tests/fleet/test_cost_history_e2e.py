@@ -24,7 +24,7 @@ from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import CommittedFact, DemandItem, InstanceFact, ResourceShape, Returned
 from provisionerd.wire.messages import HistoryQuery
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATED = ROOT / "providers" / "simulated"

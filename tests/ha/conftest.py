@@ -13,6 +13,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from rigs import backends
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "etcd-cluster"
@@ -36,7 +37,7 @@ def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdClust
     """Three members, started once per module by ``.ci/etcd-cluster start``."""
     if subprocess.run([SCRIPT, "path"], capture_output=True).returncode != 0:
         if os.environ.get("PROVISIONERD_ETCD_SKIP") == "1":
-            pytest.skip("no etcd binary and PROVISIONERD_ETCD_SKIP=1")
+            backends.missing("no etcd binary and PROVISIONERD_ETCD_SKIP=1")
         subprocess.run([SCRIPT, "build"], check=True, capture_output=True)
     work = tmp_path_factory.mktemp("etcd")
     subprocess.run([SCRIPT, "start", work], check=True, capture_output=True, timeout=60)

@@ -43,7 +43,7 @@ from ha_procs import (  # noqa: E402
 )
 from sim_compare import real_grace_outcome, sim_grace_outcome  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TTL, CHECK = 4.0, 1.0
 GRACE_S = TTL + CHECK

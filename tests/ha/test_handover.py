@@ -29,7 +29,7 @@ from provisionerd.config.loader import (
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon.admin_socket import query
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 #: The controller's lease: long enough that waiting out a hint (up to the whole TTL) could never pass for a push.
 TTL = 10.0

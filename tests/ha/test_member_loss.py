@@ -40,7 +40,7 @@ from ha_procs import (  # noqa: E402
     store_url,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TTL, CHECK = 4.0, 1.0
 #: Events a daemon writes when something reached it: none may appear while the member is replaced.

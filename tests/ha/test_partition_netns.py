@@ -50,7 +50,7 @@ from ha_procs import (  # noqa: E402
 )
 from sim_compare import real_partition_outcome, sim_partition_outcome  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TTL, CHECK = 4.0, 1.0
 

@@ -33,7 +33,7 @@ from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import Epoch
 from refcontroller.admin import AdminClient, AdminError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TTL, CHECK = 4.0, 1.0
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "refcontroller"))
 import trio.lowlevel
 from rc_factories import instance, intent, item  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TTL, CHECK = 4.0, 1.0
 _prefixes = itertools.count()

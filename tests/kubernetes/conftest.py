@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rigs import backends
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # importlib mode: make k8s_helpers importable
 
@@ -27,9 +28,7 @@ from k8s_helpers import SCRIPT, ControlPlane, Namespace, Persistent  # noqa: E40
 def control_plane() -> Iterator[ControlPlane]:
     cached = subprocess.run([str(SCRIPT), "path"], capture_output=True, text=True).returncode == 0
     if not cached and os.environ.get("PROVISIONERD_K8S_SKIP") == "1":
-        pytest.skip(
-            "the Kubernetes control plane is not built and PROVISIONERD_K8S_SKIP=1 (.ci/k8s-control-plane build)"
-        )
+        backends.missing("the Kubernetes control plane is not built and PROVISIONERD_K8S_SKIP=1")
     if not cached:
         built = subprocess.run([str(SCRIPT), "build"], capture_output=True, text=True, timeout=3600)
         assert built.returncode == 0, f".ci/k8s-control-plane build failed:\n{built.stderr[-4000:]}"

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 from k8s_helpers import PLUGIN, Namespace, Persistent, wait_for
+
+pytestmark = pytest.mark.integration
 
 RBAC_NODES = PLUGIN / "rbac-nodes.yaml"
 GI, MI = 1 << 30, 1 << 20

@@ -45,7 +45,7 @@ from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
 from refcontroller.api import open_refcontroller
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 PROVIDER = "k8s"
 CLUSTER_TAG = "e2e-k8s"

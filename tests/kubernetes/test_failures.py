@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from k8s_helpers import PLUGIN, Namespace, Persistent, secret_token, wait_for
 
+pytestmark = pytest.mark.integration
+
 
 def test_the_conformance_kit_passes(namespace: Namespace, tmp_path: Path) -> None:
     conf = tmp_path / "conf"

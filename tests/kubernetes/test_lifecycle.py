@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from k8s_helpers import Namespace, Persistent, iter_json_strings, secret_token, wait_for
 from kubernetes.client.exceptions import ApiException
+
+pytestmark = pytest.mark.integration
 
 
 def test_request_status_list_return(plugin: Persistent, namespace: Namespace) -> None:

@@ -20,7 +20,7 @@ from test_daemon_end_to_end import CLUSTER_TAG, PROVIDER, write_config
 from provisionerd.pki.certs import init_certs
 from refcontroller.api import open_refcontroller
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 SPEC = {"containers": [{"name": "c", "image": "x"}], "automountServiceAccountToken": False}
 

@@ -51,7 +51,7 @@ from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, R
 from provisionerd.domain.tokens import token_hash
 from provisionerd.execution.loop_inputs import LoopSettings
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "providers" / "examples" / "lsf_legacy"

@@ -48,7 +48,7 @@ from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.legacy.adapter import LegacyProvider
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "providers" / "examples" / "lsf_legacy"

@@ -18,7 +18,7 @@ from provisionerd.provider.legacy.rules import (
     invisible_classes,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 async def plugin_view(client: LegacyProvider, op_id: str) -> dict:

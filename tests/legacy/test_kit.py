@@ -13,7 +13,7 @@ import pytest
 
 from provisionerd.cli.provider import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 EXAMPLE = Path(__file__).resolve().parents[2] / "providers" / "examples" / "lsf_legacy"
 
 

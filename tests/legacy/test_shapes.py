@@ -11,7 +11,7 @@ import trio
 from provisionerd.domain.errors import ConfigError, ProviderUnsupported
 from provisionerd.provider.legacy.rules import UserDataTemplate
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 #: The LSF resource connector's input documents, key by key.
 LSF_KEYS = {

@@ -14,7 +14,7 @@ from provisionerd.provider.contract import cluster_filter, op_filter
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES
 from provisionerd.provider.values import Features, MachineRequest, OwnerTags, UnknownOutcome
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 TEMPLATE = "lsfex-small"
 

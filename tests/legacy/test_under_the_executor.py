@@ -24,7 +24,7 @@ from provisionerd.provider.legacy.adapter import LegacyProvider
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_controller import FakeController
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 TOKEN_TEMPLATE = {"PROVISIONERD_JOIN_TOKEN": "{join_token}", "PROVISIONERD_CONTROLLERS": "{controllers}"}
 
 

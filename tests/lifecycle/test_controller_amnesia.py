@@ -34,7 +34,7 @@ from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 MUTATIONS = {"requestMachines", "returnMachines", "terminateMachines"}
 

@@ -29,7 +29,7 @@ from refcontroller.store import PAGE_LIMIT_ENV, FactStore, StoreFailure
 from tests.lifecycle.test_controller_amnesia import CLUSTER, free_port, wait_until, write_config
 from tests.refcontroller.rc_factories import intent
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPLAN = 10.0  # the default replan interval: "one reconcile interval"
 

@@ -45,7 +45,7 @@ from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 SIMULATED = REPO / "providers" / "simulated"

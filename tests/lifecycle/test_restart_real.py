@@ -22,7 +22,7 @@ import trio
 from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATED = ROOT / "providers" / "simulated"

@@ -18,7 +18,7 @@ import pytest
 from provisionerd.config.loader import Backoff, Config, ControllerSettings, DaemonSettings, ProviderConfig
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 SECRET = "do-not-leak-this-credential-42"
 

@@ -7,20 +7,20 @@ venv's ``provisionerd``, every other line unchanged. CI installs Debian's ``syst
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rigs import backends
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "contrib" / "systemd" / "provisionerd.service"
 INSTALLED = "/opt/provisionerd/bin/provisionerd"
-ANALYZE = shutil.which("systemd-analyze")
-needs_analyze = pytest.mark.skipif(
-    ANALYZE is None, reason="systemd-analyze is not installed (Debian: apt-get install systemd; CI installs it)"
-)
+
+
+def analyzer() -> str:
+    return backends.need("systemd-analyze", "Debian: systemd")
 
 
 def settings(text: str) -> dict[str, list[str]]:
@@ -44,18 +44,17 @@ def local_copy(tmp_path: Path, text: str | None = None) -> Path:
 
 
 def analyze(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    assert ANALYZE is not None
-    return subprocess.run([ANALYZE, *map(str, args)], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([analyzer(), *map(str, args)], capture_output=True, text=True, timeout=120, check=False)
 
 
-@needs_analyze
+@pytest.mark.integration
 def test_systemd_analyze_verify_passes(tmp_path):
     result = analyze("verify", local_copy(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "", result.stderr  # not even a warning
 
 
-@needs_analyze
+@pytest.mark.integration
 def test_verify_can_fail(tmp_path):
     """The check above is not vacuous: a misspelt directive and a missing binary both fail it."""
     broken = UNIT.read_text().replace("NoNewPrivileges=yes", "NoNewPrivilege=yes")
@@ -66,12 +65,11 @@ def test_verify_can_fail(tmp_path):
 
 
 def systemd_version() -> int:
-    assert ANALYZE is not None
-    first = subprocess.run([ANALYZE, "--version"], capture_output=True, text=True, check=False).stdout.split()
+    first = subprocess.run([analyzer(), "--version"], capture_output=True, text=True, check=False).stdout.split()
     return int(first[1]) if len(first) > 1 and first[1].isdigit() else 0
 
 
-@needs_analyze
+@pytest.mark.integration
 def test_the_sandbox_exposure_stays_low(tmp_path):
     """``systemd-analyze security`` scores the hardening (0 best, 10 worst); the unit scores 1.7 today."""
     if systemd_version() < 250:

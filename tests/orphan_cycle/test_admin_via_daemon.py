@@ -491,7 +491,7 @@ dry_run = true
 """)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_stopped(tmp_path):
     import signal
     import sys

@@ -206,7 +206,7 @@ def test_a_config_with_an_invalid_orphan_knob_exits_2(tmp_path, capsys):
     assert "ghost_confirmations" in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_an_unreachable_controller_exits_1_and_says_so(tmp_path):
     """Real TLS files, a controller address nobody listens on, the simulated plugin: the listing is read, the
     view is not, exit status 1."""

@@ -30,7 +30,7 @@ from provisionerd.domain.model import (
     RequestIntent,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "testcluster"

@@ -27,7 +27,7 @@ import trio
 
 from provisionerd.domain.model import LicenseUse
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 ROOT = Path(__file__).resolve().parents[2]
 LONG_AGO = int(time.time()) - 7200  # past the orphan grace (1800 s): only the counts hold the return back
 

@@ -23,7 +23,7 @@ from test_admin_via_daemon import MATCH_ADOPT, STRAY_RETURN, short_socket_dir, w
 from provisionerd.daemon.admin_socket import query, request
 from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def test_a_sighup_that_renames_the_provider_leaves_the_admin_path_answering(tmp_path):

@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 #: Not part of a source tree a user builds from.

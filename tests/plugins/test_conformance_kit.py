@@ -14,7 +14,7 @@ import sys
 import pytest
 from plugintest_client import NODE_EXAMPLE, REPO, SIMULATED
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def test_the_kit_passes_over_the_persistent_transport():

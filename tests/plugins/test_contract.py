@@ -5,7 +5,6 @@ Each test drives the plugin as a real subprocess and checks every output against
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from plugintest_client import (
     request_input,
     return_input,
 )
+from rigs import backends
 
 PLUGINS = {
     # name: (template, how to start)
@@ -28,11 +28,18 @@ PLUGINS = {
 }
 
 
-@pytest.fixture(params=sorted(PLUGINS))
+#: Node.js is not the machine's Python: the node example is in the integration tier.
+PARAMS = [
+    pytest.param(name, marks=pytest.mark.integration if name == "node" else pytest.mark.process)
+    for name in sorted(PLUGINS)
+]
+
+
+@pytest.fixture(params=PARAMS)
 def plugin(request, env, contract, start_persistent):
     name = request.param
-    if name == "node" and shutil.which("node") is None:
-        pytest.skip("node is not installed")
+    if name == "node":
+        backends.need("node", "Debian: nodejs")
     if name == "simulated-oneshot":
         driver = OneShotDriver(SIMULATED, env, contract)
     elif name == "bash":
@@ -123,7 +130,7 @@ def _assert_no_token_leaks(plugin, env, tokens):
 
 # The simulated provider runs the same engine over both transports; its one-shot side is covered by the lifecycle
 # test here and by test_simulated_oneshot.py (which replays an op_id after a crash), so it is left out here.
-@pytest.mark.parametrize("plugin", ["bash", "node", "simulated-persistent"], indirect=True)
+@pytest.mark.parametrize("plugin", [p for p in PARAMS if p.values[0] != "simulated-oneshot"], indirect=True)
 def test_idempotency_typed_errors_and_foreign_machines(plugin):
     ask = request_input(plugin.template, 2, "op-idem")
     first = _ok(plugin, "requestMachines", ask)

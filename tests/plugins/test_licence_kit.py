@@ -13,7 +13,7 @@ from plugintest_client import REPO, SIMULATED
 
 from provisionerd.provider.kit import LICENSE_ROW
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 POOLS = [{"pool": "matlab", "granted": 3, "inUse": 1}, {"pool": "ansys", "granted": 2, "inUse": 2}]
 
 

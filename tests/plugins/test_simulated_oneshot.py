@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from plugintest_client import SIMULATED, ok, oneshot, request_input, return_input, write_sim_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def _status(env, request_id):

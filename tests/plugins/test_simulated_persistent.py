@@ -8,7 +8,7 @@ import time
 import pytest
 from plugintest_client import SIMULATED, ok, request_input, return_input, write_sim_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 PROVIDER = [SIMULATED / "provider"]
 CLUSTER = {"tags": {"provisionerd:cluster": "c1"}}
 

@@ -22,7 +22,7 @@ from provisionerd.provider.calls import CallDir, process_starttime
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.runtime import ProviderConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 DAEMON = """
 import sys, trio

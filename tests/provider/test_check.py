@@ -13,7 +13,7 @@ from provisionerd.cli.provider import check_plugin, main, resolve_target
 from provisionerd.provider.kit import KitOptions
 from provisionerd.provider.schemas import ACTIONS
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 REPO = Path(__file__).resolve().parents[2]
 
 

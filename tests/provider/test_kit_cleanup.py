@@ -12,7 +12,7 @@ from provisionerd.cli.provider import check_plugin
 from provisionerd.provider.kit import RETURN_ROW, KitOptions
 from provisionerd.provider.schemas import ACTIONS
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def mini_plugin(root: Path, h, breaks=()) -> Path:

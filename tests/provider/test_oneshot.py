@@ -21,7 +21,7 @@ from provisionerd.domain.errors import (
 )
 from provisionerd.provider.oneshot import OneShotProvider
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import trio
 from provisionerd.domain.errors import ProviderCrashed, ProviderTimeout
 from provisionerd.provider.persistent import Backoff, open_persistent_provider
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 FAST = Backoff(initial=0.05, factor=2, maximum=0.5, reset_after=30)
 
 

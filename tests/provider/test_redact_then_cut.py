@@ -99,7 +99,7 @@ def cases(secret):
             yield total, tail, at
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("transport", ["oneshot", "persistent"])
 @pytest.mark.parametrize("secret", [TOKEN, PEM], ids=["token", "pem"])
 def test_a_secret_at_every_offset_of_stderr_leaves_no_fragment(tmp_path: Path, make_config, h, transport, secret):

@@ -1,5 +1,6 @@
 """The planner, one rule at a time, on small worlds with exact actions."""
 
+import pytest
 from reconcile_world import CLUSTER, EPOCH, NOW, World, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
@@ -342,6 +343,7 @@ print("trio" in sys.modules)
 """
 
 
+@pytest.mark.process
 def test_plans_do_not_depend_on_hash_seeds_and_the_core_never_imports_trio(tmp_path):
     import os
     import pathlib

@@ -29,7 +29,7 @@ def admin_cli(certs: Path, connect: str, *args: str, stdin: str = "") -> subproc
 DEMAND = '[{"demand_id": "gpu", "shape": {"ncpus": 8, "gpus": 1, "gpu_type": "a100"}, "count": 2}]'
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @on_real_clock
 async def test_serve_and_admin_cli_end_to_end_and_restart(certs: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"

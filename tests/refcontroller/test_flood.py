@@ -22,7 +22,10 @@ from provisionerd.wire.messages import Heartbeat, HeartbeatAck, Join, JoinReply
 from provisionerd.wire.tls import client_ssl_context
 from refcontroller.admin import AdminClient, AdminError
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="127.0.0.x sources and /proc")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="127.0.0.x sources and /proc"),
+]
 
 MAX_CONNECTIONS, PER_ADDRESS, BUFFERED = 120, 30, 8 << 20
 ARGS = [

@@ -6,6 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 BLOCK_HTTPX = "import sys; sys.modules['httpx'] = None\n"
 
 

@@ -274,6 +274,7 @@ trio.run(cli._serve_until_signalled, run, {})
 """
 
 
+@pytest.mark.process
 def test_a_serving_controller_freezes_its_startup_heap() -> None:
     """``refcontroller serve`` freezes what it holds once started (a full collection during a big resync held its
     loop 20-30 ms of CPU), in its own process only."""

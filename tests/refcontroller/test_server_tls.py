@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import trio
 from rc_client import Peer, on_real_clock, seq_term, tls_peer, track
 from rc_factories import intent, item
+from rigs import backends
 
 from provisionerd.domain.model import Epoch, Role
 from provisionerd.wire.framing import HEADER, FramedStream
@@ -76,13 +76,21 @@ async def test_no_certificate_and_foreign_ca_are_refused(certs: Path, foreign_ce
         assert status["gate"]["refusals"] == {"handshake": {"-": 2}}
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
+@pytest.mark.process
 @on_real_clock
 async def test_openssl_s_client_without_a_certificate_prints_the_alert_the_controller_sent(
     certs: Path, tmp_path: Path
 ) -> None:
     async with open_refcontroller(certs, tmp_path, replicas=1) as ctl:
-        argv = ["openssl", "s_client", "-connect", ctl.addresses[0], "-CAfile", str(certs / "ca.pem"), "-ign_eof"]
+        argv = [
+            backends.need("openssl", "Debian: openssl"),
+            "s_client",
+            "-connect",
+            ctl.addresses[0],
+            "-CAfile",
+            str(certs / "ca.pem"),
+            "-ign_eof",
+        ]
         with trio.fail_after(20):
             result = await trio.run_process(argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
         said = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")

@@ -200,7 +200,7 @@ def demand(certs: Path, address: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_serve_refuses_a_store_whose_wal_was_lost_with_a_kill_9(certs: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
     process, ready = serve_until_ready(certs, data)
@@ -215,7 +215,7 @@ def test_serve_refuses_a_store_whose_wal_was_lost_with_a_kill_9(certs: Path, tmp
     assert "write-ahead log was lost" in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_serve_refuses_zero_length_and_damaged_stores_then_starts_afresh_when_told(certs: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
     process, first = serve_until_ready(certs, data)

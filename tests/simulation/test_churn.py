@@ -16,7 +16,7 @@ from provisionerd.testing.simulation import World, churn, run_world
 from provisionerd.testing.simulation.observe import Recorder
 from refcontroller.store import FactStore
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def churn_world(seed: int, hours: float, **overrides: Any) -> World:

@@ -40,6 +40,7 @@ def test_different_seeds_give_different_runs():
     assert len(digests) == 4
 
 
+@pytest.mark.process
 def test_a_seed_repeats_in_another_process_with_another_hash_seed():
     """What a failing seed printed by CI must do on a laptop: no dependence on set order or addresses."""
     digests = []

@@ -1,9 +1,8 @@
-"""The Slurm tests run against a real cluster started by ``.ci/slurm-up.sh`` (one per test session).
-
-Without the Slurm binaries the tests are skipped, except in CI (``CI=true``), where that is a failure: CI installs
-them (``.ci/run``). A cluster that does not come up is always a failure. At the end of the session every job is
-cancelled, the daemons are stopped, and any process still mentioning the cluster's directory is killed (by pid) and
-reported.
+"""The Slurm tests run against a real cluster started by ``.ci/slurm-up.sh`` (one per test session). Without the
+Slurm binaries the tests are skipped, except in CI (``CI=true``), where that is a failure (``rigs.backends``;
+``make test-integration`` installs them). A cluster that does not come up is always a failure. At the end of the
+session every job is cancelled, the daemons are stopped, and any process still mentioning the cluster's directory
+is killed (by pid) and reported.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rigs import backends
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # importlib mode: make slurm_helpers importable
 
@@ -60,12 +60,8 @@ def _free_port_base() -> int:
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[SlurmTestCluster]:
-    missing = [t for t in TOOLS if shutil.which(t, path=_SBIN) is None]
-    if missing:
-        message = f"Slurm is not installed (missing {', '.join(missing)}; apt: slurm-wlm slurmctld slurmd munge)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    for tool in TOOLS:
+        backends.need(tool, "Debian: slurm-wlm slurmctld slurmd munge")
     # A short path: munged's socket lives under it (unix socket paths are limited to ~107 bytes).
     root = Path(tempfile.mkdtemp(prefix="pvd-slurm-", dir="/tmp"))
     os.chmod(root, 0o755)

@@ -35,7 +35,7 @@ class Provisioner:
                 return envelope.msg
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_pilot_agents_join_the_reference_controller_from_inside_slurm(
     clean_cluster: SlurmTestCluster, tmp_path: Path
 ) -> None:

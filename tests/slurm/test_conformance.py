@@ -11,7 +11,7 @@ import pytest
 from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("transport", ["persistent", "oneshot"])
 def test_the_conformance_kit_passes(transport: str, clean_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     conf = tmp_path / "conf"

@@ -48,7 +48,7 @@ from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
 from refcontroller.api import open_refcontroller
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 PROVIDER = "slurm"
 CLUSTER_TAG = "e2e-daemon"  # our owner tag: the jobs of this test are the ones whose comment carries it

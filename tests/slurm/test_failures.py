@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from slurm_helpers import (
     OneShot,
     Persistent,
@@ -15,6 +16,8 @@ from slurm_helpers import (
     plugin_config,
     wait_for,
 )
+
+pytestmark = pytest.mark.integration
 
 
 def _running(plugin: PluginClient, op_id: str, template: str = "small", count: int = 1) -> list[dict]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from slurm_helpers import PluginClient, SlurmTestCluster, secret_in_processes, wait_for
+
+pytestmark = pytest.mark.integration
 
 
 def test_two_pilot_jobs_run_on_the_nodes_and_are_found_by_their_tags(

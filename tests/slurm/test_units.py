@@ -190,6 +190,7 @@ def test_slurm_error_texts_map_to_contract_codes(stderr: str, code: str) -> None
     assert slurmcli.classify(stderr) == code
 
 
+@pytest.mark.process
 def test_a_command_that_hangs_is_throttled_and_says_a_retry_is_safe(tmp_path: Path) -> None:
     sleeper = tmp_path / "sbatch"
     sleeper.write_text("#!/bin/sh\nexec sleep 5\n")

@@ -1,34 +1,34 @@
 """Cross-check against the C++ reference implementation (`capnp`, Debian's capnproto): it accepts the schema,
 reads what our codec writes, and writes what our codec reads.
 
-Skipped only where `capnp` is missing and we are not in CI (.ci/run installs it and sets CI=true).
+The integration tier (`make test-integration` installs the tool; in CI a missing tool is a failure).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import struct
 import subprocess
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from rigs import backends
 from wire_strategies import MESSAGE_STRATEGIES, u64
 
 from provisionerd.domain import model
 from provisionerd.wire import codec
 from provisionerd.wire import messages as m
 
-CAPNP = shutil.which("capnp")
+pytestmark = pytest.mark.integration
+
 SCHEMA = str(codec.SCHEMA_PATH)
-pytestmark = pytest.mark.skipif(CAPNP is None and not os.environ.get("CI"), reason="capnp tool not installed")
 
 
 def _capnp(*args: str, stdin: bytes) -> bytes:
-    assert CAPNP is not None, "the capnp tool is required in CI"
-    done = subprocess.run([CAPNP, *args], input=stdin, capture_output=True, timeout=30, check=False)
+    done = subprocess.run(
+        [backends.need("capnp", "Debian: capnproto"), *args], input=stdin, capture_output=True, timeout=30, check=False
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return done.stdout
 
