@@ -45,6 +45,15 @@ def short_dir(prefix: str = "pvd-") -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def make_certs(home: Path, cluster: str = "testcluster", hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Path:
+    """``provisionerd certs init`` into ``home/certs``: CA, controller, provisioner, worker and admin."""
+    from provisionerd.pki.certs import init_certs
+
+    certs = home / "certs"
+    init_certs(certs, cluster, hosts=tuple(hosts))
+    return certs
+
+
 def link_settings(addresses: Sequence[str], **overrides: Any) -> ControllerSettings:
     """The daemon's controller settings with test timings (``overrides`` replace any of them)."""
     settings: dict[str, Any] = {

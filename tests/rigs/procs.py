@@ -153,3 +153,32 @@ def popen(
             pass
         _signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def run(
+    argv: Sequence[str | Path],
+    *,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command to its end (a CLI call: ``provisionerd status``, ``refcontroller history``) and return what it
+    printed; ``env`` is added to this process's environment. Never raises on a non-zero exit: the test asserts."""
+    return subprocess.run(
+        [str(a) for a in argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+        input=input,
+        cwd=cwd,
+        check=False,
+    )
+
+
+async def run_async(
+    argv: Sequence[str | Path], *, timeout: float = 120.0, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``run`` from trio code: in a worker thread, so the event loop (an in-process controller) keeps serving."""
+    return await trio.to_thread.run_sync(lambda: run(argv, timeout=timeout, env=env))
