@@ -406,6 +406,9 @@ class LeaseKeeper:
             scope.cancel()
         self._notify()
         if held and epoch is not None:
+            # Trust ends here, before the controller is told: it may grant the next epoch as soon as it reads the
+            # release, before its answer (and ``lease_released``) is back.
+            self._events.emit("lease_releasing", provider=self.provider, epoch=epoch)
             confirmed = False
             with trio.move_on_after(timeout):
                 try:

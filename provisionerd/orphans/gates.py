@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from provisionerd.orphans.detect import Candidate
 from provisionerd.orphans.model import (
+    ALREADY_REPORTED,
     BREAKER_ACTIONS,
     BREAKER_OPEN,
     CLEANUP_ACTIONS,
@@ -81,8 +82,12 @@ def breaker_state(
     candidates: Sequence[Candidate], known_machines: int, policy: OrphanPolicy, memory: ClassifierMemory
 ) -> BreakerState:
     """Open after ``breaker_max_failures`` consecutive failed cleanups, or for a pass in which more than
-    ``breaker_min_orphans`` machines and more than ``breaker_max_share`` of the known ones look orphaned."""
-    suspects = sum(1 for c in candidates if c.orphan_class in SHARE_CLASSES)
+    ``breaker_min_orphans`` machines and more than ``breaker_max_share`` of the known ones look orphaned.
+
+    A machine already reported (an ``OrphanReported`` fact of its class) is explained by that fact: it is no longer
+    a suspect. Otherwise the machines a store loss left without facts would hold the breaker open for good once
+    reported, and with it every later retirement (a ghost that vanished would count as supply forever)."""
+    suspects = sum(1 for c in candidates if c.orphan_class in SHARE_CLASSES and ALREADY_REPORTED not in c.blockers)
     reasons = []
     if memory.failed_cleanups >= policy.breaker_max_failures:
         reasons.append("failed_cleanups")

@@ -11,8 +11,8 @@ process start (16 hex characters); ``DaemonCore`` sets it to its ``Join.instance
 the process (lease holder) by.
 
 Kinds emitted by the daemon: ``link_up``, ``link_down``, ``redirect``, ``join``, ``join_refused``, ``resync``,
-``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_released``, ``gate``,
-``controller_amnesia``, ``controller_reset_accepted``.
+``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_releasing`` (trust ended, the
+release not sent yet), ``lease_released``, ``gate``, ``controller_amnesia``, ``controller_reset_accepted``.
 Callers must never pass secrets (credentials, join tokens) as fields.
 """
 

@@ -3,7 +3,7 @@
 import attrs
 from orphan_world import NOW, World, only, owner_tags, run
 
-from provisionerd.domain.model import Epoch, HostStatus, OrphanAdopted
+from provisionerd.domain.model import Epoch, HostStatus, OrphanAdopted, OrphanReported
 from provisionerd.orphans.classify import ClassifierMemory, OrphanPolicy, Unreadable
 
 CALM = OrphanPolicy(breaker_min_orphans=1000)  # keep the share trip out of tests about something else
@@ -94,6 +94,32 @@ def test_breaker_does_not_stop_reports():
         world.listed(f"leak{i}")
     result = run(world.observe())
     assert result.breaker.open and [a.kind for a in result.allowed] == ["report"] * 6
+
+
+def test_machines_already_reported_no_longer_hold_the_breaker_open_for_a_ghost():
+    # After a store loss: 4 machines lost their facts and were reported; a fifth, with a fact, vanished from the
+    # listing (a ghost). 5 of 9 look orphaned, but the 4 reported ones are explained by their OrphanReported facts.
+    world = World()
+    for i in range(4):
+        world.listed(f"lost{i}")
+        world.fact(OrphanReported("sim", Epoch(4, 2), f"o{i}", f"lost{i}", "tagged_unknown", "{}"))
+    for i in range(4):
+        world.instance(f"ok{i}", f"op-{i}").listed(f"ok{i}").host(machine_id=f"ok{i}")
+    world.instance("gone", "op-gone").host(machine_id="gone", status=HostStatus.LOST)
+    memory = ClassifierMemory(ghost_misses={"gone": 5})
+    result = run(world.observe(), OrphanPolicy(), memory)
+    assert (result.breaker.open, result.breaker.suspects) == (False, 1)
+    assert [(a.kind, a.machine_id) for a in result.allowed] == [("retire", "gone")]
+    # Not yet reported, the same four hold it open, and the ghost stays.
+    unreported = World()
+    for i in range(4):
+        unreported.listed(f"lost{i}")
+    for i in range(4):
+        unreported.instance(f"ok{i}", f"op-{i}").listed(f"ok{i}").host(machine_id=f"ok{i}")
+    unreported.instance("gone", "op-gone").host(machine_id="gone", status=HostStatus.LOST)
+    blocked = run(unreported.observe(), OrphanPolicy(), memory)
+    assert (blocked.breaker.open, blocked.breaker.suspects) == (True, 5)
+    assert "retire" not in [a.kind for a in blocked.allowed]
 
 
 def test_an_empty_listing_never_retires_every_fact():

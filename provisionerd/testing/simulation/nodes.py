@@ -201,7 +201,7 @@ class DaemonNode:
         if event in ("lease_acquired", "lease_renewed"):
             keeper = self.core.keepers[fields["provider"]]
             self.recorder.hold(self.instance, fields["provider"], fields["epoch"], keeper.valid_until)
-        elif event in ("lease_lost", "lease_released"):
+        elif event in ("lease_lost", "lease_releasing", "lease_released"):
             self.recorder.release(self.instance, fields["provider"])
 
     def kill(self) -> None:
