@@ -185,6 +185,9 @@ class ProviderConfig:
     max_machines: int = 100
     step_limit: int = 10
     join_deadline: float = 900.0
+    #: After every (re)join to a controller, how long machines that joined before have to rejoin it before any
+    #: machine is retired for not joining or for its capabilities (planner.rejoin).
+    rejoin_settle: float = 120.0
     idle_time: float = 300.0
     max_ttl: float = 0.0
     provisioning_timeout: float = 1200.0

@@ -108,6 +108,8 @@ class ControllerSession:
         self.term = 0
         self.generation = 0
         self.view: ControllerView | None = None
+        #: Instance refs seen with a host since this process started (``ControllerView.joined``).
+        self.joined: set[str] = set()
         self.last_error = ""
         #: ``Rejected{storageFailure}`` answers (the controller could not make a write durable): logged, counted.
         self.storage = StorageFailures(events)
@@ -384,6 +386,12 @@ class ControllerSession:
             callback(provider)
 
     def _resynced(self, view: ControllerView, reason: str) -> None:
+        # Every view shares the session's set of machines seen joined; machines no longer active leave it (so it
+        # stays the size of the live fleet: one pass over it per resync, which costs as much anyway).
+        joined = view.joined = self.joined
+        joined.update(view.hosts)
+        if len(joined) > len(view.facts.active_refs):
+            joined.intersection_update(view.facts.active_refs)
         if self.guard is not None:
             self.guard.note_acknowledged(view.facts.last_index)
         if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:

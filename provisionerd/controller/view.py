@@ -48,6 +48,10 @@ class ControllerView:
     #: The session's resync-want counter when this view's ResyncRequest was sent: every want registered at or
     #: below it (e.g. "resync after this lease grant") is answered by facts the controller read after the want.
     sync_seq: int = 0
+    #: Instance refs that had a host at any time since the daemon started: the session's one set, shared by every
+    #: view it builds, so a controller restart (its host table empty until the workers rejoin) does not empty it
+    #: (planner.rejoin: a machine that joined once is never retired as never joined).
+    joined: set[str] = attrs.field(factory=set)
 
     @property
     def complete(self) -> bool:
@@ -57,6 +61,7 @@ class ControllerView:
     def apply_hosts(self, hosts: Iterable[HostState]) -> None:
         for host in hosts:
             self.hosts[host.instance_ref] = host
+            self.joined.add(host.instance_ref)
         self.version += 1
 
     def apply_fact(self, committed: CommittedFact) -> None:

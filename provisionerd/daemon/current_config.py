@@ -49,6 +49,7 @@ LIVE_PROVIDER_FIELDS = frozenset(
         "max_machines",
         "step_limit",
         "join_deadline",
+        "rejoin_settle",
         "idle_time",
         "max_ttl",
         "disruption_budget",
@@ -75,6 +76,7 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
     text = provider.max_unhealthy.strip()
     return ProviderPolicy(
         join_deadline=provider.join_deadline,
+        rejoin_settle=provider.rejoin_settle,
         idle_time=max(provider.idle_time, 0.001),
         max_ttl=provider.max_ttl if provider.max_ttl > 0 else None,
         provisioning_timeout=provider.provisioning_timeout,

@@ -40,6 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import attrs
 import trio
 
 from provisionerd.controller.lease import LeaseKeeper
@@ -62,6 +63,7 @@ from provisionerd.planner.offers import Catalog
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Ramp, bounds, changes
+from provisionerd.planner.rejoin import Rejoin
 from provisionerd.planner.state import (
     ActionDropped,
     Observation,
@@ -111,6 +113,8 @@ class ReconcileLoop:
         self.turns = 0  # every cycle() call, planned or skipped: the systemd watchdog's "the loop turns"
         self.beat: float | None = None  # trio's clock at the loop's last turn (``/healthz`` reads it)
         self._generation: int | None = None
+        #: The settle window of the current controller generation (planner.rejoin); shown in ``status``.
+        self.rejoin = Rejoin(float("-inf"), frozenset(), known=False)
         self._dirty = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._catalog_key: tuple[int, tuple[str, ...]] | None = None
@@ -360,6 +364,9 @@ class ReconcileLoop:
         if view is None or self.session.state is not LinkState.UP or not view.complete:
             return self._skipped("controller view incomplete")
         if view.generation != self._generation:
+            # A (re)join: the settle window starts (planner.rejoin); on the first view of this process the set of
+            # machines seen joined says nothing of the time before it.
+            self.rejoin = Rejoin(self.wall(), view.joined, known=self._generation is not None)
             self._generation = view.generation
             self.state = observe(self.state, SnapshotSeqReset(), self.policy).state
             self._recovery.forget_idle()
@@ -375,7 +382,14 @@ class ReconcileLoop:
         self._skipped("")
         self.cycles += 1
         result = plan(
-            self.state, view.demand, view.facts, self._catalog_for(leased), view.hosts, self.wall(), self.policy
+            self.state,
+            view.demand,
+            view.facts,
+            self._catalog_for(leased),
+            view.hosts,
+            self.wall(),
+            self.policy,
+            attrs.evolve(self.rejoin, joined_before=view.joined),
         )
         self.state = result.state
         self._wake_at = result.wake_at

@@ -71,6 +71,7 @@ from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
+from provisionerd.planner.rejoin import NOT_REJOINED, SETTLED, Rejoin
 from provisionerd.planner.release import RELEASED, release_completed
 from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
@@ -82,6 +83,7 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 RETIRE_REASONS = (
     "provisioning_timeout",
     "never_joined",
+    NOT_REJOINED,
     health.CAPABILITY_MISMATCH,
     DRAIN_TIMEOUT,
     "max_ttl",
@@ -157,13 +159,16 @@ def plan(
     hosts: Mapping[str, HostState] | Iterable[HostState],
     now: float,
     policy: Policy,
+    rejoin: Rejoin = SETTLED,
 ) -> Plan:
     """Plan the smallest set of actions that moves the facts toward ``snapshot``. See the module docstring.
 
     ``snapshot`` ``None`` means no demand is known yet (e.g. between a resync and its snapshot): retirement by
     deadline and reclaim still runs, but nothing is requested and nothing is returned for being idle.
     ``hosts`` is keyed by instance_ref (or any iterable of host states). Pass a :class:`Catalog` to reuse parsed
-    offers and cached rankings across calls. Raises ``ValueError`` when ``now`` is not finite.
+    offers and cached rankings across calls. ``rejoin``: the settle window after the last (re)join to the
+    controller and the machines known to have joined (:mod:`provisionerd.planner.rejoin`; default: settled, none
+    known). Raises ``ValueError`` when ``now`` is not finite.
     """
     if not math.isfinite(now):
         raise ValueError(f"now must be a finite number of seconds, not {now!r}")
@@ -177,7 +182,7 @@ def plan(
     if demand is not None:
         notes.extend(demand.notes)
     wanting = None if demand is None else demand.wanted
-    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog))
+    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog), rejoin)
     state, blocked = _health(state, view, counts, now, policy, notes)
     planner = Allocator(state, catalog, counts, now, policy, blocked)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}

@@ -44,6 +44,7 @@ _DURATIONS = (
 )
 _PROVIDER_KNOBS = (
     *_DURATIONS,
+    "rejoin_settle",
     "max_ttl",
     "step_limit",
     "max_machines",
@@ -63,6 +64,11 @@ def _problems(values: Mapping[str, object]) -> list[str]:
         value = values.get(name, 1.0)
         if not (isinstance(value, (int, float)) and not isinstance(value, bool) and _positive(value)):
             problems.append(f"{name}: must be a positive number of seconds, not {value!r}")
+    settle = values.get("rejoin_settle", 0.0)
+    if not (
+        isinstance(settle, (int, float)) and not isinstance(settle, bool) and math.isfinite(settle) and settle >= 0
+    ):
+        problems.append(f"rejoin_settle: must be a number of seconds >= 0, not {settle!r}")
     ttl = values.get("max_ttl")
     if ttl is not None and not (isinstance(ttl, (int, float)) and _positive(ttl)):
         problems.append(f"max_ttl: must be a positive number of seconds or None, not {ttl!r}")
@@ -118,6 +124,9 @@ class ProviderPolicy:
     """
 
     join_deadline: float = 900.0
+    #: After every (re)join to a controller: how long machines that joined before have to rejoin before any
+    #: machine is retired for not joining or for its capabilities (:mod:`provisionerd.planner.rejoin`).
+    rejoin_settle: float = 120.0
     idle_time: float = 300.0
     max_ttl: float | None = None
     provisioning_timeout: float = 1200.0
@@ -168,6 +177,8 @@ class Policy:
     Per provider (the defaults for a provider not in ``providers``; ``of(provider)`` gives the values in force):
 
     - ``join_deadline``: a machine not joined this long after launch is returned (``never_joined``).
+    - ``rejoin_settle``: after every (re)join to a controller, no machine is retired for not joining or for its
+      capabilities until the machines that joined before have rejoined, or this long (:mod:`planner.rejoin`).
     - ``idle_time``: a joined machine idle this long is returned when demand no longer needs it.
     - ``max_ttl``: a machine this old is retired, needed or not (``None`` = never): at once when idle; a busy one
       is asked to drain (``planner.drain``: the controller places no new work on it) and returned when it goes
@@ -185,6 +196,7 @@ class Policy:
 
     cluster: str = "cluster"
     join_deadline: float = 900.0
+    rejoin_settle: float = 120.0
     idle_time: float = 300.0
     max_ttl: float | None = None
     provisioning_timeout: float = 1200.0
@@ -219,7 +231,7 @@ class Policy:
         problems = []
         if not self.cluster or any(c in self.cluster for c in ":/ "):
             problems.append(f"cluster: must be non-empty without ':', '/' or spaces, not {self.cluster!r}")
-        defaults = {name: getattr(self, name) for name in (*_DURATIONS, "max_ttl")}
+        defaults = {name: getattr(self, name) for name in (*_DURATIONS, "max_ttl", "rejoin_settle")}
         problems.extend(_problems(defaults))
         for name in ("step_interval", "reclaim_memory"):
             if not _positive(getattr(self, name)):
@@ -239,6 +251,7 @@ class Policy:
             raise ConfigError("invalid reconcile policy", problems)
         default = ProviderPolicy(
             join_deadline=self.join_deadline,
+            rejoin_settle=self.rejoin_settle,
             idle_time=self.idle_time,
             max_ttl=self.max_ttl,
             provisioning_timeout=self.provisioning_timeout,

@@ -22,6 +22,7 @@ from provisionerd.planner.health import CapabilityCheck
 from provisionerd.planner.host_table import join_index
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.rejoin import NOT_REJOINED, SETTLED, Rejoin, Window
 from provisionerd.planner.state import PlannerState
 
 #: A joined idle machine: ``(idle since, machine_id, record)`` sorts longest idle first, ties by machine id.
@@ -98,6 +99,7 @@ def tally(
     policy: Policy,
     wanted: Mapping[str, int] | None,
     check: CapabilityCheck | None = None,
+    rejoin: Rejoin = SETTLED,
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
@@ -109,6 +111,10 @@ def tally(
     machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
     supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
     ``wanted`` is ``None``: demand unknown).
+
+    ``rejoin`` (:mod:`provisionerd.planner.rejoin`): until a provider's settle window after the last (re)join has
+    passed, none of its machines is retired for not joining (timed-out intents, ``never_joined``) or for its
+    capabilities; a machine that joined before is never ``never_joined`` (after the window: ``not_rejoined``).
 
     ``hosts`` is keyed by instance_ref. A host the controller calls LOST counts as supply and is never returned
     here (the orphan classifier's ghost rule owns it). Machines in flight (pending return or lost) count against
@@ -147,9 +153,18 @@ def tally(
     # Not joined: only the machines that may retire are read (see provisionerd.planner.host_table), in precedence order:
     # those of a timed-out intent, then those past the join deadline, then those whose launch time is unknown.
     joins = join_index(active_refs, hosts)
+    window = Window(rejoin, joins.unjoined, now, lambda provider: policy.of(provider).rejoin_settle)
+
+    def settling(machine: MachineRecord) -> bool:
+        """Its provider's settle window is open: wake when it ends, retire nothing for not joining before."""
+        if window.settled(machine.provider):
+            return False
+        result.due(window.until(machine.provider), now)
+        return True
+
     for op_id in timed_out:
         for machine in joins.unjoined_of(op_id):
-            if machine.machine_id not in skip:
+            if machine.machine_id not in skip and not window.joined_before(machine) and not settling(machine):
                 result.retire.append(("provisioning_timeout", machine))
                 active[machine.demand_id] -= 1
     # The cutoff is the shortest deadline of any provider, with a second of slack so float rounding never hides a
@@ -165,7 +180,9 @@ def tally(
             deadline = deadlines[machine.provider] = policy.of(machine.provider).join_deadline
         launched = launched_at(machine)
         if now - launched >= deadline:
-            result.retire.append(("never_joined", machine))
+            if settling(machine):
+                continue
+            result.retire.append((NOT_REJOINED if window.joined_before(machine) else "never_joined", machine))
             active[machine.demand_id] -= 1
         else:
             result.due(launched + deadline, now)
@@ -184,7 +201,7 @@ def tally(
                 judged = verdicts.get(ref)
                 if judged is not None and judged[0] is host and not judged[1]:
                     continue  # this very host state passed before
-                if machine.machine_id in skip:
+                if machine.machine_id in skip or settling(machine):
                     continue
                 reasons = judge(host, machine)
                 if reasons:

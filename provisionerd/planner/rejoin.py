@@ -1,0 +1,91 @@
+"""The settle window after a (re)join to a controller, and the machines known to have joined before it.
+
+A controller's host table is volatile: after a controller restart it is empty until the workers rejoin, and after
+a failover the new primary knows only the workers that reached it. So "no host for this machine" right after a
+(re)join proves nothing, and reading it as "never joined" returned healthy machines, busy ones included, on every
+controller restart (issue 31, finding 1).
+
+Two rules, both in :func:`provisionerd.planner.supply.tally`:
+
+- **A machine that joined once is never ``never_joined``.** ``Rejoin.joined_before`` names the instance refs that
+  had a host at any time since this daemon started (kept by the controller session across generations, so a
+  controller restart does not empty it). Such a machine with no host counts as supply; once the window below has
+  passed and it still has no host, it is returned as ``not_rejoined`` (it lost contact), never as never joined.
+- **Nothing is retired for not joining or for its capabilities until the window settles**: after every (re)join,
+  until every machine of the provider that joined before has a host again, or ``rejoin_settle`` seconds have
+  passed since the view came up. On the first view after the daemon started, it cannot know which machines had
+  joined (the controller may have restarted too): that window lasts the full ``rejoin_settle``.
+
+Pure: the loop passes ``Rejoin(since, joined_before)`` with ``since`` on the planner's clock (``now``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Set
+
+import attrs
+
+from provisionerd.planner.fact_view import MachineRecord
+
+#: The retire reason of a machine that joined once and has no host after the settle window.
+NOT_REJOINED = "not_rejoined"
+
+
+@attrs.frozen
+class Rejoin:
+    """``since``: when the current controller generation's view came up (the planner's clock). ``joined_before``:
+    instance refs known to have joined (read only; the session adds to it). ``known``: ``joined_before`` covers the
+    time before this generation (False on the daemon's first one: the window is then the full timeout)."""
+
+    since: float
+    joined_before: Set[str] = frozenset()
+    known: bool = True
+
+
+#: No (re)join to wait for (tests, tools): every window has passed and no machine is known as joined before.
+SETTLED = Rejoin(float("-inf"))
+
+
+class Window:
+    """Whether each provider's settle window has passed at ``now``, computed once per provider per pass.
+
+    ``unjoined``: the active machines with no host (instance_ref -> machine); ``settle_of(provider)``: that
+    provider's ``rejoin_settle``. The expected machines still missing are counted only while a window is open
+    (O(machines not joined) once per pass), so a settled daemon pays nothing.
+    """
+
+    def __init__(
+        self,
+        rejoin: Rejoin,
+        unjoined: Mapping[str, MachineRecord],
+        now: float,
+        settle_of: Callable[[str], float],
+    ) -> None:
+        self.rejoin, self._unjoined, self._now, self._settle_of = rejoin, unjoined, now, settle_of
+        self._missing: dict[str, int] | None = None
+        self._settled: dict[str, bool] = {}
+
+    def joined_before(self, machine: MachineRecord) -> bool:
+        return machine.instance_ref in self.rejoin.joined_before
+
+    def until(self, provider: str) -> float:
+        """When ``provider``'s window ends at the latest."""
+        return self.rejoin.since + self._settle_of(provider)
+
+    def settled(self, provider: str) -> bool:
+        known = self._settled.get(provider)
+        if known is None:
+            timed_out = self._now >= self.until(provider)
+            known = self._settled[provider] = timed_out or (self.rejoin.known and not self.missing(provider))
+        return known
+
+    def missing(self, provider: str) -> int:
+        """How many of ``provider``'s machines that joined before have no host now."""
+        if self._missing is None:
+            before = self.rejoin.joined_before
+            self._missing = {}
+            if before:
+                for ref, machine in self._unjoined.items():
+                    if ref in before:
+                        self._missing[machine.provider] = self._missing.get(machine.provider, 0) + 1
+        return self._missing.get(provider, 0)
