@@ -104,6 +104,12 @@ def render_provider(name: str, p: dict[str, Any]) -> list[str]:
             f"  step: {step['step']} per {step.get('interval_s')}s  (floor {step.get('floor')}, cap {step.get('cap')},"
             f" {step.get('reason')})"
         )
+    rejoin = p.get("rejoin")
+    if isinstance(rejoin, dict) and not rejoin.get("settled"):
+        lines.append(
+            f"  settling after a controller (re)join: {rejoin.get('missing')} machine(s) that joined before not back"
+            f" yet; no machine is retired for not joining until they are, or for {rejoin.get('settle_s')}s"
+        )
     health = p.get("health", {})
     if health.get("state") == "unhealthy":
         lines.append(

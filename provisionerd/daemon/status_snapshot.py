@@ -115,11 +115,12 @@ class StatusSnapshot:
         view = self.pieces.session.view
         fleet = _Fleet(view, wall_now, self.pieces, None if view is None else self._pass(view))
         health = self.loop.provider_health()
-        steps = self.loop.steps()
+        steps, windows = self.loop.steps(), self.loop.settle_windows()
         providers = {
             name: {
                 **self._provider(name, keeper, now, wall_now, fleet, health.get(name, {"state": "healthy"})),
                 "step": steps.get(name),
+                "rejoin": windows.get(name),
             }
             for name, keeper in self.pieces.keepers.items()
         }

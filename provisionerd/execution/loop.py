@@ -35,6 +35,7 @@ everything the loop waits for runs on trio's clock. Tests pass ``wall=lambda: BA
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -59,11 +60,12 @@ from provisionerd.execution.recovery import Recovery
 from provisionerd.planner.capacity import ProbeStarted, ProbeSucceeded
 from provisionerd.planner.deadlines import next_deadline
 from provisionerd.planner.health import status as machine_health
+from provisionerd.planner.host_table import join_index
 from provisionerd.planner.offers import Catalog
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Ramp, bounds, changes
-from provisionerd.planner.rejoin import Rejoin
+from provisionerd.planner.rejoin import Rejoin, Window
 from provisionerd.planner.state import (
     ActionDropped,
     Observation,
@@ -210,6 +212,27 @@ class ReconcileLoop:
                 "reason": "start" if ramp is None else ramp.reason,
             }
         return found
+
+    def settle_windows(self) -> dict[str, dict[str, Any]]:
+        """Each served provider's settle window after the last (re)join to the controller (planner.rejoin), for
+        ``provisionerd status``: ``settled``, ``until`` (wall clock), ``settle_s`` (its ``rejoin_settle``), and
+        ``missing``: machines that joined before and have no host now."""
+        view, policy, now = self.session.view, self.policy, self.wall()
+        if view is None:
+            return {}
+        rejoin = attrs.evolve(self.rejoin, joined_before=view.joined)
+        window = Window(
+            rejoin, join_index(view.facts.active_refs, view.hosts).unjoined, now, lambda p: policy.of(p).rejoin_settle
+        )
+        return {
+            provider: {
+                "settled": window.settled(provider),
+                "until": round(window.until(provider), 3) if math.isfinite(window.until(provider)) else None,
+                "settle_s": policy.of(provider).rejoin_settle,
+                "missing": window.missing(provider),
+            }
+            for provider in self.leases
+        }
 
     def unhealthy(self, provider: str) -> bool:
         """Whether ``provider`` is unhealthy now: no request is asked of it, its offers are read only by its probe

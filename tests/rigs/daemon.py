@@ -112,6 +112,31 @@ def simulated_provider(
     return ProviderConfig(name, transport, path=path, conf_dir=conf, data_dir=data, **options)
 
 
+LOCAL = ROOT / "providers" / "local"
+
+
+def local_provider(
+    home: Path,
+    certs: Path,
+    name: str = "local",
+    *,
+    machines: int = 8,
+    local: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> ProviderConfig:
+    """The shipped local provider (each machine a real ``provisionerd agent`` process) over its persistent
+    transport, with its conf and data directories under ``home``; ``local`` updates its ``local.json``."""
+    conf, data = home / f"{name}-conf", home / f"{name}-data"
+    conf.mkdir(parents=True, exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True)
+    template = {"templateId": "local-1", "maxNumber": machines, "ncpus": 1, "memMb": 512, "ngpus": 0, "type": "auto",
+                "price": 0}  # fmt: skip
+    document = {"templates": [template], "certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 5,
+                "killGraceSeconds": 5, "agentCommand": [], **(local or {})}  # fmt: skip
+    (conf / "local.json").write_text(json.dumps(document))
+    return ProviderConfig(name, "persistent", path=LOCAL / "provider", conf_dir=conf, data_dir=data, **options)
+
+
 def stub_plugin(home: Path) -> Path:
     """A one-shot plugin that offers nothing (``describeProvider`` fails): for tests of the lease and the link."""
     plugin = home / "plugins" / "stub"
