@@ -82,6 +82,10 @@ class _Redirect(Exception):
         self.target = target
 
 
+#: How many more refs than twice the live fleet the set of machines seen joined may hold before it is pruned.
+JOINED_SLACK = 1024
+
+
 class ControllerSession:
     def __init__(
         self,
@@ -386,12 +390,16 @@ class ControllerSession:
             callback(provider)
 
     def _resynced(self, view: ControllerView, reason: str) -> None:
-        # Every view shares the session's set of machines seen joined; machines no longer active leave it (so it
-        # stays the size of the live fleet: one pass over it per resync, which costs as much anyway).
+        # Every view shares the session's set of machines seen joined. It is pruned to the machines the facts still
+        # name (active, or named by an open intent: a worker may join before its instance fact is committed) only
+        # once it is twice the live fleet and more: a view that lacks a machine for a while (a store lost, then the
+        # machine adopted) must not make it "never joined". One pass per resync, which costs as much anyway.
         joined = view.joined = self.joined
         joined.update(view.hosts)
-        if len(joined) > len(view.facts.active_refs):
-            joined.intersection_update(view.facts.active_refs)
+        facts = view.facts
+        if len(joined) > 2 * len(facts.active_refs) + JOINED_SLACK:
+            pending = {ref for record in facts.open_intents() for ref in record.intent.instance_refs}
+            joined.intersection_update(facts.active_refs.keys() | pending)
         if self.guard is not None:
             self.guard.note_acknowledged(view.facts.last_index)
         if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:

@@ -116,7 +116,9 @@ class ReconcileLoop:
         self.beat: float | None = None  # trio's clock at the loop's last turn (``/healthz`` reads it)
         self._generation: int | None = None
         #: The settle window of the current controller generation (planner.rejoin); shown in ``status``.
-        self.rejoin = Rejoin(float("-inf"), frozenset(), known=False)
+        self.rejoin = Rejoin(float("-inf"), frozenset())
+        #: The session's resync want that confirms the hosts before a retirement for not joining (planner.rejoin).
+        self._confirm_want: int | None = None
         self._dirty = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._catalog_key: tuple[int, tuple[str, ...]] | None = None
@@ -389,7 +391,9 @@ class ReconcileLoop:
         if view.generation != self._generation:
             # A (re)join: the settle window starts (planner.rejoin); on the first view of this process the set of
             # machines seen joined says nothing of the time before it.
-            self.rejoin = Rejoin(self.wall(), view.joined, known=self._generation is not None)
+            now = self.wall()
+            first = now if self._generation is None else self.rejoin.first_view
+            self.rejoin = Rejoin(now, view.joined, first_view=first)
             self._generation = view.generation
             self.state = observe(self.state, SnapshotSeqReset(), self.policy).state
             self._recovery.forget_idle()
@@ -404,6 +408,8 @@ class ReconcileLoop:
             return self._skipped("offers not read")
         self._skipped("")
         self.cycles += 1
+        want = self._confirm_want
+        confirmed = want is not None and view.sync_seq >= want
         result = plan(
             self.state,
             view.demand,
@@ -412,8 +418,12 @@ class ReconcileLoop:
             view.hosts,
             self.wall(),
             self.policy,
-            attrs.evolve(self.rejoin, joined_before=view.joined),
+            attrs.evolve(self.rejoin, joined_before=view.joined, hosts_confirmed=confirmed),
         )
+        if confirmed:
+            self._confirm_want = None  # used: the next retirement for not joining asks again
+        if result.confirm_joins and self._confirm_want is None:
+            self._confirm_want = self.session.request_resync()
         self.state = result.state
         self._wake_at = result.wake_at
         self._emit_notes(result.notes)

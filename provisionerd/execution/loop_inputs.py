@@ -24,6 +24,10 @@ class ViewSource(Protocol):
 
     async def changed(self) -> None: ...
 
+    def request_resync(self) -> int:
+        """Ask for a resync sent after now; a view with ``sync_seq`` at or above the number returned answers it."""
+        ...
+
 
 class Spawn(Protocol):
     """Start ``fn(*args)`` as a task of the loop's nursery (the loop's parts run their work in it)."""

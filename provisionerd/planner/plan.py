@@ -103,6 +103,9 @@ class Plan:
     #: machine reaching its ``idle_time``, a join deadline, a ``max_ttl``, a provisioning timeout, a full step window
     #: freeing room); ``None``: none. Found on the plan's own pass: no extra scan (``planner.deadlines``).
     wake_at: float | None = None
+    #: Machines would retire for not joining, but the hosts were not confirmed by a fresh resync: ask for one and
+    #: plan again (``Rejoin.hosts_confirmed``, :mod:`provisionerd.planner.rejoin`).
+    confirm_joins: bool = False
 
 
 class _OpIds:
@@ -313,7 +316,7 @@ def _emit(
     if step_log and (planner.saturated or planner.step_room <= 0):  # room comes back as the window slides
         counts.due(min(e[0] for e in step_log) + policy.step_interval, now)
     wake_at = counts.wake if math.isfinite(counts.wake) else None
-    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at)
+    return Plan(tuple(actions), new_state, tuple(notes), tuple(planner.decisions), wake_at, counts.unconfirmed > 0)
 
 
 def _health(

@@ -13,10 +13,21 @@ Two rules, both in :func:`provisionerd.planner.supply.tally`:
   passed and it still has no host, it is returned as ``not_rejoined`` (it lost contact), never as never joined.
 - **Nothing is retired for not joining or for its capabilities until the window settles**: after every (re)join,
   until every machine of the provider that joined before has a host again, or ``rejoin_settle`` seconds have
-  passed since the view came up. On the first view after the daemon started, it cannot know which machines had
-  joined (the controller may have restarted too): that window lasts the full ``rejoin_settle``.
+  passed since the view came up. A machine with no host is held for the full ``rejoin_settle`` after every
+  (re)join unless this generation saw its whole life (launched after the view came up): it may have joined while
+  this process saw nothing (before it started, or during a link outage, seeds 434 and 272546480) at a controller
+  that has restarted since. The gap left: a worker whose join this process never saw, at a controller that lost
+  its host table, and that takes longer than ``rejoin_settle`` to rejoin, is returned as never joined.
 
-Pure: the loop passes ``Rejoin(since, joined_before)`` with ``since`` on the planner's clock (``now``).
+- **A host table read as "no host" is confirmed first.** Host states come as pushes, and a lost push is not seen
+  by the heartbeat digest when a later push carries a higher seq (seed 272546760: the push of a join dropped, the
+  machine returned as never joined 78 s later). A machine is retired for not joining only from a view resynced
+  after the planner asked for one (``Rejoin.hosts_confirmed``); until then the plan says so
+  (``Plan.confirm_joins``) and the loop asks the session for a resync. Such retirements are rare, so the extra
+  resync costs little.
+
+Pure: the loop passes ``Rejoin(since, joined_before, first_view, hosts_confirmed)`` with times on the planner's
+clock (``now``).
 """
 
 from __future__ import annotations
@@ -34,12 +45,14 @@ NOT_REJOINED = "not_rejoined"
 @attrs.frozen
 class Rejoin:
     """``since``: when the current controller generation's view came up (the planner's clock). ``joined_before``:
-    instance refs known to have joined (read only; the session adds to it). ``known``: ``joined_before`` covers the
-    time before this generation (False on the daemon's first one: the window is then the full timeout)."""
+    instance refs known to have joined (read only; the session adds to it). ``first_view``: when this process saw
+    its first view (``joined_before`` says nothing of the time before it)."""
 
     since: float
     joined_before: Set[str] = frozenset()
-    known: bool = True
+    first_view: float = float("-inf")
+    #: The hosts come from a resync sent after the planner last asked for one (``Plan.confirm_joins``).
+    hosts_confirmed: bool = True
 
 
 #: No (re)join to wait for (tests, tools): every window has passed and no machine is known as joined before.
@@ -73,11 +86,25 @@ class Window:
         return self.rejoin.since + self._settle_of(provider)
 
     def settled(self, provider: str) -> bool:
+        """``provider``'s window has passed for every machine: timed out, or (past the process's first view) every
+        machine of it that joined before has a host again."""
         known = self._settled.get(provider)
         if known is None:
             timed_out = self._now >= self.until(provider)
-            known = self._settled[provider] = timed_out or (self.rejoin.known and not self.missing(provider))
+            first = self.rejoin.since <= self.rejoin.first_view
+            known = self._settled[provider] = timed_out or (not first and not self.missing(provider))
         return known
+
+    def settled_for(self, machine: MachineRecord) -> bool:
+        """The window has passed for ``machine``, which has no host now: its provider's window timed out, or this
+        generation saw its whole life (launched after the view came up, never seen with a host). Any other machine
+        may have joined while this process saw nothing (before it started, or during a link outage) at a controller
+        that has restarted since, so it waits for the timeout."""
+        if self._now >= self.until(machine.provider):
+            return True
+        if self.joined_before(machine):
+            return False
+        return machine.launch_time > 0 and machine.launch_time >= self.rejoin.since
 
     def missing(self, provider: str) -> int:
         """How many of ``provider``'s machines that joined before have no host now."""

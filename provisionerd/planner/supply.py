@@ -48,6 +48,8 @@ class Tally:
     #: The earliest deadline after ``now`` found on the way (a provisioning timeout, a join deadline, a max_ttl):
     #: the plan that ran at ``now`` would plan something new then (``provisionerd.planner.deadlines``).
     wake: float = math.inf
+    #: Machines that would retire for not joining, held until the hosts are confirmed (planner.rejoin).
+    unconfirmed: int = 0
 
     def due(self, at: float, now: float) -> None:
         """Note a deadline at ``at``, if it is after ``now`` and before the earliest one noted."""
@@ -157,14 +159,23 @@ def tally(
 
     def settling(machine: MachineRecord) -> bool:
         """Its provider's settle window is open: wake when it ends, retire nothing for not joining before."""
-        if window.settled(machine.provider):
+        if window.settled_for(machine):
             return False
         result.due(window.until(machine.provider), now)
         return True
 
+    def unconfirmed(machine: MachineRecord) -> bool:
+        """Settling, or "no host" not read from a confirmed host table yet (counted: the loop asks for one)."""
+        if settling(machine):
+            return True
+        if not rejoin.hosts_confirmed:
+            result.unconfirmed += 1
+            return True
+        return False
+
     for op_id in timed_out:
         for machine in joins.unjoined_of(op_id):
-            if machine.machine_id not in skip and not window.joined_before(machine) and not settling(machine):
+            if machine.machine_id not in skip and not window.joined_before(machine) and not unconfirmed(machine):
                 result.retire.append(("provisioning_timeout", machine))
                 active[machine.demand_id] -= 1
     # The cutoff is the shortest deadline of any provider, with a second of slack so float rounding never hides a
@@ -180,7 +191,7 @@ def tally(
             deadline = deadlines[machine.provider] = policy.of(machine.provider).join_deadline
         launched = launched_at(machine)
         if now - launched >= deadline:
-            if settling(machine):
+            if unconfirmed(machine):
                 continue
             result.retire.append((NOT_REJOINED if window.joined_before(machine) else "never_joined", machine))
             active[machine.demand_id] -= 1

@@ -60,6 +60,14 @@ class FakeSession:
     async def changed(self) -> None:
         await self._changed.wait()
 
+    def request_resync(self) -> int:
+        """The fake's hosts are set by the test directly: a resync is in at once (a view of the same generation
+        whose ``sync_seq`` answers the want)."""
+        assert self.view is not None
+        self.view.sync_seq += 1
+        self.notify()
+        return self.view.sync_seq
+
     def set_demand(self, seq: int, *items: DemandItem) -> None:
         assert self.view is not None
         self.view.set_demand(DemandSnapshot(seq, tuple(items)))

@@ -82,20 +82,31 @@ def test_a_machine_that_joined_and_never_came_back_is_returned_as_not_rejoined_n
     assert returns(world, rejoin, 2) == [("not_rejoined", (machines[1],))]
 
 
-def test_a_machine_that_never_joined_waits_only_while_machines_that_joined_before_are_missing() -> None:
+def test_a_machine_without_a_host_launched_before_the_rejoin_waits_the_whole_window() -> None:
+    # It may have joined while this daemon saw nothing, at a controller that has restarted since (seeds 434 and
+    # 272546480): every machine that joined before being back proves nothing about it.
     world, machines = joined_fleet(3)
-    rejoin = Rejoin(NOW, refs(world, machines[:2]))  # the third never had a host
+    rejoin = Rejoin(NOW, refs(world, machines[:2]))  # the third never had a host in this process's views
     controller_restart(world)
-    world.host(machines[0], HostStatus.BUSY)
-    assert returns(world, rejoin, 3) == []  # machines[1] joined before and is not back yet: the window is open
-    world.host(machines[1], HostStatus.BUSY)
-    assert returns(world, rejoin, 3) == [("never_joined", (machines[2],))]  # every expected machine is back
+    for machine_id in machines[:2]:
+        world.host(machine_id, HostStatus.BUSY)
+    world.now = NOW + SETTLE - 1
+    assert returns(world, rejoin, 3) == []
+    world.now = NOW + SETTLE
+    assert returns(world, rejoin, 3) == [("never_joined", (machines[2],))]
+
+
+def test_a_machine_launched_after_the_rejoin_is_judged_by_its_join_deadline_alone() -> None:
+    world, machines = joined_fleet(1, HostStatus.BUSY)
+    del world.hosts[world.view.machines[machines[0]].instance_ref]  # it never joined: this generation saw it all
+    rejoin = Rejoin(NOW - 30, frozenset())  # the view came up before its launch (NOW - 25)
+    assert returns(world, rejoin, 1) == [("never_joined", tuple(machines))]
 
 
 def test_on_the_daemons_first_view_the_window_is_the_whole_timeout() -> None:
     world, machines = joined_fleet(2)
     controller_restart(world)
-    first = Rejoin(NOW, frozenset(), known=False)
+    first = Rejoin(NOW, frozenset(), first_view=NOW)
     world.now = NOW + SETTLE - 0.5
     assert returns(world, first, 2) == []
     world.now = NOW + SETTLE
@@ -128,3 +139,15 @@ def test_a_machine_that_joined_once_is_never_returned_as_never_joined(n, back, e
     assert "never_joined" not in reasons
     if elapsed < SETTLE:
         assert reasons == set()
+
+
+def test_a_machine_older_than_the_daemons_first_view_and_never_seen_joined_waits_the_whole_window() -> None:
+    # Simulation seed 434: the daemon restarted while the controller had lost its host table, so it never saw this
+    # machine's host; a later rejoin must not read "every expected machine is back" as "it never joined".
+    world, machines = joined_fleet(2)
+    controller_restart(world)
+    world.host(machines[1], HostStatus.BUSY)
+    second = Rejoin(NOW, refs(world, machines[1:]), first_view=NOW - 10)  # both launched at NOW - 25
+    assert returns(world, second, 2) == []
+    world.now = NOW + SETTLE
+    assert returns(world, second, 2) == [("never_joined", (machines[0],))]

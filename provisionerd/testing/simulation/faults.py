@@ -25,6 +25,10 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
                     demand sent again by the scheduler): every daemon that remembers the old one must halt, make no
                     provider mutation and keep every machine; after ``duration`` the admin accepts the reset
                     (``accept-reset``) and the run goes on
+``controller_restart`` the controller process restarts on its good store (lifecycle runs): its host table, kept
+                    in memory only, is empty; every session is cut; each joined worker still running rejoins with
+                    its credential 1-40 s later. Machines older than the join deadline must not be returned as never
+                    joined (the invariant ``joined_retired_as_never_joined``)
 ``reload``          one slot's daemon gets an admin orphan action (``admin``) and, while it is under way, a config
                     reload (``mode``: a live change or one that needs a restart; ``value``); a live change is undone
                     at the fault's end (``reload_fault``)
@@ -58,7 +62,7 @@ WEIGHTED = (
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
 #: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
 #: times drawn before it are the same as before it existed.
-KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss", "bad_machines", "reload")
+KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss", "bad_machines", "reload", "controller_restart")
 TWIN_CHANCE = 0.3
 #: Storage faults are drawn after the twin, each with its own chance, for the same reason.
 STORAGE_FAILURE_CHANCE = 0.25
@@ -70,6 +74,9 @@ RELOAD_ADMIN = ("adopt_dry", "adopt", "adopt_missing", "return_missing")
 #: Machines that join short of their template (issue 20 item 1): drawn after the storage faults (the same reason),
 #: before the reload (which stays last).
 BAD_MACHINES_CHANCE = 0.25
+#: A controller process restart (issue 31 finding 1): drawn after everything else, so every other draw is the same
+#: as before it existed; late in the run, when machines are older than the join deadline.
+CONTROLLER_RESTART_CHANCE = 0.3
 
 
 @attrs.frozen
@@ -178,4 +185,6 @@ def draw_plan(
         faults.append(
             Fault(at, "reload", duration, rng.choice(slots), mode=mode, value=value, admin=rng.choice(RELOAD_ADMIN))
         )
+    if "controller_restart" in kinds and max_faults > 0 and rng.random() < CONTROLLER_RESTART_CHANCE:
+        faults.append(Fault(round(rng.uniform(horizon * 0.4, horizon * 0.9), 3), "controller_restart"))
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

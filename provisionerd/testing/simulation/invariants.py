@@ -31,6 +31,8 @@ violation names its invariant with a stable word (the ``simulate`` command print
                              the new ``max_machines`` (machines already above a lowered cap are no violation)
 ``stuck``                    the run made no virtual progress (a busy loop) within its wall-clock budget
 ``no_convergence``           with the lifecycle: machines did not match demand within the settle time after faults
+``joined_retired_as_never_joined``  a machine whose worker had joined was returned as ``never_joined`` (invariant
+                             11: a restart costs no machine; a controller restart empties its host table)
 
 Why the lease check has two parts: at any instant at most one instance may trust the lease (checked whenever a
 belief starts or is extended); and across epochs the older holder's trust must have ended no later than the
@@ -72,6 +74,7 @@ INVARIANTS = (
     "reload_not_live",
     "stuck",
     "no_convergence",
+    "joined_retired_as_never_joined",
 )
 
 #: The intent kind a mutating provider action needs.
@@ -277,3 +280,19 @@ def _now() -> float:
     import trio
 
     return trio.current_time()
+
+
+def check_joined_never_retired_as_never_joined(rec: Recorder, joined: set[str], refs: dict[str, str]) -> None:
+    """No ``ReturnIntent`` with reason ``never_joined`` names a machine whose worker joined (``joined``: instance
+    refs; ``refs``: machine_id -> instance_ref as the cloud made them)."""
+    for commit in rec.commits:
+        fact = commit.fact
+        if not isinstance(fact, ReturnIntent) or fact.reason != "never_joined":
+            continue
+        for machine_id in fact.machine_ids:
+            if refs.get(machine_id) in joined:
+                rec.violate(
+                    "joined_retired_as_never_joined",
+                    f"{machine_id} ({refs[machine_id]}) returned as never_joined by {commit.sender} (index "
+                    f"{commit.index}) although its worker had joined",
+                )

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from provisionerd.domain.model import TAG_CLUSTER, DemandItem, HostState, HostStatus, ResourceShape
+from refcontroller.credentials import new_credential
 
 if TYPE_CHECKING:
     from provisionerd.testing.simulation.world import World
@@ -108,6 +109,8 @@ class Workers:
         self.no_join = False  # set during a ``no_join`` fault window
         self.bad = False  # set during a ``bad_machines`` window: new machines report 1 CPU (their template: 2)
         self.joined: set[str] = set()
+        #: Each joined worker's current credential (what a real agent keeps to rejoin after a controller restart).
+        self.credentials: dict[str, str] = {}
 
     def created(self, machine_id: str, instance_ref: str, token: str) -> None:
         if self.no_join:
@@ -124,7 +127,8 @@ class Workers:
             if cluster is None or self.world.cloud.machines[machine_id]["status"] != "running":
                 return
             wall = self.world.wall()
-            admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, token, wall)
+            credential = new_credential()
+            admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, token, wall, credential=credential)
             if isinstance(admitted, HostState) or admitted.reason != "storage_failure":
                 break
             await trio.sleep(STORAGE_RETRY)  # the token use could not be recorded: the agent tries again
@@ -134,7 +138,41 @@ class Workers:
         if bad:  # its Join's capability report, as the controller keeps it (refcontroller.workers)
             admitted = cluster.hosts.report(instance_ref, {"ncpus": "1"}) or admitted
         self.joined.add(instance_ref)
+        self.credentials[instance_ref] = credential
         self.world.recorder.note("worker", "joined", machine=machine_id, instance=instance_ref, bad=bad)
+        server.broadcast_host(admitted)
+        idle = cluster.worker_status(instance_ref, HostStatus.IDLE, wall)
+        if idle is not None:
+            server.broadcast_host(idle)
+
+    def controller_restarted(self) -> None:
+        """The controller came back with an empty host table: every joined worker still running rejoins with its
+        credential after a delay of its own (agents notice the dropped session and back off)."""
+        assert self.world._nursery is not None
+        for machine_id, machine in sorted(self.world.cloud.machines.items()):
+            ref = machine.get("instanceRef", "")
+            if ref in self.credentials and machine["status"] == "running":
+                self.world._nursery.start_soon(self._rejoin, machine_id, ref, self.rng.uniform(1.0, 40.0))
+
+    async def _rejoin(self, machine_id: str, instance_ref: str, delay: float) -> None:
+        await trio.sleep(delay)
+        while True:
+            cluster, server = self.world.cluster, self.world.server
+            if cluster is None or self.world.cloud.machines[machine_id]["status"] != "running":
+                return
+            fresh = new_credential()
+            wall = self.world.wall()
+            admitted = cluster.admit_worker(
+                cluster.replicas.primary, instance_ref, self.credentials[instance_ref], wall, credential=fresh
+            )
+            if isinstance(admitted, HostState) or admitted.reason != "storage_failure":
+                break
+            await trio.sleep(STORAGE_RETRY)
+        if not isinstance(admitted, HostState):
+            self.world.recorder.note("worker", "rejoin_refused", machine=machine_id, reason=admitted.reason)
+            return
+        self.credentials[instance_ref] = fresh
+        self.world.recorder.note("worker", "rejoined", machine=machine_id, instance=instance_ref)
         server.broadcast_host(admitted)
         idle = cluster.worker_status(instance_ref, HostStatus.IDLE, wall)
         if idle is not None:

@@ -332,6 +332,12 @@ class World:
                 self.cluster.store.set_page_limit(0)
             case "store_loss":
                 self.losses.lose(self)
+            case "controller_restart":
+                self.cluster.hosts.drop([host.instance_ref for host in self.cluster.hosts.all()])
+                for replica in range(self.settings.replicas):
+                    self.server.disconnect_replica(replica)
+                if self.lifecycle:
+                    self.workers.controller_restarted()
             case "reload":
                 assert self._nursery is not None
                 self._nursery.start_soon(self.reloads.begin, self, fault)
@@ -386,6 +392,9 @@ class World:
         if self.churn is not None:
             self.churn.sample(self, PROVIDER)
             self.churn.check_views(self, PROVIDER)
+        if self.lifecycle:
+            refs = {mid: m.get("instanceRef", "") for mid, m in self.cloud.machines.items()}
+            invariants.check_joined_never_retired_as_never_joined(rec, self.workers.joined, refs)
         if self.lifecycle and not rec.violations:
             lifecycle.check_convergence(self, self.demand)
         if self.server is not None and self.server.stats.get("internal_errors"):
