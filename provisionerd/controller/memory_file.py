@@ -18,15 +18,18 @@ an empty memory accepts any controller.
 from __future__ import annotations
 
 import json
-import os
+import logging
 from pathlib import Path
 from typing import Protocol
 
 from provisionerd.config.loader import Config
 from provisionerd.controller.amnesia import ControllerMemory
+from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.domain.errors import StateFileDamaged
 from provisionerd.domain.model import Epoch
-from provisionerd.telemetry.files import open_private
+from provisionerd.telemetry.files import write_atomic
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_STATE = 1 << 20  # bytes: far above a thousand providers' epochs
@@ -113,20 +116,7 @@ class StateFile:
             "last_index": memory.last_index,
             "epochs": {p: str(e) for p, e in sorted(memory.epochs.items())},
         }
-        directory = self.path.parent
-        tmp = directory / f".{self.path.name}.tmp"
-        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # 0600 in a 0700 directory, whatever the umask
-        try:
-            os.write(fd, (json.dumps(doc, sort_keys=True) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, (json.dumps(doc, sort_keys=True) + "\n").encode())
 
 
 def state_dir_of(config: Config) -> Path | None:
@@ -135,6 +125,18 @@ def state_dir_of(config: Config) -> Path | None:
     if daemon.state_dir is not None:
         return daemon.state_dir
     return None if daemon.events_log is None else daemon.events_log.parent
+
+
+def joined_refs(config: Config) -> JoinedRefs:
+    """The machines seen joined (``joined_file``): ``<state_dir>/joined.<cluster>.txt`` when there is a state
+    directory, else in memory only. Raises ``StateFileDamaged`` for a file that cannot be read."""
+    directory = state_dir_of(config)
+    if directory is None:
+        return JoinedRefs()
+    joined = JoinedRefs.load(directory / f"joined.{config.cluster}.txt")
+    if joined.refused:
+        log.warning("%s: %d line(s) that are no instance ref skipped", joined.path, joined.refused)
+    return joined
 
 
 def memory_store(config: Config) -> MemoryStore:

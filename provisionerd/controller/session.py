@@ -53,6 +53,7 @@ import trio
 
 from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.link import Link, LinkBroken
 from provisionerd.controller.session_settings import (
     CONNECT_ERRORS,
@@ -94,6 +95,7 @@ class ControllerSession:
         events: EventLog,
         rng: random.Random,
         guard: AmnesiaGuard | None = None,
+        joined: JoinedRefs | None = None,
     ):
         if not settings.addresses:
             raise ValueError("at least one controller address is needed")
@@ -112,8 +114,9 @@ class ControllerSession:
         self.term = 0
         self.generation = 0
         self.view: ControllerView | None = None
-        #: Instance refs seen with a host since this process started (``ControllerView.joined``).
-        self.joined: set[str] = set()
+        #: Instance refs seen with a host (``ControllerView.joined``): since this process started, and before, when
+        #: the builder gave it the daemon's file (``joined_file``).
+        self.joined = JoinedRefs() if joined is None else joined
         self.last_error = ""
         #: ``Rejected{storageFailure}`` answers (the controller could not make a write durable): logged, counted.
         self.storage = StorageFailures(events)
@@ -399,7 +402,7 @@ class ControllerSession:
         facts = view.facts
         if len(joined) > 2 * len(facts.active_refs) + JOINED_SLACK:
             pending = {ref for record in facts.open_intents() for ref in record.intent.instance_refs}
-            joined.intersection_update(facts.active_refs.keys() | pending)
+            joined.prune(facts.active_refs.keys() | pending)
         if self.guard is not None:
             self.guard.note_acknowledged(view.facts.last_index)
         if self.state is LinkState.UP and self.view is not None and self.view.generation == view.generation:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, MutableMapping
 
 import attrs
 
+from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.domain.errors import ProtocolError
 from provisionerd.domain.model import CommittedFact, DemandItem, DemandSnapshot, HostState, LicenseUse
 from provisionerd.planner.fact_view import FactView, fold
@@ -51,7 +52,7 @@ class ControllerView:
     #: Instance refs that had a host at any time since the daemon started: the session's one set, shared by every
     #: view it builds, so a controller restart (its host table empty until the workers rejoin) does not empty it
     #: (planner.rejoin: a machine that joined once is never retired as never joined).
-    joined: set[str] = attrs.field(factory=set)
+    joined: JoinedRefs = attrs.field(factory=JoinedRefs)
 
     @property
     def complete(self) -> bool:

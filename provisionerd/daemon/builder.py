@@ -43,8 +43,9 @@ import attrs
 from provisionerd.config.loader import Config
 from provisionerd.controller.amnesia import Amnesia
 from provisionerd.controller.amnesia_guard import AmnesiaGuard
+from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.lease import LeaseKeeper
-from provisionerd.controller.memory_file import memory_store
+from provisionerd.controller.memory_file import joined_refs, memory_store
 from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession
 from provisionerd.controller.session_settings import SessionSettings, StreamFactory
@@ -97,6 +98,7 @@ def build_session(
     serve: Sequence[str] | None = None,
     instance: str = "",
     guard: AmnesiaGuard | None = None,
+    joined: JoinedRefs | None = None,
 ) -> ControllerSession:
     """The controller session with the config's controller settings, as ``identity`` (default: the config's)
     claiming ``serve`` (default: every configured provider). ``instance``: this start's ``Join.instance`` (empty:
@@ -108,7 +110,7 @@ def build_session(
         providers=settings.providers if serve is None else tuple(serve),
         instance=instance,
     )
-    return ControllerSession(settings, connect, events, rng, guard)
+    return ControllerSession(settings, connect, events, rng, guard, joined)
 
 
 @attrs.define(eq=False)
@@ -212,7 +214,15 @@ def build_pieces(
     names = tuple(config.provider_names if serve is None else serve)
     guard = AmnesiaGuard(memory_store(config), events)  # raises StateFileDamaged for a state file not to trust
     session = build_session(
-        config, connect, events, rng, identity=identity, serve=names, instance=instance, guard=guard
+        config,
+        connect,
+        events,
+        rng,
+        identity=identity,
+        serve=names,
+        instance=instance,
+        guard=guard,
+        joined=joined_refs(config),  # raises StateFileDamaged for a file that cannot be read
     )
     ops = ControllerOps(session)
     keepers = {

@@ -51,6 +51,26 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     return fd
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a private temporary file (0600) in the same directory, fsync,
+    rename, fsync of the directory. A crash leaves the old file or the new one, never a mix. Raises ``OSError``."""
+    tmp = path.parent / f".{path.name}.tmp"
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def check_private_dir(path: Path, uid: int | None = None) -> None:
     """Raise ``InsecurePath`` unless only ``uid`` (default: our effective uid) can change what is in ``path``:
     ``path`` itself owned by ``uid`` and writable by nobody else, and each ancestor owned by ``uid`` or root and

@@ -58,6 +58,9 @@ def core_options(world: World) -> dict[str, Any]:
     # halve it and accepted rounds double it from 2 up to the provider's cap (4, 8 or 20).
     times: dict[str, Any] = {  # the policy times the daemon and its provider share
         "join_deadline": 60.0,
+        # Workers rejoin a restarted controller within 40 s here (``Workers.controller_restarted``): the window
+        # after a (re)join is scaled like the other times (production: 120 s for a 900 s join deadline).
+        "rejoin_settle": 60.0,
         "idle_time": 30.0,
         "provisioning_timeout": 120.0,
         "capacity_backoff": 20.0,

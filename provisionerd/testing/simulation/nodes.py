@@ -30,6 +30,7 @@ from provisionerd.config.loader import (
     ProviderConfig,
     TlsPaths,
 )
+from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.lease import LeaseState
 from provisionerd.controller.memory_file import InMemory
 from provisionerd.daemon.root import DaemonCore
@@ -137,6 +138,7 @@ class DaemonNode:
         connect: Any,
         identity: str | None = None,
         memory: InMemory | None = None,
+        joined: JoinedRefs | None = None,
     ) -> None:
         self.slot = slot
         self.identity = identity or f"prov-{slot}"
@@ -179,6 +181,8 @@ class DaemonNode:
             instance=self.instance.replace("#", "-"),
             **lifecycle_options(settings, self.client, rng),
         )
+        if joined is not None:  # the slot's file of machines seen joined: this host's, across its restarts
+            self.core.session.joined = joined
         if memory is not None:
             # The slot's state file: what this host's daemon remembers of the controller survives its restarts.
             guard = self.core.guard

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import trio
 
+from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.memory_file import InMemory
 from provisionerd.domain.model import Role
 from provisionerd.testing.simulation import churn, invariants, lifecycle
@@ -133,6 +134,8 @@ class World:
         self.incarnations: dict[str, int] = {}
         #: Each slot's state file (``controller.<cluster>.json``): survives the slot's restarts, as on a real host.
         self.memories: dict[str, InMemory] = {}
+        #: Each slot's machines seen joined (``joined.<cluster>.txt`` in the host's state dir): survives its kills.
+        self.joined_sets: dict[str, JoinedRefs] = {}
         self.losses = StoreLosses()  # the controller's lost stores (``store_loss``)
         self.reloads = ReloadFaults()  # reloads during an admin action (``reload``)
         self.cluster: ObservedCluster | None = None
@@ -221,6 +224,7 @@ class World:
             lifecycle=lifecycle.core_options(self) if lifecycle.available() else {},
         )
         memory = self.memories.setdefault(slot, InMemory())
+        joined = self.joined_sets.setdefault(slot, JoinedRefs())
         node = DaemonNode(
             slot,
             self.incarnations[slot],
@@ -231,6 +235,7 @@ class World:
             self.net.connector(slot),
             identity=identity,
             memory=memory,
+            joined=joined,
         )
         self.nodes[slot] = node
         self.instances.append(node)
