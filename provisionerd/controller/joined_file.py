@@ -61,9 +61,18 @@ class JoinedRefs(Set[str]):
             raise StateFileDamaged(str(path), f"cannot read it: {exc.strerror or exc}") from None
         if len(raw) > MAX_FILE:
             raise StateFileDamaged(str(path), f"larger than {MAX_FILE} bytes")
-        lines = raw.decode("utf-8", errors="replace").split("\n")
-        joined = cls(path, (line for line in lines if _is_ref(line)))
-        joined.refused = sum(1 for line in lines if line and not _is_ref(line))
+        refs, refused = [], 0
+        for line in raw.split(b"\n"):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "\x00"  # not a ref
+            if _is_ref(text):
+                refs.append(text)
+            elif line:
+                refused += 1
+        joined = cls(path, refs)
+        joined.refused = refused
         return joined
 
     def __contains__(self, ref: object) -> bool:
