@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import attrs
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
+from rigs.memory import memory_config
 
 from provisionerd.cli.status import render
 from provisionerd.config.loader import Config
@@ -23,27 +23,7 @@ from provisionerd.testing.fake_provider import FakeProvider
 
 
 def config(tmp_path: Path, addresses, identity: str = "prov-1") -> Config:
-    text = textwrap.dedent(f"""
-        cluster = "clu"
-        identity = "{identity}"
-        [controller]
-        addresses = {list(addresses)!r}
-        heartbeat_interval = 1
-        heartbeat_timeout = 3
-        request_timeout = 5
-        connect_timeout = 2
-        [tls]
-        ca = "ca.pem"
-        cert = "provisioner.pem"
-        key = "provisioner.key"
-        [daemon]
-        metrics_listen = "127.0.0.1:0"
-        [[providers]]
-        name = "sim"
-        transport = "oneshot"
-        path = "plugins/sim"
-    """).replace("'", '"')
-    return Config.from_toml(text, base_dir=tmp_path)
+    return memory_config(tmp_path, addresses, identity=identity, metrics_listen="127.0.0.1:0")
 
 
 async def get(core: DaemonCore, path: str, request: bytes | None = None) -> tuple[int, bytes]:

@@ -9,11 +9,11 @@ the controller link's test timings.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import trio
 import trio.testing
+from rigs.memory import memory_config, sim_provider
 
 from provisionerd.config.loader import Config
 from provisionerd.daemon.root import DaemonCore
@@ -29,26 +29,7 @@ LATENCY = 0.5
 
 
 def config(tmp_path: Path, addresses) -> Config:
-    text = textwrap.dedent(f"""
-        cluster = "clu"
-        identity = "prov-1"
-        [controller]
-        addresses = {list(addresses)!r}
-        heartbeat_interval = 1
-        heartbeat_timeout = 3
-        request_timeout = 5
-        connect_timeout = 2
-        [tls]
-        ca = "ca.pem"
-        cert = "provisioner.pem"
-        key = "provisioner.key"
-        [[providers]]
-        name = "sim"
-        transport = "oneshot"
-        path = "plugins/sim"
-        max_machines = 1000
-    """).replace("'", '"')
-    return Config.from_toml(text, base_dir=tmp_path)
+    return memory_config(tmp_path, addresses, sim_provider(tmp_path, max_machines=1000))
 
 
 def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> dict:

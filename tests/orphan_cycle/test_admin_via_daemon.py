@@ -20,7 +20,7 @@ import pytest
 import trio
 import trio.testing
 from cycle_world import OLD, World, tags
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.cli import main as cli
 from provisionerd.config.loader import Config
@@ -64,11 +64,11 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
     seen: dict = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
+        async with open_memory_controller(tmp_path, 1) as net:
             net.server.cluster.hosts.add(
                 HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, NOW, "node-match", "10.1.0.2")
             )
-            config = daemon_config(tmp_path, net.addresses, orphans="dry_run = true")
+            config = memory_config(tmp_path, net.addresses, orphans={"dry_run": True})
             core = DaemonCore(
                 config,
                 connect=net.connect,
@@ -246,8 +246,8 @@ def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
     seen: dict = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             for machine in ("i-stray", "i-protected"):
                 seen[machine] = await act(
                     config,

@@ -10,7 +10,7 @@ import attrs
 import trio
 import trio.testing
 from cycle_world import World
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.provider.client import PluginClient
@@ -22,8 +22,8 @@ def test_umask_000_changes_no_mode_the_daemon_creates(tmp_path):
     created: dict[str, int] = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             daemon = attrs.evolve(
                 config.daemon,
                 events_log=root / "log" / "pd" / "events.jsonl",

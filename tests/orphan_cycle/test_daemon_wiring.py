@@ -7,7 +7,7 @@ import trio
 import trio.testing
 from cycle_world import OLD, tags
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
@@ -41,9 +41,9 @@ def test_the_daemon_retires_a_ghost_and_terminates_a_stray_through_the_gate_and_
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path, ttl=30.0) as net:
-            config = daemon_config(
-                tmp_path, net.addresses, orphans=f'action = "terminate"\ninterval = 30\nsettle = {SETTLE}'
+        async with open_memory_controller(tmp_path, 1, ttl=30.0) as net:
+            config = memory_config(
+                tmp_path, net.addresses, orphans={"action": "terminate", "interval": 30, "settle": SETTLE}
             )
             async with holding_lease(config, "sim", net.connect, identity="someone-before") as holder:
                 await holder.commit(

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from cycle_world import OLD, tags
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.cli import main as cli
 from provisionerd.cli.orphans import render
@@ -72,8 +72,8 @@ def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             async with holding_lease(config, "sim", net.connect) as holder:
                 await holder.commit(*FACTS)
             facts_before = net.facts()
@@ -112,14 +112,14 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             async with holding_lease(config, "sim", net.connect) as holder:
                 await holder.commit(*FACTS)
             seen["no_listing"] = await dry_run(
                 config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
             )
-            net.down = True
+            net.partitioned = True
             seen["no_view"] = await dry_run(
                 config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import trio
 import trio.testing
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller, sim_provider
 from test_admin_via_daemon import MATCH_ADOPT, STRAY_RETURN, ask, daemon_scenario
 
 from provisionerd.daemon import orphans as daemon_orphans
@@ -109,10 +109,8 @@ def demand_scenario(tmp_path, steps):
     fake = FakeProvider("sim", {"small": 50}, launch_time=base_time)  # launched "now": far from the join deadline
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            base = daemon_config(tmp_path, net.addresses)
-            (provider,) = base.providers
-            config = attrs.evolve(base, providers=(attrs.evolve(provider, max_machines=2),))
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses, sim_provider(tmp_path, max_machines=2))
             from provisionerd.daemon.root import DaemonCore
 
             core = DaemonCore(

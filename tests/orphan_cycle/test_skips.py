@@ -8,7 +8,7 @@ import trio
 import trio.testing
 from cycle_world import OLD
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import rejection
@@ -17,7 +17,7 @@ from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
-ORPHANS = "interval = 30\nsettle = 5"
+ORPHANS = {"interval": 30, "settle": 5}
 
 
 def listings(fake: FakeProvider) -> int:
@@ -28,8 +28,8 @@ def run_core(tmp_path, fake: FakeProvider, events: EventLog, *, other_holder: bo
     seen: dict = {}
 
     async def main():
-        async with memory_controller(tmp_path, ttl=30.0) as net:
-            config = daemon_config(tmp_path, net.addresses, orphans=ORPHANS)
+        async with open_memory_controller(tmp_path, 1, ttl=30.0) as net:
+            config = memory_config(tmp_path, net.addresses, orphans=ORPHANS)
             core = DaemonCore(
                 config,
                 connect=net.connect,
