@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-import trio
-import trio.testing
+from rigs import clock
 from rigs.memory import open_memory_controller
 
 from provisionerd.config.loader import Backoff
@@ -19,20 +18,8 @@ from provisionerd.telemetry.events import EventLog
 
 @pytest.fixture
 def mock_run() -> Callable[[Callable[[], Awaitable[Any]]], Any]:
-    """Run an async function on ``MockClock(autojump_threshold=0)``, starting at virtual time 0.
-
-    A test that waits for something that never happens would otherwise jump the clock forever: it fails with
-    ``trio.TooSlowError`` after ``limit`` virtual seconds instead.
-    """
-
-    def run(fn: Callable[[], Awaitable[Any]], limit: float = 100_000.0) -> Any:
-        async def bounded() -> Any:
-            with trio.fail_after(limit):
-                return await fn()
-
-        return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
-
-    return run
+    """``rigs.clock.mock_run``: an async function on a bounded ``MockClock`` from virtual time 0."""
+    return clock.mock_run
 
 
 @pytest.fixture

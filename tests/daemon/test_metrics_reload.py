@@ -9,9 +9,8 @@ import socket
 
 import attrs
 import trio
+from rigs.memory import memory_core
 
-from provisionerd.daemon.root import DaemonCore
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 from tests.daemon.test_observability import config
@@ -47,9 +46,7 @@ def test_a_reload_moves_the_metrics_listener_and_an_unusable_address_keeps_it(tm
     async def main():
         async with memory_controller(replicas=1) as net:
             running = with_metrics(config(tmp_path, net.addresses), f"127.0.0.1:{first}")
-            core = DaemonCore(
-                running, connect=net.connect, events=events, providers={"sim": PluginClient(FakeProvider("sim"))}
-            )
+            core = memory_core(net, running, FakeProvider("sim"), events=events)
             async with trio.open_nursery() as nursery:
                 await nursery.start(core.run)
                 seen["start"] = (core.observability.address, accepts(first))

@@ -13,13 +13,11 @@ from pathlib import Path
 
 import trio
 import trio.testing
-from rigs.memory import memory_config, sim_provider
+from rigs.memory import memory_config, memory_core, running, sim_provider
 
 from provisionerd.config.loader import Config
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import Throttled
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 from provisionerd.testing.fake_provider import FakeProvider
@@ -40,16 +38,11 @@ def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> 
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            core = DaemonCore(
-                config(tmp_path, net.addresses),
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: BASE_TIME + trio.current_time(),
+            core = memory_core(
+                net, config(tmp_path, net.addresses), fake, events=events, wall=lambda: BASE_TIME + trio.current_time()
             )
             assert core.config.providers[0].step_limit == 10  # the default
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            async with running(core):
                 await trio.sleep(30)  # joined, lease held, offers read: the daemon at rest, nothing wanted
 
                 def facts(kind: type) -> list:
@@ -77,7 +70,6 @@ def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> 
                     if family.name == "provisionerd_provider_step"
                     for sample in family.samples
                 ]
-                nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     seen["steps"] = [(e["old"], e["new"], e["reason"]) for e in events.of_kind("step_changed")]

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import trio
+from rigs.memory import memory_session_settings
 
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
@@ -19,17 +20,7 @@ from provisionerd.telemetry.events import EventLog
 
 
 def settings(addresses, identity="prov-a", providers=("sim",), **kw) -> SessionSettings:
-    return SessionSettings(
-        identity=identity,
-        providers=providers,
-        addresses=tuple(addresses),
-        connect_timeout=2.0,
-        request_timeout=5.0,
-        heartbeat_interval=1.0,
-        heartbeat_timeout=3.0,
-        backoff=Backoff(initial=0.2, max=4.0, multiplier=2.0, jitter=0.5),
-        **kw,
-    )
+    return memory_session_settings(addresses, identity, providers, **kw)
 
 
 class Daemon:

@@ -10,12 +10,13 @@ from itertools import pairwise
 
 import trio
 import trio.testing
+from rigs.memory import memory_session_settings
 
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession
-from provisionerd.controller.session_settings import LinkState, SessionSettings
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
 from provisionerd.execution.gate import MutationGate
 from provisionerd.telemetry.events import EventLog
@@ -68,17 +69,7 @@ class Daemon:
     def __init__(self, net: Net, identity: str = "prov-a", refresh_heartbeats: int = 30, seed: int = 1) -> None:
         self.events = EventLog(keep=10_000)
         rng = random.Random(seed)
-        settings = SessionSettings(
-            identity=identity,
-            providers=("sim",),
-            addresses=net.net.addresses,
-            connect_timeout=2.0,
-            request_timeout=5.0,
-            heartbeat_interval=1.0,
-            heartbeat_timeout=3.0,
-            backoff=Backoff(initial=0.2, max=4.0),
-            refresh_heartbeats=refresh_heartbeats,
-        )
+        settings = memory_session_settings(net.net.addresses, identity, refresh_heartbeats=refresh_heartbeats)
         self.session = ControllerSession(settings, net.connect, self.events, rng)
         self.ops = ControllerOps(self.session)
         self.keeper = LeaseKeeper(

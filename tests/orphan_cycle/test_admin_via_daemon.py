@@ -22,7 +22,7 @@ import trio
 import trio.testing
 from cycle_world import OLD, World, tags
 from real_world import SECRET, real_world, sim
-from rigs.memory import memory_config, open_memory_controller
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
 from provisionerd.cli import main as cli
 from provisionerd.config.loader import Config
@@ -30,7 +30,6 @@ from provisionerd.daemon import admin_socket
 from provisionerd.daemon.admin_socket import Command, query, request, serve_admin_socket
 from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult
 from provisionerd.daemon.orphan_direct import via_daemon
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
 from provisionerd.provider.client import PluginClient
@@ -71,15 +70,8 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
                 HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, NOW, "node-match", "10.1.0.2")
             )
             config = memory_config(tmp_path, net.addresses, orphans={"dry_run": True})
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: NOW + trio.current_time(),
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            core = memory_core(net, config, fake, events=events, wall=lambda: NOW + trio.current_time())
+            async with running(core):
                 with trio.fail_after(120):
                     while not (core.keepers["sim"].valid() and core.session.synced_for("sim")):  # noqa: ASYNC110 - no event for both
                         await trio.sleep(0.5)
@@ -87,7 +79,6 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
                 seen["net"] = net
                 await steps(core, fake, seen)
                 seen["epoch_after"] = core.keepers["sim"].current()
-                nursery.cancel_scope.cancel()
             seen["facts"] = net.facts()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

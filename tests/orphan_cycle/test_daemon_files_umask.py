@@ -10,10 +10,7 @@ import attrs
 import trio
 import trio.testing
 from cycle_world import World
-from rigs.memory import memory_config, open_memory_controller
-
-from provisionerd.daemon.root import DaemonCore
-from provisionerd.provider.client import PluginClient
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
 
 def test_umask_000_changes_no_mode_the_daemon_creates(tmp_path):
@@ -30,19 +27,13 @@ def test_umask_000_changes_no_mode_the_daemon_creates(tmp_path):
                 admin_socket=root / "run" / "pd" / "admin.sock",
                 state_dir=root / "state" / "pd",
             )
-            core = DaemonCore(
-                attrs.evolve(config, daemon=daemon),
-                connect=net.connect,
-                providers={"sim": PluginClient(World().provider)},
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            core = memory_core(net, attrs.evolve(config, daemon=daemon), World().provider)
+            async with running(core):
                 with trio.fail_after(120):
                     while not (core.keepers["sim"].valid() and core.session.synced_for("sim")):  # noqa: ASYNC110
                         await trio.sleep(0.5)
                 for path in sorted(root.rglob("*")):
                     created[str(path.relative_to(root))] = stat.S_IMODE(os.lstat(path).st_mode)
-                nursery.cancel_scope.cancel()
             core.events.close()
 
     old = os.umask(0)

@@ -5,16 +5,16 @@ view it could not read. Then the CLI's exit codes."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import trio
-import trio.testing
 from cycle_world import OLD, tags
 from lease_holder import holding_lease
-from rigs import procs
+from rigs import clock, procs
 from rigs.daemon import daemon_config, make_certs, simulated_provider
-from rigs.memory import memory_config, open_memory_controller
+from rigs.memory import MemoryNet, memory_config, open_memory_controller
 
 from provisionerd.cli import main as cli
 from provisionerd.cli.orphans import render
@@ -32,11 +32,7 @@ NOW = OLD + 4000.0
 
 
 def mock_run(fn, limit: float = 10_000.0):
-    async def bounded():
-        with trio.fail_after(limit):
-            return await fn()
-
-    return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
+    return clock.mock_run(fn, limit)
 
 
 def provider_with_machines() -> FakeProvider:
@@ -70,19 +66,30 @@ FACTS = [
 ]
 
 
+@asynccontextmanager
+async def with_facts(tmp_path: Path) -> AsyncIterator[tuple[MemoryNet, Config]]:
+    """The in-memory controller holding ``FACTS`` (committed by a holder that gave its lease back), and a config."""
+    async with open_memory_controller(tmp_path, 1) as net:
+        config = memory_config(tmp_path, net.addresses)
+        async with holding_lease(config, "sim", net.connect) as holder:
+            await holder.commit(*FACTS)
+        yield net, config
+
+
+async def report_of(config: Config, net: MemoryNet, fake: FakeProvider):
+    return await dry_run(
+        config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+    )
+
+
 def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
     fake = provider_with_machines()
     seen = {}
 
     async def main():
-        async with open_memory_controller(tmp_path, 1) as net:
-            config = memory_config(tmp_path, net.addresses)
-            async with holding_lease(config, "sim", net.connect) as holder:
-                await holder.commit(*FACTS)
+        async with with_facts(tmp_path) as (net, config):
             facts_before = net.facts()
-            report = await dry_run(
-                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
-            )
+            report = await report_of(config, net, fake)
             seen.update(report=report, facts_before=facts_before, facts_after=net.facts(), leases=net.live_leases())
 
     mock_run(main)
@@ -115,17 +122,10 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
     seen = {}
 
     async def main():
-        async with open_memory_controller(tmp_path, 1) as net:
-            config = memory_config(tmp_path, net.addresses)
-            async with holding_lease(config, "sim", net.connect) as holder:
-                await holder.commit(*FACTS)
-            seen["no_listing"] = await dry_run(
-                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
-            )
+        async with with_facts(tmp_path) as (net, config):
+            seen["no_listing"] = await report_of(config, net, fake)
             net.partitioned = True
-            seen["no_view"] = await dry_run(
-                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
-            )
+            seen["no_view"] = await report_of(config, net, fake)
 
     mock_run(main)
     no_listing = seen["no_listing"]

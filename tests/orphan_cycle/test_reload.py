@@ -10,12 +10,11 @@ from __future__ import annotations
 import attrs
 import trio
 import trio.testing
-from rigs.memory import memory_config, open_memory_controller, sim_provider
+from rigs.memory import memory_config, memory_core, open_memory_controller, running, sim_provider
 from test_admin_via_daemon import MATCH_ADOPT, STRAY_RETURN, ask, daemon_scenario
 
 from provisionerd.daemon import orphans as daemon_orphans
 from provisionerd.domain.model import DemandItem, OrphanAdopted, RequestIntent, ResourceShape
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -111,18 +110,11 @@ def demand_scenario(tmp_path, steps):
     async def main():
         async with open_memory_controller(tmp_path, 1) as net:
             config = memory_config(tmp_path, net.addresses, sim_provider(tmp_path, max_machines=2))
-            from provisionerd.daemon.root import DaemonCore
 
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                offer_interval=5.0,
-                wall=lambda: base_time + trio.current_time(),
+            core = memory_core(
+                net, config, fake, events=events, offer_interval=5.0, wall=lambda: base_time + trio.current_time()
             )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            async with running(core):
                 net.server.cluster.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 6)])
                 net.server.broadcast_demand()
 
@@ -130,7 +122,6 @@ def demand_scenario(tmp_path, steps):
                     return sum(c.fact.count for c in net.facts() if isinstance(c.fact, RequestIntent))
 
                 await steps(core, net, requested, seen)
-                nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     return fake, events, seen

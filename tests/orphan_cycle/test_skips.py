@@ -8,11 +8,9 @@ import trio
 import trio.testing
 from cycle_world import OLD
 from lease_holder import holding_lease
-from rigs.memory import memory_config, open_memory_controller
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import rejection
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -30,22 +28,14 @@ def run_core(tmp_path, fake: FakeProvider, events: EventLog, *, other_holder: bo
     async def main():
         async with open_memory_controller(tmp_path, 1, ttl=30.0) as net:
             config = memory_config(tmp_path, net.addresses, orphans=ORPHANS)
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: NOW + trio.current_time(),
-            )
+            core = memory_core(net, config, fake, events=events, wall=lambda: NOW + trio.current_time())
 
             async def daemon():
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(core.run)
+                async with running(core):
                     await trio.sleep(seconds)
                     seen["cycle"] = core.orphan_cycles["sim"]
                     seen["health"] = core.loop.provider_health()
                     seen["lease"] = core.keepers["sim"].reason
-                    nursery.cancel_scope.cancel()
 
             if other_holder:
                 async with holding_lease(config, "sim", net.connect, identity="the-primary-daemon"):

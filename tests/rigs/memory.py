@@ -157,3 +157,34 @@ def memory_config(
         link={**MEMORY_LINK, **(link or {})},
     )
     return attrs.evolve(config, daemon=DaemonSettings(**daemon))
+
+
+def memory_core(net: MemoryNet, config: Config, *providers: Any, **options: Any) -> Any:
+    """The daemon's ``DaemonCore`` on ``net``, serving each in-memory provider (a ``FakeProvider``, under its own
+    name) through a ``PluginClient``; ``options`` are ``DaemonCore``'s (``events``, ``wall``, ``offer_interval``)."""
+    from provisionerd.daemon.root import DaemonCore
+    from provisionerd.provider.client import PluginClient
+
+    clients = {provider.name: PluginClient(provider) for provider in providers}
+    return DaemonCore(config, connect=net.connect, providers=clients, **options)
+
+
+@contextlib.asynccontextmanager
+async def running(core: Any) -> AsyncIterator[trio.Nursery]:
+    """``core.run`` started (its ``task_status`` reached) in a nursery that is cancelled when the block ends."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.run)
+        yield nursery
+        nursery.cancel_scope.cancel()
+
+
+def memory_session_settings(
+    addresses: Sequence[str], identity: str = "prov-a", providers: Sequence[str] = ("sim",), **options: Any
+) -> Any:
+    """The controller session's settings with ``MEMORY_LINK``'s timings, for tests that wire a session (and its
+    keepers) themselves; ``options`` are ``SessionSettings``' others (``refresh_heartbeats``)."""
+    from provisionerd.controller.session_settings import SessionSettings
+
+    return SessionSettings(
+        identity=identity, providers=tuple(providers), addresses=tuple(addresses), **MEMORY_LINK, **options
+    )
