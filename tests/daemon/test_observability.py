@@ -99,8 +99,7 @@ def test_a_standby_daemon_is_ready_and_two_daemons_in_one_process_keep_their_own
             fake = FakeProvider("sim")
             active = memory_core(net, config(tmp_path, net.addresses, "prov-1"), fake)
             standby = memory_core(net, config(tmp_path, net.addresses, "prov-2"), FakeProvider("sim"))
-            async with trio.open_nursery() as nursery:
-                await nursery.start(active.run)
+            async with running(active) as nursery:
                 await trio.sleep(40)
                 await nursery.start(standby.run)
                 await trio.sleep(40)
@@ -112,7 +111,6 @@ def test_a_standby_daemon_is_ready_and_two_daemons_in_one_process_keep_their_own
                 seen["standby_ready"] = await get(standby, "/readyz")
                 seen["status"] = active.status()
                 seen["standby_status"] = standby.status()
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["standby_ready"][0] == 200  # another holder has the lease: deliberately on standby

@@ -10,7 +10,7 @@ from itertools import pairwise
 
 import trio
 import trio.testing
-from rigs.memory import memory_session_settings
+from rigs.memory import memory_session_settings, running
 
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper
@@ -136,8 +136,7 @@ def test_a_lost_demand_change_heals_at_the_digest(mock_run, memory_controller):
             net = Net(mem)
             mem.server.cluster.set_demand([ITEM])
             daemon = Daemon(net, refresh_heartbeats=20)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 await wait_for(lambda: daemon.session.view is not None and daemon.session.view.complete)
                 net.drop = True
                 changed = trio.current_time()
@@ -149,7 +148,6 @@ def test_a_lost_demand_change_heals_at_the_digest(mock_run, memory_controller):
                 healed = await wait_for(lambda: len(daemon.session.view.demand.items) == 2)
                 seen["after"] = healed - changed
                 seen["reasons"] = {reason for _, reason in daemon.refreshes()}
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["stale"] == 1
