@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make agent_fakes/agent_procs importable
 
-from agent_procs import live_agents  # noqa: E402
+from rigs.agents import live_agents  # noqa: E402
 
 
 @pytest.fixture(scope="session")

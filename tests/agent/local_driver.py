@@ -5,13 +5,33 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+from subprocess import DEVNULL
 from typing import Any
+
+from rigs import pipes
+
+from provisionerd.config.loader import ProviderConfig
 
 PLUGIN = Path(__file__).resolve().parents[2] / "providers" / "local"
 CLUSTER = "agenttest"
+
+
+def local_conf(certs: Path, **extra: Any) -> dict[str, Any]:
+    """The plugin's ``local.json``: its agents' certificates and quick timings (heartbeat 1 s, reply timeout 3 s,
+    5 s from SIGTERM to SIGKILL); ``extra`` adds or replaces keys (``templates``)."""
+    return {"certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 3, "killGraceSeconds": 5, **extra}
+
+
+def local_provider(home: Path, conf: dict[str, Any], **options: Any) -> ProviderConfig:
+    """The daemon's config of this plugin: ``conf`` written to ``home/conf/local.json``, data in ``home/data``;
+    ``options`` the rest of its ``[[providers]]`` table."""
+    conf_dir, data_dir = home / "conf", home / "data"
+    conf_dir.mkdir(exist_ok=True)
+    data_dir.mkdir(exist_ok=True)
+    (conf_dir / "local.json").write_text(json.dumps(conf))
+    return ProviderConfig("local", "oneshot", path=PLUGIN, conf_dir=conf_dir, data_dir=data_dir, **options)
 
 
 def plugin_env(tmp_path: Path, conf: dict[str, Any] | None = None, data: str = "data") -> dict[str, str]:
@@ -45,17 +65,13 @@ class OneShot:
         path = self.workdir / "in.json"
         path.write_text(json.dumps(doc))
         path.chmod(0o600)
-        done = subprocess.run(
-            [str(PLUGIN / f"{action}.sh"), "-f", str(path)],
-            capture_output=True,
-            env=self.env,
-            cwd=self.workdir,
-            timeout=120,
-        )
+        process = pipes.piped([PLUGIN / f"{action}.sh", "-f", path], env=self.env, cwd=self.workdir, stdin=DEVNULL)
+        rc, stdout, stderr = pipes.communicate(process, 120)
+        assert rc is not None, f"{action} did not answer within 120 s"
         path.unlink()
-        out = done.stdout.decode()
-        self.outputs += [out, done.stderr.decode()]
-        if done.returncode != 0:
+        out = stdout.decode()
+        self.outputs += [out, stderr.decode()]
+        if rc != 0:
             raise PluginFailed(json.loads(out)["error"])
         return json.loads(out)
 
@@ -64,14 +80,7 @@ class Persistent:
     """The persistent plugin; ``close()`` ends it (EOF on stdin) and waits."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [str(PLUGIN / "provider")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        self.process = pipes.piped([PLUGIN / "provider"], env=env)
         self.ids = itertools.count(1)
         self.outputs: list[str] = []
 
@@ -96,7 +105,7 @@ class Persistent:
             self.process.wait(timeout=60)
         finally:
             if self.process.poll() is None:
-                self.process.kill()
+                pipes.kill_group(self.process)
                 self.process.wait()
             self.outputs.append(self.process.stderr.read().decode())
             self.process.stdout.close()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from agent_procs import alive, catches, cmdline, environ, wait_for
+from agent_procs import alive, catches, cmdline, environ
+from rigs import agents, wait
 
 pytestmark = pytest.mark.process
 
@@ -20,64 +20,37 @@ TOKEN = "SeCrEt-join-token-0123456789abcdef"
 
 
 def agent_argv(certs: Path, tmp_path: Path, *source: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "provisionerd",
-        "agent",
-        "--certs",
-        str(certs),
-        "--controllers",
-        "127.0.0.1:9",
-        "--instance-ref",
-        "c1/i-proc",
-        "--label",
-        f"test-dir={tmp_path}",
-        *source,
-    ]
+    """An agent for ``c1/i-proc`` that reaches no controller (nothing listens on port 9)."""
+    return agents.agent_argv(certs, ["127.0.0.1:9"], tmp_path, *source, ref="c1/i-proc")
 
 
 @contextmanager
-def running(argv: list[str], stdin: bytes | None = None, close_stdin: bool = True) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env={"PATH": os.environ["PATH"], "AGENT_TEST": "1"},
-    )
-    try:
-        assert process.stdin is not None
-        if stdin is not None:
-            process.stdin.write(stdin)
-        if close_stdin:
-            process.stdin.close()
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        assert process.stdin is not None and process.stderr is not None
-        process.stdin.close()
-        process.stderr.close()
+def running(
+    tmp_path: Path, argv: list[str], stdin: bytes | None = None, close_stdin: bool = True
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The agent, its output in ``tmp_path/agent.log`` (``log(tmp_path)``)."""
+    with agents.agent(argv, tmp_path / "agent.log", stdin, close_stdin=close_stdin, env={"AGENT_TEST": "1"}) as proc:
+        yield proc
+
+
+def log(tmp_path: Path) -> str:
+    return (tmp_path / "agent.log").read_text()
 
 
 def test_a_token_file_readable_by_others_is_refused(certs: Path, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     token_file.chmod(0o644)
-    with running(agent_argv(certs, tmp_path, "--token-file", str(token_file))) as agent:
+    with running(tmp_path, agent_argv(certs, tmp_path, "--token-file", str(token_file))) as agent:
         assert agent.wait(timeout=60) == 2
-        assert agent.stderr is not None
-        err = agent.stderr.read().decode()
+        err = log(tmp_path)
     assert "0644" in err and TOKEN not in err
     assert token_file.read_text() == TOKEN  # left in place for the operator to see
 
 
 def test_there_is_no_way_to_pass_the_token_as_an_argument(certs: Path, tmp_path: Path) -> None:
     for flags in (["--token", TOKEN], ["--token-stdin", "--token-file", "x"], []):
-        with running(agent_argv(certs, tmp_path, *flags)) as agent:
+        with running(tmp_path, agent_argv(certs, tmp_path, *flags)) as agent:
             assert agent.wait(timeout=60) == 2
 
 
@@ -93,12 +66,14 @@ def test_the_token_is_in_neither_argv_nor_environment_and_sigterm_stops_it(
         argv, stdin = agent_argv(certs, tmp_path, "--token-file", str(token_file)), None
     else:
         argv, stdin = agent_argv(certs, tmp_path, "--token-stdin"), TOKEN.encode() + b"\n"
-    with running(argv, stdin) as agent:
+    with running(tmp_path, argv, stdin) as agent:
         # The token has been read once the file is gone / stdin is swapped for /dev/null (it then retries port 9).
         if source == "file":
-            wait_for(lambda: not token_file.exists(), timeout=60, what="the token file to be deleted")
+            wait.blocking("the token file deleted", lambda: not token_file.exists(), 60, 0.05)
         else:
-            wait_for(lambda: os.readlink(f"/proc/{agent.pid}/fd/0") == os.devnull, timeout=60, what="stdin read")
+            wait.blocking(
+                "stdin swapped for /dev/null", lambda: os.readlink(f"/proc/{agent.pid}/fd/0") == os.devnull, 60, 0.05
+            )
         assert alive(agent.pid)
         assert TOKEN not in "\0".join(cmdline(agent.pid))
         assert TOKEN.encode() not in environ(agent.pid)
@@ -106,14 +81,13 @@ def test_the_token_is_in_neither_argv_nor_environment_and_sigterm_stops_it(
         agent.send_signal(signal.SIGUSR2)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0
-        assert agent.stderr is not None
-        log = agent.stderr.read().decode()
-    assert "starting instance_ref='c1/i-proc'" in log and TOKEN not in log
+    text = log(tmp_path)
+    assert "starting instance_ref='c1/i-proc'" in text and TOKEN not in text
 
 
 def test_sigterm_while_waiting_for_the_token_on_stdin_stops_it(certs: Path, tmp_path: Path) -> None:
-    with running(agent_argv(certs, tmp_path, "--token-stdin"), close_stdin=False) as agent:
-        wait_for(lambda: catches(agent.pid, signal.SIGTERM), timeout=60, what="the agent's signal handlers")
+    with running(tmp_path, agent_argv(certs, tmp_path, "--token-stdin"), close_stdin=False) as agent:
+        wait.blocking("the agent's SIGTERM handler", lambda: catches(agent.pid, signal.SIGTERM), 60, 0.05)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=60) == 0
 
@@ -125,18 +99,17 @@ def test_an_agent_that_reaches_no_controller_exits_after_the_orphan_timeout_and_
     argv = agent_argv(certs, tmp_path, "--token-stdin", "--heartbeat", "0.5", "--reply-timeout", "1")
     argv += ["--orphan-timeout", "2", "--on-orphan", "shutdown", "--shutdown-command", f"touch {marker}"]
     started = time.monotonic()
-    with running(argv, TOKEN.encode() + b"\n") as agent:
+    with running(tmp_path, argv, TOKEN.encode() + b"\n") as agent:
         assert agent.wait(timeout=60) == 5
         took = time.monotonic() - started
-        assert agent.stderr is not None
-        log = agent.stderr.read().decode()
+    text = log(tmp_path)
     assert 2.0 <= took < 30, took  # the timeout counts from the agent's start, not from its first join
-    assert marker.exists() and "no controller reached for 2.0 s" in log and TOKEN not in log
+    assert marker.exists() and "no controller reached for 2.0 s" in text and TOKEN not in text
 
 
 def test_without_an_orphan_timeout_the_agent_keeps_trying(certs: Path, tmp_path: Path) -> None:
     argv = agent_argv(certs, tmp_path, "--token-stdin", "--heartbeat", "0.5", "--reply-timeout", "1")
-    with running(argv, TOKEN.encode() + b"\n") as agent:
+    with running(tmp_path, argv, TOKEN.encode() + b"\n") as agent:
         with pytest.raises(subprocess.TimeoutExpired):
             agent.wait(timeout=4)
         agent.send_signal(signal.SIGTERM)
@@ -145,5 +118,5 @@ def test_without_an_orphan_timeout_the_agent_keeps_trying(certs: Path, tmp_path:
 
 def test_an_orphan_timeout_below_the_reply_timeout_is_refused(certs: Path, tmp_path: Path) -> None:
     argv = agent_argv(certs, tmp_path, "--token-stdin", "--orphan-timeout", "3")  # reply timeout 15
-    with running(argv, TOKEN.encode() + b"\n") as agent:
+    with running(tmp_path, argv, TOKEN.encode() + b"\n") as agent:
         assert agent.wait(timeout=60) == 2

@@ -9,20 +9,17 @@ spent token is refused too. Neither the token nor the credential shows in any lo
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
-import signal
-import socket
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 import trio
-from agent_procs import alive, wait_for
+from agent_procs import alive
 from ctl_client import Provisioner
+from rigs import agents, controller, wait
 
 from provisionerd.domain.model import Epoch, Fact, InstanceFact, RequestIntent, Returned
 from provisionerd.wire.messages import FactAck, FactCommit
@@ -33,74 +30,21 @@ pytestmark = pytest.mark.process
 PROVIDER = "local"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def controller(certs: Path, data: Path, port: int, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    argv = [
-        sys.executable,
-        "-m",
-        "refcontroller",
-        "serve",
-        "--certs",
-        str(certs),
-        "--data",
-        str(data),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--lease-ttl",
-        "1",
-        "--check-interval",
-        "0.5",
-        "--heartbeat-timeout",
-        "3",
-        *extra,
-    ]
-    with log.open("ab") as sink:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=sink, start_new_session=True)
-    try:
-        assert process.stdout is not None
-        assert b'"ready": true' in process.stdout.readline(), log.read_text()[-2000:]
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        assert process.stdout is not None
-        process.stdout.close()
+def serve(certs: Path, data: Path, port: int, log: Path, *extra: str) -> AbstractContextManager[controller.Served]:
+    """The controller on ``port`` with a 1 s lease ttl and a 3 s heartbeat timeout; SIGKILL at the end."""
+    timings = ("--lease-ttl", "1", "--check-interval", "0.5", "--heartbeat-timeout", "3")
+    return controller.serving(certs, data, log, *timings, *extra, listen=f"127.0.0.1:{port}")
 
 
 def start_agent(
-    certs: Path, tmp_path: Path, port: int, ref: str, token: str, log: Path, *how: str
-) -> subprocess.Popen[bytes]:
+    stack: ExitStack, certs: Path, tmp_path: Path, port: int, ref: str, token: str, log: Path, *how: str
+) -> Popen[bytes]:
     """``provisionerd agent`` for ``ref`` (or, with ``how``, e.g. ``--address-bound --machine-id M``) reading
-    ``token`` from stdin."""
-    argv = [
-        sys.executable,
-        "-m",
-        "provisionerd",
-        "agent",
-        "--certs",
-        str(certs),
-        "--controllers",
-        f"127.0.0.1:{port}",
-        *(("--instance-ref", ref) if ref else how),
-        "--token-stdin",
-        "--heartbeat",
-        "0.5",
-        "--label",
-        f"test-dir={tmp_path}",
-    ]
-    with log.open("ab") as sink:
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=sink, stderr=sink, start_new_session=True)
-    assert process.stdin is not None
-    process.stdin.write(token.encode())
-    process.stdin.close()
-    return process
+    ``token`` from stdin; stopped when ``stack`` closes."""
+    argv = agents.agent_argv(
+        certs, [f"127.0.0.1:{port}"], tmp_path, *how, "--token-stdin", "--heartbeat", "0.5", ref=ref or None
+    )
+    return stack.enter_context(agents.agent(argv, log, token.encode()))
 
 
 def hosts(certs: Path, port: int) -> dict[str, str]:
@@ -133,13 +77,12 @@ def commit(certs: Path, port: int, facts: list[Callable[[Epoch], Fact]]) -> None
 def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_returned_one_is_refused(
     certs: Path, tmp_path: Path
 ) -> None:
-    port, data, ctl_log = free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
     refs = ["c1/i-keep", "c1/i-back"]
     tokens = [secrets.token_urlsafe(24) for _ in refs]
     logs = [tmp_path / "keep.log", tmp_path / "back.log"]
-    agents: list[subprocess.Popen[bytes]] = []
-    try:
-        with controller(certs, data, port, ctl_log):
+    with ExitStack() as stack:
+        with serve(certs, data, port, ctl_log):
             hashes = [hashlib.sha256(t.encode()).hexdigest() for t in tokens]
             commit(
                 certs,
@@ -150,32 +93,23 @@ def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_retur
                     lambda epoch: InstanceFact(PROVIDER, epoch, "op-1", refs[1], "m-1", "local-1", hashes[1]),
                 ],
             )
-            agents = [
-                start_agent(certs, tmp_path, port, ref, tok, log)
+            started = [
+                start_agent(stack, certs, tmp_path, port, ref, tok, log)
                 for ref, tok, log in zip(refs, tokens, logs, strict=True)
             ]
-            wait_for(lambda: hosts(certs, port) == {refs[0]: "idle", refs[1]: "idle"}, 60, 0.2, "both agents idle")
+            wait.blocking("both agents idle", lambda: hosts(certs, port) == {refs[0]: "idle", refs[1]: "idle"}, 60, 0.2)
             commit(certs, port, [lambda epoch: Returned(PROVIDER, epoch, "ret-1", ("m-1",))])
             # The controller dies (SIGKILL: nothing in memory survives) and comes back on the same store and port.
-        with controller(certs, data, port, ctl_log):
-            wait_for(lambda: hosts(certs, port).get(refs[0]) == "idle", 60, 0.2, "the kept agent idle again")
-            assert wait_for(lambda: agents[1].poll() is not None, 30, 0.1, "the returned machine's agent to exit")
-            assert agents[1].returncode == 3, logs[1].read_text()[-2000:]
-            assert "join #2" in logs[0].read_text() and alive(agents[0].pid)
+        with serve(certs, data, port, ctl_log):
+            wait.blocking("the kept agent idle again", lambda: hosts(certs, port).get(refs[0]) == "idle", 60, 0.2)
+            wait.blocking("the returned machine's agent exited", lambda: started[1].poll() is not None, 30)
+            assert started[1].returncode == 3, logs[1].read_text()[-2000:]
+            assert "join #2" in logs[0].read_text() and alive(started[0].pid)
             assert refs[1] not in hosts(certs, port)
             # The spent token of the kept machine is refused: a second agent with it exits with code 3.
-            thief = start_agent(certs, tmp_path, port, refs[0], tokens[0], tmp_path / "thief.log")
+            thief = start_agent(stack, certs, tmp_path, port, refs[0], tokens[0], tmp_path / "thief.log")
             assert thief.wait(timeout=60) == 3
-            assert hosts(certs, port).get(refs[0]) == "idle" and alive(agents[0].pid)
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGTERM)
-                try:
-                    agent.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
+            assert hosts(certs, port).get(refs[0]) == "idle" and alive(started[0].pid)
     everything = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
     assert b"cred-v1:" not in everything
     assert not any(t.encode() in everything for t in tokens)
@@ -185,7 +119,7 @@ def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_retur
 
 def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controller(certs: Path, tmp_path: Path) -> None:
     """#19: no token reaches the machine; it joins as the machine the provider reported at 127.0.0.1, once."""
-    port, data, ctl_log = free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
     bootstrap = tmp_path / "bootstrap"
     secret = secrets.token_urlsafe(24)
     bootstrap.write_text(secret)
@@ -193,9 +127,9 @@ def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controll
     option = ("--address-bound-join", str(bootstrap))
     unused = hashlib.sha256(secrets.token_urlsafe(24).encode()).hexdigest()  # the token the plugin never carried
     claim = ("--address-bound", "--machine-id", "i-0abc")
-    agent, log = None, tmp_path / "legacy.log"
-    try:
-        with controller(certs, data, port, ctl_log, *option):
+    log = tmp_path / "legacy.log"
+    with ExitStack() as stack:
+        with serve(certs, data, port, ctl_log, *option):
             commit(
                 certs,
                 port,
@@ -206,18 +140,14 @@ def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controll
                     ),
                 ],
             )
-            agent = start_agent(certs, tmp_path, port, "", secret, log, *claim)
-            wait_for(lambda: hosts(certs, port) == {"c1/i-1": "idle"}, 60, 0.2, "the legacy agent idle")
+            agent = start_agent(stack, certs, tmp_path, port, "", secret, log, *claim)
+            wait.blocking("the legacy agent idle", lambda: hosts(certs, port) == {"c1/i-1": "idle"}, 60, 0.2)
             # Once: a second claim of the same machine, from the same address, is refused.
-            second = start_agent(certs, tmp_path, port, "", secret, tmp_path / "second.log", *claim)
+            second = start_agent(stack, certs, tmp_path, port, "", secret, tmp_path / "second.log", *claim)
             assert second.wait(timeout=60) == 3
-        with controller(certs, data, port, ctl_log, *option):
-            wait_for(lambda: hosts(certs, port).get("c1/i-1") == "idle", 60, 0.2, "the legacy agent back")
+        with serve(certs, data, port, ctl_log, *option):
+            wait.blocking("the legacy agent back", lambda: hosts(certs, port).get("c1/i-1") == "idle", 60, 0.2)
             assert "join #2" in log.read_text() and alive(agent.pid)
-    finally:
-        if agent is not None and agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGTERM)
-            agent.wait(timeout=10)
     everything = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
     assert secret.encode() not in everything and b"cred-v1:" not in everything
     assert "reason=machine_joined" in ctl_log.read_text()

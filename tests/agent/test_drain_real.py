@@ -9,7 +9,6 @@ the daemon returns it (reason ``drained``) and the agent exits. Its item got a r
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -18,18 +17,14 @@ from typing import Any
 
 import pytest
 import trio
-from agent_procs import alive, cmdline, live_agents
+from agent_procs import alive, cmdline
+from local_driver import local_conf, local_provider
+from rigs import wait
+from rigs.agents import live_agents
+from rigs.daemon import daemon_config, short_dir
 
-from provisionerd.config.loader import (
-    Backoff,
-    Config,
-    ControllerSettings,
-    DaemonSettings,
-    LeaseSettings,
-    ProviderConfig,
-    ProviderTimeouts,
-)
-from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.config.loader import Backoff, Config, ProviderTimeouts
+from provisionerd.config.writer import write_daemon_config
 from provisionerd.daemon.clients import provider_clients
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import DemandItem, DrainRequested, InstanceFact, ResourceShape, ReturnIntent
@@ -39,44 +34,21 @@ from provisionerd.planner.policy import Policy
 
 pytestmark = pytest.mark.process
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL = REPO / "providers" / "local"
 CLUSTER = "agentcluster"  # the certs fixture's (tests/agent/conftest.py)
 #: Long enough for a loaded machine to start the agent, join and turn busy; the drain timeout is far beyond the test.
 MAX_TTL, DRAIN_TIMEOUT = 15.0, 600.0
 
 
-def write_config(tmp: Path, certs: Path, addresses: tuple[str, ...]) -> Config:
-    conf_dir, data_dir = tmp / "conf", tmp / "data"
-    conf_dir.mkdir()
-    data_dir.mkdir()
-    conf = {"certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 3, "killGraceSeconds": 5}
-    (conf_dir / "local.json").write_text(json.dumps(conf))
-    config = Config(
+def drain_config(tmp: Path, state: Path, certs: Path, addresses: tuple[str, ...]) -> Config:
+    provider = local_provider(tmp, local_conf(certs), max_machines=4, timeouts=ProviderTimeouts(default=30))
+    config = daemon_config(
+        certs,
+        addresses,
+        state,
+        provider,
         cluster=CLUSTER,
         identity="prov-drain",
-        controller=ControllerSettings(
-            addresses,
-            connect_timeout=5,
-            request_timeout=5,
-            heartbeat_interval=0.5,
-            heartbeat_timeout=5,
-            backoff=Backoff(initial=0.05, max=0.5),
-        ),
-        tls=provisioner_tls(certs),
-        lease=LeaseSettings(margin=0.5),
-        daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
-        providers=(
-            ProviderConfig(
-                "local",
-                "oneshot",
-                path=LOCAL,
-                conf_dir=conf_dir,
-                data_dir=data_dir,
-                max_machines=4,
-                timeouts=ProviderTimeouts(default=30),
-            ),
-        ),
+        link={"connect_timeout": 5.0, "backoff": Backoff(initial=0.05, max=0.5)},
     )
     return write_daemon_config(config, tmp / "pd.toml")
 
@@ -96,19 +68,19 @@ def facts_of(ctl: Any, kind: type) -> list[Any]:
     return [c.fact for c in ctl.server.cluster.store.all_facts() if isinstance(c.fact, kind)]
 
 
-async def wait_until(predicate, limit: float = 60.0) -> float:
+async def wait_until(predicate, what: str, limit: float = 60.0) -> float:
     """Poll ``predicate`` until true; the monotonic time it was seen true."""
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - polls real processes and the controller's state: no event
-            await trio.sleep(0.05)
+    await wait.until_sync(what, predicate, limit)
     return time.monotonic()
 
 
-async def wait_status(ctl: Any, predicate, limit: float = 60.0) -> None:
+async def wait_status(ctl: Any, what: str, predicate, limit: float = 60.0) -> None:
     """Poll the controller's status document until ``predicate(status)``."""
-    with trio.fail_after(limit):
-        while not predicate(await ctl.status()):  # noqa: ASYNC110 - the admin status has no change event
-            await trio.sleep(0.05)
+
+    async def probe() -> bool:
+        return bool(predicate(await ctl.status()))
+
+    await wait.until(what, probe, limit)
 
 
 def status_of(status: dict[str, Any], ref: str) -> str:
@@ -124,7 +96,7 @@ def test_a_busy_machine_past_max_ttl_is_drained_out_of_placement_and_returned_wh
 
     async def main() -> None:
         async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=2.0, check_interval=0.5) as ctl:
-            config = write_config(tmp_path, certs, ctl.addresses)
+            config = drain_config(tmp_path, state, certs, ctl.addresses)
             policy = Policy(
                 cluster=CLUSTER,
                 idle_time=300.0,
@@ -155,26 +127,24 @@ def test_a_busy_machine_past_max_ttl_is_drained_out_of_placement_and_returned_wh
                 finally:
                     with trio.CancelScope(shield=True):
                         await ctl.set_demand([])
-                        with trio.move_on_after(60):
-                            while live_agents(str(tmp_path)):  # noqa: ASYNC110 - waits for agent processes to end
-                                await trio.sleep(0.1)
+                        await wait.until_sync("every agent gone", lambda: not live_agents(str(tmp_path)), 60, 0.1)
                         await core.release_leases()
                     nursery.cancel_scope.cancel()
             core.events.close()
 
     async def scenario(ctl: Any) -> None:
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=1), 1)])
-        await wait_until(lambda: len(facts_of(ctl, InstanceFact)) == 1)
+        await wait_until(lambda: len(facts_of(ctl, InstanceFact)) == 1, "the first machine's instance fact")
         (first,) = facts_of(ctl, InstanceFact)
         ref = first.instance_ref
-        await wait_until(lambda: agent_of(tmp_path, ref) is not None)
+        await wait_until(lambda: agent_of(tmp_path, ref) is not None, "its agent running")
         pid = agent_of(tmp_path, ref)
         assert pid is not None
-        await wait_status(ctl, lambda status: status_of(status, ref) in ("joined", "idle"))
+        await wait_status(ctl, "its host joined", lambda status: status_of(status, ref) in ("joined", "idle"))
         os.kill(pid, signal.SIGUSR1)  # the machine runs work
-        await wait_status(ctl, lambda status: status_of(status, ref) == "busy", limit=30)
+        await wait_status(ctl, "its host busy", lambda status: status_of(status, ref) == "busy", limit=30)
         # Past max_ttl: asked to drain. The controller marks the host and places nothing more on it.
-        await wait_until(lambda: bool(facts_of(ctl, DrainRequested)), limit=MAX_TTL + 30)
+        await wait_until(lambda: bool(facts_of(ctl, DrainRequested)), "a drain asked for", limit=MAX_TTL + 30)
         (drain,) = facts_of(ctl, DrainRequested)
         seen["drain"] = drain
         seen["launch"] = first.launch_time
@@ -184,19 +154,20 @@ def test_a_busy_machine_past_max_ttl_is_drained_out_of_placement_and_returned_wh
         seen["placeable_while_draining"] = list(status["placeable"])
         seen["returns_while_busy"] = facts_of(ctl, ReturnIntent)
         # The replacement joins and is placeable; the draining one never is, busy or idle.
-        await wait_until(lambda: len(facts_of(ctl, InstanceFact)) == 2)
+        await wait_until(lambda: len(facts_of(ctl, InstanceFact)) == 2, "the replacement's instance fact")
         (second,) = [f for f in facts_of(ctl, InstanceFact) if f.instance_ref != ref]
-        await wait_status(ctl, lambda status: second.instance_ref in status["placeable"])
+        await wait_status(ctl, "the replacement placeable", lambda status: second.instance_ref in status["placeable"])
         seen["placeable_with_replacement"] = (await ctl.status())["placeable"]
         assert alive(pid)  # draining, still running its work
         os.kill(pid, signal.SIGUSR2)  # the work ended: idle
         idle_at = time.monotonic()
-        returned = await wait_until(lambda: bool(facts_of(ctl, ReturnIntent)), limit=30)
+        returned = await wait_until(lambda: bool(facts_of(ctl, ReturnIntent)), "the drained machine's return", limit=30)
         seen["return_after_idle_s"] = returned - idle_at
         seen["returns"] = facts_of(ctl, ReturnIntent)
-        await wait_until(lambda: not alive(pid), limit=60)  # the local provider ended the agent
+        await wait_until(lambda: not alive(pid), "its agent gone", limit=60)  # the local provider ended the agent
 
-    trio.run(main)
+    with short_dir("pd-drain-") as state:
+        trio.run(main)
     drain = seen["drain"]
     assert drain.reason == "max_ttl" and len(drain.machine_ids) == 1
     assert drain.at >= seen["launch"] + MAX_TTL

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,9 +13,11 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from agent_procs import alive, cmdline, live_agents
+from agent_procs import alive, cmdline
 from ctl_client import Provisioner
-from local_driver import OneShot, plugin_env, request_input, return_input
+from local_driver import OneShot, local_conf, plugin_env, request_input, return_input
+from rigs import agents, procs, wait
+from rigs.agents import live_agents
 
 from refcontroller.api import RefController, open_refcontroller
 
@@ -42,12 +43,12 @@ def agent_of(tmp_path: Path, instance_ref: str) -> int:
 
 async def wait_hosts(ctl: RefController, predicate: Callable[[dict[str, str]], bool], timeout: float = 60) -> None:
     """Poll the controller's status until ``predicate({instance_ref: status})`` holds."""
-    with trio.fail_after(timeout):
-        while True:
-            hosts = {h["instance_ref"]: h["status"] for h in (await ctl.status())["hosts"]}
-            if predicate(hosts):
-                return
-            await trio.sleep(0.1)
+
+    async def hosts() -> dict[str, str] | None:
+        found = {h["instance_ref"]: h["status"] for h in (await ctl.status())["hosts"]}
+        return found if predicate(found) else None
+
+    await wait.until("the hosts in the controller's status as wanted", hosts, timeout, 0.1)
 
 
 @asynccontextmanager
@@ -61,8 +62,7 @@ async def joined_agents(certs: Path, tmp_path: Path, count: int) -> AsyncIterato
             ask = request_input("op-e2e", tokens, list(ctl.addresses))
             refs = [boot["instanceRef"] for boot in ask["bootstrap"]]
             await provisioner.commit_intent("local", epoch, "op-e2e", refs, tokens)  # first the intent, then the call
-            conf = {"certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 3, "killGraceSeconds": 5}
-            plugin = OneShot(plugin_env(tmp_path, conf), tmp_path)
+            plugin = OneShot(plugin_env(tmp_path, local_conf(certs)), tmp_path)
             answer = await trio.to_thread.run_sync(plugin.call, "requestMachines", ask)
             status = await trio.to_thread.run_sync(
                 plugin.call, "getRequestStatus", {"requests": [{"requestId": answer["requestId"]}]}
@@ -76,31 +76,15 @@ async def joined_agents(certs: Path, tmp_path: Path, count: int) -> AsyncIterato
                     await trio.to_thread.run_sync(
                         plugin.call, "requestReturnMachines", return_input("ret-e2e", machines)
                     )
-                    with trio.move_on_after(60):
-                        while live_agents(str(tmp_path)):  # noqa: ASYNC110 - polls the agents' processes: no event to wait on
-                            await trio.sleep(0.1)
+                    await wait.until_sync("every agent gone", lambda: not live_agents(str(tmp_path)), 60, 0.1)
         finally:
             await provisioner.aclose()
 
 
 async def run_agent(certs: Path, tmp_path: Path, addresses: tuple[str, ...], ref: str, token: str) -> Any:
-    argv = [
-        sys.executable,
-        "-m",
-        "provisionerd",
-        "agent",
-        "--certs",
-        str(certs),
-        "--controllers",
-        ",".join(addresses),
-        "--instance-ref",
-        ref,
-        "--token-stdin",
-        "--label",
-        f"test-dir={tmp_path}",
-    ]
-    with trio.fail_after(60):
-        return await trio.run_process(argv, stdin=token.encode(), capture_stderr=True, check=False)
+    """An agent for ``ref`` with ``token`` on stdin, run to its end (a refused one exits at once)."""
+    argv = agents.agent_argv(certs, addresses, tmp_path, "--token-stdin", ref=ref)
+    return await trio.to_thread.run_sync(lambda: procs.run(argv, input=token, timeout=60))
 
 
 def test_agents_join_report_busy_and_a_spent_token_is_refused(certs: Path, tmp_path: Path) -> None:
@@ -118,7 +102,7 @@ def test_agents_join_report_busy_and_a_spent_token_is_refused(certs: Path, tmp_p
                 # The same token again (a second agent for the same instance): refused, exit code 3.
                 again = await run_agent(certs, tmp_path, setup.ctl.addresses, setup.refs[0], setup.tokens[0])
                 assert again.returncode == 3
-                assert b"token_invalid" in again.stderr and setup.tokens[0].encode() not in again.stderr
+                assert "token_invalid" in again.stderr and setup.tokens[0] not in again.stderr
                 # Another instance's (spent) token: refused too; the first agent is unaffected.
                 cross = await run_agent(certs, tmp_path, setup.ctl.addresses, setup.refs[0], setup.tokens[1])
                 assert cross.returncode == 3
@@ -137,9 +121,9 @@ def test_an_agent_rejoins_the_new_primary_after_a_failover(certs: Path, tmp_path
                 pid = agent_of(tmp_path, setup.refs[0])
                 log = tmp_path / "data" / "logs" / f"{setup.machines[0]}.log"
                 await setup.ctl.fail_over()
-                with trio.fail_after(60):
-                    while alive(pid) and "join #2" not in log.read_text():  # noqa: ASYNC110 - polls a process and its log
-                        await trio.sleep(0.1)
+                await wait.until_sync(
+                    "the agent's second join, or its exit", lambda: not alive(pid) or "join #2" in log.read_text(), 60
+                )
                 assert alive(pid), log.read_text()[-2000:]
                 await wait_hosts(setup.ctl, lambda hosts: hosts[setup.refs[0]] == "idle")
 

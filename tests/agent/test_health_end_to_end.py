@@ -14,29 +14,26 @@ probes ``echo 0``; ``gpu-good`` probes ``echo 1``.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
-from agent_procs import live_agents
+from local_driver import local_conf, local_provider
+from rigs import procs, wait
+from rigs.agents import live_agents
+from rigs.daemon import Daemon, daemon_config, short_dir
 
-from provisionerd.daemon.admin_socket import query
+from provisionerd.config.loader import Backoff
 from provisionerd.domain.model import DemandItem, RequestIntent, ResourceShape, Returned, ReturnIntent
 from refcontroller.api import RefController, open_refcontroller
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCAL = ROOT / "providers" / "local"
 GPU = ResourceShape(ncpus=1, gpus=1)
 
 
@@ -53,105 +50,56 @@ def template(template_id: str, price: float, gpus_seen: str) -> dict[str, Any]:
     }
 
 
-def write_config(path: Path, certs: Path, ctl: RefController, conf: Path, data: Path, state: Path, extra: str) -> None:
-    path.write_text(f"""
-cluster = "agentcluster"
-identity = "prov-health"
-[controller]
-addresses = {json.dumps(list(ctl.addresses))}
-heartbeat_interval = 0.5
-heartbeat_timeout = 5
-request_timeout = 5
-connect_timeout = 5
-backoff = {{initial = 0.1, max = 0.5, multiplier = 2, jitter = 0.5}}
-[tls]
-ca = "{certs}/ca.pem"
-cert = "{certs}/provisioner.pem"
-key = "{certs}/provisioner.key"
-[lease]
-margin = 0.5
-[daemon]
-events_log = "{state}/events.jsonl"
-admin_socket = "{state}/admin.sock"
-[[providers]]
-name = "local"
-transport = "oneshot"
-path = "{LOCAL}"
-conf_dir = "{conf}"
-data_dir = "{data}"
-idle_time = 0
-{extra}
-""")
-
-
-@asynccontextmanager
-async def fleet(tmp_path: Path, certs: Path, templates: list[dict[str, Any]], extra: str = "") -> AsyncIterator[Any]:
-    """The controller, the daemon (its lease held) and the local provider; on exit, demand 0, every agent gone."""
-    conf, data, config_path = tmp_path / "conf", tmp_path / "data", tmp_path / "pd.toml"
-    state = Path(tempfile.mkdtemp(prefix="pd-hl-", dir="/tmp"))  # a unix socket path must be short
-    conf.mkdir()
-    data.mkdir()
-    local = {"templates": templates, "certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 3}
-    (conf / "local.json").write_text(json.dumps(local))
-    async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl:
-        write_config(config_path, certs, ctl, conf, data, state, extra)
-        with open(tmp_path / "daemon.log", "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a real file
-            daemon = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "provisionerd", "run", "--config", str(config_path)],
-                start_new_session=True,
-                stderr=log_file,
-                cwd=str(ROOT),
-            )
-        rig = Rig(ctl, state / "admin.sock", tmp_path)
-        try:
-            await rig.until(lambda: rig.status() is not None and rig.lease_held(), 60, "the lease")
-            yield rig
-            await ctl.set_demand([])
-            with trio.move_on_after(30):
-                while live_agents(str(tmp_path)):  # noqa: ASYNC110 - polls the agents' processes
-                    await trio.sleep(0.2)
-            daemon.send_signal(signal.SIGTERM)
-            with trio.fail_after(20):
-                assert await daemon.wait() == 0, (tmp_path / "daemon.log").read_text()[-3000:]
-        finally:
-            if daemon.returncode is None:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                await daemon.wait()
-
-
-async def within(seconds: float, main: Callable[[], Any]) -> None:
-    with trio.fail_after(seconds):
-        await main()
-
-
+@attrs.frozen
 class Rig:
-    def __init__(self, ctl: RefController, sock: Path, tmp_path: Path) -> None:
-        self.ctl, self.sock, self.tmp_path = ctl, sock, tmp_path
+    ctl: RefController
+    daemon: Daemon
 
     def facts(self, kind: type) -> list[Any]:
         return [(c.index, c.fact) for c in self.ctl.server.cluster.store.all_facts() if isinstance(c.fact, kind)]
-
-    def status(self) -> dict[str, Any] | None:
-        try:
-            reply = query(self.sock)
-        except (OSError, ValueError):
-            return None
-        return reply["status"] if reply and reply.get("ok") else None
-
-    def lease_held(self) -> bool:
-        status = self.status()
-        return status is not None and status["leases"][0]["state"] == "held"
 
     def hosts(self) -> dict[str, Any]:
         return {h.instance_ref: h for h in self.ctl.server.cluster.hosts.all()}
 
     async def until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        with trio.move_on_after(timeout) as scope:
-            while not predicate():  # noqa: ASYNC110 - other processes change what is polled
-                await trio.sleep(0.1)
-        if scope.cancelled_caught:
-            log = (self.tmp_path / "daemon.log").read_text()[-4000:]
-            raise AssertionError(f"timed out waiting for {what}\n{log}")
+        try:
+            await wait.until_sync(what, predicate, timeout, 0.1)
+        except wait.WaitTimeout as exc:
+            assert self.daemon.proc is not None
+            raise wait.WaitTimeout(f"{exc}\n{self.daemon.proc.tail()}") from None
+
+
+@asynccontextmanager
+async def fleet(tmp_path: Path, certs: Path, templates: list[dict[str, Any]], **options: Any) -> AsyncIterator[Rig]:
+    """The controller, the daemon (its lease held) and the local provider; on exit, demand 0, every agent gone and
+    the daemon stopped cleanly."""
+    provider = local_provider(tmp_path, local_conf(certs, templates=templates), idle_time=0, **options)
+    with short_dir("pd-hl-") as state:
+        async with (
+            open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
+            procs.open_procs() as started,
+        ):
+            config = daemon_config(
+                certs,
+                ctl.addresses,
+                state,
+                provider,
+                cluster="agentcluster",
+                identity="prov-health",
+                link={"connect_timeout": 5.0, "backoff": Backoff(initial=0.1, max=0.5)},
+            )
+            daemon = Daemon.write(config, tmp_path / "pd.toml", started)
+            proc = await daemon.start()
+            await daemon.wait_held(60)
+            yield Rig(ctl, daemon)
+            await ctl.set_demand([])
+            await wait.until_sync("every agent gone", lambda: not live_agents(str(tmp_path)), 30, 0.2)
+            assert await proc.stop(20) == 0, proc.tail(60)
+
+
+async def within(seconds: float, main: Callable[[], Any]) -> None:
+    with trio.fail_after(seconds):
+        await main()
 
 
 def test_a_machine_whose_probe_reports_0_gpus_is_returned_with_the_reason_and_replaced(
@@ -181,7 +129,7 @@ def test_a_machine_whose_probe_reports_0_gpus_is_returned_with_the_reason_and_re
             await trio.sleep(3)  # the demand stays met: nothing more is asked or returned
             seen["intents_later"] = len(rig.facts(RequestIntent))
             seen["returns_later"] = len(rig.facts(ReturnIntent))
-            seen["events"] = [json.loads(line) for line in (rig.sock.parent / "events.jsonl").read_text().splitlines()]
+            seen["events"] = rig.daemon.events()
 
     trio.run(within, 180, main)
     assert [(i.template_id, i.count) for i in seen["intents"]] == [("gpu-bad", 1), ("gpu-good", 1)]
@@ -202,17 +150,19 @@ def test_with_max_unhealthy_1_three_bad_machines_stop_replacement_and_status_say
     seen: dict[str, Any] = {}
 
     async def main() -> None:
-        extra = "max_unhealthy = 1\nmax_unhealthy_window = 600\ncapacity_backoff = 1"
-        async with fleet(tmp_path, certs, [template("gpu-bad", 0.1, "0")], extra) as rig:
+        # A count as TOML writes it: the loader reads it as "1", which the writer would render as a string the
+        # schema refuses (a count must be an integer, only "N%" a string).
+        options = {"max_unhealthy": 1, "max_unhealthy_window": 600, "capacity_backoff": 1}
+        async with fleet(tmp_path, certs, [template("gpu-bad", 0.1, "0")], **options) as rig:
             await rig.ctl.set_demand([DemandItem("gpu", GPU, 3)])
 
-            def protected() -> bool:
-                status = rig.status()
+            async def protected() -> bool:
+                status = await rig.daemon.status()
                 machines = None if status is None else status["providers"]["local"]["health"].get("machines")
                 seen["machines"] = machines
                 return bool(machines and machines["protected"])
 
-            await rig.until(protected, 90, "the provider protected")
+            await wait.until("the provider protected", protected, 90, 0.1)
             intents = len(rig.facts(RequestIntent))
             await rig.until(
                 lambda: (
@@ -225,8 +175,8 @@ def test_with_max_unhealthy_1_three_bad_machines_stop_replacement_and_status_say
             seen["intents_before"] = intents
             seen["intents_after"] = [f for _, f in rig.facts(RequestIntent)]
             seen["returns"] = [f for _, f in rig.facts(ReturnIntent)]
-            seen["status"] = rig.status()
-            seen["events"] = [json.loads(line) for line in (rig.sock.parent / "events.jsonl").read_text().splitlines()]
+            seen["status"] = await rig.daemon.status()
+            seen["events"] = rig.daemon.events()
 
     trio.run(within, 200, main)
     machines = seen["machines"]

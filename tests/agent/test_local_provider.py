@@ -13,26 +13,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_procs import alive, cmdline, environ, ignores, live_agents, parent, wait_for
+from agent_procs import alive, cmdline, environ, ignores, parent
 from local_driver import (
     CLUSTER,
     PLUGIN,
     OneShot,
     Persistent,
     PluginFailed,
+    local_conf,
     plugin_env,
     request_input,
     return_input,
 )
+from rigs import procs, wait
+from rigs.agents import live_agents
 
 pytestmark = pytest.mark.process
 
 #: Nothing listens there: these agents keep retrying, which is all a provider test needs of them.
 NOWHERE = ["127.0.0.1:9"]
-
-
-def conf(certs: Path, **extra: Any) -> dict[str, Any]:
-    return {"certsDir": str(certs), "heartbeatSeconds": 1, "replyTimeoutSeconds": 3, "killGraceSeconds": 5, **extra}
 
 
 def tokens(n: int) -> list[str]:
@@ -66,7 +65,7 @@ def settle(plugin: OneShot | Persistent, request_id: str) -> dict[str, Any]:
         [entry] = plugin.call("getRequestStatus", {"requests": [{"requestId": request_id}]})["requests"]
         return entry if entry["status"] != "running" else None
 
-    return wait_for(done, timeout=60, interval=0.1, what=f"request {request_id} to settle")
+    return wait.blocking(f"request {request_id} to settle", done, 60, 0.1)
 
 
 def listed(plugin: OneShot | Persistent, **tags: str) -> dict[str, dict[str, Any]]:
@@ -75,7 +74,7 @@ def listed(plugin: OneShot | Persistent, **tags: str) -> dict[str, dict[str, Any
 
 
 def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
-    plugin = OneShot(plugin_env(tmp_path, conf(certs)), tmp_path)
+    plugin = OneShot(plugin_env(tmp_path, local_conf(certs)), tmp_path)
     secret = tokens(2)
     ask = request_input("op-1", secret, NOWHERE)
     first = plugin.call("requestMachines", ask)
@@ -117,7 +116,7 @@ def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
     assert other["machines"] == []
 
     returned = plugin.call("requestReturnMachines", return_input("ret-1", list(machines)))
-    wait_for(lambda: not agents_by_machine(tmp_path), timeout=60, what="the agents to exit")
+    wait.blocking("the agents to exit", lambda: not agents_by_machine(tmp_path), 60, 0.05)
     done = settle(plugin, returned["requestId"])
     assert done["status"] == "complete"
     assert {m["result"] for m in done["machines"]} == {"succeed"}
@@ -141,7 +140,7 @@ def test_lifecycle_with_real_agents(certs: Path, tmp_path: Path) -> None:
 
 
 def test_listing_survives_a_plugin_restart(certs: Path, tmp_path: Path) -> None:
-    env = plugin_env(tmp_path, conf(certs))
+    env = plugin_env(tmp_path, local_conf(certs))
     plugin = Persistent(env)
     try:
         first = plugin.call("requestMachines", request_input("op-r", tokens(2), NOWHERE))
@@ -152,7 +151,7 @@ def test_listing_survives_a_plugin_restart(certs: Path, tmp_path: Path) -> None:
     assert set(pids) == machines  # the agents outlived the plugin: they run in their own sessions
 
     # Another provider instance (another data dir) does not see them; a restarted one does, by their tags.
-    stranger = Persistent(plugin_env(tmp_path, conf(certs), data="other-data"))
+    stranger = Persistent(plugin_env(tmp_path, local_conf(certs), data="other-data"))
     try:
         assert listed(stranger) == {}
     finally:
@@ -164,19 +163,19 @@ def test_listing_survives_a_plugin_restart(certs: Path, tmp_path: Path) -> None:
         assert all(m["tags"]["provisionerd:op"] == "op-r" and m["status"] == "running" for m in found.values())
         assert settle(plugin, first["requestId"])["status"] == "complete"
         plugin.call("requestReturnMachines", return_input("ret-r", sorted(machines)))
-        wait_for(lambda: not agents_by_machine(tmp_path), timeout=60, what="the agents to exit")
+        wait.blocking("the agents to exit", lambda: not agents_by_machine(tmp_path), 60, 0.05)
     finally:
         plugin.close()
 
 
 def test_an_agent_that_died_is_reported_and_a_reused_pid_is_not_touched(certs: Path, tmp_path: Path) -> None:
-    plugin = OneShot(plugin_env(tmp_path, conf(certs)), tmp_path)
+    plugin = OneShot(plugin_env(tmp_path, local_conf(certs)), tmp_path)
     request = plugin.call("requestMachines", request_input("op-d", tokens(2), NOWHERE))
     machines = sorted(m["machineId"] for m in settle(plugin, request["requestId"])["machines"])
     victim, survivor = machines
     pids = agents_by_machine(tmp_path)
     os.kill(pids[victim], signal.SIGKILL)
-    wait_for(lambda: not alive(pids[victim]), timeout=60, what="the killed agent to die")
+    wait.blocking("the killed agent to die", lambda: not alive(pids[victim]), 60, 0.05)
 
     wanted = plugin.call("getReturnRequests", {"machines": [{"name": m, "machineId": m} for m in machines]})
     assert wanted["requests"] == [{"machine": victim, "machineId": victim, "gracePeriod": 0}]
@@ -205,12 +204,12 @@ def test_an_agent_that_died_is_reported_and_a_reused_pid_is_not_touched(certs: P
         finally:
             bystander.kill()
     plugin.call("requestReturnMachines", return_input("ret-s", [survivor]))
-    wait_for(lambda: not agents_by_machine(tmp_path), timeout=60, what="the survivor to exit")
+    wait.blocking("the survivor to exit", lambda: not agents_by_machine(tmp_path), 60, 0.05)
 
 
 def test_typed_refusals(certs: Path, tmp_path: Path) -> None:
     templates = [{"templateId": "tiny", "maxNumber": 1, "ncpus": 1, "memMb": 512, "price": None}]
-    plugin = OneShot(plugin_env(tmp_path, conf(certs, templates=templates)), tmp_path)
+    plugin = OneShot(plugin_env(tmp_path, local_conf(certs, templates=templates)), tmp_path)
     described = plugin.call("describeProvider", {})
     assert described["features"]["priceQuotes"] is False and described["features"]["idempotentRequest"]
     [template] = plugin.call("getAvailableTemplates", {})["templates"]
@@ -234,7 +233,7 @@ def test_typed_refusals(certs: Path, tmp_path: Path) -> None:
     [entry] = settle(plugin, foreign["requestId"])["machines"]
     assert entry["result"] == "fail" and agents_by_machine(tmp_path)
     plugin.call("requestReturnMachines", return_input("ret-1", [machine_id]))
-    wait_for(lambda: not agents_by_machine(tmp_path), timeout=60, what="the agent to exit")
+    wait.blocking("the agent to exit", lambda: not agents_by_machine(tmp_path), 60, 0.05)
 
 
 def test_unknown_requests_and_bad_config_are_typed(tmp_path: Path) -> None:
@@ -258,13 +257,9 @@ def test_unknown_requests_and_bad_config_are_typed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("transport", ["oneshot", "persistent"])
 def test_the_conformance_kit_passes(transport: str, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "provisionerd", "provider", "check", "--json", "--transport", transport, str(PLUGIN)],
-        capture_output=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
-    summary = json.loads(done.stdout.decode().splitlines()[-1])
+    argv = procs.provisionerd("provider", "check", "--json", "--transport", transport, PLUGIN)
+    done = procs.run(argv, timeout=300, env={"TMPDIR": str(tmp_path)})
+    summary = json.loads(done.stdout.splitlines()[-1])
     assert done.returncode == 0 and summary["failed"] == 0, summary
 
 
@@ -281,13 +276,15 @@ def test_an_agent_that_ignores_sigterm_gets_sigkill_after_the_grace(certs: Path,
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN_AGENT)
     plugin = OneShot(
-        plugin_env(tmp_path, conf(certs, killGraceSeconds=3, agentCommand=[sys.executable, str(script), "agent"])),
+        plugin_env(
+            tmp_path, local_conf(certs, killGraceSeconds=3, agentCommand=[sys.executable, str(script), "agent"])
+        ),
         tmp_path,
     )
     request = plugin.call("requestMachines", request_input("op-k", tokens(1), NOWHERE))
     [machine_id] = [m["machineId"] for m in settle(plugin, request["requestId"])["machines"]]
     pid = agents_by_machine(tmp_path)[machine_id]
-    wait_for(lambda: ignores(pid, signal.SIGTERM), timeout=60, what="the stubborn agent to ignore SIGTERM")
+    wait.blocking("the stubborn agent to ignore SIGTERM", lambda: ignores(pid, signal.SIGTERM), 60, 0.05)
     returned = plugin.call("requestReturnMachines", return_input("ret-k", [machine_id]))
     [entry] = plugin.call("getRequestStatus", {"requests": [{"requestId": returned["requestId"]}]})["requests"]
     assert entry["status"] == "running" and entry["machines"][0]["status"] == "shutting-down"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
+from rigs import procs
 
 from provisionerd.conformance import checks_state as state
 from provisionerd.conformance.battery import CHECKS, Report, run_battery
@@ -64,11 +64,9 @@ def test_the_cli_without_admin_reports_the_failover_rows_not_run(certs: Path, tm
         async with open_refcontroller_process(
             certs, tmp_path / "data", replicas=2, lease_ttl=TTL, check_interval=CHECK
         ) as ctl:
-            argv = [sys.executable, "-m", "provisionerd", "controller", "check", "--json"]
+            argv = procs.provisionerd("controller", "check", "--json")
             argv += ["--connect", ",".join(ctl.addresses), "--certs", str(certs)]
-            return await trio.to_thread.run_sync(
-                lambda: subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-            )
+            return await procs.run_async(argv, timeout=120)
 
     done = trio.run(run)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import random
-import textwrap
+from typing import Any
 
 import attrs
 import trio
+from rigs.memory import memory_config
 
-from provisionerd.config.loader import Config
+from provisionerd.config.loader import Backoff, Config, ProviderConfig
 from provisionerd.daemon.builder import build_pieces, executor_settings_from, policy_from_config
 from provisionerd.daemon.orphan_admin import side_identity
 from provisionerd.daemon.root import DaemonCore
@@ -20,32 +21,16 @@ from provisionerd.testing.fake_provider import FakeProvider
 
 
 def two_providers(tmp_path) -> Config:
-    text = textwrap.dedent("""
-        cluster = "clu"
-        identity = "prov-1"
-        [controller]
-        addresses = ["ctl0:7400", "ctl1:7400"]
-        request_timeout = 7
-        backoff = {initial = 0.3, max = 5, multiplier = 3, jitter = 0.25}
-        [tls]
-        ca = "ca.pem"
-        cert = "provisioner.pem"
-        key = "provisioner.key"
-        [lease]
-        margin = 1.5
-        [[providers]]
-        name = "a"
-        transport = "oneshot"
-        path = "plugins/a"
-        provisioning_timeout = 300
-        [[providers]]
-        name = "b"
-        transport = "oneshot"
-        path = "plugins/b"
-        provisioning_timeout = 450
-        join_deadline = 120
-    """)
-    return Config.from_toml(text, base_dir=tmp_path)
+    def provider(name: str, **options: Any) -> ProviderConfig:
+        return ProviderConfig(name, "oneshot", path=tmp_path / "plugins" / name, **options)
+
+    return memory_config(
+        tmp_path,
+        ("ctl0:7400", "ctl1:7400"),
+        provider("a", provisioning_timeout=300),
+        provider("b", provisioning_timeout=450, join_deadline=120),
+        link={"request_timeout": 7, "backoff": Backoff(initial=0.3, max=5, multiplier=3, jitter=0.25)},
+    )
 
 
 async def unreachable(address: str) -> trio.abc.Stream:
@@ -114,37 +99,23 @@ def test_each_provider_keeps_its_own_limits_and_the_orphan_cycle_reads_the_plann
     """The issue's two providers: spot (join deadline 120 s, max_ttl 3600 s) and onprem (1800 s, no max_ttl). Merged,
     both had 1800 and 3600; now each has its own, and each orphan cycle classifies with its provider's deadline as
     the planner has it (also when a test injects the policy)."""
-    text = textwrap.dedent("""
-        cluster = "clu"
-        identity = "prov-1"
-        [controller]
-        addresses = ["ctl0:7400"]
-        [tls]
-        ca = "ca.pem"
-        cert = "provisioner.pem"
-        key = "provisioner.key"
-        [[providers]]
-        name = "spot"
-        transport = "oneshot"
-        path = "plugins/spot"
-        join_deadline = 120
-        max_ttl = 3600
-        idle_time = 0
-        max_machines = 7
-        step_limit = 3
-        provisioning_timeout = 300
-        capacity_backoff = 20
-        unhealthy_backoff = 5
-        unhealthy_backoff_max = 50
-        quota_pause = 600
-        [[providers]]
-        name = "onprem"
-        transport = "oneshot"
-        path = "plugins/onprem"
-        join_deadline = 1800
-        max_ttl = 0
-    """)
-    config = Config.from_toml(text, base_dir=tmp_path)
+    spot = ProviderConfig(
+        "spot",
+        "oneshot",
+        path=tmp_path / "plugins" / "spot",
+        join_deadline=120,
+        max_ttl=3600,
+        idle_time=0,
+        max_machines=7,
+        step_limit=3,
+        provisioning_timeout=300,
+        capacity_backoff=20,
+        unhealthy_backoff=5,
+        unhealthy_backoff_max=50,
+        quota_pause=600,
+    )
+    onprem = ProviderConfig("onprem", "oneshot", path=tmp_path / "plugins" / "onprem", join_deadline=1800, max_ttl=0)
+    config = memory_config(tmp_path, ("ctl0:7400",), spot, onprem)
     policy = policy_from_config(config)
     spot, onprem = policy.of("spot"), policy.of("onprem")
     assert (spot.join_deadline, spot.max_ttl, onprem.join_deadline, onprem.max_ttl) == (120.0, 3600.0, 1800.0, None)

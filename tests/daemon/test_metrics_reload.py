@@ -9,9 +9,8 @@ import socket
 
 import attrs
 import trio
+from rigs.memory import memory_core, running
 
-from provisionerd.daemon.root import DaemonCore
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 from tests.daemon.test_observability import config
@@ -46,12 +45,9 @@ def test_a_reload_moves_the_metrics_listener_and_an_unusable_address_keeps_it(tm
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            running = with_metrics(config(tmp_path, net.addresses), f"127.0.0.1:{first}")
-            core = DaemonCore(
-                running, connect=net.connect, events=events, providers={"sim": PluginClient(FakeProvider("sim"))}
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            first_config = with_metrics(config(tmp_path, net.addresses), f"127.0.0.1:{first}")
+            core = memory_core(net, first_config, FakeProvider("sim"), events=events)
+            async with running(core):
                 seen["start"] = (core.observability.address, accepts(first))
                 seen["moved"] = core.reload(with_metrics(core.config, f"127.0.0.1:{second}")).outcome
                 await trio.sleep(1)
@@ -62,7 +58,6 @@ def test_a_reload_moves_the_metrics_listener_and_an_unusable_address_keeps_it(tm
                 seen["off"] = core.reload(with_metrics(core.config, None)).outcome
                 await trio.sleep(1)
                 seen["after_off"] = (core.observability.address, accepts(second))
-                nursery.cancel_scope.cancel()
 
     try:
         mock_run(main)

@@ -5,45 +5,24 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import attrs
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
+from rigs.memory import memory_config, memory_core, running
 
 from provisionerd.cli.status import render
 from provisionerd.config.loader import Config
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import AuthFailed
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 
 def config(tmp_path: Path, addresses, identity: str = "prov-1") -> Config:
-    text = textwrap.dedent(f"""
-        cluster = "clu"
-        identity = "{identity}"
-        [controller]
-        addresses = {list(addresses)!r}
-        heartbeat_interval = 1
-        heartbeat_timeout = 3
-        request_timeout = 5
-        connect_timeout = 2
-        [tls]
-        ca = "ca.pem"
-        cert = "provisioner.pem"
-        key = "provisioner.key"
-        [daemon]
-        metrics_listen = "127.0.0.1:0"
-        [[providers]]
-        name = "sim"
-        transport = "oneshot"
-        path = "plugins/sim"
-    """).replace("'", '"')
-    return Config.from_toml(text, base_dir=tmp_path)
+    return memory_config(tmp_path, addresses, identity=identity, metrics_listen="127.0.0.1:0")
 
 
 async def get(core: DaemonCore, path: str, request: bytes | None = None) -> tuple[int, bytes]:
@@ -76,12 +55,7 @@ def test_readyz_turns_ready_only_once_the_lease_is_held_and_the_view_resynced_af
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            core = DaemonCore(
-                config(tmp_path, net.addresses),
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(FakeProvider("sim"))},
-            )
+            core = memory_core(net, config(tmp_path, net.addresses), FakeProvider("sim"), events=events)
 
             def ready() -> tuple[bool, bool, bool]:
                 ok, _ = core.observability.snapshot.ready(trio.current_time())
@@ -94,13 +68,11 @@ def test_readyz_turns_ready_only_once_the_lease_is_held_and_the_view_resynced_af
             # After the builder's hooks (the grant asks for a resync): the lease is held, the view predates it.
             core.keepers["sim"].on_acquired.append(lambda _epoch: seen["trail"].append(("granted", *ready())))
             events.listeners.append(note)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            async with running(core):
                 seen["before"] = await get(core, "/readyz")
                 await trio.sleep(40)
                 seen["after"] = await get(core, "/readyz")
                 seen["health"] = await get(core, "/healthz")
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     trail = seen["trail"]
@@ -125,16 +97,9 @@ def test_a_standby_daemon_is_ready_and_two_daemons_in_one_process_keep_their_own
     async def main():
         async with memory_controller(replicas=1) as net:
             fake = FakeProvider("sim")
-            active = DaemonCore(
-                config(tmp_path, net.addresses, "prov-1"), connect=net.connect, providers={"sim": PluginClient(fake)}
-            )
-            standby = DaemonCore(
-                config(tmp_path, net.addresses, "prov-2"),
-                connect=net.connect,
-                providers={"sim": PluginClient(FakeProvider("sim"))},
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(active.run)
+            active = memory_core(net, config(tmp_path, net.addresses, "prov-1"), fake)
+            standby = memory_core(net, config(tmp_path, net.addresses, "prov-2"), FakeProvider("sim"))
+            async with running(active) as nursery:
                 await trio.sleep(40)
                 await nursery.start(standby.run)
                 await trio.sleep(40)
@@ -146,7 +111,6 @@ def test_a_standby_daemon_is_ready_and_two_daemons_in_one_process_keep_their_own
                 seen["standby_ready"] = await get(standby, "/readyz")
                 seen["status"] = active.status()
                 seen["standby_status"] = standby.status()
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["standby_ready"][0] == 200  # another holder has the lease: deliberately on standby
@@ -196,11 +160,7 @@ def test_the_http_handler_bounds_what_it_reads_and_counts_each_refusal(tmp_path,
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            core = DaemonCore(
-                config(tmp_path, net.addresses),
-                connect=net.connect,
-                providers={"sim": PluginClient(FakeProvider("sim"))},
-            )
+            core = memory_core(net, config(tmp_path, net.addresses), FakeProvider("sim"))
             server = core.observability.server
             seen["big"] = await get(core, "", b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n")
             seen["post"] = await get(core, "", b"POST /metrics HTTP/1.1\r\n\r\n")
@@ -234,18 +194,12 @@ def test_healthz_turns_unhealthy_when_the_reconcile_loop_stops_turning(tmp_path,
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            core = DaemonCore(
-                config(tmp_path, net.addresses),
-                connect=net.connect,
-                providers={"sim": PluginClient(FakeProvider("sim"))},
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            core = memory_core(net, config(tmp_path, net.addresses), FakeProvider("sim"))
+            async with running(core):
                 await trio.sleep(40)
                 seen["alive"] = await get(core, "/healthz")
                 core.loop.beat = trio.current_time() - 31  # as if the loop were stuck for 31 s (limit: 30 s)
                 seen["stuck"] = await get(core, "/healthz")
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["alive"][0] == 200
@@ -268,7 +222,7 @@ def test_an_address_in_use_stops_the_start_with_a_config_error_naming_the_key(tm
         async with memory_controller(replicas=1) as net:
             base = config(tmp_path, net.addresses)
             cfg = attrs.evolve(base, daemon=attrs.evolve(base.daemon, metrics_listen=f"127.0.0.1:{port}"))
-            core = DaemonCore(cfg, connect=net.connect, providers={"sim": PluginClient(FakeProvider("sim"))})
+            core = memory_core(net, cfg, FakeProvider("sim"))
             with pytest.raises(ConfigError, match="daemon.metrics_listen: cannot listen on") as caught:
                 await core.observability.serve()
             return caught.value
@@ -285,13 +239,8 @@ def test_scrapes_within_a_second_get_the_same_rendering(tmp_path, memory_control
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            core = DaemonCore(
-                config(tmp_path, net.addresses),
-                connect=net.connect,
-                providers={"sim": PluginClient(FakeProvider("sim"))},
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            core = memory_core(net, config(tmp_path, net.addresses), FakeProvider("sim"))
+            async with running(core):
                 await trio.sleep(5)
                 first = await get(core, "/metrics")
                 core.calls.ended("sim", "listMachines", "timeout", 60.0)
@@ -299,7 +248,6 @@ def test_scrapes_within_a_second_get_the_same_rendering(tmp_path, memory_control
                 await trio.sleep(1)
                 later = await get(core, "/metrics")
                 seen.update(first=first, again=again, later=later)
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["again"] == seen["first"]  # the state is read at most once a second, whoever scrapes

@@ -9,17 +9,15 @@ the controller link's test timings.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import trio
 import trio.testing
+from rigs.memory import memory_config, memory_core, running, sim_provider
 
 from provisionerd.config.loader import Config
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import Throttled
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 from provisionerd.testing.fake_provider import FakeProvider
@@ -29,26 +27,7 @@ LATENCY = 0.5
 
 
 def config(tmp_path: Path, addresses) -> Config:
-    text = textwrap.dedent(f"""
-        cluster = "clu"
-        identity = "prov-1"
-        [controller]
-        addresses = {list(addresses)!r}
-        heartbeat_interval = 1
-        heartbeat_timeout = 3
-        request_timeout = 5
-        connect_timeout = 2
-        [tls]
-        ca = "ca.pem"
-        cert = "provisioner.pem"
-        key = "provisioner.key"
-        [[providers]]
-        name = "sim"
-        transport = "oneshot"
-        path = "plugins/sim"
-        max_machines = 1000
-    """).replace("'", '"')
-    return Config.from_toml(text, base_dir=tmp_path)
+    return memory_config(tmp_path, addresses, sim_provider(tmp_path, max_machines=1000))
 
 
 def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> dict:
@@ -59,16 +38,11 @@ def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> 
 
     async def main():
         async with memory_controller(replicas=1) as net:
-            core = DaemonCore(
-                config(tmp_path, net.addresses),
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: BASE_TIME + trio.current_time(),
+            core = memory_core(
+                net, config(tmp_path, net.addresses), fake, events=events, wall=lambda: BASE_TIME + trio.current_time()
             )
             assert core.config.providers[0].step_limit == 10  # the default
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            async with running(core):
                 await trio.sleep(30)  # joined, lease held, offers read: the daemon at rest, nothing wanted
 
                 def facts(kind: type) -> list:
@@ -96,7 +70,6 @@ def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> 
                     if family.name == "provisionerd_provider_step"
                     for sample in family.samples
                 ]
-                nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     seen["steps"] = [(e["old"], e["new"], e["reason"]) for e in events.of_kind("step_changed")]

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import trio
+from rigs.memory import memory_session_settings, running
 
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
@@ -19,17 +20,7 @@ from provisionerd.telemetry.events import EventLog
 
 
 def settings(addresses, identity="prov-a", providers=("sim",), **kw) -> SessionSettings:
-    return SessionSettings(
-        identity=identity,
-        providers=providers,
-        addresses=tuple(addresses),
-        connect_timeout=2.0,
-        request_timeout=5.0,
-        heartbeat_interval=1.0,
-        heartbeat_timeout=3.0,
-        backoff=Backoff(initial=0.2, max=4.0, multiplier=2.0, jitter=0.5),
-        **kw,
-    )
+    return memory_session_settings(addresses, identity, providers, **kw)
 
 
 class Daemon:
@@ -91,8 +82,7 @@ def test_join_follows_the_redirect_resyncs_and_gets_demand(mock_run, memory_cont
         async with memory_controller() as net:
             net.server.cluster.set_demand([ITEM])
             daemon = Daemon(net, addresses=("ctl1:7400", "ctl0:7400", "ctl2:7400"))
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 await wait_for(lambda: daemon.session.view is not None and daemon.session.view.complete, "view")
                 view = daemon.session.view
                 seen.update(
@@ -102,7 +92,6 @@ def test_join_follows_the_redirect_resyncs_and_gets_demand(mock_run, memory_cont
                     connects=[a for _, a in net.connects],
                     state=daemon.session.state,
                 )
-                nursery.cancel_scope.cancel()
             seen["events"] = [e["event"] for e in daemon.kinds("redirect", "join", "link_up", "resync")]
 
     mock_run(main)
@@ -118,8 +107,7 @@ def test_lease_gate_and_facts_over_the_session(mock_run, memory_controller):
     async def main():
         async with memory_controller(ttl=30.0) as net:
             daemon = Daemon(net)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 keeper = daemon.keepers["sim"]
                 epoch = await keeper.wait_valid()
                 async with daemon.gate.mutation("sim", intent("op-1")) as permit:
@@ -129,7 +117,6 @@ def test_lease_gate_and_facts_over_the_session(mock_run, memory_controller):
                 await trio.sleep(600.0)  # ten minutes of renewals and heartbeats
                 seen["still"] = keeper.current()
                 seen["epoch"] = epoch
-                nursery.cancel_scope.cancel()
             seen["store"] = [c.fact.op_id for c in net.server.cluster.store.all_facts()]
             seen["renewals"] = len(daemon.kinds("lease_renewed"))
             seen["generations"] = daemon.session.generation
@@ -146,8 +133,7 @@ def test_failover_rejoins_resyncs_and_reacquires_a_higher_epoch(mock_run, memory
     async def main():
         async with memory_controller(ttl=30.0, check_interval=5.0) as net:
             daemon = Daemon(net)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 keeper = daemon.keepers["sim"]
                 first = await keeper.wait_valid()
                 async with daemon.gate.mutation("sim", intent("op-1")):
@@ -177,7 +163,6 @@ def test_failover_rejoins_resyncs_and_reacquires_a_higher_epoch(mock_run, memory
                     (e["event"])
                     for e in daemon.kinds("link_down", "redirect", "join", "resync", "lease_lost", "lease_acquired")
                 ]
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["second"] > seen["first"] and seen["second"].term == seen["first"].term + 1
@@ -207,8 +192,7 @@ def test_stale_epoch_fact_is_rejected_and_the_daemon_recovers_by_reacquiring(moc
     async def main():
         async with memory_controller(ttl=30.0) as net:
             daemon = Daemon(net)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 keeper = daemon.keepers["sim"]
                 first = await keeper.wait_valid()
                 # Another primary term arrives without our link noticing (the lease table is emptied in place).
@@ -226,7 +210,6 @@ def test_stale_epoch_fact_is_rejected_and_the_daemon_recovers_by_reacquiring(moc
                 second = await keeper.wait_valid()
                 async with daemon.gate.mutation("sim", intent("op-fresh")) as permit:
                     seen["epochs"] = (first, second, permit.epoch)
-                nursery.cancel_scope.cancel()
             seen["store"] = [(c.fact.op_id, c.fact.epoch) for c in net.server.cluster.store.all_facts()]
             seen["decisions"] = [d.outcome for d in daemon.gate.decisions]
             seen["violations"] = violations(daemon.gate.decisions)
@@ -246,8 +229,7 @@ def test_dead_link_is_detected_by_heartbeat_and_the_session_resyncs_after_heal(m
     async def main():
         async with memory_controller(ttl=30.0, heartbeat=15.0) as net:
             daemon = Daemon(net)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 keeper = daemon.keepers["sim"]
                 await keeper.wait_valid()
                 acquired_at = trio.current_time()  # 35.0: a freshly started controller waits out its grace first
@@ -263,7 +245,6 @@ def test_dead_link_is_detected_by_heartbeat_and_the_session_resyncs_after_heal(m
                 seen["epoch"] = await keeper.wait_valid()
                 seen["generation"] = daemon.session.generation
                 seen["acquired_at"] = acquired_at
-                nursery.cancel_scope.cancel()
             seen["lost"] = next(daemon.events.of_kind("lease_lost"))
             seen["denied"] = next(daemon.events.of_kind("lease_denied"))
             seen["link_down"] = next(daemon.events.of_kind("link_down"))
@@ -342,8 +323,7 @@ def test_multi_page_demand_host_pushes_and_the_updates_channel(mock_run, memory_
             net.server.cluster.set_demand(big)
             net.server.cluster.hosts.add(host)  # known before we join: comes with the resync
             daemon = Daemon(net)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon) as nursery:
                 updates = await nursery.start(daemon.session.updates)
                 view = await updates.receive()
                 while not view.complete:
@@ -357,7 +337,6 @@ def test_multi_page_demand_host_pushes_and_the_updates_channel(mock_run, memory_
                 while not (len(view.demand.items) == 3 and view.hosts["ref-1"] == busy):
                     view = await updates.receive()
                 seen["second"] = (view.demand.seq, view.demand.items, dict(view.hosts), view.generation)
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     seq1, count1, hosts1 = seen["first"]

@@ -10,12 +10,13 @@ from itertools import pairwise
 
 import trio
 import trio.testing
+from rigs.memory import memory_session_settings, running
 
 from provisionerd.config.loader import Backoff
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession
-from provisionerd.controller.session_settings import LinkState, SessionSettings
+from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.model import NO_EPOCH, DemandItem, RequestIntent, ResourceShape, Role
 from provisionerd.execution.gate import MutationGate
 from provisionerd.telemetry.events import EventLog
@@ -68,17 +69,7 @@ class Daemon:
     def __init__(self, net: Net, identity: str = "prov-a", refresh_heartbeats: int = 30, seed: int = 1) -> None:
         self.events = EventLog(keep=10_000)
         rng = random.Random(seed)
-        settings = SessionSettings(
-            identity=identity,
-            providers=("sim",),
-            addresses=net.net.addresses,
-            connect_timeout=2.0,
-            request_timeout=5.0,
-            heartbeat_interval=1.0,
-            heartbeat_timeout=3.0,
-            backoff=Backoff(initial=0.2, max=4.0),
-            refresh_heartbeats=refresh_heartbeats,
-        )
+        settings = memory_session_settings(net.net.addresses, identity, refresh_heartbeats=refresh_heartbeats)
         self.session = ControllerSession(settings, net.connect, self.events, rng)
         self.ops = ControllerOps(self.session)
         self.keeper = LeaseKeeper(
@@ -145,8 +136,7 @@ def test_a_lost_demand_change_heals_at_the_digest(mock_run, memory_controller):
             net = Net(mem)
             mem.server.cluster.set_demand([ITEM])
             daemon = Daemon(net, refresh_heartbeats=20)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.run)
+            async with running(daemon):
                 await wait_for(lambda: daemon.session.view is not None and daemon.session.view.complete)
                 net.drop = True
                 changed = trio.current_time()
@@ -158,7 +148,6 @@ def test_a_lost_demand_change_heals_at_the_digest(mock_run, memory_controller):
                 healed = await wait_for(lambda: len(daemon.session.view.demand.items) == 2)
                 seen["after"] = healed - changed
                 seen["reasons"] = {reason for _, reason in daemon.refreshes()}
-                nursery.cancel_scope.cancel()
 
     mock_run(main)
     assert seen["stale"] == 1

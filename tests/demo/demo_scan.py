@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from rigs import pipes, procs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,10 +52,6 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
 
 
 def start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "provisionerd", "demo", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=demo_env(tmp_path),
-        cwd=tmp_path,
-    )
+    """``provisionerd demo ARGS`` in its own session, its output on pipes, run from ``tmp_path``."""
+    argv = procs.provisionerd("demo", *args)
+    return pipes.piped(argv, env=demo_env(tmp_path), cwd=tmp_path, stdin=subprocess.DEVNULL)

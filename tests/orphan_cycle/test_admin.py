@@ -10,7 +10,7 @@ import trio
 import trio.testing
 from cycle_world import NOW, OLD, tags
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.daemon.orphan_direct import act
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, OrphanAdopted, RequestIntent, Returned, ReturnIntent
@@ -49,8 +49,8 @@ def scenario(tmp_path, steps):
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             async with holding_lease(config, "sim", net.connect, identity="prov-1") as holder:
                 await holder.commit(
                     RequestIntent("sim", NO_EPOCH, "op-nj", "small", 1, ("clu/op-nj/0",), ("a" * 64,)),

@@ -5,7 +5,7 @@ only when no daemon listens.
 The daemon's side runs in-process on MockClock (the real ``DaemonCore`` against the reference controller over
 in-memory streams and an in-memory provider); the socket layer and the CLI's choice of path on the real clock
 with small stand-in commands; the whole thing with real processes (the reference controller, ``provisionerd run``,
-the simulated provider's plugin processes and the CLI), marked ``slow``.
+the simulated provider's plugin processes and the CLI), marked ``process``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+import sim_state
 import trio
 import trio.testing
 from cycle_world import OLD, World, tags
-from memory_ctl import daemon_config, memory_controller
+from real_world import SECRET, real_world, sim
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
 from provisionerd.cli import main as cli
 from provisionerd.config.loader import Config
@@ -28,7 +30,6 @@ from provisionerd.daemon import admin_socket
 from provisionerd.daemon.admin_socket import Command, query, request, serve_admin_socket
 from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult
 from provisionerd.daemon.orphan_direct import via_daemon
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import HostState, HostStatus, OrphanAdopted, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
 from provisionerd.provider.client import PluginClient
@@ -64,20 +65,13 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
     seen: dict = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
+        async with open_memory_controller(tmp_path, 1) as net:
             net.server.cluster.hosts.add(
                 HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, NOW, "node-match", "10.1.0.2")
             )
-            config = daemon_config(tmp_path, net.addresses, orphans="dry_run = true")
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: NOW + trio.current_time(),
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            config = memory_config(tmp_path, net.addresses, orphans={"dry_run": True})
+            core = memory_core(net, config, fake, events=events, wall=lambda: NOW + trio.current_time())
+            async with running(core):
                 with trio.fail_after(120):
                     while not (core.keepers["sim"].valid() and core.session.synced_for("sim")):  # noqa: ASYNC110 - no event for both
                         await trio.sleep(0.5)
@@ -85,7 +79,6 @@ def daemon_scenario(tmp_path, steps, fake: FakeProvider | None = None):
                 seen["net"] = net
                 await steps(core, fake, seen)
                 seen["epoch_after"] = core.keepers["sim"].current()
-                nursery.cancel_scope.cancel()
             seen["facts"] = net.facts()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -246,8 +239,8 @@ def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
     seen: dict = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             for machine in ("i-stray", "i-protected"):
                 seen[machine] = await act(
                     config,
@@ -277,15 +270,8 @@ def test_the_direct_dry_run_takes_no_lease_and_changes_nothing(tmp_path):
 # --- the socket layer and the CLI's choice of path (real clock, small stand-in commands) ------------------------
 
 
-def short_socket_dir() -> Path:
-    """A directory for unix sockets whose path fits sockaddr_un (pytest's tmp_path may not)."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="pd-adm-", dir="/tmp"))
-
-
-def test_the_socket_bounds_requests_and_hands_commands_the_peer(monkeypatch):
-    sock = short_socket_dir() / "admin.sock"
+def test_the_socket_bounds_requests_and_hands_commands_the_peer(monkeypatch, sock_dir):
+    sock = sock_dir / "admin.sock"
     monkeypatch.setattr(admin_socket, "CLIENT_TIMEOUT", 0.5)
     seen: dict = {}
 
@@ -335,16 +321,15 @@ def test_the_socket_bounds_requests_and_hands_commands_the_peer(monkeypatch):
 
 
 def write_config(path: Path, sock: Path) -> Config:
-    """test_dry_run's config (provider ``sim``, a controller nobody listens on) naming ``sock`` as the socket."""
+    """test_dry_run's config (provider ``sim``, a controller nobody listens on) with its admin socket ``sock``."""
     from test_dry_run import write_config as write_base
 
-    write_base(path, "127.0.0.1:9")
-    path.write_text(path.read_text() + f'\n[daemon]\nadmin_socket = "{sock}"\n')
-    return Config.from_file(path)
+    assert sock.name == "admin.sock"
+    return write_base(path, "127.0.0.1:9", state=sock.parent)
 
 
-def test_the_cli_asks_the_daemon_and_acts_directly_only_when_none_listens(tmp_path, capsys):
-    sock = short_socket_dir() / "admin.sock"
+def test_the_cli_asks_the_daemon_and_acts_directly_only_when_none_listens(tmp_path, capsys, sock_dir):
+    sock = sock_dir / "admin.sock"
     config = write_config(tmp_path / "pd.toml", sock)
     req = AdminRequest("return", "sim", "i-stray", "alice")
     # No socket file, then a stale socket file (nobody listening): no daemon, so the direct path may act.
@@ -430,8 +415,8 @@ def test_the_cli_asks_the_daemon_and_acts_directly_only_when_none_listens(tmp_pa
         (b"[1, 2]\n", "cannot use the daemon's admin socket"),
     ],
 )
-def test_a_daemon_that_answers_nonsense_is_not_bypassed(tmp_path, reply, expected):
-    sock = short_socket_dir() / "admin.sock"
+def test_a_daemon_that_answers_nonsense_is_not_bypassed(tmp_path, reply, expected, sock_dir):
+    sock = sock_dir / "admin.sock"
     config = write_config(tmp_path / "pd.toml", sock)
     result: list = []
 
@@ -459,126 +444,64 @@ def test_a_daemon_that_answers_nonsense_is_not_bypassed(tmp_path, reply, expecte
 # --- the whole thing with real processes ----------------------------------------------------------------------
 
 
-def write_real_config(path: Path, certs: Path, addresses, data: Path, state: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    path.write_text(f"""
-cluster = "clu"
-identity = "prov-main"
-[controller]
-addresses = {json.dumps(list(addresses))}
-heartbeat_interval = 0.5
-heartbeat_timeout = 5
-request_timeout = 5
-connect_timeout = 5
-backoff = {{initial = 0.1, max = 1, multiplier = 2, jitter = 0.5}}
-[tls]
-ca = "{certs}/ca.pem"
-cert = "{certs}/provisioner.pem"
-key = "{certs}/provisioner.key"
-[lease]
-margin = 0.5
-[daemon]
-events_log = "{state}/events.jsonl"
-admin_socket = "{state}/admin.sock"
-[[providers]]
-name = "sim"
-transport = "oneshot"
-path = "{root}/providers/simulated"
-data_dir = "{data}"
-env = {{SIM_SECRET = "do-not-leak-this-credential"}}
-[providers.orphans]
-dry_run = true
-""")
+def plant_orphans(data: Path, *machines: tuple[str, dict]) -> None:
+    """Machines the simulated provider holds that nobody asked this daemon for, launched a minute ago: inside the
+    orphan grace, which the admin's word overrides."""
+    launched = int(time.time()) - 60
+    for n, (machine_id, machine_tags) in enumerate(machines):
+        sim_state.plant_machine(data, machine_id, machine_tags, launched, n=n + 1)
+
+
+def match_host(ctl) -> None:
+    """The live host ``node-match`` runs on ``i-match``: adoptable, never returnable."""
+    ctl.server.cluster.hosts.add(
+        HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, time.time(), "node-match", "10.9.0.2")
+    )
 
 
 @pytest.mark.process
-def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_stopped(tmp_path):
-    import signal
-    import sys
-
-    import sim_state
-
-    from provisionerd.pki.certs import init_certs
-    from refcontroller.api import open_refcontroller
-
-    root = Path(__file__).resolve().parents[2]
-    certs, data, config_path, state = tmp_path / "certs", tmp_path / "simdata", tmp_path / "pd.toml", short_socket_dir()
-    init_certs(certs, "clu")
-    launched = int(time.time()) - 60  # young: inside the orphan grace, which the admin's word overrides
-    for n, (machine_id, machine_tags) in enumerate(
-        [
-            ("i-stray", tags("op-stray")),
-            ("i-match", tags("op-match")),
-            ("i-direct", tags("op-direct")),
-            ("i-protected", tags("op-p", **{"provisionerd:protect": "1"})),
-            ("i-untagged", {}),
-        ]
-    ):
-        sim_state.plant_machine(data, machine_id, machine_tags, launched, n=n + 1)
+def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_stopped(tmp_path, sock_dir):
     seen: dict = {}
 
-    async def cli_run(*argv: str):
-        return await trio.run_process(
-            [sys.executable, "-m", "provisionerd", "orphans", *argv, "--config", str(config_path), "--provider", "sim"],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            cwd=str(root),
-        )
-
-    async def poll_status(predicate):
-        with trio.fail_after(60):
-            while True:
-                try:
-                    reply = await trio.to_thread.run_sync(query, state / "admin.sock")
-                except (OSError, ValueError):
-                    reply = None
-                if reply and reply.get("ok") and predicate(reply["status"]):
-                    return reply["status"]
-                await trio.sleep(0.1)
-
     async def main():
-        async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=5.0, check_interval=0.5) as ctl:
-            cluster = ctl.server.cluster
-            cluster.hosts.add(
-                HostState("clu/op-match/0", "sim", "i-match", HostStatus.IDLE, time.time(), "node-match", "10.9.0.2")
+        async with real_world(tmp_path, sock_dir, sim(tmp_path, dry_run=True)) as world:
+            plant_orphans(
+                world.data,
+                ("i-stray", tags("op-stray")),
+                ("i-match", tags("op-match")),
+                ("i-direct", tags("op-direct")),
+                ("i-protected", tags("op-p", **{"provisionerd:protect": "1"})),
+                ("i-untagged", {}),
             )
-            write_real_config(config_path, certs, ctl.addresses, data, state)
-            with open(tmp_path / "daemon.log", "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a real file
-                proc = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "provisionerd", "run", "--config", str(config_path)],
-                    start_new_session=True,
-                    stderr=log_file,
-                    cwd=str(root),
-                )
-            try:
-                held = await poll_status(lambda s: s["leases"][0]["state"] == "held")
-                seen["daemon_epoch"] = held["leases"][0]["epoch"]
-                seen["return"] = await cli_run("return", "--machine", "i-stray", "--json")
-                seen["adopt"] = await cli_run("adopt", "--machine", "i-match")
-                seen["protected"] = await cli_run("return", "--machine", "i-protected")
-                seen["dry"] = await cli_run("return", "--machine", "i-direct", "--dry-run", "--json")
-                seen["state_mid"] = sim_state.read(data)
-                seen["still_held"] = await poll_status(lambda s: True)
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(20):
-                    seen["rc"] = await proc.wait()
-            finally:
-                if proc.returncode is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
+            match_host(world.ctl)
+            daemon = world.daemon
+            proc = await daemon.start()
+            held = await daemon.wait_held(60)
+            seen["daemon_epoch"] = held["leases"][0]["epoch"]
+            seen["return"] = await world.orphans("return", "--provider", "sim", "--machine", "i-stray", "--json")
+            seen["adopt"] = await world.orphans("adopt", "--provider", "sim", "--machine", "i-match")
+            seen["protected"] = await world.orphans("return", "--provider", "sim", "--machine", "i-protected")
+            seen["dry"] = await world.orphans(
+                "return", "--provider", "sim", "--machine", "i-direct", "--dry-run", "--json"
+            )
+            seen["state_mid"] = sim_state.read(world.data)
+            seen["still_held"] = await daemon.wait_status("the daemon answering", lambda s: True)
+            seen["rc"] = await proc.stop(20)
+            seen["log"] = proc.log.read_text()
             # No daemon now (its socket file is gone): the command acts directly, with its own lease.
-            seen["direct"] = await cli_run("return", "--machine", "i-direct", "--json")
-            seen["facts"] = list(cluster.store.all_facts())
-            seen["leases"] = cluster.leases.live_leases(trio.current_time())
-        seen["state_after"] = sim_state.read(data)
+            seen["direct"] = await world.orphans("return", "--provider", "sim", "--machine", "i-direct", "--json")
+            seen["facts"] = world.facts()
+            seen["leases"] = world.ctl.server.cluster.leases.live_leases(trio.current_time())
+            seen["state_after"] = sim_state.read(world.data)
+            seen["events"] = daemon.events()
+            seen["events_text"] = daemon.events_path.read_text()
 
     trio.run(main)
-    assert seen["rc"] == 0, (tmp_path / "daemon.log").read_text()
+    assert seen["rc"] == 0, seen["log"][-3000:]
     outputs = {name: seen[name] for name in ("return", "adopt", "protected", "dry", "direct")}
     codes = {name: result.returncode for name, result in outputs.items()}
     assert codes == {"return": 0, "adopt": 0, "protected": 1, "dry": 0, "direct": 0}, {
-        name: result.stderr.decode()[-2000:] for name, result in outputs.items()
+        name: result.stderr[-2000:] for name, result in outputs.items()
     }
     returned = json.loads(seen["return"].stdout)
     assert (returned["ok"], returned["via"], returned["op_id"], returned["outcome"]) == (
@@ -587,8 +510,8 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
         STRAY_RETURN,
         "ok",
     )
-    assert b"adopt i-match: ok (by prov-main)" in seen["adopt"].stdout
-    assert b"blocked by protected" in seen["protected"].stderr
+    assert "adopt i-match: ok (by prov-main)" in seen["adopt"].stdout
+    assert "blocked by protected" in seen["protected"].stderr
     dry = json.loads(seen["dry"].stdout)
     assert (dry["ok"], dry["via"], dry["outcome"]) == (True, "daemon", "would")
     direct = json.loads(seen["direct"].stdout)
@@ -617,10 +540,9 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
         == ("running")
     )
     # The audit: the daemon's events log holds both paths' actions, each saying who confirmed it and through what.
-    events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
     actions = [
         (e["machine_id"], e["confirmed_by"]["via"], e["confirmed_by"]["identity"])
-        for e in events
+        for e in seen["events"]
         if e["event"] == "orphan_action"
     ]
     assert actions == [
@@ -628,6 +550,6 @@ def test_orphans_adopt_and_return_through_a_real_daemon_then_directly_once_it_st
         ("i-match", "daemon", "prov-main"),
         ("i-direct", "direct", "prov-main-orphans-admin"),
     ]
-    everything = (state / "events.jsonl").read_text() + (tmp_path / "daemon.log").read_text()
-    everything += "".join(r.stdout.decode() + r.stderr.decode() for r in outputs.values())
-    assert "do-not-leak-this-credential" not in everything
+    everything = seen["events_text"] + seen["log"]
+    everything += "".join(r.stdout + r.stderr for r in outputs.values())
+    assert SECRET not in everything

@@ -11,6 +11,7 @@ import json
 import trio
 import trio.testing
 from cycle_world import CLUSTER, EPOCH, NOW, OLD, PROVIDER, World, tags
+from rigs.clock import mock_run as run
 
 from provisionerd.domain.errors import LeaseError, ProviderTimeout
 from provisionerd.domain.model import TAG_CLUSTER, HostState, HostStatus, Lost, OrphanAdopted, OrphanReported
@@ -19,14 +20,6 @@ from provisionerd.orphans.policy import OrphanPolicy
 from provisionerd.provider.paging import LIST_PAGE_SIZE
 
 TERMINATE = OrphanPolicy(orphan_action="terminate")
-
-
-def run(fn, limit: float = 100_000.0):
-    async def bounded():
-        with trio.fail_after(limit):
-            return await fn()
-
-    return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 def busy_world() -> World:

@@ -10,10 +10,7 @@ import attrs
 import trio
 import trio.testing
 from cycle_world import World
-from memory_ctl import daemon_config, memory_controller
-
-from provisionerd.daemon.root import DaemonCore
-from provisionerd.provider.client import PluginClient
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
 
 def test_umask_000_changes_no_mode_the_daemon_creates(tmp_path):
@@ -22,27 +19,21 @@ def test_umask_000_changes_no_mode_the_daemon_creates(tmp_path):
     created: dict[str, int] = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses)
             daemon = attrs.evolve(
                 config.daemon,
                 events_log=root / "log" / "pd" / "events.jsonl",
                 admin_socket=root / "run" / "pd" / "admin.sock",
                 state_dir=root / "state" / "pd",
             )
-            core = DaemonCore(
-                attrs.evolve(config, daemon=daemon),
-                connect=net.connect,
-                providers={"sim": PluginClient(World().provider)},
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            core = memory_core(net, attrs.evolve(config, daemon=daemon), World().provider)
+            async with running(core):
                 with trio.fail_after(120):
                     while not (core.keepers["sim"].valid() and core.session.synced_for("sim")):  # noqa: ASYNC110
                         await trio.sleep(0.5)
                 for path in sorted(root.rglob("*")):
                     created[str(path.relative_to(root))] = stat.S_IMODE(os.lstat(path).st_mode)
-                nursery.cancel_scope.cancel()
             core.events.close()
 
     old = os.umask(0)

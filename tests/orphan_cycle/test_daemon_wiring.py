@@ -7,12 +7,10 @@ import trio
 import trio.testing
 from cycle_world import OLD, tags
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent
 from provisionerd.orphans.model import orphan_op_id
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -41,9 +39,9 @@ def test_the_daemon_retires_a_ghost_and_terminates_a_stray_through_the_gate_and_
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path, ttl=30.0) as net:
-            config = daemon_config(
-                tmp_path, net.addresses, orphans=f'action = "terminate"\ninterval = 30\nsettle = {SETTLE}'
+        async with open_memory_controller(tmp_path, 1, ttl=30.0) as net:
+            config = memory_config(
+                tmp_path, net.addresses, orphans={"action": "terminate", "interval": 30, "settle": SETTLE}
             )
             async with holding_lease(config, "sim", net.connect, identity="someone-before") as holder:
                 await holder.commit(
@@ -52,19 +50,11 @@ def test_the_daemon_retires_a_ghost_and_terminates_a_stray_through_the_gate_and_
                         "sim", NO_EPOCH, "op-ghost", "clu/op-ghost/0", "i-ghost", "small", "b" * 64, launch_time=NOW
                     ),
                 )
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: NOW + trio.current_time(),
-            )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            core = memory_core(net, config, fake, events=events, wall=lambda: NOW + trio.current_time())
+            async with running(core):
                 await trio.sleep(200)
                 seen["epoch"] = core.keepers["sim"].current()
                 seen["cycles"] = core.orphan_cycles
-                nursery.cancel_scope.cancel()
             seen["facts"] = [c.fact for c in net.facts()]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -5,18 +5,21 @@ view it could not read. Then the CLI's exit codes."""
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import trio
-import trio.testing
 from cycle_world import OLD, tags
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs import clock, procs
+from rigs.daemon import daemon_config, make_certs, simulated_provider
+from rigs.memory import MemoryNet, memory_config, open_memory_controller
 
 from provisionerd.cli import main as cli
 from provisionerd.cli.orphans import render
+from provisionerd.config.loader import Backoff, Config, OrphanSettings
+from provisionerd.config.writer import daemon_config_toml, write_daemon_config
 from provisionerd.daemon.clients import ReadOnlyClient
 from provisionerd.daemon.orphan_report import dry_run
 from provisionerd.domain.errors import ProviderCrashed
@@ -29,11 +32,7 @@ NOW = OLD + 4000.0
 
 
 def mock_run(fn, limit: float = 10_000.0):
-    async def bounded():
-        with trio.fail_after(limit):
-            return await fn()
-
-    return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
+    return clock.mock_run(fn, limit)
 
 
 def provider_with_machines() -> FakeProvider:
@@ -67,19 +66,30 @@ FACTS = [
 ]
 
 
+@asynccontextmanager
+async def with_facts(tmp_path: Path) -> AsyncIterator[tuple[MemoryNet, Config]]:
+    """The in-memory controller holding ``FACTS`` (committed by a holder that gave its lease back), and a config."""
+    async with open_memory_controller(tmp_path, 1) as net:
+        config = memory_config(tmp_path, net.addresses)
+        async with holding_lease(config, "sim", net.connect) as holder:
+            await holder.commit(*FACTS)
+        yield net, config
+
+
+async def report_of(config: Config, net: MemoryNet, fake: FakeProvider):
+    return await dry_run(
+        config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
+    )
+
+
 def test_dry_run_reads_both_views_and_changes_nothing(tmp_path):
     fake = provider_with_machines()
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
-            async with holding_lease(config, "sim", net.connect) as holder:
-                await holder.commit(*FACTS)
+        async with with_facts(tmp_path) as (net, config):
             facts_before = net.facts()
-            report = await dry_run(
-                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
-            )
+            report = await report_of(config, net, fake)
             seen.update(report=report, facts_before=facts_before, facts_after=net.facts(), leases=net.live_leases())
 
     mock_run(main)
@@ -112,17 +122,10 @@ def test_the_report_says_which_view_it_could_not_read(tmp_path):
     seen = {}
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            config = daemon_config(tmp_path, net.addresses)
-            async with holding_lease(config, "sim", net.connect) as holder:
-                await holder.commit(*FACTS)
-            seen["no_listing"] = await dry_run(
-                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
-            )
-            net.down = True
-            seen["no_view"] = await dry_run(
-                config, clients={"sim": PluginClient(fake)}, connect=net.connect, timeout=10, wall_clock=lambda: NOW
-            )
+        async with with_facts(tmp_path) as (net, config):
+            seen["no_listing"] = await report_of(config, net, fake)
+            net.partitioned = True
+            seen["no_view"] = await report_of(config, net, fake)
 
     mock_run(main)
     no_listing = seen["no_listing"]
@@ -158,27 +161,23 @@ def test_the_read_only_client_has_no_mutation_to_ask_for():
     assert guarded.calls == ["listMachines"] and guarded.mutations == 0
 
 
-def write_config(path: Path, address: str, orphans: str = "") -> None:
-    root = Path(__file__).resolve().parents[2]
-    path.write_text(f"""
-cluster = "clu"
-identity = "prov-1"
-[controller]
-addresses = ["{address}"]
-connect_timeout = 0.5
-backoff = {{initial = 0.05, max = 0.2}}
-[tls]
-ca = "ca.pem"
-cert = "provisioner.pem"
-key = "provisioner.key"
-[[providers]]
-name = "sim"
-transport = "oneshot"
-path = "{root}/providers/simulated"
-data_dir = "{path.parent}/simdata"
-[providers.orphans]
-{orphans}
-""")
+def config_for(path: Path, address: str, orphans: dict | None = None, *, state: Path | None = None, certs=None):
+    """Provider ``sim`` (the simulated plugin), the controller at ``address`` with a short connect timeout, TLS files
+    from ``certs`` (default: a directory that does not exist), events log and admin socket in ``state``."""
+    home = path.parent
+    return daemon_config(
+        certs or home / "certs",
+        [address],
+        state or home,
+        simulated_provider(home, orphans=OrphanSettings(**(orphans or {}))),
+        cluster="clu",
+        identity="prov-1",
+        link={"connect_timeout": 0.5, "backoff": Backoff(initial=0.05, max=0.2)},
+    )
+
+
+def write_config(path: Path, address: str, *, state: Path | None = None, certs: Path | None = None) -> Config:
+    return write_daemon_config(config_for(path, address, state=state, certs=certs), path)
 
 
 @pytest.mark.parametrize(
@@ -201,7 +200,7 @@ def test_bad_arguments_and_config_exit_2(tmp_path, capsys, argv, message):
 
 def test_a_config_with_an_invalid_orphan_knob_exits_2(tmp_path, capsys):
     config = tmp_path / "pd.toml"
-    write_config(config, "127.0.0.1:9", orphans="ghost_confirmations = 1")
+    config.write_text(daemon_config_toml(config_for(config, "127.0.0.1:9", {"ghost_confirmations": 1})))
     assert cli.main(["orphans", "--config", str(config), "--dry-run"]) == 2
     assert "ghost_confirmations" in capsys.readouterr().err
 
@@ -210,36 +209,10 @@ def test_a_config_with_an_invalid_orphan_knob_exits_2(tmp_path, capsys):
 def test_an_unreachable_controller_exits_1_and_says_so(tmp_path):
     """Real TLS files, a controller address nobody listens on, the simulated plugin: the listing is read, the
     view is not, exit status 1."""
-    from provisionerd.pki.certs import init_certs
-
-    certs = tmp_path / "certs"
-    init_certs(certs, "clu")
     config = tmp_path / "pd.toml"
-    write_config(config, "127.0.0.1:9")
-    text = config.read_text().replace('"ca.pem"', f'"{certs}/ca.pem"')
-    text = text.replace('"provisioner.pem"', f'"{certs}/provisioner.pem"')
-    config.write_text(text.replace('"provisioner.key"', f'"{certs}/provisioner.key"'))
-
-    async def main():
-        return await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "provisionerd",
-                "orphans",
-                "--config",
-                str(config),
-                "--dry-run",
-                "--json",
-                "--timeout",
-                "1",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-
-    result = trio.run(main)
+    write_config(config, "127.0.0.1:9", certs=make_certs(tmp_path, "clu"))
+    argv = procs.provisionerd("orphans", "--config", config, "--dry-run", "--json", "--timeout", "1")
+    result = procs.run(argv)
     assert result.returncode == 1
     assert json.loads(result.stdout) == {"findings": [], "mutations": 0}
-    assert b"the controller's view could not be read" in result.stderr
+    assert "the controller's view could not be read" in result.stderr

@@ -8,17 +8,17 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import sim_state
 import trio
 from lease_holder import holding_lease
+from real_world import SECRET, sim
+from rigs import procs
+from rigs.daemon import daemon_config, make_certs
 
-from provisionerd.config.loader import Backoff, Config, ControllerSettings, LeaseSettings, ProviderConfig
-from provisionerd.config.writer import provisioner_tls, write_daemon_config
+from provisionerd.config.writer import write_daemon_config
 from provisionerd.daemon.clients import open_clients
 from provisionerd.domain.model import (
     NO_EPOCH,
@@ -32,35 +32,7 @@ from provisionerd.domain.model import (
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "testcluster"
-
-
-def write_config(path: Path, certs: Path, addresses, data: Path) -> None:
-    config = Config(
-        cluster=CLUSTER,
-        identity="prov-main",
-        controller=ControllerSettings(
-            tuple(addresses),
-            connect_timeout=5,
-            request_timeout=5,
-            heartbeat_interval=0.5,
-            heartbeat_timeout=5,
-            backoff=Backoff(initial=0.1, max=1),
-        ),
-        tls=provisioner_tls(certs),
-        lease=LeaseSettings(margin=0.5),
-        providers=(
-            ProviderConfig(
-                "sim",
-                "oneshot",
-                path=ROOT / "providers" / "simulated",
-                data_dir=data,
-                env={"SIM_SECRET": "do-not-leak-this-credential"},
-            ),
-        ),
-    )
-    write_daemon_config(config, path)
 
 
 async def create_one(client, op_id: str, ref: str, token: str, controllers) -> str:
@@ -80,20 +52,20 @@ async def create_one(client, op_id: str, ref: str, token: str, controllers) -> s
     return machine["machineId"]
 
 
-def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing(tmp_path):
-    from provisionerd.pki.certs import init_certs
+def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing(tmp_path, sock_dir):
     from refcontroller.api import open_refcontroller
 
-    certs, data, config_path = tmp_path / "certs", tmp_path / "simdata", tmp_path / "pd.toml"
-    init_certs(certs, CLUSTER)
+    certs, config_path = make_certs(tmp_path, CLUSTER), tmp_path / "pd.toml"
+    provider = sim(tmp_path)
+    data = provider.data_dir
     seen: dict = {}
     token = secrets.token_urlsafe(24)
     long_ago = int(time.time()) - 3600  # past the join deadline (900 s) and the orphan grace (1800 s)
 
     async def main():
         async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=5.0, check_interval=0.5) as ctl:
-            write_config(config_path, certs, ctl.addresses, data)
-            config = Config.from_file(config_path)
+            config = daemon_config(certs, ctl.addresses, sock_dir, provider, cluster=CLUSTER, identity="prov-main")
+            config = write_daemon_config(config, config_path)
             async with open_clients(config, ["sim"]) as clients:
                 never_joined = await create_one(
                     clients["sim"].transport, "op-nj", "testcluster/op-nj/0", token, ctl.addresses
@@ -141,12 +113,8 @@ def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing
             cluster = ctl.server.cluster
             state_before = sim_state.read(data)
             facts_before = [c.index for c in cluster.store.all_facts()]
-            result = await trio.run_process(
-                [sys.executable, "-m", "provisionerd", "orphans", "--config", str(config_path), "--dry-run", "--json"],
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                cwd=str(ROOT),
+            result = await procs.run_async(
+                procs.provisionerd("orphans", "--config", config_path, "--dry-run", "--json")
             )
             seen.update(
                 result=result,
@@ -161,7 +129,7 @@ def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing
 
     trio.run(main)
     result = seen["result"]
-    assert result.returncode == 0, result.stderr.decode()
+    assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     got = {(f["class"], f["machine_id"], f["action"]) for f in report["findings"]}
     assert got == {
@@ -181,11 +149,11 @@ def test_dry_run_lists_never_joined_tagged_unknown_and_ghost_and_changes_nothing
     assert by_class["ghost"]["evidence"]["not_found_reads"] == 1
     assert "ghost_unconfirmed" in by_class["ghost"]["blocked_by"]
     # Untagged machines are not in the report at all, under any class.
-    assert "i-untagged" not in result.stdout.decode() and "i-cluster-only" not in result.stdout.decode()
+    assert "i-untagged" not in result.stdout and "i-cluster-only" not in result.stdout
     # Nothing changed: the provider's state, the controller's log, the leases.
     assert seen["state_after"] == seen["state_before"]
     assert seen["facts_after"] == seen["facts_before"]
     assert seen["leases"] == []
     # Secrets: neither the credential nor the join token reaches the output.
     for stream in (result.stdout, result.stderr):
-        assert b"do-not-leak-this-credential" not in stream and token.encode() not in stream
+        assert SECRET not in stream and token not in stream

@@ -11,20 +11,13 @@ import attrs
 import trio
 import trio.testing
 from cycle_world import NOW, PROVIDER, FakeExecutor, World
+from rigs.clock import mock_run as run
 
 from provisionerd.domain.model import OrphanReported
 from provisionerd.orphans.policy import OrphanPolicy
 from provisionerd.testing.fake_provider import FakeProvider
 
 GRACE = 1800.0
-
-
-def run(fn, limit: float = 100_000.0):
-    async def bounded():
-        with trio.fail_after(limit):
-            return await fn()
-
-    return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 class LicensedFake(FakeProvider):

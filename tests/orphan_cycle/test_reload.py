@@ -10,12 +10,11 @@ from __future__ import annotations
 import attrs
 import trio
 import trio.testing
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, memory_core, open_memory_controller, running, sim_provider
 from test_admin_via_daemon import MATCH_ADOPT, STRAY_RETURN, ask, daemon_scenario
 
 from provisionerd.daemon import orphans as daemon_orphans
 from provisionerd.domain.model import DemandItem, OrphanAdopted, RequestIntent, ResourceShape
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
@@ -109,22 +108,13 @@ def demand_scenario(tmp_path, steps):
     fake = FakeProvider("sim", {"small": 50}, launch_time=base_time)  # launched "now": far from the join deadline
 
     async def main():
-        async with memory_controller(tmp_path) as net:
-            base = daemon_config(tmp_path, net.addresses)
-            (provider,) = base.providers
-            config = attrs.evolve(base, providers=(attrs.evolve(provider, max_machines=2),))
-            from provisionerd.daemon.root import DaemonCore
+        async with open_memory_controller(tmp_path, 1) as net:
+            config = memory_config(tmp_path, net.addresses, sim_provider(tmp_path, max_machines=2))
 
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                offer_interval=5.0,
-                wall=lambda: base_time + trio.current_time(),
+            core = memory_core(
+                net, config, fake, events=events, offer_interval=5.0, wall=lambda: base_time + trio.current_time()
             )
-            async with trio.open_nursery() as nursery:
-                await nursery.start(core.run)
+            async with running(core):
                 net.server.cluster.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 6)])
                 net.server.broadcast_demand()
 
@@ -132,7 +122,6 @@ def demand_scenario(tmp_path, steps):
                     return sum(c.fact.count for c in net.facts() if isinstance(c.fact, RequestIntent))
 
                 await steps(core, net, requested, seen)
-                nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     return fake, events, seen

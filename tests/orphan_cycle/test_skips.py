@@ -8,16 +8,14 @@ import trio
 import trio.testing
 from cycle_world import OLD
 from lease_holder import holding_lease
-from memory_ctl import daemon_config, memory_controller
+from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import rejection
-from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
 NOW = OLD + 4000.0
-ORPHANS = "interval = 30\nsettle = 5"
+ORPHANS = {"interval": 30, "settle": 5}
 
 
 def listings(fake: FakeProvider) -> int:
@@ -28,24 +26,16 @@ def run_core(tmp_path, fake: FakeProvider, events: EventLog, *, other_holder: bo
     seen: dict = {}
 
     async def main():
-        async with memory_controller(tmp_path, ttl=30.0) as net:
-            config = daemon_config(tmp_path, net.addresses, orphans=ORPHANS)
-            core = DaemonCore(
-                config,
-                connect=net.connect,
-                events=events,
-                providers={"sim": PluginClient(fake)},
-                wall=lambda: NOW + trio.current_time(),
-            )
+        async with open_memory_controller(tmp_path, 1, ttl=30.0) as net:
+            config = memory_config(tmp_path, net.addresses, orphans=ORPHANS)
+            core = memory_core(net, config, fake, events=events, wall=lambda: NOW + trio.current_time())
 
             async def daemon():
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(core.run)
+                async with running(core):
                     await trio.sleep(seconds)
                     seen["cycle"] = core.orphan_cycles["sim"]
                     seen["health"] = core.loop.provider_health()
                     seen["lease"] = core.keepers["sim"].reason
-                    nursery.cancel_scope.cancel()
 
             if other_holder:
                 async with holding_lease(config, "sim", net.connect, identity="the-primary-daemon"):

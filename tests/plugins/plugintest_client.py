@@ -14,7 +14,6 @@ import json
 import os
 import re
 import selectors
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import attrs
 import jsonschema
 import referencing
+from rigs import pipes
 
 REPO = Path(__file__).resolve().parents[2]
 SIMULATED = REPO / "providers" / "simulated"
@@ -135,22 +135,8 @@ def oneshot(plugin_dir: Path, action: str, inp: object, env: dict, timeout: floa
     work = Path(workdir or env["PRO_LSF_LOGDIR"]) / f"call-{time.monotonic_ns()}"
     work.mkdir()
     (work / "in.json").write_text(json.dumps(inp))
-    proc = subprocess.Popen(
-        [str(plugin_dir / f"{action}.sh"), "-f", "in.json"],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return Answer(proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return Answer(None, out, err)
+    proc = pipes.piped([plugin_dir / f"{action}.sh", "-f", "in.json"], env=env, cwd=work, stdin=subprocess.DEVNULL)
+    return Answer(*pipes.communicate(proc, timeout))
 
 
 def ok(plugin_dir: Path, action: str, inp: object, env: dict) -> dict:
@@ -166,15 +152,7 @@ class Persistent:
     """A plugin process speaking JSON-lines; ``call`` sends one request and waits for its answer."""
 
     def __init__(self, argv: list[str], env: dict) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=env["PRO_LSF_LOGDIR"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        self.proc = pipes.piped(argv, env=env, cwd=env["PRO_LSF_LOGDIR"])
         self._ids = itertools.count(1)
         self._buf = b""
         self._sel = selectors.DefaultSelector()
@@ -246,10 +224,7 @@ class Persistent:
             return self.proc.wait()
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        pipes.kill_group(self.proc)
 
     def cleanup(self) -> None:
         self.kill()

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 from plugintest_client import NODE_EXAMPLE, REPO, SIMULATED
+from rigs import pipes, procs
 
 pytestmark = pytest.mark.process
 
@@ -21,29 +21,16 @@ def test_the_kit_passes_over_the_persistent_transport():
     pytest.importorskip("provisionerd.cli.provider")
     plugins = [SIMULATED] + ([NODE_EXAMPLE] if shutil.which("node") else [])
     runs = {
-        plugin.name: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "provisionerd",
-                "provider",
-                "check",
-                "--json",
-                "--transport",
-                "persistent",
-                "--timeout",
-                "20",
-                str(plugin),
-            ],
+        plugin.name: pipes.piped(
+            procs.provisionerd("provider", "check", "--json", "--transport", "persistent", "--timeout", "20", plugin),
             cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
         )
         for plugin in plugins
     }
     for name, run in runs.items():
-        out, err = run.communicate(timeout=120)
+        rc, out, err = pipes.communicate(run, 120)
         summary = json.loads(out)
         failed = [c for c in summary["checks"] if not c["ok"]]
-        assert (run.returncode, failed) == (0, []), (name, err.decode()[-2000:])
+        assert (rc, failed) == (0, []), (name, err.decode()[-2000:])
         assert summary["passed"] >= 10, name

@@ -5,11 +5,10 @@ answers garbage."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from plugintest_client import REPO, SIMULATED
+from rigs import procs
 
 from provisionerd.provider.kit import LICENSE_ROW
 
@@ -23,9 +22,7 @@ def kit(tmp_path, name: str, **extra) -> dict:
     shipped = json.loads((SIMULATED / "conf" / "simulated.json").read_text())
     (conf / "simulated.json").write_text(json.dumps({**shipped, **extra}))
     argv = ["provider", "check", "--json", "--transport", "persistent", "--timeout", "20", "--conf-dir", str(conf)]
-    run = subprocess.run(
-        [sys.executable, "-m", "provisionerd", *argv, str(SIMULATED)], cwd=REPO, capture_output=True, timeout=120
-    )
+    run = procs.run(procs.provisionerd(*argv, SIMULATED), cwd=REPO, timeout=120)
     summary = json.loads(run.stdout)
     return {c["name"]: (c["ok"], c["detail"]) for c in summary["checks"]}
 

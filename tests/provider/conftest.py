@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from provisionerd.provider.runtime import Limits, ProviderConfig
 from provisionerd.provider.schemas import ACTIONS
 
 PLUGINS = Path(__file__).parent / "plugins"
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: make persistent_kit importable
 
 
 def write_executable(path: Path, text: str) -> Path:
@@ -90,3 +92,9 @@ def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # The plugin env is built from an allowlist; make sure a test never depends on the runner's variables.
     monkeypatch.delenv("SECRET_KEY", raising=False)
     os.environ.setdefault("PATH", "/usr/bin:/bin")
+
+
+@pytest.fixture
+def config(tmp_path: Path, make_config, h):
+    """A persistent plugin running ``plugins/scripted.py`` (``test_persistent*.py``)."""
+    return make_config(h.persistent_exe(tmp_path / "plugin", "scripted.py"), transport="persistent")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import attrs
 import pytest
 import trio
+from persistent_kit import run_with, status
 
 from provisionerd.domain.errors import (
     ProviderCrashed,
@@ -17,27 +17,9 @@ from provisionerd.domain.errors import (
     ProviderRejected,
     ProviderTimeout,
 )
-from provisionerd.provider.persistent import Backoff, open_persistent_provider
+from provisionerd.provider.persistent import Backoff
 
 pytestmark = pytest.mark.process
-FAST = Backoff(initial=0.05, factor=2, maximum=0.5, reset_after=30)
-
-
-@pytest.fixture
-def config(tmp_path: Path, make_config, h):
-    return make_config(h.persistent_exe(tmp_path / "plugin", "scripted.py"), transport="persistent")
-
-
-def run_with(config, body):
-    async def main():
-        async with open_persistent_provider(config, backoff=FAST) as client:
-            return await body(client)
-
-    return trio.run(main)
-
-
-def status(client, rid, **kw):
-    return client.call("getRequestStatus", {"requests": [{"requestId": rid}]}, **kw)
 
 
 def test_many_concurrent_calls_with_out_of_order_answers(config):

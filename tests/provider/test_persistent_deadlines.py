@@ -11,29 +11,11 @@ import time
 
 import pytest
 import trio
+from persistent_kit import run_with, status
 
 from provisionerd.domain.errors import ProviderCrashed, ProviderTimeout
-from provisionerd.provider.persistent import Backoff, open_persistent_provider
 
 pytestmark = pytest.mark.process
-FAST = Backoff(initial=0.05, factor=2, maximum=0.5, reset_after=30)
-
-
-@pytest.fixture
-def config(tmp_path, make_config, h):
-    return make_config(h.persistent_exe(tmp_path / "plugin", "scripted.py"), transport="persistent")
-
-
-def run_with(config, body):
-    async def main():
-        async with open_persistent_provider(config, backoff=FAST) as client:
-            return await body(client)
-
-    return trio.run(main)
-
-
-def status(client, rid, **kw):
-    return client.call("getRequestStatus", {"requests": [{"requestId": rid}]}, **kw)
 
 
 def test_a_shorter_deadline_sent_after_a_longer_one_fires_on_time(config):

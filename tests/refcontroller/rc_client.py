@@ -6,14 +6,15 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
 import trio.testing
 
-from provisionerd.domain.model import Role
+from provisionerd.domain.model import Epoch, Role
 from provisionerd.wire.framing import FramedStream
-from provisionerd.wire.messages import Envelope, Join, Message
+from provisionerd.wire.messages import DemandPage, Envelope, Join, JoinReply, LeaseAcquire, LeaseGrant, Message
 from refcontroller.cluster import Cluster
 from refcontroller.server import ControllerServer, Timeouts, open_controller_server
 from refcontroller.store import FactStore
@@ -166,3 +167,22 @@ def seq_term(msg: Message) -> tuple[int, int]:
 
     assert isinstance(msg, HeartbeatAck), msg
     return msg.seq, msg.term
+
+
+async def joined_provisioner(
+    h: Harness, identity: str = "d1", replica: int = 0, providers: tuple[str, ...] = ("aws",), **join: Any
+) -> Peer:
+    """A provisioner accepted by replica ``replica``, past the demand snapshot that follows every join; ``join``
+    goes to ``Harness.join`` (``instance``)."""
+    peer, reply = await h.join(Role.PROVISIONER, identity, replica, providers=providers, **join)
+    assert isinstance(reply, JoinReply) and reply.accepted, reply
+    page = await peer.push()
+    assert isinstance(page, DemandPage)  # a snapshot follows every join
+    return peer
+
+
+async def granted(peer: Peer, provider: str = "aws") -> Epoch:
+    """The epoch of the lease ``peer`` asked for (it must be granted)."""
+    reply = await peer.request(LeaseAcquire(provider))
+    assert isinstance(reply, LeaseGrant), reply
+    return reply.epoch

@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 from rc_client import on_real_clock, tls_peer
+from rigs import procs
 
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, ResourceShape, Role
@@ -22,8 +22,9 @@ from refcontroller.demand_file import parse_demand
 
 
 def admin_cli(certs: Path, connect: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "refcontroller", "admin", "--certs", str(certs), "--connect", connect, *args]
-    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60)
+    return procs.run(
+        procs.refcontroller("admin", "--certs", certs, "--connect", connect, *args), input=stdin, timeout=60
+    )
 
 
 DEMAND = '[{"demand_id": "gpu", "shape": {"ncpus": 8, "gpus": 1, "gpu_type": "a100"}, "count": 2}]'

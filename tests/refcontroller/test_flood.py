@@ -9,12 +9,16 @@ per-address cap stops each flooding address, the total cap stops them all togeth
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 from rc_client import on_real_clock
+from rigs import procs, wait
 
 from provisionerd.domain.model import Role
 from provisionerd.wire.framing import HEADER, FramedStream
@@ -100,15 +104,26 @@ async def raw_connections(source: str, address: str, n: int, held: list[trio.abc
             pass
 
 
+@asynccontextmanager
+async def closing_all(held: list[trio.abc.Stream]) -> AsyncIterator[None]:
+    """The flood's streams closed at the end, however the test ends."""
+    try:
+        yield
+    finally:
+        for stream in held:
+            await trio.aclose_forcefully(stream)
+
+
 @on_real_clock
 async def test_flood_of_connections_and_half_sent_frames_is_capped_and_its_memory_returns(
     certs: Path, tmp_path: Path
 ) -> None:
-    argv = [sys.executable, "-m", "refcontroller", "serve", "--certs", str(certs), "--data", str(tmp_path)]
-    argv += ["--listen", "127.0.0.1:0", "--log-level", "ERROR", *ARGS]
-    process = await trio.lowlevel.open_process(argv, stdout=-1)
+    argv = procs.refcontroller("serve", "--certs", certs, "--data", tmp_path, "--listen", "127.0.0.1:0")
+    argv += ["--log-level", "ERROR", *ARGS]
     held: list[trio.abc.Stream] = []
-    try:
+    async with procs.open_procs() as started, closing_all(held):
+        served = await started.start("refcontroller", argv, tmp_path / "serve.log", stdout=subprocess.PIPE)
+        process = served.process
         assert process.stdout is not None
         line = b""
         with trio.fail_after(20):
@@ -140,13 +155,11 @@ async def test_flood_of_connections_and_half_sent_frames_is_capped_and_its_memor
             peak_rss = max(peak_rss, rss_bytes(process.pid))
 
         # The flood's connections time out on the controller's side (handshake and join timeouts, 2 s).
-        with trio.fail_after(8):
-            for _ in range(40):
-                gate = await gate_status(admin)
-                if gate is not None and gate["connections"] <= 1:
-                    break
-                await trio.sleep(0.2)
-        assert gate is not None
+        async def settled() -> dict | None:
+            gate = await gate_status(admin)
+            return gate if gate is not None and gate["connections"] <= 1 else None
+
+        gate = await wait.until("the flood's connections timed out on the controller's side", settled, 8, 0.2)
         assert gate["buffered_bytes"] == 0
         assert gate["peak_connections"] == MAX_CONNECTIONS
         assert gate["refusals"]["connections_total"]["-"] >= 1
@@ -155,13 +168,8 @@ async def test_flood_of_connections_and_half_sent_frames_is_capped_and_its_memor
         ended = {r: gate["refusals"].get(r, {}).get("worker", 0) for r in ("buffers_exhausted", "join_timeout")}
         assert sum(ended.values()) == PER_ADDRESS and ended["buffers_exhausted"] >= 1, gate
         await legit_join(certs, address, "after")
-        for _ in range(16):  # the controller hands freed memory back every 2 s (gate.return_memory)
-            await trio.sleep(0.25)
+        bound = start_rss * 1.2  # the controller hands freed memory back every 2 s (gate.return_memory)
+        await wait.until_sync("the controller's memory handed back", lambda: rss_bytes(process.pid) <= bound, 4.5, 0.25)
         end_rss = rss_bytes(process.pid)
         print(f"controller RSS: start {start_rss >> 20} MiB, peak {peak_rss >> 20} MiB, after {end_rss >> 20} MiB")
         assert end_rss <= start_rss * 1.2, (start_rss, peak_rss, end_rss)
-    finally:
-        for stream in held:
-            await trio.aclose_forcefully(stream)
-        process.kill()
-        await process.wait()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from rc_client import Harness, Peer, memory_controller, on_mock_clock
+from rc_client import Harness, Peer, granted, joined_provisioner, memory_controller, on_mock_clock
 from rc_factories import instance, intent
 
 from provisionerd.domain.model import Epoch, Role
@@ -20,13 +20,11 @@ from provisionerd.wire.messages import (
     Ack,
     AdminFailover,
     AdminStatus,
-    DemandPage,
     FactAck,
     FactCommit,
     JoinReply,
     LeaseAcquire,
     LeaseDenied,
-    LeaseGrant,
     LeaseRelease,
     LeaseRenew,
     Rejected,
@@ -39,16 +37,7 @@ TTL = 30.0
 
 async def daemon(h: Harness, instance: str, identity: str = "prov", replica: int = 0) -> Peer:
     """A provisioner process joined with ``instance`` (after its demand snapshot)."""
-    peer, reply = await h.join(Role.PROVISIONER, identity, replica, providers=("aws",), instance=instance)
-    assert isinstance(reply, JoinReply) and reply.accepted, reply
-    assert isinstance(await peer.push(), DemandPage)
-    return peer
-
-
-async def grant(peer: Peer, provider: str = "aws") -> Epoch:
-    reply = await peer.request(LeaseAcquire(provider))
-    assert isinstance(reply, LeaseGrant), reply
-    return reply.epoch
+    return await joined_provisioner(h, identity, replica, instance=instance)
 
 
 async def denied(peer: Peer, reason: str, provider: str = "aws") -> LeaseDenied:
@@ -79,7 +68,7 @@ async def test_two_processes_with_one_identity_are_two_holders(tmp_path: Path) -
     async with memory_controller(tmp_path) as h:
         first, twin = await daemon(h, "i1"), await daemon(h, "i2")
         await trio.sleep(GRACE_END)
-        epoch = await grant(first)
+        epoch = await granted(first)
         await trio.sleep(10)
         held = await denied(twin, "held")
         assert held.retry_after_ms == 20_000  # until the first's lease expires (granted at 35, ttl 30)
@@ -108,11 +97,11 @@ async def test_a_rejoin_of_the_same_process_keeps_its_epoch(tmp_path: Path) -> N
     async with memory_controller(tmp_path) as h:
         first = await daemon(h, "i1")
         await trio.sleep(GRACE_END)
-        epoch = await grant(first)
+        epoch = await granted(first)
         await first.framed.aclose()  # the link broke; the process lives on with its instance
         await trio.sleep(5)
         again = await daemon(h, "i1")
-        assert await grant(again) == epoch  # idempotent re-acquire: the same epoch, renewed
+        assert await granted(again) == epoch  # idempotent re-acquire: the same epoch, renewed
         assert await again.request(FactCommit(intent("aws", epoch))) == FactAck(1)
 
 
@@ -121,21 +110,21 @@ async def test_a_restarted_process_waits_for_its_previous_lease(tmp_path: Path) 
     async with memory_controller(tmp_path) as h:
         crashed = await daemon(h, "i1")
         await trio.sleep(GRACE_END)
-        old = await grant(crashed)
+        old = await granted(crashed)
         await trio.sleep(12)
         await crashed.framed.aclose()  # killed: no release
         restarted = await daemon(h, "i2")
         wait = (await denied(restarted, "held")).retry_after_ms
         assert wait == 18_000  # granted at 35 + ttl 30 = 65; now 47
         await trio.sleep(wait / 1000)
-        new = await grant(restarted)
+        new = await granted(restarted)
         assert new > old and trio.current_time() == GRACE_END + TTL
         assert h.cluster.store.last_grantee("aws") == "prov#i2"
         # A clean stop gives the lease back, so the next start gets it at once.
         assert await restarted.request(LeaseRelease("aws", new)) == Ack()
         await restarted.framed.aclose()
         clean = await daemon(h, "i3")
-        assert await grant(clean) > new
+        assert await granted(clean) > new
 
 
 @on_mock_clock
@@ -143,10 +132,10 @@ async def test_after_failover_the_grace_regrants_only_the_last_grantee_process(t
     async with memory_controller(tmp_path) as h:
         a1, a2 = await daemon(h, "i1"), await daemon(h, "i2")
         await trio.sleep(GRACE_END)
-        e1 = await grant(a1)
+        e1 = await granted(a1)
         assert await a1.request(FactCommit(intent("aws", e1))) == FactAck(1)
         assert await a1.request(LeaseRelease("aws", e1)) == Ack()
-        e2 = await grant(a2)  # the last grantee: a2, although a1 wrote the latest fact
+        e2 = await granted(a2)  # the last grantee: a2, although a1 wrote the latest fact
         admin, _ = await h.join(Role.ADMIN, "ops")
         assert (await admin.request(AdminFailover(1))).ok
         assert await a1.closed() and await a2.closed()
@@ -155,7 +144,7 @@ async def test_after_failover_the_grace_regrants_only_the_last_grantee_process(t
         grace = await denied(a1, "grace")
         assert grace.retry_after_ms == 35_000
         await denied(a3, "grace")  # a fresh start of "prov" cannot know what i2 believes either
-        e3 = await grant(a2)
+        e3 = await granted(a2)
         assert e3 == Epoch(2, 1) and e3 > e2
         reply = await a1.request(FactCommit(instance("aws", e3, "i-1")))
         assert isinstance(reply, Rejected) and reply.reason == "no_lease"
@@ -169,7 +158,7 @@ async def test_an_old_client_without_instance_is_its_identity(tmp_path: Path) ->
         old = await daemon(h, "")
         new = await daemon(h, "i1")
         await trio.sleep(GRACE_END)
-        epoch = await grant(old)
+        epoch = await granted(old)
         await denied(new, "held")
         assert h.cluster.store.last_grantee("aws") == "prov"
         assert await old.request(FactCommit(intent("aws", epoch))) == FactAck(1)
@@ -191,5 +180,5 @@ async def test_a_bad_instance_is_refused_at_join(tmp_path: Path, identity: str, 
         assert not h.server.sessions and h.server.stats["internal_errors"] == 0
         ok = await daemon(h, "x" * MAX_INSTANCE, identity="prov#1")  # 64 characters, '#' only in the identity
         await trio.sleep(GRACE_END)
-        await grant(ok)
+        await granted(ok)
         assert h.cluster.store.last_grantee("aws") == "prov#1#" + "x" * MAX_INSTANCE

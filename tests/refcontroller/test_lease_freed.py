@@ -11,15 +11,27 @@ from pathlib import Path
 
 import pytest
 import trio
-from rc_client import memory_controller, on_mock_clock
+from rc_client import Harness, memory_controller, on_mock_clock
 from test_daemon_instance import CHECK, TTL, Process, wait_for
 
 from provisionerd.controller.lease import LeaseState
+from provisionerd.domain.model import Epoch
 
 
 def standby(process: Process) -> Process:
     process.session.on_lease_freed.append(lambda _provider: process.keeper.lease_freed())
     return process
+
+
+async def holder_and_standby(h: Harness, nursery: trio.Nursery) -> tuple[Process, Process, Epoch]:
+    """Past the grace: a holder with the lease (its epoch returned) and a standby it was denied to, once."""
+    await trio.sleep(TTL + CHECK + 1)
+    holder, waiting = Process(h, seed=1), standby(Process(h, seed=2))
+    holder.start(nursery)
+    epoch = await holder.keeper.wait_valid()
+    waiting.start(nursery)
+    await wait_for(lambda: waiting.count("lease_denied") == 1)
+    return holder, waiting, epoch
 
 
 def acquired_at(process: Process) -> float:
@@ -29,12 +41,7 @@ def acquired_at(process: Process) -> float:
 @on_mock_clock
 async def test_a_clean_release_goes_to_the_waiting_standby_at_that_instant(tmp_path: Path) -> None:
     async with memory_controller(tmp_path, ttl=TTL, check=CHECK) as h, trio.open_nursery() as nursery:
-        await trio.sleep(TTL + CHECK + 1)  # past the grace
-        holder, waiting = Process(h, seed=1), standby(Process(h, seed=2))
-        holder.start(nursery)
-        old = await holder.keeper.wait_valid()
-        waiting.start(nursery)
-        await wait_for(lambda: waiting.count("lease_denied") == 1)
+        holder, waiting, old = await holder_and_standby(h, nursery)
         denial = next(e for e in waiting.events.recent if e["event"] == "lease_denied")
         assert denial["reason"] == "held" and denial["retry_after"] > 20  # it would sleep that long
         await trio.sleep(3)
@@ -51,12 +58,7 @@ async def test_a_clean_release_goes_to_the_waiting_standby_at_that_instant(tmp_p
 @on_mock_clock
 async def test_an_expired_lease_is_pushed_to_the_standby_at_its_expiry(tmp_path: Path) -> None:
     async with memory_controller(tmp_path, ttl=TTL, check=CHECK) as h, trio.open_nursery() as nursery:
-        await trio.sleep(TTL + CHECK + 1)
-        holder, waiting = Process(h, seed=1), standby(Process(h, seed=2))
-        holder.start(nursery)
-        await holder.keeper.wait_valid()
-        waiting.start(nursery)
-        await wait_for(lambda: waiting.count("lease_denied") == 1)
+        holder, waiting, _ = await holder_and_standby(h, nursery)
         await trio.sleep(47)  # the holder renews meanwhile: the standby's hint is behind the lease's expiry
         lease = h.cluster.leases.live("aws", trio.current_time())
         holder.kill()  # a crash: nothing is released, the lease expires on the controller's clock
@@ -69,12 +71,7 @@ async def test_an_expired_lease_is_pushed_to_the_standby_at_its_expiry(tmp_path:
 @on_mock_clock
 async def test_a_release_in_the_grace_is_pushed_but_the_grace_still_decides(tmp_path: Path) -> None:
     async with memory_controller(tmp_path, ttl=TTL, check=CHECK) as h, trio.open_nursery() as nursery:
-        await trio.sleep(TTL + CHECK + 1)
-        holder, waiting = Process(h, seed=1), standby(Process(h, seed=2))
-        holder.start(nursery)
-        await holder.keeper.wait_valid()
-        waiting.start(nursery)
-        await wait_for(lambda: waiting.count("lease_denied") == 1)
+        holder, waiting, _ = await holder_and_standby(h, nursery)
         promoted = trio.current_time()
         h.cluster.fail_over(promoted)  # a new primary: only the last grantee may hold until the grace ends
         h.server.disconnect_replica(0)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from rigs import procs
 
 pytestmark = pytest.mark.process
 
@@ -14,7 +15,7 @@ BLOCK_HTTPX = "import sys; sys.modules['httpx'] = None\n"
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", BLOCK_HTTPX + code], capture_output=True, text=True, timeout=60)
+    return procs.run([sys.executable, "-c", BLOCK_HTTPX + code], timeout=60)
 
 
 def test_the_refcontroller_cli_imports_without_httpx() -> None:

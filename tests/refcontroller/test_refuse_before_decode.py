@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from rc_client import Harness, Peer, memory_controller, on_mock_clock, seq_term
+from rc_client import granted as lease
+from rc_client import joined_provisioner as provisioner
 from rc_factories import intent
-from test_server_memory import GRACE_END, idle, lease, provisioner
+from test_server_memory import GRACE_END, idle
 
 from provisionerd.domain.model import Role
 from provisionerd.testing.hostile_frames import LIST_FIELDS, list_bomb

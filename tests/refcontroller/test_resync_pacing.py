@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import trio
 import trio.testing
 from rc_client import memory_controller, on_mock_clock, on_real_clock
 from rc_factories import instance, intent
+from rigs import procs
 
 from provisionerd.domain.model import (
     FACT_TYPES,
@@ -278,7 +278,7 @@ trio.run(cli._serve_until_signalled, run, {})
 def test_a_serving_controller_freezes_its_startup_heap() -> None:
     """``refcontroller serve`` freezes what it holds once started (a full collection during a big resync held its
     loop 20-30 ms of CPU), in its own process only."""
-    done = subprocess.run([sys.executable, "-c", _SERVE_FREEZES], capture_output=True, text=True, timeout=60)
+    done = procs.run([sys.executable, "-c", _SERVE_FREEZES], timeout=60)
     assert done.returncode == 0, done.stderr
     before, after = map(int, done.stdout.split())
     assert before == 0 and after > 10_000

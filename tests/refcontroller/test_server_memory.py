@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from rc_client import Harness, Peer, memory_controller, on_mock_clock, seq_term
+from rc_client import Peer, granted, memory_controller, on_mock_clock, seq_term
+from rc_client import joined_provisioner as provisioner
 from rc_factories import instance, intent, item
 
 from provisionerd.domain.model import CommittedFact, Epoch, HostStatus, Role
@@ -45,14 +46,6 @@ from provisionerd.wire.messages import (
 GRACE_END = 35.0
 
 
-async def provisioner(h: Harness, identity: str = "d1", replica: int = 0, providers=("aws",)) -> Peer:
-    peer, reply = await h.join(Role.PROVISIONER, identity, replica, providers=providers)
-    assert isinstance(reply, JoinReply) and reply.accepted, reply
-    page = await peer.push()
-    assert isinstance(page, DemandPage)  # a snapshot follows every join
-    return peer
-
-
 async def idle(seconds: float, *peers: Peer) -> None:
     """Let ``seconds`` pass while the peers heartbeat every 5 s (as a daemon does)."""
     end = trio.current_time() + seconds
@@ -60,12 +53,6 @@ async def idle(seconds: float, *peers: Peer) -> None:
         await trio.sleep(min(5.0, left))
         for peer in peers:
             await peer.request(Heartbeat(0))
-
-
-async def lease(peer: Peer, provider: str = "aws") -> Epoch:
-    reply = await peer.request(LeaseAcquire(provider))
-    assert isinstance(reply, LeaseGrant), reply
-    return reply.epoch
 
 
 @on_mock_clock
@@ -155,7 +142,7 @@ async def test_lease_grace_grant_commit_and_stale_epoch_over_the_wire(tmp_path: 
         denied = await peer.request(LeaseAcquire("aws"))
         assert denied == LeaseDenied("aws", "grace", 35_000)
         await trio.sleep(GRACE_END)
-        epoch = await lease(peer)
+        epoch = await granted(peer)
         assert epoch == Epoch(1, 1)
         assert await peer.request(FactCommit(intent("aws", epoch))) == FactAck(1)
         stale = await peer.request(FactCommit(instance("aws", Epoch(1, 0), "i-1")))
@@ -173,14 +160,14 @@ async def test_holder_that_stops_renewing_loses_the_lease_after_ttl(tmp_path: Pa
     async with memory_controller(tmp_path) as h:
         d1, d2 = await provisioner(h, "d1"), await provisioner(h, "d2")
         await trio.sleep(GRACE_END)
-        epoch = await lease(d1)
+        epoch = await granted(d1)
         await trio.sleep(20)
         assert isinstance(await d1.request(LeaseRenew("aws", epoch)), LeaseGrant)  # t=55, expires t=85
         await trio.sleep(29.999)
         assert await d2.request(LeaseAcquire("aws")) == LeaseDenied("aws", "held", 1)
         await trio.sleep(0.001)  # t=85: expired on the controller's clock
         assert trio.current_time() == 85.0
-        assert await lease(d2) == Epoch(1, 2)
+        assert await granted(d2) == Epoch(1, 2)
         denied = await d1.request(LeaseRenew("aws", epoch))
         assert denied == LeaseDenied("aws", "stale_epoch", 0)  # d2 holds it now, with another epoch
 
@@ -221,7 +208,7 @@ async def test_worker_join_status_and_loss_are_pushed_to_the_provisioner(tmp_pat
     async with memory_controller(tmp_path, heartbeat=15.0) as h:
         prov = await provisioner(h)
         await idle(GRACE_END, prov)
-        epoch = await lease(prov)
+        epoch = await granted(prov)
         await prov.request(FactCommit(intent("aws", epoch, refs=("i-1", "i-2"))))
         worker, reply = await h.join(Role.WORKER, "w1", instance_ref="i-1", token="tok-i-1")
         assert isinstance(reply, JoinReply) and reply.accepted
@@ -249,7 +236,7 @@ async def test_resync_sends_facts_and_hosts_then_demand(tmp_path: Path) -> None:
         h.cluster.set_demand([item("a", 1)])
         prov = await provisioner(h, providers=("aws", "gcp"))
         await trio.sleep(GRACE_END)
-        e_aws, e_gcp = await lease(prov, "aws"), await lease(prov, "gcp")
+        e_aws, e_gcp = await granted(prov, "aws"), await granted(prov, "gcp")
         for i in range(3):
             await prov.request(FactCommit(intent("aws", e_aws, f"op-a{i}", refs=(f"a{i}",))))
             await prov.request(FactCommit(intent("gcp", e_gcp, f"op-g{i}", refs=(f"g{i}",))))
@@ -275,7 +262,7 @@ async def test_failover_disconnects_clients_and_the_new_primary_serves_them(tmp_
     async with memory_controller(tmp_path) as h:
         d1, d2 = await provisioner(h, "d1"), await provisioner(h, "d2")
         await trio.sleep(GRACE_END)
-        old = await lease(d1)
+        old = await granted(d1)
         assert await d1.request(FactCommit(intent("aws", old))) == FactAck(1)
         admin, _ = await h.join(Role.ADMIN, "ops")
         reply = await admin.request(AdminFailover(-1))
@@ -288,7 +275,7 @@ async def test_failover_disconnects_clients_and_the_new_primary_serves_them(tmp_
         d2 = await provisioner(h, "d2", replica=1)
         assert await d2.request(LeaseAcquire("aws")) == LeaseDenied("aws", "grace", 35_000)
         d1 = await provisioner(h, "d1", replica=1)
-        new = await lease(d1)  # the holder on the latest fact gets it back at once
+        new = await granted(d1)  # the holder on the latest fact gets it back at once
         assert new == Epoch(2, 1) and new > old
         stale = await d1.request(FactCommit(instance("aws", old, "i-1")))
         assert isinstance(stale, Rejected) and stale.reason == "stale_epoch"

@@ -7,15 +7,14 @@ store exits 2 with one line on stderr; ``--new-incarnation`` starts afresh and s
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rigs import controller, procs
 
 from provisionerd.domain.model import Epoch, Lost
 from refcontroller.store import FactStore, StoreRefused, mark_path, read_mark
@@ -155,36 +154,8 @@ def test_a_store_from_before_incarnations_gets_one_once(tmp_path: Path) -> None:
 # --- real processes ----------------------------------------------------------------------------------------------
 
 
-def serve_argv(certs: Path, data: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "refcontroller",
-        "serve",
-        "--certs",
-        str(certs),
-        "--data",
-        str(data),
-        "--listen",
-        "127.0.0.1:0",
-        *extra,
-    ]
-
-
-def serve_until_ready(certs: Path, data: Path, *extra: str) -> tuple[subprocess.Popen[str], dict]:
-    process = subprocess.Popen(
-        serve_argv(certs, data, *extra), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    process.stdout.close()  # the ready line is all it prints
-    ready = json.loads(line)
-    assert ready["ready"], line
-    return process, ready
-
-
 def refused(certs: Path, data: Path) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(serve_argv(certs, data), capture_output=True, text=True, timeout=60)
+    done = procs.run(controller.serve_argv(certs, data), timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
@@ -194,19 +165,20 @@ def refused(certs: Path, data: Path) -> subprocess.CompletedProcess[str]:
 
 
 def demand(certs: Path, address: str) -> None:
-    argv = [sys.executable, "-m", "refcontroller", "admin", "--certs", str(certs), "--connect", address]
     items = '[{"demand_id": "d", "shape": {"ncpus": 1}, "count": 2}]'
-    done = subprocess.run([*argv, "demand", "--file", "-"], input=items, capture_output=True, text=True, timeout=60)
+    argv = procs.refcontroller("admin", "--certs", certs, "--connect", address, "demand", "--file", "-")
+    done = procs.run(argv, input=items, timeout=60)
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.process
 def test_serve_refuses_a_store_whose_wal_was_lost_with_a_kill_9(certs: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    process, ready = serve_until_ready(certs, data)
-    demand(certs, ready["listen"][0])  # a write the controller acknowledged
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    with controller.serving(certs, data, tmp_path / "serve.log") as served:
+        demand(certs, served.address)  # a write the controller acknowledged
+        os.kill(served.process.pid, signal.SIGKILL)
+        served.process.wait(timeout=30)
+    ready = served.ready
     assert (data / "facts.sqlite-wal").exists()
     (data / "facts.sqlite-wal").unlink()
     (data / "facts.sqlite-shm").unlink(missing_ok=True)
@@ -217,20 +189,20 @@ def test_serve_refuses_a_store_whose_wal_was_lost_with_a_kill_9(certs: Path, tmp
 
 @pytest.mark.process
 def test_serve_refuses_zero_length_and_damaged_stores_then_starts_afresh_when_told(certs: Path, tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    process, first = serve_until_ready(certs, data)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 0
+    data, log = tmp_path / "data", tmp_path / "serve.log"
+    with controller.serving(certs, data, log) as served:
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(timeout=30) == 0
+    first = served.ready
     store = data / "facts.sqlite"
     intact = store.read_bytes()
     store.write_bytes(b"")
     assert "zero-length file" in refused(certs, data).stderr
     store.write_bytes(intact[:100] + b"garbage" * 600 + intact[100 + 7 * 600 :])
     assert "is damaged" in refused(certs, data).stderr
-    process, fresh = serve_until_ready(certs, data, "--new-incarnation")
-    try:
+    with controller.serving(certs, data, log, "--new-incarnation") as served:
+        fresh = served.ready
         assert fresh["incarnation"] != first["incarnation"] and fresh["term"] == 1
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(timeout=30)
     assert any(p.name.startswith("facts.sqlite.discarded-") for p in data.iterdir())

@@ -11,6 +11,10 @@ started, waited for and stopped the same way everywhere.
 - ``controller``: ``refcontroller serve`` as a process.
 - ``backends``: what the integration tier needs beyond pip; in CI a missing back end fails, elsewhere it skips.
 - ``moto``: the EC2 emulator as a process.
+- ``agents``: ``provisionerd agent`` with its token on stdin, and the agents a test left behind.
+- ``pipes``: a plugin or CLI driven over its pipes, its environment given whole.
+- ``memory``: the reference controller over in-memory streams and a daemon config for it (``MockClock`` tests).
+- ``clock``: ``mock_run``, an async function on a bounded ``MockClock``.
 
 The folder is on ``sys.path`` through pytest's ``pythonpath`` setting (pyproject.toml); benches add it themselves.
 """

@@ -1,0 +1,120 @@
+"""``provisionerd agent`` for a test, and the agents a test left behind.
+
+Every agent a test starts carries ``--label test-dir=<dir>`` (the test's ``tmp_path``), so ``live_agents(dir)``
+finds the ones still running, however they were started (by the test, or by the local provider's plugin, which
+names its data directory under ``dir``). The token is handed over on stdin, never on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from provisionerd.demo.procs import is_alive
+from rigs import procs
+
+
+def agent_argv(certs: Path, controllers: Sequence[str], marker: Path, *args: str, ref: str | None = None) -> list[str]:
+    """``provisionerd agent`` for ``ref`` (``--instance-ref``; none for an address-bound claim given in ``args``)
+    joining ``controllers``, labelled with ``marker``."""
+    instance = ("--instance-ref", ref) if ref else ()
+    return procs.provisionerd(
+        "agent",
+        "--certs",
+        certs,
+        "--controllers",
+        ",".join(controllers),
+        *instance,
+        "--label",
+        f"test-dir={marker}",
+        *args,
+    )
+
+
+@contextmanager
+def agent(
+    argv: Sequence[str],
+    log: Path,
+    token: bytes | None = None,
+    *,
+    close_stdin: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start ``argv`` in its own session with its output appended to ``log``, write ``token`` to its stdin (and
+    close it, unless ``close_stdin`` is False); at the end SIGTERM, 10 s, SIGKILL of its group. ``env`` is added to
+    this process's environment."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as sink:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=sink,
+            stderr=sink,
+            env=None if env is None else {**os.environ, **env},
+            start_new_session=True,
+        )
+    assert process.stdin is not None
+    try:
+        if token is not None:
+            process.stdin.write(token)
+            process.stdin.flush()
+        if close_stdin:
+            process.stdin.close()
+        yield process
+    finally:
+        _stop(process)
+        process.stdin.close()
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        _killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    _killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _killpg(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read().decode(errors="replace").split("\0")
+
+
+def _names_path(argv: list[str], directory: str) -> bool:
+    """Whether an argument is ``directory`` or a path under it (alone or as a ``KEY=`` value): a bare substring test
+    would also take ``.../test_x1`` for ``.../test_x10`` and so count another test's agents."""
+    under = directory.rstrip("/") + "/"
+    for arg in argv:
+        value = arg.partition("=")[2] if "=" in arg else arg
+        if value == directory or value.startswith(under):
+            return True
+    return False
+
+
+def live_agents(marker: str) -> list[int]:
+    """Pids of live ``provisionerd agent`` processes whose command line names ``marker`` (a directory) or a path
+    under it."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            argv = _cmdline(int(name))
+        except OSError:
+            continue
+        if "agent" in argv and "--instance-ref" in argv and _names_path(argv, marker) and is_alive(int(name)):
+            found.append(int(name))
+    return sorted(found)
