@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+from rigs import wait
 
 from provisionerd.config.loader import ProviderConfig as DaemonProvider
 from provisionerd.config.loader import ProviderTimeouts
@@ -123,6 +123,10 @@ class World:
                 found.append((name, path.read_text()))
         return found
 
+    async def wait_input(self, action: str, limit: float = 30.0) -> None:
+        """Until the plugin has received an ``action`` input (``LOG_INPUTS``): that call is in flight."""
+        await wait.until_sync(f"the plugin's {action} input", lambda: self.inputs(action), limit)
+
     def plugin_state(self) -> dict[str, Any]:
         return json.loads((self.data / "lsfexample-state.json").read_text())
 
@@ -142,13 +146,13 @@ def world(tmp_path: Path) -> World:
 
 async def settle(client: Any, request_id: str, limit: float = 30.0) -> dict[str, Any]:
     """Poll getRequestStatus until ``request_id`` leaves ``running`` (real clock, generous limit)."""
-    with trio.fail_after(limit):
-        while True:
-            out = await client.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
-            (entry,) = out["requests"]
-            if entry["status"] != "running":
-                return entry
-            await trio.sleep(0.05)
+
+    async def left_running() -> dict[str, Any] | None:
+        out = await client.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
+        (entry,) = out["requests"]
+        return entry if entry["status"] != "running" else None
+
+    return await wait.until(f"request {request_id} no longer running", left_running, limit)
 
 
 class Helpers:

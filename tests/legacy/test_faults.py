@@ -127,7 +127,7 @@ def test_a_daemon_killed_mid_call_leaves_an_unknown_outcome(world):
         client = world.adapter()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
-            await trio.sleep(0.5)
+            await world.wait_input("requestMachines")
             at_death = world.journal.read_bytes()  # what a SIGKILLed daemon would leave behind
             nursery.cancel_scope.cancel()
         saved = json.loads(world.journal.read_text())
@@ -150,9 +150,7 @@ def test_a_second_call_while_the_first_is_in_flight_is_refused(world):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
             # In flight once the plugin has its input (a fixed sleep lost this race under load).
-            with trio.fail_after(30):
-                while not world.inputs("requestMachines"):  # noqa: ASYNC110 - the plugin process writes it
-                    await trio.sleep(0.02)
+            await world.wait_input("requestMachines")
             with pytest.raises(ProviderOutcomeUnknown, match="still being requested"):
                 await client.call("requestMachines", world.request("op-1", 1))
             nursery.cancel_scope.cancel()  # the first call dies with its process group
