@@ -33,6 +33,7 @@ from aws_fakes import (  # noqa: E402
     SCHEMAS,
     SECRET_KEY,
     SESSION_TOKEN,
+    credentials_env,
     tags_of,
     user_data,
 )
@@ -130,12 +131,7 @@ class PluginRunner:
             "PROVIDER_NAME": "aws",
             "PROVISIONERD_CLUSTER": self.cluster,
             "PROVISIONERD_PYTHON": sys.executable,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_SESSION_TOKEN": SESSION_TOKEN,
-            "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
-            "AWS_EC2_METADATA_DISABLED": "true",
+            **credentials_env(tmp),
         }
         self.write_config()
 

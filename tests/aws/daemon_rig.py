@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aws_fakes import ACCESS_KEY, IMAGE, PLUGIN_DIR, REGION, SECRET_KEY, SESSION_TOKEN, user_data
+from aws_fakes import IMAGE, PLUGIN_DIR, REGION, credentials_env, user_data
 from rigs import agents, procs
 
 from provisionerd.config.loader import ProviderConfig, ProviderTimeouts
@@ -42,18 +42,6 @@ def plugin_config(endpoint: str) -> dict[str, Any]:
     return {"region": REGION, "endpoint_url": endpoint, "read_timeout": 20, "templates": templates}
 
 
-def plugin_env(home: Path) -> dict[str, str]:
-    """The provider's ``env``: the fake credentials (the leak check looks for them) and nothing from this host."""
-    return {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_SESSION_TOKEN": SESSION_TOKEN,
-        "AWS_CONFIG_FILE": str(home / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-
-
 def ec2_provider(home: Path, endpoint: str) -> ProviderConfig:
     """The ``aws_ec2`` provider over its persistent transport, its conf and data directories under ``home``."""
     conf, data = home / "ec2-conf", home / "ec2-data"
@@ -68,7 +56,7 @@ def ec2_provider(home: Path, endpoint: str) -> ProviderConfig:
         data_dir=data,
         idle_time=IDLE_TIME,
         timeouts=ProviderTimeouts(default=30),
-        env=plugin_env(home),
+        env=credentials_env(home),
     )
 
 

@@ -34,7 +34,8 @@ from aws_fakes import ACCESS_KEY, SECRET_KEY, SESSION_TOKEN, shutdown_behaviour,
 from daemon_rig import OFFERS, PROVIDER, boot_agent, boot_document, ec2_provider
 from fault_proxy import FaultProxy
 from rigs import procs, wait
-from rigs.daemon import Daemon, daemon_config, make_certs, short_dir
+from rigs.daemon import Daemon, daemon_config, machine_counts, machines_gone, make_certs, short_dir
+from rigs.facts import stored_facts
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape, Returned
 from provisionerd.domain.tokens import token_hash
@@ -51,10 +52,6 @@ def state() -> Iterator[Path]:
     """The daemon's state directory (events log, admin socket), with a short path."""
     with short_dir("pd-ec2-") as path:
         yield path
-
-
-def machine_counts(status: dict[str, Any]) -> dict[str, int]:
-    return dict(status["providers"][PROVIDER]["machines"])
 
 
 class Machines:
@@ -108,7 +105,6 @@ def run_scenario(
     ec2: Any, moto_endpoint: str, tmp: Path, state: Path, refuse_types: set[str], forward_first: int = 0
 ) -> dict[str, Any]:
     from refcontroller.api import open_refcontroller_process
-    from refcontroller.store import FactStore
 
     cluster = f"ec2e2e-{uuid.uuid4().hex[:8]}"  # the emulator is shared by the session's tests
     certs = make_certs(tmp, cluster)
@@ -153,9 +149,9 @@ def run_scenario(
         seen["up_s"] = time.monotonic() - asked
         seen["instances_up"] = await trio.to_thread.run_sync(machines.instances)
         up = await daemon.wait_status(
-            f"the daemon counts {DEMAND} idle machines", lambda s: machine_counts(s).get("idle") == DEMAND
+            f"the daemon counts {DEMAND} idle machines", lambda s: machine_counts(s, PROVIDER).get("idle") == DEMAND
         )
-        seen["machines_up"] = machine_counts(up)
+        seen["machines_up"] = machine_counts(up, PROVIDER)
 
         await ctl.set_demand([])
         dropped = time.monotonic()
@@ -168,7 +164,7 @@ def run_scenario(
         seen["terminated_s"] = time.monotonic() - dropped
         await daemon.wait_status(
             "no machine left in the daemon's view (Returned committed)",
-            lambda s: bool(counts := machine_counts(s)) and not any(counts.values()),
+            machines_gone(PROVIDER),
             DOWN_LIMIT,
         )
         seen["returned_s"] = time.monotonic() - dropped
@@ -177,11 +173,7 @@ def run_scenario(
     with FaultProxy(moto_endpoint, refuse_types=refuse_types, forward_first=forward_first) as proxy:
         trio.run(main, proxy)
         seen["refused"], seen["forwarded"] = proxy.refused(), proxy.forwarded()
-    store = FactStore.open(tmp / "ctl" / "facts.sqlite")
-    try:
-        seen["facts"] = [c.fact for c in store.all_facts()]
-    finally:
-        store.close()
+    seen["facts"] = stored_facts(tmp / "ctl" / "facts.sqlite")
     seen["boot_docs"], seen["shutdown_behaviour"] = machines.boot_docs, machines.shutdown_behaviour
     seen["agent_rcs"] = machines.agent_rcs
     seen["instance_attr"] = {i: shutdown_behaviour(ec2, i) for i in seen["instances_down"]}

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import trio
 from rigs import agents, procs, wait
-from rigs.daemon import Daemon, daemon_config, make_certs, short_dir
+from rigs.daemon import Daemon, daemon_config, machine_counts, machines_gone, make_certs, short_dir
+from rigs.facts import stored_facts
 
 from provisionerd.config.loader import Config, LegacyOptions
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape, Returned
@@ -49,10 +50,6 @@ STAY = 6.0  # seconds both machines must stay joined (and the daemon keep them) 
 RUN = re.compile(rb"[A-Za-z0-9_-]{16,}")
 
 
-def machines_of(status: dict[str, Any] | None) -> dict[str, int]:
-    return {} if status is None else status["providers"]["lsfex"]["machines"]
-
-
 @pytest.fixture
 def state() -> Iterator[Path]:
     """The daemon's state directory (events log, admin socket), with a short path."""
@@ -64,7 +61,6 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
     world: Any, tmp_path: Path, state: Path
 ) -> None:
     from refcontroller.api import open_refcontroller_process
-    from refcontroller.store import FactStore
 
     certs = make_certs(tmp_path, CLUSTER)
     # The cluster's bootstrap secret: the controller's copy, and one in each machine's image.
@@ -116,7 +112,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
         # Both instance facts are committed (the daemon's view has them, booting): the machines may now boot.
         await daemon.wait_status(
-            "two machines booting in the daemon's view", lambda s: machines_of(s).get("booting") == 2, 40
+            "two machines booting in the daemon's view", lambda s: machine_counts(s, "lsfex").get("booting") == 2, 40
         )
         running = {k: m for k, m in world.plugin_state()["machines"].items() if m["status"] == "running"}
         assert len(running) == 2 and {m["ip"] for m in running.values()} == {"127.0.0.1"}, running
@@ -140,7 +136,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
         await trio.sleep(STAY)
         seen["hosts_later"] = await hosts(ctl)
         seen["agents_alive"] = [agent.running() for agent in machines]
-        seen["machines_later"] = machines_of(await daemon.status())
+        seen["machines_later"] = machine_counts(await daemon.status(), "lsfex")
         seen["plugin_later"] = world.plugin_state()["machines"]
 
         # Demand 0: both are idle machines no demand needs, past idle_time: returned at the next reconcile pass.
@@ -155,7 +151,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
         seen["return_called_s"] = time.monotonic() - dropped
         await daemon.wait_status(
             "both machines returned (Returned committed, out of the daemon's view)",
-            lambda s: bool(counts := machines_of(s)) and not any(counts.values()),
+            machines_gone("lsfex"),
             JOIN_DEADLINE,
         )
         seen["returned_s"] = time.monotonic() - dropped
@@ -173,11 +169,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
     assert seen["daemon_rc"] == 0 and seen["agent_rcs"] == [0, 0]  # SIGTERM: clean exits, never a refusal (3)
 
     # --- both joined by the address-bound join, as the instances the plugin's machines are ---------------------
-    store = FactStore.open(tmp_path / "ctl" / "facts.sqlite")
-    try:
-        facts = [c.fact for c in store.all_facts()]
-    finally:
-        store.close()
+    facts = stored_facts(tmp_path / "ctl" / "facts.sqlite")
     intents = [f for f in facts if isinstance(f, RequestIntent)]
     made = {f.machine_id: f for f in facts if isinstance(f, InstanceFact)}
     assert sorted(made) == seen["machine_ids"] and {f.address for f in made.values()} == {"127.0.0.1"}

@@ -15,6 +15,7 @@ import pytest
 import trio
 from rigs import procs, wait
 from rigs.daemon import Daemon, daemon_config, make_certs, short_dir
+from rigs.facts import facts_of
 
 from provisionerd.config.loader import LegacyOptions
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape, Returned
@@ -39,10 +40,9 @@ def test_a_daemon_killed_during_request_machines_tracks_the_machines_after_resta
                 open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
                 procs.open_procs() as started,
             ):
-                store = ctl.server.cluster.store
 
                 def facts(kind):
-                    return [c.fact for c in store.all_facts() if isinstance(c.fact, kind)]
+                    return facts_of(ctl.server.cluster.store, kind)
 
                 config = daemon_config(
                     certs, ctl.addresses, state, provider, cluster="clu", identity="prov-legacy-crash", state_dir=state

@@ -23,6 +23,7 @@ import trio
 from rigs import procs, wait
 from rigs.core import daemon_core, running
 from rigs.daemon import daemon_config, make_certs, short_dir
+from rigs.facts import facts_of
 
 from provisionerd.agent.worker import AgentConfig, WorkerAgent
 from provisionerd.cli.agent import tls_connector as worker_connector
@@ -37,6 +38,12 @@ from provisionerd.provider.legacy.adapter import LegacyProvider
 
 pytestmark = pytest.mark.process
 
+
+def logged(ctl: Any, kind: type) -> list[Any]:
+    """The facts of ``kind`` in the in-process controller's log."""
+    return facts_of(ctl.server.cluster.store, kind)
+
+
 CLUSTER = "testcluster"
 #: The userData recipe of docs/providers.md: what each machine boots with.
 USER_DATA = {
@@ -44,10 +51,6 @@ USER_DATA = {
     "PROVISIONERD_CONTROLLERS": "{controllers}",
     "PROVISIONERD_INSTANCE": "{instance_ref}",
 }
-
-
-def facts_of(ctl: Any, kind: type) -> list[Any]:
-    return [c.fact for c in ctl.server.cluster.store.all_facts() if isinstance(c.fact, kind)]
 
 
 def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(world: Any, tmp_path):
@@ -89,11 +92,11 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(world: Any, tmp
             return wait.until_sync(what, predicate, 40)
 
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
-        await until("2 instance facts", lambda: len(facts_of(ctl, InstanceFact)) == 2)
+        await until("2 instance facts", lambda: len(logged(ctl, InstanceFact)) == 2)
         # The machines boot: each reads its userData and starts the worker agent (docs/providers.md's recipe).
         connect = worker_connector(certs)
         booted = {}
-        for fact in facts_of(ctl, InstanceFact):
+        for fact in logged(ctl, InstanceFact):
             data = world.user_data_of(fact.machine_id)
             booted[fact.machine_id] = data
             agent = WorkerAgent(
@@ -111,16 +114,16 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(world: Any, tmp
         seen["hosts"] = ctl.server.cluster.hosts.all()
         seen["booted"] = booted
         await ctl.set_demand([])
-        await until("2 machines returned", lambda: sum(len(f.machine_ids) for f in facts_of(ctl, Returned)) == 2)
+        await until("2 machines returned", lambda: sum(len(f.machine_ids) for f in logged(ctl, Returned)) == 2)
         seen["after_return"] = world.plugin_machines()
         # Demand again; the cloud then takes the new machine back.
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 1)])
-        await until("a third instance fact", lambda: len(facts_of(ctl, InstanceFact)) == 3)
+        await until("a third instance fact", lambda: len(logged(ctl, InstanceFact)) == 3)
         world.settings({"BOOT_POLLS": 1, "RECLAIM_COUNT": 1})
-        await until("the reclaimed machine Lost", lambda: facts_of(ctl, Lost))
+        await until("the reclaimed machine Lost", lambda: logged(ctl, Lost))
         # Demand still wants one machine: the planner replaces the lost one (let it finish before shutting down,
         # or the cancelled call would rightly be reported as an unknown outcome).
-        await until("the lost machine's replacement", lambda: len(facts_of(ctl, InstanceFact)) == 4)
+        await until("the lost machine's replacement", lambda: len(logged(ctl, InstanceFact)) == 4)
         seen["facts"] = [c.fact for c in ctl.server.cluster.store.all_facts()]
         seen["orphan_passes"] = [e for e in core.events.recent if e["event"] == "orphan_pass"]
 

@@ -41,8 +41,3 @@ def sim_config(
     )
     config = daemon_config(certs, addresses, state, sim, cluster=CLUSTER, identity=identity)
     return write_daemon_config(config, tmp / "pd.toml")
-
-
-def facts_of(store: Any, kind: type) -> list[Any]:
-    """The facts of ``kind`` in a controller's store, in log order."""
-    return [c.fact for c in store.all_facts() if isinstance(c.fact, kind)]

@@ -18,7 +18,8 @@ import trio
 from rigs import wait
 from rigs.core import daemon_core, record, running
 from rigs.daemon import make_certs, short_dir
-from sim_daemon import CLUSTER, facts_of, sim_config
+from rigs.facts import facts_of
+from sim_daemon import CLUSTER, sim_config
 
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.model import DemandItem, Epoch, InstanceFact, ResourceShape

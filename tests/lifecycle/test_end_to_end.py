@@ -17,6 +17,7 @@ import trio
 from rigs import wait
 from rigs.core import Recorder, daemon_core, record, running
 from rigs.daemon import make_certs, short_dir
+from rigs.facts import facts_of
 from sim_daemon import CLUSTER, sim_config
 
 from provisionerd.agent.worker import AgentConfig, WorkerAgent
@@ -37,13 +38,14 @@ from provisionerd.planner.policy import Policy
 pytestmark = pytest.mark.process
 
 
+def logged(ctl: Any, kind: type) -> list[Any]:
+    """The facts of ``kind`` in the in-process controller's log."""
+    return facts_of(ctl.server.cluster.store, kind)
+
+
 def bootstraps(recorded: Recorder) -> dict[str, str]:
     """Each machine's bootstrap (its user data) from the ``requestMachines`` inputs: instanceRef -> joinToken."""
     return {b["instanceRef"]: b["joinToken"] for i in recorded.inputs("requestMachines") for b in i["bootstrap"]}
-
-
-def facts_of(ctl: Any, kind: type) -> list[Any]:
-    return [c.fact for c in ctl.server.cluster.store.all_facts() if isinstance(c.fact, kind)]
 
 
 async def until(what: str, predicate: Any) -> None:
@@ -83,11 +85,11 @@ async def live_listing(recorded: Recorder) -> list[dict[str, Any]]:
 def test_demand_up_join_demand_down_return(tmp_path, transport):
     async def body(ctl, core, recorder, certs, nursery, out):
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 2)])
-        await until("2 instance facts", lambda: len(facts_of(ctl, InstanceFact)) == 2)
+        await until("2 instance facts", lambda: len(logged(ctl, InstanceFact)) == 2)
         out["live_up"] = await live_listing(recorder)
         # The machines boot and join with their bootstrap.
         connect = worker_connector(certs)
-        for fact in facts_of(ctl, InstanceFact):
+        for fact in logged(ctl, InstanceFact):
             agent = WorkerAgent(
                 AgentConfig(
                     controllers=ctl.addresses, instance_ref=fact.instance_ref, heartbeat_interval=0.5, reply_timeout=5.0
@@ -99,7 +101,7 @@ def test_demand_up_join_demand_down_return(tmp_path, transport):
         await until("2 joined hosts", lambda: len(ctl.server.cluster.hosts.all()) == 2)
         out["hosts"] = ctl.server.cluster.hosts.all()
         await ctl.set_demand([])
-        await until("2 machines returned", lambda: sum(len(f.machine_ids) for f in facts_of(ctl, Returned)) == 2)
+        await until("2 machines returned", lambda: sum(len(f.machine_ids) for f in logged(ctl, Returned)) == 2)
         out["live_down"] = await live_listing(recorder)
         out["facts"] = [c.fact for c in ctl.server.cluster.store.all_facts()]
 
@@ -127,7 +129,7 @@ def test_capacity_error_falls_over_to_the_next_offer(tmp_path):
 
     async def body(ctl, core, recorder, certs, nursery, out):
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 2)])
-        await until("2 instance facts", lambda: len(facts_of(ctl, InstanceFact)) == 2)
+        await until("2 instance facts", lambda: len(logged(ctl, InstanceFact)) == 2)
         out["facts"] = [c.fact for c in ctl.server.cluster.store.all_facts()]
         out["live"] = await live_listing(recorder)
 
@@ -146,7 +148,7 @@ def test_a_provider_crash_mid_request_is_recovered_with_the_same_op_id(tmp_path,
 
     async def body(ctl, core, recorder, certs, nursery, out):
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
-        await until("3 instance facts", lambda: len(facts_of(ctl, InstanceFact)) == 3)
+        await until("3 instance facts", lambda: len(logged(ctl, InstanceFact)) == 3)
         cycles = core.loop.cycles
         await until("two more reconcile passes (nothing else may be requested)", lambda: core.loop.cycles >= cycles + 2)
         out["facts"] = [c.fact for c in ctl.server.cluster.store.all_facts()]

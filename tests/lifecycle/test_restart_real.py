@@ -13,6 +13,7 @@ import pytest
 import trio
 from rigs import procs, wait
 from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_provider
+from rigs.facts import facts_of
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape
 
@@ -32,10 +33,9 @@ def test_a_daemon_killed_with_an_open_request_meets_the_demand_within_5_s_of_its
                 open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
                 procs.open_procs() as started,
             ):
-                store = ctl.server.cluster.store
 
                 def facts(kind):
-                    return [c.fact for c in store.all_facts() if isinstance(c.fact, kind)]
+                    return facts_of(ctl.server.cluster.store, kind)
 
                 config = daemon_config(certs, ctl.addresses, state, sim, cluster="clu", identity="prov-restart")
                 daemon = Daemon.write(config, tmp_path / "pd.toml", started)

@@ -232,3 +232,20 @@ def parsed_config(
     from a table, where the TOML is the input under test (``daemon_config`` writes a whole config otherwise)."""
     head = CONFIG_HEAD.format(cluster=cluster, identity=identity, address=address)
     return Config.from_toml(head + textwrap.dedent(tables), base_dir=tmp)
+
+
+def machine_counts(status: Mapping[str, Any] | None, provider: str) -> dict[str, int]:
+    """The daemon's count of ``provider``'s machines by state (``booting``, ``idle``, ``returning``, ...) in a
+    ``status``; ``{}`` when there is no status."""
+    return {} if status is None else dict(status["providers"][provider]["machines"])
+
+
+def machines_gone(provider: str) -> Callable[[Mapping[str, Any]], bool]:
+    """A ``Daemon.wait_status`` predicate: the daemon counts ``provider``'s machines and every count is 0 (each
+    machine it had is returned and out of its view)."""
+
+    def gone(status: Mapping[str, Any]) -> bool:
+        counts = machine_counts(status, provider)
+        return bool(counts) and not any(counts.values())
+
+    return gone
