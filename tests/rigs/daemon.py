@@ -249,3 +249,14 @@ def machines_gone(provider: str) -> Callable[[Mapping[str, Any]], bool]:
         return bool(counts) and not any(counts.values())
 
     return gone
+
+
+def simulated_machines(provider: ProviderConfig) -> dict[str, Any]:
+    """The simulated provider's machines by id as its state file holds them (``{}`` before its first call): what
+    its cloud has made, whatever the daemon has heard of it. The file is replaced atomically, never half written."""
+    assert provider.data_dir is not None
+    try:
+        state = json.loads((Path(provider.data_dir) / "state.json").read_text())
+    except FileNotFoundError:
+        return {}
+    return dict(state["machines"])
