@@ -11,6 +11,10 @@ started, waited for and stopped the same way everywhere.
 - ``controller``: ``refcontroller serve`` as a process.
 - ``backends``: what the integration tier needs beyond pip; in CI a missing back end fails, elsewhere it skips.
 - ``moto``: the EC2 emulator as a process.
+- ``agents``: ``provisionerd agent`` as a machine's boot script starts it (a secret in a file it deletes).
+- ``core``: the daemon core in the test's own process over real plugins (a recorder around a plugin's transport).
+- ``facts``: a reference controller's fact log, read in-process or from its file.
+- ``clock``: a bounded ``MockClock`` run for tests without processes.
 
 The folder is on ``sys.path`` through pytest's ``pythonpath`` setting (pyproject.toml); benches add it themselves.
 """
