@@ -19,6 +19,19 @@ SESSION_TOKEN = "FakeSessionToken-must-never-appear-9876543210"
 IMAGE = "ami-0123456789abcdef0"
 
 
+def credentials_env(home: Path) -> dict[str, str]:
+    """The plugin's AWS environment: the fake credentials (the leak checks look for them) and nothing from this
+    host (no config or credentials file, no instance metadata)."""
+    return {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_SESSION_TOKEN": SESSION_TOKEN,
+        "AWS_CONFIG_FILE": str(home / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
 def user_data(ec2: Any, instance_id: str) -> dict[str, Any]:
     value = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
     return json.loads(base64.b64decode(value))

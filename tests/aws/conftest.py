@@ -11,12 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +21,8 @@ import boto3
 import jsonschema
 import pytest
 import referencing
+from rigs import procs
+from rigs.moto import moto_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # importlib mode: make aws_fakes etc. importable
 from aws_fakes import (  # noqa: E402
@@ -36,56 +33,21 @@ from aws_fakes import (  # noqa: E402
     SCHEMAS,
     SECRET_KEY,
     SESSION_TOKEN,
+    credentials_env,
     tags_of,
     user_data,
 )
 
 sys.path.insert(0, str(PLUGIN_DIR))
 
-START_TIMEOUT = 30.0
 CALL_TIMEOUT = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    """``http://127.0.0.1:<port>`` of a moto_server started for this session, killed at teardown."""
-    exe = Path(sys.executable).with_name("moto_server")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc = subprocess.Popen(
-            [str(exe), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        pytest.fail(f"cannot start moto_server ({exe}): {exc}; install with pip install 'moto[server]'")
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"moto_server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not answer on {url} within {START_TIMEOUT} s")
-                time.sleep(0.1)
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:<port>`` of a moto_server started for this session (``rigs.moto``), stopped at teardown."""
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto_server.log") as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # in-memory emulator state only: nothing to shut down cleanly
-        proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
 
 
 @pytest.fixture(scope="session")
@@ -169,12 +131,7 @@ class PluginRunner:
             "PROVIDER_NAME": "aws",
             "PROVISIONERD_CLUSTER": self.cluster,
             "PROVISIONERD_PYTHON": sys.executable,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_SESSION_TOKEN": SESSION_TOKEN,
-            "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
-            "AWS_EC2_METADATA_DISABLED": "true",
+            **credentials_env(tmp),
         }
         self.write_config()
 
@@ -231,13 +188,8 @@ class PluginRunner:
         infile.write_text(json.dumps(doc))
         workdir = self.tmp / "cwd"
         workdir.mkdir(exist_ok=True)
-        proc = subprocess.run(
-            [str(PLUGIN_DIR / f"{action}.sh"), "-f", str(infile)],
-            cwd=workdir,
-            env=env or self.env,
-            capture_output=True,
-            timeout=CALL_TIMEOUT,
-        )
+        argv = [PLUGIN_DIR / f"{action}.sh", "-f", infile]
+        proc = procs.run_with_env(argv, env=env or self.env, cwd=workdir, timeout=CALL_TIMEOUT)
         stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
         self.outputs += [stdout, stderr]
         parsed = json.loads(stdout) if stdout.strip() else None
@@ -278,15 +230,7 @@ class PersistentPlugin:
 
     def __init__(self, runner: PluginRunner, env: dict[str, str]) -> None:
         self.runner = runner
-        self.proc = subprocess.Popen(
-            [str(PLUGIN_DIR / "provider")],
-            cwd=runner.tmp,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        self.proc = procs.open_pipes([PLUGIN_DIR / "provider"], env=env, cwd=runner.tmp)
         self.next_id = 0
         self.pending: dict[int, str] = {}
 
@@ -319,20 +263,11 @@ class PersistentPlugin:
 
     def close(self) -> int:
         """EOF on stdin, then wait for the exit; idempotent. Returns the exit code."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        assert self.proc.stdout is not None
         if self.proc.stdout.closed:
             return int(self.proc.returncode)
-        self.proc.stdin.close()
-        try:
-            rest, err = self.proc.stdout.read(), self.proc.stderr.read()
-            code = self.proc.wait(timeout=CALL_TIMEOUT)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        code, rest, err = procs.close_pipes(self.proc, CALL_TIMEOUT)
         self.runner.outputs += [rest.decode(), err.decode()]
-        self.proc.stdout.close()
-        self.proc.stderr.close()
         return code
 
     def __enter__(self) -> PersistentPlugin:

@@ -1,34 +1,22 @@
-"""The pieces of the EC2 end-to-end test (test_daemon_end_to_end.py): the daemon's and the plugin's config, the
-machine image stand-in that boots an agent from an instance's user-data, and the processes' start and stop.
+"""What is EC2's in the end-to-end test (test_daemon_end_to_end.py): the ``aws_ec2`` provider in the daemon's config,
+the plugin's own config, and the machine image stand-in that boots an agent from an instance's user-data. The
+daemon's config, its process and the agents' processes are the rig's (``rigs.daemon``, ``rigs.agents``).
 
-The daemon's config is the default one plus the ``aws_ec2`` provider (only what a test run cannot wait for is
-shortened: heartbeats, ``idle_time``); the plugin's is the production one with the emulator (or the fault proxy in
-front of it) as ``endpoint_url`` and no ``fault_injection``.
+The provider is added to the rig's test config (only what a test run cannot wait for is shortened: ``idle_time``);
+the plugin's config is the production one with the emulator (or the fault proxy in front of it) as
+``endpoint_url`` and no ``fault_injection``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
-import trio
-from aws_fakes import ACCESS_KEY, IMAGE, PLUGIN_DIR, REGION, SECRET_KEY, SESSION_TOKEN, user_data
+from aws_fakes import IMAGE, PLUGIN_DIR, REGION, credentials_env, user_data
+from rigs import agents, procs
 
-from provisionerd.config.loader import (
-    Backoff,
-    Config,
-    ControllerSettings,
-    DaemonSettings,
-    LeaseSettings,
-    ProviderConfig,
-    ProviderTimeouts,
-)
-from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon.admin_socket import query
+from provisionerd.config.loader import ProviderConfig, ProviderTimeouts
 
 PROVIDER = "ec2"
 #: The two offers, in the daemon's choice order (unpriced offers are taken by template id: offers.py).
@@ -54,52 +42,22 @@ def plugin_config(endpoint: str) -> dict[str, Any]:
     return {"region": REGION, "endpoint_url": endpoint, "read_timeout": 20, "templates": templates}
 
 
-def plugin_env(home: Path) -> dict[str, str]:
-    """The provider's ``env``: the fake credentials (the leak check looks for them) and nothing from this host."""
-    return {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_SESSION_TOKEN": SESSION_TOKEN,
-        "AWS_CONFIG_FILE": str(home / "no-aws-config"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-
-
-def daemon_config(tmp: Path, state: Path, cluster: str, certs: Path, addresses: tuple[str, ...], endpoint: str) -> Path:
-    conf, data = tmp / "ec2-conf", tmp / "ec2-data"
+def ec2_provider(home: Path, endpoint: str) -> ProviderConfig:
+    """The ``aws_ec2`` provider over its persistent transport, its conf and data directories under ``home``."""
+    conf, data = home / "ec2-conf", home / "ec2-data"
     conf.mkdir()
     data.mkdir()
     (conf / "aws_ec2.json").write_text(json.dumps(plugin_config(endpoint)))
-    config = Config(
-        cluster=cluster,
-        identity="prov-ec2-e2e",
-        controller=ControllerSettings(
-            addresses,
-            connect_timeout=3,
-            request_timeout=5,
-            heartbeat_interval=0.5,
-            heartbeat_timeout=5,
-            backoff=Backoff(initial=0.1, max=1),
-        ),
-        tls=provisioner_tls(certs),
-        lease=LeaseSettings(margin=0.5),
-        daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
-        providers=(
-            ProviderConfig(
-                PROVIDER,
-                "persistent",
-                path=PLUGIN_DIR / "provider",
-                conf_dir=conf,
-                data_dir=data,
-                idle_time=IDLE_TIME,
-                timeouts=ProviderTimeouts(default=30),
-                env=plugin_env(tmp),
-            ),
-        ),
+    return ProviderConfig(
+        PROVIDER,
+        "persistent",
+        path=PLUGIN_DIR / "provider",
+        conf_dir=conf,
+        data_dir=data,
+        idle_time=IDLE_TIME,
+        timeouts=ProviderTimeouts(default=30),
+        env=credentials_env(home),
     )
-    write_daemon_config(config, tmp / "pd.toml")
-    return tmp / "pd.toml"
 
 
 # --- the machine image ----------------------------------------------------------------------------------------
@@ -113,87 +71,9 @@ def boot_document(ec2: Any, instance_id: str) -> dict[str, Any]:
     return doc
 
 
-def _write_token(home: Path, token: str) -> Path:
-    home.mkdir(mode=0o700)
-    path = home / "join-token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token)
-    return path
-
-
-async def boot_agent(doc: dict[str, Any], certs: Path, home: Path) -> trio.Process:
+async def boot_agent(started: procs.Procs, doc: dict[str, Any], certs: Path, home: Path) -> procs.Proc:
     """The image's boot script: ``provisionerd agent`` from the user-data alone (its token, controllers, instance
     ref), with the image's worker certificates. The token goes in a 0600 file the agent deletes once read."""
     head = doc["provisionerd"]
-    token_file = _write_token(home, head["joinToken"])
-    with (home / "agent.log").open("ab") as log:  # noqa: ASYNC230 - the child's output needs a real file
-        return await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "provisionerd",
-                "agent",
-                "--certs",
-                str(certs),
-                "--controllers",
-                ",".join(head["controllers"]),
-                "--instance-ref",
-                head["instanceRef"],
-                "--token-file",
-                str(token_file),
-                "--heartbeat",
-                "0.5",
-            ],
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-
-
-# --- processes and polling ------------------------------------------------------------------------------------
-
-
-async def daemon_status(sock: Path) -> dict[str, Any] | None:
-    try:
-        reply = await trio.to_thread.run_sync(query, sock)
-    except (OSError, ValueError):
-        return None
-    return reply["status"] if reply.get("ok") else None
-
-
-async def wait_for(what: str, probe: Any, limit: float, interval: float = 0.2) -> Any:
-    """Poll the async ``probe`` until it returns something truthy (real clock); fail naming ``what``."""
-    with trio.move_on_after(limit):
-        while True:
-            found = await probe()
-            if found:
-                return found
-            await trio.sleep(interval)
-    raise AssertionError(f"not within {limit:g} s: {what}")
-
-
-def terminate(process: trio.Process) -> None:
-    """SIGTERM to the process group, once: a second one could land while the first is being handled, after
-    Python's finalisation has restored the default action, and kill the process (exit -15, not its own code)."""
-    if process.returncode is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-
-async def reap(process: trio.Process, grace: float = 10.0) -> int:
-    """Wait up to ``grace`` for the exit, then SIGKILL the process group; returns the exit code."""
-    with trio.move_on_after(grace):
-        await process.wait()
-    if process.returncode is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
-    return process.returncode
-
-
-async def stop(process: trio.Process, grace: float = 10.0) -> int:
-    """SIGTERM (once), SIGKILL after ``grace``; returns the exit code."""
-    terminate(process)
-    return await reap(process, grace)
+    token = agents.token_file(home, head["joinToken"])
+    return await agents.boot(started, home, certs, head["controllers"], token, "--instance-ref", head["instanceRef"])

@@ -9,10 +9,9 @@ action by action by the other tests in this folder.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from rigs import procs
 
 pytestmark = pytest.mark.process
 
@@ -26,24 +25,10 @@ def test_conformance_kit_passes_on_the_persistent_transport(plugin):
     config = {k: v for k, v in plugin.config.items() if k != "fault_injection"}
     (plugin.conf_dir / "aws_ec2.json").write_text(json.dumps(config))
     env = {"PATH": plugin.env["PATH"], "HOME": str(home)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "provisionerd",
-            "provider",
-            "check",
-            "--transport",
-            "persistent",
-            "--json",
-            "--conf-dir",
-            str(plugin.conf_dir),
-            str(plugin.plugin_dir),
-        ],
-        env=env,
-        capture_output=True,
-        timeout=300,
+    argv = procs.provisionerd(
+        "provider", "check", "--transport", "persistent", "--json", "--conf-dir", plugin.conf_dir, plugin.plugin_dir
     )
+    proc = procs.run_with_env(argv, env=env, timeout=300)
     plugin.outputs += [proc.stdout.decode(), proc.stderr.decode()]
     report = json.loads(proc.stdout)
     failed = [c for c in report["checks"] if not c["ok"]]

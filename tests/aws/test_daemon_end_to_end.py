@@ -9,7 +9,7 @@ processes on the real clock:
   third, every one after the first: capacity that runs out part-way);
 - the test plays each machine's image (moto runs no user-data): once an instance is ``running`` it reads the
   instance's user-data back from the emulator (DescribeInstanceAttribute) and starts ``provisionerd agent`` from
-  exactly what it says (join token, controllers, instance ref; daemon_rig.boot_agent); once the instance is
+  exactly what it says (join token, controllers, instance ref; daemon_rig.boot_agent, rigs.agents); once the instance is
   ``shutting-down`` or ``terminated`` it stops that agent (the machine is gone).
 
 Demand 3 -> 3 instances, each with the owner tags and ``InstanceInitiatedShutdownBehavior=terminate`` -> 3 agents
@@ -20,9 +20,6 @@ AWS key and no join token in any file the run wrote (the daemon's config holds t
 from __future__ import annotations
 
 import collections
-import shutil
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,37 +31,27 @@ import pytest
 import trio
 from aws_ec2_plugin.config import Config as PluginConfig
 from aws_fakes import ACCESS_KEY, SECRET_KEY, SESSION_TOKEN, shutdown_behaviour, tags_of
-from daemon_rig import (
-    OFFERS,
-    PROVIDER,
-    boot_agent,
-    boot_document,
-    daemon_config,
-    daemon_status,
-    reap,
-    stop,
-    terminate,
-    wait_for,
-)
+from daemon_rig import OFFERS, PROVIDER, boot_agent, boot_document, ec2_provider
 from fault_proxy import FaultProxy
+from rigs import procs, wait
+from rigs.daemon import Daemon, daemon_config, machine_counts, machines_gone, make_certs, short_dir
+from rigs.facts import stored_facts
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape, Returned
 from provisionerd.domain.tokens import token_hash
 
 pytestmark = pytest.mark.process
 
-REPO = Path(__file__).resolve().parents[2]
 DEMAND = 3
 UP_LIMIT = 90.0  # demand 3 -> 3 agents joined (measured: a few seconds)
 DOWN_LIMIT = 60.0  # demand 0 -> all terminated (idle_time 2 s, then one return)
 
 
 @pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """The daemon's state directory, with a short path (a unix socket path must be short)."""
-    path = Path(tempfile.mkdtemp(prefix="pd-ec2-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def state() -> Iterator[Path]:
+    """The daemon's state directory (events log, admin socket), with a short path."""
+    with short_dir("pd-ec2-") as path:
+        yield path
 
 
 class Machines:
@@ -73,7 +60,7 @@ class Machines:
 
     def __init__(self, ec2: Any, cluster: str, certs: Path, root: Path) -> None:
         self.ec2, self.cluster, self.certs, self.root = ec2, cluster, certs, root
-        self.agents: dict[str, trio.Process] = {}
+        self.agents: dict[str, procs.Proc] = {}
         self.boot_docs: dict[str, dict[str, Any]] = {}  # instance id -> its user-data, as read at boot
         self.shutdown_behaviour: dict[str, str] = {}
         self.terminated: set[str] = set()  # instances whose agent got its SIGTERM (the machine went away)
@@ -87,7 +74,7 @@ class Machines:
     def _read_boot(self, instance_id: str) -> tuple[dict[str, Any], str]:
         return boot_document(self.ec2, instance_id), shutdown_behaviour(self.ec2, instance_id)
 
-    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, started: procs.Procs, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
             for instance_id, instance in (await trio.to_thread.run_sync(self.instances)).items():
@@ -96,67 +83,59 @@ class Machines:
                     doc, behaviour = await trio.to_thread.run_sync(self._read_boot, instance_id)
                     self.boot_docs[instance_id], self.shutdown_behaviour[instance_id] = doc, behaviour
                     home = self.root / instance_id
-                    self.agents[instance_id] = await boot_agent(doc, self.certs, home)
+                    self.agents[instance_id] = await boot_agent(started, doc, self.certs, home)
                 elif state in ("shutting-down", "terminated") and instance_id in self.agents:
-                    if instance_id not in self.terminated:
-                        self.terminated.add(instance_id)
-                        terminate(self.agents[instance_id])
-            await trio.sleep(0.3)
+                    self.stop_agent(instance_id)
+            await trio.sleep(0.3)  # the image's polling of the emulator, not an order of events
+
+    def stop_agent(self, instance_id: str) -> None:
+        """The machine went away: its agent gets one SIGTERM."""
+        if instance_id not in self.terminated:
+            self.terminated.add(instance_id)
+            self.agents[instance_id].terminate()
 
     async def stop_all(self) -> None:
         """Every agent's exit code; an agent whose instance is still there gets its SIGTERM now."""
         for instance_id, agent in self.agents.items():
-            if instance_id not in self.terminated:
-                self.terminated.add(instance_id)
-                terminate(agent)
-            self.agent_rcs[instance_id] = await reap(agent)
+            self.stop_agent(instance_id)
+            self.agent_rcs[instance_id] = await procs.reap(agent)
 
 
 def run_scenario(
     ec2: Any, moto_endpoint: str, tmp: Path, state: Path, refuse_types: set[str], forward_first: int = 0
 ) -> dict[str, Any]:
-    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller_process
-    from refcontroller.store import FactStore
 
     cluster = f"ec2e2e-{uuid.uuid4().hex[:8]}"  # the emulator is shared by the session's tests
-    certs = tmp / "certs"
-    init_certs(certs, cluster)
+    certs = make_certs(tmp, cluster)
     seen: dict[str, Any] = {"cluster": cluster}
     machines = Machines(ec2, cluster, certs, tmp / "machines")
     (tmp / "machines").mkdir()
 
     async def main(proxy: FaultProxy) -> None:
         with (tmp / "ctl.log").open("ab") as ctl_log:
-            async with open_refcontroller_process(
-                certs, tmp / "ctl", replicas=1, lease_ttl=2.0, check_interval=0.5, stderr=ctl_log.fileno()
-            ) as ctl:
-                config = daemon_config(tmp, state, cluster, certs, ctl.addresses, proxy.url)
-                with (tmp / "daemon.log").open("ab") as daemon_log:
-                    daemon = await trio.lowlevel.open_process(
-                        [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
-                        start_new_session=True,
-                        stderr=daemon_log,
-                        cwd=str(REPO),
-                    )
+            async with (
+                open_refcontroller_process(
+                    certs, tmp / "ctl", replicas=1, lease_ttl=2.0, check_interval=0.5, stderr=ctl_log.fileno()
+                ) as ctl,
+                procs.open_procs() as started,
+            ):
+                provider = ec2_provider(tmp, proxy.url)
+                config = daemon_config(certs, ctl.addresses, state, provider, cluster=cluster, identity="prov-ec2-e2e")
+                daemon = Daemon.write(config, tmp / "pd.toml", started)
+                process = await daemon.start()
                 try:
                     async with trio.open_nursery() as nursery:
-                        await nursery.start(machines.run)
-                        await scenario(ctl)
+                        await nursery.start(machines.run, started)
+                        await scenario(ctl, daemon)
                         nursery.cancel_scope.cancel()
                 finally:
                     with trio.CancelScope(shield=True):
                         await machines.stop_all()
-                        seen["daemon_rc"] = await stop(daemon, 15.0)
+                        seen["daemon_rc"] = await process.stop(15.0)
 
-    async def scenario(ctl: Any) -> None:
-        sock = state / "admin.sock"
-
-        async def lease_held() -> bool:
-            status = await daemon_status(sock)
-            return status is not None and status["leases"][0]["state"] == "held"
-
-        await wait_for("the daemon holds the lease", lease_held, 30)
+    async def scenario(ctl: Any, daemon: Daemon) -> None:
+        await daemon.wait_held(30)
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), DEMAND)])
         asked = time.monotonic()
 
@@ -166,16 +145,13 @@ def run_scenario(
             named = len(hosts) == DEMAND and "" not in hosts and set(hosts) <= set(machines.agents)
             return hosts if up and named else None
 
-        seen["hosts"] = await wait_for(f"{DEMAND} agents joined as named instances", joined, UP_LIMIT)
+        seen["hosts"] = await wait.until(f"{DEMAND} agents joined as named instances", joined, UP_LIMIT)
         seen["up_s"] = time.monotonic() - asked
         seen["instances_up"] = await trio.to_thread.run_sync(machines.instances)
-
-        async def idle() -> dict[str, int] | None:
-            status = await daemon_status(sock)
-            counts = status["providers"][PROVIDER]["machines"] if status else {}
-            return counts if counts.get("idle") == DEMAND else None
-
-        seen["machines_up"] = await wait_for(f"the daemon counts {DEMAND} idle machines", idle, 30)
+        up = await daemon.wait_status(
+            f"the daemon counts {DEMAND} idle machines", lambda s: machine_counts(s, PROVIDER).get("idle") == DEMAND
+        )
+        seen["machines_up"] = machine_counts(up, PROVIDER)
 
         await ctl.set_demand([])
         dropped = time.monotonic()
@@ -184,26 +160,20 @@ def run_scenario(
             now = await trio.to_thread.run_sync(machines.instances)
             return now if all(i["State"]["Name"] == "terminated" for i in now.values()) else None
 
-        seen["instances_down"] = await wait_for("every instance terminated in the emulator", terminated, DOWN_LIMIT)
+        seen["instances_down"] = await wait.until("every instance terminated in the emulator", terminated, DOWN_LIMIT)
         seen["terminated_s"] = time.monotonic() - dropped
-
-        async def gone() -> bool:
-            status = await daemon_status(sock)
-            counts = status["providers"][PROVIDER]["machines"] if status else {}
-            return bool(counts) and not any(counts.values())
-
-        await wait_for("no machine left in the daemon's view (Returned committed)", gone, DOWN_LIMIT)
+        await daemon.wait_status(
+            "no machine left in the daemon's view (Returned committed)",
+            machines_gone(PROVIDER),
+            DOWN_LIMIT,
+        )
         seen["returned_s"] = time.monotonic() - dropped
         seen["hosts_after"] = (await ctl.status())["hosts"]
 
     with FaultProxy(moto_endpoint, refuse_types=refuse_types, forward_first=forward_first) as proxy:
         trio.run(main, proxy)
         seen["refused"], seen["forwarded"] = proxy.refused(), proxy.forwarded()
-    store = FactStore.open(tmp / "ctl" / "facts.sqlite")
-    try:
-        seen["facts"] = [c.fact for c in store.all_facts()]
-    finally:
-        store.close()
+    seen["facts"] = stored_facts(tmp / "ctl" / "facts.sqlite")
     seen["boot_docs"], seen["shutdown_behaviour"] = machines.boot_docs, machines.shutdown_behaviour
     seen["agent_rcs"] = machines.agent_rcs
     seen["instance_attr"] = {i: shutdown_behaviour(ec2, i) for i in seen["instances_down"]}
@@ -260,15 +230,15 @@ def check_end_to_end(seen: dict[str, Any], types: dict[str, int], tmp: Path, sta
         data = path.read_text(errors="replace")
         scanned.append(path.name)
         assert not [s for s in (*secrets, *tokens) if s in data], path
-    assert {"daemon.log", "ctl.log", "events.jsonl", "agent.log"} <= set(scanned), scanned
+    assert {"daemon-1.log", "ctl.log", "events.jsonl", "agent.log"} <= set(scanned), scanned
     assert not [p for p in tmp.rglob("join-token")]  # each agent deleted its copy once read
 
 
 def test_demand_3_launches_3_instances_whose_agents_join_from_their_user_data_and_demand_0_terminates_them(
-    ec2: Any, moto_endpoint: str, tmp_path: Path, short_dir: Path
+    ec2: Any, moto_endpoint: str, tmp_path: Path, state: Path
 ) -> None:
-    seen = run_scenario(ec2, moto_endpoint, tmp_path, short_dir, refuse_types=set())
-    check_end_to_end(seen, {"c5.xlarge": DEMAND}, tmp_path, short_dir)  # the first offer in the daemon's order
+    seen = run_scenario(ec2, moto_endpoint, tmp_path, state, refuse_types=set())
+    check_end_to_end(seen, {"c5.xlarge": DEMAND}, tmp_path, state)  # the first offer in the daemon's order
     assert seen["refused"] == [] and seen["forwarded"] == ["c5.xlarge"] * DEMAND
     assert not [f for f in seen["facts"] if isinstance(f, RequestFailed)]
     print(
@@ -278,10 +248,10 @@ def test_demand_3_launches_3_instances_whose_agents_join_from_their_user_data_an
 
 
 def test_a_capacity_error_for_one_instance_type_falls_over_to_the_next_offer(
-    ec2: Any, moto_endpoint: str, tmp_path: Path, short_dir: Path
+    ec2: Any, moto_endpoint: str, tmp_path: Path, state: Path
 ) -> None:
-    seen = run_scenario(ec2, moto_endpoint, tmp_path, short_dir, refuse_types={"c5.xlarge"})
-    check_end_to_end(seen, {"m5.xlarge": DEMAND}, tmp_path, short_dir)
+    seen = run_scenario(ec2, moto_endpoint, tmp_path, state, refuse_types={"c5.xlarge"})
+    check_end_to_end(seen, {"m5.xlarge": DEMAND}, tmp_path, state)
     # The first offer was tried first: one RunInstances, made max_attempts times by botocore (the capacity error
     # comes as HTTP 500), then the plugin stopped launching and refused the request with capacity_unavailable.
     assert seen["refused"] == ["c5.xlarge"] * attrs.fields(PluginConfig).max_attempts.default
@@ -298,12 +268,12 @@ def test_a_capacity_error_for_one_instance_type_falls_over_to_the_next_offer(
 
 
 def test_capacity_that_runs_out_part_way_is_kept_and_the_rest_comes_from_the_next_offer(
-    ec2: Any, moto_endpoint: str, tmp_path: Path, short_dir: Path
+    ec2: Any, moto_endpoint: str, tmp_path: Path, state: Path
 ) -> None:
     """One c5.xlarge launches, then EC2 has no more: the plugin keeps it and accepts the request with the shortfall
     (``complete_with_error``); the daemon keeps the one machine and asks the next offer for the other two."""
-    seen = run_scenario(ec2, moto_endpoint, tmp_path, short_dir, refuse_types={"c5.xlarge"}, forward_first=1)
-    check_end_to_end(seen, {"c5.xlarge": 1, "m5.xlarge": DEMAND - 1}, tmp_path, short_dir)
+    seen = run_scenario(ec2, moto_endpoint, tmp_path, state, refuse_types={"c5.xlarge"}, forward_first=1)
+    check_end_to_end(seen, {"c5.xlarge": 1, "m5.xlarge": DEMAND - 1}, tmp_path, state)
     attempts = attrs.fields(PluginConfig).max_attempts.default
     assert seen["forwarded"].count("c5.xlarge") == 1 and set(seen["refused"]) == {"c5.xlarge"}
     # Each refused RunInstances is made max_attempts times. Today the daemon asks c5 once more for the shortfall

@@ -4,15 +4,13 @@ real unix socket (the CLI in a thread), its view folded from facts; the total is
 from __future__ import annotations
 
 import json
-import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
 import trio
+from rigs.daemon import parsed_config, short_dir
 
 from provisionerd.cli import main as cli
-from provisionerd.config.loader import Config
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.admin_socket import serve_admin_socket
 from provisionerd.daemon.root import DaemonCore
@@ -30,15 +28,7 @@ from provisionerd.provider.client import PluginClient
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.fake_provider import FakeProvider
 
-CONFIG = """
-    cluster = "clu"
-    identity = "prov-1"
-    [controller]
-    addresses = ["ctl0:7400"]
-    [tls]
-    ca = "ca.pem"
-    cert = "provisioner.pem"
-    key = "provisioner.key"
+PROVIDERS = """
     [[providers]]
     name = "sim"
     transport = "oneshot"
@@ -72,15 +62,14 @@ def facts() -> list[CommittedFact]:
 
 
 def test_the_cost_command_reports_the_spend_the_facts_say(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = Config.from_toml(textwrap.dedent(CONFIG), base_dir=tmp_path)
+    config = parsed_config(tmp_path, PROVIDERS)
     core = DaemonCore(
         config, connect=unreachable, events=EventLog(), providers={"sim": PluginClient(FakeProvider("sim"))}
     )
     core.wall = lambda: NOW
-    sock = Path(tempfile.mkdtemp(prefix="pd-cost-", dir="/tmp")) / "admin.sock"
     codes: list[int] = []
 
-    async def main() -> None:
+    async def main(sock: Path) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_admin_socket, sock, dict, {"cost": core.cost})
             codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json", "--live"]))
@@ -94,7 +83,8 @@ def test_the_cost_command_reports_the_spend_the_facts_say(tmp_path: Path, capsys
             codes.append(await trio.to_thread.run_sync(cli.main, ["cost", "--socket", str(sock), "--json"]))
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    with short_dir("pd-cost-") as state:
+        trio.run(main, state / "admin.sock")
     out = capsys.readouterr()
     assert codes == [1, 0, 0, 1] and "no view of the facts yet" in out.err
     assert "cannot read the controller's history: controller link is" in out.err

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rigs.daemon import parsed_config
 
 from provisionerd.config.loader import Config
 from provisionerd.daemon.builder import policy_from_config
@@ -15,15 +16,7 @@ from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.plan import plan
 from provisionerd.planner.state import PlannerState
 
-BASE = """
-    cluster = "clu"
-    identity = "prov-1"
-    [controller]
-    addresses = ["ctl0:7400"]
-    [tls]
-    ca = "ca.pem"
-    cert = "provisioner.pem"
-    key = "provisioner.key"
+PROVIDERS = """
     [[providers]]
     name = "p"
     transport = "oneshot"
@@ -32,7 +25,7 @@ BASE = """
 
 
 def config(tmp_path: Path, cost: str) -> Config:
-    return Config.from_toml(textwrap.dedent(BASE) + textwrap.dedent(cost), base_dir=tmp_path)
+    return parsed_config(tmp_path, textwrap.dedent(PROVIDERS) + textwrap.dedent(cost))
 
 
 @pytest.mark.parametrize(

@@ -10,66 +10,23 @@ history query, and its total is what the facts say: each machine's quote times i
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import trio
+from rigs import procs, wait
+from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_provider
 
-from provisionerd.daemon.admin_socket import query
+from provisionerd.daemon.admin_socket import request
 from provisionerd.domain.model import CommittedFact, DemandItem, InstanceFact, ResourceShape, Returned
 from provisionerd.wire.messages import HistoryQuery
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[2]
-SIMULATED = ROOT / "providers" / "simulated"
-
-
-def write_config(path: Path, certs: Path, addresses: tuple[str, ...], conf: Path, data: Path, state: Path) -> None:
-    path.write_text(f"""
-cluster = "clu"
-identity = "prov-cost"
-[controller]
-addresses = {json.dumps(list(addresses))}
-heartbeat_interval = 0.5
-heartbeat_timeout = 5
-request_timeout = 5
-connect_timeout = 5
-backoff = {{initial = 0.1, max = 0.5, multiplier = 2, jitter = 0.5}}
-[tls]
-ca = "{certs}/ca.pem"
-cert = "{certs}/provisioner.pem"
-key = "{certs}/provisioner.key"
-[lease]
-margin = 0.5
-[daemon]
-events_log = "{state}/events.jsonl"
-admin_socket = "{state}/admin.sock"
-[[providers]]
-name = "sim"
-transport = "oneshot"
-path = "{SIMULATED}"
-conf_dir = "{conf}"
-data_dir = "{data}"
-join_deadline = 2
-idle_time = 1
-step_limit = 50
-""")
-
 
 def run_cli(config: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "provisionerd", command, "--config", str(config), "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=str(ROOT),
-    )
+    done = procs.run(procs.provisionerd(command, "--config", config, "--json", *args))
     assert done.returncode == 0, done.stderr
     return done
 
@@ -79,29 +36,23 @@ def cli(config: Path, *args: str) -> dict:
 
 
 def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_the_view(tmp_path: Path) -> None:
-    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller_process
 
-    certs, conf, data, config = tmp_path / "certs", tmp_path / "conf", tmp_path / "data", tmp_path / "pd.toml"
-    state = Path(tempfile.mkdtemp(prefix="pd-cost-", dir="/tmp"))  # a unix socket path must be short
-    init_certs(certs, "clu")
-    conf.mkdir()
-    data.mkdir()
-    sim = json.loads((SIMULATED / "conf" / "simulated.json").read_text())
-    sim["delays"] = {"bootPolls": 1, "bootSeconds": 0, "returnPolls": 0}
-    (conf / "simulated.json").write_text(json.dumps(sim))
-    sock = state / "admin.sock"
+    certs, config = make_certs(tmp_path, "clu"), tmp_path / "pd.toml"
+    sim = simulated_provider(
+        tmp_path,
+        sim={"delays": {"bootPolls": 1, "bootSeconds": 0, "returnPolls": 0}},
+        join_deadline=2,
+        idle_time=1,
+        step_limit=50,
+    )
     seen: dict = {}
 
-    async def status() -> dict | None:
-        try:
-            reply = await trio.to_thread.run_sync(query, sock)
-        except (OSError, ValueError):
-            return None
-        return reply["status"] if reply.get("ok") else None
-
-    async def main() -> None:
-        async with open_refcontroller_process(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0) as ctl:
+    async def main(state: Path) -> None:
+        async with (
+            open_refcontroller_process(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0) as ctl,
+            procs.open_procs() as started,
+        ):
 
             async def log() -> list[CommittedFact]:
                 """Every fact, read as an admin through the history query (the test's own reading of the log)."""
@@ -120,46 +71,50 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
             def made(facts: list[CommittedFact]) -> list[InstanceFact]:
                 return [c.fact for c in facts if isinstance(c.fact, InstanceFact)]
 
-            write_config(config, certs, ctl.addresses, conf, data, state)
-            with open(tmp_path / "daemon.log", "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a file
-                proc = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
-                    start_new_session=True,
-                    stderr=log_file,
-                    cwd=str(ROOT),
-                )
-            try:
-                with trio.fail_after(60):
-                    while not ((s := await status()) and s["leases"][0]["state"] == "held"):  # noqa: ASYNC110 - another process
-                        await trio.sleep(0.1)
-                await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 2)])
-                with trio.fail_after(150):  # never joined: returned at the deadline and replaced, twice over
-                    while len(ended(await log())) < 4:  # noqa: ASYNC110 - another process commits them
-                        await trio.sleep(0.3)
-                seen["live_midway"] = await trio.to_thread.run_sync(cli, config, "--live")
-                seen["history_midway"] = await trio.to_thread.run_sync(cli, config)
-                await ctl.set_demand([])
-                with trio.fail_after(150):
-                    while not (facts := await log()) or {f.machine_id for f in made(facts)} - ended(facts):  # noqa: ASYNC110
-                        await trio.sleep(0.3)
-                await trio.sleep(1.0)  # the daemon folds the last returns and prunes them
-                seen["facts"] = await log()
-                seen["history"] = await trio.to_thread.run_sync(cli, config)
-                seen["history_again"] = await trio.to_thread.run_sync(cli, config)
-                seen["live"] = await trio.to_thread.run_sync(cli, config, "--live")
-                seen["history_all"] = await trio.to_thread.run_sync(run_cli, config, "history", "--all")
-                seen["history_page"] = await trio.to_thread.run_sync(run_cli, config, "history", "--limit", "4")
-                seen["controller"] = await ctl.status()
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(20):
-                    seen["rc"] = await proc.wait()
-            finally:
-                if proc.returncode is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
+            async def ended_at_least(count: int) -> bool:
+                return len(ended(await log())) >= count
 
-    trio.run(main)
-    assert seen["rc"] == 0, (tmp_path / "daemon.log").read_text()[-3000:]
+            async def all_ended() -> list[CommittedFact] | None:
+                facts = await log()
+                return facts if facts and not {f.machine_id for f in made(facts)} - ended(facts) else None
+
+            def view_empty() -> bool:
+                try:
+                    reply = request(daemon.sock, {"cmd": "cost", "scope": "live"})
+                except (OSError, ValueError):
+                    return False
+                return bool(reply.get("ok")) and reply["cost"]["lines"] == []
+
+            daemon = Daemon.write(
+                daemon_config(certs, ctl.addresses, state, sim, cluster="clu", identity="prov-cost"), config, started
+            )
+            process = await daemon.start()
+            await daemon.wait_held(60)
+            await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 2)])
+            # Never joined: returned at the deadline and replaced, twice over.
+            await wait.until("4 lifecycles ended (Returned)", lambda: ended_at_least(4), 150, interval=0.3)
+            seen["live_midway"] = await trio.to_thread.run_sync(cli, config, "--live")
+            seen["history_midway"] = await trio.to_thread.run_sync(cli, config)
+            await ctl.set_demand([])
+            await wait.until("every machine made also ended", all_ended, 150, interval=0.3)
+            await wait.until(
+                "the daemon folded the last returns and pruned its view (cost --live: no lines)",
+                lambda: trio.to_thread.run_sync(view_empty),
+                30,
+            )
+            seen["facts"] = await log()
+            seen["history"] = await trio.to_thread.run_sync(cli, config)
+            seen["history_again"] = await trio.to_thread.run_sync(cli, config)
+            seen["live"] = await trio.to_thread.run_sync(cli, config, "--live")
+            seen["history_all"] = await trio.to_thread.run_sync(run_cli, config, "history", "--all")
+            seen["history_page"] = await trio.to_thread.run_sync(run_cli, config, "history", "--limit", "4")
+            seen["controller"] = await ctl.status()
+            seen["rc"] = await process.stop(20)
+            seen["log"] = process.tail(60)
+
+    with short_dir("pd-cost-") as state:
+        trio.run(main, state)
+    assert seen["rc"] == 0, seen["log"]
     facts: list[CommittedFact] = seen["facts"]
     instances = [c.fact for c in facts if isinstance(c.fact, InstanceFact)]
     returned_at = {m: c.fact.at for c in facts if isinstance(c.fact, Returned) for m in c.fact.machine_ids}

@@ -3,12 +3,11 @@ bootstrap (``orphanTimeout``, ``maxLifetime``), only when set, and the contract'
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
+from rigs.daemon import parsed_config
 
-from provisionerd.config.loader import Config
 from provisionerd.daemon.builder import executor_settings_from, policy_from_config
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import Epoch
@@ -17,15 +16,7 @@ from provisionerd.provider.contract import request_input
 from provisionerd.provider.schemas import contract
 from provisionerd.provider.values import MachineLimits, MachineRequest, OwnerTags
 
-CONFIG = """
-    cluster = "clu"
-    identity = "prov-1"
-    [controller]
-    addresses = ["ctl0:7400"]
-    [tls]
-    ca = "ca.pem"
-    cert = "provisioner.pem"
-    key = "provisioner.key"
+PROVIDERS = """
     [[providers]]
     name = "ec2"
     transport = "oneshot"
@@ -43,7 +34,7 @@ CONFIG = """
 
 
 def test_each_provider_tells_its_machines_its_own_limits(tmp_path: Path) -> None:
-    config = Config.from_toml(textwrap.dedent(CONFIG), base_dir=tmp_path)
+    config = parsed_config(tmp_path, PROVIDERS)
     settings = executor_settings_from(config, policy_from_config(config))
     assert settings.limits_of("ec2") == MachineLimits(orphan_timeout=600.0, max_lifetime=3600.0)
     assert settings.limits_of("onprem") == MachineLimits() == settings.limits_of("unknown")
@@ -61,11 +52,11 @@ def test_each_provider_tells_its_machines_its_own_limits(tmp_path: Path) -> None
 
 
 def test_the_disruption_budget_reaches_the_planner_policy(tmp_path: Path) -> None:
-    config = Config.from_toml(textwrap.dedent(CONFIG), base_dir=tmp_path)
+    config = parsed_config(tmp_path, PROVIDERS)
     ec2, onprem = policy_from_config(config).of("ec2"), policy_from_config(config).of("onprem")
     assert (ec2.disruption_budget, ec2.disruption_budget_percent, ec2.disruption_interval) == (2, 10.0, 120.0)
     assert (onprem.disruption_budget, onprem.disruption_budget_percent) == (None, None)
-    bad = textwrap.dedent(CONFIG).replace("disruption_budget_percent = 10", "disruption_budget_percent = 150")
+    bad = PROVIDERS.replace("disruption_budget_percent = 10", "disruption_budget_percent = 150")
     with pytest.raises(ConfigError) as caught:
-        Config.from_toml(bad, base_dir=tmp_path)
+        parsed_config(tmp_path, bad)
     assert "disruption_budget_percent" in str(caught.value.problems)

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+from rigs import wait
 
+from provisionerd.config.loader import ProviderConfig as DaemonProvider
+from provisionerd.config.loader import ProviderTimeouts
 from provisionerd.provider.legacy.adapter import LegacyProvider, LegacySettings
 from provisionerd.provider.legacy.rules import UserDataTemplate
 from provisionerd.provider.oneshot import OneShotProvider
@@ -26,6 +28,11 @@ from provisionerd.provider.runtime import Limits, ProviderConfig
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "providers" / "examples" / "lsf_legacy"
 TEMPLATE = "lsfex-small"
+
+
+def plugin_path() -> str:
+    """The plugin's PATH: this interpreter's directory first, so its ``python3`` is a real interpreter."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
 
 
 class World:
@@ -46,16 +53,29 @@ class World:
         (self.conf / "lsfexampleprov_config.json").write_text(json.dumps({"LOG_INPUTS": True, **values}))
 
     def config(self, timeouts: dict[str, float] | None = None) -> ProviderConfig:
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
         return ProviderConfig(
             name="lsfex",
             cluster="c1",
             path=str(EXAMPLE),
             conf_dir=str(self.conf),
             data_dir=str(self.data),
-            env={"PATH": path},
+            env={"PATH": plugin_path()},
             limits=Limits(term_grace=0.3),
             timeouts=timeouts or {},
+        )
+
+    def daemon_provider(self, timeout: float = 20.0, **options: Any) -> DaemonProvider:
+        """The example as a provider in ``provisionerd run``'s config (``rigs.daemon.daemon_config``): the daemon
+        detects the legacy mode (no ``describeProvider.sh``); ``options`` set the rest (``legacy``, deadlines)."""
+        return DaemonProvider(
+            "lsfex",
+            "oneshot",
+            path=EXAMPLE,
+            conf_dir=self.conf,
+            data_dir=self.data,
+            env={"PATH": plugin_path()},
+            timeouts=ProviderTimeouts(default=timeout),
+            **options,
         )
 
     def adapter(
@@ -103,8 +123,17 @@ class World:
                 found.append((name, path.read_text()))
         return found
 
+    async def wait_input(self, action: str, limit: float = 30.0) -> None:
+        """Until the plugin has received an ``action`` input (``LOG_INPUTS``): that call is in flight."""
+        await wait.until_sync(f"the plugin's {action} input", lambda: self.inputs(action), limit)
+
     def plugin_state(self) -> dict[str, Any]:
         return json.loads((self.data / "lsfexample-state.json").read_text())
+
+    def plugin_machines(self) -> dict[str, Any]:
+        """The plugin's machines by id ({} before its first call)."""
+        path = self.data / "lsfexample-state.json"
+        return json.loads(path.read_text())["machines"] if path.exists() else {}
 
     def user_data_of(self, machine_id: str) -> dict[str, str]:
         return json.loads((self.data / "userdata" / machine_id).read_text())
@@ -117,13 +146,13 @@ def world(tmp_path: Path) -> World:
 
 async def settle(client: Any, request_id: str, limit: float = 30.0) -> dict[str, Any]:
     """Poll getRequestStatus until ``request_id`` leaves ``running`` (real clock, generous limit)."""
-    with trio.fail_after(limit):
-        while True:
-            out = await client.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
-            (entry,) = out["requests"]
-            if entry["status"] != "running":
-                return entry
-            await trio.sleep(0.05)
+
+    async def left_running() -> dict[str, Any] | None:
+        out = await client.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
+        (entry,) = out["requests"]
+        return entry if entry["status"] != "running" else None
+
+    return await wait.until(f"request {request_id} no longer running", left_running, limit)
 
 
 class Helpers:

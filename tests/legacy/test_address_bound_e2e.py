@@ -20,13 +20,8 @@ claim the other's machine); ``address_mismatch`` is tested in tests/refcontrolle
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import shutil
-import signal
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,27 +29,17 @@ from typing import Any
 
 import pytest
 import trio
+from rigs import agents, procs, wait
+from rigs.daemon import Daemon, daemon_config, machine_counts, machines_gone, make_certs, short_dir
+from rigs.facts import stored_facts
 
-from provisionerd.config.loader import (
-    Backoff,
-    Config,
-    ControllerSettings,
-    DaemonSettings,
-    LeaseSettings,
-    LegacyOptions,
-    ProviderConfig,
-    ProviderTimeouts,
-)
-from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon.admin_socket import query
+from provisionerd.config.loader import Config, LegacyOptions
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape, Returned
 from provisionerd.domain.tokens import token_hash
 from provisionerd.execution.loop_inputs import LoopSettings
 
 pytestmark = pytest.mark.process
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "providers" / "examples" / "lsf_legacy"
 CLUSTER = "legacycluster"
 #: ``provisionerd run``'s reconcile interval (it replans on every change, and at the latest this long after the last).
 RECONCILE_INTERVAL = LoopSettings().replan_interval
@@ -65,221 +50,110 @@ STAY = 6.0  # seconds both machines must stay joined (and the daemon keep them) 
 RUN = re.compile(rb"[A-Za-z0-9_-]{16,}")
 
 
-def daemon_config(world: Any, tmp: Path, state: Path, certs: Path, addresses: tuple[str, ...]) -> Path:
-    """The daemon's config: the example as a legacy provider with the default legacy settings (a journal only)."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-    config = Config(
-        cluster=CLUSTER,
-        identity="prov-legacy",
-        controller=ControllerSettings(
-            addresses,
-            connect_timeout=3,
-            request_timeout=5,
-            heartbeat_interval=0.5,
-            heartbeat_timeout=5,
-            backoff=Backoff(initial=0.1, max=1),
-        ),
-        tls=provisioner_tls(certs),
-        lease=LeaseSettings(margin=0.5),
-        daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
-        providers=(
-            ProviderConfig(
-                "lsfex",
-                "oneshot",
-                path=EXAMPLE,
-                conf_dir=world.conf,
-                data_dir=world.data,
-                max_machines=10,
-                join_deadline=JOIN_DEADLINE,
-                idle_time=IDLE_TIME,
-                provisioning_timeout=60,
-                env={"PATH": path},
-                timeouts=ProviderTimeouts(default=20),
-                legacy=LegacyOptions(journal=tmp / "lsfex.journal.json"),
-            ),
-        ),
-    )
-    write_daemon_config(config, tmp / "pd.toml")
-    return tmp / "pd.toml"
-
-
-async def daemon_status(sock: Path) -> dict[str, Any] | None:
-    try:
-        reply = await trio.to_thread.run_sync(query, sock)
-    except (OSError, ValueError):
-        return None
-    return reply["status"] if reply.get("ok") else None
-
-
-async def wait_for(what: str, probe: Any, limit: float) -> Any:
-    """Poll the async ``probe`` until it returns something truthy (real clock); fail naming ``what``."""
-    with trio.move_on_after(limit):
-        while True:
-            found = await probe()
-            if found:
-                return found
-            await trio.sleep(0.1)
-    raise AssertionError(f"not within {limit:g} s: {what}")
-
-
-def machines_of(status: dict[str, Any] | None) -> dict[str, int]:
-    return {} if status is None else status["providers"]["lsfex"]["machines"]
-
-
-async def start_agent(certs: Path, controller: str, machine_id: str, home: Path) -> trio.Process:
-    """The machine's boot script: the image's bootstrap secret (a 0600 file the agent deletes once read), the
-    machine id the provider knows it by, the address-bound join."""
-    with (home / "agent.log").open("ab") as log:  # noqa: ASYNC230 - the child's output needs a real file
-        return await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "provisionerd",
-                "agent",
-                "--certs",
-                str(certs),
-                "--controllers",
-                controller,
-                "--address-bound",
-                "--machine-id",
-                machine_id,
-                "--token-file",
-                str(home / "bootstrap"),
-                "--heartbeat",
-                "0.5",
-            ],
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
-
-
-async def stop(process: trio.Process, grace: float = 10.0) -> int:
-    if process.returncode is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        with trio.move_on_after(grace):
-            await process.wait()
-    if process.returncode is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
-    return process.returncode
-
-
 @pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path, for the daemon's admin socket (a unix socket path must be short)."""
-    path = Path(tempfile.mkdtemp(prefix="pd-abj-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def state() -> Iterator[Path]:
+    """The daemon's state directory (events log, admin socket), with a short path."""
+    with short_dir("pd-abj-") as path:
+        yield path
 
 
 def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconcile_interval(
-    world: Any, tmp_path: Path, short_dir: Path
+    world: Any, tmp_path: Path, state: Path
 ) -> None:
-    from provisionerd.pki.certs import init_certs
     from refcontroller.api import open_refcontroller_process
-    from refcontroller.store import FactStore
 
-    certs = tmp_path / "certs"
-    init_certs(certs, CLUSTER)
+    certs = make_certs(tmp_path, CLUSTER)
     # The cluster's bootstrap secret: the controller's copy, and one in each machine's image.
     secret = secrets.token_urlsafe(24)
-    bootstrap = tmp_path / "bootstrap"
-    bootstrap.write_text(secret)
-    bootstrap.chmod(0o600)
+    bootstrap = agents.token_file(tmp_path, secret, "bootstrap")
     # The plugin's cloud gives its machines 127.0.0.1 (the test's machines are this host), and logs every input.
     world.settings({"BOOT_POLLS": 1, "PRIVATE_IP": "127.0.0.1"})
-    state = short_dir
+    # The example as a legacy provider with the default legacy settings (a journal only).
+    provider = world.daemon_provider(
+        max_machines=10,
+        join_deadline=JOIN_DEADLINE,
+        idle_time=IDLE_TIME,
+        provisioning_timeout=60,
+        legacy=LegacyOptions(journal=tmp_path / "lsfex.journal.json"),
+    )
     seen: dict[str, Any] = {}
 
     async def main() -> None:
         with (tmp_path / "ctl.log").open("ab") as ctl_log:
-            async with open_refcontroller_process(
-                certs,
-                tmp_path / "ctl",
-                replicas=1,
-                lease_ttl=2.0,
-                check_interval=0.5,
-                heartbeat_timeout=5.0,
-                address_bound_join=bootstrap,
-                stderr=ctl_log.fileno(),
-            ) as ctl:
-                config = daemon_config(world, tmp_path, state, certs, ctl.addresses)
-                with (tmp_path / "daemon.log").open("ab") as daemon_log:
-                    daemon = await trio.lowlevel.open_process(
-                        [sys.executable, "-m", "provisionerd", "run", "--config", str(config)],
-                        start_new_session=True,
-                        stderr=daemon_log,
-                        cwd=str(REPO),
-                    )
-                agents: list[trio.Process] = []
+            async with (
+                open_refcontroller_process(
+                    certs,
+                    tmp_path / "ctl",
+                    replicas=1,
+                    lease_ttl=2.0,
+                    check_interval=0.5,
+                    heartbeat_timeout=5.0,
+                    address_bound_join=bootstrap,
+                    stderr=ctl_log.fileno(),
+                ) as ctl,
+                procs.open_procs() as started,
+            ):
+                config = daemon_config(certs, ctl.addresses, state, provider, cluster=CLUSTER, identity="prov-legacy")
+                daemon = Daemon.write(config, tmp_path / "pd.toml", started)
+                process = await daemon.start()
+                machines: list[procs.Proc] = []
                 try:
-                    await scenario(ctl, daemon, agents)
+                    await scenario(ctl, daemon, started, machines)
                 finally:
                     with trio.CancelScope(shield=True):
-                        seen["daemon_rc"] = await stop(daemon, 15.0)
-                        seen["agent_rcs"] = [await stop(agent) for agent in agents]
+                        seen["daemon_rc"] = await process.stop(15.0)
+                        seen["agent_rcs"] = [await agent.stop() for agent in machines]
 
     async def hosts(ctl: Any) -> dict[str, dict[str, Any]]:
         return {h["machine_id"]: h for h in (await ctl.status())["hosts"]}
 
-    async def scenario(ctl: Any, daemon: trio.Process, agents: list[trio.Process]) -> None:
-        sock = state / "admin.sock"
-
-        async def lease_held() -> bool:
-            status = await daemon_status(sock)
-            return status is not None and status["leases"][0]["state"] == "held"
-
-        await wait_for("the daemon holds the lease", lease_held, 30)
+    async def scenario(ctl: Any, daemon: Daemon, started: procs.Procs, machines: list[procs.Proc]) -> None:
+        await daemon.wait_held(30)
         await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
-
-        async def booting() -> bool:
-            return machines_of(await daemon_status(sock)).get("booting") == 2
-
         # Both instance facts are committed (the daemon's view has them, booting): the machines may now boot.
-        await wait_for("two machines booting in the daemon's view", booting, 40)
+        await daemon.wait_status(
+            "two machines booting in the daemon's view", lambda s: machine_counts(s, "lsfex").get("booting") == 2, 40
+        )
         running = {k: m for k, m in world.plugin_state()["machines"].items() if m["status"] == "running"}
         assert len(running) == 2 and {m["ip"] for m in running.values()} == {"127.0.0.1"}, running
         seen["machine_ids"] = sorted(running)
         for n, machine_id in enumerate(sorted(running)):
+            # The machine's boot script: the image's bootstrap secret, the machine id the provider knows it by.
             home = tmp_path / f"machine-{n}"
-            home.mkdir()
-            (home / "bootstrap").write_text(secret)
-            (home / "bootstrap").chmod(0o600)
-            agents.append(await start_agent(certs, ctl.addresses[0], machine_id, home))
-        started = time.monotonic()
+            token = agents.token_file(home, secret, "bootstrap")
+            how = ("--address-bound", "--machine-id", machine_id)
+            machines.append(await agents.boot(started, home, certs, ctl.addresses[:1], token, *how))
+        started_at = time.monotonic()
 
         async def both_joined() -> dict[str, dict[str, Any]] | None:
             table = await hosts(ctl)
             return table if set(table) == set(running) else None
 
-        seen["hosts"] = await wait_for("both machines joined (the controller's host table)", both_joined, 30)
-        seen["join_s"] = time.monotonic() - started
-        # They stay: joined, their agents running, the daemon keeps them (nothing returning, nothing new).
+        seen["hosts"] = await wait.until("both machines joined (the controller's host table)", both_joined, 30)
+        seen["join_s"] = time.monotonic() - started_at
+        # They stay: joined, their agents running, the daemon keeps them (nothing returning, nothing new). The
+        # time is what is tested (nothing moves within it), not an order of events.
         await trio.sleep(STAY)
         seen["hosts_later"] = await hosts(ctl)
-        seen["agents_alive"] = [agent.returncode is None for agent in agents]
-        seen["machines_later"] = machines_of(await daemon_status(sock))
+        seen["agents_alive"] = [agent.running() for agent in machines]
+        seen["machines_later"] = machine_counts(await daemon.status(), "lsfex")
         seen["plugin_later"] = world.plugin_state()["machines"]
 
         # Demand 0: both are idle machines no demand needs, past idle_time: returned at the next reconcile pass.
         await ctl.set_demand([])
         dropped = time.monotonic()
 
-        async def asked_back() -> bool:
+        def asked_back() -> bool:
             machines = world.plugin_state()["machines"]
             return all(machines[m]["status"] == "terminated" for m in running)
 
-        async def gone() -> bool:
-            counts = machines_of(await daemon_status(sock))
-            return bool(counts) and not any(counts.values())
-
-        await wait_for("the plugin asked to return both machines", asked_back, JOIN_DEADLINE)
+        await wait.until_sync("the plugin asked to return both machines", asked_back, JOIN_DEADLINE)
         seen["return_called_s"] = time.monotonic() - dropped
-        await wait_for("both machines returned (Returned committed, out of the daemon's view)", gone, JOIN_DEADLINE)
+        await daemon.wait_status(
+            "both machines returned (Returned committed, out of the daemon's view)",
+            machines_gone("lsfex"),
+            JOIN_DEADLINE,
+        )
         seen["returned_s"] = time.monotonic() - dropped
         seen["hosts_after"] = await hosts(ctl)
 
@@ -295,11 +169,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
     assert seen["daemon_rc"] == 0 and seen["agent_rcs"] == [0, 0]  # SIGTERM: clean exits, never a refusal (3)
 
     # --- both joined by the address-bound join, as the instances the plugin's machines are ---------------------
-    store = FactStore.open(tmp_path / "ctl" / "facts.sqlite")
-    try:
-        facts = [c.fact for c in store.all_facts()]
-    finally:
-        store.close()
+    facts = stored_facts(tmp_path / "ctl" / "facts.sqlite")
     intents = [f for f in facts if isinstance(f, RequestIntent)]
     made = {f.machine_id: f for f in facts if isinstance(f, InstanceFact)}
     assert sorted(made) == seen["machine_ids"] and {f.address for f in made.values()} == {"127.0.0.1"}
@@ -337,7 +207,7 @@ def test_legacy_machines_join_by_address_stay_and_are_returned_within_one_reconc
     assert {
         "data/lsfexample-provider.log",
         "ctl.log",
-        "daemon.log",
+        "daemon-1.log",
         "events.jsonl",
         "machine-0/agent.log",
         "machine-1/agent.log",

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rigs.daemon import parsed_config
 
 from provisionerd.config.loader import Config
 from provisionerd.daemon.clients import provider_clients
@@ -61,22 +62,14 @@ def test_the_journal_may_not_live_in_the_plugins_data_dir(tmp_path):
 
 
 def daemon_config(tmp_path: Path, plugin: Path, legacy: str = "", transport: str = "oneshot") -> Config:
-    text = textwrap.dedent(f"""
-        cluster = "c1"
-        identity = "p1"
-        [controller]
-        addresses = ["ctl-a:7400"]
-        [tls]
-        ca = "ca.pem"
-        cert = "p.pem"
-        key = "p.key"
+    provider = f"""
         [[providers]]
         name = "lsf"
         transport = "{transport}"
         path = "{plugin}"
         data_dir = "data"
-    """) + textwrap.dedent(legacy)
-    return Config.from_toml(text, base_dir=tmp_path)
+    """
+    return parsed_config(tmp_path, textwrap.dedent(provider) + textwrap.dedent(legacy))
 
 
 def test_the_daemon_runs_a_legacy_plugin_through_the_adapter_with_the_configured_settings(tmp_path):

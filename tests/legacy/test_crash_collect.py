@@ -9,159 +9,85 @@ mutual-TLS sockets; the daemons and plugin processes are real processes on the r
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import sys
-import tempfile
-from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+from rigs import procs, wait
+from rigs.daemon import Daemon, daemon_config, make_certs, short_dir
+from rigs.facts import facts_of
 
-from provisionerd.daemon.admin_socket import query
+from provisionerd.config.loader import LegacyOptions
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape, Returned
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "providers" / "examples" / "lsf_legacy"
 
-
-def write_config(path: Path, certs: Path, addresses, conf: Path, data: Path, state: Path) -> None:
-    plugin_path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-    path.write_text(f"""
-cluster = "clu"
-identity = "prov-legacy-crash"
-[controller]
-addresses = {json.dumps(list(addresses))}
-heartbeat_interval = 0.5
-heartbeat_timeout = 5
-request_timeout = 5
-connect_timeout = 5
-backoff = {{initial = 0.1, max = 0.5, multiplier = 2, jitter = 0.5}}
-[tls]
-ca = "{certs}/ca.pem"
-cert = "{certs}/provisioner.pem"
-key = "{certs}/provisioner.key"
-[lease]
-margin = 0.5
-[daemon]
-events_log = "{state}/events.jsonl"
-admin_socket = "{state}/admin.sock"
-state_dir = "{state}"
-[[providers]]
-name = "lsfex"
-transport = "oneshot"
-path = "{EXAMPLE}"
-conf_dir = "{conf}"
-data_dir = "{data}"
-join_deadline = 15
-idle_time = 1
-[providers.env]
-PATH = "{plugin_path}"
-[providers.timeouts]
-default = 30
-[providers.legacy]
-journal = "{state}/lsfex.journal.json"
-""")
-
-
-def test_a_daemon_killed_during_request_machines_tracks_the_machines_after_restart(tmp_path):
-    from provisionerd.pki.certs import init_certs
+def test_a_daemon_killed_during_request_machines_tracks_the_machines_after_restart(world: Any, tmp_path):
     from refcontroller.api import open_refcontroller
 
-    certs, conf, data, config_path = tmp_path / "certs", tmp_path / "conf", tmp_path / "data", tmp_path / "pd.toml"
-    state = Path(tempfile.mkdtemp(prefix="pd-lgc-", dir="/tmp"))  # a unix socket path must be short
-    init_certs(certs, "clu")
-    conf.mkdir()
-    data.mkdir()
-    shutil.copy(EXAMPLE / "conf" / "lsfexampleprov_templates.json", conf)
-    (conf / "lsfexampleprov_config.json").write_text(
-        json.dumps({"BOOT_POLLS": 1, "SLOW_REQUEST_SECONDS": 3, "SLOW_REQUEST_PHASE": "after_create"})
-    )
-    sock = state / "admin.sock"
-    calls = state / "calls" / "lsfex"
+    certs = make_certs(tmp_path, "clu")
+    world.settings({"BOOT_POLLS": 1, "SLOW_REQUEST_SECONDS": 3, "SLOW_REQUEST_PHASE": "after_create"})
     seen: dict = {}
 
-    def plugin_machines() -> dict:
-        path = data / "lsfexample-state.json"
-        return json.loads(path.read_text())["machines"] if path.exists() else {}
-
-    async def start(log_name: str):
-        with open(tmp_path / log_name, "wb") as log_file:  # noqa: ASYNC230 - the child's stderr needs a real file
-            return await trio.lowlevel.open_process(
-                [sys.executable, "-m", "provisionerd", "run", "--config", str(config_path)],
-                start_new_session=True,
-                stderr=log_file,
-                cwd=str(ROOT),
-            )
-
-    async def until(predicate, limit: float = 60.0) -> None:
-        with trio.fail_after(limit):
-            while not predicate():  # noqa: ASYNC110 - other processes change what is waited for
-                await trio.sleep(0.05)
-
-    async def held(limit: float = 60.0) -> None:
-        with trio.fail_after(limit):
-            while True:
-                try:
-                    reply = await trio.to_thread.run_sync(query, sock)
-                except (OSError, ValueError):
-                    reply = None
-                if reply and reply.get("ok") and reply["status"]["leases"][0]["state"] == "held":
-                    return
-                await trio.sleep(0.05)
-
     async def main():
-        async with open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl:
-            store = ctl.server.cluster.store
+        with short_dir("pd-lgc-") as state:
+            calls = state / "calls" / "lsfex"
+            provider = world.daemon_provider(
+                timeout=30, join_deadline=15, idle_time=1, legacy=LegacyOptions(journal=state / "lsfex.journal.json")
+            )
+            async with (
+                open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
+                procs.open_procs() as started,
+            ):
 
-            def facts(kind):
-                return [c.fact for c in store.all_facts() if isinstance(c.fact, kind)]
+                def facts(kind):
+                    return facts_of(ctl.server.cluster.store, kind)
 
-            write_config(config_path, certs, ctl.addresses, conf, data, state)
-            procs = []
-            try:
-                procs.append(await start("daemon-1.log"))
-                await held()
+                config = daemon_config(
+                    certs, ctl.addresses, state, provider, cluster="clu", identity="prov-legacy-crash", state_dir=state
+                )
+                daemon = Daemon.write(config, tmp_path / "pd.toml", started)
+                first = await daemon.start()
+                await daemon.wait_held(60)
                 await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
-                await until(lambda: len(plugin_machines()) == 2)  # made; the answer comes 3 s later
+                await wait.until_sync("the plugin made both machines", lambda: len(world.plugin_machines()) == 2, 60)
+                # Made; the answer comes 3 s later.
                 seen["call_dirs_at_kill"] = [p.name for p in calls.iterdir() if not p.name.startswith(".")]
-                os.killpg(procs[0].pid, signal.SIGKILL)
-                await procs[0].wait()
+                first.kill9()
+                await first.wait()
                 seen["instances_at_kill"] = len(facts(InstanceFact))
                 seen["intents_at_kill"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
                 # The call runs on without its daemon and leaves its answer behind.
-                await until(lambda: any((p / "status").exists() for p in calls.iterdir()), 20)
-                procs.append(await start("daemon-2.log"))
-                await held()
-                await until(lambda: len(facts(InstanceFact)) == 2)
+                await wait.until_sync(
+                    "the orphaned call's answer in its call directory",
+                    lambda: any((p / "status").exists() for p in calls.iterdir()),
+                    20,
+                )
+                second = await daemon.start()
+                await daemon.wait_held(60)
+                await wait.until_sync("2 instance facts", lambda: len(facts(InstanceFact)) == 2, 60)
                 seen["instances"] = facts(InstanceFact)
                 seen["intents"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
                 seen["failed"] = facts(RequestFailed)
                 await ctl.set_demand([])
                 # Never joined: returned at the join deadline (15 s after launch), and not replaced with demand 0.
-                await until(lambda: sum(len(r.machine_ids) for r in facts(Returned)) >= 2, 60)
-                await until(lambda: all(m["status"] == "terminated" for m in plugin_machines().values()), 30)
-                seen["machines"] = plugin_machines()
+                await wait.until_sync(
+                    "both machines returned", lambda: sum(len(r.machine_ids) for r in facts(Returned)) >= 2, 60
+                )
+                await wait.until_sync(
+                    "both machines terminated in the plugin's cloud",
+                    lambda: all(m["status"] == "terminated" for m in world.plugin_machines().values()),
+                    30,
+                )
+                seen["machines"] = world.plugin_machines()
                 seen["intents_end"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
                 seen["calls_left"] = [p.name for p in calls.iterdir() if not p.name.startswith(".")]
-                procs[1].send_signal(signal.SIGTERM)
-                with trio.fail_after(20):
-                    seen["rc"] = await procs[1].wait()
-            finally:
-                for proc in procs:
-                    if proc.returncode is None:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        await proc.wait()
+                seen["rc"] = await second.stop(20)
+                seen["log"] = second.log.read_text()
 
-    try:
-        trio.run(main)
-    finally:
-        log2 = (tmp_path / "daemon-2.log").read_text() if (tmp_path / "daemon-2.log").exists() else ""
-        shutil.rmtree(state, ignore_errors=True)
+    trio.run(main)
+    log2 = seen["log"]
     assert seen["rc"] == 0, log2[-3000:]
     assert len(seen["call_dirs_at_kill"]) == 1  # the requestMachines call, running
     assert seen["instances_at_kill"] == 0 and len(seen["intents_at_kill"]) == 1

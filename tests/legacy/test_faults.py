@@ -4,6 +4,9 @@ requestMachines that time out (no blind retry, no duplicates), machines the clou
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -120,16 +123,23 @@ def test_a_request_id_printed_before_a_hang_is_recovered(world, h):
     assert unknown == []
 
 
-def test_a_daemon_killed_mid_call_leaves_an_unknown_outcome(world):
+@asynccontextmanager
+async def a_request_in_flight(world: Any) -> AsyncIterator[Any]:
+    """An adapter whose ``requestMachines`` for op-1 hangs in the plugin (``SLOW_REQUEST_SECONDS`` 60), yielded once
+    the plugin has its input; the call is cancelled at the end (it dies with its process group)."""
     world.settings({"SLOW_REQUEST_SECONDS": 60})
+    client = world.adapter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
+        await world.wait_input("requestMachines")
+        yield client
+        nursery.cancel_scope.cancel()
 
+
+def test_a_daemon_killed_mid_call_leaves_an_unknown_outcome(world):
     async def main():
-        client = world.adapter()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
-            await trio.sleep(0.5)
+        async with a_request_in_flight(world):
             at_death = world.journal.read_bytes()  # what a SIGKILLed daemon would leave behind
-            nursery.cancel_scope.cancel()
         saved = json.loads(world.journal.read_text())
         assert saved["creates"][0]["calls"][0]["state"] == "unknown"  # cancelled: recorded as unknown at once
         assert json.loads(at_death)["creates"][0]["calls"][0]["state"] == "calling"
@@ -143,19 +153,11 @@ def test_a_daemon_killed_mid_call_leaves_an_unknown_outcome(world):
 
 
 def test_a_second_call_while_the_first_is_in_flight_is_refused(world):
-    world.settings({"SLOW_REQUEST_SECONDS": 60})
-
     async def main():
-        client = world.adapter()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.call, "requestMachines", world.request("op-1", 1))
-            # In flight once the plugin has its input (a fixed sleep lost this race under load).
-            with trio.fail_after(30):
-                while not world.inputs("requestMachines"):  # noqa: ASYNC110 - the plugin process writes it
-                    await trio.sleep(0.02)
+        # In flight once the plugin has its input (a fixed sleep lost this race under load).
+        async with a_request_in_flight(world) as client:
             with pytest.raises(ProviderOutcomeUnknown, match="still being requested"):
                 await client.call("requestMachines", world.request("op-1", 1))
-            nursery.cancel_scope.cancel()  # the first call dies with its process group
 
     trio.run(main)
     assert len(world.inputs("requestMachines")) == 1

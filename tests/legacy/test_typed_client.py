@@ -3,8 +3,11 @@ unknown outcomes), a request and its op listing as values, and a lost call typed
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
+from rigs import wait
 
 from provisionerd.domain.errors import OutcomeUnknown, ProviderOutcomeUnknown, ProviderTimeout, ProviderUnsupported
 from provisionerd.domain.model import Epoch
@@ -47,12 +50,12 @@ def test_a_legacy_request_and_its_op_listing_are_values(world):
 
     async def main():
         accepted = await client.request_machines(request)
-        with trio.fail_after(30):
-            while True:
-                (status,) = await client.get_request_status([accepted.request_id])
-                if status.final:
-                    break
-                await trio.sleep(0.05)
+
+        async def final() -> Any:
+            (status,) = await client.get_request_status([accepted.request_id])
+            return status if status.final else None
+
+        status = await wait.until(f"request {accepted.request_id} final", final, 30)
         return accepted, status, await client.list_machines(op_filter("c1", "lsfex", "op-1"))
 
     accepted, status, listed = trio.run(main)

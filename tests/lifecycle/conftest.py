@@ -9,23 +9,15 @@ from typing import Any
 
 import pytest
 import trio
-import trio.testing
+from rigs.clock import mock_run as mock_run_on_clock
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 @pytest.fixture
-def mock_run() -> Callable[[Callable[[], Awaitable[Any]]], Any]:
-    """Run an async function on ``MockClock(autojump_threshold=0)`` from virtual time 0, bounded."""
-
-    def run(fn: Callable[[], Awaitable[Any]], limit: float = 100_000.0) -> Any:
-        async def bounded() -> Any:
-            with trio.fail_after(limit):
-                return await fn()
-
-        return trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
-
-    return run
+def mock_run() -> Callable[..., Any]:
+    """Run an async function on a bounded ``MockClock`` from virtual time 0 (``rigs.clock.mock_run``)."""
+    return mock_run_on_clock
 
 
 @pytest.fixture

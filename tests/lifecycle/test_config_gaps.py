@@ -10,22 +10,15 @@ import pytest
 import trio
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, build_rig, item, start_rig
+from rigs.daemon import parsed_config
 
 from provisionerd.config.loader import Config
 from provisionerd.daemon.builder import policy_from_config
 from provisionerd.domain.errors import ConfigError, ProviderRejected
 from provisionerd.domain.model import InstanceFact
 
-CONFIG = textwrap.dedent(
+PROVIDERS = textwrap.dedent(
     """
-    cluster = "c1"
-    identity = "p1"
-    [controller]
-    addresses = ["ctl-a:7400"]
-    [tls]
-    ca = "ca.pem"
-    cert = "p.pem"
-    key = "p.key"
     [[providers]]
     name = "a"
     transport = "oneshot"
@@ -41,7 +34,7 @@ CONFIG = textwrap.dedent(
 
 
 def config(tmp_path: Path, a: str = "", b: str = "") -> Config:
-    return Config.from_toml(CONFIG.format(a=a, b=b), base_dir=tmp_path)
+    return parsed_config(tmp_path, PROVIDERS.format(a=a, b=b))
 
 
 def test_provisioning_timeout_is_configured_per_provider_and_the_planner_keeps_each_providers_own(tmp_path):

@@ -12,42 +12,25 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
+from rigs import wait
+from rigs.core import daemon_core, record, running
+from rigs.daemon import make_certs, short_dir
+from rigs.facts import facts_of
+from sim_daemon import CLUSTER, sim_config
 
 from provisionerd.controller.session_settings import LinkState
-from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import DemandItem, Epoch, InstanceFact, ResourceShape
-from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
-from provisionerd.provider.client import PluginClient
-from provisionerd.provider.persistent import PersistentProvider
 from refcontroller.store import PAGE_LIMIT_ENV, FactStore, StoreFailure
-from tests.lifecycle.test_controller_amnesia import CLUSTER, free_port, wait_until, write_config
 from tests.refcontroller.rc_factories import intent
 
 pytestmark = pytest.mark.process
 
 REPLAN = 10.0  # the default replan interval: "one reconcile interval"
-
-
-class InputRecorder:
-    """Wraps the plugin's transport and records every call with its input."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.calls: list[tuple[str, str]] = []
-
-    async def call(self, action: str, input: Any, *, timeout: float | None = None) -> dict[str, Any]:
-        self.calls.append((action, json.dumps(input, sort_keys=True)))
-        return await self.inner.call(action, input, timeout=timeout)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def fill(store: FactStore) -> None:
@@ -69,81 +52,66 @@ def fill(store: FactStore) -> None:
 def test_a_full_disk_at_the_controller_is_typed_costs_no_provider_call_and_demand_follows_the_freeing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from provisionerd.pki.certs import init_certs
     from refcontroller.listeners import ServeConfig, serve
 
     limit = tmp_path / "page-limit"
     monkeypatch.setenv(PAGE_LIMIT_ENV, str(limit))
     caplog.set_level(logging.WARNING, logger="provisionerd.controller.session")
-    certs = tmp_path / "certs"
-    init_certs(certs, CLUSTER)
-    address = f"127.0.0.1:{free_port()}"
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
+    certs = make_certs(tmp_path, CLUSTER)
+    address = f"127.0.0.1:{wait.free_port()}"
     measured: dict[str, float] = {}
 
-    async def main() -> None:
-        config = write_config(tmp_path, certs, address, state / "admin.sock")
-        sim = config.providers[0]
-        from provisionerd.daemon.clients import provider_clients
-
-        transport = provider_clients(config)[sim.name].transport
-        recorder = InputRecorder(transport)
-        core = DaemonCore(
+    async def main(state: Path) -> None:
+        config = sim_config(tmp_path, certs, (address,), state, identity="prov-storage")
+        recorded = record(config, "sim")
+        core = daemon_core(
             config,
-            providers={sim.name: PluginClient(recorder)},
             policy=Policy(cluster=CLUSTER, idle_time=600.0, join_deadline=600.0, provisioning_timeout=60.0),
-            offer_interval=5.0,
-            loop_settings=LoopSettings(replan_interval=REPLAN, reclaim_interval=30.0, recover_after=30.0),
-            executor_settings=ExecutorSettings(
-                cluster=CLUSTER, controllers=(address,), poll_initial=0.05, poll_max=0.5, retry_delay=0.1
-            ),
+            loop=LoopSettings(replan_interval=REPLAN, reclaim_interval=30.0, recover_after=30.0),
+            recorded=recorded,
         )
-        async with trio.open_nursery() as nursery:
-            assert isinstance(transport, PersistentProvider)
-            await nursery.start(transport.run)
-            running = await nursery.start(
-                serve,
-                ServeConfig(
-                    certs_dir=certs, data_dir=tmp_path / "ctl", listen=(address,), lease_ttl=5.0, check_interval=0.3
-                ),
-            )
-            cluster = running.server.cluster
-            await nursery.start(core.run)
-            await wait_until(
-                lambda: core.session.state is LinkState.UP and all(k.valid() for k in core.keepers.values())
-            )
-            generation = core.session.generation
-            # One synchronous step: the demand is stored, then the disk is full before the daemon hears of it.
-            cluster.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 4)])
-            limit.write_text("1")
-            fill(cluster.store)
-            await wait_until(lambda: core.session.storage.count >= 3, limit=30.0)
-            assert core.session.state is LinkState.UP and core.session.generation == generation  # the link kept
-            limit.unlink()  # the disk is freed
-            freed = trio.current_time()
-            await wait_until(
-                lambda: sum(isinstance(c.fact, InstanceFact) for c in cluster.store.all_facts()) == 4, limit=3 * REPLAN
-            )
-            measured["after_free"] = trio.current_time() - freed
-            measured["failures"] = core.session.storage.count
-            assert core.session.status()["storage_failures"] == core.session.storage.count
-            refused = {
-                e["op_id"]
-                for e in core.events.recent
-                if e["event"] == "controller_storage_failure" and e["request"] == "FactCommit"
-            }
-            intents = {c.fact.op_id for c in cluster.store.all_facts() if c.fact.op_id in refused}
-            requests = [payload for action, payload in recorder.calls if action == "requestMachines"]
-            measured["refused_intents"] = len(refused - intents)
-            assert refused - intents, "no intent was refused"
-            for op_id in refused - intents:  # never in the log: no provider call carries its op_id
-                assert not any(op_id in payload for payload in requests), op_id
-            await core.release_leases(0.5)
-            nursery.cancel_scope.cancel()
-        core.events.close()
+        serve_config = ServeConfig(
+            certs_dir=certs, data_dir=tmp_path / "ctl", listen=(address,), lease_ttl=5.0, check_interval=0.3
+        )
+        async with trio.open_nursery() as controller:
+            cluster = (await controller.start(serve, serve_config)).server.cluster
+            async with running(core, recorded.inner, release=0.5):
+                await wait.until_sync(
+                    "the link up and every lease held",
+                    lambda: core.session.state is LinkState.UP and all(k.valid() for k in core.keepers.values()),
+                )
+                generation = core.session.generation
+                # One synchronous step: the demand is stored, then the disk is full before the daemon hears of it.
+                cluster.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 4)])
+                limit.write_text("1")
+                fill(cluster.store)
+                await wait.until_sync("3 storage failures", lambda: core.session.storage.count >= 3, 30.0)
+                assert core.session.state is LinkState.UP and core.session.generation == generation  # the link kept
+                limit.unlink()  # the disk is freed
+                freed = trio.current_time()
+                await wait.until_sync(
+                    "4 instance facts after the freeing",
+                    lambda: len(facts_of(cluster.store, InstanceFact)) == 4,
+                    3 * REPLAN,
+                )
+                measured["after_free"] = trio.current_time() - freed
+                measured["failures"] = core.session.storage.count
+                assert core.session.status()["storage_failures"] == core.session.storage.count
+                refused = {
+                    e["op_id"]
+                    for e in core.events.recent
+                    if e["event"] == "controller_storage_failure" and e["request"] == "FactCommit"
+                }
+                intents = {c.fact.op_id for c in cluster.store.all_facts() if c.fact.op_id in refused}
+                requests = [json.dumps(i, sort_keys=True) for i in recorded.inputs("requestMachines")]
+                measured["refused_intents"] = len(refused - intents)
+                assert refused - intents, "no intent was refused"
+                for op_id in refused - intents:  # never in the log: no provider call carries its op_id
+                    assert not any(op_id in payload for payload in requests), op_id
+            controller.cancel_scope.cancel()
 
-    trio.run(main)
+    with short_dir("pd-sto-") as state:
+        trio.run(main, state)
     warnings = [r for r in caplog.records if "storageFailure" in r.getMessage()]
     assert warnings and all(r.levelno == logging.WARNING for r in warnings)
     print(f"measured: {measured}")

@@ -16,6 +16,19 @@ def request_times(provider: BootingProvider) -> list[float]:
     return [t for t, action in provider.call_log if action == "requestMachines"]
 
 
+def demand_after_a_failure(run_rig, failure: Exception, count: int):
+    """The rig after demand ``count`` on a provider whose first ``requestMachines`` fails with ``failure``, run until
+    ``count`` instance facts are committed."""
+    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
+    provider.fail_next("requestMachines", failure)
+
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", count))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == count)
+
+    return run_rig(scenario, {"p": provider})
+
+
 def test_throttled_requests_back_off_exponentially_with_jitter(run_rig):
     seen: dict = {}
 
@@ -78,14 +91,8 @@ def test_capacity_unavailable_falls_over_to_the_next_offer_at_once(run_rig):
 
 
 def test_quota_exceeded_makes_the_provider_unhealthy_until_a_probe_and_raises_events(run_rig):
-    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-    provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "quota_exceeded", "vCPU limit"))
-
-    async def scenario(rig, nursery):
-        rig.session.set_demand(1, item("d", 1))
-        await rig.wait_for(lambda: rig.facts(InstanceFact))
-
-    rig = run_rig(scenario, {"p": provider})
+    quota = ProviderRejected("p", "requestMachines", "quota_exceeded", "vCPU limit")
+    rig = demand_after_a_failure(run_rig, quota, 1)
     times = request_times(rig.providers["p"])
     assert times[0] == 0.0
     assert times[1] == pytest.approx(rig.policy.quota_pause, abs=1e-5)  # unhealthy 900 s, probed, tried again
@@ -124,14 +131,7 @@ def test_a_crash_after_the_effect_lists_by_op_and_settles_from_the_listing_witho
 
 
 def test_a_timeout_before_any_effect_retries_the_same_op_once(run_rig):
-    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-    provider.fail_next("requestMachines", ProviderTimeout("p", "requestMachines", "no answer in 180 s"))
-
-    async def scenario(rig, nursery):
-        rig.session.set_demand(1, item("d", 2))
-        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2)
-
-    rig = run_rig(scenario, {"p": provider})
+    rig = demand_after_a_failure(run_rig, ProviderTimeout("p", "requestMachines", "no answer in 180 s"), 2)
     ops = {doc["op_id"] for _, doc in rig.calls("p", "requestMachines")}
     assert len(ops) == 1 and len(rig.calls("p", "requestMachines")) == 2
     assert rig.events_of("action", phase="recovery")[0]["found"] == 0
@@ -139,14 +139,7 @@ def test_a_timeout_before_any_effect_retries_the_same_op_once(run_rig):
 
 
 def test_provider_error_with_nothing_made_is_a_refusal(run_rig):
-    provider = BootingProvider("p", {"small": 10}, launch_time=int(BASE))
-    provider.fail_next("requestMachines", ProviderRejected("p", "requestMachines", "provider_error", "API 500"))
-
-    async def scenario(rig, nursery):
-        rig.session.set_demand(1, item("d", 1))
-        await rig.wait_for(lambda: rig.facts(InstanceFact))
-
-    rig = run_rig(scenario, {"p": provider})
+    rig = demand_after_a_failure(run_rig, ProviderRejected("p", "requestMachines", "provider_error", "API 500"), 1)
     failed = rig.facts(RequestFailed)
     assert [f.reason for f in failed] == ["provider_error"]
     ops = [doc["op_id"] for _, doc in rig.calls("p", "requestMachines")]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import trio
 from rigs import procs, wait
-from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_provider
+from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_machines, simulated_provider
+from rigs.facts import facts_of
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape
 
@@ -32,10 +33,9 @@ def test_a_daemon_killed_with_an_open_request_meets_the_demand_within_5_s_of_its
                 open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
                 procs.open_procs() as started,
             ):
-                store = ctl.server.cluster.store
 
                 def facts(kind):
-                    return [c.fact for c in store.all_facts() if isinstance(c.fact, kind)]
+                    return facts_of(ctl.server.cluster.store, kind)
 
                 config = daemon_config(certs, ctl.addresses, state, sim, cluster="clu", identity="prov-restart")
                 daemon = Daemon.write(config, tmp_path / "pd.toml", started)
@@ -43,7 +43,8 @@ def test_a_daemon_killed_with_an_open_request_meets_the_demand_within_5_s_of_its
                 await daemon.wait_held(60)
                 await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
                 await wait.until_sync("the request's intent", lambda: facts(RequestIntent))
-                await trio.sleep(0.5)  # the requestMachines call made its machines (they stay pending for 20 s)
+                # The requestMachines call made its machines (they stay pending for 20 s).
+                await wait.until_sync("3 machines in the simulated cloud", lambda: len(simulated_machines(sim)) == 3)
                 first.kill9()
                 await first.wait()
                 seen["instances_at_kill"] = len(facts(InstanceFact))

@@ -11,10 +11,13 @@ started, waited for and stopped the same way everywhere.
 - ``controller``: ``refcontroller serve`` as a process.
 - ``backends``: what the integration tier needs beyond pip; in CI a missing back end fails, elsewhere it skips.
 - ``moto``: the EC2 emulator as a process.
-- ``agents``: ``provisionerd agent`` with its token on stdin, and the agents a test left behind.
+- ``agents``: ``provisionerd agent`` with its token on stdin or in a file (a machine's boot script), and the agents
+  a test left behind.
 - ``pipes``: a plugin or CLI driven over its pipes, its environment given whole.
 - ``memory``: the reference controller over in-memory streams and a daemon config for it (``MockClock`` tests).
 - ``clock``: ``mock_run``, an async function on a bounded ``MockClock``.
+- ``core``: the daemon core in the test's own process over real plugins (a recorder around a plugin's transport).
+- ``facts``: a reference controller's fact log, read in-process or from its file.
 
 The folder is on ``sys.path`` through pytest's ``pythonpath`` setting (pyproject.toml); benches add it themselves.
 """

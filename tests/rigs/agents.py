@@ -3,6 +3,11 @@
 Every agent a test starts carries ``--label test-dir=<dir>`` (the test's ``tmp_path``), so ``live_agents(dir)``
 finds the ones still running, however they were started (by the test, or by the local provider's plugin, which
 names its data directory under ``dir``). The token is handed over on stdin, never on the command line.
+
+A machine's boot script, as a cloud image runs it (the EC2 emulator boots nothing, the LSF example's machines are
+records): ``token_file`` writes the secret in a file the agent deletes once read, ``boot`` starts the agent through
+the test's ``procs.Procs`` (its output in ``agent.log`` in the machine's home), so each is stopped when the test
+ends.
 """
 
 from __future__ import annotations
@@ -118,3 +123,40 @@ def live_agents(marker: str) -> list[int]:
         if "agent" in argv and "--instance-ref" in argv and _names_path(argv, marker) and is_alive(int(name)):
             found.append(int(name))
     return sorted(found)
+
+
+HEARTBEAT = 0.5
+
+
+def token_file(home: Path, secret: str, name: str = "join-token") -> Path:
+    """``secret`` in a new 0600 file ``home/name`` (``home`` made 0700 if missing), as an image writes it."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = home / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret)
+    return path
+
+
+def argv(certs: Path, controllers: Sequence[str], token: Path, *who: str, heartbeat: float = HEARTBEAT) -> list[str]:
+    """The agent's command line: worker certificates ``certs``, ``who`` (``--instance-ref REF``, or
+    ``--address-bound --machine-id ID``), the secret read from the file ``token``."""
+    return procs.provisionerd(
+        "agent",
+        "--certs",
+        certs,
+        "--controllers",
+        ",".join(controllers),
+        *who,
+        "--token-file",
+        token,
+        "--heartbeat",
+        str(heartbeat),
+    )
+
+
+async def boot(
+    started: procs.Procs, home: Path, certs: Path, controllers: Sequence[str], token: Path, *who: str
+) -> procs.Proc:
+    """Start the agent of the machine whose home is ``home`` (its log: ``home/agent.log``)."""
+    return await started.start(f"agent-{home.name}", argv(certs, controllers, token, *who), home / "agent.log")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -232,3 +233,55 @@ class Daemon:
     async def wait_event(self, kind: str, limit: float = 30.0) -> dict[str, Any]:
         """The first event ``kind`` in the events log."""
         return (await wait.until_sync(f"event {kind!r} in {self.events_path}", lambda: self.events(kind), limit))[0]
+
+
+#: The fixed head of ``parsed_config``: a cluster, an identity, one controller address and TLS file names that
+#: need not exist (the loader does not open them).
+CONFIG_HEAD = """
+cluster = "{cluster}"
+identity = "{identity}"
+[controller]
+addresses = ["{address}"]
+[tls]
+ca = "ca.pem"
+cert = "provisioner.pem"
+key = "provisioner.key"
+"""
+
+
+def parsed_config(
+    tmp: Path, tables: str, *, cluster: str = "clu", identity: str = "prov-1", address: str = "ctl0:7400"
+) -> Config:
+    """``tables`` (TOML, dedented: ``[[providers]]``, ``[cost]``, ...) after a fixed head, parsed by the daemon's
+    loader with ``tmp`` as the base of relative paths: for a test of what the loader accepts, refuses or builds
+    from a table, where the TOML is the input under test (``daemon_config`` writes a whole config otherwise)."""
+    head = CONFIG_HEAD.format(cluster=cluster, identity=identity, address=address)
+    return Config.from_toml(head + textwrap.dedent(tables), base_dir=tmp)
+
+
+def machine_counts(status: Mapping[str, Any] | None, provider: str) -> dict[str, int]:
+    """The daemon's count of ``provider``'s machines by state (``booting``, ``idle``, ``returning``, ...) in a
+    ``status``; ``{}`` when there is no status."""
+    return {} if status is None else dict(status["providers"][provider]["machines"])
+
+
+def machines_gone(provider: str) -> Callable[[Mapping[str, Any]], bool]:
+    """A ``Daemon.wait_status`` predicate: the daemon counts ``provider``'s machines and every count is 0 (each
+    machine it had is returned and out of its view)."""
+
+    def gone(status: Mapping[str, Any]) -> bool:
+        counts = machine_counts(status, provider)
+        return bool(counts) and not any(counts.values())
+
+    return gone
+
+
+def simulated_machines(provider: ProviderConfig) -> dict[str, Any]:
+    """The simulated provider's machines by id as its state file holds them (``{}`` before its first call): what
+    its cloud has made, whatever the daemon has heard of it. The file is replaced atomically, never half written."""
+    assert provider.data_dir is not None
+    try:
+        state = json.loads((Path(provider.data_dir) / "state.json").read_text())
+    except FileNotFoundError:
+        return {}
+    return dict(state["machines"])

@@ -182,3 +182,54 @@ async def run_async(
 ) -> subprocess.CompletedProcess[str]:
     """``run`` from trio code: in a worker thread, so the event loop (an in-process controller) keeps serving."""
     return await trio.to_thread.run_sync(lambda: run(argv, timeout=timeout, env=env))
+
+
+async def reap(proc: Proc, grace: float = 10.0) -> int:
+    """Wait up to ``grace`` for the exit a ``terminate`` asked for, then SIGKILL its group; returns the exit code.
+    Never a second SIGTERM (see ``Proc.terminate``): for a process told to stop by the test's own scenario."""
+    with trio.move_on_after(grace):
+        await proc.wait()
+    if proc.running():
+        proc.kill9()
+    return await proc.wait()
+
+
+def run_with_env(
+    argv: Sequence[str | Path], *, env: Mapping[str, str], cwd: Path | None = None, timeout: float = 120.0
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a plugin's one-shot action to its end with exactly ``env`` (nothing of this process's environment, as
+    the daemon runs it) and return its raw output. Never raises on a non-zero exit: the test asserts."""
+    return subprocess.run(
+        [str(a) for a in argv], cwd=cwd, env=dict(env), capture_output=True, timeout=timeout, check=False
+    )
+
+
+def open_pipes(argv: Sequence[str | Path], *, env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    """A process a test client drives over its stdin and stdout (a persistent plugin), with exactly ``env``, in its
+    own session, stderr kept for the test; ``close_pipes`` ends it."""
+    return subprocess.Popen(
+        [str(a) for a in argv],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def close_pipes(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[int, bytes, bytes]:
+    """EOF on the stdin of an ``open_pipes`` process, then its exit (SIGKILL of its group after ``timeout``).
+    Returns ``(exit code, the rest of stdout, all of stderr)``."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.close()
+    try:
+        rest, err = proc.stdout.read(), proc.stderr.read()
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return code, rest, err
