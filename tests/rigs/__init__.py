@@ -11,6 +11,11 @@ started, waited for and stopped the same way everywhere.
 - ``controller``: ``refcontroller serve`` as a process.
 - ``backends``: what the integration tier needs beyond pip; in CI a missing back end fails, elsewhere it skips.
 - ``moto``: the EC2 emulator as a process.
+- ``serve``: ``refcontroller serve`` as a process of a test or a bench, known by its ready line.
+- ``core``: the daemon's core in the test's own trio run, over real plugins, its join tokens recorded.
+- ``plugin``: a provider plugin driven over its own interface (one-shot, persistent JSON lines), the conformance kit.
+- ``scan``: processes found in ``/proc`` by their command line, or by a secret they show.
+- ``etcd``, ``slurm``, ``k8s``: the integration back ends (``k8s``: ``kubernetes`` would shadow the client package).
 
 The folder is on ``sys.path`` through pytest's ``pythonpath`` setting (pyproject.toml); benches add it themselves.
 """
