@@ -46,7 +46,8 @@ async def start(
     started: procs.Procs, name: str, args: Sequence[str | Path], log: Path, limit: float = 30.0
 ) -> tuple[procs.Proc, str, dict[str, Any]]:
     """Start ``refcontroller serve ARGS`` through ``started`` (so the test's end stops it) and wait for its ready
-    line: (the process, its first listen address, the ready line)."""
+    line: (the process, its first listen address, the ready line). ``log`` must be a new file: a ready line already
+    in it would be taken for this start's."""
     proc = await started.start(name, procs.refcontroller("serve", *args), log)
     ready = await wait.until_sync(f"{name} to print its ready line", lambda: _probe(log, proc.running()), limit)
     return proc, ready["listen"][0], ready
@@ -55,7 +56,7 @@ async def start(
 @contextmanager
 def serving(args: Sequence[str | Path], log: Path, limit: float = 30.0) -> Iterator[tuple[int, str]]:
     """``refcontroller serve ARGS`` for synchronous code (a bench, a session fixture): (its pid, its first listen
-    address) once ready; stopped at the end as ``procs.popen`` stops a process."""
+    address) once ready; stopped at the end as ``procs.popen`` stops a process. ``log`` must be a new file."""
     with procs.popen(procs.refcontroller("serve", *args), log) as proc:
         ready = wait.blocking(
             "refcontroller serve to print its ready line", lambda: _probe(log, proc.poll() is None), limit
