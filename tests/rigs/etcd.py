@@ -36,9 +36,13 @@ class EtcdCluster:
     def pids(self) -> list[int]:
         return [int((self.work / f"m{i}.pid").read_text()) for i in range(len(self.endpoints))]
 
-    def replace_command(self, member: int) -> list[str]:
-        """``.ci/etcd-cluster replace``: member ``member`` loses its data dir and rejoins as a new member."""
-        return [str(SCRIPT), "replace", str(self.work), str(member)]
+    async def replace(self, member: int) -> tuple[str, str]:
+        """``.ci/etcd-cluster replace``: member ``member`` is killed, loses its data dir and rejoins as a new member
+        (``member remove``, ``member add``, an empty data dir); its (old, new) member IDs."""
+        done = await procs.run_async([SCRIPT, "replace", self.work, str(member)])
+        assert done.returncode == 0, f".ci/etcd-cluster replace failed:\n{done.stderr[-4000:]}"
+        old, new = done.stdout.split()
+        return old, new
 
     @property
     def store(self) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -192,7 +191,7 @@ class StandInKubelet:
 
     def __init__(self, namespace: Namespace, root: Path) -> None:
         self.ns, self.root = namespace, root
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.started: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -204,30 +203,21 @@ class StandInKubelet:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
-        for proc in self.procs.values():
-            self._end(proc)
-
-    def _end(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for proc in self.running.values():
+            procs.stop_popen(proc)
 
     def _run(self) -> None:
         while not self._stop.wait(0.3):
             pods = {p.metadata.name: p for p in self.ns.plane.core.list_namespaced_pod(self.ns.name).items}
-            for name, proc in list(self.procs.items()):
+            for name, proc in list(self.running.items()):
                 pod = pods.get(name)
                 if pod is None or pod.metadata.deletion_timestamp is not None:
-                    self._end(proc)  # the kubelet stops the containers of a pod being deleted
-                    del self.procs[name]
+                    procs.stop_popen(proc)  # the kubelet stops the containers of a pod being deleted
+                    del self.running[name]
             for name, pod in pods.items():
                 ours = (pod.metadata.labels or {}).get("app.kubernetes.io/managed-by") == "provisionerd"
                 if ours and pod.status.phase == "Running" and not pod.metadata.deletion_timestamp:
-                    if name not in self.procs and name not in self.started:
+                    if name not in self.running and name not in self.started:
                         self._start(pod)
 
     def _start(self, pod: Any) -> None:
@@ -246,5 +236,5 @@ class StandInKubelet:
             env[var.name] = name if var.value_from and var.value_from.field_ref else var.value
         argv = [a.replace(TOKEN_DIR, str(mount)).replace("$(POD_NAME)", env["POD_NAME"]) for a in container.command]
         with open(self.root / f"{name}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=log, start_new_session=True)
+            self.running[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=log, start_new_session=True)
         self.started.append(name)

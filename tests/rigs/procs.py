@@ -182,3 +182,16 @@ async def run_async(
 ) -> subprocess.CompletedProcess[str]:
     """``run`` from trio code: in a worker thread, so the event loop (an in-process controller) keeps serving."""
     return await trio.to_thread.run_sync(lambda: run(argv, timeout=timeout, env=env))
+
+
+def stop_popen(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int:
+    """Stop a process that synchronous code started in its own session (``start_new_session=True``): SIGTERM to its
+    group, up to ``grace`` seconds, then SIGKILL of the group (whatever the leader left behind); its exit code."""
+    _signal_group(proc.pid, signal.SIGCONT)
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    return proc.wait()
