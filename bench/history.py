@@ -44,7 +44,6 @@ import json
 import os
 import random
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +53,7 @@ from typing import Any
 
 import realprocs
 import trio
-from realprocs import token_hash
+from realprocs import procs, token_hash
 
 from provisionerd.controller.connect import open_controller_stream
 from provisionerd.controller.link import Link
@@ -239,12 +238,8 @@ def run_row(ended: int, live: int, limit: float) -> dict[str, Any]:
         init_certs(certs, "bench")
         facts, fill_s = fill(root / "data", ended, live)
         with realprocs.controller(certs, root / "data") as (_, address):
-            child = subprocess.run(
-                [sys.executable, __file__, "--child", address, "--certs", str(certs), "--limit", str(limit)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            argv = [sys.executable, __file__, "--child", address, "--certs", certs, "--limit", str(limit)]
+            child = procs.run(argv, timeout=limit + 600)
             lines = child.stdout.strip().splitlines()
             if child.returncode != 0 or not lines:
                 raise RuntimeError(f"daemon process failed: {child.stderr[-2000:]}")

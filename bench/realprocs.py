@@ -1,22 +1,32 @@
-"""What the benches that run real processes share (``history.py``, ``steady.py``): a store filled through the store
-API, and the reference controller started on it as its own process (``python -m refcontroller serve``, default
-flags), told apart from the bench by its process id."""
+"""What the benches that run real processes share (``history.py``, ``steady.py``, ``wirecost.py``): a store
+filled through the store API, the reference controller started on it as its own process (``python -m refcontroller
+serve``, default flags; the tests' rig, ``tests/rigs``, starts and stops it), told apart from the bench by its
+process id, and what ``/proc`` says a process has cost.
+
+Importing this module puts ``tests`` on ``sys.path``, so that a bench run as ``python bench/X.py`` finds the rig.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from provisionerd.domain.model import Fact
-from refcontroller.listeners import FACTS_FILE
-from refcontroller.store import FactStore
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from rigs import controller as serve  # noqa: E402
+from rigs import procs, wait  # noqa: E402
+
+from provisionerd.domain.model import Fact  # noqa: E402
+from refcontroller.listeners import FACTS_FILE  # noqa: E402
+from refcontroller.store import FactStore  # noqa: E402
+
+__all__ = ["REPO", "controller", "cpu_seconds", "fill", "procs", "rss_mb", "serve", "token_hash", "wait"]
 
 
 def token_hash(text: str) -> str:
@@ -38,21 +48,12 @@ def fill(data: Path, facts: Iterable[Fact], holder: str, term: int = 0) -> tuple
 
 
 @contextlib.contextmanager
-def controller(certs: Path, data: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """The reference controller serving ``data`` on a free local port: (process, its listen address)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "refcontroller", "serve", "--certs", str(certs), "--data", str(data)]
-        + ["--listen", "127.0.0.1:0", "--log-level", "WARNING", *extra],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
-        yield proc, ready["listen"][0]
-    finally:
-        proc.terminate()
-        proc.wait(30)
+def controller(certs: Path, data: Path, *extra: str) -> Iterator[tuple[int, str]]:
+    """The reference controller serving ``data`` on a free local port, its log beside ``data``: (its pid, its
+    listen address)."""
+    args = ["--certs", certs, "--data", data, "--listen", "127.0.0.1:0", "--log-level", "WARNING", *extra]
+    with serve.running(args, data.parent / "controller.log") as running:
+        yield running
 
 
 def cpu_seconds(pid: int) -> float:

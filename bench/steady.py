@@ -48,8 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import realprocs
-from realprocs import token_hash
+from realprocs import procs, token_hash
 
+from provisionerd.config.loader import Config, ControllerSettings, DaemonSettings, ProviderConfig
+from provisionerd.config.writer import provisioner_tls, write_daemon_config
 from provisionerd.daemon.admin_socket import query
 from provisionerd.domain.model import (
     TAG_CLUSTER,
@@ -121,25 +123,24 @@ def plugin_state(path: Path, count: int, launched: float) -> None:
 
 
 def write_config(path: Path, address: str, certs: Path, state: Path, plugin_data: Path, machines: int) -> None:
-    path.write_text(f"""cluster = "{CLUSTER}"
-identity = "steady"
-[controller]
-addresses = ["{address}"]
-[tls]
-ca = "{certs}/ca.pem"
-cert = "{certs}/provisioner.pem"
-key = "{certs}/provisioner.key"
-[daemon]
-events_log = "{state}/events.jsonl"
-admin_socket = "{state}/admin.sock"
-[[providers]]
-name = "{PROVIDER}"
-transport = "persistent"
-path = "{SIMULATED}/provider"
-conf_dir = "{SIMULATED}/conf"
-data_dir = "{plugin_data}"
-max_machines = {machines}
-""")
+    """Only what a site must set (through the project's config writer); every timing is the default."""
+    provider = ProviderConfig(
+        PROVIDER,
+        "persistent",
+        path=SIMULATED / "provider",
+        conf_dir=SIMULATED / "conf",
+        data_dir=plugin_data,
+        max_machines=machines,
+    )
+    config = Config(
+        cluster=CLUSTER,
+        identity="steady",
+        controller=ControllerSettings((address,)),
+        tls=provisioner_tls(certs),
+        daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
+        providers=(provider,),
+    )
+    write_daemon_config(config, path)
 
 
 def children(pid: int) -> list[int]:
@@ -158,26 +159,23 @@ def run(minutes: float, count: int, poll: float = POLL, profile: Path | None = N
         launched = time.time()
         facts, fill_s = realprocs.fill(data, live_facts(count, launched), "steady#fill", term=1)
         plugin_state(plugin_data / "state.json", count, launched)
-        with realprocs.controller(certs, data) as (ctl, address):
+        with realprocs.controller(certs, data) as (controller_pid, address):
             config = root / "daemon.toml"
             write_config(config, address, certs, state, plugin_data, count)
-            with open(root / "daemon.log", "wb") as log:
-                profiling = ["-m", "cProfile", "-o", str(profile)] if profile else []
-                daemon = subprocess.Popen(
-                    [sys.executable, *profiling, "-m", "provisionerd", "run", "--config", str(config)],
-                    stderr=log,
-                    cwd=str(REPO),
-                    start_new_session=True,
-                )
-            try:
-                return watch(daemon, ctl.pid, state, minutes, poll) | {"store_facts": facts, "fill_s": round(fill_s, 1)}
-            finally:
-                daemon.terminate()
+            profiling = ["-m", "cProfile", "-o", str(profile)] if profile else []
+            argv = [sys.executable, *profiling, "-m", "provisionerd", "run", "--config", str(config)]
+            with procs.popen(argv, root / "daemon.log") as daemon:
                 try:
-                    daemon.wait(60)
-                except subprocess.TimeoutExpired:
-                    daemon.kill()
-                    daemon.wait()
+                    return watch(daemon, controller_pid, state, minutes, poll) | {
+                        "store_facts": facts,
+                        "fill_s": round(fill_s, 1),
+                    }
+                finally:
+                    daemon.terminate()  # and up to a minute to stop (a profile is written on the way out)
+                    try:
+                        daemon.wait(60)
+                    except subprocess.TimeoutExpired:
+                        pass
 
 
 def watch(

@@ -25,12 +25,12 @@ import hashlib
 import itertools
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import trio
+from realprocs import procs, serve, wait
 
 from provisionerd.domain.model import RequestIntent, Role
 from provisionerd.pki.certs import init_certs
@@ -127,24 +127,20 @@ def uncapped_decode_ms() -> float:
 async def run(rounds: int, work: Path) -> dict[str, object]:
     certs, data = work / "certs", work / "data"
     init_certs(certs, "bench")
-    argv = [sys.executable, "-m", "refcontroller", "serve", "--certs", str(certs), "--data", str(data)]
-    argv += ["--listen", "127.0.0.1:0", "--lease-ttl", "2", "--check-interval", "0.5", "--log-level", "ERROR"]
-    process = await trio.lowlevel.open_process(argv, stdout=-1)
-    try:
-        assert process.stdout is not None
-        line = b""
-        with trio.fail_after(30):
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive_some(1)
-        address = json.loads(line)["listen"][0]
+    args = ["--certs", certs, "--data", data, "--listen", "127.0.0.1:0", "--lease-ttl", "2", "--check-interval", "0.5"]
+    async with procs.open_procs(grace=0) as started:
+        process, address, _ = await serve.start(
+            started, "controller", [*args, "--log-level", "ERROR"], work / "ctl.log"
+        )
         observer = await connect(certs, address, Role.PROVISIONER)
         reply = await observer.request(Join(role=Role.PROVISIONER, identity="observer", providers=("p",)))
         assert isinstance(reply, JoinReply) and reply.accepted, reply
-        for _ in range(100):  # the promoted controller's grace: 2.5 s here
-            if isinstance(grant := await observer.request(LeaseAcquire("p")), LeaseGrant):
-                break
-            await trio.sleep(0.1)
-        assert isinstance(grant, LeaseGrant), grant
+
+        async def granted() -> LeaseGrant | None:
+            reply = await observer.request(LeaseAcquire("p"))
+            return reply if isinstance(reply, LeaseGrant) else None
+
+        grant = await wait.until("the lease (after the promoted controller's grace: 2.5 s)", granted, 10, interval=0.1)
         refs = [f"i-{n}" for n in range(len(LIST_FIELDS) * rounds)]
         fact = RequestIntent(
             provider="p",
@@ -184,9 +180,6 @@ async def run(rounds: int, work: Path) -> dict[str, object]:
                 await trio.aclose_forcefully(worker.framed.stream)
             await trio.sleep(0.2)
             stop.set()
-    finally:
-        process.kill()
-        await process.wait()
     for kind, cpu in per_kind.items():
         print(
             json.dumps(

@@ -15,33 +15,19 @@ Times compared are wall clocks of this host (the daemons' event ``ts``, the test
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from ha.sim_compare import real_grace_outcome, sim_grace_outcome
+from rigs import procs, wait
+from rigs.daemon import Daemon, lease_held, make_certs, stub_plugin
+from rigs.etcd import failover_config, start_replica, wait_primary
 
 from provisionerd.config.loader import ProviderConfig
 from provisionerd.domain.model import Epoch
 from refcontroller.admin import AdminClient, AdminError
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ha_procs import (  # noqa: E402
-    daemon_config,
-    events_of,
-    held,
-    kill9,
-    make_certs,
-    poll_status,
-    primary_status,
-    start_daemon,
-    start_replica,
-    stop,
-    store_url,
-    stub_plugin,
-)
-from sim_compare import real_grace_outcome, sim_grace_outcome  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +38,16 @@ GRACE_S = TTL + CHECK
 async def _new_primary(admin: AdminClient, term: int, limit: float = 20.0) -> tuple[dict, float]:
     """The new primary's status once its term is above ``term``, and the wall time its grace ends (at the latest:
     the query's send time + the grace it had left)."""
-    with trio.fail_after(limit):
-        while True:
-            sent = time.time()
-            try:
-                status = await admin.status()
-            except (AdminError, OSError):
-                status = None
-            if status is not None and status["term"] > term:
-                return status, sent + status["grace_remaining_s"]
-            await trio.sleep(0.05)
+
+    async def probe() -> tuple[dict, float] | None:
+        sent = time.time()
+        try:
+            status = await admin.status()
+        except (AdminError, OSError):
+            return None
+        return (status, sent + status["grace_remaining_s"]) if status["term"] > term else None
+
+    return await wait.until(f"a primary of a term above {term}", probe, limit)
 
 
 def _lease_events(events: list[dict]) -> list[dict]:
@@ -70,58 +56,55 @@ def _lease_events(events: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("holder", ["alive", "killed"])
 def test_after_kill_9_of_the_primary_the_same_holder_at_once_another_only_after_the_grace(
-    tmp_path: Path, etcd_endpoints, holder: str
+    tmp_path: Path, etcd_cluster, holder: str
 ) -> None:
     certs = make_certs(tmp_path)
-    store = store_url(etcd_endpoints)
     provider = ProviderConfig("sim", "oneshot", path=stub_plugin(tmp_path))
     seen: dict = {}
 
     async def main() -> None:
-        procs: list[trio.Process] = []
-        try:
-            replicas: dict[str, trio.Process] = {}
+        async with procs.open_procs() as started:
+            replicas: dict[str, procs.Proc] = {}
             for i in range(3):
-                proc, address = await start_replica(certs, store, tmp_path / f"replica{i}.log", ttl=TTL, check=CHECK)
+                log = tmp_path / f"replica{i}.log"
+                proc, address = await start_replica(started, certs, etcd_cluster.store, log, ttl=TTL, check=CHECK)
                 replicas[address] = proc
-                procs.append(proc)
             addresses = tuple(replicas)
-            first = await primary_status(AdminClient(certs, addresses, timeout=3))
-            states = {name: tmp_path / name for name in "ab"}
+            first = await wait_primary(AdminClient(certs, addresses, timeout=3))
             daemons = {}
-            for name, state in states.items():
-                config = daemon_config(certs, addresses, state, provider)
-                daemons[name] = await start_daemon(config, tmp_path / f"{name}.toml", tmp_path / f"{name}.log")
-                procs.append(daemons[name])
+            for name in "ab":
+                config = failover_config(certs, addresses, tmp_path / name, provider)
+                daemons[name] = Daemon.write(config, tmp_path / name / "pd.toml", started)
+                await daemons[name].start()
                 if name == "a":
-                    seen["a_before"] = await poll_status(state / "admin.sock", held)
-            with trio.fail_after(20):
-                while not any(e.get("reason") == "held" for e in events_of(states["b"])):  # noqa: ASYNC110 - another process writes it
-                    await trio.sleep(0.05)
+                    seen["a_before"] = await daemons["a"].wait_held()
+            await wait.until_sync(
+                "B denied the lease A holds",
+                lambda: [e for e in daemons["b"].events() if e.get("reason") == "held"],
+                20,
+            )
             primary = seen["a_before"]["link"]["primary"]
             old_term = seen["a_before"]["link"]["term"]
             assert primary in replicas and old_term == first["term"]
             seen["killed_at"] = time.time()
-            kill9(replicas[primary])
+            replicas[primary].kill9()
             if holder == "killed":
-                kill9(daemons["a"])
+                assert daemons["a"].proc is not None
+                daemons["a"].proc.kill9()
             others = AdminClient(certs, tuple(a for a in addresses if a != primary), timeout=3)
             seen["ctl"], seen["grace_ends"] = await _new_primary(others, old_term)
             if holder == "alive":
-                seen["a_after"] = await poll_status(
-                    states["a"] / "admin.sock",
-                    lambda s: held(s) and Epoch.parse(s["leases"][0]["epoch"]).term > old_term,
+                seen["a_after"] = await daemons["a"].wait_status(
+                    "A holding a lease of the new term",
+                    lambda s: lease_held(s) and Epoch.parse(s["leases"][0]["epoch"]).term > old_term,
                 )
                 seen["a_regained"] = time.time()
-                await trio.sleep(GRACE_S + 1.0)  # past the grace: B stays denied (A renews)
+                await trio.sleep(GRACE_S + 1.0)  # a window past the grace: B stays denied (A renews)
             else:
-                seen["b_after"] = await poll_status(states["b"] / "admin.sock", held, limit=2 * GRACE_S + 10)
+                seen["b_after"] = await daemons["b"].wait_held(limit=2 * GRACE_S + 10)
             seen["ctl_end"] = await others.status()
             seen["window_end"] = time.time()
-            seen["events"] = {name: events_of(state) for name, state in states.items()}
-        finally:
-            for proc in procs:
-                await stop(proc)
+            seen["events"] = {name: daemon.events() for name, daemon in daemons.items()}
 
     trio.run(main)
     a_events, b_events = seen["events"]["a"], seen["events"]["b"]

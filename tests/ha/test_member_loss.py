@@ -12,33 +12,18 @@ member serves the whole log.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from rigs import procs, wait
+from rigs.daemon import Daemon, make_certs, simulated_provider
+from rigs.etcd import failover_config, start_replica, wait_primary
 
-from provisionerd.config.loader import ProviderConfig
 from provisionerd.domain.model import DemandItem, ResourceShape
 from refcontroller.admin import AdminClient
 from refcontroller.store_etcd_client import EtcdClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ha_procs import (  # noqa: E402
-    SIMULATED,
-    daemon_config,
-    events_of,
-    held,
-    make_certs,
-    poll_status,
-    primary_status,
-    start_daemon,
-    start_replica,
-    status_of,
-    stop,
-    store_url,
-)
 
 pytestmark = pytest.mark.integration
 
@@ -88,64 +73,66 @@ def serialized_next(endpoint: str, prefix: bytes) -> bytes:
 def test_one_members_data_lost_and_replaced_is_invisible_to_the_daemon(tmp_path: Path, etcd_cluster) -> None:
     endpoints = etcd_cluster.endpoints
     certs = make_certs(tmp_path)
-    store = store_url(endpoints)
     seen: dict = {}
 
+    def renewals_after(daemon: Daemon, since: float) -> int:
+        return len([e for e in daemon.events("lease_renewed") if e["ts"] > since])
+
     async def main() -> None:
-        replicas: list[trio.Process] = []
-        daemon = None
-        try:
+        async with procs.open_procs() as started:
             addresses = []
             for i in range(3):
-                proc, address = await start_replica(certs, store, tmp_path / f"replica{i}.log", ttl=TTL, check=CHECK)
-                replicas.append(proc)
+                log = tmp_path / f"replica{i}.log"
+                _, address = await start_replica(started, certs, etcd_cluster.store, log, ttl=TTL, check=CHECK)
                 addresses.append(address)
             admin = AdminClient(certs, tuple(addresses), timeout=3)
-            await primary_status(admin)
+            await wait_primary(admin)
             await admin.set_demand([DemandItem(demand_id="d1", shape=ResourceShape(ncpus=8), count=2)])
-            data = tmp_path / "sim-data"
-            provider = ProviderConfig("sim", "oneshot", path=SIMULATED, data_dir=data)
+            provider = simulated_provider(tmp_path)  # its machines in tmp_path / "sim-data"
             state = tmp_path / "state"
-            config = daemon_config(certs, addresses, state, provider)
-            daemon = await start_daemon(config, tmp_path / "pd.toml", tmp_path / "daemon.log")
-            sock = state / "admin.sock"
-            await poll_status(sock, held)
-            with trio.fail_after(60):
-                while (await admin.status())["facts"]["live"] < 2:  # noqa: ASYNC110 - another process's state
-                    await trio.sleep(0.2)
-            await trio.sleep(2 * TTL)  # settled: a few renewals, nothing pending
+            daemon = Daemon.write(failover_config(certs, addresses, state, provider), state / "pd.toml", started)
+            await daemon.start()
+            await daemon.wait_held()
+
+            async def live_facts() -> bool:
+                return (await admin.status())["facts"]["live"] >= 2
+
+            await wait.until("the two machines' instance facts", live_facts, 60, interval=0.2)
+            live_at = time.time()
+            # Settled: two renewals since the facts (nothing pending, the renewals going).
+            await wait.until_sync("two lease renewals after the facts", lambda: renewals_after(daemon, live_at) >= 2)
             seen["ctl_before"] = await admin.status()
-            before = await poll_status(sock, held)
+            before = await daemon.wait_held()
             seen["before"] = before
-            seen["events_before"] = len(events_of(state))
+            seen["events_before"] = len(daemon.events())
             member = leader_index(endpoints)
             seen["member"] = member
             samples: list[dict] = []
 
             async def sample() -> None:
                 while True:
-                    status = await status_of(sock)
+                    status = await daemon.status()
                     samples.append(status or {})
                     await trio.sleep(0.05)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample)
                 t0 = time.monotonic()
-                replaced = await trio.run_process(etcd_cluster.replace_command(member), capture_stdout=True)
+                seen["ids"] = await etcd_cluster.replace(member)
                 seen["replace_s"] = time.monotonic() - t0
-                seen["ids"] = replaced.stdout.decode().split()
-                await trio.sleep(2 * TTL)  # any renewal the loss disturbed would show by now
+                # A renewal a whole TTL after the replacement: had one been disturbed, the lease would have lapsed.
+                done = time.time()
+                await wait.until_sync(
+                    "a lease renewal a TTL after the replacement",
+                    lambda: [e for e in daemon.events("lease_renewed") if e["ts"] > done + TTL],
+                    3 * TTL,
+                )
                 nursery.cancel_scope.cancel()
             seen["samples"] = samples
-            seen["after"] = await poll_status(sock, held)
+            seen["after"] = await daemon.wait_held()
             seen["ctl_after"] = await admin.status()
-            seen["events"] = events_of(state)[seen["events_before"] :]
-            seen["machines"] = json.loads((data / "state.json").read_text())["machines"]
-        finally:
-            if daemon is not None:
-                await stop(daemon)
-            for proc in replicas:
-                await stop(proc)
+            seen["events"] = daemon.events()[seen["events_before"] :]
+            seen["machines"] = json.loads((provider.data_dir / "state.json").read_text())["machines"]
 
     trio.run(main)
     before, after = seen["before"], seen["after"]

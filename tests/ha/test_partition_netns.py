@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,26 +28,13 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from ha.sim_compare import real_partition_outcome, sim_partition_outcome
+from rigs import procs, wait
+from rigs.daemon import Daemon, make_certs, simulated_provider
+from rigs.etcd import failover_config, start_replica, wait_primary
 
-from provisionerd.config.loader import ProviderConfig
 from provisionerd.domain.model import DemandItem, ResourceShape
 from refcontroller.admin import AdminClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ha_procs import (  # noqa: E402
-    SIMULATED,
-    daemon_config,
-    events_of,
-    held,
-    make_certs,
-    poll_status,
-    primary_status,
-    start_daemon,
-    start_replica,
-    stop,
-    store_url,
-)
-from sim_compare import real_partition_outcome, sim_partition_outcome  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -116,79 +102,77 @@ def _calls(events: list[dict]) -> list[dict]:
 
 
 def test_a_partition_from_the_primary_only_lapses_the_lease_before_another_grant(
-    tmp_path: Path, etcd_endpoints, net: Net
+    tmp_path: Path, etcd_cluster, net: Net
 ) -> None:
     certs = make_certs(tmp_path, hosts=[net.replica_ip(i) for i in range(3)])
-    store = store_url(etcd_endpoints)
-    data = tmp_path / "sim-data"
-    provider = ProviderConfig("sim", "oneshot", path=SIMULATED, data_dir=data)
+    provider = simulated_provider(tmp_path)  # its machines in tmp_path / "sim-data"
     seen: dict = {}
 
     def machines() -> dict:
-        path = data / "state.json"
+        path = provider.data_dir / "state.json"
         return json.loads(path.read_text())["machines"] if path.exists() else {}
 
+    def denied_held(daemon: Daemon) -> list[dict]:
+        return [e for e in daemon.events() if e.get("reason") == "held"]
+
     async def main() -> None:
-        procs: list[trio.Process] = []
-        replicas: dict[str, trio.Process] = {}
-        try:
+        async with procs.open_procs() as started:
+            addresses = []
             for i in range(3):
-                log = tmp_path / f"replica{i}.log"
-                listen = f"{net.replica_ip(i)}:0"
-                proc, address = await start_replica(certs, store, log, ttl=TTL, check=CHECK, listen=listen)
-                replicas[address] = proc
-                procs.append(proc)
-            addresses = tuple(replicas)
-            admin = AdminClient(certs, addresses, timeout=3)
-            await primary_status(admin)
+                log, listen = tmp_path / f"replica{i}.log", f"{net.replica_ip(i)}:0"
+                _, address = await start_replica(
+                    started, certs, etcd_cluster.store, log, ttl=TTL, check=CHECK, listen=listen
+                )
+                addresses.append(address)
+            admin = AdminClient(certs, tuple(addresses), timeout=3)
+            await wait_primary(admin)
             await admin.set_demand([DemandItem(demand_id="d1", shape=ResourceShape(ncpus=8), count=1)])
-            states = {name: tmp_path / name for name in "ab"}
-            inside = ("ip", "netns", "exec", net.ns)
-            a_config = daemon_config(certs, addresses, states["a"], provider)
-            procs.append(await start_daemon(a_config, tmp_path / "a.toml", tmp_path / "a.log", prefix=inside))
-            a_before = await poll_status(states["a"] / "admin.sock", held)
-            with trio.fail_after(30):
-                while len(machines()) < 1:  # noqa: ASYNC110 - the plugin process writes it
-                    await trio.sleep(0.05)
-            b_config = daemon_config(certs, addresses, states["b"], provider)
-            procs.append(await start_daemon(b_config, tmp_path / "b.toml", tmp_path / "b.log"))
-            with trio.fail_after(20):
-                while not any(e.get("reason") == "held" for e in events_of(states["b"])):  # noqa: ASYNC110 - another process writes it
-                    await trio.sleep(0.05)
-            await trio.sleep(1.0)
+            daemons = {
+                name: Daemon.write(
+                    failover_config(certs, addresses, tmp_path / name, provider), tmp_path / name / "pd.toml", started
+                )
+                for name in "ab"
+            }
+            a, b = daemons["a"], daemons["b"]
+            inside = ("ip", "netns", "exec", net.ns)  # A runs in the namespace
+            a.proc = await started.start(
+                "daemon-a", [*inside, *procs.provisionerd("run", "--config", a.path)], a.logs / "daemon-1.log"
+            )
+            a_before = await a.wait_held()
+            await wait.until_sync("A's first machine", lambda: len(machines()) >= 1)
+            await b.start()
+            await wait.until_sync("B denied the lease A holds", lambda: denied_held(b), 20)
             primary = a_before["link"]["primary"]
             primary_ip = primary.rsplit(":", 1)[0]
             a_holder = f"prov-ha#{a_before['link']['instance']}"
             seen["cut_at"] = time.time()
             net.cut(primary_ip)
             await admin.set_demand([DemandItem(demand_id="d1", shape=ResourceShape(ncpus=8), count=2)])
+
             # The controller's lease table, every 50 ms: when it names B, B's grant time is its expiry - TTL.
-            grants: list[float] = []
-            with trio.fail_after(3 * TTL + 10):
-                while not grants:
-                    sent = time.time()
-                    status = await admin.status()
-                    for lease in status["leases"]:
-                        if lease["holder"] != a_holder:
-                            grants.append(sent + lease["expires_in_s"] - TTL)
-                    await trio.sleep(0.05)
-            seen["grant_at"] = grants[0]
-            seen["b_held"] = await poll_status(states["b"] / "admin.sock", held)
-            with trio.fail_after(30):
-                while len(machines()) < 2:  # noqa: ASYNC110 - the plugin process writes it
-                    await trio.sleep(0.05)
+            async def granted_to_b() -> float | None:
+                sent = time.time()
+                status = await admin.status()
+                grants = [sent + e["expires_in_s"] - TTL for e in status["leases"] if e["holder"] != a_holder]
+                return grants[0] if grants else None
+
+            seen["grant_at"] = await wait.until("the controller's grant to B", granted_to_b, 3 * TTL + 10)
+            seen["b_held"] = await b.wait_held()
+            await wait.until_sync("B's second machine", lambda: len(machines()) >= 2)
             net.heal(primary_ip)
             seen["healed_at"] = time.time()
-            await poll_status(states["a"] / "admin.sock", lambda s: s["link"]["state"] == "up", limit=20)
-            await trio.sleep(2.0)  # A, rejoined, is a standby: denied, never holding
-            seen["a_end"] = await poll_status(states["a"] / "admin.sock", lambda s: True)
-            seen["events"] = {name: events_of(state) for name, state in states.items()}
+            await a.wait_status("A's link up again", lambda s: s["link"]["state"] == "up", limit=20)
+            # A, rejoined, is a standby: denied by the controller after the heal, never holding.
+            await wait.until_sync(
+                "A denied after the heal",
+                lambda: [e for e in a.events("lease_denied") if e["ts"] > seen["healed_at"]],
+                20,
+            )
+            seen["a_end"] = await a.wait_status("A's status", lambda s: True)
+            seen["events"] = {name: daemon.events() for name, daemon in daemons.items()}
             seen["machines"] = machines()
             seen["holder_b"] = f"prov-ha#{seen['b_held']['link']['instance']}"
             seen["ctl_end"] = await admin.status()
-        finally:
-            for proc in procs:
-                await stop(proc)
 
     trio.run(main)
     a_events, b_events = seen["events"]["a"], seen["events"]["b"]

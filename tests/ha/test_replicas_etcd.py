@@ -13,163 +13,66 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from rigs import procs, wait
+from rigs.daemon import Daemon, lease_held, make_certs, simulated_provider, stub_plugin
+from rigs.etcd import EtcdCluster, failover_config, start_replica, wait_primary
 
-from provisionerd.config.loader import (
-    Backoff,
-    Config,
-    ControllerSettings,
-    DaemonSettings,
-    LeaseSettings,
-    ProviderConfig,
-)
-from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon.admin_socket import query
+from provisionerd.config.loader import ProviderConfig
 from provisionerd.domain.model import Epoch
-from refcontroller.admin import AdminClient, AdminError
+from refcontroller.admin import AdminClient
 
 pytestmark = pytest.mark.integration
 
 TTL, CHECK = 4.0, 1.0
 
 
-async def start_replica(certs: Path, store: str, log: Path) -> tuple[trio.Process, str]:
-    argv = [sys.executable, "-m", "refcontroller", "serve", "--certs", str(certs), "--store", store]
-    argv += ["--listen", "127.0.0.1:0", "--lease-ttl", str(TTL), "--check-interval", str(CHECK)]
-    argv += ["--heartbeat-timeout", "5", "--etcd-lease-ttl", "2"]
-    with open(log, "wb") as err:  # noqa: ASYNC230 - the child's stderr needs a real file
-        proc = await trio.lowlevel.open_process(argv, stdout=-1, stderr=err, start_new_session=True)
-    assert proc.stdout is not None
-    line = b""
-    with trio.fail_after(30):
-        while not line.endswith(b"\n"):
-            chunk = await proc.stdout.receive_some(1)
-            assert chunk, f"replica exited early: see {log}"
-            line += chunk
-    ready = json.loads(line)
-    assert ready["ready"] and ready["store"] == "etcd"
-    return proc, ready["listen"][0]
-
-
-async def primary_status(admin: AdminClient, limit: float = 20.0) -> dict:
-    with trio.fail_after(limit):
-        while True:
-            try:
-                status = await admin.status()
-                if status["term"] >= 1:
-                    return status
-            except (AdminError, OSError):
-                pass
-            await trio.sleep(0.1)
-
-
-async def daemon_status(sock: Path, predicate, limit: float = 30.0) -> dict:
-    with trio.fail_after(limit):
-        while True:
-            try:
-                reply = await trio.to_thread.run_sync(query, sock)
-            except (OSError, ValueError):
-                reply = None
-            if reply and reply.get("ok") and predicate(reply["status"]):
-                return reply["status"]
-            await trio.sleep(0.05)
-
-
-def held(status: dict) -> bool:
-    return status["leases"][0]["state"] == "held"
-
-
-def _setup(tmp_path: Path, etcd_endpoints) -> tuple[Path, Path, str]:
-    from provisionerd.pki.certs import init_certs
-
-    certs = tmp_path / "certs"
-    init_certs(certs, "testcluster")
-    plugin = tmp_path / "plugins" / "sim"
-    plugin.mkdir(parents=True)
-    (plugin / "describeProvider.sh").write_text("#!/bin/sh\nexit 1\n")
-    (plugin / "describeProvider.sh").chmod(0o755)
-    return certs, plugin, "etcd://" + ",".join(e.removeprefix("http://") for e in etcd_endpoints)
-
-
-async def _run(tmp_path: Path, certs: Path, plugin: Path, store: str, fault, seen: dict, provider=None) -> None:
-    """Three replicas and one daemon; ``await fault(replicas, primary_address, daemon_status_of)`` in between."""
-    replicas: dict[str, trio.Process] = {}
-    daemon = None
-    try:
+async def _run(tmp_path: Path, etcd: EtcdCluster, fault, seen: dict, provider: ProviderConfig | None = None) -> None:
+    """Three replicas and one daemon; ``await fault(replicas, primary_address)`` in between, then
+    ``seen["after_fault"](replicas, primary, daemon)`` if set."""
+    certs = make_certs(tmp_path)
+    provider = provider or ProviderConfig("sim", "oneshot", path=stub_plugin(tmp_path))
+    async with procs.open_procs() as started:
+        replicas: dict[str, procs.Proc] = {}
         for i in range(3):
-            proc, address = await start_replica(certs, store, tmp_path / f"replica{i}.log")
+            proc, address = await start_replica(
+                started, certs, etcd.store, tmp_path / f"replica{i}.log", ttl=TTL, check=CHECK
+            )
             replicas[address] = proc
         addresses = tuple(replicas)
         admin = AdminClient(certs, addresses, timeout=3)
-        seen["first_ctl"] = await primary_status(admin)
+        seen["first_ctl"] = await wait_primary(admin)
         state = tmp_path / "state"
-        config = Config(
-            cluster="testcluster",
-            identity="prov-etcd",
-            controller=ControllerSettings(
-                addresses,
-                connect_timeout=2,
-                request_timeout=2,
-                heartbeat_interval=0.3,
-                heartbeat_timeout=1.5,
-                backoff=Backoff(initial=0.1, max=0.5),
-            ),
-            tls=provisioner_tls(certs),
-            lease=LeaseSettings(margin=0.5),
-            daemon=DaemonSettings(events_log=state / "events.jsonl", admin_socket=state / "admin.sock"),
-            providers=(provider or ProviderConfig("sim", "oneshot", path=plugin),),
-        )
-        write_daemon_config(config, tmp_path / "pd.toml")
+        config = failover_config(certs, addresses, state, provider, identity="prov-etcd")
+        daemon = Daemon.write(config, state / "pd.toml", started)
         if "demand" in seen:
             await admin.set_demand(seen["demand"])
-        with open(tmp_path / "daemon.log", "wb") as err:  # noqa: ASYNC230
-            daemon = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "provisionerd", "run", "--config", str(tmp_path / "pd.toml")],
-                start_new_session=True,
-                stderr=err,
-            )
-        before = await daemon_status(state / "admin.sock", held)
+        await daemon.start()
+        before = await daemon.wait_held()
         seen["before"] = before
         primary = before["link"]["primary"]
         assert primary in replicas
         await fault(replicas, primary)
         old = Epoch.parse(before["leases"][0]["epoch"])
         t0 = time.monotonic()
-        after = await daemon_status(
-            state / "admin.sock",
-            lambda s: held(s) and s["link"]["primary"] != primary and Epoch.parse(s["leases"][0]["epoch"]) > old,
+        after = await daemon.wait_status(
+            "the lease held again, from another primary, with a higher epoch",
+            lambda s: lease_held(s) and s["link"]["primary"] != primary and Epoch.parse(s["leases"][0]["epoch"]) > old,
         )
         seen["regained_s"] = seen.get("fault_s", 0.0) + time.monotonic() - t0
         seen["after"] = after
         # Asked of the other replicas (a stopped one accepts TCP but never completes TLS).
         others = AdminClient(certs, tuple(a for a in addresses if a != primary), timeout=3)
-        seen["second_ctl"] = await primary_status(others)
+        seen["second_ctl"] = await wait_primary(others)
         seen["replicas"] = replicas
         seen["others"] = others
         if "after_fault" in seen:
-            await seen["after_fault"](replicas, primary, state)
-    finally:
-        if daemon is not None and daemon.returncode is None:
-            daemon.send_signal(signal.SIGTERM)
-            with trio.move_on_after(10):
-                await daemon.wait()
-            if daemon.returncode is None:
-                os.killpg(daemon.pid, signal.SIGKILL)
-                await daemon.wait()
-        for proc in replicas.values():
-            if proc.returncode is None:
-                os.killpg(proc.pid, signal.SIGCONT)
-                os.killpg(proc.pid, signal.SIGTERM)
-                with trio.move_on_after(5):
-                    await proc.wait()
-                if proc.returncode is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
+            await seen["after_fault"](replicas, primary, daemon)
+        seen["events"] = daemon.events()
 
 
 def _check_handover(seen: dict, tmp_path: Path) -> None:
@@ -181,46 +84,41 @@ def _check_handover(seen: dict, tmp_path: Path) -> None:
     (lease,) = ctl["leases"]
     assert lease["holder"] == f"prov-etcd#{before['link']['instance']}"
     assert after["controller"]["halted"] is False  # no amnesia found
-    events = [json.loads(line) for line in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
-    assert not [e for e in events if e["event"] == "controller_amnesia"]
+    assert not [e for e in seen["events"] if e["event"] == "controller_amnesia"]
 
 
-def test_kill_9_of_the_primary_replica_process(tmp_path: Path, etcd_endpoints) -> None:
-    certs, plugin, store = _setup(tmp_path, etcd_endpoints)
+def test_kill_9_of_the_primary_replica_process(tmp_path: Path, etcd_cluster: EtcdCluster) -> None:
     seen: dict = {}
 
-    async def kill(replicas: dict[str, trio.Process], primary: str) -> None:
-        os.killpg(replicas[primary].pid, signal.SIGKILL)
+    async def kill(replicas: dict[str, procs.Proc], primary: str) -> None:
+        replicas[primary].kill9()
         await replicas[primary].wait()
 
-    trio.run(_run, tmp_path, certs, plugin, store, kill, seen)
+    trio.run(_run, tmp_path, etcd_cluster, kill, seen)
     print(f"kill -9 of the primary replica: the daemon held the lease again after {seen['regained_s']:.2f} s")
     assert seen["regained_s"] < 2 + CHECK + TTL  # well inside the new primary's grace: the same holder, at once
     assert seen["second_ctl"]["grace_remaining_s"] > 0  # re-granted inside the grace: only the last grantee could be
     _check_handover(seen, tmp_path)
 
 
-def test_sigstop_of_the_primary_past_its_etcd_lease(tmp_path: Path, etcd_endpoints) -> None:
+def test_sigstop_of_the_primary_past_its_etcd_lease(tmp_path: Path, etcd_cluster: EtcdCluster) -> None:
     """The stopped primary loses its claim; on SIGCONT it finds its quorum stale and its claim gone: it steps down
     without a grant or commit (its log says so), and the lease the daemon holds is the new primary's."""
-    certs, plugin, store = _setup(tmp_path, etcd_endpoints)
     seen: dict = {}
 
-    async def stop(replicas: dict[str, trio.Process], primary: str) -> None:
+    async def stop(replicas: dict[str, procs.Proc], primary: str) -> None:
         os.killpg(replicas[primary].pid, signal.SIGSTOP)
         seen["stopped"] = primary
 
-    async def wake(replicas: dict[str, trio.Process], primary: str, state: Path) -> None:
+    async def wake(replicas: dict[str, procs.Proc], primary: str, daemon: Daemon) -> None:
         os.killpg(replicas[primary].pid, signal.SIGCONT)
-        log = tmp_path / f"replica{list(replicas).index(primary)}.log"
-        with trio.fail_after(10):
-            while "stepping down" not in log.read_text():  # noqa: ASYNC110, ASYNC240 - another process writes it
-                await trio.sleep(0.1)
+        log = replicas[primary].log
+        await wait.until_sync("the woken primary stepping down", wait.log_has(log, "stepping down"), 10, interval=0.1)
         seen["woken_log"] = log.read_text()
-        seen["after_wake"] = await daemon_status(state / "admin.sock", held)
+        seen["after_wake"] = await daemon.wait_held()
 
     seen["after_fault"] = wake
-    trio.run(_run, tmp_path, certs, plugin, store, stop, seen)
+    trio.run(_run, tmp_path, etcd_cluster, stop, seen)
     print(f"SIGSTOP of the primary replica: the daemon held the lease again after {seen['regained_s']:.2f} s")
     _check_handover(seen, tmp_path)
     woken = seen["woken_log"]
@@ -229,44 +127,36 @@ def test_sigstop_of_the_primary_past_its_etcd_lease(tmp_path: Path, etcd_endpoin
     assert Epoch.parse(seen["after_wake"]["leases"][0]["epoch"]).term == seen["second_ctl"]["term"]
 
 
-def test_kill_9_of_the_primary_while_10_machines_are_requested(tmp_path: Path, etcd_endpoints) -> None:
+def test_kill_9_of_the_primary_while_10_machines_are_requested(tmp_path: Path, etcd_cluster: EtcdCluster) -> None:
     """Demand for 10 machines of the simulated provider (real plugin processes); the primary replica is killed once
     the first machines exist. The daemon finishes on the new primary: 10 machines, each created once (no op_id
     twice), each explained by a committed instance fact, none lost from the log."""
     from provisionerd.domain.model import DemandItem, ResourceShape
 
-    certs, plugin, store = _setup(tmp_path, etcd_endpoints)
-    data = tmp_path / "sim-data"
+    provider = simulated_provider(tmp_path)
     seen: dict = {"demand": [DemandItem(demand_id="d1", shape=ResourceShape(ncpus=8), count=10)]}
-    root = Path(__file__).resolve().parents[2]
-    provider = ProviderConfig("sim", "oneshot", path=root / "providers" / "simulated", data_dir=data)
 
     def machines() -> dict:
-        path = data / "state.json"
+        path = provider.data_dir / "state.json"
         return json.loads(path.read_text())["machines"] if path.exists() else {}
 
-    async def kill_mid_request(replicas: dict[str, trio.Process], primary: str) -> None:
-        with trio.fail_after(30):
-            while not machines():  # noqa: ASYNC110 - the plugin process writes it
-                await trio.sleep(0.02)
+    async def kill_mid_request(replicas: dict[str, procs.Proc], primary: str) -> None:
+        await wait.until_sync("the first machine", machines, 30, interval=0.02)
         seen["machines_at_kill"] = len(machines())
-        os.killpg(replicas[primary].pid, signal.SIGKILL)
+        replicas[primary].kill9()
         await replicas[primary].wait()
 
-    async def settle(replicas: dict[str, trio.Process], primary: str, state: Path) -> None:
-        with trio.fail_after(60):
-            while True:
-                status = await seen["others"].status()
-                instances = status["facts"]["live"]
-                if len(machines()) >= 10 and instances >= 10:
-                    break
-                await trio.sleep(0.2)
-        await trio.sleep(2.0)  # a duplicate request would show up meanwhile
+    async def settle(replicas: dict[str, procs.Proc], primary: str, daemon: Daemon) -> None:
+        async def all_ten() -> bool:
+            return len(machines()) >= 10 and (await seen["others"].status())["facts"]["live"] >= 10
+
+        await wait.until("10 machines and their 10 instance facts", all_ten, 60, interval=0.2)
+        await trio.sleep(2.0)  # a window: a duplicate request would show up meanwhile
         seen["final_machines"] = machines()
         seen["final_ctl"] = await seen["others"].status()
 
     seen["after_fault"] = settle
-    trio.run(_run, tmp_path, certs, plugin, store, kill_mid_request, seen, provider)
+    trio.run(_run, tmp_path, etcd_cluster, kill_mid_request, seen, provider)
     print(
         f"kill -9 once {seen['machines_at_kill']} of 10 machines existed (before their facts):"
         f" lease again after {seen['regained_s']:.2f} s;"
@@ -281,7 +171,7 @@ def test_kill_9_of_the_primary_while_10_machines_are_requested(tmp_path: Path, e
     from refcontroller.jsonconv import fact_from_json
     from refcontroller.store_etcd_client import EtcdClient
 
-    client = EtcdClient(etcd_endpoints)
+    client = EtcdClient(etcd_cluster.endpoints)
     try:
         entries = [
             json.loads(kv.value) for kv in client.range_from(b"provisionerd/ops/0", b"provisionerd/ops/:", 10_000)

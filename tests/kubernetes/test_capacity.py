@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_helpers import PLUGIN, Namespace, Persistent, wait_for
+from rigs import wait
+from rigs.k8s import PLUGIN, Namespace
+from rigs.plugin import Persistent
 
 pytestmark = pytest.mark.integration
 
-RBAC_NODES = PLUGIN / "rbac-nodes.yaml"
+RBAC_NODES = PLUGIN.path / "rbac-nodes.yaml"
 GI, MI = 1 << 30, 1 << 20
 
 
@@ -68,7 +70,9 @@ def test_node_capacity_needs_the_optional_cluster_role(plugin: Persistent, names
 
     name = bind_node_reader(namespace)
     try:
-        with_role = wait_for(lambda: (c := capacity(plugin))["nodes"]["read"] and c, 30, "the ClusterRole to apply")
+        with_role = wait.blocking(
+            "the ClusterRole to apply", lambda: (c := capacity(plugin))["nodes"]["read"] and c, 30, interval=0.2
+        )
         assert with_role["nodes"]["source"] == "quota and nodes" and with_role["nodes"]["nodes"] == 3
         assert with_role["templates"]["nowhere"]["nodeRoom"] == 0  # its nodeSelector matches no node
         assert with_role["templates"]["nowhere"]["nodes"] == 0 and with_role["templates"]["small"]["nodes"] == 3
@@ -76,10 +80,11 @@ def test_node_capacity_needs_the_optional_cluster_role(plugin: Persistent, names
         # pods may still be ending).
         accepted = plugin.call("requestMachines", plugin.request("op-cap", "small", 1))
         plugin.settle(accepted["requestId"])
-        wait_for(
+        wait.blocking(
+            "the node room to match the administrator's reading",
             lambda: capacity(plugin)["templates"]["small"]["nodeRoom"] == expected_small_room(namespace),
             30,
-            "the node room to match the administrator's reading",
+            interval=0.2,
         )
     finally:
         namespace.plane.rbac.delete_cluster_role_binding(name)

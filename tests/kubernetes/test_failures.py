@@ -2,52 +2,31 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from k8s_helpers import PLUGIN, Namespace, Persistent, secret_token, wait_for
+from rigs import plugin as plugins
+from rigs import wait
+from rigs.k8s import PLUGIN, ControlPlane, Namespace, persistent, secret_token
+from rigs.plugin import Persistent
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_conformance_kit_passes(namespace: Namespace, tmp_path: Path) -> None:
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "kubernetes.json").write_text(json.dumps(namespace.config()))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "provisionerd",
-            "provider",
-            "check",
-            "--transport",
-            "persistent",
-            "--json",
-            "--conf-dir",
-            str(conf),
-            str(PLUGIN),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    summary = json.loads(done.stdout)
+    done, summary = plugins.check(PLUGIN, tmp_path / "conf", namespace.config(), "persistent", timeout=300)
     failed = [c for c in summary["checks"] if not c["ok"]]
     assert done.returncode == 0 and not failed and summary["passed"] >= 14, (failed, done.stderr[-2000:])
     # listMachines pages (one Kubernetes limit/continue page per call), not one answer of everything.
     pages = {c["name"]: c["detail"] for c in summary["checks"]}["listMachines pages join up"]
     assert "does not page" not in pages and "pages of 1, each once" in pages, pages
     # The kit's machines were real pods, and its returns deleted them and their Secrets.
-    wait_for(lambda: not namespace.pods(), 60, "the kit's pods to be gone")
+    wait.blocking("the kit's pods to be gone", lambda: not namespace.pods(), 60, interval=0.2)
     assert not [s for s in namespace.secrets() if s.startswith("pvd-")]
 
 
 def test_a_plugin_killed_after_creating_a_pod_leaves_one_pod_on_retry(namespace: Namespace, tmp_path: Path) -> None:
-    crashing = Persistent(tmp_path / "p1", namespace.config(testFaults=["exit_after_pod_create"]), "c-retry")
+    crashing = persistent(tmp_path / "p1", namespace.config(testFaults=["exit_after_pod_create"]), "c-retry")
     doc = crashing.request("op-r", "small", 1)
     crashing.send("requestMachines", doc)
     assert crashing.proc is not None
@@ -56,7 +35,7 @@ def test_a_plugin_killed_after_creating_a_pod_leaves_one_pod_on_retry(namespace:
     crashing.close()
     (name,) = namespace.pods()
     assert name not in namespace.secrets()  # the crash came before the Secret
-    plugin = Persistent(tmp_path / "p2", namespace.config(), "c-retry")
+    plugin = persistent(tmp_path / "p2", namespace.config(), "c-retry")
     try:
         accepted = plugin.call("requestMachines", doc)  # the daemon's retry: same op_id, same bootstrap
         assert "1 already existed" in accepted["message"]
@@ -80,10 +59,11 @@ def test_a_quota_that_fits_two_pods_gives_two_and_quota_exceeded_for_the_rest(
     core.create_namespaced_resource_quota(
         namespace.name, {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "2"}}}
     )
-    wait_for(
+    wait.blocking(
+        "the quota controller to publish the quota",
         lambda: (core.read_namespaced_resource_quota("two-pods", namespace.name).status.hard or {}).get("pods"),
         30,
-        "the quota controller to publish the quota",
+        interval=0.2,
     )
     offers = plugin.call("getAvailableTemplates", {})["templates"]
     assert {t["templateId"]: t["maxNumber"] for t in offers}["small"] == 2  # the quota bounds the offer
@@ -99,13 +79,13 @@ def test_a_quota_that_fits_two_pods_gives_two_and_quota_exceeded_for_the_rest(
 
 
 def test_unschedulable_for_too_long_is_capacity_unavailable(namespace: Namespace, tmp_path: Path) -> None:
-    plugin = Persistent(tmp_path / "p", namespace.config(unschedulableSeconds=1), "c-unsched")
+    plugin = persistent(tmp_path / "p", namespace.config(unschedulableSeconds=1), "c-unsched")
     try:
         accepted = plugin.call("requestMachines", plugin.request("op-u", "nowhere", 1))
         done = plugin.settle(accepted["requestId"], timeout=60)
         (machine,) = done["machines"]
         assert machine["result"] == "fail" and "capacity_unavailable" in machine["message"], machine
-        wait_for(lambda: not namespace.pods(), 60, "the unschedulable pod to be deleted")
+        wait.blocking("the unschedulable pod to be deleted", lambda: not namespace.pods(), 60, interval=0.2)
         refused = plugin.error("requestMachines", plugin.request("op-u2", "nowhere", 1))
         assert refused["code"] == "capacity_unavailable" and refused["retryable"] is True
         assert "nowhere" in refused["message"]
@@ -117,13 +97,10 @@ def test_unschedulable_for_too_long_is_capacity_unavailable(namespace: Namespace
 
 @pytest.mark.parametrize("drop", [("delete", "pods"), ("create", "secrets")])
 def test_a_verb_missing_from_the_role_shows_in_status(
-    control_plane: object, tmp_path: Path, drop: tuple[str, str]
+    control_plane: ControlPlane, tmp_path: Path, drop: tuple[str, str]
 ) -> None:
-    from k8s_helpers import ControlPlane
-
-    assert isinstance(control_plane, ControlPlane)
     ns = Namespace(control_plane, f"drop-{drop[0]}-{drop[1]}", tmp_path / "ns", drop=(drop,))
-    plugin = Persistent(tmp_path / "p", ns.config(), "c-access")
+    plugin = persistent(tmp_path / "p", ns.config(), "c-access")
     try:
         report = plugin.call("describeProvider", {})["status"]
         assert report["connectivity"]["ok"] and report["connectivity"]["server"] == "v1.37.2"

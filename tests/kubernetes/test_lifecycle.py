@@ -4,13 +4,29 @@ untouched; where the join token is (and is not)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from k8s_helpers import Namespace, Persistent, iter_json_strings, secret_token, wait_for
 from kubernetes.client.exceptions import ApiException
+from rigs import wait
+from rigs.k8s import Namespace, secret_token
+from rigs.plugin import Persistent
 
 pytestmark = pytest.mark.integration
+
+
+def iter_json_strings(doc: Any) -> Iterator[str]:
+    """Every key and string value in a JSON document, however deep."""
+    if isinstance(doc, str):
+        yield doc
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            yield k
+            yield from iter_json_strings(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from iter_json_strings(v)
 
 
 def test_request_status_list_return(plugin: Persistent, namespace: Namespace) -> None:
@@ -40,7 +56,9 @@ def test_request_status_list_return(plugin: Persistent, namespace: Namespace) ->
     assert plugin.listed(**{"provisionerd:op": "op-other"}) == {}
 
     ret = plugin.give_back("ret-1", machines)
-    wait_for(lambda: plugin.status(ret["requestId"])["status"] == "complete", 60, "the return to complete")
+    wait.blocking(
+        "the return to complete", lambda: plugin.status(ret["requestId"])["status"] == "complete", 60, interval=0.2
+    )
     assert not {m["machineId"] for m in machines} & set(namespace.pods())
     assert not {m["machineId"] for m in machines} & set(namespace.secrets())
     assert plugin.listed() == {}
@@ -65,7 +83,7 @@ def test_foreign_pods_and_secrets_are_never_touched(plugin: Persistent, namespac
     refs = [{"name": n, "machineId": n} for n in ("foreign", "pvd-lookalike-0")] + ours
     ret = plugin.give_back("ret-f", refs)
     assert "refused 2 not ours" in ret["message"]
-    status = wait_for(lambda: (s := plugin.status(ret["requestId"]))["status"] != "running" and s, 60, "return")
+    status = plugin.settle(ret["requestId"], timeout=60)
     by_id = {m["machineId"]: m for m in status["machines"]}
     assert by_id["foreign"]["result"] == "fail" and by_id["foreign"]["status"] == "untouched"
     assert by_id[ours[0]["machineId"]]["result"] == "succeed"
@@ -80,7 +98,9 @@ def test_the_garbage_collector_deletes_the_secret_with_its_pod(plugin: Persisten
     name = machine["machineId"]
     core = namespace.plane.core
     core.delete_namespaced_pod(name, namespace.name, grace_period_seconds=0)  # someone else deletes the pod
-    wait_for(lambda: name not in namespace.secrets(), 60, "the garbage collector to delete the pod's Secret")
+    wait.blocking(
+        "the garbage collector to delete the pod's Secret", lambda: name not in namespace.secrets(), 60, interval=0.2
+    )
     # ... and the daemon hears of it as a machine taken back.
     wanted = plugin.call("getReturnRequests", {"machines": [{"name": name, "machineId": name}]})["requests"]
     assert [(w["machineId"], w["gracePeriod"]) for w in wanted] == [(name, 0)]

@@ -8,19 +8,21 @@ its ServiceAccount against the real API server), and nothing is deleted, patched
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from k8s_helpers import ROOT, Namespace, wait_for
-from test_daemon_end_to_end import CLUSTER_TAG, PROVIDER, write_config
+from rigs import procs, wait
+from rigs.daemon import make_certs
+from rigs.k8s import PLUGIN, ROOT, Namespace, end_to_end_config
 
-from provisionerd.pki.certs import init_certs
 from refcontroller.api import open_refcontroller
 
 pytestmark = pytest.mark.integration
+
+PROVIDER = PLUGIN.provider
+CLUSTER_TAG = "e2e-k8s"
 
 SPEC = {"containers": [{"name": "c", "image": "x"}], "automountServiceAccountToken": False}
 
@@ -71,10 +73,10 @@ def test_the_orphan_dry_run_finds_a_labelled_pod_with_no_fact(namespace: Namespa
     core.create_namespaced_pod(namespace.name, owned_pod("pvd-other-0", stray_tags("op-o", cluster="other")))
     core.create_namespaced_pod(namespace.name, {"metadata": {"name": "foreign"}, "spec": SPEC})
     running = lambda: all(p.status.phase == "Running" for p in namespace.pods().values())  # noqa: E731
-    wait_for(running, 60, "the four pods to run (kwok)")
+    wait.blocking("the four pods to run (kwok)", running, 60, interval=0.2)
     seen = trio.run(_dry_run, namespace, tmp_path)
     result = seen["result"]
-    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["mutations"] == 0
     got = {(f["class"], f["provider"], f["machine_id"], f["action"]) for f in report["findings"]}
@@ -82,7 +84,7 @@ def test_the_orphan_dry_run_finds_a_labelled_pod_with_no_fact(namespace: Namespa
     (finding,) = report["findings"]
     assert finding["evidence"]["tags"]["provisionerd:op"] == "op-stray"
     assert {"no_lease", "dry_run"} <= set(finding["blocked_by"])
-    text = result.stdout.decode()
+    text = result.stdout
     assert "pvd-lookalike-0" not in text and "pvd-other-0" not in text and "foreign" not in text
     # Nothing changed: every pod as it was (same uid, labels and annotations: not patched, not deleting), the
     # controller's log, no lease taken.
@@ -93,17 +95,15 @@ def test_the_orphan_dry_run_finds_a_labelled_pod_with_no_fact(namespace: Namespa
 
 
 async def _dry_run(namespace: Namespace, tmp: Path) -> dict[str, Any]:
-    certs = tmp / "certs"
-    init_certs(certs, CLUSTER_TAG)
+    certs = make_certs(tmp, CLUSTER_TAG)
     async with open_refcontroller(certs, tmp / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.5) as ctl:
-        write_config(tmp, namespace, certs, ctl.addresses)  # tmp / "pd.toml"
+        end_to_end_config(tmp, namespace, certs, ctl.addresses, CLUSTER_TAG)  # tmp / "pd.toml"
         assert ctl.server is not None
         cluster = ctl.server.cluster
         pods_before = await trio.to_thread.run_sync(snapshot, namespace)
         facts_before = [c.index for c in cluster.store.all_facts()]
-        config = str(tmp / "pd.toml")
-        argv = [sys.executable, "-m", "provisionerd", "orphans", "--config", config, "--dry-run", "--json"]
-        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, cwd=str(ROOT))
+        argv = procs.provisionerd("orphans", "--config", tmp / "pd.toml", "--dry-run", "--json")
+        result = await trio.to_thread.run_sync(lambda: procs.run(argv, cwd=ROOT))
         return {
             "result": result,
             "pods_before": pods_before,

@@ -1,16 +1,19 @@
-"""``refcontroller serve`` as a process a test can kill, restart on the same store and addresses, or watch refuse
-a store.
+"""``refcontroller serve`` as a process of a test or a bench: killed, restarted on the same store and addresses,
+watched refusing a store, or run beside a bench.
 
-Both forms return once it printed its ready line (one JSON document on stdout: ``ready``, ``listen``,
-``incarnation``, ``term``):
+The process writes ``{"ready": true, "listen": [...], "term": N, "incarnation": ...}`` on stdout when it serves;
+here stdout and stderr both go to its log file and the ready line is read from there, so nothing has to drain a
+pipe for the process's whole life. Every form returns once that line is there:
 
-- ``serving``, for synchronous tests: a context manager; at the end the process is killed with SIGKILL, as a crash
-  would: nothing in its memory survives, only what its store holds. A test that wants a clean stop sends SIGTERM.
-- ``ServedController``, for trio tests: one store served at fixed loopback addresses by successive processes
-  (``start``, ``restart``), started through ``rigs.procs.Procs`` so the test's ``open_procs`` stops the last one.
+- ``start``: through the test's ``rigs.procs.Procs`` (the test's end stops it); ``ServedController``: one store
+  served at fixed loopback addresses by successive processes (``start``, ``restart``), for trio tests;
+- ``serving``: for synchronous tests, a context manager; at the end the process is killed with SIGKILL, as a crash
+  would: nothing in its memory survives, only what its store holds (a test that wants a clean stop sends SIGTERM);
+- ``running``: for benches and session fixtures, stopped at the end as ``procs.popen`` stops a process.
 
-``refcontroller.api.open_refcontroller_process`` stays the product's way to run one for a block; a restart test
-needs the same listen addresses across starts (the daemon and the agents reconnect to them).
+``refcontroller.api.open_refcontroller_process`` stays the product's way to run one for a block with the test
+defaults; this module is for what it does not cover: a restart on the same addresses, a store of another kind
+(``--store etcd://...``), a bench's flags.
 """
 
 from __future__ import annotations
@@ -25,15 +28,65 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import trio
 
 from refcontroller.admin import AdminClient
 from rigs import procs, wait
 
 
+def serve_args(certs: Path, data: Path, *extra: str, listen: str = "127.0.0.1:0") -> list[str]:
+    """The arguments of ``refcontroller serve`` on ``listen`` with its store in ``data``."""
+    return ["--certs", str(certs), "--data", str(data), "--listen", listen, *extra]
+
+
 def serve_argv(certs: Path, data: Path, *extra: str, listen: str = "127.0.0.1:0") -> list[str]:
     """The argv of ``refcontroller serve`` on ``listen`` with its store in ``data``."""
-    return procs.refcontroller("serve", "--certs", certs, "--data", data, "--listen", listen, *extra)
+    return procs.refcontroller("serve", *serve_args(certs, data, *extra, listen=listen))
+
+
+def ready_line(log: Path) -> dict[str, Any] | None:
+    """The ready line in ``log``, or ``None`` while there is none."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith('{"ready"'):
+            try:
+                ready = json.loads(line)
+            except ValueError:
+                continue
+            if ready.get("ready"):
+                return dict(ready)
+    return None
+
+
+def _probe(log: Path, running: bool) -> dict[str, Any] | None:
+    ready = ready_line(log)
+    if ready is None and not running:
+        raise AssertionError(f"refcontroller serve exited before it was ready:\n{procs.tail(log)}")
+    return ready
+
+
+async def start(
+    started: procs.Procs, name: str, args: Sequence[str | Path], log: Path, limit: float = 30.0
+) -> tuple[procs.Proc, str, dict[str, Any]]:
+    """Start ``refcontroller serve ARGS`` through ``started`` (so the test's end stops it) and wait for its ready
+    line: (the process, its first listen address, the ready line). ``log`` must be a new file: a ready line already
+    in it would be taken for this start's."""
+    proc = await started.start(name, procs.refcontroller("serve", *args), log)
+    ready = await wait.until_sync(f"{name} to print its ready line", lambda: _probe(log, proc.running()), limit)
+    return proc, ready["listen"][0], ready
+
+
+@contextmanager
+def running(args: Sequence[str | Path], log: Path, limit: float = 30.0) -> Iterator[tuple[int, str]]:
+    """``refcontroller serve ARGS`` for synchronous code (a bench, a session fixture): (its pid, its first listen
+    address) once ready; stopped at the end as ``procs.popen`` stops a process. ``log`` must be a new file."""
+    with procs.popen(procs.refcontroller("serve", *args), log) as proc:
+        ready = wait.blocking(
+            "refcontroller serve to print its ready line", lambda: _probe(log, proc.poll() is None), limit
+        )
+        yield proc.pid, ready["listen"][0]
 
 
 @attrs.frozen
@@ -47,24 +100,24 @@ class Served:
 
 
 @contextmanager
-def serving(certs: Path, data: Path, log: Path, *extra: str, listen: str = "127.0.0.1:0") -> Iterator[Served]:
-    """``refcontroller serve`` (stderr appended to ``log``) from its ready line to a SIGKILL of its group."""
+def serving(
+    certs: Path, data: Path, log: Path, *extra: str, listen: str = "127.0.0.1:0", limit: float = 30.0
+) -> Iterator[Served]:
+    """``refcontroller serve`` (its output appended to ``log``) from its ready line to a SIGKILL of its group.
+    ``log`` must hold no ready line yet."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as sink:
         process = subprocess.Popen(
             serve_argv(certs, data, *extra, listen=listen),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=sink,
             stderr=sink,
             start_new_session=True,
         )
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # the ready line is all it prints
-        process.stdout.close()
-        assert line, f"refcontroller serve exited before it was ready:\n{procs.tail(log)}"
-        ready = json.loads(line)
-        assert ready.get("ready") is True, line
+        ready = wait.blocking(
+            "refcontroller serve to print its ready line", lambda: _probe(log, process.poll() is None), limit
+        )
         yield Served(process, ready)
     finally:
         if process.poll() is None:
@@ -99,24 +152,12 @@ class ServedController:
         return AdminClient(self.certs, self.addresses)
 
     async def start(self, *extra: str, limit: float = 30.0) -> procs.Proc:
-        """Start serving (stderr in ``serve-N.log`` beside the store) and return once it printed its ready line."""
+        """Start serving (its output in ``serve-N.log`` beside the store) and return once it is ready."""
         self.starts += 1
-        argv = serve_argv(self.certs, self.data, *self.args, *extra, listen=",".join(self.addresses))
+        args = serve_args(self.certs, self.data, *self.args, *extra, listen=",".join(self.addresses))
         log = self.data.parent / f"serve-{self.starts}.log"
-        self.proc = proc = await self.procs.start(f"serve-{self.starts}", argv, log, stdout=subprocess.PIPE)
-        stdout = proc.process.stdout
-        assert stdout is not None
-        line = bytearray()
-        with trio.move_on_after(limit):
-            while not line.endswith(b"\n"):
-                chunk = await stdout.receive_some(1)
-                if not chunk:
-                    break
-                line += chunk
-        ready = json.loads(line) if line.strip() else {}
-        if not ready.get("ready"):
-            raise wait.WaitTimeout(f"refcontroller serve not ready within {limit:g} s: {bytes(line)!r}\n{proc.tail()}")
-        return proc
+        self.proc, _, _ = await start(self.procs, f"serve-{self.starts}", args, log, limit)
+        return self.proc
 
     async def restart(self, *, kill: bool = False) -> procs.Proc:
         """Stop the serving process (SIGTERM, or SIGKILL with ``kill``) and start another on the same store."""

@@ -4,18 +4,24 @@ recorder around a plugin's transport) on the real clock.
 
 The config is the rig's (``rigs.daemon.daemon_config``); the executor polls quickly (first poll after 50 ms, at
 most every 0.5 s) so a lifecycle takes seconds; the policy and the reconcile loop's timings are each test's own.
+``running_core`` is the end-to-end form over a real back end (Slurm, Kubernetes): end-to-end timings (a request
+may take two minutes to come up, an idle machine is returned after 1 s), the one provider's transport recorded, so
+a test can also prove the join tokens handed to the plugin stay secret (``RunningCore.tokens``).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
-from provisionerd.config.loader import Config
+from provisionerd.config.loader import Backoff, Config, ProviderConfig, ProviderTimeouts
+from provisionerd.config.writer import write_daemon_config
 from provisionerd.daemon.clients import provider_clients
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.execution.executor import ExecutorSettings
@@ -23,6 +29,7 @@ from provisionerd.execution.loop import LoopSettings
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import PersistentProvider
+from rigs.daemon import daemon_config
 
 #: The executor's test timings (``ExecutorSettings``), each overridable through ``daemon_core``'s ``executor``.
 EXECUTOR = {"poll_initial": 0.05, "poll_max": 0.5, "retry_delay": 0.1, "provisioning_timeout": 60.0}
@@ -97,3 +104,68 @@ async def running(core: DaemonCore, *transports: Any, release: float = 3.0) -> A
                 await core.release_leases(release)
             nursery.cancel_scope.cancel()
     core.events.close()
+
+
+#: The link of an end-to-end daemon: 10 s to connect, answer and miss heartbeats (a loaded 2-core machine running
+#: a back end and agents), heartbeats every 0.5 s, back-offs of at most 0.5 s.
+END_TO_END_LINK = dict(connect_timeout=10, request_timeout=10, heartbeat_timeout=10, backoff=Backoff(0.05, max=0.5))
+#: A plugin call may take 40 s on a real back end.
+END_TO_END_TIMEOUTS = ProviderTimeouts(default=40)
+
+
+def end_to_end_config(
+    home: Path, certs: Path, addresses: Sequence[str], provider: ProviderConfig, *, cluster: str, identity: str
+) -> Config:
+    """The daemon's config with ``END_TO_END_LINK``, its state in ``home``, written to ``home/pd.toml`` (for a CLI
+    call that reads it) and read back."""
+    config = daemon_config(certs, addresses, home, provider, cluster=cluster, identity=identity, link=END_TO_END_LINK)
+    return write_daemon_config(config, home / "pd.toml")
+
+
+@attrs.frozen
+class RunningCore:
+    core: DaemonCore
+    recorder: Recorder
+
+    @property
+    def tokens(self) -> dict[str, str]:
+        """The join tokens handed to the plugin so far (instanceRef -> token)."""
+        return {
+            boot["instanceRef"]: boot["joinToken"]
+            for request in self.recorder.inputs("requestMachines")
+            for boot in request["bootstrap"]
+        }
+
+
+@asynccontextmanager
+async def running_core(
+    config: Config, controllers: Sequence[str], caps: Mapping[str, int]
+) -> AsyncIterator[RunningCore]:
+    """``DaemonCore`` for ``config``'s one persistent provider (its transport recorded), with end-to-end timings:
+    idle machines returned after 1 s, two minutes to join or to come up, at most ``caps`` machines a provider."""
+    (provider,) = config.providers
+    assert tuple(controllers) == tuple(config.controller.addresses), (controllers, config.controller.addresses)
+    recorder = record(config, provider.name)
+    assert isinstance(recorder.inner, PersistentProvider), recorder.inner
+    policy = Policy(
+        cluster=config.cluster,
+        idle_time=1.0,
+        join_deadline=120.0,
+        provisioning_timeout=120.0,
+        capacity_backoff=60.0,
+        provider_caps=dict(caps),
+    )
+    core = daemon_core(
+        config,
+        policy=policy,
+        loop=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),
+        recorded=recorder,
+        offer_interval=10.0,
+        poll_initial=0.2,
+        poll_max=1.0,
+        retry_delay=0.2,
+        provisioning_timeout=120.0,
+        return_timeout=120.0,
+    )
+    async with running(core, recorder.inner):
+        yield RunningCore(core, recorder)

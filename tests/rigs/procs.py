@@ -146,13 +146,7 @@ def popen(
     try:
         yield proc
     finally:
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop_popen(proc)
 
 
 def run(
@@ -233,3 +227,16 @@ def close_pipes(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> tuple[i
         proc.stdout.close()
         proc.stderr.close()
     return code, rest, err
+
+
+def stop_popen(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int:
+    """Stop a process that synchronous code started in its own session (``start_new_session=True``): SIGTERM to its
+    group, up to ``grace`` seconds, then SIGKILL of the group (whatever the leader left behind); its exit code."""
+    _signal_group(proc.pid, signal.SIGCONT)
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    return proc.wait()

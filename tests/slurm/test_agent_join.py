@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from slurm_helpers import Persistent, SlurmTestCluster, plugin_config
+from rigs import wait
+from rigs.plugin import Persistent
+from rigs.slurm import SlurmTestCluster, persistent, plugin_config
 
 from provisionerd.domain.model import RequestIntent, Role
 from provisionerd.wire.framing import FramedStream
@@ -39,7 +41,7 @@ class Provisioner:
 def test_pilot_agents_join_the_reference_controller_from_inside_slurm(
     clean_cluster: SlurmTestCluster, tmp_path: Path
 ) -> None:
-    client = Persistent(tmp_path / "plugin", plugin_config(clean_cluster), "t-e2e")
+    client = persistent(tmp_path / "plugin", plugin_config(clean_cluster), "t-e2e")
     try:
         trio.run(_scenario, clean_cluster, client, tmp_path)
     finally:
@@ -61,9 +63,13 @@ async def _scenario(cluster: SlurmTestCluster, client: Persistent, tmp_path: Pat
             daemon = Provisioner(FramedStream(stream))
             joined = await daemon.request(Join(role=Role.PROVISIONER, identity="d1", providers=("slurm",)))
             assert isinstance(joined, JoinReply) and joined.accepted, joined
-            with trio.fail_after(20):  # the controller's grace after promotion: ttl + check
-                while not isinstance(grant := await daemon.request(LeaseAcquire("slurm")), LeaseGrant):  # noqa: ASYNC110 - retried until granted
-                    await trio.sleep(0.1)
+
+            async def granted() -> LeaseGrant | None:
+                reply = await daemon.request(LeaseAcquire("slurm"))
+                return reply if isinstance(reply, LeaseGrant) else None
+
+            # Denied until the controller's grace after promotion (ttl + check) is over.
+            grant = await wait.until("the lease granted", granted, 20, interval=0.1)
             hashes = tuple(hashlib.sha256(t.encode()).hexdigest() for t in tokens)
             intent = RequestIntent(
                 provider="slurm",
@@ -81,12 +87,12 @@ async def _scenario(cluster: SlurmTestCluster, client: Persistent, tmp_path: Pat
             status = await trio.to_thread.run_sync(client.settle, request_id)
             assert status["status"] == "complete" and {m["node"] for m in status["machines"]} == {"n1", "n2"}
 
-            with trio.fail_after(60):  # a Python agent starting on a loaded 2-core machine
-                while True:
-                    hosts = {h["instance_ref"]: h for h in (await ctl.status())["hosts"]}
-                    if set(refs) <= {ref for ref, h in hosts.items() if h["status"] in ("joined", "idle", "busy")}:
-                        break
-                    await trio.sleep(0.3)
+            async def both_joined() -> bool:
+                hosts = {h["instance_ref"]: h for h in (await ctl.status())["hosts"]}
+                return set(refs) <= {ref for ref, h in hosts.items() if h["status"] in ("joined", "idle", "busy")}
+
+            # A Python agent starting on a loaded 2-core machine: 60 s.
+            await wait.until("both pilots' agents to join", both_joined, 60, interval=0.3)
             machines = status["machines"]
             ret = await trio.to_thread.run_sync(client.give_back, "op-e2e-ret", machines)
             done = await trio.to_thread.run_sync(client.settle, ret["requestId"])

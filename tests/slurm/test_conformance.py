@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config
+from rigs import plugin
+from rigs.slurm import PLUGIN, SlurmTestCluster, plugin_config
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("transport", ["persistent", "oneshot"])
 def test_the_conformance_kit_passes(transport: str, clean_cluster: SlurmTestCluster, tmp_path: Path) -> None:
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "slurm.json").write_text(json.dumps(plugin_config(clean_cluster)))
     before = set(clean_cluster.jobs())
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "provisionerd",
-            "provider",
-            "check",
-            "--transport",
-            transport,
-            "--json",
-            "--conf-dir",
-            str(conf),
-            str(PLUGIN),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    summary = json.loads(done.stdout)
+    done, summary = plugin.check(PLUGIN, tmp_path / "conf", plugin_config(clean_cluster), transport, timeout=180)
     failed = [c for c in summary["checks"] if not c["ok"]]
     assert done.returncode == 0 and not failed and summary["passed"] >= 14, (failed, done.stderr[-2000:])
     # The kit's two machines really were pilot jobs on the two nodes, and the kit's return cancelled them.

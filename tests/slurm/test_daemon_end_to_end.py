@@ -10,26 +10,19 @@ Nothing here plays the daemon or the machines: the test only sets demand and wat
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from slurm_helpers import PLUGIN, SlurmTestCluster, plugin_config, processes_mentioning, secret_in_processes
+from rigs import wait
+from rigs.core import END_TO_END_TIMEOUTS, RunningCore, end_to_end_config, running_core
+from rigs.daemon import make_certs
+from rigs.facts import facts_of
+from rigs.scan import processes_mentioning, secret_in_processes
+from rigs.slurm import PLUGIN, SlurmTestCluster, plugin_config
 
-from provisionerd.config.loader import (
-    Backoff,
-    Config,
-    ControllerSettings,
-    DaemonSettings,
-    LeaseSettings,
-    ProviderConfig,
-    ProviderTimeouts,
-)
-from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon.clients import provider_clients
-from provisionerd.daemon.root import DaemonCore
+from provisionerd.config.loader import Config
 from provisionerd.domain.model import (
     DemandItem,
     InstanceFact,
@@ -40,111 +33,27 @@ from provisionerd.domain.model import (
     Returned,
     ReturnIntent,
 )
-from provisionerd.execution.executor import ExecutorSettings
-from provisionerd.execution.loop import LoopSettings
-from provisionerd.pki.certs import init_certs
-from provisionerd.planner.policy import Policy
-from provisionerd.provider.client import PluginClient
-from provisionerd.provider.persistent import PersistentProvider
 from refcontroller.api import open_refcontroller
 
 pytestmark = pytest.mark.integration
 
-PROVIDER = "slurm"
+PROVIDER = PLUGIN.provider
 CLUSTER_TAG = "e2e-daemon"  # our owner tag: the jobs of this test are the ones whose comment carries it
 TAG = f"provisionerd:cluster={CLUSTER_TAG}"
-ENDED = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "OUT_OF_MEMORY",
-}
-
-
-class Recorder:
-    """Wraps the daemon's provider client and keeps the join tokens it hands the plugin (instanceRef -> token),
-    so the test can prove they stay secret. It changes nothing in the calls."""
-
-    def __init__(self, inner: PersistentProvider) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.tokens: dict[str, str] = {}
-
-    async def call(self, action: str, input: Any, *, timeout: float | None = None) -> dict[str, Any]:
-        if action == "requestMachines":
-            for boot in input["bootstrap"]:
-                self.tokens[boot["instanceRef"]] = boot["joinToken"]
-        return await self.inner.call(action, input, timeout=timeout)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def write_config(tmp: Path, cluster: SlurmTestCluster, certs: Path, addresses: tuple[str, ...]) -> Config:
-    conf_dir, data_dir = tmp / "slurm-conf", tmp / "slurm-data"
-    conf_dir.mkdir()
-    data_dir.mkdir()
     # One template that fills a node (2 CPUs), so the two pilots land one per node.
     templates = [{"templateId": "node", "maxNumber": 2, "cpus": 2, "memMB": 400}]
     plugin = plugin_config(cluster, templates=templates)
     plugin["agent"] = dict(plugin["agent"], certs=str(certs))  # the nodes share this host's file system
-    (conf_dir / "slurm.json").write_text(json.dumps(plugin))
-    config = Config(
-        cluster=CLUSTER_TAG,
-        identity="prov-slurm-e2e",
-        controller=ControllerSettings(
-            addresses,
-            connect_timeout=10,
-            request_timeout=10,
-            heartbeat_interval=0.5,
-            heartbeat_timeout=10,
-            backoff=Backoff(initial=0.05, max=0.5),
-        ),
-        tls=provisioner_tls(certs),
-        lease=LeaseSettings(margin=0.5),
-        daemon=DaemonSettings(events_log=tmp / "events.jsonl"),
-        providers=(
-            ProviderConfig(
-                PROVIDER,
-                "persistent",
-                path=PLUGIN,
-                conf_dir=conf_dir,
-                data_dir=data_dir,
-                max_machines=2,
-                timeouts=ProviderTimeouts(default=40),
-            ),
-        ),
-    )
-    return write_daemon_config(config, tmp / "pd.toml")
-
-
-def facts_of(ctl: Any, kind: type) -> list[Any]:
-    assert ctl.server is not None
-    return [c.fact for c in ctl.server.cluster.store.all_facts() if isinstance(c.fact, kind)]
+    provider = PLUGIN.provider_config(tmp, plugin, max_machines=2, timeouts=END_TO_END_TIMEOUTS)
+    return end_to_end_config(tmp, certs, addresses, provider, cluster=CLUSTER_TAG, identity="prov-slurm-e2e")
 
 
 def our_jobs(cluster: SlurmTestCluster, live: bool = True) -> dict[str, dict[str, str]]:
     """This test's jobs by their owner tag (``live``: not ended)."""
-    jobs = cluster.jobs()
-    return {j: info for j, info in jobs.items() if TAG in info["comment"] and not (live and info["state"] in ENDED)}
-
-
-async def poll(predicate: Any, limit: float, what: str, interval: float = 0.2) -> Any:
-    """Await ``predicate()`` (sync or async) until it is truthy; fail naming ``what`` after ``limit`` seconds."""
-    with trio.move_on_after(limit):
-        while True:
-            value = predicate()
-            if hasattr(value, "__await__"):
-                value = await value
-            if value:
-                return value
-            await trio.sleep(interval)
-    raise AssertionError(f"timed out after {limit:g} s waiting for {what}")
+    return cluster.tagged_jobs(TAG, live)
 
 
 async def in_thread(fn: Any, *args: Any) -> Any:
@@ -201,62 +110,28 @@ def test_the_daemon_grows_onto_slurm_and_shrinks_back(clean_cluster: SlurmTestCl
 
 async def _scenario(cluster: SlurmTestCluster, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    certs = tmp / "certs"  # the certificates name the cluster: ours, not the other Slurm tests'
-    init_certs(certs, CLUSTER_TAG)
+    certs = make_certs(tmp, CLUSTER_TAG)  # the certificates name the cluster: ours, not the other Slurm tests'
     async with open_refcontroller(certs, tmp / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.5) as ctl:
         config = write_config(tmp, cluster, certs, ctl.addresses)
-        client = provider_clients(config)[PROVIDER].transport
-        assert isinstance(client, PersistentProvider)
-        recorder = Recorder(client)
-        policy = Policy(
-            cluster=CLUSTER_TAG,
-            idle_time=1.0,
-            join_deadline=120.0,
-            provisioning_timeout=120.0,
-            capacity_backoff=60.0,
-            provider_caps={PROVIDER: 2},
-        )
-        core = DaemonCore(
-            config,
-            providers={PROVIDER: PluginClient(recorder)},
-            policy=policy,
-            offer_interval=10.0,
-            loop_settings=LoopSettings(replan_interval=0.5, reclaim_interval=5.0, recover_after=10.0),
-            executor_settings=ExecutorSettings(
-                cluster=CLUSTER_TAG,
-                controllers=ctl.addresses,
-                poll_initial=0.2,
-                poll_max=1.0,
-                retry_delay=0.2,
-                provisioning_timeout=120.0,
-                return_timeout=120.0,
-            ),
-        )
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.run)  # wrapped, so the core does not start it
-            await nursery.start(core.run)
-            try:
-                await _grow_and_shrink(cluster, ctl, recorder, out)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await core.release_leases()
-                nursery.cancel_scope.cancel()
-        core.events.close()
+        async with running_core(config, ctl.addresses, {PROVIDER: 2}) as running:
+            await _grow_and_shrink(cluster, ctl, running, out)
+        out["tokens"] = dict(running.tokens)
     out["events"] = (tmp / "events.jsonl").read_text()
-    out["tokens"] = dict(recorder.tokens)
     return out
 
 
-async def _grow_and_shrink(cluster: SlurmTestCluster, ctl: Any, recorder: Recorder, out: dict[str, Any]) -> None:
+async def _grow_and_shrink(cluster: SlurmTestCluster, ctl: Any, running: RunningCore, out: dict[str, Any]) -> None:
     await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=2), 2)])
 
     # Two pilot jobs with our tags, RUNNING on the Slurm nodes, and the daemon's facts for both.
-    def running() -> dict[str, dict[str, str]] | None:
+    def two_running() -> dict[str, dict[str, str]] | None:
         jobs = our_jobs(cluster)
         return jobs if len(jobs) == 2 and all(i["state"] == "RUNNING" for i in jobs.values()) else None
 
-    out["jobs_up"] = await poll(lambda: in_thread(running), 60, "two RUNNING pilot jobs")
-    await poll(lambda: len(facts_of(ctl, InstanceFact)) == 2, 60, "two instance facts")
+    out["jobs_up"] = await wait.until("two RUNNING pilot jobs", lambda: in_thread(two_running), 60, interval=0.2)
+    await wait.until_sync(
+        "two instance facts", lambda: len(facts_of(ctl.server.cluster.store, InstanceFact)) == 2, 60, interval=0.2
+    )
 
     # Their agents join the controller as those machines.
     async def joined() -> list[dict[str, Any]] | None:
@@ -264,20 +139,22 @@ async def _grow_and_shrink(cluster: SlurmTestCluster, ctl: Any, recorder: Record
         ok = len(hosts) == 2 and all(h["status"] in ("joined", "idle") for h in hosts)
         return hosts if ok else None
 
-    out["hosts"] = await poll(joined, 90, "both agents to join", interval=0.3)
+    out["hosts"] = await wait.until("both agents to join", joined, 90, interval=0.3)
     show = lambda: "".join(cluster.run("scontrol", "show", "job", j).stdout for j in out["jobs_up"])  # noqa: E731
     out["scontrol"] = await in_thread(show)
-    out["secret_hits"] = {t: secret_in_processes(t) for t in recorder.tokens.values()}
-    refs = [f.instance_ref for f in facts_of(ctl, InstanceFact)]
+    out["secret_hits"] = {t: secret_in_processes(t) for t in running.tokens.values()}
+    refs = [f.instance_ref for f in facts_of(ctl.server.cluster.store, InstanceFact)]
     out["agents_up"] = {ref: processes_mentioning(ref) for ref in refs}  # the agent's argv names its instance
 
     # Demand drops: the idle machines are returned, the jobs cancelled, the agents gone.
     await ctl.set_demand([])
-    returned = lambda: {m for f in facts_of(ctl, Returned) for m in f.machine_ids}  # noqa: E731
-    await poll(lambda: returned() >= set(out["jobs_up"]), 60, "both machines Returned")
-    await poll(lambda: in_thread(lambda: not our_jobs(cluster)), 30, "no live job of ours")
+    returned = lambda: {m for f in facts_of(ctl.server.cluster.store, Returned) for m in f.machine_ids}  # noqa: E731
+    await wait.until_sync("both machines Returned", lambda: returned() >= set(out["jobs_up"]), 60, interval=0.2)
+    await wait.until("no live job of ours", lambda: in_thread(lambda: not our_jobs(cluster)), 30, interval=0.2)
     out["jobs_down"] = await in_thread(our_jobs, cluster)
     out["ended"] = await in_thread(lambda: our_jobs(cluster, live=False))
-    await poll(lambda: not any(processes_mentioning(ref) for ref in refs), 30, "the agents to exit")
+    await wait.until_sync(
+        "the agents to exit", lambda: not any(processes_mentioning(ref) for ref in refs), 30, interval=0.2
+    )
     out["agents_down"] = {ref: processes_mentioning(ref) for ref in refs}
     out["facts"] = [c.fact for c in ctl.server.cluster.store.all_facts()]

@@ -8,14 +8,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from slurm_helpers import (
-    OneShot,
-    Persistent,
-    PluginClient,
-    SlurmTestCluster,
-    plugin_config,
-    wait_for,
-)
+from rigs import wait
+from rigs.plugin import OneShot, PluginClient
+from rigs.slurm import PLUGIN, SlurmTestCluster, persistent, plugin_config
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +29,7 @@ def test_a_job_cancelled_by_someone_else_is_reported_as_reclaimed(
     refs = [{"name": m["name"], "machineId": m["machineId"]} for m in (mine, other)]
     assert plugin.call("getReturnRequests", {"machines": refs})["requests"] == []
     clean_cluster.run("scancel", mine["machineId"])  # an operator, not provisionerd
-    wait_for(lambda: clean_cluster.jobs()[mine["machineId"]]["state"] == "CANCELLED", what="the cancel")
+    wait.blocking("the cancel", lambda: clean_cluster.jobs()[mine["machineId"]]["state"] == "CANCELLED", interval=0.2)
     wanted = plugin.call("getReturnRequests", {"machines": refs})["requests"]
     assert [(w["machineId"], w["machine"], w["reason"], w["gracePeriod"]) for w in wanted] == [
         (mine["machineId"], mine["name"], "cancelled", 0)
@@ -55,12 +50,14 @@ def _hash(plugin: PluginClient) -> str:
 def test_a_pilot_that_exits_nonzero_fails_with_its_exit_code(clean_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     config = plugin_config(clean_cluster)
     config["agent"]["extraArgs"] = ["--heartbeat", "-1"]  # the agent refuses this and exits 2 (EXIT_USAGE)
-    client = Persistent(tmp_path, config, "t-nonzero")
+    client = persistent(tmp_path, config, "t-nonzero")
     try:
         request_id = client.call("requestMachines", client.request("op-bad", "small", 1))["requestId"]
         # Briefly RUNNING (then "succeed": the machine came up) until the agent exits.
-        status = wait_for(
-            lambda: (s := client.status(request_id))["machines"][0]["result"] == "fail" and s, what="the pilot to fail"
+        status = wait.blocking(
+            "the pilot to fail",
+            lambda: (s := client.status(request_id))["machines"][0]["result"] == "fail" and s,
+            interval=0.2,
         )
         [machine] = status["machines"]
         assert status["status"] == "complete_with_error"
@@ -104,17 +101,17 @@ def test_slurmctld_down_is_a_retryable_error_never_an_empty_listing(
     [machine] = _running(plugin, "op-down")
     request_id = "slurm-req@" + _hash(plugin) + "@op-down"
     refs = [{"name": machine["name"], "machineId": machine["machineId"]}]
-    oneshot = OneShot(tmp_path / "oneshot", plugin_config(clean_cluster), plugin.cluster_tag)
+    oneshot = OneShot(PLUGIN, tmp_path / "oneshot", plugin_config(clean_cluster), plugin.cluster_tag)
     pid = clean_cluster.ctld_pid()
     # Stopped cleanly (it saves its state). After a SIGKILL it recovers from an older state save, and a job that
     # started since may then be killed as unknown: real, but not what this test is about.
     os.kill(pid, signal.SIGTERM)
     try:
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), what="slurmctld to stop")
+        wait.blocking("slurmctld to stop", lambda: not os.path.exists(f"/proc/{pid}"), interval=0.2)
         # At once: each waits out the Slurm client's ~4 s of connection retries. The last two run with a 1 s
         # commandTimeout, the other way an unreachable controller shows (a command that hangs).
         impatient = OneShot(
-            tmp_path / "impatient", {**plugin_config(clean_cluster), "commandTimeout": 1}, plugin.cluster_tag
+            PLUGIN, tmp_path / "impatient", {**plugin_config(clean_cluster), "commandTimeout": 1}, plugin.cluster_tag
         )
         calls = {
             "listMachines": oneshot.start("listMachines", {"tags": {"provisionerd:cluster": plugin.cluster_tag}}),
@@ -162,7 +159,11 @@ def test_jobs_without_our_tags_are_never_listed_nor_cancelled(
     other = clean_cluster.run(
         "sbatch", "--parsable", "-c", "1", "--mem=50", "-o", "/dev/null", f"--comment={foreign}", input=script
     ).stdout.strip()
-    wait_for(lambda: {clean_cluster.jobs()[j]["state"] for j in (plain, other)} == {"RUNNING"}, what="the jobs")
+    wait.blocking(
+        "the two foreign jobs RUNNING",
+        lambda: {clean_cluster.jobs()[j]["state"] for j in (plain, other)} == {"RUNNING"},
+        interval=0.2,
+    )
     assert plugin.listed() == {}
     refs = [{"name": "whatever", "machineId": plain}, {"name": "whatever", "machineId": other}]
     ret = plugin.call(

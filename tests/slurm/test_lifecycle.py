@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from slurm_helpers import PluginClient, SlurmTestCluster, secret_in_processes, wait_for
+from rigs import wait
+from rigs.plugin import PluginClient
+from rigs.scan import secret_in_processes
+from rigs.slurm import SlurmTestCluster
 
 pytestmark = pytest.mark.integration
 
@@ -82,14 +85,16 @@ def test_the_join_token_is_only_in_a_0600_file_the_agent_deletes(
 
     machines = plugin.settle(request_id)["machines"]
     # The agents read and delete their files.
-    wait_for(
+    wait.blocking(
+        "the agents to delete their token files",
         lambda: (
             not any(
                 p.exists() and p.read_text() in plugin.tokens
                 for p in (clean_cluster.workdir / "tokens").glob("*.token")
             )
         ),
-        what="the agents to delete their token files",
+        30,
+        interval=0.2,
     )
     for m in machines:
         job_id = m["machineId"]
