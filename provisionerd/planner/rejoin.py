@@ -8,16 +8,19 @@ controller restart (issue 31, finding 1).
 Two rules, both in :func:`provisionerd.planner.supply.tally`:
 
 - **A machine that joined once is never ``never_joined``.** ``Rejoin.joined_before`` names the instance refs that
-  had a host at any time since this daemon started (kept by the controller session across generations, so a
-  controller restart does not empty it). Such a machine with no host counts as supply; once the window below has
-  passed and it still has no host, it is returned as ``not_rejoined`` (it lost contact), never as never joined.
-- **Nothing is retired for not joining or for its capabilities until the window settles**: after every (re)join,
-  until every machine of the provider that joined before has a host again, or ``rejoin_settle`` seconds have
-  passed since the view came up. A machine with no host is held for the full ``rejoin_settle`` after every
-  (re)join unless this generation saw its whole life (launched after the view came up): it may have joined while
-  this process saw nothing (before it started, or during a link outage, seeds 434 and 272546480) at a controller
-  that has restarted since. The gap left: a worker whose join this process never saw, at a controller that lost
-  its host table, and that takes longer than ``rejoin_settle`` to rejoin, is returned as never joined.
+  had a host at any time (kept by the controller session across generations, so a controller restart does not
+  empty it, and in ``joined.<cluster>.txt`` across daemon restarts: ``controller.joined_file``). Such a machine with
+  no host counts as supply; once the window below has passed and it still has no host, it is returned as
+  ``not_rejoined`` (it lost contact), never as never joined.
+- **Nothing is retired for not joining until the window has passed**: ``rejoin_settle`` seconds after the
+  (re)join, or sooner, once every machine of the provider that joined before has a host again, for a machine this
+  generation saw the whole life of (launched after the view came up). Any other machine with no host may have
+  joined while this process saw nothing (before it started, or during a link outage: seeds 434 and 272546480) at a
+  controller that has restarted since, so it waits the whole window. The gap left: a worker whose join no start of
+  this daemon saw, at a controller that lost its host table, that takes longer than ``rejoin_settle`` to rejoin,
+  is returned as never joined.
+- **Nor for its capabilities until the machines that joined before are back** (or the window timed out): a host
+  in view is judged by the report it joined with.
 
 - **A host table read as "no host" is confirmed first.** Host states come as pushes, and a lost push is not seen
   by the heartbeat digest when a later push carries a higher seq (seed 272546760: the push of a join dropped, the
@@ -94,6 +97,11 @@ class Window:
             first = self.rejoin.since <= self.rejoin.first_view
             known = self._settled[provider] = timed_out or (not first and not self.missing(provider))
         return known
+
+    def hosts_back(self, provider: str) -> bool:
+        """Every machine of ``provider`` that joined before has a host again (or the window timed out): a host in
+        view may be judged by its report (its capabilities), whatever this process saw before."""
+        return self._now >= self.until(provider) or not self.missing(provider)
 
     def settled_for(self, machine: MachineRecord) -> bool:
         """The window has passed for ``machine``, which has no host now: its provider's window timed out, or this

@@ -212,7 +212,10 @@ def tally(
                 judged = verdicts.get(ref)
                 if judged is not None and judged[0] is host and not judged[1]:
                     continue  # this very host state passed before
-                if machine.machine_id in skip or settling(machine):
+                if machine.machine_id in skip:
+                    continue
+                if not window.hosts_back(machine.provider):
+                    result.due(window.until(machine.provider), now)
                     continue
                 reasons = judge(host, machine)
                 if reasons:

@@ -34,7 +34,11 @@ def test_a_daemon_killed_during_request_machines_tracks_the_machines_after_resta
         with short_dir("pd-lgc-") as state:
             calls = state / "calls" / "lsfex"
             provider = world.daemon_provider(
-                timeout=30, join_deadline=15, idle_time=1, legacy=LegacyOptions(journal=state / "lsfex.journal.json")
+                timeout=30,
+                join_deadline=15,
+                rejoin_settle=5,
+                idle_time=1,
+                legacy=LegacyOptions(journal=state / "lsfex.journal.json"),
             )
             async with (
                 open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
@@ -71,7 +75,8 @@ def test_a_daemon_killed_during_request_machines_tracks_the_machines_after_resta
                 seen["intents"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
                 seen["failed"] = facts(RequestFailed)
                 await ctl.set_demand([])
-                # Never joined: returned at the join deadline (15 s after launch), and not replaced with demand 0.
+                # Never joined: returned at the join deadline (15 s after launch) once the settle window after the
+                # restart (rejoin_settle, 5 s here) has passed, and not replaced with demand 0.
                 await wait.until_sync(
                     "both machines returned", lambda: sum(len(r.machine_ids) for r in facts(Returned)) >= 2, 60
                 )

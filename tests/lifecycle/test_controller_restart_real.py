@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from rigs import procs, wait
+from rigs import agents, procs, wait
 from rigs.controller import ServedController
 from rigs.daemon import Daemon, daemon_config, local_provider, make_certs, short_dir
 
@@ -65,7 +65,10 @@ def test_a_controller_restart_with_machines_older_than_join_deadline_returns_non
                 seen["returns"] = [e for e in daemon.events("action") if e.get("kind") == "return"]
                 seen["hosts_after"] = hosts_up(await ctl.admin.status())
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    finally:
+        agents.kill_left(str(tmp_path))  # the machines: a daemon that stops keeps them
     assert seen["returns"] == [], seen["returns"]
     assert seen["back"] == seen["machines"] == seen["hosts_after"]
     assert seen["settled"]["missing"] == 0

@@ -160,3 +160,16 @@ async def boot(
 ) -> procs.Proc:
     """Start the agent of the machine whose home is ``home`` (its log: ``home/agent.log``)."""
     return await started.start(f"agent-{home.name}", argv(certs, controllers, token, *who), home / "agent.log")
+
+
+def kill_left(marker: str) -> list[int]:
+    """SIGKILL every live agent ``live_agents(marker)`` finds: the machines a test's provider left running (a daemon
+    that stops keeps its machines). Returns their pids."""
+    left = live_agents(marker)
+    for pid in left:
+        _killpg(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left

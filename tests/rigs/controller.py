@@ -43,10 +43,20 @@ def serve_argv(certs: Path, data: Path, *extra: str, listen: str = "127.0.0.1:0"
     return procs.refcontroller("serve", *serve_args(certs, data, *extra, listen=listen))
 
 
-def ready_line(log: Path) -> dict[str, Any] | None:
-    """The ready line in ``log``, or ``None`` while there is none."""
+def log_end(log: Path) -> int:
+    """The size of ``log`` now (0 when there is none): where the next start's output begins."""
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def ready_line(log: Path, after: int = 0) -> dict[str, Any] | None:
+    """The ready line in ``log`` past byte ``after`` (a log several starts append to), or ``None``."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(after)
+            lines = handle.read().decode(errors="replace").splitlines()
     except OSError:
         return None
     for line in lines:
@@ -60,8 +70,8 @@ def ready_line(log: Path) -> dict[str, Any] | None:
     return None
 
 
-def _probe(log: Path, running: bool) -> dict[str, Any] | None:
-    ready = ready_line(log)
+def _probe(log: Path, after: int, running: bool) -> dict[str, Any] | None:
+    ready = ready_line(log, after)
     if ready is None and not running:
         raise AssertionError(f"refcontroller serve exited before it was ready:\n{procs.tail(log)}")
     return ready
@@ -71,20 +81,21 @@ async def start(
     started: procs.Procs, name: str, args: Sequence[str | Path], log: Path, limit: float = 30.0
 ) -> tuple[procs.Proc, str, dict[str, Any]]:
     """Start ``refcontroller serve ARGS`` through ``started`` (so the test's end stops it) and wait for its ready
-    line: (the process, its first listen address, the ready line). ``log`` must be a new file: a ready line already
-    in it would be taken for this start's."""
+    line: (the process, its first listen address, the ready line). Its output is appended to ``log``."""
+    after = log_end(log)
     proc = await started.start(name, procs.refcontroller("serve", *args), log)
-    ready = await wait.until_sync(f"{name} to print its ready line", lambda: _probe(log, proc.running()), limit)
+    ready = await wait.until_sync(f"{name} to print its ready line", lambda: _probe(log, after, proc.running()), limit)
     return proc, ready["listen"][0], ready
 
 
 @contextmanager
 def running(args: Sequence[str | Path], log: Path, limit: float = 30.0) -> Iterator[tuple[int, str]]:
     """``refcontroller serve ARGS`` for synchronous code (a bench, a session fixture): (its pid, its first listen
-    address) once ready; stopped at the end as ``procs.popen`` stops a process. ``log`` must be a new file."""
+    address) once ready; stopped at the end as ``procs.popen`` stops a process. Its output is appended to ``log``."""
+    after = log_end(log)
     with procs.popen(procs.refcontroller("serve", *args), log) as proc:
         ready = wait.blocking(
-            "refcontroller serve to print its ready line", lambda: _probe(log, proc.poll() is None), limit
+            "refcontroller serve to print its ready line", lambda: _probe(log, after, proc.poll() is None), limit
         )
         yield proc.pid, ready["listen"][0]
 
@@ -103,9 +114,9 @@ class Served:
 def serving(
     certs: Path, data: Path, log: Path, *extra: str, listen: str = "127.0.0.1:0", limit: float = 30.0
 ) -> Iterator[Served]:
-    """``refcontroller serve`` (its output appended to ``log``) from its ready line to a SIGKILL of its group.
-    ``log`` must hold no ready line yet."""
+    """``refcontroller serve`` (its output appended to ``log``) from its ready line to a SIGKILL of its group."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    after = log_end(log)
     with log.open("ab") as sink:
         process = subprocess.Popen(
             serve_argv(certs, data, *extra, listen=listen),
@@ -116,7 +127,7 @@ def serving(
         )
     try:
         ready = wait.blocking(
-            "refcontroller serve to print its ready line", lambda: _probe(log, process.poll() is None), limit
+            "refcontroller serve to print its ready line", lambda: _probe(log, after, process.poll() is None), limit
         )
         yield Served(process, ready)
     finally:
