@@ -33,12 +33,13 @@ demo: $(RUN_STAMP)
 # The test tiers (tests/conftest.py keeps them true: a test that starts a process unmarked fails).
 # test: the README's test command, everything that needs only pip packages and the machine's Python (real processes
 # of the project's own and moto included; no Go build, no apt package).
+# Four workers on 2 cores: the real-process tests mostly wait on the real clock.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not integration"
+	$(VENV)/bin/python -m pytest -q -m "not integration" -n 4
 
 # test-fast: the inner loop, pure and MockClock tests only (no process is started).
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not process and not integration"
+	$(VENV)/bin/python -m pytest -q -m "not process and not integration" -n 2
 
 # test-integration: Slurm, Kubernetes, etcd, the capnp tool, systemd-analyze and Node.js; installs or builds them
 # once (cached) and says so while it builds. In CI a missing back end fails the test, never skips it.
