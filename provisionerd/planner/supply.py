@@ -184,7 +184,7 @@ def tally(
     late = joins.unjoined_launched_by(cutoff)
     deadlines: dict[str, float] = {}
     for machine in (*late, *joins.unjoined_unknown_launch()):
-        if machine.machine_id in skip or machine.op_id in timed_out:
+        if machine.machine_id in skip or (machine.op_id in timed_out and not window.joined_before(machine)):
             continue
         deadline = deadlines.get(machine.provider)
         if deadline is None:

@@ -151,3 +151,16 @@ def test_a_machine_older_than_the_daemons_first_view_and_never_seen_joined_waits
     assert returns(world, second, 2) == []
     world.now = NOW + SETTLE
     assert returns(world, second, 2) == [("never_joined", (machines[0],))]
+
+
+def test_a_machine_that_joined_under_a_timed_out_intent_is_still_returned_as_not_rejoined() -> None:
+    world = World([offer()], policy=POLICY, now=NOW - 2000)
+    result = world.plan(snapshot(1, item(count=2, ncpus=4)))
+    world.commit_actions(result.actions)
+    (request,) = [a for a in result.actions if isinstance(a, RequestMachines)]
+    (machine_id,) = world.fulfil(request.op_id, 1)  # the intent stays open: one machine never came
+    world.host(machine_id, HostStatus.BUSY)
+    rejoin = Rejoin(NOW, refs(world, [machine_id]))
+    controller_restart(world)
+    world.now = NOW + SETTLE  # past the provisioning timeout (1200 s) and the window
+    assert ("not_rejoined", (machine_id,)) in returns(world, rejoin, 2)
