@@ -345,18 +345,16 @@ print("trio" in sys.modules)
 
 @pytest.mark.process
 def test_plans_do_not_depend_on_hash_seeds_and_the_core_never_imports_trio(tmp_path):
-    import os
     import pathlib
-    import subprocess
     import sys
+
+    from rigs import procs
 
     here = str(pathlib.Path(__file__).parent)
     outputs = []
     for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run(
-            [sys.executable, "-c", SCRIPT, here], capture_output=True, text=True, env=env, check=True, timeout=120
-        )
+        done = procs.run([sys.executable, "-c", SCRIPT, here], env={"PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert outputs[0] == outputs[1]
     assert outputs[0].splitlines()[-1] == "False"

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import trio
 import trio.testing
+from rigs import procs
 
 from provisionerd.domain.model import Epoch
 from provisionerd.testing.simulation import World, invariants, run_seed
@@ -45,15 +43,7 @@ def test_a_seed_repeats_in_another_process_with_another_hash_seed():
     """What a failing seed printed by CI must do on a laptop: no dependence on set order or addresses."""
     digests = []
     for hash_seed in ("1", "987"):
-        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        out = subprocess.run(
-            [sys.executable, "-m", "provisionerd", "simulate", "--trace", "2"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        out = procs.run(procs.provisionerd("simulate", "--trace", "2"), env={"PYTHONHASHSEED": hash_seed})
         digests.append(json.loads(out.stdout.strip().splitlines()[-1])["digest"])
     assert digests[0] == digests[1]
 
