@@ -23,7 +23,9 @@ MACHINES, JOIN_DEADLINE = 3, 20.0
 
 
 def hosts_up(status: dict) -> set[str]:
-    return {h["machine_id"] for h in status["hosts"] if h["status"] != "lost"}
+    """The instance refs of the hosts the controller knows and does not call lost (a rejoined host may not have its
+    machine id again until its fact is read: the ref is what it joined with)."""
+    return {h["instance_ref"] for h in status["hosts"] if h["status"] != "lost"}
 
 
 def test_a_controller_restart_with_machines_older_than_join_deadline_returns_none(tmp_path) -> None:
