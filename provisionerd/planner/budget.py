@@ -9,7 +9,7 @@ Pure; part of :func:`provisionerd.planner.plan.plan`. Returns are of two kinds:
   ``disruption_interval`` seconds. The rest wait, noted ``deferred``, and the plan wakes when the window frees
   room. Release on completion is voluntary on purpose: a finished reservation of 1,000 machines is exactly the
   mass return a budget is there to pace (with no budget configured, the default, it still goes at once).
-- **involuntary**: the machine is broken or never was one: ``never_joined``, ``not_rejoined``,
+- **involuntary**: the machine is broken or never was one: ``never_joined``, ``not_rejoined``, ``no_host``,
   ``provisioning_timeout``, and machines marked lost. Holding them back would only keep paying for nothing, so
   the budget never counts or holds them.
 

@@ -71,7 +71,7 @@ from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
-from provisionerd.planner.rejoin import NOT_REJOINED, SETTLED, Rejoin
+from provisionerd.planner.rejoin import NO_HOST, NOT_REJOINED, SETTLED, Rejoin
 from provisionerd.planner.release import RELEASED, release_completed
 from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
@@ -84,6 +84,7 @@ RETIRE_REASONS = (
     "provisioning_timeout",
     "never_joined",
     NOT_REJOINED,
+    NO_HOST,
     health.CAPABILITY_MISMATCH,
     DRAIN_TIMEOUT,
     "max_ttl",

@@ -16,9 +16,9 @@ Two rules, both in :func:`provisionerd.planner.supply.tally`:
   (re)join, or sooner, once every machine of the provider that joined before has a host again, for a machine this
   generation saw the whole life of (launched after the view came up). Any other machine with no host may have
   joined while this process saw nothing (before it started, or during a link outage: seeds 434 and 272546480) at a
-  controller that has restarted since, so it waits the whole window. The gap left: a worker whose join no start of
-  this daemon saw, at a controller that lost its host table, that takes longer than ``rejoin_settle`` to rejoin,
-  is returned as never joined.
+  controller that has restarted since, so it waits the whole window, and is then returned as ``no_host``, not as
+  never joined: ``never_joined`` is said only of a machine this generation saw the whole life of (seed 779519691:
+  a join stalled on its way to the daemon, the machine vanished, the controller restarted).
 - **Nor for its capabilities until the machines that joined before are back** (or the window timed out): a host
   in view is judged by the report it joined with.
 
@@ -43,6 +43,9 @@ from provisionerd.planner.fact_view import MachineRecord
 
 #: The retire reason of a machine that joined once and has no host after the settle window.
 NOT_REJOINED = "not_rejoined"
+#: The retire reason of a machine with no host after the window whose history this process could not see (it was
+#: launched before the current view came up): it may have joined unseen, so it is not called "never joined".
+NO_HOST = "no_host"
 
 
 @attrs.frozen
@@ -124,3 +127,11 @@ class Window:
                     if ref in before:
                         self._missing[machine.provider] = self._missing.get(machine.provider, 0) + 1
         return self._missing.get(provider, 0)
+
+    def reason(self, machine: MachineRecord, launched: float) -> str:
+        """Why ``machine``, without a host past its join deadline and the window, is returned: ``not_rejoined``
+        (it joined before), ``never_joined`` (this generation saw its whole life: ``launched``, its launch time or,
+        unknown, when the planner first saw it, is not before the view came up), else ``no_host``."""
+        if self.joined_before(machine):
+            return NOT_REJOINED
+        return "never_joined" if launched >= self.rejoin.since else NO_HOST

@@ -22,7 +22,7 @@ from provisionerd.planner.health import CapabilityCheck
 from provisionerd.planner.host_table import join_index
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.rejoin import NOT_REJOINED, SETTLED, Rejoin, Window
+from provisionerd.planner.rejoin import SETTLED, Rejoin, Window
 from provisionerd.planner.state import PlannerState
 
 #: A joined idle machine: ``(idle since, machine_id, record)`` sorts longest idle first, ties by machine id.
@@ -193,7 +193,7 @@ def tally(
         if now - launched >= deadline:
             if unconfirmed(machine):
                 continue
-            result.retire.append((NOT_REJOINED if window.joined_before(machine) else "never_joined", machine))
+            result.retire.append((window.reason(machine, launched), machine))
             active[machine.demand_id] -= 1
         else:
             result.due(launched + deadline, now)

@@ -84,7 +84,8 @@ def test_a_machine_that_joined_and_never_came_back_is_returned_as_not_rejoined_n
 
 def test_a_machine_without_a_host_launched_before_the_rejoin_waits_the_whole_window() -> None:
     # It may have joined while this daemon saw nothing, at a controller that has restarted since (seeds 434 and
-    # 272546480): every machine that joined before being back proves nothing about it.
+    # 272546480): every machine that joined before being back proves nothing about it, and after the window it is
+    # returned as no_host, never as never_joined (seed 779519691).
     world, machines = joined_fleet(3)
     rejoin = Rejoin(NOW, refs(world, machines[:2]))  # the third never had a host in this process's views
     controller_restart(world)
@@ -93,7 +94,7 @@ def test_a_machine_without_a_host_launched_before_the_rejoin_waits_the_whole_win
     world.now = NOW + SETTLE - 1
     assert returns(world, rejoin, 3) == []
     world.now = NOW + SETTLE
-    assert returns(world, rejoin, 3) == [("never_joined", (machines[2],))]
+    assert returns(world, rejoin, 3) == [("no_host", (machines[2],))]
 
 
 def test_a_machine_launched_after_the_rejoin_is_judged_by_its_join_deadline_alone() -> None:
@@ -110,7 +111,7 @@ def test_on_the_daemons_first_view_the_window_is_the_whole_timeout() -> None:
     world.now = NOW + SETTLE - 0.5
     assert returns(world, first, 2) == []
     world.now = NOW + SETTLE
-    assert sorted(returns(world, first, 2)) == [("never_joined", tuple(sorted(machines)))]
+    assert sorted(returns(world, first, 2)) == [("no_host", tuple(sorted(machines)))]
 
 
 def test_a_window_of_zero_is_the_old_rule() -> None:
@@ -150,7 +151,7 @@ def test_a_machine_older_than_the_daemons_first_view_and_never_seen_joined_waits
     second = Rejoin(NOW, refs(world, machines[1:]), first_view=NOW - 10)  # both launched at NOW - 25
     assert returns(world, second, 2) == []
     world.now = NOW + SETTLE
-    assert returns(world, second, 2) == [("never_joined", (machines[0],))]
+    assert returns(world, second, 2) == [("no_host", (machines[0],))]
 
 
 def test_a_machine_that_joined_under_a_timed_out_intent_is_still_returned_as_not_rejoined() -> None:
