@@ -27,17 +27,12 @@ def agent_argv(certs: Path, controllers: Sequence[str], marker: Path, *args: str
     """``provisionerd agent`` for ``ref`` (``--instance-ref``; none for an address-bound claim given in ``args``)
     joining ``controllers``, labelled with ``marker``."""
     instance = ("--instance-ref", ref) if ref else ()
-    return procs.provisionerd(
-        "agent",
-        "--certs",
-        certs,
-        "--controllers",
-        ",".join(controllers),
-        *instance,
-        "--label",
-        f"test-dir={marker}",
-        *args,
-    )
+    return _head(certs, controllers, *instance, "--label", f"test-dir={marker}", *args)
+
+
+def _head(certs: Path, controllers: Sequence[str], *rest: str | Path) -> list[str]:
+    """``provisionerd agent`` with the worker certificates ``certs`` joining ``controllers``, then ``rest``."""
+    return procs.provisionerd("agent", "--certs", certs, "--controllers", ",".join(controllers), *rest)
 
 
 @contextmanager
@@ -141,18 +136,7 @@ def token_file(home: Path, secret: str, name: str = "join-token") -> Path:
 def argv(certs: Path, controllers: Sequence[str], token: Path, *who: str, heartbeat: float = HEARTBEAT) -> list[str]:
     """The agent's command line: worker certificates ``certs``, ``who`` (``--instance-ref REF``, or
     ``--address-bound --machine-id ID``), the secret read from the file ``token``."""
-    return procs.provisionerd(
-        "agent",
-        "--certs",
-        certs,
-        "--controllers",
-        ",".join(controllers),
-        *who,
-        "--token-file",
-        token,
-        "--heartbeat",
-        str(heartbeat),
-    )
+    return _head(certs, controllers, *who, "--token-file", token, "--heartbeat", str(heartbeat))
 
 
 async def boot(
