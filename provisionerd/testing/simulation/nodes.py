@@ -207,6 +207,8 @@ class DaemonNode:
             self.recorder.hold(self.instance, fields["provider"], fields["epoch"], keeper.valid_until)
         elif event in ("lease_lost", "lease_releasing", "lease_released"):
             self.recorder.release(self.instance, fields["provider"])
+        elif event == "controller_amnesia" and self.instance in self.recorder.amnesiac:
+            self.recorder.learned.add(self.instance)
 
     def kill(self) -> None:
         """The process dies now: nothing it believed survives, nothing it started continues."""

@@ -106,8 +106,12 @@ class Recorder:
         #: ``grants`` and ``beliefs``, judged apart by ``invariants.check_lease_history``.
         self.past_eras: list[tuple[dict[tuple[str, Epoch], float], list[Belief]]] = []
         #: Daemon instances that remember a controller incarnation that was lost and whose reset no admin has
-        #: accepted yet: none of them may start a provider mutation (``mutation_while_halted``).
-        self.amnesiac: set[str] = set()
+        #: accepted yet (instance -> since when): none of them may start a provider mutation
+        #: (``mutation_while_halted``), except one whose intent the old controller acknowledged before the loss and
+        #: that it started before it learned of the loss (the ack was in flight: it cannot know).
+        self.amnesiac: dict[str, float] = {}
+        #: The amnesiac instances that have reported the amnesia (a ``controller_amnesia`` event): they know.
+        self.learned: set[str] = set()
         self.mutations: list[Mutation] = []
         self.creations: dict[str, list[Creation]] = collections.defaultdict(list)
         self.counts: collections.Counter[str] = collections.Counter()
@@ -149,9 +153,10 @@ class Recorder:
     def amnesia(self, instance: str, halted: bool) -> None:
         """``instance`` must be halted (it remembers a lost incarnation) or no longer (the admin accepted)."""
         if halted:
-            self.amnesiac.add(instance)
+            self.amnesiac.setdefault(instance, _now())
         else:
-            self.amnesiac.discard(instance)
+            self.amnesiac.pop(instance, None)
+            self.learned.discard(instance)
         self.note("check", "must_halt" if halted else "may_resume", instance=instance)
 
     def grant(self, provider: str, holder: str, epoch: Epoch, renewal: bool) -> None:

@@ -6,7 +6,9 @@ nothing. DESIGN invariant 9 says what the daemons must do, and the recorder chec
   starts later) is *amnesiac* until the admin accepts the reset: a provider mutation it starts meanwhile is
   ``mutation_while_halted``;
 - when the admin decides, every machine that ran at the loss still runs, unless a ``vanish`` fault took it or a
-  return or stop already named it before the loss (``machine_forgotten`` otherwise);
+  return or stop already named it before the loss: its call, or the ``ReturnIntent`` the lost log acknowledged
+  (the ack may reach the daemon after the loss, and it may act on it before it can learn of the loss:
+  ``invariants.acked_before_loss``) (``machine_forgotten`` otherwise);
 - the admin (the world) accepts the reset on each daemon that reports the amnesia, at the fault's end and then
   whenever another one does (one that was partitioned, or restarted still remembering the old incarnation).
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from provisionerd.domain.model import TAG_OP, RequestIntent
+from provisionerd.domain.model import TAG_OP, RequestIntent, ReturnIntent
 from provisionerd.testing.simulation.nodes import ObservedCluster
 from refcontroller.store import FactStore
 
@@ -42,6 +44,8 @@ class StoreLosses:
         self.forgotten: dict[str, float] = {}
         #: Request op ids the lost stores held: machines they make after the loss are explained by a lost log too.
         self.lost_ops: set[str] = set()
+        #: Machines a ``ReturnIntent`` of a lost store named (their return was acknowledged before the loss).
+        self.returning: set[str] = set()
         self.resets_accepted = 0
 
     def close(self) -> None:
@@ -57,7 +61,11 @@ class StoreLosses:
         now = trio.current_time()
         for machine in world.cloud.running():
             self.forgotten.setdefault(str(machine["machineId"]), now)
-        self.lost_ops.update(c.fact.op_id for c in old.store.all_facts() if isinstance(c.fact, RequestIntent))
+        for committed in old.store.all_facts():
+            if isinstance(committed.fact, RequestIntent):
+                self.lost_ops.add(committed.fact.op_id)
+            elif isinstance(committed.fact, ReturnIntent):
+                self.returning.update(committed.fact.machine_ids)
         store = FactStore.open(":memory:", incarnation=f"sim-{world.seed}-after-loss-{len(self.stores)}")
         cluster = ObservedCluster.open(store, s.replicas, s.ttl, s.check_interval, now)
         cluster.replicas.addresses = list(world.addresses)
@@ -86,7 +94,7 @@ class StoreLosses:
         for machine_id, lost_at in sorted(self.forgotten.items()):
             doc = cloud.machines[machine_id]
             named = cloud.named_by_mutation.get(machine_id)
-            under_way = named is not None and named <= lost_at
+            under_way = (named is not None and named <= lost_at) or machine_id in self.returning
             if doc["status"] == "running" or machine_id in cloud.vanished or under_way:
                 continue
             world.recorder.violate(
