@@ -118,12 +118,11 @@ class OneShotProvider:
         if not op:
             return []
         mine = [left for left in self._leftovers if left.op == op]
-        if not mine:
-            return []
-        self._leftovers = [left for left in self._leftovers if left.op != op]
         found = []
         for left in mine:
             ended = await left.wait()
+            # Forgotten only once collected: a caller cancelled while it waits leaves the call pending, never lost.
+            self._leftovers.remove(left)
             found.append(self._collect(left, timed_out=not ended))
         return found
 

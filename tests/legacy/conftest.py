@@ -52,7 +52,7 @@ class World:
         """Rewrite the plugin's own settings file (LOG_INPUTS is always on: the tests read what it received)."""
         (self.conf / "lsfexampleprov_config.json").write_text(json.dumps({"LOG_INPUTS": True, **values}))
 
-    def config(self, timeouts: dict[str, float] | None = None) -> ProviderConfig:
+    def config(self, timeouts: dict[str, float] | None = None, calls_dir: str = "") -> ProviderConfig:
         return ProviderConfig(
             name="lsfex",
             cluster="c1",
@@ -62,6 +62,7 @@ class World:
             env={"PATH": plugin_path()},
             limits=Limits(term_grace=0.3),
             timeouts=timeouts or {},
+            calls_dir=calls_dir,
         )
 
     def daemon_provider(self, timeout: float = 20.0, **options: Any) -> DaemonProvider:
@@ -79,10 +80,10 @@ class World:
         )
 
     def adapter(
-        self, user_data: dict[str, str] | None = None, timeouts: dict[str, float] | None = None
+        self, user_data: dict[str, str] | None = None, timeouts: dict[str, float] | None = None, calls_dir: str = ""
     ) -> LegacyProvider:
         settings = LegacySettings(user_data=UserDataTemplate.parse(user_data or {}), journal_path=str(self.journal))
-        return LegacyProvider(OneShotProvider(self.config(timeouts)), settings)
+        return LegacyProvider(OneShotProvider(self.config(timeouts, calls_dir)), settings)
 
     def request(self, op_id: str, count: int, template: str = TEMPLATE) -> dict[str, Any]:
         boot = []

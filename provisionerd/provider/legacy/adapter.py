@@ -109,7 +109,14 @@ class LegacyProvider:
         """Nothing to close: each plugin call is its own process."""
 
     def unknown_outcomes(self) -> list[dict[str, Any]]:
-        """Create ops with a call whose outcome is unknown: for the orphan report, which cannot see what they made."""
+        """Create ops with a call whose outcome is unknown: for the daemon's recovery (it fails such an op) and the
+        orphan report (which cannot see what they made).
+
+        A call an earlier process left is collected first if it has ended: its answer is its outcome (issue 31,
+        finding 2: an answer that landed after this process started was reported as unknown, the daemon failed the op,
+        and the next call collected the answer as accepted: machines nobody polled). One still running is not
+        unknown yet."""
+        self._collect(self.runner.take_finished())
         found = []
         pending = self.runner.pending_ops()  # still running under an earlier process: not unknown yet
         for op in self.journal.unknown_creates():
