@@ -18,6 +18,10 @@ Failures:
   ``provisionerd.execution.call_rules`` ("Every call is gated", "After an unknown outcome") and
   ``UnknownOutcomeFlow``. ``provider_error`` is treated the same way when the listing shows the call took effect
   (the contract tells plugins to answer it when they do not know), and as a refusal when it shows nothing;
+- a ``getRequestStatus`` that does not know the requestId ``requestMachines`` just answered (a foreign id: an
+  ``unknown request``, or an answer about other ids only) is a protocol violation, not "nothing made": the op's
+  listing by tag is committed, a shortfall leaves the intent open for recovery (nothing is requested for the
+  demand meanwhile), and a provider that does it twice in a row is unhealthy (``protocol_violation``);
 - a request still not complete at its provisioning deadline stops polling: whatever the provider made is listed by
   op tag and committed as instance facts, and the intent is left open, so the planner's provisioning timeout fails
   it and returns its machines.
@@ -39,10 +43,12 @@ exist only inside ``run`` (and the same-op retry it hands them to): never in an 
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
 from provisionerd.domain.actions import RequestMachines
-from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import instance_refs, issue
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
@@ -50,9 +56,15 @@ from provisionerd.execution.observations import gate_code
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
-from provisionerd.planner.capacity import CallSucceeded
+from provisionerd.planner.capacity import CallSucceeded, ProviderUnhealthy
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.values import MachineRequest, OwnerTags, RequestAccepted, RequestStatus
+
+log = logging.getLogger(__name__)
+
+
+#: A provider whose create requests are answered with an id it does not know this many times in a row is unhealthy.
+FOREIGN_UNHEALTHY_AFTER = 2
 
 
 class RequestFlow:
@@ -61,6 +73,7 @@ class RequestFlow:
         self._steps = steps
         self._unknown = unknown
         self._legacy = legacy
+        self._foreign_in_a_row: dict[str, int] = {}  # provider -> create requests answered with a foreign id
 
     async def run(self, run: CallObservations, action: RequestMachines) -> RequestOutcome:
         """Run one ``RequestMachines`` action to its end (see the module docstring). Raises nothing a provider or
@@ -121,10 +134,42 @@ class RequestFlow:
                 return outcome
         assert accepted is not None
         run.add(CallSucceeded(provider, op_id=op_id))
-        status = await steps.poll(run, provider, accepted.request_id, deadline)
+        try:
+            status = await steps.poll(run, provider, accepted.request_id, deadline, own_id=True)
+        except ProviderProtocolViolation as exc:
+            return await self._foreign_id(run, intent, exc)
+        self._foreign_in_a_row.pop(provider, None)
         if status is None or not status.final:
             return await self._timed_out(intent, status)
         return await self._finish(intent, status)
+
+    async def _foreign_id(
+        self, run: CallObservations, intent: RequestIntent, violation: ProviderProtocolViolation
+    ) -> RequestOutcome:
+        """The plugin does not know the requestId its own ``requestMachines`` answered (issue 31, finding 3): the
+        call may have made every machine, so the outcome is unknown, never "nothing made". The op's listing by tag
+        settles it: what it shows is committed; a shortfall leaves the intent open, so nothing is requested for the
+        demand meanwhile and recovery lists the op again before the rest becomes a new op. The second violation in
+        a row makes the provider unhealthy (``protocol_violation``), its reason naming the ids."""
+        op_id, provider = intent.op_id, intent.provider
+        in_a_row = self._foreign_in_a_row[provider] = self._foreign_in_a_row.get(provider, 0) + 1
+        detail = f"op {op_id}: {violation.detail}"[:500]
+        log.warning("provider %s: protocol violation (%d in a row): %s", provider, in_a_row, detail)
+        if in_a_row >= FOREIGN_UNHEALTHY_AFTER:
+            run.add(ProviderUnhealthy(provider, "protocol_violation", self._deps.wall(), detail))
+        found = await self._steps.list_op(provider, op_id)
+        self._steps.emit(
+            "recovery",
+            "request",
+            op_id,
+            provider,
+            error="foreign_request_id",
+            found=None if found is None else len(found),
+        )
+        committed = await self._steps.commit_instances(intent, found) if found else ()
+        if committed is not None and len(committed) >= intent.count:
+            return RequestOutcome(op_id, provider, "fulfilled", committed, code="foreign_request_id", detail=detail)
+        return RequestOutcome(op_id, provider, "unknown", committed or (), code="foreign_request_id", detail=detail)
 
     async def _finish(self, intent: RequestIntent, status: RequestStatus) -> RequestOutcome:
         made = [m for m in status.machines if m.result == "succeed"]

@@ -15,7 +15,12 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import ControllerRejected, ControllerStorageFailure, ProviderError
+from provisionerd.domain.errors import (
+    ControllerRejected,
+    ControllerStorageFailure,
+    ProviderError,
+    ProviderProtocolViolation,
+)
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
@@ -25,7 +30,7 @@ from provisionerd.execution.values import GATE_ERRORS, CallObservations, Executo
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
-from provisionerd.provider.values import RequestStatus, status_for
+from provisionerd.provider.values import RequestStatus, foreign_request, status_for
 from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -95,9 +100,11 @@ class Steps:
             return None
 
     async def poll(
-        self, run: CallObservations, provider: str, request_id: str, deadline: float
+        self, run: CallObservations, provider: str, request_id: str, deadline: float, *, own_id: bool = False
     ) -> RequestStatus | None:
-        """Poll until the request is final or ``deadline`` (trio clock) passes; the last status seen."""
+        """Poll until the request is final or ``deadline`` (trio clock) passes; the last status seen. With
+        ``own_id`` (a create request, whose id the plugin itself just answered) an answer showing that the plugin
+        does not know the id raises ``ProviderProtocolViolation`` (``provider.values.foreign_request``)."""
         s = self._deps.settings
         delay = s.poll_initial
         last: RequestStatus | None = None
@@ -113,6 +120,9 @@ class Steps:
                 self.observe_error(run, provider, "", exc)
                 log.info("getRequestStatus %s failed: %s", request_id, exc)
             else:
+                foreign = foreign_request(statuses, request_id) if own_id else None
+                if foreign is not None:
+                    raise ProviderProtocolViolation(provider, "getRequestStatus", foreign)
                 status = status_for(statuses, request_id)
                 if status is not None:
                     last = status

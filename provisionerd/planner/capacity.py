@@ -18,6 +18,9 @@ The failure count survives a successful probe (a probe cannot tell whether the n
 quota) and starts over only when a mutation succeeds (:class:`CallSucceeded`), so a provider whose requests keep
 failing with ``invalid_request`` costs one intent per back-off step, each step twice as long.
 
+``protocol_violation`` is a plugin that keeps answering create requests with requestIds it does not know
+(``execution.request_flow``): its requests wait the same way; its returns do not.
+
 ``quota_exceeded`` is this same state: its first step is ``quota_pause`` (it was a fixed pause before; now it
 doubles while the quota stays exhausted). :class:`ProviderResumed` (an operator) lifts the state at once.
 """
@@ -60,7 +63,7 @@ class Throttled:
 
 
 #: The refusal codes that make a provider unhealthy (see the module docstring).
-UNHEALTHY_CODES = frozenset({"auth_failed", "invalid_request", "quota_exceeded"})
+UNHEALTHY_CODES = frozenset({"auth_failed", "invalid_request", "quota_exceeded", "protocol_violation"})
 
 
 @attrs.frozen
@@ -144,8 +147,9 @@ class Unhealthy:
 
     @property
     def blocks_returns(self) -> bool:
-        """Whether returns wait too: not for ``quota_exceeded`` (a return frees quota; only requests need it)."""
-        return self.code != "quota_exceeded"
+        """Whether returns wait too: not for ``quota_exceeded`` (a return frees quota; only requests need it) nor
+        ``protocol_violation`` (create requests answered with ids the plugin does not know: returns are apart)."""
+        return self.code not in ("quota_exceeded", "protocol_violation")
 
     def reason(self, provider: str) -> str:
         detail = f": {self.detail}" if self.detail else ""

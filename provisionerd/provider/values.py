@@ -206,6 +206,27 @@ def status_for(statuses: Sequence[RequestStatus], request_id: str) -> RequestSta
     return next((s for s in statuses if s.request_id == request_id), None)
 
 
+#: How a plugin says it does not know a request id (the contract: ``complete_with_error``, no machines, this message).
+UNKNOWN_REQUEST = "unknown request"
+
+
+def foreign_request(statuses: Sequence[RequestStatus], request_id: str) -> str | None:
+    """Why the answer to ``getRequestStatus([request_id])`` shows that the plugin does not know ``request_id``, the
+    id its own ``requestMachines`` answered (``None``: it knows it, or said nothing yet). Either it reports the id as
+    an unknown request, or it answers only about other ids. A protocol violation: the call's outcome is unknown, not
+    "nothing made" (issue 31, finding 3)."""
+    status = status_for(statuses, request_id)
+    if status is None:
+        got = sorted({s.request_id for s in statuses})[:5]
+        return f"getRequestStatus answered about {got} when asked about {request_id!r}" if got else None
+    if status.final and not status.machines and status.message.lower().startswith(UNKNOWN_REQUEST):
+        return (
+            f"getRequestStatus does not know {request_id!r}, the requestId requestMachines answered "
+            f"({status.message[:200]})"
+        )
+    return None
+
+
 @attrs.frozen
 class Reclaim:
     """A machine the provider wants back (``getReturnRequests``: spot capacity, maintenance). ``machine_id`` may be

@@ -153,7 +153,8 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
     )
     unhealthy = _gauge(
         "provisionerd_provider_unhealthy",
-        "1 while the provider is unhealthy (code: auth_failed, invalid_request, quota_exceeded; none when healthy).",
+        "1 while the provider is unhealthy (code: auth_failed, invalid_request, quota_exceeded, protocol_violation;"
+        " none when healthy).",
         p_,
         "code",
     )

@@ -157,7 +157,7 @@ class FakeProvider:
                     {
                         "requestId": ref["requestId"],
                         "status": "complete_with_error",
-                        "message": "unknown",
+                        "message": "unknown request",
                         "machines": [],
                     }
                 )

@@ -175,3 +175,13 @@ def test_seed_77138038_an_ack_in_flight_at_a_store_loss_is_not_a_halted_mutation
     found = violated_now(77138038)
     assert "mutation_while_halted" not in found
     assert "machine_forgotten" not in found
+
+
+def test_seeds_1022_and_1120_an_op_answered_with_a_foreign_id_is_settled_by_its_listing(monkeypatch):
+    """The ``foreign_id`` fault (issue 31 finding 3): the cloud makes the machines and answers a requestId it never
+    made. Read as "nothing made" (``foreign_request`` patched out: the daemon as it was), the ops were failed with
+    their machines unexplained, 3 and 10 times; now the listing by op tag explains them first."""
+    for seed in (1022, 1120):
+        assert "failed_with_machines" not in violated_now(seed), seed
+    monkeypatch.setattr("provisionerd.execution.steps.foreign_request", lambda statuses, request_id: None)
+    assert "failed_with_machines" in violated_now(1022)

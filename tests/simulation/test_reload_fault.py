@@ -6,8 +6,6 @@ keeps the old cap (``reload_not_live``)."""
 
 from __future__ import annotations
 
-import random
-
 import attrs
 import pytest
 
@@ -16,7 +14,7 @@ import provisionerd.execution.loop as loop_module
 from provisionerd.daemon import current_config
 from provisionerd.daemon.current_config import ReloadResult
 from provisionerd.daemon.root import DaemonCore
-from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw_plan
+from provisionerd.testing.simulation.faults import Fault, FaultPlan
 from provisionerd.testing.simulation.runner import run_world
 from provisionerd.testing.simulation.world import World
 
@@ -108,16 +106,3 @@ def test_a_planner_that_keeps_the_old_cap_is_caught(monkeypatch):
     monkeypatch.setattr(loop_module, "plan", old_cap)
     result = run_world(reload_world("cap_down", 1.0, seed=CAP_SEED, at=1.0))
     assert {v.invariant for v in result.violations} == {"reload_not_live"}
-
-
-def test_the_reload_fault_is_drawn_after_the_others_so_earlier_draws_keep():
-    later = ("controller_restart",)  # drawn after the reload
-    without = tuple(k for k in KINDS if k != "reload" and k not in later)
-    drawn = 0
-    for seed in range(300):
-        args = {"horizon": 200.0, "slots": ("a", "b"), "replicas": 3}
-        new = draw_plan(random.Random(seed), kinds=tuple(k for k in KINDS if k not in later), **args)
-        old = draw_plan(random.Random(seed), kinds=without, **args)
-        assert tuple(f for f in new.faults if f.kind != "reload") == old.faults
-        drawn += "reload" in new.kinds()
-    assert 50 <= drawn <= 110  # RELOAD_CHANCE = 0.25

@@ -22,6 +22,7 @@ FAULT_KINDS = {
     "capacity": ("requestMachines",),
     "quota": ("requestMachines",),
     "partial": ("requestMachines",),
+    "foreign_id": ("requestMachines",),
     "vanish": ("listMachines",),
     "reclaim": ("getReturnRequests",),
     "throttle": None,  # None: the rule must name its actions

@@ -332,6 +332,10 @@ ACTIONS = {
 }
 
 
+#: The requestId a ``foreign_id`` fault answers: no request of this plugin ever has it.
+FOREIGN_ID = "req-ffffffffffff"
+
+
 def handle(config: dict, state: dict, action: str, inp: object, now: float) -> Outcome:
     """Answer one call: faults first (they may refuse it), then world events (vanish, reclaim), then the action."""
     outcome = Outcome()
@@ -354,6 +358,8 @@ def handle(config: dict, state: dict, action: str, inp: object, now: float) -> O
         if not isinstance(inp, dict):
             raise Fault("invalid_request", f"input: expected a JSON object, got {type(inp).__name__}")
         outcome.result = handler(call, inp)
+        if plan.foreign and isinstance(outcome.result, dict) and "requestId" in outcome.result:
+            outcome.result = {**outcome.result, "requestId": FOREIGN_ID}  # took effect; answered an id never made
     except Fault as fault:
         outcome.result, outcome.error = None, fault.document()
     outcome.change = call.change

@@ -12,6 +12,8 @@ Kinds and what they do (the engine applies them):
 - ``hang``, ``crash``, ``garbage``: the call takes effect, then the answer is lost: never sent, the process exits
   mid-answer, or a non-JSON line is sent instead. (That is the case the daemon's op_id retry exists for.)
 - ``partial``: ``requestMachines`` creates fewer machines than asked (``count``, or ``fraction`` of the ask).
+- ``foreign_id``: the call takes effect, then answers a requestId the plugin never made (``getRequestStatus`` says
+  ``unknown request`` for it): a protocol violation the daemon must not take for "nothing made".
 - ``vanish``: ``count`` live machines disappear (oldest first): gone from listings, ``fail``/``terminated``.
 - ``reclaim``: ``count`` live machines are reclaimed: ``getReturnRequests`` lists them with ``gracePeriod``.
 """
@@ -35,7 +37,7 @@ DISRUPT_KINDS = ("hang", "crash", "garbage")
 class Plan:
     """What the firing rules ask of this call. ``fired`` is true when any counter moved (state must be saved)."""
 
-    __slots__ = ("error", "delay", "disrupt", "partial", "vanish", "reclaim", "fired")
+    __slots__ = ("error", "delay", "disrupt", "partial", "vanish", "reclaim", "foreign", "fired")
 
     def __init__(self) -> None:
         self.error: Fault | None = None
@@ -44,6 +46,7 @@ class Plan:
         self.partial: dict | None = None
         self.vanish: list[dict] = []
         self.reclaim: list[dict] = []
+        self.foreign = False
         self.fired = False
 
 
@@ -97,6 +100,8 @@ def plan(config: dict, state: dict, action: str, template_id: str | None) -> Pla
             result.disrupt = result.disrupt or kind
         elif kind == "partial":
             result.partial = result.partial or rule
+        elif kind == "foreign_id":
+            result.foreign = True
         elif kind == "vanish":
             result.vanish.append(rule)
         elif kind == "reclaim":

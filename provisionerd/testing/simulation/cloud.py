@@ -12,7 +12,9 @@ mutation together with the caller's lease at that instant.
   contract, maybe after doing the work);
 - ``idempotent=False``: a cloud without client tokens, where the same op_id again creates machines again (the
   daemon must look for the op_id's tag before retrying);
-- ``vanish``: a machine disappears behind our back.
+- ``vanish``: a machine disappears behind our back;
+- ``foreign_rate``: ``requestMachines`` takes effect, then answers a requestId the cloud never made (its status call
+  says ``unknown request``).
 
 Each daemon instance talks to it through its own ``CloudClient`` (a ``PluginTransport``; ``PluginClient`` over it is
 the typed client), which is how the cloud knows who called: the client snapshots the caller's lease keeper when the
@@ -36,6 +38,8 @@ from provisionerd.testing.simulation.observe import CallerLease, Creation, Mutat
 #: The wall clock of the simulated world is trio's clock plus this (launch times, host ``since``).
 WALL_EPOCH = 1_700_000_000.0
 FAULT_KINDS = ("reject", "hang", "crash", "garbage")
+#: The requestId a ``foreign_id`` window answers: the cloud never made a request with it.
+FOREIGN_ID = "req-foreign"
 REJECT_CODES = ("capacity_unavailable", "throttled", "quota_exceeded", "internal")
 
 
@@ -57,6 +61,7 @@ class SimCloud(FakeProvider):
         self.fault: str | None = None  # the current fault window's kind
         self.fault_rate = 0.0
         self.slow = 1.0  # latency multiplier (a "slow" window)
+        self.foreign_rate = 0.0  # a "foreign_id" window: the share of requests answered with an id never made
         self._caller = ""
         self.on_vanished: list[Callable[[str, str], None]] = []
         #: Machine id -> when a return or stop first named it (the store-loss check tells those from forgotten).
@@ -80,6 +85,7 @@ class SimCloud(FakeProvider):
         machine_id = self.rng.choice(running)
         self.machines[machine_id]["status"] = "terminated"
         self.vanished.add(machine_id)
+        self.recorder.gone.add(machine_id)
         self.recorder.note("provider", "vanished", machine=machine_id)
         for hook in self.on_vanished:
             hook(machine_id, self.machines[machine_id]["instanceRef"])
@@ -120,6 +126,9 @@ class SimCloud(FakeProvider):
         if fault == "garbage":
             raise ProviderProtocolViolation(self.name, action, "output is not JSON (simulated)")
         assert output is not None
+        if action == "requestMachines" and self.foreign_rate and self.rng.random() < self.foreign_rate:
+            self.recorder.foreign_answer(str(input["op_id"]))
+            return {**output, "requestId": FOREIGN_ID}
         return output
 
     def _do(self, caller: str, action: str, input: Mapping[str, Any]) -> dict[str, Any]:

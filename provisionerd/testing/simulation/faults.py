@@ -29,6 +29,9 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
                     in memory only, is empty; every session is cut; each joined worker still running rejoins with
                     its credential 1-40 s later. Machines older than the join deadline must not be returned as never
                     joined (the invariant ``joined_retired_as_never_joined``)
+``foreign_id``      the cloud's ``requestMachines`` takes effect, then answers (at ``rate``) a requestId it never
+                    made, which its status call reports as an unknown request (issue 31 finding 3): the daemon must
+                    settle the op from its listing, never leave a machine without a fact nor ask again meanwhile
 ``reload``          one slot's daemon gets an admin orphan action (``admin``) and, while it is under way, a config
                     reload (``mode``: a live change or one that needs a restart; ``value``); a live change is undone
                     at the fault's end (``reload_fault``)
@@ -62,7 +65,16 @@ WEIGHTED = (
 WEIGHTS = (3, 2, 4, 1, 2, 2, 3, 1, 1, 1)
 #: Every kind. A ``twin`` is drawn after the others (at most one per run, with ``TWIN_CHANCE``), so the kinds and
 #: times drawn before it are the same as before it existed.
-KINDS = (*WEIGHTED, "twin", "storage_failure", "store_loss", "bad_machines", "reload", "controller_restart")
+KINDS = (
+    *WEIGHTED,
+    "twin",
+    "storage_failure",
+    "store_loss",
+    "bad_machines",
+    "reload",
+    "controller_restart",
+    "foreign_id",
+)
 TWIN_CHANCE = 0.3
 #: Storage faults are drawn after the twin, each with its own chance, for the same reason.
 STORAGE_FAILURE_CHANCE = 0.25
@@ -77,6 +89,8 @@ BAD_MACHINES_CHANCE = 0.25
 #: A controller process restart (issue 31 finding 1): drawn after everything else, so every other draw is the same
 #: as before it existed; late in the run, when machines are older than the join deadline.
 CONTROLLER_RESTART_CHANCE = 0.3
+#: A cloud answering foreign request ids (issue 31 finding 3): drawn after the controller restart (the same reason).
+FOREIGN_ID_CHANCE = 0.2
 
 
 @attrs.frozen
@@ -187,4 +201,8 @@ def draw_plan(
         )
     if "controller_restart" in kinds and max_faults > 0 and rng.random() < CONTROLLER_RESTART_CHANCE:
         faults.append(Fault(round(rng.uniform(horizon * 0.4, horizon * 0.9), 3), "controller_restart"))
+    if "foreign_id" in kinds and max_faults > 0 and rng.random() < FOREIGN_ID_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.7), 3)
+        duration = round(min(horizon - at, rng.uniform(10.0, 90.0)), 3)
+        faults.append(Fault(at, "foreign_id", duration, value=round(rng.uniform(0.3, 1.0), 3)))
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

@@ -31,6 +31,9 @@ violation names its invariant with a stable word (the ``simulate`` command print
                              the new ``max_machines`` (machines already above a lowered cap are no violation)
 ``stuck``                    the run made no virtual progress (a busy loop) within its wall-clock budget
 ``no_convergence``           with the lifecycle: machines did not match demand within the settle time after faults
+``failed_with_machines``     an op the cloud answered with a requestId it never made (``foreign_id``) was failed while
+                             a machine it made runs with no instance fact (issue 31 finding 3: read as "nothing made",
+                             the op was failed and asked again, and its machines leaked)
 ``joined_retired_as_never_joined``  a machine whose worker had joined was returned as ``never_joined`` (invariant
                              11: a restart costs no machine; a controller restart empties its host table)
 
@@ -75,6 +78,7 @@ INVARIANTS = (
     "stuck",
     "no_convergence",
     "joined_retired_as_never_joined",
+    "failed_with_machines",
 )
 
 #: The intent kind a mutating provider action needs.
@@ -107,6 +111,29 @@ def check_commit(rec: Recorder, commit: Commit) -> None:
             f"fact {previous.index} with {previous.epoch}",
         )
     rec.last_fact[commit.provider] = commit
+    check_unknown_ops(rec, commit)
+
+
+def check_unknown_ops(rec: Recorder, commit: Commit) -> None:
+    """``failed_with_machines``: an op answered with a foreign id is failed only once every machine it made that
+    still runs has its instance fact (the listing by op tag explains them before the rest becomes a new op)."""
+    if commit.kind != "RequestFailed" or commit.op_id not in rec.unknown_ops:
+        return
+    rec.unknown_ops.discard(commit.op_id)
+    explained = {c.fact.instance_ref for c in rec.commits_by_op.get(("InstanceFact", commit.op_id), [])}
+    made = [
+        (machine, ref)
+        for creation in rec.creations.get(commit.op_id, [])
+        for machine, ref in zip(creation.machine_ids, creation.instance_refs, strict=True)
+        if machine not in rec.gone
+    ]
+    unexplained = sorted(machine for machine, ref in made if ref not in explained)
+    if unexplained:
+        rec.violate(
+            "failed_with_machines",
+            f"{commit.op_id}, answered with a requestId the cloud never made, failed while {unexplained} it made "
+            "run with no instance fact",
+        )
 
 
 def check_single_holder(rec: Recorder, belief: Belief) -> None:

@@ -112,6 +112,10 @@ class Recorder:
         self.amnesiac: dict[str, float] = {}
         #: The amnesiac instances that have reported the amnesia (a ``controller_amnesia`` event): they know.
         self.learned: set[str] = set()
+        #: Request ops the cloud answered with a requestId it never made, not failed yet (``failed_with_machines``).
+        self.unknown_ops: set[str] = set()
+        #: Machines gone behind the daemons' backs (``vanish``): no listing shows them.
+        self.gone: set[str] = set()
         self.mutations: list[Mutation] = []
         self.creations: dict[str, list[Creation]] = collections.defaultdict(list)
         self.counts: collections.Counter[str] = collections.Counter()
@@ -141,6 +145,11 @@ class Recorder:
 
     # --- observations (the continuous checks run from here) --------------------------------------------------------
 
+    def foreign_answer(self, op_id: str) -> None:
+        """The cloud answered ``op_id``'s request with a requestId it never made (a store loss forgets the op)."""
+        self.unknown_ops.add(op_id)
+        self.note("provider", "foreign_id", op_id=op_id)
+
     def new_controller(self, incarnation: str) -> None:
         """The controller came back on an empty store (``store_loss``): a new era of epochs and facts. Beliefs
         still open stay checked against every other by ``check_single_holder``."""
@@ -148,6 +157,7 @@ class Recorder:
         self.grants, self.beliefs = {}, []
         self.last_new_epoch.clear()
         self.last_fact.clear()
+        self.unknown_ops.clear()
         self.note("controller", "new_incarnation", incarnation=incarnation)
 
     def amnesia(self, instance: str, halted: bool) -> None:

@@ -327,6 +327,8 @@ class World:
                 self.cloud.set_fault(fault.mode, fault.value)
             case "provider_slow":
                 self.cloud.slow = fault.value
+            case "foreign_id":
+                self.cloud.foreign_rate = fault.value
             case "vanish":
                 self.cloud.vanish()
             case "no_join":
@@ -366,6 +368,8 @@ class World:
                 self.cloud.set_fault(None)
             case "provider_slow":
                 self.cloud.slow = 1.0
+            case "foreign_id":
+                self.cloud.foreign_rate = 0.0
             case "no_join":
                 self.workers.no_join = False
             case "bad_machines":

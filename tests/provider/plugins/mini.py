@@ -122,7 +122,12 @@ def handle(state, action, doc):
             req = state["requests"].get(r["requestId"])
             if req is None:
                 out.append(
-                    {"requestId": r["requestId"], "status": "complete_with_error", "message": "unknown", "machines": []}
+                    {
+                        "requestId": r["requestId"],
+                        "status": "complete_with_error",
+                        "message": "unknown request",
+                        "machines": [],
+                    }
                 )
                 continue
             ms = []
