@@ -110,6 +110,18 @@ def render_provider(name: str, p: dict[str, Any]) -> list[str]:
             f"  settling after a controller (re)join: {rejoin.get('missing')} machine(s) that joined before not back"
             f" yet; no machine is retired for not joining until they are, or for {rejoin.get('settle_s')}s"
         )
+    offers = p.get("offers")
+    if isinstance(offers, dict) and offers.get("error"):
+        kept = (
+            f"the offers read {offers.get('age_s')}s ago are kept"
+            + (" (stale: no new machine from them)" if offers.get("stale") else "")
+            if offers.get("read")
+            else "no offers read yet"
+        )
+        lines.append(
+            f"  offers: last read failed ({offers.get('failures')} in a row: {offers.get('error')}); {kept};"
+            f" read again in {offers.get('retry_in_s')}s"
+        )
     health = p.get("health", {})
     if health.get("state") == "unhealthy":
         lines.append(

@@ -121,6 +121,7 @@ class StatusSnapshot:
                 **self._provider(name, keeper, now, wall_now, fleet, health.get(name, {"state": "healthy"})),
                 "step": steps.get(name),
                 "rejoin": windows.get(name),
+                "offers": self.feed.describe(name, now),
             }
             for name, keeper in self.pieces.keepers.items()
         }
@@ -236,10 +237,19 @@ class StatusSnapshot:
     ) -> dict[str, str]:
         if health.get("code") == "quota_exceeded":
             return {"state": "failed", "detail": f"quota_exceeded: {health.get('detail', '')}"}
+        error = self.feed.errors.get(name)
         if name not in self.feed.latest:
-            error = self.feed.errors.get(name)
             why = "not read yet" if error is None else f"not read: the last read failed ({outcome_of(error)})"
             return {"state": "unknown", "detail": f"offers {why}"}
+        if error is not None:
+            kept = self.feed.describe(name)
+            stale = "stale: no new machine from them" if kept.get("stale") else "still used"
+            again = "at its next probe" if health.get("state") == "unhealthy" else f"in {kept.get('retry_in_s')}s"
+            return {
+                "state": "limited",
+                "detail": f"the last read failed ({outcome_of(error)}): the offers read {kept.get('age_s')}s ago are"
+                f" kept ({stale}); read again {again}",
+            }
         if offers == 0:
             return {"state": "failed", "detail": "the provider offers no template"}
         if details:

@@ -47,7 +47,7 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.actions import Note
+from provisionerd.domain.actions import Note, RequestMachines
 from provisionerd.domain.errors import ProviderError
 from provisionerd.execution.dispatch import Dispatcher
 from provisionerd.execution.executor import Executor
@@ -403,8 +403,9 @@ class ReconcileLoop:
         if self.state.intents_refused_until(self.wall()) is not None:  # the controller refused intents: wait
             return self._skipped("controller refused intents: backing off")
         # An unhealthy provider is not read (only probed): its offers are not waited for, and the planner asks
-        # nothing of it anyway.
-        if not self.feed.fresh([name for name in leased if not self.unhealthy(name)]):
+        # nothing of it anyway. A provider read once keeps its last good offers through failed reads: returns and
+        # retirements go on; new machines come only from offers younger than the feed's max_age.
+        if not self.feed.known([name for name in leased if not self.unhealthy(name)]):
             return self._skipped("offers not read")
         self._skipped("")
         self.cycles += 1
@@ -428,8 +429,9 @@ class ReconcileLoop:
         self._wake_at = result.wake_at
         self._emit_notes(result.notes)
         allowed = set(leased)
+        offered = {name for name in leased if self.feed.fresh([name])}  # requests only on offers not stale
         for action in result.actions:
-            self._dispatcher.dispatch(action, allowed)
+            self._dispatcher.dispatch(action, offered if isinstance(action, RequestMachines) else allowed)
         self._recovery.recover(view, allowed)
 
     async def poll_reclaims(self, provider: str, view: ControllerView) -> None:

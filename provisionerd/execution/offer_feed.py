@@ -5,17 +5,22 @@ validated document into ``Offer`` values, ``provisionerd.provider.contract.read_
 successful read of each, and builds one :class:`provisionerd.planner.offers.Catalog` per change so the planner's
 rankings stay cached between cycles.
 
-A read that fails keeps nothing stale: that provider's offers are dropped until the next successful read, and
-``fresh(providers, now)`` says whether every named provider was read successfully within ``max_age`` seconds. The
-loop plans only when it is (a cycle that could not read its inputs takes no action). Failures are typed
-``ProviderError`` values in ``errors`` (and handed to ``on_failure``: a ``Throttled`` read backs the provider off
-in the planner like any other throttled call); a provider that answers more than ``MAX_TEMPLATES`` templates is
-refused with ``ProviderProtocolViolation`` (bounded memory whatever a plugin says).
+A read that fails keeps the last good offers of that provider (issue 31, finding 5: dropping them stopped every
+plan, returns included, until the next read a full interval later). ``fresh(providers, now)`` says whether every
+named provider was read successfully within ``max_age`` seconds, ``known(providers)`` whether each was read
+successfully at all. The loop plans once every provider is known, and requests machines only from providers whose
+offers are fresh; returns and retirements never wait for a read. A failed provider is read again soon: after
+``RETRY_FIRST`` seconds, doubling up to ``interval`` (``retry_in``); ``describe`` gives each provider's age, error
+and next retry for ``status``. Failures are typed ``ProviderError`` values in ``errors`` (and handed to
+``on_failure``: a ``Throttled`` read backs the provider off in the planner like any other throttled call); a
+provider that answers more than ``MAX_TEMPLATES`` templates is refused with ``ProviderProtocolViolation`` (bounded
+memory whatever a plugin says).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -31,6 +36,10 @@ from provisionerd.telemetry.events import EventLog
 # ``templates_to_offers`` (one ``getAvailableTemplates`` document as offers) and ``MAX_TEMPLATES`` live with the
 # typed client now; their tests still import them from here.
 __all__ = ["MAX_TEMPLATES", "OfferFeed", "ProviderOffers", "templates_to_offers"]
+
+
+#: The first re-read after a failed one, in seconds; it doubles on each failure in a row, up to the interval.
+RETRY_FIRST = 1.0
 
 
 @attrs.frozen
@@ -58,6 +67,7 @@ class OfferFeed:
         self._timeout = timeout
         self.latest: dict[str, ProviderOffers] = {}
         self.errors: dict[str, ProviderError] = {}
+        self._failed: dict[str, tuple[int, float]] = {}  # provider -> (failed reads in a row, retry at: trio clock)
         self.catalog = Catalog(())
         self.version = 0
         self._changed = trio.Event()
@@ -73,6 +83,32 @@ class OfferFeed:
         """Whether every provider in ``providers`` has a successful read younger than ``max_age``."""
         now = trio.current_time() if now is None else now
         return all(p in self.latest and now - self.latest[p].read_at < self.max_age for p in providers)
+
+    def known(self, providers: Sequence[str]) -> bool:
+        """Whether every provider in ``providers`` has been read successfully at least once (its offers, however
+        old, are in the catalog)."""
+        return all(p in self.latest for p in providers)
+
+    def retry_in(self, provider: str, now: float | None = None) -> float | None:
+        """Seconds until a failed provider is read again (``None``: its last read succeeded)."""
+        failed = self._failed.get(provider)
+        now = trio.current_time() if now is None else now
+        return None if failed is None else max(0.0, failed[1] - now)
+
+    def describe(self, provider: str, now: float | None = None) -> dict[str, Any]:
+        """What ``status`` shows of ``provider``'s offers: their age, whether they are stale (older than
+        ``max_age``: no request is made from them), the last read's error and the next retry."""
+        now = trio.current_time() if now is None else now
+        latest, error = self.latest.get(provider), self.errors.get(provider)
+        doc: dict[str, Any] = {"read": latest is not None}
+        if latest is not None:
+            doc.update(age_s=round(now - latest.read_at, 1), templates=len(latest.offers))
+            doc["stale"] = now - latest.read_at >= self.max_age
+        if error is not None:
+            failed = self._failed.get(provider, (1, now))
+            doc.update(error=f"{type(error).__name__}: {error.detail}"[:200], failures=failed[0])
+            doc["retry_in_s"] = round(max(0.0, failed[1] - now), 1)
+        return doc
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
@@ -100,6 +136,7 @@ class OfferFeed:
             previous = self.latest.get(name)
             self.latest[name] = ProviderOffers(offers, trio.current_time())
             self.errors.pop(name, None)
+            self._failed.pop(name, None)
             if previous is None or previous.offers != offers:
                 nonlocal changed
                 changed = True
@@ -108,10 +145,12 @@ class OfferFeed:
         async with trio.open_nursery() as nursery:
             for name in names:
                 nursery.start_soon(read, name)
+        now = trio.current_time()
         for name, exc in failures.items():
-            self.errors[name] = exc
-            if self.latest.pop(name, None) is not None:  # never plan on offers we could not confirm
-                changed = True
+            self.errors[name] = exc  # the last good offers stay (see the module docstring)
+            in_a_row = self._failed.get(name, (0, now))[0] + 1
+            retry = min(self.interval, RETRY_FIRST * 2 ** min(in_a_row - 1, 30))
+            self._failed[name] = (in_a_row, now + retry)
             self._events.emit(
                 "offers_failed",
                 provider=name,
@@ -121,6 +160,9 @@ class OfferFeed:
                 # A refused answer: where and which rule (never the value).
                 path=exc.path if isinstance(exc, ProviderAnswerInvalid) else None,
                 rule=exc.rule if isinstance(exc, ProviderAnswerInvalid) else None,
+                failures=in_a_row,
+                retry_in=retry,
+                kept=name in self.latest,
             )
             self.on_failure(name, exc)
         if changed:
@@ -135,10 +177,21 @@ class OfferFeed:
         self.version += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Read at once, then every ``interval`` (or sooner after ``refresh_soon``), until cancelled."""
+        """Read every provider at once, then every ``interval`` (or sooner after ``refresh_soon``); a provider whose
+        read failed is read again at its retry time in between. Until cancelled."""
         task_status.started()
+        names: list[str] | None = None  # None: every provider (a full read)
+        next_full = trio.current_time()
         while True:
             self._poked = trio.Event()
-            await self.refresh()
-            with trio.move_on_after(self.interval):
+            if names is None:
+                next_full = trio.current_time() + self.interval
+            await self.refresh(names)
+            retries = [at for name, (_, at) in self._failed.items() if not self.skip(name)]
+            with trio.move_on_at(min([next_full, *retries])):
                 await self._poked.wait()
+            now = trio.current_time()
+            if self._poked.is_set() or now >= next_full:
+                names = None
+            else:
+                names = [n for n, (_, at) in self._failed.items() if at <= now and not self.skip(n)]

@@ -142,10 +142,10 @@ def test_a_standby_daemon_is_ready_and_two_daemons_in_one_process_keep_their_own
     assert sim["checks"]["readiness"]["state"] == "ok"
     assert sim["last_call"]["action"] == "getAvailableTemplates" and sim["last_call"]["outcome"] == "auth_failed"
     assert sim["health"]["state"] == "unhealthy" and sim["backoffs"]["unhealthy"] == 1
-    assert sim["checks"]["capacity"] == {
-        "state": "unknown",
-        "detail": "offers not read: the last read failed (auth_failed)",
-    }
+    # The offers read before the key was revoked are kept (issue 31 finding 5); the provider is read by its probe.
+    capacity = sim["checks"]["capacity"]
+    assert capacity["state"] == "limited" and capacity["detail"].startswith("the last read failed (auth_failed)")
+    assert capacity["detail"].endswith("kept (still used); read again at its next probe")
     # The same, for people: one block per provider, the four checks on their own lines.
     lines = render(seen["status"])
     assert "provider 'sim': lease held  epoch 1.1" in lines[2]
