@@ -17,17 +17,27 @@ from provisionerd.wire.messages import ErrorMsg, JoinReply, Message
 #: Exit codes of ``provisionerd agent``.
 EXIT_STOPPED = 0  # returned (SIGTERM/SIGINT): a clean stop
 EXIT_USAGE = 2  # bad arguments or configuration (a token file readable by others, say)
-EXIT_TOKEN_REFUSED = 3  # the controller refused the join token (unknown, spent, another instance's)
-EXIT_REFUSED = 4  # refused for another reason: protocol version, role, refused by the primary
+EXIT_TOKEN_REFUSED = 3  # the controller refused this worker's secret until ``--orphan-timeout`` passed
+EXIT_REFUSED = 4  # refused for good: protocol version, role
 EXIT_ORPHANED = 5  # no controller reached for ``--orphan-timeout`` seconds: nothing controls this machine any more
+
+#: The refusals no retry can change (a config of this agent): it stops at once. Any other refusal (the token or
+#: credential refused, the primary refusing now) may be "not yet": the machine's fact is not committed, the
+#: controller restarted or lost its store and an admin has not decided. The agent keeps its secret and tries again.
+FINAL_REFUSALS = frozenset({"version_mismatch", "not_allowed"})
+#: The back-off between joins refused "not yet": doubling from ``REFUSED_FIRST`` to ``REFUSED_MAX`` seconds (a
+#: thousand refused machines cost the controller a few joins a second, not a storm).
+REFUSED_FIRST = 1.0
+REFUSED_MAX = 60.0
 
 
 class JoinRefused(AuthError):
-    """The controller refused this worker for good. ``exit_code`` is what ``provisionerd agent`` exits with."""
+    """The controller refused this worker for good (``FINAL_REFUSALS``). ``exit_code`` is what ``provisionerd
+    agent`` exits with."""
 
     def __init__(self, code: str, message: str) -> None:
         self.code = code
-        self.exit_code = EXIT_TOKEN_REFUSED if code == "token_invalid" else EXIT_REFUSED
+        self.exit_code = EXIT_REFUSED
         super().__init__(f"join refused ({code}): {message}")
 
 
@@ -42,11 +52,14 @@ class Orphaned(LinkDown):
     is presumably forgotten (its daemon and controllers gone, its fact lost), so the agent stops instead of
     keeping an unmanaged machine alive. ``exit_code`` is what ``provisionerd agent`` exits with."""
 
-    exit_code = EXIT_ORPHANED
-
-    def __init__(self, silence: float) -> None:
+    def __init__(self, silence: float, refused: str = "") -> None:
+        """``refused``: the last join was refused with this (exit code 3: the secret was refused until the
+        timeout), rather than no controller answering (5)."""
         self.silence = silence
-        super().__init__(f"no controller reached for {silence:.1f} s")
+        self.refused = refused
+        self.exit_code = EXIT_TOKEN_REFUSED if refused else EXIT_ORPHANED
+        why = f"joins refused ({refused})" if refused else "no controller reached"
+        super().__init__(f"{why} for {silence:.1f} s")
 
 
 @attrs.frozen
@@ -159,11 +172,15 @@ class Credentials:
         return self.claim if not self.instance_ref else ""
 
     def refused(self) -> bool:
-        """The token (or proof) was refused. True: try the proof now; False: give up (a refused credential is
-        final: the machine was returned or lost, or another holder replaced it)."""
+        """The secret presented was refused; it is kept either way. True: try the proof now (the token may have
+        been spent by a join whose answer was lost); False: back off and present the same secret again, except that
+        a refused proof while the token is still held goes back to the token (the refusal may have been "not
+        yet")."""
         if self._credential or self.claim:
             return False
         if not self.use_proof and self.maybe_spent and not self.proof_tried:
             self.use_proof = True
             return True
+        if self.use_proof and self._token is not None:
+            self.use_proof = False
         return False

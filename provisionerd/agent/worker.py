@@ -11,11 +11,14 @@ the token got no answer (the connection broke in between), the controller may or
 the token is then refused, the agent tries the proof once before giving up.
 
 ``run`` returns only by cancellation (the machine is being returned) and raises ``JoinRefused`` when the controller
-refuses the worker for good: token refused, version mismatch, role not allowed, or refused by the primary. With an
-``orphan_timeout`` it raises ``Orphaned`` once no frame has come from any controller for that long (counted from
-the start, so an agent that never joins stops too): a machine nothing controls any more does not live on (the CLI
-then exits, and shuts the machine down where the provider said that terminates it). Time is trio's clock
-throughout, so tests drive it with ``MockClock`` over in-memory streams.
+refuses the worker for good: version mismatch or role not allowed. Any other refusal (its token or credential
+refused, the primary refusing now) may mean "not yet" (issue 31 finding 4: a machine that boots before its fact is
+committed; a controller that lost its store, whose admin has not decided): the agent keeps its secret in memory and
+joins again after a back-off doubling from 1 s to 60 s. With an ``orphan_timeout`` it raises ``Orphaned`` once no
+controller has accepted it for that long (counted from the start, so an agent that never joins stops too; a refusal
+does not count as heard): a machine nothing controls any more does not live on (the CLI then exits, with code 3
+when its joins were being refused, and shuts the machine down where the provider said that terminates it). Time is
+trio's clock throughout, so tests drive it with ``MockClock`` over in-memory streams.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from provisionerd.agent.join import (
     EXIT_STOPPED,
     EXIT_TOKEN_REFUSED,
     EXIT_USAGE,
+    FINAL_REFUSALS,
+    REFUSED_FIRST,
+    REFUSED_MAX,
     Credentials,
     Elsewhere,
     Joined,
@@ -57,6 +63,7 @@ __all__ = [  # the join's pure parts live in agent.join; re-exported for callers
     "EXIT_STOPPED",
     "EXIT_TOKEN_REFUSED",
     "EXIT_USAGE",
+    "FINAL_REFUSALS",
     "AgentConfig",
     "Connector",
     "Credentials",
@@ -148,6 +155,9 @@ class WorkerAgent:
         self.connected_to = ""
         self._last_heard = 0.0
         self._orphan_scope: trio.CancelScope | None = None
+        #: The last refusal since the last accepted join ("" when none) and the refusals so far.
+        self.refusal = ""
+        self.refusals = 0
 
     def set_status(self, status: HostStatus) -> None:
         """Report ``idle`` or ``busy`` (now if joined, otherwise right after the next join)."""
@@ -172,7 +182,7 @@ class WorkerAgent:
             finally:
                 self._orphan_scope = None
         if scope.cancelled_caught:
-            orphaned = Orphaned(trio.current_time() - self._last_heard)
+            orphaned = Orphaned(trio.current_time() - self._last_heard, self.refusal)
             log.error("%s (orphan timeout %g s): giving up", orphaned, timeout)
             raise orphaned
 
@@ -182,16 +192,22 @@ class WorkerAgent:
             self._orphan_scope.deadline = now + self.config.orphan_timeout
 
     async def _keep_joined(self) -> None:
-        addresses, cursor, attempt = self.config.controllers, 0, 0
+        addresses, cursor, attempt, refusals = self.config.controllers, 0, 0, 0
         while True:
+            before = self.refusals
             lasted = await self._attempt(addresses[cursor])
             if lasted is None:
                 cursor = (cursor + 1) % len(addresses)
             elif lasted >= self.config.heartbeat_interval:
                 attempt = 0  # a session ran and ended (failover): start again quickly, at the same address
-            # A session that ends as soon as it starts keeps backing off: no reconnect storm.
-            delay = backoff_delay(attempt, self.config.backoff_initial, self.config.backoff_max, self._rng)
-            attempt += 1
+            if self.refusals != before:  # "not yet": the same secret again, after a longer back-off (docstring)
+                delay = backoff_delay(refusals, REFUSED_FIRST, REFUSED_MAX, self._rng)
+                refusals += 1
+            else:
+                # A session that ends as soon as it starts keeps backing off: no reconnect storm.
+                delay = backoff_delay(attempt, self.config.backoff_initial, self.config.backoff_max, self._rng)
+                attempt += 1
+                refusals = 0 if lasted is not None else refusals
             await trio.sleep(delay)
 
     async def _attempt(self, address: str) -> float | None:
@@ -213,10 +229,17 @@ class WorkerAgent:
                 case Redirect(address=redirect):
                     log.info("redirected from %s to the primary at %s", target, redirect)
                     target = redirect
+                case Refused(code=code, message=message) if code in FINAL_REFUSALS:
+                    raise JoinRefused(code, message)
                 case Refused(code="token_invalid") if self._credentials.refused():
                     log.warning("token refused after an unanswered join via %s; presenting the rejoin proof", target)
                 case Refused(code=code, message=message):
-                    raise JoinRefused(code, message)
+                    self.refusal = f"{code}: {message}"[:300]
+                    self.refusals += 1
+                    log.warning(
+                        "join via %s refused (%s); the secret is kept, trying again later", target, self.refusal
+                    )
+                    return None
                 case Elsewhere(reason=reason):
                     log.warning("join via %s: %s", target, reason)
                     return None
@@ -253,6 +276,7 @@ class WorkerAgent:
     async def _serve(self, framed: FramedStream, address: str, joined: Joined) -> None:
         self._credentials.accepted(joined.credential, joined.instance_ref)
         self.joins += 1
+        self.refusal = ""
         self.term, self.connected_to = joined.term, address
         log.info(
             "joined via %s as %r (term %d, %s, join #%d)",

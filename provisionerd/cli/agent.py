@@ -22,9 +22,14 @@ the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
 falls short of its template. Probes come only from this command line (the provider's own config or the machine's
 user data), never from the controller.
 
+A refused join (the token or credential refused, the primary refusing now) may mean "not yet": the machine booted
+before the daemon committed its fact, or the controller lost its store and no admin has decided. The agent keeps its
+secret in memory and joins again after 1 s, doubling up to 60 s; only ``--orphan-timeout`` ends that (exit code 3).
+A protocol version or a role the controller does not accept ends it at once (exit code 4).
+
 Signals: SIGTERM or SIGINT stop the agent (exit 0); SIGUSR1 reports ``busy``, SIGUSR2 reports ``idle``.
-Exit codes: 0 stopped, 2 bad arguments or token file, 3 join token refused, 4 refused for another reason,
-5 orphaned (no controller reached for ``--orphan-timeout``).
+Exit codes: 0 stopped, 2 bad arguments or token file, 3 joins refused until ``--orphan-timeout``, 4 refused for
+good (protocol version, role), 5 orphaned (no controller reached for ``--orphan-timeout``).
 """
 
 from __future__ import annotations

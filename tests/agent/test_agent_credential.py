@@ -12,7 +12,7 @@ from provisionerd.agent.worker import (
     AgentConfig,
     Credentials,
     Joined,
-    JoinRefused,
+    Orphaned,
     WorkerAgent,
     judge_join_reply,
 )
@@ -35,10 +35,10 @@ def test_the_accepted_reply_s_credential_is_kept_out_of_repr_and_presented_from_
     assert credentials.current() == SECRET
 
 
-def make(nursery: trio.Nursery) -> tuple[FakeController, WorkerAgent]:
+def make(nursery: trio.Nursery, **config: object) -> tuple[FakeController, WorkerAgent]:
     fake = FakeController(nursery, ADDRS, issue_credentials=True)
     fake.allow(REF, TOKEN)
-    return fake, WorkerAgent(AgentConfig(ADDRS, REF), TOKEN, fake.connect, rng=NoJitter())
+    return fake, WorkerAgent(AgentConfig(ADDRS, REF, **config), TOKEN, fake.connect, rng=NoJitter())  # type: ignore[arg-type]
 
 
 @on_mock_clock
@@ -63,19 +63,45 @@ async def test_after_a_failover_the_agent_rejoins_with_its_credential_not_the_pr
 
 
 @on_mock_clock
-async def test_a_revoked_credential_ends_the_agent_with_exit_code_3() -> None:
+async def test_a_refused_credential_is_kept_and_tried_again_until_the_orphan_timeout() -> None:
+    """The controller refuses the credential (the machine was returned, or the controller lost its store and no
+    admin has decided yet: issue 31 finding 4). The agent keeps it and tries again, backing off; only its orphan
+    timeout ends it, with exit code 3. A controller that knows the credential again lets it back in."""
     async with trio.open_nursery() as nursery:
-        fake, agent = make(nursery)
+        fake, agent = make(nursery, orphan_timeout=300.0)
+        kept: dict[str, str] = {}
 
         async def revoke_and_fail_over() -> None:
             await trio.sleep(10)
-            fake.credentials.clear()  # the machine was returned: the controller refuses its credential
+            kept.update(fake.credentials)
+            fake.credentials.clear()
             fake.fail_over()
 
         nursery.start_soon(revoke_and_fail_over)
-        with pytest.raises(JoinRefused) as refused:
+        nursery.start_soon(agent.run)
+        await trio.sleep(100)
+        assert agent.joins == 1 and agent.refusals >= 4
+        assert {what for _, _, what in events(fake)[4:]} <= {"connect", "join:credential", "refused", "redirect"}
+        fake.credentials.update(kept)  # the admin restored the store
+        await trio.sleep(65)
+        assert agent.joins == 2 and agent.refusal == ""
+        nursery.cancel_scope.cancel()
+
+
+@on_mock_clock
+async def test_a_credential_refused_until_the_orphan_timeout_ends_the_agent_with_exit_code_3() -> None:
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery, orphan_timeout=120.0)
+
+        async def revoke_and_fail_over() -> None:
+            await trio.sleep(10)
+            fake.credentials.clear()
+            fake.fail_over()
+
+        nursery.start_soon(revoke_and_fail_over)
+        with pytest.raises(Orphaned) as orphaned:
             await agent.run()
-        assert refused.value.exit_code == EXIT_TOKEN_REFUSED
+        assert orphaned.value.exit_code == EXIT_TOKEN_REFUSED
         assert [what for _, _, what in events(fake)][-2:] == ["join:credential", "refused"]
         nursery.cancel_scope.cancel()
 

@@ -16,6 +16,7 @@ from provisionerd.agent.worker import (
     EXIT_ORPHANED,
     EXIT_REFUSED,
     EXIT_TOKEN_REFUSED,
+    FINAL_REFUSALS,
     AgentConfig,
     Credentials,
     Elsewhere,
@@ -202,15 +203,37 @@ async def test_rejoins_the_new_primary_with_the_proof_after_a_failover() -> None
 
 
 @on_mock_clock
-async def test_a_refused_token_ends_the_agent_with_exit_code_3() -> None:
+async def test_a_refused_token_is_kept_and_tried_again_until_the_orphan_timeout_then_exit_code_3() -> None:
+    """Issue 31 finding 4: a refusal may be "not yet". The token stays in memory; joins go on, 1 s apart and
+    doubling up to 60 s; at the orphan timeout the agent stops with exit code 3 (refused, not cut off)."""
+    async with trio.open_nursery() as nursery:
+        fake, agent = make(nursery, orphan_timeout=200.0)
+        fake.token_hashes.clear()
+        with pytest.raises(Orphaned) as orphaned:
+            await agent.run()
+        assert orphaned.value.exit_code == EXIT_TOKEN_REFUSED and "refused" in str(orphaned.value)
+        refused = [t for t, _, what in events(fake) if what == "refused"]
+        assert {what for _, _, what in events(fake) if what.startswith("join")} == {"join:token"}  # never the proof
+        gaps = [round(b - a) for a, b in zip(refused, refused[1:], strict=False)]
+        assert gaps[:4] == [1, 2, 4, 8] and max(gaps) <= 61, gaps
+        assert 6 <= len(refused) <= 12 and agent.refusals == len(refused)
+        assert TOKEN not in str(orphaned.value)
+
+
+@on_mock_clock
+async def test_a_machine_that_boots_before_its_fact_joins_once_the_fact_lands() -> None:
+    """Refused while its token is not in any committed fact yet (the daemon was down), joined once it is."""
     async with trio.open_nursery() as nursery:
         fake, agent = make(nursery)
+        hashes = dict(fake.token_hashes)
         fake.token_hashes.clear()
-        with pytest.raises(JoinRefused) as refused:
-            await agent.run()
-        assert refused.value.exit_code == EXIT_TOKEN_REFUSED
-        assert [w for _, _, w in fake.log] == ["connect", "join:token", "refused"]  # no proof: nothing was spent
-        assert TOKEN not in str(refused.value)
+        nursery.start_soon(agent.run)
+        await trio.sleep(30)
+        assert agent.joins == 0 and agent.refusals >= 3
+        fake.token_hashes.update(hashes)  # the daemon is back and committed the fact
+        await trio.sleep(35)
+        assert agent.joins == 1 and agent.refusal == ""
+        nursery.cancel_scope.cancel()
 
 
 @on_mock_clock
@@ -237,9 +260,9 @@ async def test_an_unanswered_join_then_a_refused_token_tries_the_proof() -> None
 
 
 @on_mock_clock
-async def test_without_rejoin_support_a_failover_ends_the_agent() -> None:
+async def test_without_rejoin_support_a_failover_leaves_the_agent_trying_until_the_orphan_timeout() -> None:
     async with trio.open_nursery() as nursery:
-        fake, agent = make(nursery)
+        fake, agent = make(nursery, orphan_timeout=120.0)
         fake.rejoin_supported = False
 
         async def fail_over_later() -> None:
@@ -247,10 +270,14 @@ async def test_without_rejoin_support_a_failover_ends_the_agent() -> None:
             fake.fail_over()
 
         nursery.start_soon(fail_over_later)
-        with pytest.raises(JoinRefused) as refused:
+        with pytest.raises(Orphaned) as orphaned:
             await agent.run()
-        assert refused.value.exit_code == EXIT_TOKEN_REFUSED
-        assert events(fake)[-3:] == [(10.2, "b:2", "connect"), (10.2, "b:2", "join:proof"), (10.2, "b:2", "refused")]
+        assert orphaned.value.exit_code == EXIT_TOKEN_REFUSED
+        assert events(fake)[-3:-1] == [
+            (events(fake)[-3][0], "b:2", "connect"),
+            (events(fake)[-2][0], "b:2", "join:proof"),
+        ]
+        assert events(fake)[-1][2] == "refused" and agent.refusals >= 5
         nursery.cancel_scope.cancel()
 
 
@@ -284,10 +311,11 @@ async def test_a_join_that_hangs_times_out_and_moves_on() -> None:
         nursery.cancel_scope.cancel()
 
 
-def test_other_final_refusals_exit_with_code_4() -> None:
+def test_final_refusals_exit_with_code_4_and_an_orphan_timeout_says_whether_joins_were_refused() -> None:
+    assert FINAL_REFUSALS == {"version_mismatch", "not_allowed"}
     assert JoinRefused("version_mismatch", "x").exit_code == EXIT_REFUSED
-    assert JoinRefused("refused", "x").exit_code == EXIT_REFUSED
-    assert JoinRefused("token_invalid", "x").exit_code == EXIT_TOKEN_REFUSED
+    assert Orphaned(300.0).exit_code == EXIT_ORPHANED
+    assert Orphaned(300.0, "token_invalid: spent").exit_code == EXIT_TOKEN_REFUSED
 
 
 @on_mock_clock

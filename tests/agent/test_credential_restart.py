@@ -2,14 +2,16 @@
 
 An agent that joined with its token holds its own credential (and a legacy machine that joined by the address-bound
 join, #19, too); after the controller's restart it rejoins with it.
-A machine returned before the restart (a ``Returned`` fact) is refused after it: its agent exits with code 3. The
-spent token is refused too. Neither the token nor the credential shows in any log.
+A machine returned before the restart (a ``Returned`` fact) is refused after it: its agent keeps trying until its
+orphan timeout (issue 31 finding 4: a refusal may be "not yet"), then exits with code 3. The spent token is refused
+too. Neither the token nor the credential shows in any log.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -42,7 +44,13 @@ def start_agent(
     """``provisionerd agent`` for ``ref`` (or, with ``how``, e.g. ``--address-bound --machine-id M``) reading
     ``token`` from stdin; stopped when ``stack`` closes."""
     argv = agents.agent_argv(
-        certs, [f"127.0.0.1:{port}"], tmp_path, *how, "--token-stdin", "--heartbeat", "0.5", ref=ref or None
+        certs,
+        [f"127.0.0.1:{port}"],
+        tmp_path,
+        *how,
+        "--token-stdin",
+        *("--heartbeat", "0.5", "--reply-timeout", "5", "--orphan-timeout", "12"),
+        ref=ref or None,
     )
     return stack.enter_context(agents.agent(argv, log, token.encode()))
 
@@ -102,11 +110,11 @@ def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_retur
             # The controller dies (SIGKILL: nothing in memory survives) and comes back on the same store and port.
         with serve(certs, data, port, ctl_log):
             wait.blocking("the kept agent idle again", lambda: hosts(certs, port).get(refs[0]) == "idle", 60, 0.2)
-            wait.blocking("the returned machine's agent exited", lambda: started[1].poll() is not None, 30)
+            wait.blocking("the returned machine's agent exited", lambda: started[1].poll() is not None, 60)
             assert started[1].returncode == 3, logs[1].read_text()[-2000:]
             assert "join #2" in logs[0].read_text() and alive(started[0].pid)
             assert refs[1] not in hosts(certs, port)
-            # The spent token of the kept machine is refused: a second agent with it exits with code 3.
+            # The spent token of the kept machine is refused: a second agent with it exits with code 3 (at 12 s).
             thief = start_agent(stack, certs, tmp_path, port, refs[0], tokens[0], tmp_path / "thief.log")
             assert thief.wait(timeout=60) == 3
             assert hosts(certs, port).get(refs[0]) == "idle" and alive(started[0].pid)
@@ -151,3 +159,63 @@ def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controll
     everything = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
     assert secret.encode() not in everything and b"cred-v1:" not in everything
     assert "reason=machine_joined" in ctl_log.read_text()
+
+
+def test_a_machine_booting_before_its_fact_joins_once_the_fact_lands(certs: Path, tmp_path: Path) -> None:
+    """Issue 31 finding 4: the machine booted while the daemon was down, so no fact names it yet and the controller
+    refuses it (``machine_unknown``). The agent used to exit 3 with its secret deleted; it keeps the secret in
+    memory, tries again with a back-off, and joins once the daemon has committed the fact."""
+    port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    bootstrap = tmp_path / "bootstrap"
+    secret = secrets.token_urlsafe(24)
+    bootstrap.write_text(secret)
+    bootstrap.chmod(0o600)
+    unused = hashlib.sha256(secrets.token_urlsafe(24).encode()).hexdigest()
+    log = tmp_path / "early.log"
+    with ExitStack() as stack, serve(certs, data, port, ctl_log, "--address-bound-join", str(bootstrap)):
+        agent = start_agent(stack, certs, tmp_path, port, "", secret, log, "--address-bound", "--machine-id", "i-early")
+        wait.blocking("a refusal", lambda: log.read_text().count("trying again later") >= 2, 60, 0.2)
+        assert agent.poll() is None  # still there, secret in memory
+        commit(
+            certs,
+            port,
+            [
+                lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, ("c1/i-e",), (unused,)),
+                lambda epoch: InstanceFact(
+                    PROVIDER, epoch, "op-1", "c1/i-e", "i-early", "local-1", unused, address="127.0.0.1"
+                ),
+            ],
+        )
+        wait.blocking("the early machine idle", lambda: hosts(certs, port) == {"c1/i-e": "idle"}, 60, 0.2)
+        assert agent.poll() is None and "join #1" in log.read_text()
+    assert "reason=machine_unknown" in ctl_log.read_text()
+    assert secret not in log.read_text()
+
+
+def test_after_controller_amnesia_the_agents_stay_until_an_admin_decides(certs: Path, tmp_path: Path) -> None:
+    """Issue 31 finding 4: ``serve --new-incarnation`` forgets every credential. The agents used to exit within
+    0.6 s; they keep theirs and keep trying (no orphan timeout: the machines are the admin's to decide on)."""
+    port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    ref, token = "c1/i-a", secrets.token_urlsafe(24)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    log = tmp_path / "a.log"
+    with ExitStack() as stack:
+        with serve(certs, data, port, ctl_log):
+            commit(
+                certs,
+                port,
+                [
+                    lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (digest,)),
+                    lambda epoch: InstanceFact(PROVIDER, epoch, "op-1", ref, "m-a", "local-1", digest),
+                ],
+            )
+            argv = agents.agent_argv(
+                certs, [f"127.0.0.1:{port}"], tmp_path, "--token-stdin", "--heartbeat", "0.5", ref=ref
+            )
+            agent = stack.enter_context(agents.agent(argv, log, token.encode()))
+            wait.blocking("the agent idle", lambda: hosts(certs, port) == {ref: "idle"}, 60, 0.2)
+        with serve(certs, data, port, ctl_log, "--new-incarnation"):
+            wait.blocking("refused by the new incarnation", lambda: "trying again later" in log.read_text(), 60, 0.2)
+            time.sleep(8)
+            assert agent.poll() is None, log.read_text()[-2000:]
+            assert log.read_text().count("trying again later") >= 3

@@ -81,9 +81,13 @@ async def joined_agents(certs: Path, tmp_path: Path, count: int) -> AsyncIterato
             await provisioner.aclose()
 
 
+#: A refused agent keeps its secret and tries again (issue 31 finding 4) until its orphan timeout: exit code 3.
+REFUSED_FOR = ("--heartbeat", "1", "--reply-timeout", "4", "--orphan-timeout", "6")
+
+
 async def run_agent(certs: Path, tmp_path: Path, addresses: tuple[str, ...], ref: str, token: str) -> Any:
-    """An agent for ``ref`` with ``token`` on stdin, run to its end (a refused one exits at once)."""
-    argv = agents.agent_argv(certs, addresses, tmp_path, "--token-stdin", ref=ref)
+    """An agent for ``ref`` with ``token`` on stdin, run to its end (a refused one after ``REFUSED_FOR``)."""
+    argv = agents.agent_argv(certs, addresses, tmp_path, "--token-stdin", *REFUSED_FOR, ref=ref)
     return await trio.to_thread.run_sync(lambda: procs.run(argv, input=token, timeout=60))
 
 
@@ -99,7 +103,7 @@ def test_agents_join_report_busy_and_a_spent_token_is_refused(certs: Path, tmp_p
                 os.kill(pid, signal.SIGUSR2)
                 await wait_hosts(setup.ctl, lambda hosts: hosts[setup.refs[0]] == "idle")
 
-                # The same token again (a second agent for the same instance): refused, exit code 3.
+                # The same token again (a second agent for the same instance): refused, tried again for 6 s, exit 3.
                 again = await run_agent(certs, tmp_path, setup.ctl.addresses, setup.refs[0], setup.tokens[0])
                 assert again.returncode == 3
                 assert "token_invalid" in again.stderr and setup.tokens[0] not in again.stderr
