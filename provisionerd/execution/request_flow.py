@@ -45,14 +45,17 @@ from __future__ import annotations
 
 import logging
 
+import attrs
 import trio
 
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import instance_refs, issue
+from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
 from provisionerd.execution.observations import gate_code
+from provisionerd.execution.recovery_rules import OpAtRestart, Step, recover_request
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
@@ -191,30 +194,35 @@ class RequestFlow:
         return RequestOutcome(intent.op_id, intent.provider, "timed_out", committed or (), code="provisioning_timeout")
 
     async def recover(self, intent: RequestIntent) -> RequestOutcome:
-        """Settle an open intent no task is running (after a restart): see the module docstring. ``intent``'s
-        provider must be served (the executor checks)."""
+        """Settle an open intent no task is running (after a restart): the decision is the pure
+        ``recovery_rules.recover_request`` of what is known (module docstring there); this carries it out.
+        ``intent``'s provider must be served (the executor checks)."""
         op_id, provider = intent.op_id, intent.provider
         client = self._deps.clients[provider]
+        facts = self._deps.facts.view()
+        record = facts.intents.get(op_id) if facts is not None else None
+        known = record.machine_ids if record is not None else []
+        committed = frozenset(facts.machines[m].instance_ref for m in known if m in facts.machines) if facts else None
+        op = OpAtRestart(intent.count, intent.instance_refs, committed or frozenset())
         if client.legacy:
-            settled = await self._legacy.settle_recovery(intent, client)
+            settled = await self._legacy.settle_recovery(intent, client)  # the journal says UNKNOWN: failed there
             if settled is not None:
                 return settled
         found = await self._steps.list_op(provider, op_id)
         self._steps.emit("recovery", "request", op_id, provider, found=None if found is None else len(found))
-        if found is None:
+        listing = None if found is None else tuple(ref for _, ref in assign_refs(found, intent.instance_refs))
+        step = recover_request(attrs.evolve(op, listing=listing, listed=True))
+        if step.step is not Step.SETTLE:  # RETRY_LATER: the listing failed; the intent stays open
             return RequestOutcome(op_id, provider, "unknown", code="list_failed")
-        committed = await self._steps.commit_instances(intent, found)
-        if committed is None:
+        made = await self._steps.commit_instances(intent, found or ())
+        if made is None:
             return RequestOutcome(op_id, provider, "unknown", code="commit_failed")
-        facts = self._deps.facts.view()
-        have = set(committed)
-        if facts is not None and op_id in facts.intents:
-            have |= set(facts.intents[op_id].machine_ids)
-        if len(have) >= intent.count:
-            return RequestOutcome(op_id, provider, "fulfilled", committed)
-        reason = f"recovered after restart: {len(have)} of {intent.count} found; the rest is a new op"
+        if not step.shortfall:
+            return RequestOutcome(op_id, provider, "fulfilled", made)
+        have = intent.count - step.shortfall
+        reason = f"recovered after restart: {have} of {intent.count} found; the rest is a new op"
         await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason))
-        return RequestOutcome(op_id, provider, "partial", committed, code="recovered")
+        return RequestOutcome(op_id, provider, "partial", made, code="recovered")
 
     async def attribute_op(self, intent: RequestIntent) -> tuple[str, ...] | None:
         """List ``intent``'s op and commit an InstanceFact for each machine found not in the facts yet; the machine
