@@ -54,6 +54,7 @@ from provisionerd.daemon.current_config import CurrentConfig, policy_from_config
 from provisionerd.daemon.orphan_admin import Actor
 from provisionerd.domain.model import Epoch
 from provisionerd.execution.executor import Executor, ExecutorSettings
+from provisionerd.execution.feedback import Feedback, open_feedback
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.orphan_cycle import OrphanCycle
 from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read_session
@@ -130,6 +131,7 @@ class Pieces:
     executor: Executor
     wall: Callable[[], float]  # the clock of cloud launch times (the orphan cycles and actions read it too)
     guard: AmnesiaGuard  # what the daemon remembers of the controller; halts every mutation on amnesia
+    feedback: Feedback  # what provider calls meant for the planner: the executor and the feed send, the loop reads
     #: Each orphan cycle's settle window (``orphan_cycles`` fills it; a reload sets the new ``settle``).
     settle_trackers: dict[str, SettleTracker] = attrs.field(factory=dict)
 
@@ -241,7 +243,8 @@ def build_pieces(
         view = session.view
         return None if view is None else view.facts
 
-    executor = Executor(settings, clients, gate, keepers, ops, events, facts=facts, wall=wall)
+    feedback = open_feedback()  # the executor's and the offer feed's observations, to the reconcile loop
+    executor = Executor(settings, clients, gate, keepers, ops, events, facts=facts, wall=wall, feedback=feedback.send)
     for name, keeper in keepers.items():
         keeper.on_acquired.append(functools.partial(_resync_after_grant, session, name))
         keeper.grant_checks.append(guard.check_grant)
@@ -262,6 +265,7 @@ def build_pieces(
         executor=executor,
         wall=wall,
         guard=guard,
+        feedback=feedback,
     )
 
 

@@ -117,7 +117,9 @@ class DaemonCore:
         self.wall = pieces.wall  # the clock of cloud launch times (the orphan cycles read it too)
         self.guard = pieces.guard
         self._keepers_nursery: trio.Nursery | None = None
-        self.feed = OfferFeed(self.providers, self.events, interval=offer_interval)
+        self.feed = OfferFeed(
+            self.providers, self.events, interval=offer_interval, feedback=pieces.feedback.send, wall=wall
+        )
         self.loop = ReconcileLoop(
             self.session,
             self.keepers,
@@ -129,6 +131,7 @@ class DaemonCore:
             wall=wall,
             jitter_seed=rng.randrange(1 << 30),
             view_ready=self.session.synced_for,
+            feedback=pieces.feedback.receive,
         )
         # ``provisionerd orphans adopt|return`` through the admin socket: decided and done with our own pieces.
         self.admin = AdminRefusals()
@@ -317,7 +320,8 @@ class DaemonCore:
             await nursery.start(self.session.run)
             self._keepers_nursery = await nursery.start(self._run_keepers)
             await supervise(nursery, self.providers)
-            await nursery.start(self.feed.run)
+            # An unhealthy provider is read only by its probe (the loop's).
+            await nursery.start(functools.partial(self.feed.run, skip=self.loop.unhealthy))
             await nursery.start(self.loop.run)
             # Orphan cycles (provisionerd.daemon.orphans): one per provider, every action through the executor.
             self.orphan_cycles = await nursery.start(run_orphan_cycles, self.pieces, self.loop)

@@ -18,8 +18,9 @@ events, wall clock) and hands it to collaborators that each do one job, readable
 
 The executor never runs two actions on one op_id or one machine at once: it owns the busy claims
 (``claims.BusyClaims``: ``try_claim``, ``release``, ``is_busy``; the reconcile loop claims through them too), and a
-conflicting call returns ``dropped`` (``code="busy"``) at once. Planner observations go to ``observe`` (set by the
-loop) as they happen and are also returned in the outcome (``values.CallObservations``). Join tokens never reach an
+conflicting call returns ``dropped`` (``code="busy"``) at once. Planner observations go to the reconcile loop on
+the ``feedback`` channel as they happen (``execution.feedback``) and are also returned in the outcome
+(``values.CallObservations``). Join tokens never reach an
 event, a log line or an outcome.
 """
 
@@ -29,12 +30,14 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 
 import attrs
+import trio
 
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.model import NO_EPOCH, Fact, RequestIntent, ReturnIntent
 from provisionerd.execution.claims import BusyClaims
 from provisionerd.execution.facts import LeasedFacts
+from provisionerd.execution.feedback import tell
 from provisionerd.execution.gate import FactCommitter, MutationGate
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
 from provisionerd.execution.request_flow import RequestFlow
@@ -68,9 +71,10 @@ class Executor:
         *,
         facts: Callable[[], FactView | None] = lambda: None,
         wall: Callable[[], float] = time.time,
+        feedback: trio.MemorySendChannel[Observation] | None = None,
     ) -> None:
         self.settings = settings
-        self.observe: Callable[[Observation], None] = lambda obs: None
+        self._feedback = feedback
         self._clients = clients
         self._committer = committer
         self._facts = LeasedFacts(leases, committer, facts)
@@ -80,6 +84,9 @@ class Executor:
         self._requests = RequestFlow(deps, self._steps, UnknownOutcomeFlow(deps, self._steps), self._legacy)
         self._returns = ReturnFlow(deps, self._steps)
         self._claims = BusyClaims()
+
+    def _tell(self, obs: Observation) -> None:
+        tell(self._feedback, obs)
 
     def client(self, provider: str) -> ProviderClient:
         """The provider client of ``provider`` (``KeyError`` if this daemon does not serve it)."""
@@ -124,7 +131,7 @@ class Executor:
         """Run one ``RequestMachines`` action to its end (``request_flow``)."""
         if not self._claims.try_claim(action.op_id):
             return RequestOutcome(action.op_id, action.provider, "dropped", code="busy")
-        run = CallObservations(self.observe)
+        run = CallObservations(self._tell)
         try:
             outcome = await self._requests.run(run, action)
         finally:
@@ -183,7 +190,7 @@ class Executor:
         op_id, ids = intent.op_id, intent.machine_ids
         if not self._claims.try_claim(op_id, ids):
             return ReturnOutcome(op_id, intent.provider, "dropped", code="busy")
-        run = CallObservations(self.observe)
+        run = CallObservations(self._tell)
         try:
             outcome = await self._returns.run(run, intent, stop)
         finally:

@@ -48,11 +48,9 @@ from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain.actions import Note, RequestMachines
-from provisionerd.domain.errors import ProviderError
 from provisionerd.execution.dispatch import Dispatcher
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import LoopSettings, ViewSource
-from provisionerd.execution.observations import provider_error_observation
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.execution.outcome_log import OutcomeLog
 from provisionerd.execution.reclaims import ReclaimPoll
@@ -98,8 +96,11 @@ class ReconcileLoop:
         incarnation: str | None = None,
         jitter_seed: int = 0,
         view_ready: Callable[[str], bool] | None = None,
+        feedback: trio.MemoryReceiveChannel[Observation] | None = None,
     ) -> None:
         self.session = session
+        #: What provider calls meant for the planner (the executor's and the offer feed's: ``execution.feedback``).
+        self._feedback = feedback
         self.leases = leases
         self.executor = executor
         self.feed = feed
@@ -147,9 +148,6 @@ class ReconcileLoop:
         self._reclaims = ReclaimPoll(
             session, executor, events, settings.reclaim_interval, leased=self.askable, apply=self.apply, wall=wall
         )
-        executor.observe = self.apply
-        feed.on_failure = self._offers_failed
-        feed.skip = self.unhealthy  # an unhealthy provider is read only by its probe
 
     @property
     def policy(self) -> Policy:
@@ -279,13 +277,6 @@ class ReconcileLoop:
         and waking the loop for it would only plan it again at once."""
         self.state = observe(self.state, ActionDropped(op_id), self.policy).state
 
-    def _offers_failed(self, provider: str, error: ProviderError) -> None:
-        """A ``getAvailableTemplates`` read (or probe) failed: it means for the planner what any call's failure
-        means (``throttled`` backs off; ``auth_failed``, ``invalid_request``, ``quota_exceeded``: unhealthy)."""
-        obs = provider_error_observation(provider, "", error, self.wall())
-        if obs is not None:
-            self.apply(obs)
-
     def _start_probes(self) -> None:
         """Probe each served provider whose unhealthy back-off step has ended: one ``getAvailableTemplates`` read
         (no intent, no token). ``ProbeStarted`` sets the next step at once, so a probe that hangs or fails without
@@ -297,7 +288,7 @@ class ReconcileLoop:
                 self._spawn(self._probe, provider)
 
     async def _probe(self, provider: str) -> None:
-        failures = await self.feed.refresh([provider])  # a failure is folded by _offers_failed
+        failures = await self.feed.refresh([provider])  # a failure's observation comes on the feedback channel
         if provider not in failures:
             self.apply(ProbeSucceeded(provider, self.wall()))
 
@@ -327,6 +318,8 @@ class ReconcileLoop:
             for keeper in self.leases.values():
                 await nursery.start(self._watch, keeper.wait_changed)
             nursery.start_soon(self._reclaims.run)
+            if self._feedback is not None:
+                nursery.start_soon(self._fold_feedback, self._feedback)
             task_status.started()
             while True:
                 self.beat = trio.current_time()
@@ -433,6 +426,11 @@ class ReconcileLoop:
         for action in result.actions:
             self._dispatcher.dispatch(action, offered if isinstance(action, RequestMachines) else allowed)
         self._recovery.recover(view, allowed)
+
+    async def _fold_feedback(self, feedback: trio.MemoryReceiveChannel[Observation]) -> None:
+        """Fold each observation a provider call made (``execution.feedback``) as it arrives."""
+        async for obs in feedback:
+            self.apply(obs)
 
     async def poll_reclaims(self, provider: str, view: ControllerView) -> None:
         """Ask ``provider`` which of its live machines it takes back; fold them as ``Reclaimed``."""

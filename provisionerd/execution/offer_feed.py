@@ -11,14 +11,16 @@ named provider was read successfully within ``max_age`` seconds, ``known(provide
 successfully at all. The loop plans once every provider is known, and requests machines only from providers whose
 offers are fresh; returns and retirements never wait for a read. A failed provider is read again soon: after
 ``RETRY_FIRST`` seconds, doubling up to ``interval`` (``retry_in``); ``describe`` gives each provider's age, error
-and next retry for ``status``. Failures are typed ``ProviderError`` values in ``errors`` (and handed to
-``on_failure``: a ``Throttled`` read backs the provider off in the planner like any other throttled call); a
+and next retry for ``status``. Failures are typed ``ProviderError`` values in ``errors``; what one means for the
+planner goes to the reconcile loop on the ``feedback`` channel (``execution.feedback``: a ``Throttled`` read backs
+the provider off like any other throttled call); a
 provider that answers more than ``MAX_TEMPLATES`` templates is refused with ``ProviderProtocolViolation`` (bounded
 memory whatever a plugin says).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +29,10 @@ import trio
 
 from provisionerd.domain.errors import ProviderAnswerInvalid, ProviderError, ProviderRejected
 from provisionerd.domain.model import Offer
+from provisionerd.execution.feedback import tell
+from provisionerd.execution.observations import provider_error_observation
 from provisionerd.planner.offers import Catalog
+from provisionerd.planner.state import Observation
 from provisionerd.provider.client import ProviderReader
 from provisionerd.provider.contract import MAX_TEMPLATES
 from provisionerd.provider.contract import read_offers as templates_to_offers
@@ -59,6 +64,8 @@ class OfferFeed:
         interval: float = 60.0,
         max_age: float | None = None,
         timeout: float | None = None,
+        feedback: trio.MemorySendChannel[Observation] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._clients = dict(clients)
         self._events = events
@@ -72,12 +79,8 @@ class OfferFeed:
         self.version = 0
         self._changed = trio.Event()
         self._poked = trio.Event()
-        #: Called with (provider, error) for every failed read; the reconcile loop turns a ``throttled`` one into
-        #: the planner's throttle back-off, as it does for the other calls.
-        self.on_failure: Callable[[str, ProviderError], None] = lambda provider, error: None
-        #: Providers a full ``refresh()`` leaves out (the reconcile loop: unhealthy ones, read only by their probe,
-        #: ``refresh([provider])``).
-        self.skip: Callable[[str], bool] = lambda provider: False
+        self._feedback = feedback
+        self._wall = wall
 
     def fresh(self, providers: Sequence[str], now: float | None = None) -> bool:
         """Whether every provider in ``providers`` has a successful read younger than ``max_age``."""
@@ -118,12 +121,8 @@ class OfferFeed:
         self._poked.set()
 
     async def refresh(self, providers: Sequence[str] | None = None) -> dict[str, ProviderError]:
-        """Read the given providers (by default all but those ``skip`` names) concurrently; return the failures of
-        this read."""
-        if providers is None:
-            names = [p for p in self._clients if not self.skip(p)]
-        else:
-            names = [p for p in providers if p in self._clients]
+        """Read the given providers (by default all) concurrently; return the failures of this read."""
+        names = list(self._clients) if providers is None else [p for p in providers if p in self._clients]
         failures: dict[str, ProviderError] = {}
         changed = False
 
@@ -164,7 +163,11 @@ class OfferFeed:
                 retry_in=retry,
                 kept=name in self.latest,
             )
-            self.on_failure(name, exc)
+            # What the failure means for the planner, as for any call (``throttled`` backs off; ``auth_failed``,
+            # ``invalid_request``, ``quota_exceeded``: unhealthy), to the reconcile loop (``execution.feedback``).
+            obs = provider_error_observation(name, "", exc, self._wall())
+            if obs is not None:
+                tell(self._feedback, obs)
         if changed:
             self._rebuild()
         self._changed.set()  # fresh() may have changed even when the offers did not
@@ -176,9 +179,15 @@ class OfferFeed:
         self.catalog = Catalog(offers)
         self.version += 1
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        *,
+        skip: Callable[[str], bool] = lambda provider: False,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Read every provider at once, then every ``interval`` (or sooner after ``refresh_soon``); a provider whose
-        read failed is read again at its retry time in between. Until cancelled."""
+        read failed is read again at its retry time in between. ``skip`` names the providers left out (the
+        reconcile loop's unhealthy ones, read only by their probe: ``refresh([provider])``). Until cancelled."""
         task_status.started()
         names: list[str] | None = None  # None: every provider (a full read)
         next_full = trio.current_time()
@@ -186,12 +195,13 @@ class OfferFeed:
             self._poked = trio.Event()
             if names is None:
                 next_full = trio.current_time() + self.interval
+                names = [p for p in self._clients if not skip(p)]
             await self.refresh(names)
-            retries = [at for name, (_, at) in self._failed.items() if not self.skip(name)]
+            retries = [at for name, (_, at) in self._failed.items() if not skip(name)]
             with trio.move_on_at(min([next_full, *retries])):
                 await self._poked.wait()
             now = trio.current_time()
             if self._poked.is_set() or now >= next_full:
                 names = None
             else:
-                names = [n for n, (_, at) in self._failed.items() if at <= now and not self.skip(n)]
+                names = [n for n, (_, at) in self._failed.items() if at <= now and not skip(n)]

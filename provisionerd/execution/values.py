@@ -77,9 +77,9 @@ class ReturnOutcome:
 class CallObservations:
     """The planner observations one executor call made, in order (``RequestOutcome.observations``).
 
-    Each one is also handed to ``sink`` (the executor's ``observe``, which the reconcile loop points at its planner
-    state) the moment it is added: a throttle or a quota pause seen halfway through a long call must act on the
-    next plan at once, not when the call ends."""
+    Each one is also handed to ``sink`` (the executor's: it sends it to the reconcile loop on the feedback channel,
+    ``execution.feedback``) the moment it is added: a throttle or a quota pause seen halfway through a long call
+    must act on the next plan at once, not when the call ends."""
 
     sink: Callable[[Observation], None]
     observations: list[Observation] = attrs.field(factory=list)

@@ -8,6 +8,7 @@ virtual time agree.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from provisionerd.domain.model import (
     ResourceShape,
 )
 from provisionerd.execution.executor import Executor, ExecutorSettings
+from provisionerd.execution.feedback import Feedback, open_feedback
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
 from provisionerd.execution.offer_feed import OfferFeed
@@ -125,6 +127,7 @@ class Rig:
     loop: ReconcileLoop
     events: EventLog
     policy: Policy
+    feedback: Feedback
 
     def facts(self, kind: type | None = None) -> list[Any]:
         return [c.fact for c in self.controller.facts if kind is None or isinstance(c.fact, kind)]
@@ -189,6 +192,7 @@ def build_rig(
         **(executor_settings or {}),
     )
     clients = {name: PluginClient(fake) for name, fake in providers.items()}
+    feedback = open_feedback()
     executor = Executor(
         settings,
         clients,
@@ -198,8 +202,9 @@ def build_rig(
         events,
         facts=lambda: None if session.view is None else session.view.facts,
         wall=wall,
+        feedback=feedback.send,
     )
-    feed = OfferFeed(clients, events, interval=offer_interval)
+    feed = OfferFeed(clients, events, interval=offer_interval, feedback=feedback.send, wall=wall)
     loop = ReconcileLoop(
         session,
         keepers,
@@ -211,8 +216,9 @@ def build_rig(
         wall=wall,
         incarnation="i1",
         jitter_seed=3,
+        feedback=feedback.receive,
     )
-    return Rig(controller, link, session, providers, keepers, gate, executor, feed, loop, events, policy)
+    return Rig(controller, link, session, providers, keepers, gate, executor, feed, loop, events, policy, feedback)
 
 
 async def start_rig(nursery: trio.Nursery, rig: Rig, *, loop: bool = True) -> None:
@@ -220,6 +226,6 @@ async def start_rig(nursery: trio.Nursery, rig: Rig, *, loop: bool = True) -> No
         await nursery.start(keeper.run)
     for keeper in rig.keepers.values():
         await keeper.wait_valid()
-    await nursery.start(rig.feed.run)
+    await nursery.start(functools.partial(rig.feed.run, skip=rig.loop.unhealthy))
     if loop:
         await nursery.start(rig.loop.run)

@@ -80,6 +80,8 @@ def test_a_throttled_template_read_backs_the_provider_off(mock_run):
             rig = build_rig(nursery, {"p": provider}, offer_interval=0.5)
             rig.session.set_demand(1, item("d", 1))
             await start_rig(nursery, rig)  # the feed's first read (t=0) is the throttled one
+            # Its observation reaches the loop on the feedback channel (execution.feedback), folded at once.
+            await rig.wait_for(lambda: "p" in rig.loop.state.capacity.throttles)
             window = rig.loop.state.capacity.throttles["p"].until - BASE
             await rig.wait_for(lambda: rig.facts(InstanceFact))
             seen.update(rig=rig, window=window, provider=provider)

@@ -133,6 +133,7 @@ def test_a_restarted_loop_keeps_the_drain_from_the_facts_and_its_first_deadline(
             wall=lambda: BASE + trio.current_time(),
             incarnation="i2",
             jitter_seed=3,
+            feedback=rig.feedback.receive,
         )
         rig.session.rejoin(list(rig.controller.facts))
         rig.join(seen["machine"], HostStatus.BUSY)
