@@ -43,7 +43,7 @@ from provisionerd.domain.errors import ProtocolError
 from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.orphan_cycle import OrphanCycle
 
-#: Why a cycle skips its pass (``OrphanCycle.skip``): the detail of each reason.
+#: Why a cycle skips its pass (``OrphanCycle.run``'s ``skip``): the detail of each reason.
 STANDBY_DETAIL = "another daemon holds this provider's lease (the controller refused it as held); its cycle lists"
 
 
@@ -68,8 +68,8 @@ async def run_orphan_cycles(
     cycles = pieces.orphan_cycles()
     async with trio.open_nursery() as nursery:
         for name, (cycle, interval) in cycles.items():
-            cycle.skip = functools.partial(skip_reason, pieces, loop, name)
-            await nursery.start(cycle.run, interval)
+            skip = functools.partial(skip_reason, pieces, loop, name)
+            await nursery.start(functools.partial(cycle.run, interval, skip=skip))
         task_status.started({name: cycle for name, (cycle, _) in cycles.items()})
 
 

@@ -172,18 +172,23 @@ class OrphanCycle:
         self.interval = 0.0  # set by run
         #: Why no pass should run now, as ``(reason, detail)`` (``None``: run it); the daemon sets it (unhealthy
         #: provider, standby daemon). A skipped pass calls nothing and reads nothing; ``skipped`` counts them.
-        self.skip: Callable[[], tuple[str, str] | None] = lambda: None
         self.skipped: Counter[str] = Counter()
         self.last_skip: str | None = None
 
-    async def run(self, interval: float, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        interval: float,
+        *,
+        skip: Callable[[], tuple[str, str] | None] = lambda: None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """A pass (unless ``skip`` names a reason: then only an ``orphan_pass`` event with ``skipped: {reason:
         detail}`` and ``listed: false``), then ``interval`` seconds of sleep, forever. A pass survives any failure
         of what it reads or calls (each is audited); only a bug escapes."""
         self.interval = interval  # a reload may set another one; the next sleep takes it
         task_status.started()
         while True:
-            why = self.skip()
+            why = skip()
             self.last_skip = None if why is None else why[0]
             if why is None:
                 await self.run_pass()
