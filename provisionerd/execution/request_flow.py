@@ -49,7 +49,7 @@ import attrs
 import trio
 
 from provisionerd.domain.actions import RequestMachines
-from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation
+from provisionerd.domain.errors import ProviderProtocolViolation
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import instance_refs, issue
 from provisionerd.execution.call_rules import assign_refs
@@ -61,7 +61,7 @@ from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
 from provisionerd.planner.capacity import CallSucceeded, ProviderUnhealthy
 from provisionerd.planner.state import ActionDropped
-from provisionerd.provider.values import MachineRequest, OwnerTags, RequestAccepted, RequestStatus
+from provisionerd.provider.values import RequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -101,30 +101,8 @@ class RequestFlow:
             action.release,
             action.price,
         )
-        error: ProviderError | None = None
-        accepted: RequestAccepted | None = None
         try:
-            async with self._deps.gate.mutation(provider, intent) as permit:
-                request = MachineRequest.of(
-                    OwnerTags(s.cluster, provider, op_id, permit.epoch),
-                    action.template_id,
-                    issued,
-                    s.controllers,
-                    s.limits_of(provider),
-                )
-                steps.emit(
-                    "called",
-                    "request",
-                    op_id,
-                    provider,
-                    template=action.template_id,
-                    count=action.count,
-                    epoch=permit.epoch,
-                )
-                try:
-                    accepted = await client.request_machines(request)
-                except ProviderError as exc:
-                    error = exc
+            accepted, error = await steps.gated_request(intent, issued)
         except GATE_ERRORS as exc:
             steps.request_dropped(run, provider, op_id, exc)
             return RequestOutcome(op_id, provider, "dropped", code=gate_code(exc), detail=str(exc))

@@ -22,6 +22,7 @@ from provisionerd.domain.errors import (
     ProviderProtocolViolation,
 )
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
+from provisionerd.domain.tokens import IssuedToken
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.gate import MutationGate
@@ -30,7 +31,14 @@ from provisionerd.execution.values import GATE_ERRORS, CallObservations, Executo
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
-from provisionerd.provider.values import RequestStatus, foreign_request, status_for
+from provisionerd.provider.values import (
+    MachineRequest,
+    OwnerTags,
+    RequestAccepted,
+    RequestStatus,
+    foreign_request,
+    status_for,
+)
 from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,37 @@ class Steps:
         may be in the log) or a lease that lapsed around the ack keeps it counted."""
         run.add(ActionDropped(op_id, unacknowledged=isinstance(exc, ControllerRejected)))
         self.gate_refused(run, provider, exc)
+
+    async def gated_request(
+        self, intent: RequestIntent, issued: Sequence[IssuedToken], **fields: Any
+    ) -> tuple[RequestAccepted | None, ProviderError | None]:
+        """One ``requestMachines`` through the gate, at the moment it starts: the intent committed (or
+        acknowledged again) under the epoch held now, the owner tags carrying that epoch, the call. Its answer or
+        its error (never both); a ``called`` event with ``fields`` (``retry``). Raises ``GATE_ERRORS`` when the gate
+        refuses: then nothing was called. The first call and every same-op retry go through here."""
+        s, op_id, provider = self._deps.settings, intent.op_id, intent.provider
+        async with self._deps.gate.mutation(provider, intent) as permit:
+            request = MachineRequest.of(
+                OwnerTags(s.cluster, provider, op_id, permit.epoch),
+                intent.template_id,
+                issued,
+                s.controllers,
+                s.limits_of(provider),
+            )
+            self.emit(
+                "called",
+                "request",
+                op_id,
+                provider,
+                template=intent.template_id,
+                count=intent.count,
+                epoch=permit.epoch,
+                **fields,
+            )
+            try:
+                return await self._deps.clients[provider].request_machines(request), None
+            except ProviderError as exc:
+                return None, exc
 
     async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
         """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""

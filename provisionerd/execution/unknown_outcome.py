@@ -22,7 +22,7 @@ from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.observations import gate_code
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
-from provisionerd.provider.values import Features, MachineRequest, OwnerTags, RequestAccepted
+from provisionerd.provider.values import Features, RequestAccepted
 
 log = logging.getLogger(__name__)
 
@@ -83,34 +83,16 @@ class UnknownOutcomeFlow:
             try:
                 # Gated like the first call, at the moment it starts: a lease that lapsed during the sleep stops
                 # it, and after a failover the intent is re-committed under the epoch held now.
-                async with self._deps.gate.mutation(provider, intent) as permit:
-                    request = MachineRequest.of(
-                        OwnerTags(s.cluster, provider, op_id, permit.epoch),
-                        intent.template_id,
-                        issued,
-                        s.controllers,
-                        s.limits_of(provider),
-                    )
-                    steps.emit(
-                        "called",
-                        "request",
-                        op_id,
-                        provider,
-                        template=intent.template_id,
-                        count=intent.count,
-                        epoch=permit.epoch,
-                        retry=attempt,
-                    )
-                    try:
-                        return await self._deps.clients[provider].request_machines(request), None
-                    except ProviderError as exc:
-                        error = exc
+                accepted, failed = await steps.gated_request(intent, issued, retry=attempt)
             except GATE_ERRORS as exc:
                 # The intent stays open: recovery lists the op later and settles it (its tokens die with us).
                 steps.gate_refused(run, provider, exc)
                 return None, RequestOutcome(
                     op_id, provider, "unknown", code=gate_code(exc), detail=f"retry not admitted: {exc}"
                 )
+            if failed is None:
+                return accepted, None
+            error = failed
             code = error.code if isinstance(error, ProviderRejected) else ""
             if not error.outcome_unknown and not isinstance(error, ProviderFailed):
                 if found:
