@@ -2,9 +2,9 @@
 
 An action whose op_id or machines are still busy in the executor is handed back to the planner (``ActionDropped``)
 and replanned later: never two actions on one machine. A dispatched action is claimed in the executor at once
-(``Executor.try_claim``), because its task may start after the next cycle has planned; the task releases that
-claim just before it calls the executor, which claims again for the call. At most ``max_concurrent`` actions (and
-recoveries) run at once (the loop's ``CapacityLimiter``).
+(``Executor.claim``), because its task may start after the next cycle has planned; that one claim is handed to the
+executor's call and released when the action ends. At most ``max_concurrent`` actions (and recoveries) run at once
+(the loop's ``CapacityLimiter``).
 
 Requests and returns go to the executor (one whose provider turned unhealthy while it waited for the limiter is
 dropped before the executor sees it: no token, no intent); ``FailRequest``, ``MarkLost`` and ``DrainMachines`` are
@@ -24,6 +24,7 @@ import trio
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain.actions import Action, DrainMachines, FailRequest, MarkLost, RequestMachines, ReturnMachines
 from provisionerd.domain.model import NO_EPOCH, DrainRequested, Fact, Lost, RequestFailed
+from provisionerd.execution.claims import Claim
 from provisionerd.execution.executor import GATE_ERRORS, Executor
 from provisionerd.execution.loop_inputs import Spawn
 from provisionerd.execution.observations import gate_refusal_observation
@@ -100,33 +101,33 @@ class Dispatcher:
 
     def dispatch(self, action: Action, allowed: set[str]) -> None:
         """Start ``action`` if its provider is leased and its op and machines are free; else hand it back."""
-        machines = machines_of(action)
-        # Claimed now: the task may start after the next cycle has planned.
-        if action.provider not in allowed or not self._executor.try_claim(action.op_id, machines):
+        # Claimed now: the task may start after the next cycle has planned. Held until the action ends.
+        claim = self._executor.claim(action.op_id, machines_of(action)) if action.provider in allowed else None
+        if claim is None:
             self._hand_back(action.op_id)
             return
         self._events.emit(
             "action", phase="planned", op_id=action.op_id, provider=action.provider, **action_fields(action)
         )
-        self._spawn(self._execute, action, machines)
+        self._spawn(self._execute, action, claim)
 
-    async def _execute(self, action: Action, machines: tuple[str, ...]) -> None:
+    async def _execute(self, action: Action, claim: Claim) -> None:
         # The loop outlives any single action: a bug in one (an exception no flow expects) is logged, reported
         # and handed back to the planner, never allowed to take the daemon down.
         try:
-            await self._execute_one(action, machines)
+            await self._execute_one(action, claim)
         except Exception as exc:  # noqa: BLE001 - the boundary of one action
             log.exception("action %s failed unexpectedly", action.op_id)
             self._events.emit(
                 "action", phase="crashed", op_id=action.op_id, provider=action.provider, error=type(exc).__name__
             )
-            self._executor.release(action.op_id, machines)
             self._apply(ActionDropped(action.op_id))
+        finally:
+            self._executor.release(claim)
 
-    async def _execute_one(self, action: Action, machines: tuple[str, ...]) -> None:
+    async def _execute_one(self, action: Action, claim: Claim) -> None:
         ex = self._executor
         async with self._limiter:
-            ex.release(action.op_id, machines)  # the executor claims again for the call
             returning = isinstance(action, ReturnMachines)
             if (returning or isinstance(action, RequestMachines)) and self._refuses(action.provider, returning):
                 # Planned before the provider turned unhealthy (an action queued behind the limiter while an
@@ -139,11 +140,13 @@ class Dispatcher:
             outcome: Any
             match action:
                 case RequestMachines():
-                    outcome = await ex.request(action)
+                    outcome = await ex.request(action, claim=claim)
                     if outcome.status in SETTLED_REQUESTS:
                         self._outcomes.settle(action.op_id)
                 case ReturnMachines():
-                    outcome = await ex.return_machines(action.provider, action.op_id, action.machine_ids, action.reason)
+                    outcome = await ex.return_machines(
+                        action.provider, action.op_id, action.machine_ids, action.reason, claim=claim
+                    )
                 case FailRequest():
                     await self._attribute(action.op_id)
                     outcome = await self._commit(

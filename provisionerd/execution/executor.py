@@ -17,7 +17,8 @@ events, wall clock) and hands it to collaborators that each do one job, readable
   ``observations``: what a provider error or a gate refusal means for the planner, in one place.
 
 The executor never runs two actions on one op_id or one machine at once: it owns the busy claims
-(``claims.BusyClaims``: ``try_claim``, ``release``, ``is_busy``; the reconcile loop claims through them too), and a
+(``claims.BusyClaims``: ``claim``, ``release``, ``is_busy``; the reconcile loop claims through them too, and hands
+its ``Claim`` to the call), and a
 conflicting call returns ``dropped`` (``code="busy"``) at once. Planner observations go to the reconcile loop on
 the ``feedback`` channel as they happen (``execution.feedback``) and are also returned in the outcome
 (``values.CallObservations``). Join tokens never reach an
@@ -35,7 +36,7 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.model import NO_EPOCH, Fact, RequestIntent, ReturnIntent
-from provisionerd.execution.claims import BusyClaims
+from provisionerd.execution.claims import BusyClaims, Claim
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.feedback import tell
 from provisionerd.execution.gate import FactCommitter, MutationGate
@@ -94,21 +95,21 @@ class Executor:
 
     # --- busy claims --------------------------------------------------------------------------------------------
 
-    def try_claim(self, op_id: str, machine_ids: Collection[str] = ()) -> bool:
-        """Claim ``op_id`` and ``machine_ids`` for an action about to run, if none of them is busy; whether it did.
-        The reconcile loop claims when it plans (its task may start after the next cycle) and releases just
-        before calling the executor, which claims again for the call."""
-        return self._claims.try_claim(op_id, machine_ids)
+    def claim(self, op_id: str, machine_ids: Collection[str] = ()) -> Claim | None:
+        """Claim ``op_id`` and ``machine_ids`` for an action about to run, if none of them is busy (``None``: busy).
+        The reconcile loop claims when it plans (its task may start after the next cycle), hands the claim to the
+        call (``request``/``return_machines``: they then do not claim again) and releases it when the call ends."""
+        return self._claims.claim(op_id, machine_ids)
 
-    def release(self, op_id: str, machine_ids: Collection[str] = ()) -> None:
-        self._claims.release(op_id, machine_ids)
+    def release(self, claim: Claim) -> None:
+        self._claims.release_claim(claim)
 
     def is_busy(self, op_id: str) -> bool:
         return self._claims.is_busy(op_id)
 
     @property
     def busy_ops(self) -> Set[str]:
-        """The op_ids an action runs on now (read-only: claim through ``try_claim``)."""
+        """The op_ids an action runs on now (read-only: claim through ``claim``)."""
         return self._claims.ops
 
     @property
@@ -127,15 +128,18 @@ class Executor:
 
     # --- requests -----------------------------------------------------------------------------------------------
 
-    async def request(self, action: RequestMachines) -> RequestOutcome:
-        """Run one ``RequestMachines`` action to its end (``request_flow``)."""
-        if not self._claims.try_claim(action.op_id):
+    async def request(self, action: RequestMachines, *, claim: Claim | None = None) -> RequestOutcome:
+        """Run one ``RequestMachines`` action to its end (``request_flow``). ``claim``: the op's claim, held by the
+        caller (then not claimed again here, nor released)."""
+        held = claim if claim is not None else self._claims.claim(action.op_id)
+        if held is None:
             return RequestOutcome(action.op_id, action.provider, "dropped", code="busy")
         run = CallObservations(self._tell)
         try:
             outcome = await self._requests.run(run, action)
         finally:
-            self._claims.release(action.op_id)
+            if claim is None:
+                self._claims.release_claim(held)
         outcome = attrs.evolve(outcome, observations=tuple(run.observations))
         self._steps.emit(
             "result",
@@ -173,28 +177,38 @@ class Executor:
     # --- returns ------------------------------------------------------------------------------------------------
 
     async def return_machines(
-        self, provider: str, op_id: str, machine_ids: Sequence[str], reason: str, *, stop: bool = False
+        self,
+        provider: str,
+        op_id: str,
+        machine_ids: Sequence[str],
+        reason: str,
+        *,
+        stop: bool = False,
+        claim: Claim | None = None,
     ) -> ReturnOutcome:
         """Gate with a ``ReturnIntent``, call ``requestReturnMachines`` (``stopMachines`` with ``stop``), poll to
-        completion, commit ``Returned``. Raises nothing: every failure is in the outcome."""
+        completion, commit ``Returned``. Raises nothing: every failure is in the outcome. ``claim``: as for
+        ``request``."""
         ids = tuple(machine_ids)
         if not ids:
             raise ValueError("return_machines needs at least one machine id")
-        return await self._return(ReturnIntent(provider, NO_EPOCH, op_id, ids, reason), stop)
+        return await self._return(ReturnIntent(provider, NO_EPOCH, op_id, ids, reason), stop, claim)
 
     async def resume_return(self, intent: ReturnIntent, *, stop: bool = False) -> ReturnOutcome:
         """Drive a committed return intent no task is running (unknown outcome, restart) with its own op_id."""
         return await self._return(intent, stop)
 
-    async def _return(self, intent: ReturnIntent, stop: bool) -> ReturnOutcome:
+    async def _return(self, intent: ReturnIntent, stop: bool, claim: Claim | None = None) -> ReturnOutcome:
         op_id, ids = intent.op_id, intent.machine_ids
-        if not self._claims.try_claim(op_id, ids):
+        held = claim if claim is not None else self._claims.claim(op_id, ids)
+        if held is None:
             return ReturnOutcome(op_id, intent.provider, "dropped", code="busy")
         run = CallObservations(self._tell)
         try:
             outcome = await self._returns.run(run, intent, stop)
         finally:
-            self._claims.release(op_id, ids)
+            if claim is None:
+                self._claims.release_claim(held)
         outcome = attrs.evolve(outcome, observations=tuple(run.observations))
         self._steps.emit(
             "result",
