@@ -19,6 +19,7 @@ LATE = (
     ("reload", faults.RELOAD_CHANCE),
     ("controller_restart", faults.CONTROLLER_RESTART_CHANCE),
     ("foreign_id", faults.FOREIGN_ID_CHANCE),
+    ("kill_mid_call", faults.KILL_MID_CALL_CHANCE),
 )
 
 

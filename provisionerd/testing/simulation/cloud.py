@@ -110,13 +110,41 @@ class SimCloud(FakeProvider):
                 self.named_by_mutation.setdefault(str(machine.get("machineId", "")), trio.current_time())
         else:
             self.recorder.note("provider", "call", action=action, caller=caller.instance)
-        await trio.sleep(self.latency * self.slow * (0.2 + self.rng.random()))
+        delay = self.latency * self.slow * (0.2 + self.rng.random())
+        if action in MUTATING:
+            # A mutation that reached the cloud completes even when its caller dies meanwhile (a one-shot call
+            # runs on in its own session; an API request is in the cloud's hands): issue 31 item 7, "a daemon kill
+            # at every step of a slow call". The restarted daemon must find what it made (its recovery lists the
+            # op by tag), or the run ends with an unexplained machine.
+            with trio.CancelScope(shield=True):
+                await trio.sleep(delay)
+                fault = self.fault if self.fault and self.rng.random() < self.fault_rate else None
+                works = fault is None or (fault != "reject" and self.rng.random() < 0.5)
+                output = self._do(caller.instance, action, input) if works and fault != "reject" else None
+            try:
+                return await self._answer(action, input, fault, output, timeout)
+            except trio.Cancelled:
+                if output is not None:  # done, and its caller is gone: counted (``after_caller_died``)
+                    self.recorder.note("provider", "after_caller_died", action=action, op_id=str(input["op_id"]))
+                raise
+        await trio.sleep(delay)
         fault = self.fault if self.fault and self.rng.random() < self.fault_rate else None
         works = fault is None or (fault != "reject" and self.rng.random() < 0.5)
+        output = self._do(caller.instance, action, input) if works and fault != "reject" else None
+        return await self._answer(action, input, fault, output, timeout)
+
+    async def _answer(
+        self,
+        action: str,
+        input: Mapping[str, Any],
+        fault: str | None,
+        output: dict[str, Any] | None,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> dict[str, Any]:
+        """The answer the caller gets for a call made (``output``) or not, under ``fault``."""
         if fault == "reject":
             code = self.rng.choice(REJECT_CODES)
             raise rejection(self.name, action, code, f"simulated {code}")
-        output = self._do(caller.instance, action, input) if works else None
         if fault == "hang":
             waited = timeout if timeout is not None else 60.0
             await trio.sleep(waited)

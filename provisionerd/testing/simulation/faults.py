@@ -32,6 +32,9 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
 ``foreign_id``      the cloud's ``requestMachines`` takes effect, then answers (at ``rate``) a requestId it never
                     made, which its status call reports as an unknown request (issue 31 finding 3): the daemon must
                     settle the op from its listing, never leave a machine without a fact nor ask again meanwhile
+``kill_mid_call``   slot ``slot``'s daemon is killed at its next provider mutation, while the call is under way (the
+                    cloud completes it: a one-shot call runs on in its own session), and starts again ``duration``
+                    later: its recovery must find what the call made (issue 31 item 7)
 ``reload``          one slot's daemon gets an admin orphan action (``admin``) and, while it is under way, a config
                     reload (``mode``: a live change or one that needs a restart; ``value``); a live change is undone
                     at the fault's end (``reload_fault``)
@@ -74,6 +77,7 @@ KINDS = (
     "reload",
     "controller_restart",
     "foreign_id",
+    "kill_mid_call",
 )
 TWIN_CHANCE = 0.3
 #: Storage faults are drawn after the twin, each with its own chance, for the same reason.
@@ -91,6 +95,8 @@ BAD_MACHINES_CHANCE = 0.25
 CONTROLLER_RESTART_CHANCE = 0.3
 #: A cloud answering foreign request ids (issue 31 finding 3): drawn after the controller restart (the same reason).
 FOREIGN_ID_CHANCE = 0.2
+#: A daemon killed in the middle of a provider mutation (issue 31 item 7): drawn after the foreign ids.
+KILL_MID_CALL_CHANCE = 0.3
 
 
 @attrs.frozen
@@ -205,4 +211,7 @@ def draw_plan(
         at = round(rng.uniform(5.0, horizon * 0.7), 3)
         duration = round(min(horizon - at, rng.uniform(10.0, 90.0)), 3)
         faults.append(Fault(at, "foreign_id", duration, value=round(rng.uniform(0.3, 1.0), 3)))
+    if "kill_mid_call" in kinds and max_faults > 0 and rng.random() < KILL_MID_CALL_CHANCE:
+        at = round(rng.uniform(5.0, horizon * 0.7), 3)
+        faults.append(Fault(at, "kill_mid_call", round(rng.uniform(0.3, 20.0), 3), rng.choice(slots)))
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

@@ -30,7 +30,7 @@ from provisionerd.testing.simulation.cloud import SimCloud
 from provisionerd.testing.simulation.faults import KINDS, Fault, FaultPlan, draw_plan
 from provisionerd.testing.simulation.network import OK, SimNet
 from provisionerd.testing.simulation.nodes import WALL_EPOCH, DaemonNode, DaemonSettings, ObservedCluster
-from provisionerd.testing.simulation.observe import Recorder, describe_exception
+from provisionerd.testing.simulation.observe import Mutation, Recorder, describe_exception
 from provisionerd.testing.simulation.reload_fault import ReloadFaults
 from provisionerd.testing.simulation.store_loss import StoreLosses
 from refcontroller.server import Timeouts, open_controller_server
@@ -150,6 +150,9 @@ class World:
         )
         self.cloud.on_created.append(self.workers.created)
         self.cloud.on_vanished.append(self.workers.vanished)
+        #: ``kill_mid_call`` faults armed: slot -> seconds until its daemon starts again after the kill.
+        self._kill_at_next_mutation: dict[str, float] = {}
+        self.recorder.on_mutation.append(self._mid_call)
         self._nursery: trio.Nursery | None = None
         self.net: SimNet | None = None
 
@@ -204,6 +207,25 @@ class World:
     def _serve(self, stream: trio.abc.Stream, replica: int) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self.server.handle_stream, stream, replica, Role.PROVISIONER)
+
+    def _mid_call(self, mutation: Mutation) -> None:
+        """``kill_mid_call``: the armed slot's daemon dies as its mutation starts; the cloud completes the call."""
+        slot = mutation.caller.instance.rsplit("#", 1)[0]
+        node = self.nodes.get(slot)
+        if slot not in self._kill_at_next_mutation or node is None or node.instance != mutation.caller.instance:
+            return
+        if node.scope.cancel_called:
+            return
+        restart_in = self._kill_at_next_mutation.pop(slot)
+        self.recorder.note(node.instance, "killed_mid_call", action=mutation.action, op_id=mutation.op_id)
+        node.kill()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._restart_after, slot, restart_in)
+
+    async def _restart_after(self, slot: str, delay: float) -> None:
+        await trio.sleep(delay)
+        if self.nodes[slot].scope.cancel_called:  # not restarted meanwhile (an overlapping kill's end)
+            self._start(slot)
 
     def _start(self, slot: str, identity: str | None = None) -> DaemonNode:
         """Start a daemon in ``slot`` (its network slot too, the first time); ``identity``: another slot's, for a
@@ -329,6 +351,8 @@ class World:
                 self.cloud.slow = fault.value
             case "foreign_id":
                 self.cloud.foreign_rate = fault.value
+            case "kill_mid_call":
+                self._kill_at_next_mutation[fault.slot] = fault.duration
             case "vanish":
                 self.cloud.vanish()
             case "no_join":
@@ -370,6 +394,8 @@ class World:
                 self.cloud.slow = 1.0
             case "foreign_id":
                 self.cloud.foreign_rate = 0.0
+            case "kill_mid_call":
+                pass  # the restart follows the kill (``_mid_call``), ``duration`` after it
             case "no_join":
                 self.workers.no_join = False
             case "bad_machines":
