@@ -185,3 +185,17 @@ def test_seeds_1022_and_1120_an_op_answered_with_a_foreign_id_is_settled_by_its_
         assert "failed_with_machines" not in violated_now(seed), seed
     monkeypatch.setattr("provisionerd.execution.steps.foreign_request", lambda statuses, request_id: None)
     assert "failed_with_machines" in violated_now(1022)
+
+
+def test_seed_9_a_daemon_killed_mid_call_finds_what_the_call_made(monkeypatch):
+    """The ``kill_mid_call`` fault (issue 31 item 7): the daemon dies as its mutation starts and the cloud completes
+    the call. The restarted daemon's recovery lists the op and explains its machines before it fails the rest;
+    with listings that show nothing (patched: the recovery as if it could not see) ``failed_with_machines`` says so."""
+    result = run_seed(9)
+    assert result.counts.get("killed_mid_call") and not result.counts.get("foreign_id") and not result.violations
+
+    async def blind(self, provider, op_id):
+        return ()
+
+    monkeypatch.setattr("provisionerd.execution.steps.Steps.list_op", blind)
+    assert "failed_with_machines" in violated_now(9)
