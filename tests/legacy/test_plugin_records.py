@@ -105,3 +105,34 @@ def test_an_unknown_layout_is_a_config_error():
     with pytest.raises(ConfigError) as caught:
         legacy_settings({"state_file": "azure"})
     assert "state_file: unknown layout 'azure'" in caught.value.problems[0]
+
+
+def test_the_shipped_example_state_file_names_a_request_a_killed_call_left(world):
+    """bench/restarts.py killed the example plugin after it made its machine and before it answered: the op's
+    outcome is unknown and the machine had no fact. With ``state_file = "lsfexample"`` the report names it."""
+    state = {
+        "next": 3,
+        "machines": {
+            "lsfex-000001": {"name": "h1", "ip": "10.200.0.1", "template": "aws-small", "status": "running",
+                             "launchtime": 1796460895},
+            "lsfex-000002": {"name": "h2", "ip": "10.200.0.2", "template": "aws-small", "status": "pending",
+                             "launchtime": 1796460900},
+        },
+        "requests": {
+            "req-known": {"kind": "create", "machines": ["lsfex-000001"], "polls": 2},
+            "req-left": {"kind": "create", "machines": ["lsfex-000002"], "polls": 0},
+            "ret-1": {"kind": "return", "machines": ["lsfex-000001"]},
+            "bad": {"kind": "create", "machines": "not a list"},
+        },
+    }  # fmt: skip
+    (world.data / "lsfexample-state.json").write_text(json.dumps(state))
+    (found,) = adapter(world, "lsfexample").unknown_outcomes()
+    assert found["records_from"] == str(world.data / "lsfexample-state.json")
+    assert [r["requestId"] for r in found["plugin_records"]] == ["req-left"]
+    assert found["plugin_records"][0] == {
+        "requestId": "req-left",
+        "templateId": "aws-small",
+        "time": 1796460900000,
+        "machines": [{"machineId": "lsfex-000002", "name": "h2", "status": "pending",
+                      "privateIpAddress": "10.200.0.2", "returning": False}],
+    }  # fmt: skip
