@@ -121,6 +121,16 @@ def _record(state: str, **kw: object) -> jobs.JobRecord:
         (_record("TIMEOUT"), False, ("fail", "terminated", "timeout: job 5: the pilot job reached its time limit")),
         (_record("PREEMPTED"), False, ("fail", "terminated", "preempted: job 5: the pilot job was preempted")),
         (
+            _record("COMPLETING", exit_code=2, signal=0),
+            False,
+            ("fail", "terminated", "failed: job 5: the pilot job failed, exit code 2"),
+        ),
+        (
+            _record("COMPLETING", exit_code=0, signal=0),
+            False,
+            ("fail", "terminated", "completing: job 5: the pilot job is ending on its own"),
+        ),
+        (
             _record("COMPLETED", exit_code=0),
             False,
             ("fail", "terminated", "completed: job 5: the pilot job ended on its own, exit code 0"),
@@ -144,6 +154,11 @@ def test_the_returned_marker_in_the_comment_counts_like_our_own_record() -> None
     assert jobs.reclaim_reason(_record("RUNNING", time_left=400), False, 300) is None
     assert jobs.reclaim_reason(_record("RUNNING"), False, 300) is None  # unlimited
     assert jobs.reclaim_reason(None, False, 300) == ("gone", 0)
+    # A pilot that exited nonzero is "failed" from its COMPLETING moment on, not first "completing".
+    assert jobs.reclaim_reason(_record("COMPLETING", exit_code=2, tags={tagmod.CLUSTER: "c"}), False, 300) == (
+        "failed",
+        0,
+    )
 
 
 @pytest.mark.parametrize(

@@ -171,14 +171,24 @@ class Outcome:
     message: str
 
 
+def end_state(record: JobRecord) -> str:
+    """The state a job that is over ends in. An ending job (COMPLETING, STAGE_OUT) already carries its pilot's exit
+    status: a nonzero exit or a signal ends it FAILED, so a status read in that window types it the same as one
+    read a moment later."""
+    if record.state in ENDING and (record.signal or record.exit_code):
+        return "FAILED"
+    return record.state
+
+
 def _ending(record: JobRecord) -> str:
-    what = END_REASONS.get(record.state, f"the pilot job ended ({record.state})")
+    state = end_state(record)
+    what = END_REASONS.get(state, f"the pilot job ended ({state})")
     detail = ""
     if record.signal:
         detail = f", killed by signal {record.signal}"
-    elif record.exit_code is not None and (record.exit_code or record.state in ("FAILED", "COMPLETED")):
+    elif record.exit_code is not None and (record.exit_code or state in ("FAILED", "COMPLETED")):
         detail = f", exit code {record.exit_code}"
-    return f"{record.state.lower()}: job {record.job_id}: {what}{detail}"
+    return f"{state.lower()}: job {record.job_id}: {what}{detail}"
 
 
 def outcome(job_id: str, record: JobRecord | None, returned: bool) -> Outcome:
@@ -208,7 +218,7 @@ def reclaim_reason(record: JobRecord | None, returned: bool, notice: int) -> tup
     if record is None:
         return "gone", 0
     if record.state in ENDED or record.state in ENDING:
-        return record.state.lower(), 0
+        return end_state(record).lower(), 0
     if record.state in UP and record.time_left is not None and record.time_left <= notice:
         return "time_limit", record.time_left
     return None
