@@ -9,6 +9,7 @@ import random
 
 import attrs
 
+from provisionerd.agent.saved import SavedSecrets
 from provisionerd.agent.token import BOOTSTRAP_PREFIX, rejoin_credential
 from provisionerd.domain.errors import AuthError, LinkDown
 from provisionerd.domain.model import PROTOCOL_VERSION
@@ -120,8 +121,8 @@ def judge_join_reply(msg: Message | None) -> JoinOutcome:
 class Credentials:
     """Which secret the next ``Join`` carries: the token until a join is accepted, then the instance's own
     credential from that reply (``JoinReply.credential``), or, from a controller that issues none, the rejoin proof
-    derived from the token. The raw token is forgotten once a join has been accepted; the credential is held in
-    memory only and never logged."""
+    derived from the token. The raw token is forgotten once a join has been accepted; the credential is never
+    logged, and kept on disk only with ``--state-file`` (``snapshot``/``restore``: ``agent.saved``)."""
 
     instance_ref: str
     _token: str | None = attrs.field(repr=False)
@@ -137,6 +138,31 @@ class Credentials:
     def __attrs_post_init__(self) -> None:
         assert self._token is not None
         self._proof = rejoin_credential(self._token, self.instance_ref)
+
+    @classmethod
+    def restore(cls, saved: SavedSecrets) -> Credentials:
+        """The credentials a previous run of this agent saved (``snapshot``)."""
+        restored = cls(saved.instance_ref, saved.token or "-", claim=saved.claim)
+        restored._token, restored._proof, restored._credential = saved.token, saved.proof, saved.credential
+        restored.use_proof, restored.maybe_spent, restored.proof_tried = (
+            saved.use_proof,
+            saved.maybe_spent,
+            saved.proof_tried,
+        )
+        return restored
+
+    def snapshot(self) -> SavedSecrets:
+        """What a restarted agent needs to present the same secret next."""
+        return SavedSecrets(
+            self.instance_ref,
+            self.claim,
+            self._token,
+            self._proof,
+            self._credential,
+            self.use_proof,
+            self.maybe_spent,
+            self.proof_tried,
+        )
 
     @property
     def has_credential(self) -> bool:

@@ -69,13 +69,10 @@ def _decode(data: bytes, source: str) -> str:
     return _check(text.removesuffix("\n").removesuffix("\r"), source)
 
 
-def read_token_file(path: Path | str) -> str:
-    """Read the token from ``path`` and delete the file.
-
-    The file must be a regular file (not a symlink), owned by this user, with no permission bits for group or
-    others. Raises ``ConfigError`` (the message names the path and the problem, never the content).
-    """
-    source = f"token file {str(path)!r}"
+def read_private_file(path: Path | str, limit: int, source: str) -> bytes:
+    """At most ``limit + 1`` bytes of ``path``, which must be a regular file (not a symbolic link, not a FIFO),
+    owned by this user, with no permission bits for group or others. Raises ``ConfigError`` naming ``source`` and
+    the problem, never the content."""
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang the agent before the type check below.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
@@ -94,18 +91,35 @@ def read_token_file(path: Path | str) -> str:
                 "it must be 0600 (or stricter). The file is left in place."
             )
         data = b""
-        while len(data) <= MAX_TOKEN_CHARS + 2 and (chunk := os.read(fd, MAX_TOKEN_CHARS + 3 - len(data))):
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
             data += chunk
     finally:
         os.close(fd)
-    token = _decode(data, source)
+    return data
+
+
+def read_token_file(path: Path | str, *, delete: bool = True) -> str:
+    """Read the token from ``path`` and delete the file (``delete=False``: the caller deletes it once the token is
+    kept elsewhere, ``delete_token_file``).
+
+    The file must be a regular file (not a symlink), owned by this user, with no permission bits for group or
+    others. Raises ``ConfigError`` (the message names the path and the problem, never the content).
+    """
+    source = f"token file {str(path)!r}"
+    token = _decode(read_private_file(path, MAX_TOKEN_CHARS + 2, source), source)
+    if delete:
+        delete_token_file(path)
+    return token
+
+
+def delete_token_file(path: Path | str) -> None:
+    """Remove a token file once read. Raises ``ConfigError`` when it cannot be removed."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass  # someone else removed it: the token is in memory, which is all we need
     except OSError as exc:
-        raise ConfigError(f"cannot delete {source} after reading it: {exc.strerror}") from None
-    return token
+        raise ConfigError(f"cannot delete token file {str(path)!r} after reading it: {exc.strerror}") from None
 
 
 def read_token_stream(stream: BinaryIO, source: str = "standard input") -> str:

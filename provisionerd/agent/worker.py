@@ -50,6 +50,7 @@ from provisionerd.agent.join import (
     backoff_delay,
     judge_join_reply,
 )
+from provisionerd.agent.saved import SavedSecrets, StateFile
 from provisionerd.domain.errors import AuthError, ConfigError, LinkDown, ProtocolError
 from provisionerd.domain.model import HostStatus, Role
 from provisionerd.wire.framing import FramedStream
@@ -141,13 +142,30 @@ class WorkerAgent:
     """Keeps one worker joined until cancelled. ``joins`` counts accepted joins; ``term`` is the latest seen."""
 
     def __init__(
-        self, config: AgentConfig, token: str, connect: Connector, rng: random.Random | None = None, claim: str = ""
+        self,
+        config: AgentConfig,
+        token: str,
+        connect: Connector,
+        rng: random.Random | None = None,
+        claim: str = "",
+        *,
+        saved: SavedSecrets | None = None,
+        state: StateFile | None = None,
     ):
-        """``claim``: join by the address-bound join as this machine id, ``token`` being the bootstrap secret."""
+        """``claim``: join by the address-bound join as this machine id, ``token`` being the bootstrap secret.
+        ``saved``: what a previous run of this agent kept (``token`` is then not used); ``state``: where to keep
+        what the next join presents whenever it changes (``agent.saved``)."""
         self.config = config
         self._connect = connect
         self._rng = rng if rng is not None else random.Random()
-        self._credentials = Credentials(config.instance_ref, token, claim=claim)
+        if saved is not None:
+            self._credentials = Credentials.restore(saved)
+        else:
+            self._credentials = Credentials(config.instance_ref, token, claim=claim)
+        self._state = state
+        self._kept = saved
+        #: Saves to ``state`` that failed (the agent goes on with its secret in memory).
+        self.save_failures = 0
         self.status = HostStatus.IDLE
         self._wake = trio.Event()
         self.joins = 0
@@ -196,6 +214,7 @@ class WorkerAgent:
         while True:
             before = self.refusals
             lasted = await self._attempt(addresses[cursor])
+            await self._keep()
             if lasted is None:
                 cursor = (cursor + 1) % len(addresses)
             elif lasted >= self.config.heartbeat_interval:
@@ -273,8 +292,26 @@ class WorkerAgent:
                 raise
         return framed, judge_join_reply(None if envelope is None else envelope.msg)
 
+    async def _keep(self) -> None:
+        """Save what the next join presents, when it changed and a state file is configured (in a thread: the
+        write is fsynced). A failure is logged and counted; the secret stays in memory."""
+        if self._state is None:
+            return
+        snapshot = self._credentials.snapshot()
+        if snapshot == self._kept:
+            return
+        try:
+            with trio.CancelScope(shield=True):  # a credential issued and then not kept would be lost
+                await trio.to_thread.run_sync(self._state.save, snapshot)
+        except OSError as exc:
+            self.save_failures += 1
+            log.error("cannot save %s: %s (a restart of this agent could not join again)", self._state.source, exc)
+            return
+        self._kept = snapshot
+
     async def _serve(self, framed: FramedStream, address: str, joined: Joined) -> None:
         self._credentials.accepted(joined.credential, joined.instance_ref)
+        await self._keep()
         self.joins += 1
         self.refusal = ""
         self.term, self.connected_to = joined.term, address

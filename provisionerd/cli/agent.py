@@ -5,11 +5,17 @@
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
                        [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
-                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host]
+                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host] [--state-file PATH]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
 pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
 logged and visible in the process list, which is how the local provider finds its agents by their tags.
+
+``--state-file PATH``: keep what the next join presents (the token until the first join is accepted, then the
+credential it was issued) in PATH, 0600, replaced atomically whenever it changes; a restarted agent (its machine's
+init system restarting it after a crash) reads it instead of a token, so it rejoins as the same machine. The token
+file is deleted only once the state file holds the token. Without it, the secret is in memory only and an agent
+that dies cannot join again (``agent.saved``; docs/operations.md, "A machine that comes up before its fact").
 
 ``--orphan-timeout S``: when no controller has been heard for S seconds (counted from the start, so an agent that
 never joins stops too), the agent exits with code 5; with ``--on-orphan shutdown`` it first runs
@@ -48,13 +54,15 @@ import attrs
 import trio
 
 from provisionerd.agent import capabilities
-from provisionerd.agent.token import read_token_file, read_token_stream
+from provisionerd.agent.saved import SavedSecrets, StateFile
+from provisionerd.agent.token import delete_token_file, read_token_file, read_token_stream
 from provisionerd.agent.worker import (
     EXIT_ORPHANED,
     EXIT_STOPPED,
     EXIT_USAGE,
     AgentConfig,
     Connector,
+    Credentials,
     JoinRefused,
     Orphaned,
     WorkerAgent,
@@ -197,6 +205,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also report this machine's ncpus, mem (MiB) and type, which the daemon checks against the template",
     )
+    parser.add_argument(
+        "--state-file",
+        type=Path,
+        default=None,
+        help="keep the join secret in this 0600 file so that a restarted agent rejoins (read instead of the token"
+        " when it exists)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_log_format_argument(parser, default="text")
     return parser
@@ -251,15 +266,23 @@ def shut_down(command: str) -> None:
         log.error("the shutdown command exited with %d", done.returncode)
 
 
-def _read_token(args: argparse.Namespace) -> str:
+def _read_token(args: argparse.Namespace, *, delete: bool = True) -> str:
     if args.token_file is not None:
-        return read_token_file(args.token_file)
+        return read_token_file(args.token_file, delete=delete)
     token = read_token_stream(sys.stdin.buffer)
     # Nothing else comes on stdin; keep no pipe to whoever started us.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     return token
+
+
+def _save_first(state: StateFile, saved: SavedSecrets) -> None:
+    try:
+        state.save(saved)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise ConfigError(f"cannot write {state.source}: {why}; the token file is left in place") from None
 
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -335,8 +358,18 @@ def main(argv: list[str]) -> int:
     try:
         config = _config(args)
         probes = _probes(args)
-        token = _read_token(args)
-        formatter.redact = Redactor().including([token])  # the join token never reaches the log, in either format
+        claim = args.machine_id if args.address_bound else ""
+        state = StateFile(args.state_file) if args.state_file is not None else None
+        saved = state.load(config.instance_ref, claim) if state is not None else None
+        token = "" if saved is not None else _read_token(args, delete=state is None)
+        if state is not None and saved is None:
+            # Kept on disk before the token file goes: a restart from here on finds the token in the state file.
+            saved = Credentials(config.instance_ref, token, claim=claim).snapshot()
+            _save_first(state, saved)
+            if args.token_file is not None:
+                delete_token_file(args.token_file)
+        # The join secrets never reach the log, in either format.
+        formatter.redact = Redactor().including([token, *(saved.secrets() if saved is not None else [])])
     except ConfigError as exc:
         print(f"provisionerd agent: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -351,8 +384,9 @@ def main(argv: list[str]) -> int:
     report = capabilities.report(probes, args.probe_timeout, host=args.report_host)
     log.info("capabilities %s", " ".join(f"{k}={v}" for k, v in sorted(report.items())))
     config = attrs.evolve(config, capabilities=report)
-    claim = args.machine_id if args.address_bound else ""
-    agent = WorkerAgent(config, token, tls_connector(args.certs), claim=claim)
+    if state is not None:
+        log.info("join secret %s %s", "kept in" if token else "restored from", state.source)
+    agent = WorkerAgent(config, token, tls_connector(args.certs), claim=claim, saved=saved, state=state)
     del token
     early.exit_on_stop = False
     code = trio.run(run_agent, agent, early.pending)

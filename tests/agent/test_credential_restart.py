@@ -10,6 +10,7 @@ too. Neither the token nor the credential shows in any log.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -219,3 +220,47 @@ def test_after_controller_amnesia_the_agents_stay_until_an_admin_decides(certs: 
             time.sleep(8)
             assert agent.poll() is None, log.read_text()[-2000:]
             assert log.read_text().count("trying again later") >= 3
+
+
+def test_an_agent_killed_and_restarted_rejoins_from_its_state_file(certs: Path, tmp_path: Path) -> None:
+    """Issue 31 item 7, "agent restarts": the agent is SIGKILLed after its join spent the token, and the machine's
+    init system runs the same command line again. The token file is gone and the credential the join was issued
+    lived in memory, so it could never join again. With ``--state-file`` it rejoins as the same host before the
+    controller marks it lost, and no secret reaches a log."""
+    port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    ref, token = "c1/i-r", secrets.token_urlsafe(24)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    home = tmp_path / "machine"
+    state = home / "state" / "agent.json"
+    timings = ("--lease-ttl", "1", "--check-interval", "0.5", "--heartbeat-timeout", "20")
+    with ExitStack() as stack, controller.serving(certs, data, ctl_log, *timings, listen=f"127.0.0.1:{port}"):
+        commit(
+            certs,
+            port,
+            [
+                lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (digest,)),
+                lambda epoch: InstanceFact(PROVIDER, epoch, "op-1", ref, "m-r", "local-1", digest),
+            ],
+        )
+        token_path = agents.token_file(home, token)
+        argv = agents.agent_argv(
+            certs,
+            [f"127.0.0.1:{port}"],
+            tmp_path,
+            *("--token-file", str(token_path), "--state-file", str(state), "--heartbeat", "0.5"),
+            ref=ref,
+        )
+        first = stack.enter_context(agents.agent(argv, tmp_path / "first.log"))
+        wait.blocking("the agent idle", lambda: hosts(certs, port) == {ref: "idle"}, 60, 0.2)
+        assert not token_path.exists() and oct(state.stat().st_mode & 0o777) == oct(0o600)
+        wait.blocking("the credential kept", lambda: b"cred-v1:" in state.read_bytes(), 30, 0.1)
+        first.kill()  # SIGKILL: nothing in its memory survives
+        first.wait()
+        second = stack.enter_context(agents.agent(argv, tmp_path / "second.log"))
+        wait.blocking("the restarted agent joined", lambda: "join #1" in (tmp_path / "second.log").read_text(), 60)
+        wait.blocking("the host idle again", lambda: hosts(certs, port) == {ref: "idle"}, 60, 0.2)
+        assert second.poll() is None and "restored from agent state file" in (tmp_path / "second.log").read_text()
+        assert json.loads(state.read_bytes())["token"] is None  # the spent token is no longer kept
+    everything = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
+    assert token.encode() not in everything and b"cred-v1:" not in everything
+    assert "host lost" not in ctl_log.read_text()

@@ -20,6 +20,7 @@ LATE = (
     ("controller_restart", faults.CONTROLLER_RESTART_CHANCE),
     ("foreign_id", faults.FOREIGN_ID_CHANCE),
     ("kill_mid_call", faults.KILL_MID_CALL_CHANCE),
+    ("agent_restart", faults.AGENT_RESTART_CHANCE),
 )
 
 

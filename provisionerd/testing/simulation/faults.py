@@ -35,6 +35,10 @@ A ``Fault`` starts at ``at`` (virtual seconds from the start) and, when it has a
 ``kill_mid_call``   slot ``slot``'s daemon is killed at its next provider mutation, while the call is under way (the
                     cloud completes it: a one-shot call runs on in its own session), and starts again ``duration``
                     later: its recovery must find what the call made (issue 31 item 7)
+``agent_restart``   a share (``value``) of the joined workers' agents die and are restarted by their machine's init
+                    system 0.5-10 s later (lifecycle runs): each rejoins with the credential its state file kept
+                    (``--state-file``, issue 31 item 7). A restarted agent of a running machine the daemon has not
+                    returned must be admitted again (the invariant ``agent_rejoin_refused``)
 ``reload``          one slot's daemon gets an admin orphan action (``admin``) and, while it is under way, a config
                     reload (``mode``: a live change or one that needs a restart; ``value``); a live change is undone
                     at the fault's end (``reload_fault``)
@@ -78,6 +82,7 @@ KINDS = (
     "controller_restart",
     "foreign_id",
     "kill_mid_call",
+    "agent_restart",
 )
 TWIN_CHANCE = 0.3
 #: Storage faults are drawn after the twin, each with its own chance, for the same reason.
@@ -97,6 +102,8 @@ CONTROLLER_RESTART_CHANCE = 0.3
 FOREIGN_ID_CHANCE = 0.2
 #: A daemon killed in the middle of a provider mutation (issue 31 item 7): drawn after the foreign ids.
 KILL_MID_CALL_CHANCE = 0.3
+#: Agents restarted on their machines (issue 31 item 7, "agent restarts"): drawn after the kill mid-call.
+AGENT_RESTART_CHANCE = 0.3
 
 
 @attrs.frozen
@@ -214,4 +221,7 @@ def draw_plan(
     if "kill_mid_call" in kinds and max_faults > 0 and rng.random() < KILL_MID_CALL_CHANCE:
         at = round(rng.uniform(5.0, horizon * 0.7), 3)
         faults.append(Fault(at, "kill_mid_call", round(rng.uniform(0.3, 20.0), 3), rng.choice(slots)))
+    if "agent_restart" in kinds and max_faults > 0 and rng.random() < AGENT_RESTART_CHANCE:
+        at = round(rng.uniform(horizon * 0.2, horizon * 0.9), 3)
+        faults.append(Fault(at, "agent_restart", value=round(rng.uniform(0.2, 1.0), 3)))
     return FaultPlan(tuple(sorted(faults, key=lambda f: (f.at, f.kind, f.slot))))

@@ -114,6 +114,8 @@ class Workers:
         self.joined: set[str] = set()
         #: Each joined worker's current credential (what a real agent keeps to rejoin after a controller restart).
         self.credentials: dict[str, str] = {}
+        #: Workers with a rejoin under way (one agent process per machine: never two rejoins at once).
+        self._rejoining: set[str] = set()
 
     def created(self, machine_id: str, instance_ref: str, token: str) -> None:
         if self.no_join:
@@ -154,27 +156,53 @@ class Workers:
         assert self.world._nursery is not None
         for machine_id, machine in sorted(self.world.cloud.machines.items()):
             ref = machine.get("instanceRef", "")
-            if ref in self.credentials and machine["status"] == "running":
+            if ref in self.credentials and machine["status"] == "running" and ref not in self._rejoining:
+                self._rejoining.add(ref)
                 self.world._nursery.start_soon(self._rejoin, machine_id, ref, self.rng.uniform(1.0, 40.0))
 
-    async def _rejoin(self, machine_id: str, instance_ref: str, delay: float) -> None:
+    def agents_restarted(self, share: float) -> None:
+        """``share`` of the joined workers still running have their agent restarted by the machine's init system:
+        each rejoins 0.5-10 s later (within the controller's heartbeat timeout, so its host is not lost meanwhile)
+        with the credential its state file kept. A refusal of a machine the daemon has not returned is a
+        violation: the restarted agent would never join again."""
+        assert self.world._nursery is not None
+        for machine_id, machine in sorted(self.world.cloud.machines.items()):
+            ref = machine.get("instanceRef", "")
+            if ref in self.credentials and machine["status"] == "running" and self.rng.random() < share:
+                if ref in self._rejoining:
+                    continue
+                self._rejoining.add(ref)
+                self.world.recorder.note("worker", "agent_restarted", machine=machine_id)
+                delay = self.rng.uniform(0.5, 10.0)
+                self.world._nursery.start_soon(self._rejoin, machine_id, ref, delay, True)
+
+    async def _rejoin(self, machine_id: str, instance_ref: str, delay: float, restarted: bool = False) -> None:
+        try:
+            await self._rejoin_once(machine_id, instance_ref, delay, restarted)
+        finally:
+            self._rejoining.discard(instance_ref)
+
+    async def _rejoin_once(self, machine_id: str, instance_ref: str, delay: float, restarted: bool) -> None:
         await trio.sleep(delay)
         while True:
             cluster, server = self.world.cluster, self.world.server
             if cluster is None or self.world.cloud.machines[machine_id]["status"] != "running":
                 return
-            fresh = new_credential()
             wall = self.world.wall()
-            admitted = cluster.admit_worker(
-                cluster.replicas.primary, instance_ref, self.credentials[instance_ref], wall, credential=fresh
-            )
+            # A join with a credential is issued none (refcontroller.server): the worker keeps the one it has.
+            admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, self.credentials[instance_ref], wall)
             if isinstance(admitted, HostState) or admitted.reason != "storage_failure":
                 break
             await trio.sleep(STORAGE_RETRY)
         if not isinstance(admitted, HostState):
             self.world.recorder.note("worker", "rejoin_refused", machine=machine_id, reason=admitted.reason)
+            explained = self.world.losses.explained(self.world.cloud.machines[machine_id])  # a lost store's
+            if restarted and not _ended(admitted.detail) and not explained:
+                self.world.recorder.violate(
+                    "agent_rejoin_refused",
+                    f"machine {machine_id}'s restarted agent was refused: {admitted.reason} {admitted.detail}"[:300],
+                )
             return
-        self.credentials[instance_ref] = fresh
         self.world.recorder.note("worker", "rejoined", machine=machine_id, instance=instance_ref)
         server.broadcast_host(admitted)
         idle = cluster.worker_status(instance_ref, HostStatus.IDLE, wall)
@@ -187,6 +215,11 @@ class Workers:
         host = self.world.cluster.worker_lost(instance_ref, self.world.wall())
         if host is not None:
             self.world.server.broadcast_host(host)
+
+
+def _ended(detail: str) -> bool:
+    """Whether a refusal says the machine is over (returned, ended or lost): no agent of it may join again."""
+    return "ended" in detail or "is lost" in detail
 
 
 async def drive_demand(world: World, steps: tuple[DemandStep, ...]) -> None:

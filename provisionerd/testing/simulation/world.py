@@ -369,6 +369,9 @@ class World:
                     self.server.disconnect_replica(replica)
                 if self.lifecycle:
                     self.workers.controller_restarted()
+            case "agent_restart":
+                if self.lifecycle:
+                    self.workers.agents_restarted(fault.value)
             case "reload":
                 assert self._nursery is not None
                 self._nursery.start_soon(self.reloads.begin, self, fault)
@@ -396,6 +399,8 @@ class World:
                 self.cloud.foreign_rate = 0.0
             case "kill_mid_call":
                 pass  # the restart follows the kill (``_mid_call``), ``duration`` after it
+            case "agent_restart":
+                pass  # each agent comes back on its own (``Workers.agents_restarted``)
             case "no_join":
                 self.workers.no_join = False
             case "bad_machines":
