@@ -190,7 +190,9 @@ class Workers:
                 return
             wall = self.world.wall()
             # A join with a credential is issued none (refcontroller.server): the worker keeps the one it has.
-            admitted = cluster.admit_worker(cluster.replicas.primary, instance_ref, self.credentials[instance_ref], wall)
+            admitted = cluster.admit_worker(
+                cluster.replicas.primary, instance_ref, self.credentials[instance_ref], wall
+            )
             if isinstance(admitted, HostState) or admitted.reason != "storage_failure":
                 break
             await trio.sleep(STORAGE_RETRY)
