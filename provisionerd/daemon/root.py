@@ -223,6 +223,8 @@ class DaemonCore:
             "reconcile": {
                 "cycles": self.loop.cycles,
                 "busy_ops": len(self.executor.busy_ops),
+                # Every op this process holds a record of, each with its stage (execution.op_book).
+                "operations": self.executor.ops.describe(),
                 "offers": len(self.feed.catalog),
                 "provider_health": self.loop.provider_health(),
             },

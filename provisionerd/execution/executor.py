@@ -16,19 +16,19 @@ events, wall clock) and hands it to collaborators that each do one job, readable
   ``facts.LeasedFacts``: the fact view and the commits stamped with the lease epoch held now;
   ``observations``: what a provider error or a gate refusal means for the planner, in one place.
 
-The executor never runs two actions on one op_id or one machine at once: it owns the busy claims
-(``claims.BusyClaims``: ``claim``, ``release``, ``is_busy``; the reconcile loop claims through them too, and hands
-its ``Claim`` to the call), and a
-conflicting call returns ``dropped`` (``code="busy"``) at once. Planner observations go to the reconcile loop on
-the ``feedback`` channel as they happen (``execution.feedback``) and are also returned in the outcome
-(``values.CallObservations``). Join tokens never reach an
-event, a log line or an outcome.
+The executor owns the one record of every op this process runs (``op_book.OpBook``: where it stands, whether a
+task runs it, its idle clock and return back-off). It never runs two actions on one op_id or one machine at once:
+the loop's ``Operations`` claims through it (``claim``) and hands the ``OpRecord`` to the call, and a call that
+finds its op or machines running returns ``dropped`` (``code="busy"``) at once. Planner observations go to the
+reconcile loop on the ``feedback`` channel as they happen (``execution.feedback``) and are also returned in the
+outcome. Join tokens never reach an event, a log line or an outcome.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence, Set
+from contextlib import asynccontextmanager
 
 import attrs
 import trio
@@ -36,22 +36,16 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.domain.actions import RequestMachines
 from provisionerd.domain.model import NO_EPOCH, Fact, RequestIntent, ReturnIntent
-from provisionerd.execution.claims import BusyClaims, Claim
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.feedback import tell
 from provisionerd.execution.gate import FactCommitter, MutationGate
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
+from provisionerd.execution.op_book import OpBook, OpRecord, Stage
 from provisionerd.execution.request_flow import RequestFlow
 from provisionerd.execution.returns import ReturnFlow
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
-from provisionerd.execution.values import (
-    GATE_ERRORS,
-    CallObservations,
-    ExecutorSettings,
-    RequestOutcome,
-    ReturnOutcome,
-)
+from provisionerd.execution.values import GATE_ERRORS, ExecutorSettings, RequestOutcome, ReturnOutcome
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.state import Observation
 from provisionerd.provider.client import ProviderClient
@@ -84,7 +78,8 @@ class Executor:
         self._legacy = LegacyRequestFlow(deps, self._steps)
         self._requests = RequestFlow(deps, self._steps, UnknownOutcomeFlow(deps, self._steps), self._legacy)
         self._returns = ReturnFlow(deps, self._steps)
-        self._claims = BusyClaims()
+        #: The one record of every op this process runs (``op_book``).
+        self.ops = OpBook(self._tell)
 
     def _tell(self, obs: Observation) -> None:
         tell(self._feedback, obs)
@@ -93,29 +88,43 @@ class Executor:
         """The provider client of ``provider`` (``KeyError`` if this daemon does not serve it)."""
         return self._clients[provider]
 
-    # --- busy claims --------------------------------------------------------------------------------------------
+    # --- op records -------------------------------------------------------------------------------------------
 
-    def claim(self, op_id: str, machine_ids: Collection[str] = ()) -> Claim | None:
-        """Claim ``op_id`` and ``machine_ids`` for an action about to run, if none of them is busy (``None``: busy).
-        The reconcile loop claims when it plans (its task may start after the next cycle), hands the claim to the
-        call (``request``/``return_machines``: they then do not claim again) and releases it when the call ends."""
-        return self._claims.claim(op_id, machine_ids)
+    def claim(self, op_id: str, kind: str, provider: str, machine_ids: Collection[str] = ()) -> OpRecord | None:
+        """The op's record, claimed for an action about to run, if neither it nor its machines run now (``None``:
+        busy). The reconcile loop claims when it plans (its task may start after the next cycle), hands the record
+        to the call (``request``/``return_machines``: they then do not claim again) and releases it when the call
+        ends."""
+        return self.ops.claim(op_id, kind, provider, machine_ids)
 
-    def release(self, claim: Claim) -> None:
-        self._claims.release_claim(claim)
+    def release(self, record: OpRecord) -> None:
+        self.ops.release(record)
 
     def is_busy(self, op_id: str) -> bool:
-        return self._claims.is_busy(op_id)
+        return self.ops.is_running(op_id)
 
     @property
     def busy_ops(self) -> Set[str]:
         """The op_ids an action runs on now (read-only: claim through ``claim``)."""
-        return self._claims.ops
+        return self.ops.running_ops
 
     @property
     def busy_machines(self) -> Set[str]:
         """The machines an action runs on now (read-only)."""
-        return self._claims.machines
+        return self.ops.busy_machines
+
+    @asynccontextmanager
+    async def _held(
+        self, record: OpRecord | None, op_id: str, kind: str, provider: str, machines: Collection[str] = ()
+    ) -> AsyncIterator[OpRecord | None]:
+        """``record`` when the caller holds it; else the op claimed here for the call and released after it
+        (``None``: busy)."""
+        held = record if record is not None else self.ops.claim(op_id, kind, provider, machines)
+        try:
+            yield held
+        finally:
+            if record is None and held is not None:
+                self.ops.release(held)
 
     # --- facts --------------------------------------------------------------------------------------------------
 
@@ -128,19 +137,14 @@ class Executor:
 
     # --- requests -----------------------------------------------------------------------------------------------
 
-    async def request(self, action: RequestMachines, *, claim: Claim | None = None) -> RequestOutcome:
-        """Run one ``RequestMachines`` action to its end (``request_flow``). ``claim``: the op's claim, held by the
+    async def request(self, action: RequestMachines, *, record: OpRecord | None = None) -> RequestOutcome:
+        """Run one ``RequestMachines`` action to its end (``request_flow``). ``record``: the op's, held by the
         caller (then not claimed again here, nor released)."""
-        held = claim if claim is not None else self._claims.claim(action.op_id)
-        if held is None:
-            return RequestOutcome(action.op_id, action.provider, "dropped", code="busy")
-        run = CallObservations(self._tell)
-        try:
-            outcome = await self._requests.run(run, action)
-        finally:
-            if claim is None:
-                self._claims.release_claim(held)
-        outcome = attrs.evolve(outcome, observations=tuple(run.observations))
+        async with self._held(record, action.op_id, "request", action.provider) as held:
+            if held is None:
+                return RequestOutcome(action.op_id, action.provider, "dropped", code="busy")
+            outcome = await self._requests.run(held, action)
+            outcome = attrs.evolve(outcome, observations=held.take_observations())
         self._steps.emit(
             "result",
             "request",
@@ -153,15 +157,16 @@ class Executor:
         )
         return outcome
 
-    async def recover_request(self, intent: RequestIntent) -> RequestOutcome:
+    async def recover_request(self, intent: RequestIntent, *, record: OpRecord | None = None) -> RequestOutcome:
         """Settle an open intent no task is running (after a restart): ``request_flow`` ("After a restart")."""
         op_id, provider = intent.op_id, intent.provider
-        if provider not in self._clients or not self._claims.try_claim(op_id):
+        if provider not in self._clients:
             return RequestOutcome(op_id, provider, "dropped", code="busy")
-        try:
+        async with self._held(record, op_id, "request", provider) as held:
+            if held is None:
+                return RequestOutcome(op_id, provider, "dropped", code="busy")
+            held.enter(Stage.RECOVERING)
             return await self._requests.recover(intent)
-        finally:
-            self._claims.release(op_id)
 
     async def attribute_op(self, intent: RequestIntent) -> tuple[str, ...] | None:
         """List ``intent``'s op and commit an InstanceFact for each machine found not in the facts yet; the machine
@@ -184,32 +189,29 @@ class Executor:
         reason: str,
         *,
         stop: bool = False,
-        claim: Claim | None = None,
+        record: OpRecord | None = None,
     ) -> ReturnOutcome:
         """Gate with a ``ReturnIntent``, call ``requestReturnMachines`` (``stopMachines`` with ``stop``), poll to
-        completion, commit ``Returned``. Raises nothing: every failure is in the outcome. ``claim``: as for
+        completion, commit ``Returned``. Raises nothing: every failure is in the outcome. ``record``: as for
         ``request``."""
         ids = tuple(machine_ids)
         if not ids:
             raise ValueError("return_machines needs at least one machine id")
-        return await self._return(ReturnIntent(provider, NO_EPOCH, op_id, ids, reason), stop, claim)
+        return await self._return(ReturnIntent(provider, NO_EPOCH, op_id, ids, reason), stop, record)
 
-    async def resume_return(self, intent: ReturnIntent, *, stop: bool = False) -> ReturnOutcome:
+    async def resume_return(
+        self, intent: ReturnIntent, *, stop: bool = False, record: OpRecord | None = None
+    ) -> ReturnOutcome:
         """Drive a committed return intent no task is running (unknown outcome, restart) with its own op_id."""
-        return await self._return(intent, stop)
+        return await self._return(intent, stop, record)
 
-    async def _return(self, intent: ReturnIntent, stop: bool, claim: Claim | None = None) -> ReturnOutcome:
+    async def _return(self, intent: ReturnIntent, stop: bool, record: OpRecord | None = None) -> ReturnOutcome:
         op_id, ids = intent.op_id, intent.machine_ids
-        held = claim if claim is not None else self._claims.claim(op_id, ids)
-        if held is None:
-            return ReturnOutcome(op_id, intent.provider, "dropped", code="busy")
-        run = CallObservations(self._tell)
-        try:
-            outcome = await self._returns.run(run, intent, stop)
-        finally:
-            if claim is None:
-                self._claims.release_claim(held)
-        outcome = attrs.evolve(outcome, observations=tuple(run.observations))
+        async with self._held(record, op_id, "return", intent.provider, ids) as held:
+            if held is None:
+                return ReturnOutcome(op_id, intent.provider, "dropped", code="busy")
+            outcome = await self._returns.run(held, intent, stop)
+            outcome = attrs.evolve(outcome, observations=held.take_observations())
         self._steps.emit(
             "result",
             "return",

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from provisionerd.domain.errors import ProviderError, ProviderOutcomeUnknown
 from provisionerd.domain.model import NO_EPOCH, RequestFailed, RequestIntent
+from provisionerd.execution.op_book import OpRecord
 from provisionerd.execution.steps import FlowDeps, Steps
-from provisionerd.execution.values import CallObservations, RequestOutcome
+from provisionerd.execution.values import RequestOutcome
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.legacy.rules import NextStep, after_request_error
 from provisionerd.provider.values import Features
@@ -47,7 +48,7 @@ class LegacyRequestFlow:
         self._steps = steps
 
     async def after_error(
-        self, run: CallObservations, intent: RequestIntent, client: ProviderClient, error: ProviderError
+        self, run: OpRecord, intent: RequestIntent, client: ProviderClient, error: ProviderError
     ) -> RequestOutcome:
         """The end of a legacy request whose ``requestMachines`` raised ``error`` (see the module docstring)."""
         # A legacy client knows its features without a call (the adapter's, all false): never None here.

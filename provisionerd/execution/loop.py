@@ -12,15 +12,14 @@ nursery under a ``CapacityLimiter``. It plans nothing when
 The loop composes parts that each do one job, and owns what they share: the planner state (``apply`` folds an
 observation into it and wakes the loop), the nursery their tasks run in and the ``CapacityLimiter`` they run under.
 
-- ``dispatch.Dispatcher`` runs each planned action. One whose op_id or machines are still busy in the executor is
-  handed back (``ActionDropped``) and replanned later: never two actions on one machine (the executor owns the busy
-  claims; the loop only asks it). Every outcome folds its observations into the planner state at once (throttle
-  back-off, offer unavailable, quota pause) and wakes the loop;
-- ``recovery.Recovery``: open intents and returns that no task of this process is running (a restart, a commit
-  whose ack was lost, an unknown outcome) are handed to ``Executor.recover_request`` / ``resume_return`` once they
-  have been seen idle for ``recover_after`` seconds;
-- ``reclaims.ReclaimPoll``: the ``getReturnRequests`` poll;
-- ``outcome_log.OutcomeLog``: what the loop keeps of the outcomes (the ops settled, the failing returns' back-off).
+- ``operations.Operations``, the one owner of the ops this process runs: it starts each planned action (one whose
+  op_id or machines are still running is handed back, ``ActionDropped``, and replanned later: never two actions on
+  one machine), hands open intents and returns no task runs (a restart, a commit whose ack was lost, an unknown
+  outcome) to ``Executor.recover_request`` / ``resume_return`` once idle for ``recover_after`` seconds, and keeps
+  what the outcomes mean (settled requests, failing returns' back-off) in each op's record (``op_book``). What a
+  call means for the planner (throttle back-off, offer unavailable, quota pause) comes on the feedback channel
+  (``execution.feedback``) and is folded at once; every outcome wakes the loop;
+- ``reclaims.ReclaimPoll``: the ``getReturnRequests`` poll.
 
 Replanning happens on every change of the session (demand, hosts, facts, link), of a lease, of the offers, after
 every action's outcome, at the next deadline the planner knows of (an idle machine's ``idle_time``, a join
@@ -47,14 +46,12 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.actions import Note, RequestMachines
-from provisionerd.execution.dispatch import Dispatcher
+from provisionerd.domain.actions import Note
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import LoopSettings, ViewSource
 from provisionerd.execution.offer_feed import OfferFeed
-from provisionerd.execution.outcome_log import OutcomeLog
+from provisionerd.execution.operations import Operations
 from provisionerd.execution.reclaims import ReclaimPoll
-from provisionerd.execution.recovery import Recovery
 from provisionerd.planner.capacity import ProbeStarted, ProbeSucceeded
 from provisionerd.planner.deadlines import next_deadline
 from provisionerd.planner.health import status as machine_health
@@ -127,24 +124,9 @@ class ReconcileLoop:
         self._last_notes: set[tuple[str, str, str, str]] = set()
         self._skip = ""
         self._wake_at: float | None = None  # the last plan's ``wake_at`` (wall)
-        limiter = trio.CapacityLimiter(settings.max_concurrent)
-        self.outcome_log = OutcomeLog(settings, events, self.wake)
-        self.outcomes: list[Any] = self.outcome_log.recent  # every outcome, for tests and status (bounded)
-        self._dispatcher = Dispatcher(
-            executor,
-            events,
-            self.outcome_log,
-            limiter,
-            self._spawn,
-            view=lambda: self.session.view,
-            apply=self.apply,
-            hand_back=self._hand_back,
-            wall=wall,
-            refuses=self._refuses,
-        )
-        self._recovery = Recovery(
-            executor, self.outcome_log, limiter, self._spawn, settings, state=lambda: self.state, wall=wall
-        )
+        #: The one owner of the ops this process runs (dispatch, recovery, outcomes).
+        self.operations = Operations(executor, events, settings, wall=wall)
+        self.outcomes: list[Any] = self.operations.recent  # every outcome, for tests and status (bounded)
         self._reclaims = ReclaimPoll(
             session, executor, events, settings.reclaim_interval, leased=self.askable, apply=self.apply, wall=wall
         )
@@ -269,9 +251,6 @@ class ReconcileLoop:
             }
         return health
 
-    def _refuses(self, provider: str, returning: bool) -> bool:
-        return self.state.capacity.refuses(provider, returning=returning)
-
     def _hand_back(self, op_id: str) -> None:
         """An action not started goes back to the planner, quietly: the cycle that planned it is still running,
         and waking the loop for it would only plan it again at once."""
@@ -315,6 +294,8 @@ class ReconcileLoop:
             # Started (waiting) before the first cycle: a change between that cycle and the wait is not lost.
             await nursery.start(self._watch, self.session.changed)
             await nursery.start(self._watch, self.feed.wait_changed)
+            await nursery.start(self.operations.run)
+            await nursery.start(self._watch, self.operations.wait_changed)
             for keeper in self.leases.values():
                 await nursery.start(self._watch, keeper.wait_changed)
             nursery.start_soon(self._reclaims.run)
@@ -389,7 +370,7 @@ class ReconcileLoop:
             self.rejoin = Rejoin(now, view.joined, first_view=first)
             self._generation = view.generation
             self.state = observe(self.state, SnapshotSeqReset(), self.policy).state
-            self._recovery.forget_idle()
+            self.operations.forget_idle()
         leased = self.leased()
         if not leased:
             return self._skipped("no provider lease")
@@ -423,9 +404,9 @@ class ReconcileLoop:
         self._emit_notes(result.notes)
         allowed = set(leased)
         offered = {name for name in leased if self.feed.fresh([name])}  # requests only on offers not stale
-        for action in result.actions:
-            self._dispatcher.dispatch(action, offered if isinstance(action, RequestMachines) else allowed)
-        self._recovery.recover(view, allowed)
+        for op_id in self.operations.dispatch(result.actions, allowed, offered, view, self.state.capacity):
+            self._hand_back(op_id)
+        self.operations.recover(view, allowed, self.state.capacity)
 
     async def _fold_feedback(self, feedback: trio.MemoryReceiveChannel[Observation]) -> None:
         """Fold each observation a provider call made (``execution.feedback``) as it arrives."""

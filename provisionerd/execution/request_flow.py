@@ -37,7 +37,8 @@ A **legacy LSF plugin** (``client.legacy``) is never listed nor retried after a 
 ``provisionerd.execution.legacy_requests`` (an unknown outcome is committed as ``RequestFailed`` saying so, and
 the planner re-plans the shortfall).
 
-The flow holds no claim itself: the executor claims the op_id before calling ``run`` or ``recover``. Join tokens
+The flow holds no claim itself: the executor claims the op's record (``op_book``) before calling ``run`` or
+``recover``, and the flow moves it through its stages. Join tokens
 exist only inside ``run`` (and the same-op retry it hands them to): never in an event, a log line or an outcome.
 """
 
@@ -55,10 +56,11 @@ from provisionerd.domain.tokens import instance_refs, issue
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
 from provisionerd.execution.observations import gate_code
+from provisionerd.execution.op_book import OpRecord, Stage
 from provisionerd.execution.recovery_rules import OpAtRestart, Step, recover_request
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
-from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
+from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
 from provisionerd.planner.capacity import CallSucceeded, ProviderUnhealthy
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.values import RequestStatus
@@ -78,7 +80,7 @@ class RequestFlow:
         self._legacy = legacy
         self._foreign_in_a_row: dict[str, int] = {}  # provider -> create requests answered with a foreign id
 
-    async def run(self, run: CallObservations, action: RequestMachines) -> RequestOutcome:
+    async def run(self, run: OpRecord, action: RequestMachines) -> RequestOutcome:
         """Run one ``RequestMachines`` action to its end (see the module docstring). Raises nothing a provider or
         the gate raises: every failure is in the outcome."""
         op_id, provider, s, steps = action.op_id, action.provider, self._deps.settings, self._steps
@@ -102,7 +104,7 @@ class RequestFlow:
             action.price,
         )
         try:
-            accepted, error = await steps.gated_request(intent, issued)
+            accepted, error = await steps.gated_request(run, intent, issued)
         except GATE_ERRORS as exc:
             steps.request_dropped(run, provider, op_id, exc)
             return RequestOutcome(op_id, provider, "dropped", code=gate_code(exc), detail=str(exc))
@@ -120,12 +122,13 @@ class RequestFlow:
         except ProviderProtocolViolation as exc:
             return await self._foreign_id(run, intent, exc)
         self._foreign_in_a_row.pop(provider, None)
+        run.enter(Stage.FACTS)
         if status is None or not status.final:
             return await self._timed_out(intent, status)
         return await self._finish(intent, status)
 
     async def _foreign_id(
-        self, run: CallObservations, intent: RequestIntent, violation: ProviderProtocolViolation
+        self, run: OpRecord, intent: RequestIntent, violation: ProviderProtocolViolation
     ) -> RequestOutcome:
         """The plugin does not know the requestId its own ``requestMachines`` answered (issue 31, finding 3): the
         call may have made every machine, so the outcome is unknown, never "nothing made". The op's listing by tag

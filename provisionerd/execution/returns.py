@@ -19,8 +19,9 @@ import trio
 from provisionerd.domain.errors import ProviderError
 from provisionerd.domain.model import NO_EPOCH, Epoch, Returned, ReturnIntent
 from provisionerd.execution.observations import gate_code, refusal_code
+from provisionerd.execution.op_book import OpRecord, Stage
 from provisionerd.execution.steps import FlowDeps, Steps
-from provisionerd.execution.values import GATE_ERRORS, CallObservations, ReturnOutcome
+from provisionerd.execution.values import GATE_ERRORS, ReturnOutcome
 from provisionerd.planner.capacity import CallSucceeded
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
@@ -32,7 +33,7 @@ class ReturnFlow:
         self._deps = deps
         self._steps = steps
 
-    async def run(self, run: CallObservations, intent: ReturnIntent, stop: bool) -> ReturnOutcome:
+    async def run(self, run: OpRecord, intent: ReturnIntent, stop: bool) -> ReturnOutcome:
         """Drive ``intent`` to its end (see the module docstring). Raises nothing: every failure is in the
         outcome. The caller holds the busy claim on its op_id and machines."""
         op_id, provider, ids, s = intent.op_id, intent.provider, intent.machine_ids, self._deps.settings
@@ -51,7 +52,9 @@ class ReturnFlow:
                 # Every call passes the gate as it starts, a retry and a resumed return too: the intent is
                 # (re-)committed under the epoch held now (identical to the logged one if the epoch did not change,
                 # so the controller just acknowledges it) and a lapsed lease stops the call.
+                run.enter(Stage.INTENT)
                 async with self._deps.gate.mutation(provider, intent) as permit:
+                    run.enter(Stage.CALLING)
                     accepted, error = await self._call_return(client, action, provider, intent, permit.epoch)
             except GATE_ERRORS as exc:
                 run.add(ActionDropped(op_id))
@@ -63,6 +66,7 @@ class ReturnFlow:
                 steps.observe_error(run, provider, "", error)
                 # The intent stays committed (the machines are RETURNING); the loop resumes it later.
                 return ReturnOutcome(op_id, provider, "rejected", code=refusal_code(error), detail=error.detail)
+            run.enter(Stage.UNKNOWN)
             if attempt >= s.retries:
                 return ReturnOutcome(op_id, provider, "unknown", code=type(error).__name__, detail=error.detail)
             await trio.sleep(s.retry_delay * 2**attempt)
@@ -72,6 +76,7 @@ class ReturnFlow:
         status = await steps.poll(run, provider, accepted.request_id, started + s.return_timeout_of(provider))
         if status is None or not status.final:
             return ReturnOutcome(op_id, provider, "unknown", code="return_timeout")
+        run.enter(Stage.FACTS)
         listed = {m.machine_id: m for m in status.machines}
         # A machine the status leaves out was already gone (returned twice is harmless); "fail" stays RETURNING.
         done = tuple(mid for mid in ids if mid not in listed or listed[mid].result == "succeed")

@@ -27,7 +27,8 @@ from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
-from provisionerd.execution.values import GATE_ERRORS, CallObservations, ExecutorSettings, RequestOutcome
+from provisionerd.execution.op_book import OpRecord, Stage
+from provisionerd.execution.values import GATE_ERRORS, ExecutorSettings, RequestOutcome
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
@@ -74,21 +75,21 @@ class Steps:
         """An ``action`` event (``called``, ``recovery``, ``result`` ...). Never give it a join token."""
         self._deps.events.emit("action", phase=phase, kind=kind, op_id=op_id, provider=provider, **fields)
 
-    def observe_error(self, run: CallObservations, provider: str, template_id: str, exc: ProviderError) -> None:
+    def observe_error(self, run: OpRecord, provider: str, template_id: str, exc: ProviderError) -> None:
         """Add what ``exc`` means for the planner to ``run`` (``observations.provider_error_observation``). An
         unhealthy provider is raised as an event where the observation is folded (the reconcile loop)."""
         obs = provider_error_observation(provider, template_id, exc, self._deps.wall())
         if obs is not None:
             run.add(obs)
 
-    def gate_refused(self, run: CallObservations, provider: str, exc: Exception) -> None:
+    def gate_refused(self, run: OpRecord, provider: str, exc: Exception) -> None:
         """Tell the planner the controller would not take an intent now, so it backs off before planning the
         same work again (``provisionerd.planner.state.IntentRefused``)."""
         obs = gate_refusal_observation(provider, exc, self._deps.wall())
         if obs is not None:
             run.add(obs)
 
-    def request_dropped(self, run: CallObservations, provider: str, op_id: str, exc: Exception) -> None:
+    def request_dropped(self, run: OpRecord, provider: str, op_id: str, exc: Exception) -> None:
         """The gate refused a request's intent (``exc``), so no provider call was made: the planner forgets the
         request (``ActionDropped``) and backs off (``gate_refused``). The one place that decides whether the
         request leaves the step window: it does when the controller answered that it took no intent (any
@@ -98,14 +99,17 @@ class Steps:
         self.gate_refused(run, provider, exc)
 
     async def gated_request(
-        self, intent: RequestIntent, issued: Sequence[IssuedToken], **fields: Any
+        self, run: OpRecord, intent: RequestIntent, issued: Sequence[IssuedToken], **fields: Any
     ) -> tuple[RequestAccepted | None, ProviderError | None]:
         """One ``requestMachines`` through the gate, at the moment it starts: the intent committed (or
         acknowledged again) under the epoch held now, the owner tags carrying that epoch, the call. Its answer or
         its error (never both); a ``called`` event with ``fields`` (``retry``). Raises ``GATE_ERRORS`` when the gate
-        refuses: then nothing was called. The first call and every same-op retry go through here."""
+        refuses: then nothing was called. The first call and every same-op retry go through here. ``run`` moves
+        through its stages: intent, calling, then unknown when the call's outcome is."""
         s, op_id, provider = self._deps.settings, intent.op_id, intent.provider
+        run.enter(Stage.INTENT)
         async with self._deps.gate.mutation(provider, intent) as permit:
+            run.enter(Stage.CALLING)
             request = MachineRequest.of(
                 OwnerTags(s.cluster, provider, op_id, permit.epoch),
                 intent.template_id,
@@ -126,6 +130,8 @@ class Steps:
             try:
                 return await self._deps.clients[provider].request_machines(request), None
             except ProviderError as exc:
+                if exc.outcome_unknown:
+                    run.enter(Stage.UNKNOWN)
                 return None, exc
 
     async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
@@ -139,12 +145,13 @@ class Steps:
             return None
 
     async def poll(
-        self, run: CallObservations, provider: str, request_id: str, deadline: float, *, own_id: bool = False
+        self, run: OpRecord, provider: str, request_id: str, deadline: float, *, own_id: bool = False
     ) -> RequestStatus | None:
         """Poll until the request is final or ``deadline`` (trio clock) passes; the last status seen. With
         ``own_id`` (a create request, whose id the plugin itself just answered) an answer showing that the plugin
         does not know the id raises ``ProviderProtocolViolation`` (``provider.values.foreign_request``)."""
         s = self._deps.settings
+        run.enter(Stage.POLLING)
         delay = s.poll_initial
         last: RequestStatus | None = None
         while True:
@@ -218,7 +225,7 @@ class Steps:
                 log.warning("could not commit %s for %s: %s", type(fact).__name__, fact.op_id, exc)
                 return False
 
-    async def refused(self, run: CallObservations, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
+    async def refused(self, run: OpRecord, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         """A ``requestMachines`` refused with a known outcome (nothing was made): tell the planner what the code
         means, commit ``RequestFailed`` so it plans the work again, report ``rejected``."""
         code = refusal_code(error)

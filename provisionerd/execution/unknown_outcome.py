@@ -20,8 +20,9 @@ from provisionerd.domain.model import NO_EPOCH, ProviderMachine, RequestFailed, 
 from provisionerd.domain.tokens import IssuedToken
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.observations import gate_code
+from provisionerd.execution.op_book import OpRecord
 from provisionerd.execution.steps import FlowDeps, Steps
-from provisionerd.execution.values import GATE_ERRORS, CallObservations, RequestOutcome
+from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
 from provisionerd.provider.values import Features, RequestAccepted
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class UnknownOutcomeFlow:
 
     async def after_request_error(
         self,
-        run: CallObservations,
+        run: OpRecord,
         intent: RequestIntent,
         issued: Sequence[IssuedToken],
         error: ProviderError,
@@ -83,7 +84,7 @@ class UnknownOutcomeFlow:
             try:
                 # Gated like the first call, at the moment it starts: a lease that lapsed during the sleep stops
                 # it, and after a failover the intent is re-committed under the epoch held now.
-                accepted, failed = await steps.gated_request(intent, issued, retry=attempt)
+                accepted, failed = await steps.gated_request(run, intent, issued, retry=attempt)
             except GATE_ERRORS as exc:
                 # The intent stays open: recovery lists the op later and settles it (its tokens die with us).
                 steps.gate_refused(run, provider, exc)

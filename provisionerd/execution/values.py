@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
@@ -71,19 +71,3 @@ class ReturnOutcome:
     observations: tuple[Observation, ...] = ()
     code: str = ""
     detail: str = ""
-
-
-@attrs.define(eq=False)
-class CallObservations:
-    """The planner observations one executor call made, in order (``RequestOutcome.observations``).
-
-    Each one is also handed to ``sink`` (the executor's: it sends it to the reconcile loop on the feedback channel,
-    ``execution.feedback``) the moment it is added: a throttle or a quota pause seen halfway through a long call
-    must act on the next plan at once, not when the call ends."""
-
-    sink: Callable[[Observation], None]
-    observations: list[Observation] = attrs.field(factory=list)
-
-    def add(self, obs: Observation) -> None:
-        self.observations.append(obs)
-        self.sink(obs)

@@ -43,5 +43,5 @@ def test_a_refused_return_backs_off_exponentially_then_completes(run_rig):
     stuck = rig.events_of("return_stuck")
     assert [e["failures"] for e in stuck] == [3, 4, 5]
     assert stuck[0]["status"] == "rejected" and "api said no" in stuck[0]["detail"] and stuck[0]["retry_in"] == 120.0
-    assert rig.loop.outcome_log.failing_returns() == {}  # the success forgot the failures
+    assert rig.loop.operations.failing_returns() == {}  # the success forgot the failures
     assert rig.providers["p"].machines[rig.facts(Returned)[0].machine_ids[0]]["status"] == "terminated"
