@@ -84,6 +84,9 @@ class Executor:
     def _tell(self, obs: Observation) -> None:
         tell(self._feedback, obs)
 
+    def serves(self, provider: str) -> bool:
+        return provider in self._clients
+
     def client(self, provider: str) -> ProviderClient:
         """The provider client of ``provider`` (``KeyError`` if this daemon does not serve it)."""
         return self._clients[provider]

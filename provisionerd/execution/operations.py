@@ -61,6 +61,9 @@ SETTLED_REQUESTS = ("fulfilled", "partial", "rejected", "timed_out")
 RETURN_FAILURES = ("partial", "rejected", "unknown")
 #: How many outcomes ``recent`` keeps.
 RECENT = 1000
+#: Listings of an op before it is failed: tries, and the first pause between them (doubling).
+ATTRIBUTE_TRIES = 3
+ATTRIBUTE_RETRY = 1.0
 
 
 def action_fields(action: Action) -> dict[str, Any]:
@@ -210,9 +213,12 @@ class Operations:
                         action.provider, action.op_id, action.machine_ids, action.reason, record=record
                     )
                 case FailRequest():
-                    await self._attribute(action.op_id)
                     fact: Fact = RequestFailed(action.provider, NO_EPOCH, action.op_id, action.reason)
-                    outcome = await self._commit(record, action, fact)
+                    if await self._attribute(action.op_id):
+                        outcome = await self._commit(record, action, fact)
+                    else:  # the planner fails it again on a later cycle, after a listing has explained the op
+                        record.add(ActionDropped(action.op_id))
+                        outcome = f"deferred RequestFailed {action.op_id}: its listing failed"
                 case MarkLost():
                     fact = Lost(action.provider, NO_EPOCH, action.op_id, action.machine_id, action.reason)
                     outcome = await self._commit(record, action, fact)
@@ -223,14 +229,26 @@ class Operations:
                     outcome = await self._commit(record, action, fact)
         self._record(outcome)
 
-    async def _attribute(self, op_id: str) -> None:
-        """Before an op is failed, record the machines its listing shows (seed 5406: a hung requestMachines made
-        7 machines after the deadline; failed unlisted, they were never attributed and never returned). A listing
-        that fails leaves the fail as it was: the orphan pass is the net for what stays unlisted."""
+    async def _attribute(self, op_id: str) -> bool:
+        """Before an op is failed, commit the instance facts of the machines its listing shows (seed 5406: a hung
+        requestMachines made 7 machines after the deadline; failed unlisted, they were never attributed and never
+        returned). The listing is tried ``ATTRIBUTE_TRIES`` times, ``ATTRIBUTE_RETRY`` seconds apart and doubling;
+        whether the op is explained (False: the fail waits, so that no machine of a failed op runs with no fact)."""
         view = self._view
         intent = view.facts.intents.get(op_id) if view is not None else None
-        if intent is not None:
-            await self._executor.attribute_op(intent.intent)
+        if intent is None or not self._executor.serves(intent.intent.provider):
+            return True  # nothing to list: no intent in the view, or a provider this daemon does not serve
+        delay = ATTRIBUTE_RETRY
+        for attempt in range(ATTRIBUTE_TRIES):
+            if await self._executor.attribute_op(intent.intent) is not None:
+                return True
+            if attempt + 1 < ATTRIBUTE_TRIES:
+                await trio.sleep(delay)
+                delay *= 2
+        self._events.emit(
+            "action", phase="deferred", op_id=op_id, provider=intent.intent.provider, kind="fail", reason="list_failed"
+        )
+        return False
 
     async def _commit(self, record: OpRecord, action: Action, fact: Fact) -> str:
         try:

@@ -199,3 +199,22 @@ def test_seed_9_a_daemon_killed_mid_call_finds_what_the_call_made(monkeypatch):
 
     monkeypatch.setattr("provisionerd.execution.steps.Steps.list_op", blind)
     assert "failed_with_machines" in violated_now(9)
+
+
+def test_seeds_665670412_and_665672842_a_deadline_fail_waits_for_a_listing(monkeypatch):
+    """The planner's fail at the provisioning deadline lists the op first; the listing failed (a provider fault at
+    that moment) and the fail went ahead, leaving machines the call made later with no fact (the 2 of 5,000 seeds
+    from 665668386; ``failed_with_machines`` did not judge that fail then). Now a fail whose listing keeps failing
+    is handed back and planned again, and the invariant judges every fail."""
+    for seed in (665670412, 665672842):
+        assert "failed_with_machines" not in violated_now(seed), seed
+
+    async def as_before(self, op_id):
+        view = self._view
+        intent = view.facts.intents.get(op_id) if view is not None else None
+        if intent is not None:
+            await self._executor.attribute_op(intent.intent)
+        return True  # the fail goes ahead whatever the listing said
+
+    monkeypatch.setattr("provisionerd.execution.operations.Operations._attribute", as_before)
+    assert "failed_with_machines" in violated_now(665670412) | violated_now(665672842)

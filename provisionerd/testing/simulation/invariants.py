@@ -117,13 +117,8 @@ def check_commit(rec: Recorder, commit: Commit) -> None:
 def check_unknown_ops(rec: Recorder, commit: Commit) -> None:
     """``failed_with_machines``: an op is failed only once every machine it made that still runs has its instance
     fact (a listing by op tag explains them before the rest becomes a new op): after a foreign requestId, after a
-    restart (the recovery), at the provisioning deadline (the fail lists the op first)."""
+    restart (the recovery), at the provisioning deadline (the fail waits until a listing of the op succeeds)."""
     if commit.kind != "RequestFailed":
-        return
-    if commit.fact.reason == "provisioning_timeout" and commit.op_id not in rec.unknown_ops:
-        # The planner's fail at the provisioning deadline lists the op first, but a listing that fails leaves the
-        # fail as it was (``dispatch._attribute``: the orphan pass is the net). A known gap, not judged here: seeds
-        # 665670412 and 665672842 (a provider fault window at the deadline) were the 2 in 5,000.
         return
     foreign = commit.op_id in rec.unknown_ops
     rec.unknown_ops.discard(commit.op_id)
