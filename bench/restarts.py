@@ -36,9 +36,10 @@ one restart, of a kind drawn with weights:
   running ``requestMachines`` call's process group (it runs in its own session), for local the persistent plugin
   process (the daemon starts another). Skipped (another kind drawn) when demand is at its maximum or no such
   process shows up within 8 s;
-- ``agent_kill9``: one machine's agent SIGKILLed. Its machine is then expected to be returned or lost (local: the
-  machine was that process; legacy: the agent's credential was only in its memory, so the machine cannot rejoin
-  and is returned as ``not_rejoined``): such machines are counted in ``agent_killed_returned``, never as healthy.
+- ``agent_kill9``: one machine's agent SIGKILLed. Local: the machine was that process, so it is expected to be
+  returned or lost, and counted in ``agent_killed_returned``, never as healthy. Legacy: the machine image runs the
+  agent as a service its init system restarts (1 s later, the same command line, ``--state-file``): the machine must
+  rejoin and stay, so a return of it counts as a healthy machine returned (``agents_restarted`` counts them).
 
 Half of the controller and daemon restarts come 0-2.5 s after a demand change, so calls are in flight.
 
@@ -179,6 +180,9 @@ def intents(facts: list[Any]) -> dict[str, int]:
 class Local:
     """The shipped local provider: machines are agent processes the plugin starts."""
 
+    #: A killed agent is a dead machine (nothing restarts it).
+    agents_restart = False
+
     name = "local"
     ncpus = 1
 
@@ -232,6 +236,8 @@ class Legacy:
 
     name = "lsfex"
     ncpus = 2
+    #: The machine image restarts a dead agent (``tend``): a killed agent's machine must stay.
+    agents_restart = True
 
     def __init__(self, root: Path, certs: Path, slow: float) -> None:
         self.root, self.certs = root, certs
@@ -261,6 +267,7 @@ class Legacy:
             legacy=LegacyOptions(journal=root / "lsfex.journal.json"),
         )
         self.agents: dict[str, procs.Proc] = {}
+        self.dead_since: dict[str, float] = {}  # machine id -> when its agent was first seen dead (trio clock)
 
     def controller_args(self) -> tuple[str, ...]:
         return ("--address-bound-join", str(self.bootstrap))
@@ -294,10 +301,20 @@ class Legacy:
         """The machine image: an address-bound agent for each running machine, stopped when it is terminated."""
         machines = self.state()["machines"]
         for machine_id, record in sorted(machines.items()):
-            if record["status"] == "running" and machine_id not in self.agents:
+            agent = self.agents.get(machine_id)
+            if record["status"] == "running" and (agent is None or not agent.running()):
+                # A first boot, or the init system restarting an agent that died (``Restart=always``, 1 s later):
+                # the same command line; a restarted agent reads its state file, the token file being gone.
                 home = self.root / "machines" / machine_id
-                token = agents.token_file(home, self.secret, "bootstrap")
-                how = ("--address-bound", "--machine-id", machine_id)
+                token = home / "bootstrap"
+                if agent is None and not token.exists():
+                    agents.token_file(home, self.secret, "bootstrap")
+                elif agent is not None:
+                    dead_since = self.dead_since.setdefault(machine_id, trio.current_time())
+                    if trio.current_time() < dead_since + 1.0:
+                        continue
+                    del self.dead_since[machine_id]
+                how = ("--address-bound", "--machine-id", machine_id, "--state-file", str(home / "state.json"))
                 self.agents[machine_id] = await agents.boot(started, home, self.certs, addresses, token, *how)
             elif record["status"] == "terminated" and machine_id in self.agents:
                 agent = self.agents[machine_id]
@@ -414,7 +431,8 @@ class Campaign:
         self.skipped: dict[str, int] = {}
         self.converge: list[dict[str, Any]] = []
         self.violations: list[str] = []
-        self.killed_agents: dict[str, float] = {}  # machine id -> when its agent was killed
+        self.killed_agents: dict[str, float] = {}  # machine id -> when its agent was killed (for good)
+        self.restarted_agents: dict[str, float] = {}  # machine id -> when its agent was killed and restarted
         self.unexplained: set[str] = set()
         self.no_fact_since: dict[str, float] = {}
 
@@ -570,7 +588,10 @@ class Campaign:
                 return False
             machine_id = self.rng.choice(sorted(running))
             kill_group(running[machine_id])
-            self.killed_agents[machine_id] = self.now()
+            if self.provider.agents_restart:
+                self.restarted_agents[machine_id] = self.now()
+            else:
+                self.killed_agents[machine_id] = self.now()
         return True
 
     async def run(self) -> None:
@@ -658,6 +679,7 @@ class Campaign:
             "healthy_returned_detail": healthy[:20],
             "agent_killed_returned": len(killed),
             "agents_killed": len(self.killed_agents),
+            "agents_restarted": len(self.restarted_agents),
             "returns_by_reason": dict(sorted(by_reason.items())),
             "longest_converge_s": max(times) if times else None,
             "not_converged": sum(1 for c in self.converge if c["s"] is None),
