@@ -134,6 +134,9 @@ class ReadOnlyClient:
     def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]:
         return self.inner.unknown_outcomes()
 
+    def calls_running(self) -> frozenset[str]:
+        return self.inner.calls_running()
+
     @property
     def mutations(self) -> int:
         """Mutating calls that reached the plugin: none, by construction (counted, so the report states it)."""

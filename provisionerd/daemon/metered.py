@@ -132,6 +132,9 @@ class MeteredClient:
     def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]:
         return self.inner.unknown_outcomes()
 
+    def calls_running(self) -> frozenset[str]:
+        return self.inner.calls_running()
+
     async def _timed(self, action: str, call: Callable[[], Awaitable[T]]) -> T:
         started = trio.current_time()
         try:

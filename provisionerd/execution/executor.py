@@ -177,11 +177,6 @@ class Executor:
         created after the deadline would otherwise have no fact and stay unattributed."""
         return await self._requests.attribute_op(intent)
 
-    async def settle_legacy_recovery(self, intent: RequestIntent, client: ProviderClient) -> RequestOutcome | None:
-        """After a restart, fail an open intent of a legacy plugin whose journal records a call with an unknown
-        outcome (``None`` when it records none): ``legacy_requests``."""
-        return await self._legacy.settle_recovery(intent, client)
-
     # --- returns ------------------------------------------------------------------------------------------------
 
     async def return_machines(

@@ -14,8 +14,9 @@ decision is ``provisionerd.provider.legacy.rules.after_request_error``:
 - ``RETRY_LATER`` / ``FAILED``: a refusal whose outcome is known, handled like any provider's (``Steps.refused``:
   the code becomes a planner observation such as the throttle back-off).
 
-``settle_recovery`` (``Executor.settle_legacy_recovery``) is the restart path: an open intent whose journal
-records an unknown call is failed the same way instead of being polled for a listing the plugin cannot give.
+``settle_recovery`` is the restart path (``request_flow.RequestFlow.recover``, when ``recovery_rules`` says
+``FAIL_UNKNOWN``): an open intent whose journal records an unknown call is failed the same way instead of being
+polled for a listing the plugin cannot give.
 """
 
 from __future__ import annotations

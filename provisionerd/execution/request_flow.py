@@ -57,7 +57,7 @@ from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
 from provisionerd.execution.observations import gate_code
 from provisionerd.execution.op_book import OpRecord, Stage
-from provisionerd.execution.recovery_rules import OpAtRestart, Step, recover_request
+from provisionerd.execution.recovery_rules import CallRecord, OpAtRestart, Step, recover_request
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
@@ -175,20 +175,31 @@ class RequestFlow:
         return RequestOutcome(intent.op_id, intent.provider, "timed_out", committed or (), code="provisioning_timeout")
 
     async def recover(self, intent: RequestIntent) -> RequestOutcome:
-        """Settle an open intent no task is running (after a restart): the decision is the pure
-        ``recovery_rules.recover_request`` of what is known (module docstring there); this carries it out.
-        ``intent``'s provider must be served (the executor checks)."""
+        """Settle an open intent no task is running (after a restart): every decision is the pure
+        ``recovery_rules.recover_request`` of what is known (module docstring there), this carries it out: a legacy
+        call still running is waited for, one whose outcome is unknown is failed saying so, anything else is
+        listed by op tag and settled. ``intent``'s provider must be served (the executor checks)."""
         op_id, provider = intent.op_id, intent.provider
         client = self._deps.clients[provider]
         facts = self._deps.facts.view()
         record = facts.intents.get(op_id) if facts is not None else None
         known = record.machine_ids if record is not None else []
         committed = frozenset(facts.machines[m].instance_ref for m in known if m in facts.machines) if facts else None
-        op = OpAtRestart(intent.count, intent.instance_refs, committed or frozenset())
-        if client.legacy:
-            settled = await self._legacy.settle_recovery(intent, client)  # the journal says UNKNOWN: failed there
+        call = CallRecord.KNOWN
+        if client.legacy and op_id in client.calls_running():
+            call = CallRecord.RUNNING
+        elif client.legacy and op_id in {u.op_id for u in client.unknown_outcomes()}:
+            call = CallRecord.UNKNOWN
+        op = OpAtRestart(intent.count, intent.instance_refs, committed or frozenset(), call)
+        step = recover_request(op)
+        if step.step is Step.WAIT:  # its answer will say what it made (the adapter collects it)
+            self._steps.emit("recovery", "request", op_id, provider, waiting="call_running")
+            return RequestOutcome(op_id, provider, "unknown", code="call_running")
+        if step.step is Step.FAIL_UNKNOWN:
+            settled = await self._legacy.settle_recovery(intent, client)
             if settled is not None:
                 return settled
+            return RequestOutcome(op_id, provider, "unknown", code="call_running")  # collected meanwhile: next pass
         found = await self._steps.list_op(provider, op_id)
         self._steps.emit("recovery", "request", op_id, provider, found=None if found is None else len(found))
         listing = None if found is None else tuple(ref for _, ref in assign_refs(found, intent.instance_refs))

@@ -83,6 +83,11 @@ class ProviderReader(Protocol):
 
     def unknown_outcomes(self) -> tuple[UnknownOutcome, ...]: ...
 
+    def calls_running(self) -> frozenset[str]:
+        """The ops of create calls an earlier daemon process started that still run (a legacy one-shot plugin's;
+        empty for every other kind): recovery waits for them instead of judging them."""
+        ...
+
     async def describe_provider(self, *, timeout: float | None = None) -> ProviderDescription: ...
 
     async def get_available_templates(self, *, timeout: float | None = None) -> tuple[Offer, ...]:
@@ -189,6 +194,9 @@ class PluginClient:
         if self._legacy is None:
             return ()
         return tuple(UnknownOutcome.from_json(u) for u in self._legacy.unknown_outcomes())
+
+    def calls_running(self) -> frozenset[str]:
+        return frozenset() if self._legacy is None else frozenset(self._legacy.running_ops())
 
     # --- reads ---------------------------------------------------------------------------------------------------
 

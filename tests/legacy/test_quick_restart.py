@@ -20,8 +20,11 @@ import pytest
 import trio
 from rigs import procs, wait
 
+from provisionerd.domain.model import NO_EPOCH, InstanceFact, RequestFailed, RequestIntent
+from provisionerd.provider.client import PluginClient
 from provisionerd.provider.legacy.adapter import REQUEST_PREFIX
 from provisionerd.provider.legacy.journal import ACCEPTED
+from tests.legacy.test_under_the_executor import facts, with_executor
 
 pytestmark = pytest.mark.process
 
@@ -72,3 +75,39 @@ def test_an_answer_landing_after_the_restart_is_collected_not_taken_for_an_unkno
     assert states == [ACCEPTED]
     assert sorted(m["machineId"] for m in entry["machines"]) == sorted(world.plugin_machines())
     assert calls_left(calls) == []
+
+
+def test_the_recovery_waits_for_a_call_still_running_then_settles_it_from_its_answer(world: Any, tmp_path):
+    """Issue 31 item 2: after the restart the recovery's decision is ``recovery_rules.recover_request``. While the
+    call the killed process left still runs, the op is waited for (``call_running``): nothing listed, nothing
+    failed. Once the call has answered, the recovery settles the op from that answer: both machines get their
+    instance facts and nothing is failed or asked again."""
+    calls = tmp_path / "calls"
+    world.settings({"BOOT_POLLS": 1, "SLOW_REQUEST_SECONDS": 4.0, "SLOW_REQUEST_PHASE": "after_create"})
+    here = Path(__file__).parent
+    refs = ("op-1/i-0", "op-1/i-1")
+    intent = RequestIntent("lsfex", NO_EPOCH, "op-1", "lsfex-small", 2, refs, ("0" * 64, "1" * 64), "d1")
+
+    async def recover(executor: Any) -> Any:
+        return await executor.recover_request(intent)
+
+    async def kill_mid_call() -> None:
+        async with procs.open_procs() as started:
+            argv = [sys.executable, "-c", DAEMON, here, world.conf, world.data, world.journal, calls]
+            first = await started.start("daemon", argv, tmp_path / "daemon.log")
+            await wait.until_sync("the plugin made both machines", lambda: len(world.plugin_machines()) == 2, 60)
+            first.kill9()
+            await first.wait()
+
+    trio.run(kill_mid_call)
+    restarted = world.adapter(calls_dir=str(calls))
+    assert PluginClient(restarted).calls_running() == frozenset({"op-1"})
+    waited, controller = trio.run(with_executor, restarted, recover)
+    assert (waited.status, waited.code) == ("unknown", "call_running")
+    assert facts(controller, RequestFailed) == [] and world.inputs("getRequestStatus") == []
+    wait.blocking("the plugin's answer", lambda: any((p / "status").exists() for p in calls_left(calls)), 30)
+    settled, controller = trio.run(with_executor, restarted, recover)
+    assert settled.status == "fulfilled" and sorted(settled.machine_ids) == sorted(world.plugin_machines())
+    assert sorted(f.instance_ref for f in facts(controller, InstanceFact)) == sorted(refs)
+    assert facts(controller, RequestFailed) == [] and len(world.inputs("requestMachines")) == 1
+    assert PluginClient(restarted).calls_running() == frozenset()

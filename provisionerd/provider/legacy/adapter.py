@@ -131,6 +131,11 @@ class LegacyProvider:
             self._what_the_plugin_recorded(found)
         return found
 
+    def running_ops(self) -> set[str]:
+        """The ops of calls an earlier process left that still run (one that ended is collected first)."""
+        self._collect(self.runner.take_finished())
+        return self.runner.pending_ops()
+
     def _what_the_plugin_recorded(self, found: list[dict[str, Any]]) -> None:
         """Add to each unknown outcome the plugin's own records the journal does not account for (its state file,
         through the configured reader: ``legacy.state_files``), or exactly what cannot be seen without one."""
