@@ -218,3 +218,10 @@ def test_seeds_665670412_and_665672842_a_deadline_fail_waits_for_a_listing(monke
 
     monkeypatch.setattr("provisionerd.execution.operations.Operations._attribute", as_before)
     assert "failed_with_machines" in violated_now(665670412) | violated_now(665672842)
+
+
+def test_seed_918275638_an_unhealthy_provider_is_probed_within_the_settle_time():
+    """Not the daemon's: the simulation's policy kept the production ``unhealthy_max`` (1800 s) while every other
+    time was scaled down, so a fourth ``quota_exceeded`` put the next probe 240 s later, past the 200 s the run
+    settles after its last fault (``no_convergence``: 4 machines of 7). The simulated ``unhealthy_max`` is 60 s."""
+    assert "no_convergence" not in violated_now(918275638)

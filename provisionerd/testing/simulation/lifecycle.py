@@ -67,6 +67,10 @@ def core_options(world: World) -> dict[str, Any]:
         "throttle_base": 2.0,
         "throttle_max": 20.0,
         "quota_pause": 30.0,
+        # Scaled like the rest (production: 1800 s): the longest wait for a probe of an unhealthy provider stays
+        # well inside the settle time after the last fault (seed 918275638: a 4th quota failure put the probe
+        # 240 s later, past the 200 s settle, with the default).
+        "unhealthy_max": 60.0,
     }
     own = ProviderPolicy(**times, step_limit=2, max_machines=s.provider_cap)
     policy = Policy(
