@@ -41,6 +41,16 @@ trio.run(lambda: adapter.call("requestMachines", world.request("op-1", 2)))
 """
 
 
+async def killed_after_it_made_its_machines(started: procs.Procs, world: Any, calls: Path, tmp_path: Path) -> None:
+    """The "daemon" started, SIGKILLed once the plugin made both machines (its call runs on in its own session)."""
+    here = Path(__file__).parent
+    argv = [sys.executable, "-c", DAEMON, here, world.conf, world.data, world.journal, calls]
+    first = await started.start("daemon", argv, tmp_path / "daemon.log")
+    await wait.until_sync("the plugin made both machines", lambda: len(world.plugin_machines()) == 2, 60)
+    first.kill9()
+    await first.wait()
+
+
 def calls_left(calls: Path) -> list[Path]:
     return [p for p in calls.iterdir() if not p.name.startswith(".")] if calls.is_dir() else []
 
@@ -48,15 +58,10 @@ def calls_left(calls: Path) -> list[Path]:
 def test_an_answer_landing_after_the_restart_is_collected_not_taken_for_an_unknown_outcome(world: Any, h, tmp_path):
     calls = tmp_path / "calls"
     world.settings({"BOOT_POLLS": 1, "SLOW_REQUEST_SECONDS": 2.0, "SLOW_REQUEST_PHASE": "after_create"})
-    here = Path(__file__).parent
 
     async def main() -> tuple[list[Any], dict[str, Any], list[str]]:
         async with procs.open_procs() as started:
-            argv = [sys.executable, "-c", DAEMON, here, world.conf, world.data, world.journal, calls]
-            first = await started.start("daemon", argv, tmp_path / "daemon.log")
-            await wait.until_sync("the plugin made both machines", lambda: len(world.plugin_machines()) == 2, 60)
-            first.kill9()
-            await first.wait()
+            await killed_after_it_made_its_machines(started, world, calls, tmp_path)
             # Restarted at once: the plugin is still in its sleep, its answer not written yet.
             restarted = world.adapter(calls_dir=str(calls))
             assert restarted.runner.pending_ops() == {"op-1"}
@@ -84,7 +89,6 @@ def test_the_recovery_waits_for_a_call_still_running_then_settles_it_from_its_an
     instance facts and nothing is failed or asked again."""
     calls = tmp_path / "calls"
     world.settings({"BOOT_POLLS": 1, "SLOW_REQUEST_SECONDS": 4.0, "SLOW_REQUEST_PHASE": "after_create"})
-    here = Path(__file__).parent
     refs = ("op-1/i-0", "op-1/i-1")
     intent = RequestIntent("lsfex", NO_EPOCH, "op-1", "lsfex-small", 2, refs, ("0" * 64, "1" * 64), "d1")
 
@@ -93,11 +97,7 @@ def test_the_recovery_waits_for_a_call_still_running_then_settles_it_from_its_an
 
     async def kill_mid_call() -> None:
         async with procs.open_procs() as started:
-            argv = [sys.executable, "-c", DAEMON, here, world.conf, world.data, world.journal, calls]
-            first = await started.start("daemon", argv, tmp_path / "daemon.log")
-            await wait.until_sync("the plugin made both machines", lambda: len(world.plugin_machines()) == 2, 60)
-            first.kill9()
-            await first.wait()
+            await killed_after_it_made_its_machines(started, world, calls, tmp_path)
 
     trio.run(kill_mid_call)
     restarted = world.adapter(calls_dir=str(calls))
