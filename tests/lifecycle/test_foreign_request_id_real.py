@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import pytest
 import trio
-from rigs import procs, wait
-from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_machines, simulated_provider
-from rigs.facts import facts_of
+from rigs import wait
+from rigs.simulated_run import simulated_run
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape
 
@@ -27,39 +26,23 @@ FOREIGN = "req-ffffffffffff"
 
 
 def test_a_foreign_request_id_is_settled_by_the_listing_with_one_request_and_no_leak(tmp_path):
-    from refcontroller.api import open_refcontroller
-
-    certs = make_certs(tmp_path, "clu")
-    faults = [{"kind": "foreign_id"}]  # every requestMachines
-    sim = simulated_provider(
-        tmp_path, sim={"delays": {"bootPolls": 1, "bootSeconds": 0, "returnPolls": 0}, "faults": faults}
-    )
     seen: dict = {}
 
     async def main():
-        with short_dir("pd-fid-") as state:
-            async with (
-                open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
-                procs.open_procs() as started,
-            ):
-
-                def facts(kind):
-                    return facts_of(ctl.server.cluster.store, kind)
-
-                config = daemon_config(certs, ctl.addresses, state, sim, cluster="clu", identity="prov-foreign")
-                daemon = Daemon.write(config, tmp_path / "pd.toml", started)
-                proc = await daemon.start()
-                await daemon.wait_held(60)
-                await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
-                await wait.until_sync("3 instance facts", lambda: len(facts(InstanceFact)) >= 3, 60)
-                await trio.sleep(10)  # what a second, third... request would have done by now
-                seen["intents"] = facts(RequestIntent)
-                seen["failed"] = facts(RequestFailed)
-                seen["instances"] = facts(InstanceFact)
-                seen["machines"] = simulated_machines(sim)
-                seen["results"] = [e for e in daemon.events("action") if e.get("phase") == "result"]
-                seen["rc"] = await proc.stop(20)
-                seen["log"] = proc.tail()
+        faults = [{"kind": "foreign_id"}]  # every requestMachines
+        async with simulated_run(tmp_path, "fid", identity="prov-foreign", faults=faults) as run:
+            proc = await run.daemon.start()
+            await run.daemon.wait_held(60)
+            await run.ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
+            await wait.until_sync("3 instance facts", lambda: len(run.facts(InstanceFact)) >= 3, 60)
+            await trio.sleep(10)  # what a second, third... request would have done by now
+            seen["intents"] = run.facts(RequestIntent)
+            seen["failed"] = run.facts(RequestFailed)
+            seen["instances"] = run.facts(InstanceFact)
+            seen["machines"] = run.machines()
+            seen["results"] = [e for e in run.daemon.events("action") if e.get("phase") == "result"]
+            seen["rc"] = await proc.stop(20)
+            seen["log"] = proc.tail()
 
     trio.run(main)
     assert seen["rc"] == 0, seen["log"]

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pytest
 import trio
-from rigs import procs, wait
-from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_provider
-from rigs.facts import facts_of
+from rigs import wait
+from rigs.simulated_run import simulated_run
 
 from provisionerd.domain.model import DemandItem, InstanceFact, ResourceShape
 
@@ -21,34 +20,20 @@ pytestmark = pytest.mark.process
 
 @pytest.mark.parametrize("kind", ["provider_error", "garbage"])
 def test_a_failed_first_offers_read_delays_the_demand_by_seconds(tmp_path, kind):
-    from refcontroller.api import open_refcontroller
-
-    certs = make_certs(tmp_path, "clu")
-    faults = [{"kind": kind, "actions": ["getAvailableTemplates"], "times": 1}]
-    sim = simulated_provider(
-        tmp_path, sim={"delays": {"bootPolls": 1, "bootSeconds": 0, "returnPolls": 0}, "faults": faults}
-    )
     seen: dict = {}
 
     async def main():
-        with short_dir("pd-off-") as state:
-            async with (
-                open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
-                procs.open_procs() as started,
-            ):
-                await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
-                config = daemon_config(certs, ctl.addresses, state, sim, cluster="clu", identity="prov-offers")
-                daemon = Daemon.write(config, tmp_path / "pd.toml", started)
-                proc = await daemon.start()
-                await daemon.wait_held(60)
-                held = trio.current_time()
-                await wait.until_sync(
-                    "3 instance facts", lambda: len(facts_of(ctl.server.cluster.store, InstanceFact)) >= 3, 60
-                )
-                seen["met_after"] = trio.current_time() - held
-                seen["failed"] = daemon.events("offers_failed")
-                seen["rc"] = await proc.stop(20)
-                seen["log"] = proc.tail()
+        faults = [{"kind": kind, "actions": ["getAvailableTemplates"], "times": 1}]
+        async with simulated_run(tmp_path, "off", identity="prov-offers", faults=faults) as run:
+            await run.ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
+            proc = await run.daemon.start()
+            await run.daemon.wait_held(60)
+            held = trio.current_time()
+            await wait.until_sync("3 instance facts", lambda: len(run.facts(InstanceFact)) >= 3, 60)
+            seen["met_after"] = trio.current_time() - held
+            seen["failed"] = run.daemon.events("offers_failed")
+            seen["rc"] = await proc.stop(20)
+            seen["log"] = proc.tail()
 
     trio.run(main)
     assert seen["rc"] == 0, seen["log"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import pytest
 import trio
-from rigs import procs, wait
-from rigs.daemon import Daemon, daemon_config, make_certs, short_dir, simulated_machines, simulated_provider
-from rigs.facts import facts_of
+from rigs import wait
+from rigs.simulated_run import simulated_run
 
 from provisionerd.domain.model import DemandItem, InstanceFact, RequestFailed, RequestIntent, ResourceShape
 
@@ -21,47 +20,35 @@ pytestmark = pytest.mark.process
 
 
 def test_a_daemon_killed_with_an_open_request_meets_the_demand_within_5_s_of_its_next_grant(tmp_path):
-    from refcontroller.api import open_refcontroller
-
-    certs = make_certs(tmp_path, "clu")
-    sim = simulated_provider(tmp_path, sim={"delays": {"bootPolls": 1, "bootSeconds": 20, "returnPolls": 0}})
     seen: dict = {}
 
     async def main():
-        with short_dir("pd-rst-") as state:
-            async with (
-                open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
-                procs.open_procs() as started,
-            ):
-
-                def facts(kind):
-                    return facts_of(ctl.server.cluster.store, kind)
-
-                config = daemon_config(certs, ctl.addresses, state, sim, cluster="clu", identity="prov-restart")
-                daemon = Daemon.write(config, tmp_path / "pd.toml", started)
-                first = await daemon.start()
-                await daemon.wait_held(60)
-                await ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
-                await wait.until_sync("the request's intent", lambda: facts(RequestIntent))
-                # The requestMachines call made its machines (they stay pending for 20 s).
-                await wait.until_sync("3 machines in the simulated cloud", lambda: len(simulated_machines(sim)) == 3)
-                first.kill9()
-                await first.wait()
-                seen["instances_at_kill"] = len(facts(InstanceFact))
-                seen["intents_at_kill"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
-                second = await daemon.start()
-                await daemon.wait_held(60)
-                granted = trio.current_time()
-                await wait.until_sync("3 instance facts", lambda: len(facts(InstanceFact)) >= 3, 60)
-                seen["met_after_grant"] = trio.current_time() - granted
-                seen["intents"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
-                seen["failed"] = facts(RequestFailed)
-                seen["instances"] = facts(InstanceFact)
-                seen["rc"] = await second.stop(20)
-                seen["log"] = second.tail()
-                seen["recovery"] = [
-                    (e["op_id"], e["found"]) for e in daemon.events("action") if e.get("phase") == "recovery"
-                ]
+        delays = {"bootPolls": 1, "bootSeconds": 20, "returnPolls": 0}
+        async with simulated_run(tmp_path, "rst", identity="prov-restart", delays=delays) as run:
+            daemon, facts = run.daemon, run.facts
+            first = await daemon.start()
+            await daemon.wait_held(60)
+            await run.ctl.set_demand([DemandItem("d1", ResourceShape(ncpus=8), 3)])
+            await wait.until_sync("the request's intent", lambda: facts(RequestIntent))
+            # The requestMachines call made its machines (they stay pending for 20 s).
+            await wait.until_sync("3 machines in the simulated cloud", lambda: len(run.machines()) == 3)
+            first.kill9()
+            await first.wait()
+            seen["instances_at_kill"] = len(facts(InstanceFact))
+            seen["intents_at_kill"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
+            second = await daemon.start()
+            await daemon.wait_held(60)
+            granted = trio.current_time()
+            await wait.until_sync("3 instance facts", lambda: len(facts(InstanceFact)) >= 3, 60)
+            seen["met_after_grant"] = trio.current_time() - granted
+            seen["intents"] = [(i.op_id, i.count) for i in facts(RequestIntent)]
+            seen["failed"] = facts(RequestFailed)
+            seen["instances"] = facts(InstanceFact)
+            seen["rc"] = await second.stop(20)
+            seen["log"] = second.tail()
+            seen["recovery"] = [
+                (e["op_id"], e["found"]) for e in daemon.events("action") if e.get("phase") == "recovery"
+            ]
 
     trio.run(main)
     assert seen["rc"] == 0, seen["log"]
