@@ -83,6 +83,20 @@ def commit(certs: Path, port: int, facts: list[Callable[[Epoch], Fact]]) -> None
     trio.run(main)
 
 
+def commit_address_bound(certs: Path, port: int, ref: str, machine_id: str, token_hash: str) -> None:
+    """The intent and instance fact of one machine the provider reported at 127.0.0.1 (an address-bound join)."""
+    commit(
+        certs,
+        port,
+        [
+            lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (token_hash,)),
+            lambda epoch: InstanceFact(
+                PROVIDER, epoch, "op-1", ref, machine_id, "local-1", token_hash, address="127.0.0.1"
+            ),
+        ],
+    )
+
+
 def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_returned_one_is_refused(
     certs: Path, tmp_path: Path
 ) -> None:
@@ -139,16 +153,7 @@ def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controll
     log = tmp_path / "legacy.log"
     with ExitStack() as stack:
         with serve(certs, data, port, ctl_log, *option):
-            commit(
-                certs,
-                port,
-                [
-                    lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, ("c1/i-1",), (unused,)),
-                    lambda epoch: InstanceFact(
-                        PROVIDER, epoch, "op-1", "c1/i-1", "i-0abc", "local-1", unused, address="127.0.0.1"
-                    ),
-                ],
-            )
+            commit_address_bound(certs, port, "c1/i-1", "i-0abc", unused)
             agent = start_agent(stack, certs, tmp_path, port, "", secret, log, *claim)
             wait.blocking("the legacy agent idle", lambda: hosts(certs, port) == {"c1/i-1": "idle"}, 60, 0.2)
             # Once: a second claim of the same machine, from the same address, is refused.
@@ -177,16 +182,7 @@ def test_a_machine_booting_before_its_fact_joins_once_the_fact_lands(certs: Path
         agent = start_agent(stack, certs, tmp_path, port, "", secret, log, "--address-bound", "--machine-id", "i-early")
         wait.blocking("a refusal", lambda: log.read_text().count("trying again later") >= 2, 60, 0.2)
         assert agent.poll() is None  # still there, secret in memory
-        commit(
-            certs,
-            port,
-            [
-                lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, ("c1/i-e",), (unused,)),
-                lambda epoch: InstanceFact(
-                    PROVIDER, epoch, "op-1", "c1/i-e", "i-early", "local-1", unused, address="127.0.0.1"
-                ),
-            ],
-        )
+        commit_address_bound(certs, port, "c1/i-e", "i-early", unused)
         wait.blocking("the early machine idle", lambda: hosts(certs, port) == {"c1/i-e": "idle"}, 60, 0.2)
         assert agent.poll() is None and "join #1" in log.read_text()
     assert "reason=machine_unknown" in ctl_log.read_text()
