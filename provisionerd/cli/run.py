@@ -34,20 +34,20 @@ log = logging.getLogger("provisionerd")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def _apply_log_level(_old: Config, new: Config) -> None:
-    logging.getLogger().setLevel(LEVELS[new.daemon.log_level])
+def _apply_log_level(config: Config) -> None:
+    logging.getLogger().setLevel(LEVELS[config.daemon.log_level])
 
 
 async def _main(config: Config) -> None:
     core = DaemonCore(config)
-    core.current.on_applied.append(_apply_log_level)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(core.run)
             notify = await nursery.start(systemd.for_core(core).run)  # Type=notify: READY, STATUS, WATCHDOG
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    core.reload()
+                    if core.reload().outcome == "applied":
+                        _apply_log_level(core.config)
                     continue
                 core.events.emit("daemon_stopping", signal=signal.Signals(signum).name)
                 notify.stopping()

@@ -14,14 +14,13 @@ orphan actions read the orphan policy and the cluster from it, ``status()`` show
    running config stays entirely in force and the fields are named in the log, the event and ``status``.
 3. Otherwise everything derived from the new config (the planner policy, each provider's orphan policy) is built
    first; a knob that cannot be built is outcome ``failed`` and nothing is applied. Only then is the new config
-   installed and each ``on_applied`` hook called (hooks only assign values already built: they cannot fail
-   half-way).
+   installed, and the result (``ReloadResult``, its ``previous`` config) goes back to the caller.
 
-Hooks: ``on_applied(old, new)`` is where a live setting outside the holder takes effect (``provisionerd run``
-sets the log level there; the orphan cycles take their interval and settle window there; the metrics listener
-moves to a new ``metrics_listen`` there, binding it after the switch and staying put, with an ERROR and the event
-``metrics_listen_failed``, when it cannot). A new live setting is added to ``LIVE_FIELDS`` and given an
-``on_applied`` hook; until then a change of it is reported as needing a restart, the safe side.
+What a live setting outside the holder does is the caller's, from that returned value (``DaemonCore.reload``: the
+orphan cycles take their interval and settle window, the metrics listener moves to a new ``metrics_listen``,
+binding it after the switch and staying put, with an ERROR and the event ``metrics_listen_failed``, when it cannot;
+``provisionerd run`` sets the log level). A new live setting is added to ``LIVE_FIELDS`` and taken up there; until
+then a change of it is reported as needing a restart, the safe side.
 """
 
 from __future__ import annotations
@@ -167,6 +166,8 @@ class ReloadResult:
     restart_needed: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     at: float = 0.0  # wall-clock seconds
+    #: The config an ``applied`` reload replaced (what the caller compares to take up live settings).
+    previous: Config | None = attrs.field(default=None, eq=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -178,9 +179,6 @@ class ReloadResult:
         }
 
 
-Hook = Callable[[Config, Config], None]
-
-
 class CurrentConfig:
     """The running config and what is derived from it (module docstring). ``policy``: a fixed planner policy
     (tests, the simulation) instead of the one derived from the config; a reload then keeps it."""
@@ -189,7 +187,6 @@ class CurrentConfig:
         self._fixed_policy = policy
         self._wall = wall
         self._config, self._policy, self._orphan = self._derive(config)
-        self.on_applied: list[Hook] = []
         self.last: ReloadResult | None = None
         self.reloads = 0
 
@@ -235,9 +232,7 @@ class CurrentConfig:
             else:
                 old = self._config
                 self._config, self._policy, self._orphan = derived
-                for hook in self.on_applied:
-                    hook(old, new)
-                result = ReloadResult("applied", plan.live, at=at)
+                result = ReloadResult("applied", plan.live, at=at, previous=old)
         self.last = result
         return result
 

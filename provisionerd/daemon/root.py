@@ -142,9 +142,7 @@ class DaemonCore:
         self._spend_lock = trio.Lock()
         self.orphan_actions = OrphanActions(pieces, refusals=self.admin)
         self.orphan_cycles: dict[str, OrphanCycle] = {}
-        self.current.on_applied.append(self._apply_orphan_settings)
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
-        self.current.on_applied.append(lambda _old, new: self.observability.listen_at(new.daemon.metrics_listen))
 
     @property
     def config(self) -> Config:
@@ -183,12 +181,15 @@ class DaemonCore:
                 "config_reloaded", outcome=result.outcome, applied=[], restart_needed=list(result.restart_needed)
             )
         else:
+            if result.outcome == "applied":  # the live settings outside the holder take effect (values already built)
+                self._apply_orphan_settings(self.config)
+                self.observability.listen_at(self.config.daemon.metrics_listen)
             log.info("config reloaded (%s): %s", result.outcome, ", ".join(result.applied) or "nothing changed")
             self.events.emit("config_reloaded", outcome=result.outcome, applied=list(result.applied), restart_needed=[])
             self.loop.wake()  # plan with the new limits now
         return result
 
-    def _apply_orphan_settings(self, _old: Config, new: Config) -> None:
+    def _apply_orphan_settings(self, new: Config) -> None:
         """A reload's orphan settings: each cycle's policy, interval and settle window (values already built)."""
         for provider in new.providers:
             cycle = self.orphan_cycles.get(provider.name)
