@@ -1,8 +1,8 @@
 """What the plugin keeps in ``$PRO_DATA_DIR``: return requests and markers of the pods it returned, and the
 templates the scheduler could not place lately. Everything else lives in the cluster (labels, annotations).
 
-Files are written atomically (temporary file, fsync, rename) with mode 0600 in 0700 directories; names are
-hashes, so no input can pick a path.
+Files are written atomically (``plugin_sdk.atomic``: temporary file, fsync, rename) with mode 0600 in 0700
+directories; names are hashes, so no input can pick a path.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from provisionerd.plugin_sdk.atomic import write_private_json
 
 _MAX_RECORD = 4 << 20
 
@@ -34,16 +36,7 @@ class Store:
         return cls(Path(data))
 
     def _write(self, path: Path, doc: Any) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_private_json(path, doc)
 
     def _read(self, path: Path) -> Any:
         try:

@@ -6,7 +6,7 @@ cancellation by anyone else reads as a reclaim). Losing the directory loses no m
 its op tag, and our cancellations are also marked in the job's comment.
 
 Layout: ``requests/<sha>.json`` (one per requestId), ``returned/<job id>`` (empty markers), ``locks/<sha>.lock``.
-Writes are atomic (temporary file, fsync, rename); ``locked`` serialises work on one op_id across threads and
+Writes are atomic (``plugin_sdk.atomic``); ``locked`` serialises work on one op_id across threads and
 processes (one-shot calls may run concurrently).
 """
 
@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.errors import PluginError
+from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.errors import PluginError
 
 _MAX_RECORD = 4 << 20
 
@@ -72,13 +73,7 @@ class Store:
         return record
 
     def save(self, record: dict[str, Any]) -> None:
-        path = self.root / "requests" / f"{_digest(record['requestId'])}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_private_json(self.root / "requests" / f"{_digest(record['requestId'])}.json", record)
 
     def mark_returned(self, job_id: str) -> None:
         if job_id.isdigit():  # a job id names the file: nothing else may
