@@ -37,7 +37,11 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 
 class Redactor:
     """The secrets known to this process (credentials from the environment or resolved later), removed from any
-    text together with one call's extra secrets. Thread-safe."""
+    text together with one call's extra secrets. Thread-safe. A plugin subclass names the environment variables
+    that hold its credentials in ``SECRET_ENV``."""
+
+    #: Environment variables whose values are secret (``from_environment`` reads them).
+    SECRET_ENV: tuple[str, ...] = ()
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
@@ -45,10 +49,10 @@ class Redactor:
         self.add(secrets)
 
     @classmethod
-    def from_environment(cls, names: Iterable[str], environ: Mapping[str, str] | None = None) -> Redactor:
-        """A redactor holding the values of the environment variables ``names`` (those that are set)."""
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Redactor:
+        """A redactor holding the values of the ``SECRET_ENV`` variables that are set."""
         env = os.environ if environ is None else environ
-        return cls(env.get(name, "") for name in names)
+        return cls(env.get(name, "") for name in cls.SECRET_ENV)
 
     def add(self, secrets: Iterable[str]) -> None:
         with self._lock:

@@ -3,7 +3,8 @@
 The truth is in EC2 (the op tags); these records only add what tags cannot hold: launch slots that failed (no
 instance exists to tag), ids launched a moment ago that DescribeInstances does not show yet, and the ids of a return
 whose instances were already terminated. A lost record (another host took the lease) degrades status detail, never
-correctness. One JSON file per op_id, written atomically; records older than a week are pruned.
+correctness. One JSON file per op_id, written atomically (``plugin_sdk.atomic``, mode 0600); records older than a
+week are pruned.
 
 :meth:`Records.exclusive` serialises mutations of one op_id: between threads of a persistent plugin and, through
 ``flock`` on a lock file next to the record, between one-shot processes on this host.
@@ -22,6 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from provisionerd.plugin_sdk.atomic import write_private_json
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +87,7 @@ class Records:
             return
         assert self._dir is not None
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**record, "requestId": request_id}))
-        os.replace(tmp, path)
+        write_private_json(path, {**record, "requestId": request_id})
         self._prune()
 
     def _prune(self) -> None:
