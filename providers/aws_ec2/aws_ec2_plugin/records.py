@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.datadir import record_name
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Records:
     def _path(self, request_id: str) -> Path | None:
         if self._dir is None:
             return None
-        return self._dir / (hashlib.sha256(request_id.encode()).hexdigest()[:40] + ".json")
+        return self._dir / (record_name(request_id) + ".json")
 
     @contextlib.contextmanager
     def exclusive(self, request_id: str) -> Iterator[None]:

@@ -32,6 +32,7 @@ from provisionerd.plugin_sdk.documents import (
 )
 from provisionerd.plugin_sdk.errors import PluginError
 from provisionerd.plugin_sdk.ids import make_request_id, parse_request_id
+from provisionerd.plugin_sdk.inputs import asked_template
 from provisionerd.provider.schemas import contract
 
 NAME = "kubernetes"
@@ -128,16 +129,7 @@ class Plugin:
     # requestMachines -----------------------------------------------------------------------------------------
 
     def request_machines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
-        template = self.config.templates.get(doc["template"]["templateId"])
-        if template is None:
-            raise PluginError("invalid_request", f"unknown templateId {doc['template']['templateId']!r}")
-        count = doc["template"]["machineCount"]
-        if count > template.max_number:
-            raise PluginError(
-                "invalid_request",
-                f"{count} machines of template {template.template_id!r} requested; its maxNumber is "
-                f"{template.max_number}",
-            )
+        template, count = asked_template(self.config.templates, doc)
         owner = {k: doc["tags"][k] for k in lab.OWNER_KEYS}
         cluster, op_id = owner[lab.CLUSTER], doc["op_id"]
         request_id = request_id_for("req", cluster, op_id)

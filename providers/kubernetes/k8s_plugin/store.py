@@ -7,7 +7,6 @@ directories; names are hashes, so no input can pick a path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -15,20 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.datadir import private_dirs, record_name
 
 _MAX_RECORD = 4 << 20
 
 
 def _key(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return record_name(text, 32)
 
 
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("returns", "returned", "unschedulable"):
-            (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(root / sub, 0o700)
+        private_dirs(root, ("returns", "returned", "unschedulable"))
 
     @classmethod
     def from_environment(cls) -> Store:

@@ -25,6 +25,7 @@ from typing import Any
 from provisionerd.plugin_sdk.errors import PluginError
 from provisionerd.plugin_sdk.ids import make_request_id
 from provisionerd.plugin_sdk.ids import parse_request_id as parse_id
+from provisionerd.plugin_sdk.inputs import asked_template
 from slurm_plugin import tags as tagmod
 from slurm_plugin.cluster import SlurmCluster
 from slurm_plugin.config import Config, Template
@@ -190,15 +191,7 @@ def sbatch_args(
 
 
 def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: Mapping[str, Any]) -> dict[str, Any]:
-    template = config.templates.get(doc["template"]["templateId"])
-    if template is None:
-        raise PluginError("invalid_request", f"unknown templateId {doc['template']['templateId']!r}")
-    count = doc["template"]["machineCount"]
-    if count > template.max_number:
-        raise PluginError(
-            "invalid_request",
-            f"{count} machines of template {template.template_id!r} requested; its maxNumber is {template.max_number}",
-        )
+    template, count = asked_template(config.templates, doc)
     owner = {k: doc["tags"][k] for k in (tagmod.CLUSTER, tagmod.PROVIDER, tagmod.OP, tagmod.EPOCH)}
     op_id = doc["op_id"]
     request_id = request_id_for("req", owner[tagmod.CLUSTER], op_id)
