@@ -96,9 +96,9 @@ class Machine:
     tags: Mapping[str, str] = attrs.field(factory=dict)
 
     def status_entry(self) -> dict[str, Any]:
-        """The ``getRequestStatus`` machine entry."""
+        """The ``getRequestStatus`` machine entry; ``instanceRef`` defaults to the ``provisionerd:instance`` tag."""
         doc = {"machineId": self.machine_id, "name": self.name, "result": self.result, "status": self.status}
-        doc = _optional(doc, instanceRef=self.instance_ref, message=self.message)
+        doc = _optional(doc, instanceRef=self.instance_ref or self.tags.get(INSTANCE_TAG), message=self.message)
         return {**doc, "launchtime": self.launchtime, "privateIpAddress": self.private_ip, "tags": dict(self.tags)}
 
     def listing_entry(self) -> dict[str, Any]:
