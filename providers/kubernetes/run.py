@@ -34,8 +34,11 @@ if __name__ == "__main__":
     from provisionerd.plugin_sdk.errors import PluginError
 
     args = sys.argv[1:]
-    if args != ["status"]:  # persistent only: the plugin ships no one-shot scripts
-        sys.exit(main(load, args, "k8s-plugin") if args == ["persistent"] else main(load, ["usage"], "k8s-plugin"))
+    if args == ["persistent"]:  # persistent only: the plugin ships no one-shot scripts
+        sys.exit(main(load, args, "k8s-plugin"))
+    if args != ["status"]:
+        print("usage: run.py persistent | run.py status", file=sys.stderr)
+        sys.exit(2)
     plugin = load_plugin(load)
     if isinstance(plugin, PluginError):
         print(json.dumps({"error": plugin.document()}))
