@@ -29,8 +29,8 @@ import signal
 import sys
 import threading
 
-if not __package__:  # run as a file (-I -S): the root of the package it belongs to is three directories up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if not __package__:  # run as a file (-I -S, argv[0] is this file): its package's root is three directories up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))))
 from provisionerd.plugin_sdk.atomic import write_private  # noqa: E402 - os and itertools only: no start-up cost
 
 DROPPED = b"[earlier stderr dropped]\n"
