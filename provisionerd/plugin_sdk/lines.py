@@ -13,9 +13,9 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO
 
 from provisionerd.plugin_sdk.calls import Handler, Loaded, load_plugin, run_action
 from provisionerd.plugin_sdk.errors import PluginError
@@ -43,7 +43,7 @@ def answer_line(load: Loaded, line: bytes, redactor: Redactor | None = None) -> 
     return ((redactor or Redactor()).scrub(text, join_tokens(doc)) + "\n").encode()
 
 
-def _lines(stdin: IO[bytes], max_line: int) -> Any:
+def _lines(stdin: IO[bytes], max_line: int) -> Iterator[bytes]:
     """The non-blank lines of ``stdin``, without those longer than ``max_line``."""
     while line := stdin.readline(max_line + 1):
         if len(line) > max_line and not line.endswith(b"\n"):
