@@ -36,6 +36,7 @@ PACKAGES = (
     "provisionerd.pki",
     "provisionerd.domain",
     "provisionerd.resources",
+    "provisionerd.plugin_sdk",
     "refcontroller",
 )
 

@@ -15,8 +15,6 @@ in no error (the loader's ``ConfigError`` hides them) and no repr.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from provisionerd.config.loader import Config, LegacyOptions, ProviderTimeouts, 
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import Role
 from provisionerd.pki.certs import cert_paths
+from provisionerd.plugin_sdk.atomic import write_private
 
 #: ``LegacyOptions.mode`` -> its TOML value (the inverse of what the loader maps).
 _LEGACY_MODE_TOML: dict[str, Any] = {"auto": "auto", "on": True, "off": False}
@@ -71,17 +70,10 @@ def write_daemon_config(config: Config, path: Path | str) -> Config:
 
 
 def _replace_private(path: Path, text: str) -> None:
-    """Write ``text`` to a private temporary file beside ``path`` and rename it over ``path``: a reader (a daemon
-    reloading on SIGHUP) sees the old file or the new one, never half of one."""
+    """Replace ``path`` with ``text`` atomically (``plugin_sdk.atomic.write_private``: a 0600 temporary file beside
+    it, fsync, rename): a reader (a daemon reloading on SIGHUP) sees the old file or the new one, never half of one."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # created 0600
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_private(path, text.encode())
     except OSError as exc:
         raise ConfigError(f"cannot write config {str(path)!r}", [f"(file): {exc.strerror or exc}"]) from None
 

@@ -18,7 +18,8 @@ survives the death of the daemon, which is what this is for).
 
 It ignores SIGTERM, SIGINT and SIGHUP (the daemon's SIGTERM to the group is for the plugin; the wrapper stays to
 record how it ended); the plugin starts with every signal at its default. Standard library only, no site packages:
-it must start fast and must not depend on the daemon's environment. Every file it creates is mode 0600.
+it must start fast and must not depend on the daemon's environment (it imports only the one atomic writer,
+``plugin_sdk.atomic``, from its own package). Every file it creates is mode 0600.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import os
 import signal
 import sys
 import threading
+
+if not __package__:  # run as a file (-I -S, argv[0] is this file): its package's root is three directories up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))))
+from provisionerd.plugin_sdk.atomic import write_private  # noqa: E402 - os and itertools only: no start-up cost
 
 DROPPED = b"[earlier stderr dropped]\n"
 _CHUNK = 65536
@@ -58,15 +63,7 @@ def _json(document: dict) -> str:
 
 
 def _write_atomic(directory: str, name: str, document: dict) -> None:
-    tmp = os.path.join(directory, f".{name}.tmp")
-    fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        os.write(fd, _json(document).encode())
-        if DURABLE:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, os.path.join(directory, name))
+    write_private(os.path.join(directory, name), _json(document).encode(), durable=DURABLE)
 
 
 def _starttime(pid: int) -> int:

@@ -28,6 +28,7 @@ PLUGINS: dict[str, str] = {
     "kubernetes": "pilot pods in a namespace of a Kubernetes cluster (needs the kubernetes extra); persistent",
     "examples/bash": "the contract in bash, one script per action; one-shot",
     "examples/node": "the contract in Node.js; persistent",
+    "examples/python": "a third-party Python plugin on the plugin SDK alone; persistent or one-shot",
     "examples/lsf_legacy": "an LSF resource-connector plugin as-is (the legacy contract); one-shot",
 }
 

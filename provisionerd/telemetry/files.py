@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from provisionerd.domain.errors import InsecurePath
+from provisionerd.plugin_sdk.atomic import write_private
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -52,23 +53,11 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically: a private temporary file (0600) in the same directory, fsync,
-    rename, fsync of the directory. A crash leaves the old file or the new one, never a mix. Raises ``OSError``."""
-    tmp = path.parent / f".{path.name}.tmp"
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace ``path`` with ``data`` atomically, its directory made 0700 if missing: the one atomic writer
+    (``plugin_sdk.atomic.write_private``: a 0600 temporary file, fsync, rename, fsync of the directory). A crash
+    leaves the old file or the new one, never a mix. Raises ``OSError``."""
+    make_private_dir(path.parent)
+    write_private(path, data)
 
 
 def check_private_dir(path: Path, uid: int | None = None) -> None:

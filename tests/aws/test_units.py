@@ -17,6 +17,8 @@ from aws_ec2_plugin.plugin import Plugin
 from aws_ec2_plugin.records import Records
 from aws_ec2_plugin.redact import Redactor
 
+from provisionerd.plugin_sdk.config import ConfigInvalid
+
 CONFIG = {
     "region": "eu-west-1",
     "templates": [
@@ -70,17 +72,18 @@ def test_client_side_failures_map_without_quoting_parameters():
 
 
 def test_config_refuses_credentials_and_lists_problems_with_paths():
-    with pytest.raises(PluginError) as caught:
+    with pytest.raises(ConfigInvalid) as caught:
         Config.from_document({**CONFIG, "aws_secret_access_key": "s3cr3t-value-xyz"})
     assert "credentials do not belong" in caught.value.message and "s3cr3t-value-xyz" not in caught.value.message
-    with pytest.raises(PluginError) as caught:
+    assert caught.value.code == "provider_error"
+    with pytest.raises(ConfigInvalid) as caught:
         Config.from_document({**CONFIG, "terminate_batch_size": 0, "templates": [{"templateId": "x"}]})
     assert "$.terminate_batch_size" in caught.value.message and "$.templates[0]" in caught.value.message
 
 
 def test_prices_need_a_source_and_a_date():
     priced = {**CONFIG["templates"][0], "price": {"amount": 0.1, "currency": "USD", "unit": "hour"}}
-    with pytest.raises(PluginError) as caught:
+    with pytest.raises(ConfigInvalid) as caught:
         Config.from_document({**CONFIG, "templates": [priced]})
     assert "source" in caught.value.message
     priced["price"].update(source="operator's contract, p. 4", timestamp="2025-01-31T00:00:00Z")

@@ -154,7 +154,8 @@ def test_the_journal_survives_a_restart_and_stays_bounded(tmp_path):
     assert loaded.returns["ret"].state == UNKNOWN
     assert len(list(loaded.unknown_creates())) == 3
     assert loaded.describe() == {"creates": 3, "returns": 1, "unknown_outcomes": 3}
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".legacy-journal-")]  # no temp file left
+    assert [p.name for p in tmp_path.iterdir()] == ["j.json"]  # no temporary file left beside it
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ SHIPPED = (
     "kubernetes",
     "examples/bash",
     "examples/node",
+    "examples/python",
     "examples/lsf_legacy",
 )
 
@@ -184,6 +185,8 @@ def test_provider_path_points_inside_the_install(installed: Installed) -> None:
         ("simulated", "persistent"),
         ("examples/bash", "oneshot"),
         ("examples/node", "persistent"),
+        ("examples/python", "persistent"),
+        ("examples/python", "oneshot"),
         ("examples/lsf_legacy", "oneshot"),
     ],
 )
@@ -198,6 +201,31 @@ def test_the_installed_kit_passes_the_installed_plugins(installed: Installed, na
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert json.loads(done.stdout)["failed"] == 0
+
+
+@pytest.mark.parametrize("name", ["aws_ec2", "slurm", "kubernetes", "local", "simulated"])
+def test_the_installed_plugins_import_the_installed_sdk(installed: Installed, name: str) -> None:
+    """Each shipped plugin, started from the install as the daemon starts it (local and simulated under
+    ``python -S``), imports the SDK of the wheel it came in: without a configuration it answers a typed error
+    document (or, where it needs none, its description), never an ImportError."""
+    plugin = Path(installed.run(str(installed.bin / "provisionerd"), "provider", "path", name).stdout.strip())
+    env = {**installed.env(), "PROVISIONERD_PYTHON": str(installed.bin / "python"), "PRO_DATA_DIR": str(installed.home)}
+    request = json.dumps({"id": 1, "action": "describeProvider", "input": {}}) + "\n"
+    done = subprocess.run(
+        [str(plugin / "provider")],
+        input=request,
+        cwd=installed.home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (answer,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert answer["id"] == 1 and ("result" in answer or answer["error"]["code"] == "provider_error"), answer
+    assert "Traceback" not in done.stderr and "ModuleNotFoundError" not in done.stderr, done.stderr[-2000:]
+    if name in ("local", "simulated"):  # they need no configuration: a full description
+        assert answer["result"]["contractVersion"] == 1
 
 
 def test_the_installed_demo_reaches_ok(installed: Installed) -> None:

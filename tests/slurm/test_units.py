@@ -15,7 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "providers" / "slur
 from slurm_plugin import jobs, slurmcli, submit  # noqa: E402
 from slurm_plugin import tags as tagmod  # noqa: E402
 from slurm_plugin.config import Config  # noqa: E402
-from slurm_plugin.errors import PluginError  # noqa: E402
+
+from provisionerd.plugin_sdk.config import ConfigInvalid  # noqa: E402
+from provisionerd.plugin_sdk.errors import PluginError  # noqa: E402
 
 texts = st.text(min_size=1, max_size=40)
 
@@ -281,10 +283,12 @@ def test_config_derives_lsf_attributes_and_keeps_a_documented_price() -> None:
         (_config(timeLimit="1 hour"), "timeLimit"),
     ],
 )
-def test_a_bad_config_is_an_invalid_request_naming_the_problem(doc: dict, words: str) -> None:
-    with pytest.raises(PluginError) as caught:
+def test_a_bad_config_is_a_provider_error_naming_the_problem(doc: dict, words: str) -> None:
+    """A broken configuration is the plugin's set-up, not the daemon's request: ``provider_error``
+    (``plugin_sdk.config.CONTRACT_CODE``), as in every shipped plugin."""
+    with pytest.raises(ConfigInvalid) as caught:
         Config.from_document(doc)
-    assert caught.value.code == "invalid_request" and words in caught.value.message
+    assert caught.value.code == "provider_error" and words in caught.value.message
 
 
 def test_the_job_script_names_the_token_file_and_quotes_everything(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ saying where credentials belong, because the daemon may log or copy this file.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ from typing import Any
 import attrs
 import jsonschema
 
-from aws_ec2_plugin.failures import PluginError
+from provisionerd.plugin_sdk.config import ConfigInvalid, load_config
+from provisionerd.plugin_sdk.values import Template as Offer
 
 CONFIG_FILE = "aws_ec2.json"
 _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
-_MAX_CONFIG_BYTES = 1 << 20
 _CREDENTIAL_WORDS = ("secret", "access_key", "accesskey", "session_token", "sessiontoken", "password", "credential")
 
 
@@ -41,14 +40,7 @@ class Template:
 
     def as_contract(self) -> dict[str, Any]:
         """The template as ``getAvailableTemplates`` reports it (price only when the config documents one)."""
-        doc: dict[str, Any] = {
-            "templateId": self.template_id,
-            "maxNumber": self.max_number,
-            "attributes": {name: list(value) for name, value in self.attributes.items()},
-        }
-        if self.price is not None:
-            doc["price"] = dict(self.price)
-        return doc
+        return Offer(self.template_id, self.max_number, self.attributes, self.price).to_contract()
 
 
 @attrs.frozen
@@ -78,35 +70,21 @@ class Config:
                 for err in sorted(validator.iter_errors(doc), key=lambda e: e.json_path)
             ]
         if problems:
-            raise PluginError("provider_error", "invalid aws_ec2 config: " + "; ".join(problems[:10]))
+            raise ConfigInvalid("invalid aws_ec2 config: " + "; ".join(problems[:10]), CONFIG_FILE, tuple(problems))
         assert isinstance(doc, dict)
         templates: dict[str, Template] = {}
         for raw in doc["templates"]:
             if raw["templateId"] in templates:
-                raise PluginError(
-                    "provider_error", f"invalid aws_ec2 config: duplicate templateId {raw['templateId']!r}"
-                )
+                raise ConfigInvalid(f"invalid aws_ec2 config: duplicate templateId {raw['templateId']!r}", CONFIG_FILE)
             templates[raw["templateId"]] = _template(raw)
         plain = {k: v for k, v in doc.items() if k != "templates"}
         return cls(templates=templates, **plain)
 
     @classmethod
     def from_conf_dir(cls, conf_dir: str | None = None) -> Config:
-        directory = conf_dir if conf_dir is not None else os.environ.get("PRO_CONF_DIR")
-        if not directory:
-            raise PluginError("provider_error", "PRO_CONF_DIR is not set: cannot find aws_ec2.json")
-        path = Path(directory) / CONFIG_FILE
-        try:
-            with path.open("rb") as f:
-                data = f.read(_MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise PluginError("provider_error", f"cannot read {path}: {exc.strerror}") from None
-        if len(data) > _MAX_CONFIG_BYTES:
-            raise PluginError("provider_error", f"{path} is larger than {_MAX_CONFIG_BYTES} bytes")
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise PluginError("provider_error", f"{path} is not JSON: {exc}") from None
+        """``<conf_dir or $PRO_CONF_DIR>/aws_ec2.json``. Raises a ``ConfigError`` (``provider_error``)."""
+        environ = None if conf_dir is None else {"PRO_CONF_DIR": conf_dir}
+        doc, _ = load_config(CONFIG_FILE, environ)
         return cls.from_document(doc)
 
     @property

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import botocore.exceptions
 
+from provisionerd.plugin_sdk import errors as sdk_errors
+
 CAPACITY = frozenset(
     {
         "InsufficientInstanceCapacity",
@@ -68,19 +70,14 @@ _INVALID_PREFIXES = ("Invalid", "Malformed", "Missing")
 IDEMPOTENT_MISMATCH = "IdempotentParameterMismatch"
 
 
-class PluginError(Exception):
-    """A failure with a contract error code. ``message`` must already be free of secrets at the raise site."""
+class PluginError(sdk_errors.PluginError):
+    """The SDK's typed failure, with ``retryable`` as EC2 tells it (a 5xx ``provider_error`` is worth a retry)
+    and EC2's own error code. ``message`` must already be free of secrets at the raise site."""
 
     def __init__(self, code: str, message: str, retryable: bool = False, aws_code: str | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.retryable = retryable
+        super().__init__(code, message, retryable=retryable)
         #: EC2's own error code when EC2 answered, for callers that treat one code specially (NotFound).
         self.aws_code = aws_code
-
-    def document(self) -> dict[str, object]:
-        return {"code": self.code, "message": self.message, "retryable": self.retryable}
 
 
 def classify_aws_code(code: str, http_status: int) -> tuple[str, bool]:
@@ -108,6 +105,8 @@ def from_exception(exc: BaseException, operation: str) -> PluginError:
     """
     if isinstance(exc, PluginError):
         return exc
+    if isinstance(exc, sdk_errors.PluginError):  # a ConfigError
+        return PluginError(exc.code, exc.message, exc.retryable)
     if isinstance(exc, botocore.exceptions.ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code") or "Unknown")

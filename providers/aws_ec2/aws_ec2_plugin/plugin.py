@@ -20,6 +20,7 @@ from aws_ec2_plugin.ec2ops import Ec2, tag_filters
 from aws_ec2_plugin.failures import PluginError, from_exception
 from aws_ec2_plugin.records import Records
 from aws_ec2_plugin.redact import Redactor
+from provisionerd.plugin_sdk.documents import describe
 
 CONTRACT_VERSION = 1
 
@@ -87,19 +88,8 @@ class Plugin:
     # --- read-only --------------------------------------------------------------------------------------------
 
     def describe_provider(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": self.provider_name,
-            "version": __version__,
-            "contractVersion": CONTRACT_VERSION,
-            "features": {
-                "idempotentRequest": True,
-                "listMachines": True,
-                "stopMachines": True,
-                "tags": True,
-                # Only prices the config documents (source and date); this plugin queries no price API.
-                "priceQuotes": self.config.has_prices,
-            },
-        }
+        # Only prices the config documents (source and date); this plugin queries no price API.
+        return describe(self.provider_name, __version__, stop_machines=True, price_quotes=self.config.has_prices)
 
     def get_available_templates(self, doc: dict[str, Any]) -> dict[str, Any]:
         return {"templates": [t.as_contract() for t in self.config.templates.values()]}

@@ -3,7 +3,8 @@
 The truth is in EC2 (the op tags); these records only add what tags cannot hold: launch slots that failed (no
 instance exists to tag), ids launched a moment ago that DescribeInstances does not show yet, and the ids of a return
 whose instances were already terminated. A lost record (another host took the lease) degrades status detail, never
-correctness. One JSON file per op_id, written atomically; records older than a week are pruned.
+correctness. One JSON file per op_id, written atomically (``plugin_sdk.atomic``, mode 0600); records older than a
+week are pruned.
 
 :meth:`Records.exclusive` serialises mutations of one op_id: between threads of a persistent plugin and, through
 ``flock`` on a lock file next to the record, between one-shot processes on this host.
@@ -23,6 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.datadir import record_name
+
 log = logging.getLogger(__name__)
 
 _SUBDIR = "aws_ec2-requests"
@@ -39,7 +43,7 @@ class Records:
     def _path(self, request_id: str) -> Path | None:
         if self._dir is None:
             return None
-        return self._dir / (hashlib.sha256(request_id.encode()).hexdigest()[:40] + ".json")
+        return self._dir / (record_name(request_id) + ".json")
 
     @contextlib.contextmanager
     def exclusive(self, request_id: str) -> Iterator[None]:
@@ -84,9 +88,7 @@ class Records:
             return
         assert self._dir is not None
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**record, "requestId": request_id}))
-        os.replace(tmp, path)
+        write_private_json(path, {**record, "requestId": request_id})
         self._prune()
 
     def _prune(self) -> None:

@@ -28,7 +28,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from k8s_plugin.config import Config
-from k8s_plugin.errors import PluginError
+from provisionerd.plugin_sdk.errors import PluginError
 
 _MAX_BODY_IN_MESSAGE = 300
 

@@ -10,20 +10,17 @@ Secrets in that namespace.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import jsonschema
 
-from k8s_plugin.errors import PluginError
+from provisionerd.plugin_sdk.config import ConfigInvalid, check_schema, config_path, read_json
 
 CONFIG_FILE = "kubernetes.json"
 _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
-_MAX_CONFIG_BYTES = 1 << 20
 _MEMORY_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20}
 _MEMORY_UNITS.update({"Gi": 1 << 30, "Ti": 1 << 40})
 
@@ -85,40 +82,23 @@ class Config:
 
     @classmethod
     def from_environment(cls) -> Config:
-        conf_dir = os.environ.get("PRO_CONF_DIR", "")
-        if not conf_dir:
-            raise PluginError("provider_error", f"PRO_CONF_DIR is not set: the plugin needs {CONFIG_FILE}")
-        return cls.from_file(Path(conf_dir) / CONFIG_FILE)
+        """Raises a ``ConfigError`` (``provider_error``) naming the problem."""
+        return cls.from_file(config_path(CONFIG_FILE))
 
     @classmethod
     def from_file(cls, path: Path) -> Config:
-        try:
-            with open(path, "rb") as f:
-                data = f.read(_MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise PluginError("provider_error", f"cannot read {path}: {exc.strerror}") from None
-        if len(data) > _MAX_CONFIG_BYTES:
-            raise PluginError("provider_error", f"{path} is larger than {_MAX_CONFIG_BYTES} bytes")
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            raise PluginError("provider_error", f"{path} is not JSON") from None
-        return cls.from_document(doc, path.parent)
+        return cls.from_document(read_json(path), path.parent)
 
     @classmethod
     def from_document(cls, doc: Any, base: Path) -> Config:
-        schema = json.loads(_SCHEMA_PATH.read_text())
-        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
-        if errors:
-            where = "/".join(str(p) for p in errors[0].path) or "(top)"
-            raise PluginError("provider_error", f"{CONFIG_FILE}: {where}: {errors[0].message[:300]}")
+        check_schema(json.loads(_SCHEMA_PATH.read_text()), doc, CONFIG_FILE)
         in_cluster = bool(doc.get("inCluster", False))
         if not in_cluster and not (doc.get("apiServer") and doc.get("tokenFile")):
-            raise PluginError("provider_error", f"{CONFIG_FILE}: apiServer and tokenFile are needed unless inCluster")
+            raise ConfigInvalid(f"{CONFIG_FILE}: apiServer and tokenFile are needed unless inCluster", CONFIG_FILE)
         templates: dict[str, Template] = {}
         for t in doc["templates"]:
             if t["templateId"] in templates:
-                raise PluginError("provider_error", f"{CONFIG_FILE}: templateId {t['templateId']!r} twice")
+                raise ConfigInvalid(f"{CONFIG_FILE}: templateId {t['templateId']!r} twice", CONFIG_FILE)
             templates[t["templateId"]] = Template(
                 template_id=t["templateId"],
                 max_number=t["maxNumber"],

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from k8s_plugin import labels as lab
 from k8s_plugin import nodes as nodemod
-from k8s_plugin.errors import PluginError
+from provisionerd.plugin_sdk.errors import PluginError
 
 if TYPE_CHECKING:
     from k8s_plugin.plugin import Plugin

@@ -20,9 +20,19 @@ from k8s_plugin import labels as lab
 from k8s_plugin import pods as podmod
 from k8s_plugin.api import Api, ApiError
 from k8s_plugin.config import Config, Template, cpu_millis, memory_bytes
-from k8s_plugin.errors import PluginError
 from k8s_plugin.health import status_report
 from k8s_plugin.store import Store
+from provisionerd.plugin_sdk.calls import dispatch
+from provisionerd.plugin_sdk.documents import (
+    describe,
+    request_status,
+    result_counts,
+    return_status,
+    unknown_request,
+)
+from provisionerd.plugin_sdk.errors import PluginError
+from provisionerd.plugin_sdk.ids import make_request_id, parse_request_id
+from provisionerd.plugin_sdk.inputs import asked_template
 from provisionerd.provider.schemas import contract
 
 NAME = "kubernetes"
@@ -34,15 +44,8 @@ MAX_PAGES = 200
 
 
 def request_id_for(kind: str, cluster: str, op_id: str) -> str:
-    """``k8s-req@<cluster hash>@<op_id>`` (``@`` cannot occur in an op_id, so the parts always split back)."""
-    return f"k8s-{kind}@{lab.cluster_hash(cluster)}@{op_id}"
-
-
-def parse_request_id(request_id: str) -> tuple[str, str, str] | None:
-    parts = request_id.split("@")
-    if len(parts) != 3 or parts[0] not in ("k8s-req", "k8s-ret") or not parts[2]:
-        return None
-    return parts[0][len("k8s-") :], parts[1], parts[2]
+    """``k8s-req@<cluster hash>@<op_id>`` (``plugin_sdk.ids``)."""
+    return make_request_id("k8s", kind, lab.cluster_hash(cluster), op_id)
 
 
 class Plugin:
@@ -68,14 +71,7 @@ class Plugin:
 
     def handle(self, action: str, doc: Any) -> dict[str, Any]:
         """The action's result document; raises ``PluginError``."""
-        handler = self._actions.get(action)
-        if handler is None:
-            detail = "not supported (features.stopMachines is false)" if action == "stopMachines" else "unknown action"
-            raise PluginError("invalid_request", f"{action!r}: {detail}")
-        problems = contract().input_problems(action, doc)
-        if problems:
-            raise PluginError("invalid_request", "input fails the contract schema: " + "; ".join(problems[:5]))
-        return handler(doc)
+        return dispatch(self._actions, action, doc, contract().input_problems)
 
     def _lock(self, key: str) -> threading.Lock:
         with self._locks_guard:
@@ -85,16 +81,7 @@ class Plugin:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "name": NAME,
-            "version": VERSION,
-            "contractVersion": 1,
-            "features": {
-                "idempotentRequest": True,
-                "listMachines": True,
-                "stopMachines": False,
-                "tags": True,
-                "priceQuotes": False,
-            },
+            **describe(NAME, VERSION),
             "namespace": self.config.namespace,  # ext
             "status": status_report(self),  # ext: access, connectivity, readiness, capacity (docs/kubernetes.md)
         }
@@ -142,16 +129,7 @@ class Plugin:
     # requestMachines -----------------------------------------------------------------------------------------
 
     def request_machines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
-        template = self.config.templates.get(doc["template"]["templateId"])
-        if template is None:
-            raise PluginError("invalid_request", f"unknown templateId {doc['template']['templateId']!r}")
-        count = doc["template"]["machineCount"]
-        if count > template.max_number:
-            raise PluginError(
-                "invalid_request",
-                f"{count} machines of template {template.template_id!r} requested; its maxNumber is "
-                f"{template.max_number}",
-            )
+        template, count = asked_template(self.config.templates, doc)
         owner = {k: doc["tags"][k] for k in lab.OWNER_KEYS}
         cluster, op_id = owner[lab.CLUSTER], doc["op_id"]
         request_id = request_id_for("req", cluster, op_id)
@@ -245,7 +223,7 @@ class Plugin:
         out = []
         for item in doc["requests"]:
             request_id = item["requestId"]
-            parsed = parse_request_id(request_id)
+            parsed = parse_request_id("k8s", request_id)
             if parsed is None:
                 out.append(_unknown(request_id, "not an id this plugin made"))
             elif parsed[0] == "req":
@@ -288,18 +266,16 @@ class Plugin:
                     "phase": (pod.get("status") or {}).get("phase", ""),  # ext
                 }
             )
-        results = {m["result"] for m in machines}
         short = max(0, asked - len(machines))
-        if "executing" in results:
-            status = "running"
-        elif "fail" in results or short:
-            status = "complete_with_error"
-        else:
-            status = "complete"
-        counts = ", ".join(f"{sum(m['result'] == r for m in machines)} {r}" for r in sorted(results))
-        if short:
-            counts += f"; {short} of {asked} asked were not made (quota_exceeded or refused)"
-        return {"requestId": request_id, "status": status, "machines": machines, "message": counts}
+        counts = result_counts(machines)
+        if not short:
+            return request_status(request_id, machines, counts)
+        # machines that were never made: the request cannot complete cleanly, though those made may still run
+        entry = request_status(request_id, machines, f"{counts}; {short} of {asked} asked were not made")
+        entry["message"] += " (quota_exceeded or refused)"
+        if entry["status"] == "complete":
+            entry["status"] = "complete_with_error"
+        return entry
 
     def _cluster(self) -> str | None:
         return os.environ.get("PROVISIONERD_CLUSTER") or None
@@ -379,15 +355,7 @@ class Plugin:
                 entry["tags"] = m["tags"]
                 entry["instanceRef"] = m["tags"].get(lab.INSTANCE, "")
             machines.append(entry)
-        results = {m["result"] for m in machines}
-        status = "running" if "executing" in results else "complete_with_error" if "fail" in results else "complete"
-        done = sum(m["result"] == "succeed" for m in machines)
-        return {
-            "requestId": request_id,
-            "status": status,
-            "machines": machines,
-            "message": f"{done} of {len(machines)} returned",
-        }
+        return return_status(request_id, machines)
 
     # requestReturnMachines, getReturnRequests ------------------------------------------------------------------
 
@@ -507,9 +475,4 @@ class Plugin:
 
 
 def _unknown(request_id: str, why: str) -> dict[str, Any]:
-    return {
-        "requestId": request_id,
-        "status": "complete_with_error",
-        "machines": [],
-        "message": f"unknown request: {why}",
-    }
+    return unknown_request(request_id, f"unknown request: {why}")

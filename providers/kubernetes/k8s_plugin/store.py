@@ -1,32 +1,32 @@
 """What the plugin keeps in ``$PRO_DATA_DIR``: return requests and markers of the pods it returned, and the
 templates the scheduler could not place lately. Everything else lives in the cluster (labels, annotations).
 
-Files are written atomically (temporary file, fsync, rename) with mode 0600 in 0700 directories; names are
-hashes, so no input can pick a path.
+Files are written atomically (``plugin_sdk.atomic``: temporary file, fsync, rename) with mode 0600 in 0700
+directories; names are hashes, so no input can pick a path.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.datadir import private_dirs, record_name
+
 _MAX_RECORD = 4 << 20
 
 
 def _key(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return record_name(text, 32)
 
 
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("returns", "returned", "unschedulable"):
-            (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(root / sub, 0o700)
+        private_dirs(root, ("returns", "returned", "unschedulable"))
 
     @classmethod
     def from_environment(cls) -> Store:
@@ -34,16 +34,7 @@ class Store:
         return cls(Path(data))
 
     def _write(self, path: Path, doc: Any) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_private_json(path, doc)
 
     def _read(self, path: Path) -> Any:
         try:

@@ -19,7 +19,6 @@ from typing import Any
 
 from localprovider import conf as conf_mod
 from localprovider import procs
-from localprovider.errors import PluginError
 from localprovider.spawn import FAILED, spawn_agent
 from localprovider.store import (
     RETURNED,
@@ -31,6 +30,7 @@ from localprovider.store import (
     machine_id_for,
     return_request_id,
 )
+from provisionerd.plugin_sdk.errors import PluginError
 
 NAME, VERSION = "local", "1.0.0"
 ADDRESS = re.compile(r"^\S+:[0-9]{1,5}$")
@@ -64,7 +64,7 @@ class Provider:
         self.persistent = persistent
         self.home = str(self.store.root)
 
-    def call(self, action: str, doc: Any) -> dict[str, Any]:
+    def handle(self, action: str, doc: Any) -> dict[str, Any]:
         handler = ACTIONS.get(action)
         if handler is None:
             raise _bad(f"unknown action {action!r}")

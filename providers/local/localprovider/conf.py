@@ -17,7 +17,6 @@ per machine-hour in USD with source ``"local"``; leave it out (or ``null``) for 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -26,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localprovider.errors import PluginError
+from provisionerd.plugin_sdk.config import ConfigInvalid, read_json
+from provisionerd.plugin_sdk.errors import PluginError
 
 DEFAULT_TEMPLATE = {
     "templateId": "local-1",
@@ -156,12 +156,9 @@ def load(conf_dir: str, data_dir: str) -> Conf:
     doc: dict[str, Any] = {}
     path = Path(conf_dir) / "local.json" if conf_dir else None
     if path is not None and path.is_file():
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise PluginError("provider_error", f"cannot read {path}: {exc}") from None
+        doc = read_json(path)
         if not isinstance(doc, dict):
-            raise PluginError("provider_error", f"{path}: expected a JSON object")
+            raise ConfigInvalid(f"{path}: expected a JSON object", path)
     unknown = set(doc) - KEYS
     if unknown:
         raise PluginError("provider_error", f"local.json: unknown keys {sorted(unknown)}")

@@ -5,8 +5,8 @@
     machines/<machineId>.json       one agent: pid and start time, tags, state; never its join token
     logs/<machineId>.log            the agent's stdout and stderr
 
-Files are replaced atomically (write a temporary file, then rename). Record names are derived from op_ids and
-instance refs through SHA-256, so a caller-supplied string never becomes a path.
+Files are replaced atomically (``plugin_sdk.atomic``: a 0600 temporary file, fsync, rename). Record names are
+derived from op_ids and instance refs through SHA-256, so a caller-supplied string never becomes a path.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from localprovider.errors import PluginError
+from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.errors import PluginError
 
 #: States of a machine record. ``running`` with no live process means the agent died on its own.
 STARTING, RUNNING, RETURNING, RETURNED = "starting", "running", "returning", "returned"
@@ -92,12 +92,7 @@ class Store:
     def _write(self, kind: str, record: dict[str, Any], name: str) -> None:
         path = self._path(kind, name)
         assert path is not None, name
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "w") as handle:
-            json.dump(record, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_private_json(path, record, sort_keys=True)
 
     def request(self, request_id: str) -> dict[str, Any] | None:
         return self._read("requests", request_id)

@@ -9,10 +9,9 @@ Standard library only: the plugin runs under whatever ``python3`` the host has.
 
 from __future__ import annotations
 
-import json
 import os
 
-from .errors import Fault
+from provisionerd.plugin_sdk.config import ConfigInvalid, read_json
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(PLUGIN_DIR, "conf", "simulated.json")
@@ -47,8 +46,8 @@ ACTIONS = (
 ATTRIBUTE_TYPES = ("String", "Numeric", "Boolean")
 
 
-def _fail(where: str, what: str) -> Fault:
-    return Fault("provider_error", f"simulated.json: {where}: {what}")
+def _fail(where: str, what: str) -> ConfigInvalid:
+    return ConfigInvalid(f"simulated.json: {where}: {what}", "simulated.json")
 
 
 def _int(doc: dict, key: str, where: str, default: int | None = None, minimum: int = 0) -> int:
@@ -65,12 +64,18 @@ def _number(doc: dict, key: str, where: str, default: float | None = None) -> fl
     return float(value)
 
 
-def _check_template(t: object, where: str) -> dict:
-    if not isinstance(t, dict):
+def _named(doc: object, key: str, where: str) -> str:
+    """``doc[key]`` of an object that must name itself with a non-empty string."""
+    if not isinstance(doc, dict):
         raise _fail(where, "expected an object")
-    tid = t.get("templateId")
-    if not isinstance(tid, str) or not tid:
-        raise _fail(f"{where}.templateId", f"expected a non-empty string, got {tid!r}")
+    name = doc.get(key)
+    if not isinstance(name, str) or not name:
+        raise _fail(f"{where}.{key}", f"expected a non-empty string, got {name!r}")
+    return name
+
+
+def _check_template(t: object, where: str) -> dict:
+    tid = _named(t, "templateId", where)
     max_number = _int(t, "maxNumber", where, minimum=0)
     capacity = _int(t, "capacity", where, default=max_number, minimum=0)
     attrs = t.get("attributes")
@@ -100,11 +105,7 @@ def _check_pool(pool: object, where: str) -> dict:
     """A licence pool the simulated licence source holds for the cluster: ``granted`` units checked out to it, of
     which ``inUse`` are in use by the source's own count. ``granted > inUse`` is a leak (units held, unused);
     ``checkedOut`` (epoch seconds) defaults to when the pool was first listed."""
-    if not isinstance(pool, dict):
-        raise _fail(where, "expected an object")
-    name = pool.get("pool")
-    if not isinstance(name, str) or not name:
-        raise _fail(f"{where}.pool", f"expected a non-empty string, got {name!r}")
+    name = _named(pool, "pool", where)
     granted = _int(pool, "granted", where, minimum=0)
     in_use = _int(pool, "inUse", where, default=0, minimum=0)
     if in_use > granted:
@@ -205,12 +206,4 @@ def config_path(env: dict) -> str:
 
 def load(env: dict) -> dict:
     """Read and check the configuration the environment points at (see the module docstring)."""
-    path = config_path(env)
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise Fault("provider_error", f"cannot read {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise Fault("provider_error", f"{path} is not valid JSON: {e}") from None
-    return parse(doc)
+    return parse(read_json(config_path(env)))

@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 import time
 
+from provisionerd.plugin_sdk.documents import describe
+from provisionerd.plugin_sdk.errors import PluginError
+
 from . import faults, lifecycle
-from .errors import Fault
 from .inputs import (
     bootstrap_list,
     items,
@@ -76,21 +78,21 @@ class Call:
         return counters[kind]
 
 
+def _replay(state: dict, op_id: str, fingerprint: list, what: str) -> dict | None:
+    """The answer to an op_id seen before (``what`` says what it did), or None for a new one; an op_id reused for a
+    different ask is ``invalid_request``."""
+    known = state["ops"].get(op_id)
+    if known is None:
+        return None
+    if state["requests"][known]["fingerprint"] != fingerprint:
+        raise PluginError("invalid_request", f"op_id {op_id!r} was already used for a different request")
+    return {"requestId": known, "message": f"op_id {op_id!r} {what}"}
+
+
 def describe_provider(call: Call, inp: dict) -> dict:
     config = call.config
-    return {
-        "name": config["name"],
-        "version": VERSION,
-        "contractVersion": 1,
-        "features": {
-            "idempotentRequest": True,
-            "listMachines": True,
-            "stopMachines": False,
-            "tags": True,
-            "priceQuotes": any(t["price"] is not None for t in config["templates"]),
-            "licensePools": bool(config["licensePools"]),
-        },
-    }
+    priced = any(t["price"] is not None for t in config["templates"])
+    return describe(config["name"], VERSION, price_quotes=priced, licensePools=bool(config["licensePools"]))
 
 
 def get_available_templates(call: Call, inp: dict) -> dict:
@@ -116,28 +118,26 @@ def request_machines(call: Call, inp: dict) -> dict:
     tid = non_empty_str(template.get("templateId"), "template.templateId")
     count = template.get("machineCount")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise Fault("invalid_request", f"template.machineCount: expected an integer >= 1, got {count!r}")
+        raise PluginError("invalid_request", f"template.machineCount: expected an integer >= 1, got {count!r}")
     op_id, tags = op_and_tags(inp)
     boots = bootstrap_list(inp.get("bootstrap"), count)  # before the op_id lookup: a replay is checked too
     state = call.state
     fingerprint = ["create", tid, count]
-    known = state["ops"].get(op_id)
-    if known is not None:
-        if state["requests"][known]["fingerprint"] != fingerprint:
-            raise Fault("invalid_request", f"op_id {op_id!r} was already used for a different request")
-        return {"requestId": known, "message": f"op_id {op_id!r} already requested: same request, no new machines"}
+    replay = _replay(state, op_id, fingerprint, "already requested: same request, no new machines")
+    if replay is not None:
+        return replay
     t = call.config["templatesById"].get(tid)
     if t is None:
-        raise Fault("invalid_request", f"unknown template {tid!r}")
+        raise PluginError("invalid_request", f"unknown template {tid!r}")
     live = [m for m in state["machines"].values() if m["state"] in lifecycle.LIVE]
     live_t = sum(1 for m in live if m["templateId"] == tid)
     if len(live) + count > call.config["maxMachines"]:
-        raise Fault("quota_exceeded", f"account quota: {len(live)} live + {count} > {call.config['maxMachines']}")
+        raise PluginError("quota_exceeded", f"account quota: {len(live)} live + {count} > {call.config['maxMachines']}")
     if live_t + count > t["maxNumber"]:
-        raise Fault("quota_exceeded", f"template {tid!r}: {live_t} live + {count} > maxNumber {t['maxNumber']}")
+        raise PluginError("quota_exceeded", f"template {tid!r}: {live_t} live + {count} > maxNumber {t['maxNumber']}")
     available = t["capacity"] - live_t
     if available <= 0:
-        raise Fault("capacity_unavailable", f"template {tid!r}: no capacity left")
+        raise PluginError("capacity_unavailable", f"template {tid!r}: no capacity left")
     made = min(count, available)
     why = "capacity"
     rule = call.plan.partial
@@ -206,11 +206,9 @@ def request_return_machines(call: Call, inp: dict) -> dict:
     op_id, tags = op_and_tags(inp)
     state = call.state
     fingerprint = ["return", sorted(r["machineId"] for r in refs)]
-    known = state["ops"].get(op_id)
-    if known is not None:
-        if state["requests"][known]["fingerprint"] != fingerprint:
-            raise Fault("invalid_request", f"op_id {op_id!r} was already used for a different request")
-        return {"requestId": known, "message": f"op_id {op_id!r} already requested: same return request"}
+    replay = _replay(state, op_id, fingerprint, "already requested: same return request")
+    if replay is not None:
+        return replay
     rid = "ret-" + _ident(call.config["seed"], "request", call.next_id("request"), 12)
     entries = [lifecycle.start_return(call.config, state, ref, tags, rid) for ref in refs]
     state["requests"][rid] = {
@@ -259,7 +257,7 @@ def list_licenses(call: Call, inp: dict) -> dict:
     """Every configured pool's grant to the cluster: ``granted`` is what the config checked out minus what
     ``returnLicenses`` gave back (never below the units in use)."""
     if not call.config["licensePools"]:
-        raise Fault("invalid_request", "'listLicenses': not supported (features.licensePools is false)")
+        raise PluginError("invalid_request", "'listLicenses': not supported (features.licensePools is false)")
     tag_filter(inp.get("tags"))
     cursor, size = paging(inp)
     grants = []
@@ -278,7 +276,7 @@ def return_licenses(call: Call, inp: dict) -> dict:
     (a return that names more gets only the idle ones, and says so)."""
     pools = {p["pool"]: p for p in call.config["licensePools"]}
     if not pools:
-        raise Fault("invalid_request", "'returnLicenses': not supported (features.licensePools is false)")
+        raise PluginError("invalid_request", "'returnLicenses': not supported (features.licensePools is false)")
     op_id, _tags = op_and_tags(inp)
     asked = items(inp.get("licenses"), "licenses", required=True)
     wanted = []
@@ -287,17 +285,15 @@ def return_licenses(call: Call, inp: dict) -> dict:
         name = non_empty_str(entry.get("pool"), f"licenses[{i}].pool")
         count = entry.get("count")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise Fault("invalid_request", f"licenses[{i}].count: expected an integer >= 1, got {count!r}")
+            raise PluginError("invalid_request", f"licenses[{i}].count: expected an integer >= 1, got {count!r}")
         if name not in pools:
-            raise Fault("invalid_request", f"licenses[{i}].pool: unknown pool {name!r}")
+            raise PluginError("invalid_request", f"licenses[{i}].pool: unknown pool {name!r}")
         wanted.append((name, count))
     state = call.state
     fingerprint = ["licenses", sorted(wanted)]
-    known = state["ops"].get(op_id)
-    if known is not None:
-        if state["requests"][known]["fingerprint"] != fingerprint:
-            raise Fault("invalid_request", f"op_id {op_id!r} was already used for a different request")
-        return {"requestId": known, "message": f"op_id {op_id!r} already returned: nothing more checked in"}
+    replay = _replay(state, op_id, fingerprint, "already returned: nothing more checked in")
+    if replay is not None:
+        return replay
     rid = "lic-" + _ident(call.config["seed"], "request", call.next_id("request"), 12)
     done = []
     for name, count in wanted:
@@ -342,7 +338,7 @@ def handle(config: dict, state: dict, action: str, inp: object, now: float) -> O
     handler = ACTIONS.get(action)
     if handler is None:
         detail = "not supported (features.stopMachines is false)" if action == "stopMachines" else "unknown action"
-        outcome.error = Fault("invalid_request", f"{action!r}: {detail}").document()
+        outcome.error = PluginError("invalid_request", f"{action!r}: {detail}").document()
         return outcome
     template = inp.get("template") if isinstance(inp, dict) else None
     tid = template.get("templateId") if isinstance(template, dict) else None
@@ -356,11 +352,11 @@ def handle(config: dict, state: dict, action: str, inp: object, now: float) -> O
             if lifecycle.world_events(state, plan, now):
                 call.touched(DURABLE)
         if not isinstance(inp, dict):
-            raise Fault("invalid_request", f"input: expected a JSON object, got {type(inp).__name__}")
+            raise PluginError("invalid_request", f"input: expected a JSON object, got {type(inp).__name__}")
         outcome.result = handler(call, inp)
         if plan.foreign and isinstance(outcome.result, dict) and "requestId" in outcome.result:
             outcome.result = {**outcome.result, "requestId": FOREIGN_ID}  # took effect; answered an id never made
-    except Fault as fault:
+    except PluginError as fault:
         outcome.result, outcome.error = None, fault.document()
     outcome.change = call.change
     return outcome

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .errors import Fault
+from provisionerd.plugin_sdk.errors import PluginError
 
 ERROR_KINDS = {
     "capacity": "capacity_unavailable",
@@ -40,7 +40,7 @@ class Plan:
     __slots__ = ("error", "delay", "disrupt", "partial", "vanish", "reclaim", "foreign", "fired")
 
     def __init__(self) -> None:
-        self.error: Fault | None = None
+        self.error: PluginError | None = None
         self.delay = 0.0
         self.disrupt: str | None = None
         self.partial: dict | None = None
@@ -93,7 +93,7 @@ def plan(config: dict, state: dict, action: str, template_id: str | None) -> Pla
         if kind in ERROR_KINDS:
             if result.error is None:
                 message = rule["message"] or f"simulated {ERROR_KINDS[kind]} (fault rule {index})"
-                result.error = Fault(ERROR_KINDS[kind], message)
+                result.error = PluginError(ERROR_KINDS[kind], message)
         elif kind == "slow":
             result.delay += rule["delaySeconds"]
         elif kind in DISRUPT_KINDS:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import Fault
+from provisionerd.plugin_sdk.errors import PluginError
 
 #: Bounds that keep one call's work small whatever the caller sends.
 MAX_ITEMS = 10_000
@@ -16,8 +16,8 @@ OP_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
 
 
-def bad(where: str, what: str) -> Fault:
-    return Fault("invalid_request", f"{where}: {what}")
+def bad(where: str, what: str) -> PluginError:
+    return PluginError("invalid_request", f"{where}: {what}")
 
 
 def obj(value: object, where: str) -> dict:

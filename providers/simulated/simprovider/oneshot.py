@@ -2,6 +2,10 @@
 
 A refusal is the error document ``{"error": {...}}`` on stdout with exit 1, as LSF plugins report failure. The
 state file is locked for the read-modify-write only, never while a slow or hung call waits.
+
+Not the SDK's ``serve_oneshot`` (it reads its input with the SDK's ``read_input``): this transport must also
+misbehave on purpose, as the scripted faults say (hang, half an answer then death, garbage on stdout), which the
+SDK's transports never do.
 """
 
 from __future__ import annotations
@@ -11,13 +15,15 @@ import os
 import sys
 import time
 
+from provisionerd.plugin_sdk.errors import PluginError
+from provisionerd.plugin_sdk.oneshot import read_input
+
 from . import config as config_mod
 from . import engine
-from .errors import Fault
 from .store import Store
 
 EXIT_REFUSED = 1
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # no action named at all
 EXIT_CRASH = 70
 GARBAGE = b"simulated garbage output: <<<this is not JSON>>>\n"
 
@@ -27,19 +33,9 @@ def _emit(doc: dict) -> None:
     sys.stdout.flush()
 
 
-def _read_input(path: str) -> object:
+def run(action: str, argv: list[str], env: dict) -> int:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise Fault("invalid_request", f"cannot read input file {path}: {e.strerror}") from None
-    except ValueError as e:
-        raise Fault("invalid_request", f"input file is not valid JSON: {e}") from None
-
-
-def run(action: str, input_path: str, env: dict) -> int:
-    try:
-        inp = _read_input(input_path)
+        inp = read_input(argv)
         config = config_mod.load(env)
         store = Store.from_env(env)
         store.lock()
@@ -50,7 +46,7 @@ def run(action: str, input_path: str, env: dict) -> int:
                 store.save(state, durable=outcome.change == engine.DURABLE)
         finally:
             store.unlock()
-    except Fault as fault:
+    except PluginError as fault:
         _emit({"error": fault.document()})
         return EXIT_REFUSED
     if outcome.delay:
@@ -73,7 +69,5 @@ def run(action: str, input_path: str, env: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] != "-f":
-        print(f"usage: <action>.sh -f INPUT.json (got {argv[1:]!r})")
-        return EXIT_USAGE
-    return run(argv[0], argv[2], dict(os.environ))
+    """``argv``: ``ACTION -f IN.json``; a usage error is an ``invalid_request`` document, exit 1."""
+    return run(argv[0], argv[1:], dict(os.environ)) if argv else EXIT_USAGE

@@ -15,6 +15,9 @@ EOF on stdin or SIGTERM saves and exits.
 The daemon polls the same settled requests and listings over and over, and encoding a large answer is most of a
 call's cost, so the encoded answer of a read-only call that changed nothing is kept until the state next changes
 (answers that depend on the clock are kept for the current second only).
+
+Not the SDK's ``serve_lines``: this server must misbehave on purpose at the framing level (delay, hang, garbage,
+half an answer then death, as the scripted faults say) and answer a poll in microseconds from its cache.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ import signal
 import sys
 import time
 
+from provisionerd.plugin_sdk.errors import PluginError
+
 from . import config as config_mod
 from . import engine
-from .errors import Fault
 from .oneshot import EXIT_CRASH, GARBAGE
 from .store import Store
 
@@ -139,7 +143,9 @@ class Server:
         action = msg.get("action")
         if not isinstance(action, str):
             self.out.append(
-                _dumps({"id": rid, "error": Fault("invalid_request", "action: expected a string").document()}).encode()
+                _dumps(
+                    {"id": rid, "error": PluginError("invalid_request", "action: expected a string").document()}
+                ).encode()
                 + b"\n"
             )
             return
@@ -153,7 +159,7 @@ class Server:
                 return
         try:
             outcome = self._call(action, inp)
-        except Fault as fault:  # the state file could not be read or written
+        except PluginError as fault:  # the state file could not be read or written
             self.out.append(_dumps({"id": rid, "error": fault.document()}).encode() + b"\n")
             return
         if outcome.error is not None:
@@ -232,7 +238,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     try:
         server = Server(config_mod.load(env), Store.from_env(env))
-    except Fault as fault:
+    except PluginError as fault:
         _log(f"cannot start: {fault.code}: {fault.message}")
         return 1
     try:

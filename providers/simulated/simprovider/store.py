@@ -1,9 +1,9 @@
 """The state file ``$PRO_DATA_DIR/state.json``: shared by one-shot calls and the persistent process.
 
 Writers hold an exclusive ``fcntl.flock`` on ``state.lock`` for the whole read-modify-write, and replace the file
-atomically (write a temp file, rename), so a reader never sees half a document and two processes never lose each
-other's machines. ``durable`` saves also fsync the file and the directory: a created machine must survive a crash
-of the plugin right after it answered.
+atomically (``plugin_sdk.atomic``: a 0600 temp file, rename), so a reader never sees half a document and two
+processes never lose each other's machines. ``durable`` saves also fsync the file and the directory: a created
+machine must survive a crash of the plugin right after it answered.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import fcntl
 import json
 import os
 
-from .errors import Fault
+from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.errors import PluginError
 
 
 class Store:
@@ -27,11 +28,13 @@ class Store:
     def from_env(cls, env: dict) -> Store:
         data_dir = env.get("PRO_DATA_DIR")
         if not data_dir:
-            raise Fault("provider_error", "PRO_DATA_DIR is not set: the simulated provider needs a state directory")
+            raise PluginError(
+                "provider_error", "PRO_DATA_DIR is not set: the simulated provider needs a state directory"
+            )
         try:
             os.makedirs(data_dir, exist_ok=True)
         except OSError as e:
-            raise Fault("provider_error", f"cannot create PRO_DATA_DIR {data_dir}: {e.strerror}") from None
+            raise PluginError("provider_error", f"cannot create PRO_DATA_DIR {data_dir}: {e.strerror}") from None
         return cls(data_dir)
 
     def lock(self) -> None:
@@ -67,24 +70,13 @@ class Store:
         try:
             state = json.loads(raw)
         except ValueError:
-            raise Fault("provider_error", f"{self.path} is corrupt (not JSON); move it aside to start afresh") from None
+            raise PluginError(
+                "provider_error", f"{self.path} is corrupt (not JSON); move it aside to start afresh"
+            ) from None
         if not isinstance(state, dict) or state.get("version") != 1:
-            raise Fault("provider_error", f"{self.path} has an unknown layout; move it aside to start afresh")
+            raise PluginError("provider_error", f"{self.path} has an unknown layout; move it aside to start afresh")
         return state
 
     def save(self, state: dict, durable: bool) -> None:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        data = json.dumps(state, separators=(",", ":")).encode()
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        if durable:
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        write_private_json(self.path, state, durable=durable)
         self._seen = self._signature()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from provisionerd.plugin_sdk.errors import PluginError
 from slurm_plugin import jobs as jobmod
 from slurm_plugin.config import Config
-from slurm_plugin.errors import PluginError
 from slurm_plugin.jobs import JobRecord
 from slurm_plugin.slurmcli import SlurmCommands
 

@@ -7,6 +7,7 @@ created by the plugin except two subdirectories of the workdir (``tokens/``, mod
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -15,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import jsonschema
 
+from provisionerd.plugin_sdk.config import ConfigInvalid, check_schema, config_path, read_json
+from provisionerd.plugin_sdk.values import Template as Offer
 from provisionerd.provider.schemas import is_rfc3339
-from slurm_plugin.errors import PluginError
 
 CONFIG_FILE = "slurm.json"
 _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
-_MAX_CONFIG_BYTES = 1 << 20
 #: sbatch options the plugin sets itself; a template may not override them (the comment carries our tags, the
 #: output and export settings keep the token and the plugin's environment out of the job).
 _RESERVED = (
@@ -72,14 +72,7 @@ class Template:
         return [*args, *self.sbatch_args]
 
     def as_contract(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "templateId": self.template_id,
-            "maxNumber": self.max_number,
-            "attributes": {name: list(value) for name, value in self.attributes.items()},
-        }
-        if self.price is not None:
-            doc["price"] = dict(self.price)
-        return doc
+        return Offer(self.template_id, self.max_number, self.attributes, self.price).to_contract()
 
 
 @attrs.frozen
@@ -101,35 +94,19 @@ class Config:
 
     @classmethod
     def from_file(cls, path: Path) -> Config:
-        """Read and check the file. Raises ``PluginError("invalid_request", ...)`` naming the problem."""
-        try:
-            with open(path, "rb") as f:
-                data = f.read(_MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            why = f"cannot read the configuration {str(path)!r}: {exc.strerror}"
-            raise PluginError("invalid_request", why) from None
-        if len(data) > _MAX_CONFIG_BYTES:
-            raise PluginError("invalid_request", f"the configuration {str(path)!r} is larger than 1 MiB")
-        try:
-            doc = json.loads(data)
-        except ValueError as exc:
-            raise PluginError("invalid_request", f"the configuration {str(path)!r} is not JSON: {exc}") from None
-        return cls.from_document(doc, str(path))
+        """Read and check the file. Raises a ``ConfigError`` (``provider_error``) naming the problem."""
+        return cls.from_document(read_json(path), str(path))
 
     @classmethod
     def from_document(cls, doc: Any, where: str = CONFIG_FILE) -> Config:
-        problems = _schema_problems(doc)
-        if problems:
-            raise PluginError("invalid_request", f"{where}: " + "; ".join(problems[:5]))
+        check_schema(_schema(), doc, where, {"date-time": is_rfc3339})  # jsonschema alone does not check date-time
         templates: dict[str, Template] = {}
         for i, t in enumerate(doc["templates"]):
             if t["templateId"] in templates:
-                why = f"{where}: templates[{i}]: duplicate templateId {t['templateId']!r}"
-                raise PluginError("invalid_request", why)
+                raise ConfigInvalid(f"{where}: templates[{i}]: duplicate templateId {t['templateId']!r}", where)
             reserved = [a for a in t.get("sbatchArgs", ()) if a.split("=", 1)[0] in _RESERVED]
             if reserved:
-                why = f"{where}: templates[{i}].sbatchArgs: the plugin sets {reserved} itself"
-                raise PluginError("invalid_request", why)
+                raise ConfigInvalid(f"{where}: templates[{i}].sbatchArgs: the plugin sets {reserved} itself", where)
             templates[t["templateId"]] = _template(t)
         agent = doc["agent"]
         default_agent = (os.environ.get("PROVISIONERD_PYTHON") or sys.executable, "-m", "provisionerd", "agent")
@@ -152,10 +129,7 @@ class Config:
 
     @classmethod
     def from_environment(cls) -> Config:
-        conf_dir = os.environ.get("PRO_CONF_DIR")
-        if not conf_dir:
-            raise PluginError("invalid_request", f"PRO_CONF_DIR is not set: it must hold {CONFIG_FILE}")
-        return cls.from_file(Path(conf_dir) / CONFIG_FILE)
+        return cls.from_file(config_path(CONFIG_FILE))
 
 
 def _template(t: Mapping[str, Any]) -> Template:
@@ -186,17 +160,6 @@ def _template(t: Mapping[str, Any]) -> Template:
     )
 
 
-_validator: jsonschema.protocols.Validator | None = None
-
-
-def _schema_problems(doc: Any) -> list[str]:
-    global _validator
-    if _validator is None:
-        schema = json.loads(_SCHEMA_PATH.read_text())
-        checker = jsonschema.FormatChecker()
-        checker.checks("date-time")(is_rfc3339)  # jsonschema alone does not check date-time
-        _validator = jsonschema.validators.validator_for(schema)(schema, format_checker=checker)
-    return [
-        f"{'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:200]}"
-        for e in sorted(_validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
-    ]
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return json.loads(_SCHEMA_PATH.read_text())

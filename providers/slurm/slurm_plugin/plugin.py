@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from provisionerd.plugin_sdk.calls import dispatch
+from provisionerd.plugin_sdk.documents import describe
 from provisionerd.provider.schemas import contract
 from slurm_plugin import release, status, submit
 from slurm_plugin.cluster import SlurmCluster
 from slurm_plugin.config import Config
-from slurm_plugin.errors import PluginError
 from slurm_plugin.store import Store
 
 NAME = "slurm"
@@ -41,27 +42,8 @@ class Plugin:
 
     def describe(self) -> dict[str, Any]:
         priced = any(t.price is not None for t in self.config.templates.values())
-        return {
-            "name": NAME,
-            "version": VERSION,
-            "contractVersion": 1,
-            "features": {
-                "idempotentRequest": True,
-                "listMachines": True,
-                "stopMachines": False,
-                "tags": True,
-                "priceQuotes": priced,
-            },
-            "partition": self.config.partition,  # ext
-        }
+        return {**describe(NAME, VERSION, price_quotes=priced), "partition": self.config.partition}  # ext
 
     def handle(self, action: str, doc: Any) -> dict[str, Any]:
         """The action's result document; raises ``PluginError``."""
-        handler = self._actions.get(action)
-        if handler is None:
-            detail = "not supported (features.stopMachines is false)" if action == "stopMachines" else "unknown action"
-            raise PluginError("invalid_request", f"{action!r}: {detail}")
-        problems = contract().input_problems(action, doc)
-        if problems:
-            raise PluginError("invalid_request", "input fails the contract schema: " + "; ".join(problems[:5]))
-        return handler(doc)
+        return dispatch(self._actions, action, doc, contract().input_problems)

@@ -37,7 +37,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from slurm_plugin.errors import PluginError
+from provisionerd.plugin_sdk.errors import PluginError
 
 _RULES: tuple[tuple[str, str], ...] = (
     ("munge encode failed", "throttled"),

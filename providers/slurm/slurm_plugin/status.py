@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from provisionerd.plugin_sdk.documents import request_status, unknown_request
+from provisionerd.plugin_sdk.errors import PluginError
 from slurm_plugin import jobs as jobmod
 from slurm_plugin import tags as tagmod
 from slurm_plugin.cluster import SlurmCluster
 from slurm_plugin.config import Config
-from slurm_plugin.errors import PluginError
 from slurm_plugin.jobs import JobRecord
 from slurm_plugin.store import Store
 from slurm_plugin.submit import parse_request_id, remove_token
@@ -72,12 +73,7 @@ def _creation(
         wanted.setdefault(t[tagmod.INSTANCE], record.job_id)
         owner = owner or {k: t[k] for k in (tagmod.CLUSTER, tagmod.PROVIDER, tagmod.OP, tagmod.EPOCH) if k in t}
     if not wanted or owner is None:
-        return {
-            "requestId": request_id,
-            "status": "complete_with_error",
-            "machines": [],
-            "message": "unknown request: no record and no job carries its op tag",
-        }
+        return unknown_request(request_id, "unknown request: no record and no job carries its op tag")
     purged = cluster.accounting(j for j in wanted.values() if j not in jobs)
     need_addresses = any(jobs.get(j) and jobs[j].nodes for j in wanted.values())
     addresses = cluster.node_addresses() if need_addresses else {}
@@ -91,16 +87,16 @@ def _creation(
         if result.status in ("terminated", "unknown"):
             remove_token(config, machine_tags)
         machines.append(_machine(job_id, record, machine_tags, result, addresses))
-    results = {m["result"] for m in machines}
-    status = "running" if "executing" in results else "complete_with_error" if "fail" in results else "complete"
-    counts = ", ".join(f"{sum(m['result'] == r for m in machines)} {r}" for r in sorted(results))
-    return {"requestId": request_id, "status": status, "machines": machines, "message": counts}
+    results = sorted({m["result"] for m in machines})
+    return request_status(
+        request_id, machines, ", ".join(f"{sum(m['result'] == r for m in machines)} {r}" for r in results)
+    )
 
 
 def _return(store: Store, request_id: str, jobs: dict[str, JobRecord]) -> dict[str, Any]:
     saved = store.load(request_id)
     if saved is None:
-        return {"requestId": request_id, "status": "complete_with_error", "machines": [], "message": "unknown request"}
+        return unknown_request(request_id)
     machines = []
     for m in saved["machines"]:
         record = jobs.get(m["machineId"])
@@ -125,14 +121,9 @@ def _return(store: Store, request_id: str, jobs: dict[str, JobRecord]) -> dict[s
             entry["tags"] = m["tags"]
             entry["instanceRef"] = m["tags"].get(tagmod.INSTANCE, "")
         machines.append(entry)
-    results = {m["result"] for m in machines}
-    status = "running" if "executing" in results else "complete_with_error" if "fail" in results else "complete"
-    return {
-        "requestId": request_id,
-        "status": status,
-        "machines": machines,
-        "message": f"{sum(m['result'] == 'succeed' for m in machines)} of {len(machines)} returned",
-    }
+    return request_status(
+        request_id, machines, f"{sum(m['result'] == 'succeed' for m in machines)} of {len(machines)} returned"
+    )
 
 
 def get_request_status(config: Config, cluster: SlurmCluster, store: Store, doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ cancellation by anyone else reads as a reclaim). Losing the directory loses no m
 its op tag, and our cancellations are also marked in the job's comment.
 
 Layout: ``requests/<sha>.json`` (one per requestId), ``returned/<job id>`` (empty markers), ``locks/<sha>.lock``.
-Writes are atomic (temporary file, fsync, rename); ``locked`` serialises work on one op_id across threads and
+Writes are atomic (``plugin_sdk.atomic``); ``locked`` serialises work on one op_id across threads and
 processes (one-shot calls may run concurrently).
 """
 
@@ -14,43 +14,32 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_plugin.errors import PluginError
+from provisionerd.plugin_sdk.atomic import write_private_json
+from provisionerd.plugin_sdk.datadir import data_dir, private_dirs, record_name
+from provisionerd.plugin_sdk.errors import PluginError
 
 _MAX_RECORD = 4 << 20
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
-        try:
-            for sub in ("requests", "returned", "locks"):
-                (root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            why = f"cannot use the data directory {str(root)!r}: {exc.strerror}"
-            raise PluginError("provider_error", why) from None
+        private_dirs(root, ("requests", "returned", "locks"))
 
     @classmethod
     def from_environment(cls) -> Store:
-        data_dir = os.environ.get("PRO_DATA_DIR")
-        if not data_dir:
-            raise PluginError("invalid_request", "PRO_DATA_DIR is not set: the plugin keeps its request records there")
-        return cls(Path(data_dir))
+        return cls(data_dir())
 
     @contextlib.contextmanager
     def locked(self, key: str) -> Iterator[None]:
         """Exclusive for ``key`` across threads and processes (flock locks belong to each open file)."""
-        fd = os.open(self.root / "locks" / f"{_digest(key)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.root / "locks" / f"{record_name(key)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -58,7 +47,7 @@ class Store:
             os.close(fd)  # releases the lock
 
     def load(self, request_id: str) -> dict[str, Any] | None:
-        path = self.root / "requests" / f"{_digest(request_id)}.json"
+        path = self.root / "requests" / f"{record_name(request_id)}.json"
         try:
             with open(path, "rb") as f:
                 data = f.read(_MAX_RECORD + 1)
@@ -72,13 +61,7 @@ class Store:
         return record
 
     def save(self, record: dict[str, Any]) -> None:
-        path = self.root / "requests" / f"{_digest(record['requestId'])}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_private_json(self.root / "requests" / f"{record_name(record['requestId'])}.json", record)
 
     def mark_returned(self, job_id: str) -> None:
         if job_id.isdigit():  # a job id names the file: nothing else may

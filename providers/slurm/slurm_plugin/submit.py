@@ -22,25 +22,25 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from provisionerd.plugin_sdk.errors import PluginError
+from provisionerd.plugin_sdk.ids import make_request_id
+from provisionerd.plugin_sdk.ids import parse_request_id as parse_id
+from provisionerd.plugin_sdk.inputs import asked_template
 from slurm_plugin import tags as tagmod
 from slurm_plugin.cluster import SlurmCluster
 from slurm_plugin.config import Config, Template
-from slurm_plugin.errors import PluginError
 from slurm_plugin.jobs import HOPELESS_REASONS, STARTING, JobRecord
 from slurm_plugin.store import Store
 
 
 def request_id_for(kind: str, cluster: str, op_id: str) -> str:
-    """``slurm-req@<cluster hash>@<op_id>`` (``@`` cannot occur in an op_id, so the parts always split back)."""
-    return f"slurm-{kind}@{tagmod.cluster_hash(cluster)}@{op_id}"
+    """``slurm-req@<cluster hash>@<op_id>`` (``plugin_sdk.ids``)."""
+    return make_request_id("slurm", kind, tagmod.cluster_hash(cluster), op_id)
 
 
 def parse_request_id(request_id: str) -> tuple[str, str, str] | None:
     """``(kind, cluster hash, op_id)`` or None for an id this plugin did not make."""
-    parts = request_id.split("@")
-    if len(parts) != 3 or parts[0] not in ("slurm-req", "slurm-ret") or not parts[2]:
-        return None
-    return parts[0][len("slurm-") :], parts[1], parts[2]
+    return parse_id("slurm", request_id)
 
 
 def _private_dir(path: Path) -> Path:
@@ -191,15 +191,7 @@ def sbatch_args(
 
 
 def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: Mapping[str, Any]) -> dict[str, Any]:
-    template = config.templates.get(doc["template"]["templateId"])
-    if template is None:
-        raise PluginError("invalid_request", f"unknown templateId {doc['template']['templateId']!r}")
-    count = doc["template"]["machineCount"]
-    if count > template.max_number:
-        raise PluginError(
-            "invalid_request",
-            f"{count} machines of template {template.template_id!r} requested; its maxNumber is {template.max_number}",
-        )
+    template, count = asked_template(config.templates, doc)
     owner = {k: doc["tags"][k] for k in (tagmod.CLUSTER, tagmod.PROVIDER, tagmod.OP, tagmod.EPOCH)}
     op_id = doc["op_id"]
     request_id = request_id_for("req", owner[tagmod.CLUSTER], op_id)

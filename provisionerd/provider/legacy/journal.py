@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import attrs
 
 from provisionerd.domain.errors import ConfigError
+from provisionerd.plugin_sdk.atomic import write_private_json
 
 CALLING = "calling"  # the plugin was started; no answer yet
 ACCEPTED = "accepted"  # the plugin answered a requestId
@@ -110,17 +110,7 @@ class Journal:
             "creates": [attrs.asdict(op) for op in self.creates.values()],
             "returns": [attrs.asdict(op) for op in self.returns.values()],
         }
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix=".legacy-journal-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(document, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())  # a "calling" record must survive the crash it exists for
-            os.replace(tmp, self.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_private_json(self.path, document)  # fsync'd: a "calling" record must survive the crash it exists for
 
     def _load(self) -> None:
         try:
