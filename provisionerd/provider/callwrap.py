@@ -73,13 +73,13 @@ def _starttime(pid: int) -> int:
 
 
 class _Copy(threading.Thread):
-    def __init__(self, source: int, path: str, cap: int, *, tail: bool) -> None:
+    def __init__(self, source: int, path: str, cap: int, *, tail: bool, child: int = 0) -> None:
+        """``child``: the plugin's pid, killed when its output passes ``cap`` (0: nobody to kill)."""
         super().__init__(daemon=True)
-        self.source, self.cap, self.tail = source, cap, tail
+        self.source, self.cap, self.tail, self.child = source, cap, tail, child
         self.fd = _open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         self.size = 0
         self.too_large = False
-        self.on_overflow = lambda: None
 
     def run(self) -> None:
         try:
@@ -89,13 +89,21 @@ class _Copy(threading.Thread):
                 elif self.size + len(chunk) > self.cap:
                     os.write(self.fd, chunk[: self.cap - self.size + 1])
                     self.too_large = True
-                    self.on_overflow()
+                    self._kill_child()
                     return
                 else:
                     os.write(self.fd, chunk)
                     self.size += len(chunk)
         except OSError:
             return
+
+    def _kill_child(self) -> None:
+        if not self.child:
+            return
+        try:
+            os.kill(self.child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _keep_tail(self, chunk: bytes) -> None:
         os.write(self.fd, chunk)
@@ -124,8 +132,6 @@ def main(argv: list[str]) -> int:
     _write_atomic(directory, "pid", {"pid": me, "starttime": _starttime(me)})
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    out = _Copy(out_r, os.path.join(directory, "stdout"), cap, tail=False)
-    err = _Copy(err_r, os.path.join(directory, "stderr"), keep, tail=True)
     pid = os.fork()
     if pid == 0:  # the plugin
         try:
@@ -141,14 +147,9 @@ def main(argv: list[str]) -> int:
             os._exit(127)
     os.close(out_w)
     os.close(err_w)
-
-    def overflow() -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    out.on_overflow = overflow
+    # Made after the fork: the plugin inherits neither output file (only its pipes).
+    out = _Copy(out_r, os.path.join(directory, "stdout"), cap, tail=False, child=pid)
+    err = _Copy(err_r, os.path.join(directory, "stderr"), keep, tail=True)
     out.start()
     err.start()
     _, wait_status = os.waitpid(pid, 0)
