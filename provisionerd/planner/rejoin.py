@@ -18,7 +18,8 @@ Two rules, both in :func:`provisionerd.planner.supply.tally`:
   joined while this process saw nothing (before it started, or during a link outage: seeds 434 and 272546480) at a
   controller that has restarted since, so it waits the whole window, and is then returned as ``no_host``, not as
   never joined: ``never_joined`` is said only of a machine this generation saw the whole life of (seed 779519691:
-  a join stalled on its way to the daemon, the machine vanished, the controller restarted).
+  a join stalled on its way to the daemon, the machine vanished, the controller restarted), never of an adopted one
+  (seed 734516497: a machine that had joined the controller's lost incarnation, adopted after the reset).
 - **Nor for its capabilities until the machines that joined before are back** (or the window timed out): a host
   in view is judged by the report it joined with.
 
@@ -134,4 +135,6 @@ class Window:
         unknown, when the planner first saw it, is not before the view came up), else ``no_host``."""
         if self.joined_before(machine):
             return NOT_REJOINED
+        if machine.adopted:  # an orphan taken over: nothing of its life before the adoption was seen
+            return NO_HOST
         return "never_joined" if launched >= self.rejoin.since else NO_HOST

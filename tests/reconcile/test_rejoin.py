@@ -165,3 +165,18 @@ def test_a_machine_that_joined_under_a_timed_out_intent_is_still_returned_as_not
     controller_restart(world)
     world.now = NOW + SETTLE  # past the provisioning timeout (1200 s) and the window
     assert ("not_rejoined", (machine_id,)) in returns(world, rejoin, 2)
+
+
+def test_an_adopted_machine_without_a_host_is_returned_as_no_host_never_as_never_joined() -> None:
+    """Seed 734516497: a machine that had joined the controller's lost incarnation, adopted after the reset (its
+    worker's credential unknown to the new store, so it never joins again). Its fact has no launch time, so it
+    counted from its adoption, after the view came up, and was returned as ``never_joined``; nothing of its life
+    before the adoption was seen."""
+    from provisionerd.domain.model import NO_EPOCH, OrphanAdopted
+
+    world = World([offer()], policy=POLICY, now=NOW)
+    world.commit(OrphanAdopted("p1", NO_EPOCH, "adopt-1", "m-adopted", "c1/i-old", "h", "10.0.0.9"))
+    rejoin = Rejoin(NOW - 100, frozenset())  # the view came up long before the adoption
+    assert returns(world, rejoin, 1) == []  # its join deadline counts from when it was first seen
+    world.now = NOW + DEADLINE
+    assert returns(world, rejoin, 1) == [("no_host", ("m-adopted",))]

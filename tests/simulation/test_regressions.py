@@ -225,3 +225,10 @@ def test_seed_918275638_an_unhealthy_provider_is_probed_within_the_settle_time()
     time was scaled down, so a fourth ``quota_exceeded`` put the next probe 240 s later, past the 200 s the run
     settles after its last fault (``no_convergence``: 4 machines of 7). The simulated ``unhealthy_max`` is 60 s."""
     assert "no_convergence" not in violated_now(918275638)
+
+
+def test_seed_734516497_an_adopted_machine_is_never_returned_as_never_joined():
+    """A machine that joined under the controller's lost incarnation was adopted after the reset; its worker cannot
+    join the new incarnation, and the daemon returned it as ``never_joined`` (its adoption fact has no launch time,
+    so it counted from its adoption). It goes as ``no_host``: nothing of its life before the adoption was seen."""
+    assert "joined_retired_as_never_joined" not in violated_now(734516497)
