@@ -3,9 +3,10 @@
 Replica ``i`` listens on ``listen[i]``; redirects name the address a replica actually listens on (so listen on an
 address clients can reach, not ``0.0.0.0``). The fact log is ``<data_dir>/facts.sqlite`` (and its mark,
 ``facts.sqlite.mark``), the directory made 0700 and the files 0600 whatever the umask (as the daemon's own,
-``telemetry.files``; a directory that exists is left as it is); a store that is damaged, lost or behind its mark is refused (``store.StoreRefused``) before
-anything listens, unless ``new_incarnation`` sets it aside and starts afresh. Starting is an election: the term grows
-by one (see ``replicas.py``), replica 0 is the primary, and its grace period starts.
+``telemetry.files``; a directory that exists is left as it is); a store that is damaged, lost or behind its mark
+is refused (``store.StoreRefused``) before anything listens, unless ``new_incarnation`` sets it aside and starts
+afresh. Starting is an election: the term grows by one (see ``replicas.py``), replica 0 is the primary, and its
+grace period starts.
 """
 
 from __future__ import annotations
