@@ -2,9 +2,11 @@
 
 Replica ``i`` listens on ``listen[i]``; redirects name the address a replica actually listens on (so listen on an
 address clients can reach, not ``0.0.0.0``). The fact log is ``<data_dir>/facts.sqlite`` (and its mark,
-``facts.sqlite.mark``); a store that is damaged, lost or behind its mark is refused (``store.StoreRefused``) before
-anything listens, unless ``new_incarnation`` sets it aside and starts afresh. Starting is an election: the term grows
-by one (see ``replicas.py``), replica 0 is the primary, and its grace period starts.
+``facts.sqlite.mark``), the directory made 0700 and the files 0600 whatever the umask (as the daemon's own,
+``telemetry.files``; a directory that exists is left as it is); a store that is damaged, lost or behind its mark
+is refused (``store.StoreRefused``) before anything listens, unless ``new_incarnation`` sets it aside and starts
+afresh. Starting is an election: the term grows by one (see ``replicas.py``), replica 0 is the primary, and its
+grace period starts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from provisionerd.telemetry.files import make_private_dir
 from provisionerd.wire.framing import DEFAULT_MAX_FRAME
 from provisionerd.wire.tls import server_ssl_context
 from refcontroller import addresses as addr
@@ -88,7 +91,7 @@ async def _close_all(per_replica: list[list[trio.SSLListener[trio.SocketStream]]
 
 async def serve(config: ServeConfig, *, task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
     """Run the controller until cancelled. ``await nursery.start(serve, config)`` returns a ``Running``."""
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(config.data_dir)  # 0700 whatever the umask (an existing directory is left as it is)
     store = FactStore.open(config.data_dir / FACTS_FILE, new_incarnation=config.new_incarnation)
     try:
         per_replica, actual = await open_replica_listeners(config.listen, config.certs_dir)

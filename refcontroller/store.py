@@ -56,6 +56,7 @@ import hashlib
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
@@ -64,6 +65,7 @@ from typing import Any
 import attrs
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
+from provisionerd.telemetry.files import FILE_MODE, open_private
 from refcontroller import store_credentials, store_lifecycle
 from refcontroller.jsonconv import (
     demand_items_from_json,
@@ -199,6 +201,7 @@ class FactStore:
                 f"store {str(path)!r} is missing but its mark says {mark.describe()}: refusing to start as a new"
                 " controller (--new-incarnation starts afresh on purpose)"
             )
+        _make_private(path)
         try:
             conn = _connect(path)
             check = conn.execute("PRAGMA quick_check").fetchone()
@@ -707,6 +710,20 @@ def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) ->
         ) from None
     finally:
         conn.close()
+
+
+def _make_private(path: Path) -> None:
+    """The store file 0600 whatever the umask (created so, or narrowed): SQLite gives its ``-wal`` and ``-shm`` the
+    database file's mode, and those it finds are narrowed too. The files hold hashes only, but the rule is the
+    daemon's (``telemetry.files``): the controller's own files are private."""
+    try:
+        if not path.exists():
+            os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
+        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if name.exists() and stat.S_IMODE(name.stat().st_mode) != FILE_MODE:
+                os.chmod(name, FILE_MODE)
+    except OSError as exc:
+        raise StoreRefused(f"store {str(path)!r} cannot be made private: {exc.strerror or exc}") from None
 
 
 def _connect(path: str | Path) -> sqlite3.Connection:

@@ -10,7 +10,8 @@ executable named ``provider``. ``PRO_CONF_DIR`` is ``--conf-dir``, else ``PATH/c
 was left behind (the plugin's own records of a machine it could not return stay there, and the report names the
 directory). ``--env`` / ``--env-file`` (``KEY=VALUE`` lines, ``#`` comments) add variables to the plugin's
 environment; their values are taken as secrets: redacted from every row of the report. The cluster id is
-``conformance``. Exit 0 only when every check passed (warnings pass); 2 for bad arguments.
+``conformance``. Exit 0 only when every check passed (warnings pass); 2 for bad arguments. Log lines (the
+runtime's warnings, on stderr) are written once each, and those repeated are counted at the end.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import open_persistent_provider
 from provisionerd.provider.runtime import Limits, ProviderConfig, Redactor
 from provisionerd.telemetry.files import make_private_dir
+from provisionerd.telemetry.log_collapse import collapsed_logs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,7 +189,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"provisionerd provider check: {exc}", file=sys.stderr)
         return 2
-    options = KitOptions(timeout=args.timeout, settle=max(60.0, args.timeout))
+    options = KitOptions(timeout=args.timeout, settle=max(60.0, args.timeout), budget=max(180.0, 6 * args.timeout))
     if args.data_dir is not None:
         data_dir, keep = args.data_dir.resolve(), True
         try:
@@ -199,11 +201,12 @@ def main(argv: list[str]) -> int:
         data_dir, keep = Path(tempfile.mkdtemp(prefix="provisionerd-check-")), False
     rows: list[CheckResult] = []
     try:
-        rows = trio.run(
-            lambda: check_plugin(
-                target, args.transport, conf_dir=args.conf_dir, data_dir=data_dir, options=options, env=env
+        with collapsed_logs():  # a plugin that breaks the schema on every call: one line per cause, with a count
+            rows = trio.run(
+                lambda: check_plugin(
+                    target, args.transport, conf_dir=args.conf_dir, data_dir=data_dir, options=options, env=env
+                )
             )
-        )
     finally:
         # A temporary data dir goes only when nothing is left: it holds the plugin's record of what it made.
         left = any(not r.ok and r.name == RETURN_ROW for r in rows) or not rows

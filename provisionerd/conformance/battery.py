@@ -36,12 +36,14 @@ class Check:
     run: Callable[[Context], Awaitable[str]]
     #: Needs ``--admin``: the row sets demand, drops the quorum or fails the controller over.
     admin: bool = False
+    #: Needs a standby: NOT RUN when ``--connect`` names one address.
+    standby: bool = False
 
 
 CHECKS: tuple[Check, ...] = (
     Check("join accepted, version negotiated", "version_negotiation", session.join_and_version),
     Check("first frame not a join refused", "version_negotiation", session.first_frame_not_join),
-    Check("redirect from a non-primary", "redirect_non_primary", session.redirect_non_primary),
+    Check("redirect from a non-primary", "redirect_non_primary", session.redirect_non_primary, standby=True),
     Check("allowlist: provisioner", "role_allowlist", session.allowlist(Role.PROVISIONER)),
     Check("allowlist: worker", "role_allowlist", session.allowlist(Role.WORKER)),
     Check("allowlist: admin", "role_allowlist", session.allowlist(Role.ADMIN)),
@@ -70,12 +72,18 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
+NEEDS_ADMIN = "needs --admin (the kit must set demand, drop the quorum or fail the controller over)"
+NEEDS_STANDBY = "one address given: no standby to ask (give every replica's address)"
+
+
 async def run_row(check: Check, ctx: Context) -> Row:
     start = trio.current_time()
     status, evidence = Status.FAIL, ""
     try:
         if check.admin and not ctx.options.admin:
-            raise NotRun("needs --admin (the kit must set demand, drop the quorum or fail the controller over)")
+            raise NotRun(NEEDS_ADMIN)
+        if check.standby and len(ctx.addresses) < 2:
+            raise NotRun(NEEDS_STANDBY)
         with trio.fail_after(ROW_TIMEOUT):
             evidence = await check.run(ctx)
         status = Status.PASS

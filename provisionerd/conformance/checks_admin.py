@@ -75,7 +75,9 @@ async def grace_after_promotion(ctx: Context) -> str:
     fact, _ = ctx.intent(provider, old.epoch)
     await ctx.commit(holder, fact)
     done = await ctx.admin(AdminFailover(-1))
-    closed = await holder.closing(ctx.options.close_wait)
+    closed = await holder.closing(
+        ctx.options.close_wait, f"the lease holder's connection to the old primary {holder.address}"
+    )
     problems, said = [], [f"failover to replica {done.get('primary')} in term {done.get('term')}; old link {closed}"]
     other, joined = await ctx.provisioner([provider], instance=new_instance())
     if joined.term <= old.epoch.term:

@@ -45,7 +45,9 @@ async def join_and_version(ctx: Context) -> str:
         problems.append(f"heartbeat 1 answered {describe(ack)}")
     newer = Join(Role.PROVISIONER, IDENTITY, protocol_version=PROTOCOL_VERSION + 1, instance=ctx.instance)
     other, refused = await join(ctx.connector, peer.address, newer)
-    closed = await other.closing(ctx.options.close_wait)
+    closed = await other.closing(
+        ctx.options.close_wait, f"the connection of the refused version-{PROTOCOL_VERSION + 1} Join"
+    )
     await other.aclose()
     if not (isinstance(refused, ErrorMsg) and refused.code == "version_mismatch"):
         problems.append(f"a Join of version {PROTOCOL_VERSION + 1} answered {describe(refused)}")
@@ -64,7 +66,7 @@ async def first_frame_not_join(ctx: Context) -> str:
     try:
         corr = await peer.send(Heartbeat(1), corr=7)
         envelope = await peer.receive()
-        closed = await peer.closing(ctx.options.close_wait)
+        closed = await peer.closing(ctx.options.close_wait, "the connection whose first frame was a heartbeat")
     finally:
         await peer.aclose()
     if envelope is None or not isinstance(envelope.msg, ErrorMsg) or envelope.msg.code != "not_joined":
@@ -75,8 +77,6 @@ async def first_frame_not_join(ctx: Context) -> str:
 
 
 async def redirect_non_primary(ctx: Context) -> str:
-    if len(ctx.addresses) < 2:
-        raise NotRun("one address given: no standby to ask (give every replica's address)")
     accepted, redirects, problems = [], [], []
     for address in ctx.addresses:
         peer, reply = await join(ctx.connector, address, ctx.join_msg([ctx.provider("join")]))
@@ -118,24 +118,27 @@ async def _refused(ctx: Context, peer: Peer, msg: Message) -> str:
         raise CheckFailed(f"{codec.opcode(msg)} from a {peer.role.value} answered {describe(envelope.msg)}")
     if envelope.corr != corr:
         raise CheckFailed(f"errorMsg not_allowed for {codec.opcode(msg)} carries corr {envelope.corr}, not {corr}")
-    return f"{codec.opcode(msg)}: errorMsg not_allowed, {await peer.closing(ctx.options.close_wait)}"
+    closed = await peer.closing(
+        ctx.options.close_wait,
+        f"the {peer.role.value} connection to {peer.address} after its refused {codec.opcode(msg)}",
+    )
+    return f"{codec.opcode(msg)}: errorMsg not_allowed, {closed}"
 
 
-async def _joined(ctx: Context, role: Role, worker: int) -> Peer:
+async def _joined(ctx: Context, role: Role, worker: tuple[str, str] | None) -> Peer:
+    """A connection joined as ``role`` at the primary (a worker with ``worker``: its instance ref and token)."""
     if role is Role.PROVISIONER:
         return (await ctx.provisioner([ctx.provider("allow")]))[0]
     if role is Role.ADMIN:
         peer, _ = await join_primary(ctx.connector, ctx.addresses, Join(Role.ADMIN, IDENTITY))
     else:
-        tokens = await ctx.tokens()
-        msg = Join(Role.WORKER, IDENTITY, instance_ref=tokens.refs[worker], token=tokens.tokens[worker])
-        peer, reply = await join_primary(ctx.connector, ctx.addresses, msg)
+        assert worker is not None
+        msg = Join(Role.WORKER, IDENTITY, instance_ref=worker[0], token=worker[1])
+        peer, _ = await join_primary(ctx.connector, ctx.addresses, msg)
     ctx.peers.append(peer)
     return peer
 
 
-#: The kit's worker instances (``Context.tokens``) this row joins with: one token each, they are single use.
-WORKER_REFS = (4, 5)
 #: Per role, kinds it must not send (harmless if a broken controller answered them).
 FORBIDDEN: dict[Role, tuple[Message, ...]] = {
     Role.PROVISIONER: (AdminStatus(), JoinReply(accepted=True), WorkerStatus(HostStatus.IDLE)),
@@ -149,8 +152,13 @@ def allowlist(role: Role) -> Callable[[Context], Awaitable[str]]:
         if not ctx.connector.has_role(role):
             raise NotRun(f"no {role.value} certificate in {ctx.connector.certs_dir}")
         said = []
-        for i, msg in enumerate(FORBIDDEN[role]):
-            peer = await _joined(ctx, role, WORKER_REFS[i % len(WORKER_REFS)])
+        forbidden = FORBIDDEN[role]
+        workers: list[tuple[str, str]] = []
+        if role is Role.WORKER:  # a worker connection per frame, each with a token of this row's own
+            tokens = await ctx.worker_tokens("allow-workers", len(forbidden))
+            workers = list(zip(tokens.refs, tokens.tokens, strict=True))
+        for i, msg in enumerate(forbidden):
+            peer = await _joined(ctx, role, workers[i] if workers else None)
             try:
                 said.append(await _refused(ctx, peer, msg))
             finally:
@@ -195,7 +203,7 @@ async def oversize_frame(ctx: Context) -> str:
     length = ctx.options.max_frame + 8
     start = trio.current_time()
     await peer.framed.send_raw(struct.pack("<Q", length))  # the header only: a reader that waits for the body hangs
-    closed = await peer.closing(ctx.options.close_wait)
+    closed = await peer.closing(ctx.options.close_wait, f"the connection that sent a header of {length} bytes")
     return f"header of {length} bytes (no body sent): {closed} after {trio.current_time() - start:.2f}s"
 
 
@@ -221,7 +229,7 @@ async def malformed_frames(ctx: Context) -> str:
         try:
             await peer.framed.send_raw(frame_bytes(body))
             try:
-                said.append(f"{what}: {await peer.closing(ctx.options.close_wait)}")
+                said.append(f"{what}: {await peer.closing(ctx.options.close_wait, f'the connection that sent {what}')}")
             except CheckFailed as exc:
                 raise CheckFailed(f"{what}: {exc}") from None
         finally:

@@ -308,7 +308,7 @@ async def demand_after_resync(ctx: Context) -> str:
 async def token_single_use(ctx: Context) -> str:
     if not ctx.connector.has_role(Role.WORKER):
         raise NotRun(f"no worker certificate in {ctx.connector.certs_dir}")
-    tokens = await ctx.tokens()
+    tokens = await ctx.worker_tokens("tokens", 3)  # 0 and 1 join; 2 is another instance's, never used
     ref0, ref1 = tokens.refs[0], tokens.refs[1]
     said = []
 
@@ -338,11 +338,11 @@ async def join_primary_or_reply(ctx: Context, msg: Join) -> tuple[Peer, Message]
 async def host_state_pushes(ctx: Context) -> str:
     if not ctx.connector.has_role(Role.WORKER):
         raise NotRun(f"no worker certificate in {ctx.connector.certs_dir}")
-    tokens = await ctx.tokens()
-    holder, _ = await ctx.provisioner([tokens.provider])  # a fresh link: an idle one may have been dropped
-    ref = tokens.refs[2]
+    tokens = await ctx.worker_tokens("hosts", 1)
+    holder, _ = await ctx.provisioner([tokens.provider])
+    ref = tokens.refs[0]
     worker, _ = await join_primary(
-        ctx.connector, ctx.addresses, Join(Role.WORKER, IDENTITY, instance_ref=ref, token=tokens.tokens[2])
+        ctx.connector, ctx.addresses, Join(Role.WORKER, IDENTITY, instance_ref=ref, token=tokens.tokens[0])
     )
     ctx.peers.append(worker)
     seen = []

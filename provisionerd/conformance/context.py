@@ -68,7 +68,6 @@ class Context:
     peers: list[Peer] = attrs.field(factory=list)
     #: Results one setup gives several rows (the resync's pages).
     memo: dict[str, Any] = attrs.field(factory=dict)
-    _tokens: Tokens | None = None
     _ops: int = 0
 
     def provider(self, purpose: str) -> str:
@@ -94,14 +93,15 @@ class Context:
 
     async def acquire(self, peer: Peer, provider: str) -> LeaseGrant:
         """Acquire, waiting out a ``grace`` denial (a controller that just started or failed over) within
-        ``grace_wait``; ``CheckFailed`` for any other answer."""
+        ``grace_wait``, heartbeating meanwhile (a grace outlasts a heartbeat timeout: 35 s at the reference
+        controller's defaults against 15 s); ``CheckFailed`` for any other answer."""
         deadline = trio.current_time() + self.options.grace_wait
         while True:
             reply = await peer.request(LeaseAcquire(provider))
             if isinstance(reply, LeaseGrant):
                 return reply
             if isinstance(reply, LeaseDenied) and reply.reason == "grace" and trio.current_time() < deadline:
-                await trio.sleep(min(max(reply.retry_after_ms / 1000, 0.05), deadline - trio.current_time()))
+                await peer.keep_alive(min(max(reply.retry_after_ms / 1000, 0.05), deadline - trio.current_time()))
                 continue
             raise CheckFailed(f"LeaseAcquire({provider!r}) answered {describe(reply)}")
 
@@ -143,18 +143,16 @@ class Context:
         fact = RequestIntent(provider, epoch, op, "kit-template", count, tuple(refs), tuple(hashes), "kit")
         return fact, tokens
 
-    async def tokens(self) -> Tokens:
-        """Once per run: a provisioner holding ``<prefix>-workers`` commits an intent for six machines (each token
-        admits one worker once: the token row takes 0 and 1, the host-state row 2, the worker allowlist 4 and 5)."""
-        if self._tokens is None:
-            provider = self.provider("workers")
-            peer, _ = await self.provisioner([provider])
-            grant = await self.acquire(peer, provider)
-            fact, tokens = self.intent(provider, grant.epoch, count=6)
-            await self.commit(peer, fact)
-            await peer.request(LeaseRelease(provider, grant.epoch))
-            self._tokens = Tokens(provider, fact.instance_refs, tuple(tokens))
-        return self._tokens
+    async def worker_tokens(self, purpose: str, count: int) -> Tokens:
+        """Fresh worker tokens for one row: a provisioner holding ``<prefix>-<purpose>`` commits an intent for
+        ``count`` machines and releases the lease (each token admits one worker once, so no row takes another's)."""
+        provider = self.provider(purpose)
+        peer, _ = await self.provisioner([provider])
+        grant = await self.acquire(peer, provider)
+        fact, tokens = self.intent(provider, grant.epoch, count=count)
+        await self.commit(peer, fact)
+        await peer.request(LeaseRelease(provider, grant.epoch))
+        return Tokens(provider, fact.instance_refs, tuple(tokens))
 
     async def admin(self, msg: Message) -> dict[str, Any]:
         """One admin request at the primary (a connection per call, as failovers close them)."""

@@ -23,11 +23,14 @@ from provisionerd.domain.errors import AuthError, ConfigError, ProtocolError
 from provisionerd.domain.model import Role
 from provisionerd.pki.certs import cert_paths
 from provisionerd.wire.framing import FramedStream
-from provisionerd.wire.messages import Envelope, ErrorMsg, Join, JoinReply, Message
+from provisionerd.wire.messages import Envelope, ErrorMsg, Heartbeat, Join, JoinReply, Message
 from provisionerd.wire.tls import ClusterSSLContext, client_ssl_context, peer_role
 
 #: Redirects followed from one address before giving up.
 MAX_REDIRECTS = 3
+#: A connection the kit keeps open while it waits (out a grace, say) sends a heartbeat this often: protocol.md §4
+#: recommends 5 s, and a controller drops a peer silent for its heartbeat timeout (the reference's: 15 s).
+HEARTBEAT_EVERY = 5.0
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -82,14 +85,33 @@ class Peer:
     timeout: float
     pushes: list[Message] = attrs.field(factory=list)
     _corr: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    #: When the kit last sent on this connection, and how long it had been silent before that send.
+    _sent_at: float = attrs.field(factory=trio.current_time)
+    _silent_before: float = 0.0
+    _beats: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
 
     def next_corr(self) -> int:
         return next(self._corr)
 
+    def _sending(self) -> None:
+        now = trio.current_time()
+        self._silent_before, self._sent_at = now - self._sent_at, now
+
     async def send(self, msg: Message, corr: int | None = None) -> int:
         corr = self.next_corr() if corr is None else corr
+        self._sending()
         await self.framed.send(msg, corr)
         return corr
+
+    async def keep_alive(self, seconds: float) -> None:
+        """Wait ``seconds`` with this connection alive: a heartbeat (its ack read, pushes kept) whenever the kit has
+        sent nothing for ``HEARTBEAT_EVERY`` seconds, as a daemon waiting for its lease does. ``CheckFailed`` if one
+        goes unanswered."""
+        deadline = trio.current_time() + seconds
+        while (due := self._sent_at + HEARTBEAT_EVERY) < deadline:
+            await trio.sleep_until(due)
+            await self.request(Heartbeat(next(self._beats)))
+        await trio.sleep_until(deadline)
 
     async def receive(self, timeout: float | None = None) -> Envelope | None:
         """The next frame (``None``: the controller closed). ``CheckFailed`` when none comes within ``timeout``."""
@@ -109,6 +131,7 @@ class Peer:
         replies: list[Message] = []
         for start in range(0, len(msgs), batch):
             chunk = [(msg, self.next_corr()) for msg in msgs[start : start + batch]]
+            self._sending()
             await self.framed.send_many(chunk)
             for msg, corr in chunk:
                 replies.append(await self.reply_to(corr, type(msg).__name__))
@@ -125,9 +148,15 @@ class Peer:
                     f"no answer to {what} within {self.timeout if timeout is None else timeout:g}s"
                 ) from None
             except (ProtocolError, *_STREAM_ERRORS) as exc:
-                raise CheckFailed(f"the connection broke while waiting for the answer to {what}: {exc!r}") from None
+                raise CheckFailed(
+                    f"the {self.role.value} connection to {self.address} broke while waiting for the answer to"
+                    f" {what}: {exc!r}{self._silence()}"
+                ) from None
             if envelope is None:
-                raise CheckFailed(f"the controller closed the connection instead of answering {what}")
+                raise CheckFailed(
+                    f"the controller closed the {self.role.value} connection to {self.address} instead of answering"
+                    f" {what}{self._silence()}"
+                )
             if envelope.corr == corr:
                 return envelope.msg
             if envelope.corr == 0:
@@ -158,9 +187,19 @@ class Peer:
             if envelope.corr == 0:
                 self.pushes.append(envelope.msg)
 
-    async def closing(self, timeout: float) -> str:
+    def _silence(self) -> str:
+        """Why a connection may have been dropped, when the kit had left it silent long enough for it."""
+        if self._silent_before < HEARTBEAT_EVERY * 2:
+            return ""
+        return (
+            f" (the kit had sent nothing on it for {self._silent_before:.1f}s before: a controller drops a peer"
+            " silent for its heartbeat timeout)"
+        )
+
+    async def closing(self, timeout: float, what: str = "") -> str:
         """Read until the controller closes; what it said on the way (``"errorMsg bad_frame, closed"``).
-        ``CheckFailed`` when it keeps the connection open for ``timeout`` or answers as if nothing happened."""
+        ``CheckFailed`` naming the connection (``what``, else its role and address) and the limit when the controller
+        keeps it open for ``timeout``."""
         said: list[str] = []
         with trio.move_on_after(timeout):
             while True:
@@ -174,7 +213,12 @@ class Peer:
                     said.append(f"errorMsg {envelope.msg.code}")
                 elif envelope.corr != 0:
                     said.append(f"answered {type(envelope.msg).__name__}")
-        raise CheckFailed(", ".join([*said, f"still open after {timeout:g}s"]))
+        which = what or f"the {self.role.value} connection to {self.address}"
+        raise CheckFailed(
+            ", ".join(
+                [*said, f"{which} was still open after {timeout:g}s (the limit: it must close within {timeout:g}s)"]
+            )
+        )
 
     async def aclose(self) -> None:
         with trio.move_on_after(1.0):  # a clean TLS close, forceful when the controller is gone
@@ -217,11 +261,11 @@ async def join_primary(connector: Connector, addresses: Sequence[str], msg: Join
             if isinstance(reply, JoinReply) and reply.accepted:
                 return peer, reply
             await peer.aclose()
-            said.append(f"{target}: {describe(reply)}")
+            said.append(f"{target}: {'' if isinstance(reply, JoinReply) else 'refused with '}{describe(reply)}")
             if not (isinstance(reply, JoinReply) and reply.redirect):
                 break
             target = reply.redirect
-    raise CheckFailed("no replica accepted the join: " + "; ".join(said))
+    raise CheckFailed(f"no replica accepted the {msg.role.value}'s Join: " + "; ".join(said))
 
 
 def describe(msg: Message) -> str:

@@ -1,9 +1,16 @@
 """The conformance kit: runs the provider contract against a plugin and reports one named row per check.
 
 Every call goes through the real runtime (so every output is schema-checked on arrival) with the kit's per-call
-timeout: a hung action becomes a failed row ("timed out"), never a hung kit. Checks that need an earlier result
-(machines to return, say) are reported as skipped (not passed) when it is missing. Machines the kit created are
-returned at the end even when a check failed.
+timeout: a hung action becomes a failed row ("timed out"), never a hung kit, and the checks together stop at
+``KitOptions.budget`` (the rows not reached then fail, saying so). Machines the kit created are returned at the end
+even when a check failed.
+
+**A row whose input failed still checks what it can.** The kit learns which machines its request made two ways:
+from ``getRequestStatus``, and from ``listMachines`` (what the listing shows that it did not show before the
+request). So when the status is unusable, the tag, idempotency, listing and return rows work from the listing:
+a plugin that answers a new requestId for the same op_id and tags nothing is told exactly that. A row that cannot
+run at all says which input it lacks (never a value it could not know, such as ``licensePools`` false when
+``describeProvider`` was refused).
 
 A legacy LSF plugin (one-shot, without ``describeProvider.sh``/``listMachines.sh``) is detected and reported as
 such; ``legacy_checks`` runs the LSF subset of the contract through the legacy adapter
@@ -21,7 +28,7 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderRejected
+from provisionerd.domain.errors import InvalidRequest, ProviderAnswerInvalid, ProviderError, ProviderRejected
 from provisionerd.provider.legacy.adapter import detect_legacy
 from provisionerd.provider.legacy.rules import machine_alive
 from provisionerd.provider.paging import PageJoin, PagingViolation, next_cursor, page_input
@@ -31,6 +38,7 @@ __all__ = ["CheckResult", "Kit", "KitOptions", "detect_legacy"]
 
 CLUSTER = "conformance"
 RETURN_ROW = "every machine the kit asked for is returned"
+IDEMPOTENT_ROW = "same op_id twice gives the same requestId and no new machine"
 LICENSE_ROW = "licence pools: listLicenses pages join up, returnLicenses refuses an unknown pool"
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
 
@@ -51,6 +59,31 @@ class KitOptions:
     settle: float = 60.0  # how long a request may stay "running" (and returned machines stay listed)
     poll: float = 0.2  # seconds between status polls
     data_dir: str = ""  # the plugin's PRO_DATA_DIR, named when machines are left behind
+    #: The checks together (the cleanup after them has its own bound: ``settle`` plus two call timeouts).
+    budget: float = 180.0
+    #: Cleanup rounds in a row that could read nothing of a request (no status entry, the listing refused) before
+    #: the kit stops looking for its machines.
+    blind_rounds: int = 3
+
+
+#: The rows ``Kit.run`` makes before the cleanup, in order (those not reached when the budget runs out fail).
+ROWS = (
+    "describeProvider is valid and honest",
+    "getAvailableTemplates is valid",
+    "requestMachines gives a valid answer",
+    "getRequestStatus reaches complete",
+    "machines carry the owner tags and instanceRef",
+    IDEMPOTENT_ROW,
+    "listMachines shows the owner tags",
+    "listMachines filters by tags",
+    "listMachines pages join up",
+    "requestReturnMachines works",
+    "return twice is harmless",
+    "returned machines leave listMachines",
+    "getReturnRequests is valid",
+    "an invalid request gives a typed error",
+    LICENSE_ROW,
+)
 
 
 class CheckFailed(Exception):
@@ -84,16 +117,28 @@ class Kit:
         self.tokens: list[str] = []
         self.first_request: dict[str, Any] = {}
         self._nonce = secrets.token_hex(4)
-        self.asked: dict[str, str | None] = {}  # every op the kit sent requestMachines for -> its requestId
+        #: Every op the kit sent requestMachines for -> every requestId answered for it (a plugin that does not look
+        #: the op_id up answers a new one each time; empty: the call's outcome is unknown).
+        self.asked: dict[str, list[str]] = {}
         self.gone: set[str] = set()  # machines a return of the kit's was confirmed for
         self.can_list = True  # listMachines by op tag (a legacy plugin cannot list)
+        #: The features of a describeProvider answer that passed its schema (None: none did).
+        self.described: dict[str, bool] | None = None
+        #: The cluster's listing before the kit's first request (None: it could not be read).
+        self.listed_before: set[str] | None = None
+        #: Whether requestReturnMachines answered the kit's return (its status may still be unusable).
+        self.return_answered = False
+        #: Machines the listing showed after the first request that it did not show before it.
+        self.listed_new: dict[str, dict[str, Any]] = {}
 
     # --- plumbing --------------------------------------------------------------------------------------------------
 
-    async def step(self, name: str, body: Callable[[], Awaitable[Any]], needs: Any = True) -> Any:
-        """Run one check; record its row; return its value (None when it failed or was skipped)."""
+    async def step(self, name: str, body: Callable[[], Awaitable[Any]], needs: Any = True, missing: str = "") -> Any:
+        """Run one check; record its row; return its value (None when it failed or could not run). ``needs``
+        ``None`` or ``False``: the row cannot run at all, and says why (``missing``: the input it lacks)."""
         if needs is None or needs is False:
-            self.rows.append(CheckResult(name, False, "skipped: an earlier check it depends on failed"))
+            why = missing or "an earlier check it depends on failed"
+            self.rows.append(CheckResult(name, False, f"not run: {why}"))
             return None
         try:
             value = await body()
@@ -131,14 +176,14 @@ class Kit:
         """``requestMachines``, remembered (before the call: a call that times out may still have made machines)
         so that ``return_everything`` gives back whatever it made."""
         op_id = request["op_id"]
-        self.asked.setdefault(op_id, None)
+        self.asked.setdefault(op_id, [])
         try:
             out = await self.rpc.call("requestMachines", request)
         except ProviderError as exc:
-            if not exc.outcome_unknown and self.asked[op_id] is None:
+            if not exc.outcome_unknown and not self.asked[op_id]:
                 del self.asked[op_id]  # refused: nothing was made
             raise
-        self.asked[op_id] = out["requestId"]
+        self.asked[op_id].append(out["requestId"])
         return out
 
     async def settle(self, request_id: str) -> dict[str, Any]:
@@ -148,7 +193,9 @@ class Kit:
                 out = await self.rpc.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
                 entry = next((r for r in out["requests"] if r["requestId"] == request_id), None)
                 if entry is None:
-                    raise CheckFailed(f"getRequestStatus did not report request {request_id!r}")
+                    others = [r["requestId"] for r in out["requests"]]
+                    answered = f"answered for {others!r} instead" if others else "answered no request"
+                    raise CheckFailed(f"getRequestStatus asked for request {request_id!r} {answered}")
                 if entry["status"] != "running":
                     return entry
                 await trio.sleep(self.options.poll)
@@ -161,47 +208,91 @@ class Kit:
     # --- the checks ------------------------------------------------------------------------------------------------
 
     async def run(self) -> list[CheckResult]:
-        features = await self.step("describeProvider is valid and honest", self.check_describe)
-        template = await self.step("getAvailableTemplates is valid", lambda: self.check_templates(features))
-        op_id = f"conformance-{self._nonce}"
         try:
-            request_id = await self.step(
-                "requestMachines gives a valid answer", lambda: self.check_request(op_id, template), template
-            )
-            machines = await self.step(
-                "getRequestStatus reaches complete", lambda: self.check_complete(request_id, template), request_id
-            )
-            await self.step(
-                "machines carry the owner tags and instanceRef", lambda: self.check_tags(op_id, machines), machines
-            )
-            await self.step(
-                "same op_id twice gives the same machines",
-                lambda: self.check_idempotent(op_id, machines),
-                machines,
-            )
-            await self.step("listMachines shows the owner tags", lambda: self.check_listed(op_id, machines), machines)
-            await self.step("listMachines filters by tags", lambda: self.check_filter(machines), machines)
-            await self.step("listMachines pages join up", lambda: self.check_pages(machines), machines)
-            returned = await self.step("requestReturnMachines works", lambda: self.check_return(machines), machines)
-            await self.step("return twice is harmless", lambda: self.check_return_again(machines), returned)
-            await self.step("returned machines leave listMachines", lambda: self.check_gone(op_id, machines), returned)
-            await self.step("getReturnRequests is valid", lambda: self.check_return_requests(machines))
-            await self.step("an invalid request gives a typed error", self.check_invalid)
-            await self.step(LICENSE_ROW, lambda: self.check_licenses(features))
+            with trio.move_on_after(self.options.budget) as budget:
+                await self._checks()
+            if budget.cancelled_caught:
+                done = {row.name for row in self.rows}
+                why = f"not run or not finished: the checks' budget of {self.options.budget:g} s ran out"
+                self.rows += [CheckResult(name, False, why) for name in ROWS if name not in done]
         finally:
             with trio.CancelScope(shield=True):
                 await self.return_everything()
         await self.step("join tokens never come back", self.check_tokens)
         return self.rows
 
+    async def _checks(self) -> None:
+        await self.step(ROWS[0], self.check_describe)
+        template = await self.step(ROWS[1], self._templates_row)
+        op_id = f"conformance-{self._nonce}"
+        before = await self._cluster_listing()
+        self.listed_before = None if before is None else set(before)
+        request_id = await self.step(
+            ROWS[2],
+            lambda: self.check_request(op_id, template),
+            template,
+            "getAvailableTemplates gave no usable template (see its row)",
+        )
+        status = await self.step(
+            ROWS[3],
+            lambda: self.check_complete(request_id, template),
+            request_id,
+            "requestMachines gave no requestId (see its row)",
+        )
+        after = await self._cluster_listing() if op_id in self.asked else None
+        if after is not None and self.listed_before is not None:
+            self.listed_new = {mid: m for mid, m in after.items() if mid not in self.listed_before}
+        machines: list[dict[str, Any]] = status or list(self.listed_new.values())
+        listing = "shows none new since the request" if after is not None else "could not be read"
+        unknown = (
+            f"no machine of the kit's request is known: getRequestStatus reported none and listMachines {listing}"
+            " (see their rows)"
+        )
+        known = machines or None  # an empty list: no machine to look at
+        await self.step(ROWS[4], lambda: self.check_tags(op_id, machines, bool(status)), known, unknown)
+        await self.step(
+            ROWS[5],
+            lambda: self.check_idempotent(op_id, status or []),
+            self.asked.get(op_id) or None,
+            "requestMachines gave no requestId (see its row)",
+        )
+        await self.step(ROWS[6], lambda: self.check_listed(op_id, machines, unknown))
+        await self.step(ROWS[7], lambda: self.check_filter(machines, unknown))
+        await self.step(ROWS[8], lambda: self.check_pages(machines))
+        await self.step(ROWS[9], lambda: self.check_return(machines), known, unknown)
+        # A return whose status could not be read still ran: its machines should leave the listing all the same.
+        not_returned = "requestReturnMachines gave no requestId (see its row)"
+        await self.step(ROWS[10], lambda: self.check_return_again(machines), self.return_answered, not_returned)
+        await self.step(ROWS[11], lambda: self.check_gone(op_id, machines), self.return_answered, not_returned)
+        await self.step(ROWS[12], lambda: self.check_return_requests(machines))
+        await self.step(ROWS[13], self.check_invalid)
+        await self.step(ROWS[14], lambda: self.check_licenses(self.described))
+
+    async def _cluster_listing(self) -> dict[str, dict[str, Any]] | None:
+        """The cluster's listing, or None when the plugin cannot list or its answer is refused (the listing rows
+        say why)."""
+        if not self.can_list:
+            return None
+        try:
+            return await self.listed({"provisionerd:cluster": CLUSTER})
+        except ProviderError:
+            return None
+
     async def check_describe(self) -> tuple[dict[str, bool], str]:
         out = await self.rpc.call("describeProvider", {})
         features = out["features"]
+        self.described = dict(features)
         missing = [f for f in ("idempotentRequest", "listMachines", "tags") if not features[f]]
         if missing:
             raise CheckFailed(f"provisionerd needs features {missing} (the plugin says it lacks them)")
         on = ", ".join(k for k, v in sorted(features.items()) if v)
         return features, f"{out['name']} {out['version']} (features: {on})"
+
+    async def _templates_row(self) -> tuple[dict[str, Any], str]:
+        chosen, detail = await self.check_templates(self.described)
+        if self.described is None:
+            detail += "; prices not checked: describeProvider gave no valid answer, so priceQuotes is unknown"
+        return chosen, detail
 
     async def check_templates(self, features: dict[str, bool] | None) -> tuple[dict[str, Any], str]:
         out = await self.rpc.call("getAvailableTemplates", {})
@@ -230,51 +321,108 @@ class Kit:
             raise CheckFailed(f"{len(machines)} machines for {count} requested; not succeeded: {bad}")
         return machines, f"{count} machines: {', '.join(m['machineId'] for m in machines)}"
 
-    async def check_tags(self, op_id: str, machines: list[dict[str, Any]]) -> tuple[bool, str]:
+    async def check_tags(
+        self, op_id: str, machines: list[dict[str, Any]], from_status: bool = True
+    ) -> tuple[bool, str]:
+        """The owner tags and the instanceRef of every machine: from getRequestStatus, or (``from_status`` false)
+        from the machines the listing shows new since the request, whose ``provisionerd:instance`` tag must name
+        an instanceRef the kit sent."""
         want = self.owner_tags(op_id)
-        refs = {f"{op_id}-{i}" for i in range(len(machines))}
-        problems = []
+        refs = {f"{op_id}-{i}" for i in range(int(self.first_request.get("template", {}).get("machineCount", 0)))}
+        found: dict[str, list[str]] = {}  # each problem -> the machines that have it
         for m in machines:
             tags = m.get("tags") or {}
             wrong = [k for k, v in want.items() if tags.get(k) != v]
             if wrong:
-                problems.append(f"{m['machineId']}: owner tags missing or wrong: {wrong}")
-            if m.get("instanceRef") not in refs:
-                problems.append(f"{m['machineId']}: instanceRef {m.get('instanceRef')!r} is not one we sent")
-            elif tags.get("provisionerd:instance") != m["instanceRef"]:
-                problems.append(f"{m['machineId']}: tag provisionerd:instance does not equal instanceRef")
-        if len({m.get("instanceRef") for m in machines}) != len(machines):
+                found.setdefault(f"owner tags missing or wrong: {wrong}", []).append(m["machineId"])
+            ref = m.get("instanceRef") if from_status else tags.get("provisionerd:instance")
+            if ref not in refs:
+                what = "instanceRef" if from_status else "tag provisionerd:instance"
+                found.setdefault(f"{what} {ref!r} is not one we sent", []).append(m["machineId"])
+            elif from_status and tags.get("provisionerd:instance") != ref:
+                found.setdefault("tag provisionerd:instance does not equal instanceRef", []).append(m["machineId"])
+        problems = [f"{', '.join(mids)}: {problem}" for problem, mids in found.items()]
+        if from_status and len({m.get("instanceRef") for m in machines}) != len(machines):
             problems.append("two machines share an instanceRef")
+        source = "" if from_status else "getRequestStatus gave no machines; from listMachines: "
         if problems:
-            raise CheckFailed("; ".join(problems))
-        return True, "all machines tagged"
+            raise CheckFailed(source + "; ".join(problems))
+        return True, source + "all machines tagged"
 
     async def check_idempotent(self, op_id: str, machines: list[dict[str, Any]]) -> str:
-        out = await self.ask(self.first_request)  # the very same input, op_id included
-        entry = await self.settle(out["requestId"])
-        first = sorted(m["machineId"] for m in machines)
-        second = sorted(m["machineId"] for m in entry["machines"])
-        listed = sorted(await self.listed({"provisionerd:cluster": CLUSTER, "provisionerd:op": op_id}))
-        if second != first or listed != first:
-            raise CheckFailed(f"first request gave {first}, the repeat gave {second}; listMachines shows {listed}")
-        return f"requestId {out['requestId']!r}, the same {len(first)} machines"
+        """The very same input again, op_id included: the same requestId, and no machine the listing did not show
+        before the repeat; when the first request's status gave its machines, the repeat's must be the same. Each
+        part is checked on its own, so a plugin is told every way it fails."""
+        first_id = self.asked[op_id][0]
+        before = await self._cluster_listing()
+        out = await self.ask(self.first_request)
+        problems, said = [], []
+        if out["requestId"] != first_id:
+            problems.append(f"new requestId for the same op_id: {first_id!r}, then {out['requestId']!r}")
+        else:
+            said.append(f"requestId {first_id!r} again")
+        after = await self._cluster_listing()
+        if before is None or after is None:
+            said.append("listMachines could not be read, so new machines were not looked for there")
+        elif not self.listed_new:
+            said.append("listMachines does not show the kit's machines, so new ones could not be seen there")
+        elif made := sorted(set(after) - set(before)):
+            problems.append(f"the repeat made new machines: {', '.join(made)} (listMachines shows them now)")
+        else:
+            said.append("no new machine listed")
+        if machines:
+            try:
+                entry = await self.settle(out["requestId"])
+            except CheckFailed as exc:
+                problems.append(f"the repeat's status: {exc}")
+            else:
+                first = sorted(m["machineId"] for m in machines)
+                second = sorted(m["machineId"] for m in entry["machines"])
+                if second != first:
+                    problems.append(f"first request gave {first}, the repeat gave {second}")
+                else:
+                    said.append(f"the same {len(first)} machines")
+        if problems:
+            raise CheckFailed("; ".join(problems))
+        return ", ".join(said)
 
-    async def check_listed(self, op_id: str, machines: list[dict[str, Any]]) -> str:
+    async def check_listed(self, op_id: str, machines: list[dict[str, Any]], unknown: str = "") -> str:
+        """Each machine the kit knows it made is listed under the cluster's tag, with every owner tag (the listing
+        is read even when no machine is known: a refused answer is the row's cause then)."""
         listed = await self.listed({"provisionerd:cluster": CLUSTER})
+        if not machines:
+            raise CheckFailed(f"the listing answered, but {unknown}")
         want = self.owner_tags(op_id)
-        problems = []
+        untagged, wrong, unlisted = [], [], []
         for m in machines:
             entry = listed.get(m["machineId"])
             if entry is None:
-                problems.append(f"{m['machineId']} is not listed")
-            elif any(entry["tags"].get(k) != v for k, v in want.items()):
-                problems.append(f"{m['machineId']} is listed without the owner tags")
+                unlisted.append(m["machineId"])
+                continue
+            tags = entry.get("tags") or {}
+            bad = [k for k, v in want.items() if tags.get(k) != v]
+            if len(bad) == len(want) and not any(k in tags for k in want):
+                untagged.append(m["machineId"])
+            elif bad:
+                wrong.append(f"{m['machineId']} ({', '.join(bad)})")
+        problems = []
+        if untagged:
+            problems.append(f"no owner tags on listed machines: {', '.join(untagged)} (none of {', '.join(want)})")
+        if wrong:
+            problems.append(f"owner tags missing or wrong on listed machines: {'; '.join(wrong)}")
+        if unlisted:
+            problems.append(
+                f"not listed under the owner tags (cluster {CLUSTER!r}): {', '.join(unlisted)} (the listing filters"
+                " by the tags a machine carries)"
+            )
         if problems:
             raise CheckFailed("; ".join(problems))
         return f"{len(listed)} machines listed for cluster {CLUSTER!r}"
 
-    async def check_filter(self, machines: list[dict[str, Any]]) -> str:
+    async def check_filter(self, machines: list[dict[str, Any]], unknown: str = "") -> str:
         other = await self.listed({"provisionerd:cluster": f"{CLUSTER}-other-{self._nonce}"})
+        if not machines:
+            raise CheckFailed(f"the listing answered, but {unknown}")
         leaked = sorted(set(other) & {m["machineId"] for m in machines})
         if leaked:
             raise CheckFailed(f"a filter on another cluster lists our machines {leaked}")
@@ -326,6 +474,7 @@ class Kit:
         out = await self.rpc.call(
             "requestReturnMachines", self.return_input(f"conformance-ret-{self._nonce}", machines)
         )
+        self.return_answered = True
         entry = await self.settle(out["requestId"])
         failed = [m["machineId"] for m in entry["machines"] if m["result"] != "succeed"]
         if entry["status"] != "complete" or failed:
@@ -372,7 +521,12 @@ class Kit:
         ``listLicenses`` asked one pool a page joins up (each pool once, ``inUse <= granted``, no cursor twice),
         and ``returnLicenses`` for a pool that does not exist is a typed ``invalid_request``. Nothing real is
         checked in: a licence server's units may be in use by jobs the kit cannot see."""
-        if not features or not features.get("licensePools"):
+        if features is None:
+            raise CheckFailed(
+                "not checked: describeProvider gave no valid answer (see its row), so whether the plugin declares"
+                " licensePools is unknown"
+            )
+        if not features.get("licensePools"):
             return "not declared (features.licensePools is false): never asked"
         join, _ = await self._one_a_page("listLicenses", "licenses", "pool", 10_001)
         over = [g["pool"] for g in join.items if g["inUse"] > g["granted"]]
@@ -406,19 +560,23 @@ class Kit:
 
         Until ``settle`` (plus two call timeouts) runs out: read what each request made (its status, any
         status, and its op's listing), return whatever is alive and not asked back yet (a request may report
-        its machines only later), and stop once nothing is alive and every request has shown its machines."""
-        asked = dict(self.asked)
+        its machines only later), and stop once nothing is alive and every request has shown its machines. A
+        plugin that shows nothing of a request for ``blind_rounds`` rounds in a row (no status entry for any of
+        its requestIds, its listing refused) is not waited for: the row says what could not be read."""
+        asked = {op: list(ids) for op, ids in self.asked.items()}
         if not asked:
             return
         sent: dict[str, dict[str, Any]] = {}
         problems: dict[str, None] = {}
         left: dict[str, dict[str, Any]] = {}
         unseen: list[str] = []
+        blind: list[str] = []
+        blind_rounds = 0
         # The settle time, plus room for the calls themselves (a round is 2-3 calls per request).
         with trio.move_on_after(self.options.settle + 2 * self.options.timeout):
             while True:
-                unseen = []
-                left = await self._alive_machines(asked, unseen)
+                unseen, blind = [], []
+                left = await self._alive_machines(asked, unseen, blind)
                 new = [m for mid, m in left.items() if mid not in sent]
                 if new:
                     op_id = f"conformance-cleanup-{self._nonce}-{len(sent)}"
@@ -429,6 +587,9 @@ class Kit:
                     sent.update((m["machineId"], m) for m in new)
                 if not left and not unseen:
                     break
+                blind_rounds = blind_rounds + 1 if unseen and len(blind) == len(unseen) and not left else 0
+                if blind_rounds >= self.options.blind_rounds:
+                    break
                 await trio.sleep(self.options.poll)
         where = f"; the plugin's records are in {self.options.data_dir}" if self.options.data_dir else ""
         failures = list(problems)
@@ -436,41 +597,59 @@ class Kit:
             failures.insert(0, f"could not return {len(left)}: {', '.join(sorted(left))}")
         if unseen:
             failures.append(f"requests whose machines were never reported, so cannot be returned: {', '.join(unseen)}")
+        if blind and blind_rounds >= self.options.blind_rounds:
+            failures.append(f"stopped looking after {blind_rounds} rounds in which {'; '.join(blind)}")
         if failures:
             self.rows.append(CheckResult(RETURN_ROW, False, "; ".join(failures) + where))
             return
         detail = f"returned {', '.join(sorted(sent))}; none left" if sent else "none left"
         self.rows.append(CheckResult(RETURN_ROW, True, f"{len(asked)} requests: {detail}"))
 
-    async def _alive_machines(self, asked: Mapping[str, str | None], unseen: list[str]) -> dict[str, dict[str, Any]]:
-        """The machines of the kit's requests that still run: from each request's status (any status) and, when
-        the plugin can list, from the listing of its op. A request neither shows is added to ``unseen``."""
+    async def _alive_machines(
+        self, asked: Mapping[str, list[str]], unseen: list[str], blind: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        """The machines of the kit's requests that still run: from each request's status (any status, every
+        requestId the op was answered) and, when the plugin can list, from the listing of its op. A request neither
+        shows is added to ``unseen``; one of which nothing could be read at all (no status entry, the listing
+        refused), with what was read instead, to ``blind``."""
         found: dict[str, dict[str, Any]] = {}
-        for op_id, request_id in asked.items():
-            seen = False
-            if request_id is not None:
+        for op_id, request_ids in asked.items():
+            seen = readable = False
+            answered: list[str] = []
+            for request_id in request_ids:
                 try:
                     out = await self.rpc.call("getRequestStatus", {"requests": [{"requestId": request_id}]})
-                except ProviderError:
-                    out = {"requests": []}
+                except ProviderError as exc:
+                    answered.append(f"getRequestStatus for {request_id!r}: {_describe(exc)[:200]}")
+                    continue
                 for entry in out["requests"]:
                     if entry["requestId"] == request_id:
+                        readable = True
                         seen |= entry["status"] != "running" or bool(entry.get("machines"))
                         found.update((m["machineId"], m) for m in entry.get("machines", ()))
+                if not readable:
+                    others = [entry["requestId"] for entry in out["requests"]]
+                    answered.append(f"getRequestStatus for {request_id!r} answered for {others!r}")
             if self.can_list:
                 try:
                     listed = await self.listed({"provisionerd:cluster": CLUSTER, "provisionerd:op": op_id})
-                except ProviderError:
-                    pass
+                except ProviderError as exc:
+                    answered.append(f"listMachines of op {op_id!r}: {_describe(exc)[:200]}")
                 else:
-                    seen = True
+                    seen = readable = True
                     found.update(listed)
             if not seen:
-                unseen.append(repr(request_id or op_id))
+                unseen.append(", ".join(map(repr, request_ids)) or repr(op_id))
+            if not readable:
+                blind.append(", ".join(answered) or f"nothing could be read of op {op_id!r}")
         return {mid: m for mid, m in found.items() if machine_alive(m)}
 
 
 def _describe(exc: BaseException) -> str:
+    """A row's text of a failure: every schema problem of a refused answer (each is a path and a rule, built from
+    the schema, never from the answer), else the error's detail, cut at 600 characters."""
+    if isinstance(exc, ProviderAnswerInvalid):
+        return f"{type(exc).__name__}: answer refused at " + "; ".join(f"{path}: {rule}" for path, rule in exc.problems)
     if isinstance(exc, ProviderError):
         return f"{type(exc).__name__}: {exc.detail}"[:600]
     return str(exc)[:600]

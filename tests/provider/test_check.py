@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from provisionerd.cli.provider import check_plugin, main, resolve_target
-from provisionerd.provider.kit import KitOptions
+from provisionerd.provider.kit import IDEMPOTENT_ROW, KitOptions
 from provisionerd.provider.schemas import ACTIONS
 
 pytestmark = pytest.mark.process
@@ -66,7 +66,7 @@ def test_table_output_and_exit_code(tmp_path, capsys, h):
     code = main(["check", "--transport", "persistent", "--timeout", "5", str(plugin)])
     out = capsys.readouterr().out
     assert code == 1
-    assert "FAIL  same op_id twice gives the same machines" in out and out.rstrip().endswith("1 failed")
+    assert f"FAIL  {IDEMPOTENT_ROW}" in out and out.rstrip().endswith("1 failed")
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_table_output_and_exit_code(tmp_path, capsys, h):
     [
         (["bad_json"], "getAvailableTemplates is valid", "not JSON"),
         (["missing_fields"], "requestMachines gives a valid answer", "$.requestId: required: is missing"),
-        (["non_idempotent"], "same op_id twice gives the same machines", "the repeat gave"),
+        (["non_idempotent"], IDEMPOTENT_ROW, "the repeat gave"),
         (["missing_tags"], "machines carry the owner tags and instanceRef", "owner tags missing or wrong"),
         (["untyped_errors"], "an invalid request gives a typed error", "the error is not an error body"),
     ],
@@ -91,7 +91,7 @@ def test_a_broken_plugin_fails_with_the_reason(tmp_path, capsys, h, breaks, row,
 def test_missing_tags_also_fail_the_listing_check(tmp_path, capsys, h):
     _, report = run_cli(capsys, "--transport", "persistent", str(mini_plugin(tmp_path / "p", h, ["missing_tags"])))
     ok, detail = rows(report)["listMachines shows the owner tags"]
-    assert not ok and "is not listed" in detail
+    assert not ok and "not listed under the owner tags (cluster 'conformance'): m-" in detail
 
 
 def test_returned_machines_that_stay_listed_fail(tmp_path, h):
@@ -155,7 +155,7 @@ def test_bad_json_fails_the_oneshot_kit_too(tmp_path, capsys, h):
     assert code == 1 and not ok and "stdout is not JSON" in detail
     assert rows(report)["requestMachines gives a valid answer"] == (
         False,
-        "skipped: an earlier check it depends on failed",
+        "not run: getAvailableTemplates gave no usable template (see its row)",
     )
 
 

@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from provisionerd.domain.errors import ProviderCrashed, ProviderInputInvalid, ProviderRejected, ProviderTimeout
-from provisionerd.provider.kit import Kit, KitOptions
+from provisionerd.provider.kit import IDEMPOTENT_ROW, RETURN_ROW, ROWS, Kit, KitOptions
 from provisionerd.testing.fake_provider import FakeProvider
 
 
@@ -36,7 +36,9 @@ def test_the_kit_reports_injected_failures_by_type():
     rows = run_mock(main)
     assert rows["describeProvider is valid and honest"].detail.startswith("ProviderCrashed")
     assert rows["getRequestStatus reaches complete"].detail.startswith("ProviderTimeout")
-    assert rows["same op_id twice gives the same machines"].detail.startswith("skipped")
+    # The status timed out, but the listing shows the request's machines: the rows that need them still run.
+    assert rows[IDEMPOTENT_ROW].ok, rows[IDEMPOTENT_ROW]
+    assert rows["machines carry the owner tags and instanceRef"].detail.startswith("getRequestStatus gave no machines")
 
 
 def test_the_fake_checks_inputs_and_capacity():
@@ -59,3 +61,17 @@ def test_the_fake_checks_inputs_and_capacity():
 
     calls = run_mock(main)
     assert [a for a, _ in calls] == ["requestMachines"]  # the invalid input never reached the fake
+
+
+def test_the_checks_stop_at_the_budget_and_say_which_rows_it_cut():
+    async def main():
+        fake = FakeProvider(latency=0.5)
+        rows = await Kit(fake, KitOptions(timeout=5, settle=2, budget=2.2)).run()
+        return {r.name: r for r in rows}, trio.current_time()
+
+    rows, elapsed = run_mock(main)
+    cut = [r for r in rows.values() if "budget of 2.2 s ran out" in r.detail]
+    assert cut and all(not r.ok and r.detail.startswith("not run or not finished") for r in cut)
+    assert set(ROWS) <= set(rows)  # every row is reported, reached or not
+    assert rows[RETURN_ROW].ok, rows[RETURN_ROW]  # the cleanup runs after the budget, on its own bound
+    assert elapsed <= 2.2 + 2 + 2 * 5, elapsed

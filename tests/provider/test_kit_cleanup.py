@@ -43,8 +43,10 @@ def test_a_plugin_whose_status_never_completes_leaves_no_machine_behind(tmp_path
     returned = rows[RETURN_ROW]
     made = machines_in(data)
     assert returned.ok, returned
-    assert returned.detail.endswith("none left") and all(mid in returned.detail for mid in made)
+    assert returned.detail.endswith("none left")
     assert len(made) == 2 and all(m["status"] == "terminated" for m in made.values())
+    # The status never gave the machines, the listing did: the return rows ran on those (issue 33).
+    assert rows["requestReturnMachines works"].ok, rows["requestReturnMachines works"]
 
 
 def test_machines_it_cannot_return_are_a_failed_row_naming_them(tmp_path, h):

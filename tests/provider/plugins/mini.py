@@ -11,6 +11,12 @@ State lives in $PRO_DATA_DIR/state.json so separate one-shot calls agree. $PRO_C
   no_paging       listMachines ignores pageSize and cursor (an older plugin: everything, one page)
   page_loop       listMachines gives the same nextCursor on every page
   page_repeat     listMachines's last page repeats the first machine
+  fresh_ids       every answer carries a new id: requestMachines makes new machines under a new requestId for an
+                  op_id it has seen (it never looks the op_id up), getRequestStatus answers under a new id
+  tagless         machines get no tags and no instanceRef, and listMachines lists every live machine whatever the
+                  filter (it kept no tags to filter by)
+  bad_describe    describeProvider breaks its schema four times (name, version, contractVersion, features.tags)
+  bad_list_status listMachines gives every machine a status that is not a string (the schema refuses the answer)
   hang:<action>   that action never answers
 Usage: mini.py oneshot <action> -f <file> | mini.py serve
 """
@@ -52,6 +58,9 @@ def handle(state, action, doc):
     for b in BREAKS:
         if b == f"hang:{action}":
             time.sleep(3600)
+    if action == "describeProvider" and "bad_describe" in BREAKS:
+        features = {"idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": "yes"}
+        return {"name": "", "version": 1, "contractVersion": 2, "features": dict(features, priceQuotes=True)}
     if action == "describeProvider":
         return {
             "name": "mini",
@@ -76,7 +85,7 @@ def handle(state, action, doc):
                 raise Rejected(None, f"no template {tid}")
             raise Rejected("invalid_request", f"unknown templateId {tid!r}")
         op = doc["op_id"]
-        if op in state["ops"] and "non_idempotent" not in BREAKS:
+        if op in state["ops"] and not BREAKS & {"non_idempotent", "fresh_ids"}:
             rid = state["ops"][op]
         else:
             state["seq"] += 1
@@ -85,9 +94,8 @@ def handle(state, action, doc):
             for b in doc["bootstrap"]:
                 state["seq"] += 1
                 mid = f"m-{state['seq']}"
-                tags = (
-                    {} if "missing_tags" in BREAKS else dict(doc["tags"], **{"provisionerd:instance": b["instanceRef"]})
-                )
+                tagless = BREAKS & {"missing_tags", "tagless"}
+                tags = {} if tagless else dict(doc["tags"], **{"provisionerd:instance": b["instanceRef"]})
                 state["machines"][mid] = {
                     "machineId": mid,
                     "name": f"host-{state['seq']}",
@@ -95,7 +103,7 @@ def handle(state, action, doc):
                     "launchtime": int(time.time()),
                     "privateIpAddress": "10.1.0.1",
                     "tags": tags,
-                    "instanceRef": "" if "missing_tags" in BREAKS else b["instanceRef"],
+                    "instanceRef": "" if tagless else b["instanceRef"],
                 }
                 ids.append(mid)
             state["requests"][rid] = {"kind": "create", "machines": ids}
@@ -143,13 +151,15 @@ def handle(state, action, doc):
                     "launchtime": m["launchtime"],
                     "message": "",
                 }
-                if "missing_tags" not in BREAKS:
+                if not BREAKS & {"missing_tags", "tagless"}:
                     entry.update(instanceRef=m["instanceRef"], tags=m["tags"])
                 ms.append(entry)
             never = "never_complete" in BREAKS and req["kind"] == "create"
+            if "fresh_ids" in BREAKS:
+                state["seq"] += 1
             out.append(
                 {
-                    "requestId": r["requestId"],
+                    "requestId": f"req-{state['seq']}" if "fresh_ids" in BREAKS else r["requestId"],
                     "status": "running" if never else "complete",
                     "message": "",
                     "machines": ms,
@@ -161,9 +171,13 @@ def handle(state, action, doc):
     if action == "listMachines":
         want = doc["tags"]
         found = [
-            {k: m[k] for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")}
+            dict(
+                {k: m[k] for k in ("machineId", "name", "status", "launchtime", "privateIpAddress", "tags")},
+                **({"status": 0} if "bad_list_status" in BREAKS else {}),
+            )
             for m in state["machines"].values()
-            if m["status"] != "terminated" and all(m["tags"].get(k) == v for k, v in want.items())
+            if m["status"] != "terminated"
+            and ("tagless" in BREAKS or all(m["tags"].get(k) == v for k, v in want.items()))
         ]
         size, cursor = doc.get("pageSize"), doc.get("cursor")
         if size is None or "no_paging" in BREAKS:
