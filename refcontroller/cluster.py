@@ -317,17 +317,29 @@ class Cluster:
         policy: AddressBoundJoin | None,
         wall: float,
         credential: str,
+        live: frozenset[str] = frozenset(),
     ) -> HostState | commits.Rejection:
-        """``workers.admit_by_address`` for ``join = (machine_id, secret)`` arriving from ``peer``."""
+        """``workers.admit_by_address`` for ``join = (machine_id, secret)`` arriving from ``peer``; ``live``: the
+        instances with a worker session open now."""
         if not self.is_primary(replica):
             return commits.Rejection(NOT_PRIMARY)
         try:
-            admitted = admit_by_address(self.store, policy, *join, peer, wall, credential=credential)
+            admitted = admit_by_address(self.store, policy, *join, peer, wall, credential=credential, live=live)
         except StoreFailure as exc:
             return self._storage_failed(f"address-bound join of {join[0]!r}", exc)
         if isinstance(admitted, HostState):
             admitted = self.hosts.add(self._drained_if_asked(admitted))
         return admitted
+
+    def credential_delivered(self, instance_ref: str, wall: float) -> bool:
+        """The worker sent a frame after the reply carrying its credential (``store_credentials.delivered_at``).
+        ``False`` when the store failed (logged): the caller marks it again at the worker's next frame."""
+        try:
+            self.store.credential_delivered(instance_ref, wall)
+        except StoreFailure as exc:
+            log.warning("credential of %r not marked delivered: %s", instance_ref, exc)
+            return False
+        return True
 
     def worker_status(self, instance_ref: str, status: HostStatus, wall: float) -> HostState | None:
         """Record a status the worker reported (``idle``/``busy``); ``None`` when nothing changed."""

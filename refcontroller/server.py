@@ -244,7 +244,7 @@ class ControllerServer:
                 s for s in self.sessions if s.role is Role.WORKER and s.join.instance_ref == join.instance_ref
             ]:
                 other.disconnect()
-        session = Session(self, framed, replica, role, join, address)
+        session = Session(self, framed, replica, role, join, address, undelivered=bool(issued))
         accepted = JoinReply(
             accepted=True,
             term=cluster.term,
@@ -272,8 +272,15 @@ class ControllerServer:
                 return Rejection("invalid", problem)
         if join.role is Role.WORKER:
             if join.machine_id and not join.instance_ref:  # the opt-in address-bound join (credentials_address)
+                live_refs = frozenset(s.join.instance_ref for s in self.sessions if s.role is Role.WORKER)
                 admitted = self.cluster.admit_by_address(
-                    replica, (join.machine_id, join.token), address, self.address_bound, self.wall_clock(), credential
+                    replica,
+                    (join.machine_id, join.token),
+                    address,
+                    self.address_bound,
+                    self.wall_clock(),
+                    credential,
+                    live_refs,
                 )
             else:
                 live = any(s.role is Role.WORKER and s.join.instance_ref == join.instance_ref for s in self.sessions)

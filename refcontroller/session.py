@@ -93,6 +93,9 @@ class Session:
     #: Providers this connection was denied as ``held`` since its last grant of them: told ``LeaseFreed`` when the
     #: lease ends (``ControllerServer.lease_freed``), so a standby acquires at once instead of at ``retryAfter``.
     waiting: set[str] = attrs.field(factory=set)
+    #: A worker whose JoinReply carried a new credential: its first frame after it proves the credential arrived
+    #: (``ClusterState.credential_delivered``); until then its token may be presented again (``store_credentials``).
+    undelivered: bool = False
     pending_freed: set[str] = attrs.field(factory=set)
     _tasks: trio.Nursery | None = attrs.field(default=None, init=False)
 
@@ -222,7 +225,15 @@ class Session:
                 )
                 return
             envelope = await self.framed.decode(body)
+            if self.undelivered:
+                self._delivered()
             await self._answer(envelope.msg, envelope.corr)
+
+    def _delivered(self) -> None:
+        # Marked once; a store failure leaves it to the worker's next frame.
+        self.undelivered = not self.server.cluster.credential_delivered(
+            self.join.instance_ref, self.server.wall_clock()
+        )
 
     async def _answer(self, msg: Message, corr: int) -> None:
         server, cluster = self.server, self.server.cluster

@@ -676,6 +676,17 @@ class FactStore:
             store_credentials.issue(self._conn, instance_ref, credential_hash, at)
         return True
 
+    def credential_delivered(self, instance_ref: str, at: float) -> bool:
+        """The worker has its credential (it sent a frame after the reply carrying it); ``True`` if this changed."""
+        with self._transaction():
+            return store_credentials.mark_delivered(self._conn, instance_ref, at)
+
+    def reissue_credential(self, token_hash: str, instance_ref: str, credential_hash: str, at: float) -> bool:
+        """A spent token presented again by its own instance, whose credential was never delivered: a new credential
+        replaces it (``store_credentials.reissue_undelivered``). Whether it did."""
+        with self._transaction():
+            return store_credentials.reissue_undelivered(self._conn, token_hash, instance_ref, credential_hash, at)
+
     def revoke_credential(self, instance_ref: str, reason: str, at: float) -> bool:
         """Revoke ``instance_ref``'s credential durably; ``True`` if it admitted until now."""
         with self._transaction():
@@ -738,6 +749,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(_SCHEMA)
     conn.executescript(store_lifecycle.SCHEMA)
     conn.executescript(store_credentials.SCHEMA)
+    store_credentials.add_delivered(conn)
     columns = {row[1] for row in conn.execute("PRAGMA table_info(facts)")}
     missing = [(name, decl) for name, decl in store_lifecycle.FACT_COLUMNS if name not in columns]
     if missing:

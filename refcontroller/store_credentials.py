@@ -6,6 +6,11 @@ presents the credential; the row says whether it still admits:
 
 - ``revoked`` is ``''`` while it does; ``'lost'`` once the controller gave the host up (one heartbeat timeout
   after its connection ended). Revocation is a write like any other: it survives a restart and a failover.
+- ``delivered_at`` is 0 until the worker sent a frame after the reply that carried the credential: until then the
+  credential may never have reached it (the controller died, or the connection broke, between the commit and the
+  reply: issue 31, a healthy machine returned because its token was spent and its credential lost). While it is 0,
+  no session of the instance is live and nothing revoked it, the token (or the address-bound claim) it was
+  exchanged for may be presented again: ``reissue_undelivered`` replaces it with a new credential.
 - A machine that is *gone* (a ``Returned`` names it or a ``Lost`` is about it, ``store_lifecycle``'s
   ``lifecycle_machines.gone``) is refused whatever the row says: that part is derived from the fact log itself,
   so no commit has to remember to revoke anything.
@@ -26,7 +31,8 @@ CREATE TABLE IF NOT EXISTS worker_credentials (
     credential_hash TEXT NOT NULL,
     issued_at REAL NOT NULL,
     revoked TEXT NOT NULL DEFAULT '',
-    revoked_at REAL NOT NULL DEFAULT 0
+    revoked_at REAL NOT NULL DEFAULT 0,
+    delivered_at REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS token_claims_by_instance ON token_claims (instance_ref);
 CREATE INDEX IF NOT EXISTS token_claims_by_machine ON token_claims (machine_id);
@@ -42,6 +48,23 @@ class CredentialRecord:
     issued_at: float
     revoked: str = ""
     revoked_at: float = 0.0
+    delivered_at: float = 0.0  # 0: the worker may never have received it
+
+
+#: The column added to a store written before ``delivered_at`` existed (its credentials count as delivered).
+DELIVERED_COLUMN = ("delivered_at", "REAL NOT NULL DEFAULT 0")
+
+
+def add_delivered(conn: sqlite3.Connection) -> None:
+    """Bring a store written before ``delivered_at`` up to date: every credential it holds counts as delivered (the
+    safe side: none may be taken again by its token)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(worker_credentials)")}
+    if DELIVERED_COLUMN[0] in columns:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(f"ALTER TABLE worker_credentials ADD COLUMN {DELIVERED_COLUMN[0]} {DELIVERED_COLUMN[1]}")
+    conn.execute("UPDATE worker_credentials SET delivered_at = issued_at")
+    conn.execute("COMMIT")
 
 
 def issue(conn: sqlite3.Connection, instance_ref: str, credential_hash: str, at: float) -> None:
@@ -54,11 +77,38 @@ def issue(conn: sqlite3.Connection, instance_ref: str, credential_hash: str, at:
 
 def record(conn: sqlite3.Connection, instance_ref: str) -> CredentialRecord | None:
     row = conn.execute(
-        "SELECT instance_ref, credential_hash, issued_at, revoked, revoked_at FROM worker_credentials"
+        "SELECT instance_ref, credential_hash, issued_at, revoked, revoked_at, delivered_at FROM worker_credentials"
         " WHERE instance_ref = ?",
         (instance_ref,),
     ).fetchone()
-    return None if row is None else CredentialRecord(str(row[0]), str(row[1]), float(row[2]), str(row[3]), row[4])
+    if row is None:
+        return None
+    return CredentialRecord(str(row[0]), str(row[1]), float(row[2]), str(row[3]), row[4], float(row[5]))
+
+
+def mark_delivered(conn: sqlite3.Connection, instance_ref: str, at: float) -> bool:
+    """The worker sent a frame after the reply carrying its credential: it has it. ``True`` if this changed."""
+    cursor = conn.execute(
+        "UPDATE worker_credentials SET delivered_at = ? WHERE instance_ref = ? AND delivered_at = 0",
+        (at, instance_ref),
+    )
+    return cursor.rowcount == 1
+
+
+def reissue_undelivered(
+    conn: sqlite3.Connection, token_hash: str, instance_ref: str, credential_hash: str, at: float
+) -> bool:
+    """Replace ``instance_ref``'s credential with ``credential_hash`` if the token ``token_hash`` was spent by that
+    very instance, and its credential was never delivered nor revoked (module docstring). Whether it did."""
+    used = conn.execute("SELECT instance_ref FROM used_tokens WHERE token_hash = ?", (token_hash,)).fetchone()
+    if used is None or str(used[0]) != instance_ref:
+        return False
+    cursor = conn.execute(
+        "UPDATE worker_credentials SET credential_hash = ?, issued_at = ? WHERE instance_ref = ? AND delivered_at = 0"
+        " AND revoked = ''",
+        (credential_hash, at, instance_ref),
+    )
+    return cursor.rowcount == 1
 
 
 def revoke(conn: sqlite3.Connection, instance_ref: str, reason: str, at: float) -> bool:

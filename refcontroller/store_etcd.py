@@ -147,6 +147,10 @@ class EtcdFactStore(FactStore):
                 FactStore.exchange_rejoin_proof(self, args[0], args[1], args[2], float(args[3]))
             case "revoke":
                 FactStore.revoke_credential(self, args[0], args[1], float(args[2]))
+            case "delivered":
+                FactStore.credential_delivered(self, args[0], float(args[1]))
+            case "reissue":
+                FactStore.reissue_credential(self, args[0], args[1], args[2], float(args[3]))
             case _:
                 raise StoreRefused(f"etcd store {self.prefix.decode()!r}: unknown entry {kind!r}")
 
@@ -218,6 +222,20 @@ class EtcdFactStore(FactStore):
         if exchanged:
             self._log("exchange", instance_ref, rejoin_hash, credential_hash, at)
         return exchanged
+
+    def credential_delivered(self, instance_ref: str, at: float) -> bool:
+        self._check_writable()
+        changed = FactStore.credential_delivered(self, instance_ref, at)
+        if changed:
+            self._log("delivered", instance_ref, at)
+        return changed
+
+    def reissue_credential(self, token_hash: str, instance_ref: str, credential_hash: str, at: float) -> bool:
+        self._check_writable()
+        reissued = FactStore.reissue_credential(self, token_hash, instance_ref, credential_hash, at)
+        if reissued:
+            self._log("reissue", token_hash, instance_ref, credential_hash, at)
+        return reissued
 
     def revoke_credential(self, instance_ref: str, reason: str, at: float) -> bool:
         self._check_writable()

@@ -104,7 +104,11 @@ def admit(
         if not claims:
             return Rejection(TOKEN_INVALID, f"no committed fact gives this token to instance {instance_ref!r}")
         if not store.use_token(digest, instance_ref, wall_now, credential_hash=fresh_hash):
-            return Rejection(TOKEN_INVALID, f"the token of instance {instance_ref!r} was already used")
+            # Spent: by this instance, whose credential may never have reached it (the reply was lost), then a new
+            # one replaces it, unless a session of it is live or it was delivered (``store_credentials``).
+            if live or not store.reissue_credential(digest, instance_ref, fresh_hash, wall_now):
+                return Rejection(TOKEN_INVALID, f"the token of instance {instance_ref!r} was already used")
+            log.info("credential re-issued instance_ref=%r: the first was never delivered", instance_ref)
     if not claims:  # a credential outlived its claims: nothing says whose machine this is
         return Rejection(credentials.CREDENTIAL_STALE, f"no committed fact names instance {instance_ref!r}")
     return _joined(instance_ref, claims, wall_now)
@@ -119,9 +123,12 @@ def admit_by_address(
     wall_now: float,
     *,
     credential: str | None = None,
+    live: frozenset[str] = frozenset(),
 ) -> HostState | Rejection:
     """The opt-in address-bound join (``credentials_address``): admit the worker claiming ``machine_id`` from
-    ``peer`` once, as the instance whose fact names that machine, spending its token; or say why not.
+    ``peer`` once, as the instance whose fact names that machine, spending its token; or say why not. Once: unless
+    the credential that join was issued never reached the worker (``store_credentials``: not delivered, no session
+    of the instance in ``live``), when a new one replaces it.
 
     Raises:
         StoreFailure: the token's use or the credential could not be recorded (nothing was).
@@ -137,7 +144,9 @@ def admit_by_address(
         return Rejection(ca.MACHINE_UNKNOWN, f"{found} names machine {machine_id[:256]!r}")
     digest, claim = claims[0]
     ref = claim.instance_ref
-    if store.instance_gone(ref) or store.credential(ref) is not None:
+    held = store.credential(ref)
+    again = held is not None and not held.delivered_at and not held.revoked and ref not in live
+    if store.instance_gone(ref) or (held is not None and not again):
         return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before or is gone")
     if not ca.same_address(claim.address, peer):
         return Rejection(
@@ -145,7 +154,11 @@ def admit_by_address(
             f"machine {machine_id!r} was reported at {claim.address!r}, the join came from {peer!r}",
         )
     fresh_hash = credentials.credential_hash(credential or credentials.new_credential())
-    if not store.use_token(digest, ref, wall_now, credential_hash=fresh_hash):
+    if again:
+        if not store.reissue_credential(digest, ref, fresh_hash, wall_now):
+            return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before")
+        log.info("credential re-issued machine_id=%r instance_ref=%r: the first was never delivered", machine_id, ref)
+    elif not store.use_token(digest, ref, wall_now, credential_hash=fresh_hash):
         return Rejection(ca.MACHINE_JOINED, f"machine {machine_id!r} ({ref!r}) joined before")
     log.info("address-bound join machine_id=%r instance_ref=%r peer=%s", machine_id, ref, peer)
     return _joined(ref, [claim], wall_now)

@@ -314,8 +314,12 @@ async def token_single_use(ctx: Context) -> str:
 
     async def attempt(ref: str, token: str, label: str, want_ok: bool) -> None:
         peer, reply = await join_primary_or_reply(ctx, Join(Role.WORKER, IDENTITY, instance_ref=ref, token=token))
-        await peer.aclose()
         ok = isinstance(reply, JoinReply) and reply.accepted
+        try:
+            if ok:  # a frame after the reply: the worker has its credential (protocol §4), the token is spent
+                await peer.request(Heartbeat(1))
+        finally:
+            await peer.aclose()
         refused = isinstance(reply, ErrorMsg) and reply.code == "token_invalid"
         if (want_ok and not ok) or (not want_ok and not refused):
             raise CheckFailed(f"{label}: {describe(reply)}")

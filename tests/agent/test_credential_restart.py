@@ -260,3 +260,57 @@ def test_an_agent_killed_and_restarted_rejoins_from_its_state_file(certs: Path, 
     everything = b"".join(p.read_bytes() for p in tmp_path.glob("*.log"))
     assert token.encode() not in everything and b"cred-v1:" not in everything
     assert "host lost" not in ctl_log.read_text()
+
+
+def join_and_lose_the_reply(certs: Path, port: int, ref: str, token: str) -> str:
+    """A worker's Join with its token whose reply never reaches the agent: the connection closes before the worker
+    sends anything after it (a controller killed right after its commit looks the same to the worker). The reply's
+    type name."""
+    from provisionerd.cli.agent import tls_connector
+    from provisionerd.domain.model import Role
+    from provisionerd.wire.framing import FramedStream
+    from provisionerd.wire.messages import Join
+
+    async def main() -> str:
+        stream = await tls_connector(certs)(f"127.0.0.1:{port}")
+        framed = FramedStream(stream)
+        try:
+            await framed.send(Join(role=Role.WORKER, identity=ref, instance_ref=ref, token=token), 1)
+            envelope = await framed.receive()
+            return type(envelope.msg).__name__ if envelope is not None else "none"
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    return trio.run(main)
+
+
+def test_a_token_spent_by_a_join_whose_reply_was_lost_admits_its_worker_once_more(certs: Path, tmp_path: Path) -> None:
+    """Issue 31 (bench/restarts: 1 healthy machine returned in 102 restarts): the controller spent the worker's token
+    and issued its credential, and the reply never reached the worker. Every later join with the token was refused
+    ("already used") and the machine was returned at its join deadline. The credential was never delivered (the
+    worker sent nothing after the reply) and no session of it is live, so the token buys a new one; once the worker
+    has used its session, the token is spent for good."""
+    port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
+    ref, token = "c1/i-lost-reply", secrets.token_urlsafe(24)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    timings = ("--lease-ttl", "1", "--check-interval", "0.5", "--heartbeat-timeout", "20")
+    log = tmp_path / "agent.log"
+    with ExitStack() as stack, controller.serving(certs, data, ctl_log, *timings, listen=f"127.0.0.1:{port}"):
+        commit(
+            certs,
+            port,
+            [
+                lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (digest,)),
+                lambda epoch: InstanceFact(PROVIDER, epoch, "op-1", ref, "m-l", "local-1", digest),
+            ],
+        )
+        assert join_and_lose_the_reply(certs, port, ref, token) == "JoinReply"
+        agent = start_agent(stack, certs, tmp_path, port, ref, token, log)
+        wait.blocking("the agent idle", lambda: hosts(certs, port) == {ref: "idle"}, 60, 0.2)
+        assert agent.poll() is None and "join #1" in log.read_text()
+        # Delivered now (the agent reported idle on that session): the token admits nobody else.
+        thief = start_agent(stack, certs, tmp_path, port, ref, token, tmp_path / "thief.log")
+        assert thief.wait(timeout=60) == 3
+        assert hosts(certs, port) == {ref: "idle"} and agent.poll() is None
+    assert "credential re-issued" in ctl_log.read_text()
+    assert token not in log.read_text() and token not in ctl_log.read_text()

@@ -166,12 +166,34 @@ def test_worker_token_is_single_use_and_bound_to_its_instance(cluster: Cluster) 
     # Joined from the intent's hashes, before any instance fact exists.
     host = cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9)
     assert host.status is HostStatus.JOINED and host.provider == "aws" and host.since == 1e9
+    assert cluster.credential_delivered("i-1", 1e9)  # the worker sent a frame after its reply
     rejected(cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9 + 1), "token_invalid")  # used
     rejected(cluster.admit_worker(0, "i-1", "tok-i-2", wall=1e9 + 1), "token_invalid")  # another instance's
     rejected(cluster.admit_worker(0, "i-2", "tok-i-1", wall=1e9 + 1), "token_invalid")
     rejected(cluster.admit_worker(0, "i-9", "whatever", wall=1e9 + 1), "token_invalid")
     # The refusal of a token for another instance did not consume it.
     assert cluster.admit_worker(0, "i-2", "tok-i-2", wall=1e9 + 2).instance_ref == "i-2"
+
+
+def test_a_spent_token_whose_credential_never_arrived_is_exchanged_again_once_delivered_never(cluster: Cluster) -> None:
+    """Issue 31: the controller died (or the link broke) between spending a worker's token and its reply, so the
+    worker never got its credential and every later join was refused: a healthy machine returned. While the
+    credential was never delivered, no session of the instance is live and nothing revoked it, the token buys a
+    new credential (the old one stops admitting); once delivered, or with a live session, it is spent for good."""
+    from refcontroller.credentials import new_credential
+
+    epoch = grant(cluster, "aws", "d1", GRACE_END)
+    commit(cluster, intent("aws", epoch, refs=("i-1", "i-2")), "d1", 36.0)
+    first, second = new_credential(), new_credential()
+    assert cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9, credential=first).instance_ref == "i-1"
+    rejected(cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9 + 1, credential=second, live=True), "token_invalid")
+    assert cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9 + 2, credential=second).instance_ref == "i-1"
+    rejected(cluster.admit_worker(0, "i-1", first, wall=1e9 + 3), "credential_stale")  # replaced
+    rejected(cluster.admit_worker(0, "i-2", "tok-i-1", wall=1e9 + 3), "token_invalid")  # never another instance's
+    assert cluster.admit_worker(0, "i-1", second, wall=1e9 + 4).instance_ref == "i-1"
+    assert cluster.credential_delivered("i-1", 1e9 + 4)
+    rejected(cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9 + 5, credential=new_credential()), "token_invalid")
+    assert cluster.admit_worker(0, "i-1", second, wall=1e9 + 6).instance_ref == "i-1"
 
 
 def test_worker_admitted_from_instance_fact_gets_machine_details(cluster: Cluster) -> None:
@@ -220,6 +242,7 @@ def test_state_survives_reopen_and_restart_is_a_new_term(tmp_path: Path) -> None
     epoch = grant(cluster, "aws", "d1", GRACE_END)
     committed = commit(cluster, intent("aws", epoch, refs=("i-1", "i-2")), "d1", 36.0)
     cluster.admit_worker(0, "i-1", "tok-i-1", wall=1.0)
+    cluster.credential_delivered("i-1", 1.0)  # its worker has it: the token is spent for good
     cluster.set_demand([item("a", 3)])
     cluster.fail_over(40.0)
     store.close()

@@ -58,6 +58,9 @@ def test_the_token_is_exchanged_for_a_credential_that_alone_admits_afterwards(cl
     assert isinstance(host, HostState) and host.machine_id == "m-i-1"
     record = cluster.store.credential("i-1")
     assert record is not None and record.credential_hash == credential_hash(mine) and record.revoked == ""
+    assert record.delivered_at == 0 and cluster.credential_delivered("i-1", 1e9)  # the worker's next frame
+    record = cluster.store.credential("i-1")
+    assert record is not None and record.delivered_at == 1e9
     # The spent token, its rejoin proof and another credential are refused; the credential admits, live or not.
     refused(join(cluster, "i-1", "tok-i-1"), "token_invalid")
     refused(join(cluster, "i-1", rejoin_credential("tok-i-1", "i-1")), "token_invalid")
@@ -145,3 +148,24 @@ def test_malformed_or_unknown_credentials_are_refused_without_echoing_them(clust
     result = join(cluster, "i-1", secret)
     assert isinstance(result, Rejection) and result.reason in ("token_invalid", "credential_stale"), result
     assert not secret or secret not in result.detail
+
+
+def test_a_store_written_before_delivered_at_counts_its_credentials_as_delivered(tmp_path: Path) -> None:
+    """The column is added on open; every credential already there counts as delivered (the safe side: no spent
+    token buys one of them again)."""
+    import sqlite3
+
+    path = tmp_path / "facts.sqlite"
+    conn = sqlite3.connect(str(path))
+    conn.executescript(
+        "CREATE TABLE worker_credentials (instance_ref TEXT PRIMARY KEY, credential_hash TEXT NOT NULL,"
+        " issued_at REAL NOT NULL, revoked TEXT NOT NULL DEFAULT '', revoked_at REAL NOT NULL DEFAULT 0);"
+        "INSERT INTO worker_credentials (instance_ref, credential_hash, issued_at) VALUES ('i-old', 'h', 7.0);"
+    )
+    conn.commit()
+    conn.close()
+    store = FactStore.open(path)
+    record = store.credential("i-old")
+    assert record is not None and record.delivered_at == 7.0
+    assert not store.reissue_credential("any", "i-old", "h2", 8.0)
+    store.close()
