@@ -264,7 +264,7 @@ class Legacy:
             join_deadline=JOIN_DEADLINE,
             rejoin_settle=REJOIN_SETTLE,
             idle_time=IDLE_TIME,
-            legacy=LegacyOptions(journal=root / "lsfex.journal.json"),
+            legacy=LegacyOptions(journal=root / "lsfex.journal.json", state_file="lsfexample"),
         )
         self.agents: dict[str, procs.Proc] = {}
         self.dead_since: dict[str, float] = {}  # machine id -> when its agent was first seen dead (trio clock)

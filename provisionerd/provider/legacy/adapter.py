@@ -27,6 +27,7 @@ answers the features the plugin really has (all false); ``listMachines`` and ``s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import trio
 
 from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderOutcomeUnknown, ProviderUnsupported
 from provisionerd.provider.calls import Collected
+from provisionerd.provider.legacy.attribution import LostCall, request_of_lost_call
 from provisionerd.provider.legacy.journal import (
     ACCEPTED,
     CALLING,
@@ -49,7 +51,7 @@ from provisionerd.provider.legacy.journal import (
 )
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES, LSF_ACTIONS, UserDataTemplate, machine_alive
 from provisionerd.provider.legacy.shapes import lsf_request, normalise, salvage_request_id, with_machine_ids
-from provisionerd.provider.legacy.state_files import READERS
+from provisionerd.provider.legacy.state_files import READERS, StateRead
 from provisionerd.provider.legacy.status import NOT_REPORTED, create_entry, return_entry, unknown_entry
 from provisionerd.provider.oneshot import OneShotProvider, op_of
 from provisionerd.provider.runtime import check_input, check_output, join_tokens, redactor_for
@@ -136,6 +138,29 @@ class LegacyProvider:
         self._collect(self.runner.take_finished())
         return self.runner.pending_ops()
 
+    def _attribute(self, op: CreateOp, call: PluginCall, read: StateRead) -> bool:
+        """Take the plugin request only ``call`` can have made (``legacy.attribution``) as its answer: the call is
+        accepted with that requestId and polled as usual, so its machines get their facts. Whether it did."""
+        if read.problem:
+            return False
+        known = {c.request_id for o in self.journal.creates.values() for c in o.calls if c.request_id}
+        rivals = [
+            LostCall(o.template_id, len(c.refs), c.started_ms)
+            for o in self.journal.creates.values()
+            for c in o.calls
+            if c is not call and c.state in (UNKNOWN, CALLING)
+        ]
+        found = request_of_lost_call(
+            LostCall(op.template_id, len(call.refs), call.started_ms), read.requests, known, rivals
+        )
+        if found is None:
+            return False
+        call.state, call.request_id = ACCEPTED, found.request_id
+        call.detail = f"its answer was lost; {found.request_id} found in {read.where}, made by nothing else"[:300]
+        self.journal.save()
+        log.warning("provider %s: requestMachines %s: %s", self.name, op.op_id, call.detail)
+        return True
+
     def _what_the_plugin_recorded(self, found: list[dict[str, Any]]) -> None:
         """Add to each unknown outcome the plugin's own records the journal does not account for (its state file,
         through the configured reader: ``legacy.state_files``), or exactly what cannot be seen without one."""
@@ -214,6 +239,7 @@ class LegacyProvider:
         kind, _, rest = done.key.partition(":")
         op_id, _, index = rest.rpartition(":") if kind == "create" else (rest, "", "")
         call: PluginCall | ReturnOp | None = None
+        op: CreateOp | None = None
         if (
             kind == "create"
             and (op := self.journal.creates.get(op_id))
@@ -249,6 +275,9 @@ class LegacyProvider:
                 call.state = UNKNOWN if unknown else REFUSED
                 call.detail = f"collected after a restart: {type(done.error).__name__}: {done.error}"[:300]
                 log.warning("provider %s: %s %s: %s", self.name, done.action, op_id, call.detail)
+                reader = READERS.get(self.settings.state_file)
+                if call.state == UNKNOWN and isinstance(call, PluginCall) and reader is not None and op is not None:
+                    self._attribute(op, call, reader(self.runner.config.data_dir))
                 return True
         call.state, call.request_id = ACCEPTED, request_id
         call.detail = "collected after a restart"
@@ -322,7 +351,7 @@ class LegacyProvider:
                     later.detail = "not requested: no time left within the call's deadline"
                 return None
             lsf, secrets = lsf_request(doc, call.refs, self.settings.user_data, self.settings.rc_account)
-            call.state, call.key = CALLING, f"create:{op.op_id}:{index}"
+            call.state, call.key, call.started_ms = CALLING, f"create:{op.op_id}:{index}", int(time.time() * 1000)
             self.journal.save()  # before the plugin runs: a crash from here on leaves an unknown outcome behind
             partial = bytearray()
             try:
@@ -344,6 +373,11 @@ class LegacyProvider:
                     continue
                 call.state = UNKNOWN if exc.outcome_unknown else REFUSED
                 call.detail = f"{type(exc).__name__}: {exc.detail}"[:300]
+                reader = READERS.get(self.settings.state_file)
+                if call.state == UNKNOWN and reader is not None:
+                    read = await trio.to_thread.run_sync(reader, self.runner.config.data_dir)
+                    if self._attribute(op, call, read):
+                        continue
                 for later in op.calls[index + 1 :]:
                     later.detail = "not requested after an earlier call failed"
                 return exc

@@ -40,6 +40,7 @@ class PluginCall:
     request_id: str | None = None
     detail: str = ""
     key: str = ""  # the key its plugin call was run with (``provider.calls``): found again after a restart
+    started_ms: int = 0  # wall clock when the plugin was started (``legacy.attribution``)
 
 
 @attrs.define
