@@ -20,7 +20,7 @@ the one its store holds. Each failure is logged at WARNING and counted in ``stor
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, Self
 
 import attrs
@@ -136,8 +136,8 @@ class Cluster:
     check_interval: float
     demand: DemandSnapshot
     hosts: HostTable = attrs.field(factory=HostTable)
-    #: Told of every host change a commit makes (the server pushes it to the provisioners).
-    on_host_change: Callable[[HostState], None] | None = None
+    #: The host changes commits made since the last ``take_host_changes`` (the caller pushes them).
+    _host_changes: list[HostState] = attrs.field(factory=list, init=False)
     #: Writes the store could not make durable (each one answered ``storage_failure`` or an admin error).
     storage_failures: int = 0
 
@@ -232,16 +232,22 @@ class Cluster:
             host = self.hosts.identify(fact.instance_ref, fact.machine_id, fact.hostname, fact.address)
             if host is not None and self.store.draining(fact.provider, fact.machine_id):
                 host = self.hosts.drain(fact.instance_ref) or host
-            if host is not None and self.on_host_change is not None:
-                self.on_host_change(host)
+            if host is not None:
+                self._host_changes.append(host)
         elif isinstance(fact, DrainRequested):  # no new work on them from now on (workers.HostTable.placeable)
             for ref in self.hosts.by_machine(fact.provider, fact.machine_ids):
                 drained = self.hosts.drain(ref)
-                if drained is not None and self.on_host_change is not None:
-                    self.on_host_change(drained)
+                if drained is not None:
+                    self._host_changes.append(drained)
         if self.store.ended_refs:  # their lifecycles ended: history now, their hosts are not state any more
             self.hosts.drop(self.store.ended_refs)
         return committed
+
+    def take_host_changes(self) -> list[HostState]:
+        """The host changes the commits made since the last call, oldest first (feedback as a returned value: the
+        session that committed pushes them to the provisioners)."""
+        taken, self._host_changes = self._host_changes, []
+        return taken
 
     def resync_plan(self, providers: Collection[str], after_index: int = 0, incarnation: str = "") -> ResyncPlan:
         """Fix the facts (up to the current last index) and the hosts that a resync of ``providers`` sends.

@@ -8,7 +8,7 @@ lease the previous primary granted: only each provider's durable last grantee is
 ``keep_primary`` runs while the replica is primary: every ``check_interval / 3`` it refreshes the etcd lease and
 reads the claim back through a majority (``EtcdElection.confirm``). ``replicas.quorum_fresh`` is true only while
 the last confirming request was *sent* less than ``check_interval`` ago, so a grant or renewal always rests on a
-linearizable read within ``T_check``; a lost claim (or a write etcd refused: ``store.on_deposed``) ends it: the
+linearizable read within ``T_check``; a lost claim (or a write etcd refused: ``store.deposed``) ends it: the
 quorum is marked lost at once and ``keep_primary`` returns, and the caller steps down.
 """
 
@@ -35,10 +35,13 @@ class EtcdReplicaSet(ReplicaSet):
 
     fresh_until: float = float("-inf")
     _switch: bool = True
+    #: The store whose writes this primary makes: one that was deposed (a write etcd refused) ends the quorum at once.
+    store: EtcdFactStore | None = None
 
     @property
     def quorum_fresh(self) -> bool:
-        return self._switch and trio.current_time() < self.fresh_until
+        deposed = self.store is not None and bool(self.store.deposed)
+        return self._switch and not deposed and trio.current_time() < self.fresh_until
 
     @quorum_fresh.setter
     def quorum_fresh(self, value: bool) -> None:  # ReplicaSet.set_quorum (and its __init__): the admin's switch
@@ -73,8 +76,14 @@ async def promote_stepped(
 def primary_cluster(store: EtcdFactStore, claim: Claim, ttl: float, check_interval: float, now: float) -> Cluster:
     store.save_term(claim.term)  # the mirror's copy: etcd has it already
     replicas = EtcdReplicaSet(
-        count=1, term=claim.term, primary=0, promoted_at=now, save_term=store.save_term, addresses=[claim.address]
+        count=1,
+        term=claim.term,
+        primary=0,
+        promoted_at=now,
+        save_term=store.save_term,
+        addresses=[claim.address],
     )
+    replicas.store = store  # its quorum ends the moment the store is deposed
     replicas.fresh_until = now + check_interval
     cluster = Cluster(
         store=store,
@@ -84,7 +93,6 @@ def primary_cluster(store: EtcdFactStore, claim: Claim, ttl: float, check_interv
         check_interval=check_interval,
         demand=store.load_demand(),
     )
-    store.on_deposed = lambda _reason: replicas.lose()
     return cluster
 
 

@@ -95,7 +95,6 @@ async def serve_etcd(
 def _install(server: ControllerServer, cluster: Cluster) -> None:
     old = server.cluster
     server.cluster = cluster
-    cluster.on_host_change = server.broadcast_host
     server.disconnect_replica(0)  # everyone rejoins: to the new primary, or redirected to it
     old.store.close()
 

@@ -91,9 +91,6 @@ class ControllerServer:
     _nursery: trio.Nursery | None = None
     _watched: set[str] = attrs.field(factory=set, init=False)  # providers whose lease expiry is watched
 
-    def __attrs_post_init__(self) -> None:
-        self.cluster.on_host_change = self.broadcast_host
-
     @property
     def heartbeat_timeout(self) -> float:
         return self.timeouts.heartbeat

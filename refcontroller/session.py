@@ -292,6 +292,8 @@ class Session:
                 await self.send(AdminReply(True, json.dumps(server.status(), sort_keys=True)), corr)
             case _:
                 reply = provisioner_reply(cluster, self.replica, self.holder, self.providers, msg, now)
+                for host in cluster.take_host_changes():  # a commit that identified or drained hosts
+                    server.broadcast_host(host)
                 match reply:
                     case LeaseDenied(provider=provider, reason="held"):
                         self.waiting.add(provider)

@@ -14,8 +14,9 @@ replica was elected) cannot commit: its compare fails. Only a write etcd accepte
 
 The mirror applies a write before etcd does (the SQLite code decides what the write is, e.g. whether a token was
 already used); when the etcd transaction then fails the mirror is ahead of the log, so the store is **poisoned**:
-``StoreFailure`` now and for every later write, and ``on_deposed`` tells the replica to step down and drop the
-mirror (a new election replays a new one). A write whose etcd answer was lost (timeout) is treated the same: the
+``StoreFailure`` now and for every later write, and ``deposed`` says why: the replica reads it (its quorum is
+stale from then on, ``replica_etcd.EtcdReplicaSet``), steps down and drops the mirror (a new election replays a new
+one). A write whose etcd answer was lost (timeout) is treated the same: the
 log may or may not hold it, and the next primary's replay decides.
 
 The term is not written here: the election advances it in its own transaction (``save_term`` only records it in
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -69,14 +69,13 @@ class EtcdFactStore(FactStore):
     prefix: bytes
     next_op: int
     deposed: str
-    on_deposed: Callable[[str], None] | None
 
     @classmethod
     def _empty(cls, client: EtcdClient, election: EtcdElection, prefix: bytes, incarnation: str) -> EtcdFactStore:
         store = cls.open(":memory:", incarnation=incarnation)  # the mirror: FactStore's own schema and code
         assert isinstance(store, EtcdFactStore)
         store.client, store.election, store.prefix = client, election, prefix
-        store.deposed, store.on_deposed = "", None
+        store.deposed = ""
         store.next_op = 1
         return store
 
@@ -181,8 +180,6 @@ class EtcdFactStore(FactStore):
     def _depose(self, reason: str) -> None:
         self.deposed = reason
         log.warning("etcd store deposed: %s", reason)
-        if self.on_deposed is not None:
-            self.on_deposed(reason)
 
     def save_term(self, term: int) -> None:
         """The mirror only: the election advanced the term in etcd, in the transaction that made us primary."""

@@ -137,7 +137,6 @@ def test_a_worker_that_joined_on_its_intent_gets_its_machine_id_from_the_later_i
     """A fast machine joins between the intent and the instance fact: the host is identified when the fact lands,
     and the change is handed on (the server pushes it to the provisioners)."""
     pushed: list = []
-    cluster.on_host_change = pushed.append
     epoch = grant(cluster, "aws", "d1", GRACE_END)
     commit(cluster, intent("aws", epoch, refs=("i-1", "i-2")), "d1", 36.0)
     early = cluster.admit_worker(0, "i-1", "tok-i-1", wall=1e9)
@@ -145,8 +144,10 @@ def test_a_worker_that_joined_on_its_intent_gets_its_machine_id_from_the_later_i
     assert isinstance(commit(cluster, instance("aws", epoch, "i-1"), "d1", 37.0), CommittedFact)
     host = cluster.hosts.get("i-1")
     assert (host.machine_id, host.hostname, host.status, host.since) == ("m-i-1", "host-i-1", HostStatus.JOINED, 1e9)
+    pushed.extend(cluster.take_host_changes())  # what the session would push
     assert pushed == [host]
     commit(cluster, instance("aws", epoch, "i-2"), "d1", 38.0)  # no host for i-2 yet: nothing to identify
+    pushed.extend(cluster.take_host_changes())  # what the session would push
     assert pushed == [host] and cluster.hosts.get("i-2") is None
 
 

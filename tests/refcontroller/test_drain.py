@@ -33,11 +33,11 @@ def test_a_drain_marks_the_host_draining_pushes_it_and_takes_it_out_of_placement
     cluster.worker_status("i-1", HostStatus.IDLE, 12.0)
     assert [h.instance_ref for h in cluster.hosts.placeable()] == ["i-1", "i-2"]
     cluster.worker_status("i-1", HostStatus.BUSY, 13.0)
-    cluster.on_host_change = pushed.append
     drain = DrainRequested("aws", epoch, "op-d", ("m-i-1",), "max_ttl", 14.0)
     assert isinstance(commit(cluster, drain, "d1", 38.0), CommittedFact)
     host = cluster.hosts.get("i-1")
     assert host.draining and host.status is HostStatus.BUSY
+    pushed.extend(cluster.take_host_changes())  # what the session would push
     assert pushed == [host]
     # It finishes its work and reports idle: still no new work for it.
     assert cluster.worker_status("i-1", HostStatus.IDLE, 15.0).draining
@@ -46,6 +46,7 @@ def test_a_drain_marks_the_host_draining_pushes_it_and_takes_it_out_of_placement
     assert [h["draining"] for h in cluster.status(40.0)["hosts"]] == [True, False]
     # The same fact again (a retried commit) is the same fact: nothing changes, nothing is pushed.
     assert isinstance(commit(cluster, drain, "d1", 39.0), CommittedFact)
+    pushed.extend(cluster.take_host_changes())  # what the session would push
     assert pushed == [host]
 
 

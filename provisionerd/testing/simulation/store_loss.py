@@ -70,7 +70,6 @@ class StoreLosses:
         cluster = ObservedCluster.open(store, s.replicas, s.ttl, s.check_interval, now)
         cluster.replicas.addresses = list(world.addresses)
         cluster.recorder = world.recorder
-        cluster.on_host_change = server.broadcast_host
         if old.demand.items:
             cluster.set_demand(old.demand.items)
         world.recorder.new_controller(store.incarnation)
