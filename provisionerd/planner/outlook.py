@@ -1,0 +1,124 @@
+"""The next planned action on one machine and when: what ``provisionerd machines`` shows (issue 32, item 1).
+
+Pure; no trio, no I/O. It reads the same rules :func:`provisionerd.planner.plan.plan` acts on, per machine and in
+the same precedence (:func:`provisionerd.planner.supply.tally`), for a machine the plan does not retire *now*:
+
+- in flight (a return committed or planned, reclaimed and marked lost): ``returning`` / ``lost``, no time;
+- not joined: returned at ``launch + join_deadline`` (reason ``never_joined``; ``launch`` is the launch time, or
+  when the planner first saw the machine when the provider gave none: ``PlannerState.machine_seen``); a settle
+  window after a (re)join to the controller holds it until the window ends (:mod:`provisionerd.planner.rejoin`);
+- joined, its provider has a ``max_ttl``: at ``launch + max_ttl`` an idle machine is returned (``max_ttl``) and a
+  busy one asked to drain; once draining, returned at ``drain since + drain_timeout`` (:mod:`planner.drain`);
+- joined and not busy, in its demand item's surplus (``surplus``: the item has more machines than it wants and this
+  one is among the longest idle of them, :func:`provisionerd.planner.allocate.excess_pool`): returned at
+  ``idle since + idle_time`` (reason ``idle``), unless another item reuses it first;
+- otherwise nothing is planned (``kept``: its item needs it, or it is busy).
+
+What is shown holds while the inputs hold: a machine retired for another reason (a join deadline, a ``max_ttl``)
+before or at an idle machine's time lowers its item's supply, and the idle machine may then be kept; a new
+snapshot changes the surplus. Times are the planner's wall seconds. The plan acts at the first plan at or after
+the time (the loop wakes at the plan's ``wake_at`` plus ``PLAN_SLACK``); the disruption budget may still pace a
+voluntary return after it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+
+from provisionerd.domain.model import HostState, HostStatus
+from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, drain_started
+from provisionerd.planner.fact_view import MachineRecord, MachineState
+from provisionerd.planner.policy import ProviderPolicy
+
+#: ``Outlook.action`` values.
+RETURN, DRAIN, RETURNING, LOST, KEPT = "return", "drain", "returning", "lost", "kept"
+
+
+@attrs.frozen
+class Outlook:
+    """The next planned action on a machine: ``action`` (``return``, ``drain``, ``returning``, ``lost``,
+    ``kept``), ``at`` (wall seconds; ``None``: no time, e.g. kept or already in flight), ``reason`` (the plan's
+    return or drain reason, or why nothing is planned) and ``rule`` (the setting behind the time, e.g.
+    ``idle_time 600 s``)."""
+
+    action: str
+    at: float | None
+    reason: str
+    rule: str = ""
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def launched_at(machine: MachineRecord, machine_seen: Mapping[str, float], now: float) -> float:
+    """The launch time the planner's deadlines count from: the provider's, else when the planner first saw the
+    machine (``PlannerState.machine_seen``), else ``now`` (it would start counting now: never early)."""
+    if machine.launch_time > 0:
+        return machine.launch_time
+    return machine_seen.get(machine.machine_id, now)
+
+
+def outlook(
+    machine: MachineRecord,
+    host: HostState | None,
+    policy: ProviderPolicy,
+    now: float,
+    *,
+    machine_seen: Mapping[str, float],
+    drain_seen: Mapping[str, float],
+    surplus: bool,
+    in_flight: str = "",
+    settle_until: float | None = None,
+) -> Outlook:
+    """See the module docstring. ``in_flight``: ``"return"`` or ``"lost"`` when the planner's state holds such an
+    action for the machine (``PlannerState.pending_returns`` / ``pending_lost``). ``settle_until``: the end of its
+    provider's settle window after a (re)join, when one is open."""
+    if machine.state is MachineState.LOST or in_flight == "lost":
+        return Outlook(LOST, None, "reclaimed by the provider")
+    if machine.state is not MachineState.ACTIVE or machine.return_op or in_flight == "return":
+        return Outlook(RETURNING, None, "return in flight")
+    launched = launched_at(machine, machine_seen, now)
+    if host is None:
+        at = launched + policy.join_deadline
+        if settle_until is not None and settle_until > at:
+            return Outlook(
+                RETURN, settle_until, "never_joined", f"settle window after a rejoin, until {settle_until:.0f}"
+            )
+        return Outlook(RETURN, at, "never_joined", f"join_deadline {_seconds(policy.join_deadline)}")
+    if host.status is HostStatus.LOST:
+        return Outlook(KEPT, None, "host lost: left to the orphan classifier")
+    busy = host.status is HostStatus.BUSY
+    ttl: Outlook | None = None
+    if policy.max_ttl is not None:
+        ttl_at = launched + policy.max_ttl
+        since = drain_started(machine, drain_seen)
+        if busy and since is not None and now >= ttl_at:
+            at = since + policy.drain_timeout
+            ttl = Outlook(RETURN, at, DRAIN_TIMEOUT, f"drain_timeout {_seconds(policy.drain_timeout)}")
+        elif busy:
+            ttl = Outlook(DRAIN, ttl_at, DRAIN_REASON, f"max_ttl {_seconds(policy.max_ttl)}")
+        else:
+            ttl = Outlook(
+                RETURN, ttl_at, "drained" if since is not None else DRAIN_REASON, f"max_ttl {_seconds(policy.max_ttl)}"
+            )
+    idle: Outlook | None = None
+    if not busy and surplus:
+        idle = Outlook(RETURN, host.since + policy.idle_time, "idle", f"idle_time {_seconds(policy.idle_time)}")
+    found = [o for o in (ttl, idle) if o is not None and o.at is not None and math.isfinite(o.at)]
+    if found:
+        return min(found, key=lambda o: o.at if o.at is not None else math.inf)
+    return Outlook(KEPT, None, "busy" if busy else "its demand item needs it")
+
+
+def surplus_ranks(entries: list[tuple[float, str]], excess: int) -> set[str]:
+    """The machine ids the plan would give away from one demand item: of its joined, not busy machines
+    (``(idle since, machine_id)``), the ``excess`` longest idle, ties by machine id (``allocate.excess_pool``)."""
+    if excess <= 0:
+        return set()
+    if excess >= len(entries):
+        return {machine_id for _, machine_id in entries}
+    return {machine_id for _, machine_id in sorted(entries)[:excess]}
