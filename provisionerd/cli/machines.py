@@ -68,8 +68,8 @@ def render(line: dict[str, Any]) -> str:
 
 def _limit(text: str) -> int:
     value = int(text)
-    if not 1 <= value <= 2000:
-        raise argparse.ArgumentTypeError("must be from 1 to 2000")
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError("must be from 1 to 1000")
     return value
 
 
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--provider", help="only this provider's machines")
     parser.add_argument("--state", choices=STATES, help="only machines in this state")
     parser.add_argument("--json", action="store_true", help="one JSON object per machine per line")
-    parser.add_argument("--limit", type=_limit, default=500, help="machines per page asked of the daemon (1-2000)")
+    parser.add_argument("--limit", type=_limit, default=250, help="machines per page asked of the daemon (1-1000)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

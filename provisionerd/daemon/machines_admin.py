@@ -5,11 +5,12 @@ Request: ``{"cmd": "machines", "cursor": C, "limit": K, "provider": P, "state": 
 last page. Each machine is a :class:`MachineLine` as a JSON object.
 
 Cost: the first page takes the list of the view's machine ids (one C-level copy: ~1 ms at 100,000) under a random
-token; each page then reads at most ``limit`` machines by offset into that list (a machine gone since is skipped,
-one added since is on the next listing). Nothing walks the whole fleet in a page, so a page costs what its
-machines cost, whatever the fleet's size (measured by ``bench/machines.py``). The one exception is the surplus of
-a demand item (which of its idle machines the plan gives away, :func:`provisionerd.planner.outlook.surplus_ranks`):
-it sorts that item's joined, not busy machines once per listing, when a page first shows one of them.
+token; each page then reads at most ``limit`` machines (and scans at most ``MAX_SCAN`` ids) by offset into that
+list (a machine gone since is skipped, one added since is on the next listing). Nothing walks the whole fleet on
+the loop, so a page costs what its machines cost, whatever the fleet's size (``bench/machines.py``). What grows
+with the fleet is done once per listing, in a worker thread when big (``page_async``), from copies the loop takes
+in C: the demand's wanted counts, and a demand item's surplus (which of its idle machines the plan gives away,
+:func:`provisionerd.planner.outlook.item_surplus`: a chunked sort of the item's joined, not busy machines).
 At most ``MAX_LISTINGS`` listings are kept, each for ``LISTING_TTL`` seconds: an older cursor is refused as expired.
 
 The next action on each machine is :func:`provisionerd.planner.outlook.outlook`: the planner's rules, read with the
@@ -22,27 +23,29 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import trio
 
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.admin_socket import Command
-from provisionerd.domain.model import HostState, HostStatus
-from provisionerd.planner import drain
+from provisionerd.domain.model import DemandSnapshot, HostState, HostStatus
 from provisionerd.planner.fact_view import MachineRecord, MachineState
 from provisionerd.planner.host_table import HostTable
-from provisionerd.planner.outlook import launched_at, outlook, surplus_ranks
+from provisionerd.planner.outlook import item_surplus, outlook
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import PlannerState
 
-DEFAULT_LIMIT = 500
-MAX_LIMIT = 2000
+DEFAULT_LIMIT = 250
+MAX_LIMIT = 1000
 MAX_LISTINGS = 8
 LISTING_TTL = 600.0
 #: Machine ids a page reads at most (a filter that matches few machines returns a short page and a cursor).
 MAX_SCAN = 8000
+#: A demand item's machines sorted on the loop at most (more: in a worker thread); a snapshot's items likewise.
+INLINE = 2000
 #: The machine states ``--state`` accepts (``state`` of a line).
 STATES = ("booting", "joined", "idle", "busy", "lost", "returning")
 
@@ -77,17 +80,40 @@ class _Listing:
     view: weakref.ref[ControllerView]
     ids: list[str]
     created: float
-    surplus: dict[str, set[str]] = attrs.field(factory=dict)  # demand_id -> machine ids the plan gives away
-    aged: _Aged | None = None
+    #: demand_id -> the machine ids the plan gives away once idle (once per listing, when a page first shows one).
+    surplus: dict[str, frozenset[str]] = attrs.field(factory=dict)
+    wanted: Mapping[str, int] | None = None  # demand_id -> wanted count (read once per listing)
+    wanted_read: bool = False
 
 
 @attrs.frozen
-class _Aged:
-    out: frozenset[str]  # past max_ttl and returned or draining: not counted as supply
-    past: frozenset[str]  # every machine past max_ttl (never idle-listed)
+class _Chosen:
+    """What one page shows: the listing's window up to ``end`` and the machine ids in it that pass the filters."""
+
+    token: str
+    end: int
+    listing: _Listing
+    view: ControllerView
+    picked: list[str]
+
+
+def wanted_by_item(demand: DemandSnapshot | None) -> Mapping[str, int] | None:
+    """demand_id -> wanted count of ``demand`` (``None``: no snapshot: the plan gives nothing away for idling)."""
+    if demand is None:
+        return None
+    wanted: dict[str, int] = {}
+    for item in demand.items:
+        wanted[item.demand_id] = wanted.get(item.demand_id, 0) + max(item.count, 0)
+    return wanted
+
+
+def _in_flight(machine: MachineRecord, state: PlannerState) -> str:
+    machine_id = machine.machine_id
+    return "return" if machine_id in state.pending_returns else "lost" if machine_id in state.pending_lost else ""
 
 
 def state_of(machine: MachineRecord, host: HostState | None, in_flight: str) -> str:
+    """The machine's state as listed: ``lost``, ``returning``, ``booting`` (no host yet) or its host's status."""
     if machine.state is MachineState.LOST or in_flight == "lost":
         return "lost"
     if machine.state is not MachineState.ACTIVE or in_flight == "return":
@@ -113,7 +139,33 @@ class MachinesPager:
         self._listings: OrderedDict[str, _Listing] = OrderedDict()
 
     def page(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One page (the reply document); ``BadRequest`` on a bad field or an unknown or expired cursor."""
+        """One page (the reply document), every part computed here; ``BadRequest`` on a bad field or an unknown or
+        expired cursor. The admin command runs ``page_async``, which moves the big parts to a worker thread."""
+        chosen = self._select(request)
+        listing = chosen.listing
+        if not listing.wanted_read:
+            listing.wanted, listing.wanted_read = wanted_by_item(chosen.view.demand), True
+        for demand_id in self._needed(chosen):
+            listing.surplus[demand_id] = self._surplus_job(chosen.view, demand_id, listing.wanted)[1]()
+        return self._finish(chosen)
+
+    async def page_async(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``page``, with the parts that grow with the fleet (the demand's wanted counts, a big item's surplus)
+        computed in a worker thread from copies taken on the loop, so the event loop never waits for them (the
+        sort is chunked: the thread gives the interpreter back between chunks)."""
+        chosen = self._select(request)
+        listing = chosen.listing
+        if not listing.wanted_read:
+            demand = chosen.view.demand
+            big = demand is not None and len(demand.items) > INLINE
+            listing.wanted = await trio.to_thread.run_sync(wanted_by_item, demand) if big else wanted_by_item(demand)
+            listing.wanted_read = True
+        for demand_id in self._needed(chosen):
+            size, job = self._surplus_job(chosen.view, demand_id, listing.wanted)
+            listing.surplus[demand_id] = await trio.to_thread.run_sync(job) if size > INLINE else job()
+        return self._finish(chosen)
+
+    def _select(self, request: dict[str, Any]) -> _Chosen:
         limit = request.get("limit", DEFAULT_LIMIT)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise BadRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
@@ -126,29 +178,95 @@ class MachinesPager:
         if view is None:
             raise BadRequest("the daemon has no view of the controller yet (not joined and resynced)")
         token, offset, listing = self._listing(request.get("cursor"), view)
-        now = self._wall()
-        state, policy = self._state(), self._policy()
+        state = self._state()
         machines, hosts = view.facts.machines, view.hosts
-        lines: list[dict[str, Any]] = []
+        picked: list[str] = []
         end = offset
         stop = min(len(listing.ids), offset + MAX_SCAN)
-        while end < stop and len(lines) < limit:
+        while end < stop and len(picked) < limit:
             machine = machines.get(listing.ids[end])
             end += 1
             if machine is None or not machine.state.live and machine.state is not MachineState.LOST:
                 continue  # returned since the listing was taken
             if provider is not None and machine.provider != provider:
                 continue
-            line = self._line(machine, hosts.get(machine.instance_ref), view, listing, state, policy, now)
-            if wanted_state is None or line.state == wanted_state:
+            if wanted_state is not None:
+                kind = state_of(machine, hosts.get(machine.instance_ref), _in_flight(machine, state))
+                if kind != wanted_state:
+                    continue
+            picked.append(machine.machine_id)
+        return _Chosen(token, end, listing, view, picked)
+
+    def _needed(self, chosen: _Chosen) -> list[str]:
+        """The demand items of the page's joined, not busy machines whose surplus is not known yet."""
+        machines, hosts, known = chosen.view.facts.machines, chosen.view.hosts, chosen.listing.surplus
+        needed: dict[str, None] = {}
+        for machine_id in chosen.picked:
+            machine = machines.get(machine_id)
+            if machine is None or machine.demand_id in known:
+                continue
+            host = hosts.get(machine.instance_ref)
+            if host is not None and host.status in (HostStatus.JOINED, HostStatus.IDLE):
+                needed[machine.demand_id] = None
+        return list(needed)
+
+    def _surplus_job(
+        self, view: ControllerView, demand_id: str, wanted: Mapping[str, int] | None
+    ) -> tuple[int, Callable[[], frozenset[str]]]:
+        """The size of ``demand_id``'s group of joined, not busy machines, and a function computing which of them
+        the plan gives away (``planner.outlook.item_surplus``) from copies taken now: safe to run in a thread."""
+        if wanted is None:
+            return 0, frozenset  # demand unknown: the plan returns nothing for being idle
+        state, policy, now = self._state(), self._policy(), self._wall()
+        facts = view.facts
+        machines = facts.machines
+        skip = frozenset(state.pending_returns.keys() | state.pending_lost.keys())
+        active = facts.active_by_demand.get(demand_id, 0) - sum(
+            1  # the planner's own count: its pending actions on machines still active (planner.plan._settle)
+            for m in skip
+            if m in machines and machines[m].demand_id == demand_id and machines[m].state is MachineState.ACTIVE
+        )
+        group = _available(view, demand_id)
+        drained = [m for m in facts.drained.values() if m.demand_id == demand_id]
+        drained_hosts = {m.instance_ref: h for m in drained if (h := view.hosts.get(m.instance_ref)) is not None}
+        machine_seen, drain_seen, count = state.machine_seen, state.drain_seen, wanted.get(demand_id, 0)
+
+        def job() -> frozenset[str]:
+            hosts = {**drained_hosts, **{m.instance_ref: h for h, m in group}}  # in the thread: a loop over the group
+            return frozenset(
+                item_surplus(
+                    group,
+                    drained,
+                    hosts,
+                    active=active,
+                    wanted=count,
+                    skip=skip,
+                    machine_seen=machine_seen,
+                    drain_seen=drain_seen,
+                    now=now,
+                    policy=policy,
+                )
+            )
+
+        return len(group), job
+
+    def _finish(self, chosen: _Chosen) -> dict[str, Any]:
+        view, listing = chosen.view, chosen.listing
+        now, state, policy = self._wall(), self._state(), self._policy()
+        machines, hosts = view.facts.machines, view.hosts
+        lines = []
+        for machine_id in chosen.picked:
+            machine = machines.get(machine_id)
+            if machine is not None:
+                line = self._line(machine, hosts.get(machine.instance_ref), listing, state, policy, now)
                 lines.append(attrs.asdict(line))
-        more = end < len(listing.ids)
+        more = chosen.end < len(listing.ids)
         if not more:
-            self._listings.pop(token, None)
+            self._listings.pop(chosen.token, None)
         return {
             "ok": True,
             "machines": lines,
-            "cursor": f"{token}.{end}" if more else None,
+            "cursor": f"{chosen.token}.{chosen.end}" if more else None,
             "total": len(listing.ids),
             "now": now,
         }
@@ -181,21 +299,16 @@ class MachinesPager:
         self,
         machine: MachineRecord,
         host: HostState | None,
-        view: ControllerView,
         listing: _Listing,
         state: PlannerState,
         policy: Policy,
         now: float,
     ) -> MachineLine:
         machine_id = machine.machine_id
-        in_flight = (
-            "return" if machine_id in state.pending_returns else "lost" if machine_id in state.pending_lost else ""
-        )
+        in_flight = _in_flight(machine, state)
         kind = state_of(machine, host, in_flight)
         available = host is not None and host.status in (HostStatus.JOINED, HostStatus.IDLE)
-        surplus = (
-            available and kind in ("joined", "idle") and machine_id in self._surplus(machine, view, listing, state)
-        )
+        surplus = available and kind in ("joined", "idle") and machine_id in listing.surplus.get(machine.demand_id, ())
         seen = outlook(
             machine,
             host,
@@ -225,57 +338,10 @@ class MachinesPager:
             next_rule=seen.rule,
         )
 
-    def _surplus(
-        self, machine: MachineRecord, view: ControllerView, listing: _Listing, state: PlannerState
-    ) -> set[str]:
-        demand_id = machine.demand_id
-        found = listing.surplus.get(demand_id)
-        if found is not None:
-            return found
-        found = listing.surplus[demand_id] = set()
-        if view.demand is None:
-            return found  # demand unknown: the plan returns nothing for being idle
-        wanted = sum(max(item.count, 0) for item in view.demand.items if item.demand_id == demand_id)
-        facts, skip = view.facts, state.pending_returns.keys() | state.pending_lost.keys()
-        machines = facts.machines
-        active = facts.active_by_demand.get(demand_id, 0) - sum(
-            1  # the planner's own count: its pending actions on machines still active (planner.plan._settle)
-            for m in skip
-            if m in machines and machines[m].demand_id == demand_id and machines[m].state is MachineState.ACTIVE
-        )
-        aged = self._aged(view, listing, state, skip)
-        active -= sum(1 for m in aged.out if machines[m].demand_id == demand_id)
-        group = _available(view, demand_id)
-        entries = [(host.since, m.machine_id) for host, m in group if m.machine_id not in skip | aged.past]
-        found.update(surplus_ranks(entries, active - wanted))
-        return found
-
-    def _aged(self, view: ControllerView, listing: _Listing, state: PlannerState, skip: Set[str]) -> _Aged:
-        """The machines past their provider's ``max_ttl`` (``planner.drain.aged``, the planner's own pass: it costs
-        what the plan's costs), once per listing: those returned or draining are not supply, and none is idle-listed."""
-        if listing.aged is None:
-            policy, now = self._policy(), self._wall()
-            if not policy.any_max_ttl:
-                listing.aged = _Aged(frozenset(), frozenset())
-            else:
-                seen = self._state().machine_seen
-                found = drain.aged(
-                    view.facts.active_refs,
-                    view.hosts,
-                    skip,
-                    lambda m: launched_at(m, seen, now),
-                    state.drain_seen,
-                    now,
-                    policy,
-                )
-                out = frozenset((*(m.machine_id for _, m in found.retire), *(m.machine_id for m in found.draining)))
-                listing.aged = _Aged(out, out | {m.machine_id for m in found.drain})
-        return listing.aged
-
     def command(self) -> Command:
         async def run(request: dict[str, Any], peer_uid: int | None) -> dict[str, Any]:
             try:
-                return self.page(request)
+                return await self.page_async(request)
             except BadRequest as exc:
                 return {"ok": False, "error": str(exc)}
 

@@ -23,18 +23,23 @@ voluntary return after it.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Set
 
 import attrs
 
 from provisionerd.domain.model import HostState, HostStatus
+from provisionerd.planner import drain
 from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, drain_started
 from provisionerd.planner.fact_view import MachineRecord, MachineState
-from provisionerd.planner.policy import ProviderPolicy
+from provisionerd.planner.policy import Policy, ProviderPolicy
 
 #: ``Outlook.action`` values.
 RETURN, DRAIN, RETURNING, LOST, KEPT = "return", "drain", "returning", "lost", "kept"
+#: Entries sorted per C call by ``surplus_ranks`` (about a millisecond each).
+CHUNK = 4096
 
 
 @attrs.frozen
@@ -116,9 +121,46 @@ def outlook(
 
 def surplus_ranks(entries: list[tuple[float, str]], excess: int) -> set[str]:
     """The machine ids the plan would give away from one demand item: of its joined, not busy machines
-    (``(idle since, machine_id)``), the ``excess`` longest idle, ties by machine id (``allocate.excess_pool``)."""
+    (``(idle since, machine_id)``), the ``excess`` longest idle, ties by machine id (``allocate.excess_pool``).
+
+    Sorted in chunks of ``CHUNK`` merged lazily, so that run in a worker thread it never holds the interpreter
+    for more than one chunk's sort (one C call each) and the event loop keeps turning."""
     if excess <= 0:
         return set()
     if excess >= len(entries):
         return {machine_id for _, machine_id in entries}
-    return {machine_id for _, machine_id in sorted(entries)[:excess]}
+    chunks = [sorted(entries[i : i + CHUNK]) for i in range(0, len(entries), CHUNK)]
+    return {machine_id for _, machine_id in itertools.islice(heapq.merge(*chunks), excess)}
+
+
+def item_surplus(
+    available: Iterable[tuple[HostState, MachineRecord]],
+    drained: Iterable[MachineRecord],
+    hosts: Mapping[str, HostState],
+    *,
+    active: int,
+    wanted: int,
+    skip: Set[str],
+    machine_seen: Mapping[str, float],
+    drain_seen: Mapping[str, float],
+    now: float,
+    policy: Policy,
+) -> set[str]:
+    """The machines of one demand item the plan gives away once idle for ``idle_time``: as
+    :func:`provisionerd.planner.supply.tally` then ``allocate.excess_pool``. ``available``: the item's joined, not
+    busy, active machines with their hosts (the join index's group); ``drained``: its active machines asked to drain;
+    ``active``: its active machines less those in ``skip`` (in flight). Machines past their provider's ``max_ttl``
+    (:func:`provisionerd.planner.drain.aged` over these machines, the planner's own rule) are not supply when returned
+    or draining, and never given away as idle."""
+    group = [(host, machine) for host, machine in available if machine.machine_id not in skip]
+    if policy.any_max_ttl:
+        candidates = {m.instance_ref: m for _, m in group}
+        candidates.update((m.instance_ref, m) for m in drained if m.machine_id not in skip)
+        found = drain.aged(
+            candidates, hosts, skip, lambda m: launched_at(m, machine_seen, now), drain_seen, now, policy
+        )
+        out = {m.machine_id for _, m in found.retire} | {m.machine_id for m in found.draining}
+        past = out | {m.machine_id for m in found.drain}
+        active -= len(out)
+        group = [(host, machine) for host, machine in group if machine.machine_id not in past]
+    return surplus_ranks([(host.since, machine.machine_id) for host, machine in group], active - wanted)
