@@ -28,9 +28,23 @@ STATES = ("booting", "joined", "idle", "busy", "lost", "returning")
 #: Pages read at most (a guard: the daemon's listing ends long before).
 MAX_PAGES = 100_000
 TIMEOUT = 10.0
+EPILOG = """\
+One line per machine: id, provider, template, demand item, state (booting, joined,
+idle, busy, lost, returning), joined or not, age, idle since, the op that made it,
+and NEXT, the planner's next action on it, from its own rules:
+  return at 14:02:05 (idle, idle_time 600 s)       surplus idle machine
+  return at 13:15:00 (never_joined, join_deadline 900 s)
+  drain at 16:00:00 (max_ttl, max_ttl 86400 s)      busy machine past max_ttl
+  return at 16:20:00 (drain_timeout, drain_timeout 3600 s)
+  kept: its demand item needs it | kept: busy | returning: return in flight
+A time holds while the inputs do (a new demand snapshot, or another machine
+retired first, can change it); the disruption budget may pace a return after it.
+The daemon is read page by page (--limit machines each), never all at once.
+
+exit 0 on an answer, 1 when the daemon cannot be reached or refuses, 2 on usage errors"""
 HEADER = (
     f"{'MACHINE':<24} {'PROVIDER':<12} {'TEMPLATE':<14} {'DEMAND':<12} {'STATE':<9} {'JOINED':<6} {'AGE':>8} "
-    f"{'IDLE SINCE':<8} {'OP':<28} NEXT"
+    f"{'IDLE SINCE':<10} {'OP':<28} NEXT"
 )
 
 
@@ -62,7 +76,7 @@ def render(line: dict[str, Any]) -> str:
     return (
         f"{line['machine_id']:<24} {line['provider']:<12} {line['template']:<14} {line['demand_id'] or '-':<12} "
         f"{line['state']:<9} {'yes' if line['joined'] else 'no':<6} {_age(line.get('age_s')):>8} "
-        f"{_clock(line.get('idle_since')):<8} {line['op_id']:<28} {next_text(line)}"
+        f"{_clock(line.get('idle_since')):<10} {line['op_id']:<28} {next_text(line)}"
     )
 
 
@@ -76,8 +90,9 @@ def _limit(text: str) -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="provisionerd machines",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="every machine the daemon tracks, with the next planned action on it and when (times UTC)",
-        epilog="exit 0 on an answer, 1 when the daemon cannot be reached or refuses, 2 on usage errors",
+        epilog=EPILOG,
     )
     add_target(parser)
     parser.add_argument("--provider", help="only this provider's machines")
@@ -95,12 +110,12 @@ def main(argv: list[str]) -> int:
         fields["state"] = args.state
     cursor: str | None = None
     try:
-        if not args.json:
-            print(HEADER)
-        for _ in range(MAX_PAGES):
+        for page in range(MAX_PAGES):
             reply = ask("provisionerd machines", args, "machines", {**fields, "cursor": cursor}, TIMEOUT)
             if reply is None:
                 return 1
+            if page == 0 and not args.json:
+                print(HEADER)
             for line in reply.get("machines", []):
                 print(json.dumps(line, sort_keys=True) if args.json else render(line))
             cursor = reply.get("cursor")
