@@ -36,6 +36,7 @@ from provisionerd.planner.fact_view import MachineRecord, MachineState
 from provisionerd.planner.host_table import HostTable
 from provisionerd.planner.outlook import item_surplus, outlook
 from provisionerd.planner.policy import Policy
+from provisionerd.planner.rejoin import SETTLED, Rejoin, Window
 from provisionerd.planner.state import PlannerState
 
 DEFAULT_LIMIT = 250
@@ -134,8 +135,11 @@ class MachinesPager:
         policy: Callable[[], Policy],
         wall: Callable[[], float],
         clock: Callable[[], float] = time.monotonic,
+        rejoin: Callable[[], Rejoin] = lambda: SETTLED,
     ) -> None:
         self._view, self._state, self._policy, self._wall, self._clock = view, state, policy, wall, clock
+        #: The loop's settle window after the last (re)join (``ReconcileLoop.rejoin``; planner.rejoin).
+        self._rejoin = rejoin
         self._listings: OrderedDict[str, _Listing] = OrderedDict()
 
     def page(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -254,11 +258,15 @@ class MachinesPager:
         view, listing = chosen.view, chosen.listing
         now, state, policy = self._wall(), self._state(), self._policy()
         machines, hosts = view.facts.machines, view.hosts
+        # The plan's own window (ReconcileLoop.cycle): the machines known to have joined are the view's; its count
+        # of missing machines is not read here (``settled_for``, ``until`` and ``reason`` need none).
+        rejoin = attrs.evolve(self._rejoin(), joined_before=view.joined)
+        window = Window(rejoin, {}, now, lambda provider: policy.of(provider).rejoin_settle)
         lines = []
         for machine_id in chosen.picked:
             machine = machines.get(machine_id)
             if machine is not None:
-                line = self._line(machine, hosts.get(machine.instance_ref), listing, state, policy, now)
+                line = self._line(machine, hosts.get(machine.instance_ref), listing, state, policy, now, window)
                 lines.append(attrs.asdict(line))
         more = chosen.end < len(listing.ids)
         if not more:
@@ -303,6 +311,7 @@ class MachinesPager:
         state: PlannerState,
         policy: Policy,
         now: float,
+        window: Window,
     ) -> MachineLine:
         machine_id = machine.machine_id
         in_flight = _in_flight(machine, state)
@@ -318,6 +327,7 @@ class MachinesPager:
             drain_seen=state.drain_seen,
             surplus=surplus,
             in_flight=in_flight,
+            window=window,
         )
         launched = machine.launch_time if machine.launch_time > 0 else None
         return MachineLine(

@@ -145,7 +145,11 @@ class DaemonCore:
         self.orphan_cycles: dict[str, OrphanCycle] = {}
         #: ``provisionerd machines``: pages of the live view with each machine's next planned action.
         self.machines = MachinesPager(
-            lambda: self.session.view, lambda: self.loop.state, lambda: self.loop.policy, self.wall
+            lambda: self.session.view,
+            lambda: self.loop.state,
+            lambda: self.loop.policy,
+            self.wall,
+            rejoin=lambda: self.loop.rejoin,
         )
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
 

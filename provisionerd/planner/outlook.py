@@ -4,9 +4,11 @@ Pure; no trio, no I/O. It reads the same rules :func:`provisionerd.planner.plan.
 the same precedence (:func:`provisionerd.planner.supply.tally`), for a machine the plan does not retire *now*:
 
 - in flight (a return committed or planned, reclaimed and marked lost): ``returning`` / ``lost``, no time;
-- not joined: returned at ``launch + join_deadline`` (reason ``never_joined``; ``launch`` is the launch time, or
-  when the planner first saw the machine when the provider gave none: ``PlannerState.machine_seen``); a settle
-  window after a (re)join to the controller holds it until the window ends (:mod:`provisionerd.planner.rejoin`);
+- not joined: returned at ``launch + join_deadline`` (reason ``never_joined``, or the settle window's
+  ``not_rejoined`` / ``no_host``; ``launch`` is the launch time, or when the planner first saw the machine when the
+  provider gave none: ``PlannerState.machine_seen``); a settle window after a (re)join to the controller holds it
+  until the window ends (:mod:`provisionerd.planner.rejoin`). A machine of an intent past its
+  ``provisioning_timeout`` may go earlier (not shown);
 - joined, its provider has a ``max_ttl``: at ``launch + max_ttl`` an idle machine is returned (``max_ttl``) and a
   busy one asked to drain; once draining, returned at ``drain since + drain_timeout`` (:mod:`planner.drain`);
 - joined and not busy, in its demand item's surplus (``surplus``: the item has more machines than it wants and this
@@ -35,6 +37,7 @@ from provisionerd.planner import drain
 from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, drain_started
 from provisionerd.planner.fact_view import MachineRecord, MachineState
 from provisionerd.planner.policy import Policy, ProviderPolicy
+from provisionerd.planner.rejoin import Window
 
 #: ``Outlook.action`` values.
 RETURN, DRAIN, RETURNING, LOST, KEPT = "return", "drain", "returning", "lost", "kept"
@@ -77,11 +80,13 @@ def outlook(
     drain_seen: Mapping[str, float],
     surplus: bool,
     in_flight: str = "",
-    settle_until: float | None = None,
+    window: Window | None = None,
 ) -> Outlook:
     """See the module docstring. ``in_flight``: ``"return"`` or ``"lost"`` when the planner's state holds such an
-    action for the machine (``PlannerState.pending_returns`` / ``pending_lost``). ``settle_until``: the end of its
-    provider's settle window after a (re)join, when one is open."""
+    action for the machine (``PlannerState.pending_returns`` / ``pending_lost``). ``window``: the settle window
+    after the last (re)join to the controller (:class:`provisionerd.planner.rejoin.Window`, as the plan builds it;
+    ``None``: settled): a machine without a host is not retired before it ends, and its reason is the window's
+    (``never_joined``, ``not_rejoined`` for one that joined before, ``no_host`` for one whose life was not seen)."""
     if machine.state is MachineState.LOST or in_flight == "lost":
         return Outlook(LOST, None, "reclaimed by the provider")
     if machine.state is not MachineState.ACTIVE or machine.return_op or in_flight == "return":
@@ -89,11 +94,11 @@ def outlook(
     launched = launched_at(machine, machine_seen, now)
     if host is None:
         at = launched + policy.join_deadline
-        if settle_until is not None and settle_until > at:
-            return Outlook(
-                RETURN, settle_until, "never_joined", f"settle window after a rejoin, until {settle_until:.0f}"
-            )
-        return Outlook(RETURN, at, "never_joined", f"join_deadline {_seconds(policy.join_deadline)}")
+        reason = "never_joined" if window is None else window.reason(machine, launched)
+        if window is not None and not window.settled_for(machine) and window.until(machine.provider) > at:
+            settle = window.until(machine.provider) - window.rejoin.since
+            return Outlook(RETURN, window.until(machine.provider), reason, f"rejoin_settle {_seconds(settle)}")
+        return Outlook(RETURN, at, reason, f"join_deadline {_seconds(policy.join_deadline)}")
     if host.status is HostStatus.LOST:
         return Outlook(KEPT, None, "host lost: left to the orphan classifier")
     busy = host.status is HostStatus.BUSY

@@ -17,6 +17,7 @@ from provisionerd.domain.model import DemandSnapshot, HostStatus, RequestIntent
 from provisionerd.planner.deadlines import PLAN_SLACK
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy, ProviderPolicy
+from provisionerd.planner.rejoin import SETTLED, Rejoin
 
 POLICY = Policy(
     cluster=CLUSTER,
@@ -48,9 +49,11 @@ def _world(spec: list[tuple[str, float, float | None, bool]]) -> World:
     return world
 
 
-def _lines(world: World, demand: DemandSnapshot, now: float) -> dict[str, dict[str, Any]]:
+def _lines(world: World, demand: DemandSnapshot, now: float, rejoin: Rejoin = SETTLED) -> dict[str, dict[str, Any]]:
     view = ControllerView(1, "primary", 1, world.view, world.hosts, demand)
-    pager = MachinesPager(lambda: view, lambda: world.state, lambda: POLICY, lambda: now)
+    for ref in rejoin.joined_before:
+        view.joined.add(ref)
+    pager = MachinesPager(lambda: view, lambda: world.state, lambda: POLICY, lambda: now, rejoin=lambda: rejoin)
     found: dict[str, dict[str, Any]] = {}
     cursor = None
     while True:
@@ -72,23 +75,31 @@ def _acted(result: Any) -> dict[str, tuple[str, str]]:
     return acted
 
 
-def _settle_now(world: World, demand: DemandSnapshot) -> None:
+def _settle_now(world: World, demand: DemandSnapshot, rejoin: Rejoin = SETTLED) -> None:
     """Plan at NOW and commit what it decided: what is due now is in flight, the rest waits for its time."""
-    world.commit_actions(world.plan(demand).actions)
+    result = plan(world.state, demand, world.view, world.offers, world.hosts, NOW, POLICY, rejoin)
+    world.state = result.state
+    world.commit_actions(result.actions)
 
 
 @fuzz_settings(300)
-@given(machines, st.integers(0, 4))
-def test_the_next_time_shown_is_when_the_planner_acts(spec, wanted):
+@given(machines, st.integers(0, 4), st.one_of(st.none(), st.floats(0.0, 400.0)), st.sets(st.integers(0, 9)))
+def test_the_next_time_shown_is_when_the_planner_acts(spec, wanted, rejoined_ago, joined_before):
+    """``rejoined_ago``: a (re)join to the controller that long before NOW (its settle window, a's and b's default
+    120 s), or none; ``joined_before``: the machines (by position) known to have had a host before it."""
     world = _world(spec)
+    refs = frozenset(m.instance_ref for n, m in enumerate(world.view.machines.values()) if n in joined_before)
+    rejoin = SETTLED if rejoined_ago is None else Rejoin(NOW - rejoined_ago, refs)
     demand = snapshot(1, item("d", wanted, ncpus=1))
-    _settle_now(world, demand)
-    lines = _lines(world, demand, NOW)
+    _settle_now(world, demand, rejoin)
+    lines = _lines(world, demand, NOW, rejoin)
     assert set(lines) == {m.machine_id for m in world.view.machines.values() if m.state.live}
     timed = {m: line for m, line in lines.items() if line["next_at"] is not None and line["next_at"] > NOW}
     if not timed:
         # Nothing timed: a plan much later, the inputs unchanged, returns and drains nothing more.
-        assert not _acted(plan(world.state, demand, world.view, world.offers, world.hosts, NOW + 5000.0, POLICY))
+        assert not _acted(
+            plan(world.state, demand, world.view, world.offers, world.hosts, NOW + 5000.0, POLICY, rejoin)
+        )
         return
     first = min(line["next_at"] for line in timed.values())
     due = {m for m, line in timed.items() if line["next_at"] <= first + PLAN_SLACK}
@@ -97,12 +108,17 @@ def test_the_next_time_shown_is_when_the_planner_acts(spec, wanted):
         # as surplus may be kept after all (the shown idle return holds while the item's supply does: outlook).
         due = {m for m in due if timed[m]["next_reason"] != "idle"}
     before = max(NOW, first - 1.0)
-    early = _acted(plan(world.state, demand, world.view, world.offers, world.hosts, before, POLICY))
+    early = _acted(plan(world.state, demand, world.view, world.offers, world.hosts, before, POLICY, rejoin))
     assert not (set(early) & due), f"acted before the time shown: {early}"
-    late = _acted(plan(world.state, demand, world.view, world.offers, world.hosts, first + PLAN_SLACK, POLICY))
+    late = _acted(plan(world.state, demand, world.view, world.offers, world.hosts, first + PLAN_SLACK, POLICY, rejoin))
     for machine_id in due:
         line = timed[machine_id]
-        assert late.get(machine_id) == (line["next_action"], line["next_reason"]), (machine_id, line, late)
+        expected = (line["next_action"], line["next_reason"])
+        machine = world.view.machines[machine_id]
+        ttl = POLICY.of(machine.provider).max_ttl
+        if ttl is not None and machine.launch_time + ttl <= first + PLAN_SLACK and line["next_reason"] == "idle":
+            expected = ("return", "max_ttl")  # both due within the slack: the plan names the rule it reads first
+        assert late.get(machine_id) == expected, (machine_id, line, late)
 
 
 def test_each_rule_is_named_with_its_time():
@@ -154,3 +170,28 @@ def test_in_flight_returns_show_as_returning():
     _settle_now(world, demand)
     line = _lines(world, demand, NOW)["m00001"]
     assert (line["state"], line["next_action"], line["next_at"]) == ("returning", "returning", None)
+
+
+def test_a_machine_past_its_join_deadline_waits_for_the_settle_window_and_shows_its_end():
+    # On b (join_deadline 300 s), launched 500 s ago, no host; the controller was rejoined 10 s ago (rejoin_settle
+    # 120 s by default): the plan holds it until the window ends, then returns it as no_host (or not_rejoined when
+    # it had a host before).
+    for joined_before, reason in ((False, "no_host"), (True, "not_rejoined")):
+        world = _world([("b", 500.0, None, False)])
+        ref = world.view.machines["m00001"].instance_ref
+        rejoin = Rejoin(NOW - 10.0, frozenset({ref}) if joined_before else frozenset())
+        demand = snapshot(1, item("d", 1, ncpus=1))
+        _settle_now(world, demand, rejoin)
+        line = _lines(world, demand, NOW, rejoin)["m00001"]
+        assert (line["next_action"], line["next_at"], line["next_reason"], line["next_rule"]) == (
+            "return",
+            NOW + 110.0,
+            reason,
+            "rejoin_settle 120 s",
+        )
+        early = plan(world.state, demand, world.view, world.offers, world.hosts, NOW + 109.0, POLICY, rejoin)
+        late = plan(
+            world.state, demand, world.view, world.offers, world.hosts, NOW + 110.0 + PLAN_SLACK, POLICY, rejoin
+        )
+        assert _acted(early) == {}
+        assert _acted(late) == {"m00001": ("return", reason)}
