@@ -266,7 +266,8 @@ class MachinesPager:
         for machine_id in chosen.picked:
             machine = machines.get(machine_id)
             if machine is not None:
-                line = self._line(machine, hosts.get(machine.instance_ref), listing, state, policy, now, window)
+                host = hosts.get(machine.instance_ref)
+                line = self._line(machine, host, listing, state, policy, now, window, view.facts.open_ops)
                 lines.append(attrs.asdict(line))
         more = chosen.end < len(listing.ids)
         if not more:
@@ -312,6 +313,7 @@ class MachinesPager:
         policy: Policy,
         now: float,
         window: Window,
+        open_ops: Mapping[str, None],
     ) -> MachineLine:
         machine_id = machine.machine_id
         in_flight = _in_flight(machine, state)
@@ -328,6 +330,7 @@ class MachinesPager:
             surplus=surplus,
             in_flight=in_flight,
             window=window,
+            intent_seen=state.intent_seen.get(machine.op_id, now) if machine.op_id in open_ops else None,
         )
         launched = machine.launch_time if machine.launch_time > 0 else None
         return MachineLine(

@@ -7,8 +7,8 @@ the same precedence (:func:`provisionerd.planner.supply.tally`), for a machine t
 - not joined: returned at ``launch + join_deadline`` (reason ``never_joined``, or the settle window's
   ``not_rejoined`` / ``no_host``; ``launch`` is the launch time, or when the planner first saw the machine when the
   provider gave none: ``PlannerState.machine_seen``); a settle window after a (re)join to the controller holds it
-  until the window ends (:mod:`provisionerd.planner.rejoin`). A machine of an intent past its
-  ``provisioning_timeout`` may go earlier (not shown);
+  until the window ends (:mod:`provisionerd.planner.rejoin`); a machine of an intent still open is returned at
+  the intent's ``provisioning_timeout`` when that comes first (``provisioning_timeout``);
 - joined, its provider has a ``max_ttl``: at ``launch + max_ttl`` an idle machine is returned (``max_ttl``) and a
   busy one asked to drain; once draining, returned at ``drain since + drain_timeout`` (:mod:`planner.drain`);
 - joined and not busy, in its demand item's surplus (``surplus``: the item has more machines than it wants and this
@@ -81,12 +81,16 @@ def outlook(
     surplus: bool,
     in_flight: str = "",
     window: Window | None = None,
+    intent_seen: float | None = None,
 ) -> Outlook:
     """See the module docstring. ``in_flight``: ``"return"`` or ``"lost"`` when the planner's state holds such an
     action for the machine (``PlannerState.pending_returns`` / ``pending_lost``). ``window``: the settle window
     after the last (re)join to the controller (:class:`provisionerd.planner.rejoin.Window`, as the plan builds it;
     ``None``: settled): a machine without a host is not retired before it ends, and its reason is the window's
-    (``never_joined``, ``not_rejoined`` for one that joined before, ``no_host`` for one whose life was not seen)."""
+    (``never_joined``, ``not_rejoined`` for one that joined before, ``no_host`` for one whose life was not seen).
+    ``intent_seen``: when the planner first saw the machine's intent, if that intent is still open
+    (``PlannerState.intent_seen``): past its ``provisioning_timeout`` the machine goes, if not joined, unless it
+    had joined before."""
     if machine.state is MachineState.LOST or in_flight == "lost":
         return Outlook(LOST, None, "reclaimed by the provider")
     if machine.state is not MachineState.ACTIVE or machine.return_op or in_flight == "return":
@@ -95,10 +99,16 @@ def outlook(
     if host is None:
         at = launched + policy.join_deadline
         reason = "never_joined" if window is None else window.reason(machine, launched)
+        rule = f"join_deadline {_seconds(policy.join_deadline)}"
+        joined_before = window is not None and window.joined_before(machine)
+        if intent_seen is not None and not joined_before and intent_seen + policy.provisioning_timeout < at:
+            # Its intent is still open and times out first: its machines not joined go then (planner.supply).
+            at, reason = intent_seen + policy.provisioning_timeout, "provisioning_timeout"
+            rule = f"provisioning_timeout {_seconds(policy.provisioning_timeout)}"
         if window is not None and not window.settled_for(machine) and window.until(machine.provider) > at:
             settle = window.until(machine.provider) - window.rejoin.since
             return Outlook(RETURN, window.until(machine.provider), reason, f"rejoin_settle {_seconds(settle)}")
-        return Outlook(RETURN, at, reason, f"join_deadline {_seconds(policy.join_deadline)}")
+        return Outlook(RETURN, at, reason, rule)
     if host.status is HostStatus.LOST:
         return Outlook(KEPT, None, "host lost: left to the orphan classifier")
     busy = host.status is HostStatus.BUSY

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import CLUSTER, EPOCH, NOW, World, fuzz_settings, item, offer, snapshot
@@ -195,3 +196,25 @@ def test_a_machine_past_its_join_deadline_waits_for_the_settle_window_and_shows_
         )
         assert _acted(early) == {}
         assert _acted(late) == {"m00001": ("return", reason)}
+
+
+def test_a_machine_of_an_open_intent_shows_its_provisioning_timeout_when_that_comes_first():
+    # An intent of 2 on b (provisioning_timeout 1200 s, join_deadline 300 s) first seen 1100 s ago, one machine made
+    # just now and not joined: the intent times out in 100 s, before the machine's join deadline (300 s).
+    world = World([offer("a", "t"), offer("b", "t")], policy=POLICY)
+    op_id = f"{CLUSTER}:b:seed:0"
+    world.commit(RequestIntent("b", EPOCH, op_id, "t", 2, (f"{op_id}/0", f"{op_id}/1"), ("h" * 64,) * 2, "d"))
+    world.fulfil(op_id, 1, launch=NOW)
+    world.state = attrs.evolve(world.state, intent_seen={op_id: NOW - 1100.0})
+    demand = snapshot(1, item("d", 2, ncpus=1))
+    line = _lines(world, demand, NOW)["m00001"]
+    assert (line["next_action"], line["next_at"], line["next_reason"], line["next_rule"]) == (
+        "return",
+        NOW + 100.0,
+        "provisioning_timeout",
+        "provisioning_timeout 1200 s",
+    )
+    early = plan(world.state, demand, world.view, world.offers, world.hosts, NOW + 99.0, POLICY)
+    late = plan(world.state, demand, world.view, world.offers, world.hosts, NOW + 100.0 + PLAN_SLACK, POLICY)
+    assert _acted(early) == {}
+    assert _acted(late) == {"m00001": ("return", "provisioning_timeout")}
