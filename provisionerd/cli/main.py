@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "cost": ("provisionerd.cli.cost", "estimated spend by provider, template, currency (cost --config FILE)"),
     "history": ("provisionerd.cli.history", "the controller's fact log, ended lifecycles too (history --config FILE)"),
+    "machines": (
+        "provisionerd.cli.machines",
+        "every machine, its state and next planned action (machines --config FILE [--provider P] [--state S])",
+    ),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.cli.simulate", "seeded whole-system simulation campaign (simulate --seeds N)"),

@@ -45,6 +45,7 @@ from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
 from provisionerd.daemon.current_config import ReloadResult
 from provisionerd.daemon.history_admin import history_command
+from provisionerd.daemon.machines_admin import MachinesPager
 from provisionerd.daemon.metered import CallLog, metered
 from provisionerd.daemon.observability import Observability
 from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
@@ -142,6 +143,14 @@ class DaemonCore:
         self._spend_lock = trio.Lock()
         self.orphan_actions = OrphanActions(pieces, refusals=self.admin)
         self.orphan_cycles: dict[str, OrphanCycle] = {}
+        #: ``provisionerd machines``: pages of the live view with each machine's next planned action.
+        self.machines = MachinesPager(
+            lambda: self.session.view,
+            lambda: self.loop.state,
+            lambda: self.loop.policy,
+            self.wall,
+            rejoin=lambda: self.loop.rejoin,
+        )
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
 
     @property
@@ -309,6 +318,7 @@ class DaemonCore:
                     "controller_accept_reset": self.accept_reset,
                     "cost": self.cost,  # provisionerd cost (planner.cost, docs/fleet.md)
                     "history": history_command(self.session),  # provisionerd history (docs/protocol.md §6.6)
+                    "machines": self.machines.command(),  # provisionerd machines (daemon.machines_admin)
                 }
                 await nursery.start(
                     functools.partial(

@@ -113,6 +113,7 @@ class FactView:
     live_by_offer: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (provider, template) -> live machines
     open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
     open_returns: dict[str, None] = attrs.field(factory=dict)  # op_ids of returns not confirmed, in commit order
+    drained: dict[str, MachineRecord] = attrs.field(factory=dict)  # machine_id -> ACTIVE machine asked to drain
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
@@ -239,6 +240,8 @@ class FactView:
                     machine = self.machines.get(machine_id)
                     if machine is not None and machine.state.live and not machine.drain_since > 0:
                         machine.drain_since = fact.at
+                        if machine.state is MachineState.ACTIVE:
+                            self.drained[machine_id] = machine
 
     def _add_instance(self, fact: InstanceFact) -> None:
         if fact.machine_id in self.machines:
@@ -292,6 +295,7 @@ class FactView:
         old = machine.state
         machine.state = state
         if old is MachineState.ACTIVE and state is not MachineState.ACTIVE:
+            self.drained.pop(machine.machine_id, None)
             if self.active_refs.get(machine.instance_ref) is machine:
                 del self.active_refs[machine.instance_ref]
                 self.hosts.machine_removed(machine)
