@@ -117,10 +117,12 @@ class LegacyProvider:
         A call an earlier process left is collected first if it has ended: its answer is its outcome (issue 31,
         finding 2: an answer that landed after this process started was reported as unknown, the daemon failed the op,
         and the next call collected the answer as accepted: machines nobody polled). One still running is not
-        unknown yet."""
+        unknown yet. With a state-file reader, a lost call's request that nothing else can have made is taken as
+        its answer first (``legacy.attribution``; a daemon stopped mid-call leaves such a call in the journal)."""
         self._collect(self.runner.take_finished())
-        found = []
         pending = self.runner.pending_ops()  # still running under an earlier process: not unknown yet
+        self._attribute_lost(pending)
+        found = []
         for op in self.journal.unknown_creates():
             if op.op_id in pending:
                 continue
@@ -132,6 +134,23 @@ class LegacyProvider:
         if found:
             self._what_the_plugin_recorded(found)
         return found
+
+    def _attribute_lost(self, pending: set[str]) -> None:
+        """Try ``_attribute`` on every call whose outcome is unknown (not one still running), reading the plugin's
+        state file once, and only when there is such a call and a reader."""
+        reader = READERS.get(self.settings.state_file)
+        lost = [
+            (op, call)
+            for op in self.journal.unknown_creates()
+            if op.op_id not in pending
+            for call in op.calls
+            if call.state == UNKNOWN
+        ]
+        if reader is None or not lost:
+            return
+        read = reader(self.runner.config.data_dir)
+        for op, call in lost:
+            self._attribute(op, call, read)
 
     def running_ops(self) -> set[str]:
         """The ops of calls an earlier process left that still run (one that ended is collected first)."""
