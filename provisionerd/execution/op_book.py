@@ -65,6 +65,8 @@ class OpRecord:
     idle_since: float | None = None
     failures: int = 0
     retry_at: float | None = None
+    #: When a fail of this op was first deferred for want of a listing (trio clock; ``None``: never).
+    deferred_since: float | None = None
     observations: list[Observation] = attrs.field(factory=list)
     _sink: Callable[[Observation], None] = attrs.field(default=lambda obs: None, repr=False)
 

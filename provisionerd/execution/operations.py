@@ -64,6 +64,8 @@ RECENT = 1000
 #: Listings of an op before it is failed: tries, and the first pause between them (doubling).
 ATTRIBUTE_TRIES = 3
 ATTRIBUTE_RETRY = 1.0
+#: How long a fail may wait for a listing of its op before it goes ahead anyway (the orphan pass is then the net).
+DEFER_MAX = 600.0
 
 
 def action_fields(action: Action) -> dict[str, Any]:
@@ -214,7 +216,7 @@ class Operations:
                     )
                 case FailRequest():
                     fact: Fact = RequestFailed(action.provider, NO_EPOCH, action.op_id, action.reason)
-                    if await self._attribute(action.op_id):
+                    if await self._attribute(record, action.op_id):
                         outcome = await self._commit(record, action, fact)
                     else:  # the planner fails it again on a later cycle, after a listing has explained the op
                         record.add(ActionDropped(action.op_id))
@@ -229,7 +231,7 @@ class Operations:
                     outcome = await self._commit(record, action, fact)
         self._record(outcome)
 
-    async def _attribute(self, op_id: str) -> bool:
+    async def _attribute(self, record: OpRecord, op_id: str) -> bool:
         """Before an op is failed, commit the instance facts of the machines its listing shows (seed 5406: a hung
         requestMachines made 7 machines after the deadline; failed unlisted, they were never attributed and never
         returned). The listing is tried ``ATTRIBUTE_TRIES`` times, ``ATTRIBUTE_RETRY`` seconds apart and doubling;
@@ -238,6 +240,14 @@ class Operations:
         intent = view.facts.intents.get(op_id) if view is not None else None
         if intent is None or not self._executor.serves(intent.intent.provider):
             return True  # nothing to list: no intent in the view, or a provider this daemon does not serve
+        client = self._executor.client(intent.intent.provider)
+        if client.legacy and op_id in {u.op_id for u in client.unknown_outcomes()}:
+            return True  # a legacy call whose outcome is unknown can never be listed: the orphan report names it
+        if record.deferred_since is not None and trio.current_time() - record.deferred_since >= DEFER_MAX:
+            self._events.emit(
+                "action", phase="deferred", op_id=op_id, provider=intent.intent.provider, kind="fail", reason="gave_up"
+            )
+            return True  # no listing for DEFER_MAX: the fail goes ahead, the orphan pass is the net
         delay = ATTRIBUTE_RETRY
         for attempt in range(ATTRIBUTE_TRIES):
             if await self._executor.attribute_op(intent.intent) is not None:
@@ -245,6 +255,8 @@ class Operations:
             if attempt + 1 < ATTRIBUTE_TRIES:
                 await trio.sleep(delay)
                 delay *= 2
+        if record.deferred_since is None:
+            record.deferred_since = trio.current_time()
         self._events.emit(
             "action", phase="deferred", op_id=op_id, provider=intent.intent.provider, kind="fail", reason="list_failed"
         )

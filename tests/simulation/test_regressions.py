@@ -209,7 +209,7 @@ def test_seeds_665670412_and_665672842_a_deadline_fail_waits_for_a_listing(monke
     for seed in (665670412, 665672842):
         assert "failed_with_machines" not in violated_now(seed), seed
 
-    async def as_before(self, op_id):
+    async def as_before(self, record, op_id):
         view = self._view
         intent = view.facts.intents.get(op_id) if view is not None else None
         if intent is not None:
