@@ -84,3 +84,29 @@ def test_a_lost_call_is_an_unknown_outcome_recorded_in_the_journal(world):
     assert isinstance(unknown, UnknownOutcome) and (unknown.op_id, unknown.template_id) == ("op-1", TEMPLATE)
     assert unknown.instance_refs == ("op-1/0",) and unknown.detail.startswith("ProviderTimeout")
     assert len(world.inputs("requestMachines")) == 1
+
+
+def test_an_op_the_journal_never_recorded_lists_empty_unless_the_journal_dropped_ops(world):
+    """bench/restarts.py (legacy): a daemon killed between its intent and the plugin call left an op the journal
+    never recorded, so its plugin never ran; the listing was refused ("not in the legacy journal") at every recovery
+    and the demand stayed unmet (3 wanted, 0 running for 240 s). The journal records every op before its plugin runs,
+    so such an op made nothing: its listing is empty. Once the journal has dropped ops (at ``max_ops``), it cannot
+    say so and the listing is refused as before."""
+    adapter = world.adapter()
+    client = PluginClient(adapter)
+
+    async def main() -> tuple[Any, Any]:
+        with pytest.raises(ProviderUnsupported):  # an empty journal (a new or lost file) cannot say "never called"
+            await client.list_machines(op_filter("c1", "lsfex", "op-never-called"))
+        await client.request_machines(ask("op-1", 1))  # the journal has a history now
+        listed = await client.list_machines(op_filter("c1", "lsfex", "op-never-called"))
+        adapter.journal.max_ops = len(adapter.journal.creates)  # as full as it gets: older ops may be gone
+        try:
+            await client.list_machines(op_filter("c1", "lsfex", "op-never-called"))
+        except ProviderUnsupported as exc:
+            return listed, exc
+        return listed, None
+
+    listed, refused = trio.run(main)
+    assert listed == () and len(world.inputs("requestMachines")) == 1
+    assert refused is not None and "not in the legacy journal" in str(refused)
