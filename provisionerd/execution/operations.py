@@ -98,8 +98,18 @@ def machines_of(action: Action) -> tuple[str, ...]:
     return ()
 
 
+#: The record kind of each action type (``OpRecord.kind``).
+KINDS: dict[type, str] = {
+    RequestMachines: "request",
+    ReturnMachines: "return",
+    MarkLost: "lost",
+    FailRequest: "fail",
+    DrainMachines: "drain",
+}
+
+
 def kind_of(action: Action) -> str:
-    return action_fields(action)["kind"]
+    return KINDS.get(type(action), type(action).__name__)
 
 
 class Operations:

@@ -83,18 +83,23 @@ def commit(certs: Path, port: int, facts: list[Callable[[Epoch], Fact]]) -> None
     trio.run(main)
 
 
-def commit_address_bound(certs: Path, port: int, ref: str, machine_id: str, token_hash: str) -> None:
-    """The intent and instance fact of one machine the provider reported at 127.0.0.1 (an address-bound join)."""
+def commit_machine(certs: Path, port: int, ref: str, machine_id: str, token_hash: str, address: str = "") -> None:
+    """The intent and instance fact of one machine (``address``: where the provider reported it, for an
+    address-bound join)."""
     commit(
         certs,
         port,
         [
             lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (token_hash,)),
             lambda epoch: InstanceFact(
-                PROVIDER, epoch, "op-1", ref, machine_id, "local-1", token_hash, address="127.0.0.1"
+                PROVIDER, epoch, "op-1", ref, machine_id, "local-1", token_hash, address=address
             ),
         ],
     )
+
+
+#: A heartbeat timeout long enough that a host is not marked lost while its agent restarts on a loaded machine.
+SLOW_LOSS = ("--lease-ttl", "1", "--check-interval", "0.5", "--heartbeat-timeout", "20")
 
 
 def test_an_agent_rejoins_a_restarted_controller_with_its_credential_and_a_returned_one_is_refused(
@@ -153,7 +158,7 @@ def test_a_legacy_machine_joins_by_address_once_and_rejoins_a_restarted_controll
     log = tmp_path / "legacy.log"
     with ExitStack() as stack:
         with serve(certs, data, port, ctl_log, *option):
-            commit_address_bound(certs, port, "c1/i-1", "i-0abc", unused)
+            commit_machine(certs, port, "c1/i-1", "i-0abc", unused, "127.0.0.1")
             agent = start_agent(stack, certs, tmp_path, port, "", secret, log, *claim)
             wait.blocking("the legacy agent idle", lambda: hosts(certs, port) == {"c1/i-1": "idle"}, 60, 0.2)
             # Once: a second claim of the same machine, from the same address, is refused.
@@ -182,7 +187,7 @@ def test_a_machine_booting_before_its_fact_joins_once_the_fact_lands(certs: Path
         agent = start_agent(stack, certs, tmp_path, port, "", secret, log, "--address-bound", "--machine-id", "i-early")
         wait.blocking("a refusal", lambda: log.read_text().count("trying again later") >= 2, 60, 0.2)
         assert agent.poll() is None  # still there, secret in memory
-        commit_address_bound(certs, port, "c1/i-e", "i-early", unused)
+        commit_machine(certs, port, "c1/i-e", "i-early", unused, "127.0.0.1")
         wait.blocking("the early machine idle", lambda: hosts(certs, port) == {"c1/i-e": "idle"}, 60, 0.2)
         assert agent.poll() is None and "join #1" in log.read_text()
     assert "reason=machine_unknown" in ctl_log.read_text()
@@ -228,16 +233,8 @@ def test_an_agent_killed_and_restarted_rejoins_from_its_state_file(certs: Path, 
     digest = hashlib.sha256(token.encode()).hexdigest()
     home = tmp_path / "machine"
     state = home / "state" / "agent.json"
-    timings = ("--lease-ttl", "1", "--check-interval", "0.5", "--heartbeat-timeout", "20")
-    with ExitStack() as stack, controller.serving(certs, data, ctl_log, *timings, listen=f"127.0.0.1:{port}"):
-        commit(
-            certs,
-            port,
-            [
-                lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (digest,)),
-                lambda epoch: InstanceFact(PROVIDER, epoch, "op-1", ref, "m-r", "local-1", digest),
-            ],
-        )
+    with ExitStack() as stack, controller.serving(certs, data, ctl_log, *SLOW_LOSS, listen=f"127.0.0.1:{port}"):
+        commit_machine(certs, port, ref, "m-r", digest)
         token_path = agents.token_file(home, token)
         argv = agents.agent_argv(
             certs,
@@ -293,17 +290,9 @@ def test_a_token_spent_by_a_join_whose_reply_was_lost_admits_its_worker_once_mor
     port, data, ctl_log = wait.free_port(), tmp_path / "ctl", tmp_path / "ctl.log"
     ref, token = "c1/i-lost-reply", secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
-    timings = ("--lease-ttl", "1", "--check-interval", "0.5", "--heartbeat-timeout", "20")
     log = tmp_path / "agent.log"
-    with ExitStack() as stack, controller.serving(certs, data, ctl_log, *timings, listen=f"127.0.0.1:{port}"):
-        commit(
-            certs,
-            port,
-            [
-                lambda epoch: RequestIntent(PROVIDER, epoch, "op-1", "local-1", 1, (ref,), (digest,)),
-                lambda epoch: InstanceFact(PROVIDER, epoch, "op-1", ref, "m-l", "local-1", digest),
-            ],
-        )
+    with ExitStack() as stack, controller.serving(certs, data, ctl_log, *SLOW_LOSS, listen=f"127.0.0.1:{port}"):
+        commit_machine(certs, port, ref, "m-l", digest)
         assert join_and_lose_the_reply(certs, port, ref, token) == "JoinReply"
         agent = start_agent(stack, certs, tmp_path, port, ref, token, log)
         wait.blocking("the agent idle", lambda: hosts(certs, port) == {ref: "idle"}, 60, 0.2)
