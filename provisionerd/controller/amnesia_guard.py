@@ -6,11 +6,13 @@ applies the pure rules of ``controller.amnesia`` where the evidence arrives:
 
 - the session calls ``check_join`` with every accepted ``JoinReply`` (incarnation, last index) before it serves
   the link, and ``note_acknowledged`` with every fact index the controller acknowledged or resynced;
-- each lease keeper calls ``check_grant`` before it holds a new grant, and ``note_granted`` once it does.
+- each lease keeper (its ``judge``) calls ``check_grant`` before it holds a new grant, and ``note_granted`` once it
+  does.
 
 A finding **halts** the daemon: it is logged at ERROR, emitted as a ``controller_amnesia`` event, counted
-(``alarms``), shown by ``status()``, and every ``on_halt`` callback runs (the builder wires: every lease keeper
-lapses at once, the session breaks its link and stays away until the halt ends). While halted, ``halted`` names
+(``alarms``) and shown by ``status()``. The guard calls no one: those that must stop wait for it
+(``wait_halted``): every lease keeper lapses at once (and no lease is valid while ``halted``), and the session
+breaks its link and stays away until the halt ends. While halted, ``halted`` names
 the reason: the mutation gate refuses with ``MutationsHalted`` before any provider call, nothing is returned,
 nothing is cleaned up as an orphan (no lease, no view), and the memory is not updated by anything the forgetful
 controller says. Only ``accept_reset`` (the admin's ``provisionerd controller accept-reset``) ends the halt: it
@@ -20,7 +22,6 @@ remembers the controller as it is now and the session joins again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -43,13 +44,18 @@ class AmnesiaGuard:
         self.finding: Amnesia | None = None
         self.alarms = 0
         self.save_failures = 0
-        self.on_halt: list[Callable[[Amnesia], None]] = []
         self._cleared = trio.Event()
+        self._halted = trio.Event()
 
     @property
     def halted(self) -> str | None:
         """Why every mutation is stopped, or ``None`` when they may run."""
         return None if self.finding is None else f"controller amnesia: {self.finding.detail}"
+
+    async def wait_halted(self) -> None:
+        """Return once a halt is in force (at once when one is)."""
+        while self.finding is None:
+            await self._halted.wait()
 
     async def wait_cleared(self) -> None:
         """Return once no halt is in force (at once when none is)."""
@@ -99,6 +105,7 @@ class AmnesiaGuard:
         self.finding = None
         self._cleared.set()
         self._cleared = trio.Event()
+        self._halted = trio.Event()
         log.warning(
             "controller reset accepted by %s: incarnation %r (was %r), last index %s (was %s); mutations resume",
             by,
@@ -140,8 +147,7 @@ class AmnesiaGuard:
             finding.detail,
         )
         self._events.emit("controller_amnesia", **self._describe(finding), remembered=self._memory_doc())
-        for callback in self.on_halt:
-            callback(finding)
+        self._halted.set()
 
     def _remember(self, memory: ControllerMemory, *, force: bool = False) -> None:
         if memory == self.memory and not force:

@@ -19,10 +19,15 @@ expired on arrival, or lapse before its first renewal) is not retried: the keepe
 ``lease_unusable`` event and acquires no more (the provider does not run) until it is cancelled, instead of being
 refused as ``grant_too_late`` twice a second for ever.
 
-Before a new grant is held, every ``grant_checks`` callback judges it (the daemon's ``AmnesiaGuard.check_grant``:
-an epoch not above the highest the controller granted before is amnesia); a finding refuses the grant
-(``lease_denied`` with reason ``controller_amnesia``). ``halt(reason)`` lapses the lease at once (the guard calls it
-on every keeper when it halts the daemon).
+Before a new grant is held, the keeper's ``judge`` (the daemon's ``AmnesiaGuard``) judges it: an epoch not above
+the highest the controller granted before is amnesia, and a finding refuses the grant (``lease_denied`` with reason
+``controller_amnesia``); a grant held is told to it (``note_granted``). While the judge is halted no lease is valid,
+and a lease held when it halts lapses at once (the keeper waits on ``judge.wait_halted``); the epochs held before a
+halt belong to the forgotten log, so after the admin's reset they no longer bound the next grant.
+
+The keeper reads what the session saw, never the other way round: it renews at once when the ``rejoined`` pulse
+fires (a new link: the new primary may not know us), and a keeper waiting after a denial asks again when its
+``freed`` pulse fires (``controller.pulse``).
 
 The keeper talks to the controller through a ``LeaseTransport`` so tests can drive it on
 ``MockClock(autojump_threshold=0)`` with an in-memory fake controller.
@@ -34,7 +39,7 @@ import contextlib
 import enum
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Protocol
 
 import attrs
@@ -43,6 +48,7 @@ import trio
 from provisionerd.config.loader import Backoff
 from provisionerd.config.proofs import RENEW_FRACTION, lease_window_problem
 from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.controller.pulse import Pulse
 from provisionerd.domain.errors import LeaseError, LinkDown
 from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.events import EventLog
@@ -82,6 +88,23 @@ class LeaseTransport(Protocol):
     async def release(self, provider: str, epoch: Epoch) -> None: ...
 
 
+class GrantJudge(Protocol):
+    """What judges a grant before it is held and must stop every lease at once when it halts (``AmnesiaGuard``)."""
+
+    alarms: int  # how many halts so far
+
+    @property
+    def halted(self) -> str | None: ...
+
+    def check_grant(self, provider: str, epoch: Epoch, held_this_start: Epoch | None) -> object | None:
+        """A finding (anything but ``None``) refuses the grant."""
+
+    def note_granted(self, provider: str, epoch: Epoch) -> None: ...
+
+    async def wait_halted(self) -> None:
+        """Return once a halt is in force."""
+
+
 class LeaseState(enum.Enum):
     NONE = "none"  # never held (or waiting for the first grant)
     HELD = "held"
@@ -113,7 +136,14 @@ class LeaseKeeper:
         rng: random.Random,
         events: EventLog,
         renew_fraction: float = RENEW_FRACTION,
+        judge: GrantJudge | None = None,
+        rejoined: Pulse | None = None,
+        freed: Pulse | None = None,
     ) -> None:
+        """``judge``: judges every grant before it is held and halts every lease (see the module docstring).
+        ``rejoined``: fired on each new link (renew at once); ``freed``: fired when the controller says this
+        provider's lease ended (ask again at once). Without them the keeper renews on its schedule and waits out
+        each denial."""
         if not 0 < renew_fraction < 1:
             raise ValueError(f"renew_fraction must be in (0, 1), not {renew_fraction!r}")
         self.provider = provider
@@ -131,25 +161,29 @@ class LeaseKeeper:
         self._guards: set[trio.CancelScope] = set()
         self._changed = trio.Event()
         self._hold_scope: trio.CancelScope | None = None
-        self._poked = trio.Event()
-        self._freed = trio.Event()
-        #: Called with the epoch on every acquisition (never on a renewal), before anyone is woken: the daemon
-        #: uses it to resync before it plans from the view again (another holder's facts are not pushed to us).
-        self.on_acquired: list[Callable[[Epoch], None]] = []
-        #: Called as ``check(provider, epoch, highest_epoch_held_this_start)`` before a new grant is held; anything
-        #: but ``None`` (a finding) refuses the grant.
-        self.grant_checks: list[Callable[[str, Epoch, Epoch | None], object | None]] = []
+        #: What this keeper reads, never calls back: the grant judge, and the session's pulses.
+        self.judge = judge
+        self._alarms_seen = 0 if judge is None else judge.alarms
+        self.rejoined = rejoined
+        self._rejoins_seen = 0 if rejoined is None else rejoined.count
+        self.freed = freed
 
     # --- reading ----------------------------------------------------------------------------------------------
 
     def valid(self, now: float | None = None) -> bool:
         """True while held and ``now`` is before the local deadline (at the deadline itself it is not valid)."""
         now = trio.current_time() if now is None else now
-        return self.state is LeaseState.HELD and now < self.valid_until
+        return self.state is LeaseState.HELD and now < self.valid_until and not self._halted()
+
+    def _halted(self) -> str | None:
+        return None if self.judge is None else self.judge.halted
 
     def current(self, now: float | None = None) -> Epoch:
         """The epoch held *now*, or ``LeaseError``."""
         now = trio.current_time() if now is None else now
+        halted = self._halted()
+        if halted is not None:
+            raise LeaseError(self.provider, halted)
         if self.state is LeaseState.HELD and now < self.valid_until and self.epoch is not None:
             return self.epoch
         if self.state is LeaseState.HELD:
@@ -218,9 +252,8 @@ class LeaseKeeper:
             ttl=grant.ttl,
             valid_for=round(self.valid_until - trio.current_time(), 6),
         )
-        if not renewed:
-            for callback in self.on_acquired:
-                callback(grant.epoch)
+        if not renewed and self.judge is not None:
+            self.judge.note_granted(self.provider, grant.epoch)
         self._notify()
 
     def _lapse(self, reason: str) -> None:
@@ -235,24 +268,6 @@ class LeaseKeeper:
         if self._hold_scope is not None:
             self._hold_scope.cancel()
 
-    def renew_now(self) -> None:
-        """Renew at once instead of at the next scheduled time (after a rejoin, the new primary may not know us)."""
-        self._poked.set()
-
-    def lease_freed(self) -> None:
-        """The controller says the provider's lease ended (``LeaseFreed``): a keeper waiting to acquire asks again now
-        instead of at the end of its wait. Ignored while the lease is held or given back."""
-        if self.state in (LeaseState.NONE, LeaseState.LAPSED):
-            self._events.emit("lease_freed", provider=self.provider)
-            self._freed.set()
-
-    def halt(self, reason: str) -> None:
-        """Lapse now, whatever epoch is held (every mutation of the daemon is being stopped)."""
-        if self.state is LeaseState.HELD:
-            self._lapse(reason)
-        elif self.state is not LeaseState.RELEASED:
-            self.reason = reason
-
     def invalidate(self, epoch: Epoch, reason: str) -> None:
         """Lapse now if ``epoch`` is the one held (e.g. the controller rejected a fact as ``stale_epoch``)."""
         if self.state is LeaseState.HELD and self.epoch == epoch:
@@ -264,21 +279,26 @@ class LeaseKeeper:
         """Acquire, keep, and after every lapse re-acquire, until cancelled."""
         task_status.started()
         while self.state is not LeaseState.RELEASED:
-            grant, sent = await self._acquire()
-            self._poked = trio.Event()  # a poke before this grant is answered by the grant itself
+            grant, sent, rejoins = await self._acquire()
+            self._rejoins_seen = rejoins  # a rejoin before this grant was sent is answered by the grant itself
             self._hold(grant, sent, renewed=False)
             with trio.CancelScope() as self._hold_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watchdog)
                     nursery.start_soon(self._renew_loop, grant.ttl, sent)
+                    if self.judge is not None:
+                        nursery.start_soon(self._halt_watch, self.judge)
             self._hold_scope = None
 
-    async def _acquire(self) -> tuple[LeaseGranted, float]:
+    async def _acquire(self) -> tuple[LeaseGranted, float, int]:
+        """A grant to hold, when its request was sent, and the ``rejoined`` count then."""
         self._backoff.reset()
         while True:
             await self._transport.wait_ready()
             sent = trio.current_time()
-            self._freed = trio.Event()  # a push answers a denial sent from now on (the link keeps the order)
+            rejoins = 0 if self.rejoined is None else self.rejoined.count
+            # A push answers a denial sent from now on (the link keeps the order).
+            freed_seen = 0 if self.freed is None else self.freed.count
             try:
                 reply = await self._transport.acquire(self.provider)
             except LinkDown as exc:
@@ -288,11 +308,15 @@ class LeaseKeeper:
                 delay, accepted = self._judge_grant(reply, sent)
                 if accepted:
                     assert isinstance(reply, LeaseGranted)
-                    return reply, sent
+                    return reply, sent, rejoins
             if delay == float("inf"):  # a grant this keeper cannot use: a push changes nothing (_refuse_unusable)
                 await trio.sleep_forever()
             with trio.move_on_after(delay):
-                await self._freed.wait()
+                if self.freed is None:
+                    await trio.sleep_forever()
+                await self.freed.wait_after(freed_seen)
+            if self.freed is not None and self.freed.count > freed_seen:  # woken by it, or told in the same instant
+                self._events.emit("lease_freed", provider=self.provider)
 
     def _judge_grant(self, reply: LeaseReply, sent: float) -> tuple[float, bool]:
         """Whether an acquire reply is a grant we may hold; otherwise how long to wait before trying again."""
@@ -305,9 +329,14 @@ class LeaseKeeper:
         unusable = lease_window_problem(reply.ttl, self._margin, self._renew_fraction)
         if unusable is not None:
             return self._refuse_unusable(reply, unusable), False
-        for check in self.grant_checks:
-            finding = check(self.provider, reply.epoch, self.highest_epoch)
-            if finding is not None:
+        if self.judge is not None:
+            if self.judge.alarms != self._alarms_seen:
+                # The epochs held before a halt belong to the forgotten log: after the admin's accept-reset the
+                # controller counts from its own term again (the simulation's store_loss found a daemon refusing
+                # 1.1 below 1.2 forever). No grant is held while halted, so nothing is trusted on this.
+                self._alarms_seen = self.judge.alarms
+                self.highest_epoch = None
+            if self.judge.check_grant(self.provider, reply.epoch, self.highest_epoch) is not None:
                 self.reason = f"refused a grant of epoch {reply.epoch}: controller amnesia"
                 self._events.emit(
                     "lease_denied", provider=self.provider, reason="controller_amnesia", epoch=reply.epoch
@@ -359,6 +388,10 @@ class LeaseKeeper:
                 self._lapse("local deadline passed without a renewal")
                 return
 
+    async def _halt_watch(self, judge: GrantJudge) -> None:
+        await judge.wait_halted()
+        self._lapse(judge.halted or "halted")
+
     async def _renew_loop(self, ttl: float, sent: float) -> None:
         assert self.epoch is not None
         epoch = self.epoch
@@ -366,8 +399,11 @@ class LeaseKeeper:
         self._retry.reset()
         while True:
             with trio.move_on_at(next_renew):
-                await self._poked.wait()
-            self._poked = trio.Event()
+                if self.rejoined is None:
+                    await trio.sleep_forever()
+                await self.rejoined.wait_after(self._rejoins_seen)
+            if self.rejoined is not None:
+                self._rejoins_seen = self.rejoined.count  # the renewal sent now answers every rejoin so far
             sent = trio.current_time()
             try:
                 reply = await self._transport.renew(self.provider, epoch)

@@ -31,11 +31,12 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
 
+from provisionerd.controller.pulse import Pulse
 from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
 from provisionerd.domain.errors import LinkDown, ProtocolError
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Role
@@ -104,8 +105,7 @@ class Link:
         heartbeat_timeout: float,
         request_timeout: float,
         *,
-        on_resynced: Callable[[ControllerView, str], None],
-        on_view_changed: Callable[[], None],
+        updated: Pulse,
         corr: itertools.count[int],
         providers: tuple[str, ...],
         wanted: int = 0,
@@ -113,8 +113,10 @@ class Link:
         refresh_interval: float = float("inf"),
         incarnation: str = "",
         base: FactView | None = None,
-        on_lease_freed: Callable[[str], None] | None = None,
+        lease_freed: Mapping[str, Pulse] | None = None,
     ) -> None:
+        """``updated`` fires on every change of ``view`` (a new one built, a push folded); ``lease_freed`` fires a
+        provider's pulse on its ``LeaseFreed`` push. The link calls no one: its owner reads ``view``."""
         self.framed = framed
         self.generation = generation
         self.address = address
@@ -122,15 +124,16 @@ class Link:
         self._interval = heartbeat_interval
         self._dead_after = heartbeat_timeout
         self._request_timeout = request_timeout
-        self._on_resynced = on_resynced
-        self._on_view_changed = on_view_changed
-        self._on_lease_freed = on_lease_freed
+        self._updated = updated
+        self._lease_freed = {} if lease_freed is None else lease_freed
         self._corr = corr
         self._providers = providers
         self.pending: dict[int, _Pending] = {}
         self.reason = ""
         self.last_ack = trio.current_time()
+        #: The latest view this link built (each resync builds a new one), and why that resync was asked for.
         self.view: ControllerView | None = None
+        self.view_reason = ""
         self.demand: DemandSnapshot | None = None
         self._assembler = DemandAssembler()
         self._resync: ResyncCollector | None = None  # the resync being collected
@@ -162,10 +165,13 @@ class Link:
         self._scope.cancel()
 
     def note_committed(self, committed: CommittedFact) -> None:
-        """A fact this daemon committed was acknowledged: the resync being collected folds it too (the controller
-        answers commits between resync pages, so the pages, fixed when it began, may not hold it)."""
+        """A fact this daemon committed was acknowledged: the view folds it, and the resync being collected folds it
+        too (the controller answers commits between resync pages, so the pages, fixed when it began, may not hold
+        it)."""
         if self._resync is not None:
             self._committed_during.append(committed)
+        if self.view is not None:
+            self.view.apply_fact(committed)  # a fact already folded (its index) is ignored
 
     def request_resync(self, seq: int) -> None:
         """Resync (again) with a request sent after this call, answering want ``seq``."""
@@ -347,8 +353,8 @@ class Link:
             view.facts.apply(committed)  # one the pages already held is ignored (its index)
         self._committed_during = []
         view.demand = self.demand
-        self.view = view
-        self._on_resynced(view, self._resync_reason)
+        self.view, self.view_reason = view, self._resync_reason
+        self._updated.fire()
         self._resync_progress.set()  # wakes ``_resync_once`` if it took the page's own set already (steps between)
 
     def _check_digest(self, ack: HeartbeatAck) -> None:
@@ -394,16 +400,17 @@ class Link:
                     self.demand = snapshot
                     if self.view is not None:
                         self.view.set_demand(snapshot)
-                        self._on_view_changed()
+                        self._updated.fire()
             case HostStatePush(hosts=hosts, seq=seq) if corr == 0:
                 # Before the resync is folded a push is dropped: the resync (sent after it) carries newer state.
                 if self.view is not None:
                     self.host_seq = max(self.host_seq, seq)
                     self.view.apply_hosts(hosts)
-                    self._on_view_changed()
+                    self._updated.fire()
             case LeaseFreed(provider=provider) if corr == 0:
-                if self._on_lease_freed is not None and provider in self._providers:
-                    self._on_lease_freed(provider)
+                pulse = self._lease_freed.get(provider)
+                if pulse is not None:
+                    pulse.fire()
             case ResyncPage() if corr == self._resync_corr:
                 self._resync_page(msg)
             case _ if corr in self.pending:

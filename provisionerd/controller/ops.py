@@ -52,10 +52,16 @@ class ControllerOps:
         raise self._unexpected(reply, f"LeaseGrant or LeaseDenied for {provider!r}")
 
     async def acquire(self, provider: str) -> LeaseReply:
+        """Ask for ``provider``'s lease. A grant (never a renewal) registers a resync sent after it
+        (``session.resync_after_grant``): facts another holder committed are never pushed to us, so nothing is
+        planned for the provider from the view until that resync is in (``synced_for``)."""
         try:
-            return self._lease_reply(provider, await self._session.request(LeaseAcquire(provider)))
+            reply = self._lease_reply(provider, await self._session.request(LeaseAcquire(provider)))
         except ControllerRejected as exc:
             return LeaseRefused(exc.reason)
+        if isinstance(reply, LeaseGranted):
+            self._session.resync_after_grant(provider)
+        return reply
 
     async def renew(self, provider: str, epoch: Epoch) -> LeaseReply:
         try:

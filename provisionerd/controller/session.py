@@ -38,16 +38,20 @@ lease grant) halts the session: the link is closed, the state is ``halted``, and
 accepted the reset; nothing the forgetful controller says reaches a view.
 
 The daemon reads ``session.view`` and waits on ``session.changed()``: the view is level-triggered state, so a
-consumer that falls behind sees the latest picture instead of a queue of stale ones. ``updates()`` delivers the
-same as a stream of views through a zero-buffer memory channel.
+consumer that falls behind sees the latest picture instead of a queue of stale ones. The session calls no one back
+either: it fires pulses (``controller.pulse``) that others wait on: ``rejoined`` once a new link's resync is in
+place (the lease keepers renew at once), and ``lease_freed[provider]`` on the controller's ``LeaseFreed``.
+``up_since`` is when the current link's first resync was in place (the orphan cycles' settle window counts from
+it). The link it serves calls no one back: the session follows ``link.view`` and puts each new one in place.
+``updates()`` delivers the same as a stream of views through a zero-buffer memory channel.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import random
-from collections.abc import Callable
 
 import trio
 
@@ -55,6 +59,7 @@ from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.link import Link, LinkBroken
+from provisionerd.controller.pulse import Pulse
 from provisionerd.controller.session_settings import (
     CONNECT_ERRORS,
     MAX_INSTANCE,
@@ -122,7 +127,7 @@ class ControllerSession:
         self.storage = StorageFailures(events)
         self._link: Link | None = None
         self._corr = itertools.count(1)
-        self._changed = trio.Event()
+        self._updated = Pulse()  # the link state or the view changed
         self._ready = trio.Event()
         self._incarnation = ""  # the controller incarnation the current view's facts came from
         #: Whether the controller of the current link knows ``DrainRequested`` (``JoinReply.drains``).
@@ -130,21 +135,22 @@ class ControllerSession:
         self.controller_history = False  # JoinReply.history: the controller answers HistoryQuery
         self._sync_wanted = 0  # resync wants registered so far (a view answers those <= its sync_seq)
         self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
-        #: Called with each new generation's view once its resync is folded (e.g. to renew leases at once).
-        self.on_resync: list[Callable[[ControllerView], None]] = []
-        #: Called with a provider whose lease the controller pushed as freed (``LeaseFreed``): a waiting keeper
-        #: acquires at once instead of at its ``retry_after``.
-        self.on_lease_freed: list[Callable[[str], None]] = []
+        #: Fired once each new generation's first resync is in place (lease keepers renew at once).
+        self.rejoined = Pulse()
+        #: When (trio's clock) the current generation's first resync was in place (``inf`` before any).
+        self.up_since = math.inf
+        #: Fired per provider the controller pushed as freed (``LeaseFreed``): a waiting keeper acquires at once
+        #: instead of at its ``retry_after``.
+        self.lease_freed: dict[str, Pulse] = {provider: Pulse() for provider in settings.providers}
 
     # --- for the daemon -----------------------------------------------------------------------------------------
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        self._updated.fire()
 
     async def changed(self) -> None:
         """Return at the next change of the link state or the view."""
-        await self._changed.wait()
+        await self._updated.wait_after(self._updated.count)
 
     async def wait_ready(self) -> None:
         """Return once joined and resynced (requests may go out)."""
@@ -235,11 +241,12 @@ class ControllerSession:
         """Fold a fact this daemon just committed into the current view (the same generation only)."""
         if self.guard is not None:
             self.guard.note_acknowledged(committed.index)
-        if self._link is not None:
-            self._link.note_committed(committed)
-        if self.view is not None:
+        link = self._link
+        if link is not None:
+            link.note_committed(committed)  # into the views it holds or is building
+        if self.view is not None and (link is None or self.view is not link.view):
             self.view.apply_fact(committed)
-            self._notify()
+        self._notify()
 
     # --- the loop -----------------------------------------------------------------------------------------------
 
@@ -362,8 +369,7 @@ class ControllerSession:
             s.heartbeat_interval,
             s.heartbeat_timeout,
             s.request_timeout,
-            on_resynced=self._resynced,
-            on_view_changed=self._notify,
+            updated=self._updated,
             corr=self._corr,
             providers=s.providers,
             wanted=self._sync_wanted,
@@ -372,13 +378,18 @@ class ControllerSession:
             incarnation=reply.incarnation,
             # The facts we hold, if they came from this very incarnation: the first resync asks only for later ones.
             base=self.view.facts if self.view is not None and self._incarnation == reply.incarnation else None,
-            on_lease_freed=self._lease_freed,
+            lease_freed=self.lease_freed,
         )
         self._incarnation = reply.incarnation
         self._link = link
         self._notify()
         try:
-            await link.run()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._follow, link)
+                if self.guard is not None:
+                    nursery.start_soon(self._break_on_halt, link, self.guard)
+                await link.run()
+                nursery.cancel_scope.cancel()
         finally:
             self._link = None
             self.state = LinkState.DOWN
@@ -388,9 +399,20 @@ class ControllerSession:
             self._notify()
         raise LinkBroken(link.reason)
 
-    def _lease_freed(self, provider: str) -> None:
-        for callback in self.on_lease_freed:
-            callback(provider)
+    async def _follow(self, link: Link) -> None:
+        """Put each view the link builds in place (the link builds it; the session owns what it means)."""
+        while True:
+            seen = self._updated.count
+            view = link.view
+            if view is not None and view is not self.view:
+                self._resynced(view, link.view_reason)
+                continue
+            await self._updated.wait_after(seen)
+
+    @staticmethod
+    async def _break_on_halt(link: Link, guard: AmnesiaGuard) -> None:
+        await guard.wait_halted()
+        link.break_(guard.halted or "controller amnesia")
 
     def _resynced(self, view: ControllerView, reason: str) -> None:
         # Every view shares the session's set of machines seen joined. It is pruned to the machines the facts still
@@ -428,9 +450,9 @@ class ControllerSession:
             fact_count=sum(1 for _ in view.facts.intents) + len(view.facts.machines),
             hosts=len(view.hosts),
         )
+        self.up_since = trio.current_time()
         self._ready.set()
-        for callback in self.on_resync:
-            callback(view)
+        self.rejoined.fire()
         self._notify()
 
 

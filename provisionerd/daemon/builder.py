@@ -11,14 +11,16 @@ each reading its orphan policy from the holder) and the ``Actor`` an admin's orp
 Two callers, one way to build. ``DaemonCore`` builds its pieces here for every configured provider, as the
 config's identity. ``provisionerd orphans adopt|return`` with no daemon listening (``daemon.orphan_direct``)
 builds its own here for the one provider it acts on, as its own identity (``<identity>-orphans-admin``): the same
-session, lease and retry settings, the same policy and executor settings, the same hooks, so the direct path
+session, lease and retry settings, the same policy and executor settings, the same wiring, so the direct path
 cannot drift from the daemon (it once ran an executor with default settings while the daemon's came from the
 config).
 
-The hooks every build installs: after any acquisition the view may lack what the previous holder committed
-(never pushed to us), so a grant asks for a resync and that provider is planned, classified or acted on only from
-a view resynced after the grant (``session.synced_for``); and a resync (a new primary may not know our leases)
-confirms every lease at once instead of at the next scheduled renewal.
+The wiring, with no callback installed anywhere: each keeper is built with the amnesia guard as its ``judge`` (a
+grant is judged before it is held; a halt lapses every lease) and reads the session's pulses (``rejoined``: a new
+primary may not know our leases, so every lease is confirmed at once; ``lease_freed``: a waiting keeper asks again).
+After any acquisition the view may lack what the previous holder committed (never pushed to us), so the grant's
+reply asks for a resync (``ControllerOps.acquire``) and that provider is planned, classified or acted on only from a
+view resynced after the grant (``session.synced_for``).
 
 Every limit the config gives a provider is that provider's own (``policy_from_config``): one
 :class:`provisionerd.planner.policy.ProviderPolicy` per provider (``join_deadline``, ``idle_time``, ``max_ttl``,
@@ -41,7 +43,6 @@ from typing import Any
 import attrs
 
 from provisionerd.config.loader import Config
-from provisionerd.controller.amnesia import Amnesia
 from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.lease import LeaseKeeper
@@ -49,10 +50,8 @@ from provisionerd.controller.memory_file import joined_refs, memory_store
 from provisionerd.controller.ops import ControllerOps
 from provisionerd.controller.session import ControllerSession
 from provisionerd.controller.session_settings import SessionSettings, StreamFactory
-from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.current_config import CurrentConfig, policy_from_config, provider_policy
 from provisionerd.daemon.orphan_admin import Actor
-from provisionerd.domain.model import Epoch
 from provisionerd.execution.executor import Executor, ExecutorSettings
 from provisionerd.execution.feedback import Feedback, open_feedback
 from provisionerd.execution.gate import MutationGate
@@ -155,7 +154,6 @@ class Pieces:
                 continue
             tracker = SettleTracker(provider.orphans.settle)
             self.settle_trackers[provider.name] = tracker
-            session.on_resync.append(functools.partial(_joined, tracker))
             keeper = self.keepers[provider.name]
             cycle = OrphanCycle(
                 cluster=config.cluster,
@@ -227,9 +225,18 @@ def build_pieces(
         joined=joined_refs(config),  # raises StateFileDamaged for a file that cannot be read
     )
     ops = ControllerOps(session)
+    # Each keeper reads what the session and the guard saw (pulses and state), and no one calls anyone back.
     keepers = {
         name: LeaseKeeper(
-            name, ops, margin=config.lease.margin, backoff=config.controller.backoff, rng=rng, events=events
+            name,
+            ops,
+            margin=config.lease.margin,
+            backoff=config.controller.backoff,
+            rng=rng,
+            events=events,
+            judge=guard,
+            rejoined=session.rejoined,
+            freed=session.lease_freed[name],
         )
         for name in names
     }
@@ -245,14 +252,6 @@ def build_pieces(
 
     feedback = open_feedback()  # the executor's and the offer feed's observations, to the reconcile loop
     executor = Executor(settings, clients, gate, keepers, ops, events, facts=facts, wall=wall, feedback=feedback.send)
-    for name, keeper in keepers.items():
-        keeper.on_acquired.append(functools.partial(_resync_after_grant, session, name))
-        keeper.grant_checks.append(guard.check_grant)
-        keeper.on_acquired.append(functools.partial(guard.note_granted, name))
-        guard.on_halt.append(functools.partial(_halt_keeper, keeper))
-    guard.on_halt.append(functools.partial(_halt_session, session))
-    session.on_resync.append(functools.partial(_renew_all, keepers))
-    session.on_lease_freed.append(functools.partial(_lease_freed, keepers))
     return Pieces(
         current=current,
         identity=session.settings.identity,
@@ -267,37 +266,3 @@ def build_pieces(
         guard=guard,
         feedback=feedback,
     )
-
-
-# The hooks, as functions: a lambda in a loop would need default arguments to bind its loop variables.
-
-
-def _joined(tracker: SettleTracker, view: ControllerView) -> None:
-    tracker.joined(view.generation)
-
-
-def _resync_after_grant(session: ControllerSession, provider: str, _epoch: Epoch) -> None:
-    session.resync_after_grant(provider)
-
-
-def _halt_keeper(keeper: LeaseKeeper, finding: Amnesia) -> None:
-    keeper.halt(f"controller amnesia: {finding.reason}")
-    # The epochs this start held belong to the forgotten log: after the admin's accept-reset the controller counts
-    # from its own term again (the simulation's store_loss found a daemon refusing 1.1 below 1.2 forever). No grant
-    # is held while halted, so nothing is trusted on the strength of this.
-    keeper.highest_epoch = None
-
-
-def _halt_session(session: ControllerSession, finding: Amnesia) -> None:
-    session.break_link(f"controller amnesia: {finding.detail}")
-
-
-def _renew_all(keepers: Mapping[str, LeaseKeeper], _view: ControllerView) -> None:
-    for keeper in keepers.values():
-        keeper.renew_now()
-
-
-def _lease_freed(keepers: Mapping[str, LeaseKeeper], provider: str) -> None:
-    keeper = keepers.get(provider)
-    if keeper is not None:
-        keeper.lease_freed()

@@ -102,8 +102,9 @@ class SettleTracker:
 
     Every (re)join starts the window again: after a failover the new primary's host states are only trustworthy
     once workers had their chance to rejoin it, and a daemon that rejoined cannot tell a failover from a blip.
-    Feed it ``joined(generation)`` from ``session.on_resync``; a generation first seen by ``settled`` without that
-    call counts from the moment it is seen (later, never earlier, than it really came up: the safe side).
+    ``read_session`` tells it when each generation came up (``session.up_since``); a generation first seen by
+    ``settled`` without that counts from the moment it is seen (later, never earlier, than it really came up: the
+    safe side).
     """
 
     def __init__(self, settle: float) -> None:
@@ -138,6 +139,8 @@ def read_session(session: ControllerSession, tracker: SettleTracker, provider: s
     if provider is not None and not session.synced_for(provider):
         return ControllerRead(Unreadable(f"view predates the lease grant for {provider!r}; waiting for its resync"))
     # The session joins only a primary and breaks the link when told it no longer is one.
+    if math.isfinite(session.up_since):
+        tracker.joined(view.generation, min(session.up_since, trio.current_time()))
     settled = tracker.settled(view.generation)
     state = ControllerState(primary=True, settled=settled)
     return ControllerRead(view.facts, tuple(view.hosts.values()), state, licenses_in_use(view.demand, provider))

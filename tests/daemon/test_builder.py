@@ -64,13 +64,14 @@ def test_the_daemon_and_the_direct_path_take_the_same_settings_from_one_config(t
     assert direct.session.settings == attrs.evolve(core.session.settings, identity=identity, providers=("b",))
     assert core.session.settings.providers == ("a", "b") and core.session.settings.identity == "prov-1"
     assert (direct.identity, core.pieces.identity) == (identity, "prov-1")
-    # The keepers (one per served provider) and the hooks: a grant asks for a resync and is remembered (amnesia
-    # guard), a new grant is judged before it is held, a resync renews every lease.
+    # The keepers (one per served provider) and what they read: the guard judges and remembers every grant, the
+    # session's pulses renew every lease after a rejoin and wake a keeper whose provider's lease was freed.
     assert set(direct.keepers) == {"b"} and set(core.keepers) == {"a", "b"}
-    assert [len(k.on_acquired) for k in direct.keepers.values()] == [len(core.keepers["b"].on_acquired)] == [2]
-    assert [len(k.grant_checks) for k in direct.keepers.values()] == [len(core.keepers["b"].grant_checks)] == [1]
+    for pieces in (direct, core.pieces):
+        for name, keeper in pieces.keepers.items():
+            assert keeper.judge is pieces.guard and keeper.rejoined is pieces.session.rejoined
+            assert keeper.freed is pieces.session.lease_freed[name]
     assert direct.session.guard is direct.guard and core.session.guard is core.pieces.guard
-    assert len(direct.session.on_resync) == len(core.session.on_resync) == 1
 
 
 def test_the_daemon_takes_injected_settings_over_the_configs(tmp_path):

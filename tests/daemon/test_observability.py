@@ -62,11 +62,10 @@ def test_readyz_turns_ready_only_once_the_lease_is_held_and_the_view_resynced_af
                 return ok, core.keepers["sim"].valid(), core.session.synced_for("sim")
 
             def note(record):  # after every event: is the daemon ready, and is it held and resynced
-                if record["event"] != "lease_acquired":  # emitted before the grant's hooks ran: sampled below
-                    seen["trail"].append((record["event"], *ready()))
+                # At the grant (its reply asked for a resync): the lease is held, the view predates it.
+                name = "granted" if record["event"] == "lease_acquired" else record["event"]
+                seen["trail"].append((name, *ready()))
 
-            # After the builder's hooks (the grant asks for a resync): the lease is held, the view predates it.
-            core.keepers["sim"].on_acquired.append(lambda _epoch: seen["trail"].append(("granted", *ready())))
             events.listeners.append(note)
             async with running(core):
                 seen["before"] = await get(core, "/readyz")

@@ -35,7 +35,13 @@ class Daemon:
         self.ops = ControllerOps(self.session)
         self.keepers = {
             p: LeaseKeeper(
-                p, self.ops, margin=margin, backoff=Backoff(initial=0.2, max=4.0), rng=rng, events=self.events
+                p,
+                self.ops,
+                margin=margin,
+                backoff=Backoff(initial=0.2, max=4.0),
+                rng=rng,
+                events=self.events,
+                rejoined=self.session.rejoined,
             )
             for p in providers
         }
@@ -46,7 +52,6 @@ class Daemon:
             await nursery.start(self.session.run)
             for keeper in self.keepers.values():
                 await nursery.start(keeper.run)
-            self.session.on_resync.append(lambda view: [k.renew_now() for k in self.keepers.values()])
             task_status.started()
 
     def kinds(self, *names):

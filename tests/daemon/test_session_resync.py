@@ -64,7 +64,7 @@ class Net:
 
 
 class Daemon:
-    """Session, keeper and gate wired as ``DaemonCore`` wires them (an acquisition asks for a resync)."""
+    """Session, keeper and gate as ``DaemonCore`` builds them (a grant's reply asks for a resync: ``ControllerOps``)."""
 
     def __init__(self, net: Net, identity: str = "prov-a", refresh_heartbeats: int = 30, seed: int = 1) -> None:
         self.events = EventLog(keep=10_000)
@@ -75,7 +75,6 @@ class Daemon:
         self.keeper = LeaseKeeper(
             "sim", self.ops, margin=2.0, backoff=Backoff(initial=0.2, max=4.0), rng=rng, events=self.events
         )
-        self.keeper.on_acquired.append(lambda _epoch: self.session.resync_after_grant("sim"))
         self.gate = MutationGate({"sim": self.keeper}, self.ops, self.events)
 
     async def run(self, *, lease: bool = True, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -167,7 +166,12 @@ def test_a_new_lease_holder_sees_the_previous_holders_facts_before_it_is_synced(
         async with memory_controller(ttl=10.0, check_interval=1.0) as mem:
             net = Net(mem)
             a, b = Daemon(net, "prov-a", seed=1), Daemon(net, "prov-b", seed=2)
-            b.keeper.on_acquired.append(lambda _epoch: seen.setdefault("at_grant", b.session.synced_for("sim")))
+
+            def at_grant(record):  # the grant is held (emitted after the keeper took it)
+                if record["event"] == "lease_acquired" and record["provider"] == "sim":
+                    seen.setdefault("at_grant", b.session.synced_for("sim"))
+
+            b.events.listeners.append(at_grant)
             async with trio.open_nursery() as nursery:
                 a_scope = trio.CancelScope()
 

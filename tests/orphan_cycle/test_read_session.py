@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import trio
+import trio.testing
 
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.model import DemandSnapshot, LicenseUse
@@ -26,6 +29,7 @@ class _Session:
     state: LinkState = LinkState.UP
     view: _View = attrs.field(factory=_View)
     last_error: str = ""
+    up_since: float = math.inf
 
     def synced_for(self, provider: str) -> bool:
         return provider in self.synced
@@ -56,3 +60,21 @@ def test_the_controllers_licence_use_is_read_from_its_demand_snapshot() -> None:
         assert read_session(silent, SettleTracker(0.0), "sim").licenses_in_use is None  # type: ignore[arg-type]
 
     trio.run(main)
+
+
+def test_the_settle_window_counts_from_when_the_generation_came_up_not_from_the_first_read() -> None:
+    async def main() -> None:
+        now = trio.current_time()
+        tracker = SettleTracker(10.0)
+        session = _Session(synced={"sim"}, up_since=now - 4)
+        assert not read_session(session, tracker, "sim").controller.settled  # type: ignore[arg-type]
+        await trio.sleep(6)
+        assert read_session(session, tracker, "sim").controller.settled  # type: ignore[arg-type]
+        # A new generation came up 1 s ago: the window starts again from then.
+        session.view = _View(generation=2)
+        session.up_since = trio.current_time() - 1
+        assert not read_session(session, tracker, "sim").controller.settled  # type: ignore[arg-type]
+        await trio.sleep(9)
+        assert read_session(session, tracker, "sim").controller.settled  # type: ignore[arg-type]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

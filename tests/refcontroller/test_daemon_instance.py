@@ -47,10 +47,15 @@ class Process:
         )
         self.session = ControllerSession(settings, self._connect, self.events, rng)
         self.keeper = LeaseKeeper(
-            "aws", ControllerOps(self.session), margin=2.0, backoff=BACKOFF, rng=rng, events=self.events
+            "aws",
+            ControllerOps(self.session),
+            margin=2.0,
+            backoff=BACKOFF,
+            rng=rng,
+            events=self.events,
+            rejoined=self.session.rejoined,
+            freed=self.session.lease_freed["aws"],
         )
-        self.keeper.on_acquired.append(lambda _epoch: self.session.resync_after_grant("aws"))
-        self.session.on_resync.append(lambda _view: self.keeper.renew_now())
         self.h = h
         self.scope = trio.CancelScope()
         self.keeper_scope = trio.CancelScope()
