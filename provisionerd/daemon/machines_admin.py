@@ -34,6 +34,7 @@ from provisionerd.daemon.admin_socket import Command
 from provisionerd.domain.model import DemandSnapshot, HostState, HostStatus
 from provisionerd.planner.fact_view import MachineRecord, MachineState
 from provisionerd.planner.host_table import HostTable
+from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.outlook import item_surplus, outlook
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.rejoin import SETTLED, Rejoin, Window
@@ -108,9 +109,9 @@ def wanted_by_item(demand: DemandSnapshot | None) -> Mapping[str, int] | None:
     return wanted
 
 
-def _in_flight(machine: MachineRecord, state: PlannerState) -> str:
+def _in_flight(machine: MachineRecord, in_flight: InFlight) -> str:
     machine_id = machine.machine_id
-    return "return" if machine_id in state.pending_returns else "lost" if machine_id in state.pending_lost else ""
+    return "return" if machine_id in in_flight.returns else "lost" if machine_id in in_flight.lost else ""
 
 
 def state_of(machine: MachineRecord, host: HostState | None, in_flight: str) -> str:
@@ -136,8 +137,11 @@ class MachinesPager:
         wall: Callable[[], float],
         clock: Callable[[], float] = time.monotonic,
         rejoin: Callable[[], Rejoin] = lambda: SETTLED,
+        in_flight: Callable[[], InFlight] = lambda: NOTHING_IN_FLIGHT,
     ) -> None:
         self._view, self._state, self._policy, self._wall, self._clock = view, state, policy, wall, clock
+        #: The actions under way (the op book's: ``Operations.in_flight``), read at each page.
+        self._in_flight_now = in_flight
         #: The loop's settle window after the last (re)join (``ReconcileLoop.rejoin``; planner.rejoin).
         self._rejoin = rejoin
         self._listings: OrderedDict[str, _Listing] = OrderedDict()
@@ -182,7 +186,7 @@ class MachinesPager:
         if view is None:
             raise BadRequest("the daemon has no view of the controller yet (not joined and resynced)")
         token, offset, listing = self._listing(request.get("cursor"), view)
-        state = self._state()
+        in_flight = self._in_flight_now()
         machines, hosts = view.facts.machines, view.hosts
         picked: list[str] = []
         end = offset
@@ -195,7 +199,7 @@ class MachinesPager:
             if provider is not None and machine.provider != provider:
                 continue
             if wanted_state is not None:
-                kind = state_of(machine, hosts.get(machine.instance_ref), _in_flight(machine, state))
+                kind = state_of(machine, hosts.get(machine.instance_ref), _in_flight(machine, in_flight))
                 if kind != wanted_state:
                     continue
             picked.append(machine.machine_id)
@@ -224,9 +228,9 @@ class MachinesPager:
         state, policy, now = self._state(), self._policy(), self._wall()
         facts = view.facts
         machines = facts.machines
-        skip = frozenset(state.pending_returns.keys() | state.pending_lost.keys())
+        skip = self._in_flight_now().retiring
         active = facts.active_by_demand.get(demand_id, 0) - sum(
-            1  # the planner's own count: its pending actions on machines still active (planner.plan._settle)
+            1  # the planner's own count: its actions under way on machines still active (InFlight.unseen)
             for m in skip
             if m in machines and machines[m].demand_id == demand_id and machines[m].state is MachineState.ACTIVE
         )
@@ -256,7 +260,7 @@ class MachinesPager:
 
     def _finish(self, chosen: _Chosen) -> dict[str, Any]:
         view, listing = chosen.view, chosen.listing
-        now, state, policy = self._wall(), self._state(), self._policy()
+        now, state, policy, in_flight = self._wall(), self._state(), self._policy(), self._in_flight_now()
         machines, hosts = view.facts.machines, view.hosts
         # The plan's own window (ReconcileLoop.cycle): the machines known to have joined are the view's; its count
         # of missing machines is not read here (``settled_for``, ``until`` and ``reason`` need none).
@@ -267,7 +271,7 @@ class MachinesPager:
             machine = machines.get(machine_id)
             if machine is not None:
                 host = hosts.get(machine.instance_ref)
-                line = self._line(machine, host, listing, state, policy, now, window, view.facts.open_ops)
+                line = self._line(machine, host, listing, state, in_flight, policy, now, window, view.facts.open_ops)
                 lines.append(attrs.asdict(line))
         more = chosen.end < len(listing.ids)
         if not more:
@@ -310,13 +314,14 @@ class MachinesPager:
         host: HostState | None,
         listing: _Listing,
         state: PlannerState,
+        under_way: InFlight,
         policy: Policy,
         now: float,
         window: Window,
         open_ops: Mapping[str, None],
     ) -> MachineLine:
         machine_id = machine.machine_id
-        in_flight = _in_flight(machine, state)
+        in_flight = _in_flight(machine, under_way)
         kind = state_of(machine, host, in_flight)
         available = host is not None and host.status in (HostStatus.JOINED, HostStatus.IDLE)
         surplus = available and kind in ("joined", "idle") and machine_id in listing.surplus.get(machine.demand_id, ())

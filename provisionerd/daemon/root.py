@@ -150,6 +150,7 @@ class DaemonCore:
             lambda: self.loop.policy,
             self.wall,
             rejoin=lambda: self.loop.rejoin,
+            in_flight=self.loop.operations.in_flight,
         )
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
 

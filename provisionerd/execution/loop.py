@@ -13,11 +13,12 @@ The loop composes parts that each do one job, and owns what they share: the plan
 observation into it and wakes the loop), the nursery their tasks run in and the ``CapacityLimiter`` they run under.
 
 - ``operations.Operations``, the one owner of the ops this process runs: it starts each planned action (one whose
-  op_id or machines are still running is handed back, ``ActionDropped``, and replanned later: never two actions on
-  one machine), hands open intents and returns no task runs (a restart, a commit whose ack was lost, an unknown
-  outcome) to ``Executor.recover_request`` / ``resume_return`` once idle for ``recover_after`` seconds, and keeps
-  what the outcomes mean (settled requests, failing returns' back-off) in each op's record (``op_book``). What a
-  call means for the planner (throttle back-off, offer unavailable, quota pause) comes on the feedback channel
+  op_id or machines are still running is not started, and replanned later: never two actions on one machine), and
+  its op book is the one record of what is in flight (each plan reads ``Operations.in_flight``), hands open intents
+  and returns no task runs (a restart, a commit whose ack was lost, an unknown outcome) to
+  ``Executor.recover_request`` / ``resume_return`` once idle for ``recover_after`` seconds, and keeps what the
+  outcomes mean (settled requests, failing returns' back-off) in each op's record (``op_book``). What a call means
+  for the planner (throttle back-off, offer unavailable, quota pause) comes on the feedback channel
   (``execution.feedback``) and is folded at once; every outcome wakes the loop;
 - ``reclaims.ReclaimPoll``: the ``getReturnRequests`` poll.
 
@@ -62,7 +63,6 @@ from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Ramp, bounds, changes
 from provisionerd.planner.rejoin import Rejoin, Window
 from provisionerd.planner.state import (
-    ActionDropped,
     Observation,
     PlannerState,
     SnapshotSeqReset,
@@ -251,11 +251,6 @@ class ReconcileLoop:
             }
         return health
 
-    def _hand_back(self, op_id: str) -> None:
-        """An action not started goes back to the planner, quietly: the cycle that planned it is still running,
-        and waking the loop for it would only plan it again at once."""
-        self.state = observe(self.state, ActionDropped(op_id), self.policy).state
-
     def _start_probes(self) -> None:
         """Probe each served provider whose unhealthy back-off step has ended: one ``getAvailableTemplates`` read
         (no intent, no token). ``ProbeStarted`` sets the next step at once, so a probe that hangs or fails without
@@ -385,15 +380,17 @@ class ReconcileLoop:
         self.cycles += 1
         want = self._confirm_want
         confirmed = want is not None and view.sync_seq >= want
+        now = self.wall()
         result = plan(
             self.state,
             view.demand,
             view.facts,
             self._catalog_for(leased),
             view.hosts,
-            self.wall(),
+            now,
             self.policy,
             attrs.evolve(self.rejoin, joined_before=view.joined, hosts_confirmed=confirmed),
+            self.operations.in_flight(),
         )
         if confirmed:
             self._confirm_want = None  # used: the next retirement for not joining asks again
@@ -404,8 +401,9 @@ class ReconcileLoop:
         self._emit_notes(result.notes)
         allowed = set(leased)
         offered = {name for name in leased if self.feed.fresh([name])}  # requests only on offers not stale
-        for op_id in self.operations.dispatch(result.actions, allowed, offered, view, self.state.capacity):
-            self._hand_back(op_id)
+        # An action not started is not in flight: the next plan plans its work again (quietly: waking the loop for
+        # it would only plan it again at once).
+        self.operations.dispatch(result.actions, allowed, offered, view, self.state.capacity, now)
         self.operations.recover(view, allowed, self.state.capacity)
 
     async def _fold_feedback(self, feedback: trio.MemoryReceiveChannel[Observation]) -> None:

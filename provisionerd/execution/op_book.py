@@ -14,7 +14,11 @@ return, an admin return) and says:
   keeps failing, ``failures`` in a row and ``retry_at``, the end of its back-off;
 - ``observations``: what the call running now meant for the planner, in order. Each is also sent at once to the
   reconcile loop on the feedback channel (``execution.feedback``): a throttle seen halfway through a long call acts
-  on the next plan, not when the call ends.
+  on the next plan, not when the call ends;
+- ``action`` and ``planned_at``: for an op the planner planned, what it planned and when, until the op is
+  ``dropped`` (an ``ActionDropped`` of its call) or forgotten. The planner keeps no record of its own: each plan
+  reads these (``in_flight``, :mod:`provisionerd.planner.in_flight`) and does not plan again what the facts do not
+  show yet.
 
 The executor owns the one ``OpBook``; the reconcile loop's ``Operations`` (dispatch and recovery) and the orphan
 cycle claim through the executor. Records of ops no longer open in the facts and not running are forgotten
@@ -33,7 +37,9 @@ from typing import Any
 import attrs
 import trio
 
-from provisionerd.planner.state import Observation
+from provisionerd.domain.actions import Action, RequestMachines
+from provisionerd.planner.in_flight import InFlight, PendingRequest
+from provisionerd.planner.state import ActionDropped, Observation
 
 
 class Stage(enum.Enum):
@@ -68,6 +74,11 @@ class OpRecord:
     #: When a fail of this op was first deferred for want of a listing (trio clock; ``None``: never).
     deferred_since: float | None = None
     observations: list[Observation] = attrs.field(factory=list)
+    #: What the planner planned for this op and when (wall seconds, the plan's ``now``); ``None``: not planned by
+    #: this process's planner (a recovery, an orphan or admin return).
+    action: Action | None = None
+    planned_at: float = 0.0
+    dropped: bool = False  # its call dropped the action: no longer in flight, the planner may plan it again
     _sink: Callable[[Observation], None] = attrs.field(default=lambda obs: None, repr=False)
 
     def enter(self, stage: Stage) -> None:
@@ -77,7 +88,15 @@ class OpRecord:
     def add(self, obs: Observation) -> None:
         """A planner observation of the call running now: kept for its outcome and sent to the loop at once."""
         self.observations.append(obs)
+        if isinstance(obs, ActionDropped):
+            self.dropped = True
         self._sink(obs)
+
+    def pending_request(self) -> PendingRequest | None:
+        """The request the planner planned for this op, if it did (for its step window)."""
+        if isinstance(self.action, RequestMachines):
+            return PendingRequest.of(self.action, self.planned_at)
+        return None
 
     def take_observations(self) -> tuple[Observation, ...]:
         taken, self.observations = tuple(self.observations), []
@@ -120,6 +139,7 @@ class OpBook:
             record = self._ops[op_id] = OpRecord(op_id, kind, provider, sink=self._sink)
         record.kind, record.provider, record.machines = kind, provider, tuple(machines)
         record.running, record.idle_since, record.observations = True, None, []
+        record.action, record.planned_at, record.dropped = None, 0.0, False
         record.enter(Stage.PLANNED)
         for machine in record.machines:
             self._machines[machine] = op_id
@@ -149,6 +169,16 @@ class OpBook:
     def busy_machines(self) -> Set[str]:
         """The machines an op runs on now (a copy)."""
         return frozenset(self._machines)
+
+    def plan(self, record: OpRecord, action: Action, planned_at: float) -> None:
+        """``record`` (just claimed) runs ``action``, which the planner planned at ``planned_at``."""
+        record.action, record.planned_at = action, planned_at
+
+    def in_flight(self) -> InFlight:
+        """The planned actions not dropped, of every op still in the book (the planner keeps only those the facts
+        do not show yet: ``InFlight.unseen``)."""
+        planned = self._ops.values()
+        return InFlight.of((r.action, r.planned_at) for r in planned if r.action is not None and not r.dropped)
 
     # --- what the loop keeps of each op -------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ from provisionerd.execution.op_book import OpRecord
 from provisionerd.execution.values import ReturnOutcome
 from provisionerd.planner.capacity import CapacityState
 from provisionerd.planner.fact_view import MachineState
+from provisionerd.planner.in_flight import InFlight
 from provisionerd.planner.state import ActionDropped
 from provisionerd.telemetry.events import EventLog
 
@@ -165,9 +166,12 @@ class Operations:
         offered: set[str],
         view: ControllerView,
         capacity: CapacityState,
+        planned_at: float,
     ) -> list[str]:
         """Start each action whose provider may be acted on (``offered`` for a request: fresh offers; ``allowed``
-        otherwise) and whose op and machines are free. The op_ids not started, for the planner to forget."""
+        otherwise) and whose op and machines are free; its record keeps it as in flight, planned at
+        ``planned_at`` (the plan's ``now``). The op_ids not started: not in flight, so the next plan may plan their
+        work again."""
         self._view, self._capacity = view, capacity
         handed_back = []
         for action in actions:
@@ -180,11 +184,16 @@ class Operations:
             if record is None:
                 handed_back.append(action.op_id)
                 continue
+            self._book.plan(record, action, planned_at)
             self._events.emit(
                 "action", phase="planned", op_id=action.op_id, provider=action.provider, **action_fields(action)
             )
             self._spawn(self._execute, action, record)
         return handed_back
+
+    def in_flight(self) -> InFlight:
+        """The actions the planner planned that are under way (the op book's), for the next plan."""
+        return self._book.in_flight()
 
     async def _execute(self, action: Action, record: OpRecord) -> None:
         # The loop outlives any single action: a bug in one (an exception no flow expects) is logged, reported and

@@ -95,7 +95,7 @@ class Steps:
         request leaves the step window: it does when the controller answered that it took no intent (any
         ``ControllerRejected``: ``storage_failure``, ``no_quorum``, ``stale_epoch``...); a broken link (the intent
         may be in the log) or a lease that lapsed around the ack keeps it counted."""
-        run.add(ActionDropped(op_id, unacknowledged=isinstance(exc, ControllerRejected)))
+        run.add(ActionDropped(op_id, unacknowledged=isinstance(exc, ControllerRejected), request=run.pending_request()))
         self.gate_refused(run, provider, exc)
 
     async def gated_request(

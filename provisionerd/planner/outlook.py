@@ -84,7 +84,7 @@ def outlook(
     intent_seen: float | None = None,
 ) -> Outlook:
     """See the module docstring. ``in_flight``: ``"return"`` or ``"lost"`` when the planner's state holds such an
-    action for the machine (``PlannerState.pending_returns`` / ``pending_lost``). ``window``: the settle window
+    action under way for the machine (``InFlight.returns`` / ``lost``, the op book's). ``window``: the settle window
     after the last (re)join to the controller (:class:`provisionerd.planner.rejoin.Window`, as the plan builds it;
     ``None``: settled): a machine without a host is not retired before it ends, and its reason is the window's
     (``never_joined``, ``not_rejoined`` for one that joined before, ``no_host`` for one whose life was not seen).

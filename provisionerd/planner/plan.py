@@ -68,12 +68,13 @@ from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, DRAINED
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
+from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
 from provisionerd.planner.rejoin import NO_HOST, NOT_REJOINED, SETTLED, Rejoin
 from provisionerd.planner.release import RELEASED, release_completed
-from provisionerd.planner.state import PendingRequest, PlannerState, ReclaimNotice, advance_ramp
+from provisionerd.planner.state import PlannerState, ReclaimNotice, advance_ramp
 from provisionerd.planner.supply import IdleEntry, Tally, tally
 
 __all__ = ["DemandDecision", "Plan", "plan"]
@@ -112,11 +113,11 @@ class Plan:
 class _OpIds:
     """Fresh op_ids from the state's counter, skipping any the facts or in-flight actions already use."""
 
-    def __init__(self, state: PlannerState, view: FactView, policy: Policy) -> None:
+    def __init__(self, state: PlannerState, view: FactView, policy: Policy, pending: InFlight) -> None:
         self.next = state.next_op
         self._prefix = f"{policy.cluster}:"
         self._suffix = f":{state.incarnation}:"
-        self._taken = (view.intents, view.returns, state.pending_requests)
+        self._taken = (view.intents, view.returns, pending.requests)
 
     def new(self, provider: str) -> str:
         while True:
@@ -124,29 +125,6 @@ class _OpIds:
             self.next += 1
             if not any(op_id in taken for taken in self._taken):
                 return op_id
-
-
-def _settle(state: PlannerState, view: FactView) -> PlannerState:
-    """Forget in-flight actions the facts now show (a committed request's age carries over to its intent)."""
-    machines, intents = view.machines, view.intents
-    committed = {op: r.planned_at for op, r in state.pending_requests.items() if op in intents}
-
-    def still_active(machine_id: str) -> bool:
-        record = machines.get(machine_id)
-        return record is not None and record.state is MachineState.ACTIVE
-
-    def still_open(op_id: str) -> bool:
-        record = intents.get(op_id)
-        return record is not None and record.open
-
-    return attrs.evolve(
-        state,
-        intent_seen={**state.intent_seen, **committed} if committed else state.intent_seen,
-        pending_requests={k: v for k, v in state.pending_requests.items() if k not in intents},
-        pending_returns={k: v for k, v in state.pending_returns.items() if still_active(k)},
-        pending_lost={k: v for k, v in state.pending_lost.items() if still_active(k)},
-        pending_fails={k: v for k, v in state.pending_fails.items() if still_open(k)},
-    )
 
 
 def _as_hosts(hosts: Mapping[str, HostState] | Iterable[HostState]) -> Mapping[str, HostState]:
@@ -164,6 +142,7 @@ def plan(
     now: float,
     policy: Policy,
     rejoin: Rejoin = SETTLED,
+    in_flight: InFlight = NOTHING_IN_FLIGHT,
 ) -> Plan:
     """Plan the smallest set of actions that moves the facts toward ``snapshot``. See the module docstring.
 
@@ -172,7 +151,9 @@ def plan(
     ``hosts`` is keyed by instance_ref (or any iterable of host states). Pass a :class:`Catalog` to reuse parsed
     offers and cached rankings across calls. ``rejoin``: the settle window after the last (re)join to the
     controller and the machines known to have joined (:mod:`provisionerd.planner.rejoin`; default: settled, none
-    known). Raises ``ValueError`` when ``now`` is not finite.
+    known). ``in_flight``: the actions this process planned before that are still under way (the op book's,
+    :mod:`provisionerd.planner.in_flight`); those the facts do not show yet are not planned again. Raises
+    ``ValueError`` when ``now`` is not finite.
     """
     if not math.isfinite(now):
         raise ValueError(f"now must be a finite number of seconds, not {now!r}")
@@ -181,12 +162,16 @@ def plan(
         return Plan((), state, (Note("stale_snapshot", detail),))
     catalog = offers if isinstance(offers, Catalog) else Catalog(offers)
     notes = [Note("duplicate_offer", f"duplicate offer {format_key(k)} ignored", k[0]) for k in catalog.duplicates]
-    state = _settle(state, view)
+    pending, committed = in_flight.unseen(view)
+    if committed:  # a committed request's age carries over to its intent
+        state = attrs.evolve(state, intent_seen={**state.intent_seen, **committed})
     demand = None if snapshot is None else demand_index(snapshot)
     if demand is not None:
         notes.extend(demand.notes)
     wanting = None if demand is None else demand.wanted
-    counts = tally(state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog), rejoin)
+    counts = tally(
+        state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog), rejoin, pending
+    )
     state, blocked = _health(state, view, counts, now, policy, notes)
     planner = Allocator(state, catalog, counts, now, policy, blocked)
     idle_pool: dict[OfferKey, list[IdleEntry]] = {}
@@ -217,12 +202,13 @@ def plan(
                 retire.append(("idle", entry[2]))
             else:
                 counts.due(entry[0] + idle_time, now)
-    return _emit(state, view, counts, planner, retire, notes, snapshot, now, policy)
+    return _emit(state, view, pending, counts, planner, retire, notes, snapshot, now, policy)
 
 
 def _emit(
     state: PlannerState,
     view: FactView,
+    pending: InFlight,
     counts: Tally,
     planner: Allocator,
     retire: list[tuple[str, MachineRecord]],
@@ -231,20 +217,15 @@ def _emit(
     now: float,
     policy: Policy,
 ) -> Plan:
-    """Name the actions (fresh op_ids), remember them as in flight, and build the next state."""
-    ops = _OpIds(state, view, policy)
+    """Name the actions (fresh op_ids) and build the next state (the op book keeps the actions as in flight)."""
+    ops = _OpIds(state, view, policy, pending)
     actions: list[Action] = []
-    pending_fails = dict(state.pending_fails)
     for record in counts.fails:
         intent = record.intent
         actions.append(FailRequest(intent.op_id, intent.provider, "provisioning_timeout"))
-        pending_fails[intent.op_id] = intent.provider
-    pending_lost = dict(state.pending_lost)
     for machine in sorted(counts.lost, key=lambda m: m.machine_id):
         op_id = ops.new(machine.provider)
         actions.append(MarkLost(op_id, machine.provider, machine.machine_id, "reclaimed"))
-        pending_lost[machine.machine_id] = op_id
-    pending_returns = dict(state.pending_returns)
     rooms: dict[str, int | None] = {}  # provider -> voluntary returns it may still have now (planner.budget)
     spent: dict[str, int] = {}
     live: dict[str, int] = {}
@@ -277,9 +258,7 @@ def _emit(
             batch = tuple(machine_ids[start : start + policy.return_batch])
             op_id = ops.new(provider)
             actions.append(ReturnMachines(op_id, provider, batch, reason))
-            pending_returns.update(dict.fromkeys(batch, op_id))
     drain_seen = _drains(state, view, counts, ops, actions, (rooms, spent, live), now, policy, notes)
-    pending_requests = dict(state.pending_requests)
     step_used: dict[str, int] = {}
     asked: dict[str, list[str]] = {provider: [] for provider in sorted(planner.saturated)}
     items = {} if snapshot is None else demand_index(snapshot).items
@@ -290,7 +269,6 @@ def _emit(
         chosen = planner.catalog.by_key.get((provider, template_id))
         price = chosen.offer.price if chosen is not None and chosen.offer.price is not None else NO_QUOTE
         actions.append(RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release, price))
-        pending_requests[op_id] = PendingRequest(provider, template_id, demand_id, count, now)
         step_used[provider] = step_used.get(provider, 0) + count
         asked.setdefault(provider, []).append(op_id)
     step_log = planner.step_log + tuple((now, provider, n) for provider, n in sorted(step_used.items()))
@@ -301,10 +279,6 @@ def _emit(
         state,
         applied_seq=state.applied_seq if snapshot is None else max(state.applied_seq, snapshot.seq),
         next_op=ops.next,
-        pending_requests=pending_requests,
-        pending_returns=pending_returns,
-        pending_lost=pending_lost,
-        pending_fails=pending_fails,
         intent_seen=counts.intent_seen,
         machine_seen=counts.machine_seen,
         reclaimed=_prune_reclaimed(state.reclaimed, view, now, policy, notes),

@@ -4,7 +4,6 @@ Pure. The facts (:class:`provisionerd.planner.fact_view.FactView`) remain the du
 remembers what the facts cannot say yet or at all:
 
 - the highest snapshot seq applied (older snapshots are ignored);
-- actions planned but not yet visible in the facts (``pending_*``), so a replay does not plan them twice;
 - when each open intent was planned or first seen, and when a machine with an unknown launch time was first seen
   (the provisioning timeout and the join deadline count from there);
 - provider back-off and health (:mod:`provisionerd.planner.capacity`), reclaim notices, and the step-limit window
@@ -12,7 +11,8 @@ remembers what the facts cannot say yet or at all:
 - the op counter behind fresh op_ids.
 
 After a restart a fresh state is safe: nothing was committed that the facts do not show, and every deadline
-counted from "first seen" only starts later, never earlier.
+counted from "first seen" only starts later, never earlier. What it planned and the facts do not show yet is not
+kept here: the op book keeps each op, and each plan reads it (:mod:`provisionerd.planner.in_flight`).
 """
 
 from __future__ import annotations
@@ -35,19 +35,9 @@ from provisionerd.planner.capacity import (
     Throttled,
     apply_capacity,
 )
+from provisionerd.planner.in_flight import PendingRequest
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Accepted, Outcome, Ramp, Refused, advance, current
-
-
-@attrs.frozen
-class PendingRequest:
-    """A ``RequestMachines`` planned at ``planned_at`` whose intent the facts do not show yet."""
-
-    provider: str
-    template_id: str
-    demand_id: str
-    count: int
-    planned_at: float
 
 
 @attrs.frozen
@@ -91,10 +81,6 @@ class PlannerState:
     incarnation: str = "0"
     applied_seq: int = -1
     next_op: int = 0
-    pending_requests: Mapping[str, PendingRequest] = attrs.field(factory=dict)  # op_id -> request
-    pending_returns: Mapping[str, str] = attrs.field(factory=dict)  # machine_id -> return op_id
-    pending_lost: Mapping[str, str] = attrs.field(factory=dict)  # machine_id -> lost op_id
-    pending_fails: Mapping[str, str] = attrs.field(factory=dict)  # intent op_id -> provider
     intent_seen: Mapping[str, float] = attrs.field(factory=dict)  # open intent op_id -> planned / first seen
     machine_seen: Mapping[str, float] = attrs.field(factory=dict)  # machine_id (launch unknown) -> first seen
     reclaimed: Mapping[str, ReclaimNotice] = attrs.field(factory=dict)  # machine_id -> notice
@@ -129,14 +115,16 @@ class PlannerState:
 class ActionDropped:
     """The gate refused or never committed the action with ``op_id`` (for ``FailRequest``: the intent's op_id).
 
-    The planner forgets it was in flight, so the next plan may plan it again. ``unacknowledged``: the controller
-    answered that it did not take the request's intent (a typed rejection: ``storage_failure``, ``no_quorum``...),
-    so no machine was asked for: its machines leave the step window (``PlannerState.step_log``) too. A drop whose
-    intent may have been committed (a broken link) keeps them: the window only ever over-counts.
+    Its op record marks it dropped, so it is no longer in flight and the next plan may plan it again
+    (:mod:`provisionerd.planner.in_flight`). ``request`` (a request this process planned) with ``unacknowledged``:
+    the controller answered that it did not take the intent (a typed rejection: ``storage_failure``,
+    ``no_quorum``...), so no machine was asked for: its machines leave the step window (``PlannerState.step_log``)
+    too. A drop whose intent may have been committed (a broken link) keeps them: the window only ever over-counts.
     """
 
     op_id: str
     unacknowledged: bool = False
+    request: PendingRequest | None = None
 
 
 @attrs.frozen
@@ -187,21 +175,9 @@ def observe(state: PlannerState, obs: Observation, policy: Policy) -> Observed:
             ramps = _ramped(state.ramps, obs, policy)
             return Observed(attrs.evolve(state, capacity=capacity, ramps=ramps), notes)
         case ActionDropped():
-            op = obs.op_id
-            request = state.pending_requests.get(op)
-            step_log = state.step_log
-            if obs.unacknowledged and request is not None:
-                step_log = _release_steps(step_log, request)
-            return Observed(
-                attrs.evolve(
-                    state,
-                    step_log=step_log,
-                    pending_requests={k: v for k, v in state.pending_requests.items() if k != op},
-                    pending_fails={k: v for k, v in state.pending_fails.items() if k != op},
-                    pending_returns={k: v for k, v in state.pending_returns.items() if v != op},
-                    pending_lost={k: v for k, v in state.pending_lost.items() if v != op},
-                )
-            )
+            if obs.unacknowledged and obs.request is not None:
+                return Observed(attrs.evolve(state, step_log=_release_steps(state.step_log, obs.request)))
+            return Observed(state)
         case Reclaimed():
             if not math.isfinite(obs.at):
                 raise ValueError(f"observation time must be finite, not {obs.at!r}")

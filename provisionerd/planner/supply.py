@@ -20,6 +20,7 @@ from provisionerd.planner import drain
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
 from provisionerd.planner.health import CapabilityCheck
 from provisionerd.planner.host_table import join_index
+from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.rejoin import SETTLED, Rejoin, Window
@@ -63,11 +64,13 @@ class Tally:
         return loads
 
 
-def _count_intents(tally: Tally, state: PlannerState, view: FactView, now: float, policy: Policy) -> set[str]:
+def _count_intents(
+    tally: Tally, state: PlannerState, view: FactView, now: float, policy: Policy, in_flight: InFlight
+) -> set[str]:
     """Outstanding machines of open intents and pending requests; returns the op_ids past their timeout."""
     load, outstanding = tally.load, tally.outstanding
     timed_out: set[str] = set()
-    seen_before, pending = state.intent_seen, state.pending_requests
+    seen_before, pending = state.intent_seen, in_flight.requests
     timeouts: dict[str, float] = {}  # provider -> its provisioning_timeout (one lookup per provider, not per op)
     for op_id in view.open_ops:
         record = view.intents[op_id]
@@ -82,7 +85,7 @@ def _count_intents(tally: Tally, state: PlannerState, view: FactView, now: float
             timeout = timeouts[intent.provider] = policy.of(intent.provider).provisioning_timeout
         if now - seen >= timeout:
             timed_out.add(op_id)
-            if op_id not in state.pending_fails:
+            if op_id not in in_flight.fails:
                 tally.fails.append(record)
         else:
             tally.due(seen + timeout, now)
@@ -102,6 +105,7 @@ def tally(
     wanted: Mapping[str, int] | None,
     check: CapabilityCheck | None = None,
     rejoin: Rejoin = SETTLED,
+    in_flight: InFlight = NOTHING_IN_FLIGHT,
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
@@ -119,8 +123,9 @@ def tally(
     capabilities; a machine that joined before is never ``never_joined`` (after the window: ``not_rejoined``).
 
     ``hosts`` is keyed by instance_ref. A host the controller calls LOST counts as supply and is never returned
-    here (the orphan classifier's ghost rule owns it). Machines in flight (pending return or lost) count against
-    the caps but not as supply.
+    here (the orphan classifier's ghost rule owns it). ``in_flight``: what this process planned that the facts do
+    not show yet (``InFlight.unseen``: its machines are all still active). Machines in flight (pending return or
+    lost) count against the caps but not as supply.
 
     Cost: proportional to the machines not joined (past the shortest provider's join deadline), joined and not
     busy (only those of items with excess, unless some provider has a ``max_ttl``), in flight or reclaimed, when
@@ -129,14 +134,14 @@ def tally(
     loop over every host to build the same index.
     """
     result = Tally()
-    timed_out = _count_intents(result, state, view, now, policy)
+    timed_out = _count_intents(result, state, view, now, policy, in_flight)
     active, load = result.active, result.load
     active.update(view.active_by_demand)
     for key, n in view.live_by_offer.items():
         load[key] = load.get(key, 0) + n
     machines, active_refs, seen_before = view.machines, view.active_refs, state.machine_seen
-    skip = state.pending_returns.keys() | state.pending_lost.keys()
-    for machine_id in skip:  # _settle kept only machines still ACTIVE
+    skip = set(in_flight.retiring)
+    for machine_id in skip:  # InFlight.unseen kept only machines still ACTIVE
         active[machines[machine_id].demand_id] -= 1
     for machine_id in state.reclaimed.keys() - skip:
         machine = machines.get(machine_id)

@@ -32,9 +32,10 @@ from provisionerd.domain.model import (
     ReturnIntent,
 )
 from provisionerd.planner.fact_view import FactView
+from provisionerd.planner.in_flight import InFlight, PendingRequest
 from provisionerd.planner.plan import Plan, plan
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import PlannerState
+from provisionerd.planner.state import ActionDropped, PlannerState, observe
 
 NOW = 1_800_000_000.0
 EPOCH = Epoch(1, 1)
@@ -94,16 +95,33 @@ class World:
         default=attrs.Factory(lambda self: self.view.hosts, takes_self=True)
     )
     machine_counter: int = 0
+    #: The op book's part: each planned action (and when) until it is dropped (``drop``); the plan keeps only those
+    #: the facts do not show yet.
+    under_way: dict[str, tuple[Action, float]] = attrs.field(factory=dict)
 
     def commit(self, fact: Fact) -> None:
         committed = CommittedFact(len(self.facts) + 1, fact)
         self.facts.append(committed)
         self.view.apply(committed)
 
+    @property
+    def in_flight(self) -> InFlight:
+        return InFlight.of(self.under_way.values())
+
     def plan(self, snap: DemandSnapshot | None) -> Plan:
-        result = plan(self.state, snap, self.view, self.offers, self.hosts, self.now, self.policy)
+        result = plan(
+            self.state, snap, self.view, self.offers, self.hosts, self.now, self.policy, in_flight=self.in_flight
+        )
         self.state = result.state
+        self.under_way.update((a.op_id, (a, self.now)) for a in result.actions)
         return result
+
+    def drop(self, op_id: str, *, unacknowledged: bool = False) -> None:
+        """The action's call dropped it (``ActionDropped``): no longer in flight; an unacknowledged request leaves
+        the step window."""
+        action, planned_at = self.under_way.pop(op_id)
+        request = PendingRequest.of(action, planned_at) if isinstance(action, RequestMachines) else None
+        self.state = observe(self.state, ActionDropped(op_id, unacknowledged, request), self.policy).state
 
     def commit_actions(self, actions: Iterable[Action]) -> None:
         """The gate's part: commit the fact each action calls for (no provider call)."""

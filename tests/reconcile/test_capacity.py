@@ -13,8 +13,9 @@ from provisionerd.planner.capacity import (
     ProviderUnhealthy,
     Throttled,
 )
+from provisionerd.planner.in_flight import PendingRequest
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import ActionDropped, PendingRequest, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
 
 POLICY = Policy(cluster="c1")
 
@@ -116,16 +117,16 @@ def test_observation_inputs_are_checked():
         PlannerState.initial("a:b")
 
 
-def test_action_dropped_forgets_every_in_flight_use_of_the_op():
-    state = PlannerState(
-        pending_requests={"r1": PendingRequest("p", "t", "d", 2, 0.0)},
-        pending_returns={"m1": "x1", "m2": "x1", "m3": "x2"},
-        pending_lost={"m4": "x1"},
-        pending_fails={"x1": "p"},
-    )
-    dropped = observe(observe(state, ActionDropped("x1"), POLICY).state, ActionDropped("r1"), POLICY).state
-    assert dropped.pending_requests == {} and dropped.pending_returns == {"m3": "x2"}
-    assert dropped.pending_lost == {} and dropped.pending_fails == {}
+def test_action_dropped_touches_only_the_step_window_and_only_for_an_unacknowledged_planned_request():
+    """The op book, not the planner, keeps what is in flight: a drop changes the planner's state only when the
+    controller took no intent for a request this process planned (its machines leave the step window)."""
+    state = PlannerState(step_log=((5.0, "p", 3), (5.0, "q", 1), (9.0, "p", 2)))
+    assert observe(state, ActionDropped("x1"), POLICY).state == state
+    assert observe(state, ActionDropped("x1", unacknowledged=True), POLICY).state == state  # not planned here
+    request = PendingRequest("p", "t", "d", 2, 5.0)
+    assert observe(state, ActionDropped("r1", False, request), POLICY).state == state  # may be committed: kept
+    released = observe(state, ActionDropped("r1", True, request), POLICY).state
+    assert released.step_log == ((5.0, "p", 1), (5.0, "q", 1), (9.0, "p", 2))
 
 
 def test_reclaim_and_seq_reset():

@@ -8,7 +8,7 @@ from provisionerd.domain.actions import DrainMachines, RequestMachines, ReturnMa
 from provisionerd.domain.model import HostStatus
 from provisionerd.planner.deadlines import PLAN_SLACK
 from provisionerd.planner.policy import Policy, ProviderPolicy
-from provisionerd.planner.state import ActionDropped, PlannerState, observe
+from provisionerd.planner.state import PlannerState
 
 TTL, DRAIN = 3600.0, 600.0
 
@@ -81,7 +81,7 @@ def test_a_drain_whose_fact_never_lands_is_kept_in_memory_and_still_times_out():
     machine is returned at drain_timeout anyway; a lost snapshot (no demand) changes nothing."""
     w, (a,), start = aged_busy()
     (drain,) = w.plan(snapshot(1, item("d", 1))).actions
-    w.state = observe(w.state, ActionDropped(drain.op_id), w.policy).state
+    w.drop(drain.op_id)
     w.now = start + TTL + 1
     assert not any(isinstance(x, DrainMachines) for x in w.plan(None).actions)
     w.now = start + TTL + DRAIN

@@ -31,7 +31,7 @@ from provisionerd.planner.capacity import (
 )
 from provisionerd.planner.fact_view import MachineState
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import ActionDropped, Reclaimed, observe
+from provisionerd.planner.state import Reclaimed, observe
 
 OFFERS = [
     offer("p", "small", max_number=4, ncpus=4, price=0.1),
@@ -139,7 +139,7 @@ class ReconcileMachine(RuleBasedStateMachine):
                 case RequestMachines():
                     self.requests.append((world.now, action.count))
                     if outcome == "refuse":
-                        world.state = observe(world.state, ActionDropped(action.op_id), POLICY).state
+                        world.drop(action.op_id)
                         continue
                     world.commit_actions([action])  # the intent first: no call without it
                     self.call_provider(action, outcome)
@@ -275,7 +275,7 @@ class ReconcileMachine(RuleBasedStateMachine):
             raise AssertionError("no fixpoint after 30 rounds")
         wanted = sum(i.count for i in self.snap.items)
         assert len(world.active()) == wanted
-        assert not world.view.open_ops and not world.state.pending_requests
+        assert not world.view.open_ops and not world.in_flight.unseen(world.view)[0].requests
 
     # --- invariants ------------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, 
 from provisionerd.domain.model import HostStatus, OrphanAdopted, PriceQuote, RequestFailed
 from provisionerd.planner.capacity import CapacityUnavailable, ProviderUnhealthy, Throttled
 from provisionerd.planner.policy import Policy
-from provisionerd.planner.state import ActionDropped, PlannerState, Reclaimed, SnapshotSeqReset, observe
+from provisionerd.planner.state import PlannerState, Reclaimed, SnapshotSeqReset, observe
 
 #: The quote of reconcile_world.offer's default price, which each request carries for its intent and facts.
 QUOTE = PriceQuote(0.1, "USD", "hour", "test", "2026-01-01T00:00:00Z")
@@ -47,7 +47,7 @@ def test_demand_is_requested_once_from_the_cheapest_offer():
     assert w.plan(snap).actions == ()
     w.fulfil("c1:p:i0:0")
     assert w.plan(snap).actions == ()
-    assert w.state.pending_requests == {}
+    assert w.in_flight.unseen(w.view)[0].requests == {}  # the facts show it: no longer counted as in flight
     more = w.plan(snapshot(2, item("d", 5)))
     assert more.actions == (RequestMachines("c1:p:i0:1", "p", "cheap", 2, "d", price=QUOTE),)
 
@@ -254,7 +254,7 @@ def test_throttle_defers_returns_and_blocks_requests():
 def test_dropped_action_is_planned_again_with_a_new_op_id():
     w = world()
     first = w.plan(snapshot(1, item("d", 2)))
-    w.state = observe(w.state, ActionDropped(first.actions[0].op_id), w.policy).state
+    w.drop(first.actions[0].op_id)
     assert w.plan(snapshot(1, item("d", 2))).actions == (RequestMachines("c1:p:i0:1", "p", "t", 2, "d", price=QUOTE),)
 
 

@@ -25,6 +25,7 @@ from provisionerd.domain.model import (
 )
 from provisionerd.planner.capacity import CapacityUnavailable, ProviderUnhealthy, Throttled
 from provisionerd.planner.fact_view import FactView, MachineState, fold
+from provisionerd.planner.in_flight import InFlight
 from provisionerd.planner.offers import Catalog, compatibility_reasons, offer_sort_key
 from provisionerd.planner.plan import plan
 from provisionerd.planner.policy import Policy, ProviderPolicy
@@ -45,6 +46,10 @@ class Case:
     policy: Policy
     snap: object
     now: float
+    planned: tuple = ()  # the op book's part: (action, planned_at) of an earlier plan, all still in flight
+
+    def in_flight(self, *more):
+        return InFlight.of([*self.planned, *more])
 
 
 offers_st = st.lists(
@@ -146,7 +151,8 @@ def cases(draw):
     state = PlannerState.initial("i0", jitter_seed=draw(st.integers(0, 5)))
     # an earlier plan leaves pending actions, the step log and first-seen times behind
     earlier = NOW - draw(st.sampled_from([0.0, 30.0, 100.0]))
-    state = plan(state, snapshot(1, *draw(items_st)), view, offers, hosts, earlier, policy).state
+    before = plan(state, snapshot(1, *draw(items_st)), view, offers, hosts, earlier, policy)
+    state, planned = before.state, tuple((action, earlier) for action in before.actions)
     backoffs = [CapacityUnavailable(p, t, earlier) for p in PROVIDERS for t in TEMPLATES]
     backoffs += [Throttled(p, earlier, 1.0) for p in PROVIDERS]
     backoffs += [ProviderUnhealthy(p, code, earlier) for p in PROVIDERS for code in ("quota_exceeded", "auth_failed")]
@@ -154,10 +160,10 @@ def cases(draw):
     for obs in draw(st.lists(st.sampled_from(backoffs) | reclaims, max_size=3)):
         state = observe(state, obs, policy).state
     snap = snapshot(draw(st.integers(0, 3)), *draw(items_st))
-    return Case(offers, view, committed, hosts, state, policy, snap, NOW)
+    return Case(offers, view, committed, hosts, state, policy, snap, NOW, planned)
 
 
-def run(case, state=None, view=None):
+def run(case, state=None, view=None, in_flight=None):
     return plan(
         case.state if state is None else state,
         case.snap,
@@ -166,6 +172,7 @@ def run(case, state=None, view=None):
         case.hosts,
         case.now,
         case.policy,
+        in_flight=case.in_flight() if in_flight is None else in_flight,
     )
 
 
@@ -178,7 +185,7 @@ def loads(case, state):
     for r in case.view.intents.values():
         key = (r.intent.provider, r.intent.template_id)
         load[key] = load.get(key, 0) + r.outstanding
-    for op_id, r in state.pending_requests.items():
+    for op_id, r in case.in_flight().requests.items():
         if op_id not in case.view.intents:
             load[(r.provider, r.template_id)] = load.get((r.provider, r.template_id), 0) + r.count
     return load
@@ -193,14 +200,15 @@ def test_replaying_the_same_snapshot_plans_nothing_new(case):
     first = run(case)
     if case.snap.seq < case.state.applied_seq:
         return
-    assert run(case, first.state).actions == ()  # same view: everything planned is in flight
+    in_flight = case.in_flight(*((action, case.now) for action in first.actions))
+    assert run(case, first.state, in_flight=in_flight).actions == ()  # same view: everything planned is in flight
     # and once the gate has committed every action's fact, still nothing -- unless an intent was failed or a
     # machine marked lost: the plan held their capacity (and the intent's missing machines) until the fact landed,
     # and freeing them is the point of those facts
     if not any(isinstance(a, (FailRequest, MarkLost)) for a in first.actions):
         world = World(list(case.offers), policy=case.policy, view=fold(case.facts), facts=list(case.facts))
         world.commit_actions(first.actions)
-        again = run(case, first.state, world.view)
+        again = run(case, first.state, world.view, in_flight)
         assert again.actions == (), (first.actions, again.actions, first.notes)
 
 
@@ -313,7 +321,7 @@ def test_new_op_ids_are_fresh_and_in_flight_until_committed(case):
     for op_id in fresh:
         assert op_id.startswith("c1:") and ":i0:" in op_id
         assert op_id not in case.view.intents and op_id not in case.view.returns
-        assert op_id not in case.state.pending_requests
+        assert op_id not in case.in_flight().requests
     for a in result.actions:
         if isinstance(a, FailRequest):
             assert case.view.intents[a.op_id].open
@@ -328,7 +336,7 @@ def test_new_op_ids_are_fresh_and_in_flight_until_committed(case):
             assert machine.state is MachineState.ACTIVE
             host = case.hosts.get(machine.instance_ref)
             assert host is None or host.status is not HostStatus.BUSY or action.reason == "drain_timeout"
-            assert machine_id not in case.state.pending_returns
+            assert machine_id not in case.in_flight().returns
     for action in result.actions:
         if isinstance(action, DrainMachines):
             for machine_id in action.machine_ids:
@@ -348,7 +356,16 @@ def test_the_view_host_table_plans_exactly_as_a_plain_dict_of_hosts(case, split)
     fold(case.facts[split:], view)
     for host in hosts[split % (len(hosts) + 1) :]:
         view.hosts[host.instance_ref] = host
-    assert run(case) == plan(case.state, case.snap, view, case.offers, view.hosts, case.now, case.policy)
+    table = plan(
+        case.state, case.snap, view, case.offers, view.hosts, case.now, case.policy, in_flight=case.in_flight()
+    )
+    plain = run(case)
+    assert attrs.evolve(table, wake_at=None) == attrs.evolve(plain, wake_at=None)
+    # The table's indexes read only the machines that may act now and wake at a lower bound for the rest (the
+    # earliest launch after the cutoff plus the shortest join deadline or max_ttl): never later than the exact wake
+    # a pass over every machine gives, possibly earlier (a wake that only replans).
+    if plain.wake_at is not None:
+        assert table.wake_at is not None and table.wake_at <= plain.wake_at
 
 
 @SETTINGS

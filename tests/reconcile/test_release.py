@@ -65,7 +65,7 @@ def test_a_lost_snapshot_delays_the_release_and_a_restarted_planner_releases_the
     view = FactView()
     for committed in world.facts:
         view.apply(committed)
-    fresh = attrs.evolve(world, state=PlannerState.initial("i1"), view=view, hosts=dict(world.hosts))
+    fresh = attrs.evolve(world, state=PlannerState.initial("i1"), view=view, hosts=dict(world.hosts), under_way={})
     (again,) = returns(fresh.plan(snapshot(3, item("other", 1, ncpus=2))))
     assert sorted(again.machine_ids) == job
 

@@ -8,7 +8,6 @@ from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import (
     INTENT_BACKOFF_MAX,
     INTENT_BACKOFF_MAX_BY_REASON,
-    ActionDropped,
     IntentRefused,
     PlannerState,
     observe,
@@ -23,7 +22,7 @@ def test_a_refused_intent_gives_its_steps_back():
     w = world()
     first = w.plan(snapshot(1, item("d", 10)))
     assert [a.count for a in first.actions] == [3]
-    w.state = observe(w.state, ActionDropped(first.actions[0].op_id, unacknowledged=True), w.policy).state
+    w.drop(first.actions[0].op_id, unacknowledged=True)
     assert w.state.step_log == ()
     again = w.plan(snapshot(1, item("d", 10)))
     assert [a.count for a in again.actions] == [3]  # at once, the window is empty again
@@ -32,7 +31,7 @@ def test_a_refused_intent_gives_its_steps_back():
 def test_a_drop_whose_intent_may_be_committed_keeps_its_steps():
     w = world()
     first = w.plan(snapshot(1, item("d", 10)))
-    w.state = observe(w.state, ActionDropped(first.actions[0].op_id), w.policy).state
+    w.drop(first.actions[0].op_id)
     assert sum(n for _, _, n in w.state.step_log) == 3
     assert w.plan(snapshot(1, item("d", 10))).actions == ()
 

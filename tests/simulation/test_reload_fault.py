@@ -95,13 +95,13 @@ def test_a_planner_that_keeps_the_old_cap_is_caught(monkeypatch):
     assert window.checked, "no request was planned under the lowered cap: the check would be empty"
     real = loop_module.plan
 
-    def old_cap(state, demand, facts, catalog, hosts, now, policy, rejoin):  # the bug: the planner ignores the new cap
+    def old_cap(state, demand, facts, catalog, hosts, now, policy, rejoin, in_flight):  # the bug: ignores the new cap
         if "sim" in policy.providers:  # the provider's own knobs (the simulation gives it a step limit)
             sim = attrs.evolve(policy.providers["sim"], max_machines=20)
             stale = attrs.evolve(policy, providers={**policy.providers, "sim": sim})
         else:
             stale = attrs.evolve(policy, provider_caps={"sim": 20})
-        return real(state, demand, facts, catalog, hosts, now, stale, rejoin)
+        return real(state, demand, facts, catalog, hosts, now, stale, rejoin, in_flight)
 
     monkeypatch.setattr(loop_module, "plan", old_cap)
     result = run_world(reload_world("cap_down", 1.0, seed=CAP_SEED, at=1.0))

@@ -204,7 +204,7 @@ class ReloadFaults:
         fixed = core.current._fixed_policy
         if fixed is not None:
             core.current._fixed_policy = mutated_policy(fixed, provider, fault.mode, fault.value)
-        planned = set(core.executor.busy_ops) | set(core.loop.state.pending_requests)
+        planned = set(core.executor.busy_ops) | set(core.loop.operations.in_flight().requests)
         planned |= {op for kind, op in rec.commits_by_op if kind == "RequestIntent"}
         try:
             result = core.reload(new)
