@@ -76,13 +76,19 @@ async def join_checks_in_order(ctx: Context) -> str:
     else:
         tokens = await ctx.worker_tokens("order", 1)
         ref, token = tokens.refs[0], tokens.tokens[0]
-        peer, bad = await join_primary_or_reply(ctx, Join(Role.WORKER, "", instance_ref=ref, token=token))
-        await peer.aclose()
-        if _refused(bad):
-            said.append("a worker Join with an empty identity and a good token: JoinReply accepted=false")
-        else:
-            what = "errorMsg tokenInvalid: the token was judged first" if isinstance(bad, ErrorMsg) else describe(bad)
-            problems.append(f"a worker Join with an empty identity and a good token answered {what}")
+        made_up = "not-a-token-" + new_instance()
+        for label, secret in [("a made-up token", made_up), ("a good token", token)]:
+            peer, bad = await join_primary_or_reply(ctx, Join(Role.WORKER, "", instance_ref=ref, token=secret))
+            await peer.aclose()
+            if _refused(bad):
+                said.append(f"a worker Join with an empty identity and {label}: JoinReply accepted=false")
+            elif isinstance(bad, ErrorMsg):
+                problems.append(
+                    f"a worker Join with an empty identity and {label} answered {describe(bad)}: the secret was"
+                    " judged before the identity (protocol.md §7: the identity comes first)"
+                )
+            else:
+                problems.append(f"a worker Join with an empty identity and {label} answered {describe(bad)}")
         peer, good = await join_primary_or_reply(ctx, Join(Role.WORKER, IDENTITY, instance_ref=ref, token=token))
         await peer.aclose()
         if isinstance(good, JoinReply) and good.accepted:
