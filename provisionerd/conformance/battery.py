@@ -67,6 +67,11 @@ CHECKS: tuple[Check, ...] = (
     Check("demand snapshot after the resync", "demand_after_resync", state.demand_after_resync),
     Check("worker token single use", "single_use_tokens", state.token_single_use),
     Check("host states pushed", "host_pushes", state.host_state_pushes),
+    Check(
+        "hosts: a worker before its instance fact, the digest, a host gone",
+        "host_pushes",
+        answers.hosts_before_instance_fact,
+    ),
     Check("history paged, ended lifecycles, own providers only", "history_scope", state.history_paged_own_providers),
     Check("demand pages assembled and superseded", "demand_paging", admin.demand_paging, admin=True),
     Check("failover: no grant without a fresh quorum", "quorum", admin.no_grant_without_quorum, admin=True),

@@ -8,17 +8,24 @@ each kind of refused fact (§6.2). Every row works on providers of its own and f
 
 from __future__ import annotations
 
+import hashlib
+
+import trio
+
 from provisionerd.conformance.checks_state import join_primary_or_reply
 from provisionerd.conformance.context import IDENTITY, Context
-from provisionerd.conformance.peer import describe, join, new_instance
-from provisionerd.conformance.results import CheckFailed
+from provisionerd.conformance.peer import Peer, describe, join, join_primary, new_instance
+from provisionerd.conformance.results import CheckFailed, NotRun
 from provisionerd.domain.model import (
     DrainRequested,
     Epoch,
     Fact,
+    HostState,
+    HostStatus,
     InstanceFact,
     OrphanReported,
     RequestIntent,
+    Returned,
     ReturnIntent,
     Role,
 )
@@ -29,18 +36,24 @@ from provisionerd.wire.messages import (
     FactCommit,
     Heartbeat,
     HeartbeatAck,
+    HostStatePush,
     Join,
     JoinReply,
     LeaseAcquire,
+    LeaseDenied,
     LeaseGrant,
     LeaseRelease,
     LeaseRenew,
     Message,
     Rejected,
+    ResyncPage,
+    ResyncRequest,
 )
 
 #: The longest provider name a Join may declare (protocol §4).
 MAX_PROVIDER_NAME = 256
+#: How long past a lease's TTL the kit renews it to see it expired (the controller's clock may lag the kit's).
+EXPIRY_SLACK = 1.0
 
 
 def _refused(reply: Message) -> bool:
@@ -138,9 +151,31 @@ async def lease_refusals(ctx: Context) -> str:
             said.append(f"{label}: ack")
         else:
             problems.append(f"{label} answered {describe(reply)}, not ack")
+    said.append(await _renew_after_expiry(ctx, peer, provider, problems))
     if problems:
         raise CheckFailed("; ".join(problems))
     return "; ".join(said)
+
+
+async def _renew_after_expiry(ctx: Context, peer: Peer, provider: str, problems: list[str]) -> str:
+    """§5: a renew after the lease expired on the controller's clock is ``noLease``, even from its holder with its
+    epoch (an expired lease is never revived); the acquire that follows gets a higher epoch. Waits one TTL."""
+    grant = await ctx.acquire(peer, provider)
+    ttl = grant.ttl_ms / 1000
+    await peer.keep_alive(ttl + EXPIRY_SLACK)
+    late = await peer.request(LeaseRenew(provider, grant.epoch))
+    if not (isinstance(late, LeaseDenied) and late.reason == "no_lease"):
+        problems.append(
+            f"the holder's renew {ttl + EXPIRY_SLACK:g}s after a grant of {ttl:g}s answered {describe(late)}"
+        )
+        if isinstance(late, LeaseGrant):
+            await peer.request(LeaseRelease(provider, late.epoch))
+        return "renew after expiry: not no_lease"
+    again = await ctx.acquire(peer, provider)
+    await peer.request(LeaseRelease(provider, again.epoch))
+    if not again.epoch > grant.epoch:
+        problems.append(f"the acquire after the expiry got {again.epoch}, not above the expired {grant.epoch}")
+    return f"renew {ttl + EXPIRY_SLACK:g}s after a {ttl:g}s grant: denied no_lease; re-acquired as {again.epoch}"
 
 
 def _malformed(provider: str, epoch: Epoch, op: str) -> list[tuple[str, Fact]]:
@@ -213,6 +248,89 @@ async def fact_refusals(ctx: Context) -> str:
         said.append(f"the same fact again with no lease live: acked with its index {index}")
     else:
         problems.append(f"the same fact again (no lease live) answered {describe(again)}, not its index {index}")
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return "; ".join(said)
+
+
+async def _host_push(peer: Peer, ref: str, timeout: float) -> tuple[HostState, int]:
+    """The next pushed state of host ``ref`` and the push's ``seq``."""
+    deadline = trio.current_time() + timeout
+    while True:
+        push = await peer.wait_push(HostStatePush, max(0.0, deadline - trio.current_time()))
+        assert isinstance(push, HostStatePush)
+        mine = [h for h in push.hosts if h.instance_ref == ref]
+        if mine:
+            return mine[-1], push.seq
+
+
+async def _resync_hosts(peer: Peer, provider: str) -> tuple[int, list[HostState]]:
+    """One whole resync of ``provider``: how many pages, and the hosts they carry."""
+    corr = await peer.send(ResyncRequest((provider,)))
+    pages: list[ResyncPage] = []
+    while not pages or len(pages) < pages[0].page_count:
+        page = await peer.reply_to(corr, "ResyncRequest")
+        if not isinstance(page, ResyncPage):
+            raise CheckFailed(f"ResyncRequest answered {describe(page)}")
+        pages.append(page)
+    return len(pages), [host for page in pages for host in page.hosts]
+
+
+async def hosts_before_instance_fact(ctx: Context) -> str:
+    """§6.4: a worker that joins on its intent's token before its ``instanceFact`` is pushed at once with an empty
+    ``machineId``, then again with it filled when the fact lands; §6.3: the heartbeat digest's ``hostSeq`` counts
+    those changes (a worker's digest is all 0), a second resync on one connection is answered like the first, and a
+    host whose machine's lifecycle ended is missing from the next resync (no push removes it)."""
+    if not ctx.connector.has_role(Role.WORKER):
+        raise NotRun(f"no worker certificate in {ctx.connector.certs_dir}")
+    tokens = await ctx.worker_tokens("early", 1)
+    provider, ref = tokens.provider, tokens.refs[0]
+    holder, _ = await ctx.provisioner([provider])
+    first_pages, _ = await _resync_hosts(holder, provider)  # after the join, as a daemon does
+    grant = await ctx.acquire(holder, provider)
+    said, problems = [f"resync after the join: {first_pages} page(s)"], []
+    worker, _ = await join_primary(
+        ctx.connector, ctx.addresses, Join(Role.WORKER, IDENTITY, instance_ref=ref, token=tokens.tokens[0])
+    )
+    ctx.peers.append(worker)
+    beat = await worker.request(Heartbeat(1))
+    if isinstance(beat, HeartbeatAck) and (beat.last_index, beat.demand_seq, beat.host_seq) == (0, 0, 0):
+        said.append("a worker's heartbeat digest: 0, 0, 0")
+    else:
+        problems.append(f"a worker's heartbeat answered {describe(beat)}, not a digest of 0, 0, 0")
+    early, seq1 = await _host_push(holder, ref, ctx.options.timeout)
+    if early.machine_id or early.status is not HostStatus.JOINED:
+        problems.append(f"the host of a worker joined before its instance fact was pushed as {early}")
+    machine = f"{tokens.op_id}-machine"
+    token_hash = hashlib.sha256(tokens.tokens[0].encode()).hexdigest()
+    fact = InstanceFact(provider, grant.epoch, tokens.op_id, ref, machine, "kit-template", token_hash, "kit-host")
+    await ctx.commit(holder, fact)
+    named, seq2 = await _host_push(holder, ref, ctx.options.timeout)
+    if named.machine_id != machine or named.hostname != "kit-host" or named.status is not HostStatus.JOINED:
+        problems.append(f"after its instance fact the host was pushed as {named}, not with machineId {machine!r}")
+    said.append(
+        f"pushed joined with machineId '' (seq {seq1}), then with {machine!r} once the fact landed (seq {seq2})"
+    )
+    digest = await holder.request(Heartbeat(2))
+    if not (isinstance(digest, HeartbeatAck) and digest.host_seq == seq2 == seq1 + 1):
+        problems.append(
+            f"two host changes pushed as seq {seq1} then {seq2}, and the digest answered {describe(digest)}: hostSeq"
+            " counts the changes queued for the connection, and equals the last push's seq"
+        )
+    back = f"{tokens.op_id}-back"
+    await ctx.commit_many(
+        holder,
+        [
+            ReturnIntent(provider, grant.epoch, back, (machine,), "kit"),
+            Returned(provider, grant.epoch, back, (machine,)),
+        ],
+    )
+    pages, hosts = await _resync_hosts(holder, provider)
+    await holder.request(LeaseRelease(provider, grant.epoch))
+    if any(h.instance_ref == ref for h in hosts):
+        problems.append(f"a resync after the machine {machine!r} was returned still carries its host")
+    else:
+        said.append(f"once returned, its host is missing from the next resync ({pages} page(s), {len(hosts)} hosts)")
     if problems:
         raise CheckFailed("; ".join(problems))
     return "; ".join(said)
