@@ -23,7 +23,8 @@ from provisionerd.wire.messages import (
 )
 from refcontroller.cluster import Cluster
 from refcontroller.commits import INVALID, Rejection
-from refcontroller.leases import Denied, Granted
+from refcontroller.leases import NO_LEASE, Denied, Granted
+from refcontroller.rules import RULES
 
 
 def lease_reply(result: Granted | Denied) -> LeaseGrant | LeaseDenied:
@@ -51,7 +52,8 @@ def provisioner_reply(
         case LeaseAcquire(provider=provider) | LeaseRenew(provider=provider) | LeaseRelease(provider=provider) if (
             provider not in providers
         ):
-            return undeclared(provider)
+            # Out of scope (``invalid``), not a denial of a lease that exists (protocol §5).
+            return undeclared(provider) if RULES.lease_rules else LeaseDenied(provider, NO_LEASE)
         case LeaseAcquire(provider=provider):
             granted = cluster.acquire(replica, provider, holder, now)
             return rejected(granted) if isinstance(granted, Rejection) else lease_reply(granted)

@@ -15,6 +15,11 @@ at start, and must never serve a real daemon. Each rule is consulted by one line
 ``role_allowlist``         ``server.ControllerServer._join`` (the Join's role is the certificate's) and
                            ``session.Session._read_loop`` (each frame's kind is in its role's allowlist)
 ``history_scope``          ``history.readable``: a provisioner reads the history of its Join's providers only
+``join_checks``            ``server.ControllerServer._admit``: a Join's identity is judged before a worker's secret
+``lease_rules``            ``replies.provisioner_reply``: a lease request for an undeclared provider is rejected
+                           ``invalid``, never denied
+``fact_rules``             ``cluster.Cluster.commit``: the same fact again is acked with its index before the epoch
+                           rule is applied
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ class Rules:
     redirect_non_primary: bool = True
     role_allowlist: bool = True
     history_scope: bool = True
+    join_checks: bool = True
+    lease_rules: bool = True
+    fact_rules: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -259,7 +259,9 @@ class ControllerServer:
 
     def _admit(self, join: Join, replica: int, credential: str = "", address: str = "") -> Rejection | HostState | None:
         """``None``: admitted (not a worker); a worker's admission gives its host."""
-        if not join.identity or len(join.identity) > MAX_NAME:
+        bad_identity = not join.identity or len(join.identity) > MAX_NAME
+        # Before a worker's secret is looked at, so a refused Join never spends a token (protocol §7).
+        if bad_identity and (RULES.join_checks or join.role is not Role.WORKER):
             return Rejection("invalid", f"identity must be 1..{MAX_NAME} characters")
         if join.role is Role.PROVISIONER:
             if len(join.providers) > MAX_PROVIDERS or not all(0 < len(p) <= MAX_NAME for p in join.providers):
@@ -293,6 +295,8 @@ class ControllerServer:
                 )
                 self.stats["workers_refused"] += 1
                 return admitted
+            if bad_identity:  # only with the join_checks rule off (a test hook): the token was judged first
+                return Rejection("invalid", f"identity must be 1..{MAX_NAME} characters")
             report, dropped = workers.reported_capabilities(join.capabilities)
             if dropped:
                 log.warning("worker %r: %d capability entries dropped (bounds)", admitted.instance_ref, dropped)

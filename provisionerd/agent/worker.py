@@ -6,9 +6,10 @@ reference and single-use token, reports its status (``idle`` at once, then ``idl
 ``set_status`` changes it), heartbeats, and reconnects with jittered backoff, rotating through the configured
 addresses, whenever the connection breaks or goes quiet.
 
-Every join after the first presents the rejoin proof instead of the spent token (``agent.token``). If a join with
+Every join after the first presents the credential the accepted reply carried (``JoinReply.credential``, protocol
+§4) instead of the spent token; to a controller that issues none, the rejoin proof (``agent.token``). If a join with
 the token got no answer (the connection broke in between), the controller may or may not have consumed it: when
-the token is then refused, the agent tries the proof once before giving up.
+the token is then refused, the agent tries the proof once (``join.Credentials``).
 
 ``run`` returns only by cancellation (the machine is being returned) and raises ``JoinRefused`` when the controller
 refuses the worker for good: version mismatch or role not allowed. Any other refusal (its token or credential

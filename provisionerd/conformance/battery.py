@@ -15,6 +15,7 @@ import attrs
 import trio
 
 from provisionerd.conformance import checks_admin as admin
+from provisionerd.conformance import checks_answers as answers
 from provisionerd.conformance import checks_session as session
 from provisionerd.conformance import checks_state as state
 from provisionerd.conformance.context import Context, KitOptions
@@ -48,17 +49,29 @@ CHECKS: tuple[Check, ...] = (
     Check("allowlist: worker", "role_allowlist", session.allowlist(Role.WORKER)),
     Check("allowlist: admin", "role_allowlist", session.allowlist(Role.ADMIN)),
     Check("allowlist: join role is the certificate's", "role_allowlist", session.join_role_matches_certificate),
+    Check(
+        "join checks in order: identity and provider names before the token",
+        "join_checks",
+        answers.join_checks_in_order,
+    ),
     Check("frame over the size limit refused", "frame_bounds", session.oversize_frame),
     Check("malformed frames refused", "frame_bounds", session.malformed_frames),
     Check("lease grant, renew, release", "lease_rules", state.lease_grant_renew_release),
+    Check("lease refusals: undeclared provider, release", "lease_rules", answers.lease_refusals),
     Check("second holder denied while the lease lives", "single_holder", state.second_holder_denied),
     Check("stale-epoch fact refused", "refuse_stale_epoch", state.stale_epoch_refused),
+    Check("fact refusals: malformed, another holder, no live lease, duplicate", "fact_rules", answers.fact_refusals),
     Check("fact acks in increasing index", "fact_order", state.fact_acks_increase),
     Check("resync in log order", "resync_in_order", state.resync_in_log_order),
     Check("resync pages within page bounds", "page_bounds", state.resync_page_bounds),
     Check("demand snapshot after the resync", "demand_after_resync", state.demand_after_resync),
     Check("worker token single use", "single_use_tokens", state.token_single_use),
     Check("host states pushed", "host_pushes", state.host_state_pushes),
+    Check(
+        "hosts: a worker before its instance fact, the digest, a host gone",
+        "host_pushes",
+        answers.hosts_before_instance_fact,
+    ),
     Check("history paged, ended lifecycles, own providers only", "history_scope", state.history_paged_own_providers),
     Check("demand pages assembled and superseded", "demand_paging", admin.demand_paging, admin=True),
     Check("failover: no grant without a fresh quorum", "quorum", admin.no_grant_without_quorum, admin=True),

@@ -79,16 +79,18 @@ async def grace_after_promotion(ctx: Context) -> str:
         ctx.options.close_wait, f"the lease holder's connection to the old primary {holder.address}"
     )
     problems, said = [], [f"failover to replica {done.get('primary')} in term {done.get('term')}; old link {closed}"]
-    other, joined = await ctx.provisioner([provider], instance=new_instance())
+    fresh = ctx.provider("grace-fresh")  # never granted by anyone: no last grantee, so nobody's during the grace
+    other, joined = await ctx.provisioner([provider, fresh], instance=new_instance())
     if joined.term <= old.epoch.term:
         problems.append(f"the new primary's term {joined.term} is not above {old.epoch.term}")
-    denied = await other.request(LeaseAcquire(provider))
-    if isinstance(denied, LeaseDenied) and denied.reason == "grace" and denied.retry_after_ms > 0:
-        said.append(f"another process denied grace (retry {denied.retry_after_ms} ms)")
-    else:
-        problems.append(f"another process's acquire during the grace answered {describe(denied)}")
-        if isinstance(denied, LeaseGrant):
-            await other.request(LeaseRelease(provider, denied.epoch))
+    for label, asked in [("another process", provider), ("a provider never granted, to anyone", fresh)]:
+        denied = await other.request(LeaseAcquire(asked))
+        if isinstance(denied, LeaseDenied) and denied.reason == "grace" and denied.retry_after_ms > 0:
+            said.append(f"{label}: denied grace (retry {denied.retry_after_ms} ms)")
+        else:
+            problems.append(f"{label}: the acquire during the grace answered {describe(denied)}, not grace")
+            if isinstance(denied, LeaseGrant):
+                await other.request(LeaseRelease(asked, denied.epoch))
     again, _ = await ctx.provisioner([provider])
     start = trio.current_time()
     regrant = await again.request(LeaseAcquire(provider))

@@ -54,6 +54,8 @@ class Tokens:
     provider: str
     refs: tuple[str, ...]
     tokens: tuple[str, ...] = attrs.field(repr=False)
+    #: The intent's op id (its ``instanceFact``s name it).
+    op_id: str = ""
 
 
 @attrs.define(eq=False)
@@ -152,7 +154,7 @@ class Context:
         fact, tokens = self.intent(provider, grant.epoch, count=count)
         await self.commit(peer, fact)
         await peer.request(LeaseRelease(provider, grant.epoch))
-        return Tokens(provider, fact.instance_refs, tuple(tokens))
+        return Tokens(provider, fact.instance_refs, tuple(tokens), fact.op_id)
 
     async def admin(self, msg: Message) -> dict[str, Any]:
         """One admin request at the primary (a connection per call, as failovers close them)."""
