@@ -63,10 +63,14 @@ def launch_missing(
             return Outcome(launched, tuple(refused), err)
         refused += done.refused
         start = done.offering_index  # the offerings that refused are not asked again in this call
+        tags = dict(_tags(call.tags))
         for instance in done.instances:
-            ref = slots.instance_ref(dict(_tags(call.tags)), instance.get("AmiLaunchIndex"))
+            ref = slots.instance_ref(tags, instance.get("AmiLaunchIndex"))
             if ref is None:
-                raise PluginError("provider_error", f"EC2 gave instance {instance['InstanceId']} no launch index")
+                # Not seen from EC2 or the emulator. The instance is tagged with the op, so the orphan scan sees
+                # it; stop here and keep the record of what was launched so far.
+                failure = PluginError("provider_error", f"EC2 gave instance {instance['InstanceId']} no launch index")
+                return Outcome(launched, tuple(refused), failure)
             launched[ref] = instance["InstanceId"]
     return Outcome(launched, tuple(refused), None)
 

@@ -20,6 +20,9 @@ from aws_ec2_plugin.ec2ops import Ec2
 from aws_ec2_plugin.failures import PluginError
 from aws_ec2_plugin.offerings import Offering
 
+#: Refused offerings named in an error message (a template may have 20 types x 16 subnets).
+_NAMED = 12
+
 
 @attrs.frozen
 class Call:
@@ -60,7 +63,8 @@ def launch(ec2: Ec2, template: Template, offerings: Sequence[Offering], start: i
             continue
         return Launched(index, tuple(response), tuple(refused))
     assert last is not None, "launch() needs at least one offering from start"
-    last.message = f"every offering refused for capacity ({'; '.join(refused)}); last: {last.message}"
+    named = "; ".join(refused[:_NAMED]) + (f"; and {len(refused) - _NAMED} more" if len(refused) > _NAMED else "")
+    last.message = f"every offering refused for capacity ({named}); last: {last.message}"
     raise last
 
 
