@@ -163,3 +163,34 @@ def test_every_type_refused_is_one_capacity_error_naming_them_all(plugin, ec2):
     assert all(t in error["message"] for t in TYPES)
     assert len(plugin.calls("RunInstances")) == 3
     assert plugin.instances(ec2, **{"provisionerd:op": "op-none"}) == []
+
+
+def test_capacity_that_runs_out_after_a_batch_keeps_it_and_the_same_op_fills_the_rest(plugin, ec2):
+    plugin.write_config(launch_batch_size=4)
+    batch_template(plugin)
+    plugin.set_faults(
+        {
+            "operation": "RunInstances",
+            "action": "error",
+            "code": "InsufficientInstanceCapacity",
+            "http_status": 500,
+            "skip": 1,
+        }
+    )
+    doc = daemon_refs(plugin.request_input("op-short", 10), "op-short")
+    with plugin.persistent() as p:
+        out = p.call("requestMachines", doc)["result"]
+        status = p.call("getRequestStatus", {"requests": [{"requestId": "op-short"}]})["result"]["requests"][0]
+    assert "4 launched" in out["message"] and "6 of 10 not launched: capacity_unavailable" in out["message"]
+    assert status["status"] == "complete_with_error" and len(status["machines"]) == 4
+    assert sorted(m["instanceRef"] for m in status["machines"]) == [f"op-short/{i}" for i in range(4)]
+
+    plugin.set_faults()
+    plugin.reset_calls()
+    with plugin.persistent() as p:
+        out = p.call("requestMachines", doc)["result"]
+        status = p.call("getRequestStatus", {"requests": [{"requestId": "op-short"}]})["result"]["requests"][0]
+    assert "6 launched, 4 already existed" in out["message"]
+    assert [c["count"] for c in plugin.calls("RunInstances")] == [4, 2]
+    assert status["status"] == "complete"
+    assert sorted(m["instanceRef"] for m in status["machines"]) == sorted(f"op-short/{i}" for i in range(10))
