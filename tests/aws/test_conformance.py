@@ -16,13 +16,17 @@ from rigs import procs
 pytestmark = pytest.mark.process
 
 
-def test_conformance_kit_passes_on_the_persistent_transport(plugin):
+@pytest.mark.parametrize("join", ["token", "address-bound"])
+def test_conformance_kit_passes_on_the_persistent_transport(plugin, join):
+    """Also with batch launches (``join: address-bound``): the kit's refs are ``<op_id>-<i>``, one call per request,
+    and every machine's ``provisionerd:instance`` comes from its batch's slot tags."""
     home = plugin.tmp / "home"
     (home / ".aws").mkdir(parents=True)
     (home / ".aws" / "credentials").write_text(
         f"[default]\naws_access_key_id = {plugin.secrets[0]}\naws_secret_access_key = {plugin.secrets[1]}\n"
     )
     config = {k: v for k, v in plugin.config.items() if k != "fault_injection"}
+    config["templates"] = [{**t, "join": join} for t in config["templates"]]
     (plugin.conf_dir / "aws_ec2.json").write_text(json.dumps(config))
     env = {"PATH": plugin.env["PATH"], "HOME": str(home)}
     argv = procs.provisionerd(

@@ -1,4 +1,5 @@
-"""What one new instance carries: its tags (public) and its user-data (the bootstrap, including the join token).
+"""What a new instance carries: its tags (public) and its user-data (the bootstrap; a join token only with
+``join: token``).
 
 The split is the security boundary. Tags are readable by anyone with ``ec2:DescribeInstances`` and show up in
 listings, facts and the console; user-data is readable only with ``ec2:DescribeInstanceAttribute`` and from the
@@ -14,15 +15,26 @@ where ``userData`` is the request's LSF-style ``userData`` object, passed throug
 (seconds) is there when the daemon sets ``worker_orphan_timeout``: the agent is then started with
 ``--orphan-timeout`` and ``--on-orphan shutdown``, and since every instance is launched with
 ``InstanceInitiatedShutdownBehavior=terminate`` its halt terminates the instance.
+
+With ``join: address-bound`` one RunInstances launches many machines, and user-data, which belongs to the call, is
+shared by all of them; so it holds no secret and names no machine:
+
+    {"provisionerd": {"version": 2, "join": "address-bound", "controllers", "cluster"
+                      [, "orphanTimeout", "onOrphan": "shutdown"]}, "userData": {...}}
+
+The machine joins as its EC2 instance id (from IMDS) with the cluster's bootstrap secret from its image, from the
+address EC2 reported for it (protocol.md §4 "Address-bound join"); the controller tells it which instance it is.
+Its ``instanceRef`` is on the instance as the batch's slot tags (``slots``), read back by :func:`tag_dict`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aws_ec2_plugin import slots
 from aws_ec2_plugin.failures import PluginError
 
 TAG_CLUSTER = "provisionerd:cluster"
@@ -61,15 +73,43 @@ def user_data(bootstrap: Mapping[str, Any], cluster: str, passthrough: Mapping[s
         "joinToken": bootstrap["joinToken"],
         "cluster": cluster,
     }
+    return _document(head, bootstrap, passthrough)
+
+
+def shared_user_data(bootstrap: Mapping[str, Any], cluster: str, passthrough: Mapping[str, Any]) -> str:
+    """The user-data of a batch launch: what every machine of the call shares (``bootstrap`` is any one of them,
+    see :func:`shared_key`), no token and no instance ref."""
+    head = {"version": 2, "join": "address-bound", "controllers": list(bootstrap["controllers"]), "cluster": cluster}
+    return _document(head, bootstrap, passthrough)
+
+
+def shared_key(bootstrap: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a bootstrap goes into shared user-data: machines launched by one call must agree on it."""
+    return (tuple(bootstrap["controllers"]), bootstrap.get("orphanTimeout"))
+
+
+def _document(head: dict[str, Any], bootstrap: Mapping[str, Any], passthrough: Mapping[str, Any]) -> str:
     if bootstrap.get("orphanTimeout"):
         head.update(orphanTimeout=bootstrap["orphanTimeout"], onOrphan="shutdown")
     doc = {"provisionerd": head, "userData": dict(passthrough)}
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_USER_DATA:
-        # The size only: the text holds the token.
+        # The size only: the text may hold a token.
         size = len(text.encode())
         raise PluginError("invalid_request", f"user-data would be {size} bytes; EC2 allows {MAX_USER_DATA}")
     return text
+
+
+def batch_tags(
+    owner_tags: Mapping[str, str], prefix: str, group: Sequence[int], template_id: str, extra: Mapping[str, str]
+) -> list[dict[str, str]]:
+    """The tags every instance of one batch call is created with: the owner tags and the slots (``slots``)."""
+    tags = dict(extra)
+    tags.update(owner_tags)
+    tags[slots.TAG_REF_PREFIX] = prefix
+    tags[slots.TAG_SLOTS] = slots.encode(group)
+    tags[TAG_TEMPLATE] = template_id
+    return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
 
 
 def client_token(op_id: str, index: int) -> str:
@@ -85,6 +125,18 @@ def client_token(op_id: str, index: int) -> str:
     return "pd-" + hashlib.sha256(token.encode()).hexdigest()[:58]
 
 
+def batch_client_token(op_id: str, group: Sequence[int], offering: str) -> str:
+    """The ClientToken of one batch call: the same op, slots and offering always give the same token."""
+    text = f"{op_id}|{slots.encode(group)}|{offering}"
+    return "pdb-" + hashlib.sha256(text.encode()).hexdigest()[:57]
+
+
 def tag_dict(instance: Mapping[str, Any]) -> dict[str, str]:
-    """An EC2 instance description's tags as a plain mapping."""
-    return {t["Key"]: t.get("Value", "") for t in instance.get("Tags") or ()}
+    """An EC2 instance description's tags as a plain mapping, with ``provisionerd:instance`` for an instance of a
+    batch call (from its slot tags and launch index): every reader sees one ref per instance, however launched."""
+    tags = {t["Key"]: t.get("Value", "") for t in instance.get("Tags") or ()}
+    if TAG_INSTANCE not in tags:
+        ref = slots.instance_ref(tags, instance.get("AmiLaunchIndex"))
+        if ref is not None:
+            tags[TAG_INSTANCE] = ref
+    return tags

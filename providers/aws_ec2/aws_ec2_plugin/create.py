@@ -1,34 +1,47 @@
-"""``requestMachines``: one RunInstances per machine, idempotent per op_id even where the API is not.
+"""``requestMachines``: the machines of an op that do not exist yet, idempotent per op_id even where the API is not.
 
-Why one call per machine: each machine has its own bootstrap (instance ref, join token), and user-data is per
-RunInstances call, shared by every instance it launches. One call per machine also puts ``provisionerd:instance``
-on the instance atomically at creation (TagSpecifications), so there is no window where an instance exists without
-its full tag set, as there would be with RunInstances(count=n) followed by CreateTags.
+Two ways to launch, by the template's ``join``:
+
+- ``token`` (the default): one RunInstances per machine. Each machine's join token is in its user-data, and
+  user-data belongs to a RunInstances call, shared by every instance it launches. One call per machine also puts
+  ``provisionerd:instance`` on the instance at creation.
+- ``address-bound``: one RunInstances per group of up to ``launch_batch_size`` machines (``batch``). User-data then
+  holds no secret; the machine joins by the controller's address-bound join. Its instance ref is derived from tags
+  set at creation and its launch index (``slots``). Requests whose refs are not ``<prefix><index>`` (not the
+  daemon's) are launched one call per machine, still without a secret.
+
+Both try the template's offerings in order and move to the next on a capacity refusal (``launch``), and both put
+every tag on the instance at creation (TagSpecifications), so no instance ever exists untagged.
 
 Why a lookup first: EC2 honours ClientToken, the emulator does not, and a token alone cannot tell a new lease holder
 which machines of an op already exist. So every call first asks DescribeInstances for instances tagged with the
 op_id (any state, terminated included: a machine that existed is never created again for the same op) and launches
-only the instance refs that are missing. The ClientToken (``<op_id>.<index>``) still guards the gap where an instance
-exists but is not visible to DescribeInstances yet.
+only the instance refs that are missing. The ClientToken (``<op_id>.<index>``, or a digest of the op, the slots
+and the offering of a batch) still guards the gap where an instance exists but is not visible to DescribeInstances
+yet.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from aws_ec2_plugin import bootstrap
-from aws_ec2_plugin.config import Template
+from aws_ec2_plugin import batch, bootstrap, slots
+from aws_ec2_plugin.config import JOIN_ADDRESS_BOUND
 from aws_ec2_plugin.ec2ops import Ec2, tag_filters
 from aws_ec2_plugin.failures import PluginError
 from aws_ec2_plugin.inputs import CreateRequest
+from aws_ec2_plugin.launch import Call, launch
+from aws_ec2_plugin.offerings import Offering, launch_order
 from aws_ec2_plugin.records import Records
 
 log = logging.getLogger(__name__)
 
 
-def request_machines(ec2: Ec2, records: Records, request: CreateRequest) -> dict[str, Any]:
+def request_machines(ec2: Ec2, records: Records, request: CreateRequest, batch_size: int) -> dict[str, Any]:
     """Launch the machines of ``request`` that do not exist yet. Returns ``{"requestId": op_id, "message"}``.
 
     Raises the mapped :class:`PluginError` only when no machine of the op exists at all; once some exist the
@@ -44,69 +57,66 @@ def request_machines(ec2: Ec2, records: Records, request: CreateRequest) -> dict
             launched[ref] = instance["InstanceId"]
     previous = records.load(request.op_id) or {}
     launched = {**previous.get("launched", {}), **launched}
-
-    failure: PluginError | None = None
-    new = 0
-    for index, entry in enumerate(request.bootstraps):
-        ref = entry["instanceRef"]
-        if ref in launched:
-            continue
-        params = _run_params(request, request.template, index, entry)
-        try:
-            instance = ec2.run_instance(params)
-        except PluginError as err:
-            failure = err  # the rest would meet the same capacity/quota/limit: stop, report, let the daemon decide
-            break
-        launched[ref] = instance["InstanceId"]
-        new += 1
-
     refs = [entry["instanceRef"] for entry in request.bootstraps]
+    missing = [i for i, ref in enumerate(refs) if ref not in launched]
+    offerings = launch_order(request.template)
+
+    prefix = slots.ref_prefix(refs)
+    if missing and request.template.join == JOIN_ADDRESS_BOUND and prefix is not None:
+        outcome = batch.launch_missing(ec2, request, prefix, missing, offerings, batch_size)
+        new, refused, failure = dict(outcome.launched), outcome.refused, outcome.failure
+    else:
+        new, refused, failure = _one_per_machine(ec2, request, missing, offerings)
+    launched.update(new)
+
     failed = {ref: failure.code for ref in refs if ref not in launched} if failure else {}
     _save(records, request, launched, failed)
     if failure is not None and not launched:
         raise failure
-    message = f"{new} launched, {len(launched) - new} already existed"
+    message = f"{len(new)} launched, {len(launched) - len(new)} already existed"
+    if refused:
+        message += f"; refused for capacity, tried the next: {'; '.join(refused)}"[:1000]
     if failure is not None:
         message += f"; {len(failed)} of {len(refs)} not launched: {failure.code}: {failure.message}"
     return {"requestId": request.op_id, "message": message}
 
 
-def _run_params(request: CreateRequest, template: Template, index: int, entry: Any) -> dict[str, Any]:
+def _one_per_machine(
+    ec2: Ec2, request: CreateRequest, missing: Sequence[int], offerings: Sequence[Offering]
+) -> tuple[dict[str, str], tuple[str, ...], PluginError | None]:
+    """One RunInstances per missing machine, each with its own user-data (its token with ``join: token``)."""
     cluster = request.owner_tags[bootstrap.TAG_CLUSTER]
-    tags = bootstrap.instance_tags(request.owner_tags, entry["instanceRef"], template.template_id, template.extra_tags)
-    params: dict[str, Any] = {
-        "ImageId": template.image_id,
-        "InstanceType": template.instance_type,
-        "MinCount": 1,
-        "MaxCount": 1,
-        "ClientToken": bootstrap.client_token(request.op_id, index),
-        "UserData": bootstrap.user_data(entry, cluster, request.passthrough),
-        "TagSpecifications": [
-            {"ResourceType": "instance", "Tags": tags},
-            {"ResourceType": "volume", "Tags": tags},
-        ],
-        # IMDSv2 only: user-data holds a join token, and v2's session token defeats simple SSRF reads of it.
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-        # An instance that halts itself is gone, not stopped (a stopped one still holds its volumes and counts
-        # against limits, and nobody would start it again): the agent halts the machine when it has reached no
-        # controller for the orphan timeout (user-data ``orphanTimeout``/``onOrphan``), so even a machine whose
-        # daemon and controllers are all gone ends by itself.
-        "InstanceInitiatedShutdownBehavior": "terminate",
-    }
-    if template.subnet_id:
-        params["SubnetId"] = template.subnet_id
-    if template.security_group_ids:
-        params["SecurityGroupIds"] = list(template.security_group_ids)
-    if template.key_name:
-        params["KeyName"] = template.key_name
-    if template.instance_profile_arn:
-        params["IamInstanceProfile"] = {"Arn": template.instance_profile_arn}
-    if template.market == "spot":
-        params["InstanceMarketOptions"] = {
-            "MarketType": "spot",
-            "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
-        }
-    return params
+    template = request.template
+    launched: dict[str, str] = {}
+    refused: list[str] = []
+    start = 0
+    for index in missing:
+        entry = request.bootstraps[index]
+        if template.join == JOIN_ADDRESS_BOUND:
+            data = bootstrap.shared_user_data(entry, cluster, request.passthrough)
+        else:
+            data = bootstrap.user_data(entry, cluster, request.passthrough)
+        tags = bootstrap.instance_tags(
+            request.owner_tags, entry["instanceRef"], template.template_id, template.extra_tags
+        )
+        token = functools.partial(_client_token, request.op_id, index, offerings[0])
+        try:
+            done = launch(ec2, template, offerings, start, Call(1, data, tags, token))
+        except PluginError as err:
+            # The rest would meet the same capacity/quota/limit: stop, report, let the daemon decide.
+            return launched, tuple(refused), err
+        refused += done.refused
+        start = done.offering_index
+        launched[entry["instanceRef"]] = done.instances[0]["InstanceId"]
+    return launched, tuple(refused), None
+
+
+def _client_token(op_id: str, index: int, first: Offering, offering: Offering) -> str:
+    """``<op_id>.<index>`` on the first offering (as before offerings existed); on another, a token of its own:
+    the same token with other parameters would be refused (IdempotentParameterMismatch)."""
+    if offering == first:
+        return bootstrap.client_token(op_id, index)
+    return bootstrap.batch_client_token(op_id, (index,), f"{offering.instance_type}|{offering.subnet_id}")
 
 
 def _save(records: Records, request: CreateRequest, launched: dict[str, str], failed: dict[str, str]) -> None:

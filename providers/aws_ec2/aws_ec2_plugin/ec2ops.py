@@ -80,9 +80,10 @@ class Ec2:
             found += self.describe([{"Name": name, "Values": list(batch)}, *extra])
         return found
 
-    def run_instance(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def run_instances(self, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The instances one RunInstances launched (``MinCount`` to ``MaxCount`` of them)."""
         response = call("RunInstances", self.client.run_instances, **params)
-        return response["Instances"][0]
+        return list(response["Instances"])
 
     def create_tags(self, ids: Sequence[str], tags: Mapping[str, str]) -> None:
         call(

@@ -7,7 +7,9 @@ real ``ClientError``), ``after-call`` can kill the process after the emulator ha
 caller), and ``before-parameter-build`` appends the operation name and the number of instance ids (or CreateTags
 resources) to a log file, never the parameters (UserData carries join tokens).
 
-Counters are per process: a one-shot call is one process, so ``skip``/``times`` count within one action.
+Counters are per process: a one-shot call is one process, so ``skip``/``times`` count within one action. A fault
+with ``match`` fires only on calls whose request parameters (EC2's query form: ``InstanceType``, ``SubnetId``) have
+the given values, and counts only those: "InsufficientInstanceCapacity for c5.xlarge, whatever else succeeds".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 from xml.sax.saxutils import escape
@@ -70,6 +73,8 @@ def _call_logger(path: str) -> Any:
     def log_call(model: Any, params: Mapping[str, Any], **_: Any) -> None:
         ids = params.get("InstanceIds") or params.get("Resources") or ()
         entry = {"op": model.name, "ids": len(ids)}
+        if model.name == "RunInstances":  # how many, of which type: never the user-data
+            entry.update(count=params.get("MaxCount"), instance_type=params.get("InstanceType"))
         if "MaxResults" in params:  # EC2's own paging, as listMachines pages use it
             entry.update(max_results=params["MaxResults"], token=bool(params.get("NextToken")))
         line = json.dumps(entry) + "\n"
@@ -92,12 +97,23 @@ def _error_responder(fault: _Fault) -> Any:
         "<RequestID>injected-fault</RequestID></Response>"
     ).encode()
 
+    match = spec.get("match") or {}
+
     def respond(request: Any, **_: Any) -> AWSResponse | None:
+        if match and not _matches(request.body, match):
+            return None
         if not fault.should_fire():
             return None
         return AWSResponse(request.url, spec.get("http_status", 400), {}, _Body(body))
 
     return respond
+
+
+def _matches(body: Any, match: Mapping[str, str]) -> bool:
+    """Whether a serialised EC2 request (the query string botocore sends) has every ``match`` parameter."""
+    text = body.decode() if isinstance(body, bytes) else str(body or "")
+    params = urllib.parse.parse_qs(text)
+    return all(value in params.get(key, ()) for key, value in match.items())
 
 
 def _crasher(fault: _Fault) -> Any:

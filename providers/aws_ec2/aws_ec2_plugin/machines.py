@@ -6,10 +6,13 @@ plain values; ``now`` is passed in where age matters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from aws_ec2_plugin.bootstrap import TAG_INSTANCE, TAG_RETURN_OP, TAG_STOP_OP, tag_dict
+from aws_ec2_plugin.bootstrap import TAG_INSTANCE, TAG_RETURN_OP, TAG_STOP_OP, TAG_TEMPLATE, tag_dict
+
+#: ``(template id, instance type) -> configured price or None`` (``Config.quote``).
+Quote = Callable[[str, str], Mapping[str, Any] | None]
 
 LIVE_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
 GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
@@ -32,8 +35,8 @@ def state_of(instance: Mapping[str, Any]) -> str:
 
 
 def listed(instance: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``listMachines`` entry."""
-    return {
+    """A ``listMachines`` entry, with ``instanceType``: the type EC2 really launched (a template may list several)."""
+    entry = {
         "machineId": instance["InstanceId"],
         "name": instance.get("PrivateDnsName") or instance["InstanceId"],
         "status": state_of(instance),
@@ -41,6 +44,9 @@ def listed(instance: Mapping[str, Any]) -> dict[str, Any]:
         "privateIpAddress": instance.get("PrivateIpAddress"),
         "tags": tag_dict(instance),
     }
+    if instance.get("InstanceType"):
+        entry["instanceType"] = instance["InstanceType"]
+    return entry
 
 
 def result_for(kind: str, state: str) -> tuple[str, str]:
@@ -57,14 +63,18 @@ def result_for(kind: str, state: str) -> tuple[str, str]:
     return "executing", ""
 
 
-def status_machine(kind: str, instance: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``getRequestStatus`` machine entry for an instance described by EC2."""
+def status_machine(kind: str, instance: Mapping[str, Any], quote: Quote | None = None) -> dict[str, Any]:
+    """A ``getRequestStatus`` machine entry for an instance described by EC2; with ``quote``, the configured price
+    of its template's machines of the type it really got (``price``, the contract's price shape)."""
     state = state_of(instance)
     result, message = result_for(kind, state)
     entry = listed(instance)
     entry.update(
         result=result, message=_with_reason(message, instance), instanceRef=entry["tags"].get(TAG_INSTANCE, "")
     )
+    price = quote(entry["tags"].get(TAG_TEMPLATE, ""), entry.get("instanceType", "")) if quote else None
+    if price is not None:
+        entry["price"] = dict(price)
     return entry
 
 

@@ -96,7 +96,9 @@ class Plugin:
 
     def get_request_status(self, doc: dict[str, Any]) -> dict[str, Any]:
         ids = inputs.request_ids(doc)
-        return status.request_status(self.ec2, self.records, ids, self.cluster, self.config.visibility_grace)
+        return status.request_status(
+            self.ec2, self.records, ids, self.cluster, self.config.visibility_grace, self.config.quote
+        )
 
     def get_return_requests(self, doc: dict[str, Any]) -> dict[str, Any]:
         ids = inputs.machine_ids(doc, required=False)
@@ -136,7 +138,7 @@ class Plugin:
     def request_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
         request = inputs.create_request(doc, self.config, self.cluster)
         with self.records.exclusive(request.op_id):
-            return request_machines(self.ec2, self.records, request)
+            return request_machines(self.ec2, self.records, request, self.config.launch_batch_size)
 
     def request_return_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
         return self._release(doc, machines.RETURN)

@@ -28,7 +28,12 @@ def cluster_filter(cluster: str | None) -> list[dict[str, Any]]:
 
 
 def request_status(
-    ec2: Ec2, records: Records, request_ids: Sequence[str], cluster: str | None, visibility_grace: float
+    ec2: Ec2,
+    records: Records,
+    request_ids: Sequence[str],
+    cluster: str | None,
+    visibility_grace: float,
+    quote: machines.Quote | None = None,
 ) -> dict[str, Any]:
     found = ec2.describe_values("tag-value", sorted(set(request_ids)), cluster_filter(cluster))
     by_request: dict[str, list[Mapping[str, Any]]] = {rid: [] for rid in request_ids}
@@ -38,11 +43,18 @@ def request_status(
             if tags.get(key) in by_request:
                 by_request[tags[key]].append(instance)
     now = time.time()
-    return {"requests": [_one(rid, by_request[rid], records.load(rid), now, visibility_grace) for rid in request_ids]}
+    return {
+        "requests": [_one(rid, by_request[rid], records.load(rid), now, visibility_grace, quote) for rid in request_ids]
+    }
 
 
 def _one(
-    request_id: str, instances: Sequence[Mapping[str, Any]], record: Mapping[str, Any] | None, now: float, grace: float
+    request_id: str,
+    instances: Sequence[Mapping[str, Any]],
+    record: Mapping[str, Any] | None,
+    now: float,
+    grace: float,
+    quote: machines.Quote | None,
 ) -> dict[str, Any]:
     if not instances and record is None:
         return {
@@ -55,7 +67,9 @@ def _one(
         kind = str(record.get("kind", machines.CREATE))
     else:
         kind = machines.kind_of(request_id, tag_dict(instances[0]))
-    entries = [machines.status_machine(kind, i) for i in instances if machines.kind_of(request_id, tag_dict(i)) == kind]
+    entries = [
+        machines.status_machine(kind, i, quote) for i in instances if machines.kind_of(request_id, tag_dict(i)) == kind
+    ]
     seen = {e["machineId"] for e in entries}
     failed_slots = 0
     if record is not None:
