@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 import attrs
+import trio
 
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.domain.errors import ControllerRejected, LeaseError
@@ -40,6 +41,13 @@ class LeasedFacts:
             return None if keeper is None else keeper.current()
         except LeaseError:
             return None
+
+    async def wait_leased(self, provider: str) -> None:
+        """Return once ``provider``'s lease is valid (at once if it is; forever for a provider not served)."""
+        keeper = self.leases.get(provider)
+        if keeper is None:
+            await trio.sleep_forever()
+        await keeper.wait_valid()
 
     async def commit(self, fact: Fact) -> int:
         """Commit a non-mutating fact stamped with the current lease epoch; its log index.

@@ -18,6 +18,8 @@ import trio
 from provisionerd.domain.errors import (
     ControllerRejected,
     ControllerStorageFailure,
+    LeaseError,
+    MutationsHalted,
     ProviderError,
     ProviderProtocolViolation,
 )
@@ -25,7 +27,7 @@ from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, R
 from provisionerd.domain.tokens import IssuedToken
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.facts import LeasedFacts
-from provisionerd.execution.gate import MutationGate
+from provisionerd.execution.gate import LEASE_LOST_REASONS, MutationGate
 from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
 from provisionerd.execution.op_book import OpRecord, Stage
 from provisionerd.execution.values import GATE_ERRORS, ExecutorSettings, RequestOutcome
@@ -207,8 +209,11 @@ class Steps:
         return tuple(committed)
 
     async def _commit_made(self, fact: InstanceFact) -> bool:
-        """Commit the fact of a machine that exists; a ``storage_failure`` is retried (bounded, see
-        ``STORAGE_RETRY_FOR``), any other failure is logged and left to recovery. Whether it was committed."""
+        """Commit the fact of a machine that exists. Within ``STORAGE_RETRY_FOR``: a ``storage_failure`` is retried
+        with back-off, and a refusal because the lease was lost (``no_lease`` / ``stale_epoch`` from the controller,
+        which lapses the keeper, or no valid lease here) is committed again as soon as the lease is held again,
+        stamped with its epoch, unless the view shows the machine by then. Any other failure (a lost link: the
+        outcome is unknown; a halt) is logged and left to recovery. Whether it was committed."""
         give_up = trio.current_time() + STORAGE_RETRY_FOR
         delay = 1.0
         while True:
@@ -222,8 +227,19 @@ class Steps:
                 await trio.sleep(delay)
                 delay = min(STORAGE_RETRY_MAX, delay * 2)
             except GATE_ERRORS as exc:
-                log.warning("could not commit %s for %s: %s", type(fact).__name__, fact.op_id, exc)
-                return False
+                if not _lease_lost(exc):
+                    log.warning("could not commit %s for %s: %s", type(fact).__name__, fact.op_id, exc)
+                    return False
+                with trio.move_on_at(give_up):
+                    await self._deps.facts.wait_leased(fact.provider)
+                if trio.current_time() >= give_up:
+                    log.warning(
+                        "could not commit %s for %s: %s (no lease again in time)", type(fact).__name__, fact.op_id, exc
+                    )
+                    return False
+                view = self._deps.facts.view()
+                if view is not None and fact.machine_id in view.machines:
+                    return True  # committed meanwhile (its ack was the refusal's victim, or recovery's)
 
     async def refused(self, run: OpRecord, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         """A ``requestMachines`` refused with a known outcome (nothing was made): tell the planner what the code
@@ -232,3 +248,11 @@ class Steps:
         self.observe_error(run, intent.provider, intent.template_id, error)
         await self._deps.facts.commit_quietly(RequestFailed(intent.provider, NO_EPOCH, intent.op_id, code))
         return RequestOutcome(intent.op_id, intent.provider, "rejected", code=code, detail=error.detail)
+
+
+def _lease_lost(exc: Exception) -> bool:
+    """A refusal because the lease was lost (not a halt, not a lost link): the same commit may go again once the
+    lease is held again."""
+    if isinstance(exc, ControllerRejected):
+        return exc.reason in LEASE_LOST_REASONS
+    return isinstance(exc, LeaseError) and not isinstance(exc, MutationsHalted)

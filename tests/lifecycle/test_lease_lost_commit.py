@@ -1,18 +1,11 @@
 """Issue 33: the instance facts of machines that exist, refused because the lease was lost (``no_lease`` or
-``stale_epoch`` from the controller, or no valid lease locally), should land as soon as the lease is held again, not
-``recover_after`` (30 s) later.
+``stale_epoch`` from the controller, or no valid lease locally), land as soon as the lease is held again, not
+``recover_after`` (30 s) later through recovery. An independent controller met it: after a restart that
+interrupted a request, the instance facts were refused ``noLease`` and landed 30 s later.
 
-Today ``Steps._commit_made`` retries only ``storage_failure``: any other refusal makes ``commit_instances`` return
-``None``, the flow ends ``unknown``/``commit_failed``, and ``Operations.recover`` hands the op back only after it
-has been idle for ``recover_after`` (the "at once after a grant" path covers ops idle in the first cycle after the
-grant, and this op was still running then). An independent controller met it: after a restart that interrupted a
-request, the instance facts were refused ``noLease`` and landed 30 s later.
-
-These tests pin the proposed behaviour, on trio's ``MockClock``: the fact is committed again, stamped with the new
-epoch (``LeasedFacts.commit`` stamps the epoch held at that moment), once ``wait_leased(provider)`` (a proposed
-``LeasedFacts`` method over ``LeaseKeeper.wait_valid``) returns, within the same ``STORAGE_RETRY_FOR`` bound. They
-are strict xfails until ``provisionerd/execution/steps.py`` (being refactored) takes the change; the first one to
-pass fails the run as XPASS, so the mark is taken off then.
+On trio's ``MockClock``: the fact is committed again (``LeasedFacts.commit`` stamps the epoch held at that moment)
+once ``LeasedFacts.wait_leased(provider)`` returns, within the ``STORAGE_RETRY_FOR`` bound; a lost link (the outcome
+is unknown) is still left to recovery.
 """
 
 from __future__ import annotations
@@ -23,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown
+from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown, MutationsHalted
 from provisionerd.domain.model import NO_EPOCH, ProviderMachine, RequestIntent
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import ExecutorSettings
@@ -34,11 +27,6 @@ MADE = [ProviderMachine("m-1", result="succeed", instance_ref="op-1/0")]
 
 #: When the fake's lease is held again (the keeper re-acquired: the last grantee is re-granted at once).
 REGRANTED_AT = 0.5
-
-PROPOSED = pytest.mark.xfail(
-    strict=True,
-    reason="issue 33 (docs33 report): Steps._commit_made does not yet wait for the lease on a lease-lost refusal",
-)
 
 
 class LeaseLostFacts:
@@ -75,7 +63,6 @@ def run(facts: LeaseLostFacts) -> tuple[str, ...] | None:
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-@PROPOSED
 @pytest.mark.parametrize(
     "error",
     [
@@ -93,4 +80,10 @@ def test_an_instance_fact_refused_for_a_lost_lease_lands_once_the_lease_is_held_
 def test_a_lost_link_is_still_left_to_recovery() -> None:
     """The fact may have landed (its outcome is unknown): recovery reads the view before committing again."""
     facts = LeaseLostFacts(LinkDown("the link broke"))
+    assert run(facts) is None and len(facts.tries) == 1
+
+
+def test_a_halt_is_not_waited_out() -> None:
+    """Every mutation is stopped until an admin decides: the commit is left to recovery, not retried."""
+    facts = LeaseLostFacts(MutationsHalted("sim", "controller amnesia"))
     assert run(facts) is None and len(facts.tries) == 1
