@@ -222,7 +222,7 @@ class Steps:
                 machine.name,
                 machine.address,
                 machine.launch_time,
-                intent.price,
+                intent.price if machine.price is None else machine.price,  # the quote it really runs at, if said
             )
             if not await self._commit_made(fact):
                 return None
