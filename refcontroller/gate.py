@@ -21,6 +21,7 @@ role, shown in the controller's status under ``refusals``. The reasons:
     over_bounds              a frame whose lists exceed the caps of ``provisionerd.wire.bounds``
     buffers_exhausted        a frame would take the bytes buffered by all connections past ``max_buffered_bytes``
     bad_frame                any other framing or decoding error
+    storage_failure          a Join whose store rows fail their checksum (``store_rows``): answered, never a bug
 
 A peer that goes away before its Join is answered was not refused: that is logged at INFO and not counted here.
 """

@@ -55,6 +55,7 @@ from refcontroller.gate import Gate, Peer, peer_address
 from refcontroller.leases import instance_problem
 from refcontroller.rules import RULES
 from refcontroller.session import PEER_ERRORS, Session
+from refcontroller.store_tx import StoreFailure
 from refcontroller.workers import SECRET_REFUSALS
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,14 @@ class ControllerServer:
             return None
         # A worker's first join (or the exchange of a rejoin proof) gets its own credential in the reply.
         issued = "" if role is not Role.WORKER or is_credential(join.token) else new_credential()
-        refusal = self._admit(join, replica, issued, address)
+        try:
+            refusal = self._admit(join, replica, issued, address)
+        except StoreFailure as exc:  # a row read for this join fails its checksum (store_rows): typed, not a bug
+            fault = cluster.storage_fault("Join", exc)
+            self.gate.refuse(fault.reason, address, role.value, fault.detail)
+            reply = JoinReply(accepted=False, term=cluster.term, primary=True, reason=f"{fault.reason}: {fault.detail}")
+            await self._send_quietly(framed, reply, corr)
+            return None
         if isinstance(refusal, HostState):  # a worker: its session is its instance's (named by an address-bound join)
             join, paired, refusal = attrs.evolve(join, instance_ref=refusal.instance_ref), refusal.instance_ref, None
         else:
