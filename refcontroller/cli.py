@@ -62,7 +62,7 @@ import trio
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, Fact
 from refcontroller import addresses as addr
-from refcontroller import gate
+from refcontroller import allocator, gate
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.demand_file import parse_demand
@@ -154,6 +154,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if argv is None and args.command == "serve":  # a command line, not a test calling main in-process
+        allocator.serve_with_malloc(sys.argv[1:])
     try:
         try:
             if args.command == "history":

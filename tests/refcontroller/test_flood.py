@@ -45,6 +45,10 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def environ(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+
+
 async def gate_status(admin: AdminClient) -> dict | None:
     """The controller's gate status, or None while it refuses new connections (the total cap)."""
     try:
@@ -131,6 +135,8 @@ async def test_flood_of_connections_and_half_sent_frames_is_capped_and_its_memor
                 line += await process.stdout.receive_some(1)
         address = json.loads(line)["listen"][0]
         admin = AdminClient(certs, [address])
+        # serve re-executed itself on glibc's malloc (refcontroller.allocator): freed memory can go back
+        assert "PYTHONMALLOC=malloc" in environ(process.pid)
         await legit_join(certs, address, "warm-up")
         await admin.status()
         start_rss = rss_bytes(process.pid)
