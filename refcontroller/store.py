@@ -739,7 +739,8 @@ def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) ->
     to it (SQLite read-only: safe beside a running controller).
 
     Raises:
-        StoreRefused: the file is missing, unreadable, or was written before lifecycles (serve on it once first).
+        StoreRefused: the file is missing, unreadable, damaged (a row of the page fails its checksum), or was
+            written before lifecycles (serve on it once first).
     """
     if not path.is_file():
         raise StoreRefused(f"store {str(path)!r} does not exist")
@@ -750,6 +751,8 @@ def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) ->
     try:
         store_rows.install(conn)
         return FactStore(conn, "").history(provider, after, limit)
+    except store_rows.StoreCorrupt as exc:
+        raise StoreRefused(f"store {str(path)!r} is damaged: {exc}") from None
     except sqlite3.Error as exc:
         raise StoreRefused(
             f"store {str(path)!r} cannot be read ({exc}): serve on it once to bring it up to date"

@@ -30,7 +30,7 @@ from rigs import controller, procs
 from provisionerd.domain.model import DemandSnapshot, Epoch, Returned
 from provisionerd.wire.messages import FactAck, FactCommit, Rejected, ResyncPage, ResyncRequest
 from refcontroller import store_full, store_rows
-from refcontroller.store import FactStore, StoreRefused
+from refcontroller.store import FactStore, StoreRefused, read_history
 from refcontroller.store_etcd import EtcdFactStore
 from refcontroller.store_etcd_client import KeyValue
 
@@ -285,6 +285,18 @@ async def test_a_resync_over_a_flipped_fact_answers_storage_failure_and_keeps_th
         status = h.server.status()
         assert h.server.stats["internal_errors"] == 0 and status["storage_failures"] == 1
         await trio.lowlevel.checkpoint()
+
+
+def test_the_history_command_refuses_a_flipped_fact_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "facts.sqlite"
+    small_store(path)
+    assert len(read_history(path, "aws")) == 4
+    conn = raw_connection(path)
+    (idx, body) = conn.execute("SELECT idx, body FROM facts WHERE provider = 'aws' ORDER BY idx LIMIT 1").fetchone()
+    assert write_raw(conn, "facts", idx, "body", body.replace("op-1", "op-3"))
+    conn.close()
+    with pytest.raises(StoreRefused, match=f"is damaged: row {idx} of table facts fails its checksum"):
+        read_history(path, "aws")
 
 
 def test_a_store_from_before_checksums_is_summed_once_then_checked(tmp_path: Path) -> None:
