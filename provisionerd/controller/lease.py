@@ -49,7 +49,7 @@ from provisionerd.config.loader import Backoff
 from provisionerd.config.proofs import RENEW_FRACTION, lease_window_problem
 from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.controller.pulse import Pulse
-from provisionerd.domain.errors import LeaseError, LinkDown
+from provisionerd.domain.errors import LeaseError, LinkDown, MutationsHalted
 from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.events import EventLog
 
@@ -179,11 +179,12 @@ class LeaseKeeper:
         return None if self.judge is None else self.judge.halted
 
     def current(self, now: float | None = None) -> Epoch:
-        """The epoch held *now*, or ``LeaseError``."""
+        """The epoch held *now*, or ``LeaseError`` (``MutationsHalted`` while the judge halts every mutation: nothing
+        waits for the lease then, an admin decides)."""
         now = trio.current_time() if now is None else now
         halted = self._halted()
         if halted is not None:
-            raise LeaseError(self.provider, halted)
+            raise MutationsHalted(self.provider, halted)
         if self.state is LeaseState.HELD and now < self.valid_until and self.epoch is not None:
             return self.epoch
         if self.state is LeaseState.HELD:
