@@ -82,5 +82,5 @@ def test_at_warning_a_controller_outage_and_refused_credentials_are_in_the_log(t
     assert any(" WARNING provisionerd.controller.session: cannot join controller at " in x for x in lines), log
     # Nothing routine at this level, though it happened (the events stream keeps everything).
     assert not [x for x in lines if " INFO " in x or " DEBUG " in x]
-    assert {"lease_acquired", "lease_renewed", "join", "link_up"} <= set(seen["events"])
+    assert {"lease_acquired", "join", "link_up", "daemon_started"} <= set(seen["events"])
     assert "None" not in log and "{'" not in log
