@@ -35,7 +35,7 @@ def summarize(config: Config) -> list[str]:
     for p in config.providers:
         where = " ".join(p.argv) if p.argv else str(p.path)
         lines.append(
-            f"provider {p.name!r}: {p.transport} {where}; max {p.max_machines} machines, step {p.step_limit},"
+            f"provider {p.name!r}: {p.transport} {where}; max {p.max_machines} machines, step floor {p.step_limit},"
             f" join deadline {p.join_deadline:g}s, orphans {p.orphans.action}"
             f"{' (dry run)' if p.orphans.dry_run else ''}, {len(p.env)} env value(s)"
         )
