@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import random
 from collections.abc import Iterator
 from typing import Protocol
@@ -56,8 +55,6 @@ from provisionerd.telemetry.events import EventLog
 #: Refusal reasons that say the lease may still be ours (the controller could not answer for now): the keeper
 #: keeps retrying until its local deadline. Any other refusal of a renewal lapses the lease at once.
 TRANSIENT_REASONS = frozenset({"no_quorum", "not_primary"})
-
-log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -363,14 +360,9 @@ class LeaseKeeper:
         """A TTL this keeper's margin cannot use: retrying would only be refused the same way, twice a second
         forever, so the keeper says so once (ERROR, ``lease_unusable``) and waits for ever (until cancelled or
         released): the provider does not run under this config. Returns that wait."""
-        self.reason = f"lease unusable: {why}; lower lease.margin or raise the controller's lease TTL"
-        log.error(
-            "provider %s will not run: the controller grants a %gs lease and lease.margin is %gs: %s",
-            self.provider,
-            grant.ttl,
-            self._margin,
-            why,
-        )
+        fix = "lower lease.margin or raise the controller's lease TTL"
+        self.reason = f"lease unusable: {why}; {fix}"
+        # One ERROR line (the event's, telemetry.severity): the provider will not run, and what to change.
         self._events.emit(
             "lease_unusable",
             provider=self.provider,
@@ -378,6 +370,7 @@ class LeaseKeeper:
             ttl=grant.ttl,
             margin=self._margin,
             detail=why,
+            fix=fix,
         )
         return float("inf")
 

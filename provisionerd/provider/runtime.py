@@ -154,18 +154,27 @@ class Redactor:
 
     @property
     def reach(self) -> int:
-        """The length of the longest text this replaces (a secret or its JSON-escaped form): a cut through
+        """The length of the longest text this replaces (a secret or an escaped form of it): a cut through
         unredacted text must keep at least this much to leave no fragment (``StderrTail``)."""
-        return max((len(json.dumps(s)) - 2 for s in self.secrets), default=0)
+        return max((len(form) for s in self.secrets for form in _forms(s)), default=0)
 
     def __call__(self, text: str) -> str:
         for secret in sorted(self.secrets, key=len, reverse=True):  # longest first: one may contain another
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-            escaped = json.dumps(secret)[1:-1]
-            if escaped != secret and escaped in text:
-                text = text.replace(escaped, REDACTED)
+            for form in _forms(secret):
+                if form in text:
+                    text = text.replace(form, REDACTED)
         return text
+
+
+def _escaped(text: str) -> str:
+    return json.dumps(text)[1:-1]
+
+
+def _forms(secret: str) -> tuple[str, ...]:
+    """A secret as it may appear in a line: as is, JSON-escaped (a JSON document or log line), and escaped twice
+    (a ``key="value"`` text field, escaped like JSON, inside a JSON log line's message), longest first."""
+    once = _escaped(secret)
+    return tuple(dict.fromkeys((_escaped(once), once, secret)))
 
 
 def redactor_for(config: ProviderConfig) -> Redactor:
