@@ -200,6 +200,49 @@ def _tags(entry: Mapping[str, Any]) -> dict[str, str]:
 
 def status_machine(entry: Mapping[str, Any]) -> ProviderMachine:
     """One machine of a ``getRequestStatus`` entry (see the module docstring)."""
+    if type(entry) is dict:
+        machine = _status_machine_plain(entry)
+        if machine is not None:
+            return machine
+    return _status_machine_read(entry)
+
+
+def _status_machine_plain(entry: dict[str, Any]) -> ProviderMachine | None:
+    """``status_machine`` for the shape a validated answer has (every text field a ``str`` or absent, tags a
+    ``dict`` of ``str``, ``launchtime`` an ``int`` or absent), without the conversions that change nothing on it;
+    None for any other shape, which the full reader then reads. The same value either way
+    (tests/provider/test_typed_client.py compares the two): ``str`` of a ``str`` is itself, and the tags are a
+    copy as before. Polls read the same machines over and over, so this is most of what a poll costs to read."""
+    get = entry.get
+    machine_id = get("machineId")
+    name = get("name") or ""
+    result = get("result", "succeed")
+    status = get("status") or ""
+    address = get("privateIpAddress") or ""
+    ref = get("instanceRef") or ""
+    launch = get("launchtime") or 0
+    tags = get("tags") or {}
+    if not (
+        type(machine_id) is str
+        and type(name) is str
+        and type(result) is str
+        and type(status) is str
+        and type(address) is str
+        and type(ref) is str
+        and type(launch) is int
+        and type(tags) is dict
+    ):
+        return None
+    for key, value in tags.items():
+        if type(key) is not str or type(value) is not str:
+            return None
+    tags = tags.copy()
+    return ProviderMachine(
+        machine_id, name, result, status, float(launch), address, ref or tags.get(TAG_INSTANCE) or "", tags
+    )
+
+
+def _status_machine_read(entry: Mapping[str, Any]) -> ProviderMachine:
     tags = _tags(entry)
     return ProviderMachine(
         machine_id=str(entry["machineId"]),
