@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from provisionerd.domain.model import TAG_INSTANCE
 from provisionerd.provider import contract
-from provisionerd.provider.runtime import _DECODER, parse_json
+from provisionerd.provider.persistent import request_line
+from provisionerd.provider.runtime import _DECODER, dump_json, parse_json
+from provisionerd.provider.schemas import ACTIONS
 
 PROPERTIES = settings(max_examples=400, deadline=None)
 
@@ -128,3 +130,16 @@ def test_the_plain_path_takes_what_plugins_answer():
     assert machine is not None and machine.instance_ref == "bench-0" and machine.launch_time == 1796492209.0
     assert contract._status_machine_plain({**entry, "privateIpAddress": None}) is not None
     assert contract._status_machine_plain({**entry, "launchtime": 1.5}) is None  # the full reader reads it
+
+
+# --- request_line: only the input goes through the encoder ----------------------------------------------------
+
+
+@PROPERTIES
+@given(st.integers(1, 2**63), st.sampled_from(sorted(ACTIONS)), st.dictionaries(st.text(max_size=4), JSON, max_size=3))
+def test_a_request_line_is_the_dict_s_compact_json(ident, action, document):
+    try:
+        expected = (dump_json({"id": ident, "action": action, "input": document}) + "\n").encode()
+    except ValueError:  # NaN or an infinity: not JSON, refused either way
+        return
+    assert request_line(ident, action, document) == expected
