@@ -18,8 +18,8 @@ How machines are read, the same for every caller:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 from provisionerd.domain.errors import ProviderAnswerInvalid
@@ -50,15 +50,29 @@ from provisionerd.provider.values import (
 MAX_TEMPLATES = 10_000
 
 
-@contextmanager
-def _reading(provider: str, action: str) -> Iterator[None]:
-    try:
-        yield
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+_UNREADABLE = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+class _reading:  # noqa: N801 - used as ``with _reading(provider, action):``, like the function it replaced
+    """Turns what a reader raises on a document without the shape into ``ProviderAnswerInvalid``. A class, not a
+    ``contextmanager`` generator: that cost ~0.6 us of every poll's read (issue 36, item 4)."""
+
+    __slots__ = ("action", "provider")
+
+    def __init__(self, provider: str, action: str) -> None:
+        self.provider = provider
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, _UNREADABLE):
+            return
         # Past the schema (a transport that skipped its check): where is not known, what is. A KeyError names the
         # key; other messages may quote a value, so only their type is said.
         what = f"key {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
-        raise ProviderAnswerInvalid(provider, action, [("$", f"readable: {what}"[:200])]) from None
+        raise ProviderAnswerInvalid(self.provider, self.action, [("$", f"readable: {what}"[:200])]) from None
 
 
 # --- tag filters (listMachines) ------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from provisionerd.domain.errors import ProviderAnswerInvalid
 from provisionerd.domain.model import TAG_INSTANCE
 from provisionerd.provider import contract
 from provisionerd.provider.persistent import request_line
@@ -143,3 +145,18 @@ def test_a_request_line_is_the_dict_s_compact_json(ident, action, document):
     except ValueError:  # NaN or an infinity: not JSON, refused either way
         return
     assert request_line(ident, action, document) == expected
+
+
+# --- _reading: a class with the generator's behaviour ------------------------------------------------------------
+
+
+def test_reading_turns_only_reader_errors_into_an_answer_refusal_without_their_context():
+    for raised, what in ((KeyError("requestId"), "key 'requestId' missing"), (TypeError("secret 'x'"), "TypeError")):
+        with pytest.raises(ProviderAnswerInvalid) as caught, contract._reading("p", "getRequestStatus"):
+            raise raised
+        assert caught.value.problems == (("$", f"readable: {what}"),)
+        assert caught.value.__suppress_context__ and caught.value.__cause__ is None
+    with pytest.raises(ZeroDivisionError), contract._reading("p", "getRequestStatus"):  # not a reader's: as it is
+        raise ZeroDivisionError
+    with contract._reading("p", "getRequestStatus"):
+        pass
