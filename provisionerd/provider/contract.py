@@ -229,6 +229,8 @@ def _status_machine_plain(entry: dict[str, Any]) -> ProviderMachine | None:
     None for any other shape, which the full reader then reads. The same value either way
     (tests/provider/test_typed_client.py compares the two): ``str`` of a ``str`` is itself, and the tags are a
     copy as before. Polls read the same machines over and over, so this is most of what a poll costs to read."""
+    if "price" in entry or "instanceType" in entry:
+        return None  # what the machine really got: the full reader reads it
     get = entry.get
     machine_id = get("machineId")
     name = get("name") or ""
