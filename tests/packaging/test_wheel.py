@@ -303,7 +303,7 @@ def second_python() -> tuple[str, tuple[int, int]] | None:
 
 
 def test_the_wheel_installs_and_runs_the_demo_on_a_second_python_minor_version(
-    installed: Installed, tmp_path: Path
+    installed: Installed, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The same wheel, installed by pip (with its dependencies from the index) into a venv of another CPython minor
     version, reaches the demo's ``ok`` and uses the native codec there."""
@@ -314,7 +314,8 @@ def test_the_wheel_installs_and_runs_the_demo_on_a_second_python_minor_version(
             " PVD_SECOND_PYTHON, python3.N on PATH, pyenv's versions and uv's; Debian bookworm packages none)"
         )
     python, version = second
-    venv, home = tmp_path / "venv", tmp_path / "home"
+    base = tmp_path_factory.mktemp("w2")  # short: the demo's admin socket lives under HOME (Unix path limit)
+    venv, home = base / "venv", base / "home"
     home.mkdir()
     _timed(installed.seconds, "second venv", [python, "-m", "venv", str(venv)])
     _timed(installed.seconds, "second install", [str(venv / "bin" / "pip"), "install", "-q", str(installed.wheel)])

@@ -124,7 +124,9 @@ def flipped_values(value: Any, mask: int = 0x01) -> Iterator[Any]:
     elif isinstance(value, float):
         raw = struct.pack(">d", value)
         for i in range(8):
-            yield struct.unpack(">d", raw[:i] + bytes([raw[i] ^ mask]) + raw[i + 1 :])[0]
+            flipped = struct.unpack(">d", raw[:i] + bytes([raw[i] ^ mask]) + raw[i + 1 :])[0]
+            if flipped != value:  # 0.0 -> -0.0 is the same number: no change (SQLite stores and reads it as 0.0)
+                yield flipped
 
 
 def write_raw(conn: sqlite3.Connection, table: str, rowid: int, column: str, value: Any) -> bool:
