@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,8 +51,21 @@ def _clock(at: Any) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(at))
 
 
+#: A wall-clock time inside a reason (the planner writes ``until 1796493143.3``): shown as a UTC time of day.
+_WALL = re.compile(r"\b(1\d{9})(\.\d+)?\b")
+
+
+def times(text: str) -> str:
+    """``text`` with each wall-clock time in it as ``HH:MM:SSZ``."""
+    return _WALL.sub(lambda m: time.strftime("%H:%M:%SZ", time.gmtime(float(m.group(0)))), text)
+
+
 def render(document: dict[str, Any]) -> list[str]:
-    """The document as the operator reads it."""
+    """The document as the operator reads it (times UTC)."""
+    return [times(line) for line in _lines(document)]
+
+
+def _lines(document: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if document.get("what_if"):
         lines.append("WHAT-IF: the plan for this demand on the daemon's live view (nothing was done)")
@@ -66,7 +80,11 @@ def render(document: dict[str, Any]) -> list[str]:
         for offer in item.get("offers", []):
             count = f" x{offer['count']}" if offer.get("count") else ""
             why = "; ".join(offer.get("reasons", []))
-            lines.append(f"  {offer['verdict']:<12} {offer['provider']}/{offer['template_id']}{count}: {why}".rstrip())
+            lines.append(
+                f"  {offer['verdict']:<12} {offer['provider']}/{offer['template_id']}{count}{': ' if why else ''}{why}"
+            )
+        if item.get("offers_more"):
+            lines.append(f"  ...          {item['offers_more']} more offers (explain {item['demand_id']} lists all)")
         for machine in item.get("surplus", []):
             when = machine["when"]
             at = "now" if when == "now" else f"{when} {_clock(machine.get('at'))}"

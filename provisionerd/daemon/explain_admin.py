@@ -38,7 +38,7 @@ from provisionerd.daemon.admin_socket import Command
 from provisionerd.daemon.demand_doc import parse_demand
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandSnapshot, Offer
-from provisionerd.planner.explain import Explanation, explain
+from provisionerd.planner.explain import MAX_SURPLUS, Explanation, explain
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.in_flight import InFlight
 from provisionerd.planner.offers import Catalog
@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 
 #: Machines up to which the copies and the plan run on the loop (a plan of this size takes a few milliseconds).
 INLINE = 2000
+#: Offers and surplus machines listed per item when every item is explained (``explain ID``: all offers, 50
+#: machines); the rest are counted. The offers come most telling first (asked for, blocked, not tried, incompatible):
+#: at 1,000 items with unmet demand a reply stays under 1 MiB (``bench/explain.py``), the client reads 4 MiB.
+MAX_OFFERS = 3
+MAX_SURPLUS_ALL = 5
 #: Tries before giving up on a view that keeps changing under the plan.
 ATTEMPTS = 4
 #: A what-if document: bytes at most, uploads in progress at most, and how long an unfinished one is kept.
@@ -103,6 +108,11 @@ class _Inputs:
     unleased: Mapping[tuple[str, str], str]
     now: float
 
+    def document(self, snapshot: DemandSnapshot | None, only: str | None) -> tuple[Explanation, list[dict[str, Any]]]:
+        """``run`` and its items as JSON-ready dicts (in the worker thread too: a big answer is big to convert)."""
+        explanation = self.run(snapshot, only)
+        return explanation, [attrs.asdict(item) for item in explanation.items]
+
     def run(self, snapshot: DemandSnapshot | None, only: str | None) -> Explanation:
         facts = _copy(self.view.facts)
         hosts = dict(self.view.hosts.items())
@@ -120,6 +130,8 @@ class _Inputs:
             unleased=self.unleased,
             retiring=self.in_flight.retiring,
             only=only,
+            max_offers=None if only is not None else MAX_OFFERS,
+            max_surplus=MAX_SURPLUS if only is not None else MAX_SURPLUS_ALL,
         )
 
 
@@ -203,17 +215,16 @@ class Explainer:
                 if only not in view.facts.active_by_demand:
                     raise Refused(f"no demand item {only!r} in the demand nor among the machines")
             if len(view.facts.machines) <= INLINE:
-                explanation = inputs.run(snapshot, only)
-                return self._document(inputs, explanation, what_if is not None)
+                return self._document(inputs, inputs.document(snapshot, only), what_if is not None)
             try:
-                explanation = await trio.to_thread.run_sync(inputs.run, snapshot, only)
+                answer = await trio.to_thread.run_sync(inputs.document, snapshot, only)
             except Exception as exc:  # noqa: BLE001 - a record the loop changed while the thread read it
                 if self._sources.view() is view and view.version == inputs.version:
                     raise  # not a change under it: a bug, which the admin guard answers and logs
                 log.debug("explain: the view changed under the plan (%s); again", exc)
                 continue
             if self._sources.view() is view and view.version == inputs.version:
-                return self._document(inputs, explanation, what_if is not None)
+                return self._document(inputs, answer, what_if is not None)
         raise Refused(f"the daemon's view kept changing during {ATTEMPTS} plans: try again")
 
     def _inputs(self) -> _Inputs:
@@ -273,13 +284,16 @@ class Explainer:
                 )
         return gates
 
-    def _document(self, inputs: _Inputs, explanation: Explanation, what_if: bool) -> dict[str, Any]:
+    def _document(
+        self, inputs: _Inputs, answer: tuple[Explanation, list[dict[str, Any]]], what_if: bool
+    ) -> dict[str, Any]:
+        explanation, items = answer
         return {
             "ok": True,
             "what_if": what_if,
             "now": explanation.now,
             "gates": self._gates(inputs),
-            "items": [attrs.asdict(item) for item in explanation.items],
+            "items": items,
             "actions": list(explanation.actions),
             "notes": list(explanation.notes),
         }

@@ -28,7 +28,7 @@ returned at ``idle since + idle_time``; its busy machines are never returned for
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Mapping, Set
 
 import attrs
 
@@ -90,6 +90,7 @@ class ItemExplanation:
     unmet: int
     summary: str
     offers: tuple[OfferVerdict, ...] = ()
+    offers_more: int = 0  # offers not listed (``max_offers``), most of them incompatible
     surplus: tuple[SurplusMachine, ...] = ()
     surplus_more: int = 0
     surplus_busy: int = 0
@@ -155,23 +156,20 @@ def unmet_constraints(req: Requirement, catalog: Catalog) -> list[str]:
     return [label for label, alone in _alone(req) if all(reasons_for(alone, p) for p in catalog.ordered)]
 
 
-def _offers(
-    decision: DemandDecision, unleased: Mapping[tuple[str, str], str], untried: Iterable[tuple[str, str]]
-) -> list[OfferVerdict]:
+def _offers(decision: DemandDecision, unleased: Mapping[tuple[str, str], str], untried_why: str) -> list[OfferVerdict]:
     verdicts: list[OfferVerdict] = []
     limits = {(r.provider, r.template_id): r.reasons for r in decision.filled}
     for (provider, template_id), count in decision.requested:
         why = limits.get((provider, template_id), ())
         verdicts.append(OfferVerdict(provider, template_id, LIMITED if why else REQUESTED, count, why))
     verdicts += [OfferVerdict(r.provider, r.template_id, BLOCKED, 0, r.reasons) for r in decision.blocked]
-    verdicts += [OfferVerdict(p, t, UNTRIED, 0, (why,)) for (p, t), why in _untried_why(untried)]
+    for parsed in decision.untried:
+        held = decision.held(parsed.key)
+        then = () if held is None else (f"then {held}",)
+        verdicts.append(OfferVerdict(parsed.key[0], parsed.key[1], UNTRIED, 0, (untried_why, *then)))
     verdicts += [OfferVerdict(r.provider, r.template_id, INCOMPATIBLE, 0, r.reasons) for r in decision.incompatible]
     verdicts += [OfferVerdict(p, t, NOT_LEASED, 0, (why,)) for (p, t), why in sorted(unleased.items())]
     return verdicts
-
-
-def _untried_why(untried: Iterable[tuple[str, str]]) -> list[tuple[tuple[str, str], str]]:
-    return [(key, "not tried: the global step window is full") for key in untried]
 
 
 def step_window_until(state: PlannerState, now: float, policy: Policy) -> float | None:
@@ -185,7 +183,7 @@ def _summary(
 ) -> str:
     if decision.unmet <= 0:
         return "served by this plan" if decision.requested or decision.reused else "nothing missing"
-    if not decision.requested and not decision.blocked and decision.untried == 0:
+    if not decision.requested and not decision.blocked and not decision.untried:
         if decision.incompatible:
             missing = unmet_constraints(req, catalog)
             if missing:
@@ -196,9 +194,15 @@ def _summary(
         return "no offers known"
     reasons = [r for rejection in (*decision.filled, *decision.blocked) for r in rejection.reasons]
     if decision.untried:
-        until = "" if window_until is None else f" until {window_until:.1f}"
-        reasons.append(f"global step window full{until}: {decision.untried} compatible offer(s) not tried")
+        reasons.append(f"{_window(window_until)}: {len(decision.untried)} compatible offer(s) not tried")
+        held = [h for h in (decision.held(p.key) for p in decision.untried) if h is not None]
+        if len(held) == len(decision.untried):  # room in the window would not help: say what stops them then
+            reasons += [f"then {h}" for h in held]
     return "; ".join(dict.fromkeys(reasons)) or "no eligible offer with room"
+
+
+def _window(until: float | None) -> str:
+    return "global step window full" + ("" if until is None else f" until {until:.1f}")
 
 
 def explain(
@@ -214,10 +218,13 @@ def explain(
     unleased: Mapping[tuple[str, str], str] = {},  # noqa: B006 - read only
     retiring: Set[str] = frozenset(),
     only: str | None = None,
+    max_offers: int | None = None,
+    max_surplus: int = MAX_SURPLUS,
 ) -> Explanation:
     """See the module docstring. ``result`` is ``plan(state, snapshot, facts, catalog, hosts, now, policy, ...)``;
     ``unleased``: the offers of providers left out of ``catalog`` because this daemon holds no lease on them, and
-    why; ``retiring``: machines with a return or lost mark in flight (``InFlight.retiring``); ``only``: one item."""
+    why; ``retiring``: machines with a return or lost mark in flight (``InFlight.retiring``); ``only``: one item;
+    ``max_offers`` / ``max_surplus``: offers and surplus machines listed per item at most (the rest are counted)."""
     decisions = {d.demand_id: d for d in result.decisions}
     wanted: dict[str, int] = {}
     items: dict[str, DemandItem] = {}
@@ -233,6 +240,7 @@ def explain(
         if machine is not None and machine.state is MachineState.ACTIVE:
             leaving_by_item[machine.demand_id] = leaving_by_item.get(machine.demand_id, 0) + 1
     surplus_of = _Surplus(facts, hosts, leaving, deferred, retiring, state, policy, now, snapshot is not None)
+    surplus_of.limit = max_surplus
     explained = []
     ids = sorted(set(wanted) | {d for d in facts.active_by_demand if d})
     for demand_id in ids if only is None else [only]:
@@ -246,9 +254,6 @@ def explain(
             req = requirement_of(item)
             if policy.cost_cap is not None or policy.cost_currency:  # as plan() does
                 req = cluster_cost(requirement_of, policy.cost_cap, policy.cost_currency, item)
-            compatible = catalog.ranking(req)[0]
-            seen = {k for k, _ in decision.requested} | {(r.provider, r.template_id) for r in decision.blocked}
-            untried = [p.key for p in compatible if p.key not in seen] if decision.untried else []
             line = ItemExplanation(
                 demand_id,
                 decision.wanted,
@@ -258,8 +263,10 @@ def explain(
                 sum(n for _, n in decision.requested),
                 decision.unmet,
                 _summary(decision, req, catalog, len(unleased), window_until),
-                tuple(_offers(decision, unleased, untried)),
             )
+            offers = _offers(decision, unleased, f"not tried: {_window(window_until)}")
+            kept = offers if max_offers is None else offers[:max_offers]
+            line = attrs.evolve(line, offers=tuple(kept), offers_more=len(offers) - len(kept))
         if active > count:
             line = surplus_of(line, active, count)
         explained.append(line)
@@ -309,6 +316,7 @@ class _Surplus:
         self.retiring, self.state, self.policy, self.now, self.known = retiring, state, policy, now, known
         self._available: Mapping[str, Mapping[str, tuple[HostState, MachineRecord]]] | None = None
         self._busy: dict[str, int] | None = None
+        self.limit = MAX_SURPLUS
 
     def __call__(self, line: ItemExplanation, active: int, count: int) -> ItemExplanation:
         if not self.known:
@@ -341,8 +349,8 @@ class _Surplus:
         listed.sort(key=lambda s: (s.at if s.at is not None else float("inf"), s.machine_id))
         return attrs.evolve(
             line,
-            surplus=tuple(listed[:MAX_SURPLUS]),
-            surplus_more=max(len(listed) - MAX_SURPLUS, 0),
+            surplus=tuple(listed[: self.limit]),
+            surplus_more=max(len(listed) - self.limit, 0),
             surplus_busy=(self._busy or {}).get(demand_id, 0),
         )
 

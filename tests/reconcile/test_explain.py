@@ -62,6 +62,34 @@ def test_a_back_off_names_its_end_and_the_step_window_names_the_offers_not_tried
     line = by_id(later)["d"]
     assert {o.verdict for o in line.offers} == {UNTRIED}
     assert f"global step window full until {w.now + 60:.1f}" in line.summary
+    held = {o.provider: o.reasons[1:] for o in line.offers}
+    assert held == {"p": (f"then capacity_unavailable until {w.now + 180:.1f}",), "q": ()}
+
+
+def test_a_full_step_window_does_not_hide_the_cap_behind_it():
+    w = world(offer("p", "cpu"), provider_caps={"p": 10}, step_limit=10, step_interval=60.0)
+    snap = snapshot(1, item("cpu", 15))
+    first, _ = explained(w, snap)
+    w.commit_actions(first.actions)
+    result, told = explained(w, snap)
+    line = by_id(told)["cpu"]
+    assert [(o.verdict, o.reasons) for o in line.offers] == [
+        (
+            UNTRIED,
+            (
+                f"not tried: global step window full until {w.now + 60:.1f}",
+                "then max_machines 10/10 (provider cap reached)",
+            ),
+        )
+    ]
+    assert line.summary == (
+        f"global step window full until {w.now + 60:.1f}: 1 compatible offer(s) not tried; "
+        "then max_machines 10/10 (provider cap reached)"
+    )
+    (note,) = [n for n in result.notes if n.kind == "unmet_demand"]
+    assert note.detail == (
+        "5 machine(s) not requested: step limit reached; p/cpu: then max_machines 10/10 (provider cap reached)"
+    )
 
 
 def test_offers_of_a_provider_without_the_lease_are_named():
