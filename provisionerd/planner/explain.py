@@ -28,16 +28,17 @@ returned at ``idle since + idle_time``; its busy machines are never returned for
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 
 import attrs
 
 from provisionerd.domain.actions import DrainMachines, Note, RequestMachines, ReturnMachines
 from provisionerd.domain.model import DemandItem, DemandSnapshot, HostState, HostStatus
 from provisionerd.planner.allocate import DemandDecision
+from provisionerd.planner.capacity import Unhealthy
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.host_table import join_index
-from provisionerd.planner.offers import Catalog, Requirement, cluster_cost, reasons_for, requirement_of
+from provisionerd.planner.offers import Catalog, OfferKey, Requirement, cluster_cost, reasons_for, requirement_of
 from provisionerd.planner.outlook import item_surplus, outlook
 from provisionerd.planner.plan import Plan
 from provisionerd.planner.policy import Policy
@@ -156,20 +157,51 @@ def unmet_constraints(req: Requirement, catalog: Catalog) -> list[str]:
     return [label for label, alone in _alone(req) if all(reasons_for(alone, p) for p in catalog.ordered)]
 
 
-def _offers(decision: DemandDecision, unleased: Mapping[tuple[str, str], str], untried_why: str) -> list[OfferVerdict]:
+def _offers(
+    decision: DemandDecision,
+    unleased: Mapping[tuple[str, str], str],
+    untried_why: str,
+    held: Callable[[OfferKey], str | None],
+    unhealthy: Mapping[str, Unhealthy],
+    limit: int | None,
+) -> tuple[list[OfferVerdict], int]:
+    """The offers' verdicts, most telling first, at most ``limit`` built (``None``: all), and how many there are."""
+    total = (
+        len(decision.requested)
+        + len(decision.blocked)
+        + len(decision.untried)
+        + len(decision.incompatible)
+        + len(unleased)
+    )
     verdicts: list[OfferVerdict] = []
+    room = total if limit is None else limit
+
+    def add(verdict: OfferVerdict) -> bool:
+        verdicts.append(verdict)
+        return len(verdicts) < room
+
     limits = {(r.provider, r.template_id): r.reasons for r in decision.filled}
     for (provider, template_id), count in decision.requested:
         why = limits.get((provider, template_id), ())
-        verdicts.append(OfferVerdict(provider, template_id, LIMITED if why else REQUESTED, count, why))
-    verdicts += [OfferVerdict(r.provider, r.template_id, BLOCKED, 0, r.reasons) for r in decision.blocked]
+        if not add(OfferVerdict(provider, template_id, LIMITED if why else REQUESTED, count, why)):
+            return verdicts, total
+    for r in decision.blocked:
+        since = unhealthy.get(r.provider)
+        extra = () if since is None else (f"unhealthy since {since.since:.1f}",)
+        if not add(OfferVerdict(r.provider, r.template_id, BLOCKED, 0, (*r.reasons, *extra))):
+            return verdicts, total
     for parsed in decision.untried:
-        held = decision.held(parsed.key)
-        then = () if held is None else (f"then {held}",)
-        verdicts.append(OfferVerdict(parsed.key[0], parsed.key[1], UNTRIED, 0, (untried_why, *then)))
-    verdicts += [OfferVerdict(r.provider, r.template_id, INCOMPATIBLE, 0, r.reasons) for r in decision.incompatible]
-    verdicts += [OfferVerdict(p, t, NOT_LEASED, 0, (why,)) for (p, t), why in sorted(unleased.items())]
-    return verdicts
+        then = held(parsed.key)
+        why = (untried_why,) if then is None else (untried_why, f"then {then}")
+        if not add(OfferVerdict(parsed.key[0], parsed.key[1], UNTRIED, 0, why)):
+            return verdicts, total
+    for r in decision.incompatible:
+        if not add(OfferVerdict(r.provider, r.template_id, INCOMPATIBLE, 0, r.reasons)):
+            return verdicts, total
+    for (p, t), standby in sorted(unleased.items()):
+        if not add(OfferVerdict(p, t, NOT_LEASED, 0, (standby,))):
+            return verdicts, total
+    return verdicts, total
 
 
 def step_window_until(state: PlannerState, now: float, policy: Policy) -> float | None:
@@ -179,7 +211,12 @@ def step_window_until(state: PlannerState, now: float, policy: Policy) -> float 
 
 
 def _summary(
-    decision: DemandDecision, req: Requirement, catalog: Catalog, unleased: int, window_until: float | None
+    decision: DemandDecision,
+    req: Requirement,
+    catalog: Catalog,
+    unleased: int,
+    window_until: float | None,
+    held: Callable[[OfferKey], str | None],
 ) -> str:
     if decision.unmet <= 0:
         return "served by this plan" if decision.requested or decision.reused else "nothing missing"
@@ -195,9 +232,9 @@ def _summary(
     reasons = [r for rejection in (*decision.filled, *decision.blocked) for r in rejection.reasons]
     if decision.untried:
         reasons.append(f"{_window(window_until)}: {len(decision.untried)} compatible offer(s) not tried")
-        held = [h for h in (decision.held(p.key) for p in decision.untried) if h is not None]
-        if len(held) == len(decision.untried):  # room in the window would not help: say what stops them then
-            reasons += [f"then {h}" for h in held]
+        then = [h for h in (held(p.key) for p in decision.untried) if h is not None]
+        if len(then) == len(decision.untried):  # room in the window would not help: say what stops them then
+            reasons += [f"then {h}" for h in then]
     return "; ".join(dict.fromkeys(reasons)) or "no eligible offer with room"
 
 
@@ -241,6 +278,15 @@ def explain(
             leaving_by_item[machine.demand_id] = leaving_by_item.get(machine.demand_id, 0) + 1
     surplus_of = _Surplus(facts, hosts, leaving, deferred, retiring, state, policy, now, snapshot is not None)
     surplus_of.limit = max_surplus
+    unhealthy = state.capacity.unhealthy
+    memo: dict[OfferKey, str | None] = {}  # an offer's hold is the same for every item of one plan
+
+    def held(key: OfferKey) -> str | None:
+        if key not in memo:
+            memo[key] = decisions_held(key)
+        return memo[key]
+
+    decisions_held = result.decisions[0].held if result.decisions else (lambda _key: None)
     explained = []
     ids = sorted(set(wanted) | {d for d in facts.active_by_demand if d})
     for demand_id in ids if only is None else [only]:
@@ -262,11 +308,11 @@ def explain(
                 decision.reused,
                 sum(n for _, n in decision.requested),
                 decision.unmet,
-                _summary(decision, req, catalog, len(unleased), window_until),
+                _summary(decision, req, catalog, len(unleased), window_until, held),
             )
-            offers = _offers(decision, unleased, f"not tried: {_window(window_until)}")
-            kept = offers if max_offers is None else offers[:max_offers]
-            line = attrs.evolve(line, offers=tuple(kept), offers_more=len(offers) - len(kept))
+            why = f"not tried: {_window(window_until)}"
+            offers, total = _offers(decision, unleased, why, held, unhealthy, max_offers)
+            line = attrs.evolve(line, offers=tuple(offers), offers_more=total - len(offers))
         if active > count:
             line = surplus_of(line, active, count)
         explained.append(line)

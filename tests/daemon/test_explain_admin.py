@@ -11,6 +11,7 @@ import attrs
 import pytest
 import trio
 
+from provisionerd.controller.lease import LeaseState, LeaseStatus
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon import explain_admin
 from provisionerd.daemon.demand_doc import SCHEMA, parse_demand
@@ -27,6 +28,7 @@ from provisionerd.domain.model import (
     RequestIntent,
     ResourceShape,
 )
+from provisionerd.planner.capacity import Unhealthy
 from provisionerd.planner.fact_view import FactView, fold
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT
 from provisionerd.planner.policy import Policy, ProviderPolicy
@@ -43,9 +45,10 @@ class FakeLoop:
     state: PlannerState = attrs.field(factory=lambda: PlannerState.initial("t"))
     policy: Policy = attrs.field(factory=lambda: Policy(cluster="c", providers={"p": ProviderPolicy(max_machines=5)}))
     rejoin: Rejoin = Rejoin(float("-inf"), frozenset())
+    leased_now: list[str] = ["p"]
 
     def leased(self) -> list[str]:
-        return ["p"]
+        return self.leased_now
 
     def settle_windows(self) -> dict[str, dict[str, Any]]:
         return {}
@@ -160,3 +163,35 @@ def test_explain_refuses_an_unknown_item(only):
     view, loop = _view(0, CPU), FakeLoop()
     reply = trio.run(_explainer(view, loop).explain_command().run, {"demand_id": only}, 0)
     assert reply["ok"] is False
+
+
+@attrs.frozen
+class StandbyKeeper:
+    def status(self, now: float) -> LeaseStatus:
+        return LeaseStatus("p", LeaseState.LAPSED, None, None, "held by prov-b")
+
+
+def test_gates_name_a_halt_a_standby_provider_and_an_unhealthy_one_since_when():
+    view, loop = _view(0, CPU), FakeLoop()
+    sick = Unhealthy("auth_failed", "bad key", NOW - 50, 2, NOW + 10)
+    loop.state = attrs.evolve(loop.state, capacity=attrs.evolve(loop.state.capacity, unhealthy={"p": sick}))
+    reply = trio.run(_explainer(view, loop).answer, None, None)
+    (cpu,) = reply["items"]
+    assert cpu["offers"][0]["verdict"] == "blocked"
+    assert cpu["offers"][0]["reasons"][-1] == f"unhealthy since {NOW - 50:.1f}"
+    assert any(
+        "unhealthy (auth_failed: bad key)" in gate and f"since {NOW - 50:.1f}" in gate for gate in reply["gates"]
+    )
+    standby = FakeLoop(leased_now=[])
+    sources = attrs.evolve(
+        _explainer(view, standby)._sources,
+        leases={"p": StandbyKeeper()},
+        guard_status=lambda: {"halted": True, "finding": "incarnation changed"},
+    )
+    reply = trio.run(Explainer(sources).answer, None, None)
+    (cpu,) = reply["items"]
+    assert [(o["verdict"], list(o["reasons"])) for o in cpu["offers"]] == [
+        ("not_leased", ["provider 'p': lease lapsed (held by prov-b): standby, no request goes there from here"])
+    ]
+    assert cpu["summary"].startswith("no offers: the lease of their providers is not held here")
+    assert reply["gates"][0].startswith("halted (controller amnesia)") and "incarnation changed" in reply["gates"][0]
