@@ -4,7 +4,8 @@
                         [--etcd-lease-ttl S]
                         [--lease-ttl S] [--check-interval S] [--heartbeat-timeout S] [--max-frame BYTES]
                         [--handshake-timeout S] [--join-timeout S] [--max-connections N]
-                        [--max-connections-per-address N] [--max-buffered-bytes BYTES]
+                        [--max-connections-per-address N] [--max-authenticated-per-address N]
+                        [--max-buffered-bytes BYTES]
                         [--log-level LEVEL] [--new-incarnation] [--address-bound-join FILE]
     refcontroller admin --certs DIR --connect ADDR[,ADDR...] [--timeout S] COMMAND
         demand (--file PATH | --clear)     PATH is a JSON array of demand items ('-' = stdin)
@@ -28,10 +29,11 @@ still in the resync set, else the index of the fact that ended its lifecycle (do
 ``next_after`` is ``null`` on the last page.
 
 The bounds (docs/protocol.md §2.1): ``--handshake-timeout`` (10 s) for the TLS handshake, ``--join-timeout`` (10 s)
-from the handshake to a complete Join frame, ``--max-connections`` (2000) open at once and
-``--max-connections-per-address`` (200) from one IP address (over a cap a new connection is closed before TLS),
-``--max-buffered-bytes`` (256 MiB) received but not yet processed across all connections (a connection that would
-pass it is dropped). Every refusal is logged and counted in ``admin status`` under ``gate.refusals``.
+from the handshake to a complete Join frame, ``--max-connections`` (2000) open at once (over it a new connection is
+closed before TLS), ``--max-connections-per-address`` (200) unauthenticated from one IP address (over it the oldest
+of those is closed for the new one), ``--max-authenticated-per-address`` (2000) from one IP address past a valid
+certificate, ``--max-buffered-bytes`` (256 MiB) received but not yet processed across all connections (a connection
+that would pass it is dropped). Every refusal is logged and counted in ``admin status`` under ``gate.refusals``.
 
 ``serve`` refuses to start on a store that is damaged, lost, or behind its mark (a zero-length file, a mark without
 its file, a lost write-ahead log: see ``refcontroller.store``), with one line on stderr and exit code 2: starting
@@ -60,7 +62,7 @@ import trio
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, Fact
 from refcontroller import addresses as addr
-from refcontroller import gate
+from refcontroller import allocator, gate
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.credentials_address import AddressBoundJoin
 from refcontroller.demand_file import parse_demand
@@ -106,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-connections-per-address", type=_count, default=gate.DEFAULT_MAX_PER_ADDRESS, help="from one IP (200)"
     )
     s.add_argument(
+        "--max-authenticated-per-address",
+        type=_count,
+        default=gate.DEFAULT_MAX_CONNECTIONS,
+        help="from one IP, past a valid certificate: their own budget (2000)",
+    )
+    s.add_argument(
         "--max-buffered-bytes", type=_count, default=gate.DEFAULT_MAX_BUFFERED_BYTES, help="all connections (256 MiB)"
     )
     s.add_argument("--log-level", default="INFO")
@@ -146,6 +154,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if argv is None and args.command == "serve":  # a command line, not a test calling main in-process
+        allocator.serve_with_malloc(sys.argv[1:])
     try:
         try:
             if args.command == "history":
@@ -195,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits=Limits(
             max_connections=args.max_connections,
             max_per_address=args.max_connections_per_address,
+            max_authenticated_per_address=args.max_authenticated_per_address,
             max_buffered_bytes=args.max_buffered_bytes,
         ),
         new_incarnation=args.new_incarnation,

@@ -163,10 +163,17 @@ class Cluster:
 
     # --- leases -----------------------------------------------------------------------------------------------
 
-    def _storage_failed(self, what: str, exc: StoreFailure) -> commits.Rejection:
+    def storage_failed(self, what: str, exc: StoreFailure) -> commits.Rejection:
         self.storage_failures += 1
         log.warning("storage failure (%s): %s; rolled back, answered storage_failure", what, exc)
         return commits.Rejection(commits.STORAGE_FAILURE, f"{what} not made durable: {exc}")
+
+    def storage_fault(self, what: str, exc: StoreFailure) -> commits.Rejection:
+        """A read the store could not answer truly (``store_rows.StoreCorrupt``: a row that fails its checksum):
+        counted with the write failures and answered ``storage_failure`` too."""
+        self.storage_failures += 1
+        log.error("storage fault (%s): %s; answered storage_failure", what, exc)
+        return commits.Rejection(commits.STORAGE_FAILURE, f"{what}: {exc}")
 
     def acquire(self, replica: int, provider: str, holder: str, now: float) -> Granted | Denied | commits.Rejection:
         """Grant or deny; ``storage_failure`` when the new grantee could not be recorded (no lease is granted)."""
@@ -186,7 +193,7 @@ class Cluster:
             except StoreFailure as exc:
                 if before is None:  # a new grant nobody was told of; an extension of a live lease may stand
                     self.leases.withdraw(result.lease)
-                return self._storage_failed(f"lease grant of {provider!r}", exc)
+                return self.storage_failed(f"lease grant of {provider!r}", exc)
         return result
 
     def renew(self, replica: int, provider: str, holder: str, epoch: Epoch, now: float) -> Granted | Denied:
@@ -229,7 +236,7 @@ class Cluster:
         try:
             committed = self.store.append(fact, sender)
         except StoreFailure as exc:
-            return self._storage_failed(f"{type(fact).__name__} {fact.op_id!r}", exc)
+            return self.storage_failed(f"{type(fact).__name__} {fact.op_id!r}", exc)
         if isinstance(fact, InstanceFact):
             host = self.hosts.identify(fact.instance_ref, fact.machine_id, fact.hostname, fact.address)
             if host is not None and self.store.draining(fact.provider, fact.machine_id):
@@ -306,7 +313,7 @@ class Cluster:
         try:
             admitted = admit(self.store, instance_ref, token, wall, credential=credential, live=live)
         except StoreFailure as exc:
-            return self._storage_failed(f"token use of {instance_ref!r}", exc)
+            return self.storage_failed(f"token use of {instance_ref!r}", exc)
         if isinstance(admitted, HostState):
             admitted = self.hosts.add(self._drained_if_asked(admitted))
         return admitted
@@ -334,7 +341,7 @@ class Cluster:
         try:
             admitted = admit_by_address(self.store, policy, *join, peer, wall, credential=credential, live=live)
         except StoreFailure as exc:
-            return self._storage_failed(f"address-bound join of {join[0]!r}", exc)
+            return self.storage_failed(f"address-bound join of {join[0]!r}", exc)
         if isinstance(admitted, HostState):
             admitted = self.hosts.add(self._drained_if_asked(admitted))
         return admitted
@@ -374,7 +381,7 @@ class Cluster:
             try:
                 self.store.save_demand(snapshot)
             except StoreFailure as exc:
-                raise ValueError(self._storage_failed(f"demand seq {snapshot.seq}", exc).detail) from exc
+                raise ValueError(self.storage_failed(f"demand seq {snapshot.seq}", exc).detail) from exc
             self.demand = snapshot
         return snapshot
 
@@ -383,7 +390,7 @@ class Cluster:
         try:
             primary = self.replicas.fail_over(now, target)  # saves the term before anything changes
         except StoreFailure as exc:
-            raise ValueError(self._storage_failed(f"term {self.term + 1}", exc).detail) from exc
+            raise ValueError(self.storage_failed(f"term {self.term + 1}", exc).detail) from exc
         self.leases = LeaseTable(self.term, now, self.ttl, self.check_interval)
         return primary
 

@@ -6,8 +6,9 @@ protocol, fails TLS or goes silent is dropped, and every other peer keeps being 
 
 The join (the first frame of every connection), in order:
 
-0. The caps of ``gate.py``: over ``max_connections`` (or ``max_per_address`` from one address) the connection is
-   closed at once, before TLS.
+0. The caps of ``gate.py``: over ``max_connections`` the connection is closed at once, before TLS; over
+   ``max_per_address`` unauthenticated ones from its address, the oldest of those is closed to make room. A
+   connection whose handshake succeeds moves to its address's authenticated budget.
 1. For a TLS stream, the handshake (within ``timeouts.handshake``) and the role from the peer's certificate. A
    stream that is not TLS must be given its ``role`` (in-memory tests and simulations).
 2. The first frame must be complete within ``timeouts.join``. Its kind is read before its body: one that is not
@@ -51,10 +52,11 @@ from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
 from refcontroller.credentials import is_credential, new_credential
 from refcontroller.credentials_address import AddressBoundJoin
-from refcontroller.gate import Gate, Peer, peer_address
+from refcontroller.gate import Gate, Peer, Ticket, peer_address
 from refcontroller.leases import instance_problem
 from refcontroller.rules import RULES
 from refcontroller.session import PEER_ERRORS, Session
+from refcontroller.store_tx import StoreFailure
 from refcontroller.workers import SECRET_REFUSALS
 
 log = logging.getLogger(__name__)
@@ -111,9 +113,10 @@ class ControllerServer:
         address = peer_address(stream)
         framed = FramedStream(stream, self.max_frame, pool=self.gate.pool, budget=self.gate.budget())
         try:
-            with self.gate.admit(address) as admitted:
-                if admitted:
-                    await self._serve(framed, replica, role, Peer(address, role.value if role else ""))
+            with self.gate.admit(address) as ticket:
+                if ticket is not None:
+                    with ticket.scope:  # cancelled when the gate evicts it (an unauthenticated connection)
+                        await self._serve(framed, replica, role, Peer(address, role.value if role else ""), ticket)
         except Exception:
             log.exception("internal error on replica %s", replica)
             self.stats["internal_errors"] += 1
@@ -122,9 +125,9 @@ class ControllerServer:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
-    async def _serve(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer) -> None:
+    async def _serve(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer, ticket: Ticket) -> None:
         try:
-            session = await self._join(framed, replica, role, peer)
+            session = await self._join(framed, replica, role, peer, ticket)
             if session is not None:
                 self.sessions.add(session)
                 try:
@@ -159,7 +162,9 @@ class ControllerServer:
             return "join_timeout"
         return "disconnected"
 
-    async def _join(self, framed: FramedStream, replica: int, role: Role | None, peer: Peer) -> Session | None:
+    async def _join(
+        self, framed: FramedStream, replica: int, role: Role | None, peer: Peer, ticket: Ticket
+    ) -> Session | None:
         address = peer.address
         if role is None:
             assert isinstance(framed.stream, trio.SSLStream)
@@ -175,6 +180,9 @@ class ControllerServer:
                 return None
             role = peer_role(framed.stream)
             peer.role = role.value
+        # A valid certificate of this cluster (or a stream given its role): the address's authenticated budget.
+        if not self.gate.authenticate(ticket, role.value):
+            return None
         with trio.fail_after(self.timeouts.join):
             head = await framed.receive_head()
             if head is None:
@@ -221,7 +229,14 @@ class ControllerServer:
             return None
         # A worker's first join (or the exchange of a rejoin proof) gets its own credential in the reply.
         issued = "" if role is not Role.WORKER or is_credential(join.token) else new_credential()
-        refusal = self._admit(join, replica, issued, address)
+        try:
+            refusal = self._admit(join, replica, issued, address)
+        except StoreFailure as exc:  # a row read for this join fails its checksum (store_rows): typed, not a bug
+            fault = cluster.storage_fault("Join", exc)
+            self.gate.refuse(fault.reason, address, role.value, fault.detail)
+            reply = JoinReply(accepted=False, term=cluster.term, primary=True, reason=f"{fault.reason}: {fault.detail}")
+            await self._send_quietly(framed, reply, corr)
+            return None
         if isinstance(refusal, HostState):  # a worker: its session is its instance's (named by an address-bound join)
             join, paired, refusal = attrs.evolve(join, instance_ref=refusal.instance_ref), refusal.instance_ref, None
         else:

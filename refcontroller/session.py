@@ -64,6 +64,7 @@ from refcontroller.leases import holder_key
 from refcontroller.pacing import until_drained
 from refcontroller.replies import provisioner_reply, worker_status_valid
 from refcontroller.rules import RULES
+from refcontroller.store_tx import StoreFailure
 
 if TYPE_CHECKING:
     from refcontroller.server import ControllerServer
@@ -227,7 +228,14 @@ class Session:
             envelope = await self.framed.decode(body)
             if self.undelivered:
                 self._delivered()
-            await self._answer(envelope.msg, envelope.corr)
+            try:
+                await self._answer(envelope.msg, envelope.corr)
+            except StoreFailure as exc:  # a read met a row that fails its checksum: typed, the link kept
+                await self._storage_fault(type(envelope.msg).__name__, exc, envelope.corr)
+
+    async def _storage_fault(self, what: str, exc: StoreFailure, corr: int) -> None:
+        fault = self.server.cluster.storage_fault(what, exc)
+        await self.send(Rejected(fault.reason, fault.detail[:1000]), corr)
 
     def _delivered(self) -> None:
         # Marked once; a store failure leaves it to the worker's next frame.
@@ -305,6 +313,12 @@ class Session:
                 await self.send(reply, corr)
 
     async def _resync(self, request: ResyncRequest, corr: int) -> None:
+        try:
+            await self._resync_pages(request, corr)
+        except StoreFailure as exc:  # pages already sent are superseded: the daemon asks again
+            await self._storage_fault("ResyncRequest", exc, corr)
+
+    async def _resync_pages(self, request: ResyncRequest, corr: int) -> None:
         wanted = frozenset(request.providers) or self.providers
         if not wanted <= self.providers:
             await self.send(Rejected(INVALID, "resync of providers not declared in this connection's Join"), corr)

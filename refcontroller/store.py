@@ -26,7 +26,11 @@ refuses, with :class:`StoreRefused` (one line), a store that cannot be the one i
 - a zero-length file (a store that never had its first page written is not one we made: creation writes the mark
   first, then the file);
 - a mark without its file (the directory kept its term record, the log is gone);
-- a file that SQLite cannot read, or whose ``quick_check`` fails (damaged);
+- a file that SQLite cannot read, or whose ``quick_check`` fails (damaged); one that cannot be opened because its
+  file system is full is reported full, not damaged (``store_full``);
+- a row that fails its checksum (``store_rows``: every row of every table carries a CRC-32 of its columns, written
+  with it by a trigger; every open checks them all, and the reads of facts, meta, credentials and token claims
+  check theirs at run time, raising ``store_rows.StoreCorrupt``, a ``StoreFailure``, answered ``storage_failure``);
 - a file without an incarnation while a mark names one, or with another incarnation than the mark's;
 - a file whose write counter is below the mark's. This is what a lost write-ahead log leaves behind: a store in
   WAL mode keeps every transaction since the last checkpoint in ``<file>-wal`` only, so after a ``kill -9`` and the
@@ -66,7 +70,7 @@ import attrs
 
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Epoch, Fact, InstanceFact, RequestIntent
 from provisionerd.telemetry.files import FILE_MODE, open_private
-from refcontroller import store_credentials, store_lifecycle
+from refcontroller import store_credentials, store_full, store_lifecycle, store_rows
 from refcontroller.jsonconv import (
     demand_items_from_json,
     demand_items_to_json,
@@ -184,7 +188,10 @@ class FactStore:
         mark = read_mark(marked)
         if mark is None and not path.exists():  # a new store: the mark first, so a lost file is always noticed
             mark = Mark(fresh_id, 0, 0, 0)
-            write_mark(marked, mark)
+            try:
+                write_mark(marked, mark)
+            except OSError as exc:
+                raise StoreRefused(store_full.describe_open_failure(path, exc)) from None
         created = mark is not None and mark.changes == 0  # nothing was ever written under this mark
         if path.exists() and path.stat().st_size == 0 and not created:
             raise StoreRefused(
@@ -209,12 +216,19 @@ class FactStore:
                 raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
             had_tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'meta'").fetchone()[0] > 0
             _create_schema(conn)
+            store_rows.verify(conn)
             stored = _meta(conn, "incarnation")
             has_rows = had_tables and any(
                 conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() for table in ("facts", "meta", "used_tokens")
             )
+        except store_rows.StoreCorrupt as exc:
+            conn.close()
+            raise StoreRefused(
+                f"store {str(path)!r} is damaged: {exc} (restore a good copy; --new-incarnation starts afresh on"
+                " purpose)"
+            ) from None
         except sqlite3.DatabaseError as exc:
-            raise StoreRefused(f"store {str(path)!r} is damaged: {exc}") from None
+            raise StoreRefused(store_full.describe_open_failure(path, exc)) from None
         store = cls(conn, stored or "", marked)
         try:
             store._check_against(path, mark, stored, has_rows, fresh_id)
@@ -263,7 +277,7 @@ class FactStore:
             return
         try:
             write_mark(self._mark, self._current_mark())
-        except OSError as exc:  # the commit is durable; a mark behind its store is not refused at the next open
+        except (OSError, store_rows.StoreCorrupt) as exc:  # the commit is durable; a mark behind is not refused
             log.warning("store mark %s not rewritten after a commit: %s", self._mark, exc)
 
     def close(self) -> None:
@@ -283,8 +297,8 @@ class FactStore:
 
     def load_term(self) -> int:
         """The last term saved (0 on a new store)."""
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'term'").fetchone()
-        return int(row[0]) if row else 0
+        value = _meta(self._conn, "term")
+        return int(value) if value is not None else 0
 
     def save_term(self, term: int) -> None:
         """Persist ``term`` durably. Refuses to go backwards: the term is a fencing token."""
@@ -297,12 +311,11 @@ class FactStore:
     # --- demand -----------------------------------------------------------------------------------------------
 
     def load_demand(self) -> DemandSnapshot:
-        seq = self._conn.execute("SELECT value FROM meta WHERE key = 'demand_seq'").fetchone()
-        items = self._conn.execute("SELECT value FROM meta WHERE key = 'demand_items'").fetchone()
+        seq, items = _meta(self._conn, "demand_seq"), _meta(self._conn, "demand_items")
         if seq is None or items is None:
             return DemandSnapshot(seq=0, items=())
-        uses = self._conn.execute("SELECT value FROM meta WHERE key = 'demand_licenses'").fetchone()
-        return DemandSnapshot(int(seq[0]), demand_items_from_json(items[0]), licenses_from_json(uses and uses[0]))
+        uses = _meta(self._conn, "demand_licenses")
+        return DemandSnapshot(int(seq), demand_items_from_json(items), licenses_from_json(uses))
 
     def save_demand(self, snapshot: DemandSnapshot) -> None:
         with self._transaction():
@@ -319,8 +332,7 @@ class FactStore:
 
     def last_grantee(self, provider: str) -> str | None:
         """The holder ``provider``'s lease was last newly granted to (``None`` if never)."""
-        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (f"grantee:{provider}",)).fetchone()
-        return row[0] if row else None
+        return _meta(self._conn, f"grantee:{provider}")
 
     def save_grantee(self, provider: str, holder: str) -> None:
         """Record durably that ``provider``'s lease is granted to ``holder`` (before the grant is answered)."""
@@ -413,19 +425,23 @@ class FactStore:
 
     def latest(self, provider: str) -> LatestFact | None:
         """Epoch and holder on ``provider``'s latest committed fact (highest index), or ``None``."""
-        row = self._conn.execute(
-            "SELECT epoch_term, epoch_seq, holder FROM facts WHERE provider = ? ORDER BY idx DESC LIMIT 1",
-            (provider,),
-        ).fetchone()
-        return LatestFact(Epoch(row[0], row[1]), row[2]) if row else None
+        row = store_rows.checked_one(
+            "facts",
+            self._conn.execute(
+                f"SELECT idx, epoch_term, epoch_seq, holder, {_FACT_OK} FROM facts WHERE provider = ?"
+                " ORDER BY idx DESC LIMIT 1",
+                (provider,),
+            ).fetchone(),
+        )
+        return LatestFact(Epoch(row[1], row[2]), row[3]) if row else None
 
     def latest_epochs(self) -> dict[str, Epoch]:
         """Every provider's epoch on its latest committed fact."""
         rows = self._conn.execute(
-            "SELECT provider, epoch_term, epoch_seq FROM facts f WHERE idx ="
+            f"SELECT idx, provider, epoch_term, epoch_seq, {_FACT_OK} FROM facts f WHERE idx ="
             " (SELECT max(idx) FROM facts g WHERE g.provider = f.provider)"
         )
-        return {provider: Epoch(term, seq) for provider, term, seq in rows}
+        return {provider: Epoch(term, seq) for _, provider, term, seq in store_rows.checked("facts", rows)}
 
     def fact_sizes(self, providers: Collection[str], upto_index: int) -> list[tuple[int, int]]:
         """``(index, JSON size)`` of each fact of ``providers`` in the resync set as of ``upto_index`` (the live
@@ -452,10 +468,10 @@ class FactStore:
             return [(int(i), str(body)) for i, body in live]
         marks = ",".join("?" * len(providers))
         rows = self._conn.execute(
-            f"SELECT idx, body FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
+            f"SELECT idx, body, {_FACT_OK} FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
             (*providers, first_index, last_index),
         )
-        return [(int(i), str(body)) for i, body in rows]
+        return [(int(i), str(body)) for i, body in store_rows.checked("facts", rows)]
 
     def facts_after(self, providers: Collection[str], after: int, upto: int) -> list[tuple[int, int]]:
         """``(index, JSON size)`` of every fact of ``providers`` (live or ended) with ``after < index <= upto``."""
@@ -522,17 +538,24 @@ class FactStore:
         rows: dict[int, Any] = {}
         last = min(last, as_of)
         for provider in providers:
-            for i, value in self._conn.execute(
-                f"SELECT idx, {column} FROM facts WHERE provider = ? AND ended_at = 0 AND idx BETWEEN ? AND ?"
-                f" UNION ALL SELECT idx, {column} FROM facts INDEXED BY facts_live WHERE provider = ? AND ended_at > ?"
-                " AND idx BETWEEN ? AND ?",
-                (provider, first, last, provider, as_of, first, last),
+            for i, value in store_rows.checked(
+                "facts",
+                self._conn.execute(
+                    f"SELECT idx, {column}, {_FACT_OK} FROM facts WHERE provider = ? AND ended_at = 0"
+                    f" AND idx BETWEEN ? AND ? UNION ALL SELECT idx, {column}, {_FACT_OK} FROM facts"
+                    " INDEXED BY facts_live WHERE provider = ? AND ended_at > ? AND idx BETWEEN ? AND ?",
+                    (provider, first, last, provider, as_of, first, last),
+                ),
             ):
                 rows[int(i)] = value
-            latest = self._conn.execute(
-                f"SELECT idx, {column} FROM facts WHERE provider = ? AND idx <= ? ORDER BY idx DESC LIMIT 1",
-                (provider, as_of),
-            ).fetchone()
+            latest = store_rows.checked_one(
+                "facts",
+                self._conn.execute(
+                    f"SELECT idx, {column}, {_FACT_OK} FROM facts WHERE provider = ? AND idx <= ?"
+                    " ORDER BY idx DESC LIMIT 1",
+                    (provider, as_of),
+                ).fetchone(),
+            )
             if latest is not None and first <= latest[0] <= last:
                 rows[int(latest[0])] = latest[1]
         return sorted(rows.items())
@@ -541,10 +564,10 @@ class FactStore:
         """``(index, ended_at, fact)`` of ``provider``'s facts after index ``after``, at most ``limit`` (a page of
         the audit log: live facts have ``ended_at`` 0)."""
         rows = self._conn.execute(
-            "SELECT idx, ended_at, body FROM facts WHERE provider = ? AND idx > ? ORDER BY idx LIMIT ?",
+            f"SELECT idx, ended_at, body, {_FACT_OK} FROM facts WHERE provider = ? AND idx > ? ORDER BY idx LIMIT ?",
             (provider, after, max(1, min(limit, 10_000))),
         )
-        return [(int(i), int(e), fact_from_json(body)) for i, e, body in rows]
+        return [(int(i), int(e), fact_from_json(body)) for i, e, body in store_rows.checked("facts", rows)]
 
     def history_rows(
         self, providers: Collection[str] | None, after: int, until: int, limit: int
@@ -579,8 +602,10 @@ class FactStore:
         if not chosen:
             return []
         marks = ",".join("?" * len(chosen))
-        rows = self._conn.execute(f"SELECT idx, body FROM facts WHERE idx IN ({marks}) ORDER BY idx", chosen)
-        return [(int(i), str(body)) for i, body in rows]
+        rows = self._conn.execute(
+            f"SELECT idx, body, {_FACT_OK} FROM facts WHERE idx IN ({marks}) ORDER BY idx", chosen
+        )
+        return [(int(i), str(body)) for i, body in store_rows.checked("facts", rows)]
 
     def live_count(self, providers: Collection[str] | None = None) -> int:
         """How many facts are live (in the resync set, without the latest-fact extras)."""
@@ -599,34 +624,38 @@ class FactStore:
         return bool(machine_id) and store_lifecycle.draining(self._conn, provider, machine_id)
 
     def all_facts(self) -> Iterator[CommittedFact]:
-        for i, body in self._conn.execute("SELECT idx, body FROM facts ORDER BY idx"):
+        for i, body in store_rows.checked(
+            "facts", self._conn.execute(f"SELECT idx, body, {_FACT_OK} FROM facts ORDER BY idx")
+        ):
             yield CommittedFact(index=int(i), fact=fact_from_json(body))
 
     # --- join tokens ------------------------------------------------------------------------------------------
 
     def token_claims(self, token_hash: str) -> list[TokenClaim]:
         rows = self._conn.execute(
-            "SELECT instance_ref, provider, machine_id, hostname, address FROM token_claims WHERE token_hash = ?",
+            f"SELECT instance_ref, provider, machine_id, hostname, address, {_CLAIM_OK} FROM token_claims"
+            " WHERE token_hash = ?",
             (token_hash,),
         )
-        return [TokenClaim(*row) for row in rows]
+        return [TokenClaim(*row) for row in store_rows.checked("token_claims", rows)]
 
     def instance_claims(self, instance_ref: str) -> list[TokenClaim]:
         """Every claim committed for ``instance_ref`` (whatever its token): who a credential's holder is."""
         rows = self._conn.execute(
-            "SELECT instance_ref, provider, machine_id, hostname, address FROM token_claims WHERE instance_ref = ?",
+            f"SELECT instance_ref, provider, machine_id, hostname, address, {_CLAIM_OK} FROM token_claims"
+            " WHERE instance_ref = ?",
             (instance_ref,),
         )
-        return [TokenClaim(*row) for row in rows]
+        return [TokenClaim(*row) for row in store_rows.checked("token_claims", rows)]
 
     def machine_claims(self, machine_id: str) -> list[tuple[str, TokenClaim]]:
         """``(token hash, claim)`` of every instance fact that names ``machine_id`` (the address-bound join)."""
         rows = self._conn.execute(
-            "SELECT token_hash, instance_ref, provider, machine_id, hostname, address FROM token_claims"
+            f"SELECT instance_ref, token_hash, provider, machine_id, hostname, address, {_CLAIM_OK} FROM token_claims"
             " WHERE machine_id = ? AND machine_id != '' LIMIT 10",
             (machine_id,),
         )
-        return [(str(row[0]), TokenClaim(*row[1:])) for row in rows]
+        return [(str(row[1]), TokenClaim(row[0], *row[2:])) for row in store_rows.checked("token_claims", rows)]
 
     def use_token(
         self, token_hash: str, instance_ref: str, at: float, rejoin_hash: str = "", credential_hash: str = ""
@@ -653,11 +682,16 @@ class FactStore:
 
     def rejoin_token_hash(self, instance_ref: str, rejoin_hash: str) -> str | None:
         """The token hash the instance was admitted with, if ``rejoin_hash`` is the one stored for it."""
-        row = self._conn.execute(
-            "SELECT token_hash FROM rejoin_hashes WHERE instance_ref = ? AND rejoin_hash = ?",
-            (instance_ref, rejoin_hash),
-        ).fetchone()
-        return None if row is None else str(row[0])
+        row = store_rows.checked_one(
+            "rejoin_hashes",
+            self._conn.execute(
+                "SELECT instance_ref, token_hash, "
+                + store_rows.ok_column("rejoin_hashes")
+                + " FROM rejoin_hashes WHERE instance_ref = ? AND rejoin_hash = ?",
+                (instance_ref, rejoin_hash),
+            ).fetchone(),
+        )
+        return None if row is None else str(row[1])
 
     # --- per-instance worker credentials (``store_credentials``) -----------------------------------------------
 
@@ -705,7 +739,8 @@ def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) ->
     to it (SQLite read-only: safe beside a running controller).
 
     Raises:
-        StoreRefused: the file is missing, unreadable, or was written before lifecycles (serve on it once first).
+        StoreRefused: the file is missing, unreadable, damaged (a row of the page fails its checksum), or was
+            written before lifecycles (serve on it once first).
     """
     if not path.is_file():
         raise StoreRefused(f"store {str(path)!r} does not exist")
@@ -714,7 +749,10 @@ def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) ->
     except sqlite3.Error as exc:
         raise StoreRefused(f"store {str(path)!r} cannot be read: {exc}") from None
     try:
+        store_rows.install(conn)
         return FactStore(conn, "").history(provider, after, limit)
+    except store_rows.StoreCorrupt as exc:
+        raise StoreRefused(f"store {str(path)!r} is damaged: {exc}") from None
     except sqlite3.Error as exc:
         raise StoreRefused(
             f"store {str(path)!r} cannot be read ({exc}): serve on it once to bring it up to date"
@@ -734,6 +772,8 @@ def _make_private(path: Path) -> None:
             if name.exists() and stat.S_IMODE(name.stat().st_mode) != FILE_MODE:
                 os.chmod(name, FILE_MODE)
     except OSError as exc:
+        if store_full.is_full(path, exc):
+            raise StoreRefused(store_full.describe_open_failure(path, exc)) from None
         raise StoreRefused(f"store {str(path)!r} cannot be made private: {exc.strerror or exc}") from None
 
 
@@ -761,11 +801,15 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         if replayed:
             log.warning("store written before lifecycles: %d facts replayed to tell live from ended", replayed)
     conn.executescript(store_lifecycle.FACT_INDEXES)
+    store_rows.ensure(conn)
 
 
 def _meta(conn: sqlite3.Connection, key: str) -> str | None:
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    return None if row is None else str(row[0])
+    """A meta row's value, checked against its checksum (``store_rows.StoreCorrupt``)."""
+    row = store_rows.checked_one(
+        "meta", conn.execute(f"SELECT key, value, {_META_OK} FROM meta WHERE key = ?", (key,)).fetchone()
+    )
+    return None if row is None else str(row[1])
 
 
 def _create_meta(conn: sqlite3.Connection, incarnation: str) -> None:
@@ -783,6 +827,11 @@ def _set_aside(path: Path, marked: Path) -> None:
             aside = victim.with_name(f"{victim.name}.discarded-{stamp}")
             os.replace(victim, aside)
             log.warning("new incarnation: %s set aside as %s", victim, aside)
+
+
+_FACT_OK = store_rows.ok_column("facts")
+_META_OK = store_rows.ok_column("meta")
+_CLAIM_OK = store_rows.ok_column("token_claims")
 
 
 def _digest(body: str) -> str:

@@ -25,6 +25,8 @@ import sqlite3
 
 import attrs
 
+from refcontroller import store_rows
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS worker_credentials (
     instance_ref TEXT PRIMARY KEY,
@@ -76,11 +78,15 @@ def issue(conn: sqlite3.Connection, instance_ref: str, credential_hash: str, at:
 
 
 def record(conn: sqlite3.Connection, instance_ref: str) -> CredentialRecord | None:
-    row = conn.execute(
-        "SELECT instance_ref, credential_hash, issued_at, revoked, revoked_at, delivered_at FROM worker_credentials"
-        " WHERE instance_ref = ?",
-        (instance_ref,),
-    ).fetchone()
+    row = store_rows.checked_one(
+        "worker_credentials",
+        conn.execute(
+            "SELECT instance_ref, credential_hash, issued_at, revoked, revoked_at, delivered_at, "
+            + store_rows.ok_column("worker_credentials")
+            + " FROM worker_credentials WHERE instance_ref = ?",
+            (instance_ref,),
+        ).fetchone(),
+    )
     if row is None:
         return None
     return CredentialRecord(str(row[0]), str(row[1]), float(row[2]), str(row[3]), row[4], float(row[5]))
@@ -100,7 +106,13 @@ def reissue_undelivered(
 ) -> bool:
     """Replace ``instance_ref``'s credential with ``credential_hash`` if the token ``token_hash`` was spent by that
     very instance, and its credential was never delivered nor revoked (module docstring). Whether it did."""
-    used = conn.execute("SELECT instance_ref FROM used_tokens WHERE token_hash = ?", (token_hash,)).fetchone()
+    used = store_rows.checked_one(
+        "used_tokens",
+        conn.execute(
+            f"SELECT instance_ref, {store_rows.ok_column('used_tokens')} FROM used_tokens WHERE token_hash = ?",
+            (token_hash,),
+        ).fetchone(),
+    )
     if used is None or str(used[0]) != instance_ref:
         return False
     cursor = conn.execute(
@@ -123,13 +135,18 @@ def revoke(conn: sqlite3.Connection, instance_ref: str, reason: str, at: float) 
 def take_rejoin_hash(conn: sqlite3.Connection, instance_ref: str, rejoin_hash: str) -> str | None:
     """The token hash a rejoin proof stands for, deleting the proof's row (it is exchanged once); ``None`` when the
     proof is not the one stored for ``instance_ref``."""
-    row = conn.execute(
-        "SELECT token_hash FROM rejoin_hashes WHERE instance_ref = ? AND rejoin_hash = ?", (instance_ref, rejoin_hash)
-    ).fetchone()
+    row = store_rows.checked_one(
+        "rejoin_hashes",
+        conn.execute(
+            f"SELECT instance_ref, token_hash, {store_rows.ok_column('rejoin_hashes')} FROM rejoin_hashes"
+            " WHERE instance_ref = ? AND rejoin_hash = ?",
+            (instance_ref, rejoin_hash),
+        ).fetchone(),
+    )
     if row is None:
         return None
     conn.execute("DELETE FROM rejoin_hashes WHERE instance_ref = ?", (instance_ref,))
-    return str(row[0])
+    return str(row[1])
 
 
 def instance_gone(conn: sqlite3.Connection, instance_ref: str) -> bool:

@@ -19,6 +19,11 @@ stale from then on, ``replica_etcd.EtcdReplicaSet``), steps down and drops the m
 one). A write whose etcd answer was lost (timeout) is treated the same: the
 log may or may not hold it, and the next primary's replay decides.
 
+**Each entry carries a checksum** (``"sum"``: ``store_rows.row_sum`` over its number, kind and arguments), as
+each row of the SQLite store does: replaying refuses, with ``StoreRefused`` naming the entry, one whose sum does not
+match, that is no longer JSON, or whose arguments this code cannot apply. Entries written before checksums have no
+``"sum"`` and are applied as found, but once a log holds a summed entry every later one must carry its sum.
+
 The term is not written here: the election advances it in its own transaction (``save_term`` only records it in
 the mirror). The incarnation is ``meta/incarnation``, created once by whichever replica first opens the store.
 """
@@ -37,6 +42,7 @@ from refcontroller.jsonconv import demand_items_from_json, demand_items_to_json,
 from refcontroller.store import FactStore
 from refcontroller.store_etcd_client import EtcdClient, EtcdError, KeyValue, absent, put, value_is
 from refcontroller.store_mark import StoreRefused, new_incarnation_id
+from refcontroller.store_rows import row_sum
 from refcontroller.store_tx import StoreFailure
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,12 @@ APPLY_STEP = 20
 
 def _op_key(prefix: bytes, n: int) -> bytes:
     return prefix + b"ops/%020d" % n
+
+
+def _entry_sum(n: int, kind: Any, args: Any) -> int:
+    """An entry's checksum: its number, kind and arguments (as canonical JSON: parsing and dumping again gives the
+    same text, floats included)."""
+    return row_sum("etcd_ops", n, json.dumps([kind, args], separators=(",", ":")).encode())
 
 
 def open_incarnation(client: EtcdClient, prefix: bytes) -> str:
@@ -69,6 +81,7 @@ class EtcdFactStore(FactStore):
     prefix: bytes
     next_op: int
     deposed: str
+    summed: bool  # an entry with a checksum was replayed: every later one must have one
 
     @classmethod
     def _empty(cls, client: EtcdClient, election: EtcdElection, prefix: bytes, incarnation: str) -> EtcdFactStore:
@@ -77,17 +90,43 @@ class EtcdFactStore(FactStore):
         store.client, store.election, store.prefix = client, election, prefix
         store.deposed = ""
         store.next_op = 1
+        store.summed = False
         return store
 
     def _apply_entries(self, page: list[KeyValue]) -> None:
         """Apply log entries that follow ``next_op`` in order. Raises ``StoreRefused`` on a gap."""
         for kv in page:
-            if kv.key != _op_key(self.prefix, self.next_op):
+            n = self.next_op
+            if kv.key != _op_key(self.prefix, n):
+                raise StoreRefused(f"etcd store {self.prefix.decode()!r}: entry {n} missing (found {kv.key!r})")
+            try:
+                op = json.loads(kv.value)
+                self._check_sum(n, op)
+                self._apply(op)
+            except StoreRefused:
+                raise
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
                 raise StoreRefused(
-                    f"etcd store {self.prefix.decode()!r}: entry {self.next_op} missing (found {kv.key!r})"
-                )
-            self._apply(json.loads(kv.value))
+                    f"etcd store {self.prefix.decode()!r}: entry {n} ({kv.key.decode(errors='replace')}) cannot be"
+                    f" applied: {type(exc).__name__}: {str(exc)[:200]}"
+                ) from None
             self.next_op += 1
+
+    def _check_sum(self, n: int, op: Any) -> None:
+        if not isinstance(op, dict):
+            raise ValueError(f"not an object: {type(op).__name__}")
+        if "sum" not in op:
+            if self.summed:
+                raise StoreRefused(
+                    f"etcd store {self.prefix.decode()!r}: entry {n} has no checksum but an earlier entry has one"
+                )
+            return
+        self.summed = True
+        if op["sum"] != _entry_sum(n, op.get("op"), op.get("args")):
+            raise StoreRefused(
+                f"etcd store {self.prefix.decode()!r}: entry {n} ({_op_key(self.prefix, n).decode()}) fails its"
+                " checksum: the log was changed outside the controller"
+            )
 
     def _check_next(self, stored_next: KeyValue | None) -> None:
         n = self.next_op
@@ -163,7 +202,8 @@ class EtcdFactStore(FactStore):
         n = self.next_op
         next_key = self.prefix + b"ops/next"
         expected = value_is(next_key, str(n).encode()) if n > 1 else absent(next_key)
-        body = json.dumps({"op": kind, "args": list(args)}, separators=(",", ":")).encode()
+        entry = {"op": kind, "args": list(args), "sum": _entry_sum(n, kind, list(args))}
+        body = json.dumps(entry, separators=(",", ":")).encode()
         try:
             ok = self.client.txn(
                 [self.election.fence(), expected],

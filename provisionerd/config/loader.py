@@ -184,6 +184,8 @@ class ProviderConfig:
     data_dir: Path | None = None
     max_machines: int = 100
     step_limit: int = 10
+    #: Lower first: this provider's offers are chosen before those of a higher number (planner.offers).
+    priority: int = 0
     join_deadline: float = 900.0
     #: After every (re)join to a controller, how long machines that joined before have to rejoin it before any
     #: machine is retired for not joining or for its capabilities (planner.rejoin).

@@ -47,6 +47,7 @@ LIVE_PROVIDER_FIELDS = frozenset(
     {
         "max_machines",
         "step_limit",
+        "priority",
         "join_deadline",
         "rejoin_settle",
         "idle_time",
@@ -85,6 +86,7 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
         unhealthy_max=provider.unhealthy_backoff_max,
         step_limit=provider.step_limit,
         max_machines=provider.max_machines,
+        priority=provider.priority,
         disruption_budget=provider.disruption_budget,
         disruption_budget_percent=provider.disruption_budget_percent,
         disruption_interval=provider.disruption_interval,

@@ -357,3 +357,7 @@ class ProviderMachine:
     address: str = ""
     instance_ref: str = ""
     tags: Mapping[str, str] = attrs.field(factory=dict)
+    #: What the machine really got, when the plugin says (a template may list several instance types): its type
+    #: and its quote (``getRequestStatus`` only; the instance fact records the quote, else the intent's).
+    instance_type: str = ""
+    price: PriceQuote | None = None

@@ -7,15 +7,16 @@ start after the next cycle has planned, and that cycle must not plan a second ac
 handed to the executor's call, released when the call ends; its idle clock and a failing return's back-off live in
 the same record.
 
-**Dispatch.** An action whose op_id or machines are running is handed back to the planner (``ActionDropped``):
-``dispatch`` returns those op_ids and the loop folds them at once, quietly (the cycle that planned them is still
-running). At most ``max_concurrent`` actions and recoveries run at once. Requests and returns go to the executor (one
-whose provider turned unhealthy while it waited for its turn is dropped before the executor sees it: no token, no
-intent); ``FailRequest``, ``MarkLost`` and ``DrainMachines`` are facts committed here (``RequestFailed`` after the
-op's listing has been attributed, ``Lost``, ``DrainRequested``). A fact the gate refuses hands the action back, and a
-refusal that means the controller takes no intents for now also backs the planner off
-(``observations.gate_refusal_observation``). Every planner observation goes to the loop on the feedback channel
-(``execution.feedback``), through the op's record.
+**Dispatch.** Each action started gets its op's record, which keeps the action and when it was planned: the one
+record of what is in flight (``in_flight``, read by every plan: the planner keeps none). An action whose op_id or
+machines are running is not started, so it is not in flight and the next plan plans its work again (``dispatch``
+returns those op_ids). At most ``max_concurrent`` actions and recoveries run at once. Requests and returns go to the
+executor (one whose provider turned unhealthy while it waited for its turn is dropped before the executor sees it:
+no token, no intent); ``FailRequest``, ``MarkLost`` and ``DrainMachines`` are facts committed here
+(``RequestFailed`` after the op's listing has been attributed, ``Lost``, ``DrainRequested``). A fact the gate
+refuses drops the action (``ActionDropped``: no longer in flight), and a refusal that means the controller takes no
+intents for now also backs the planner off (``observations.gate_refusal_observation``). Every planner observation
+goes to the loop on the feedback channel (``execution.feedback``), through the op's record.
 
 **Recovery.** An op open in the facts and idle (its provider leased and not unhealthy, no task running it, and for a
 request not run by this process to a known end) is handed to ``Executor.recover_request`` / ``resume_return`` once
@@ -197,7 +198,7 @@ class Operations:
 
     async def _execute(self, action: Action, record: OpRecord) -> None:
         # The loop outlives any single action: a bug in one (an exception no flow expects) is logged, reported and
-        # handed back to the planner, never allowed to take the daemon down.
+        # dropped (the planner plans it again), never allowed to take the daemon down.
         try:
             await self._execute_one(action, record)
         except Exception as exc:  # noqa: BLE001 - the boundary of one action

@@ -61,15 +61,11 @@ from provisionerd.execution.recovery_rules import CallRecord, OpAtRestart, Step,
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
-from provisionerd.planner.capacity import CallSucceeded, ProviderUnhealthy
+from provisionerd.planner.capacity import CallSucceeded
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.values import RequestStatus
 
 log = logging.getLogger(__name__)
-
-
-#: A provider whose create requests are answered with an id it does not know this many times in a row is unhealthy.
-FOREIGN_UNHEALTHY_AFTER = 2
 
 
 class RequestFlow:
@@ -78,7 +74,6 @@ class RequestFlow:
         self._steps = steps
         self._unknown = unknown
         self._legacy = legacy
-        self._foreign_in_a_row: dict[str, int] = {}  # provider -> create requests answered with a foreign id
 
     async def run(self, run: OpRecord, action: RequestMachines) -> RequestOutcome:
         """Run one ``RequestMachines`` action to its end (see the module docstring). Raises nothing a provider or
@@ -118,10 +113,10 @@ class RequestFlow:
         assert accepted is not None
         run.add(CallSucceeded(provider, op_id=op_id))
         try:
-            status = await steps.poll(run, provider, accepted.request_id, deadline, own_id=True)
+            status = await steps.poll(run, provider, accepted.request_id, deadline, answered_by="requestMachines")
         except ProviderProtocolViolation as exc:
             return await self._foreign_id(run, intent, exc)
-        self._foreign_in_a_row.pop(provider, None)
+        steps.id_known(provider)
         run.enter(Stage.FACTS)
         if status is None or not status.final:
             return await self._timed_out(intent, status)
@@ -136,11 +131,7 @@ class RequestFlow:
         demand meanwhile and recovery lists the op again before the rest becomes a new op. The second violation in
         a row makes the provider unhealthy (``protocol_violation``), its reason naming the ids."""
         op_id, provider = intent.op_id, intent.provider
-        in_a_row = self._foreign_in_a_row[provider] = self._foreign_in_a_row.get(provider, 0) + 1
-        detail = f"op {op_id}: {violation.detail}"[:500]
-        log.warning("provider %s: protocol violation (%d in a row): %s", provider, in_a_row, detail)
-        if in_a_row >= FOREIGN_UNHEALTHY_AFTER:
-            run.add(ProviderUnhealthy(provider, "protocol_violation", self._deps.wall(), detail))
+        detail = self._steps.foreign_id(run, provider, op_id, violation)
         found = await self._steps.list_op(provider, op_id)
         self._steps.emit(
             "recovery",

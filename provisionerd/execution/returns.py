@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import trio
 
-from provisionerd.domain.errors import ProviderError
+from provisionerd.domain.errors import ProviderError, ProviderProtocolViolation
 from provisionerd.domain.model import NO_EPOCH, Epoch, Returned, ReturnIntent
 from provisionerd.execution.observations import gate_code, refusal_code
 from provisionerd.execution.op_book import OpRecord, Stage
@@ -73,7 +73,17 @@ class ReturnFlow:
             attempt += 1
         assert accepted is not None
         run.add(CallSucceeded(provider, "returnMachines"))
-        status = await steps.poll(run, provider, accepted.request_id, started + s.return_timeout_of(provider))
+        try:
+            status = await steps.poll(
+                run, provider, accepted.request_id, started + s.return_timeout_of(provider), answered_by=action
+            )
+        except ProviderProtocolViolation as exc:
+            # The plugin does not know the id it answered: whether the machines go is unknown. The intent stays
+            # committed (the machines are RETURNING) and the loop resumes the return with the same op_id later
+            # (returning twice is harmless); a plugin that keeps doing it turns unhealthy.
+            detail = steps.foreign_id(run, provider, op_id, exc)
+            return ReturnOutcome(op_id, provider, "unknown", code="foreign_request_id", detail=detail)
+        steps.id_known(provider)
         if status is None or not status.final:
             return ReturnOutcome(op_id, provider, "unknown", code="return_timeout")
         run.enter(Stage.FACTS)

@@ -31,6 +31,7 @@ from provisionerd.execution.gate import LEASE_LOST_REASONS, MutationGate
 from provisionerd.execution.observations import gate_refusal_observation, provider_error_observation, refusal_code
 from provisionerd.execution.op_book import OpRecord, Stage
 from provisionerd.execution.values import GATE_ERRORS, ExecutorSettings, RequestOutcome
+from provisionerd.planner.capacity import ProviderUnhealthy
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.client import ProviderClient
 from provisionerd.provider.contract import op_filter
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 #: ``storage_failure`` (its disk is full), with a back-off doubling from 1 s to ``STORAGE_RETRY_MAX``: the machines
 #: exist, and once the disk is freed their facts go in at once instead of waiting for the recovery pass.
 STORAGE_RETRY_FOR = 60.0
+#: A provider whose calls are answered with a requestId it then does not know this many times in a row is unhealthy.
+FOREIGN_UNHEALTHY_AFTER = 2
 STORAGE_RETRY_MAX = 4.0
 
 
@@ -72,6 +75,23 @@ class FlowDeps:
 class Steps:
     def __init__(self, deps: FlowDeps) -> None:
         self._deps = deps
+        #: provider -> calls in a row (creates and returns alike) whose requestId the plugin then did not know.
+        self._foreign_in_a_row: dict[str, int] = {}
+
+    def foreign_id(self, run: OpRecord, provider: str, op_id: str, violation: ProviderProtocolViolation) -> str:
+        """The plugin does not know the requestId its own call answered (issue 31, finding 3): a protocol
+        violation, logged; the ``FOREIGN_UNHEALTHY_AFTER``-th in a row makes the provider unhealthy
+        (``protocol_violation``), its reason naming the id it got and the one it expected. The detail."""
+        in_a_row = self._foreign_in_a_row[provider] = self._foreign_in_a_row.get(provider, 0) + 1
+        detail = f"op {op_id}: {violation.detail}"[:500]
+        log.warning("provider %s: protocol violation (%d in a row): %s", provider, in_a_row, detail)
+        if in_a_row >= FOREIGN_UNHEALTHY_AFTER:
+            run.add(ProviderUnhealthy(provider, "protocol_violation", self._deps.wall(), detail))
+        return detail
+
+    def id_known(self, provider: str) -> None:
+        """The plugin knew the requestId it answered: its violations are no longer in a row."""
+        self._foreign_in_a_row.pop(provider, None)
 
     def emit(self, phase: str, kind: str, op_id: str, provider: str, **fields: Any) -> None:
         """An ``action`` event (``called``, ``recovery``, ``result`` ...). Never give it a join token."""
@@ -147,11 +167,12 @@ class Steps:
             return None
 
     async def poll(
-        self, run: OpRecord, provider: str, request_id: str, deadline: float, *, own_id: bool = False
+        self, run: OpRecord, provider: str, request_id: str, deadline: float, *, answered_by: str = ""
     ) -> RequestStatus | None:
         """Poll until the request is final or ``deadline`` (trio clock) passes; the last status seen. With
-        ``own_id`` (a create request, whose id the plugin itself just answered) an answer showing that the plugin
-        does not know the id raises ``ProviderProtocolViolation`` (``provider.values.foreign_request``)."""
+        ``answered_by`` (the call whose answer the plugin itself just gave the id: ``requestMachines``,
+        ``requestReturnMachines``, ``stopMachines``) an answer showing that the plugin does not know the id raises
+        ``ProviderProtocolViolation`` (``provider.values.foreign_request``); see ``foreign_id``."""
         s = self._deps.settings
         run.enter(Stage.POLLING)
         delay = s.poll_initial
@@ -168,7 +189,7 @@ class Steps:
                 self.observe_error(run, provider, "", exc)
                 log.info("getRequestStatus %s failed: %s", request_id, exc)
             else:
-                foreign = foreign_request(statuses, request_id) if own_id else None
+                foreign = foreign_request(statuses, request_id, answered_by) if answered_by else None
                 if foreign is not None:
                     raise ProviderProtocolViolation(provider, "getRequestStatus", foreign)
                 status = status_for(statuses, request_id)
@@ -201,7 +222,7 @@ class Steps:
                 machine.name,
                 machine.address,
                 machine.launch_time,
-                intent.price,
+                intent.price if machine.price is None else machine.price,  # the quote it really runs at, if said
             )
             if not await self._commit_made(fact):
                 return None

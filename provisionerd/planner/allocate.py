@@ -60,15 +60,24 @@ class DemandDecision:
         return tuple(sorted((*self.blocked, *self.incompatible), key=lambda r: (r.provider, r.template_id)))
 
 
-def excess_pool(counts: Tally, items: Mapping[str, DemandItem]) -> dict[OfferKey, list[IdleEntry]]:
-    """Idle machines beyond what their own item keeps, per offer; each list ends with the most recently idle."""
+def excess_pool(
+    counts: Tally, items: Mapping[str, DemandItem], policy: Policy | None = None
+) -> dict[OfferKey, list[IdleEntry]]:
+    """Idle machines beyond what their own item keeps, per offer; each list ends with the most recently idle. The
+    ones given away are the first in ``Policy.surplus_key`` order (the highest priority number, then the longest
+    idle)."""
     pool: dict[OfferKey, list[IdleEntry]] = {}
+    ranked = policy is not None and bool(policy.priorities)
     for demand_id, idles in counts.idle.items():
         item = items.get(demand_id)
         excess = counts.active.get(demand_id, 0) - (max(item.count, 0) if item is not None else 0)
         if excess <= 0:
             continue
-        idles.sort()  # longest idle first; machine ids are unique, so records are never compared
+        if ranked:
+            assert policy is not None
+            idles.sort(key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1]))
+        else:
+            idles.sort()  # longest idle first; machine ids are unique, so records are never compared
         for entry in idles[:excess]:
             machine = entry[2]
             pool.setdefault((machine.provider, machine.template_id), []).append(entry)

@@ -24,9 +24,11 @@ A cap compares like with like: a quote counts only per ``hour``, and when the it
 (``DemandItem.cost_currency``) an offer quoted in another currency is rejected, never converted. An item with a
 cap and no currency compares amounts alone (as before currencies were named: one currency per cluster).
 
-Choice order (:func:`offer_sort_key`): priced offers first, cheapest ``amount`` first; ties, and the unpriced
-offers after all priced ones, are ordered by offer id ``(provider, template_id)``. A price that is negative,
-non-finite or not per hour counts as unpriced.
+Choice order (:func:`offer_sort_key`): the provider's priority first (lower first: ``ProviderPolicy.priority``,
+0 for every provider unless configured), then within one priority priced offers first, cheapest ``amount`` first;
+ties, and the unpriced offers after all priced ones, are ordered by offer id ``(provider, template_id)``. A price
+that is negative, non-finite or not per hour counts as unpriced. An offer of a higher priority number is used only
+when every offer before it is full, backed off, unhealthy or incompatible (the allocator takes offers in this order).
 """
 
 from __future__ import annotations
@@ -106,11 +108,12 @@ def parse_offer(offer: Offer) -> ParsedOffer:
     )
 
 
-def offer_sort_key(parsed: ParsedOffer) -> tuple[int, float, str, str]:
-    """Cheapest known price first, then offer id; unpriced offers after every priced one, by offer id."""
+def offer_sort_key(parsed: ParsedOffer, priority: int = 0) -> tuple[int, int, float, str, str]:
+    """Lower ``priority`` first; within one, cheapest known price first, then offer id; unpriced offers after every
+    priced one of their priority, by offer id."""
     if parsed.price is None:
-        return (1, 0.0, parsed.offer.provider, parsed.offer.template_id)
-    return (0, parsed.price, parsed.offer.provider, parsed.offer.template_id)
+        return (priority, 1, 0.0, parsed.offer.provider, parsed.offer.template_id)
+    return (priority, 0, parsed.price, parsed.offer.provider, parsed.offer.template_id)
 
 
 @attrs.frozen
@@ -259,7 +262,9 @@ class Catalog:
     ids keep the first offer and are listed in ``duplicates``.
     """
 
-    def __init__(self, offers: Iterable[Offer]) -> None:
+    def __init__(self, offers: Iterable[Offer], priorities: Mapping[str, int] | None = None) -> None:
+        """``priorities``: each provider's priority (``Policy.priorities``; a provider not named is 0)."""
+        self.priorities: dict[str, int] = dict(priorities or {})
         self.by_key: dict[OfferKey, ParsedOffer] = {}
         duplicates: list[OfferKey] = []
         for offer in offers:
@@ -269,7 +274,8 @@ class Catalog:
                 continue
             self.by_key[key] = parse_offer(offer)
         self.duplicates = tuple(duplicates)
-        self.ordered = tuple(sorted(self.by_key.values(), key=offer_sort_key))
+        rank = self.priorities.get
+        self.ordered = tuple(sorted(self.by_key.values(), key=lambda p: offer_sort_key(p, rank(p.offer.provider, 0))))
         self._rankings: dict[Requirement, tuple[tuple[ParsedOffer, ...], tuple[Rejection, ...]]] = {}
         #: instance_ref -> (the host state judged, why it falls short of its template): a host is judged once per
         #: state and catalog (``planner.health``; the plan checks identity, so a changed host is judged again).

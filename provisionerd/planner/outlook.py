@@ -134,18 +134,19 @@ def outlook(
     return Outlook(KEPT, None, "busy" if busy else "its demand item needs it")
 
 
-def surplus_ranks(entries: list[tuple[float, str]], excess: int) -> set[str]:
-    """The machine ids the plan would give away from one demand item: of its joined, not busy machines
-    (``(idle since, machine_id)``), the ``excess`` longest idle, ties by machine id (``allocate.excess_pool``).
+def surplus_ranks(entries: list[tuple[int, float, str]], excess: int) -> set[str]:
+    """The machine ids the plan would give away from one demand item: of its joined, not busy machines (each
+    ``Policy.surplus_key``: ``(-priority, idle since, machine_id)``), the ``excess`` first: the highest priority
+    number, then the longest idle, ties by machine id (``allocate.excess_pool``).
 
     Sorted in chunks of ``CHUNK`` merged lazily, so that run in a worker thread it never holds the interpreter
     for more than one chunk's sort (one C call each) and the event loop keeps turning."""
     if excess <= 0:
         return set()
     if excess >= len(entries):
-        return {machine_id for _, machine_id in entries}
+        return {entry[-1] for entry in entries}
     chunks = [sorted(entries[i : i + CHUNK]) for i in range(0, len(entries), CHUNK)]
-    return {machine_id for _, machine_id in itertools.islice(heapq.merge(*chunks), excess)}
+    return {entry[-1] for entry in itertools.islice(heapq.merge(*chunks), excess)}
 
 
 def item_surplus(
@@ -178,4 +179,7 @@ def item_surplus(
         past = out | {m.machine_id for m in found.drain}
         active -= len(out)
         group = [(host, machine) for host, machine in group if machine.machine_id not in past]
-    return surplus_ranks([(host.since, machine.machine_id) for host, machine in group], active - wanted)
+    key = policy.surplus_key
+    return surplus_ranks(
+        [key(machine.provider, host.since, machine.machine_id) for host, machine in group], active - wanted
+    )

@@ -160,7 +160,7 @@ def plan(
     if snapshot is not None and snapshot.seq < state.applied_seq:
         detail = f"snapshot seq {snapshot.seq} is older than applied seq {state.applied_seq}: ignored"
         return Plan((), state, (Note("stale_snapshot", detail),))
-    catalog = offers if isinstance(offers, Catalog) else Catalog(offers)
+    catalog = offers if isinstance(offers, Catalog) else Catalog(offers, policy.priorities)
     notes = [Note("duplicate_offer", f"duplicate offer {format_key(k)} ignored", k[0]) for k in catalog.duplicates]
     pending, committed = in_flight.unseen(view)
     if committed:  # a committed request's age carries over to its intent
@@ -180,7 +180,7 @@ def plan(
         notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
     else:
         released = release_completed(counts, view, demand.reservations)  # before reuse: nobody else takes them
-        idle_pool = excess_pool(counts, demand.items)
+        idle_pool = excess_pool(counts, demand.items, policy)
         requirement = demand.requirement
         if policy.cost_cap is not None or policy.cost_currency:
             requirement = functools.partial(cluster_cost, demand.requirement, policy.cost_cap, policy.cost_currency)

@@ -54,6 +54,7 @@ _PROVIDER_KNOBS = (
     "max_unhealthy",
     "max_unhealthy_percent",
     "max_unhealthy_window",
+    "priority",
 )
 
 
@@ -89,6 +90,9 @@ def _problems(values: Mapping[str, object]) -> list[str]:
     interval = values.get("disruption_interval", 1.0)
     if not (isinstance(interval, (int, float)) and not isinstance(interval, bool) and _positive(interval)):
         problems.append(f"disruption_interval: must be a positive number of seconds, not {interval!r}")
+    priority = values.get("priority", 0)
+    if not _is_count(priority, 0):
+        problems.append(f"priority: must be an integer >= 0, not {priority!r}")
     problems += _health_problems(values)
     return problems
 
@@ -147,6 +151,11 @@ class ProviderPolicy:
     max_unhealthy: int | None = None
     max_unhealthy_percent: float | None = None
     max_unhealthy_window: float = 600.0
+    #: Lower first: an offer of this provider is chosen before any offer of a provider with a higher number, and
+    #: among the surplus idle machines of one demand item the highest number is returned first. A higher number is
+    #: used only when every offer before it is full, backed off, unhealthy or incompatible (price orders offers of
+    #: one priority). 0 for everyone: price alone (:mod:`provisionerd.planner.offers`).
+    priority: int = 0
 
     def __attrs_post_init__(self) -> None:
         problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})
@@ -278,3 +287,14 @@ class Policy:
         if own is not None:
             return own
         return self._capped.get(provider, self._default)
+
+    def surplus_key(self, provider: str, since: float, machine_id: str) -> tuple[int, float, str]:
+        """The order the surplus idle machines of one demand item are given away in: the highest priority number
+        first (on-premises freed: the cloud's go first), then the longest idle, then machine id
+        (``allocate.excess_pool`` and ``outlook.surplus_ranks`` both sort by it)."""
+        return (-self.of(provider).priority, since, machine_id)
+
+    @property
+    def priorities(self) -> dict[str, int]:
+        """Each provider's ``priority`` that is not 0 (the offers' choice order: :class:`planner.offers.Catalog`)."""
+        return {name: own.priority for name, own in self.providers.items() if own.priority}

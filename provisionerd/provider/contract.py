@@ -169,15 +169,7 @@ def read_offers(provider: str, document: Mapping[str, Any]) -> tuple[Offer, ...]
     for i, entry in enumerate(templates):
         try:
             attributes = {str(k): (str(v[0]), str(v[1])) for k, v in entry.get("attributes", {}).items()}
-            price = None
-            quote = entry.get("price")
-            if quote is not None:
-                amount = float(quote["amount"])
-                if not math.isfinite(amount):
-                    raise ValueError("price amount is not finite")
-                price = PriceQuote(
-                    amount, str(quote["currency"]), str(quote["unit"]), str(quote["source"]), str(quote["timestamp"])
-                )
+            price = _quote(entry.get("price"))
             offers.append(Offer(provider, str(entry["templateId"]), int(entry["maxNumber"]), attributes, price))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             what = f"key {exc.args[0]!r} missing" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
@@ -189,6 +181,16 @@ def read_accepted(provider: str, action: str, document: Mapping[str, Any]) -> Re
     """The output of ``requestMachines``, ``requestReturnMachines`` or ``stopMachines``."""
     with _reading(provider, action):
         return RequestAccepted(str(document["requestId"]), str(document.get("message") or ""))
+
+
+def _quote(quote: Any) -> PriceQuote | None:
+    """A price quote of an answer (``None`` when absent); ``KeyError``/``TypeError``/``ValueError`` when malformed."""
+    if quote is None:
+        return None
+    amount = float(quote["amount"])
+    if not math.isfinite(amount):
+        raise ValueError("price amount is not finite")
+    return PriceQuote(amount, str(quote["currency"]), str(quote["unit"]), str(quote["source"]), str(quote["timestamp"]))
 
 
 def _tags(entry: Mapping[str, Any]) -> dict[str, str]:
@@ -210,6 +212,8 @@ def status_machine(entry: Mapping[str, Any]) -> ProviderMachine:
         address=str(entry.get("privateIpAddress") or ""),
         instance_ref=str(entry.get("instanceRef") or tags.get(TAG_INSTANCE) or ""),
         tags=tags,
+        instance_type=str(entry.get("instanceType") or ""),
+        price=_quote(entry.get("price")),
     )
 
 

@@ -210,18 +210,22 @@ def status_for(statuses: Sequence[RequestStatus], request_id: str) -> RequestSta
 UNKNOWN_REQUEST = "unknown request"
 
 
-def foreign_request(statuses: Sequence[RequestStatus], request_id: str) -> str | None:
+def foreign_request(
+    statuses: Sequence[RequestStatus], request_id: str, answered_by: str = "requestMachines"
+) -> str | None:
     """Why the answer to ``getRequestStatus([request_id])`` shows that the plugin does not know ``request_id``, the
-    id its own ``requestMachines`` answered (``None``: it knows it, or said nothing yet). Either it reports the id as
-    an unknown request, or it answers only about other ids. A protocol violation: the call's outcome is unknown, not
-    "nothing made" (issue 31, finding 3)."""
+    id its own ``answered_by`` call answered (``None``: it knows it, or said nothing yet). Either it reports the id
+    as an unknown request, or it answers only about other ids. A protocol violation: the call's outcome is unknown,
+    not "nothing made" (issue 31, finding 3)."""
     status = status_for(statuses, request_id)
     if status is None:
         got = sorted({s.request_id for s in statuses})[:5]
-        return f"getRequestStatus answered about {got} when asked about {request_id!r}" if got else None
+        if not got:
+            return None
+        return f"getRequestStatus answered about {got} when asked about {request_id!r}, which {answered_by} answered"
     if status.final and not status.machines and status.message.lower().startswith(UNKNOWN_REQUEST):
         return (
-            f"getRequestStatus does not know {request_id!r}, the requestId requestMachines answered "
+            f"getRequestStatus does not know {request_id!r}, the requestId {answered_by} answered "
             f"({status.message[:200]})"
         )
     return None

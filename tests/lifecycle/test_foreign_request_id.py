@@ -16,7 +16,7 @@ import trio
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
 
-from provisionerd.domain.model import InstanceFact, RequestFailed, RequestIntent
+from provisionerd.domain.model import HostStatus, InstanceFact, RequestFailed, RequestIntent, Returned, ReturnIntent
 
 FOREIGN = "req-ffffffffffff"
 
@@ -57,3 +57,41 @@ def test_a_foreign_id_keeps_the_op_open_until_recovery_and_twice_in_a_row_is_unh
     assert seen["machines"] == seen["facts"]  # every machine made has its fact
     (unhealthy,) = rig.events_of("provider_unhealthy", provider="p")
     assert FOREIGN in unhealthy["detail"]
+
+
+class ForeignReturnIds(BootingProvider):
+    """Returns for real, then answers a requestId its status call does not know."""
+
+    def _requestReturnMachines(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        super()._requestReturnMachines(doc)
+        return {"requestId": FOREIGN_RETURN, "message": "returning"}
+
+
+FOREIGN_RETURN = "ret-ffffffffffff"
+
+
+def test_a_foreign_return_id_leaves_the_return_open_and_twice_in_a_row_is_unhealthy_naming_both_ids(run_rig):
+    """The return's outcome is unknown, never "returned": no ``Returned`` fact, the machine stays returning and the
+    loop resumes the same op_id; the second violation in a row makes the provider unhealthy, its reason naming the id
+    the plugin answered and the call that answered it."""
+    p = ForeignReturnIds("p", {"small": 10}, launch_time=int(BASE))
+    seen: dict[str, Any] = {}
+
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 1))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 1)
+        for fact in rig.facts(InstanceFact):
+            rig.join(fact.machine_id, HostStatus.IDLE)
+        rig.session.set_demand(2, item("d", 0))
+        await rig.wait_for(lambda: rig.loop.unhealthy("p"), limit=5_000.0)
+        seen["health"] = rig.loop.provider_health()["p"]
+        seen["returned"] = rig.facts(Returned)
+        seen["return_ops"] = {f.op_id for f in rig.facts(ReturnIntent)}
+        seen["calls"] = len(rig.calls("p", "requestReturnMachines"))
+
+    run_rig(scenario, {"p": p})
+    assert seen["returned"] == [] and len(seen["return_ops"]) == 1  # one op, resumed, never called returned
+    assert seen["calls"] == 2
+    health = seen["health"]
+    assert health["code"] == "protocol_violation" and health["returns_wait"] is False
+    assert FOREIGN_RETURN in health["detail"] and "requestReturnMachines" in health["detail"]

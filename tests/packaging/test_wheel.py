@@ -245,3 +245,99 @@ def test_the_installed_demo_reaches_ok(installed: Installed) -> None:
     assert summary["ok"] is True and summary["joined"] == summary["returned"] == 8 and summary["leaked"] == 0
     assert not survivors, survivors
     print(f"wheel {installed.wheel.stat().st_size} bytes; seconds: {installed.seconds}")
+
+
+def test_the_wheel_is_tagged_abi3_as_its_extension_is(installed: Installed) -> None:
+    """One wheel for CPython 3.11 and later: its tag is abi3 when the native codec inside is built for the limited
+    API (issue 33: a cp311-cp311 wheel carrying an abi3 extension, refused by pip on 3.12)."""
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        native = [n for n in wheel.namelist() if n.startswith("provisionerd/wire/_fastwire")]
+        tags = [
+            line.split(":", 1)[1].strip()
+            for line in wheel.read("provisionerd-0.1.0.dist-info/WHEEL").decode().splitlines()
+            if line.startswith("Tag:")
+        ]
+    if not native:
+        pytest.skip("built without cargo: no native codec, nothing for the tag to match")
+    assert all(n.endswith(".abi3.so") for n in native), native
+    assert tags and all(t.startswith("cp311-abi3-") for t in tags), tags
+    assert "-cp311-abi3-" in installed.wheel.name, installed.wheel.name
+
+
+def python_version(python: str) -> tuple[int, int] | None:
+    """The (major, minor) of a Python that runs (a pyenv shim for a version not selected does not)."""
+    try:
+        done = subprocess.run(
+            [python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 or len(done.stdout.split()) != 2:
+        return None
+    major, minor = done.stdout.split()
+    return int(major), int(minor)
+
+
+def second_python() -> tuple[str, tuple[int, int]] | None:
+    """A CPython 3.11+ of another minor version than this one, the newest found: ``PVD_SECOND_PYTHON``, then
+    ``python3.N`` on PATH, then pyenv's versions, then uv's installed ones."""
+    candidates = [os.environ.get("PVD_SECOND_PYTHON", "")]
+    candidates += [shutil.which(f"python3.{n}") or "" for n in range(20, 10, -1)]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates += sorted((str(p) for p in pyenv.glob("3.*/bin/python3")), reverse=True)
+    if uv := shutil.which("uv"):
+        for n in range(20, 10, -1):
+            found = subprocess.run([uv, "python", "find", f"3.{n}"], capture_output=True, text=True, timeout=30)
+            candidates.append(found.stdout.strip() if found.returncode == 0 else "")
+    found_versions: dict[tuple[int, int], str] = {}
+    for python in filter(None, candidates):
+        version = python_version(python)
+        if version is not None and version >= (3, 11) and version[:2] != sys.version_info[:2]:
+            found_versions.setdefault(version, python)
+    if not found_versions:
+        return None
+    best = max(found_versions)
+    return found_versions[best], best
+
+
+def test_the_wheel_installs_and_runs_the_demo_on_a_second_python_minor_version(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """The same wheel, installed by pip (with its dependencies from the index) into a venv of another CPython minor
+    version, reaches the demo's ``ok`` and uses the native codec there."""
+    second = second_python()
+    if second is None:
+        pytest.skip(
+            f"no CPython 3.11+ other than {sys.version_info.major}.{sys.version_info.minor} here (looked for"
+            " PVD_SECOND_PYTHON, python3.N on PATH, pyenv's versions and uv's; Debian bookworm packages none)"
+        )
+    python, version = second
+    venv, home = tmp_path / "venv", tmp_path / "home"
+    home.mkdir()
+    _timed(installed.seconds, "second venv", [python, "-m", "venv", str(venv)])
+    _timed(installed.seconds, "second install", [str(venv / "bin" / "pip"), "install", "-q", str(installed.wheel)])
+    other = Installed(installed.wheel, venv, home, installed.seconds)
+    probe = (
+        "from provisionerd.wire import codec; import sys; print(codec._native_codec() is not None,"
+        " *sys.version_info[:2])"
+    )
+    done = other.run(str(other.bin / "python"), "-c", probe)
+    assert done.returncode == 0, done.stderr
+    native, major, minor = done.stdout.split()
+    assert (int(major), int(minor)) == version
+    if shutil.which("cargo") is not None or os.environ.get("CI"):
+        assert native == "True"  # the abi3 extension loads on the other version
+    try:
+        done = other.run(str(other.bin / "provisionerd"), "demo", "--json", timeout=120)
+    finally:
+        survivors = processes_naming(str(venv))
+        for pid, _ in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["ok"] is True and summary["leaked"] == 0, summary
+    assert not survivors, survivors
+    print(f"wheel {installed.wheel.name} on Python {major}.{minor} ({python}): demo ok in {summary['seconds']} s")

@@ -24,7 +24,7 @@ POLICY = Policy(
     cluster=CLUSTER,
     providers={
         "a": ProviderPolicy(join_deadline=100.0, idle_time=50.0, max_ttl=900.0, drain_timeout=120.0),
-        "b": ProviderPolicy(join_deadline=300.0, idle_time=20.0),
+        "b": ProviderPolicy(join_deadline=300.0, idle_time=20.0, priority=1),  # b surplus goes first
     },
 )
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 
 from provisionerd.domain.model import DemandItem, Epoch, InstanceFact, RequestIntent, ResourceShape
+from refcontroller import store_rows
 
 
 def sha(token: str) -> str:
@@ -39,3 +41,13 @@ def instance(provider: str, epoch: Epoch, ref: str, op_id: str = "op-1", token: 
 
 def item(demand_id: str = "d1", count: int = 2, ncpus: int = 4) -> DemandItem:
     return DemandItem(demand_id=demand_id, shape=ResourceShape(ncpus=ncpus), count=count)
+
+
+def before_row_checksums(conn: sqlite3.Connection) -> None:
+    """Make a store file look written by a controller from before row checksums (``refcontroller.store_rows``):
+    no triggers, no ``rowsum`` column."""
+    for table in store_rows.TABLES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {table}_rowsum_insert")
+        conn.execute(f"DROP TRIGGER IF EXISTS {table}_rowsum_update")
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN rowsum")
+    conn.commit()

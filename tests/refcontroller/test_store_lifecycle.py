@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import attrs
+from rc_factories import before_row_checksums
 
 from provisionerd.domain.model import (
     CommittedFact,
@@ -253,7 +254,8 @@ def test_a_store_written_before_lifecycles_is_replayed_once(tmp_path: Path) -> N
     store.append(Lost(P, E, "l1", "m1", "x"), "d")
     store.append(intent("r2", "b"), "d")
     store.close()
-    conn = sqlite3.connect(path)  # what an older controller left: no lifecycle tables, no ended_at
+    conn = sqlite3.connect(path)  # what an older controller left: no lifecycle tables, no ended_at, no checksums
+    before_row_checksums(conn)
     conn.executescript(
         "DROP INDEX facts_live; ALTER TABLE facts DROP COLUMN ended_at; DROP TABLE lifecycle_ops;"
         " DROP TABLE lifecycle_machines; DROP TABLE lifecycle_members; DROP TABLE lifecycle_mentions;"

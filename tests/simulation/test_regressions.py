@@ -183,7 +183,7 @@ def test_seeds_1022_and_1120_an_op_answered_with_a_foreign_id_is_settled_by_its_
     their machines unexplained, 3 and 10 times; now the listing by op tag explains them first."""
     for seed in (1022, 1120):
         assert "failed_with_machines" not in violated_now(seed), seed
-    monkeypatch.setattr("provisionerd.execution.steps.foreign_request", lambda statuses, request_id: None)
+    monkeypatch.setattr("provisionerd.execution.steps.foreign_request", lambda statuses, request_id, answered_by: None)
     assert "failed_with_machines" in violated_now(1022)
 
 
