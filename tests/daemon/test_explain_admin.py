@@ -25,6 +25,7 @@ from provisionerd.domain.model import (
     HostStatus,
     InstanceFact,
     Offer,
+    PriceQuote,
     RequestIntent,
     ResourceShape,
 )
@@ -195,3 +196,34 @@ def test_gates_name_a_halt_a_standby_provider_and_an_unhealthy_one_since_when():
     ]
     assert cpu["summary"].startswith("no offers: the lease of their providers is not held here")
     assert reply["gates"][0].startswith("halted (controller amnesia)") and "incarnation changed" in reply["gates"][0]
+
+
+def test_what_if_chooses_offers_in_the_loops_order_provider_priority_first():
+    cheap_cloud = Offer("q", "t", 100, {"ncpus": ("Numeric", "4")}, PriceQuote(0.01, "USD", "hour", "test", ""))
+    policy = Policy(cluster="c", providers={"p": ProviderPolicy(max_machines=5), "q": ProviderPolicy(priority=1)})
+    view, loop = _view(0, CPU), FakeLoop(policy=policy, leased_now=["p", "q"])
+    sources = attrs.evolve(_explainer(view, loop)._sources, offers=lambda: [OFFER, cheap_cloud])
+    what_if = (DemandItem("more", ResourceShape(ncpus=4), 7),)
+    reply = trio.run(Explainer(sources).answer, what_if, None)
+    # p (priority 0) first up to its cap of 5, though q is cheaper; the rest at q
+    assert [a.split(" (")[0] for a in reply["actions"]] == ["request 5 x p/t for more", "request 2 x q/t for more"]
+
+
+def test_the_metrics_count_the_cap_and_the_missing_gpu_apart():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from provisionerd.telemetry.metrics import DaemonMetrics
+
+    metrics = DaemonMetrics(lambda: {})
+    cap = "5 machine(s) not requested: step limit reached; p/t: then max_machines 10/10 (provider cap reached)"
+    gpu = "1 machine(s) not requested: no compatible offer (1 incompatible), e.g. p/t: ngpus 0 < 1 required"
+    for detail in (cap, gpu, "3 machine(s) not requested: no eligible offer with room", None):
+        metrics.on_event({"event": "plan_note", "kind": "unmet_demand", "demand_id": "d", "detail": detail})
+    metrics.on_event({"event": "plan_note", "kind": "deferred", "detail": "max_machines"})  # not an unmet note
+    counted = {
+        s.labels["rule"]: s.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        for s in family.samples
+        if s.name == "provisionerd_unmet_demand_rules_total"
+    }
+    assert counted == {"max_machines": 1.0, "step_limit": 1.0, "incompatible": 1.0, "no_room": 1.0}
