@@ -110,6 +110,9 @@ class _Inputs:
 
     def document(self, snapshot: DemandSnapshot | None, only: str | None) -> tuple[Explanation, list[dict[str, Any]]]:
         """``run`` and its items as JSON-ready dicts (in the worker thread too: a big answer is big to convert)."""
+        if only is not None and (snapshot is None or all(i.demand_id != only for i in snapshot.items)):
+            if only not in self.view.facts.active_by_demand:  # a scan of the demand: here, off the loop
+                raise Refused(f"no demand item {only!r} in the demand nor among the machines")
         explanation = self.run(snapshot, only)
         return explanation, [attrs.asdict(item) for item in explanation.items]
 
@@ -211,9 +214,6 @@ class Explainer:
             if what_if is not None:
                 seq = max(inputs.state.applied_seq, 0 if snapshot is None else snapshot.seq)
                 snapshot = DemandSnapshot(seq, what_if, () if snapshot is None else snapshot.licenses)
-            if only is not None and (snapshot is None or all(i.demand_id != only for i in snapshot.items)):
-                if only not in view.facts.active_by_demand:
-                    raise Refused(f"no demand item {only!r} in the demand nor among the machines")
             if len(view.facts.machines) <= INLINE:
                 return self._document(inputs, inputs.document(snapshot, only), what_if is not None)
             try:
