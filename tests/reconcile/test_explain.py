@@ -6,7 +6,7 @@ from provisionerd.domain.model import HostStatus
 from provisionerd.planner.capacity import CapacityUnavailable
 from provisionerd.planner.explain import BLOCKED, INCOMPATIBLE, LIMITED, NOT_LEASED, UNTRIED, explain
 from provisionerd.planner.offers import Catalog
-from provisionerd.planner.policy import Policy
+from provisionerd.planner.policy import Policy, ProviderPolicy
 from provisionerd.planner.state import observe
 
 
@@ -116,3 +116,19 @@ def test_surplus_names_the_idle_machines_that_go_and_when():
     w.now += 600
     _, told = explained(w, snapshot(2, item("d", 1)))
     assert [s.when for s in by_id(told)["d"].surplus] == ["now", "now"]
+
+
+def test_surplus_held_by_the_disruption_budget_says_so_with_its_figures():
+    w = world(offer("p", "t"), providers={"p": ProviderPolicy(disruption_budget=1, disruption_interval=600.0)})
+    result = w.plan(snapshot(1, item("d", 3)))
+    w.commit_actions(result.actions)
+    for machine_id in w.fulfil(result.actions[0].op_id):
+        w.host(machine_id, HostStatus.IDLE, since=w.now - 1000)
+    _, told = explained(w, snapshot(2, item("d", 1)))
+    line = by_id(told)["d"]
+    assert sorted(s.when for s in line.surplus) == ["now", "waits"]
+    (waiting,) = [s for s in line.surplus if s.when == "waits"]
+    assert (
+        waiting.reason
+        == f"1 idle return(s) wait for the disruption budget (1 per 600s, all used) until {w.now + 600:.1f}"
+    )
