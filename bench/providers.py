@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +35,7 @@ from provisionerd.domain.model import Epoch
 from provisionerd.provider.client import PluginClient, ProviderClient
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import open_persistent_provider
-from provisionerd.provider.runtime import ProviderConfig
+from provisionerd.provider.runtime import ProviderConfig, dump_json
 from provisionerd.provider.schemas import contract
 from provisionerd.provider.values import Bootstrap, MachineRequest, OwnerTags
 
@@ -91,6 +92,38 @@ def validator_cost(document: dict, request_id: str, rounds: int = 2000) -> tuple
     return ours, jsonschema_us, len(json.dumps(document))
 
 
+async def pipe_cost(line: bytes, seconds: float, in_flight: int) -> tuple[float, float, float]:
+    """The pipe alone, for comparison: ``line`` (an answer line as the plugin writes it) echoed by ``cat``.
+
+    Returns (round trip in us with one line in flight, lines/s and daemon CPU us per line with ``in_flight`` lines
+    written at once, as the transport's writer coalesces them, and read back in chunks split into lines)."""
+    proc = await trio.lowlevel.open_process(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    async def echo(batch: bytes, lines: int) -> None:
+        await stdin.send_all(batch)
+        seen = 0
+        while seen < lines:
+            seen += (await stdout.receive_some(65536)).count(b"\n")
+
+    try:
+        one, n, started = line, 0, time.perf_counter()
+        while time.perf_counter() - started < seconds / 2:
+            await echo(one, 1)
+            n += 1
+        round_trip = (time.perf_counter() - started) / n * 1e6
+        batch, n, cpu, started = line * in_flight, 0, time.process_time(), time.perf_counter()
+        while time.perf_counter() - started < seconds / 2:
+            await echo(batch, in_flight)
+            n += in_flight
+        elapsed = time.perf_counter() - started
+        return round_trip, n / elapsed, (time.process_time() - cpu) / n * 1e6
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
 async def main(args: argparse.Namespace) -> dict[str, float]:
     data = Path(tempfile.mkdtemp(prefix="provisionerd-bench-"))
     print(f"load average at start: {_load()}")
@@ -106,6 +139,12 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
             print(
                 f"validation (input+output, {args.machines} machines, {size} B): {ours:.1f} us/call "
                 f"(jsonschema alone on the output: {slow:.0f} us)"
+            )
+            line = (dump_json({"id": 123456, "result": sample}) + "\n").encode()
+            trip, pipe_rate, pipe_cpu = await pipe_cost(line, args.seconds, args.in_flight)
+            print(
+                f"pipe alone (cat echoing the {len(line)} B answer line): round trip {trip:.1f} us one in flight; "
+                f"{pipe_rate:.0f} lines/s, daemon CPU {pipe_cpu:.1f} us/line at {args.in_flight} in flight"
             )
             await measure(persistent, request_id, 0.3, args.in_flight)  # warm-up
             rates, cpus = [], []
@@ -127,14 +166,18 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
     )
     print(f"persistent: median of {args.rounds} rounds: {p_rate:8.1f} calls/s")
     print(
-        f"daemon-side CPU per persistent call: median {cpu_us:.0f} us, best {min(cpus):.0f} us (validation and JSON "
-        f"included; the plugin runs in its own process) = {1e6 / cpu_us:.0f} calls/s on one idle core"
+        f"daemon-side CPU per persistent call: median {cpu_us:.1f} us, best {min(cpus):.1f} us (validation and JSON "
+        f"included; the plugin runs in its own process) = {1e6 / cpu_us:.0f} calls/s on one idle core; "
+        f"the pipe alone: {pipe_cpu:.1f} us CPU a line, round trip {trip:.1f} us"
     )
     print(f"load average at end: {_load()} on {os.cpu_count()} CPUs")
     return {
         "oneshot_calls_s": round(o_rate, 1),
         "persistent_calls_s": round(p_rate, 1),
         "ratio": round(p_rate / o_rate, 1),
+        "daemon_cpu_us_per_call": round(cpu_us, 1),
+        "pipe_cpu_us_per_line": round(pipe_cpu, 1),
+        "pipe_round_trip_us": round(trip, 1),
     }
 
 

@@ -3,6 +3,8 @@
 The check is the one a daemon applies at start and on a SIGHUP reload (``config.proofs.load_proven``): the
 document (schema, cross-field rules), then what it names (lease margin against the controller's TTL, heartbeat
 against the controller's timeout, provider paths, TLS files: readable, matching, issued by the CA, not expired).
+Every stage runs, whatever an earlier one found (``config.proofs.check_all``): an unknown key does not hide a
+margin the controller's TTL cannot use.
 ``--document-only`` checks the document alone (for a file meant for another host).
 
 Exit codes: 0 the file is valid; 1 it has problems (each printed as ``FILE: <path>: <message>`` on stderr);
@@ -15,7 +17,7 @@ import argparse
 import sys
 
 from provisionerd.config.loader import Config
-from provisionerd.config.proofs import load_proven
+from provisionerd.config.proofs import check_all
 from provisionerd.domain.errors import ConfigError
 
 
@@ -33,11 +35,18 @@ def summarize(config: Config) -> list[str]:
     for p in config.providers:
         where = " ".join(p.argv) if p.argv else str(p.path)
         lines.append(
-            f"provider {p.name!r}: {p.transport} {where}; max {p.max_machines} machines, step {p.step_limit},"
+            f"provider {p.name!r}: {p.transport} {where}; max {p.max_machines} machines, step floor {p.step_limit},"
             f" join deadline {p.join_deadline:g}s, orphans {p.orphans.action}"
             f"{' (dry run)' if p.orphans.dry_run else ''}, {len(p.env)} env value(s)"
         )
     return lines
+
+
+def _report(file: str, problems: list[str]) -> int:
+    print(f"{file}: {len(problems)} problem(s)", file=sys.stderr)
+    for problem in problems:
+        print(f"{file}: {problem}", file=sys.stderr)
+    return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,13 +69,16 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
-    try:
-        config = Config.from_file(args.file) if args.document_only else load_proven(args.file)
-    except ConfigError as exc:
-        print(f"{args.file}: {exc.args[0].splitlines()[0]}", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"{args.file}: {problem}", file=sys.stderr)
-        return 1
+    if args.document_only:
+        try:
+            config: Config | None = Config.from_file(args.file)
+        except ConfigError as exc:
+            return _report(args.file, list(exc.problems))
+    else:
+        config, problems = check_all(args.file)
+        if config is None:
+            return _report(args.file, problems)
+    assert config is not None
     if not args.quiet:
         print(f"{args.file}: ok")
         for line in summarize(config):

@@ -6,6 +6,7 @@ import argparse
 
 from provisionerd.config.loader import Config
 from provisionerd.provider.runtime import Redactor
+from provisionerd.telemetry.log_collapse import COLLAPSE_WINDOW
 from provisionerd.telemetry.logging_setup import LOG_FORMATS, RedactingFormatter, config_secrets, configure_logging
 
 
@@ -20,10 +21,12 @@ def add_log_format_argument(parser: argparse.ArgumentParser, *, default: str | N
 
 
 def setup_daemon_logging(config: Config, log_format: str | None) -> RedactingFormatter:
-    """The daemon's stderr log: the config's level, ``--log-format`` or the config's format, and every provider
-    credential value redacted from every line (the provider runtime's ``Redactor``)."""
+    """The daemon's stderr log: the config's level, ``--log-format`` or the config's format, every provider
+    credential value redacted from every line (the provider runtime's ``Redactor``), and a line repeated within
+    ``COLLAPSE_WINDOW`` seconds counted instead of written again."""
     return configure_logging(
         config.daemon.log_level,
         log_format or config.daemon.log_format,
         redact=Redactor().including(config_secrets(config.providers)),
+        collapse=COLLAPSE_WINDOW,
     )

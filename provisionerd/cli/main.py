@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from provisionerd import __version__
+from provisionerd.cli.closed_pipe import quiet_on_closed_pipe
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,6 +58,10 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    return quiet_on_closed_pipe(lambda: _dispatch(args))
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0 if args else 2

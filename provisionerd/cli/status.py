@@ -4,8 +4,10 @@ Per provider: the lease, machines by state, demand wanted vs supplied, the last 
 force, the unhealthy state, and the four checks kept apart (access, connectivity, readiness, capacity: see
 docs/metrics.md).
 
-``--socket PATH`` or ``--config FILE`` (its ``daemon.admin_socket``). ``--json`` prints the raw document. Exit 0 on
-an answer, 1 when the daemon cannot be reached or the config names no socket, 2 on usage errors.
+``--socket PATH`` or ``--config FILE`` (its ``daemon.admin_socket``). ``--json`` prints the raw document. Exit 0
+when the daemon answers and is ready, 3 when it answers but is not ready (the document's ``ready.ok``: the reasons
+are printed), 1 when it cannot be reached or the config names no socket, 2 on usage errors, so a script or a
+monitor can test ``provisionerd status`` alone.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def render(status: dict[str, Any]) -> list[str]:
         f"link: {link.get('state')}  primary: {link.get('primary') or '-'}  term: {link.get('term')}"
         f"  generation: {link.get('generation')}  demand seq: {link.get('demand_seq')}",
     ]
-    if link.get("last_error"):
+    if link.get("last_error") and link.get("state") != "up":  # an old error is history once the link is back up
         lines.append(f"last link error: {link['last_error']}")
     finding = status.get("controller", {}).get("finding")
     if finding:
@@ -143,7 +145,14 @@ def render_provider(name: str, p: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="provisionerd status", description="show a running daemon's state")
+    parser = argparse.ArgumentParser(
+        prog="provisionerd status",
+        description="show a running daemon's state",
+        epilog=(
+            "exit status: 0 the daemon answered and is ready; 3 it answered but is not ready (the reasons are"
+            " printed); 1 it cannot be reached; 2 usage error"
+        ),
+    )
     add_target(parser)
     parser.add_argument("--json", action="store_true", help="print the status document as JSON")
     try:
@@ -157,4 +166,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps(reply["status"], indent=2, sort_keys=True))
     else:
         print("\n".join(render(reply["status"])))
-    return 0
+    return 0 if is_ready(reply["status"]) else NOT_READY
+
+
+#: The exit status of an answer that says the daemon is not ready (as ``systemctl is-active`` uses 3 for inactive).
+NOT_READY = 3
+
+
+def is_ready(status: dict[str, Any]) -> bool:
+    """Whether the status document says ready (a daemon from before the ``ready`` section counts as ready)."""
+    ready = status.get("ready")
+    return not isinstance(ready, dict) or bool(ready.get("ok"))

@@ -20,7 +20,7 @@ import attrs
 import cattrs
 
 from provisionerd.config.defaults import DEFAULTS  # shared with the cross-field checks in config.problems
-from provisionerd.config.problems import find_problems
+from provisionerd.config.problems import find_problems, without_refused
 from provisionerd.domain.errors import ConfigError
 
 #: A config file above this size is refused before parsing (bounded work on bad input).
@@ -283,6 +283,43 @@ class Config:
             # tomllib's message names a line and column, never the offending text.
             raise ConfigError(f"config {name!r} is not valid TOML", [f"(file): {exc}"]) from None
         return cls.from_document(doc, base_dir=base_dir, name=name)
+
+    @classmethod
+    def read_document(cls, path: str | Path) -> Any:
+        """The parsed TOML document of ``path``, unchecked; ``ConfigError`` when it cannot be read or parsed."""
+        path = Path(path)
+        try:
+            with path.open("rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {str(path)!r}", [f"(file): {exc.strerror or exc}"]) from None
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): larger than {MAX_CONFIG_BYTES} bytes"])
+        try:
+            return tomllib.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): not UTF-8 ({exc.reason})"]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {str(path)!r} is not valid TOML", [f"(file): {exc}"]) from None
+
+    @classmethod
+    def salvaged(cls, path: str | Path) -> tuple[Config, list[str]] | None:
+        """For ``config check`` on a file with problems: the config of what its document has right (every value
+        the schema refuses left out, its default in its place: ``problems.without_refused``) and the paths left
+        out, so the checks after the document's still run; ``None`` when nothing runnable is left. Never run."""
+        try:
+            doc = cls.read_document(path)
+        except ConfigError:
+            return None
+        kept = without_refused(doc)
+        if kept is None:
+            return None
+        repaired, removed = kept
+        try:
+            config = _converter.structure(_resolve_paths(repaired, Path(path).resolve().parent), Config)
+        except (cattrs.BaseValidationError, ValueError, TypeError):
+            return None
+        return attrs.evolve(config, source=Path(path).resolve()), removed
 
     @classmethod
     def from_document(cls, doc: Any, base_dir: Path, name: str = "<config>") -> Config:

@@ -12,6 +12,7 @@ place), and no message ever prints a whole table (which could contain one).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -210,3 +211,49 @@ def find_problems(doc: Any) -> list[str]:
 def _sort_key(parts: Sequence[str | int]) -> tuple[tuple[int, str, int], ...]:
     # ints sort numerically and before keys at the same depth, so providers[2] precedes providers[10].
     return tuple((0, "", p) if isinstance(p, int) else (1, p, 0) for p in parts)
+
+
+def without_refused(doc: Any, rounds: int = 20) -> tuple[Any, list[str]] | None:
+    """``doc`` with every value the schema refuses left out, and the paths left out (``format_path``), so the
+    checks after the document's (``config.proofs``) can still run on the rest: an unknown key, a value of the wrong
+    type or range (its default then applies). ``None`` when that cannot give a valid document (a required key is
+    missing or refused, the top level itself is wrong): what comes after the document cannot be checked.
+
+    Used by ``provisionerd config check`` only; a config with any problem never runs."""
+    doc = copy.deepcopy(doc)
+    removed: list[str] = []
+    for _ in range(rounds):
+        errors = list(_validator().iter_errors(doc))
+        if not errors:
+            return doc, removed
+        for error in errors:
+            parts = list(error.absolute_path)
+            if error.validator == "required" or not parts and error.validator != "additionalProperties":
+                return None
+            if error.validator == "additionalProperties" and isinstance(error.instance, Mapping):
+                schema = error.schema
+                allowed = set(schema.get("properties", {})) if isinstance(schema, Mapping) else set()
+                targets = [parts + [key] for key in error.instance if key not in allowed]
+            else:
+                targets = [parts]
+            for target in targets:
+                if _remove(doc, target):
+                    removed.append(format_path(target))
+                else:
+                    return None  # a list item (never shifted: other problems name indexes) or a value gone already
+    return None
+
+
+def _remove(doc: Any, parts: Sequence[str | int]) -> bool:
+    """Delete the value at ``parts`` (a list item is left out of its list); whether anything was there."""
+    *parents, last = parts
+    holder = doc
+    for part in parents:
+        try:
+            holder = holder[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    if isinstance(holder, dict) and last in holder:
+        del holder[last]
+        return True
+    return False

@@ -94,6 +94,37 @@ def load_proven(path: str | Path, now: datetime.datetime | None = None) -> Confi
     return config
 
 
+def check_all(path: str | Path, now: datetime.datetime | None = None) -> tuple[Config | None, list[str]]:
+    """Every problem of ``path`` at every stage, for ``provisionerd config check``: the document's (schema,
+    cross-field rules), then the proofs, which still run when the document has problems, on what it has right
+    (``Config.salvaged``: a refused value's default in its place; a proof about a field left out is not reported,
+    it would judge the default). The config when there is no problem, else ``None``, with the problems.
+
+    So an unknown key no longer hides a ``lease.margin`` that the controller's TTL cannot use."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    try:
+        config = Config.from_file(path)
+    except ConfigError as exc:
+        problems = list(exc.problems) or [str(exc)]
+        salvaged = Config.salvaged(path)
+        if salvaged is None:
+            return None, [*problems, f"(checks): {NOT_PROVEN}"]
+        rest, left_out = salvaged
+        proofs = [p for p in prove(rest, now) if not any(_names(p, field) for field in left_out)]
+        return None, problems + [p for p in proofs if p not in problems]
+    problems = prove(config, now)
+    return (None if problems else config), problems
+
+
+#: Said when the document is too broken for the later checks to run on the rest of it.
+NOT_PROVEN = "the files, timing and TLS material the config names were not checked: fix the problems above first"
+
+
+def _names(problem: str, field: str) -> bool:
+    """Whether ``problem`` (``"<field>: <message>"``) is about ``field`` or a key inside it."""
+    return problem.startswith((f"{field}: ", f"{field}.", f"{field}["))
+
+
 # --- timing -------------------------------------------------------------------------------------------------------
 
 

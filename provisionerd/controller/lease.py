@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import random
 from collections.abc import Iterator
 from typing import Protocol
@@ -49,15 +48,13 @@ from provisionerd.config.loader import Backoff
 from provisionerd.config.proofs import RENEW_FRACTION, lease_window_problem
 from provisionerd.controller.backoff import BackoffTimer
 from provisionerd.controller.pulse import Pulse
-from provisionerd.domain.errors import LeaseError, LinkDown
+from provisionerd.domain.errors import LeaseError, LinkDown, MutationsHalted
 from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.events import EventLog
 
 #: Refusal reasons that say the lease may still be ours (the controller could not answer for now): the keeper
 #: keeps retrying until its local deadline. Any other refusal of a renewal lapses the lease at once.
 TRANSIENT_REASONS = frozenset({"no_quorum", "not_primary"})
-
-log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -179,11 +176,12 @@ class LeaseKeeper:
         return None if self.judge is None else self.judge.halted
 
     def current(self, now: float | None = None) -> Epoch:
-        """The epoch held *now*, or ``LeaseError``."""
+        """The epoch held *now*, or ``LeaseError`` (``MutationsHalted`` while the judge halts every mutation: nothing
+        waits for the lease then, an admin decides)."""
         now = trio.current_time() if now is None else now
         halted = self._halted()
         if halted is not None:
-            raise LeaseError(self.provider, halted)
+            raise MutationsHalted(self.provider, halted)
         if self.state is LeaseState.HELD and now < self.valid_until and self.epoch is not None:
             return self.epoch
         if self.state is LeaseState.HELD:
@@ -362,14 +360,9 @@ class LeaseKeeper:
         """A TTL this keeper's margin cannot use: retrying would only be refused the same way, twice a second
         forever, so the keeper says so once (ERROR, ``lease_unusable``) and waits for ever (until cancelled or
         released): the provider does not run under this config. Returns that wait."""
-        self.reason = f"lease unusable: {why}; lower lease.margin or raise the controller's lease TTL"
-        log.error(
-            "provider %s will not run: the controller grants a %gs lease and lease.margin is %gs: %s",
-            self.provider,
-            grant.ttl,
-            self._margin,
-            why,
-        )
+        fix = "lower lease.margin or raise the controller's lease TTL"
+        self.reason = f"lease unusable: {why}; {fix}"
+        # One ERROR line (the event's, telemetry.severity): the provider will not run, and what to change.
         self._events.emit(
             "lease_unusable",
             provider=self.provider,
@@ -377,6 +370,7 @@ class LeaseKeeper:
             ttl=grant.ttl,
             margin=self._margin,
             detail=why,
+            fix=fix,
         )
         return float("inf")
 

@@ -38,7 +38,7 @@ import trio
 
 from provisionerd.controller.pulse import Pulse
 from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
-from provisionerd.domain.errors import LinkDown, ProtocolError
+from provisionerd.domain.errors import LinkDown, ProtocolError, describe_error
 from provisionerd.domain.model import CommittedFact, DemandSnapshot, Role
 from provisionerd.planner.fact_view import FactView
 from provisionerd.wire.codec import opcode
@@ -193,7 +193,7 @@ class Link:
         try:
             await loop()  # type: ignore[misc]
         except _LINK_ERRORS as exc:
-            self.break_(f"{type(exc).__name__}: {exc}" if not isinstance(exc, LinkDown) else str(exc))
+            self.break_(describe_error(exc) if not isinstance(exc, LinkDown) else str(exc))
 
     # --- requests ----------------------------------------------------------------------------------------------
 

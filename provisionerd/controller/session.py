@@ -70,7 +70,7 @@ from provisionerd.controller.session_settings import (
 )
 from provisionerd.controller.storage_failures import StorageFailures
 from provisionerd.controller.view import ControllerView
-from provisionerd.domain.errors import LinkDown, ProtocolError, controller_rejection
+from provisionerd.domain.errors import LinkDown, ProtocolError, controller_rejection, describe_error
 from provisionerd.domain.model import PROTOCOL_VERSION, CommittedFact, Role
 from provisionerd.telemetry.events import EventLog
 from provisionerd.wire.framing import FramedStream
@@ -282,8 +282,9 @@ class ControllerSession:
                 await trio.sleep(self._backoff.next_delay())
                 continue
             except (*CONNECT_ERRORS, _JoinRefused) as exc:
-                self.last_error = f"{address}: {exc or type(exc).__name__}"
-                log.info("cannot join controller at %s: %s", address, self.last_error)
+                self.last_error = f"{address}: {describe_error(exc) if not isinstance(exc, _JoinRefused) else exc}"
+                # WARNING: a controller outage shows at log_level = "warning"; the handler collapses the repeats.
+                log.warning("cannot join controller at %s", self.last_error)
             hops = 0
             position += 1
             self.state = LinkState.DOWN

@@ -385,3 +385,39 @@ class ProviderUnsupported(ProviderError):
     """The plugin does not implement the action (a one-shot plugin without ``<action>.sh``). Nothing ran."""
 
     outcome_unknown = False
+
+
+#: What an exception that carries no message of its own means, by class name (trio's and the standard library's;
+#: named, not imported, so this module stays below every I/O layer).
+_WITHOUT_MESSAGE = {
+    "BrokenResourceError": "the connection was broken by the peer or the network",
+    "ClosedResourceError": "the stream was already closed on this side",
+    "EndOfChannel": "the other side closed the channel",
+    "TooSlowError": "timed out",
+    "TimeoutError": "timed out",
+    "ConnectionResetError": "connection reset by the peer",
+    "ConnectionRefusedError": "connection refused",
+    "SSLEOFError": "the TLS peer closed the connection without a close_notify",
+    "EOFError": "the stream ended",
+}
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"ClassName: what happened"`` for a log line or a status field, never an empty message.
+
+    An exception without a message of its own is described by its cause (``raise ... from``) or the exception it
+    was raised while handling, else by what its class means (``BrokenResourceError: the connection was broken by
+    the peer or the network``), else ``no detail given``."""
+    seen: set[int] = set()
+    text = str(exc).strip()
+    inner: BaseException | None = exc
+    while not text and inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+        if inner is not None:
+            text = str(inner).strip()
+            if text:
+                text = f"{type(inner).__name__}: {text}"
+    if not text:
+        text = _WITHOUT_MESSAGE.get(type(exc).__name__, "no detail given")
+    return f"{type(exc).__name__}: {text}"

@@ -224,6 +224,10 @@ class Compiler:
         for prop, sub in schema.get("properties", {}).items():
             if sub is True:
                 continue
+            if prop in required:  # present: the line above returned otherwise
+                out.append(f"v = x[{prop!r}]")
+                out.append(f"if not {self._check(sub, base, 'v')}: return False")
+                continue
             out.append(f"v = x.get({prop!r}, _MISSING)")
             out.append(f"if v is not _MISSING and not {self._check(sub, base, 'v')}: return False")
         extra = schema.get("additionalProperties", True)
@@ -235,6 +239,8 @@ class Compiler:
                 out.append(f"    if not {self._check(names, base, 'k')}: return False")
             if extra is False:
                 out.append(f"    if k not in {known}: return False")
+            elif extra is not True and not schema.get("properties"):  # every key is an additional one
+                out.append(f"    if not {self._check(extra, base, 'v')}: return False")
             elif extra is not True:
                 out.append(f"    if k not in {known} and not {self._check(extra, base, 'v')}: return False")
         return out

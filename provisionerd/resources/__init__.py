@@ -1,12 +1,14 @@
 """Where the files provisionerd needs at run time are: inside this installed package, found with
 ``importlib.resources`` (never relative to a checkout).
 
-This package holds three links into the source tree, so a checkout keeps the paths that the docs, the tests and
+This package holds links into the source tree, so a checkout keeps the paths that the docs, the tests and
 plugin authors use, and a wheel carries a copy of each (package data, executable bits kept)::
 
     schemas   -> ../../schemas     the provider contract's JSON Schemas and the config's (config.schema.json)
     protocol  -> ../../protocol    the wire schema (provisioner.capnp)
     providers -> ../../providers   the shipped provider plugins (PLUGINS)
+    contrib   -> ../../contrib     the systemd unit (systemd_unit)
+    example-config.toml -> ../../docs/example-config.toml   the commented example config (example_config)
 
 An editable install (``pip install -e .``) and an uninstalled checkout read the linked directories (the paths
 returned are resolved: ``<checkout>/providers/local``); an installed wheel reads its copies. The lowest layer:
@@ -78,6 +80,16 @@ def plugin_dir(name: str) -> Path:
     if name not in PLUGINS:
         raise UnknownPlugin(name)
     return (root() / "providers" / name).resolve()
+
+
+def systemd_unit() -> Path:
+    """The systemd unit, ``provisionerd.service`` (docs/operations.md, "Install"), to copy into /etc/systemd/system."""
+    return (root() / "contrib" / "systemd" / "provisionerd.service").resolve()
+
+
+def example_config() -> Path:
+    """The commented example config (every key, its default or an example); its relative paths are examples."""
+    return (root() / "example-config.toml").resolve()
 
 
 def require(path: Path) -> Path:

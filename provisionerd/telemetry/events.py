@@ -2,17 +2,17 @@
 
 ``EventLog.emit("lease_lost", provider="sim", epoch=Epoch(3, 1), reason="...")`` writes one JSON object per line
 with ``ts`` (wall clock, epoch seconds), ``mono`` (trio's clock when inside ``trio.run``) and ``event``, logs the
-same at INFO for humans, and keeps the most recent events in memory for ``provisionerd status`` and tests.
-``listeners`` are called with each record after it is written (the Prometheus counters: ``telemetry.metrics``).
+same for humans as ``event key=value...`` (``telemetry.logfmt``, no Python reprs) at the kind's level
+(``telemetry.severity``: faults at WARNING or ERROR, the routine of an idle fleet at DEBUG), and keeps the most
+recent events in memory for ``provisionerd status`` and tests. ``listeners`` are called with each record after it
+is written (the Prometheus counters: ``telemetry.metrics``).
 
 Every record names the process that wrote it: ``"process": {"pid": ..., "instance": ...}`` (``ProcessInstance``),
 so two daemons appending to one events file (two starts of one config, say) stay apart. ``instance`` is random per
 process start (16 hex characters); ``DaemonCore`` sets it to its ``Join.instance``, the name the controller knows
 the process (lease holder) by.
 
-Kinds emitted by the daemon: ``link_up``, ``link_down``, ``redirect``, ``join``, ``join_refused``, ``resync``,
-``lease_acquired``, ``lease_renewed``, ``lease_lost``, ``lease_denied``, ``lease_releasing`` (trust ended, the
-release not sent yet), ``lease_released``, ``gate``, ``controller_amnesia``, ``controller_reset_accepted``.
+The kinds the daemon emits, each with its level, are the table in ``telemetry.severity``.
 Callers must never pass secrets (credentials, join tokens) as fields.
 """
 
@@ -32,7 +32,9 @@ import attrs
 import trio
 
 from provisionerd.telemetry.files import open_private
+from provisionerd.telemetry.logfmt import fields_text
 from provisionerd.telemetry.logging_setup import event_extra, json_default
+from provisionerd.telemetry.severity import level_of
 
 log = logging.getLogger("provisionerd.events")
 
@@ -92,7 +94,12 @@ class EventLog:
         }
         self.recent.append(record)
         line = json.dumps(record, default=_json_default, sort_keys=False)
-        log.info("%s %s", event, " ".join(f"{k}={v}" for k, v in fields.items()), extra=event_extra(event, fields))
+        level = level_of(event)
+        if log.isEnabledFor(level):
+            text = fields_text(fields)
+            log.log(
+                level, "%s %s" if text else "%s", event, *((text,) if text else ()), extra=event_extra(event, fields)
+            )
         if self._file is not None:
             try:
                 self._file.write(line + "\n")

@@ -4,7 +4,8 @@
 installed before, leaving any other handler alone). A JSON line holds ``ts`` (UTC, ISO 8601 with microseconds),
 ``level``, ``logger``, ``message`` and, for a record of the events stream (``telemetry.events``), ``event`` and the
 event's fields at the top level (a field named like one of those keys gets a trailing ``_``); an exception adds
-``exc``; ``static`` fields (the agent's ``pid``) are added to every line.
+``exc``; a line that stands for held-back copies (``collapse``) adds ``repeated``; ``static`` fields (the agent's
+``pid``) are added to every line.
 
 Redaction is the same for both formats: the callable ``redact`` (the provider runtime's ``Redactor`` over every
 configured credential value, built by the caller, which is above this layer) is applied to the whole formatted
@@ -18,6 +19,7 @@ import datetime
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePath
 from typing import Any, TextIO
@@ -26,12 +28,13 @@ import attrs
 
 from provisionerd.config.loader import ProviderConfig
 from provisionerd.domain.model import Epoch
+from provisionerd.telemetry.log_collapse import Collapser, collapse_key
 
 LOG_FORMATS = ("text", "json")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: Keys every JSON line has; an event field of the same name is written as ``<name>_``.
-RESERVED = frozenset({"ts", "level", "logger", "message", "event", "exc"})
+RESERVED = frozenset({"ts", "level", "logger", "message", "event", "exc", "repeated"})
 
 #: The ``LogRecord`` attributes the events stream sets (``EventLog.emit`` passes ``extra=event_extra(...)``).
 EVENT_ATTR = "provisionerd_event"
@@ -84,6 +87,9 @@ class JsonFormatter(logging.Formatter):
             if isinstance(fields, Mapping):
                 for key, value in fields.items():
                     out[f"{key}_" if key in RESERVED else str(key)] = value
+        repeated = getattr(record, "repeated", None)
+        if isinstance(repeated, int):
+            out["repeated"] = repeated
         for key, value in self.static.items():
             out.setdefault(key, value)
         if record.exc_info:
@@ -106,7 +112,31 @@ class RedactingFormatter(logging.Formatter):
 
 
 class _DaemonHandler(logging.StreamHandler[TextIO]):
-    """The handler ``configure_logging`` installs (a type of its own, so a second call replaces it)."""
+    """The handler ``configure_logging`` installs (a type of its own, so a second call replaces it).
+
+    With a ``collapser``, an identical line repeated within its window is counted instead of written, and the count
+    is written as one line when the window has ended (at the next line written after that, or at ``close``)."""
+
+    def __init__(self, stream: TextIO, collapser: Collapser | None, clock: Callable[[], float]) -> None:
+        super().__init__(stream)
+        self.collapser = collapser
+        self.clock = clock
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.collapser is None:
+            super().emit(record)
+            return
+        now = self.clock()
+        for summary in self.collapser.due(now):
+            super().emit(summary)
+        if self.collapser.admit(collapse_key(record), record, now):
+            super().emit(record)
+
+    def close(self) -> None:
+        if self.collapser is not None:
+            for summary in self.collapser.due(self.clock(), everything=True):
+                super().emit(summary)
+        super().close()
 
 
 def configure_logging(
@@ -117,8 +147,13 @@ def configure_logging(
     stream: TextIO | None = None,
     static: Mapping[str, Any] | None = None,
     text_format: str = TEXT_FORMAT,
+    collapse: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> RedactingFormatter:
     """Install the human log on the root logger and return its formatter (``.redact`` can be replaced later).
+
+    ``collapse`` (seconds, e.g. ``log_collapse.COLLAPSE_WINDOW``; the daemon's setting) counts a line repeated
+    within that window instead of writing it again (``log_collapse.Collapser``), on ``clock``.
 
     Raises ``ValueError`` for an unknown level or format (the config schema and argparse refuse them first).
     """
@@ -128,11 +163,13 @@ def configure_logging(
         raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
     inner: logging.Formatter = JsonFormatter(static) if fmt == "json" else logging.Formatter(text_format)
     formatter = RedactingFormatter(inner, redact)
-    handler = _DaemonHandler(stream if stream is not None else sys.stderr)
+    collapser = None if collapse is None else Collapser(collapse)
+    handler = _DaemonHandler(stream if stream is not None else sys.stderr, collapser, clock)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _DaemonHandler)]:
         root.removeHandler(old)
+        old.close()  # writes the counts it held back
     root.addHandler(handler)
     root.setLevel(LEVELS[level])
     return formatter

@@ -113,6 +113,21 @@ class DecodeBudget:
 POOL_FREE_BYTES = 64 * 1024
 
 
+#: Above this many bytes, a body is copied out of the receive buffer through a memoryview: one copy. Slicing the
+#: bytearray copies it once into a new bytearray and ``bytes`` a second time, and for large bodies the second copy
+#: and its allocation cost most (a 1 MiB body: ~750 us against ~18 us on this machine); below, the slice is cheaper
+#: than making the view (1.3 KB: 0.16 against 0.29 us).
+_VIEW_COPY_FROM = 4096
+
+
+def _copy(buffer: bytes | bytearray, start: int, end: int) -> bytes:
+    """``bytes(buffer[start:end])`` with a single copy (a ``bytes`` slice is one copy already)."""
+    if type(buffer) is bytes or end - start < _VIEW_COPY_FROM:
+        return bytes(buffer[start:end])
+    with memoryview(buffer) as view:  # released before anyone resizes the buffer
+        return bytes(view[start:end])
+
+
 def frame_bytes(body: bytes) -> bytes:
     """``body`` with its length header: what goes on the stream."""
     return HEADER.pack(len(body)) + body
@@ -232,7 +247,7 @@ class FramedStream:
 
     def _take(self, end: int) -> bytes:
         """The buffered body that ends at ``end``, consumed with its header."""
-        body = bytes(self._buffer[HEADER_SIZE:end])
+        body = _copy(self._buffer, HEADER_SIZE, end)
         self._consume(end)
         return body
 
@@ -279,12 +294,12 @@ class FramedStream:
         if length > PREFIX_BYTES:
             if len(buffer) < HEADER_SIZE + PREFIX_BYTES:
                 await self._fill(HEADER_SIZE + PREFIX_BYTES, length)
-            head = peek_prefix(bytes(buffer[HEADER_SIZE : HEADER_SIZE + PREFIX_BYTES]))
+            head = peek_prefix(_copy(buffer, HEADER_SIZE, HEADER_SIZE + PREFIX_BYTES))
         if head is None:
             end = HEADER_SIZE + length
             if len(buffer) < end:
                 await self._fill(end, length)
-            body = bytes(buffer[HEADER_SIZE:end])
+            body = _copy(buffer, HEADER_SIZE, end)
             head = peek(body)
         limit = bounds.max_body_bytes(head.member, self.max_frame)
         if length > limit:
@@ -374,7 +389,7 @@ class FramedStream:
         end = HEADER_SIZE + length
         if length > self.max_frame or len(data) < end:
             return None
-        got = decode_allowed_native(bytes(data[HEADER_SIZE:end]), allowed, self.max_frame)
+        got = decode_allowed_native(_copy(data, HEADER_SIZE, end), allowed, self.max_frame)
         return None if got is None else (got[0], got[1], end)
 
     async def decode(self, body: bytes) -> Envelope:

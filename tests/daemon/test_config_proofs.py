@@ -226,3 +226,45 @@ def test_a_reload_that_fails_a_proof_is_refused(tmp_path, certs, breakage, caplo
     (failed,) = core.events.of_kind("config_reload_failed")
     assert failed["problems"] and all(":" in p for p in failed["problems"])
     assert not list(core.events.of_kind("config_reloaded"))
+
+
+def test_an_unknown_key_does_not_hide_a_margin_the_ttl_cannot_use(tmp_path, certs, capsys):
+    """issue 32: ``config check`` stopped after the document stage, so an unknown key hid ``margin >= TTL``."""
+    from provisionerd.config.writer import daemon_config_toml
+
+    config = attrs.evolve(good(tmp_path, certs), lease=LeaseSettings(margin=10.0, controller_ttl=3.0))
+    path = tmp_path / "pd.toml"
+    path.write_text(daemon_config_toml(config).replace("[lease]", "[lease]\nmargn = 1"))
+    assert cli.main(["config", "check", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: 2 problem(s)",
+        f"{path}: lease.margn: unknown key",
+        f"{path}: lease.margin: margin 10s is not below the lease TTL of 3s: every grant is expired when it arrives"
+        " (lease.controller_ttl)",
+    ]
+
+
+def test_a_proof_about_a_refused_value_is_not_reported_on_its_default(tmp_path, certs):
+    """A wrong ``lease.margin`` is reported once, by the document; its default (2 s, too wide for a 3 s TTL) is
+    not judged by the proofs as if the operator had written it."""
+    from provisionerd.config.proofs import check_all
+    from provisionerd.config.writer import daemon_config_toml
+
+    config = attrs.evolve(good(tmp_path, certs), lease=LeaseSettings(margin=1.0, controller_ttl=3.0))
+    path = tmp_path / "pd.toml"
+    path.write_text(daemon_config_toml(config).replace("margin = 1.0", 'margin = "one"'))
+    assert 'margin = "one"' in path.read_text()
+    result, problems = check_all(path, NOW)
+    assert result is None
+    assert [p.partition(":")[0] for p in problems] == ["lease.margin"]
+    assert "is not of type 'number'" in problems[0]
+
+
+def test_a_document_that_cannot_be_salvaged_says_the_rest_was_not_checked(tmp_path, certs):
+    from provisionerd.config.proofs import NOT_PROVEN, check_all
+
+    path = tmp_path / "pd.toml"
+    path.write_text('cluster = "x"\n')  # identity, controller, tls, providers missing
+    result, problems = check_all(path, NOW)
+    assert result is None and problems[-1] == f"(checks): {NOT_PROVEN}"
+    assert "identity: is required but missing" in problems

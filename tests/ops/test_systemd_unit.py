@@ -95,6 +95,8 @@ def test_the_unit_says_what_operations_md_says():
         "RuntimeDirectoryMode": "0700",
         "UMask": "0077",
         "User": "provisionerd",
+        # A one-shot call's wrapper must outlive the daemon (docs/providers.md): systemd kills the daemon only.
+        "KillMode": "process",
     }
     for key, value in expected.items():
         assert unit.get(key) == [value], key
@@ -103,3 +105,15 @@ def test_the_unit_says_what_operations_md_says():
     assert exec_start.startswith(f"{INSTALLED} run --config /etc/provisionerd/provisionerd.toml")
     ops = (ROOT / "docs" / "operations.md").read_text()
     assert INSTALLED in ops and "contrib/systemd/provisionerd.service" in ops
+    assert "`KillMode=process`" in ops and "A call's result outlives the daemon" in ops
+    providers = (ROOT / "docs" / "providers.md").read_text()
+    assert "**A call's result outlives the daemon.**" in providers  # the promise the kill mode keeps
+
+
+def test_the_credential_locations_protecthome_leaves_are_documented():
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    unit = UNIT.read_text()
+    assert settings(unit)["ProtectHome"] == ["yes"]
+    for where in ("/etc/provisionerd/aws/credentials", "AWS_SHARED_CREDENTIALS_FILE", "/etc/provisionerd/kubeconfig"):
+        assert where in ops and where in unit, where
+    assert "~/.aws" in ops and "~/.kube" in ops

@@ -24,6 +24,9 @@ def test_every_resource_is_where_the_package_says() -> None:
     assert resources.require(resources.wire_schema()) == REPO / "protocol" / "provisioner.capnp"
     for name in resources.PLUGINS:
         assert resources.plugin_dir(name) == REPO / "providers" / name
+    # issue 32: the unit and the example config ship in the wheel too (docs/operations.md copies them from there).
+    assert resources.require(resources.systemd_unit()) == REPO / "contrib" / "systemd" / "provisionerd.service"
+    assert resources.require(resources.example_config()) == REPO / "docs" / "example-config.toml"
 
 
 def test_every_shipped_plugin_is_listed() -> None:

@@ -156,6 +156,8 @@ def test_the_wheel_holds_every_runtime_file_with_its_mode(installed: Installed) 
     assert not [n for n in modes if "__pycache__" in n or n.endswith(".pyc")]
     expected = {f"schemas/{p.name}": p for p in (REPO / "schemas").glob("*.json")}
     expected |= {f"protocol/{p.name}": p for p in (REPO / "protocol").glob("*.capnp")}
+    expected["contrib/systemd/provisionerd.service"] = REPO / "contrib" / "systemd" / "provisionerd.service"
+    expected["example-config.toml"] = REPO / "docs" / "example-config.toml"
     for name in SHIPPED:
         for path in (REPO / "providers" / name).rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts:

@@ -232,3 +232,18 @@ def test_seed_734516497_an_adopted_machine_is_never_returned_as_never_joined():
     join the new incarnation, and the daemon returned it as ``never_joined`` (its adoption fact has no launch time,
     so it counted from its adoption). It goes as ``no_host``: nothing of its life before the adoption was seen."""
     assert "joined_retired_as_never_joined" not in violated_now(734516497)
+
+
+def test_seeds_470068547_and_470070180_a_halt_is_not_waited_out_by_an_instance_fact():
+    """Was (this session's noLease retry): an instance fact refused while every mutation was halted (store loss)
+    waited for the lease and was committed to the reset controller, and the machines never matched demand. Fixed:
+    a lease not valid because of a halt raises ``MutationsHalted``, which no commit waits out."""
+    for seed in (470068547, 470070180):
+        assert "no_convergence" not in violated_now(seed), seed
+
+
+def test_seed_470068049_machines_a_lost_request_makes_again_after_the_reset_are_the_daemons():
+    """Was (the invariant): the daemon ran a request the lost log held again after the reset, under the same op_id,
+    and recorded its machines in the new log; the convergence check counted them as explained by the lost log (the
+    admin's) and saw 4 of 8. A machine the current log records is the daemon's."""
+    assert "no_convergence" not in violated_now(470068049)

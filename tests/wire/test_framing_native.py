@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from wire_strategies import messages, u64
 
 from provisionerd.domain.errors import FrameOverBounds, FrameTooLarge, OpcodeNotAllowed
+from provisionerd.domain.model import CommittedFact, Epoch, InstanceFact
 from provisionerd.testing.hostile_frames import list_bomb
 from provisionerd.wire import bounds, codec, framing, native
 from provisionerd.wire.framing import BufferPool, FramedStream, frame_bytes
-from provisionerd.wire.messages import MESSAGE_TYPES, AdminStatus, Envelope, Heartbeat, Message
+from provisionerd.wire.messages import MESSAGE_TYPES, AdminStatus, Envelope, Heartbeat, Message, ResyncPage
 
 pytestmark = pytest.mark.skipif(
     native.load() is None and not os.environ.get("CI"), reason="the native codec is not built"
@@ -65,6 +66,31 @@ def test_receive_gives_the_reference_envelopes_at_any_chunk_size_and_the_pool_ge
     # Chunks of one frame or several, or cut inside a header or a body: some frames come whole (the fast path,
     # from a chunk of its own or from the buffer), others in pieces (the path through receive_checked). Without
     # the native codec every frame takes the path through receive_checked.
+    with mock.patch.object(codec, "_native_codec", codec._native_codec if native_on else lambda: None):
+        _receive_all(frames, size)
+
+
+def _big_page(facts: int) -> Message:
+    """A resync page of ``facts`` instance facts (30 of them are above ``framing._VIEW_COPY_FROM``)."""
+    epoch = Epoch(3, 17)
+    made = tuple(
+        CommittedFact(1000 + i, InstanceFact("sim", epoch, "op", f"ref-{i}", f"i-{i:017x}", "c5", "t" * 64, "h", "ip"))
+        for i in range(facts)
+    )
+    return ResyncPage(0, 1, made, (), True, 1000 + facts, 7)
+
+
+@given(
+    facts=st.lists(st.integers(0, 60), max_size=3),
+    size=st.sampled_from([1, 7, 4096, 4103, 65536, 1 << 20]),
+    native_on=st.booleans(),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_large_frames_copied_out_of_the_buffer_once_are_the_same_envelopes(facts, size, native_on):
+    # Bodies above framing._VIEW_COPY_FROM leave the buffer through a memoryview (one copy): the same envelopes as
+    # the reference, with the buffer resized after every frame (no view left open on it) and the pool given back.
+    frames = [(_big_page(n), i) for i, n in enumerate([30, *facts])]
+    assert len(codec.encode_reference(*frames[0])) > framing._VIEW_COPY_FROM
     with mock.patch.object(codec, "_native_codec", codec._native_codec if native_on else lambda: None):
         _receive_all(frames, size)
 

@@ -202,7 +202,7 @@ class Workers:
             await trio.sleep(STORAGE_RETRY)
         if not isinstance(admitted, HostState):
             self.world.recorder.note("worker", "rejoin_refused", machine=machine_id, reason=admitted.reason)
-            explained = self.world.losses.explained(self.world.cloud.machines[machine_id])  # a lost store's
+            explained = self.world.losses.explained(self.world.cloud.machines[machine_id], cluster.store)  # lost
             if restarted and not _ended(admitted.detail) and not explained:
                 self.world.recorder.violate(
                     "agent_rejoin_refused",
@@ -255,7 +255,12 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     s = world.settings
     wanted = min(steps[-1].count, s.capacity, s.provider_cap)
     # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
-    ours = [m for m in world.cloud.running() if m["tags"].get(TAG_CLUSTER) == CLUSTER and not world.losses.explained(m)]
+    current = None if world.cluster is None else world.cluster.store
+    ours = [
+        m
+        for m in world.cloud.running()
+        if m["tags"].get(TAG_CLUSTER) == CLUSTER and not world.losses.explained(m, current)
+    ]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
     if len(ours) != wanted or len(joined) != wanted:
         world.recorder.violate(

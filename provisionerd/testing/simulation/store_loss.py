@@ -15,7 +15,8 @@ nothing. DESIGN invariant 9 says what the daemons must do, and the recorder chec
 After the reset the machines the lost log explained are the admin's: the orphan policy reports them, and the
 convergence check leaves them out: those running at the loss (``forgotten``) and those a request the lost log held
 made later, its call still under way at the loss (``lost_ops``: the daemon could not commit their instance facts
-to the new store, so they are tagged orphans like the others).
+to the new store, so they are tagged orphans like the others), unless the new store records them (the daemon ran
+that request again after the reset, under the same op_id).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from provisionerd.domain.model import TAG_OP, RequestIntent, ReturnIntent
+from provisionerd.domain.model import TAG_OP, InstanceFact, RequestIntent, ReturnIntent
 from provisionerd.testing.simulation.nodes import ObservedCluster
 from refcontroller.store import FactStore
 
@@ -83,9 +84,21 @@ class StoreLosses:
             if remembers and not node.scope.cancel_called:
                 world.recorder.amnesia(node.instance, True)
 
-    def explained(self, machine: dict[str, Any]) -> bool:
-        """Whether a lost log explained ``machine``: running at a loss, or made by a request that log held."""
-        return str(machine["machineId"]) in self.forgotten or machine["tags"].get(TAG_OP) in self.lost_ops
+    def explained(self, machine: dict[str, Any], current: FactStore | None = None) -> bool:
+        """Whether a lost log explained ``machine``: running at a loss, or made by a request that log held and not
+        recorded in the ``current`` log since (a daemon whose call's outcome was unknown may commit that request's
+        intent again after the reset and make its machines under the same op_id: then they are its own; seed
+        470068049)."""
+        machine_id = str(machine["machineId"])
+        if machine_id in self.forgotten:
+            return True
+        if machine["tags"].get(TAG_OP) not in self.lost_ops:
+            return False
+        if current is None:
+            return True
+        return not any(
+            isinstance(c.fact, InstanceFact) and c.fact.machine_id == machine_id for c in current.all_facts()
+        )
 
     def check_kept(self, world: World) -> None:
         """When the admin decides: every machine running at the loss still runs (see the module docstring)."""

@@ -365,13 +365,28 @@ impl<'a> Msg<'a> {
         if bytes[l.count - 1] != 0 {
             return Err(refused("text not NUL-terminated"));
         }
-        let s =
-            std::str::from_utf8(&bytes[..l.count - 1]).map_err(|_| refused("text is not UTF-8"))?;
-        Ok(if intern {
-            PyString::intern(py, s)
-        } else {
-            PyString::new(py, s)
-        })
+        let raw = &bytes[..l.count - 1];
+        // One pass over the text: CPython's strict UTF-8 decoder checks it as `str::from_utf8` would (no
+        // surrogates, no overlong forms, nothing above U+10FFFF) while it makes the str, where checking with
+        // `from_utf8` first and then making the str read every text twice.
+        // SAFETY: `raw` is live for the call; the result is a new reference or NULL with an error set.
+        let mut obj = unsafe {
+            pyo3::ffi::PyUnicode_DecodeUTF8(
+                raw.as_ptr().cast(),
+                raw.len() as pyo3::ffi::Py_ssize_t,
+                std::ptr::null(),
+            )
+        };
+        if obj.is_null() {
+            drop(PyErr::take(py)); // the UnicodeDecodeError: the reference path gives the answer
+            return Err(refused("text is not UTF-8"));
+        }
+        if intern {
+            // SAFETY: `obj` is a new reference to an exact str; InternInPlace swaps it for the interned one.
+            unsafe { pyo3::ffi::PyUnicode_InternInPlace(&mut obj) };
+        }
+        // SAFETY: a new (owned) reference to a str.
+        Ok(unsafe { Bound::from_owned_ptr(py, obj).downcast_into_unchecked() })
     }
 }
 
@@ -833,11 +848,10 @@ fn raw_new<'py>(py: Python<'py>, p: &Plan, args: Vec<Bound<'py, PyAny>>) -> R<Bo
     }
 }
 
-fn text_of<'py>(v: &Bound<'py, PyAny>) -> R<String> {
+/// The UTF-8 of a str, borrowed from it (CPython keeps it with the str: no copy before it goes into the words).
+fn text_of<'a>(v: &'a Bound<'_, PyAny>) -> R<&'a str> {
     let s = v.downcast::<PyString>().map_err(|_| refused("not a str"))?;
-    Ok(s.to_str()
-        .map_err(|_| refused("not encodable as UTF-8"))?
-        .to_owned())
+    s.to_str().map_err(|_| refused("not encodable as UTF-8"))
 }
 
 impl Codec {
@@ -878,7 +892,7 @@ impl Codec {
                     .map_err(|_| refused("not a float"))?
                     .to_bits(),
             ),
-            K_TEXT | K_TEXT_INTERN => o.text(at, &text_of(v)?),
+            K_TEXT | K_TEXT_INTERN => o.text(at, text_of(v)?),
             K_ENUM => {
                 let raw = f
                     .raw
@@ -902,7 +916,7 @@ impl Codec {
                 } else {
                     o.set_bits(&opt, f.opt_disc as usize, 16, f.opt_some as u64);
                     if f.kind == K_OPT_TEXT {
-                        o.text(opt.data + opt.dw, &text_of(v)?)
+                        o.text(opt.data + opt.dw, text_of(v)?)
                     } else {
                         o.set_bits(
                             &opt,
@@ -921,7 +935,7 @@ impl Codec {
                 let start = o.alloc(n);
                 o.pointer(at, start, 1, 6 | ((n as u64) << 3));
                 for (i, item) in items.iter().enumerate() {
-                    o.text(start + i, &text_of(&item)?);
+                    o.text(start + i, text_of(&item)?);
                 }
             }
             K_LIST_STRUCT => {
@@ -946,7 +960,7 @@ impl Codec {
                 let map = v.downcast::<PyDict>().map_err(|_| refused("not a dict"))?;
                 let mut entries = Vec::with_capacity(map.len());
                 for (k, val) in map.iter() {
-                    entries.push((text_of(&k)?, text_of(&val)?));
+                    entries.push((text_of(&k)?.to_owned(), text_of(&val)?.to_owned()));
                 }
                 entries.sort(); // key order, as the reference writes it (keys are unique)
                 let (dw, pc) = f.words;

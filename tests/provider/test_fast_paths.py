@@ -1,0 +1,162 @@
+"""The persistent call path's fast paths give what the full paths give, for any input (issue 36, item 4).
+
+Each fast path takes only the common shape and hands everything else to the full path, so the only way it can be
+wrong is to answer differently on a shape it does take: these properties compare the two on arbitrary input,
+valid or not, and on near-valid documents made from real answers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from provisionerd.domain.errors import ProviderAnswerInvalid
+from provisionerd.domain.model import TAG_INSTANCE
+from provisionerd.provider import contract
+from provisionerd.provider.persistent import request_line
+from provisionerd.provider.runtime import _DECODER, dump_json, parse_json
+from provisionerd.provider.schemas import ACTIONS
+
+PROPERTIES = settings(max_examples=400, deadline=None)
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(["", "succeed", "i-1", "10.0.0.1", TAG_INSTANCE, "NaN"]),
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _outcome(fn, *args):
+    """What ``fn`` returns, or the type and text of what it raises."""
+    try:
+        return ("value", fn(*args))
+    except (ValueError, RecursionError) as exc:
+        return ("error", type(exc), str(exc))
+
+
+# --- parse_json: the scanner alone when the line is one value, ``decode`` for anything else ---------------------
+
+TEXTS = st.one_of(
+    JSON.map(json.dumps),
+    JSON.map(lambda v: json.dumps(v, separators=(",", ":"))),
+    st.tuples(JSON.map(json.dumps), st.sampled_from(["", " ", "\n", "\t ", " x", "1", "{}", ",", "\r\n"])).map(
+        lambda p: p[0] + p[1]
+    ),
+    st.tuples(st.sampled_from(["", " ", "\n", "x"]), JSON.map(json.dumps)).map(lambda p: p[0] + p[1]),
+    st.sampled_from(["", " ", "NaN", "-Infinity", "[NaN]", '{"a": Infinity}', "nul", "{", '{"a":1', "[1,]", "01"]),
+    st.text(max_size=12),
+)
+
+
+@PROPERTIES
+@given(TEXTS)
+def test_parse_json_answers_as_the_decoder_does(text):
+    fast, full = _outcome(parse_json, text), _outcome(_DECODER.decode, text)
+    assert fast[0] == full[0]
+    if fast[0] == "error":  # the same exception, with the same text (position included)
+        assert fast[1:] == full[1:]
+    else:  # equal and of the same types all the way down (1 is not 1.0, True is not 1)
+        assert json.dumps(fast[1]) == json.dumps(full[1])
+    assert (
+        _outcome(parse_json, text.encode("utf-8", "surrogatepass")) == fast
+        or fast[0] == "error"
+        or any("\ud800" <= c <= "\udfff" for c in text)
+    )
+
+
+# --- status_machine: no conversion on the shape a validated answer has -----------------------------------------
+
+TAG_MAPS = st.one_of(
+    st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=4),
+    st.dictionaries(st.sampled_from([TAG_INSTANCE, "a", "b"]), st.sampled_from(["", "ref-1", "x"]), max_size=3),
+    JSON,
+)
+FIELDS = {
+    "machineId": st.one_of(st.text(max_size=6), SCALARS),
+    "name": st.one_of(st.text(max_size=6), SCALARS),
+    "result": st.one_of(st.sampled_from(["executing", "succeed", "fail"]), SCALARS),
+    "status": st.one_of(st.text(max_size=6), SCALARS),
+    "privateIpAddress": st.one_of(st.none(), st.text(max_size=6), SCALARS),
+    "launchtime": st.one_of(st.integers(0, 2**40), SCALARS),
+    "instanceRef": st.one_of(st.sampled_from(["", "ref-0", "bench-1"]), SCALARS),
+    "message": SCALARS,
+    "tags": TAG_MAPS,
+}
+ENTRIES = st.fixed_dictionaries({}, optional=FIELDS)
+
+
+def _read(fn, entry):
+    """The value ``fn`` reads (as its repr: NaN is not equal to itself, and the types show), or what it raises."""
+    try:
+        return ("value", repr(fn(entry)))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        return ("error", type(exc))
+
+
+@PROPERTIES
+@given(ENTRIES)
+def test_a_status_machine_reads_the_same_on_either_path(entry):
+    full = _read(contract._status_machine_read, entry)
+    assert _read(contract.status_machine, entry) == full
+    plain = contract._status_machine_plain(entry)
+    if plain is not None:  # taken: the very value the full reader makes, its tags a copy of their own
+        assert full == ("value", repr(plain))
+        assert plain.tags is not entry.get("tags")
+        assert [type(v) for v in plain.tags.values()] == [str] * len(plain.tags)
+        assert type(plain.launch_time) is float
+
+
+def test_the_plain_path_takes_what_plugins_answer():
+    entry = {
+        "machineId": "i-1",
+        "name": "ip-10-0-0-1",
+        "result": "succeed",
+        "status": "running",
+        "privateIpAddress": "10.0.0.1",
+        "launchtime": 1796492209,
+        "message": "",
+        "tags": {TAG_INSTANCE: "bench-0", "provisionerd:op": "op-1"},
+    }
+    machine = contract._status_machine_plain(entry)
+    assert machine is not None and machine.instance_ref == "bench-0" and machine.launch_time == 1796492209.0
+    assert contract._status_machine_plain({**entry, "privateIpAddress": None}) is not None
+    assert contract._status_machine_plain({**entry, "launchtime": 1.5}) is None  # the full reader reads it
+
+
+# --- request_line: only the input goes through the encoder ----------------------------------------------------
+
+
+@PROPERTIES
+@given(st.integers(1, 2**63), st.sampled_from(sorted(ACTIONS)), st.dictionaries(st.text(max_size=4), JSON, max_size=3))
+def test_a_request_line_is_the_dict_s_compact_json(ident, action, document):
+    try:
+        expected = (dump_json({"id": ident, "action": action, "input": document}) + "\n").encode()
+    except ValueError:  # NaN or an infinity: not JSON, refused either way
+        return
+    assert request_line(ident, action, document) == expected
+
+
+# --- _reading: a class with the generator's behaviour ------------------------------------------------------------
+
+
+def test_reading_turns_only_reader_errors_into_an_answer_refusal_without_their_context():
+    for raised, what in ((KeyError("requestId"), "key 'requestId' missing"), (TypeError("secret 'x'"), "TypeError")):
+        with pytest.raises(ProviderAnswerInvalid) as caught, contract._reading("p", "getRequestStatus"):
+            raise raised
+        assert caught.value.problems == (("$", f"readable: {what}"),)
+        assert caught.value.__suppress_context__ and caught.value.__cause__ is None
+    with pytest.raises(ZeroDivisionError), contract._reading("p", "getRequestStatus"):  # not a reader's: as it is
+        raise ZeroDivisionError
+    with contract._reading("p", "getRequestStatus"):
+        pass
