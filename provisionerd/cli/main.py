@@ -26,10 +26,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "accept a controller that forgot (controller accept-reset --config FILE)",
     ),
     "cost": ("provisionerd.cli.cost", "estimated spend by provider, template, currency (cost --config FILE)"),
+    "explain": (
+        "provisionerd.cli.explain",
+        "per demand item, what the planner does and the rule that stops the rest (explain --config FILE [ID])",
+    ),
     "history": ("provisionerd.cli.history", "the controller's fact log, ended lifecycles too (history --config FILE)"),
     "machines": (
         "provisionerd.cli.machines",
         "every machine, its state and next planned action (machines --config FILE [--provider P] [--state S])",
+    ),
+    "plan": (
+        "provisionerd.cli.plan",
+        "the actions a hypothetical demand would get, and why; changes nothing (plan --what-if FILE --config F)",
     ),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),

@@ -44,6 +44,7 @@ from provisionerd.daemon.admin_socket import AdminSocketCounts, Command, serve_a
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
 from provisionerd.daemon.current_config import ReloadResult
+from provisionerd.daemon.explain_admin import Explainer, Sources
 from provisionerd.daemon.history_admin import history_command
 from provisionerd.daemon.machines_admin import MachinesPager
 from provisionerd.daemon.metered import CallLog, metered
@@ -151,6 +152,18 @@ class DaemonCore:
             self.wall,
             rejoin=lambda: self.loop.rejoin,
             in_flight=self.loop.operations.in_flight,
+        )
+        #: ``provisionerd explain`` and ``plan --what-if``: the pure planner on the live inputs, and its reasons.
+        self.explainer = Explainer(
+            Sources(
+                view=lambda: self.session.view,
+                loop=self.loop,
+                in_flight=self.loop.operations.in_flight,
+                offers=lambda: [parsed.offer for parsed in self.feed.catalog.by_key.values()],
+                leases=self.keepers,
+                guard_status=self.guard.status,
+                wall=self.wall,
+            )
         )
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)
 
@@ -320,6 +333,8 @@ class DaemonCore:
                     "cost": self.cost,  # provisionerd cost (planner.cost, docs/fleet.md)
                     "history": history_command(self.session),  # provisionerd history (docs/protocol.md §6.6)
                     "machines": self.machines.command(),  # provisionerd machines (daemon.machines_admin)
+                    "explain": self.explainer.explain_command(),  # provisionerd explain (daemon.explain_admin)
+                    "plan_what_if": self.explainer.what_if_command(),  # provisionerd plan --what-if
                 }
                 await nursery.start(
                     functools.partial(

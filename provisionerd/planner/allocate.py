@@ -17,10 +17,13 @@ import attrs
 
 from provisionerd.domain.actions import Note
 from provisionerd.domain.model import DemandItem, Offer
-from provisionerd.planner.offers import Catalog, OfferKey, Rejection, Requirement, requirement_of
+from provisionerd.planner.offers import Catalog, OfferKey, ParsedOffer, Rejection, Requirement, requirement_of
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import PlannerState, ramp_step
 from provisionerd.planner.supply import IdleEntry, Tally
+
+#: Reasons an ``unmet_demand`` note names at most (the decision keeps them all: ``provisionerd explain``).
+NOTE_REASONS = 3
 
 
 @attrs.frozen
@@ -30,7 +33,12 @@ class DemandDecision:
     ``requested`` lists ``(offer, machines)`` in the order tried; ``unmet`` is what is still missing.
     ``blocked`` names compatible offers skipped now (capacity back-off, throttle, pause, maxNumber, provider cap)
     and ``incompatible`` every offer :func:`provisionerd.planner.offers.compatibility_reasons` rejects (a tuple shared
-    with the catalog's cache); :attr:`rejected` merges both in offer-id order.
+    with the catalog's cache); :attr:`rejected` merges both in offer-id order. ``filled`` names the offers this
+    plan asked for less than the deficit left, and the limit that bound each (``maxNumber``, ``max_machines``, the
+    provider's or the global step limit), with its figures; ``untried`` lists the compatible offers never looked at
+    because the global step window was full, and ``held(key)`` says what would stop such an offer once the window
+    frees room (a back-off, ``max_machines N/N``...; ``None``: nothing). None of them changes a decision: they say
+    why (``provisionerd explain``), so that a full step window does not hide a cap.
     """
 
     demand_id: str
@@ -42,6 +50,9 @@ class DemandDecision:
     unmet: int
     blocked: tuple[Rejection, ...]
     incompatible: tuple[Rejection, ...] = attrs.field(repr=lambda r: f"<{len(r)} offers>")
+    filled: tuple[Rejection, ...] = ()
+    untried: tuple[ParsedOffer, ...] = attrs.field(default=(), repr=lambda r: f"<{len(r)} offers>")
+    held: Callable[[OfferKey], str | None] = attrs.field(default=lambda _key: None, eq=False, repr=False)
 
     @property
     def rejected(self) -> tuple[Rejection, ...]:
@@ -144,9 +155,12 @@ class Allocator:
                     deficit -= 1
         blocked: list[Rejection] = []
         requested: list[tuple[OfferKey, int]] = []
+        filled: list[Rejection] = []
+        tried = 0
         for parsed in compatible:
             if deficit <= 0 or self.step_room <= 0:
                 break
+            tried += 1
             key = parsed.key
             why = self.blocked.get(key[0]) or self.capacity.offer_block(key, self.now) or self._full(key, parsed.offer)
             if why is not None:
@@ -164,15 +178,31 @@ class Allocator:
                 if left <= 0:
                     self.saturated.add(key[0])
             count = min(room, deficit, self.step_room)
+            if count < deficit:
+                filled.append(Rejection(key[0], key[1], (self._bound(key, parsed.offer, count, own_room),)))
             self.counts.load[key] = self.counts.load.get(key, 0) + count
             self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + count
             self.step_room -= count
             deficit -= count
             requested.append((key, count))
             self.requests.append((item.demand_id, key, count))
+        untried = compatible[tried:] if deficit > 0 and self.step_room <= 0 else ()
         if deficit > 0:
-            why = "step limit reached" if self.step_room <= 0 else "no eligible offer with room"
-            notes.append(Note("unmet_demand", f"{deficit} machine(s) not requested: {why}", demand_id=item.demand_id))
+            if not compatible:
+                detail = f"{deficit} machine(s) not requested: no compatible offer ({len(incompatible)} incompatible)"
+                if incompatible:
+                    detail += f", e.g. {incompatible[0].describe()}"
+            else:
+                why = "step limit reached" if self.step_room <= 0 else "no eligible offer with room"
+                stops = [*filled, *blocked]
+                for parsed in untried[: max(NOTE_REASONS - len(stops), 0)]:
+                    held = self.held(parsed.key)
+                    if held is not None:
+                        stops.append(Rejection(parsed.key[0], parsed.key[1], (f"then {held}",)))
+                detail = f"{deficit} machine(s) not requested: {why}"
+                if stops:
+                    detail += "; " + "; ".join(r.describe() for r in stops[:NOTE_REASONS])
+            notes.append(Note("unmet_demand", detail, demand_id=item.demand_id))
         self.decisions.append(
             DemandDecision(
                 item.demand_id,
@@ -184,19 +214,53 @@ class Allocator:
                 deficit,
                 tuple(blocked),
                 incompatible,
+                tuple(filled),
+                untried,
+                self.held,
             )
         )
 
-    def _full(self, key: OfferKey, offer: Offer) -> str | None:
-        load = self.counts.load.get(key, 0)
+    def held(self, key: OfferKey) -> str | None:
+        """What would stop a request to offer ``key`` now, were there step room (read only: no decision changes;
+        once the global step window is full nothing more is requested in this plan, so the answer is final)."""
+        parsed = self.catalog.by_key.get(key)
+        if parsed is None:
+            return None
+        return (
+            self.blocked.get(key[0]) or self.capacity.offer_block(key, self.now) or self._limits(key, parsed.offer)[0]
+        )
+
+    def _bound(self, key: OfferKey, offer: Offer, count: int, own_room: int | None) -> str:
+        """Which limit held offer ``key``'s request to ``count`` (read after it is counted), with its figures."""
+        load = self.counts.load.get(key, 0) + count
         if load >= offer.max_number:
             return f"template at maxNumber {offer.max_number} ({load} live or requested)"
         own = self.policy.of(key[0])
-        if own.max_machines is not None and self.provider_load.get(key[0], 0) >= own.max_machines:
-            return f"provider cap {own.max_machines} reached"
-        room = self._room_of(key[0])
-        if room is not None and room <= 0:
-            self.saturated.add(key[0])
+        provider_load = self.provider_load.get(key[0], 0) + count
+        if own.max_machines is not None and provider_load >= own.max_machines:
+            return f"max_machines {provider_load}/{own.max_machines} (provider cap reached)"
+        if own_room is not None and count >= own_room:
             step = ramp_step(self.ramps, key[0], self.policy)
             return f"provider step limit {step} per {self.policy.step_interval:g}s reached"
-        return None
+        return f"step limit {self.policy.step_limit} per {self.policy.step_interval:g}s reached (global)"
+
+    def _full(self, key: OfferKey, offer: Offer) -> str | None:
+        why, saturated = self._limits(key, offer)
+        if saturated:
+            self.saturated.add(key[0])
+        return why
+
+    def _limits(self, key: OfferKey, offer: Offer) -> tuple[str | None, bool]:
+        """Why offer ``key`` is full now (``maxNumber``, ``max_machines``, its provider's own step), and whether it
+        is its provider's step that is (the caller marks the provider saturated)."""
+        load = self.counts.load.get(key, 0)
+        if load >= offer.max_number:
+            return f"template at maxNumber {offer.max_number} ({load} live or requested)", False
+        own = self.policy.of(key[0])
+        if own.max_machines is not None and self.provider_load.get(key[0], 0) >= own.max_machines:
+            return f"max_machines {self.provider_load.get(key[0], 0)}/{own.max_machines} (provider cap reached)", False
+        room = self._room_of(key[0])
+        if room is not None and room <= 0:
+            step = ramp_step(self.ramps, key[0], self.policy)
+            return f"provider step limit {step} per {self.policy.step_interval:g}s reached", True
+        return None, False

@@ -353,9 +353,14 @@ def _budgeted(
     rooms[provider] = left - len(allowed)
     spent[provider] = spent.get(provider, 0) + len(allowed)
     if waiting > 0:
-        notes.append(Note("deferred", f"{waiting} {reason} return(s) wait for the disruption budget", provider))
         log = state.disruptions + ((now, provider, spent[provider]),)
         again = budget.room_returns_at(log, provider, now, own)
+        # The figures (provisionerd explain): the budget, what the window holds, and when room comes back.
+        allowance = budget.allowance(own, live.get(provider, 0))
+        figures = f" ({allowance} per {own.disruption_interval:g}s, all used)"
+        until = "" if again is None else f" until {again:.1f}"
+        detail = f"{waiting} {reason} return(s) wait for the disruption budget{figures}{until}"
+        notes.append(Note("deferred", detail, provider))
         if again is not None:
             counts.due(again, now)
     return allowed

@@ -70,6 +70,30 @@ class _Bounded:
         return self.metric.labels(*key)
 
 
+#: The rules an ``unmet_demand`` note can name (``planner.allocate``'s reasons), by the words that name them.
+UNMET_RULES = (
+    ("no compatible offer", "incompatible"),
+    ("max_machines", "max_machines"),
+    ("maxNumber", "max_number"),
+    ("capacity_unavailable", "capacity_backoff"),
+    ("throttled", "throttled"),
+    ("unhealthy (", "unhealthy"),
+    ("protected:", "max_unhealthy"),
+    ("suspect until", "suspect"),
+    ("provider step limit", "provider_step_limit"),
+    ("step limit reached", "step_limit"),
+)
+
+
+def unmet_rules(detail: object) -> list[str]:
+    """The rules an ``unmet_demand`` note's detail names (``no_room``: none of them; never raises)."""
+    if not isinstance(detail, str):
+        return []
+    text = detail.replace("provider step limit", "provider_step_limit")
+    found = [rule for words, rule in UNMET_RULES if words in (text if rule == "step_limit" else detail)]
+    return found or ["no_room"]
+
+
 class DaemonMetrics:
     """The daemon's registry (see the module docstring). ``snapshot``: the status document, read at each scrape."""
 
@@ -159,6 +183,14 @@ class DaemonMetrics:
                 registry=r,
             )
         )
+        self.unmet_rules = _Bounded(
+            Counter(
+                "provisionerd_unmet_demand_rules",
+                "Unmet-demand plan notes (emitted when an item's reasons change), by each rule the note names.",
+                ["rule"],
+                registry=r,
+            )
+        )
         r.register(SnapshotCollector(snapshot))
         self._joins = 0
         self._join_at: dict[int, float] = {}  # generation -> trio time of its join (until its resync)
@@ -203,6 +235,9 @@ class DaemonMetrics:
                 self.intents_committed.labels(provider, kind).inc()
             elif outcome in GATE_REFUSALS:
                 self.intents_refused.labels(provider, kind, outcome).inc()
+        elif event == "plan_note" and record.get("kind") == "unmet_demand":
+            for rule in unmet_rules(record.get("detail")):
+                self.unmet_rules.labels(rule).inc()
         elif event == "orphan_detected":
             self.orphan_findings.labels(provider, record.get("orphan_class"), record.get("action")).inc()
         elif event == "orphan_action":

@@ -120,7 +120,10 @@ def test_max_number_spills_to_the_next_offer_and_provider_cap_binds():
     again = w.plan(snapshot(2, item("d", 8)))
     assert [(a.provider, a.template_id, a.count) for a in again.actions] == [("q", "x", 1)]
     reasons = {r.template_id: r.reasons for r in again.decisions[0].rejected}
-    assert reasons == {"small": ("template at maxNumber 2 (2 live or requested)",), "big": ("provider cap 4 reached",)}
+    assert reasons == {
+        "small": ("template at maxNumber 2 (2 live or requested)",),
+        "big": ("max_machines 4/4 (provider cap reached)",),
+    }
 
 
 def test_step_limit_is_a_sliding_window():

@@ -113,7 +113,10 @@ def test_caps_and_step_limits_are_each_providers_own():
     w.commit_actions(result.actions)
     again = w.plan(snapshot(2, item("d", 10)))
     blocked = {r.provider: r.reasons[0] for r in again.decisions[0].blocked}
-    assert blocked == {"spot": "provider step limit 2 per 60s reached", "onprem": "provider cap 3 reached"}
+    assert blocked == {
+        "spot": "provider step limit 2 per 60s reached",
+        "onprem": "max_machines 3/3 (provider cap reached)",
+    }
     w.now += 60.0  # spot's window has passed; onprem stays at its cap
     assert [(a.provider, a.count) for a in w.plan(snapshot(3, item("d", 10))).actions] == [("spot", 2)]
 
