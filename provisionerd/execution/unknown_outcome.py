@@ -96,6 +96,13 @@ class UnknownOutcomeFlow:
             error = failed
             code = error.code if isinstance(error, ProviderRejected) else ""
             if not error.outcome_unknown and not isinstance(error, ProviderFailed):
+                if found is None:
+                    # A retry refused says nothing about what the earlier call made, and no listing showed it: the
+                    # intent stays open for recovery to list it later (never "nothing made"; seed 859785291).
+                    steps.observe_error(run, provider, intent.template_id, error)
+                    return None, RequestOutcome(
+                        op_id, provider, "unknown", code="list_failed", detail=f"retry refused: {error.detail}"[:500]
+                    )
                 if found:
                     await steps.commit_instances(intent, found)
                 return None, await steps.refused(run, intent, error)

@@ -8,7 +8,7 @@ import trio.lowlevel
 from lifecycle_fakes import BootingProvider
 from lifecycle_rig import BASE, item
 
-from provisionerd.domain.errors import ProviderRejected, ProviderTimeout
+from provisionerd.domain.errors import ProviderCrashed, ProviderRejected, ProviderTimeout
 from provisionerd.domain.model import TAG_OP, InstanceFact, RequestFailed, RequestIntent
 
 
@@ -159,3 +159,47 @@ def test_an_unexpected_error_in_one_action_does_not_stop_the_loop(run_rig):
     (crash,) = rig.events_of("action", phase="crashed")
     assert crash["error"] == "RuntimeError"
     assert len(rig.running()) == 1  # the intent of the crashed action was left to the loop's recovery
+
+
+class RetryRefused(BootingProvider):
+    """The first ``requestMachines`` makes its machines and crashes; the second (the retry) is refused; every
+    ``listMachines`` fails while ``listing_broken``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.crash_after_effect = 1
+        self.listing_broken = True
+        self.requests_seen = 0
+
+    async def call(self, action, input, *, timeout=None):
+        if action == "listMachines" and self.listing_broken:
+            self.call_log.append((trio.current_time(), action))
+            raise ProviderCrashed(self.name, action, "output is not JSON")
+        if action == "requestMachines":
+            self.requests_seen += 1
+            if self.requests_seen == 2:
+                self.call_log.append((trio.current_time(), action))
+                raise ProviderRejected(self.name, action, "capacity_unavailable", "none left")
+        return await super().call(action, input, timeout=timeout)
+
+
+def test_a_retry_refused_after_an_unknown_outcome_with_no_listing_leaves_the_op_open_not_failed(run_rig):
+    """The first call made the machines and crashed; the listing fails; the retry (same op_id) is refused. The
+    refusal says nothing about what the first call made, so no ``RequestFailed``: the intent stays open, and
+    recovery's later listing records the machines (seed 859785291: they ran with no fact)."""
+    provider = RetryRefused("p", {"small": 10}, launch_time=int(BASE))
+    seen = {}
+
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("d", 2))
+        await rig.wait_for(lambda: provider.requests_seen >= 2)
+        await trio.sleep(5)
+        seen["failed_after_refusal"] = list(rig.facts(RequestFailed))
+        provider.listing_broken = False
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 2, limit=600.0)
+
+    rig = run_rig(scenario, {"p": provider})
+    assert seen["failed_after_refusal"] == []
+    assert len({doc["op_id"] for _, doc in rig.calls("p", "requestMachines")}) == 1  # no new op while unknown
+    made = {m for m, doc in provider.machines.items() if doc["status"] != "terminated"}
+    assert {f.machine_id for f in rig.facts(InstanceFact)} == made and len(made) == 2

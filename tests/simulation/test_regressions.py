@@ -247,3 +247,10 @@ def test_seed_470068049_machines_a_lost_request_makes_again_after_the_reset_are_
     and recorded its machines in the new log; the convergence check counted them as explained by the lost log (the
     admin's) and saw 4 of 8. A machine the current log records is the daemon's."""
     assert "no_convergence" not in violated_now(470068049)
+
+
+def test_seed_859785291_a_retry_refused_after_an_unknown_outcome_does_not_fail_the_op():
+    """Was: the retry of a request whose first call's outcome was unknown (its listing unreadable) was refused, and
+    the op was failed as "nothing made" while the first call's machines ran with no fact. Fixed: the op stays open
+    for recovery's listing."""
+    assert "failed_with_machines" not in violated_now(859785291)
