@@ -254,3 +254,9 @@ def test_seed_859785291_a_retry_refused_after_an_unknown_outcome_does_not_fail_t
     the op was failed as "nothing made" while the first call's machines ran with no fact. Fixed: the op stays open
     for recovery's listing."""
     assert "failed_with_machines" not in violated_now(859785291)
+
+
+def test_seed_859789075_a_grant_sent_before_a_store_loss_belongs_to_the_old_era():
+    """Was (the invariant): a grant of 1.2 the lost controller sent before its store loss reached the daemon 2.6 s
+    after it, and was held until the amnesia was seen; filed by time in the new era, it read as 1.1 after 1.2."""
+    assert "epoch_regressed" not in violated_now(859789075)

@@ -260,7 +260,9 @@ def check_request_within_cap(
 
 def check_lease_history(rec: Recorder) -> None:
     """The pairwise lease rule over every belief of the run (see the module docstring), one controller era at a
-    time (a store loss starts the epochs again; across eras ``check_single_holder`` checked every instant)."""
+    time (a store loss starts the epochs again; across eras ``check_single_holder`` checked every instant). A
+    belief is filed under the era whose controller granted its epoch, even when the grant arrived after the loss
+    (``Recorder.hold``)."""
     for grants, beliefs in [*rec.past_eras, (rec.grants, rec.beliefs)]:
         _check_era(rec, grants, beliefs)
 

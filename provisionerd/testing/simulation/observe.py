@@ -208,9 +208,18 @@ class Recorder:
             if belief is not None:
                 self.release(instance, provider)
             belief = Belief(instance, provider, epoch, now, valid_until)
-            self.beliefs.append(belief)
+            self._era_of(provider, epoch).append(belief)
             self.open_beliefs[(instance, provider)] = belief
         invariants.check_single_holder(self, belief)
+
+    def _era_of(self, provider: str, epoch: Epoch) -> list[Belief]:
+        """The beliefs of the era whose controller granted ``epoch``: the current one, unless only an earlier
+        incarnation granted it (its grant, sent before a store loss, reached the daemon after it; seed 859789075)."""
+        if (provider, epoch) not in self.grants:
+            for grants, beliefs in reversed(self.past_eras):
+                if (provider, epoch) in grants:
+                    return beliefs
+        return self.beliefs
 
     def release(self, instance: str, provider: str | None = None) -> None:
         """The instance stopped trusting its lease(s) now (lapse, kill)."""
