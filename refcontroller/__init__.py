@@ -24,6 +24,7 @@ trio shell
 clients and entry points
     ``admin``      ``AdminClient`` (admin certificate, follows redirects)
     ``api``        ``open_refcontroller`` (in process) and ``open_refcontroller_process`` (subprocess)
-    ``demand_file`` the JSON demand document ``refcontroller admin demand --file`` reads (JSON Schema first)
+    (the JSON demand document ``refcontroller admin demand --file`` reads is ``provisionerd.config.demand_doc``,
+    the same reader ``provisionerd plan --what-if`` uses)
     ``cli``        ``refcontroller serve`` and ``refcontroller admin``
 """

@@ -59,13 +59,13 @@ from pathlib import Path
 
 import trio
 
+from provisionerd.config.demand_doc import parse_demand
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, Fact
 from refcontroller import addresses as addr
 from refcontroller import allocator, gate
 from refcontroller.admin import AdminClient, AdminError
 from refcontroller.credentials_address import AddressBoundJoin
-from refcontroller.demand_file import parse_demand
 from refcontroller.gate import Limits
 from refcontroller.jsonconv import unstructure
 from refcontroller.listeners import FACTS_FILE, ServeConfig, serve

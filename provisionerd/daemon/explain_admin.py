@@ -5,7 +5,7 @@
 inputs (the view's facts, hosts and demand, the planner state, the offers of the providers it holds the lease of,
 the policy in force, the settle window and the op book's actions in flight), explained per demand item by
 :func:`provisionerd.planner.explain.explain`. ``{"cmd": "plan_what_if", "part": TEXT, "more": bool, "upload": U}``:
-the same with the live demand replaced by a hypothetical one (a demand document, ``daemon.demand_doc``); a document
+the same with the live demand replaced by a hypothetical one (a demand document, ``config.demand_doc``); a document
 longer than one request line comes in parts (``more`` true: the reply names the ``upload`` the next part goes to).
 
 Both change nothing: the plan's result (its actions, its next state) is read and dropped; nothing is dispatched and
@@ -32,10 +32,10 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from provisionerd.config.demand_doc import parse_demand
 from provisionerd.controller.lease import LeaseKeeper, LeaseState
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.admin_socket import Command
-from provisionerd.daemon.demand_doc import parse_demand
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandSnapshot, Offer
 from provisionerd.planner.explain import MAX_SURPLUS, Explanation, explain

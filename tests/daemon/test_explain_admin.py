@@ -11,10 +11,10 @@ import attrs
 import pytest
 import trio
 
+from provisionerd.config.demand_doc import parse_demand
 from provisionerd.controller.lease import LeaseState, LeaseStatus
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon import explain_admin
-from provisionerd.daemon.demand_doc import SCHEMA, parse_demand
 from provisionerd.daemon.explain_admin import Explainer, Sources
 from provisionerd.domain.model import (
     CommittedFact,
@@ -136,10 +136,10 @@ def test_what_if_documents_come_in_parts_and_a_bad_one_is_refused_with_its_path(
     assert gone["ok"] is False and "upload expired or unknown" in gone["error"]
 
 
-def test_the_demand_schema_is_the_reference_controllers():
-    from refcontroller import demand_file
+def test_a_demand_document_reads_as_the_reference_controller_stores_demand():
+    """The document reader builds the same items the controller's stored form (``refcontroller.jsonconv``) gives."""
+    from refcontroller.jsonconv import demand_items_from_json
 
-    assert SCHEMA == demand_file.SCHEMA
     text = json.dumps(
         [
             {"demand_id": "a", "shape": {"ncpus": 2, "attributes": {"zone": "x"}}, "count": 3},
@@ -156,7 +156,7 @@ def test_the_demand_schema_is_the_reference_controllers():
             },
         ]
     )
-    assert parse_demand(text) == demand_file.parse_demand(text)
+    assert parse_demand(text) == demand_items_from_json(text)
 
 
 @pytest.mark.parametrize("only", ["nosuch", ""])

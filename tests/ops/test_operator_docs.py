@@ -7,9 +7,9 @@ import logging
 import re
 from pathlib import Path
 
+from provisionerd.config.demand_doc import SCHEMA
 from provisionerd.pki.certs import init_certs
 from provisionerd.telemetry.severity import SEVERITY
-from refcontroller.demand_file import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = (ROOT / "docs" / "operations.md").read_text()

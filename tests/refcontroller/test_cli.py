@@ -12,13 +12,13 @@ import trio
 from rc_client import on_real_clock, tls_peer
 from rigs import procs
 
+from provisionerd.config.demand_doc import parse_demand
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, ResourceShape, Role
 from provisionerd.wire.messages import DemandPage, Join, JoinReply
 from refcontroller import addresses
 from refcontroller.api import open_refcontroller_process
 from refcontroller.cli import main
-from refcontroller.demand_file import parse_demand
 
 
 def admin_cli(certs: Path, connect: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

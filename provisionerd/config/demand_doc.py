@@ -1,12 +1,11 @@
-"""A hypothetical demand document for ``provisionerd plan --what-if FILE``: the demand item schema of the reference
-controller's demand file (``refcontroller admin demand --file``, docs/operations.md), read on the daemon's side.
+"""A demand document: the JSON array of demand items that ``refcontroller admin demand --file`` sends and
+``provisionerd plan --what-if FILE`` plans for (docs/operations.md). One schema and one reader for both.
 
 A JSON array of items ``{"demand_id": str, "shape": {"ncpus": int, "mem_mb": int, "gpus": int, "gpu_type":
 str|null, "arch": str|null, "attributes": {str: str}}, "count": int, "max_hourly_cost": number|null, "providers":
 [str], "placement": {str: str}, "reservation": str, "release": "" | "on_completion", "cost_currency": str}``; only
 ``demand_id``, ``shape`` and ``count`` are required. Checked against the JSON Schema first (so ``"5"`` or ``5.7``
-is refused, never coerced), then built into :class:`~provisionerd.domain.model.DemandItem` values. The daemon may
-not import ``refcontroller``; ``tests/daemon/test_demand_doc.py`` keeps the two schemas equal.
+is refused, never coerced), then built into :class:`~provisionerd.domain.model.DemandItem` values.
 """
 
 from __future__ import annotations
