@@ -261,18 +261,7 @@ class Config:
     def from_file(cls, path: str | Path) -> Config:
         """Read, validate and structure ``path``. Raises ``ConfigError`` (with every problem) on any failure."""
         path = Path(path)
-        try:
-            with path.open("rb") as f:
-                data = f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {str(path)!r}", [f"(file): {exc.strerror or exc}"]) from None
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): larger than {MAX_CONFIG_BYTES} bytes"])
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): not UTF-8 ({exc.reason})"]) from None
-        config = cls.from_toml(text, base_dir=path.resolve().parent, name=str(path))
+        config = cls.from_toml(_read_text(path), base_dir=path.resolve().parent, name=str(path))
         return attrs.evolve(config, source=path.resolve())
 
     @classmethod
@@ -289,16 +278,7 @@ class Config:
         """The parsed TOML document of ``path``, unchecked; ``ConfigError`` when it cannot be read or parsed."""
         path = Path(path)
         try:
-            with path.open("rb") as f:
-                data = f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {str(path)!r}", [f"(file): {exc.strerror or exc}"]) from None
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): larger than {MAX_CONFIG_BYTES} bytes"])
-        try:
-            return tomllib.loads(data.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): not UTF-8 ({exc.reason})"]) from None
+            return tomllib.loads(_read_text(path))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {str(path)!r} is not valid TOML", [f"(file): {exc}"]) from None
 
@@ -376,3 +356,18 @@ def _make_converter() -> cattrs.Converter:
 
 
 _converter = _make_converter()
+
+
+def _read_text(path: Path) -> str:
+    """The text of a config file: bounded (``MAX_CONFIG_BYTES``), UTF-8; ``ConfigError`` otherwise."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {str(path)!r}", [f"(file): {exc.strerror or exc}"]) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): larger than {MAX_CONFIG_BYTES} bytes"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {str(path)!r} is invalid", [f"(file): not UTF-8 ({exc.reason})"]) from None
