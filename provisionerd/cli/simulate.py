@@ -47,22 +47,31 @@ def _parser() -> argparse.ArgumentParser:
         help="long churn runs of HOURS virtual hours (demand changes every few minutes; link and daemon faults);"
         " each run prints its history figures",
     )
+    p.add_argument(
+        "--legacy-share",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="the share of one-daemon lifecycle runs whose provider is a slow LSF one-shot plugin behind the legacy"
+        " adapter (default 0: not in the campaign yet; 0.3 gives about one run in ten)",
+    )
     return p
 
 
-def _overrides(workload: str, churn_hours: float = 0.0) -> dict[str, Any]:
+def _overrides(workload: str, churn_hours: float = 0.0, legacy_share: float = 0.0) -> dict[str, Any]:
     from provisionerd.testing.simulation import churn
 
     if churn_hours > 0:
         return churn.settings_for(churn_hours)
-    return {} if workload == "any" else {"workload": workload}
+    drawn: dict[str, Any] = {} if workload == "any" else {"workload": workload}
+    return {**drawn, "legacy_share": legacy_share} if legacy_share else drawn
 
 
-def _run(job: tuple[int, str, float, float]) -> dict[str, Any]:
+def _run(job: tuple[int, str, float, float, float]) -> dict[str, Any]:
     from provisionerd.testing.simulation import World, run_world
 
-    seed, workload, budget, churn_hours = job
-    world = World(seed, keep_trace=False, **_overrides(workload, churn_hours))
+    seed, workload, budget, churn_hours, legacy_share = job
+    world = World(seed, keep_trace=False, **_overrides(workload, churn_hours, legacy_share))
     result = run_world(world, wall_budget=budget)
     first = result.first
     line: dict[str, Any] = {"seed": seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
@@ -80,7 +89,7 @@ def _run(job: tuple[int, str, float, float]) -> dict[str, Any]:
     return line
 
 
-def _results(jobs: list[tuple[int, str, float, float]], processes: int) -> Iterator[dict[str, Any]]:
+def _results(jobs: list[tuple[int, str, float, float, float]], processes: int) -> Iterator[dict[str, Any]]:
     if processes <= 1:
         yield from map(_run, jobs)
         return
@@ -88,10 +97,10 @@ def _results(jobs: list[tuple[int, str, float, float]], processes: int) -> Itera
         yield from pool.imap(_run, jobs, chunksize=4)
 
 
-def _trace(seed: int, workload: str, budget: float, churn_hours: float = 0.0) -> int:
+def _trace(seed: int, workload: str, budget: float, churn_hours: float = 0.0, legacy_share: float = 0.0) -> int:
     from provisionerd.testing.simulation import World, run_world
 
-    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours))
+    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, legacy_share))
     print(
         json.dumps(
             {"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
@@ -118,17 +127,27 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse printed the problem (or the help)
         return int(exc.code or 0)
     budget = args.wall_budget if args.wall_budget is not None else 120.0 * max(1.0, args.churn)
-    if args.seeds < 0 or args.jobs < 1 or args.start < 0 or budget <= 0 or not 0 <= args.churn <= 24 * 365:
+    if (
+        args.seeds < 0
+        or args.jobs < 1
+        or args.start < 0
+        or budget <= 0
+        or not 0 <= args.churn <= 24 * 365
+        or not 0 <= args.legacy_share <= 1
+    ):
         print(
             "provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0,"
-            " --churn between 0 and 8760 hours",
+            " --churn between 0 and 8760 hours, --legacy-share between 0 and 1",
             file=sys.stderr,
         )
         return 2
     if args.trace is not None:
-        return _trace(args.trace, args.workload, budget, args.churn)
+        return _trace(args.trace, args.workload, budget, args.churn, args.legacy_share)
     started = time.perf_counter()
-    jobs = [(seed, args.workload, budget, args.churn) for seed in range(args.start, args.start + args.seeds)]
+    jobs = [
+        (seed, args.workload, budget, args.churn, args.legacy_share)
+        for seed in range(args.start, args.start + args.seeds)
+    ]
     failing, virtual = 0, 0.0
     for line in _results(jobs, args.jobs):
         virtual += line["virtual_s"]

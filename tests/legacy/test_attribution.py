@@ -37,6 +37,23 @@ def test_the_one_request_only_the_lost_call_can_have_made_is_its_answer() -> Non
     assert request_of_lost_call(CALL, [request("r-1")], known=(), rivals=[LostCall("small", 2)]) is None
 
 
+def test_a_rival_that_had_ended_before_the_request_was_made_did_not_make_it() -> None:
+    """Seed 84 of the legacy simulation: an earlier lost call that had made nothing stayed a rival of every later
+    lost call of the same shape, so none was ever attributed and their machines ran with no fact."""
+    call = LostCall("small", 2, started_ms=1_000_000, ended_ms=1_020_000)
+    made = request("r-1", at=1_010_000)
+    ended_long_before = LostCall("small", 2, started_ms=900_000, ended_ms=1_010_000 - SKEW_MS - 1)
+    still_running = LostCall("small", 2, started_ms=900_000, ended_ms=0)
+    ended_within_skew = LostCall("small", 2, started_ms=900_000, ended_ms=1_010_000 - SKEW_MS)
+    started_after = LostCall("small", 2, started_ms=1_010_000 + SKEW_MS + 1)
+    assert request_of_lost_call(call, [made], known=(), rivals=[ended_long_before]) == made
+    assert request_of_lost_call(call, [made], known=(), rivals=[started_after]) == made
+    assert request_of_lost_call(call, [made], known=(), rivals=[still_running]) is None
+    assert request_of_lost_call(call, [made], known=(), rivals=[ended_within_skew]) is None
+    assert request_of_lost_call(call, [request("r-1", at=1_020_000 + SKEW_MS + 1)], known=()) is None  # after it
+    assert request_of_lost_call(call, [request("r-1", at=0)], known=(), rivals=[ended_long_before]) is None
+
+
 @given(
     st.lists(
         st.tuples(st.sampled_from(["small", "large"]), st.integers(1, 3), st.sampled_from(["running", "terminated"])),

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -46,15 +46,17 @@ from provisionerd.provider.legacy.journal import (
     UNKNOWN,
     CreateOp,
     Journal,
+    JournalStore,
     PluginCall,
     ReturnOp,
 )
+from provisionerd.provider.legacy.plugin_state import PluginState, state_file
 from provisionerd.provider.legacy.rules import LEGACY_FEATURES, LSF_ACTIONS, UserDataTemplate, machine_alive
 from provisionerd.provider.legacy.shapes import lsf_request, normalise, salvage_request_id, with_machine_ids
 from provisionerd.provider.legacy.state_files import READERS, StateRead
 from provisionerd.provider.legacy.status import NOT_REPORTED, create_entry, return_entry, unknown_entry
-from provisionerd.provider.oneshot import OneShotProvider, op_of
-from provisionerd.provider.runtime import check_input, check_output, join_tokens, redactor_for
+from provisionerd.provider.oneshot import op_of
+from provisionerd.provider.runtime import ProviderConfig, check_input, check_output, join_tokens, redactor_for
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,31 @@ class LegacySettings:
     state_file: str = ""  # the layout of the plugin's own state file (``legacy.state_files.READERS``), if known
 
 
+class CallRunner(Protocol):
+    """What the adapter runs its plugin's calls with: ``OneShotProvider`` (the simulation has its own)."""
+
+    name: str
+    config: ProviderConfig
+
+    def take_finished(self) -> list[Collected]: ...
+
+    def pending_ops(self) -> set[str]: ...
+
+    async def take_op(self, op: str) -> list[Collected]: ...
+
+    async def run_document(
+        self,
+        action: str,
+        document: Mapping[str, Any],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+        secrets: Collection[str] = (),
+        partial: bytearray | None = None,
+        key: str = "",
+        op: str = "",
+    ) -> Any: ...
+
+
 class LegacyProvider:
     """A ``PluginTransport`` over a one-shot legacy plugin. Calls may run concurrently (trio tasks).
 
@@ -98,17 +125,33 @@ class LegacyProvider:
     legacy = True
     features: Mapping[str, bool] = LEGACY_FEATURES
 
-    def __init__(self, runner: OneShotProvider, settings: LegacySettings = LegacySettings()) -> None:
+    def __init__(
+        self,
+        runner: CallRunner,
+        settings: LegacySettings = LegacySettings(),
+        *,
+        journal_store: JournalStore | None = None,
+        plugin_state: PluginState | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``journal_store`` and ``plugin_state`` default to the files ``settings`` names, ``wall`` to the system's
+        clock (the simulation gives its simulated host's and its world's)."""
+        self._wall = wall
         self.runner = runner
         self.name = runner.name
         self.settings = settings
-        self.journal = Journal(settings.journal_path, settings.max_ops)
+        self.journal = Journal(settings.journal_path, settings.max_ops, store=journal_store)
+        data_dir = str(runner.config.data_dir or "")
+        self._state = plugin_state if plugin_state is not None else state_file(settings.state_file, data_dir)
         self._redact = redactor_for(runner.config)
         self._in_flight: set[str] = set()
         self._collect(runner.take_finished())  # calls that ended while no daemon was there to read them
 
     async def aclose(self) -> None:
         """Nothing to close: each plugin call is its own process."""
+
+    def _wall_ms(self) -> int:
+        return int(self._wall() * 1000)
 
     def unknown_outcomes(self) -> list[dict[str, Any]]:
         """Create ops with a call whose outcome is unknown: for the daemon's recovery (it fails such an op) and the
@@ -138,7 +181,6 @@ class LegacyProvider:
     def _attribute_lost(self, pending: set[str]) -> None:
         """Try ``_attribute`` on every call whose outcome is unknown (not one still running), reading the plugin's
         state file once, and only when there is such a call and a reader."""
-        reader = READERS.get(self.settings.state_file)
         lost = [
             (op, call)
             for op in self.journal.unknown_creates()
@@ -146,9 +188,9 @@ class LegacyProvider:
             for call in op.calls
             if call.state == UNKNOWN
         ]
-        if reader is None or not lost:
+        if self._state is None or not lost:
             return
-        read = reader(self.runner.config.data_dir)
+        read = self._state.read()
         for op, call in lost:
             self._attribute(op, call, read)
 
@@ -164,13 +206,13 @@ class LegacyProvider:
             return False
         known = {c.request_id for o in self.journal.creates.values() for c in o.calls if c.request_id}
         rivals = [
-            LostCall(o.template_id, len(c.refs), c.started_ms)
+            LostCall(o.template_id, len(c.refs), c.started_ms, c.ended_ms)
             for o in self.journal.creates.values()
             for c in o.calls
             if c is not call and c.state in (UNKNOWN, CALLING)
         ]
         found = request_of_lost_call(
-            LostCall(op.template_id, len(call.refs), call.started_ms), read.requests, known, rivals
+            LostCall(op.template_id, len(call.refs), call.started_ms, call.ended_ms), read.requests, known, rivals
         )
         if found is None:
             return False
@@ -183,8 +225,7 @@ class LegacyProvider:
     def _what_the_plugin_recorded(self, found: list[dict[str, Any]]) -> None:
         """Add to each unknown outcome the plugin's own records the journal does not account for (its state file,
         through the configured reader: ``legacy.state_files``), or exactly what cannot be seen without one."""
-        reader = READERS.get(self.settings.state_file)
-        if reader is None:
+        if self._state is None:
             for entry in found:
                 entry["cannot_see"] = (
                     f"the machines made for {', '.join(entry['instance_refs'])} (template {entry['template']}): "
@@ -192,7 +233,7 @@ class LegacyProvider:
                     f"known: {', '.join(sorted(READERS))})"
                 )
             return
-        read = reader(self.runner.config.data_dir)
+        read = self._state.read()
         if read.problem:
             for entry in found:
                 entry["cannot_see"] = (
@@ -293,10 +334,11 @@ class LegacyProvider:
             if request_id is None:
                 call.state = UNKNOWN if unknown else REFUSED
                 call.detail = f"collected after a restart: {type(done.error).__name__}: {done.error}"[:300]
+                if isinstance(call, PluginCall):
+                    call.ended_ms = self._wall_ms()  # it had ended by now
                 log.warning("provider %s: %s %s: %s", self.name, done.action, op_id, call.detail)
-                reader = READERS.get(self.settings.state_file)
-                if call.state == UNKNOWN and isinstance(call, PluginCall) and reader is not None and op is not None:
-                    self._attribute(op, call, reader(self.runner.config.data_dir))
+                if call.state == UNKNOWN and isinstance(call, PluginCall) and self._state and op is not None:
+                    self._attribute(op, call, self._state.read())
                 return True
         call.state, call.request_id = ACCEPTED, request_id
         call.detail = "collected after a restart"
@@ -336,6 +378,7 @@ class LegacyProvider:
             for call in op.calls:
                 if call.state == CALLING:  # cancelled while the plugin ran (a lost lease, shutdown): unknown
                     call.state, call.detail = UNKNOWN, "the call was cancelled while the plugin ran"
+                    call.ended_ms = self._wall_ms()  # its process group was killed
             self.journal.save()
         if not op.accepted():
             assert failure is not None
@@ -370,7 +413,7 @@ class LegacyProvider:
                     later.detail = "not requested: no time left within the call's deadline"
                 return None
             lsf, secrets = lsf_request(doc, call.refs, self.settings.user_data, self.settings.rc_account)
-            call.state, call.key, call.started_ms = CALLING, f"create:{op.op_id}:{index}", int(time.time() * 1000)
+            call.state, call.key, call.started_ms = CALLING, f"create:{op.op_id}:{index}", self._wall_ms()
             self.journal.save()  # before the plugin runs: a crash from here on leaves an unknown outcome behind
             partial = bytearray()
             try:
@@ -392,10 +435,9 @@ class LegacyProvider:
                     continue
                 call.state = UNKNOWN if exc.outcome_unknown else REFUSED
                 call.detail = f"{type(exc).__name__}: {exc.detail}"[:300]
-                reader = READERS.get(self.settings.state_file)
-                if call.state == UNKNOWN and reader is not None:
-                    read = await trio.to_thread.run_sync(reader, self.runner.config.data_dir)
-                    if self._attribute(op, call, read):
+                call.ended_ms = self._wall_ms()
+                if call.state == UNKNOWN and self._state is not None:
+                    if self._attribute(op, call, await self._state.aread()):
                         continue
                 for later in op.calls[index + 1 :]:
                     later.detail = "not requested after an earlier call failed"

@@ -6,7 +6,8 @@ set of machines: a call is recorded as ``calling`` *before* the plugin runs (wri
 answer moves it on. A record still ``calling`` when the journal is loaded again belonged to a process that died
 mid-call: its outcome is unknown.
 
-The file (``path``; empty = memory only) is JSON, replaced atomically. It is bounded: at most ``max_ops`` create
+The file (``path``; empty = memory only) is JSON, replaced atomically (``JournalFile``; the simulation keeps it in
+its simulated host's memory through the same ``JournalStore`` interface). It is bounded: at most ``max_ops`` create
 and ``max_ops`` return operations are kept, the oldest dropped first (a dropped create's requestId then answers as
 unknown). Sync I/O on purpose: a few KiB, written only when a mutation starts or ends or a machine is first seen.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -41,6 +42,7 @@ class PluginCall:
     detail: str = ""
     key: str = ""  # the key its plugin call was run with (``provider.calls``): found again after a restart
     started_ms: int = 0  # wall clock when the plugin was started (``legacy.attribution``)
+    ended_ms: int = 0  # wall clock by which it had ended, when its outcome is unknown (0: not known)
 
 
 @attrs.define
@@ -77,17 +79,47 @@ class ReturnOp:
     detail: str = ""
 
 
-class Journal:
-    """In memory, mirrored to ``path`` after each ``save``. ``creates``/``returns`` are keyed by op_id, oldest
-    first."""
+class JournalStore(Protocol):
+    """Where the journal's document survives the process: ``read`` gives the last one written (``None``: none yet;
+    ``OSError``/``ValueError`` when it cannot be read), ``write`` replaces it durably."""
 
-    def __init__(self, path: str = "", max_ops: int = 4096) -> None:
-        self.path = path
+    @property
+    def where(self) -> str: ...
+
+    def read(self) -> Any: ...
+
+    def write(self, document: dict[str, Any]) -> None: ...
+
+
+@attrs.frozen
+class JournalFile:
+    """The journal's file: JSON, replaced atomically and fsync'd (a ``calling`` record must survive the crash it
+    exists for)."""
+
+    where: str
+
+    def read(self) -> Any:
+        if not os.path.exists(self.where):
+            return None
+        with open(self.where, encoding="utf-8") as f:
+            return json.load(f)
+
+    def write(self, document: dict[str, Any]) -> None:
+        write_private_json(self.where, document)
+
+
+class Journal:
+    """In memory, mirrored to its store after each ``save`` (``path``: a ``JournalFile``; neither: memory only).
+    ``creates``/``returns`` are keyed by op_id, oldest first."""
+
+    def __init__(self, path: str = "", max_ops: int = 4096, *, store: JournalStore | None = None) -> None:
+        self.store: JournalStore | None = store if store is not None else JournalFile(path) if path else None
+        self.path = self.store.where if self.store is not None else ""
         self.max_ops = max_ops
         self.creates: dict[str, CreateOp] = {}
         self.returns: dict[str, ReturnOp] = {}
-        if path and os.path.exists(path):
-            self._load()
+        if self.store is not None:
+            self._load(self.store)
 
     def machine_index(self) -> dict[str, tuple[CreateOp, SeenMachine]]:
         """Every machine a create request reported, by machine id."""
@@ -104,19 +136,20 @@ class Journal:
         for table in (self.creates, self.returns):
             while len(table) > self.max_ops:
                 del table[next(iter(table))]
-        if not self.path:
+        if self.store is None:
             return
         document = {
             "version": 1,
             "creates": [attrs.asdict(op) for op in self.creates.values()],
             "returns": [attrs.asdict(op) for op in self.returns.values()],
         }
-        write_private_json(self.path, document)  # fsync'd: a "calling" record must survive the crash it exists for
+        self.store.write(document)
 
-    def _load(self) -> None:
+    def _load(self, store: JournalStore) -> None:
         try:
-            with open(self.path, encoding="utf-8") as f:
-                document = json.load(f)
+            document = store.read()
+            if document is None:
+                return
             for raw in document["creates"]:
                 op = CreateOp(
                     op_id=raw["op_id"],

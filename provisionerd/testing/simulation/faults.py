@@ -104,6 +104,9 @@ FOREIGN_ID_CHANCE = 0.2
 KILL_MID_CALL_CHANCE = 0.3
 #: Agents restarted on their machines (issue 31 item 7, "agent restarts"): drawn after the kill mid-call.
 AGENT_RESTART_CHANCE = 0.3
+#: Not a fault: the share of lifecycle worlds whose provider is a slow LSF one-shot plugin behind the legacy adapter
+#: (issue 31 item 7, "legacy mode included"; ``lsf.py``) when a campaign asks for them (``simulate --legacy-share``).
+LEGACY_CHANCE = 0.3
 
 
 @attrs.frozen

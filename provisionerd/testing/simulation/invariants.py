@@ -51,7 +51,7 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from provisionerd.domain.model import TAG_INSTANCE, TAG_OP, RequestIntent, ReturnIntent
+from provisionerd.domain.model import TAG_INSTANCE, TAG_OP, InstanceFact, RequestIntent, Returned, ReturnIntent
 from provisionerd.planner.fact_view import fold
 
 if TYPE_CHECKING:
@@ -191,20 +191,23 @@ def check_mutation(rec: Recorder, m: Mutation) -> None:
 
 
 def check_creation(rec: Recorder, creation: Creation) -> None:
+    """No instance reference of an op is made twice, and an op makes no more machines than its intent counts (a
+    legacy op with per-machine userData makes its machines one call each: several creations, distinct refs)."""
     made = rec.creations[creation.op_id]
-    if len(made) > 1:
+    refs = [r for c in made for r in c.instance_refs]
+    if len(refs) != len(set(refs)):
         rec.violate(
             "op_created_twice",
             f"op {creation.op_id} created machines {len(made)} times: "
             + "; ".join(f"{list(c.machine_ids)} by {c.caller}" for c in made),
         )
         return
+    total = sum(len(c.machine_ids) for c in made)
     intents = [c.fact for c in rec.commits_by_op.get((RequestIntent.__name__, creation.op_id), [])]
-    if intents and len(creation.machine_ids) > max(i.count for i in intents):
+    if intents and total > max(i.count for i in intents):
         rec.violate(
             "op_created_twice",
-            f"op {creation.op_id} created {len(creation.machine_ids)} machines for an "
-            f"intent of {max(i.count for i in intents)}",
+            f"op {creation.op_id} created {total} machines for an intent of {max(i.count for i in intents)}",
         )
 
 
@@ -318,6 +321,33 @@ def check_machines_explained(
                 f"{provider}: machine {machine_id} (op {op_id!r}, instance "
                 f"{ref!r}) is explained by no committed intent or orphan finding",
             )
+
+
+def check_legacy_machines_explained(
+    rec: Recorder, provider: str, machines: Iterable[dict[str, object]], reported: set[str]
+) -> None:
+    """A legacy plugin's machines carry no tags and cannot be listed: each live one is named by a committed
+    ``InstanceFact`` no ``Returned`` fact followed, or reported (``reported``: machine ids of committed orphan
+    findings, and those the daemon's orphan report names from the plugin's own record)."""
+    facts: dict[str, str] = {}
+    for commit in rec.commits:
+        if commit.provider != provider:
+            continue
+        if isinstance(commit.fact, InstanceFact):
+            facts[commit.fact.machine_id] = "instance"
+        elif isinstance(commit.fact, Returned):
+            for machine_id in commit.fact.machine_ids:
+                facts[machine_id] = "returned"
+    for machine in machines:
+        machine_id = str(machine["machineId"])
+        if machine_id in reported or facts.get(machine_id) == "instance":
+            continue
+        why = "returned by a fact" if facts.get(machine_id) == "returned" else "named by no instance fact"
+        rec.violate(
+            "unexplained_machine",
+            f"{provider}: legacy machine {machine_id} (instance {machine.get('instanceRef', '')!r}) runs, {why}, "
+            "and no orphan finding or report names it",
+        )
 
 
 def _now() -> float:

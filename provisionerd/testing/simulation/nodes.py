@@ -36,8 +36,11 @@ from provisionerd.controller.memory_file import InMemory
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.model import CommittedFact, Epoch, Fact
 from provisionerd.provider.client import PluginClient
+from provisionerd.provider.runtime import PluginTransport
+from provisionerd.provider.runtime import ProviderConfig as RuntimeConfig
 from provisionerd.telemetry.events import EventLog
 from provisionerd.testing.simulation.cloud import WALL_EPOCH, CloudClient, SimCloud
+from provisionerd.testing.simulation.lsf import SimLegacyHost, SimLsfPlugin, SimLsfRunner, legacy_client
 from provisionerd.testing.simulation.observe import CallerLease, Commit, Recorder
 from refcontroller.cluster import Cluster
 from refcontroller.commits import Rejection
@@ -98,6 +101,10 @@ class SimEventLog(EventLog):
         return record
 
 
+#: A legacy world's share for one daemon start: the plugin, the slot's host, the world's nursery.
+LegacyWorld = tuple[SimLsfPlugin, SimLegacyHost, trio.Nursery]
+
+
 @attrs.frozen
 class DaemonSettings:
     """What the world decides for every daemon of a run (drawn from the seed)."""
@@ -114,13 +121,14 @@ class DaemonSettings:
     lifecycle: dict[str, Any] = attrs.field(factory=dict)  # DaemonCore keyword arguments (loop_settings...)
 
 
-def lifecycle_options(settings: DaemonSettings, client: CloudClient, rng: random.Random) -> dict[str, Any]:
+def lifecycle_options(settings: DaemonSettings, transport: PluginTransport, rng: random.Random) -> dict[str, Any]:
     """What ``DaemonCore`` needs, when it wires the provisioning lifecycle, to run it in the simulation: the
-    simulated cloud instead of plugin processes, trio's clock as the wall clock. Empty for a core without it."""
+    simulated cloud instead of plugin processes (``transport``: the cloud's client, or the legacy adapter over the
+    simulated LSF plugin), trio's clock as the wall clock. Empty for a core without it."""
     if "providers" not in inspect.signature(DaemonCore).parameters:
         return {}
     return {
-        "providers": {settings.provider: PluginClient(client)},
+        "providers": {settings.provider: PluginClient(transport)},
         "wall": lambda: WALL_EPOCH + trio.current_time(),
         **settings.lifecycle,
     }
@@ -139,7 +147,9 @@ class DaemonNode:
         identity: str | None = None,
         memory: InMemory | None = None,
         joined: JoinedRefs | None = None,
+        legacy: LegacyWorld | None = None,
     ) -> None:
+        """``legacy``: the provider is the simulated LSF plugin behind the production legacy adapter (``lsf``)."""
         self.slot = slot
         self.identity = identity or f"prov-{slot}"
         self.instance = f"{slot}#{incarnation}"
@@ -173,13 +183,19 @@ class DaemonNode:
         )
         self.client = CloudClient(cloud, self.lease_snapshot)
         self.provider = PluginClient(self.client)  # the typed client over it, as the daemon's own code calls it
+        transport: PluginTransport = self.client
+        self.lsf_runner: SimLsfRunner | None = None
+        if legacy is not None:
+            plugin, host, nursery = legacy
+            oneshot = RuntimeConfig(settings.provider, settings.cluster, "/sim/lsf")
+            transport, self.lsf_runner = legacy_client(plugin, host, oneshot, self.lease_snapshot, nursery)
         self.core = DaemonCore(
             config,
             connect=connect,
             events=self.events,
             rng=rng,
             instance=self.instance.replace("#", "-"),
-            **lifecycle_options(settings, self.client, rng),
+            **lifecycle_options(settings, transport, rng),
         )
         if joined is not None:  # the slot's file of machines seen joined: this host's, across its restarts
             self.core.session.joined = joined
@@ -211,7 +227,10 @@ class DaemonNode:
             self.recorder.learned.add(self.instance)
 
     def kill(self) -> None:
-        """The process dies now: nothing it believed survives, nothing it started continues."""
+        """The process dies now: nothing it believed survives, nothing it started continues (but the one-shot
+        plugin calls it started, each in its own session)."""
+        if self.lsf_runner is not None:
+            self.lsf_runner.process_died()
         self.scope.cancel()
         self.recorder.release(self.instance)
         self.recorder.note(self.instance, "killed")
@@ -222,6 +241,8 @@ class DaemonNode:
             return
         with trio.move_on_after(5.0):
             await self.core.release_leases()
+        if self.lsf_runner is not None:
+            self.lsf_runner.process_died()  # KillMode=process: its one-shot calls run on
         self.scope.cancel()
         self.recorder.release(self.instance)
         self.recorder.note(self.instance, "stopped")
