@@ -22,6 +22,8 @@ WORKLOADS = ("any", "gate", "lifecycle")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from provisionerd.testing.simulation.faults import LEGACY_CHANCE
+
     p = argparse.ArgumentParser(prog="provisionerd simulate", description="seeded whole-system simulation campaign")
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
     p.add_argument("--start", type=int, default=0, help="first seed (default 0)")
@@ -50,10 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--legacy-share",
         type=float,
-        default=0.0,
+        default=LEGACY_CHANCE,
         metavar="P",
-        help="the share of one-daemon lifecycle runs whose provider is a slow LSF one-shot plugin behind the legacy"
-        " adapter (default 0: not in the campaign yet; 0.3 gives about one run in ten)",
+        help="the chance that a one-daemon lifecycle run without a twin has a slow LSF one-shot plugin behind the"
+        f" legacy adapter as its provider (default {LEGACY_CHANCE}: about one run in six; 0: none)",
     )
     return p
 

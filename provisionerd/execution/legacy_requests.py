@@ -59,6 +59,10 @@ class LegacyRequestFlow:
         return await self._steps.refused(run, intent, error)
 
     async def _settle_unknown(self, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
+        """Fail the op, first committing what its answered calls made (a per-machine op may have had some answered
+        before one was lost: failed unlisted, their machines would run with no fact; the adapter lists them)."""
+        found = await self._steps.list_op(intent.provider, intent.op_id)
+        made = await self._steps.commit_instances(intent, found) if found else ()
         reason = unknown_reason(error)
         self._deps.events.emit(
             "request_outcome_unknown",
@@ -77,7 +81,8 @@ class LegacyRequestFlow:
             intent.op_id,
             intent.provider,
             "unknown",
-            code="outcome_unknown" if committed else "commit_failed",
+            made or (),
+            code="outcome_unknown" if committed and made is not None else "commit_failed",
             detail=reason,
         )
 

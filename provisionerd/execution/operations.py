@@ -262,7 +262,10 @@ class Operations:
             return True  # nothing to list: no intent in the view, or a provider this daemon does not serve
         client = self._executor.client(intent.intent.provider)
         if client.legacy and op_id in {u.op_id for u in client.unknown_outcomes()}:
-            return True  # a legacy call whose outcome is unknown can never be listed: the orphan report names it
+            # What its answered calls made is listed and committed once; what the unknown call made can never be
+            # listed: the orphan report names it.
+            await self._executor.attribute_op(intent.intent)
+            return True
         if record.deferred_since is not None and trio.current_time() - record.deferred_since >= DEFER_MAX:
             self._events.emit(
                 "action", phase="deferred", op_id=op_id, provider=intent.intent.provider, kind="fail", reason="gave_up"

@@ -256,10 +256,14 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     wanted = min(steps[-1].count, s.capacity, s.provider_cap)
     # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
     current = None if world.cluster is None else world.cluster.store
+    # So are a legacy plugin's machines that the orphan report names (a lost call's, not told apart from another's).
+    reported = world.named_by_report()
     ours = [
         m
         for m in world.cloud.running()
-        if m["tags"].get(TAG_CLUSTER) == CLUSTER and not world.losses.explained(m, current)
+        if m["tags"].get(TAG_CLUSTER) == CLUSTER
+        and not world.losses.explained(m, current)
+        and m["machineId"] not in reported
     ]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
     if len(ours) != wanted or len(joined) != wanted:

@@ -300,7 +300,8 @@ class SimLsfRunner:
         call = SimCall(action, op, key, trio.current_time() + limit)
         if action in MUTATIONS:
             self.host.calls.append(call)  # its call directory, before the plugin starts
-            self.plugin.recorder.mutation(Mutation(trio.current_time(), self.name, action, op, caller))
+            later = key.startswith("create:") and not key.endswith(":0")  # a per-machine call after the first
+            self.plugin.recorder.mutation(Mutation(trio.current_time(), self.name, action, op, caller, later))
         else:
             self.plugin.recorder.note("provider", "call", action=action, caller=caller.instance)
         self._nursery.start_soon(self._run, call, document, caller.instance)
@@ -324,6 +325,7 @@ class SimLsfRunner:
         """The plugin process: acts at some point, answers (or not) under the cloud's fault window; killed at its
         deadline (``ProviderTimeout``) or when its living caller is cancelled (then nobody reads it)."""
         cloud, rng = self.plugin.cloud, self.plugin.rng
+        answer: dict[str, Any] | None = None
         with call.scope:
             with trio.move_on_at(call.deadline) as deadline:
                 await trio.sleep(cloud.latency * cloud.slow * (0.2 + rng.random()))
@@ -332,7 +334,6 @@ class SimLsfRunner:
                     call.error = ProviderFailed(self.name, call.action, "simulated refusal: Request failed")
                     call.done.set()
                     return
-                answer: dict[str, Any] | None = None
                 if fault is None or rng.random() < 0.5:  # a fault may strike after the plugin acted
                     try:
                         answer = self.plugin.act(call.action, document, call.op, caller)
@@ -353,6 +354,8 @@ class SimLsfRunner:
                     await trio.sleep_forever()
             if deadline.cancelled_caught:
                 call.error = ProviderTimeout(self.name, call.action, "no answer within its deadline (simulated)")
+            if answer is not None and call.document is None and call.op:
+                self.plugin.recorder.lost_legacy_answers.add(call.op)
             call.done.set()
         if not call.done.is_set():  # killed by its living caller: nobody reads it
             call.done.set()

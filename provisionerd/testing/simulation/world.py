@@ -68,8 +68,8 @@ class WorldSettings:
     churn: float = 0.0  # > 0: a long churn run of that many virtual seconds (``churn.py``)
     #: The provider is a slow LSF one-shot plugin behind the production legacy adapter (``lsf.py``): drawn in
     #: ``World`` after everything else, with the chance ``legacy_share``, for one-daemon lifecycle runs with every
-    #: fault kind. Not in the campaign yet (0 by default; ``simulate --legacy-share``): the issue 31 note lists the
-    #: seeds it still fails, each a strict xfail in tests/simulation/test_legacy_worlds.py.
+    #: fault kind and no twin (0 here, so seeds pinned in tests replay as found; the campaign's ``simulate
+    #: --legacy-share`` defaults to ``faults.LEGACY_CHANCE``).
     legacy: bool = False
     legacy_share: float = 0.0
 
@@ -135,13 +135,14 @@ class World:
         self.workers = lifecycle.Workers(self, random.Random(rng.getrandbits(64)))
         # Drawn last, so that no earlier draw of any seed changed when legacy worlds came (issue 31 item 7); only
         # where the campaign draws every fault kind, so a seed replayed with fewer kinds replays as found. One daemon
-        # host only: its journal is on that host (docs/providers.md), and a standby on another host cannot recover
-        # what the journal there knows (the note of issue 31 says why a shared journal is not enough today).
+        # host only, and no twin: the journal is on that host (docs/providers.md), and a daemon on another host cannot
+        # recover what the journal there knows (the note of issue 31 says why a shared journal is not enough today).
         legacy_rng = random.Random(rng.getrandbits(64))
         if (
             "legacy" not in overrides
             and s.workload == "lifecycle"
             and len(s.slots) == 1
+            and "twin" not in self.plan.kinds()
             and s.fault_kinds == KINDS
             and legacy_rng.random() < s.legacy_share
         ):
@@ -461,7 +462,9 @@ class World:
         else:
             current = None if self.cluster is None else self.cluster.store
             lost = {m["machineId"] for m in self.cloud.running() if self.losses.explained(m, current)}
-            explained = reported | self._named() | lost  # a lost store's machines are the admin's after the reset
+            explained = (
+                reported | self.named_by_report() | lost
+            )  # a lost store's machines are the admin's after the reset
             invariants.check_legacy_machines_explained(rec, PROVIDER, self.cloud.running(), explained)
         if self.churn is not None:
             self.churn.sample(self, PROVIDER)
@@ -474,7 +477,7 @@ class World:
         if self.server is not None and self.server.stats.get("internal_errors"):
             rec.violate("controller_error", f"{self.server.stats['internal_errors']} internal error(s)")
 
-    def _named(self) -> set[str]:
+    def named_by_report(self) -> set[str]:
         """Machine ids the live daemons' legacy adapters name among what their unknown outcomes made (the orphan
         report's ``plugin_records``): reported, where no fact can explain them."""
         named: set[str] = set()
