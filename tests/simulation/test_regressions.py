@@ -260,3 +260,12 @@ def test_seed_859789075_a_grant_sent_before_a_store_loss_belongs_to_the_old_era(
     """Was (the invariant): a grant of 1.2 the lost controller sent before its store loss reached the daemon 2.6 s
     after it, and was held until the amnesia was seen; filed by time in the new era, it read as 1.1 after 1.2."""
     assert "epoch_regressed" not in violated_now(859789075)
+
+
+def test_seed_859784707_a_vanished_machine_the_cloud_reports_ended_is_replaced_at_once():
+    """Was (the simulated cloud): every vanished machine vanished silently, found only by the orphan cycle's
+    listings; one that vanished late, after a store loss had opened the orphan breaker, was replaced only as a
+    confirmed ghost at 376 s, past the settle window. A real cloud's plugin reports a terminated instance in
+    getReturnRequests (gracePeriod 0): the simulated one now does for every other machine (the rest stay ghosts),
+    and the daemon replaces it at once as lost."""
+    assert "no_convergence" not in violated_now(859784707)
