@@ -186,6 +186,11 @@ class ProviderConfig:
     step_limit: int = 10
     #: Lower first: this provider's offers are chosen before those of a higher number (planner.offers).
     priority: int = 0
+    #: The most GPUs, CPUs and MiB of memory this provider's machines may have in all, counted from their templates
+    #: like ``max_machines`` (``None``: no limit; planner.allocate).
+    max_gpus: int | None = None
+    max_ncpus: int | None = None
+    max_mem_mb: int | None = None
     join_deadline: float = 900.0
     #: After every (re)join to a controller, how long machines that joined before have to rejoin it before any
     #: machine is retired for not joining or for its capabilities (planner.rejoin).

@@ -11,6 +11,7 @@ ids.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -118,6 +119,9 @@ class Allocator:
         self.requests: list[tuple[str, OfferKey, int]] = []  # (demand_id, offer, count)
         self.decisions: list[DemandDecision] = []
         self._provider_room: dict[str, int | None] = {}  # provider -> its own step room (None: no own limit)
+        #: provider -> offer attribute -> what its machines (live + requested + returning) add up to, for the
+        #: providers with resource limits (``ProviderPolicy.resource_limits``), read on first use.
+        self._resource_use: dict[str, dict[str, float]] = {}
 
     def _room_of(self, provider: str) -> int | None:
         """What ``provider``'s own step limit leaves in this window (``None``: it has none)."""
@@ -170,6 +174,9 @@ class Allocator:
             cap = self.policy.of(key[0]).max_machines
             if cap is not None:
                 room = min(room, cap - self.provider_load.get(key[0], 0))
+            fits = self._resource_room(parsed)[0]
+            if fits is not None:
+                room = min(room, fits)
             own_room = self._room_of(key[0])
             if own_room is not None:
                 room = min(room, own_room)
@@ -182,6 +189,7 @@ class Allocator:
                 filled.append(Rejection(key[0], key[1], (self._bound(key, parsed.offer, count, own_room),)))
             self.counts.load[key] = self.counts.load.get(key, 0) + count
             self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + count
+            self._add_use(parsed, count)
             self.step_room -= count
             deficit -= count
             requested.append((key, count))
@@ -239,6 +247,10 @@ class Allocator:
         provider_load = self.provider_load.get(key[0], 0) + count
         if own.max_machines is not None and provider_load >= own.max_machines:
             return f"max_machines {provider_load}/{own.max_machines} (provider cap reached)"
+        parsed = self.catalog.by_key.get(key)
+        limit = None if parsed is None else self._resource_limit_reached(parsed, count)
+        if limit is not None:
+            return limit
         if own_room is not None and count >= own_room:
             step = ramp_step(self.ramps, key[0], self.policy)
             return f"provider step limit {step} per {self.policy.step_interval:g}s reached"
@@ -259,8 +271,65 @@ class Allocator:
         own = self.policy.of(key[0])
         if own.max_machines is not None and self.provider_load.get(key[0], 0) >= own.max_machines:
             return f"max_machines {self.provider_load.get(key[0], 0)}/{own.max_machines} (provider cap reached)", False
+        parsed = self.catalog.by_key.get(key)
+        limit = None if parsed is None else self._resource_limit_reached(parsed, 0)
+        if limit is not None:
+            return limit, False
         room = self._room_of(key[0])
         if room is not None and room <= 0:
             step = ramp_step(self.ramps, key[0], self.policy)
             return f"provider step limit {step} per {self.policy.step_interval:g}s reached", True
         return None, False
+
+    # --- resource limits (``ProviderPolicy.max_gpus`` / ``max_ncpus`` / ``max_mem_mb``) ---------------------------
+
+    def _use_of(self, provider: str) -> dict[str, float]:
+        """What ``provider``'s machines add up to, per limited attribute (each machine counted from its template;
+        one whose template is no longer offered has an unknown size and adds nothing)."""
+        use = self._resource_use.get(provider)
+        if use is None:
+            use = {attribute: 0.0 for _, attribute, _ in self.policy.of(provider).resource_limits}
+            if use:
+                for key, n in self.counts.load.items():
+                    parsed = self.catalog.by_key.get(key) if key[0] == provider and n else None
+                    if parsed is not None:
+                        for attribute in use:
+                            use[attribute] += n * (getattr(parsed, attribute) or 0.0)
+            self._resource_use[provider] = use
+        return use
+
+    def _add_use(self, parsed: ParsedOffer, count: int) -> None:
+        if count and self.policy.of(parsed.key[0]).resource_limits:
+            use = self._use_of(parsed.key[0])
+            for attribute in use:
+                use[attribute] += count * (getattr(parsed, attribute) or 0.0)
+
+    def _resource_room(self, parsed: ParsedOffer, extra: int = 0) -> tuple[int | None, str]:
+        """How many more machines of ``parsed`` (beyond ``extra`` more already counted) its provider's resource
+        limits let in, and the limit that binds (``None``: no limit applies to this offer's machines)."""
+        limits = self.policy.of(parsed.key[0]).resource_limits
+        if not limits:
+            return None, ""
+        use = self._use_of(parsed.key[0])
+        room: int | None = None
+        bound = ""
+        for name, attribute, limit in limits:
+            per = getattr(parsed, attribute) or 0.0
+            if per <= 0:
+                continue
+            fits = max(0, math.floor((limit - use[attribute] - extra * per) / per + 1e-9))
+            if room is None or fits < room:
+                room, bound = fits, name
+        return room, bound
+
+    def _resource_limit_reached(self, parsed: ParsedOffer, extra: int) -> str | None:
+        """Why no further machine of ``parsed`` fits its provider's resource limits (after ``extra`` more), with the
+        figures: ``max_gpus 8/8 (provider limit; a machine of this template has 4)``; ``None``: one more fits."""
+        room, name = self._resource_room(parsed, extra)
+        if room is None or room > 0:
+            return None
+        attribute = dict((n, a) for n, a, _ in self.policy.of(parsed.key[0]).resource_limits)[name]
+        limit = getattr(self.policy.of(parsed.key[0]), name)
+        used = self._use_of(parsed.key[0])[attribute] + extra * (getattr(parsed, attribute) or 0.0)
+        per = getattr(parsed, attribute) or 0.0
+        return f"{name} {used:g}/{limit} (provider limit; a machine of this template has {per:g})"

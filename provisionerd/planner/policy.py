@@ -55,7 +55,13 @@ _PROVIDER_KNOBS = (
     "max_unhealthy_percent",
     "max_unhealthy_window",
     "priority",
+    "max_gpus",
+    "max_ncpus",
+    "max_mem_mb",
 )
+#: The resource limits a provider may have (``ProviderPolicy``), each with the offer attribute it sums
+#: (``ParsedOffer``'s field) and how ``explain`` names it.
+RESOURCE_LIMITS = (("max_gpus", "gpus"), ("max_ncpus", "ncpus"), ("max_mem_mb", "mem_mb"))
 
 
 def _problems(values: Mapping[str, object]) -> list[str]:
@@ -93,6 +99,10 @@ def _problems(values: Mapping[str, object]) -> list[str]:
     priority = values.get("priority", 0)
     if not _is_count(priority, 0):
         problems.append(f"priority: must be an integer >= 0, not {priority!r}")
+    for name, _ in RESOURCE_LIMITS:
+        limit = values.get(name)
+        if limit is not None and not _is_count(limit, 0):
+            problems.append(f"{name}: must be an integer >= 0 or None, not {limit!r}")
     problems += _health_problems(values)
     return problems
 
@@ -156,6 +166,21 @@ class ProviderPolicy:
     #: used only when every offer before it is full, backed off, unhealthy or incompatible (price orders offers of
     #: one priority). 0 for everyone: price alone (:mod:`provisionerd.planner.offers`).
     priority: int = 0
+    #: The most GPUs, CPUs and MiB of memory this provider's machines may have in all (live + requested +
+    #: returning, counted like ``max_machines``, from each machine's template; ``None``: no limit). A request that
+    #: would pass one is cut to what fits; an offer whose one machine does not fit is skipped (``planner.allocate``).
+    max_gpus: int | None = None
+    max_ncpus: int | None = None
+    max_mem_mb: int | None = None
+
+    @property
+    def resource_limits(self) -> tuple[tuple[str, str, int], ...]:
+        """``(knob, offer attribute, limit)`` for each resource limit set."""
+        return tuple(
+            (name, attribute, limit)
+            for name, attribute in RESOURCE_LIMITS
+            if (limit := getattr(self, name)) is not None
+        )
 
     def __attrs_post_init__(self) -> None:
         problems = _problems({name: getattr(self, name) for name in _PROVIDER_KNOBS})
