@@ -34,6 +34,7 @@ import trio
 from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.domain.errors import ControllerRejected, LeaseError, LinkDown, MutationsHalted
 from provisionerd.domain.model import Epoch, Fact
+from provisionerd.domain.permit import CURRENT_PERMIT
 from provisionerd.telemetry.events import EventLog
 
 #: Rejections of an intent that mean our epoch is not (or no longer) the provider's current one.
@@ -176,15 +177,29 @@ class MutationGate:
             decide("lapsed_after_ack", epoch=epoch, fact_epoch=epoch, fact_index=index, valid_until=lease.valid_until)
             raise LeaseError(provider, f"lease for epoch {epoch} lapsed when the intent was acknowledged")
         decide("admitted", epoch=epoch, fact_epoch=epoch, fact_index=index, valid_until=lease.valid_until)
+        token = CURRENT_PERMIT.set(_Held(lease, epoch, self._halted))
         try:
             yield Permit(epoch=epoch, fact=stamped, fact_index=index, admitted_at=now)
         finally:
+            CURRENT_PERMIT.reset(token)
             decide(
                 "finished",
                 epoch=epoch,
                 fact_index=index,
                 detail="lease still valid" if lease.valid() else "lease lapsed during the call",
             )
+
+
+@attrs.frozen
+class _Held:
+    """``domain.permit.StillPermitted`` for one admitted mutation: its keeper still holds ``epoch``, not halted."""
+
+    keeper: LeaseKeeper
+    epoch: Epoch
+    halted: Callable[[], str | None]
+
+    def valid(self) -> bool:
+        return self.halted() is None and self.keeper.valid() and self.keeper.epoch == self.epoch
 
 
 def violations(decisions: list[GateDecision] | collections.deque[GateDecision]) -> list[str]:

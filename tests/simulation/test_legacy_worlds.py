@@ -73,8 +73,11 @@ def test_seed_1342_a_lost_call_not_told_apart_from_another_is_reported_not_guess
     assert not violated(1342)
 
 
-def test_seed_1708_per_machine_calls_go_on_across_a_failover_that_kept_the_holder():
-    """A failover renumbered the holder's lease between two per-machine calls of one admitted op: the intent under
-    the old epoch still stands (nobody else held the lease meanwhile); the invariant says so for continuations only,
-    a call the daemon starts itself still needs its intent under its own epoch."""
+def test_seed_1708_no_per_machine_call_after_the_lease_that_admitted_the_op_is_gone():
+    """A failover renumbered the holder's lease between two per-machine calls of one admitted op, and the second ran
+    under an epoch its intent was not committed in (``mutation_without_intent``); seed 178276053 showed the worse
+    case, a controller amnesia taking the lease between two calls (``mutation_while_halted``). Each per-machine call
+    is a mutation: the adapter asks the gate's permit (``domain.permit``) before each call after the first, and stops
+    the op short when the lease that admitted it is no longer held in that epoch; the shortfall is a new op."""
     assert not violated(1708)
+    assert not violated(178276053)

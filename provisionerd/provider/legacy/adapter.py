@@ -36,6 +36,7 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderOutcomeUnknown, ProviderUnsupported
+from provisionerd.domain.permit import CURRENT_PERMIT
 from provisionerd.provider.calls import Collected
 from provisionerd.provider.legacy.attribution import LostCall, request_of_lost_call
 from provisionerd.provider.legacy.journal import (
@@ -411,6 +412,11 @@ class LegacyProvider:
             if index > 0 and trio.current_time() >= deadline:
                 for later in op.calls[index:]:
                     later.detail = "not requested: no time left within the call's deadline"
+                return None
+            permit = CURRENT_PERMIT.get()
+            if index > 0 and permit is not None and not permit.valid():
+                for later in op.calls[index:]:  # each call is a mutation: none without the lease (domain.permit)
+                    later.detail = "not requested: the lease that admitted the op is no longer held"
                 return None
             lsf, secrets = lsf_request(doc, call.refs, self.settings.user_data, self.settings.rc_account)
             call.state, call.key, call.started_ms = CALLING, f"create:{op.op_id}:{index}", self._wall_ms()

@@ -188,36 +188,12 @@ def check_mutation(rec: Recorder, m: Mutation) -> None:
         return
     kind = INTENT_FOR[m.action]
     commits = rec.commits_by_op.get((kind, m.op_id), [])
-    if not any(
-        (
-            x.epoch == c.epoch
-            or (m.continuation and c.epoch is not None and held_throughout(rec, m.provider, x.sender, x.epoch, c.epoch))
-        )
-        and x.provider == m.provider
-        and x.at <= m.at
-        for x in commits
-    ):
+    if not any(x.epoch == c.epoch and x.provider == m.provider and x.at <= m.at for x in commits):
         found = ", ".join(str(x.epoch) for x in commits) or "none"
         rec.violate(
             "mutation_without_intent",
             f"{m.action} {m.op_id} by {c.instance} under {c.epoch}: committed {kind} epochs: {found}",
         )
-
-
-def held_throughout(rec: Recorder, provider: str, holder: str, since: Epoch, until: Epoch) -> bool:
-    """Whether ``holder`` was granted every epoch of ``provider`` from ``since`` to ``until`` in this controller era
-    (a failover renumbers the lease of a holder that keeps it). Only for a continuation: a legacy op's per-machine
-    plugin calls run one after another inside one daemon call that the gate admitted; a failover between two of
-    them moves the holder's lease to a new epoch, and the intent it acknowledged under the old one still stands,
-    since nobody else held the lease in between (seed 1708 of the legacy worlds). Any call the daemon starts itself,
-    a retry included, needs its intent under its own epoch (seed 270)."""
-    epochs = [e for (p, e) in rec.grant_holders if p == provider and since <= e <= until]
-    return (
-        since < until
-        and (provider, since) in rec.grant_holders
-        and (provider, until) in rec.grant_holders
-        and all(rec.grant_holders[(provider, e)] == holder for e in epochs)
-    )
 
 
 def check_creation(rec: Recorder, creation: Creation) -> None:

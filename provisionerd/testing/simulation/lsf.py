@@ -300,8 +300,7 @@ class SimLsfRunner:
         call = SimCall(action, op, key, trio.current_time() + limit)
         if action in MUTATIONS:
             self.host.calls.append(call)  # its call directory, before the plugin starts
-            later = key.startswith("create:") and not key.endswith(":0")  # a per-machine call after the first
-            self.plugin.recorder.mutation(Mutation(trio.current_time(), self.name, action, op, caller, later))
+            self.plugin.recorder.mutation(Mutation(trio.current_time(), self.name, action, op, caller))
         else:
             self.plugin.recorder.note("provider", "call", action=action, caller=caller.instance)
         self._nursery.start_soon(self._run, call, document, caller.instance)

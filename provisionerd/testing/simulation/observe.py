@@ -48,8 +48,6 @@ class Mutation:
     action: str
     op_id: str
     caller: CallerLease
-    #: A later plugin call of one daemon call (a legacy op's per-machine ``requestMachines``, index > 0).
-    continuation: bool = False
 
 
 @attrs.frozen
@@ -101,7 +99,6 @@ class Recorder:
         self.last_fact: dict[str, Commit] = {}
         self.commits_by_op: dict[tuple[str, str], list[Commit]] = collections.defaultdict(list)
         self.grants: dict[tuple[str, Epoch], float] = {}  # (provider, epoch) -> first grant time
-        self.grant_holders: dict[tuple[str, Epoch], str] = {}  # (provider, epoch) -> its holder (this era)
         #: Ops of a legacy world whose plugin acted in a call whose answer was then lost (``lsf.py``).
         self.lost_legacy_answers: set[str] = set()
         self.last_new_epoch: dict[str, Epoch] = {}
@@ -160,7 +157,6 @@ class Recorder:
         still open stay checked against every other by ``check_single_holder``."""
         self.past_eras.append((self.grants, self.beliefs))
         self.grants, self.beliefs = {}, []
-        self.grant_holders = {}
         self.last_new_epoch.clear()
         self.last_fact.clear()
         self.unknown_ops.clear()
@@ -184,7 +180,6 @@ class Recorder:
             invariants.check_new_epoch(self, provider, epoch)
             self.last_new_epoch[provider] = max(epoch, self.last_new_epoch.get(provider, epoch))
         self.grants.setdefault(key, _now())
-        self.grant_holders.setdefault(key, holder)
         self.note("controller", "lease_grant", provider=provider, holder=holder, epoch=str(epoch), renewal=renewal)
 
     def commit(self, commit: Commit) -> None:
