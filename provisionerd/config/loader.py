@@ -122,6 +122,16 @@ class ProviderTimeouts:
 
 
 @attrs.frozen
+class HeadroomSettings:
+    """``[[providers.headroom]]``: keep ``min_idle`` machines of ``template`` joined above the demand, in ``hours``
+    (``HH:MM-HH:MM`` UTC; empty: always); docs/fleet.md, ``planner.headroom``."""
+
+    template: str
+    min_idle: int
+    hours: str = ""
+
+
+@attrs.frozen
 class OrphanSettings:
     """``[providers.orphans]``; the knobs are explained in ``provisionerd.orphans.policy``. ``interval`` (seconds
     between two orphan passes) and ``settle`` (seconds after every (re)join before any automatic action) are read
@@ -222,6 +232,8 @@ class ProviderConfig:
     #: stops replacement at this provider ("": never); see docs/fleet.md.
     max_unhealthy: str = ""
     max_unhealthy_window: float = 600.0
+    #: Warm headroom per template (``[[providers.headroom]]``; planner.headroom).
+    headroom: tuple[HeadroomSettings, ...] = ()
 
     @property
     def command(self) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from provisionerd.config.loader import Config, ProviderConfig
 from provisionerd.daemon.orphan_admin import policy_of
 from provisionerd.domain.errors import ConfigError
 from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.planner.headroom import Headroom, parse_hours
 from provisionerd.planner.policy import Policy, ProviderPolicy
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,22 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
     )
 
 
+def headroom_rules(config: Config) -> tuple[Headroom, ...]:
+    """Every provider's ``[[providers.headroom]]`` rules; ``ConfigError`` names each bad ``hours``."""
+    rules, problems = [], []
+    for provider in config.providers:
+        for n, rule in enumerate(provider.headroom):
+            try:
+                hours = parse_hours(rule.hours)
+            except ValueError as exc:
+                problems.append(f"providers[{provider.name}].headroom[{n}]: {exc}")
+                continue
+            rules.append(Headroom(provider.name, rule.template, rule.min_idle, hours))
+    if problems:
+        raise ConfigError("invalid headroom", problems)
+    return tuple(rules)
+
+
 def policy_from_config(config: Config) -> Policy:
     """The planner's policy: one ``ProviderPolicy`` per configured provider (the global step limit is the sum)."""
     return Policy(
@@ -108,6 +125,7 @@ def policy_from_config(config: Config) -> Policy:
         providers={p.name: provider_policy(p) for p in config.providers},
         cost_cap=config.cost.max_hourly_cost,
         cost_currency=config.cost.currency,
+        headroom=headroom_rules(config),
     )
 
 

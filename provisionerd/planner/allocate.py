@@ -12,7 +12,7 @@ ids.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import attrs
 
@@ -62,16 +62,19 @@ class DemandDecision:
 
 
 def excess_pool(
-    counts: Tally, items: Mapping[str, DemandItem], policy: Policy | None = None
+    counts: Tally, items: Mapping[str, DemandItem], policy: Policy | None = None, lend: Collection[str] = ()
 ) -> dict[OfferKey, list[IdleEntry]]:
     """Idle machines beyond what their own item keeps, per offer; each list ends with the most recently idle. The
     ones given away are the first in ``Policy.surplus_key`` order (the highest priority number, then the longest
-    idle)."""
+    idle). Every idle machine of an item in ``lend`` is in the pool (warm headroom: lent first,
+    ``planner.headroom.settle_pool`` takes back what nobody borrowed)."""
     pool: dict[OfferKey, list[IdleEntry]] = {}
     ranked = policy is not None and bool(policy.priorities)
     for demand_id, idles in counts.idle.items():
         item = items.get(demand_id)
         excess = counts.active.get(demand_id, 0) - (max(item.count, 0) if item is not None else 0)
+        if demand_id in lend:
+            excess = len(idles)
         if excess <= 0:
             continue
         if ranked:

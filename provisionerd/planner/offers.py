@@ -130,6 +130,15 @@ class Requirement:
     providers: tuple[str, ...]
     placement: tuple[tuple[str, str], ...]
     currency: str | None = None  # the cap's currency, upper-cased (None: unchecked)
+    templates: tuple[str, ...] = ()  # only these template ids (empty: any; ``DemandItem.templates``)
+
+
+@attrs.frozen
+class PinnedItem(DemandItem):
+    """A demand item of the daemon's own that only ``templates`` may serve (never on the wire: warm headroom,
+    ``planner.headroom``)."""
+
+    templates: tuple[str, ...] = ()
 
 
 def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
@@ -139,11 +148,14 @@ def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
     providers: tuple[str, ...]
     placement: Mapping[str, str]
     currency = None
+    templates: tuple[str, ...] = ()
     if isinstance(item, ResourceShape):
         shape, cap, providers, placement = item, None, (), {}
     else:
         shape, cap, providers, placement = item.shape, item.max_hourly_cost, item.providers, item.placement
         currency = item.cost_currency.upper() or None
+        if isinstance(item, PinnedItem):
+            templates = tuple(sorted(set(item.templates)))
     return Requirement(
         ncpus=shape.ncpus,
         mem_mb=shape.mem_mb,
@@ -155,6 +167,7 @@ def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
         providers=tuple(sorted(set(providers))),
         placement=tuple(sorted(placement.items())),
         currency=currency,
+        templates=templates,
     )
 
 
@@ -181,6 +194,8 @@ def reasons_for(req: Requirement, parsed: ParsedOffer) -> tuple[str, ...]:
     reasons: list[str] = list(parsed.problems)
     if req.providers and offer.provider not in req.providers:
         reasons.append(f"provider {offer.provider!r} not in allowed providers {list(req.providers)!r}")
+    if req.templates and offer.template_id not in req.templates:
+        reasons.append(f"template {offer.template_id!r} not in allowed templates {list(req.templates)!r}")
     have_cpus = 1.0 if parsed.ncpus is None else parsed.ncpus
     if have_cpus < req.ncpus:
         reasons.append(f"ncpus {_fmt(have_cpus)} < {req.ncpus} required")

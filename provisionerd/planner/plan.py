@@ -62,7 +62,7 @@ from provisionerd.domain.actions import (
     ReturnMachines,
 )
 from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
-from provisionerd.planner import budget, health
+from provisionerd.planner import budget, headroom, health
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
@@ -168,7 +168,13 @@ def plan(
     demand = None if snapshot is None else demand_index(snapshot)
     if demand is not None:
         notes.extend(demand.notes)
-    wanting = None if demand is None else demand.wanted
+    wanting: Mapping[str, int] | None = None if demand is None else demand.wanted
+    # Warm headroom (planner.headroom): one item per rule, served after the real ones; the tally lists every idle
+    # machine of it (wanted 0 there) so that all of them can be lent.
+    warm = headroom.items(policy.headroom, now) if demand is not None else ()
+    warm_items = {item.demand_id: item for item in warm}
+    if warm and wanting is not None:
+        wanting = headroom.WantedWith(dict.fromkeys(warm_items, 0), wanting)
     counts = tally(
         state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog), rejoin, pending
     )
@@ -180,7 +186,8 @@ def plan(
         notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
     else:
         released = release_completed(counts, view, demand.reservations)  # before reuse: nobody else takes them
-        idle_pool = excess_pool(counts, demand.items, policy)
+        listed = {h: len(counts.idle.get(h, ())) for h in warm_items}
+        idle_pool = excess_pool(counts, demand.items, policy, lend=warm_items)
         requirement = demand.requirement
         if policy.cost_cap is not None or policy.cost_currency:
             requirement = functools.partial(cluster_cost, demand.requirement, policy.cost_cap, policy.cost_currency)
@@ -190,6 +197,12 @@ def plan(
             # items of a big snapshot have none, and a call per item would be most of this loop's cost).
             if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
                 planner.serve(demand.items[demand_id], idle_pool, notes, requirement)
+        if warm_items:
+            wanted_warm = {h: max(item.count, 0) for h, item in warm_items.items()}
+            headroom.settle_pool(idle_pool, listed, active, wanted_warm, warm_items)
+            for h, item in warm_items.items():
+                if active.get(h, 0) + outstanding.get(h, 0) < wanted_warm[h]:
+                    planner.serve(item, {}, notes)  # takes what the real items left; lends, never borrows
     retire = [
         (health.mismatch_reason(counts.shortfalls[m.machine_id]) if r == health.CAPABILITY_MISMATCH else r, m)
         for r, m in counts.retire

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import attrs
 
 from provisionerd.domain.errors import ConfigError
+from provisionerd.planner.headroom import Headroom
 
 
 def _positive(value: float | None) -> bool:
@@ -250,6 +251,8 @@ class Policy:
     #: ``[cost]``: a cap per machine-hour for items without their own, and the currency of caps that name none.
     cost_cap: float | None = None
     cost_currency: str = ""
+    #: Warm headroom rules (``planner.headroom``): ``min_idle`` machines per template kept above the demand.
+    headroom: tuple[Headroom, ...] = ()
     # Derived in __attrs_post_init__ (frozen: set once), read on the planner's hot paths.
     _default: ProviderPolicy = attrs.field(init=False, eq=False, repr=False)
     _capped: Mapping[str, ProviderPolicy] = attrs.field(init=False, eq=False, repr=False)
@@ -281,6 +284,13 @@ class Policy:
         for provider, own in self.providers.items():
             if not isinstance(own, ProviderPolicy):
                 problems.append(f"providers.{provider}: must be a ProviderPolicy, not {own!r}")
+        seen: set[str] = set()
+        for rule in self.headroom:
+            if not _is_count(rule.min_idle, 0):
+                problems.append(f"headroom {rule.demand_id}: min_idle must be an integer >= 0, not {rule.min_idle!r}")
+            if rule.demand_id in seen:
+                problems.append(f"headroom {rule.demand_id}: one rule per template")
+            seen.add(rule.demand_id)
         if problems:
             raise ConfigError("invalid reconcile policy", problems)
         default = ProviderPolicy(
