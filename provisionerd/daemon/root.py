@@ -368,7 +368,7 @@ class DaemonCore:
                         self.admin.guard_status(self.status),
                         {name: self.admin.guard(name, command) for name, command in commands.items()},
                         counts=self.admin_peers,
-                        on_refusal=self.admin.note,
+                        refusals=self.admin,
                     )
                 )
             await nursery.start(self.session.run)
