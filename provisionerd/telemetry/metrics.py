@@ -20,12 +20,22 @@ ones are counted under ``other`` values. ``render()`` is what ``GET /metrics`` a
 
 from __future__ import annotations
 
+import platform
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
+from provisionerd import __version__
 from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 
 #: At most this many label sets per counter; past it, new label sets count under ``other``.
@@ -276,7 +286,19 @@ class DaemonMetrics:
                 registry=r,
             )
         )
-        r.register(SnapshotCollector(snapshot))
+        self.snapshot = SnapshotCollector(snapshot)
+        r.register(self.snapshot)
+        # What a "daemon restarted" or "which version runs where" rule needs: process_start_time_seconds, CPU, memory,
+        # open files (ProcessCollector: this process's /proc), python_info, and our build.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        build = Gauge(
+            "provisionerd_build_info",
+            "Always 1: the daemon's version and the Python that runs it, as labels.",
+            ["version", "python"],
+            registry=r,
+        )
+        build.labels(__version__, platform.python_version()).set(1)
 
     def http_refused(self, reason: str) -> None:
         """The metrics listener refused a request (``metrics_http.RefusalCounter``)."""
