@@ -133,3 +133,20 @@ def test_a_fixed_policy_is_kept_across_a_reload(config):
     current = CurrentConfig(config, policy=fixed)
     assert current.reload(provider(config, "a", join_deadline=60.0)).outcome == "applied"
     assert current.policy is fixed and current.orphan_policy("a").join_deadline == 42.0
+
+
+def test_a_provider_added_waits_for_a_restart_and_the_others_live_changes_apply(config):
+    """The running providers keep running as they are configured now, with their new live knobs; the new one is
+    named and not started (the provider set needs a restart)."""
+    current = CurrentConfig(config, wall=lambda: 1000.0)
+    added = attrs.evolve(config.providers[0], name="z-new")
+    new = attrs.evolve(
+        provider(attrs.evolve(config, daemon=attrs.evolve(config.daemon, log_format="json")), "a", idle_time=5.0),
+        providers=(*provider(config, "a", idle_time=5.0).providers, added),
+    )
+    result = current.reload(new)
+    assert result.outcome == "applied" and result.applied == ("providers.a.idle_time",)
+    assert set(result.restart_needed) == {"daemon.log_format", "providers (added ['z-new'], removed [])"}
+    assert current.config.provider_names == config.provider_names  # z-new waits for the restart
+    assert current.config.daemon.log_format == config.daemon.log_format
+    assert current.policy.of("a").idle_time == 5.0
