@@ -56,6 +56,7 @@ warning. ``":memory:"`` stores (tests, the simulation) have an incarnation and n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -290,8 +291,14 @@ class FactStore:
         limit = NO_PAGE_LIMIT if pages is None else max(1, min(pages, NO_PAGE_LIMIT))
         self._conn.execute(f"PRAGMA max_page_count = {limit}")
 
-    def _transaction(self) -> Transaction:
-        return Transaction(self._conn, self._after_commit, page_limit_file())
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction (``store_tx.Transaction``); after an outer commit, the mark is rewritten."""
+        tx = Transaction(self._conn, page_limit_file())
+        with tx:
+            yield
+        if tx.committed:
+            self._after_commit()
 
     # --- the HA term ------------------------------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 
 #: The file whose number is applied as ``PRAGMA max_page_count`` before each write (tests only).
@@ -21,18 +20,18 @@ class StoreFailure(Exception):
 class Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or ``ROLLBACK`` on error); nested use joins the outer transaction.
 
-    Every committed transaction also counts one change (``meta.changes``, in the same transaction) and then calls
-    ``on_commit`` (the store rewrites its mark). An ``sqlite3.OperationalError`` (disk full, I/O error, read-only)
-    anywhere in the outer transaction, its ``COMMIT`` included, rolls it back and is raised as ``StoreFailure``.
-    ``page_limit``: the test-only limit file (module docstring), read before ``BEGIN``."""
+    Every committed transaction also counts one change (``meta.changes``, in the same transaction) and then says so
+    in ``committed`` (true once the outer ``COMMIT`` succeeded), which the store reads to rewrite its mark. An
+    ``sqlite3.OperationalError`` (disk full, I/O error, read-only) anywhere in the outer transaction, its ``COMMIT``
+    included, rolls it back and is raised as ``StoreFailure``. ``page_limit``: the test-only limit file (module
+    docstring), read before ``BEGIN``."""
 
-    def __init__(
-        self, conn: sqlite3.Connection, on_commit: Callable[[], None] = lambda: None, page_limit: Path | None = None
-    ) -> None:
+    def __init__(self, conn: sqlite3.Connection, page_limit: Path | None = None) -> None:
         self._conn = conn
         self._outer = False
-        self._on_commit = on_commit
         self._page_limit = page_limit
+        #: True once this transaction was the outer one and its ``COMMIT`` succeeded.
+        self.committed = False
 
     def __enter__(self) -> None:
         self._outer = not self._conn.in_transaction
@@ -61,7 +60,7 @@ class Transaction:
         except BaseException:
             self._rollback()
             raise
-        self._on_commit()
+        self.committed = True
 
     def _rollback(self) -> None:
         # SQLite may have rolled the transaction back itself (SQLITE_FULL does, for some statements).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,16 +30,35 @@ def add_target(parser: argparse.ArgumentParser) -> None:
 
 
 def socket_of(args: argparse.Namespace) -> Path:
-    """The admin socket ``args`` name (``TargetError`` with a one-line reason when there is none)."""
+    """The admin socket ``args`` name (``TargetError`` with a one-line reason when there is none).
+
+    A config file that no longer loads (after an edit that a reload refused, say) still names the running daemon's
+    socket when its TOML parses and ``daemon.admin_socket`` is a string: that is read alone, so ``status`` and
+    ``reload`` reach the daemon when they are most needed."""
     if args.socket is not None:
         return Path(args.socket)
     try:
         path = Config.from_file(args.config).daemon.admin_socket
     except ConfigError as exc:
-        raise TargetError(str(exc)) from None
+        path = _socket_from_document(Path(args.config), exc)
     if path is None:
         raise TargetError("the config sets no daemon.admin_socket")
     return path
+
+
+def _socket_from_document(config: Path, refused: ConfigError) -> Path:
+    """``daemon.admin_socket`` read alone from a config file that does not load as a whole."""
+    why = str(refused).splitlines()[0]
+    try:
+        document = tomllib.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        raise TargetError(f"{why}; name the daemon's admin socket with --socket PATH") from None
+    daemon = document.get("daemon")
+    value = daemon.get("admin_socket") if isinstance(daemon, dict) else None
+    if not isinstance(value, str) or not value:
+        raise TargetError(f"{why}; it names no daemon.admin_socket: use --socket PATH") from None
+    path = Path(value)
+    return path if path.is_absolute() else (config.parent / path).resolve()  # as the loader resolves it
 
 
 def ask(

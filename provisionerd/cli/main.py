@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "provisionerd.cli.plan",
         "the actions a hypothetical demand would get, and why; changes nothing (plan --what-if FILE --config F)",
     ),
+    "reload": ("provisionerd.cli.reload", "re-read a running daemon's config, exit 1 if it failed (reload --socket P)"),
     "status": ("provisionerd.cli.status", "show a running daemon's link, primary and leases (status --config FILE)"),
     "run": ("provisionerd.cli.run", "run the daemon (run --config FILE)"),
     "simulate": ("provisionerd.cli.simulate", "seeded whole-system simulation campaign (simulate --seeds N)"),

@@ -16,6 +16,11 @@
     listens there (no socket file, connection refused) with the command's own lease. ``--dry-run`` changes nothing
     on either path.
 
+``--socket PATH`` instead of ``--config FILE`` (both forms): only through the running daemon at that admin
+socket, with its running config (the report: admin command ``orphans_report``). A ``--config`` file that no longer
+loads as a whole but still names ``daemon.admin_socket`` goes the same way, with a note on stderr: after a refused
+reload the daemon still runs the config it had, and that is the one to report with.
+
 This module parses the arguments, prints and picks the exit code; the report is ``daemon.orphan_report.dry_run``,
 the choice of path and the direct path are ``daemon.orphan_direct``.
 
@@ -31,13 +36,16 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
+from provisionerd.cli.admin_target import TargetError, socket_of
 from provisionerd.config.loader import Config
 from provisionerd.daemon import orphan_admin
+from provisionerd.daemon.admin_socket import request as admin_request
 from provisionerd.daemon.orphan_admin import KINDS, AdminRequest, current_user, policy_of
-from provisionerd.daemon.orphan_direct import act_with_plugins, via_daemon
+from provisionerd.daemon.orphan_direct import act_with_plugins, via_daemon, via_socket
 from provisionerd.daemon.orphan_report import DryRunReport, dry_run
 from provisionerd.domain.errors import ConfigError
 from provisionerd.orphans.report import blind_spots, render_json, render_table
@@ -76,7 +84,11 @@ def _report_parser() -> argparse.ArgumentParser:
         epilog=ACTIONS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="the daemon's TOML config file")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", help="the daemon's TOML config file")
+    where.add_argument(
+        "--socket", type=Path, help="ask the running daemon at this admin socket for the report (its running config)"
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -120,6 +132,11 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: --timeout must be a positive number of seconds", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.socket is not None:
+        return _report_via_daemon(args.socket, args)
+    socket = _running_socket(args.config)
+    if socket is not None:
+        return _report_via_daemon(socket, args)
     try:
         config = load_config(args.config, args.provider)
         report = trio.run(lambda: dry_run(config, providers=args.provider, timeout=args.timeout))
@@ -132,6 +149,45 @@ def main(argv: list[str]) -> int:
     return 1 if report.unreadable else 0
 
 
+def _running_socket(config: str) -> Path | None:
+    """The admin socket of the running daemon when the file ``config`` does not load as a whole but still names
+    one that a daemon serves (``None`` otherwise: the file loads, or names no socket, or none is served there);
+    says on stderr that the running daemon's config answers instead of the file's."""
+    try:
+        Config.from_file(config)
+    except ConfigError as exc:
+        try:
+            path = socket_of(argparse.Namespace(socket=None, config=config))
+        except TargetError:
+            return None
+        if not path.is_socket():
+            return None
+        print(
+            f"{PROG}: {exc.args[0].splitlines()[0]}; asking the running daemon at {path} (its running config)",
+            file=sys.stderr,
+        )
+        return path
+    return None
+
+
+def _report_via_daemon(socket: Path, args: argparse.Namespace) -> int:
+    """The dry-run report made by the running daemon (admin command ``orphans_report``)."""
+    fields = {"cmd": "orphans_report", "providers": list(args.provider), "timeout": min(args.timeout, 30.0)}
+    try:
+        reply = admin_request(socket, fields, timeout=min(args.timeout, 30.0) + 20.0)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: cannot reach the daemon at {socket}: {exc}", file=sys.stderr)
+        return 1
+    if not reply.get("ok") or not isinstance(reply.get("report"), dict):
+        print(f"{PROG}: {reply.get('error') or 'no report in the answer'}", file=sys.stderr)
+        return 1
+    print(json.dumps(reply["report"], indent=2) if args.json else str(reply.get("table", "")))
+    unreadable = [str(line) for line in reply.get("unreadable") or []]
+    for line in unreadable:
+        print(f"{PROG}: {line}", file=sys.stderr)
+    return 1 if unreadable else 0
+
+
 def admin_main(argv: list[str]) -> int:
     """``provisionerd orphans adopt|return``: through the daemon, else directly (see the module docstring)."""
     parser = argparse.ArgumentParser(
@@ -140,7 +196,9 @@ def admin_main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("kind", choices=KINDS)
-    parser.add_argument("--config", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config")
+    where.add_argument("--socket", type=Path, help="only through the running daemon at this admin socket")
     parser.add_argument("--provider", required=True)
     parser.add_argument("--machine", required=True)
     parser.add_argument("--dry-run", action="store_true", help="say what would be done; change nothing")
@@ -155,14 +213,22 @@ def admin_main(argv: list[str]) -> int:
     if not args.timeout > 0:
         print(f"{PROG}: --timeout must be a positive number of seconds", file=sys.stderr)
         return 2
-    try:
-        config = load_config(args.config, [args.provider])
-    except ConfigError as exc:
-        print_config_error(exc)
-        return 2
     request = AdminRequest(args.kind, args.provider, args.machine, current_user(), args.dry_run)
-    result = via_daemon(config, request)
-    if result is None:
+    socket: Path | None = args.socket
+    config: Config | None = None
+    if socket is None and (socket := _running_socket(args.config)) is None:
+        try:
+            config = load_config(args.config, [args.provider])
+        except ConfigError as exc:
+            print_config_error(exc)
+            return 2
+    if config is None:  # through the daemon only: without a config this command cannot act itself
+        assert socket is not None
+        result = via_socket(socket, request)
+        if result is None:
+            print(f"{PROG} {args.kind}: no daemon listens at {socket}", file=sys.stderr)
+            return 1
+    elif (result := via_daemon(config, request)) is None:
         try:
             result = trio.run(functools.partial(act_with_plugins, config, request, timeout=args.timeout))
         except ConfigError as exc:  # the TLS files could not be loaded

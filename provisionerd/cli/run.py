@@ -1,12 +1,14 @@
 """``provisionerd run --config FILE``: run the daemon until SIGTERM/SIGINT; SIGHUP re-reads the config.
 
-A config with problems at start: every problem is printed and the exit code is 1. SIGHUP is one atomic reload
+A config with problems at start: every problem is printed and the exit code is 1. SIGHUP (or ``provisionerd
+reload``, through the admin socket: what the shipped unit's ``ExecReload=`` runs) is one atomic reload
 (``DaemonCore.reload``, rules in ``daemon.current_config``): a bad config is reported (event
-``config_reload_failed`` with the problems) and the running one is kept; a config whose every change applies live
-(provider limits and policy, orphan settings, the log level) is switched to at once, as a whole; a config with any
-change that needs a restart (controller, identity, TLS, the provider set, a provider's transport or path, ...) is
-not applied at all: the running config stays entirely in force and the fields are named in the log, in the event
-``config_reloaded`` (``restart_needed``) and in ``status`` (``reload``).
+``config_reload_failed`` with the problems) and the running one is kept; otherwise every change that applies live
+(provider limits and policy, orphan settings, the log level, the metrics address) is switched to at once, as a
+whole, and every change that needs a restart (controller, identity, TLS, the provider set, a provider's transport
+or path, ...) keeps its running value and is named in the log (``config_restart_needed``, WARNING), in the event
+``config_reloaded`` (``restart_needed``) and in ``status`` (``reload``). Under systemd each reload is bracketed by
+RELOADING=1 and READY=1 with its result (``daemon.systemd``).
 SIGTERM and SIGINT release every lease (bounded) and exit 0. An admin socket directory that another user could
 change refuses the start with exit 2 (``InsecurePath``), and so does an admin socket another live daemon serves
 (``AdminSocketInUse``: a second start of the same config; the message names the process that holds it).
@@ -26,8 +28,10 @@ from provisionerd.config.loader import Config
 from provisionerd.config.proofs import load_proven  # the proofs gate a start and every reload
 from provisionerd.daemon import systemd
 from provisionerd.daemon.admin_socket import AdminSocketInUse, prepare_socket_dir, refuse_if_in_use
+from provisionerd.daemon.current_config import ReloadResult
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import ConfigError, InsecurePath
+from provisionerd.telemetry.sd_notify import SdNotifier
 
 log = logging.getLogger("provisionerd")
 
@@ -38,16 +42,31 @@ def _apply_log_level(config: Config) -> None:
     logging.getLogger().setLevel(LEVELS[config.daemon.log_level])
 
 
+class _Reloads:
+    """What a reload changes in this process besides the daemon (the log level), and systemd's notifications."""
+
+    def __init__(self, notifier: SdNotifier) -> None:
+        self.systemd = systemd.SystemdReloads(notifier)
+
+    def reloading(self) -> None:
+        self.systemd.reloading()
+
+    def reloaded(self, result: ReloadResult, config: Config) -> None:
+        if result.outcome == "applied":
+            _apply_log_level(config)
+        self.systemd.reloaded(result, config)
+
+
 async def _main(config: Config) -> None:
-    core = DaemonCore(config)
+    notifier = SdNotifier.from_env()
+    core = DaemonCore(config, reload_watcher=_Reloads(notifier))
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(core.run)
-            notify = await nursery.start(systemd.for_core(core).run)  # Type=notify: READY, STATUS, WATCHDOG
+            notify = await nursery.start(systemd.for_core(core, notifier).run)  # Type=notify: READY, STATUS, WATCHDOG
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    if core.reload().outcome == "applied":
-                        _apply_log_level(core.config)
+                    core.reload()
                     continue
                 core.events.emit("daemon_stopping", signal=signal.Signals(signum).name)
                 notify.stopping()

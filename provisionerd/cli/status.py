@@ -4,7 +4,8 @@ Per provider: the lease, machines by state, demand wanted vs supplied, the last 
 force, the unhealthy state, and the four checks kept apart (access, connectivity, readiness, capacity: see
 docs/metrics.md).
 
-``--socket PATH`` or ``--config FILE`` (its ``daemon.admin_socket``). ``--json`` prints the raw document. Exit 0
+``--socket PATH`` or ``--config FILE`` (its ``daemon.admin_socket``, read alone when the file no longer loads as a
+whole: ``status`` answers while a refused edit sits on disk). ``--json`` prints the raw document. Exit 0
 when the daemon answers and is ready, 3 when it answers but is not ready (the document's ``ready.ok``: the reasons
 are printed), 1 when it cannot be reached or the config names no socket, 2 on usage errors, so a script or a
 monitor can test ``provisionerd status`` alone.

@@ -10,7 +10,7 @@ nursery (and its leases) down with it.
 
 The codes: ``bad_request`` (the request's fields), ``unknown_provider``, ``busy``, ``not_ready``,
 ``internal_error``, and the socket's own (``too_large``, ``not_json``, ``unknown_command``, ``no_request``,
-``busy``) reported through the socket's ``on_refusal`` hook.
+``busy``) reported by the socket to this object (``serve_admin_socket(refusals=...)``: ``note``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -51,6 +51,12 @@ MAX_REQUEST = 4096
 CLIENT_TIMEOUT = 5.0
 MAX_CONNECTIONS = 16
 MAX_REPLY = 1 << 22  # what the blocking client reads at most
+
+
+class RefusalNotes(Protocol):
+    """Who hears of the requests the socket itself refuses (``daemon.admin_guard.AdminRefusals``)."""
+
+    def note(self, code: str, message: str) -> None: ...
 
 
 @attrs.frozen
@@ -176,21 +182,21 @@ async def serve_admin_socket(
     commands: Mapping[str, Command] | None = None,
     *,
     counts: AdminSocketCounts | None = None,
-    on_refusal: Callable[[str, str], None] | None = None,
+    refusals: RefusalNotes | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit. Raises
     ``InsecurePath`` (before serving) on a directory another user could change, and ``AdminSocketInUse`` when
     another live process serves ``path`` (its socket is left alone).
-    ``on_refusal(code, message)`` hears every request the socket itself refuses (the daemon logs and counts them:
-    ``daemon.admin_guard``); each such reply names its ``refused`` code."""
+    ``refusals.note(code, message)`` hears every request the socket itself refuses (``daemon.admin_guard``'s
+    ``AdminRefusals``, given here: the daemon logs and counts them); each such reply names its ``refused`` code."""
     commands = dict(commands or {})
     counts = AdminSocketCounts() if counts is None else counts
     own_uid = os.geteuid()
 
     def refuse(code: str, message: str, **extra: Any) -> dict[str, Any]:
-        if on_refusal is not None:
-            on_refusal(code, message)
+        if refusals is not None:
+            refusals.note(code, message)
         return {"ok": False, "refused": code, "error": message, **extra}
 
     # A local directory and socket file, once at start and once at exit: not worth a worker thread each.

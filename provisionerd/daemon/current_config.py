@@ -10,11 +10,14 @@ orphan actions read the orphan policy and the cluster from it, ``status()`` show
    settings, identity, cluster, TLS, lease margin, the daemon's files, the provider set, a provider's transport,
    path, argv, directories, env, timeouts, legacy options and ``provisioning_timeout``, which the executor's polls
    were built with).
-2. Any difference that needs a restart: **nothing** of the new config is applied (outcome ``restart_needed``); the
-   running config stays entirely in force and the fields are named in the log, the event and ``status``.
-3. Otherwise everything derived from the new config (the planner policy, each provider's orphan policy) is built
-   first; a knob that cannot be built is outcome ``failed`` and nothing is applied. Only then is the new config
-   installed, and the result (``ReloadResult``, its ``previous`` config) goes back to the caller.
+2. What needs a restart is not applied: the running value of each such field stays in force until the next start,
+   and the fields are named (``restart_needed``) in the log, the event and ``status``. It does not hold the live
+   changes back: they are taken from the new config into the running one (``with_live``), and the result is a
+   config that differs from the running one only in live fields (outcome ``applied``, with ``restart_needed`` when
+   some changes wait for a restart; ``restart_needed`` alone when nothing live changed).
+3. Everything derived from that config (the planner policy, each provider's orphan policy) is built first; a knob
+   that cannot be built is outcome ``failed`` and nothing is applied. Only then is it installed, as a whole, and
+   the result (``ReloadResult``, its ``previous`` config) goes back to the caller.
 
 What a live setting outside the holder does is the caller's, from that returned value (``DaemonCore.reload``: the
 orphan cycles take their interval and settle window, the metrics listener moves to a new ``metrics_listen``,
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -41,7 +44,7 @@ from provisionerd.planner.policy import Policy, ProviderPolicy
 
 log = logging.getLogger(__name__)
 
-#: Paths (outside ``providers``) a reload applies without a restart.
+#: Paths (outside ``providers``) a reload applies without a restart, each ``<section>.<field>``.
 LIVE_FIELDS = frozenset({"daemon.log_level", "daemon.metrics_listen"})
 #: A provider's fields a reload applies without a restart (``orphans`` covers every orphan knob).
 LIVE_PROVIDER_FIELDS = frozenset(
@@ -180,9 +183,27 @@ def plan_reload(old: Config, new: Config) -> ReloadPlan:
     return ReloadPlan(tuple(live[:MAX_NAMED]), tuple(restart[:MAX_NAMED]))
 
 
+def with_live(running: Config, new: Config) -> Config:
+    """``running`` with every live field (``LIVE_FIELDS``, ``LIVE_PROVIDER_FIELDS`` of each provider both have)
+    taken from ``new``, and ``new``'s source: what a reload installs. Everything that needs a restart keeps its
+    running value, so ``plan_reload(running, with_live(running, new))`` has no ``restart`` part."""
+    sections: dict[str, dict[str, Any]] = {}
+    for path in LIVE_FIELDS:  # each is "<section>.<field>"
+        section, field = path.split(".", 1)
+        sections.setdefault(section, {})[field] = getattr(getattr(new, section), field)
+    evolved = {name: attrs.evolve(getattr(running, name), **fields) for name, fields in sections.items()}
+    after = {p.name: p for p in new.providers}
+    providers = tuple(
+        attrs.evolve(p, **{f: getattr(after[p.name], f) for f in LIVE_PROVIDER_FIELDS}) if p.name in after else p
+        for p in running.providers
+    )
+    return attrs.evolve(running, **evolved, providers=providers, source=new.source)
+
+
 @attrs.frozen
 class ReloadResult:
-    """One reload's outcome: ``applied`` | ``unchanged`` | ``restart_needed`` | ``failed``."""
+    """One reload's outcome: ``applied`` (the live changes, in ``applied``; ``restart_needed`` names what waits for
+    a restart) | ``unchanged`` | ``restart_needed`` (only changes that wait for a restart) | ``failed``."""
 
     outcome: str
     applied: tuple[str, ...] = ()
@@ -236,26 +257,26 @@ class CurrentConfig:
         return config, policy, orphan
 
     def reload(self, new: Config) -> ReloadResult:
-        """Switch to ``new`` if every difference applies live, atomically; else keep the running config entirely.
-        Never raises for a config it cannot use: see the result's ``outcome``."""
+        """Switch to the live part of ``new`` atomically; name what needs a restart and keep its running values
+        (module docstring). Never raises for a config it cannot use: see the result's ``outcome``."""
         self.reloads += 1
         at = self._wall()
         plan = plan_reload(self._config, new)
-        if plan.restart:
-            result = ReloadResult("restart_needed", (), plan.restart, at=at)
+        if plan.restart and not plan.live:
+            result = ReloadResult("restart_needed", (), plan.restart, at=at)  # the running config stays, untouched
         elif not plan.live:
             # Nothing that matters changed; the new value may still carry a new ``source``.
             self._config = attrs.evolve(self._config, source=new.source)
             result = ReloadResult("unchanged", at=at)
         else:
             try:
-                derived = self._derive(new)
+                derived = self._derive(with_live(self._config, new))
             except ConfigError as exc:
-                result = ReloadResult("failed", problems=tuple(exc.problems) or (str(exc),), at=at)
+                result = ReloadResult("failed", (), plan.restart, problems=tuple(exc.problems) or (str(exc),), at=at)
             else:
                 old = self._config
                 self._config, self._policy, self._orphan = derived
-                result = ReloadResult("applied", plan.live, at=at, previous=old)
+                result = ReloadResult("applied", plan.live, plan.restart, at=at, previous=old)
         self.last = result
         return result
 
@@ -270,3 +291,23 @@ class CurrentConfig:
         applied and what needs a restart."""
         last = self.last
         return {"reloads": self.reloads, "last": None if last is None else last.to_json()}
+
+
+class ReloadWatcher(Protocol):
+    """Who hears of each reload, given to the daemon at construction (``DaemonCore(reload_watcher=...)``):
+    ``reloading()`` before the file is read, ``reloaded(result, config)`` after, with the config now in force
+    (``provisionerd run``: systemd's RELOADING=1 / READY=1 and the log level)."""
+
+    def reloading(self) -> None: ...
+
+    def reloaded(self, result: ReloadResult, config: Config) -> None: ...
+
+
+class NoReloadWatcher:
+    """The watcher of a daemon no one watches (tests, the simulation)."""
+
+    def reloading(self) -> None:
+        pass
+
+    def reloaded(self, result: ReloadResult, config: Config) -> None:
+        pass

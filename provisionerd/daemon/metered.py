@@ -8,7 +8,8 @@ kind of unknown outcome (``timeout``, ``crashed``, ``protocol_violation``, ``out
 values and errors pass through unchanged.
 
 ``CallLog`` keeps the last call per provider (for ``provisionerd status``: the last call's action, outcome and age,
-and the access and connectivity checks) and forwards each call to its sinks (the Prometheus counter and histogram).
+and the access and connectivity checks) and counts each call in its counters (``telemetry.metrics.CallCounters``:
+the Prometheus counter and histogram).
 """
 
 # ruff: noqa: ASYNC109
@@ -46,6 +47,7 @@ from provisionerd.provider.values import (
     RequestStatus,
     UnknownOutcome,
 )
+from provisionerd.telemetry.metrics import CallCounters
 
 T = TypeVar("T")
 
@@ -87,13 +89,14 @@ class CallRecord:
 
 @attrs.define(eq=False)
 class CallLog:
-    """The last call per provider, and where each call is reported (``sinks``: ``(provider, action, outcome,
-    seconds)``). ``last_ok`` / ``last_answer``: the last call that succeeded / that the plugin answered at all."""
+    """The last call per provider, and the counters every call feeds (``counters``: the calls counter and latency
+    histogram the daemon's registry exports). ``last_ok`` / ``last_answer``: the last call that succeeded / that
+    the plugin answered at all."""
 
     last: dict[str, CallRecord] = attrs.field(factory=dict)
     last_ok: dict[str, CallRecord] = attrs.field(factory=dict)
     last_answer: dict[str, CallRecord] = attrs.field(factory=dict)
-    sinks: list[Callable[[str, str, str, float], None]] = attrs.field(factory=list)
+    counters: CallCounters = attrs.field(factory=CallCounters)
 
     def ended(self, provider: str, action: str, outcome: str, seconds: float, detail: str = "") -> None:
         record = CallRecord(action, outcome, trio.current_time(), seconds, detail[:200])
@@ -103,8 +106,7 @@ class CallLog:
                 self.last_ok[provider] = record
             if outcome not in NO_ANSWER:
                 self.last_answer[provider] = record
-        for sink in self.sinks:
-            sink(provider, action, outcome, seconds)
+        self.counters.ended(provider, action, outcome, seconds)
 
 
 class MeteredClient:

@@ -5,8 +5,10 @@ joins three things that already exist without adding a call anywhere else:
 
 - the status snapshot (``status_snapshot.StatusSnapshot``): ``document()`` is merged into ``DaemonCore.status()``;
 - the metrics (``telemetry.metrics.DaemonMetrics``, a private registry): its gauges read ``status()`` at each
-  scrape, its counters listen to the events stream (``EventLog.listeners``) and to the provider calls
-  (``calls``, the ``CallLog`` the root's metered clients report to: ``provisionerd.daemon.metered``);
+  scrape; its counters are the ones the events log owns (``EventLog.counters``: every record is counted as it is
+  written) and the ones the provider calls' log owns (``CallLog.counters``: the log the root's metered clients
+  report to, ``provisionerd.daemon.metered``); the listener's refusals are counted by the registry itself, given
+  to the ``HttpServer`` at construction;
 - the HTTP listener (``telemetry.metrics_http``) on ``[daemon] metrics_listen`` (none: no listener): ``/metrics``
   (rendered at most once per ``METRICS_MIN_INTERVAL`` second),
   ``/healthz`` (200 while the reconcile loop turns, else 503) and ``/readyz`` (200 once joined, resynced and every
@@ -51,12 +53,11 @@ class Observability:
     ) -> None:
         self.pieces = pieces
         self.snapshot = StatusSnapshot(pieces, loop, feed, calls)
-        self.metrics = DaemonMetrics(status)
-        calls.sinks.append(self.metrics.provider_call)
-        pieces.events.listeners.append(self.metrics.on_event)
+        # The counters the events log and the call log own, exported here (nothing is handed a callback).
+        self.metrics = DaemonMetrics(status, events=pieces.events.counters, calls=calls.counters)
         self.server = HttpServer(
             {"/metrics": self._metrics, "/healthz": self._healthz, "/readyz": self._readyz},
-            on_refusal=self.metrics.http_refused,
+            refusals=self.metrics,
         )
         self.address: tuple[str, int] | None = None  # where the listener is bound (None: not listening)
         self._rendered: tuple[float, bytes] | None = None  # (trio time, text) of the last /metrics rendering

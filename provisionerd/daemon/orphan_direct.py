@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import trio
 
@@ -40,6 +41,9 @@ from provisionerd.orphans.model import ControllerState, LeaseState, Unreadable
 from provisionerd.provider.client import ProviderClient
 from provisionerd.telemetry.events import EventLog
 
+#: How long ``via_socket`` waits without a config to say the action's bound (the daemon answers "pending" first).
+SOCKET_WAIT = 120.0
+
 
 def via_daemon(config: Config, request: AdminRequest) -> AdminResult | None:
     """Ask the running daemon (blocking); ``None`` when none listens on the config's admin socket (no socket
@@ -48,7 +52,11 @@ def via_daemon(config: Config, request: AdminRequest) -> AdminResult | None:
     path = config.daemon.admin_socket
     if path is None:
         return None
-    wait = action_timeout(config, request.provider) + 5.0  # the daemon answers "pending" before this
+    return via_socket(path, request, action_timeout(config, request.provider) + 5.0)
+
+
+def via_socket(path: Path, request: AdminRequest, wait: float = SOCKET_WAIT) -> AdminResult | None:
+    """``via_daemon`` on the admin socket ``path`` (``None``: no daemon listens there)."""
     try:
         reply = socket_request(path, request.to_json(), timeout=wait)
     except (FileNotFoundError, ConnectionRefusedError):

@@ -19,6 +19,11 @@ at once. Each action runs in the daemon's own nursery, not in the socket request
 request that outlives its bound (``orphan_admin.action_timeout``: the socket then answers ``pending``), never
 cuts a provider call or a return short; it finishes and is audited.
 
+``report_command`` answers the admin socket's ``orphans_report`` command (``provisionerd orphans --dry-run
+--socket PATH``, or ``--config FILE`` naming a file that no longer loads): the dry-run report
+(``daemon.orphan_report.dry_run``) made by the daemon with its running config and its own provider clients
+(read-only there), so it works while the file on disk is broken.
+
 Every request reads the running config through the one holder (``Pieces.current``), so after a reload that needs a
 restart it still decides with the config the rest of the daemon runs on. Every refusal is typed (``refused``:
 ``bad_request``, ``unknown_provider``, ``busy``, ``not_ready``, ``internal_error``), logged and counted
@@ -29,19 +34,27 @@ restart it still decides with the config the rest of the daemon runs on. Every r
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 
+from provisionerd.config.loader import Config
+from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.daemon.admin_guard import AdminRefusals
 from provisionerd.daemon.admin_socket import Command
 from provisionerd.daemon.builder import Pieces
 from provisionerd.daemon.orphan_admin import AdminRequest, AdminResult, action_timeout, decide_and_act
+from provisionerd.daemon.orphan_report import dry_run
 from provisionerd.daemon.status_snapshot import standby
 from provisionerd.domain.errors import ProtocolError
 from provisionerd.execution.loop import ReconcileLoop
 from provisionerd.execution.orphan_cycle import OrphanCycle
+from provisionerd.orphans.report import render_table, report_document
+from provisionerd.provider.client import ProviderClient
+
+#: Seconds the ``orphans_report`` command waits for the controller at most (a request may ask for less).
+REPORT_TIMEOUT = 30.0
 
 #: Why a cycle skips its pass (``OrphanCycle.run``'s ``skip``): the detail of each reason.
 STANDBY_DETAIL = "another daemon holds this provider's lease (the controller refused it as held); its cycle lists"
@@ -155,3 +168,34 @@ class OrphanActions:
         if isinstance(box[0], dict):
             return box[0]
         return {"ok": box[0].ok, "result": box[0].to_json()}
+
+
+def report_command(
+    config: Callable[[], Config], clients: Mapping[str, ProviderClient], connect: StreamFactory
+) -> Command:
+    """The ``orphans_report`` admin command (module docstring): ``{"providers": [...], "timeout": s}`` in;
+    ``{"ok": true, "report": <the --json document>, "table": <the table>, "unreadable": [...]}`` out."""
+
+    def timeout_of(request: Mapping[str, Any]) -> float:
+        wanted = request.get("timeout")
+        if isinstance(wanted, (int, float)) and not isinstance(wanted, bool) and 0 < wanted <= REPORT_TIMEOUT:
+            return float(wanted)
+        return REPORT_TIMEOUT
+
+    async def run(request: dict[str, Any], peer_uid: int | None) -> dict[str, Any]:
+        running = config()
+        names = request.get("providers") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) and n in running.provider_names for n in names):
+            return {"ok": False, "error": f"providers: each one of {', '.join(running.provider_names)}"}
+        report = await dry_run(running, providers=names, clients=clients, connect=connect, timeout=timeout_of(request))
+        document = report_document(report.findings, report.mutations, report.invisible, report.unknown_outcomes)
+        return {
+            "ok": True,
+            "report": document,
+            "table": render_table(
+                report.findings, report.mutations, invisible=report.invisible, unknown=report.unknown_outcomes
+            ),
+            "unreadable": list(report.unreadable),
+        }
+
+    return Command(run=run, timeout=lambda request: timeout_of(request) + 15.0)

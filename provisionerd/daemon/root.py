@@ -43,13 +43,13 @@ from provisionerd.daemon.admin_guard import AdminRefusals
 from provisionerd.daemon.admin_socket import AdminSocketCounts, Command, serve_admin_socket
 from provisionerd.daemon.builder import Pieces, build_pieces
 from provisionerd.daemon.clients import provider_clients, supervise
-from provisionerd.daemon.current_config import ReloadResult
+from provisionerd.daemon.current_config import NoReloadWatcher, ReloadResult, ReloadWatcher
 from provisionerd.daemon.explain_admin import Explainer, Sources
 from provisionerd.daemon.history_admin import history_command
 from provisionerd.daemon.machines_admin import MachinesPager
 from provisionerd.daemon.metered import CallLog, metered
 from provisionerd.daemon.observability import Observability
-from provisionerd.daemon.orphans import OrphanActions, run_orphan_cycles
+from provisionerd.daemon.orphans import OrphanActions, report_command, run_orphan_cycles
 from provisionerd.domain.errors import ConfigError, ControllerRejected, LinkDown
 from provisionerd.execution.executor import ExecutorSettings
 from provisionerd.execution.loop import LoopSettings, ReconcileLoop
@@ -84,6 +84,7 @@ class DaemonCore:
         offer_interval: float = 60.0,
         wall: Callable[[], float] = time.time,
         instance: str = "",
+        reload_watcher: ReloadWatcher | None = None,
     ) -> None:
         """``instance``: this start's ``Join.instance`` (empty: drawn from ``rng``; the simulation names its own,
         so that adding the field did not shift the draws every seeded run makes from ``rng``)."""
@@ -93,7 +94,9 @@ class DaemonCore:
             )  # loads the TLS files now: a bad path fails at start
 
             connect = tls_connector(config)
+        self._connect = connect
         rng = rng if rng is not None else random.Random()
+        self.reload_watcher = reload_watcher if reload_watcher is not None else NoReloadWatcher()
         self.calls = CallLog()  # every provider call ends there (metrics, status): the clients are metered
         self.pieces: Pieces = build_pieces(
             config,
@@ -178,8 +181,16 @@ class DaemonCore:
         return self.current.policy
 
     def reload(self, new: Config | None = None) -> ReloadResult:
-        """Re-read the config file (or take ``new``) and switch to it atomically if it applies live (see
-        ``daemon.current_config``); log and emit the outcome. Never raises for a config it cannot use."""
+        """Re-read the config file (or take ``new``) and switch to its live part atomically (``daemon.current_config``:
+        what needs a restart is named and keeps its running value); emit the outcome (the event is the log line)
+        and tell the ``reload_watcher`` (``provisionerd run``: systemd's RELOADING=1, then READY=1 with the result,
+        and the log level). Never raises for a config it cannot use."""
+        self.reload_watcher.reloading()
+        result = self._reload(new)
+        self.reload_watcher.reloaded(result, self.config)
+        return result
+
+    def _reload(self, new: Config | None) -> ReloadResult:
         if new is None:
             source = self.config.source
             try:
@@ -188,28 +199,28 @@ class DaemonCore:
                 )  # the config-check proofs gate a reload
             except ConfigError as exc:
                 problems = list(exc.problems) or [str(exc)]
-                log.error("config reload failed; keeping the running config: %s", exc)
-                self.events.emit("config_reload_failed", problems=problems)
+                self.events.emit("config_reload_failed", reason=exc.args[0].splitlines()[0], problems=problems)
                 return self.current.refused(problems)
         result = self.current.reload(new)
         if result.outcome == "failed":
-            log.error("config reload failed; keeping the running config: %s", "; ".join(result.problems))
-            self.events.emit("config_reload_failed", problems=list(result.problems))
-        elif result.outcome == "restart_needed":
-            log.warning(
-                "config reload not applied: these changes need a restart (the running config stays in force): %s",
-                ", ".join(result.restart_needed),
-            )
             self.events.emit(
-                "config_reloaded", outcome=result.outcome, applied=[], restart_needed=list(result.restart_needed)
+                "config_reload_failed", problems=list(result.problems), restart_needed=list(result.restart_needed)
             )
-        else:
-            if result.outcome == "applied":  # the live settings outside the holder take effect (values already built)
-                self._apply_orphan_settings(self.config)
-                self.observability.listen_at(self.config.daemon.metrics_listen)
-            log.info("config reloaded (%s): %s", result.outcome, ", ".join(result.applied) or "nothing changed")
-            self.events.emit("config_reloaded", outcome=result.outcome, applied=list(result.applied), restart_needed=[])
+            return result
+        if result.outcome == "applied":  # the live settings outside the holder take effect (values already built)
+            self._apply_orphan_settings(self.config)
+            self.observability.listen_at(self.config.daemon.metrics_listen)
             self.loop.wake()  # plan with the new limits now
+        # Each event is one line of the log (no second log call): the outcome at INFO, and what waits for a restart
+        # at WARNING (telemetry.severity), so a log at ``warning`` still says a change did not take effect.
+        self.events.emit(
+            "config_reloaded",
+            outcome=result.outcome,
+            applied=list(result.applied),
+            restart_needed=list(result.restart_needed),
+        )
+        if result.restart_needed:
+            self.events.emit("config_restart_needed", fields=list(result.restart_needed))
         return result
 
     def _apply_orphan_settings(self, new: Config) -> None:
@@ -262,6 +273,17 @@ class DaemonCore:
             },
             **self.observability.document(),  # per provider; demand, health, readiness (daemon.status_snapshot)
         }
+
+    @property
+    def reload_command(self) -> Command:
+        """``provisionerd reload``: the same reload as SIGHUP, answered with its result (``ok``: the daemon
+        answered; the outcome says whether the reload failed)."""
+
+        async def run(request: dict[str, Any], peer_uid: int | None) -> dict[str, Any]:
+            log.info("reload asked through the admin socket by uid %s", peer_uid)
+            return {"ok": True, "result": self.reload().to_json()}
+
+        return Command(run=run, timeout=lambda _request: 30.0)
 
     @property
     def accept_reset(self) -> Command:
@@ -329,12 +351,15 @@ class DaemonCore:
             if self.config.daemon.admin_socket is not None:
                 commands = {
                     "orphan_action": self.orphan_actions.command,
+                    # provisionerd orphans --dry-run through the daemon: its running config, its clients
+                    "orphans_report": report_command(lambda: self.config, self.providers, self._connect),
                     "controller_accept_reset": self.accept_reset,
                     "cost": self.cost,  # provisionerd cost (planner.cost, docs/fleet.md)
                     "history": history_command(self.session),  # provisionerd history (docs/protocol.md §6.6)
                     "machines": self.machines.command(),  # provisionerd machines (daemon.machines_admin)
                     "explain": self.explainer.explain_command(),  # provisionerd explain (daemon.explain_admin)
                     "plan_what_if": self.explainer.what_if_command(),  # provisionerd plan --what-if
+                    "reload": self.reload_command,  # provisionerd reload (systemd's ExecReload=)
                 }
                 await nursery.start(
                     functools.partial(
@@ -343,7 +368,7 @@ class DaemonCore:
                         self.admin.guard_status(self.status),
                         {name: self.admin.guard(name, command) for name, command in commands.items()},
                         counts=self.admin_peers,
-                        on_refusal=self.admin.note,
+                        refusals=self.admin,
                     )
                 )
             await nursery.start(self.session.run)

@@ -357,10 +357,16 @@ class _SpendCurve:
         if not math.isfinite(now):
             raise ValueError(f"now must be a finite number of seconds, not {now!r}")
         totals = dict(self.fixed)
+        hourly: dict[tuple[str, str], float] = {}
         for key, (launches, rates, weighted) in self.curves.items():
             k = bisect.bisect_right(launches, now)  # launched by now: the others cost nothing yet
             totals[key] = totals.get(key, 0.0) + ((now - self.origin) * rates[k] - weighted[k]) / HOUR
-        return [{"provider": p, "currency": c, "amount": round(a, 6)} for (p, c), a in sorted(totals.items())]
+            hourly[key] = rates[k]
+        # ``rate``: what the live priced machines cost per hour now (the metrics' spend counter integrates it).
+        return [
+            {"provider": p, "currency": c, "amount": round(a, 6), "rate": round(hourly.get((p, c), 0.0), 6)}
+            for (p, c), a in sorted(totals.items())
+        ]
 
 
 class _Fleet:
@@ -418,7 +424,7 @@ class _Fleet:
 
 def _spend(view: ControllerView | None, wall_now: float) -> list[dict[str, Any]]:
     """Estimated spend so far by provider and currency (``planner.cost``; the metric
-    ``provisionerd_estimated_spend``)."""
+    ``provisionerd_estimated_spend_total`` integrates the ``rate`` of ``_SpendCurve.at``)."""
     if view is None:
         return []
     totals: dict[tuple[str, str], float] = {}

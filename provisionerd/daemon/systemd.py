@@ -13,15 +13,30 @@ WATCHDOG=1 is sent every half of ``WATCHDOG_USEC`` by a trio task, and only whil
 within ``stall_after`` seconds. A blocked trio thread sends nothing (this task does not run); a loop that stopped
 turning gets no ping after ``stall_after``, a ``watchdog_stalled`` event and an ERROR line, and systemd kills and
 restarts the daemon ``WatchdogSec`` later. STOPPING=1 goes out on SIGTERM, before the leases are released.
+
+A reload (SIGHUP or ``provisionerd reload``) is bracketed by ``SystemdReloads``: ``RELOADING=1`` with
+``MONOTONIC_USEC`` (CLOCK_MONOTONIC, as ``sd_notify(3)`` asks of it since systemd 253) before the file is read,
+then ``READY=1`` with ``STATUS=`` naming the outcome and ``ERRNO=`` (``EINVAL`` when the reload failed, 0 when it
+did not). Why both this and an ``ExecReload=`` command (``contrib/systemd/provisionerd.service``): the shipped
+unit must work on Debian bookworm's systemd 252, which has no ``Type=notify-reload`` (253) and takes a reload's
+result only from the ``ExecReload=`` command's exit status (``READY=1`` after ``RELOADING=1`` ends the reload
+with success, whatever ``ERRNO=`` says). So ``ExecReload=provisionerd reload --socket ...`` asks the running
+daemon over its admin socket and exits 1 when the reload failed, which makes ``systemctl reload`` fail; the
+notifications keep ``systemctl status`` (STATUS, ERRNO) true, and a ``kill -HUP`` outside systemd is still seen
+as a reload.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import time
 from collections.abc import Callable
 
 import trio
 
+from provisionerd.config.loader import Config
+from provisionerd.daemon.current_config import ReloadResult
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.telemetry.events import EventLog
 from provisionerd.telemetry.sd_notify import SdNotifier
@@ -99,6 +114,36 @@ class SystemdNotify:
 
     def stopping(self) -> None:
         self.notifier.send("STOPPING=1", "STATUS=stopping: releasing leases")
+
+
+class SystemdReloads:
+    """A ``ReloadWatcher`` (``daemon.current_config``) that tells systemd of each reload (module docstring)."""
+
+    def __init__(self, notifier: SdNotifier) -> None:
+        self.notifier = notifier
+
+    def reloading(self) -> None:
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={usec}", "STATUS=reloading the config")
+
+    def reloaded(self, result: ReloadResult, config: Config) -> None:
+        self.notifier.send("READY=1", f"STATUS={reload_status(result)}", f"ERRNO={reload_errno(result)}")
+
+
+def reload_errno(result: ReloadResult) -> int:
+    """``EINVAL`` for a failed reload (the running config kept), else 0 (clears an earlier failure's)."""
+    return errno.EINVAL if result.outcome == "failed" else 0
+
+
+def reload_status(result: ReloadResult, limit: int = 200) -> str:
+    """The one-line ``STATUS=`` after a reload: its outcome, and the first problem or what waits for a restart."""
+    if result.outcome == "failed":
+        text = f"reload failed, running config kept: {result.problems[0] if result.problems else 'unknown'}"
+    elif result.restart_needed:
+        text = f"reload {result.outcome}; restart needed for: {', '.join(result.restart_needed)}"
+    else:
+        text = f"reload {result.outcome}: {', '.join(result.applied) or 'nothing changed'}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def core_status(core: DaemonCore) -> str:

@@ -268,18 +268,6 @@ async def start_daemon(paths: DemoPaths) -> Child:
     return await start_child("daemon", argv, paths.logs / "daemon.log", env=child_env())
 
 
-async def daemon_status(paths: DemoPaths) -> dict[str, Any] | None:
-    """The running daemon's status document (``provisionerd status``), or ``None`` when it does not answer."""
-    from provisionerd.daemon.admin_socket import query
-
-    try:
-        reply = await trio.to_thread.run_sync(query, paths.admin_socket, "status", 2.0)
-    except (OSError, ValueError):
-        return None
-    status = reply.get("status") if reply.get("ok") else None
-    return status if isinstance(status, dict) else None
-
-
 # --- side doors -----------------------------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -151,29 +151,58 @@ def daemon_fields(status: dict[str, Any], provider: str) -> dict[str, Any]:
     }
 
 
+async def daemon_status(socket: Path) -> dict[str, Any] | None:
+    """The running daemon's status document (``provisionerd status``), or ``None`` when it does not answer."""
+    from provisionerd.daemon.admin_socket import query
+
+    try:
+        reply = await trio.to_thread.run_sync(query, socket, "status", 2.0)
+    except (OSError, ValueError):
+        return None
+    status = reply.get("status") if reply.get("ok") else None
+    return status if isinstance(status, dict) else None
+
+
+class SnapshotView(Protocol):
+    """Where each new snapshot is shown (``demo.progress.Progress``): given to the ``Observer`` at construction."""
+
+    def update(self, snapshot: Snapshot) -> None: ...
+
+
 class Observer:
     """Polls every source every ``POLL_INTERVAL`` seconds; ``wait_for`` returns once a predicate holds.
 
-    ``admin`` (the controller's admin API) and ``daemon_status`` (an async callable) are set by the script once
-    those pieces run; until then their part of the snapshot stays empty."""
+    What it polls is its own state, told by the script through ``watch_controller(admin)`` (the controller's admin
+    API) and ``watch_daemon(socket)`` (the daemon's admin socket, asked for ``status``) once those pieces run, and
+    ``stop_watching()``; until then their part of the snapshot stays empty. Each snapshot is shown on ``view``."""
 
-    def __init__(
-        self, events_path: Path, cluster: str, provider: str, on_snapshot: Callable[[Snapshot], None] = lambda s: None
-    ) -> None:
+    def __init__(self, events_path: Path, cluster: str, provider: str, view: SnapshotView | None = None) -> None:
         self.cluster = cluster
         self.provider = provider
-        self.admin: Any = None
-        self.daemon_status: Callable[[], Any] | None = None
+        self._admin: Any = None
+        self._daemon_socket: Path | None = None
         self.snapshot = Snapshot()
         self.tally = EventTally()
         self.seen_joined: set[str] = set()
         self._events = EventsTail(events_path)
-        self._on_snapshot = on_snapshot
+        self._view = view
         self._changed = trio.Event()
         self._started = trio.current_time()
         self._fields: dict[str, Any] = {}
         self._events_open = True
         self.releases: list[dict[str, Any]] = []  # the daemon's lease_released events
+
+    def watch_controller(self, admin: Any) -> None:
+        """Poll the controller's admin API (``admin.status()``) from now on."""
+        self._admin = admin
+
+    def watch_daemon(self, socket: Path) -> None:
+        """Poll the daemon's ``status`` on its admin socket from now on."""
+        self._daemon_socket = socket
+
+    def stop_watching(self) -> None:
+        """Poll neither the controller nor the daemon any more (the run is being cleaned up)."""
+        self._admin = self._daemon_socket = None
 
     def set_step(self, step: str) -> None:
         self._publish(step=step)
@@ -181,7 +210,7 @@ class Observer:
     def daemon_stopped(self) -> None:
         """The daemon is gone: stop asking it, show it stopped, and stop folding its events log once its last
         lines are in (other commands append to it from now on)."""
-        self.daemon_status = None
+        self._daemon_socket = None
         self._fold_new_events()
         self._events_open = False
         self._fields.update(link="stopped", daemon_primary=None, lease="-", epoch=None)
@@ -201,17 +230,17 @@ class Observer:
 
     async def poll(self) -> None:
         problems = []
-        if self.admin is not None:
+        if self._admin is not None:
             try:
                 with trio.fail_after(5):
-                    status = await self.admin.status()
+                    status = await self._admin.status()
                 self._fields.update(controller_fields(status, self.seen_joined))
             except (ProvisionerdError, OSError, ValueError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 # A failed admin call (a failover in progress, a dead controller) is shown, not fatal: the step
                 # waiting on it has its own timeout and names what it waited for.
                 problems.append(f"controller status: {type(exc).__name__}: {exc}"[:200])
-        if self.daemon_status is not None:
-            status = await self.daemon_status()
+        if self._daemon_socket is not None:
+            status = await daemon_status(self._daemon_socket)
             if status is None:
                 problems.append("the daemon's admin socket does not answer")
             else:
@@ -231,7 +260,8 @@ class Observer:
 
     def _publish(self, **changes: Any) -> None:
         self.snapshot = attrs.evolve(self.snapshot, elapsed=trio.current_time() - self._started, **changes)
-        self._on_snapshot(self.snapshot)
+        if self._view is not None:
+            self._view.update(self.snapshot)
         self._changed.set()
         self._changed = trio.Event()
 

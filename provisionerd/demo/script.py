@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,7 @@ class DemoRun:
         self.progress = progress
         self.paths = DemoPaths(root)
         self.cluster = f"demo-{secrets.token_hex(3)}"
-        self.observer = Observer(self.paths.events, self.cluster, dc.PROVIDER, progress.update)
+        self.observer = Observer(self.paths.events, self.cluster, dc.PROVIDER, progress)
         self.timeouts = step_timeouts(workers)
         self.step = ""
         self.steps: list[tuple[str, float]] = []
@@ -119,7 +118,7 @@ class DemoRun:
     async def _controller(self) -> None:
         self.controller, self.addresses = await dc.start_controller(self.paths)
         self.admin = dc.open_admin(self.paths, self.addresses)
-        self.observer.admin = self.admin
+        self.observer.watch_controller(self.admin)
         self.progress.say(f"    replicas {', '.join(self.addresses)} (log: {self.controller.log})")
         self.progress.say(f"    store: {dc.DEMO_STORE}")
 
@@ -138,7 +137,7 @@ class DemoRun:
         dc.write_local_conf(self.paths, self.workers)
         self.config = dc.write_config(self.paths, self.cluster, self.addresses, self.workers)
         self.daemon = await dc.start_daemon(self.paths)
-        self.observer.daemon_status = partial(dc.daemon_status, self.paths)
+        self.observer.watch_daemon(self.paths.admin_socket)
         s = await self._wait(lambda s: s.link == "up" and s.lease == "held" and s.epoch is not None)
         self.progress.say(f"    joined the primary {s.daemon_primary}; lease on {dc.PROVIDER!r} held, epoch {s.epoch}")
 
@@ -311,7 +310,7 @@ class DemoRun:
 
     async def cleanup(self, keep: bool) -> list[str]:
         """Stop everything of this run and remove its directory (unless ``keep``); returns what it had to force."""
-        self.observer.admin = self.observer.daemon_status = None
+        self.observer.stop_watching()
         if self._orphan_socket is not None:
             self._orphan_socket.close()
         notes, left = await dc.stop_everything(self.paths, self.cluster, self.daemon, self.controller, keep=keep)

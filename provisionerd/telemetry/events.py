@@ -4,8 +4,9 @@
 with ``ts`` (wall clock, epoch seconds), ``mono`` (trio's clock when inside ``trio.run``) and ``event``, logs the
 same for humans as ``event key=value...`` (``telemetry.logfmt``, no Python reprs) at the kind's level
 (``telemetry.severity``: faults at WARNING or ERROR, the routine of an idle fleet at DEBUG), and keeps the most
-recent events in memory for ``provisionerd status`` and tests. ``listeners`` are called with each record after it
-is written (the Prometheus counters: ``telemetry.metrics``).
+recent events in memory for ``provisionerd status`` and tests. Each record is also counted, in the same call, by the
+log's own ``counters`` (``telemetry.metrics.EventCounters``, which the daemon's registry exports): nothing is
+handed a callback, and no record is dropped on the way to a counter.
 
 Every record names the process that wrote it: ``"process": {"pid": ..., "instance": ...}`` (``ProcessInstance``),
 so two daemons appending to one events file (two starts of one config, say) stay apart. ``instance`` is random per
@@ -24,7 +25,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,6 +35,7 @@ import trio
 from provisionerd.telemetry.files import open_private
 from provisionerd.telemetry.logfmt import fields_text
 from provisionerd.telemetry.logging_setup import event_extra, json_default
+from provisionerd.telemetry.metrics import EventCounters
 from provisionerd.telemetry.severity import level_of
 
 log = logging.getLogger("provisionerd.events")
@@ -72,11 +74,19 @@ class EventLog:
     decision it records has consequences; ``emit`` never raises on a full disk, it logs the failure once.
     """
 
-    def __init__(self, path: Path | None = None, *, keep: int = 1000, process: ProcessInstance | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        keep: int = 1000,
+        process: ProcessInstance | None = None,
+        counters: EventCounters | None = None,
+    ) -> None:
         #: Named in every record (``"process"``); replace it with ``attrs.evolve`` to name the start otherwise.
         self.process = process if process is not None else ProcessInstance.current()
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        #: The Prometheus counters every record feeds (``DaemonMetrics`` registers them).
+        self.counters = counters if counters is not None else EventCounters()
         self._path = path
         self._file: TextIO | None = None
         self._write_failed = False
@@ -108,8 +118,7 @@ class EventLog:
                 if not self._write_failed:
                     log.error("cannot write events log %s: %s", self._path, exc)
                     self._write_failed = True
-        for listener in self.listeners:
-            listener(record)
+        self.counters.add(record)
         return record
 
     def of_kind(self, *events: str) -> Iterator[dict[str, Any]]:

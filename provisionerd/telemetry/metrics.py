@@ -4,11 +4,11 @@
 or two tests, do not share a series). What it holds comes from three sources, so nothing else in the daemon
 increments a metric:
 
-- **the events stream** (``telemetry.events.EventLog``): ``on_event(record)`` is an ``EventLog`` listener and turns
-  the events that count something into counters (link reconnects, lease events, intents committed or refused by
-  reason, orphan findings and actions, resyncs and their duration);
-- **the provider call path**: ``provider_call(provider, action, outcome, seconds)`` is called once per provider call
-  by the daemon's metered client (``provisionerd.daemon.metered``), for the call counter and its latency histogram;
+- **the events stream** (``telemetry.events.EventLog``): the log owns an :class:`EventCounters` and adds every
+  record it writes to it, which turns the events that count something into counters (link reconnects, lease
+  events, intents committed or refused by reason, orphan findings and actions, resyncs and their duration);
+- **the provider call path**: the daemon's call log (``provisionerd.daemon.metered.CallLog``) owns a
+  :class:`CallCounters` and reports each call's end to it, for the call counter and its latency histogram;
 - **the daemon's state snapshot**: ``snapshot()`` returns the status document (``provisionerd status --json``) and
   :class:`provisionerd.telemetry.metrics_snapshot.SnapshotCollector` turns it into gauges at each scrape (leases,
   link, machines by state, demand, back-offs, unhealthy providers).
@@ -20,12 +20,22 @@ ones are counted under ``other`` values. ``render()`` is what ``GET /metrics`` a
 
 from __future__ import annotations
 
+import platform
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
+from provisionerd import __version__
 from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 
 #: At most this many label sets per counter; past it, new label sets count under ``other``.
@@ -94,39 +104,22 @@ def unmet_rules(detail: object) -> list[str]:
     return found or ["no_room"]
 
 
-class DaemonMetrics:
-    """The daemon's registry (see the module docstring). ``snapshot``: the status document, read at each scrape."""
+class EventCounters:
+    """The counters the events stream feeds: made by the ``EventLog`` that owns them (``EventLog.counters``), which
+    calls ``add`` with every record it writes, and registered in the daemon's registry by ``DaemonMetrics``. No
+    callback is handed around and nothing is dropped: a record is counted in the same call that writes it."""
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.calls = _Bounded(
-            Counter(
-                "provisionerd_provider_calls",
-                "Provider plugin calls, by action and outcome (ok, or the refusal code / unknown-outcome kind).",
-                ["provider", "action", "outcome"],
-                registry=r,
-            )
-        )
-        self.call_seconds = _Bounded(
-            Histogram(
-                "provisionerd_provider_call_duration_seconds",
-                "How long provider plugin calls took (trio's clock), by action.",
-                ["provider", "action"],
-                buckets=CALL_BUCKETS,
-                registry=r,
-            )
-        )
+    def __init__(self) -> None:
         self.reconnects = Counter(
-            "provisionerd_link_reconnects", "Joins to a controller after the first one (every rejoin).", registry=r
+            "provisionerd_link_reconnects", "Joins to a controller after the first one (every rejoin).", registry=None
         )
-        self.link_breaks = Counter("provisionerd_link_breaks", "Controller links that went down.", registry=r)
+        self.link_breaks = Counter("provisionerd_link_breaks", "Controller links that went down.", registry=None)
         self.lease_events = _Bounded(
             Counter(
                 "provisionerd_lease_events",
                 "Lease events: acquired, renewed, lost, denied, released.",
                 ["provider", "event"],
-                registry=r,
+                registry=None,
             )
         )
         self.intents_committed = _Bounded(
@@ -134,7 +127,7 @@ class DaemonMetrics:
                 "provisionerd_intents_committed",
                 "Intent facts the controller acknowledged and the gate admitted, by fact kind.",
                 ["provider", "kind"],
-                registry=r,
+                registry=None,
             )
         )
         self.intents_refused = _Bounded(
@@ -142,7 +135,7 @@ class DaemonMetrics:
                 "provisionerd_intents_refused",
                 "Mutations the gate refused, by reason (halted, no_lease, rejected, link_down, lapsed_*).",
                 ["provider", "kind", "reason"],
-                registry=r,
+                registry=None,
             )
         )
         self.orphan_findings = _Bounded(
@@ -150,7 +143,7 @@ class DaemonMetrics:
                 "provisionerd_orphan_findings",
                 "Orphan findings (new, or with a changed action), by class and planned action.",
                 ["provider", "orphan_class", "action"],
-                registry=r,
+                registry=None,
             )
         )
         self.orphan_actions = _Bounded(
@@ -158,7 +151,7 @@ class DaemonMetrics:
                 "provisionerd_orphan_actions",
                 "Orphan actions carried out, by class, action and outcome.",
                 ["provider", "orphan_class", "action", "outcome"],
-                registry=r,
+                registry=None,
             )
         )
         self.resyncs = _Bounded(
@@ -166,45 +159,35 @@ class DaemonMetrics:
                 "provisionerd_resyncs",
                 "Resyncs of the controller view: join (after every (re)join) or refresh (a later one on the link).",
                 ["kind"],
-                registry=r,
+                registry=None,
             )
         )
         self.resync_seconds = Histogram(
             "provisionerd_resync_duration_seconds",
             "From a join to its resync folded (trio's clock).",
             buckets=RESYNC_BUCKETS,
-            registry=r,
-        )
-        self.http_refusals = _Bounded(
-            Counter(
-                "provisionerd_http_refusals",
-                "Requests the metrics/health listener refused (too_large, timeout, bad_request, method, busy).",
-                ["reason"],
-                registry=r,
-            )
+            registry=None,
         )
         self.unmet_rules = _Bounded(
             Counter(
                 "provisionerd_unmet_demand_rules",
                 "Unmet-demand plan notes (emitted when an item's reasons change), by each rule the note names.",
                 ["rule"],
-                registry=r,
+                registry=None,
             )
         )
-        r.register(SnapshotCollector(snapshot))
         self._joins = 0
         self._join_at: dict[int, float] = {}  # generation -> trio time of its join (until its resync)
 
-    # --- feeds --------------------------------------------------------------------------------------------------
+    def collectors(self) -> list[Counter | Histogram]:
+        """What ``DaemonMetrics`` registers (each once)."""
+        bounded = (self.lease_events, self.intents_committed, self.intents_refused, self.orphan_findings)
+        more = (self.orphan_actions, self.resyncs, self.unmet_rules)
+        return [self.reconnects, self.link_breaks, self.resync_seconds, *(b.metric for b in (*bounded, *more))]
 
-    def provider_call(self, provider: str, action: str, outcome: str, seconds: float) -> None:
-        """One provider call ended (the metered client calls this once per call)."""
-        self.calls.labels(provider, action, outcome).inc()
-        self.call_seconds.labels(provider, action).observe(max(seconds, 0.0))
-
-    def on_event(self, record: Mapping[str, Any]) -> None:
-        """An ``EventLog`` listener: count what ``record`` (one emitted event) says. Reads fields with ``get`` and
-        bounds every label (``_label``), so a record of any shape counts or is ignored; nothing here raises."""
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Count what ``record`` (one emitted event) says. Reads fields with ``get`` and bounds every label
+        (``_label``), so a record of any shape counts or is ignored; nothing here raises."""
         event = record.get("event")
         provider = record.get("provider")
         if event == "link_up":
@@ -245,7 +228,80 @@ class DaemonMetrics:
                 provider, record.get("orphan_class"), record.get("action"), record.get("outcome")
             ).inc()
 
+
+class CallCounters:
+    """The provider calls' counter and latency histogram: made by the ``CallLog`` that owns them
+    (``daemon.metered``), which calls ``ended`` once per call, and registered by ``DaemonMetrics``."""
+
+    def __init__(self) -> None:
+        self.calls = _Bounded(
+            Counter(
+                "provisionerd_provider_calls",
+                "Provider plugin calls, by action and outcome (ok, or the refusal code / unknown-outcome kind).",
+                ["provider", "action", "outcome"],
+                registry=None,
+            )
+        )
+        self.call_seconds = _Bounded(
+            Histogram(
+                "provisionerd_provider_call_duration_seconds",
+                "How long provider plugin calls took (trio's clock), by action.",
+                ["provider", "action"],
+                buckets=CALL_BUCKETS,
+                registry=None,
+            )
+        )
+
+    def collectors(self) -> list[Counter | Histogram]:
+        return [self.calls.metric, self.call_seconds.metric]
+
+    def ended(self, provider: str, action: str, outcome: str, seconds: float) -> None:
+        """One provider call ended."""
+        self.calls.labels(provider, action, outcome).inc()
+        self.call_seconds.labels(provider, action).observe(max(seconds, 0.0))
+
+
+class DaemonMetrics:
+    """The daemon's registry (see the module docstring). ``snapshot``: the status document, read at each scrape;
+    ``events`` / ``calls``: the counters the events log and the call log own (fresh ones when not given)."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Mapping[str, Any]],
+        *,
+        events: EventCounters | None = None,
+        calls: CallCounters | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.events = events if events is not None else EventCounters()
+        self.calls = calls if calls is not None else CallCounters()
+        for collector in (*self.events.collectors(), *self.calls.collectors()):
+            r.register(collector)
+        self.http_refusals = _Bounded(
+            Counter(
+                "provisionerd_http_refusals",
+                "Requests the metrics/health listener refused (too_large, timeout, bad_request, method, busy).",
+                ["reason"],
+                registry=r,
+            )
+        )
+        self.snapshot = SnapshotCollector(snapshot)
+        r.register(self.snapshot)
+        # What a "daemon restarted" or "which version runs where" rule needs: process_start_time_seconds, CPU, memory,
+        # open files (ProcessCollector: this process's /proc), python_info, and our build.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        build = Gauge(
+            "provisionerd_build_info",
+            "Always 1: the daemon's version and the Python that runs it, as labels.",
+            ["version", "python"],
+            registry=r,
+        )
+        build.labels(__version__, platform.python_version()).set(1)
+
     def http_refused(self, reason: str) -> None:
+        """The metrics listener refused a request (``metrics_http.RefusalCounter``)."""
         self.http_refusals.labels(reason).inc()
 
     # --- the exposition -----------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Bounds, because anyone who can reach the port can send anything:
 - only ``GET`` and ``HEAD`` (405), only the routes given (404), ``HTTP/1.0`` or ``HTTP/1.1`` (400);
 - a response is sent within ``write_timeout`` seconds, or the connection is dropped.
 
-Every refusal is counted (``on_refusal(reason)``, the ``provisionerd_http_refusals_total`` counter) and logged (the
+Every refusal is counted (``refusals.http_refused(reason)``: a ``RefusalCounter`` given at construction, the
+daemon's registry with its ``provisionerd_http_refusals_total`` counter) and logged (the
 first of each reason at INFO, the rest at DEBUG: a scanner must not fill the log).
 
 A route is a function ``() -> Response`` called in the trio loop; it must be quick (the metrics collector reads the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import attrs
 import trio
@@ -71,6 +73,17 @@ def _head(status: int, content_type: str, length: int) -> bytes:
     ).encode("ascii")
 
 
+class RefusalCounter(Protocol):
+    """Who counts the listener's refusals (``telemetry.metrics.DaemonMetrics``)."""
+
+    def http_refused(self, reason: str) -> None: ...
+
+
+class _Uncounted:
+    def http_refused(self, reason: str) -> None:
+        pass
+
+
 class HttpServer:
     """The connection handler (see the module docstring); ``serve_http`` runs it on a listener."""
 
@@ -78,14 +91,14 @@ class HttpServer:
         self,
         routes: Mapping[str, Callable[[], Response]],
         *,
-        on_refusal: Callable[[str], None] = lambda reason: None,
+        refusals: RefusalCounter | None = None,
         max_request: int = MAX_REQUEST,
         read_timeout: float = READ_TIMEOUT,
         write_timeout: float = WRITE_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.routes = dict(routes)
-        self.on_refusal = on_refusal
+        self._refusals = refusals if refusals is not None else _Uncounted()
         self.max_request = max_request
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
@@ -94,7 +107,7 @@ class HttpServer:
         self._logged: set[str] = set()
 
     def _refuse(self, reason: str, detail: str) -> None:
-        self.on_refusal(reason)
+        self._refusals.http_refused(reason)
         level = logging.DEBUG if reason in self._logged else logging.INFO
         self._logged.add(reason)
         log.log(level, "metrics listener refused a request (%s): %s", reason, detail)

@@ -12,13 +12,32 @@ daemon holds now, so it cannot drift from ``status``: the two read the same docu
 - ``demand.unplaced``; ``health.loop_heartbeat_age_s``; ``ready.ok``.
 
 A key missing or of the wrong type is skipped, never an error: a scrape always answers.
+
+**An HA pair sums right.** Both daemons of a pair read the same controller view, so each could export the whole
+fleet. The fleet gauges of a provider (``FLEET_GAUGES``: machines by state, draining and unhealthy machines, demand
+wanted and supplied) are exported only by the daemon whose lease on that provider is ``held``; the other one
+exports none of them for it (its ``provisionerd_lease_state`` says why), so ``sum by (provider, state)
+(provisionerd_machines)`` over the pair counts every machine once. ``provisionerd_demand_unplaced_machines`` is
+cluster-wide: every daemon computes it alike (aggregate it with ``max``, not ``sum``).
+
+**Series read 0 instead of vanishing.** Machines by state and lease and link states are exported for every state;
+a (provider, template) whose demand series was exported once is exported at 0 when the demand no longer names it
+(bounded: ``MAX_REMEMBERED`` pairs).
+
+**Spend is a counter.** ``provisionerd_estimated_spend_total{provider, currency}`` integrates, between scrapes, what
+the live priced machines cost per hour (the cost lines' ``rate``; trapezoids on ``clock``, trio's clock), and only
+while this daemon holds the provider's lease: it never goes down and survives the fleet going empty, so
+``increase(...[30d])`` summed over an HA pair is the month's estimated spend. Machines launched and returned
+between two scrapes are not counted: an estimate, as the cost report is (docs/fleet.md).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -26,6 +45,17 @@ LINK_STATES = ("down", "connecting", "syncing", "up", "halted")
 LEASE_STATES = ("none", "held", "lapsed", "released")
 MACHINE_STATES = ("requested", "booting", "joined", "idle", "busy", "lost", "returning")
 BACKOFF_KINDS = ("throttle", "capacity", "unhealthy")
+#: The gauges only a provider's lease holder exports (module docstring).
+FLEET_GAUGES = (
+    "provisionerd_machines",
+    "provisionerd_machines_draining",
+    "provisionerd_unhealthy_machines",
+    "provisionerd_demand_wanted_machines",
+    "provisionerd_demand_supplied_machines",
+)
+#: At most this many (provider, template) demand pairs, and (provider, currency) spend pairs, are remembered.
+MAX_REMEMBERED = 2000
+HOUR = 3600.0
 
 
 def _num(value: Any) -> float | None:
@@ -47,11 +77,55 @@ def _epoch(text: Any) -> tuple[int, int] | None:
     return (int(term), int(seq)) if sep and term.isdigit() and seq.isdigit() else None
 
 
-class SnapshotCollector(Collector):
-    """See the module docstring."""
+def held(entry: Mapping[str, Any]) -> bool:
+    """Whether the status of one provider says this daemon holds its lease (``lease.state == "held"``)."""
+    return _map(entry.get("lease")).get("state") == "held"
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]) -> None:
+
+class SpendCounter:
+    """``provisionerd_estimated_spend_total``'s values (module docstring): per (provider, currency), the integral
+    of the hourly rate over the time this daemon held the provider's lease."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple[str, str], float] = {}
+        self._last: dict[tuple[str, str], tuple[float, float]] = {}  # key -> (time, rate) at the last scrape
+
+    def update(self, lines: Any, holding: Callable[[str], bool], now: float) -> None:
+        rates: dict[tuple[str, str], float] = {}
+        for line in lines if isinstance(lines, list) else ():
+            entry = _map(line)
+            rate = _num(entry.get("rate"))
+            provider, currency = entry.get("provider"), entry.get("currency")
+            if isinstance(provider, str) and isinstance(currency, str) and rate is not None and rate >= 0:
+                rates[(provider, currency)] = rate
+        for key in set(self._last) | set(rates):
+            rate = rates.get(key, 0.0)  # no line (the fleet went empty): nothing is being spent
+            last = self._last.get(key)
+            if key not in self.totals:
+                if len(self.totals) >= MAX_REMEMBERED:
+                    continue
+                self.totals[key] = 0.0
+            if last is not None and holding(key[0]) and now > last[0]:
+                self.totals[key] += (last[1] + rate) / 2 * (now - last[0]) / HOUR
+            self._last[key] = (now, rate)
+
+
+def trio_clock() -> float:
+    """trio's clock inside ``trio.run`` (the daemon's scrapes); the monotonic clock for a sync caller (a test)."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+class SnapshotCollector(Collector):
+    """See the module docstring. ``clock``: the time the spend counter integrates over (trio's clock)."""
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]], *, clock: Callable[[], float] = trio_clock) -> None:
         self._snapshot = snapshot
+        self._clock = clock
+        self._templates: set[tuple[str, str]] = set()  # (provider, template) pairs whose demand was exported
+        self.spend = SpendCounter()
 
     def describe(self) -> list[Metric]:
         # Nothing at registration: the snapshot needs a running daemon (trio's clock), and these names are ours.
@@ -59,12 +133,13 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         doc = _map(self._snapshot())
+        providers = _map(doc.get("providers"))
         yield from _link(doc)
-        yield from _providers(_map(doc.get("providers")))
+        yield from _providers(providers, self._templates)
         demand = _map(doc.get("demand"))
         unplaced = GaugeMetricFamily(
             "provisionerd_demand_unplaced_machines",
-            "Machines the demand wants that no provider's machines or intents serve yet.",
+            "Machines the demand wants that no provider's machines or intents serve yet (cluster-wide: use max).",
         )
         if (value := _num(demand.get("unplaced"))) is not None:
             unplaced.add_metric([], value)
@@ -79,17 +154,15 @@ class SnapshotCollector(Collector):
         if (value := _num(_map(doc.get("ready")).get("ok"))) is not None:
             ready.add_metric([], value)
         yield ready
-        spend = _gauge(
+        self.spend.update(doc.get("cost"), lambda name: held(_map(providers.get(name))), self._clock())
+        spend = CounterMetricFamily(
             "provisionerd_estimated_spend",
-            "Estimated spend so far of the machines the daemon's view holds: quote x hours (docs/fleet.md).",
-            "provider",
-            "currency",
+            "Estimated spend while this daemon held the provider's lease: the hourly price of the live machines,"
+            " integrated (docs/metrics.md).",
+            labels=["provider", "currency"],
         )
-        lines = doc.get("cost")
-        for line in lines if isinstance(lines, list) else ():
-            entry = _map(line)
-            if (value := _num(entry.get("amount"))) is not None:
-                spend.add_metric([str(entry.get("provider")), str(entry.get("currency"))], value)
+        for (provider, currency), total in sorted(self.spend.totals.items()):
+            spend.add_metric([provider, currency], total)
         yield spend
         refused = CounterMetricFamily(
             "provisionerd_drains_refused",
@@ -126,7 +199,7 @@ def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, labels=list(labels))
 
 
-def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
+def _providers(providers: Mapping[str, Any], templates: set[tuple[str, str]]) -> Iterator[Metric]:
     p_ = "provider"
     lease_state = _gauge("provisionerd_lease_state", "The lease state (1 for the current one).", p_, "state")
     standby = _gauge(
@@ -186,13 +259,24 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
             term.add_metric([name], float(epoch[0]))
             seq.add_metric([name], float(epoch[1]))
         valid.add_metric([name], _num(lease.get("remaining")) or 0.0)
-        counts = _map(p.get("machines"))
-        draining.add_metric([name], _num(p.get("draining")) or 0.0)
-        for state in MACHINE_STATES:
-            machines.add_metric([name, state], _num(counts.get(state)) or 0.0)
-        for template, numbers in _map(_map(p.get("demand")).get("by_template")).items():
-            wanted.add_metric([name, template], _num(_map(numbers).get("wanted")) or 0.0)
-            supplied.add_metric([name, template], _num(_map(numbers).get("supplied")) or 0.0)
+        holder = held(p)
+        fleet_health = _map(_map(p.get("health")).get("machines"))
+        if holder:  # the fleet gauges: the lease holder's alone (module docstring)
+            counts = _map(p.get("machines"))
+            draining.add_metric([name], _num(p.get("draining")) or 0.0)
+            sick_machines.add_metric([name], _num(fleet_health.get("unhealthy")) or 0.0)
+            for state in MACHINE_STATES:
+                machines.add_metric([name, state], _num(counts.get(state)) or 0.0)
+            by_template = _map(_map(p.get("demand")).get("by_template"))
+            for template in by_template:
+                if isinstance(template, str) and len(templates) < MAX_REMEMBERED:
+                    templates.add((name, template))
+            for provider, template in sorted(templates):
+                if provider != name:
+                    continue
+                numbers = _map(by_template.get(template))  # not named any more: 0, not a vanished series
+                wanted.add_metric([name, template], _num(numbers.get("wanted")) or 0.0)
+                supplied.add_metric([name, template], _num(numbers.get("supplied")) or 0.0)
         active = _map(p.get("backoffs"))
         for kind in BACKOFF_KINDS:
             backoffs.add_metric([name, kind], _num(active.get(kind)) or 0.0)
@@ -200,9 +284,7 @@ def _providers(providers: Mapping[str, Any]) -> Iterator[Metric]:
         sick = health.get("state") == "unhealthy"
         code = health.get("code")
         unhealthy.add_metric([name, code if sick and isinstance(code, str) else "none"], 1.0 if sick else 0.0)
-        fleet_health = _map(health.get("machines"))
         protected.add_metric([name], 1.0 if fleet_health.get("protected") is True else 0.0)
-        sick_machines.add_metric([name], _num(fleet_health.get("unhealthy")) or 0.0)
         if (value := _num(p.get("offers"))) is not None:
             offers.add_metric([name], value)
         if (value := _num(_map(p.get("last_call")).get("age_s"))) is not None:

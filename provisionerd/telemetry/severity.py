@@ -64,6 +64,7 @@ SEVERITY: Mapping[str, int] = MappingProxyType(
         # --- the daemon itself ---
         "config_reload_failed": ERROR,
         "config_reloaded": INFO,
+        "config_restart_needed": WARNING,  # a reload named changes that wait for a restart
         "metrics_listen_failed": ERROR,
         "daemon_started": INFO,
         "daemon_stopping": INFO,

@@ -23,7 +23,7 @@ from provisionerd.config.loader import (
 )
 from provisionerd.config.proofs import load_proven, prove
 from provisionerd.config.writer import provisioner_tls, write_daemon_config
-from provisionerd.daemon.current_config import CurrentConfig
+from provisionerd.daemon.current_config import CurrentConfig, NoReloadWatcher, ReloadResult
 from provisionerd.daemon.root import DaemonCore
 from provisionerd.domain.errors import ConfigError
 from provisionerd.pki.certs import init_certs
@@ -192,10 +192,14 @@ class _Core:
 
     current: CurrentConfig
     events: EventLog = attrs.field(factory=lambda: EventLog(keep=100))
+    reload_watcher: NoReloadWatcher = attrs.field(factory=NoReloadWatcher)
 
     @property
     def config(self) -> Config:
         return self.current.config
+
+    def _reload(self, new: Config | None) -> ReloadResult:
+        return DaemonCore._reload(self, new)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -218,8 +218,8 @@ def test_the_metrics_count_the_cap_and_the_missing_gpu_apart():
     cap = "5 machine(s) not requested: step limit reached; p/t: then max_machines 10/10 (provider cap reached)"
     gpu = "1 machine(s) not requested: no compatible offer (1 incompatible), e.g. p/t: ngpus 0 < 1 required"
     for detail in (cap, gpu, "3 machine(s) not requested: no eligible offer with room", None):
-        metrics.on_event({"event": "plan_note", "kind": "unmet_demand", "demand_id": "d", "detail": detail})
-    metrics.on_event({"event": "plan_note", "kind": "deferred", "detail": "max_machines"})  # not an unmet note
+        metrics.events.add({"event": "plan_note", "kind": "unmet_demand", "demand_id": "d", "detail": detail})
+    metrics.events.add({"event": "plan_note", "kind": "deferred", "detail": "max_machines"})  # not an unmet note
     counted = {
         s.labels["rule"]: s.value
         for family in text_string_to_metric_families(metrics.render().decode())

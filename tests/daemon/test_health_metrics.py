@@ -18,8 +18,8 @@ def test_a_protected_provider_reads_1_with_its_unhealthy_count_and_others_read_0
     protected = {"unhealthy": 3, "max_unhealthy": 1, "protected": True, "reason": "...", "eases_in_s": 590.0}
     doc = {
         "providers": {
-            "ec2": {"health": {"state": "healthy", "machines": protected}},
-            "slurm": {"health": {"state": "healthy"}},
+            "ec2": {"health": {"state": "healthy", "machines": protected}, "lease": {"state": "held"}},
+            "slurm": {"health": {"state": "healthy"}, "lease": {"state": "held"}},
         }
     }
     assert gauges(doc) == {

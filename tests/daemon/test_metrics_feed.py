@@ -61,9 +61,9 @@ def test_events_become_counters_with_bounded_labels(monkeypatch):
         {"event": "lease_denied", "provider": "bad provider name!"},  # not a name: counted as "other"
         {"event": "resync", "generation": [1]},  # junk: counted, no duration, no error
     ]:
-        m.on_event(record)
+        m.events.add(record)
     for i in range(5):  # more label sets than MAX_SERIES: the rest go under "other"
-        m.provider_call(f"p{i}", "listMachines", "ok", 0.01)
+        m.calls.ended(f"p{i}", "listMachines", "ok", 0.01)
     s = samples(m)
     assert s[("provisionerd_link_reconnects_total", ())] == 1.0
     assert s[("provisionerd_link_breaks_total", ())] == 1.0
@@ -124,8 +124,6 @@ def test_one_pass_over_the_view_counts_machines_by_state_and_demand_by_offer():
 def test_the_metered_client_reports_every_call_with_its_outcome(error, outcome):
     fake = FakeProvider("sim")
     calls = CallLog()
-    ended = []
-    calls.sinks.append(lambda *args: ended.append(args))
     client = MeteredClient(PluginClient(fake), calls)
     if error is not None:
         if isinstance(error, Throttled | ProviderTimeout):
@@ -146,7 +144,13 @@ def test_the_metered_client_reports_every_call_with_its_outcome(error, outcome):
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert outcome_of(error) == outcome
-    assert [(p, a, o) for p, a, o, _ in ended] == [("sim", "getAvailableTemplates", outcome)]
+    counted = {
+        s.labels["outcome"]: s.value
+        for family in calls.counters.calls.metric.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert counted == {outcome: 1.0}  # one call, counted once by the log's own counters
     assert calls.last["sim"].outcome == outcome and calls.last["sim"].at == 1.0
     assert ("sim" in calls.last_ok) is (outcome == "ok")
 
@@ -184,7 +188,8 @@ def test_the_spend_curve_equals_the_cost_estimate_at_any_time(now_offset):
     start = 1.7e9
     view = _priced_view(40, start)
     now = start + now_offset
-    assert status_snapshot._Pass(view).spend.at(now) == status_snapshot._spend(view, now)
+    curve = status_snapshot._Pass(view).spend.at(now)
+    assert [{k: v for k, v in line.items() if k != "rate"} for line in curve] == status_snapshot._spend(view, now)
 
 
 def test_a_status_query_walks_the_view_again_only_when_it_changed():
@@ -230,7 +235,8 @@ def test_machines_asked_to_drain_are_counted_per_provider_in_status_and_a_gauge(
     pieces = types.SimpleNamespace(keepers={"sim": None}, policy=Policy(cluster="clu"))
     fleet = status_snapshot._Fleet(controller, 6000.0, pieces)  # type: ignore[arg-type]
     assert dict(fleet.draining) == {"sim": 1}  # m0; m1 is returning, m2 was never asked
-    doc = {"providers": {"sim": {"draining": 1}, "other": {}}, "drains_refused": 2}
+    held = {"lease": {"state": "held"}}  # the fleet gauges are the lease holder's (metrics_snapshot)
+    doc = {"providers": {"sim": {"draining": 1, **held}, "other": held}, "drains_refused": 2}
     got = {
         (s.name, s.labels.get("provider", "")): s.value
         for family in SnapshotCollector(lambda: doc).collect()
@@ -242,3 +248,43 @@ def test_machines_asked_to_drain_are_counted_per_provider_in_status_and_a_gauge(
         ("provisionerd_machines_draining", "other"): 0.0,
         ("provisionerd_drains_refused_total", ""): 2.0,
     }
+
+
+def fleet_samples(doc: dict) -> dict:
+    m = DaemonMetrics(lambda: doc)
+    return {k: v for k, v in samples(m).items() if k[0].startswith(("provisionerd_demand_", "provisionerd_machines"))}
+
+
+def test_demand_series_read_0_once_the_demand_no_longer_names_them():
+    """issue 32 item 6: a template's demand series does not vanish when its demand goes to 0."""
+    doc: dict = {
+        "providers": {
+            "sim": {"lease": {"state": "held"}, "demand": {"by_template": {"small": {"wanted": 3, "supplied": 2}}}}
+        }
+    }
+    m = DaemonMetrics(lambda: doc)
+    wanted = ("provisionerd_demand_wanted_machines", (("provider", "sim"), ("template", "small")))
+    supplied = ("provisionerd_demand_supplied_machines", (("provider", "sim"), ("template", "small")))
+    assert samples(m)[wanted] == 3.0 and samples(m)[supplied] == 2.0
+    doc["providers"]["sim"]["demand"] = {"by_template": {}}  # demand 0: the status names the template no more
+    assert samples(m)[wanted] == 0.0 and samples(m)[supplied] == 0.0
+
+
+def test_only_the_lease_holder_exports_a_providers_fleet_gauges():
+    """issue 32 item 6: both daemons of an HA pair see the whole fleet; only the holder exports it."""
+    entry = {"machines": {"idle": 4, "busy": 6}, "demand": {"by_template": {"small": {"wanted": 10, "supplied": 10}}}}
+    holder = fleet_samples({"providers": {"sim": {**entry, "lease": {"state": "held"}}}})
+    standby = fleet_samples({"providers": {"sim": {**entry, "lease": {"state": "none", "standby": True}}}})
+    assert holder[("provisionerd_machines", (("provider", "sim"), ("state", "busy")))] == 6.0
+    assert sum(v for (name, _), v in holder.items() if name == "provisionerd_machines") == 10.0
+    assert standby == {}  # the standby's share of a sum over the pair is nothing
+
+
+def test_build_info_and_process_metrics_are_on_the_private_registry():
+    from provisionerd import __version__
+
+    s = samples(DaemonMetrics(lambda: {}))
+    (build,) = [labels for (name, labels) in s if name == "provisionerd_build_info"]
+    assert dict(build)["version"] == __version__ and s[("provisionerd_build_info", build)] == 1.0
+    assert s[("process_start_time_seconds", ())] > 0  # a "daemon restarted" rule reads this
+    assert ("process_resident_memory_bytes", ()) in s and ("process_open_fds", ()) in s

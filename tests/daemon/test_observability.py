@@ -38,6 +38,20 @@ async def get(core: DaemonCore, path: str, request: bytes | None = None) -> tupl
     return int(head.split(b" ")[1]), body
 
 
+class WatchedEventLog(EventLog):
+    """An events log that also hands each record to ``watch`` (the test's observer; set before the run)."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.watchers: list = []
+
+    def emit(self, event: str, **fields):
+        record = super().emit(event, **fields)
+        for watch in self.watchers:
+            watch(record)
+        return record
+
+
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of an exposition, parsed by prometheus_client's own parser: (name, labels) -> value."""
     return {
@@ -50,7 +64,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_readyz_turns_ready_only_once_the_lease_is_held_and_the_view_resynced_after_the_grant(
     tmp_path, memory_controller, mock_run
 ):
-    events = EventLog()
+    events = WatchedEventLog()
     seen: dict = {"trail": []}
 
     async def main():
@@ -66,7 +80,7 @@ def test_readyz_turns_ready_only_once_the_lease_is_held_and_the_view_resynced_af
                 name = "granted" if record["event"] == "lease_acquired" else record["event"]
                 seen["trail"].append((name, *ready()))
 
-            events.listeners.append(note)
+            events.watchers.append(note)
             async with running(core):
                 seen["before"] = await get(core, "/readyz")
                 await trio.sleep(40)

@@ -90,13 +90,23 @@ def test_the_order_of_providers_and_the_source_are_not_changes(config, tmp_path)
     assert not plan_reload(config, new).changed
 
 
-def test_the_holder_switches_all_or_nothing(config):
+def test_the_holder_applies_the_live_part_and_names_what_needs_a_restart(config):
     current = CurrentConfig(config, wall=lambda: 1000.0)
     running, policy = current.config, current.policy
+    only_restart = attrs.evolve(config, identity="p2")
+    result = current.reload(only_restart)
+    assert result.outcome == "restart_needed" and result.restart_needed == ("identity",) and result.applied == ()
+    assert current.policy is policy and current.config.identity == running.identity
+
     mixed = provider(attrs.evolve(config, identity="p2"), "a", max_machines=7)
     result = current.reload(mixed)
-    assert result.outcome == "restart_needed" and result.restart_needed == ("identity",)
-    assert current.config is running and current.policy is policy and current.policy.of("a").max_machines == 100
+    assert result.outcome == "applied" and result.applied == ("providers.a.max_machines",)
+    assert result.restart_needed == ("identity",)
+    assert current.config.identity == running.identity  # the restart-only value stays
+    assert current.policy.of("a").max_machines == 7 and current.config.provider("a").max_machines == 7
+    assert plan_reload(current.config, mixed).live == ()  # everything live of the file is in force
+    current = CurrentConfig(config, wall=lambda: 1000.0)
+    running, policy = current.config, current.policy
 
     bad = provider(config, "a", join_deadline=-1.0)  # not loadable from a file; built here to reach the check
     result = current.reload(bad)
@@ -106,12 +116,12 @@ def test_the_holder_switches_all_or_nothing(config):
     good = provider(config, "a", max_machines=7)
     result = current.reload(good)
     assert result.outcome == "applied" and result.applied == ("providers.a.max_machines",)
-    assert current.config is good and current.policy.of("a").max_machines == 7
+    assert current.config == good and current.policy.of("a").max_machines == 7
     assert result.previous is running and running.provider("a").max_machines == 100  # what it replaced
     assert current.orphan_policy("a").join_deadline == current.policy.of("a").join_deadline
     assert current.reload(good).outcome == "unchanged"
     assert current.status() == {
-        "reloads": 4,
+        "reloads": 3,
         "last": {"outcome": "unchanged", "at": 1000.0, "applied": [], "restart_needed": [], "problems": []},
     }
 
@@ -123,3 +133,20 @@ def test_a_fixed_policy_is_kept_across_a_reload(config):
     current = CurrentConfig(config, policy=fixed)
     assert current.reload(provider(config, "a", join_deadline=60.0)).outcome == "applied"
     assert current.policy is fixed and current.orphan_policy("a").join_deadline == 42.0
+
+
+def test_a_provider_added_waits_for_a_restart_and_the_others_live_changes_apply(config):
+    """The running providers keep running as they are configured now, with their new live knobs; the new one is
+    named and not started (the provider set needs a restart)."""
+    current = CurrentConfig(config, wall=lambda: 1000.0)
+    added = attrs.evolve(config.providers[0], name="z-new")
+    new = attrs.evolve(
+        provider(attrs.evolve(config, daemon=attrs.evolve(config.daemon, log_format="json")), "a", idle_time=5.0),
+        providers=(*provider(config, "a", idle_time=5.0).providers, added),
+    )
+    result = current.reload(new)
+    assert result.outcome == "applied" and result.applied == ("providers.a.idle_time",)
+    assert set(result.restart_needed) == {"daemon.log_format", "providers (added ['z-new'], removed [])"}
+    assert current.config.provider_names == config.provider_names  # z-new waits for the restart
+    assert current.config.daemon.log_format == config.daemon.log_format
+    assert current.policy.of("a").idle_time == 5.0

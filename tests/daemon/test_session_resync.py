@@ -63,11 +63,25 @@ class Net:
         return client
 
 
+class WatchedEventLog(EventLog):
+    """An events log that also hands each record to ``watch`` (the test's observer; set before the run)."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.watchers: list = []
+
+    def emit(self, event: str, **fields):
+        record = super().emit(event, **fields)
+        for watch in self.watchers:
+            watch(record)
+        return record
+
+
 class Daemon:
     """Session, keeper and gate as ``DaemonCore`` builds them (a grant's reply asks for a resync: ``ControllerOps``)."""
 
     def __init__(self, net: Net, identity: str = "prov-a", refresh_heartbeats: int = 30, seed: int = 1) -> None:
-        self.events = EventLog(keep=10_000)
+        self.events = WatchedEventLog(keep=10_000)
         rng = random.Random(seed)
         settings = memory_session_settings(net.net.addresses, identity, refresh_heartbeats=refresh_heartbeats)
         self.session = ControllerSession(settings, net.connect, self.events, rng)
@@ -171,7 +185,7 @@ def test_a_new_lease_holder_sees_the_previous_holders_facts_before_it_is_synced(
                 if record["event"] == "lease_acquired" and record["provider"] == "sim":
                     seen.setdefault("at_grant", b.session.synced_for("sim"))
 
-            b.events.listeners.append(at_grant)
+            b.events.watchers.append(at_grant)
             async with trio.open_nursery() as nursery:
                 a_scope = trio.CancelScope()
 

@@ -99,19 +99,37 @@ def test_the_cost_command_reports_the_spend_the_facts_say(tmp_path: Path, capsys
     assert "total USD: 1.5000" in out.out and "total EUR: 2.0000" in out.out
 
 
-def test_the_metric_exports_the_running_total_of_the_status_document() -> None:
-    from provisionerd.daemon.status_snapshot import _spend
+def test_the_spend_counter_integrates_the_hourly_rate_while_held_and_survives_an_empty_fleet() -> None:
+    """issue 32 item 6: ``provisionerd_estimated_spend_total`` never goes down, keeps its value when the fleet goes
+    empty (so ``increase()`` gives a month's spend), and counts only while this daemon holds the lease."""
+    from provisionerd.daemon.status_snapshot import _Pass
     from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 
     view = ControllerView(1, "ctl0:7400", 1, FactView(), {})
     for committed in facts():
         view.facts.apply(committed)
-    doc = {"cost": _spend(view, NOW)}
-    assert doc["cost"] == [
-        {"provider": "sim", "currency": "EUR", "amount": 2.0},
-        {"provider": "sim", "currency": "USD", "amount": 1.5},
-    ]
-    (family,) = [f for f in SnapshotCollector(lambda: doc).collect() if f.name == "provisionerd_estimated_spend"]
-    assert {(s.labels["currency"], s.value) for s in family.samples} == {("EUR", 2.0), ("USD", 1.5)}
-    later = {"cost": _spend(view, NOW + 3600)}  # one more hour of the two live machines
-    assert {e["currency"]: e["amount"] for e in later["cost"]} == {"EUR": 4.0, "USD": 2.0}
+    lines = _Pass(view).spend.at(NOW)
+    assert {(e["currency"], e["rate"]) for e in lines} == {("EUR", 2.0), ("USD", 0.5)}  # the live machines' rate
+    clock = [0.0]
+    doc: dict = {"providers": {"sim": {"lease": {"state": "held"}}}, "cost": lines}
+    collector = SnapshotCollector(lambda: doc, clock=lambda: clock[0])
+
+    def totals() -> dict[str, float]:
+        (family,) = [f for f in collector.collect() if f.name == "provisionerd_estimated_spend"]
+        assert family.type == "counter"
+        return {s.labels["currency"]: round(s.value, 6) for s in family.samples if s.name.endswith("_total")}
+
+    assert totals() == {"EUR": 0.0, "USD": 0.0}  # counted from the first scrape on
+    clock[0] = 3600.0
+    assert totals() == {"EUR": 2.0, "USD": 0.5}  # one hour of both rates
+    doc["cost"] = []  # the fleet went empty (the view holds no machine any more)
+    clock[0] = 7200.0
+    assert totals() == {"EUR": 3.0, "USD": 0.75}  # the rate fell to 0 within that hour (trapezoid)
+    clock[0] = 72000.0
+    assert totals() == {"EUR": 3.0, "USD": 0.75}  # empty: the series stays, at its total
+    doc = {"providers": {"sim": {"lease": {"state": "none"}}}, "cost": lines}
+    clock[0] = 75600.0
+    assert totals() == {"EUR": 3.0, "USD": 0.75}  # another daemon holds the lease: it counts, not this one
+    doc["providers"]["sim"]["lease"]["state"] = "held"
+    clock[0] = 79200.0
+    assert totals() == {"EUR": 5.0, "USD": 1.25}  # held again: only the hour since

@@ -1,6 +1,7 @@
 """Cost from the facts (issue 20 item 6) through the real loop, executor and gate on MockClock: each instance fact
 carries the quote its machine was chosen at, returns carry when they were confirmed, and the estimate (the
-``provisionerd cost`` report and the ``provisionerd_estimated_spend`` metric) matches the facts."""
+``provisionerd cost`` report and the status document's cost lines, which ``provisionerd_estimated_spend_total``
+integrates) match the facts."""
 
 from __future__ import annotations
 

@@ -51,6 +51,7 @@ def test_the_wordings_that_were_wrong_are_gone():
     assert "the floor of the adaptive step" in example
     assert "A machine younger than this is never an orphan" not in OPS
     assert "sections in `restart_needed` take effect at the next restart" not in OPS
-    assert "applies **none** of its changes, the live ones included" in OPS
+    assert "applies **none** of its changes, the live ones included" not in OPS  # issue 32 item 5: no longer so
+    assert "without holding the live changes of the same file back" in OPS
     # The text log example is what the formatter writes: "<time> <LEVEL> <logger>: <message>".
     assert "INFO provisionerd.events: lease_acquired provider=ec2 epoch=3.1" in OPS

@@ -33,13 +33,15 @@ def settings(text: str) -> dict[str, list[str]]:
 
 
 def local_copy(tmp_path: Path, text: str | None = None) -> Path:
-    """The unit with ExecStart pointing to this venv's provisionerd (which exists), nothing else changed."""
+    """The unit with ExecStart and ExecReload pointing to this venv's provisionerd (which exists), nothing else
+    changed."""
     binary = Path(sys.executable).parent / "provisionerd"
     assert binary.exists(), binary
     text = UNIT.read_text() if text is None else text
     assert f"ExecStart={INSTALLED} " in text
     copy = tmp_path / "provisionerd.service"
-    copy.write_text(text.replace(f"ExecStart={INSTALLED} ", f"ExecStart={binary} "))
+    text = text.replace(f"ExecStart={INSTALLED} ", f"ExecStart={binary} ")
+    copy.write_text(text.replace(f"ExecReload={INSTALLED} ", f"ExecReload={binary} "))
     return copy
 
 
@@ -84,7 +86,8 @@ def test_the_unit_says_what_operations_md_says():
         "Type": "notify",
         "NotifyAccess": "main",
         "Restart": "on-failure",
-        "ExecReload": "/bin/kill -HUP $MAINPID",
+        # A reload whose result systemctl sees (systemd 252: the command's exit status; tests/ops/test_reload_real.py).
+        "ExecReload": f"{INSTALLED} reload --socket /run/provisionerd/admin.sock",
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",
         "ProtectHome": "yes",

@@ -69,7 +69,7 @@ def test_a_sighup_that_renames_the_provider_leaves_the_admin_path_answering(tmp_
     reload = seen["after_hup"]["reload"]["last"]
     assert reload["outcome"] == "restart_needed" and reload["applied"] == []
     assert "providers (added ['sim-renamed'], removed ['sim'])" in reload["restart_needed"]
-    assert "need a restart" in log_text and "sim-renamed" in log_text
+    assert "config_restart_needed fields=" in log_text and "sim-renamed" in log_text
     dry, adopt = seen["dry"], seen["adopt"]
     assert dry["ok"] and dry["result"]["outcome"] == "would" and dry["result"]["op_id"] == STRAY_RETURN, dry
     assert adopt["ok"] and adopt["result"]["op_id"] == MATCH_ADOPT and adopt["result"]["via"] == "daemon", adopt
