@@ -196,6 +196,8 @@ class ProviderConfig:
     step_limit: int = 10
     #: Lower first: this provider's offers are chosen before those of a higher number (planner.offers).
     priority: int = 0
+    #: A template's own priority, in place of ``priority`` (``{"spot-a" = 2}``).
+    template_priority: Mapping[str, int] = attrs.field(factory=dict, converter=MappingProxyType)
     #: The most GPUs, CPUs and MiB of memory this provider's machines may have in all, counted from their templates
     #: like ``max_machines`` (``None``: no limit; planner.allocate).
     max_gpus: int | None = None

@@ -67,6 +67,11 @@ LIVE_PROVIDER_FIELDS = frozenset(
         "unhealthy_backoff",
         "unhealthy_backoff_max",
         "orphans",
+        "template_priority",
+        "max_gpus",
+        "max_ncpus",
+        "max_mem_mb",
+        "headroom",
     }
 )
 #: At most this many differences are named (bounded output for a config that changed everywhere).
@@ -91,6 +96,7 @@ def provider_policy(provider: ProviderConfig) -> ProviderPolicy:
         step_limit=provider.step_limit,
         max_machines=provider.max_machines,
         priority=provider.priority,
+        template_priority=dict(provider.template_priority),
         max_gpus=provider.max_gpus,
         max_ncpus=provider.max_ncpus,
         max_mem_mb=provider.max_mem_mb,

@@ -119,7 +119,7 @@ class ReconcileLoop:
         self._confirm_want: int | None = None
         self._dirty = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self._catalog_key: tuple[int, tuple[str, ...], tuple[tuple[str, int], ...]] | None = None
+        self._catalog_key: tuple[object, ...] | None = None
         self._catalog = Catalog(())
         self._last_notes: set[tuple[str, str, str, str]] = set()
         self._skip = ""
@@ -343,11 +343,12 @@ class ReconcileLoop:
 
     def _catalog_for(self, leased: list[str]) -> Catalog:
         priorities = self.policy.priorities  # a reload may change them: part of the key
-        key = (self.feed.version, tuple(leased), tuple(sorted(priorities.items())))
+        templates = self.policy.template_priorities
+        key = (self.feed.version, tuple(leased), tuple(sorted(priorities.items())), tuple(sorted(templates.items())))
         if key != self._catalog_key:
             allowed = set(leased)
             offers = (p.offer for p in self.feed.catalog.by_key.values() if p.offer.provider in allowed)
-            self._catalog = Catalog(offers, priorities)
+            self._catalog = Catalog(offers, priorities, templates)
             self._catalog_key = key
         return self._catalog
 

@@ -79,7 +79,7 @@ def excess_pool(
             continue
         if ranked:
             assert policy is not None
-            idles.sort(key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1]))
+            idles.sort(key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1], e[2].template_id))
         else:
             idles.sort()  # longest idle first; machine ids are unique, so records are never compared
         for entry in idles[:excess]:

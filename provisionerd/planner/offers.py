@@ -277,9 +277,16 @@ class Catalog:
     ids keep the first offer and are listed in ``duplicates``.
     """
 
-    def __init__(self, offers: Iterable[Offer], priorities: Mapping[str, int] | None = None) -> None:
-        """``priorities``: each provider's priority (``Policy.priorities``; a provider not named is 0)."""
+    def __init__(
+        self,
+        offers: Iterable[Offer],
+        priorities: Mapping[str, int] | None = None,
+        template_priorities: Mapping[OfferKey, int] | None = None,
+    ) -> None:
+        """``priorities``: each provider's priority (``Policy.priorities``; a provider not named is 0);
+        ``template_priorities``: a template's own, which replaces its provider's (``Policy.template_priorities``)."""
         self.priorities: dict[str, int] = dict(priorities or {})
+        self.template_priorities: dict[OfferKey, int] = dict(template_priorities or {})
         self.by_key: dict[OfferKey, ParsedOffer] = {}
         duplicates: list[OfferKey] = []
         for offer in offers:
@@ -289,13 +296,17 @@ class Catalog:
                 continue
             self.by_key[key] = parse_offer(offer)
         self.duplicates = tuple(duplicates)
-        rank = self.priorities.get
-        self.ordered = tuple(sorted(self.by_key.values(), key=lambda p: offer_sort_key(p, rank(p.offer.provider, 0))))
+        self.ordered = tuple(sorted(self.by_key.values(), key=lambda p: offer_sort_key(p, self.priority_of(p.key))))
         self._rankings: dict[Requirement, tuple[tuple[ParsedOffer, ...], tuple[Rejection, ...]]] = {}
         #: instance_ref -> (the host state judged, why it falls short of its template): a host is judged once per
         #: state and catalog (``planner.health``; the plan checks identity, so a changed host is judged again).
         self.verdicts: dict[str, tuple[object, tuple[str, ...]]] = {}
         self._rank_index: dict[Requirement, dict[OfferKey, int]] = {}
+
+    def priority_of(self, key: OfferKey) -> int:
+        """Offer ``key``'s priority: its template's own, else its provider's, else 0."""
+        found = self.template_priorities.get(key)
+        return found if found is not None else self.priorities.get(key[0], 0)
 
     def __len__(self) -> int:
         return len(self.by_key)

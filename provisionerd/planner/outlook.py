@@ -181,5 +181,6 @@ def item_surplus(
         group = [(host, machine) for host, machine in group if machine.machine_id not in past]
     key = policy.surplus_key
     return surplus_ranks(
-        [key(machine.provider, host.since, machine.machine_id) for host, machine in group], active - wanted
+        [key(machine.provider, host.since, machine.machine_id, machine.template_id) for host, machine in group],
+        active - wanted,
     )

@@ -59,6 +59,7 @@ _PROVIDER_KNOBS = (
     "max_gpus",
     "max_ncpus",
     "max_mem_mb",
+    "template_priority",
 )
 #: The resource limits a provider may have (``ProviderPolicy``), each with the offer attribute it sums
 #: (``ParsedOffer``'s field) and how ``explain`` names it.
@@ -100,6 +101,10 @@ def _problems(values: Mapping[str, object]) -> list[str]:
     priority = values.get("priority", 0)
     if not _is_count(priority, 0):
         problems.append(f"priority: must be an integer >= 0, not {priority!r}")
+    templates = values.get("template_priority") or {}
+    for template, value in templates.items() if isinstance(templates, Mapping) else ():
+        if not _is_count(value, 0):
+            problems.append(f"template_priority.{template}: must be an integer >= 0, not {value!r}")
     for name, _ in RESOURCE_LIMITS:
         limit = values.get(name)
         if limit is not None and not _is_count(limit, 0):
@@ -173,6 +178,8 @@ class ProviderPolicy:
     max_gpus: int | None = None
     max_ncpus: int | None = None
     max_mem_mb: int | None = None
+    #: A template's own priority, in place of ``priority`` for its offers and its surplus machines.
+    template_priority: Mapping[str, int] = attrs.field(factory=dict)
 
     @property
     def resource_limits(self) -> tuple[tuple[str, str, int], ...]:
@@ -323,13 +330,24 @@ class Policy:
             return own
         return self._capped.get(provider, self._default)
 
-    def surplus_key(self, provider: str, since: float, machine_id: str) -> tuple[int, float, str]:
+    def surplus_key(self, provider: str, since: float, machine_id: str, template: str = "") -> tuple[int, float, str]:
         """The order the surplus idle machines of one demand item are given away in: the highest priority number
-        first (on-premises freed: the cloud's go first), then the longest idle, then machine id
-        (``allocate.excess_pool`` and ``outlook.surplus_ranks`` both sort by it)."""
-        return (-self.of(provider).priority, since, machine_id)
+        first (on-premises freed: the cloud's go first; a template's own priority replaces its provider's), then the
+        longest idle, then machine id (``allocate.excess_pool`` and ``outlook.surplus_ranks`` both sort by it)."""
+        own = self.of(provider)
+        priority = own.template_priority.get(template, own.priority) if own.template_priority else own.priority
+        return (-priority, since, machine_id)
 
     @property
     def priorities(self) -> dict[str, int]:
         """Each provider's ``priority`` that is not 0 (the offers' choice order: :class:`planner.offers.Catalog`)."""
         return {name: own.priority for name, own in self.providers.items() if own.priority}
+
+    @property
+    def template_priorities(self) -> dict[tuple[str, str], int]:
+        """Each template's own priority (``ProviderPolicy.template_priority``), by offer key."""
+        return {
+            (name, template): priority
+            for name, own in self.providers.items()
+            for template, priority in own.template_priority.items()
+        }

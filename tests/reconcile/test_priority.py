@@ -108,3 +108,45 @@ def test_priority_is_read_from_each_providers_config_and_refused_when_negative(t
     assert (p.of(ONPREM).priority, p.of(CLOUD).priority) == (0, 1) and p.priorities == {CLOUD: 1}
     with pytest.raises(ConfigError, match="priority"):
         parsed_config(tmp_path, providers.replace("priority = 1", "priority = -1"))
+
+
+def test_a_templates_own_priority_replaces_its_providers() -> None:
+    """Per-template priority (issue 35 item 3): within one provider, "spot" (cheaper) at 2 serves only what
+    "ondemand" at 1 cannot; on-premises (provider priority 0) first of all."""
+    p = Policy(
+        cluster=CLUSTER,
+        step_limit=100,
+        providers={
+            ONPREM: ProviderPolicy(priority=0, max_machines=2, idle_time=50.0),
+            CLOUD: ProviderPolicy(priority=1, template_priority={"spot": 2}, idle_time=50.0),
+        },
+    )
+    w = World(
+        [
+            offer(ONPREM, "t", price=1.0),
+            offer(CLOUD, "spot", price=0.05),
+            offer(CLOUD, "ondemand", price=0.5, max_number=3),
+        ],
+        policy=p,
+    )
+    result = w.plan(snapshot(1, item("d", 7, ncpus=1)))
+    asked = {(a.provider, a.template_id): a.count for a in result.actions if isinstance(a, RequestMachines)}
+    assert asked == {(ONPREM, "t"): 2, (CLOUD, "ondemand"): 3, (CLOUD, "spot"): 2}
+    assert p.template_priorities == {(CLOUD, "spot"): 2}
+    # Surplus: the spot machines (priority 2) go before the on-demand ones (1), however long idle.
+    assert p.surplus_key(CLOUD, 0.0, "m1", "spot") < p.surplus_key(CLOUD, -100.0, "m2", "ondemand")
+
+
+def test_template_priority_is_read_from_the_config(tmp_path) -> None:
+    providers = """
+    [[providers]]
+    name = "cloud"
+    transport = "oneshot"
+    path = "plugins/cloud"
+    priority = 1
+    template_priority = { spot = 2 }
+"""
+    p = policy_from_config(parsed_config(tmp_path, providers))
+    assert p.template_priorities == {(CLOUD, "spot"): 2}
+    with pytest.raises(ConfigError):
+        parsed_config(tmp_path, providers.replace("spot = 2", "spot = -2"))
