@@ -107,6 +107,9 @@ AGENT_RESTART_CHANCE = 0.3
 #: Not a fault: the share of lifecycle worlds whose provider is a slow LSF one-shot plugin behind the legacy adapter
 #: (issue 31 item 7, "legacy mode included"; ``lsf.py``) when a campaign asks for them (``simulate --legacy-share``).
 LEGACY_CHANCE = 0.3
+#: Not a fault either: the share of lifecycle worlds with a fleet policy (warm headroom, half of them a CPU limit
+#: too; issue 35), drawn by ``World`` after the legacy world (``simulate --fleet-share``).
+FLEET_CHANCE = 0.3
 
 
 @attrs.frozen

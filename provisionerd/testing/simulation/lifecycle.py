@@ -50,6 +50,7 @@ def core_options(world: World) -> dict[str, Any]:
     """``DaemonCore`` keyword arguments for a simulated daemon: short policy times, quick loops."""
     from provisionerd.execution.executor import ExecutorSettings
     from provisionerd.execution.loop import LoopSettings
+    from provisionerd.planner.headroom import Headroom
     from provisionerd.planner.policy import Policy, ProviderPolicy
 
     s = world.settings
@@ -72,13 +73,14 @@ def core_options(world: World) -> dict[str, Any]:
         # 240 s later, past the 200 s settle, with the default).
         "unhealthy_max": 60.0,
     }
-    own = ProviderPolicy(**times, step_limit=2, max_machines=s.provider_cap)
+    own = ProviderPolicy(**times, step_limit=2, max_machines=s.provider_cap, max_ncpus=s.cpu_limit or None)
     policy = Policy(
         cluster=CLUSTER,
         **times,
         step_limit=20,
         step_interval=30.0,
         providers={"sim": own},
+        headroom=(Headroom("sim", "small", s.headroom),) if s.headroom else (),
     )
     return {
         "policy": policy,
@@ -253,7 +255,9 @@ async def drive_demand(world: World, steps: tuple[DemandStep, ...]) -> None:
 def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     """After the faults and the settle time: the provider runs exactly the wanted machines (within caps)."""
     s = world.settings
-    wanted = min(steps[-1].count, s.capacity, s.provider_cap)
+    # Warm headroom adds its machines above the demand; the CPU limit (2 a machine) and the caps bound both.
+    cpu_room = s.cpu_limit // 2 if s.cpu_limit else s.provider_cap
+    wanted = min(steps[-1].count + s.headroom, s.capacity, s.provider_cap, cpu_room)
     # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
     current = None if world.cluster is None else world.cluster.store
     # So are a legacy plugin's machines that the orphan report names (a lost call's, not told apart from another's).

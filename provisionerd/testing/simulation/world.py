@@ -72,6 +72,12 @@ class WorldSettings:
     #: --legacy-share`` defaults to ``faults.LEGACY_CHANCE``).
     legacy: bool = False
     legacy_share: float = 0.0
+    #: Fleet policy (issue 35): warm headroom of ``headroom`` machines of the template and a CPU limit of
+    #: ``cpu_limit`` (0: none) on the provider, drawn after the legacy world with the chance ``fleet_share`` for
+    #: lifecycle runs with every fault kind (0 here; ``simulate --fleet-share`` defaults to ``FLEET_CHANCE``).
+    headroom: int = 0
+    cpu_limit: int = 0
+    fleet_share: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random, **overrides: Any) -> WorldSettings:
@@ -147,6 +153,16 @@ class World:
             and legacy_rng.random() < s.legacy_share
         ):
             self.settings = s = attrs.evolve(s, legacy=True)
+        fleet_rng = random.Random(rng.getrandbits(64))  # drawn after the legacy world: nothing before it changed
+        if (
+            "headroom" not in overrides
+            and s.workload == "lifecycle"
+            and s.fault_kinds == KINDS
+            and fleet_rng.random() < s.fleet_share
+        ):
+            # Two CPUs a machine: a limit of 2 x (cap - 1) leaves the provider one machine short of its cap.
+            cpu_limit = 2 * max(1, s.provider_cap - 1) if fleet_rng.random() < 0.5 else 0
+            self.settings = s = attrs.evolve(s, headroom=fleet_rng.choice((1, 2)), cpu_limit=cpu_limit)
         self.recorder = Recorder(keep_trace=keep_trace)
         self.addresses = tuple(f"ctl{i}:7400" for i in range(s.replicas))
         self.workload_factory = workload_factory
