@@ -186,6 +186,10 @@ struct HostState {
                                   # new work on it (false from older controllers)
   capabilities @8 :List(KeyValue);  # what the worker reported at its join (Join.capabilities), bounded by the
                                     # controller; empty = nothing reported (older workers): nothing to verify
+  reclaimAt @9 :Float64;          # the provider takes the machine back at this time (epoch seconds; a spot
+                                  # interruption notice, WorkerStatus.reclaimAt); 0 = no notice (older peers)
+  rebalanceAt @10 :Float64;       # the provider recommended, at this time (epoch seconds), moving off the machine
+                                  # (an EC2 rebalance recommendation); 0 = none (older peers)
 }
 
 # --- session ---------------------------------------------------------------------------------------------------
@@ -366,6 +370,8 @@ struct HostStatePush {
 
 struct WorkerStatus {
   status @0 :HostStatus;
+  reclaimAt @1 :Float64;          # the machine's reclaim notice (HostState.reclaimAt); 0 = none (older workers)
+  rebalanceAt @2 :Float64;        # its rebalance recommendation (HostState.rebalanceAt); 0 = none
 }
 
 # --- admin -----------------------------------------------------------------------------------------------------

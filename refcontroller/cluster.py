@@ -356,11 +356,14 @@ class Cluster:
             return False
         return True
 
-    def worker_status(self, instance_ref: str, status: HostStatus, wall: float) -> HostState | None:
-        """Record a status the worker reported (``idle``/``busy``); ``None`` when nothing changed."""
+    def worker_status(
+        self, instance_ref: str, status: HostStatus, wall: float, reclaim_at: float = 0.0, rebalance_at: float = 0.0
+    ) -> HostState | None:
+        """Record a status the worker reported (``idle``/``busy``) and its reclaim notices (epoch seconds, 0 =
+        none; protocol §6.4); ``None`` when nothing changed."""
         if status not in (HostStatus.IDLE, HostStatus.BUSY):
             raise ValueError(f"a worker reports idle or busy, not {status.value!r}")
-        return self.hosts.set_status(instance_ref, status, wall)
+        return self.hosts.set_status(instance_ref, status, wall, reclaim_at, rebalance_at)
 
     def worker_lost(self, instance_ref: str, wall: float) -> HostState | None:
         revoke_lost(self.store, instance_ref, wall)  # durable: refused after a restart too

@@ -6,6 +6,8 @@ connections (demand, failover, host changes, resync) are handled in ``session.py
 
 from __future__ import annotations
 
+import math
+
 from provisionerd.domain.model import CommittedFact, HostStatus
 from provisionerd.wire.messages import (
     Ack,
@@ -70,5 +72,7 @@ def provisioner_reply(
     raise ValueError(f"not a simple provisioner request: {type(msg).__name__}")
 
 
-def worker_status_valid(status: HostStatus) -> bool:
-    return status in (HostStatus.IDLE, HostStatus.BUSY)
+def worker_status_valid(status: HostStatus, reclaim_at: float = 0.0, rebalance_at: float = 0.0) -> bool:
+    """A worker reports idle or busy, and notice times that are finite and not negative (0 = none)."""
+    times_ok = all(math.isfinite(t) and t >= 0 for t in (reclaim_at, rebalance_at))
+    return status in (HostStatus.IDLE, HostStatus.BUSY) and times_ok

@@ -259,11 +259,11 @@ class Session:
                 assert self._tasks is not None
                 resync = functools.partial(self._resync, msg, corr)
                 self._tasks.start_soon(functools.partial(self._guarded, resync, "resync", ends=False))
-            case WorkerStatus(status=status):
-                if not worker_status_valid(status):
-                    await self.send(Rejected(INVALID, "a worker reports idle or busy"), corr)
+            case WorkerStatus(status=status, reclaim_at=reclaim_at, rebalance_at=rebalance_at):
+                if not worker_status_valid(status, reclaim_at, rebalance_at):
+                    await self.send(Rejected(INVALID, "a worker reports idle or busy, notice times >= 0"), corr)
                     return
-                host = cluster.worker_status(self.join.instance_ref, status, wall)
+                host = cluster.worker_status(self.join.instance_ref, status, wall, reclaim_at, rebalance_at)
                 if host is not None:
                     server.broadcast_host(host)
                 await self.send(Ack(), corr)

@@ -235,12 +235,19 @@ class HostTable:
     def get(self, instance_ref: str) -> HostState | None:
         return self._hosts.get(instance_ref)
 
-    def set_status(self, instance_ref: str, status: HostStatus, wall_now: float) -> HostState | None:
-        """Move a known, not-lost host to ``status``; ``None`` if unknown, lost, or already in it."""
+    def set_status(
+        self, instance_ref: str, status: HostStatus, wall_now: float, reclaim_at: float = 0.0, rebalance_at: float = 0.0
+    ) -> HostState | None:
+        """Move a known, not-lost host to ``status`` and record its reclaim notices (protocol §6.4: a notice once
+        given stays, the later time of two wins); ``None`` if unknown, lost, or nothing changed."""
         host = self._hosts.get(instance_ref)
-        if host is None or host.status in (status, HostStatus.LOST):
+        if host is None or host.status is HostStatus.LOST:
             return None
-        changed = attrs.evolve(host, status=status, since=wall_now)
+        reclaim_at, rebalance_at = max(host.reclaim_at, reclaim_at), max(host.rebalance_at, rebalance_at)
+        if host.status is status and (reclaim_at, rebalance_at) == (host.reclaim_at, host.rebalance_at):
+            return None
+        since = host.since if host.status is status else wall_now
+        changed = attrs.evolve(host, status=status, since=since, reclaim_at=reclaim_at, rebalance_at=rebalance_at)
         self._hosts[instance_ref] = changed
         return changed
 
@@ -259,9 +266,11 @@ class HostTable:
         return [ref for ref, h in self._hosts.items() if h.provider == provider and h.machine_id in wanted]
 
     def placeable(self) -> list[HostState]:
-        """The hosts new work may be placed on: joined or idle, and not draining (by instance_ref)."""
+        """The hosts new work may be placed on: joined or idle, not draining and without a reclaim notice (by
+        instance_ref)."""
         free = (HostStatus.JOINED, HostStatus.IDLE)
-        return sorted((h for h in self._hosts.values() if h.status in free and not h.draining), key=_ref)
+        hosts = self._hosts.values()
+        return sorted((h for h in hosts if h.status in free and not h.draining and not h.noticed), key=_ref)
 
     def report(self, instance_ref: str, capabilities: Mapping[str, str]) -> HostState | None:
         """Record what the worker of a known host reported at its join; ``None`` if unknown or unchanged."""

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
+
 from provisionerd.domain.model import (
     CommittedFact,
     DemandItem,
@@ -102,6 +104,12 @@ VECTORS: dict[str, tuple[int, m.Message]] = {
     ),
     "hostStatePush": (0, m.HostStatePush((HOST,), 10)),
     "workerStatus": (3, m.WorkerStatus(HostStatus.IDLE)),
+    # A spot interruption notice two minutes after a rebalance recommendation (protocol §6.4 "Reclaim notices").
+    "workerStatus.reclaim": (4, m.WorkerStatus(HostStatus.BUSY, 1700000120.0, 1700000000.0)),
+    "hostStatePush.reclaim": (
+        0,
+        m.HostStatePush((attrs.evolve(HOST, reclaim_at=1700000120.0, rebalance_at=1700000000.0),), 11),
+    ),
     "adminSetDemand": (4, m.AdminSetDemand((ITEM,))),
     "adminFailover": (5, m.AdminFailover(-1)),
     "adminQuorum": (6, m.AdminQuorum(False)),

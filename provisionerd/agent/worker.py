@@ -25,6 +25,7 @@ trio's clock throughout, so tests drive it with ``MockClock`` over in-memory str
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -168,6 +169,9 @@ class WorkerAgent:
         #: Saves to ``state`` that failed (the agent goes on with its secret in memory).
         self.save_failures = 0
         self.status = HostStatus.IDLE
+        #: The reclaim notices to report (``report_notice``; 0 = none).
+        self.reclaim_at = 0.0
+        self.rebalance_at = 0.0
         self._wake = trio.Event()
         self.joins = 0
         self.term = 0
@@ -177,6 +181,16 @@ class WorkerAgent:
         #: The last refusal since the last accepted join ("" when none) and the refusals so far.
         self.refusal = ""
         self.refusals = 0
+
+    def report_notice(self, reclaim_at: float, rebalance_at: float) -> None:
+        """Report the machine's reclaim notices (epoch seconds, 0 = none; ``agent.imds``) now if joined, otherwise
+        in the first ``WorkerStatus`` after the next join. A notice once reported stays (the later time wins)."""
+        for value in (reclaim_at, rebalance_at):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"a notice time is epoch seconds or 0, not {value!r}")
+        self.reclaim_at = max(self.reclaim_at, reclaim_at)
+        self.rebalance_at = max(self.rebalance_at, rebalance_at)
+        self._wake.set()
 
     def set_status(self, status: HostStatus) -> None:
         """Report ``idle`` or ``busy`` (now if joined, otherwise right after the next join)."""
@@ -367,17 +381,26 @@ class WorkerAgent:
 
     async def _write_loop(self, framed: FramedStream) -> None:
         interval, timeout = self.config.heartbeat_interval, self.config.reply_timeout
-        reported: HostStatus | None = None
+        reported: WorkerStatus | None = None  # every session starts by reporting, notices included
         seq, corr = 0, 1
         next_beat = trio.current_time() + interval
         while True:
             self._wake = trio.Event()  # before comparing, so a change from now on wakes the next wait
-            if self.status is not reported:
+            current = WorkerStatus(self.status, self.reclaim_at, self.rebalance_at)
+            if current != reported:
                 corr += 1
                 with trio.fail_after(timeout):
-                    await framed.send(WorkerStatus(self.status), corr)
-                reported = self.status
-                log.info("reported status %s", reported.value)
+                    await framed.send(current, corr)
+                reported = current
+                if current.reclaim_at or current.rebalance_at:
+                    log.info(
+                        "reported status %s, reclaim at %.0f, rebalance at %.0f",
+                        current.status.value,
+                        current.reclaim_at,
+                        current.rebalance_at,
+                    )
+                else:
+                    log.info("reported status %s", current.status.value)
             now = trio.current_time()
             if now >= next_beat:
                 if now - self._last_heard > timeout:

@@ -6,6 +6,7 @@
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
                        [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
                        [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host] [--state-file PATH]
+                       [--imds URL [--imds-interval S]]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
 pass it as an argument or through the environment. ``--machine-id`` and ``--label`` are informational: they are
@@ -27,6 +28,11 @@ the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
 ``type``), and sent with every join (``provisionerd.agent.capabilities``); the daemon returns a machine whose report
 falls short of its template. Probes come only from this command line (the provider's own config or the machine's
 user data), never from the controller.
+
+``--imds URL`` (EC2: ``http://169.254.169.254``, which the shipped boot script passes): read spot interruption and
+rebalance notices from the instance metadata service (IMDSv2) every ``--imds-interval`` seconds (default 5) and
+report them to the controller (``provisionerd.agent.imds``; protocol §6.4 "Reclaim notices"), so the daemon
+replaces the machine and returns it before the provider takes it.
 
 A refused join (the token or credential refused, the primary refusing now) may mean "not yet": the machine booted
 before the daemon committed its fact, or the controller lost its store and no admin has decided. The agent keeps its
@@ -53,7 +59,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from provisionerd.agent import capabilities
+from provisionerd.agent import capabilities, imds
 from provisionerd.agent.saved import SavedSecrets, StateFile
 from provisionerd.agent.token import delete_token_file, read_token_file, read_token_stream
 from provisionerd.agent.worker import (
@@ -212,6 +218,19 @@ def _parser() -> argparse.ArgumentParser:
         help="keep the join secret in this 0600 file so that a restarted agent rejoins (read instead of the token"
         " when it exists)",
     )
+    parser.add_argument(
+        "--imds",
+        default="",
+        metavar="URL",
+        help="read spot interruption and rebalance notices from this instance metadata service (IMDSv2), e.g."
+        " http://169.254.169.254 on EC2, and report them to the controller (default: off)",
+    )
+    parser.add_argument(
+        "--imds-interval",
+        type=float,
+        default=imds.DEFAULT_INTERVAL,
+        help=f"seconds between two reads of the notices (default {imds.DEFAULT_INTERVAL:g})",
+    )
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_log_format_argument(parser, default="text")
     return parser
@@ -308,10 +327,23 @@ class EarlySignals:
         self.pending.append(signum)
 
 
-async def run_agent(agent: WorkerAgent, early: list[int] | None = None) -> int:
+def imds_fetch(args: argparse.Namespace) -> imds.Fetch | None:
+    """The metadata service ``--imds`` names (``None``: off). Raises ``ConfigError``."""
+    if not args.imds:
+        return None
+    if not 0.5 <= args.imds_interval <= 300:
+        raise ConfigError("--imds-interval must be 0.5 to 300 seconds")
+    try:
+        return imds.http_fetch(args.imds)
+    except ValueError as exc:
+        raise ConfigError(f"--imds: {exc}") from None
+
+
+async def run_agent(agent: WorkerAgent, early: list[int] | None = None, watch: imds.NoticeWatch | None = None) -> int:
     """Run until a stop signal (exit 0) or a final refusal (its exit code). USR1/USR2 switch busy/idle.
 
     ``early`` holds signals that arrived before this ran (``EarlySignals.pending``); they are applied first.
+    ``watch``: the metadata service's notices, polled beside the session (``--imds``).
     """
     exit_code = EXIT_STOPPED
     early = early if early is not None else []
@@ -334,6 +366,8 @@ async def run_agent(agent: WorkerAgent, early: list[int] | None = None) -> int:
                     yield signum
 
             nursery.start_soon(keep_joined)
+            if watch is not None:
+                nursery.start_soon(watch.run)
             async for signum in signals():
                 if signum in (signal.SIGTERM, signal.SIGINT):
                     log.info("stopping on %s", signal.Signals(signum).name)
@@ -358,6 +392,7 @@ def main(argv: list[str]) -> int:
     try:
         config = _config(args)
         probes = _probes(args)
+        fetch = imds_fetch(args)
         claim = args.machine_id if args.address_bound else ""
         state = StateFile(args.state_file) if args.state_file is not None else None
         saved = state.load(config.instance_ref, claim) if state is not None else None
@@ -388,8 +423,13 @@ def main(argv: list[str]) -> int:
         log.info("join secret %s %s", "kept in" if token else "restored from", state.source)
     agent = WorkerAgent(config, token, tls_connector(args.certs), claim=claim, saved=saved, state=state)
     del token
+    watch = None
+    if fetch is not None:
+        log.info("reading reclaim notices from %s every %g s", args.imds, args.imds_interval)
+        notify = agent.report_notice
+        watch = imds.NoticeWatch(fetch, lambda found: notify(found.reclaim_at, found.rebalance_at), args.imds_interval)
     early.exit_on_stop = False
-    code = trio.run(run_agent, agent, early.pending)
+    code = trio.run(run_agent, agent, early.pending, watch)
     if code == EXIT_ORPHANED and args.on_orphan == "shutdown":
         shut_down(args.shutdown_command)
     log.info("exiting with code %d", code)

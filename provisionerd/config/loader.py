@@ -25,6 +25,8 @@ from provisionerd.domain.errors import ConfigError
 
 #: A config file above this size is refused before parsing (bounded work on bad input).
 MAX_CONFIG_BYTES = 1 << 20
+#: ``[[providers]] worker_orphan_timeout``'s default, seconds (docs/fleet.md, "Choosing the timeout").
+DEFAULT_WORKER_ORPHAN_TIMEOUT = 3600.0
 
 
 #: Contract action name -> the key of its timeout in ``[providers.timeouts]``.
@@ -220,8 +222,9 @@ class ProviderConfig:
     # A frozen config must not hand out a mutable dict of credentials.
     env: Mapping[str, str] = attrs.field(factory=dict, repr=_redact_env, converter=_read_only)
     #: Seconds without reaching any controller after which a machine's agent gives up (0: never); see
-    #: docs/fleet.md.
-    worker_orphan_timeout: float = 0.0
+    #: docs/fleet.md. On by default (issue 34): an hour outlives a controller failover (seconds), a daemon restart
+    #: and a planned controller maintenance window, and bounds what a machine nothing controls costs to an hour.
+    worker_orphan_timeout: float = DEFAULT_WORKER_ORPHAN_TIMEOUT
     #: Voluntary returns (idle, max_ttl, released) per ``disruption_interval``: at most this many machines and/or
     #: this percent of the provider's live machines (``None``: no budget); see docs/fleet.md.
     disruption_budget: int | None = None

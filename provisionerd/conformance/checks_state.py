@@ -350,20 +350,34 @@ async def host_state_pushes(ctx: Context) -> str:
     )
     ctx.peers.append(worker)
     seen = []
-    for status in (HostStatus.JOINED, HostStatus.BUSY):
-        if status is HostStatus.BUSY:
-            ack = await worker.request(WorkerStatus(HostStatus.BUSY))
+    # The last step: a spot interruption notice (protocol §6.4 "Reclaim notices"), kept while the status stays.
+    notice = WorkerStatus(HostStatus.BUSY, reclaim_at=KIT_RECLAIM_AT, rebalance_at=KIT_REBALANCE_AT)
+    for step, report in enumerate((None, WorkerStatus(HostStatus.BUSY), notice)):
+        if report is not None:
+            ack = await worker.request(report)
             if not isinstance(ack, Ack):
-                raise CheckFailed(f"workerStatus busy answered {describe(ack)}")
+                raise CheckFailed(f"{describe(report)} answered {describe(ack)}")
+        want = HostStatus.JOINED if report is None else report.status
         deadline = trio.current_time() + ctx.options.timeout
         while True:
             push = await holder.wait_push(HostStatePush, max(0.0, deadline - trio.current_time()))
             assert isinstance(push, HostStatePush)
             mine = [h for h in push.hosts if h.instance_ref == ref]
-            if mine and mine[-1].status is status:
-                seen.append(f"{status.value} (seq {push.seq})")
+            if not mine or mine[-1].status is not want:
+                continue
+            host = mine[-1]
+            if step < 2:
+                seen.append(f"{want.value} (seq {push.seq})")
+                break
+            if (host.reclaim_at, host.rebalance_at) == (KIT_RECLAIM_AT, KIT_REBALANCE_AT):
+                seen.append(f"its reclaim notice, reclaimAt {host.reclaim_at:.0f} (seq {push.seq})")
                 break
     return f"the provisioner of {tokens.provider} was pushed {ref}: " + ", then ".join(seen)
+
+
+#: The notice the kit's worker reports: times in the past are fine (the controller only relays them).
+KIT_RECLAIM_AT = 1700000120.0
+KIT_REBALANCE_AT = 1700000000.0
 
 
 # --- history (§6.6) -------------------------------------------------------------------------------------------

@@ -318,7 +318,11 @@ class HostState:
 
     ``capabilities``: what the worker reported at its join (offer attribute names: ``ncpus``, ``mem``, ``type``
     and its template's probes, e.g. ``ngpus``), which the planner checks against its template
-    (:mod:`provisionerd.planner.health`); empty when it reported nothing."""
+    (:mod:`provisionerd.planner.health`); empty when it reported nothing.
+
+    ``reclaim_at``: the provider takes the machine back then (a spot interruption notice; epoch seconds, 0 = no
+    notice); ``rebalance_at``: the provider recommended moving off it then (0 = none). Either makes the machine
+    doomed: the planner replaces it and returns it (:mod:`provisionerd.planner.drain`, protocol §6.4)."""
 
     instance_ref: str
     provider: str
@@ -329,6 +333,13 @@ class HostState:
     address: str = ""
     draining: bool = False
     capabilities: Mapping[str, str] = attrs.field(factory=dict)
+    reclaim_at: float = 0.0
+    rebalance_at: float = 0.0
+
+    @property
+    def noticed(self) -> bool:
+        """The provider announced it takes the machine back, or recommended moving off it."""
+        return self.reclaim_at > 0 or self.rebalance_at > 0
 
 
 # --- what a provider reports -----------------------------------------------------------------------------------

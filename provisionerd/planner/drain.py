@@ -35,6 +35,13 @@ from provisionerd.planner.policy import Policy
 
 #: ``DrainRequested.reason`` for a machine past its ``max_ttl``.
 DRAIN_REASON = "max_ttl"
+#: A machine with a reclaim notice: ``DrainRequested.reason`` of a busy one, and the return reason of one that is
+#: not busy (or has drained); ``RECLAIM_DEADLINE``: returned busy, ``RECLAIM_MARGIN`` before the provider takes it.
+RECLAIM = "reclaim"
+RECLAIM_DEADLINE = "reclaim_deadline"
+#: Seconds before ``HostState.reclaim_at`` at which a doomed machine still busy is returned anyway, so that the
+#: return (a call, a poll) ends before the provider takes the machine (EC2 gives two minutes' notice).
+RECLAIM_MARGIN = 30.0
 #: Return reasons: a draining machine gone idle, and one still busy at its drain timeout.
 DRAINED = "drained"
 DRAIN_TIMEOUT = "drain_timeout"
@@ -117,4 +124,69 @@ def aged(
         else:
             found.draining.append(machine)
             found.due(since + policy.of(provider).drain_timeout, now)
+    return found
+
+
+@attrs.define
+class Noticed:
+    """What :func:`noticed` found (mutable working lists of one plan call). None of these machines is supply."""
+
+    retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reclaim | reclaim_deadline | ..., m)
+    drain: list[MachineRecord] = attrs.field(factory=list)  # busy, drain not asked yet
+    draining: list[MachineRecord] = attrs.field(factory=list)  # busy and draining: returned later
+    wake: float = math.inf
+
+    def due(self, at: float, now: float) -> None:
+        if now < at < self.wake:
+            self.wake = at
+
+
+def noticed(
+    hosts: Iterable[HostState],
+    active_refs: Mapping[str, MachineRecord],
+    skip: Set[str],
+    drain_seen: Mapping[str, float],
+    now: float,
+    policy: Policy,
+) -> Noticed:
+    """Sort the active machines whose host carries a reclaim notice (``HostState.noticed``: a spot interruption's
+    ``reclaim_at``, a rebalance recommendation's ``rebalance_at``; protocol §6.4 "Reclaim notices"). Each stops
+    counting as supply at once, so the same plan requests its replacement (retire before acquiring). Then:
+
+    - not busy: returned at once, reason ``reclaim`` (involuntary: the disruption budget does not hold it);
+    - busy, drain not asked: asked to drain (``DrainRequested`` reason ``reclaim``, not budgeted either);
+    - busy at ``reclaim_at - RECLAIM_MARGIN``: returned anyway, reason ``reclaim_deadline``;
+    - busy with only a rebalance recommendation, ``drain_timeout`` after its drain was asked: ``drain_timeout``;
+    - otherwise draining, due at the earlier of those two times.
+
+    ``hosts``: at least every host with a notice (others are passed over). ``skip``: machines in flight. A host
+    the controller calls LOST is left to the orphan classifier's ghost rule."""
+    found = Noticed()
+    busy, lost = HostStatus.BUSY, HostStatus.LOST
+    for host in hosts:
+        if not host.noticed or host.status is lost:
+            continue
+        machine = active_refs.get(host.instance_ref)
+        if machine is None or machine.machine_id in skip:
+            continue
+        if host.status is not busy:
+            found.retire.append((RECLAIM, machine))
+            continue
+        deadline = host.reclaim_at - RECLAIM_MARGIN if host.reclaim_at > 0 else math.inf
+        if now >= deadline:
+            found.retire.append((RECLAIM_DEADLINE, machine))
+            continue
+        since = drain_started(machine, drain_seen)
+        if since is None:
+            found.drain.append(machine)
+            found.due(deadline, now)
+            continue
+        if host.reclaim_at <= 0:
+            timeout_at = since + policy.of(machine.provider).drain_timeout
+            if now >= timeout_at:
+                found.retire.append((DRAIN_TIMEOUT, machine))
+                continue
+            found.due(timeout_at, now)
+        found.draining.append(machine)
+        found.due(deadline, now)
     return found

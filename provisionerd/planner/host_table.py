@@ -97,6 +97,8 @@ class HostTable(MutableMapping[str, HostState]):
         self._aging: list[tuple[float, str, str]] | None = None
         self._aging_stale = 0
         self._aging_unknown: dict[str, MachineRecord] = {}
+        # Hosts with a reclaim notice (``HostState.noticed``; planner.drain): few, read every pass.
+        self._noticed: dict[str, HostState] = {}
         for machine in active_refs.values():
             self._unjoin(machine)
 
@@ -179,6 +181,10 @@ class HostTable(MutableMapping[str, HostState]):
         if ref != host.instance_ref:
             raise ValueError(f"host {host.instance_ref!r} stored under another instance_ref {ref!r}")
         self._hosts[ref] = host
+        if host.noticed:
+            self._noticed[ref] = host
+        else:
+            self._noticed.pop(ref, None)
         machine = self._active.get(ref)
         if machine is not None:
             self._join(machine)
@@ -186,10 +192,15 @@ class HostTable(MutableMapping[str, HostState]):
 
     def __delitem__(self, ref: str) -> None:
         del self._hosts[ref]
+        self._noticed.pop(ref, None)
         machine = self._active.get(ref)
         if machine is not None:
             self._unplace(ref, machine)
             self._unjoin(machine)
+
+    def noticed(self) -> list[HostState]:
+        """The hosts with a reclaim notice (``HostState.noticed``), from the kept index."""
+        return list(self._noticed.values())
 
     # --- kept in step by the owning view ---------------------------------------------------------------------------
 

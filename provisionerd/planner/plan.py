@@ -66,7 +66,7 @@ from provisionerd.planner import budget, headroom, health
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
-from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, DRAINED
+from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, DRAINED, RECLAIM, RECLAIM_DEADLINE
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
@@ -82,6 +82,8 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 #: Order in which retire reasons are emitted (and a machine's single reason, see
 #: :func:`provisionerd.planner.supply.tally`).
 RETIRE_REASONS = (
+    RECLAIM_DEADLINE,
+    RECLAIM,
     "provisioning_timeout",
     "never_joined",
     NOT_REJOINED,
@@ -408,6 +410,16 @@ def _drains(
         for start in range(0, len(machine_ids), policy.return_batch):
             batch = tuple(machine_ids[start : start + policy.return_batch])
             actions.append(DrainMachines(ops.new(provider), provider, batch, DRAIN_REASON, now))
+            seen = {**seen, **dict.fromkeys(batch, now)}
+    noticed: dict[str, list[str]] = {}  # a reclaim notice: never budgeted (the provider decided, not us)
+    for machine in counts.notice_drain:
+        noticed.setdefault(machine.provider, []).append(machine.machine_id)
+    for provider, machine_ids in sorted(noticed.items()):
+        machine_ids.sort()
+        counts.due(now + policy.of(provider).drain_timeout, now)
+        for start in range(0, len(machine_ids), policy.return_batch):
+            batch = tuple(machine_ids[start : start + policy.return_batch])
+            actions.append(DrainMachines(ops.new(provider), provider, batch, RECLAIM, now))
             seen = {**seen, **dict.fromkeys(batch, now)}
     return seen
 

@@ -19,7 +19,7 @@ from provisionerd.domain.model import HostState
 from provisionerd.planner import drain
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
 from provisionerd.planner.health import CapabilityCheck
-from provisionerd.planner.host_table import join_index
+from provisionerd.planner.host_table import HostTable, join_index
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
@@ -44,6 +44,8 @@ class Tally:
     lost: list[MachineRecord] = attrs.field(factory=list)  # reclaimed by the provider
     fails: list[IntentRecord] = attrs.field(factory=list)  # open intents past the provisioning timeout
     drain: list[MachineRecord] = attrs.field(factory=list)  # busy past max_ttl, to be asked to drain (planner.drain)
+    #: Busy with a reclaim notice, to be asked to drain (``planner.drain.noticed``; never budgeted).
+    notice_drain: list[MachineRecord] = attrs.field(factory=list)
     intent_seen: dict[str, float] = attrs.field(factory=dict)
     machine_seen: dict[str, float] = attrs.field(factory=dict)
     #: The earliest deadline after ``now`` found on the way (a provisioning timeout, a join deadline, a max_ttl):
@@ -228,6 +230,17 @@ def tally(
                     result.shortfalls[machine.machine_id] = reasons
                     active[machine.demand_id] -= 1
                     skip.add(machine.machine_id)
+    # A reclaim notice (planner.drain.noticed): not supply from now on, returned when idle or before the deadline.
+    table = hosts.indexes(active_refs) if isinstance(hosts, HostTable) else None
+    found_notices = drain.noticed(
+        table.noticed() if table is not None else hosts.values(), active_refs, skip, state.drain_seen, now, policy
+    )
+    for machine in (*(m for _, m in found_notices.retire), *found_notices.drain, *found_notices.draining):
+        active[machine.demand_id] -= 1
+        skip.add(machine.machine_id)
+    result.retire.extend(found_notices.retire)
+    result.notice_drain = found_notices.drain
+    result.due(found_notices.wake, now)
     # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
     givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
     idle = result.idle

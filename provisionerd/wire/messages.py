@@ -261,7 +261,12 @@ class HostStatePush:
 
 @attrs.frozen
 class WorkerStatus:
+    """worker -> ctl. ``reclaim_at``/``rebalance_at``: the machine's reclaim notices (epoch seconds, 0 = none;
+    protocol §6.4 "Reclaim notices")."""
+
     status: HostStatus
+    reclaim_at: float = 0.0
+    rebalance_at: float = 0.0
 
 
 # --- admin -----------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ class FakeController:
     # (virtual time, address, what): "connect", "join:token", "join:proof", "refused", "redirect"
     log: list[tuple[float, str, str]] = attrs.field(factory=list)
     statuses: list[tuple[float, HostStatus]] = attrs.field(factory=list)
+    reports: list[tuple[float, WorkerStatus]] = attrs.field(factory=list)  # every WorkerStatus, notices included
     heartbeats: list[float] = attrs.field(factory=list)
     close_after_accept: bool = False  # accept the join, then close at once (a controller in trouble)
     drop_after_join_frame: bool = False  # consume the join, then close without answering (once)
@@ -123,4 +124,5 @@ class FakeController:
                         await framed.send(HeartbeatAck(seq, self.term), envelope.corr)
                 case WorkerStatus(status=status):
                     self.statuses.append((trio.current_time(), status))
+                    self.reports.append((trio.current_time(), envelope.msg))
                     await framed.send(Ack(), envelope.corr)

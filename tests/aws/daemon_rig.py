@@ -23,8 +23,8 @@ PROVIDER = "ec2"
 OFFERS = (("a-c5-xlarge", "c5.xlarge"), ("b-m5-xlarge", "m5.xlarge"))
 IDLE_TIME = 2.0
 #: What the plugin puts in each instance's user-data under "provisionerd" (bootstrap.py), with the default
-#: ``worker_orphan_timeout`` (0: no orphanTimeout/onOrphan).
-BOOT_KEYS = {"version", "instanceRef", "controllers", "joinToken", "cluster"}
+#: ``worker_orphan_timeout`` (3600 s: orphanTimeout, and onOrphan "shutdown").
+BOOT_KEYS = {"version", "instanceRef", "controllers", "joinToken", "cluster", "orphanTimeout", "onOrphan"}
 
 
 def plugin_config(endpoint: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rigs.daemon import parsed_config
 
+from provisionerd.config.loader import DEFAULT_WORKER_ORPHAN_TIMEOUT
 from provisionerd.daemon.builder import executor_settings_from, policy_from_config
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import Epoch
@@ -37,12 +38,17 @@ def test_each_provider_tells_its_machines_its_own_limits(tmp_path: Path) -> None
     config = parsed_config(tmp_path, PROVIDERS)
     settings = executor_settings_from(config, policy_from_config(config))
     assert settings.limits_of("ec2") == MachineLimits(orphan_timeout=600.0, max_lifetime=3600.0)
-    assert settings.limits_of("onprem") == MachineLimits() == settings.limits_of("unknown")
+    # Issue 34: machines end themselves by default (an hour without a controller), unless a site sets 0.
+    assert settings.limits_of("onprem") == MachineLimits(orphan_timeout=DEFAULT_WORKER_ORPHAN_TIMEOUT)
+    assert settings.limits_of("unknown") == MachineLimits()
+    opted_out = parsed_config(tmp_path, PROVIDERS + "worker_orphan_timeout = 0\n")
+    off = executor_settings_from(opted_out, policy_from_config(opted_out)).limits_of("onprem")
+    assert off == MachineLimits()
     owner = OwnerTags("clu", "ec2", "op-1", Epoch(1, 1))
     limited = request_input(
         MachineRequest.of(owner, "t", issue(["r0", "r1"]), ["ctl0:7400"], settings.limits_of("ec2"))
     )
-    plain = request_input(MachineRequest.of(owner, "t", issue(["r0"]), ["ctl0:7400"], settings.limits_of("onprem")))
+    plain = request_input(MachineRequest.of(owner, "t", issue(["r0"]), ["ctl0:7400"], off))
     assert [(b["orphanTimeout"], b["maxLifetime"]) for b in limited["bootstrap"]] == [(600.0, 3600.0)] * 2
     assert set(plain["bootstrap"][0]) == {"instanceRef", "controllers", "joinToken"}  # older plugins see no change
     schemas = contract()

@@ -81,3 +81,25 @@ def test_tags_of_refuses_what_is_not_ours() -> None:
     assert lab.tags_of({"labels": meta["labels"]}) is None
     assert lab.tags_of({"labels": meta["labels"], "annotations": {lab.TAGS_ANNOTATION: "not json"}}) is None
     assert lab.pod_name("c", "op", 0) == lab.pod_name("c", "op", 0) != lab.pod_name("c", "op", 1)
+
+
+def test_a_pod_ends_itself_at_max_lifetime_and_its_agent_after_the_orphan_timeout() -> None:
+    """Issue 34, item 5: ``maxLifetime`` (the daemon's ``max_ttl``) is the pod's ``activeDeadlineSeconds`` (rounded
+    up), ``orphanTimeout`` the agent's ``--orphan-timeout`` (at least 15 s); neither when the bootstrap has none."""
+    from k8s_plugin.config import Config
+    from k8s_plugin.pods import pod_manifest
+
+    config = Config.from_document(json.loads((PLUGIN / "conf.example" / "kubernetes.json").read_text()), PLUGIN)
+    (template,) = config.templates.values() if isinstance(config.templates, dict) else config.templates
+    boot = {"instanceRef": "c1/i-1", "controllers": ["ctl:7443"], "joinToken": "never-in-the-spec"}
+    plain = pod_manifest(config, template, "p-1", {}, boot)
+    assert "activeDeadlineSeconds" not in plain["spec"]
+    assert "--orphan-timeout" not in plain["spec"]["containers"][0]["command"]
+    bounded = pod_manifest(config, template, "p-1", {}, {**boot, "maxLifetime": 7200.5, "orphanTimeout": 3600})
+    assert bounded["spec"]["activeDeadlineSeconds"] == 7201
+    command = bounded["spec"]["containers"][0]["command"]
+    assert command[command.index("--orphan-timeout") + 1] == "3600"
+    short = pod_manifest(config, template, "p-1", {}, {**boot, "orphanTimeout": 1})
+    command = short["spec"]["containers"][0]["command"]
+    assert command[command.index("--orphan-timeout") + 1] == "15"
+    assert "never-in-the-spec" not in json.dumps([plain, bounded, short])

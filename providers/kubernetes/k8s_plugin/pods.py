@@ -5,11 +5,17 @@ of the same name that only this pod mounts (mode 0400), owned by the pod (``owne
 collector deletes it with the pod; the plugin deletes it too on return). The token is never in the pod spec, its
 env or its command line: the container reads it from the mounted file on standard input (``--token-stdin``).
 The pod gets no ServiceAccount token (``automountServiceAccountToken: false``): the agent needs no API access.
+
+A pod ends itself (docs/operations.md, "What ends a machine when nothing controls it"): the bootstrap's
+``maxLifetime`` (the daemon's ``max_ttl``) is its ``activeDeadlineSeconds``, so the kubelet ends it then, and its
+``orphanTimeout`` (the daemon's ``worker_orphan_timeout``) is the agent's ``--orphan-timeout``, so the agent exits,
+ending the pod, once no controller has been heard for that long.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -20,6 +26,8 @@ from k8s_plugin.config import Config, Template
 
 TOKEN_DIR = "/var/run/provisionerd/join"
 TOKEN_KEY = "token"
+#: The least ``--orphan-timeout`` a pod's agent gets: the agent's own floor (its default ``--reply-timeout``).
+ORPHAN_TIMEOUT_FLOOR = 15.0
 #: The container's entry: the shell reads the token file onto the agent's stdin ("$@" is the agent command).
 ENTRY = ["/bin/sh", "-c", f'exec "$@" --token-stdin < {TOKEN_DIR}/{TOKEN_KEY}', "provisionerd-pilot"]
 
@@ -39,6 +47,9 @@ def pod_manifest(
         "$(POD_NAME)",
         *config.agent_extra_args,
     ]
+    if boot.get("orphanTimeout"):
+        # The pod ending is the machine's return (restartPolicy Never): exiting is all the agent has to do.
+        agent += ["--orphan-timeout", f"{max(float(boot['orphanTimeout']), ORPHAN_TIMEOUT_FLOOR):g}"]
     resources = {"cpu": template.cpu, "memory": template.memory}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -56,6 +67,9 @@ def pod_manifest(
         ],
         "volumes": [{"name": "join", "secret": {"secretName": name, "defaultMode": 0o400}}],
     }
+    if boot.get("maxLifetime"):
+        # The kubelet ends the pod then, busy or not, even if nothing controls it any more (a Slurm pilot's --time).
+        spec["activeDeadlineSeconds"] = max(1, math.ceil(float(boot["maxLifetime"])))
     if template.node_selector:
         spec["nodeSelector"] = dict(template.node_selector)
     if template.tolerations:
