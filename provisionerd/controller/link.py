@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import trio
 
+from provisionerd.controller.commit_doubt import CommitDoubt
 from provisionerd.controller.pulse import Pulse
 from provisionerd.controller.view import ControllerView, DemandAssembler, ResyncCollector
 from provisionerd.domain.errors import LinkDown, ProtocolError, describe_error
@@ -111,6 +112,7 @@ class Link:
         wanted: int = 0,
         snapshot_wait: float | None = None,
         refresh_interval: float = float("inf"),
+        doubt: CommitDoubt | None = None,
         incarnation: str = "",
         base: FactView | None = None,
         lease_freed: Mapping[str, Pulse] | None = None,
@@ -155,6 +157,10 @@ class Link:
         self._digest_seen = False  # the controller sends a digest: no periodic refresh, a resync when it disagrees
         self._disagreements = 0
         self._digest_wants = False
+        #: The session's commits whose outcome is unknown (``controller.commit_doubt``), and when our last resync
+        #: began: one that began before a doubt's time does not settle it.
+        self._doubt = doubt if doubt is not None else CommitDoubt()
+        self._resync_began = 0.0
         self._scope = trio.CancelScope()
         self._outbox_send, self._outbox = trio.open_memory_channel[tuple[Message, int]](OUTBOX_SIZE)
 
@@ -252,6 +258,7 @@ class Link:
                 if reason:
                     break
                 wake_at = float("inf") if self._digest_seen else refresh_at  # a digest replaces the refresh
+                wake_at = min(wake_at, self._doubt.wake_at(self._resync_began))
                 with trio.move_on_at(wake_at if self.demand is not None else min(wake_at, snapshot_by)):
                     await self._wake_resync.wait()
             if self.demand is not None:
@@ -267,6 +274,8 @@ class Link:
             return "requested"
         if self._digest_wants:
             return "digest"
+        if self._doubt.due(now, self._resync_began):
+            return "commit_unknown"
         if self.demand is None and now >= snapshot_by:
             return "no_demand_snapshot"
         if now >= refresh_at and not self._digest_seen:
@@ -274,6 +283,7 @@ class Link:
         return ""
 
     async def _resync_once(self, reason: str) -> None:
+        self._resync_began = trio.current_time()
         self._resync = ResyncCollector()
         self._committed_during = []
         self._resync_corr, self._resync_seq, self._resync_reason = next(self._corr), self.wanted, reason

@@ -90,7 +90,12 @@ class ControllerOps:
             self.drains_refused += 1
             log.info("DrainRequested %s not sent: the controller does not know it (older than drains)", fact.op_id)
             raise ControllerRejected("invalid", "the controller does not know DrainRequested (JoinReply.drains)")
-        reply = await self._session.request(FactCommit(fact))
+        try:
+            reply = await self._session.request(FactCommit(fact))
+        except LinkDown:
+            # It may be committed all the same (on its way when the link broke): a later resync looks (commit_doubt).
+            self._session.commit_doubt.doubt(trio.current_time(), 2 * self._session.settings.request_timeout)
+            raise
         if not isinstance(reply, FactAck):
             raise self._unexpected(reply, "FactAck")
         self._session.note_committed(CommittedFact(reply.index, fact))

@@ -57,6 +57,7 @@ import trio
 
 from provisionerd.controller.amnesia_guard import AmnesiaGuard
 from provisionerd.controller.backoff import BackoffTimer
+from provisionerd.controller.commit_doubt import CommitDoubt
 from provisionerd.controller.joined_file import JoinedRefs
 from provisionerd.controller.link import Link, LinkBroken
 from provisionerd.controller.pulse import Pulse
@@ -134,6 +135,8 @@ class ControllerSession:
         self.controller_drains = False
         self.controller_history = False  # JoinReply.history: the controller answers HistoryQuery
         self._sync_wanted = 0  # resync wants registered so far (a view answers those <= its sync_seq)
+        #: Commits that ended without their ack: each link resyncs once more after them (controller.commit_doubt).
+        self.commit_doubt = CommitDoubt()
         self._sync_needed: dict[str, int] = {}  # provider -> the want its last lease grant registered
         #: Fired once each new generation's first resync is in place (lease keepers renew at once).
         self.rejoined = Pulse()
@@ -380,6 +383,7 @@ class ControllerSession:
             # The facts we hold, if they came from this very incarnation: the first resync asks only for later ones.
             base=self.view.facts if self.view is not None and self._incarnation == reply.incarnation else None,
             lease_freed=self.lease_freed,
+            doubt=self.commit_doubt,
         )
         self._incarnation = reply.incarnation
         self._link = link

@@ -269,3 +269,13 @@ def test_seed_859784707_a_vanished_machine_the_cloud_reports_ended_is_replaced_a
     getReturnRequests (gracePeriod 0): the simulated one now does for every other machine (the rest stay ghosts),
     and the daemon replaces it at once as lost."""
     assert "no_convergence" not in violated_now(859784707)
+
+
+def test_seed_932997547_a_commit_that_landed_after_its_link_broke_reaches_the_view():
+    """Was (a 10,000-seed campaign from 932987747, a legacy world): an instance fact sent on a link that a 9 s
+    delay broke landed 30 ms after the new link's first resync; the controller pushes no facts and the digest
+    compares only the last index, which the daemon's later commits reached, so the daemon never saw it and the
+    machine ran on past demand. Fixed: a commit that ends in LinkDown marks a doubt (``controller.commit_doubt``),
+    and a link whose last resync began before its time resyncs once more."""
+    result = run_seed(932997547, legacy_share=0.3)
+    assert "no_convergence" not in {v.invariant for v in result.violations}
