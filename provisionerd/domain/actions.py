@@ -95,3 +95,5 @@ class Note:
     detail: str
     provider: str = ""
     demand_id: str = ""
+    #: ``unmet_demand``: the rules that left it unmet, as stable words (``planner.unmet_rules``).
+    rules: tuple[str, ...] = ()

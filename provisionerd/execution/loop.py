@@ -275,8 +275,14 @@ class ReconcileLoop:
             key = (note.kind, note.provider, note.demand_id, note.detail)
             keys.add(key)
             if not dedupe or key not in self._last_notes:
+                rules = {"rules": list(note.rules)} if note.rules else {}
                 self.events.emit(
-                    "plan_note", kind=note.kind, provider=note.provider, demand_id=note.demand_id, detail=note.detail
+                    "plan_note",
+                    kind=note.kind,
+                    provider=note.provider,
+                    demand_id=note.demand_id,
+                    detail=note.detail,
+                    **rules,
                 )
         if dedupe:
             self._last_notes = keys

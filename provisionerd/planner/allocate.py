@@ -18,6 +18,7 @@ import attrs
 
 from provisionerd.domain.actions import Note
 from provisionerd.domain.model import DemandItem, Offer
+from provisionerd.planner import unmet_rules
 from provisionerd.planner.offers import Catalog, OfferKey, ParsedOffer, Rejection, Requirement, requirement_of
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import PlannerState, ramp_step
@@ -203,6 +204,7 @@ class Allocator:
                 detail = f"{deficit} machine(s) not requested: no compatible offer ({len(incompatible)} incompatible)"
                 if incompatible:
                     detail += f", e.g. {incompatible[0].describe()}"
+                rules: tuple[str, ...] = (unmet_rules.INCOMPATIBLE,)
             else:
                 why = "step limit reached" if self.step_room <= 0 else "no eligible offer with room"
                 stops = [*filled, *blocked]
@@ -213,7 +215,9 @@ class Allocator:
                 detail = f"{deficit} machine(s) not requested: {why}"
                 if stops:
                     detail += "; " + "; ".join(r.describe() for r in stops[:NOTE_REASONS])
-            notes.append(Note("unmet_demand", detail, demand_id=item.demand_id))
+                window = ("step limit reached",) if self.step_room <= 0 else ()
+                rules = unmet_rules.rules_of((*window, *(reason for r in stops for reason in r.reasons)))
+            notes.append(Note("unmet_demand", detail, demand_id=item.demand_id, rules=rules))
         self.decisions.append(
             DemandDecision(
                 item.demand_id,

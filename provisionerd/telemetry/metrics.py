@@ -80,30 +80,6 @@ class _Bounded:
         return self.metric.labels(*key)
 
 
-#: The rules an ``unmet_demand`` note can name (``planner.allocate``'s reasons), by the words that name them.
-UNMET_RULES = (
-    ("no compatible offer", "incompatible"),
-    ("max_machines", "max_machines"),
-    ("maxNumber", "max_number"),
-    ("capacity_unavailable", "capacity_backoff"),
-    ("throttled", "throttled"),
-    ("unhealthy (", "unhealthy"),
-    ("protected:", "max_unhealthy"),
-    ("suspect until", "suspect"),
-    ("provider step limit", "provider_step_limit"),
-    ("step limit reached", "step_limit"),
-)
-
-
-def unmet_rules(detail: object) -> list[str]:
-    """The rules an ``unmet_demand`` note's detail names (``no_room``: none of them; never raises)."""
-    if not isinstance(detail, str):
-        return []
-    text = detail.replace("provider step limit", "provider_step_limit")
-    found = [rule for words, rule in UNMET_RULES if words in (text if rule == "step_limit" else detail)]
-    return found or ["no_room"]
-
-
 class EventCounters:
     """The counters the events stream feeds: made by the ``EventLog`` that owns them (``EventLog.counters``), which
     calls ``add`` with every record it writes, and registered in the daemon's registry by ``DaemonMetrics``. No
@@ -219,8 +195,9 @@ class EventCounters:
             elif outcome in GATE_REFUSALS:
                 self.intents_refused.labels(provider, kind, outcome).inc()
         elif event == "plan_note" and record.get("kind") == "unmet_demand":
-            for rule in unmet_rules(record.get("detail")):
-                self.unmet_rules.labels(rule).inc()
+            rules = record.get("rules")
+            for rule in rules if isinstance(rules, list) else ():  # planner.unmet_rules: classified where made
+                self.unmet_rules.labels(str(rule)).inc()
         elif event == "orphan_detected":
             self.orphan_findings.labels(provider, record.get("orphan_class"), record.get("action")).inc()
         elif event == "orphan_action":

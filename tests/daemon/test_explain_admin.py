@@ -210,20 +210,32 @@ def test_what_if_chooses_offers_in_the_loops_order_provider_priority_first():
 
 
 def test_the_metrics_count_the_cap_and_the_missing_gpu_apart():
+    """The planner names the rules where it makes the reasons (``planner.unmet_rules``); the counter reads them from
+    the ``plan_note`` event, never from the note's text."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from provisionerd.planner.allocate import Allocator
+    from provisionerd.planner.offers import Catalog
+    from provisionerd.planner.state import PlannerState
+    from provisionerd.planner.supply import Tally
     from provisionerd.telemetry.metrics import DaemonMetrics
 
+    policy = Policy(cluster="c", step_limit=100, providers={"p": ProviderPolicy(max_machines=10)})
+    counts = Tally(load={("p", "t"): 10})  # at the cap
+    allocator = Allocator(PlannerState.initial("i"), Catalog([OFFER]), counts, 0.0, policy)
+    notes: list = []
+    allocator.serve(DemandItem("cap", ResourceShape(ncpus=1), 5), {}, notes)
+    allocator.serve(DemandItem("gpu", ResourceShape(gpus=1), 1), {}, notes)
+    assert [(n.demand_id, n.rules) for n in notes] == [("cap", ("max_machines",)), ("gpu", ("incompatible",))]
     metrics = DaemonMetrics(lambda: {})
-    cap = "5 machine(s) not requested: step limit reached; p/t: then max_machines 10/10 (provider cap reached)"
-    gpu = "1 machine(s) not requested: no compatible offer (1 incompatible), e.g. p/t: ngpus 0 < 1 required"
-    for detail in (cap, gpu, "3 machine(s) not requested: no eligible offer with room", None):
-        metrics.events.add({"event": "plan_note", "kind": "unmet_demand", "demand_id": "d", "detail": detail})
-    metrics.events.add({"event": "plan_note", "kind": "deferred", "detail": "max_machines"})  # not an unmet note
+    for note in notes:
+        metrics.events.add({"event": "plan_note", "kind": "unmet_demand", "detail": "...", "rules": list(note.rules)})
+    metrics.events.add({"event": "plan_note", "kind": "unmet_demand", "detail": "max_machines 3/3"})  # no rules
+    metrics.events.add({"event": "plan_note", "kind": "deferred", "rules": ["max_machines"]})  # not an unmet note
     counted = {
         s.labels["rule"]: s.value
         for family in text_string_to_metric_families(metrics.render().decode())
         for s in family.samples
         if s.name == "provisionerd_unmet_demand_rules_total"
     }
-    assert counted == {"max_machines": 1.0, "step_limit": 1.0, "incompatible": 1.0, "no_room": 1.0}
+    assert counted == {"max_machines": 1.0, "incompatible": 1.0}
