@@ -141,14 +141,20 @@ def podman(home: Path) -> list[str]:
     ]
 
 
-def run(layout: Path, home: Path, tag: str, *args: str, volumes: tuple[str, ...] = ()) -> list[str]:
-    """``podman run`` of the image ``tag`` with ``args``, on the host's network, stdin attached. Its limits are set
-    no higher than podman's own here (``nofile``: this process's; ``nproc``: 4096, under podman's 32768), since
-    its default ``nofile`` (1048576) needs a capability root lacks on these machines (contrib/image/README.md)."""
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+def oci(layout: Path, home: Path, tag: str) -> str:
+    """The reference of the image ``tag`` of ``layout``, through a link in ``home`` (podman names the image after
+    the path, which must then be a valid image name: ``~/.cache/...`` is not)."""
     images = home / "images"
     if not images.exists():
         images.symlink_to(layout)
+    return f"oci:{images}:{tag}"
+
+
+def run(home: Path, image: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
+    """``podman run`` of ``image`` with ``args``, on the host's network, stdin attached. Its limits are set no
+    higher than podman's own here (``nofile``: this process's; ``nproc``: 4096, under podman's 32768), since its
+    default ``nofile`` (1048576) needs a capability root lacks on these machines (contrib/image/README.md)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     return [
         *podman(home),
         "run",
@@ -157,8 +163,8 @@ def run(layout: Path, home: Path, tag: str, *args: str, volumes: tuple[str, ...]
         "--network=host",
         f"--ulimit=nofile={nofile}:{nofile}",
         "--ulimit=nproc=4096:4096",
-        *(f"--volume={v}" for v in volumes),
-        f"oci:{images}:{tag}",
+        *options,
+        image,
         *args,
     ]
 
@@ -205,7 +211,7 @@ def test_the_agent_image_run_by_podman_joins_a_reference_controller_on_loopback(
                 finally:
                     await provisioner.aclose()
                 # The certificates mounted read-only where the Kubernetes plugin's example config has them.
-                argv = run(layout, podman_home, "agent", volumes=(f"{certs}:{CERTS}:ro",))
+                argv = run(podman_home, oci(layout, podman_home, "agent"), options=(f"--volume={certs}:{CERTS}:ro",))
                 argv += ["--certs", CERTS, "--controllers", ",".join(ctl.addresses), "--instance-ref", ref]
                 argv += ["--token-stdin", "--heartbeat", "0.5"]
                 with agents.agent(argv, log, token.encode() + b"\n") as container:
@@ -231,7 +237,30 @@ def test_the_agent_image_run_by_podman_joins_a_reference_controller_on_loopback(
 def test_the_daemon_image_run_by_podman_runs_the_demo_to_ok(layout: Path, podman_home: Path) -> None:
     """``provisionerd demo`` inside the daemon's image: a controller, the daemon, the local provider's agents and
     a failover, all in the container."""
-    done = procs.run(run(layout, podman_home, "daemon", "demo"), timeout=300)
+    done = procs.run(run(podman_home, oci(layout, podman_home, "daemon"), "demo"), timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     said = done.stdout + done.stderr
     assert "provisionerd demo: ok" in said and "leaked agent processes: 0" in said
+
+
+def test_the_agent_image_copied_by_skopeo_to_a_registry_on_loopback_runs_from_there(
+    layout: Path, podman_home: Path, tmp_path: Path
+) -> None:
+    """The site's path (docs/kubernetes.md): ``skopeo copy oci:OUT/oci:agent docker://REGISTRY/...``, then a runtime
+    pulls it by name. The registry is Debian's docker-registry (the CNCF distribution), plain HTTP on loopback."""
+    registry = backends.need("docker-registry", "apt-get install docker-registry")
+    skopeo = backends.need("skopeo", "apt-get install skopeo")
+    port = wait.free_port()
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    name = f"127.0.0.1:{port}/provisionerd-agent:{VERSION}"
+    with procs.popen([registry, "serve", config], tmp_path / "registry.log"):
+        wait.blocking("the registry to listen", wait.accepts("127.0.0.1", port), 30)
+        copied = procs.run([skopeo, "copy", "--dest-tls-verify=false", f"oci:{layout}:agent", f"docker://{name}"])
+        assert copied.returncode == 0, copied.stderr
+        ran = procs.run(run(podman_home, name, "--help", options=("--tls-verify=false",)))
+    assert ran.returncode == 0, ran.stderr
+    assert "join the cluster controller as a worker" in ran.stdout
