@@ -103,3 +103,27 @@ def test_a_pod_ends_itself_at_max_lifetime_and_its_agent_after_the_orphan_timeou
     command = short["spec"]["containers"][0]["command"]
     assert command[command.index("--orphan-timeout") + 1] == "15"
     assert "never-in-the-spec" not in json.dumps([plain, bounded, short])
+
+
+def test_the_certificates_secret_is_mounted_read_only_at_agent_certs() -> None:
+    """Issue 34 item 6: a site that uses the shipped agent image gives the worker certificates as a Secret
+    (``agent.certsSecret``), mounted 0400 at ``agent.certs``; without one the pod mounts only its token."""
+    from k8s_plugin.config import Config
+    from k8s_plugin.pods import pod_manifest
+
+    document = json.loads((PLUGIN / "conf.example" / "kubernetes.json").read_text())
+    config = Config.from_document(document, PLUGIN)
+    (template,) = config.templates.values() if isinstance(config.templates, dict) else config.templates
+    boot = {"instanceRef": "c1/i-1", "controllers": ["ctl:7443"]}
+    assert [v["name"] for v in pod_manifest(config, template, "p-1", {}, boot)["spec"]["volumes"]] == ["join"]
+    document["agent"]["certsSecret"] = "provisionerd-worker-certs"
+    with_secret = Config.from_document(document, PLUGIN)
+    spec = pod_manifest(with_secret, template, "p-1", {}, boot)["spec"]
+    assert {"name": "certs", "secret": {"secretName": "provisionerd-worker-certs", "defaultMode": 0o400}} in spec[
+        "volumes"
+    ]
+    mount = spec["containers"][0]["volumeMounts"][-1]
+    assert mount == {"name": "certs", "mountPath": config.agent_certs, "readOnly": True}
+    document["agent"]["certsSecret"] = "Not_A_Secret_Name"
+    with pytest.raises(Exception, match="certsSecret|does not match"):
+        Config.from_document(document, PLUGIN)

@@ -78,6 +78,9 @@ class Config:
     request_timeout: float = 20.0
     unschedulable_seconds: float = 120.0
     service_account_name: str | None = None
+    #: A Secret in the namespace holding the worker's certificates (``ca.pem``, ``cert.pem``, ``key.pem``), mounted
+    #: read-only at ``agent_certs`` in every pod (``None``: they are in the image).
+    agent_certs_secret: str | None = None
     test_faults: frozenset[str] = frozenset()
 
     @classmethod
@@ -121,6 +124,7 @@ class Config:
             agent_certs=agent["certs"],
             agent_command=tuple(agent.get("command") or (sys.executable, "-m", "provisionerd", "agent")),
             agent_extra_args=tuple(agent.get("extraArgs", ())),
+            agent_certs_secret=agent.get("certsSecret"),
             templates=templates,
             api_server=doc.get("apiServer"),
             ca_file=path("caFile"),

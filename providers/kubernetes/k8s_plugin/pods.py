@@ -4,7 +4,8 @@ The pod runs the worker agent (``restartPolicy: Never``: a pilot that ends is ov
 of the same name that only this pod mounts (mode 0400), owned by the pod (``ownerReferences``: the garbage
 collector deletes it with the pod; the plugin deletes it too on return). The token is never in the pod spec, its
 env or its command line: the container reads it from the mounted file on standard input (``--token-stdin``).
-The pod gets no ServiceAccount token (``automountServiceAccountToken: false``): the agent needs no API access.
+The pod gets no ServiceAccount token (``automountServiceAccountToken: false``): the agent needs no API access. Its
+certificates are in the image at ``agent.certs``, or in a site-made Secret (``agent.certsSecret``) mounted there.
 
 A pod ends itself (docs/operations.md, "What ends a machine when nothing controls it"): the bootstrap's
 ``maxLifetime`` (the daemon's ``max_ttl``) is its ``activeDeadlineSeconds``, so the kubelet ends it then, and its
@@ -67,6 +68,14 @@ def pod_manifest(
         ],
         "volumes": [{"name": "join", "secret": {"secretName": name, "defaultMode": 0o400}}],
     }
+    if config.agent_certs_secret:
+        # The worker's certificates from the site's Secret, not baked into the image (0400, like the token).
+        spec["volumes"].append(
+            {"name": "certs", "secret": {"secretName": config.agent_certs_secret, "defaultMode": 0o400}}
+        )
+        spec["containers"][0]["volumeMounts"].append(
+            {"name": "certs", "mountPath": config.agent_certs, "readOnly": True}
+        )
     if boot.get("maxLifetime"):
         # The kubelet ends the pod then, busy or not, even if nothing controls it any more (a Slurm pilot's --time).
         spec["activeDeadlineSeconds"] = max(1, math.ceil(float(boot["maxLifetime"])))
