@@ -32,6 +32,7 @@ import trio
 from provisionerd.controller.view import ControllerView
 from provisionerd.daemon.admin_socket import Command
 from provisionerd.domain.model import DemandSnapshot, HostState, HostStatus
+from provisionerd.planner import headroom
 from provisionerd.planner.fact_view import MachineRecord, MachineState
 from provisionerd.planner.host_table import HostTable
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
@@ -238,6 +239,8 @@ class MachinesPager:
         drained = [m for m in facts.drained.values() if m.demand_id == demand_id]
         drained_hosts = {m.instance_ref: h for m in drained if (h := view.hosts.get(m.instance_ref)) is not None}
         machine_seen, drain_seen, count = state.machine_seen, state.drain_seen, wanted.get(demand_id, 0)
+        if headroom.is_headroom(demand_id):  # a warm headroom item: its min_idle are kept (planner.headroom)
+            count = sum(rule.wanted_at(now) for rule in policy.headroom if rule.demand_id == demand_id)
 
         def job() -> frozenset[str]:
             hosts = {**drained_hosts, **{m.instance_ref: h for h, m in group}}  # in the thread: a loop over the group

@@ -137,3 +137,25 @@ def test_filters_by_provider_and_state():
     assert _all(_pager(view), provider="other") == []
     assert len(_all(_pager(view), provider="p", state="idle")) == 4
     assert _all(_pager(view), state="busy") == []
+
+
+def test_warm_headroom_machines_within_min_idle_are_kept_and_the_rest_shown_going():
+    """``provisionerd machines`` reads the headroom rule as the planner does (``planner.headroom``): of 5 idle
+    machines of ``headroom:p/t`` with ``min_idle = 3``, the 2 longest idle are shown returned, 3 kept."""
+    from provisionerd.planner.headroom import Headroom
+
+    view = FactView()
+    refs = tuple(f"ref-{i}" for i in range(5))
+    facts = [CommittedFact(1, RequestIntent("p", EPOCH, "op", "t", 5, refs, ("0" * 64,) * 5, "headroom:p/t"))]
+    for i, ref in enumerate(refs):
+        instance = InstanceFact("p", EPOCH, "op", ref, f"m{i:05d}", "t", "0" * 64, launch_time=NOW - 3600)
+        facts.append(CommittedFact(len(facts) + 1, instance))
+        view.hosts[ref] = HostState(ref, "p", f"m{i:05d}", HostStatus.IDLE, NOW - 1000 + i)
+    fold(facts, view)
+    controller = ControllerView(1, "primary", 1, view, view.hosts, DemandSnapshot(1, ()))
+    policy = Policy(cluster="c", headroom=(Headroom("p", "t", 3),))
+    pager = MachinesPager(
+        lambda: controller, lambda: PlannerState.initial("t"), lambda: policy, lambda: NOW, lambda: 0.0
+    )
+    going = sorted(line["machine_id"] for line in _all(pager) if line["next_reason"] == "idle")
+    assert going == ["m00000", "m00001"]
