@@ -152,7 +152,10 @@ class World:
             and s.fault_kinds == KINDS
             and legacy_rng.random() < s.legacy_share
         ):
-            self.settings = s = attrs.evolve(s, legacy=True)
+            # A one-shot call hangs up to its timeout (180 s for requestMachines) before a per-machine op moves on:
+            # 100 s more to settle (seed 746307392: an op held 180 s by a call hung near the last fault).
+            settle = s.settle if "settle" in overrides else s.settle + 100.0
+            self.settings = s = attrs.evolve(s, legacy=True, settle=settle)
         fleet_rng = random.Random(rng.getrandbits(64))  # drawn after the legacy world: nothing before it changed
         if (
             "headroom" not in overrides
