@@ -95,3 +95,14 @@ def test_seed_746307392_a_legacy_world_settles_after_its_longest_hang():
     world = World(746307392, keep_trace=False, legacy_share=LEGACY_CHANCE, fleet_share=0.3)
     assert world.settings.legacy and world.settings.headroom
     assert not run_world(world).violations
+
+
+def test_seeds_740275542_and_740279741_a_loss_judged_at_run_time_is_not_attributed_later():
+    """Found by the 10,000-seed campaign from 740273304: a lost call was not told apart from another op's call
+    still running, so its op was failed; once that call answered, the orphan report's read attributed the lost call
+    after all, and its machine ran with no fact and no report naming it. A loss judged while the daemon ran
+    (``PluginCall.judged``) is attributed then or never; only a call lost across a restart is attributed later."""
+    for seed in (740275542, 740279741):
+        world = World(seed, keep_trace=False, legacy_share=LEGACY_CHANCE, fleet_share=0.3)
+        assert world.settings.legacy
+        assert not run_world(world).violations, seed

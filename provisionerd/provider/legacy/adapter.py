@@ -187,7 +187,7 @@ class LegacyProvider:
             for op in self.journal.unknown_creates()
             if op.op_id not in pending
             for call in op.calls
-            if call.state == UNKNOWN
+            if call.state == UNKNOWN and not call.judged
         ]
         if self._state is None or not lost:
             return
@@ -442,6 +442,8 @@ class LegacyProvider:
                 call.state = UNKNOWN if exc.outcome_unknown else REFUSED
                 call.detail = f"{type(exc).__name__}: {exc.detail}"[:300]
                 call.ended_ms = self._wall_ms()
+                if call.state == UNKNOWN:
+                    call.judged = True  # attributed now or never: the op is failed if nothing is found
                 if call.state == UNKNOWN and self._state is not None:
                     if self._attribute(op, call, await self._state.aread()):
                         continue

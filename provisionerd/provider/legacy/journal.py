@@ -43,6 +43,9 @@ class PluginCall:
     key: str = ""  # the key its plugin call was run with (``provider.calls``): found again after a restart
     started_ms: int = 0  # wall clock when the plugin was started (``legacy.attribution``)
     ended_ms: int = 0  # wall clock by which it had ended, when its outcome is unknown (0: not known)
+    #: Its loss was judged while the daemon ran (``_issue`` tried the attribution then, and the op was failed if
+    #: it found nothing): never attributed later, when nobody would poll what it found (seed 740275542).
+    judged: bool = False
 
 
 @attrs.define
