@@ -171,11 +171,12 @@ class Executor:
             held.enter(Stage.RECOVERING)
             return await self._requests.recover(intent)
 
-    async def attribute_op(self, intent: RequestIntent) -> tuple[str, ...] | None:
+    async def attribute_op(self, intent: RequestIntent, *, unlistable_as_empty: bool = False) -> tuple[str, ...] | None:
         """List ``intent``'s op and commit an InstanceFact for each machine found not in the facts yet; the machine
         ids (``None`` when the listing or a commit failed). Called before the op is failed: a machine a hung call
-        created after the deadline would otherwise have no fact and stay unattributed."""
-        return await self._requests.attribute_op(intent)
+        created after the deadline would otherwise have no fact and stay unattributed. ``unlistable_as_empty``:
+        ``Steps.list_op``."""
+        return await self._requests.attribute_op(intent, unlistable_as_empty=unlistable_as_empty)
 
     # --- returns ------------------------------------------------------------------------------------------------
 

@@ -60,8 +60,14 @@ class LegacyRequestFlow:
 
     async def _settle_unknown(self, intent: RequestIntent, error: ProviderError) -> RequestOutcome:
         """Fail the op, first committing what its answered calls made (a per-machine op may have had some answered
-        before one was lost: failed unlisted, their machines would run with no fact; the adapter lists them)."""
-        found = await self._steps.list_op(intent.provider, intent.op_id)
+        before one was lost: failed unlisted, their machines would run with no fact; the adapter lists them).
+
+        A listing that fails (the plugin crashed reading its requests) fails nothing: the intent stays open and
+        recovery settles it on a later pass (seed 741613929 of the legacy worlds: a daemon restarted while its
+        plugin crashed failed the op unlisted, and the two machines its answered calls made ran with no fact)."""
+        found = await self._steps.list_op(intent.provider, intent.op_id, unlistable_as_empty=True)
+        if found is None:
+            return RequestOutcome(intent.op_id, intent.provider, "unknown", code="list_failed")
         made = await self._steps.commit_instances(intent, found) if found else ()
         reason = unknown_reason(error)
         self._deps.events.emit(

@@ -261,11 +261,10 @@ class Operations:
         if intent is None or not self._executor.serves(intent.intent.provider):
             return True  # nothing to list: no intent in the view, or a provider this daemon does not serve
         client = self._executor.client(intent.intent.provider)
-        if client.legacy and op_id in {u.op_id for u in client.unknown_outcomes()}:
-            # What its answered calls made is listed and committed once; what the unknown call made can never be
-            # listed: the orphan report names it.
-            await self._executor.attribute_op(intent.intent)
-            return True
+        # A legacy op with a lost call: what its answered calls made is listed (retried like any listing: a plugin
+        # that crashes while reading its requests is no reason to fail the op unlisted, seed 741613929); what the
+        # lost call made can never be listed, and the orphan report names it.
+        unlistable = client.legacy and op_id in {u.op_id for u in client.unknown_outcomes()}
         if record.deferred_since is not None and trio.current_time() - record.deferred_since >= DEFER_MAX:
             self._events.emit(
                 "action", phase="deferred", op_id=op_id, provider=intent.intent.provider, kind="fail", reason="gave_up"
@@ -273,7 +272,7 @@ class Operations:
             return True  # no listing for DEFER_MAX: the fail goes ahead, the orphan pass is the net
         delay = ATTRIBUTE_RETRY
         for attempt in range(ATTRIBUTE_TRIES):
-            if await self._executor.attribute_op(intent.intent) is not None:
+            if await self._executor.attribute_op(intent.intent, unlistable_as_empty=unlistable) is not None:
                 return True
             if attempt + 1 < ATTRIBUTE_TRIES:
                 await trio.sleep(delay)

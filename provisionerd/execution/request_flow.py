@@ -211,11 +211,11 @@ class RequestFlow:
         await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason))
         return RequestOutcome(op_id, provider, "partial", made, code="recovered")
 
-    async def attribute_op(self, intent: RequestIntent) -> tuple[str, ...] | None:
+    async def attribute_op(self, intent: RequestIntent, *, unlistable_as_empty: bool = False) -> tuple[str, ...] | None:
         """List ``intent``'s op and commit an InstanceFact for each machine found not in the facts yet; the machine
         ids (``None`` when the listing or a commit failed). Called before the op is failed: a machine a hung call
         created after the deadline would otherwise have no fact and stay unattributed."""
         if intent.provider not in self._deps.clients:
             return None
-        found = await self._steps.list_op(intent.provider, intent.op_id)
+        found = await self._steps.list_op(intent.provider, intent.op_id, unlistable_as_empty=unlistable_as_empty)
         return None if found is None else await self._steps.commit_instances(intent, found)

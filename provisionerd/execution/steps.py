@@ -22,6 +22,7 @@ from provisionerd.domain.errors import (
     MutationsHalted,
     ProviderError,
     ProviderProtocolViolation,
+    ProviderUnsupported,
 )
 from provisionerd.domain.model import NO_EPOCH, InstanceFact, ProviderMachine, RequestFailed, RequestIntent
 from provisionerd.domain.tokens import IssuedToken
@@ -156,12 +157,22 @@ class Steps:
                     run.enter(Stage.UNKNOWN)
                 return None, exc
 
-    async def list_op(self, provider: str, op_id: str) -> tuple[ProviderMachine, ...] | None:
-        """The live machines tagged with ``op_id`` (``None`` when the listing failed)."""
+    async def list_op(
+        self, provider: str, op_id: str, *, unlistable_as_empty: bool = False
+    ) -> tuple[ProviderMachine, ...] | None:
+        """The live machines tagged with ``op_id`` (``None`` when the listing failed). With ``unlistable_as_empty``
+        (a legacy op whose outcome is unknown) a plugin's ``ProviderUnsupported`` is "nothing listable", not a
+        failure: the legacy adapter says so of an op none of whose calls answered (what it made, if anything, is
+        invisible and the orphan report names it), while a listing that failed (the plugin crashed) stays a failure."""
         try:
             return await self._deps.clients[provider].list_machines(
                 op_filter(self._deps.settings.cluster, provider, op_id)
             )
+        except ProviderUnsupported as exc:
+            if unlistable_as_empty:
+                return ()
+            log.warning("listMachines for op %s failed: %s", op_id, exc)
+            return None
         except ProviderError as exc:
             log.warning("listMachines for op %s failed: %s", op_id, exc)
             return None

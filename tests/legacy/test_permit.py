@@ -10,6 +10,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from provisionerd.domain.errors import LeaseError
 from provisionerd.domain.permit import CURRENT_PERMIT
 from provisionerd.provider.calls import Collected
 from provisionerd.provider.legacy.adapter import LegacyProvider, LegacySettings
@@ -63,6 +64,14 @@ class Permit:
         return self.asked <= self.valid_for
 
 
+TAGS = {
+    "provisionerd:cluster": "clu",
+    "provisionerd:provider": "lsf",
+    "provisionerd:op": "op-2",
+    "provisionerd:epoch": "1.1",
+}
+
+
 def request(n: int) -> dict[str, Any]:
     tags = {"provisionerd:cluster": "clu", "provisionerd:provider": "lsf", "provisionerd:op": "op-1"}
     return {
@@ -91,7 +100,8 @@ def run(permit: Permit | None, n: int = 3) -> tuple[Runner, LegacyProvider, dict
 
 
 def test_no_call_after_the_first_once_the_lease_is_gone() -> None:
-    runner, adapter, answer = run(Permit(valid_for=1))  # asked before call 2: still held; before call 3: gone
+    # Asked as the call starts and before call 2: still held; before call 3: gone.
+    runner, adapter, answer = run(Permit(valid_for=2))
     assert runner.calls == 2
     op = adapter.journal.creates["op-1"]
     assert [c.state for c in op.calls] == [ACCEPTED, ACCEPTED, NOT_ISSUED]
@@ -102,3 +112,34 @@ def test_no_call_after_the_first_once_the_lease_is_gone() -> None:
 def test_every_call_while_the_lease_holds_and_without_a_permit() -> None:
     assert run(Permit(valid_for=99))[0].calls == 3
     assert run(None)[0].calls == 3
+
+
+def test_no_call_at_all_when_the_lease_went_while_an_earlier_call_about_the_op_ran() -> None:
+    """Seed 741612362 of the legacy worlds: a return admitted under one epoch waited for the call a killed process
+    left running, and the lease had moved on by then. Neither mutation starts."""
+    runner = Runner()
+    adapter = LegacyProvider(runner, LegacySettings(user_data=PER_MACHINE))
+    gone = Permit(valid_for=0)
+
+    async def main() -> list[str]:
+        token = CURRENT_PERMIT.set(gone)
+        refused = []
+        try:
+            for action, document in (
+                ("requestMachines", request(1)),
+                (
+                    "requestReturnMachines",
+                    {"op_id": "op-2", "machines": [{"name": "h1", "machineId": "m1"}], "tags": TAGS},
+                ),
+            ):
+                try:
+                    await adapter.call(action, document)
+                except LeaseError as exc:
+                    refused.append(str(exc))
+        finally:
+            CURRENT_PERMIT.reset(token)
+        return refused
+
+    refused = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(refused) == 2 and all("lost while an earlier call ran" in r for r in refused)
+    assert runner.calls == 0

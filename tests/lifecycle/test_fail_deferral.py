@@ -1,7 +1,8 @@
 """A fail at the provisioning deadline waits for a listing of its op (``Operations._attribute``), but not forever:
-never for a legacy call whose outcome is unknown (listed once: what its answered calls made), and at most
-``DEFER_MAX`` seconds for a listing that keeps failing (bench/restarts.py, legacy: a demand of 3 left at 0 machines
-for 240 s behind a fail that waited for a listing the legacy plugin can never give). MockClock."""
+at most ``DEFER_MAX`` seconds for a listing that keeps failing. A legacy op with a lost call is listed for what its
+answered calls made; what the adapter cannot list (nothing answered) is no reason to wait (bench/restarts.py,
+legacy: a demand of 3 left at 0 machines for 240 s behind a fail that waited for a listing the legacy plugin can
+never give), but a listing that fails is (seed 741613929: failed unlisted, two machines ran with no fact). MockClock."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ INTENT = RequestIntent("p", NO_EPOCH, "op-1", "t", 1, ("op-1/0",), ("0" * 64,))
 
 
 class Executor:
-    def __init__(self, legacy: bool, unknown: tuple[str, ...] = ()) -> None:
+    def __init__(self, legacy: bool, unknown: tuple[str, ...] = (), unlistable: bool = False) -> None:
         self.ops = OpBook()
         self.lists = 0
+        self.unlistable = unlistable  # the plugin says the op cannot be listed (else: the listing fails)
+        self.as_empty: list[bool] = []
         outcomes = tuple(SimpleNamespace(op_id=op) for op in unknown)
         self._client = SimpleNamespace(legacy=legacy, unknown_outcomes=lambda: outcomes)
 
@@ -33,9 +36,10 @@ class Executor:
     def client(self, provider: str) -> Any:
         return self._client
 
-    async def attribute_op(self, intent: RequestIntent) -> None:
+    async def attribute_op(self, intent: RequestIntent, *, unlistable_as_empty: bool = False) -> tuple[str, ...] | None:
         self.lists += 1
-        return None  # the listing fails
+        self.as_empty.append(unlistable_as_empty)
+        return () if self.unlistable and unlistable_as_empty else None
 
 
 def operations(executor: Executor) -> Operations:
@@ -65,15 +69,28 @@ def test_a_failing_listing_defers_the_fail_until_it_has_waited_defer_max() -> No
     assert run(main) == [False, False, True]
 
 
-def test_a_legacy_call_whose_outcome_is_unknown_is_failed_at_once() -> None:
-    """After one listing of what its answered calls made (seed 270 of the legacy worlds), failed or not."""
+def test_a_legacy_op_none_of_whose_calls_answered_is_failed_at_once() -> None:
+    """Nothing answered: the adapter cannot list it (``ProviderUnsupported``), which is "nothing listable" for a
+    legacy op with a lost call only."""
 
-    async def main() -> bool:
-        executor = Executor(legacy=True, unknown=("op-1",))
+    async def main(legacy_unknown: bool) -> tuple[bool, int, list[bool]]:
+        executor = Executor(legacy=True, unknown=("op-1",) if legacy_unknown else (), unlistable=True)
         record = executor.ops.claim("op-1", "fail", "p")
         assert record is not None
         went_ahead = await operations(executor)._attribute(record, "op-1")
-        assert executor.lists == 1
-        return went_ahead
+        return went_ahead, executor.lists, executor.as_empty
 
-    assert run(main) is True
+    assert run(lambda: main(True)) == (True, 1, [True])
+    assert run(lambda: main(False)) == (False, 3, [False, False, False])  # an ordinary op: deferred
+
+
+def test_a_legacy_op_with_a_lost_call_whose_listing_fails_is_deferred_like_any_other() -> None:
+    """Seed 741613929 of the legacy worlds: its answered calls made machines, and the plugin crashed on each read."""
+
+    async def main() -> tuple[bool, int]:
+        executor = Executor(legacy=True, unknown=("op-1",))
+        record = executor.ops.claim("op-1", "fail", "p")
+        assert record is not None
+        return await operations(executor)._attribute(record, "op-1"), executor.lists
+
+    assert run(main) == (False, 3)

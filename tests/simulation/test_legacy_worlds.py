@@ -106,3 +106,24 @@ def test_seeds_740275542_and_740279741_a_loss_judged_at_run_time_is_not_attribut
         world = World(seed, keep_trace=False, legacy_share=LEGACY_CHANCE, fleet_share=0.3)
         assert world.settings.legacy
         assert not run_world(world).violations, seed
+
+
+def test_seed_741612362_a_call_that_waited_for_an_earlier_one_needs_the_lease_that_admitted_it():
+    """Found by the 3,000-seed campaign from 741612330: a return admitted under 4.2 waited (the adapter makes a call
+    about an op only once that op's earlier calls have ended) for the call a killed process had left hanging, and
+    ran 82 s later under 5.1, an epoch its intent was never committed in (``mutation_without_intent``). The adapter
+    asks the gate's permit after that wait; a lost lease is a ``LeaseError`` and the intent is committed again."""
+    world = World(741612362, keep_trace=False, legacy_share=LEGACY_CHANCE, fleet_share=0.3)
+    assert world.settings.legacy
+    assert not run_world(world).violations
+
+
+def test_seed_741613929_a_listing_that_fails_fails_no_op_with_answered_calls():
+    """Found by the same campaign: a per-machine op had two calls answered (two machines) and one lost when the
+    daemon was killed; the restarted daemon listed the op while the plugin crashed on every read, took the failed
+    listing as "nothing", and failed the op: both machines ran with no fact (``failed_with_machines``). Only the
+    adapter's "nothing answered, nothing listable" is empty; a failed listing leaves the intent open for a later
+    pass, both at recovery and before a planned fail."""
+    world = World(741613929, keep_trace=False, legacy_share=LEGACY_CHANCE, fleet_share=0.3)
+    assert world.settings.legacy
+    assert not run_world(world).violations

@@ -35,7 +35,13 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from provisionerd.domain.errors import InvalidRequest, ProviderError, ProviderOutcomeUnknown, ProviderUnsupported
+from provisionerd.domain.errors import (
+    InvalidRequest,
+    LeaseError,
+    ProviderError,
+    ProviderOutcomeUnknown,
+    ProviderUnsupported,
+)
 from provisionerd.domain.permit import CURRENT_PERMIT
 from provisionerd.provider.calls import Collected
 from provisionerd.provider.legacy.attribution import LostCall, request_of_lost_call
@@ -269,6 +275,12 @@ class LegacyProvider:
         self._collect(self.runner.take_finished())
         for op_id in _ops_named(action, input):
             self._collect(await self.runner.take_op(op_id))  # a call about an op waits for its earlier calls
+        permit = CURRENT_PERMIT.get()
+        if action in ("requestMachines", "requestReturnMachines") and permit is not None and not permit.valid():
+            # That wait can outlast the lease that admitted this call (an earlier process's call hung for minutes):
+            # a mutation needs the lease it was admitted under (seed 741612362 of the legacy worlds: a return
+            # admitted under 4.2 ran 82 s later under 5.1). No call was made; the op's intent stays committed.
+            raise LeaseError(self.name, f"{action}: the lease that admitted it was lost while an earlier call ran")
         deadline = trio.current_time() + (self.runner.config.timeout_for(action) if timeout is None else timeout)
         if action == "requestMachines":
             return await self._request(input, deadline)
