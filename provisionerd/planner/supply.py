@@ -211,25 +211,27 @@ def tally(
         result.due(earliest + policy.min_join_deadline, now)
 
     if check is not None:  # a report that falls short of the template: not supply (planner.health)
+        # Only hosts not known to pass are read (the kept index, HostTable.unjudged). Their order does not matter:
+        # capability_mismatch returns are grouped and sorted by machine id (plan._emit), never budgeted.
         verdicts, judge = check.verdicts, check.judge
-        for by_ref in joins.available.values():
-            for ref, (host, machine) in by_ref.items():
-                if not host.capabilities:
-                    continue
-                judged = verdicts.get(ref)
-                if judged is not None and judged[0] is host and not judged[1]:
-                    continue  # this very host state passed before
-                if machine.machine_id in skip:
-                    continue
-                if not window.hosts_back(machine.provider):
-                    result.due(window.until(machine.provider), now)
-                    continue
-                reasons = judge(host, machine)
-                if reasons:
-                    result.retire.append(("capability_mismatch", machine))
-                    result.shortfalls[machine.machine_id] = reasons
-                    active[machine.demand_id] -= 1
-                    skip.add(machine.machine_id)
+        for ref, (host, machine) in joins.unjudged(verdicts):
+            judged = verdicts.get(ref)
+            if judged is not None and judged[0] is host and not judged[1]:
+                joins.judged(ref, host)
+                continue  # this very host state passed before
+            if machine.machine_id in skip:
+                continue
+            if not window.hosts_back(machine.provider):
+                result.due(window.until(machine.provider), now)
+                continue
+            reasons = judge(host, machine)
+            if reasons:
+                result.retire.append(("capability_mismatch", machine))
+                result.shortfalls[machine.machine_id] = reasons
+                active[machine.demand_id] -= 1
+                skip.add(machine.machine_id)
+            else:
+                joins.judged(ref, host)
     # A reclaim notice (planner.drain.noticed): not supply from now on, returned when idle or before the deadline.
     table = hosts.indexes(active_refs) if isinstance(hosts, HostTable) else None
     found_notices = drain.noticed(

@@ -241,3 +241,47 @@ def test_host_table_index_matches_a_recount_as_hosts_and_facts_interleave(data):
         assert table.earliest_active_launch_after(cutoff) == min(later, default=None)
     assert ids(table.active_unknown_launch()) == ids(m for m in active if not m.launch_time > 0)
     assert FactView().hosts.indexes(view.active_refs) is None  # a table of another view is not used
+
+
+def capability_pass(index, verdicts: dict) -> set[str]:
+    """The capability check of ``planner.supply.tally`` over ``index``'s candidates: the refs that fall short."""
+    failing = set()
+    for ref, (host, _machine) in index.unjudged(verdicts):
+        judged = verdicts.get(ref)
+        if judged is not None and judged[0] is host and not judged[1]:
+            index.judged(ref, host)
+            continue
+        short = host.capabilities.get("gpu") == "none"
+        verdicts[ref] = (host, short)
+        if short:
+            failing.add(ref)
+        else:
+            index.judged(ref, host)
+    return failing
+
+
+@fuzz_settings(80)
+@given(st.data())
+def test_the_kept_capability_candidates_find_what_a_full_scan_finds(data):
+    """Issue 36: a pass judges only the hosts not known to pass (``HostTable.unjudged``), not every available one;
+    whatever the hosts, facts, verdict caches (a new catalog starts one over) and passes in between, the machines
+    found short are exactly those a judgement of every available host finds."""
+    facts = data.draw(fact_sequences())
+    view = FactView()
+    verdicts: dict = {}
+    reports = st.sampled_from([{}, {"gpu": "1"}, {"gpu": "none"}])
+    for index, fact in enumerate(facts, 1):
+        for _ in range(data.draw(st.integers(0, 3))):
+            ref = data.draw(st.sampled_from(REFS))
+            status = data.draw(st.none() | st.sampled_from(list(HostStatus)))
+            if status is None:
+                view.hosts.pop(ref, None)
+            else:
+                view.hosts[ref] = HostState(ref, "p", "", status, float(index), capabilities=data.draw(reports))
+        view.apply(CommittedFact(index, fact))
+        if data.draw(st.booleans()):
+            if data.draw(st.integers(0, 5)) == 0:
+                verdicts = {}  # another catalog
+            built = join_index(view.active_refs, dict(view.hosts))
+            everything = capability_pass(built, {})
+            assert capability_pass(view.hosts.indexes(view.active_refs), verdicts) == everything
