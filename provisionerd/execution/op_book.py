@@ -73,6 +73,10 @@ class OpRecord:
     retry_at: float | None = None
     #: When a fail of this op was first deferred for want of a listing (trio clock; ``None``: never).
     deferred_since: float | None = None
+    #: Its run ended with a fact it could not commit (the controller link broke: a failover): its machines exist
+    #: with no fact, so the first pass that may recover it does, not one ``recover_after`` later (the demo's drain
+    #: step: 3 of 8 workers went unreturned for 27 s after demand 0). Cleared when that recovery starts.
+    resume_soon: bool = False
     observations: list[Observation] = attrs.field(factory=list)
     #: What the planner planned for this op and when (wall seconds, the plan's ``now``); ``None``: not planned by
     #: this process's planner (a recovery, an orphan or admin return).

@@ -22,9 +22,10 @@ goes to the loop on the feedback channel (``execution.feedback``), through the o
 request not run by this process to a known end) is handed to ``Executor.recover_request`` / ``resume_return`` once
 idle for ``recover_after`` seconds; at once in the first cycle its provider may be acted on after a lease grant (the
 lease just held and the view resynced: a restart, or a lease taken over), because no task of this process started
-it, so waiting tells nothing. A return is resumed only while some of its machines are still ``RETURNING``, not
-while its provider is throttled, and not before the back-off of its last failure has passed. Each idle op is handed
-over once per ``recover_after``, whatever the outcome.
+it, so waiting tells nothing; and at once, too, for a request of this process whose run ended with a fact it could
+not commit (``OpRecord.resume_soon``: its machines run with no fact until then). A return is resumed only while
+some of its machines are still ``RETURNING``, not while its provider is throttled, and not before the back-off of
+its last failure has passed. Each idle op is handed over once per ``recover_after``, whatever the outcome.
 
 **Outcomes.** The last ``RECENT`` outcomes are kept (``recent``: tests and status). A request run to a known end
 (``SETTLED_REQUESTS``) is settled in its record: its open intent is then the planner's (provisioning timeout). A
@@ -230,6 +231,7 @@ class Operations:
                     outcome = await ex.request(action, record=record)
                     if outcome.status in SETTLED_REQUESTS:
                         self._book.settle(record)
+                    record.resume_soon = outcome.status == "unknown" and outcome.code == "commit_failed"
                 case ReturnMachines():
                     outcome = await ex.return_machines(
                         action.provider, action.op_id, action.machine_ids, action.reason, record=record
@@ -332,7 +334,7 @@ class Operations:
             kind, provider = ("return" if returning else "request"), open_op.provider
             record = book.idle_clock(op_id, kind, provider, -float("inf") if provider in granted else now)
             since = now if record.idle_since is None else record.idle_since
-            if now - since < self._settings.recover_after:
+            if now - since < self._settings.recover_after and not record.resume_soon:
                 continue
             if record.retry_at is not None and now < record.retry_at:
                 continue  # a return backing off after a failure
@@ -340,6 +342,7 @@ class Operations:
                 op_id, kind, provider, open_op.machine_ids if isinstance(open_op, ReturnIntent) else ()
             )
             if claimed is not None:
+                claimed.resume_soon = False
                 self._spawn(self._run_recovery, open_op, claimed)
 
     async def _run_recovery(self, intent: RequestIntent | ReturnIntent, record: OpRecord) -> None:
