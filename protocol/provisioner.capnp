@@ -126,6 +126,7 @@ struct InstanceFact {
   address @5 :Text;
   launchTime @6 :Float64;         # epoch seconds as the provider reported them; 0 = unknown
   price @7 :PriceQuote;           # the quote the machine was chosen at; null = unpriced
+  instanceType @8 :Text;          # the instance type it really got (a template may list several); "" = not said
 }
 
 struct RequestFailed {

@@ -59,7 +59,9 @@ ITEM = DemandItem(
 HOST = HostState("i-1", "aws", "m-1", HostStatus.BUSY, 1700000000.5, "node-1", "10.0.0.1")
 FACTS = {
     "requestIntent": RequestIntent("aws", E, "op-1", "t.large", 2, ("i-1", "i-2"), (HASH, HASH), "gpu-jobs"),
-    "instanceFact": InstanceFact("aws", E, "op-1", "i-1", "m-1", "t.large", HASH, "node-1", "10.0.0.1", 1700000000.25),
+    "instanceFact": InstanceFact(
+        "aws", E, "op-1", "i-1", "m-1", "t.large", HASH, "node-1", "10.0.0.1", 1700000000.25, instance_type="m5.large"
+    ),
     "requestFailed": RequestFailed("aws", E, "op-2", "capacity_unavailable"),
     "returnIntent": ReturnIntent("aws", E, "op-3", ("m-1",), "idle"),
     "returned": Returned("aws", E, "op-3", ("m-1",)),

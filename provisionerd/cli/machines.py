@@ -73,8 +73,9 @@ def next_text(line: dict[str, Any]) -> str:
 
 
 def render(line: dict[str, Any]) -> str:
+    offer = f"{line['template']}/{line['instance_type']}" if line.get("instance_type") else line["template"]
     return (
-        f"{line['machine_id']:<24} {line['provider']:<12} {line['template']:<14} {line['demand_id'] or '-':<12} "
+        f"{line['machine_id']:<24} {line['provider']:<12} {offer:<14} {line['demand_id'] or '-':<12} "
         f"{line['state']:<9} {'yes' if line['joined'] else 'no':<6} {_age(line.get('age_s')):>8} "
         f"{_clock(line.get('idle_since')):<10} {line['op_id']:<28} {next_text(line)}"
     )

@@ -72,6 +72,8 @@ class MachineLine:
     next_at: float | None
     next_reason: str
     next_rule: str
+    #: The instance type it really got, when its plugin said (a template may list several); "" otherwise.
+    instance_type: str = ""
 
 
 class BadRequest(ValueError):
@@ -357,6 +359,7 @@ class MachinesPager:
             next_at=seen.at,
             next_reason=seen.reason,
             next_rule=seen.rule,
+            instance_type=machine.instance_type,
         )
 
     def command(self) -> Command:

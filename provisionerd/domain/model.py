@@ -188,6 +188,9 @@ class InstanceFact:
     launch_time: float = 0.0
     #: The offer's price quote when the machine was chosen (``NO_QUOTE``: unpriced); ``provisionerd cost`` sums it.
     price: PriceQuote = NO_QUOTE
+    #: The instance type the machine really got, when the plugin says (a template may list several:
+    #: ``ProviderMachine.instance_type``); ``""``: not said (one type per template, or an older daemon).
+    instance_type: str = ""
 
 
 @attrs.frozen

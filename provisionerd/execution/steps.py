@@ -234,6 +234,7 @@ class Steps:
                 machine.address,
                 machine.launch_time,
                 intent.price if machine.price is None else machine.price,  # the quote it really runs at, if said
+                machine.instance_type,
             )
             if not await self._commit_made(fact):
                 return None

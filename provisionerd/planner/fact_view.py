@@ -69,6 +69,7 @@ class MachineRecord:
     price: PriceQuote = NO_QUOTE  # the quote it was chosen at (InstanceFact.price; planner.cost)
     ended_at: float = 0.0  # wall seconds its return was confirmed (Returned.at; 0 = live or unknown)
     drain_since: float = 0.0  # wall seconds its drain was asked (the first DrainRequested.at; 0 = not draining)
+    instance_type: str = ""  # the type it really got, when its plugin said (InstanceFact.instance_type)
 
 
 @attrs.define
@@ -269,6 +270,7 @@ class FactView:
                 launch_time=fact.launch_time,
                 demand_id="" if record is None else record.intent.demand_id,
                 price=price,
+                instance_type=fact.instance_type,
             )
         )
         # An instance fact explains the machine: an earlier orphan report about it no longer stands.
