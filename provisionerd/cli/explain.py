@@ -79,7 +79,9 @@ def _lines(document: dict[str, Any]) -> list[str]:
         lines.append(f"  why: {item['summary']}")
         for offer in item.get("offers", []):
             count = f" x{offer['count']}" if offer.get("count") else ""
-            why = "; ".join(offer.get("reasons", []))
+            # A priority is named where one is set (lower is used first; 0 everywhere: price alone decides).
+            priority = [f"priority {offer['priority']}"] if offer.get("priority") else []
+            why = "; ".join([*priority, *offer.get("reasons", [])])
             lines.append(
                 f"  {offer['verdict']:<12} {offer['provider']}/{offer['template_id']}{count}{': ' if why else ''}{why}"
             )

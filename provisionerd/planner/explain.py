@@ -34,6 +34,7 @@ import attrs
 
 from provisionerd.domain.actions import DrainMachines, Note, RequestMachines, ReturnMachines
 from provisionerd.domain.model import DemandItem, DemandSnapshot, HostState, HostStatus
+from provisionerd.planner import headroom
 from provisionerd.planner.allocate import DemandDecision
 from provisionerd.planner.capacity import Unhealthy
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
@@ -66,6 +67,9 @@ class OfferVerdict:
     verdict: str
     count: int = 0
     reasons: tuple[str, ...] = ()
+    #: The offer's priority (``providers[].priority`` / ``template_priority``; lower is used first, price orders
+    #: offers within one): why a costlier offer was asked before a cheaper one, or a cloud only past a cap.
+    priority: int = 0
 
 
 @attrs.frozen
@@ -204,6 +208,11 @@ def _offers(
     return verdicts, total
 
 
+def _with_priorities(verdicts: list[OfferVerdict], catalog: Catalog) -> list[OfferVerdict]:
+    """Each verdict with its offer's priority (read from the catalog the plan ranked offers by)."""
+    return [attrs.evolve(v, priority=catalog.priority_of((v.provider, v.template_id))) for v in verdicts]
+
+
 def step_window_until(state: PlannerState, now: float, policy: Policy) -> float | None:
     """When the global step window frees room again (the oldest step in it leaves), ``None``: it is empty."""
     steps = [e[0] for e in state.step_log if e[0] > now - policy.step_interval]
@@ -268,6 +277,11 @@ def explain(
     for item in () if snapshot is None else snapshot.items:
         wanted[item.demand_id] = wanted.get(item.demand_id, 0) + max(item.count, 0)
         items.setdefault(item.demand_id, item)
+    # Warm headroom (planner.headroom): one item per rule, as plan() serves it, named ``headroom:<provider>/<t>``.
+    warm = {} if snapshot is None else {w.demand_id: w for w in headroom.items(policy.headroom, now)}
+    for demand_id, item in warm.items():
+        wanted[demand_id] = max(item.count, 0)
+        items[demand_id] = item
     leaving = _leaving(result, facts)
     deferred = {n.provider: n.detail for n in result.notes if n.kind == "deferred"}
     window_until = step_window_until(result.state, now, policy)
@@ -310,8 +324,11 @@ def explain(
                 decision.unmet,
                 _summary(decision, req, catalog, len(unleased), window_until, held),
             )
+            if demand_id in warm:
+                line = attrs.evolve(line, summary=f"warm headroom (providers.headroom): {line.summary}")
             why = f"not tried: {_window(window_until)}"
             offers, total = _offers(decision, unleased, why, held, unhealthy, max_offers)
+            offers = _with_priorities(offers, catalog)
             line = attrs.evolve(line, offers=tuple(offers), offers_more=total - len(offers))
         if active > count:
             line = surplus_of(line, active, count)
@@ -325,6 +342,9 @@ def explain(
 
 
 def _no_deficit(demand_id: str, count: int, active: int, items: Mapping[str, object]) -> str:
+    if demand_id.startswith(headroom.PREFIX):
+        rule = f"warm headroom of {demand_id.removeprefix(headroom.PREFIX)}: keeps {count} idle machine(s) joined"
+        return rule + (" (outside its hours: none now)" if count == 0 else "") + f", has {active}"
     if demand_id not in items:
         return f"not in the demand: its {active} machine(s) are surplus"
     if active > count:

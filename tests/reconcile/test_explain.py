@@ -5,6 +5,7 @@ from reconcile_world import CLUSTER, World, item, offer, snapshot
 from provisionerd.domain.model import HostStatus
 from provisionerd.planner.capacity import CapacityUnavailable
 from provisionerd.planner.explain import BLOCKED, INCOMPATIBLE, LIMITED, NOT_LEASED, UNTRIED, explain
+from provisionerd.planner.headroom import Headroom
 from provisionerd.planner.offers import Catalog
 from provisionerd.planner.policy import Policy, ProviderPolicy
 from provisionerd.planner.state import observe
@@ -17,7 +18,8 @@ def world(*offers, **policy):
 def explained(w, snap, **kwargs):
     before = w.state
     result = w.plan(snap)
-    return result, explain(result, snap, w.view, w.hosts, Catalog(w.offers), before, w.policy, w.now, **kwargs)
+    catalog = Catalog(w.offers, w.policy.priorities, w.policy.template_priorities)  # as the daemon builds it
+    return result, explain(result, snap, w.view, w.hosts, catalog, before, w.policy, w.now, **kwargs)
 
 
 def by_id(explanation):
@@ -132,3 +134,36 @@ def test_surplus_held_by_the_disruption_budget_says_so_with_its_figures():
         waiting.reason
         == f"1 idle return(s) wait for the disruption budget (1 per 600s, all used) until {w.now + 600:.1f}"
     )
+
+
+def test_each_offer_names_its_priority_and_a_cap_sends_the_rest_to_the_next_priority():
+    """Issue 35 item 3: on-premises at priority 0 (capped at 4), the cheaper cloud at priority 1 gets only what the
+    cap leaves, and explain says which priority each offer had and which limit held the first."""
+    w = world(
+        offer("onprem", "rack", price=0.9),
+        offer("cloud", "vm", price=0.1),
+        providers={"onprem": ProviderPolicy(priority=0, max_machines=4), "cloud": ProviderPolicy(priority=1)},
+    )
+    _, told = explained(w, snapshot(1, item("jobs", 6)))
+    jobs = by_id(told)["jobs"]
+    assert [(o.provider, o.verdict, o.count, o.priority) for o in jobs.offers] == [
+        ("onprem", LIMITED, 4, 0),
+        ("cloud", "requested", 2, 1),
+    ]
+    assert jobs.offers[0].reasons == ("max_machines 4/4 (provider cap reached)",)
+
+
+def test_warm_headroom_is_named_as_an_item_of_its_own():
+    """Issue 35 item 4 (and a review leftover): the headroom rule's item, with or without a deficit."""
+    w = world(offer("p", "warm"), headroom=(Headroom("p", "warm", 2),))
+    first, told = explained(w, snapshot(1))
+    warm = by_id(told)["headroom:p/warm"]
+    assert (warm.wanted, warm.requested) == (2, 2)
+    assert warm.summary.startswith("warm headroom (providers.headroom): ")
+    w.commit_actions(first.actions)
+    for action in first.actions:
+        for machine_id in w.fulfil(action.op_id):
+            w.host(machine_id, HostStatus.IDLE)
+    _, again = explained(w, snapshot(2))
+    warm = by_id(again)["headroom:p/warm"]
+    assert warm.summary == "warm headroom of p/warm: keeps 2 idle machine(s) joined, has 2"
