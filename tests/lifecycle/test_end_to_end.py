@@ -9,6 +9,7 @@ The simulated provider boots nothing, so the test plays the machines: it reads e
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from provisionerd.cli.agent import tls_connector as worker_connector
 from provisionerd.domain.model import (
     TAG_CLUSTER,
     DemandItem,
+    HostStatus,
     InstanceFact,
     RequestFailed,
     RequestIntent,
@@ -75,6 +77,13 @@ async def run_scenario(tmp: Path, transport: str, faults: list, body) -> dict[st
     return out
 
 
+def both_idle(core: Any, idle_time: float) -> bool:
+    """The daemon's own view holds two hosts, both idle for longer than ``idle_time`` (wall seconds)."""
+    view = core.session.view
+    hosts = [] if view is None else list(view.hosts.values())
+    return len(hosts) == 2 and all(h.status is HostStatus.IDLE and time.time() - h.since > idle_time for h in hosts)
+
+
 async def live_listing(recorded: Recorder) -> list[dict[str, Any]]:
     """The plugin's own listing of the cluster's machines (past the recorder: not one of the daemon's calls)."""
     answer = await recorded.inner.call("listMachines", {"tags": {TAG_CLUSTER: CLUSTER}})
@@ -100,6 +109,10 @@ def test_demand_up_join_demand_down_return(tmp_path, transport):
             nursery.start_soon(agent.run)
         await until("2 joined hosts", lambda: len(ctl.server.cluster.hosts.all()) == 2)
         out["hosts"] = ctl.server.cluster.hosts.all()
+        # Demand drops once the daemon itself sees both hosts idle for longer than idle_time, so that one pass
+        # returns both in one op. Dropping it as soon as the controller had both let a loaded machine's daemon see
+        # the first host idle long enough a pass before the second: two ReturnIntents (a flake under CPU load).
+        await until("the daemon sees both hosts idle past idle_time", lambda: both_idle(core, 1.0))
         await ctl.set_demand([])
         await until("2 machines returned", lambda: sum(len(f.machine_ids) for f in logged(ctl, Returned)) == 2)
         out["live_down"] = await live_listing(recorder)
