@@ -173,6 +173,8 @@ struct DrainRequested {
 struct CommittedFact {
   index @0 :UInt64;               # position in the controller's log, strictly increasing
   fact @1 :Fact;
+  committedAt @2 :Float64;        # epoch seconds (wall clock) when the controller committed the fact; 0 = not known
+                                  # (an older controller, or a fact committed before the field existed)
 }
 
 struct HostState {
@@ -344,6 +346,8 @@ struct FactCommit {
 
 struct FactAck {
   index @0 :UInt64;
+  committedAt @1 :Float64;        # the acknowledged fact's CommittedFact.committedAt (0 = not known: an older
+                                  # controller); a retried commit is answered with the first commit's time
 }
 
 struct ResyncRequest {

@@ -23,10 +23,11 @@ prints one JSON line on stdout: ``{"ready": true, "listen": ["127.0.0.1:41234", 
 stdout.
 
 ``history`` prints one page of a provider's audit log, read from the store in ``--data`` without writing to it
-(safe beside a running ``serve``): ``{"facts": [{"index": I, "ended_at": E, "fact": {...}}, ...], "next_after":
-I}``, oldest first, at most ``--limit`` (500, at most 10,000) facts after ``--after``; ``ended_at`` is 0 for a fact
-still in the resync set, else the index of the fact that ended its lifecycle (docs/protocol.md §6.3);
-``next_after`` is ``null`` on the last page.
+(safe beside a running ``serve``): ``{"facts": [{"index": I, "ended_at": E, "committed_at": T, "fact": {...}}, ...],
+"next_after": I}``, oldest first, at most ``--limit`` (500, at most 10,000) facts after ``--after``; ``ended_at`` is
+0 for a fact still in the resync set, else the index of the fact that ended its lifecycle (docs/protocol.md §6.3);
+``committed_at`` is when the controller committed it (epoch seconds; 0 when not known: committed before commit
+times were kept); ``next_after`` is ``null`` on the last page.
 
 The bounds (docs/protocol.md §2.1): ``--handshake-timeout`` (10 s) for the TLS handshake, ``--join-timeout`` (10 s)
 from the handshake to a complete Join frame, ``--max-connections`` (2000) open at once (over it a new connection is
@@ -284,7 +285,15 @@ def _admin(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     limit = min(args.limit, 10_000)
     page = read_history(args.data / FACTS_FILE, args.provider, max(0, args.after), limit)
-    facts = [{"index": i, "ended_at": e, "fact": unstructure(f, Fact)} for i, e, f in page]
-    next_after = page[-1][0] if len(page) == limit else None
+    facts = [
+        {
+            "index": row.index,
+            "ended_at": row.ended_at,
+            "committed_at": row.committed_at,
+            "fact": unstructure(row.fact, Fact),
+        }
+        for row in page
+    ]
+    next_after = page[-1].index if len(page) == limit else None
     print(json.dumps({"facts": facts, "next_after": next_after}, sort_keys=True))
     return 0

@@ -210,8 +210,13 @@ class Cluster:
 
     # --- facts ------------------------------------------------------------------------------------------------
 
-    def commit(self, replica: int, fact: Fact, sender: str, now: float) -> CommittedFact | commits.Rejection:
-        """Commit ``fact`` for lease holder ``sender`` or reject it (see ``commits.py`` for the order of checks)."""
+    def commit(
+        self, replica: int, fact: Fact, sender: str, now: float, wall: float = 0.0
+    ) -> CommittedFact | commits.Rejection:
+        """Commit ``fact`` for lease holder ``sender`` or reject it (see ``commits.py`` for the order of checks).
+
+        ``wall`` (epoch seconds) is stored as its commit time (``CommittedFact.committed_at``; 0: not known, what a
+        caller without a wall clock records); a retried commit answers the first commit's copy and time."""
         if not self.is_primary(replica):
             return commits.Rejection(NOT_PRIMARY)
         found = commits.problems(fact)
@@ -234,7 +239,7 @@ class Cluster:
         if existing is not None:  # only with the fact_rules rule off (a test hook)
             return existing
         try:
-            committed = self.store.append(fact, sender)
+            committed = self.store.append(fact, sender, wall)
         except StoreFailure as exc:
             return self.storage_failed(f"{type(fact).__name__} {fact.op_id!r}", exc)
         if isinstance(fact, InstanceFact):
@@ -288,7 +293,7 @@ class Cluster:
         first, last = plan.fact_ranges[page]
         bodies = self.store.fact_bodies(plan.providers, first, last, as_of=None if plan.incremental else plan.as_of)
         for start in range(0, len(bodies), step):
-            yield [CommittedFact(index, fact_from_json(body)) for index, body in bodies[start : start + step]]
+            yield [CommittedFact(i, fact_from_json(body), at) for i, body, at in bodies[start : start + step]]
 
     # --- workers ----------------------------------------------------------------------------------------------
 

@@ -72,11 +72,11 @@ def history_page(
     rows = store.history_rows(providers, after, until, limit + 1)  # one more: whether the page is the last
     taken: list[CommittedFact] = []
     used = 0
-    for index, body in rows[:limit]:
+    for index, body, at in rows[:limit]:
         size = encoded_bound(len(body.encode()))
         if taken and used + size > max_bytes:
             break
-        taken.append(CommittedFact(index, fact_from_json(body)))
+        taken.append(CommittedFact(index, fact_from_json(body), at))
         used += size
     done = len(taken) == len(rows)
     next_after = taken[-1].index if taken else until

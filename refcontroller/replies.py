@@ -44,10 +44,11 @@ def undeclared(provider: str) -> Rejected:
 
 
 def provisioner_reply(
-    cluster: Cluster, replica: int, holder: str, providers: frozenset[str], msg: Message, now: float
+    cluster: Cluster, replica: int, holder: str, providers: frozenset[str], msg: Message, now: float, wall: float = 0.0
 ) -> Message:
     """The reply to a heartbeat, lease operation or fact commit from the provisioner process ``holder``
-    (``leases.holder_key`` of its Join: the lease holder and the sender of its facts)."""
+    (``leases.holder_key`` of its Join: the lease holder and the sender of its facts). ``now``: the monotonic
+    clock (leases); ``wall``: epoch seconds, a committed fact's time (``CommittedFact.committed_at``)."""
     match msg:
         case Heartbeat(seq=seq):
             return HeartbeatAck(seq, cluster.term)
@@ -67,8 +68,10 @@ def provisioner_reply(
         case FactCommit(fact=fact):
             if fact.provider not in providers:
                 return undeclared(fact.provider)
-            result = cluster.commit(replica, fact, holder, now)
-            return FactAck(result.index) if isinstance(result, CommittedFact) else rejected(result)
+            result = cluster.commit(replica, fact, holder, now, wall)
+            if isinstance(result, CommittedFact):
+                return FactAck(result.index, result.committed_at)
+            return rejected(result)
     raise ValueError(f"not a simple provisioner request: {type(msg).__name__}")
 
 

@@ -299,7 +299,7 @@ class Session:
             case AdminStatus():
                 await self.send(AdminReply(True, json.dumps(server.status(), sort_keys=True)), corr)
             case _:
-                reply = provisioner_reply(cluster, self.replica, self.holder, self.providers, msg, now)
+                reply = provisioner_reply(cluster, self.replica, self.holder, self.providers, msg, now, wall)
                 for host in cluster.take_host_changes():  # a commit that identified or drained hosts
                     server.broadcast_host(host)
                 match reply:

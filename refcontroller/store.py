@@ -16,6 +16,15 @@ The store is synchronous on purpose: the reference controller calls it from the 
 
 Fact indexes are SQLite ``AUTOINCREMENT`` row ids: strictly increasing, never reused, starting at 1.
 
+**Commit times.** When the controller committed each fact (wall-clock epoch seconds, ``CommittedFact.committed_at``)
+is in a table of its own, ``fact_times (idx, at)``, written in the fact's transaction and read with the fact by a
+``LEFT JOIN`` on the primary key. Not a column of ``facts``: every row carries a checksum of its columns
+(``store_rows``), so a new column there would change the sum of every row already written. ``fact_times`` rows carry
+their own sum (checked at every open and at every read, as the facts' are). A fact with no row (committed by a
+controller from before the table, or with no wall clock given) reads 0, "not known"; a store from before the table
+gains it, empty, when it is opened. The log is never pruned (ended lifecycles stay for audit), so the table holds at
+most one row per fact.
+
 **Incarnation and mark.** A store is one *incarnation* of the controller's memory: a random id made when the store
 is created, and never again (it is in the ``meta`` table and in every ``JoinReply``, so a daemon can tell a
 controller that forgot what it acknowledged from one that did not). Beside the SQLite file, ``<file>.mark`` records
@@ -59,6 +68,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -110,6 +120,7 @@ CREATE TABLE IF NOT EXISTS facts (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS facts_by_provider ON facts (provider, idx);
+CREATE TABLE IF NOT EXISTS fact_times (idx INTEGER PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS token_claims (
     token_hash TEXT NOT NULL,
@@ -131,6 +142,18 @@ CREATE TABLE IF NOT EXISTS rejoin_hashes (
     token_hash TEXT NOT NULL
 );
 """
+
+
+@attrs.frozen
+class HistoryRow:
+    """A fact of the audit log as ``FactStore.history`` reads it."""
+
+    index: int
+    #: 0 while the fact is live, else the index of the fact that ended its lifecycle (``store_lifecycle``).
+    ended_at: int
+    fact: Fact
+    #: Wall-clock epoch seconds when the controller committed it; 0 when not known.
+    committed_at: float
 
 
 @attrs.frozen
@@ -351,34 +374,34 @@ class FactStore:
     # --- the fact log -----------------------------------------------------------------------------------------
 
     def find(self, fact: Fact) -> CommittedFact | None:
-        """The committed copy of an equal fact, if there is one (a retried commit whose ack was lost)."""
-        row = self._conn.execute("SELECT idx FROM facts WHERE digest = ?", (_digest(fact_to_json(fact)),)).fetchone()
-        return CommittedFact(index=row[0], fact=fact) if row else None
+        """The committed copy of an equal fact, with its commit time, if there is one (a retried commit whose ack
+        was lost)."""
+        row = store_rows.checked_one(
+            "fact_times",
+            self._conn.execute(
+                f"SELECT f.idx, {_AT}, {_TIME_OK} FROM facts f {_JOIN_TIMES} WHERE f.digest = ?",
+                (_digest(fact_to_json(fact)),),
+            ).fetchone(),
+        )
+        return CommittedFact(index=int(row[0]), fact=fact, committed_at=float(row[1])) if row else None
 
-    def append(self, fact: Fact, holder: str) -> CommittedFact:
-        """Append ``fact`` (committed by lease holder ``holder``) and index its join-token hashes, atomically.
+    def append(self, fact: Fact, holder: str, at: float = 0.0) -> CommittedFact:
+        """Append ``fact`` (committed by lease holder ``holder`` at wall-clock time ``at``, epoch seconds; 0: not
+        known, no time is stored) and index its join-token hashes, atomically.
 
         The caller has checked the epoch rules; the store only refuses a byte-identical duplicate (``ValueError``).
         """
         body = fact_to_json(fact)
         with self._transaction():
-            try:
-                cursor = self._conn.execute(
-                    "INSERT INTO facts (provider, epoch_term, epoch_seq, holder, digest, body)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (fact.provider, fact.epoch.term, fact.epoch.seq, holder, _digest(body), body),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise ValueError(f"fact already committed: {body[:200]}") from exc
-            index = cursor.lastrowid
-            assert index is not None
+            index = self._insert(fact, body, holder, at)
             self._index_tokens(fact)
             ended = store_lifecycle.track(self._conn, fact, index)
         self.ended_refs = tuple(ended)
-        return CommittedFact(index=index, fact=fact)
+        return CommittedFact(index=index, fact=fact, committed_at=float(at) if 0 < at < math.inf else 0.0)
 
-    def append_many(self, facts: Iterable[Fact], holder: str) -> int:
-        """Append ``facts`` in order in one transaction (a bulk load: benches, imports); the last index (0: none).
+    def append_many(self, facts: Iterable[Fact], holder: str, at: float = 0.0) -> int:
+        """Append ``facts`` in order in one transaction (a bulk load: benches, imports), each committed at ``at``
+        (0: not known); the last index (0: none).
 
         The same rows as :meth:`append` one by one, without its per-fact transaction and mark rewrite. A
         duplicate raises ``ValueError`` and nothing is appended.
@@ -386,19 +409,25 @@ class FactStore:
         last = 0
         with self._transaction():
             for fact in facts:
-                body = fact_to_json(fact)
-                try:
-                    cursor = self._conn.execute(
-                        "INSERT INTO facts (provider, epoch_term, epoch_seq, holder, digest, body)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        (fact.provider, fact.epoch.term, fact.epoch.seq, holder, _digest(body), body),
-                    )
-                except sqlite3.IntegrityError as exc:
-                    raise ValueError(f"fact already committed: {body[:200]}") from exc
-                last = cursor.lastrowid or last
+                last = self._insert(fact, fact_to_json(fact), holder, at)
                 self._index_tokens(fact)
                 store_lifecycle.track(self._conn, fact, last)
         return last
+
+    def _insert(self, fact: Fact, body: str, holder: str, at: float) -> int:
+        """The fact's row and, when ``at`` is known (above 0), its time's, in the caller's transaction; its index."""
+        try:
+            cursor = self._conn.execute(
+                "INSERT INTO facts (provider, epoch_term, epoch_seq, holder, digest, body) VALUES (?, ?, ?, ?, ?, ?)",
+                (fact.provider, fact.epoch.term, fact.epoch.seq, holder, _digest(body), body),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise ValueError(f"fact already committed: {body[:200]}") from exc
+        index = cursor.lastrowid
+        assert index is not None
+        if 0 < at < math.inf:  # not known (0), or not a time (NaN, infinite): no row, read as 0
+            self._conn.execute("INSERT INTO fact_times (idx, at) VALUES (?, ?)", (index, float(at)))
+        return int(index)
 
     def _index_tokens(self, fact: Fact) -> None:
         if isinstance(fact, RequestIntent):
@@ -453,7 +482,8 @@ class FactStore:
     def fact_sizes(self, providers: Collection[str], upto_index: int) -> list[tuple[int, int]]:
         """``(index, JSON size)`` of each fact of ``providers`` in the resync set as of ``upto_index`` (the live
         ones, ``store_lifecycle``, and each provider's latest), in log order (for paging)."""
-        return [(int(i), int(n)) for i, n in self._resync_rows(providers, 1, upto_index, upto_index, "length(body)")]
+        sizes = self._resync_rows(providers, 1, upto_index, upto_index, "length(f.body)", times=False)
+        return [(i, int(n)) for i, n, _ in sizes]
 
     def facts(
         self, providers: Collection[str], first_index: int, last_index: int, as_of: int | None = None
@@ -461,24 +491,25 @@ class FactStore:
         """Facts of ``providers`` with ``first_index <= index <= last_index``, in log order: every one, or (with
         ``as_of``) those of the resync set as of that index (``fact_sizes``)."""
         return [
-            CommittedFact(index=i, fact=fact_from_json(body))
-            for i, body in self.fact_bodies(providers, first_index, last_index, as_of)
+            CommittedFact(index=i, fact=fact_from_json(body), committed_at=at)
+            for i, body, at in self.fact_bodies(providers, first_index, last_index, as_of)
         ]
 
     def fact_bodies(
         self, providers: Collection[str], first_index: int, last_index: int, as_of: int | None = None
-    ) -> list[tuple[int, str]]:
-        """``facts`` as ``(index, JSON text)``, undecoded: one ordered index scan; a caller decodes them in steps
-        (``cluster.Cluster.resync_facts_in_steps``)."""
+    ) -> list[tuple[int, str, float]]:
+        """``facts`` as ``(index, JSON text, commit time)``, undecoded: one ordered index scan (each row's time by
+        its primary key); a caller decodes them in steps (``cluster.Cluster.resync_facts_in_steps``)."""
         if as_of is not None:
-            live = self._resync_rows(providers, first_index, last_index, as_of, "body")
-            return [(int(i), str(body)) for i, body in live]
+            live = self._resync_rows(providers, first_index, last_index, as_of, "f.body")
+            return [(i, str(body), at) for i, body, at in live]
         marks = ",".join("?" * len(providers))
         rows = self._conn.execute(
-            f"SELECT idx, body, {_FACT_OK} FROM facts WHERE provider IN ({marks}) AND idx BETWEEN ? AND ? ORDER BY idx",
+            f"SELECT f.idx, f.body, {_AT}, {_FACT_OK_F}, {_TIME_OK} FROM facts f {_JOIN_TIMES}"
+            f" WHERE f.provider IN ({marks}) AND f.idx BETWEEN ? AND ? ORDER BY f.idx",
             (*providers, first_index, last_index),
         )
-        return [(int(i), str(body)) for i, body in store_rows.checked("facts", rows)]
+        return [(int(i), str(body), float(at)) for i, body, at in _checked_with_times(rows)]
 
     def facts_after(self, providers: Collection[str], after: int, upto: int) -> list[tuple[int, int]]:
         """``(index, JSON size)`` of every fact of ``providers`` (live or ended) with ``after < index <= upto``."""
@@ -538,52 +569,56 @@ class FactStore:
         return sorted(rows.items())[:limit]
 
     def _resync_rows(
-        self, providers: Collection[str], first: int, last: int, as_of: int, column: str
-    ) -> list[tuple[int, Any]]:
-        """``(idx, column)`` of the facts live as of ``as_of`` with ``first <= idx <= last``, plus each provider's
-        latest fact up to ``as_of`` (so the daemon's latest epoch and last index are what the whole log says)."""
-        rows: dict[int, Any] = {}
+        self, providers: Collection[str], first: int, last: int, as_of: int, column: str, *, times: bool = True
+    ) -> list[tuple[int, Any, float]]:
+        """``(idx, column, commit time)`` of the facts live as of ``as_of`` with ``first <= idx <= last``, plus each
+        provider's latest fact up to ``as_of`` (so the daemon's latest epoch and last index are what the whole log
+        says). ``column`` names the facts table ``f``; without ``times`` the time is not read (0)."""
+        rows: dict[int, tuple[Any, float]] = {}
         last = min(last, as_of)
+        picked = f"f.idx, {column}, {_AT if times else '0.0'}, {_FACT_OK_F}, {_TIME_OK if times else '1'}"
+        join = _JOIN_TIMES if times else ""
         for provider in providers:
-            for i, value in store_rows.checked(
-                "facts",
+            for i, value, at in _checked_with_times(
                 self._conn.execute(
-                    f"SELECT idx, {column}, {_FACT_OK} FROM facts WHERE provider = ? AND ended_at = 0"
-                    f" AND idx BETWEEN ? AND ? UNION ALL SELECT idx, {column}, {_FACT_OK} FROM facts"
-                    " INDEXED BY facts_live WHERE provider = ? AND ended_at > ? AND idx BETWEEN ? AND ?",
+                    f"SELECT {picked} FROM facts f {join} WHERE f.provider = ? AND f.ended_at = 0"
+                    f" AND f.idx BETWEEN ? AND ? UNION ALL SELECT {picked} FROM facts f INDEXED BY facts_live {join}"
+                    " WHERE f.provider = ? AND f.ended_at > ? AND f.idx BETWEEN ? AND ?",
                     (provider, first, last, provider, as_of, first, last),
                 ),
             ):
-                rows[int(i)] = value
-            latest = store_rows.checked_one(
-                "facts",
+                rows[int(i)] = (value, float(at))
+            for i, value, at in _checked_with_times(
                 self._conn.execute(
-                    f"SELECT idx, {column}, {_FACT_OK} FROM facts WHERE provider = ? AND idx <= ?"
-                    " ORDER BY idx DESC LIMIT 1",
+                    f"SELECT {picked} FROM facts f {join} WHERE f.provider = ? AND f.idx <= ?"
+                    " ORDER BY f.idx DESC LIMIT 1",
                     (provider, as_of),
-                ).fetchone(),
-            )
-            if latest is not None and first <= latest[0] <= last:
-                rows[int(latest[0])] = latest[1]
-        return sorted(rows.items())
+                ).fetchall()
+            ):
+                if first <= i <= last:
+                    rows[int(i)] = (value, float(at))
+        return [(i, value, at) for i, (value, at) in sorted(rows.items())]
 
-    def history(self, provider: str, after: int = 0, limit: int = 500) -> list[tuple[int, int, Fact]]:
-        """``(index, ended_at, fact)`` of ``provider``'s facts after index ``after``, at most ``limit`` (a page of
-        the audit log: live facts have ``ended_at`` 0)."""
+    def history(self, provider: str, after: int = 0, limit: int = 500) -> list[HistoryRow]:
+        """``provider``'s facts after index ``after``, at most ``limit`` (a page of the audit log: live facts have
+        ``ended_at`` 0; a fact whose commit time is not known has ``committed_at`` 0)."""
         rows = self._conn.execute(
-            f"SELECT idx, ended_at, body, {_FACT_OK} FROM facts WHERE provider = ? AND idx > ? ORDER BY idx LIMIT ?",
+            f"SELECT f.idx, f.ended_at, f.body, {_AT}, {_FACT_OK_F}, {_TIME_OK} FROM facts f {_JOIN_TIMES}"
+            " WHERE f.provider = ? AND f.idx > ? ORDER BY f.idx LIMIT ?",
             (provider, after, max(1, min(limit, 10_000))),
         )
-        return [(int(i), int(e), fact_from_json(body)) for i, e, body in store_rows.checked("facts", rows)]
+        return [
+            HistoryRow(int(i), int(e), fact_from_json(body), float(at)) for i, e, body, at in _checked_with_times(rows)
+        ]
 
     def history_rows(
         self, providers: Collection[str] | None, after: int, until: int, limit: int
-    ) -> list[tuple[int, str]]:
-        """``(index, JSON body)`` of the first ``limit`` facts of ``providers`` (``None``: every provider) with
-        ``after < index <= until``, ended lifecycles included, in log order: a page of the history query
-        (``refcontroller.history``). Each query is an ordered index scan stopped by its ``LIMIT`` (the primary key,
-        or ``facts_by_provider`` per provider, indexes only), then the bodies of the chosen rows by primary key:
-        the work is bounded by ``limit`` (times the providers named), never by the log's length."""
+    ) -> list[tuple[int, str, float]]:
+        """``(index, JSON body, commit time)`` of the first ``limit`` facts of ``providers`` (``None``: every
+        provider) with ``after < index <= until``, ended lifecycles included, in log order: a page of the history
+        query (``refcontroller.history``). Each query is an ordered index scan stopped by its ``LIMIT`` (the primary
+        key, or ``facts_by_provider`` per provider, indexes only), then the bodies and times of the chosen rows by
+        primary key: the work is bounded by ``limit`` (times the providers named), never by the log's length."""
         if limit < 1 or after >= until:
             return []
         chosen: list[int]
@@ -610,9 +645,11 @@ class FactStore:
             return []
         marks = ",".join("?" * len(chosen))
         rows = self._conn.execute(
-            f"SELECT idx, body, {_FACT_OK} FROM facts WHERE idx IN ({marks}) ORDER BY idx", chosen
+            f"SELECT f.idx, f.body, {_AT}, {_FACT_OK_F}, {_TIME_OK} FROM facts f {_JOIN_TIMES}"
+            f" WHERE f.idx IN ({marks}) ORDER BY f.idx",
+            chosen,
         )
-        return [(int(i), str(body)) for i, body in store_rows.checked("facts", rows)]
+        return [(int(i), str(body), float(at)) for i, body, at in _checked_with_times(rows)]
 
     def live_count(self, providers: Collection[str] | None = None) -> int:
         """How many facts are live (in the resync set, without the latest-fact extras)."""
@@ -631,10 +668,11 @@ class FactStore:
         return bool(machine_id) and store_lifecycle.draining(self._conn, provider, machine_id)
 
     def all_facts(self) -> Iterator[CommittedFact]:
-        for i, body in store_rows.checked(
-            "facts", self._conn.execute(f"SELECT idx, body, {_FACT_OK} FROM facts ORDER BY idx")
-        ):
-            yield CommittedFact(index=int(i), fact=fact_from_json(body))
+        rows = self._conn.execute(
+            f"SELECT f.idx, f.body, {_AT}, {_FACT_OK_F}, {_TIME_OK} FROM facts f {_JOIN_TIMES} ORDER BY f.idx"
+        )
+        for i, body, at in _checked_with_times(rows):
+            yield CommittedFact(index=int(i), fact=fact_from_json(body), committed_at=float(at))
 
     # --- join tokens ------------------------------------------------------------------------------------------
 
@@ -741,9 +779,10 @@ class FactStore:
         return store_credentials.counts(self._conn)
 
 
-def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) -> list[tuple[int, int, Fact]]:
+def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) -> list[HistoryRow]:
     """A page of ``provider``'s facts (``FactStore.history``) read from the store file at ``path`` without writing
-    to it (SQLite read-only: safe beside a running controller).
+    to it (SQLite read-only: safe beside a running controller). A store from before commit times (no
+    ``fact_times`` table) reads every time as 0.
 
     Raises:
         StoreRefused: the file is missing, unreadable, damaged (a row of the page fails its checksum), or was
@@ -757,6 +796,9 @@ def read_history(path: Path, provider: str, after: int = 0, limit: int = 500) ->
         raise StoreRefused(f"store {str(path)!r} cannot be read: {exc}") from None
     try:
         store_rows.install(conn)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fact_times'").fetchone() is None:
+            # an empty stand-in in the connection's own temporary schema: the file is not written
+            conn.execute("CREATE TEMP TABLE fact_times (idx INTEGER PRIMARY KEY, at REAL NOT NULL, rowsum INTEGER)")
         return FactStore(conn, "").history(provider, after, limit)
     except store_rows.StoreCorrupt as exc:
         raise StoreRefused(f"store {str(path)!r} is damaged: {exc}") from None
@@ -837,8 +879,19 @@ def _set_aside(path: Path, marked: Path) -> None:
 
 
 _FACT_OK = store_rows.ok_column("facts")
+#: The facts table as ``f`` beside its commit times as ``t`` (``fact_times``, by primary key; no row: 0, not known).
+_FACT_OK_F = store_rows.ok_column("facts", "f")
+_JOIN_TIMES = "LEFT JOIN fact_times t ON t.idx = f.idx"
+_AT = "COALESCE(t.at, 0.0)"
+_TIME_OK = f"(t.idx IS NULL OR {store_rows.ok_column('fact_times', 't')})"
 _META_OK = store_rows.ok_column("meta")
 _CLAIM_OK = store_rows.ok_column("token_claims")
+
+
+def _checked_with_times(rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """The rows of a query that ends with ``_FACT_OK_F, _TIME_OK`` (first column the index), without those two:
+    ``store_rows.StoreCorrupt`` names the table whose row fails its checksum."""
+    return store_rows.checked("facts", store_rows.checked("fact_times", rows))
 
 
 def _digest(body: str) -> str:

@@ -5,7 +5,9 @@ log order) is one write of the store (a fact appended, a lease grantee recorded,
 used), ``ops/next`` the next ``n``. The primary keeps a **mirror**: an in-memory SQLite ``FactStore`` built by
 replaying the log when it is elected, so every read (resync, paging, lifecycle, token claims) is the SQLite code
 the embedded store runs, and a fact's index is the one replaying gives (the same on every replica, since the log
-is applied in one order by one code).
+is applied in one order by one code). An ``append`` entry carries the fact, its holder and its commit time
+(wall-clock epoch seconds, ``CommittedFact.committed_at``), so every replica replays the same time; an entry written
+before commit times has no third argument and replays as 0, "not known" (an older replica ignores the third).
 
 **Each write is one etcd transaction that compares the expected next index and the primary's claim**
 (``election_etcd.EtcdElection.fence``): ``ops/next == n`` and ``primary == our claim``; it then puts ``ops/<n>``
@@ -173,8 +175,8 @@ class EtcdFactStore(FactStore):
     def _apply(self, op: dict[str, Any]) -> None:
         kind, args = op.get("op"), op.get("args", [])
         match kind:
-            case "append":
-                FactStore.append(self, fact_from_json(args[0]), args[1])
+            case "append":  # an entry from before commit times has no third argument: its time is not known (0)
+                FactStore.append(self, fact_from_json(args[0]), args[1], float(args[2]) if len(args) > 2 else 0.0)
             case "grantee":
                 FactStore.save_grantee(self, args[0], args[1])
             case "demand":
@@ -235,10 +237,10 @@ class EtcdFactStore(FactStore):
         FactStore.save_grantee(self, provider, holder)
         self._log("grantee", provider, holder)
 
-    def append(self, fact: Fact, holder: str) -> CommittedFact:
+    def append(self, fact: Fact, holder: str, at: float = 0.0) -> CommittedFact:
         self._check_writable()
-        committed = FactStore.append(self, fact, holder)
-        self._log("append", fact_to_json(fact), holder)
+        committed = FactStore.append(self, fact, holder, at)
+        self._log("append", fact_to_json(fact), holder, committed.committed_at)  # every replica replays the time
         return committed
 
     def use_token(

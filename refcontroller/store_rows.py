@@ -9,14 +9,16 @@ lifecycle bookkeeping's ``UPDATE``\\ s included, is covered without a line of it
 
 - **At open** (``verify``) every row of every table is checked; the first mismatch refuses the store with
   ``StoreRefused`` (one line naming the table and the row).
-- **At run time** the reads of facts, meta, credentials, token claims, used tokens and rejoin proofs select the
-  check with the row (``ok_column``) and ``checked`` raises :class:`StoreCorrupt` (a ``StoreFailure``: the request
-  is answered ``storage_failure``, the link kept). The lifecycle tables are derived from the log: they are checked
-  at every open only.
+- **At run time** the reads of facts (with their commit times, ``fact_times``), meta, credentials, token claims,
+  used tokens and rejoin proofs select the check with the row (``ok_column``) and ``checked`` raises
+  :class:`StoreCorrupt` (a ``StoreFailure``: the request is answered ``storage_failure``, the link kept). The
+  lifecycle tables are derived from the log: they are checked at every open only.
 - **Stores written before checksums** (no ``rowsum`` column) are upgraded once when opened (``ensure``): the
   column is added and every row summed as found, in one transaction, with a warning; from then on every open
   checks them. A binary from before checksums can still read such a store, but each of its writes fails (its
-  connection has no ``pvd_rowsum``: the trigger cannot run), so it never writes a row without its sum.
+  connection has no ``pvd_rowsum``: the trigger cannot run), so it never writes a row without its sum. A table
+  added later (``fact_times``) is created without the column and gains it the same way, with its triggers, at the
+  first open of the store by a binary that has the table (no row to sum yet, no warning).
 
 CRC-32 detects every change confined to 32 consecutive bits, so every single flipped byte of a value; the sum
 covers the table's name and each column's type and value (text as its bytes, so text that is no longer UTF-8 is
@@ -51,6 +53,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("body", "T"),
         ("ended_at", "N"),
     ),
+    "fact_times": (("idx", "N"), ("at", "N")),
     "meta": (("key", "T"), ("value", "T")),
     "token_claims": (
         ("instance_ref", "T"),

@@ -90,14 +90,15 @@ VECTORS: dict[str, tuple[int, m.Message]] = {
     "leaseFreed": (0, m.LeaseFreed("aws")),
     "demandPage": (0, m.DemandPage(5, 0, 2, (ITEM, DemandItem("cpu", ResourceShape(), 0)))),
     **{f"factCommit.{kind}": (20 + i, m.FactCommit(fact)) for i, (kind, fact) in enumerate(FACTS.items())},
-    "factAck": (20, m.FactAck(43)),
+    "factAck": (20, m.FactAck(43, 1700000002.25)),
     "resyncRequest": (30, m.ResyncRequest(("aws",), 40, "5f0c" * 8)),
     "resyncPage": (
         30,
         m.ResyncPage(
             0,
             1,
-            (CommittedFact(41, FACTS["requestIntent"]), CommittedFact(42, FACTS["instanceFact"])),
+            # committed at a known time, and one whose time is not known (0: committed before the field existed)
+            (CommittedFact(41, FACTS["requestIntent"], 1700000001.5), CommittedFact(42, FACTS["instanceFact"])),
             (HOST,),
             True,
             42,
@@ -120,7 +121,7 @@ VECTORS: dict[str, tuple[int, m.Message]] = {
     "historyQuery": (40, m.HistoryQuery(("aws",), 41, 42, 500)),
     "historyPage": (
         40,
-        m.HistoryPage((CommittedFact(42, FACTS["returned"]),), 42, 42, True),
+        m.HistoryPage((CommittedFact(42, FACTS["returned"], 1700000003.75),), 42, 42, True),
     ),
 }
 

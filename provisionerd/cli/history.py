@@ -5,8 +5,11 @@
 Asks the daemon (admin socket, command ``history``), which reads the controller's log through the history query
 (docs/protocol.md §6.6) as its provisioner: only its own providers. One page by default (at most ``--limit``
 facts, at most the controller's page of 500); ``--all`` follows the cursor to the end of the log as it was when the
-first page was read. Plain output is one line per fact (index, provider, kind, op id, what it is about); ``--json``
-prints one JSON object per fact per line. When more facts follow, the command to read them is printed on stderr.
+first page was read. Plain output is a header line, then one line per fact: its index, when the controller
+committed it (UTC, to the second; ``-`` when the controller does not say: one older than commit times, or a fact
+committed before it kept them), provider, kind, op id and what it is about. ``--json`` prints one JSON object per
+fact per line (``committed_at`` in epoch seconds, 0 when not known), no header. When more facts follow, the
+command to read them is printed on stderr.
 
 Exit 0 on an answer, 1 when the daemon cannot be reached or cannot read the controller's history, 2 on usage errors.
 """
@@ -14,7 +17,9 @@ Exit 0 on an answer, 1 when the daemon cannot be reached or cannot read the cont
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import sys
 from typing import Any
 
@@ -34,8 +39,25 @@ def _about(fact: dict[str, Any]) -> str:
     return ""
 
 
+def committed(at: object) -> str:
+    """A commit time as UTC ISO-8601 to the second (``2026-12-05T23:04:05Z``); ``-`` when not known (0, absent)."""
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at) or at <= 0:
+        return "-"
+    try:
+        return datetime.datetime.fromtimestamp(int(at), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # beyond what a date can say: the number as it came
+        return f"{at:.6g}"
+
+
+#: The columns of the plain output (``render``), printed once before the first line.
+HEADER = f"{'INDEX':>10} {'COMMITTED (UTC)':<20} {'PROVIDER':<16} {'KIND':<15} {'OP ID':<28} ABOUT"
+
+
 def render(fact: dict[str, Any]) -> str:
-    return f"{fact['index']:>10} {fact['provider']:<16} {fact['kind']:<15} {fact['op_id']:<28} {_about(fact)}"
+    return (
+        f"{fact['index']:>10} {committed(fact.get('committed_at')):<20} {fact['provider']:<16} {fact['kind']:<15}"
+        f" {fact['op_id']:<28} {_about(fact)}"
+    )
 
 
 def _count(text: str) -> int:
@@ -58,11 +80,13 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     after, until = args.after, args.until
-    for _ in range(MAX_PAGES if args.all else 1):
+    for page in range(MAX_PAGES if args.all else 1):
         fields = {"after": after, "until": until, "limit": args.limit}
         reply = ask("provisionerd history", args, "history", fields, TIMEOUT)
         if reply is None:
             return 1
+        if page == 0 and not args.json:
+            print(HEADER)
         for fact in reply.get("facts", []):
             print(json.dumps(fact, sort_keys=True) if args.json else render(fact))
         after, until = int(reply.get("next_after", after)), int(reply.get("until_index", until))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 
 import trio
 
@@ -146,12 +147,19 @@ async def fact_acks_increase(ctx: Context) -> str:
     peer, _ = await ctx.provisioner([provider])
     grant = await ctx.acquire(peer, provider)
     facts = [ctx.intent(provider, grant.epoch)[0] for _ in range(5)]
-    indexes = [await ctx.commit(peer, fact) for fact in facts]
+    acks = [await ctx.commit_ack(peer, fact) for fact in facts]
+    indexes = [ack.index for ack in acks]
     if any(b <= a for a, b in zip(indexes, indexes[1:], strict=False)):
         raise CheckFailed(f"acks {indexes} are not strictly increasing")
     again = await peer.request(FactCommit(facts[2]))
     if not (isinstance(again, FactAck) and again.index == indexes[2]):
         raise CheckFailed(f"the same fact again (a retry) answered {describe(again)}, not its index {indexes[2]}")
+    first_at = acks[2].committed_at  # 0 from a controller that does not keep commit times: then 0 again
+    if again.committed_at != first_at and not (math.isnan(again.committed_at) and math.isnan(first_at)):
+        raise CheckFailed(
+            f"the same fact again (a retry) answered committedAt {again.committed_at!r}, not its first ack's"
+            f" {first_at!r}"
+        )
     other, reply = await ctx.provisioner([provider], instance=new_instance())
     await other.aclose()
     if reply.last_index < indexes[-1]:

@@ -108,12 +108,16 @@ class Context:
             raise CheckFailed(f"LeaseAcquire({provider!r}) answered {describe(reply)}")
 
     async def commit(self, peer: Peer, fact: Any) -> int:
+        return (await self.commit_ack(peer, fact)).index
+
+    async def commit_ack(self, peer: Peer, fact: Any) -> FactAck:
+        """``commit``, and the whole ack (its ``committed_at`` too)."""
         reply = await peer.request(FactCommit(fact))
         if not isinstance(reply, FactAck):
             raise CheckFailed(f"FactCommit of {type(fact).__name__} answered {describe(reply)}")
         if isinstance(fact, RequestIntent):
             self.intents.append((fact.provider, fact.op_id))
-        return reply.index
+        return reply
 
     async def commit_renewing(self, peer: Peer, provider: str, epoch: Epoch, facts: Sequence[Any]) -> list[int]:
         """``commit_many`` in batches, renewing the lease before each, as a daemon would: many commits take time."""

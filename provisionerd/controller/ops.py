@@ -98,5 +98,5 @@ class ControllerOps:
             raise
         if not isinstance(reply, FactAck):
             raise self._unexpected(reply, "FactAck")
-        self._session.note_committed(CommittedFact(reply.index, fact))
+        self._session.note_committed(CommittedFact(reply.index, fact, reply.committed_at))
         return reply.index

@@ -3,8 +3,10 @@ daemon's providers, ended lifecycles included, read through the history query (d
 
 Request: ``{"cmd": "history", "after": N, "until": M, "limit": K}`` (all optional, non-negative integers; ``until``
 0 = the log's last index, fixed by the first page: send back the reply's ``until_index``). Reply: ``{"ok": true,
-"facts": [{"index": i, "kind": "InstanceFact", ...the fact's fields}], "next_after", "until_index", "done"}``. A
-bad field is refused with its reason; the controller's refusal or a link that is down is the answer's ``error``.
+"facts": [{"index": i, "committed_at": t, "kind": "InstanceFact", ...the fact's fields}], "next_after",
+"until_index", "done"}``; ``committed_at`` is when the controller committed the fact (epoch seconds, 0 when the
+controller does not say: one older than the field). A bad field is refused with its reason; the controller's
+refusal or a link that is down is the answer's ``error``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ MAX_LIMIT = 10_000
 
 
 def fact_document(committed: CommittedFact) -> dict[str, Any]:
-    """``{"index", "kind", ...fields}`` of a committed fact, JSON-ready (tuples become lists)."""
+    """``{"index", "committed_at", "kind", ...fields}`` of a committed fact, JSON-ready (tuples become lists)."""
     fact = committed.fact
-    return {"index": committed.index, "kind": type(fact).__name__, **attrs.asdict(fact)}
+    head = {"index": committed.index, "committed_at": committed.committed_at, "kind": type(fact).__name__}
+    return {**head, **attrs.asdict(fact)}
 
 
 def _field(request: dict[str, Any], name: str, top: int) -> int:

@@ -348,10 +348,10 @@ async def _whole_log(data: Path) -> FactView:
     after = 0
     while True:
         page = read_history(data / FACTS_FILE, PROVIDER, after, 10_000)
-        facts += [CommittedFact(index, fact) for index, _, fact in page]
+        facts += [CommittedFact(row.index, row.fact, row.committed_at) for row in page]
         if len(page) < 10_000:
             return fold(facts)
-        after = page[-1][0]
+        after = page[-1].index
 
 
 async def _resynced(config: Config, timeout: float) -> tuple[FactView, dict[str, HostState]]:

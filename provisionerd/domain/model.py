@@ -297,10 +297,16 @@ FACT_TYPES: tuple[type, ...] = (
 
 @attrs.frozen
 class CommittedFact:
-    """A fact as stored: ``index`` is its position in the controller's log (strictly increasing)."""
+    """A fact as stored: ``index`` is its position in the controller's log (strictly increasing).
+
+    ``committed_at``: epoch seconds (the controller's wall clock) when the controller committed it, for the audit
+    record (``provisionerd history``); 0 when not known (a controller older than the field, or a fact it committed
+    before it had the field). Nothing decides on it: the log's order is ``index``.
+    """
 
     index: int
     fact: Fact
+    committed_at: float = 0.0
 
 
 # --- hosts -----------------------------------------------------------------------------------------------------

@@ -227,7 +227,10 @@ class FactCommit:
 
 @attrs.frozen
 class FactAck:
+    """``committed_at``: the fact's ``CommittedFact.committed_at`` (0 from a controller older than the field)."""
+
     index: int
+    committed_at: float = 0.0
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,10 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
             seen["rc"] = await process.stop(20)
             seen["log"] = process.tail(60)
 
+    started_at = time.time()
     with short_dir("pd-cost-") as state:
         trio.run(main, state)
+    ended_at = time.time()
     assert seen["rc"] == 0, seen["log"]
     facts: list[CommittedFact] = seen["facts"]
     instances = [c.fact for c in facts if isinstance(c.fact, InstanceFact)]
@@ -143,6 +146,9 @@ def test_cost_prices_every_lifecycle_the_log_holds_including_those_pruned_from_t
     # says where the next starts.
     listed = [json.loads(line) for line in seen["history_all"].stdout.splitlines()]
     assert [(f["index"], f["kind"]) for f in listed] == [(c.index, type(c.fact).__name__) for c in facts]
+    # Each with when the controller committed it (its wall clock), as the admin's history query reads it too.
+    assert [f["committed_at"] for f in listed] == [c.committed_at for c in facts]
+    assert all(started_at <= c.committed_at <= ended_at for c in facts), (started_at, ended_at)
     first = [json.loads(line)["index"] for line in seen["history_page"].stdout.splitlines()]
     assert first == [c.index for c in facts[:4]]
     assert f"more facts follow: --after {facts[3].index} --until {facts[-1].index}" in seen["history_page"].stderr

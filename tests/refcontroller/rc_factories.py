@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+from typing import Any
 
 from provisionerd.domain.model import DemandItem, Epoch, InstanceFact, RequestIntent, ResourceShape
 from refcontroller import store_rows
+from refcontroller.store_etcd_client import KeyValue
 
 
 def sha(token: str) -> str:
@@ -51,3 +53,32 @@ def before_row_checksums(conn: sqlite3.Connection) -> None:
         conn.execute(f"DROP TRIGGER IF EXISTS {table}_rowsum_update")
         conn.execute(f"ALTER TABLE {table} DROP COLUMN rowsum")
     conn.commit()
+
+
+class FakeEtcd:
+    """An etcd keyspace in a dict with one writer: only ``absent`` compares are checked."""
+
+    def __init__(self) -> None:
+        self.kv: dict[bytes, bytes] = {}
+
+    def txn(self, compares: list[dict[str, Any]], puts: list[dict[str, Any]]) -> bool:
+        import base64
+
+        if any(c.get("target") == "CREATE" and base64.b64decode(c["key"]) in self.kv for c in compares):
+            return False  # ``absent(key)`` failed (the incarnation is created once)
+        for op in puts:
+            request = op["requestPut"]
+            self.kv[base64.b64decode(request["key"])] = base64.b64decode(request["value"])
+        return True
+
+    def get(self, key: bytes) -> KeyValue | None:
+        return KeyValue(key, self.kv[key], 0, 0, 0) if key in self.kv else None
+
+    def range_from(self, start: bytes, end: bytes, limit: int) -> list[KeyValue]:
+        keys = sorted(k for k in self.kv if start <= k < end)[:limit]
+        return [KeyValue(k, self.kv[k], 0, 0, 0) for k in keys]
+
+
+class FakeElection:
+    def fence(self) -> dict[str, object]:
+        return {}

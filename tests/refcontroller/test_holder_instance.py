@@ -79,7 +79,7 @@ async def test_two_processes_with_one_identity_are_two_holders(tmp_path: Path) -
         assert isinstance(reply, LeaseDenied) and reply.reason == "held", reply
         reply = await twin.request(LeaseRelease("aws", epoch))
         assert isinstance(reply, Rejected) and reply.reason == "stale_epoch", reply
-        assert await first.request(FactCommit(intent("aws", epoch))) == FactAck(1)
+        assert await first.request(FactCommit(intent("aws", epoch))) == FactAck(1, GRACE_END + 10)  # wall: mock
         # The facts, the durable grantee and the admin status all name the process.
         assert h.cluster.store.latest("aws").holder == "prov#i1"
         assert h.cluster.store.last_grantee("aws") == "prov#i1"
@@ -102,7 +102,7 @@ async def test_a_rejoin_of_the_same_process_keeps_its_epoch(tmp_path: Path) -> N
         await trio.sleep(5)
         again = await daemon(h, "i1")
         assert await granted(again) == epoch  # idempotent re-acquire: the same epoch, renewed
-        assert await again.request(FactCommit(intent("aws", epoch))) == FactAck(1)
+        assert await again.request(FactCommit(intent("aws", epoch))) == FactAck(1, GRACE_END + 5)
 
 
 @on_mock_clock
@@ -133,7 +133,7 @@ async def test_after_failover_the_grace_regrants_only_the_last_grantee_process(t
         a1, a2 = await daemon(h, "i1"), await daemon(h, "i2")
         await trio.sleep(GRACE_END)
         e1 = await granted(a1)
-        assert await a1.request(FactCommit(intent("aws", e1))) == FactAck(1)
+        assert await a1.request(FactCommit(intent("aws", e1))) == FactAck(1, GRACE_END)
         assert await a1.request(LeaseRelease("aws", e1)) == Ack()
         e2 = await granted(a2)  # the last grantee: a2, although a1 wrote the latest fact
         admin, _ = await h.join(Role.ADMIN, "ops")
@@ -148,7 +148,8 @@ async def test_after_failover_the_grace_regrants_only_the_last_grantee_process(t
         assert e3 == Epoch(2, 1) and e3 > e2
         reply = await a1.request(FactCommit(instance("aws", e3, "i-1")))
         assert isinstance(reply, Rejected) and reply.reason == "no_lease"
-        assert await a2.request(FactCommit(instance("aws", e3, "i-1"))) == FactAck(2)
+        now = trio.current_time()
+        assert await a2.request(FactCommit(instance("aws", e3, "i-1"))) == FactAck(2, now)
         assert h.cluster.store.latest("aws").holder == "prov#i2"
 
 
@@ -161,7 +162,7 @@ async def test_an_old_client_without_instance_is_its_identity(tmp_path: Path) ->
         epoch = await granted(old)
         await denied(new, "held")
         assert h.cluster.store.last_grantee("aws") == "prov"
-        assert await old.request(FactCommit(intent("aws", epoch))) == FactAck(1)
+        assert await old.request(FactCommit(intent("aws", epoch))) == FactAck(1, GRACE_END)
         assert (await status(h))["leases"][0]["holder"] == "prov"
 
 

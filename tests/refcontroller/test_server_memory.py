@@ -144,7 +144,7 @@ async def test_lease_grace_grant_commit_and_stale_epoch_over_the_wire(tmp_path: 
         await trio.sleep(GRACE_END)
         epoch = await granted(peer)
         assert epoch == Epoch(1, 1)
-        assert await peer.request(FactCommit(intent("aws", epoch))) == FactAck(1)
+        assert await peer.request(FactCommit(intent("aws", epoch))) == FactAck(1, GRACE_END)  # the wall clock: mock
         stale = await peer.request(FactCommit(instance("aws", Epoch(1, 0), "i-1")))
         assert isinstance(stale, Rejected) and stale.reason == "invalid"  # seq 0 is never granted
         other = await peer.request(FactCommit(instance("aws", Epoch(1, 7), "i-1")))
@@ -263,7 +263,7 @@ async def test_failover_disconnects_clients_and_the_new_primary_serves_them(tmp_
         d1, d2 = await provisioner(h, "d1"), await provisioner(h, "d2")
         await trio.sleep(GRACE_END)
         old = await granted(d1)
-        assert await d1.request(FactCommit(intent("aws", old))) == FactAck(1)
+        assert await d1.request(FactCommit(intent("aws", old))) == FactAck(1, GRACE_END)
         admin, _ = await h.join(Role.ADMIN, "ops")
         reply = await admin.request(AdminFailover(-1))
         assert reply.ok and '"primary": 1' in reply.json and '"term": 2' in reply.json
@@ -279,7 +279,8 @@ async def test_failover_disconnects_clients_and_the_new_primary_serves_them(tmp_
         assert new == Epoch(2, 1) and new > old
         stale = await d1.request(FactCommit(instance("aws", old, "i-1")))
         assert isinstance(stale, Rejected) and stale.reason == "stale_epoch"
-        assert await d1.request(FactCommit(instance("aws", new, "i-1"))) == FactAck(2)
+        now = trio.current_time()
+        assert await d1.request(FactCommit(instance("aws", new, "i-1"))) == FactAck(2, now)
 
 
 @on_mock_clock

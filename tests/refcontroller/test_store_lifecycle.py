@@ -69,8 +69,8 @@ def test_a_returned_machine_leaves_the_resync_set_and_stays_in_history() -> None
     assert resync_indexes(store) == [4]  # only the provider's latest fact: its epoch and index
     assert store.live_count() == 0
     history = store.history(P)
-    assert [(i, e) for i, e, _ in history] == [(1, 4), (2, 4), (3, 4), (4, 4)]
-    assert store.history(P, after=2, limit=1)[0][0] == 3
+    assert [(row.index, row.ended_at) for row in history] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert store.history(P, after=2, limit=1)[0].index == 3
     assert store.instance_ended("a") and not store.instance_ended("b")
 
 
@@ -237,7 +237,7 @@ def test_the_resync_set_gives_the_daemon_what_the_whole_log_gives() -> None:
                 whole = fold(store.facts([P], 1, store.last_index()))
                 live = fold(resync_set(store))
                 assert _summary(live) == _summary(whole), f"seed {seed} after fact {i + 1}"
-        assert len(resync_set(store)) <= 1 + sum(1 for _, e, _ in store.history(P, limit=10_000) if e == 0)
+        assert len(resync_set(store)) <= 1 + sum(1 for row in store.history(P, limit=10_000) if row.ended_at == 0)
 
 
 def test_bulk_append_tracks_lifecycles_too() -> None:

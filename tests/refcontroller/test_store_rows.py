@@ -24,7 +24,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rc_client import granted, joined_provisioner, memory_controller, on_mock_clock
-from rc_factories import before_row_checksums, instance, intent, item, sha
+from rc_factories import FakeElection, FakeEtcd, before_row_checksums, instance, intent, item, sha
 from rigs import controller, procs
 
 from provisionerd.domain.model import DemandSnapshot, Epoch, Returned
@@ -32,17 +32,25 @@ from provisionerd.wire.messages import FactAck, FactCommit, Rejected, ResyncPage
 from refcontroller import store_full, store_rows
 from refcontroller.store import FactStore, StoreRefused, read_history
 from refcontroller.store_etcd import EtcdFactStore
-from refcontroller.store_etcd_client import KeyValue
 
 E = Epoch(1, 1)
 #: The tables read back at run time with their checksum (the lifecycle tables are checked at every open only).
-CHECKED_AT_RUN_TIME = ("facts", "meta", "token_claims", "used_tokens", "rejoin_hashes", "worker_credentials")
+CHECKED_AT_RUN_TIME = (
+    "facts",
+    "fact_times",
+    "meta",
+    "token_claims",
+    "used_tokens",
+    "rejoin_hashes",
+    "worker_credentials",
+)
 #: The columns a read looks rows up by: a flip there hides the row from the read that would have met it (it is
 #: found at the next open, which checks every row).
 LOOKUP_COLUMNS = {
     ("meta", "key"),
     ("facts", "provider"),
     ("facts", "ended_at"),
+    ("fact_times", "idx"),
     ("token_claims", "token_hash"),
     ("token_claims", "instance_ref"),
     ("token_claims", "machine_id"),
@@ -54,17 +62,17 @@ LOOKUP_COLUMNS = {
 
 
 def small_store(path: Path) -> None:
-    """Two providers' facts (intent, instances, a return), the term, a demand, grantees, spent tokens with
-    credentials (one delivered, one revoked) and a rejoin proof: a row in every table."""
+    """Two providers' facts (intent, instances, a return; all but one with their commit time), the term, a demand,
+    grantees, spent tokens with credentials (one delivered, one revoked) and a rejoin proof: a row in every table."""
     store = FactStore.open(path, incarnation="inc-rows")
     store.save_term(3)
     store.save_demand(DemandSnapshot(4, (item("d1", 2),)))
     store.save_grantee("aws", "d1#1")
-    store.append(intent("aws", E, "op-1", ("i-1", "i-2")), "d1#1")
-    store.append(instance("aws", E, "i-1", "op-1"), "d1#1")
-    store.append(instance("aws", E, "i-2", "op-1"), "d1#1")
-    store.append(Returned(provider="aws", epoch=E, op_id="ret-1", machine_ids=("m-i-2",)), "d1#1")
-    store.append(intent("gcp", E, "op-9", ("g-1",)), "d2#1")
+    store.append(intent("aws", E, "op-1", ("i-1", "i-2")), "d1#1", 1_765_000_000.25)
+    store.append(instance("aws", E, "i-1", "op-1"), "d1#1", 1_765_000_001.5)
+    store.append(instance("aws", E, "i-2", "op-1"), "d1#1")  # its time not known: no fact_times row
+    store.append(Returned(provider="aws", epoch=E, op_id="ret-1", machine_ids=("m-i-2",)), "d1#1", 1_765_000_002.0)
+    store.append(intent("gcp", E, "op-9", ("g-1",)), "d2#1", 1_765_000_003.75)
     store.use_token(sha("tok-i-1"), "i-1", 10.0, rejoin_hash="r" * 64, credential_hash="c" * 64)
     store.use_token(sha("tok-g-1"), "g-1", 11.5, credential_hash="d" * 64)
     store.credential_delivered("i-1", 12.25)
@@ -153,8 +161,8 @@ def write_raw(conn: sqlite3.Connection, table: str, rowid: int, column: str, val
 
 
 def moved(table: str, column: str, rowid: int, value: Any) -> int:
-    """The row's rowid after ``column`` was set to ``value`` (``facts.idx`` is the rowid)."""
-    return value if (table, column) == ("facts", "idx") else rowid
+    """The row's rowid after ``column`` was set to ``value`` (``facts.idx`` and ``fact_times.idx`` are the rowid)."""
+    return value if (table, column) in (("facts", "idx"), ("fact_times", "idx")) else rowid
 
 
 def raw_connection(path: Path) -> sqlite3.Connection:
@@ -342,35 +350,6 @@ def test_a_full_disk_at_open_is_reported_as_full_not_damaged(tmp_path: Path) -> 
 
 
 # --- the etcd store: the same check on its log entries -----------------------------------------------------------
-
-
-class FakeEtcd:
-    """An etcd keyspace in a dict with one writer: only ``absent`` compares are checked."""
-
-    def __init__(self) -> None:
-        self.kv: dict[bytes, bytes] = {}
-
-    def txn(self, compares: list[dict[str, Any]], puts: list[dict[str, Any]]) -> bool:
-        import base64
-
-        if any(c.get("target") == "CREATE" and base64.b64decode(c["key"]) in self.kv for c in compares):
-            return False  # ``absent(key)`` failed (the incarnation is created once)
-        for op in puts:
-            request = op["requestPut"]
-            self.kv[base64.b64decode(request["key"])] = base64.b64decode(request["value"])
-        return True
-
-    def get(self, key: bytes) -> KeyValue | None:
-        return KeyValue(key, self.kv[key], 0, 0, 0) if key in self.kv else None
-
-    def range_from(self, start: bytes, end: bytes, limit: int) -> list[KeyValue]:
-        keys = sorted(k for k in self.kv if start <= k < end)[:limit]
-        return [KeyValue(k, self.kv[k], 0, 0, 0) for k in keys]
-
-
-class FakeElection:
-    def fence(self) -> dict[str, object]:
-        return {}
 
 
 def etcd_store(etcd: FakeEtcd) -> EtcdFactStore:

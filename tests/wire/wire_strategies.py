@@ -66,7 +66,7 @@ FACT_STRATEGIES = {
     model.DrainRequested: st.builds(model.DrainRequested, **_head, machine_ids=texts, reason=text, at=floats),
 }
 facts = st.one_of(*FACT_STRATEGIES.values())
-committed = st.builds(model.CommittedFact, u64, facts)
+committed = st.builds(model.CommittedFact, u64, facts, floats)
 hosts = st.builds(
     model.HostState,
     instance_ref=text,
@@ -117,7 +117,7 @@ MESSAGE_STRATEGIES = {
     m.LeaseDenied: st.builds(m.LeaseDenied, text, st.sampled_from(m.DENY_REASONS), u64),
     m.DemandPage: st.builds(m.DemandPage, u64, u32, u32, _small(demand_items)),
     m.FactCommit: st.builds(m.FactCommit, facts),
-    m.FactAck: st.builds(m.FactAck, u64),
+    m.FactAck: st.builds(m.FactAck, u64, floats),
     m.ResyncRequest: st.builds(m.ResyncRequest, texts, u64, text),
     m.ResyncPage: st.builds(m.ResyncPage, u32, u32, _small(committed), _small(hosts), st.booleans(), u64, u64),
     m.HostStatePush: st.builds(m.HostStatePush, _small(hosts), u64),

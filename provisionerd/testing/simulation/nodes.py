@@ -65,10 +65,10 @@ class ObservedCluster(Cluster):
             self.recorder.grant(provider, holder, result.lease.epoch, renewal=True)
         return result
 
-    def commit(self, replica: int, fact: Fact, sender: str, now: float) -> CommittedFact | Rejection:
+    def commit(self, replica: int, fact: Fact, sender: str, now: float, wall: float = 0.0) -> CommittedFact | Rejection:
         lease = self.leases.live(fact.provider, now)
         last = self.store.last_index()
-        result = super().commit(replica, fact, sender, now)
+        result = super().commit(replica, fact, sender, now, wall)
         if isinstance(result, CommittedFact) and result.index > last and self.recorder is not None:
             self.recorder.commit(
                 Commit(
