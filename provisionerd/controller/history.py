@@ -15,6 +15,7 @@ import trio
 
 from provisionerd.controller.session import ControllerSession
 from provisionerd.domain.errors import LinkDown, ProvisionerdError
+from provisionerd.domain.model import CommittedFact
 from provisionerd.wire.messages import HistoryPage, HistoryQuery
 
 #: Pages one read asks for at most: 500 facts each, 100 million facts in all.
@@ -79,3 +80,37 @@ async def history_pages(
         after, until = reply.next_after, reply.until_index
         await trio.lowlevel.checkpoint()
     raise HistoryUnreadable(f"the history did not end within {max_pages} pages")
+
+
+#: Facts one backward read (``recent_facts``) asks for per step, and at most in all.
+RECENT_CHUNK = 2_000
+RECENT_MAX = 50_000
+
+
+async def recent_facts(
+    session: ControllerSession,
+    providers: Sequence[str],
+    since: float,
+    last_index: int,
+    *,
+    chunk: int = RECENT_CHUNK,
+    max_facts: int = RECENT_MAX,
+) -> list[CommittedFact]:
+    """``providers``' facts committed at or after wall time ``since`` (``CommittedFact.committed_at``), up to log
+    index ``last_index``, in log order: read backwards ``chunk`` indexes at a time (each step through
+    ``history_pages``) until a step reaches a fact older than ``since``, the start of the log, or ``max_facts``
+    facts (bounded work: the oldest of a longer span are left out). A fact with no time (0: an older controller) is
+    kept, and does not end the read by itself. Raises as ``history_page`` does."""
+    found: list[list[CommittedFact]] = []
+    count, upper = 0, last_index
+    while upper > 0 and count < max_facts:
+        lower = max(0, upper - chunk)
+        step: list[CommittedFact] = []
+        async for page in history_pages(session, providers, after=lower, until=upper):
+            step.extend(page.facts)
+        found.append(step)
+        count += len(step)
+        if any(0 < c.committed_at < since for c in step):
+            break
+        upper = lower
+    return [c for step in reversed(found) for c in step if not 0 < c.committed_at < since]

@@ -37,7 +37,7 @@ import trio
 
 from provisionerd.config.loader import Config
 from provisionerd.config.proofs import load_proven
-from provisionerd.controller.history import HistoryNotServed, history_pages
+from provisionerd.controller.history import HistoryNotServed, history_pages, recent_facts
 from provisionerd.controller.session_settings import StreamFactory
 from provisionerd.daemon.admin_guard import AdminRefusals
 from provisionerd.daemon.admin_socket import AdminSocketCounts, Command, serve_admin_socket
@@ -137,6 +137,7 @@ class DaemonCore:
             jitter_seed=rng.randrange(1 << 30),
             view_ready=self.session.synced_for,
             feedback=pieces.feedback.receive,
+            recent_facts=functools.partial(recent_facts, self.session),  # the health windows a restart lost
         )
         # ``provisionerd orphans adopt|return`` through the admin socket: decided and done with our own pieces.
         self.admin = AdminRefusals()

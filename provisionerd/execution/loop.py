@@ -38,7 +38,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -48,11 +48,14 @@ from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain.actions import Note
+from provisionerd.domain.errors import ProvisionerdError, describe_error
+from provisionerd.domain.model import CommittedFact
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import LoopSettings, ViewSource
 from provisionerd.execution.offer_feed import OfferFeed
 from provisionerd.execution.operations import Operations
 from provisionerd.execution.reclaims import ReclaimPoll
+from provisionerd.planner import windows
 from provisionerd.planner.capacity import ProbeStarted, ProbeSucceeded
 from provisionerd.planner.deadlines import next_deadline
 from provisionerd.planner.health import status as machine_health
@@ -76,6 +79,12 @@ __all__ = ["LoopSettings", "ReconcileLoop", "ViewSource"]
 log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = LoopSettings()
+#: The longest the first plan after a start waits for the health windows' read (``ReconcileLoop._read_windows``).
+WINDOWS_READ_FOR = 10.0
+#: Where that read stands: not started, under way, over (read, failed or not needed).
+_UNREAD, _READING, _READ = "unread", "reading", "read"
+#: ``(providers, since wall time, up to log index) -> facts``: ``controller.history.recent_facts`` over a session.
+RecentFacts = Callable[[Sequence[str], float, int], Awaitable[Sequence[CommittedFact]]]
 
 
 class ReconcileLoop:
@@ -94,6 +103,7 @@ class ReconcileLoop:
         jitter_seed: int = 0,
         view_ready: Callable[[str], bool] | None = None,
         feedback: trio.MemoryReceiveChannel[Observation] | None = None,
+        recent_facts: RecentFacts | None = None,
     ) -> None:
         self.session = session
         #: What provider calls meant for the planner (the executor's and the offer feed's: ``execution.feedback``).
@@ -127,6 +137,10 @@ class ReconcileLoop:
         #: The one owner of the ops this process runs (dispatch, recovery, outcomes).
         self.operations = Operations(executor, events, settings, wall=wall)
         self.outcomes: list[Any] = self.operations.recent  # every outcome, for tests and status (bounded)
+        #: Reads the facts committed since a wall time (``controller.history.recent_facts`` over the session): the
+        #: health windows a restart lost are rebuilt from them before the first plan (``planner.windows``).
+        self._recent_facts = recent_facts
+        self._windows = _UNREAD
         self._reclaims = ReclaimPoll(
             session, executor, events, settings.reclaim_interval, leased=self.askable, apply=self.apply, wall=wall
         )
@@ -385,6 +399,8 @@ class ReconcileLoop:
         # retirements go on; new machines come only from offers younger than the feed's max_age.
         if not self.feed.known([name for name in leased if not self.unhealthy(name)]):
             return self._skipped("offers not read")
+        if self._windows is not _READ and self._windows_pending(leased, view):
+            return self._skipped("reading the health windows from the history")
         self._skipped("")
         self.cycles += 1
         want = self._confirm_want
@@ -414,6 +430,46 @@ class ReconcileLoop:
         # it would only plan it again at once).
         self.operations.dispatch(result.actions, allowed, offered, view, self.state.capacity, now)
         self.operations.recover(view, allowed, self.state.capacity)
+
+    # --- the health windows a restart lost (planner.windows) --------------------------------------------------------
+
+    def _windows_pending(self, leased: list[str], view: ControllerView) -> bool:
+        """Whether the first plan waits for the windows: it starts their read (once per process) when a provider
+        this daemon leases has a window to fill (``windows.span``) and a reader is there, and waits until it ends."""
+        if self._windows is _READING:
+            return True
+        span = windows.span(self.policy, leased)
+        if self._recent_facts is None or span <= 0 or self._nursery is None:
+            self._windows = _READ
+            return False
+        self._windows = _READING
+        self._spawn(self._read_windows, tuple(leased), span, view.facts.last_index)
+        return True
+
+    async def _read_windows(self, leased: tuple[str, ...], span: float, last_index: int) -> None:
+        """Read the facts of the last ``span`` seconds, rebuild the windows and put them under the planner's state;
+        within ``WINDOWS_READ_FOR`` seconds, else (or when the controller cannot say) the windows start empty, as
+        they did before, and that is said (``windows_not_restored``)."""
+        assert self._recent_facts is not None
+        started = self.wall()
+        try:
+            with trio.fail_after(WINDOWS_READ_FOR):
+                facts = await self._recent_facts(leased, started - span, last_index)
+        except (trio.TooSlowError, ProvisionerdError) as exc:
+            self.events.emit("windows_not_restored", providers=list(leased), reason=describe_error(exc))
+        else:
+            found = windows.rebuilt(facts, self.wall(), self.policy, before=started)
+            self.state = windows.merged(self.state, found)
+            self.events.emit(
+                "windows_restored",
+                providers=list(leased),
+                facts=len(facts),
+                unhealthy=len(found.unhealthy),
+                disruptions=sum(n for _, _, n in found.disruptions),
+            )
+        finally:
+            self._windows = _READ
+            self.wake()
 
     async def _fold_feedback(self, feedback: trio.MemoryReceiveChannel[Observation]) -> None:
         """Fold each observation a provider call made (``execution.feedback``) as it arrives."""

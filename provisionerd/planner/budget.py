@@ -15,7 +15,8 @@ Pure; part of :func:`provisionerd.planner.plan.plan`. Returns are of two kinds:
 
 The window is a log of ``(planned_at, provider, machines)`` kept in :class:`provisionerd.planner.state.PlannerState`
 (like the step limit's): a return planned is counted whether or not it succeeds, so the budget only ever
-over-counts. A restarted daemon starts with an empty window (at most one budget more in its first interval).
+over-counts. A restarted daemon reads it back from the facts before its first plan (:mod:`provisionerd.planner.
+windows`; empty only against a controller that keeps no commit times, or when that read fails).
 """
 
 from __future__ import annotations

@@ -56,6 +56,8 @@ SEVERITY: Mapping[str, int] = MappingProxyType(
         "reclaimed": INFO,
         "plan_note": INFO,  # emitted when a note appears, not every cycle
         "reconcile_skipped": INFO,  # emitted when the reason changes
+        "windows_restored": INFO,  # once a start: the health windows read back from the facts (planner.windows)
+        "windows_not_restored": WARNING,  # they start empty: max_unhealthy and the budget forget what came before
         # --- orphans ---
         "orphan_pass": DEBUG,  # every orphans.interval per provider
         "orphan_detected": WARNING,

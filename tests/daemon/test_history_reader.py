@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
-from provisionerd.controller.history import HistoryUnreadable, history_pages
+from provisionerd.controller.history import HistoryUnreadable, history_pages, recent_facts
 from provisionerd.domain.model import CommittedFact, Epoch, Lost
 from provisionerd.wire.messages import Ack, HistoryPage, HistoryQuery, Message
 
@@ -123,3 +124,41 @@ def test_a_controller_that_did_not_announce_the_query_is_never_sent_one() -> Non
     assert answer["ok"] is False and "does not serve the history query" in answer["error"]
     assert older.queries == []  # nothing went on the wire
     json.dumps(answer)
+
+
+class Log:
+    """A stand-in session over a fact log of 1..n whose fact i was committed at ``10 * i``: each query is answered
+    with every fact in its range, in one page."""
+
+    def __init__(self, n: int) -> None:
+        self.log = [attrs.evolve(fact(i), committed_at=10.0 * i) for i in range(1, n + 1)]
+        self.queries: list[HistoryQuery] = []
+        self.generation = 1
+        self.controller_history = True
+
+    async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
+        assert isinstance(msg, HistoryQuery)
+        self.queries.append(msg)
+        inside = tuple(c for c in self.log if msg.after_index < c.index <= msg.until_index)
+        return HistoryPage(inside, msg.until_index, msg.until_index, True)
+
+
+def recent(session: Log, since: float, **kwargs: Any) -> list[CommittedFact]:
+    async def main() -> list[CommittedFact]:
+        return await recent_facts(session, ("aws",), since, len(session.log), **kwargs)  # type: ignore[arg-type]
+
+    return trio.run(main)
+
+
+def test_recent_facts_reads_back_from_the_end_only_as_far_as_the_window() -> None:
+    """The health windows' read (``planner.windows``): the facts committed since a time, read backwards a chunk at
+    a time from the log's end, stopping at the first chunk that reaches older ones, and at ``max_facts``."""
+    session = Log(100)
+    found = recent(session, 905.0, chunk=20)  # facts 91..100 are committed at or after 905 s
+    assert [c.index for c in found] == list(range(91, 101))
+    assert [(q.after_index, q.until_index) for q in session.queries] == [(80, 100)]  # one chunk was enough
+    session = Log(100)
+    assert [c.index for c in recent(session, 505.0, chunk=20)] == list(range(51, 101))
+    assert [q.after_index for q in session.queries] == [80, 60, 40]
+    session = Log(100)
+    assert len(recent(session, 0.0, chunk=20, max_facts=30)) == 40  # bounded: two chunks, not five

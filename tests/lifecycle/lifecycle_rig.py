@@ -167,6 +167,7 @@ def build_rig(
     loop_settings: LoopSettings | None = None,
     ttl: float = 30.0,
     offer_interval: float = 60.0,
+    recent_facts: Any = None,
 ) -> Rig:
     events = EventLog(keep=100_000)
     controller = FakeController(ttl=ttl, grace=30.0)
@@ -217,6 +218,7 @@ def build_rig(
         incarnation="i1",
         jitter_seed=3,
         feedback=feedback.receive,
+        recent_facts=recent_facts,
     )
     return Rig(controller, link, session, providers, keepers, gate, executor, feed, loop, events, policy, feedback)
 
