@@ -193,6 +193,8 @@ struct HostState {
                                   # interruption notice, WorkerStatus.reclaimAt); 0 = no notice (older peers)
   rebalanceAt @10 :Float64;       # the provider recommended, at this time (epoch seconds), moving off the machine
                                   # (an EC2 rebalance recommendation); 0 = none (older peers)
+  probedAt @11 :Float64;          # capabilities came from a re-probe after the join, made at this time (epoch
+                                  # seconds, WorkerStatus.probedAt); 0 = the join's own report (older controllers)
 }
 
 # --- session ---------------------------------------------------------------------------------------------------

@@ -46,8 +46,11 @@ if TYPE_CHECKING:
 
 #: The retire reason of a machine short of its template (its ``ReturnIntent.reason`` adds why, after ``": "``).
 CAPABILITY_MISMATCH = "capability_mismatch"
+#: The same found by a re-probe after the join (``HostState.probed_at``): the machine degraded while it served (a
+#: GPU off the bus). Busy, it is drained out of placement and replaced first; returned when idle.
+UNHEALTHY_AFTER_JOIN = "unhealthy_after_join"
 #: Retire reasons that count as unhealthy findings (and a ``MarkLost``). All are involuntary (``planner.budget``).
-UNHEALTHY_REASONS = frozenset({"never_joined", "provisioning_timeout", CAPABILITY_MISMATCH})
+UNHEALTHY_REASONS = frozenset({"never_joined", "provisioning_timeout", CAPABILITY_MISMATCH, UNHEALTHY_AFTER_JOIN})
 #: Memory may be this fraction below the template's and still pass.
 MEM_SLACK = 0.10
 #: The longest ``ReturnIntent.reason`` a capability return writes.
@@ -126,9 +129,10 @@ class CapabilityCheck:
         return found
 
 
-def mismatch_reason(reasons: Iterable[str]) -> str:
-    """The ``ReturnIntent.reason`` of a machine short of its template: ``capability_mismatch: <why>``, bounded."""
-    return f"{CAPABILITY_MISMATCH}: {'; '.join(reasons)}"[:MAX_REASON]
+def mismatch_reason(reasons: Iterable[str], kind: str = CAPABILITY_MISMATCH) -> str:
+    """The ``ReturnIntent.reason`` of a machine short of its template: ``capability_mismatch: <why>`` (or
+    ``unhealthy_after_join: <why>``), bounded."""
+    return f"{kind}: {'; '.join(reasons)}"[:MAX_REASON]
 
 
 def reason_kind(reason: str) -> str:

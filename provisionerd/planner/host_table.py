@@ -40,9 +40,15 @@ class JoinIndex:
     ``FactView.active_refs`` names for its ref). :class:`HostTable` answers the same questions from kept indexes.
     """
 
-    def __init__(self, unjoined: Mapping[str, MachineRecord], available: Mapping[str, Mapping[str, Placed]]):
+    def __init__(
+        self,
+        unjoined: Mapping[str, MachineRecord],
+        available: Mapping[str, Mapping[str, Placed]],
+        reprobed_busy: Mapping[str, Placed] | None = None,
+    ):
         self.unjoined, self.available = unjoined, available
         self._by_op: dict[str, list[MachineRecord]] | None = None
+        self._reprobed_busy: Mapping[str, Placed] = reprobed_busy or {}
 
     def unjudged(self, verdicts: object) -> list[tuple[str, Placed]]:
         """The available hosts that report capabilities: built here, every one of them (see
@@ -56,6 +62,10 @@ class JoinIndex:
 
     def judged(self, ref: str, host: HostState) -> None:
         """Nothing is kept here (:meth:`HostTable.judged`)."""
+
+    def reprobed_busy(self) -> list[tuple[str, Placed]]:
+        """Busy hosts of active machines whose report came from a re-probe (``HostState.probed_at``), built here."""
+        return list(self._reprobed_busy.items())
 
     def unjoined_of(self, op_id: str) -> list[MachineRecord]:
         """Not joined, created for ``op_id``."""
@@ -119,6 +129,9 @@ class HostTable(MutableMapping[str, HostState]):
         # available; another verdict cache (a new catalog) starts it over from every available host.
         self._unjudged: dict[str, Placed] = {}
         self._judged_against: object | None = None
+        # Busy hosts whose report came from a re-probe after the join (``HostState.probed_at``; planner.health's
+        # health after join): judged every pass, few (a fleet re-probes, but only changed reports are sent).
+        self._reprobed_busy: dict[str, Placed] = {}
         for machine in active_refs.values():
             self._unjoin(machine)
 
@@ -244,6 +257,10 @@ class HostTable(MutableMapping[str, HostState]):
         if placed is not None and placed[0] is host:
             del self._unjudged[ref]
 
+    def reprobed_busy(self) -> list[tuple[str, Placed]]:
+        """Busy hosts of active machines whose report came from a re-probe (``HostState.probed_at``)."""
+        return list(self._reprobed_busy.items())
+
     # --- kept in step by the owning view ---------------------------------------------------------------------------
 
     def machine_added(self, machine: MachineRecord) -> None:
@@ -345,6 +362,7 @@ class HostTable(MutableMapping[str, HostState]):
 
     def _place(self, ref: str, host: HostState, machine: MachineRecord) -> None:
         if _available(host):
+            self._reprobed_busy.pop(ref, None)
             self._available.setdefault(machine.demand_id, {})[ref] = (host, machine)
             if host.capabilities:
                 self._unjudged[ref] = (host, machine)
@@ -352,8 +370,11 @@ class HostTable(MutableMapping[str, HostState]):
                 self._unjudged.pop(ref, None)
         else:
             self._unplace(ref, machine)
+            if host.status is HostStatus.BUSY and host.probed_at > 0 and host.capabilities:
+                self._reprobed_busy[ref] = (host, machine)
 
     def _unplace(self, ref: str, machine: MachineRecord) -> None:
+        self._reprobed_busy.pop(ref, None)
         self._unjudged.pop(ref, None)
         by_ref = self._available.get(machine.demand_id)
         if by_ref is not None and by_ref.pop(ref, None) is not None and not by_ref:
@@ -373,14 +394,19 @@ def join_index(active_refs: Mapping[str, MachineRecord], hosts: Mapping[str, Hos
             return kept
     unjoined = {ref: active_refs[ref] for ref in active_refs.keys() - hosts.keys()}
     available: dict[str, dict[str, Placed]] = {}
+    reprobed: dict[str, Placed] = {}
     busy, lost = HostStatus.BUSY, HostStatus.LOST
     for host in hosts.values():
-        if host.status is busy or host.status is lost:
+        if host.status is lost:
+            continue
+        if host.status is busy:
+            if host.probed_at > 0 and host.capabilities and host.instance_ref in active_refs:
+                reprobed[host.instance_ref] = (host, active_refs[host.instance_ref])
             continue
         machine = active_refs.get(host.instance_ref)
         if machine is not None:
             available.setdefault(machine.demand_id, {})[host.instance_ref] = (host, machine)
-    return JoinIndex(unjoined, available)
+    return JoinIndex(unjoined, available, reprobed)
 
 
 def _earliest_live_after(

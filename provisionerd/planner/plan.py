@@ -89,12 +89,17 @@ RETIRE_REASONS = (
     NOT_REJOINED,
     NO_HOST,
     health.CAPABILITY_MISMATCH,
+    health.UNHEALTHY_AFTER_JOIN,
     DRAIN_TIMEOUT,
     "max_ttl",
     DRAINED,
     RELEASED,
     "idle",
 )
+
+
+#: Retire reasons whose ``ReturnIntent.reason`` says what the machine fell short of (``health.mismatch_reason``).
+SHORT_OF_TEMPLATE = (health.CAPABILITY_MISMATCH, health.UNHEALTHY_AFTER_JOIN)
 
 
 @attrs.frozen
@@ -206,7 +211,7 @@ def plan(
                 if active.get(h, 0) + outstanding.get(h, 0) < wanted_warm[h]:
                     planner.serve(item, {}, notes)  # takes what the real items left; lends, never borrows
     retire = [
-        (health.mismatch_reason(counts.shortfalls[m.machine_id]) if r == health.CAPABILITY_MISMATCH else r, m)
+        (health.mismatch_reason(counts.shortfalls[m.machine_id], r) if r in SHORT_OF_TEMPLATE else r, m)
         for r, m in counts.retire
     ]
     retire += released
@@ -316,10 +321,15 @@ def _health(
     the providers protected by ``max_unhealthy`` (``planner.health``): ``(state, {provider: why})``."""
     findings = [(m.provider, m.machine_id) for m in counts.lost]
     findings += [(m.provider, m.machine_id) for r, m in counts.retire if r in health.UNHEALTHY_REASONS]
+    findings += [(m.provider, m.machine_id) for m in counts.unhealthy_drain]  # found now, returned when idle
     findings.sort()  # the log's order must not depend on set iteration (hash seeds)
     capacity = state.capacity
     for machine_id, reasons in sorted(counts.shortfalls.items()):
         machine = view.machines[machine_id]
+        if machine_id in counts.after_join:  # the machine degraded: its offer is not suspect, max_unhealthy counts it
+            why = f"machine {machine_id} fell short of its template after it joined: {'; '.join(reasons)}"
+            notes.append(Note(health.UNHEALTHY_AFTER_JOIN, why, machine.provider, machine.demand_id))
+            continue
         why = f"machine {machine_id} short of its template: {'; '.join(reasons)}"
         notes.append(Note(health.CAPABILITY_MISMATCH, why, machine.provider, machine.demand_id))
         until = now + policy.of(machine.provider).capacity_backoff
@@ -411,16 +421,18 @@ def _drains(
             batch = tuple(machine_ids[start : start + policy.return_batch])
             actions.append(DrainMachines(ops.new(provider), provider, batch, DRAIN_REASON, now))
             seen = {**seen, **dict.fromkeys(batch, now)}
-    noticed: dict[str, list[str]] = {}  # a reclaim notice: never budgeted (the provider decided, not us)
-    for machine in counts.notice_drain:
-        noticed.setdefault(machine.provider, []).append(machine.machine_id)
-    for provider, machine_ids in sorted(noticed.items()):
-        machine_ids.sort()
-        counts.due(now + policy.of(provider).drain_timeout, now)
-        for start in range(0, len(machine_ids), policy.return_batch):
-            batch = tuple(machine_ids[start : start + policy.return_batch])
-            actions.append(DrainMachines(ops.new(provider), provider, batch, RECLAIM, now))
-            seen = {**seen, **dict.fromkeys(batch, now)}
+    # A reclaim notice, or a machine unhealthy after its join: never budgeted (not a choice of ours).
+    for reason, found in ((RECLAIM, counts.notice_drain), (health.UNHEALTHY_AFTER_JOIN, counts.unhealthy_drain)):
+        unbudgeted: dict[str, list[str]] = {}
+        for machine in found:
+            unbudgeted.setdefault(machine.provider, []).append(machine.machine_id)
+        for provider, machine_ids in sorted(unbudgeted.items()):
+            machine_ids.sort()
+            counts.due(now + policy.of(provider).drain_timeout, now)
+            for start in range(0, len(machine_ids), policy.return_batch):
+                batch = tuple(machine_ids[start : start + policy.return_batch])
+                actions.append(DrainMachines(ops.new(provider), provider, batch, reason, now))
+                seen = {**seen, **dict.fromkeys(batch, now)}
     return seen
 
 

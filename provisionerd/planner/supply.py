@@ -18,7 +18,7 @@ import attrs
 from provisionerd.domain.model import HostState
 from provisionerd.planner import drain
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
-from provisionerd.planner.health import CapabilityCheck
+from provisionerd.planner.health import CAPABILITY_MISMATCH, UNHEALTHY_AFTER_JOIN, CapabilityCheck
 from provisionerd.planner.host_table import HostTable, join_index
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.offers import OfferKey
@@ -46,6 +46,12 @@ class Tally:
     drain: list[MachineRecord] = attrs.field(factory=list)  # busy past max_ttl, to be asked to drain (planner.drain)
     #: Busy with a reclaim notice, to be asked to drain (``planner.drain.noticed``; never budgeted).
     notice_drain: list[MachineRecord] = attrs.field(factory=list)
+    #: Busy, and a re-probe after the join falls short of the template: to be asked to drain (never budgeted), then
+    #: returned when idle as ``unhealthy_after_join`` (``planner.health``).
+    unhealthy_drain: list[MachineRecord] = attrs.field(factory=list)
+    #: Machines whose shortfall a re-probe after the join found (``shortfalls`` has why): their offer is not
+    #: suspect (the machine degraded, not the template's kind of machine).
+    after_join: set[str] = attrs.field(factory=set)
     intent_seen: dict[str, float] = attrs.field(factory=dict)
     machine_seen: dict[str, float] = attrs.field(factory=dict)
     #: The earliest deadline after ``now`` found on the way (a provisioning timeout, a join deadline, a max_ttl):
@@ -226,12 +232,36 @@ def tally(
                 continue
             reasons = judge(host, machine)
             if reasons:
-                result.retire.append(("capability_mismatch", machine))
+                after_join = host.probed_at > 0
+                result.retire.append((UNHEALTHY_AFTER_JOIN if after_join else CAPABILITY_MISMATCH, machine))
                 result.shortfalls[machine.machine_id] = reasons
+                if after_join:
+                    result.after_join.add(machine.machine_id)
                 active[machine.demand_id] -= 1
                 skip.add(machine.machine_id)
             else:
                 joins.judged(ref, host)
+        # Health after join: a busy machine whose re-probe falls short is drained out of placement and replaced now
+        # (not supply), then returned when idle (above, next passes) or at drain_timeout, busy or not.
+        for _, (host, machine) in joins.reprobed_busy():
+            if machine.machine_id in skip or not window.hosts_back(machine.provider):
+                continue
+            reasons = judge(host, machine)
+            if not reasons:
+                continue
+            result.shortfalls[machine.machine_id] = reasons
+            result.after_join.add(machine.machine_id)
+            active[machine.demand_id] -= 1
+            skip.add(machine.machine_id)
+            since = drain.drain_started(machine, state.drain_seen)
+            if since is None:
+                result.unhealthy_drain.append(machine)
+                continue
+            timeout_at = since + policy.of(machine.provider).drain_timeout
+            if now >= timeout_at:
+                result.retire.append((UNHEALTHY_AFTER_JOIN, machine))
+            else:
+                result.due(timeout_at, now)
     # A reclaim notice (planner.drain.noticed): not supply from now on, returned when idle or before the deadline.
     table = hosts.indexes(active_refs) if isinstance(hosts, HostTable) else None
     found_notices = drain.noticed(

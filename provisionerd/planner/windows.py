@@ -15,7 +15,9 @@ under-counts, as before this existed):
   without its detail, ``capability_mismatch: ngpus 0 < 1`` counts), one entry per machine, or a ``Lost`` (a
   machine the provider reclaimed: the planner's ``MarkLost``);
 - a voluntary return is a ``ReturnIntent`` whose reason is in ``budget.VOLUNTARY``, one entry per intent with its
-  machine count.
+  machine count;
+- a machine drained because a re-probe after its join fell short (``DrainRequested`` reason
+  ``unhealthy_after_join``) is an unhealthy finding from its drain on.
 
 The planner writes each entry at the plan that decided it, the intent is committed a moment later: the rebuilt
 window is at most that moment younger than the lost one, so it holds an entry a little longer, never shorter. An
@@ -29,7 +31,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from provisionerd.domain.model import CommittedFact, Lost, ReturnIntent
+from provisionerd.domain.model import CommittedFact, DrainRequested, Lost, ReturnIntent
 from provisionerd.planner import budget, health
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import PlannerState
@@ -77,6 +79,9 @@ def rebuilt(facts: Iterable[CommittedFact], now: float, policy: Policy, before: 
                 disruptions.append((at, fact.provider, len(fact.machine_ids)))
         elif isinstance(fact, Lost) and at + own.max_unhealthy_window > now:
             findings.append((at, fact.provider, fact.machine_id))
+        elif isinstance(fact, DrainRequested) and health.reason_kind(fact.reason) in health.UNHEALTHY_REASONS:
+            if at + own.max_unhealthy_window > now:  # unhealthy after its join: found at the drain
+                findings.extend((at, fact.provider, machine_id) for machine_id in fact.machine_ids)
     findings.sort()
     disruptions.sort()
     return Windows(_bounded(findings), tuple(disruptions))

@@ -277,11 +277,17 @@ def test_the_kept_capability_candidates_find_what_a_full_scan_finds(data):
             if status is None:
                 view.hosts.pop(ref, None)
             else:
-                view.hosts[ref] = HostState(ref, "p", "", status, float(index), capabilities=data.draw(reports))
+                probed = data.draw(st.sampled_from([0.0, float(index)]))
+                view.hosts[ref] = HostState(
+                    ref, "p", "", status, float(index), capabilities=data.draw(reports), probed_at=probed
+                )
         view.apply(CommittedFact(index, fact))
         if data.draw(st.booleans()):
             if data.draw(st.integers(0, 5)) == 0:
                 verdicts = {}  # another catalog
             built = join_index(view.active_refs, dict(view.hosts))
             everything = capability_pass(built, {})
-            assert capability_pass(view.hosts.indexes(view.active_refs), verdicts) == everything
+            table = view.hosts.indexes(view.active_refs)
+            assert capability_pass(table, verdicts) == everything
+            # Health after join: the busy hosts whose report came from a re-probe, kept the same way.
+            assert dict(table.reprobed_busy()) == dict(built.reprobed_busy())
