@@ -22,7 +22,7 @@ WORKLOADS = ("any", "gate", "lifecycle")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from provisionerd.testing.simulation.faults import FLEET_CHANCE, LEGACY_CHANCE
+    from provisionerd.testing.simulation.faults import FLEET_CHANCE, LEGACY_CHANCE, NOTICE_CHANCE
 
     p = argparse.ArgumentParser(prog="provisionerd simulate", description="seeded whole-system simulation campaign")
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
@@ -65,26 +65,39 @@ def _parser() -> argparse.ArgumentParser:
         help="the chance that a lifecycle run keeps warm headroom (and, in half of them, a CPU limit) on its"
         f" provider (default {FLEET_CHANCE}; 0: none)",
     )
+    p.add_argument(
+        "--notice-share",
+        type=float,
+        default=NOTICE_CHANCE,
+        metavar="P",
+        help="the chance that one joined machine of a lifecycle run gets a spot interruption notice and is taken"
+        f" back at its end (default {NOTICE_CHANCE}; 0: none)",
+    )
     return p
 
 
 def _overrides(
-    workload: str, churn_hours: float = 0.0, legacy_share: float = 0.0, fleet_share: float = 0.0
+    workload: str,
+    churn_hours: float = 0.0,
+    legacy_share: float = 0.0,
+    fleet_share: float = 0.0,
+    notice_share: float = 0.0,
 ) -> dict[str, Any]:
     from provisionerd.testing.simulation import churn
 
     if churn_hours > 0:
         return churn.settings_for(churn_hours)
     drawn: dict[str, Any] = {} if workload == "any" else {"workload": workload}
-    shares = {"legacy_share": legacy_share, "fleet_share": fleet_share}
+    shares = {"legacy_share": legacy_share, "fleet_share": fleet_share, "notice_share": notice_share}
     return {**drawn, **{name: share for name, share in shares.items() if share}}
 
 
-def _run(job: tuple[int, str, float, float, float, float]) -> dict[str, Any]:
+def _run(job: Job) -> dict[str, Any]:
     from provisionerd.testing.simulation import World, run_world
 
-    seed, workload, budget, churn_hours, legacy_share, fleet_share = job
-    world = World(seed, keep_trace=False, **_overrides(workload, churn_hours, legacy_share, fleet_share))
+    seed, workload, budget, churn_hours, legacy_share, fleet_share, notice_share = job
+    drawn = _overrides(workload, churn_hours, legacy_share, fleet_share, notice_share)
+    world = World(seed, keep_trace=False, **drawn)
     result = run_world(world, wall_budget=budget)
     first = result.first
     line: dict[str, Any] = {"seed": seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
@@ -102,7 +115,10 @@ def _run(job: tuple[int, str, float, float, float, float]) -> dict[str, Any]:
     return line
 
 
-def _results(jobs: list[tuple[int, str, float, float, float, float]], processes: int) -> Iterator[dict[str, Any]]:
+Job = tuple[int, str, float, float, float, float, float]
+
+
+def _results(jobs: list[Job], processes: int) -> Iterator[dict[str, Any]]:
     if processes <= 1:
         yield from map(_run, jobs)
         return
@@ -117,10 +133,11 @@ def _trace(
     churn_hours: float = 0.0,
     legacy_share: float = 0.0,
     fleet_share: float = 0.0,
+    notice_share: float = 0.0,
 ) -> int:
     from provisionerd.testing.simulation import World, run_world
 
-    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, legacy_share, fleet_share))
+    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, legacy_share, fleet_share, notice_share))
     print(
         json.dumps(
             {"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
@@ -155,18 +172,21 @@ def main(argv: list[str]) -> int:
         or not 0 <= args.churn <= 24 * 365
         or not 0 <= args.legacy_share <= 1
         or not 0 <= args.fleet_share <= 1
+        or not 0 <= args.notice_share <= 1
     ):
         print(
             "provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0,"
-            " --churn between 0 and 8760 hours, --legacy-share and --fleet-share between 0 and 1",
+            " --churn between 0 and 8760 hours, --legacy-share, --fleet-share and --notice-share between 0 and 1",
             file=sys.stderr,
         )
         return 2
     if args.trace is not None:
-        return _trace(args.trace, args.workload, budget, args.churn, args.legacy_share, args.fleet_share)
+        return _trace(
+            args.trace, args.workload, budget, args.churn, args.legacy_share, args.fleet_share, args.notice_share
+        )
     started = time.perf_counter()
     jobs = [
-        (seed, args.workload, budget, args.churn, args.legacy_share, args.fleet_share)
+        (seed, args.workload, budget, args.churn, args.legacy_share, args.fleet_share, args.notice_share)
         for seed in range(args.start, args.start + args.seeds)
     ]
     failing, virtual = 0, 0.0

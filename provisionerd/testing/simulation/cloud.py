@@ -66,8 +66,9 @@ class SimCloud(FakeProvider):
         self.on_vanished: list[Callable[[str, str], None]] = []
         #: Machine id -> when a return or stop first named it (the store-loss check tells those from forgotten).
         self.named_by_mutation: dict[str, float] = {}
-        #: Machine ids a ``vanish`` fault took.
+        #: Machine ids a ``vanish`` fault took, or a spot reclaim (``reclaimed`` too).
         self.vanished: set[str] = set()
+        self.reclaimed: set[str] = set()
         #: Called with (machine_id, instance_ref, join_token) for each machine created (a booting worker).
         self.on_created: list[Callable[[str, str, str], None]] = []
 
@@ -90,6 +91,17 @@ class SimCloud(FakeProvider):
         for hook in self.on_vanished:
             hook(machine_id, self.machines[machine_id]["instanceRef"])
         return machine_id
+
+    def reclaim(self, machine_id: str) -> None:
+        """The cloud takes ``machine_id`` back at the end of its interruption notice (a spot reclaim): it ends, and
+        the cloud's API shows that it did (``getReturnRequests``), as EC2 shows a reclaimed spot instance."""
+        self.machines[machine_id]["status"] = "terminated"
+        self.vanished.add(machine_id)
+        self.reclaimed.add(machine_id)
+        self.recorder.gone.add(machine_id)
+        self.recorder.note("provider", "reclaimed", machine=machine_id)
+        for hook in self.on_vanished:
+            hook(machine_id, self.machines[machine_id]["instanceRef"])
 
     def running(self) -> list[dict[str, Any]]:
         return [doc for _, doc in sorted(self.machines.items()) if doc["status"] == "running"]
@@ -180,7 +192,8 @@ class SimCloud(FakeProvider):
         named = {r["machineId"] for r in out["requests"]}
         for asked in doc.get("machines", ()):
             machine_id = asked["machineId"]
-            if machine_id in self.vanished and machine_id not in named and _shows_end(machine_id):
+            shown = machine_id in self.reclaimed or _shows_end(machine_id)
+            if machine_id in self.vanished and machine_id not in named and shown:
                 out["requests"].append({"machine": asked["name"], "machineId": machine_id, "gracePeriod": 0})
         return out
 

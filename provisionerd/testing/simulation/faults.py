@@ -110,6 +110,10 @@ LEGACY_CHANCE = 0.3
 #: Not a fault either: the share of lifecycle worlds with a fleet policy (warm headroom, half of them a CPU limit
 #: too; issue 35), drawn by ``World`` after the legacy world (``simulate --fleet-share``).
 FLEET_CHANCE = 0.3
+#: The share of lifecycle worlds where one joined machine gets a spot interruption notice (issue 34 item 4): its
+#: worker reports ``reclaim_at``, and the cloud takes it back then. Drawn by ``World`` after the fleet policy
+#: (``simulate --notice-share``).
+NOTICE_CHANCE = 0.3
 
 
 @attrs.frozen

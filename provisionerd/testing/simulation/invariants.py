@@ -36,6 +36,9 @@ violation names its invariant with a stable word (the ``simulate`` command print
                              made are explained before the rest becomes a new op)
 ``joined_retired_as_never_joined``  a machine whose worker had joined was returned as ``never_joined`` (invariant
                              11: a restart costs no machine; a controller restart empties its host table)
+``notice_ignored``           a machine with a spot interruption notice was still unreturned when the cloud took it
+                             back, though no fault touched the notice's span and a daemon ran throughout (issue 34:
+                             an idle noticed machine is returned at once and replaced in the same plan)
 
 Why the lease check has two parts: at any instant at most one instance may trust the lease (checked whenever a
 belief starts or is extended); and across epochs the older holder's trust must have ended no later than the
@@ -79,6 +82,7 @@ INVARIANTS = (
     "no_convergence",
     "joined_retired_as_never_joined",
     "failed_with_machines",
+    "notice_ignored",
 )
 
 #: The intent kind a mutating provider action needs.

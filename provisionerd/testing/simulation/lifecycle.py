@@ -276,3 +276,43 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
             f"{len(ours)} machines running ({len(joined)} joined) "
             f"{s.settle:g}s after the last fault; demand wants {wanted}",
         )
+
+
+#: A notice is judged only when no fault came within this many seconds before it or during its span (the effects of
+#: an instant fault, such as agents rejoining after a controller restart, last up to 40 s).
+NOTICE_CALM = 60.0
+
+
+async def spot_notice(world: World, at: float, lead: float) -> None:
+    """Issue 34 item 4 in the simulation: at ``at`` one joined, running machine's worker reports a spot interruption
+    notice for ``lead`` seconds later (``WorkerStatus.reclaimAt``, relayed in its host state), and the cloud takes the
+    machine back then. ``notice_ignored`` when it was still unreturned by then though no fault touched the notice's
+    span (``NOTICE_CALM`` before it, and the span itself) and a daemon ran throughout."""
+    await trio.sleep_until(at)
+    cluster, server = world.cluster, world.server
+    joined = world.workers.joined
+    running = sorted(
+        m for m, doc in world.cloud.machines.items() if doc["status"] == "running" and doc.get("instanceRef") in joined
+    )
+    if cluster is None or not running:
+        world.recorder.note("worker", "notice_skipped", reason="no joined machine running")
+        return
+    machine_id = world.notice_rng.choice(running)
+    ref = world.cloud.machines[machine_id]["instanceRef"]
+    wall = world.wall()
+    host = cluster.worker_status(ref, HostStatus.IDLE, wall, reclaim_at=wall + lead)
+    if host is not None:
+        server.broadcast_host(host)
+    relayed = host is not None
+    world.recorder.note("worker", "reclaim_notice", machine=machine_id, reclaim_at=wall + lead, relayed=relayed)
+    await trio.sleep(lead)
+    returned = machine_id in world.cloud.named_by_mutation
+    if world.cloud.machines[machine_id]["status"] == "running":
+        world.cloud.reclaim(machine_id)
+    if not relayed or not world.calm(at - NOTICE_CALM, at + lead):
+        return
+    world.recorder.note("worker", "notice_judged", machine=machine_id, returned=returned)
+    if not returned:
+        world.recorder.violate(
+            "notice_ignored", f"{machine_id}: noticed at {at:.3f}, still unreturned when reclaimed {lead:.1f} s later"
+        )

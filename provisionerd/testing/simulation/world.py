@@ -15,6 +15,7 @@ lets the world settle, and runs the final checks.
 from __future__ import annotations
 
 import base64
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -78,6 +79,12 @@ class WorldSettings:
     headroom: int = 0
     cpu_limit: int = 0
     fleet_share: float = 0.0
+    #: A spot interruption notice (issue 34 item 4): at ``notice_at`` one joined machine's worker reports that the
+    #: cloud takes it back ``notice_lead`` seconds later, and the cloud does (0: none). Drawn after the fleet policy
+    #: with the chance ``notice_share`` (0 here; ``simulate --notice-share`` defaults to ``NOTICE_CHANCE``).
+    notice_at: float = 0.0
+    notice_lead: float = 0.0
+    notice_share: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random, **overrides: Any) -> WorldSettings:
@@ -166,6 +173,16 @@ class World:
             # Two CPUs a machine: a limit of 2 x (cap - 1) leaves the provider one machine short of its cap.
             cpu_limit = 2 * max(1, s.provider_cap - 1) if fleet_rng.random() < 0.5 else 0
             self.settings = s = attrs.evolve(s, headroom=fleet_rng.choice((1, 2)), cpu_limit=cpu_limit)
+        self.notice_rng = random.Random(rng.getrandbits(64))  # drawn after the fleet policy: nothing before changed
+        if (
+            "notice_at" not in overrides
+            and s.workload == "lifecycle"
+            and s.fault_kinds == KINDS
+            and self.notice_rng.random() < s.notice_share
+        ):
+            at = round(self.notice_rng.uniform(s.horizon * 0.2, s.horizon * 0.8), 3)
+            lead = round(self.notice_rng.uniform(60.0, 150.0), 3)
+            self.settings = s = attrs.evolve(s, notice_at=at, notice_lead=lead)
         self.recorder = Recorder(keep_trace=keep_trace)
         self.addresses = tuple(f"ctl{i}:7400" for i in range(s.replicas))
         self.workload_factory = workload_factory
@@ -240,6 +257,8 @@ class World:
                     nursery.start_soon(self._apply_faults)
                     if self.lifecycle:
                         nursery.start_soon(lifecycle.drive_demand, self, self.demand[1:])
+                        if s.notice_at > 0:
+                            nursery.start_soon(lifecycle.spot_notice, self, s.notice_at, s.notice_lead)
                     if self.churn is not None:
                         nursery.start_soon(self.churn.run, self, PROVIDER)
                     await trio.sleep_until(self.end_time)
@@ -248,6 +267,15 @@ class World:
         finally:
             store.close()
             self.losses.close()
+
+    def calm(self, start: float, end: float) -> bool:
+        """No fault of the plan touched ``[start, end]`` (a ``kill_mid_call`` stays armed until a mutation: from its
+        time on), and a daemon runs now."""
+        for fault in self.plan.faults:
+            ends = math.inf if fault.kind == "kill_mid_call" else fault.ends
+            if fault.at <= end and ends >= start:
+                return False
+        return any(not node.scope.cancel_called for node in self.nodes.values())
 
     def _serve(self, stream: trio.abc.Stream, replica: int) -> None:
         assert self._nursery is not None
