@@ -53,14 +53,16 @@ test-integration: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m integration
 
 # What CI checks before the tests, each at zero findings: lint, formatting, types, the layers of
-# ../shared/DESIGN.md (import-linter, contracts in .importlinter), and rustfmt and clippy on the native codec where
-# cargo is installed. Every check runs; any finding fails the target.
+# ../shared/DESIGN.md (import-linter, contracts in .importlinter), shellcheck on every shell script
+# (.ci/shell-files), and rustfmt and clippy on the native codec where cargo is installed. Every check runs; any
+# finding fails the target.
 lint: $(LINT_STAMP)
 	@status=0; \
 	$(VENV)/bin/ruff check . || status=1; \
 	$(VENV)/bin/ruff format --check . || status=1; \
 	$(VENV)/bin/mypy || status=1; \
 	$(VENV)/bin/lint-imports || status=1; \
+	$(VENV)/bin/shellcheck -S warning $$(.ci/shell-files) || status=1; \
 	if command -v cargo >/dev/null; then \
 		cargo fmt --manifest-path rust/fastwire/Cargo.toml --check || status=1; \
 		cargo clippy -q --release --manifest-path rust/fastwire/Cargo.toml -- -D warnings || status=1; \

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers of the bash example provider; every <action>.sh sources this file.
 #
 # The provider keeps its "machines" as records in $PRO_DATA_DIR:
@@ -178,6 +179,7 @@ valid_op_id() {
 # check_replay OP_ID FINGERPRINT: when OP_ID was used before, set REPLAY to the request it made; otherwise
 # REPLAY is empty. The same op_id for a different ask is the caller's bug, refused (clouds do the same with
 # client tokens).
+# shellcheck disable=SC2034  # REPLAY is read by the scripts that source this file
 check_replay() {
     REPLAY=
     [[ -f $DATA/ops/$1 ]] || return 0
