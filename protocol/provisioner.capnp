@@ -193,6 +193,8 @@ struct HostState {
                                   # interruption notice, WorkerStatus.reclaimAt); 0 = no notice (older peers)
   rebalanceAt @10 :Float64;       # the provider recommended, at this time (epoch seconds), moving off the machine
                                   # (an EC2 rebalance recommendation); 0 = none (older peers)
+  probedAt @11 :Float64;          # capabilities came from a re-probe after the join, made at this time (epoch
+                                  # seconds, WorkerStatus.probedAt); 0 = the join's own report (older controllers)
 }
 
 # --- session ---------------------------------------------------------------------------------------------------
@@ -377,6 +379,9 @@ struct WorkerStatus {
   status @0 :HostStatus;
   reclaimAt @1 :Float64;          # the machine's reclaim notice (HostState.reclaimAt); 0 = none (older workers)
   rebalanceAt @2 :Float64;        # its rebalance recommendation (HostState.rebalanceAt); 0 = none
+  capabilities @3 :List(KeyValue);  # the latest re-probe's report, whole (bounds as Join.capabilities); empty =
+                                    # unchanged since the last one sent (older workers send none)
+  probedAt @4 :Float64;           # when that re-probe ran (epoch seconds); 0 = none
 }
 
 # --- admin -----------------------------------------------------------------------------------------------------

@@ -331,7 +331,11 @@ class HostState:
 
     ``reclaim_at``: the provider takes the machine back then (a spot interruption notice; epoch seconds, 0 = no
     notice); ``rebalance_at``: the provider recommended moving off it then (0 = none). Either makes the machine
-    doomed: the planner replaces it and returns it (:mod:`provisionerd.planner.drain`, protocol §6.4)."""
+    doomed: the planner replaces it and returns it (:mod:`provisionerd.planner.drain`, protocol §6.4).
+
+    ``probed_at``: ``capabilities`` came from a re-probe the worker ran after its join, at this time (epoch seconds,
+    ``WorkerStatus.probed_at``; health after join, protocol §6.4); 0 = they are the join's own report (or a
+    controller older than the field)."""
 
     instance_ref: str
     provider: str
@@ -344,6 +348,7 @@ class HostState:
     capabilities: Mapping[str, str] = attrs.field(factory=dict)
     reclaim_at: float = 0.0
     rebalance_at: float = 0.0
+    probed_at: float = 0.0
 
     @property
     def noticed(self) -> bool:
