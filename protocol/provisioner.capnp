@@ -379,6 +379,9 @@ struct WorkerStatus {
   status @0 :HostStatus;
   reclaimAt @1 :Float64;          # the machine's reclaim notice (HostState.reclaimAt); 0 = none (older workers)
   rebalanceAt @2 :Float64;        # its rebalance recommendation (HostState.rebalanceAt); 0 = none
+  capabilities @3 :List(KeyValue);  # the latest re-probe's report, whole (bounds as Join.capabilities); empty =
+                                    # unchanged since the last one sent (older workers send none)
+  probedAt @4 :Float64;           # when that re-probe ran (epoch seconds); 0 = none
 }
 
 # --- admin -----------------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ the one its store holds. Each failure is logged at WARNING and counted in ``stor
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator, Sequence
+import math
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import attrs
@@ -369,6 +370,14 @@ class Cluster:
         if status not in (HostStatus.IDLE, HostStatus.BUSY):
             raise ValueError(f"a worker reports idle or busy, not {status.value!r}")
         return self.hosts.set_status(instance_ref, status, wall, reclaim_at, rebalance_at)
+
+    def worker_probed(self, instance_ref: str, capabilities: Mapping[str, str], probed_at: float) -> HostState | None:
+        """Record a worker's re-probe after its join (``WorkerStatus.capabilities``, already bounded by
+        ``workers.reported_capabilities``; protocol §6.4 "Health after join"): the whole report replaces the
+        host's, stamped ``probed_at``; ``None`` when unknown, lost or unchanged."""
+        if not (math.isfinite(probed_at) and probed_at > 0):
+            raise ValueError(f"a re-probe's time is epoch seconds above 0, not {probed_at!r}")
+        return self.hosts.report(instance_ref, capabilities, probed_at)
 
     def worker_lost(self, instance_ref: str, wall: float) -> HostState | None:
         revoke_lost(self.store, instance_ref, wall)  # durable: refused after a restart too

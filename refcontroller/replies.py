@@ -75,7 +75,15 @@ def provisioner_reply(
     raise ValueError(f"not a simple provisioner request: {type(msg).__name__}")
 
 
-def worker_status_valid(status: HostStatus, reclaim_at: float = 0.0, rebalance_at: float = 0.0) -> bool:
-    """A worker reports idle or busy, and notice times that are finite and not negative (0 = none)."""
-    times_ok = all(math.isfinite(t) and t >= 0 for t in (reclaim_at, rebalance_at))
-    return status in (HostStatus.IDLE, HostStatus.BUSY) and times_ok
+def worker_status_valid(
+    status: HostStatus,
+    reclaim_at: float = 0.0,
+    rebalance_at: float = 0.0,
+    probed_at: float = 0.0,
+    *,
+    probed: bool = False,
+) -> bool:
+    """A worker reports idle or busy, and notice times that are finite and not negative (0 = none); a re-probe's
+    report (``probed``: ``capabilities`` not empty) comes with the time it was made (``probed_at`` above 0)."""
+    times_ok = all(math.isfinite(t) and t >= 0 for t in (reclaim_at, rebalance_at, probed_at))
+    return status in (HostStatus.IDLE, HostStatus.BUSY) and times_ok and (probed_at > 0 or not probed)

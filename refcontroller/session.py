@@ -58,7 +58,7 @@ from provisionerd.wire.messages import (
 )
 from provisionerd.wire.paging import HOSTS_PAGE_ITEMS, demand_pages, host_pushes, paginate_by_size
 from provisionerd.wire.roles import ALLOWED
-from refcontroller import history
+from refcontroller import history, workers
 from refcontroller.commits import INVALID
 from refcontroller.leases import holder_key
 from refcontroller.pacing import until_drained
@@ -260,11 +260,21 @@ class Session:
                 resync = functools.partial(self._resync, msg, corr)
                 self._tasks.start_soon(functools.partial(self._guarded, resync, "resync", ends=False))
             case WorkerStatus(status=status, reclaim_at=reclaim_at, rebalance_at=rebalance_at):
-                if not worker_status_valid(status, reclaim_at, rebalance_at):
-                    await self.send(Rejected(INVALID, "a worker reports idle or busy, notice times >= 0"), corr)
+                probed_at, reported = msg.probed_at, msg.capabilities
+                if not worker_status_valid(status, reclaim_at, rebalance_at, probed_at, probed=bool(reported)):
+                    await self.send(
+                        Rejected(INVALID, "a worker reports idle or busy, times >= 0, a re-probe with its time"), corr
+                    )
                     return
+                probed = None
+                if reported:  # a re-probe after the join (§6.4 "Health after join"), bounded as the join's report
+                    report, dropped = workers.reported_capabilities(reported)
+                    if dropped:
+                        log.warning("worker %r: %d re-probed entries dropped (bounds)", self.join.instance_ref, dropped)
+                        server.stats["capabilities_dropped"] += dropped
+                    probed = cluster.worker_probed(self.join.instance_ref, report, probed_at)
                 host = cluster.worker_status(self.join.instance_ref, status, wall, reclaim_at, rebalance_at)
-                if host is not None:
+                if (host := host or probed) is not None:  # one push carries both changes
                     server.broadcast_host(host)
                 await self.send(Ack(), corr)
             case AdminSetDemand(items=items, licenses=licenses):

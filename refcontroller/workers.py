@@ -185,9 +185,10 @@ MAX_CAPABILITY_VALUE = 64
 
 
 def reported_capabilities(reported: Mapping[str, str]) -> tuple[dict[str, str], int]:
-    """What a worker's ``Join.capabilities`` may put in its host state, and how many entries were dropped: the
-    first ``MAX_CAPABILITIES`` in key order whose key is 1..32 characters of ``[A-Za-z0-9_.:-]`` and whose value is
-    at most 64 printable characters. The controller only carries the report; the daemon judges it."""
+    """What a worker's ``Join.capabilities`` (or a re-probe's ``WorkerStatus.capabilities``) may put in its host
+    state, and how many entries were dropped: the first ``MAX_CAPABILITIES`` in key order whose key is 1..32
+    characters of ``[A-Za-z0-9_.:-]`` and whose value is at most 64 printable characters. The controller only
+    carries the report; the daemon judges it."""
     kept: dict[str, str] = {}
     dropped = 0
     for key in sorted(reported):
@@ -272,12 +273,16 @@ class HostTable:
         hosts = self._hosts.values()
         return sorted((h for h in hosts if h.status in free and not h.draining and not h.noticed), key=_ref)
 
-    def report(self, instance_ref: str, capabilities: Mapping[str, str]) -> HostState | None:
-        """Record what the worker of a known host reported at its join; ``None`` if unknown or unchanged."""
+    def report(self, instance_ref: str, capabilities: Mapping[str, str], probed_at: float = 0.0) -> HostState | None:
+        """Record what the worker of a known host reported: at its join (``probed_at`` 0), or from a re-probe after
+        it (``WorkerStatus.probedAt``, protocol §6.4 "Health after join"), which replaces the whole report. ``None``
+        if unknown, lost, or unchanged."""
         host = self._hosts.get(instance_ref)
-        if host is None or host.capabilities == capabilities:
+        if host is None or (probed_at and host.status is HostStatus.LOST):
             return None
-        changed = attrs.evolve(host, capabilities=dict(capabilities))
+        if (host.capabilities, host.probed_at) == (capabilities, probed_at):
+            return None
+        changed = attrs.evolve(host, capabilities=dict(capabilities), probed_at=probed_at)
         self._hosts[instance_ref] = changed
         return changed
 

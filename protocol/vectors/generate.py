@@ -113,6 +113,15 @@ VECTORS: dict[str, tuple[int, m.Message]] = {
         0,
         m.HostStatePush((attrs.evolve(HOST, reclaim_at=1700000120.0, rebalance_at=1700000000.0),), 11),
     ),
+    # A re-probe after the join that found the GPU gone (protocol §6.4 "Health after join").
+    "workerStatus.reprobe": (
+        5,
+        m.WorkerStatus(HostStatus.BUSY, capabilities={"ngpus": "!exit 9", "ncpus": "4"}, probed_at=1700000300.0),
+    ),
+    "hostStatePush.reprobe": (
+        0,
+        m.HostStatePush((attrs.evolve(HOST, capabilities={"ngpus": "!exit 9"}, probed_at=1700000300.0),), 12),
+    ),
     "adminSetDemand": (4, m.AdminSetDemand((ITEM,))),
     "adminFailover": (5, m.AdminFailover(-1)),
     "adminQuorum": (6, m.AdminQuorum(False)),

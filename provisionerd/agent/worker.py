@@ -111,7 +111,8 @@ class AgentConfig:
     presumed dead; ``connect_timeout``: connect, TLS handshake and the join reply together; ``orphan_timeout``:
     silence from every controller after which the agent gives up for good (``None``: never), at least
     ``reply_timeout`` so that a healthy session's gaps between acknowledgements never reach it. ``capabilities``:
-    the machine's report (``agent.capabilities``), measured once at start and sent with every join."""
+    the machine's report (``agent.capabilities``), measured once at start and sent with every join (re-probes after
+    the join go in ``WorkerStatus``: ``report_capabilities``)."""
 
     controllers: tuple[str, ...] = attrs.field(converter=_addresses)
     instance_ref: str
@@ -172,6 +173,11 @@ class WorkerAgent:
         #: The reclaim notices to report (``report_notice``; 0 = none).
         self.reclaim_at = 0.0
         self.rebalance_at = 0.0
+        #: The latest re-probe's report that differed from the one before, and when it ran (``report_capabilities``;
+        #: 0 = no re-probe has changed anything since the join's report).
+        self.reprobed: Mapping[str, str] = {}
+        self.probed_at = 0.0
+        self._probe_gen = 0  # counts report_capabilities calls: what a session compares to send each once
         self._wake = trio.Event()
         self.joins = 0
         self.term = 0
@@ -190,6 +196,20 @@ class WorkerAgent:
                 raise ValueError(f"a notice time is epoch seconds or 0, not {value!r}")
         self.reclaim_at = max(self.reclaim_at, reclaim_at)
         self.rebalance_at = max(self.rebalance_at, rebalance_at)
+        self._wake.set()
+
+    def report_capabilities(self, capabilities: Mapping[str, str], probed_at: float) -> None:
+        """Report a re-probe's whole report (``agent.reprobe``), made at ``probed_at`` (epoch seconds), once: in the
+        next ``WorkerStatus`` if joined, otherwise in the first one after the next join (and again in the first of
+        every later session, since the join itself carries the join's own report; protocol §6.4 "Health after
+        join")."""
+        if not (math.isfinite(probed_at) and probed_at > 0):
+            raise ValueError(f"a re-probe's time is epoch seconds above 0, not {probed_at!r}")
+        if not capabilities:
+            raise ValueError("a re-probe's report is not empty (empty means unchanged on the wire)")
+        self.reprobed = dict(capabilities)
+        self.probed_at = probed_at
+        self._probe_gen += 1
         self._wake.set()
 
     def set_status(self, status: HostStatus) -> None:
@@ -381,26 +401,42 @@ class WorkerAgent:
 
     async def _write_loop(self, framed: FramedStream) -> None:
         interval, timeout = self.config.heartbeat_interval, self.config.reply_timeout
-        reported: WorkerStatus | None = None  # every session starts by reporting, notices included
+        # Every session starts by reporting, notices and the latest re-probe included; a re-probe's report goes once
+        # a session (empty capabilities = unchanged since the last one sent).
+        reported: tuple[HostStatus, float, float] | None = None
+        probe_sent = 0  # the re-probe generation last sent on this connection
         seq, corr = 0, 1
         next_beat = trio.current_time() + interval
         while True:
             self._wake = trio.Event()  # before comparing, so a change from now on wakes the next wait
-            current = WorkerStatus(self.status, self.reclaim_at, self.rebalance_at)
-            if current != reported:
+            state = (self.status, self.reclaim_at, self.rebalance_at)
+            probe = self._probe_gen if self._probe_gen != probe_sent else 0
+            if state != reported or probe:
+                current = WorkerStatus(
+                    *state,
+                    capabilities=self.reprobed if probe else {},
+                    probed_at=self.probed_at if probe else 0.0,
+                )
                 corr += 1
                 with trio.fail_after(timeout):
                     await framed.send(current, corr)
-                reported = current
-                if current.reclaim_at or current.rebalance_at:
+                if probe:
+                    probe_sent = probe
+                    log.info(
+                        "reported the re-probe of %.0f: %s",
+                        current.probed_at,
+                        " ".join(f"{k}={v}" for k, v in sorted(current.capabilities.items())),
+                    )
+                if state != reported and (current.reclaim_at or current.rebalance_at):
                     log.info(
                         "reported status %s, reclaim at %.0f, rebalance at %.0f",
                         current.status.value,
                         current.reclaim_at,
                         current.rebalance_at,
                     )
-                else:
+                elif state != reported:
                     log.info("reported status %s", current.status.value)
+                reported = state
             now = trio.current_time()
             if now >= next_beat:
                 if now - self._last_heard > timeout:

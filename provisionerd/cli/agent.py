@@ -5,7 +5,8 @@
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
                        [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
-                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host] [--state-file PATH]
+                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host] [--reprobe-interval S]
+                       [--state-file PATH]
                        [--imds URL [--imds-interval S]]
 
 The join token is read from a 0600 file (deleted once read) or from standard input up to EOF; there is no way to
@@ -27,7 +28,10 @@ the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
 ``--probe NAME=COMMAND``: measured once at start (with ``--report-host``, also the built-in ``ncpus``, ``mem`` and
 ``type``), and sent with every join (``provisionerd.agent.capabilities``); the daemon returns a machine whose report
 falls short of its template. Probes come only from this command line (the provider's own config or the machine's
-user data), never from the controller.
+user data), never from the controller. ``--reprobe-interval S`` (default 300, 0 = never): the same probes run again
+every S seconds (give or take 10 %), and a report that differs from the last one sent goes to the controller once
+in a ``WorkerStatus`` (``provisionerd.agent.reprobe``; protocol §6.4 "Health after join"): the daemon drains a
+machine whose re-probe falls short, replaces it and returns it.
 
 ``--imds URL`` (EC2: ``http://169.254.169.254``, which the shipped boot script passes): read spot interruption and
 rebalance notices from the instance metadata service (IMDSv2) every ``--imds-interval`` seconds (default 5) and
@@ -47,6 +51,7 @@ good (protocol version, role), 5 orphaned (no controller reached for ``--orphan-
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shlex
@@ -59,7 +64,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from provisionerd.agent import capabilities, imds
+from provisionerd.agent import capabilities, imds, reprobe
 from provisionerd.agent.saved import SavedSecrets, StateFile
 from provisionerd.agent.token import delete_token_file, read_token_file, read_token_stream
 from provisionerd.agent.worker import (
@@ -202,10 +207,19 @@ def _parser() -> argparse.ArgumentParser:
         type=_probe,
         default=[],
         metavar="NAME=COMMAND",
-        help="a capability probe (repeatable, at most 5): COMMAND runs through /bin/sh once at start and the first"
+        help="a capability probe (repeatable, at most 5): COMMAND runs through /bin/sh at start (and every"
+        " --reprobe-interval) and the first"
         " line it prints is reported as NAME, e.g. ngpus='nvidia-smi -L | wc -l'",
     )
     parser.add_argument("--probe-timeout", type=float, default=10.0, help="seconds each probe may take (default 10)")
+    parser.add_argument(
+        "--reprobe-interval",
+        type=float,
+        default=reprobe.DEFAULT_INTERVAL,
+        metavar="S",
+        help="run the probes (and --report-host's entries) again every S seconds, give or take 10%%, and report a"
+        f" changed result to the controller (health after join; default {reprobe.DEFAULT_INTERVAL:g}, 0 = never)",
+    )
     parser.add_argument(
         "--report-host",
         action="store_true",
@@ -265,6 +279,10 @@ def _probes(args: argparse.Namespace) -> dict[str, str]:
     """``--probe`` as ``{name: command}``; ``ConfigError`` for a bad timeout, too many or a name twice."""
     if not 0 < args.probe_timeout <= 300:
         raise ConfigError("--probe-timeout must be more than 0 and at most 300 seconds")
+    if not (args.reprobe_interval == 0 or MIN_REPROBE_INTERVAL <= args.reprobe_interval <= MAX_REPROBE_INTERVAL):
+        raise ConfigError(
+            f"--reprobe-interval must be 0 (never) or {MIN_REPROBE_INTERVAL:g} to {MAX_REPROBE_INTERVAL:g} seconds"
+        )
     try:
         return capabilities.check_probes(args.probe)
     except ValueError as exc:
@@ -327,6 +345,23 @@ class EarlySignals:
         self.pending.append(signum)
 
 
+#: ``--reprobe-interval``'s bounds (besides 0): a probe runs commands, so not a busy loop; and at least daily.
+MIN_REPROBE_INTERVAL = 10.0
+MAX_REPROBE_INTERVAL = 86400.0
+
+
+def reprobing(
+    args: argparse.Namespace, probes: dict[str, str], joined: dict[str, str], agent: WorkerAgent
+) -> reprobe.Reprobe | None:
+    """The re-probes ``--reprobe-interval`` asks for, reported through ``agent``; ``None`` when it is 0 or there is
+    nothing to measure (no ``--probe`` and no ``--report-host``)."""
+    if args.reprobe_interval == 0 or not (probes or args.report_host):
+        return None
+    log.info("re-probing every %g s", args.reprobe_interval)
+    measure = functools.partial(capabilities.report, probes, args.probe_timeout, host=args.report_host)
+    return reprobe.Reprobe(measure, agent.report_capabilities, args.reprobe_interval, joined=joined)
+
+
 def imds_fetch(args: argparse.Namespace) -> imds.Fetch | None:
     """The metadata service ``--imds`` names (``None``: off). Raises ``ConfigError``."""
     if not args.imds:
@@ -339,11 +374,17 @@ def imds_fetch(args: argparse.Namespace) -> imds.Fetch | None:
         raise ConfigError(f"--imds: {exc}") from None
 
 
-async def run_agent(agent: WorkerAgent, early: list[int] | None = None, watch: imds.NoticeWatch | None = None) -> int:
+async def run_agent(
+    agent: WorkerAgent,
+    early: list[int] | None = None,
+    watch: imds.NoticeWatch | None = None,
+    again: reprobe.Reprobe | None = None,
+) -> int:
     """Run until a stop signal (exit 0) or a final refusal (its exit code). USR1/USR2 switch busy/idle.
 
     ``early`` holds signals that arrived before this ran (``EarlySignals.pending``); they are applied first.
-    ``watch``: the metadata service's notices, polled beside the session (``--imds``).
+    ``watch``: the metadata service's notices, polled beside the session (``--imds``). ``again``: the re-probes,
+    run beside the session (``--reprobe-interval``).
     """
     exit_code = EXIT_STOPPED
     early = early if early is not None else []
@@ -368,6 +409,8 @@ async def run_agent(agent: WorkerAgent, early: list[int] | None = None, watch: i
             nursery.start_soon(keep_joined)
             if watch is not None:
                 nursery.start_soon(watch.run)
+            if again is not None:
+                nursery.start_soon(again.run)
             async for signum in signals():
                 if signum in (signal.SIGTERM, signal.SIGINT):
                     log.info("stopping on %s", signal.Signals(signum).name)
@@ -424,12 +467,13 @@ def main(argv: list[str]) -> int:
     agent = WorkerAgent(config, token, tls_connector(args.certs), claim=claim, saved=saved, state=state)
     del token
     watch = None
+    again = reprobing(args, probes, report, agent)
     if fetch is not None:
         log.info("reading reclaim notices from %s every %g s", args.imds, args.imds_interval)
         notify = agent.report_notice
         watch = imds.NoticeWatch(fetch, lambda found: notify(found.reclaim_at, found.rebalance_at), args.imds_interval)
     early.exit_on_stop = False
-    code = trio.run(run_agent, agent, early.pending, watch)
+    code = trio.run(run_agent, agent, early.pending, watch, again)
     if code == EXIT_ORPHANED and args.on_orphan == "shutdown":
         shut_down(args.shutdown_command)
     log.info("exiting with code %d", code)

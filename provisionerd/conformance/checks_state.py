@@ -358,9 +358,11 @@ async def host_state_pushes(ctx: Context) -> str:
     )
     ctx.peers.append(worker)
     seen = []
-    # The last step: a spot interruption notice (protocol §6.4 "Reclaim notices"), kept while the status stays.
+    # Then a spot interruption notice (protocol §6.4 "Reclaim notices"), kept while the status stays, and last a
+    # re-probe after the join (§6.4 "Health after join"): the host's capabilities replaced, stamped probedAt.
     notice = WorkerStatus(HostStatus.BUSY, reclaim_at=KIT_RECLAIM_AT, rebalance_at=KIT_REBALANCE_AT)
-    for step, report in enumerate((None, WorkerStatus(HostStatus.BUSY), notice)):
+    probed = WorkerStatus(HostStatus.BUSY, capabilities=KIT_REPROBE, probed_at=KIT_PROBED_AT)
+    for step, report in enumerate((None, WorkerStatus(HostStatus.BUSY), notice, probed)):
         if report is not None:
             ack = await worker.request(report)
             if not isinstance(ack, Ack):
@@ -377,8 +379,11 @@ async def host_state_pushes(ctx: Context) -> str:
             if step < 2:
                 seen.append(f"{want.value} (seq {push.seq})")
                 break
-            if (host.reclaim_at, host.rebalance_at) == (KIT_RECLAIM_AT, KIT_REBALANCE_AT):
+            if step == 2 and (host.reclaim_at, host.rebalance_at) == (KIT_RECLAIM_AT, KIT_REBALANCE_AT):
                 seen.append(f"its reclaim notice, reclaimAt {host.reclaim_at:.0f} (seq {push.seq})")
+                break
+            if step == 3 and (dict(host.capabilities), host.probed_at) == (KIT_REPROBE, KIT_PROBED_AT):
+                seen.append(f"its re-probe, probedAt {host.probed_at:.0f} (seq {push.seq})")
                 break
     return f"the provisioner of {tokens.provider} was pushed {ref}: " + ", then ".join(seen)
 
@@ -386,6 +391,9 @@ async def host_state_pushes(ctx: Context) -> str:
 #: The notice the kit's worker reports: times in the past are fine (the controller only relays them).
 KIT_RECLAIM_AT = 1700000120.0
 KIT_REBALANCE_AT = 1700000000.0
+#: The re-probe the kit's worker reports after its join: a GPU probe that started failing.
+KIT_REPROBE = {"ngpus": "!exit 9"}
+KIT_PROBED_AT = 1700000300.0
 
 
 # --- history (§6.6) -------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from __future__ import annotations
 PAGE_ITEMS = 500
 MAX_PROVIDERS = 1000
 MAX_ADMIN_DEMAND_ITEMS = 20_000
-#: A worker's capability report (``Join.capabilities``, ``HostState.capabilities``): a host costs at most 9 units.
+#: A worker's capability report (``Join``, ``WorkerStatus``, ``HostState.capabilities``): a host costs at most 9
+#: units.
 MAX_CAPABILITIES = 8
 #: A list field that is not named below (the lists inside a demand item or a fact).
 DEFAULT_LIST_CAP = 4096
@@ -35,6 +36,7 @@ LIST_CAPS: dict[tuple[str, str], int] = {
     ("HistoryPage", "facts"): PAGE_ITEMS,
     ("Join", "capabilities"): MAX_CAPABILITIES,
     ("HostState", "capabilities"): MAX_CAPABILITIES,
+    ("WorkerStatus", "capabilities"): MAX_CAPABILITIES,
 }
 
 #: Units (structs built plus map entries) one frame may cost, by ``Frame.body`` member; ``DEFAULT_MAX_UNITS`` for

@@ -265,11 +265,15 @@ class HostStatePush:
 @attrs.frozen
 class WorkerStatus:
     """worker -> ctl. ``reclaim_at``/``rebalance_at``: the machine's reclaim notices (epoch seconds, 0 = none;
-    protocol §6.4 "Reclaim notices")."""
+    protocol §6.4 "Reclaim notices"). ``capabilities``: the latest re-probe's whole report, sent once when it
+    changed (empty = unchanged since the last one sent); ``probed_at``: when that re-probe ran (epoch seconds, 0 =
+    none; protocol §6.4 "Health after join")."""
 
     status: HostStatus
     reclaim_at: float = 0.0
     rebalance_at: float = 0.0
+    capabilities: Mapping[str, str] = attrs.field(factory=dict)
+    probed_at: float = 0.0
 
 
 # --- admin -----------------------------------------------------------------------------------------------------

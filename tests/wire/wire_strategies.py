@@ -77,6 +77,10 @@ hosts = st.builds(
     hostname=text,
     address=text,
     draining=st.booleans(),
+    capabilities=str_map,
+    reclaim_at=floats,
+    rebalance_at=floats,
+    probed_at=floats,
 )
 
 
@@ -121,7 +125,7 @@ MESSAGE_STRATEGIES = {
     m.ResyncRequest: st.builds(m.ResyncRequest, texts, u64, text),
     m.ResyncPage: st.builds(m.ResyncPage, u32, u32, _small(committed), _small(hosts), st.booleans(), u64, u64),
     m.HostStatePush: st.builds(m.HostStatePush, _small(hosts), u64),
-    m.WorkerStatus: st.builds(m.WorkerStatus, st.sampled_from(model.HostStatus)),
+    m.WorkerStatus: st.builds(m.WorkerStatus, st.sampled_from(model.HostStatus), floats, floats, str_map, floats),
     m.AdminSetDemand: st.builds(m.AdminSetDemand, _small(demand_items)),
     m.AdminFailover: st.builds(m.AdminFailover, st.integers(-(2**31), 2**31 - 1)),
     m.AdminQuorum: st.builds(m.AdminQuorum, st.booleans()),

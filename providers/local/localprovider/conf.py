@@ -38,7 +38,9 @@ DEFAULT_TEMPLATE = {
     "price": 0,
 }
 KEYS = {"templates", "certsDir", "heartbeatSeconds", "replyTimeoutSeconds", "killGraceSeconds", "agentCommand"}
-TEMPLATE_KEYS = {"templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes", "reportHost"}
+TEMPLATE_KEYS = {
+    "templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes", "reportHost", "reprobeInterval"
+}  # fmt: skip
 #: At most this many probes per template (the agent's own limit).
 MAX_PROBES = 5
 
@@ -59,6 +61,9 @@ class Template:
     probes: tuple[tuple[str, str], ...] = ()
     #: The agents also report this host's ncpus, mem and type (``--report-host``), checked against the template.
     report_host: bool = False
+    #: Seconds between the agents' re-probes after their join (``--reprobe-interval``: 0 = never, else 10 to
+    #: 86400); ``None``: the agent's default (300).
+    reprobe_interval: float | None = None
 
     def document(self, available: int) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -116,6 +121,17 @@ def _number(doc: dict[str, Any], key: str, default: float, minimum: float = 0.0)
     return float(value)
 
 
+def _reprobe_interval(doc: dict[str, Any], where: str) -> float | None:
+    value = doc.get("reprobeInterval")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 10 <= value <= 86400):
+        raise PluginError(
+            "provider_error", f"local.json {where}.reprobeInterval: expected 0 (never) or 10 to 86400, got {value!r}"
+        )
+    return float(value)
+
+
 def _template(doc: Any, index: int) -> Template:
     where = f"templates[{index}]"
     if not isinstance(doc, dict) or not isinstance(doc.get("templateId"), str) or not doc["templateId"]:
@@ -142,6 +158,7 @@ def _template(doc: Any, index: int) -> Template:
         template_id=doc["templateId"],
         probes=tuple(sorted(probes.items())),
         report_host=doc.get("reportHost") is True,
+        reprobe_interval=_reprobe_interval(doc, where),
         max_number=_int(doc, "maxNumber", where, default=64),
         ncpus=_int(doc, "ncpus", where, auto=os.cpu_count() or 1, default=1),
         mem_mb=_int(doc, "memMb", where, auto=_host_mem_mb(), default=1024),

@@ -50,6 +50,8 @@ def spawn_agent(conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, 
         argv += ["--probe", f"{name}={command}"]  # from this plugin's own config, never from a request
     if template is not None and template.report_host:
         argv.append("--report-host")
+    if template is not None and template.reprobe_interval is not None:
+        argv += ["--reprobe-interval", f"{template.reprobe_interval:g}"]
     for key, value in sorted(record["tags"].items()):
         argv += ["--label", f"{key}={value}"]
     argv += ["--label", f"{procs.HOME_LABEL}={home}"]
