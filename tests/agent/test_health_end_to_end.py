@@ -29,7 +29,8 @@ from rigs.agents import live_agents
 from rigs.daemon import Daemon, daemon_config, short_dir
 
 from provisionerd.config.loader import Backoff
-from provisionerd.domain.model import DemandItem, RequestIntent, ResourceShape, Returned, ReturnIntent
+from provisionerd.demo.procs import LOCAL_HOME_LABEL
+from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape, Returned, ReturnIntent
 from refcontroller.api import RefController, open_refcontroller
 
 pytestmark = pytest.mark.process
@@ -192,3 +193,65 @@ def test_with_max_unhealthy_1_three_bad_machines_stop_replacement_and_status_say
     flagged = [e for e in seen["events"] if e["event"] == "plan_note" and e["kind"] == "provider_protected"]
     assert flagged and "replacement stopped" in flagged[-1]["detail"]
     print(f"protected after {asked} bad machines: {machines['reason']}")
+
+
+def _home_of(pid: int) -> Path:
+    """The local plugin's data directory an agent runs in (its ``--label`` names it: ``procs.LOCAL_HOME_LABEL``)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    label = next(a.decode() for a in argv if a.decode().startswith(f"{LOCAL_HOME_LABEL}="))
+    return Path(label.partition("=")[2])
+
+
+def test_a_machine_that_degrades_after_its_join_is_replaced_and_still_counted_after_a_restart(
+    certs: Path, tmp_path: Path
+) -> None:
+    """Issue 35 item 2 with real processes: each agent re-probes every 10 s (``reprobeInterval``) with a probe that
+    reads a flag file of its own (``gpus.<its pid>`` in the plugin's data directory; none: 1 GPU). The test flips
+    the first machine's to 0 after it joined: its next re-probe reaches the daemon through the controller, which
+    returns it as ``unhealthy_after_join`` and has a replacement join. ``max_unhealthy`` counts the finding, and a
+    daemon restarted afterwards still counts it (the window read back from the facts)."""
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        probe = {"ngpus": "cat gpus.$PPID 2>/dev/null || echo 1"}
+        templates = [{**template("gpu", 0.1, "1"), "probes": probe, "reprobeInterval": 10}]
+        options = {"max_unhealthy": 2, "max_unhealthy_window": 600}
+        async with fleet(tmp_path, certs, templates, **options) as rig:
+            await rig.ctl.set_demand([DemandItem("gpu", GPU, 1)])
+            await rig.until(lambda: len(rig.hosts()) == 1, 60, "the first machine joined")
+            (first,) = rig.hosts().values()
+            (pid,) = live_agents(str(tmp_path))
+            (_home_of(pid) / f"gpus.{pid}").write_text("0\n")
+            flipped = time.monotonic()
+
+            def replaced() -> bool:
+                returns = [f for _, f in rig.facts(ReturnIntent)]
+                others = [h for h in rig.hosts().values() if h.instance_ref != first.instance_ref]
+                return bool(returns) and len(others) == 1 and others[0].capabilities.get("ngpus") == "1"
+
+            await rig.until(replaced, 90, "the degraded machine returned and a replacement joined")
+            seen["replaced_s"] = time.monotonic() - flipped
+            seen["returns"] = [f for _, f in rig.facts(ReturnIntent)]
+            (seen["first"],) = [
+                f.machine_id for _, f in rig.facts(InstanceFact) if f.instance_ref == first.instance_ref
+            ]
+
+            async def counted() -> bool:
+                status = await rig.daemon.status()
+                machines = None if status is None else status["providers"]["local"]["health"].get("machines")
+                return bool(machines) and machines["unhealthy"] == 1
+
+            await wait.until("the finding counted", counted, 30, 0.1)
+            assert rig.daemon.proc is not None
+            assert await rig.daemon.proc.stop(20) == 0
+            await rig.daemon.start()
+            await rig.daemon.wait_held(60)
+            await wait.until("the finding still counted after the restart", counted, 60, 0.2)
+            seen["restored"] = rig.daemon.events("windows_restored")
+
+    trio.run(within, 240, main)
+    (back,) = seen["returns"]
+    assert back.machine_ids == (seen["first"],)
+    assert back.reason == "unhealthy_after_join: ngpus 0 < 1 required"
+    assert seen["restored"] and seen["restored"][-1]["unhealthy"] == 1
+    print(f"degraded machine replaced {seen['replaced_s']:.1f} s after its probe flipped (re-probe every 10 s)")
