@@ -1,18 +1,26 @@
 """What this machine has, as the agent reports it at every join (``Join.capabilities``, protocol §4).
 
 The report uses offer attribute names (:mod:`provisionerd.planner.offers`), so the daemon can check it against the
-machine's template with the same compatibility function offers are chosen by (:mod:`provisionerd.planner.health`):
+machine's template with the same compatibility function offers are chosen by (:mod:`provisionerd.planner.health`),
+which takes nothing on trust: an attribute the template declares and the report does not mention falls short.
 
-With ``--report-host`` (opt-in, see :func:`report`):
+By default (``--no-report-host`` turns these off, see :func:`report`):
 
 - ``ncpus``: the CPUs this process may run on (``sched_getaffinity``; ``cpu_count`` where that is missing);
 - ``mem``: physical memory in MiB (``SC_PHYS_PAGES * SC_PAGE_SIZE``: the kernel's MemTotal, a little below a cloud's
   nominal size; the daemon allows for that);
 - ``type``: the architecture (``platform.machine()`` upper-cased, LSF's ``type``);
+- ``ngpus``: the GPUs whose runtime answers (:func:`gpu_count`: ``nvidia-smi --query-gpu=name
+  --format=csv,noheader``, bounded like a probe; ``!timeout`` or ``!exit N`` when it does not answer, which is not a
+  number, so a GPU template's machine falls short). Without ``nvidia-smi`` on ``PATH`` nothing is reported: the
+  agent did not measure, and a GPU template's machine falls short with ``ngpus not reported``. A ``--probe
+  ngpus=...`` (another vendor's tool) replaces it.
+
 And always:
 
 - one entry per **probe**: ``NAME=COMMAND`` pairs from the agent's own command line (``--probe``), which the provider
-  plugin took from its own configuration or the machine's user data, e.g. ``ngpus=nvidia-smi -L | wc -l``.
+  plugin took from its own configuration or the machine's user data, e.g. ``gputype=nvidia-smi
+  --query-gpu=name --format=csv,noheader | head -1``.
 
 **Who may make the agent run a command.** Only whoever starts it: a probe comes from ``--probe`` and nowhere else.
 Nothing the controller sends is ever run, and the report only goes out (the controller stores it and the daemon
@@ -29,13 +37,14 @@ from __future__ import annotations
 import os
 import platform
 import selectors
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-#: The most probes an agent takes (the controller keeps at most 8 entries, three of them the built-in ones).
-MAX_PROBES = 5
+#: The most probes an agent takes (the controller keeps at most 8 entries, four of them the built-in ones).
+MAX_PROBES = 4
 #: Bytes of a probe's output read; the rest is discarded unread.
 MAX_OUTPUT = 4096
 #: Characters of a value reported (the controller's bound).
@@ -43,6 +52,8 @@ MAX_VALUE = 64
 #: Probe names: offer attribute names, 1..32 characters of ``[A-Za-z0-9_.:-]``.
 MAX_NAME = 32
 BUILT_IN = ("ncpus", "mem", "type")
+#: The shipped GPU probe: the NVIDIA runtime's own tool, asked for one line per GPU it can reach (no shell).
+GPU_COMMAND = ("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
 
 
 def parse_probe(text: str) -> tuple[str, str]:
@@ -82,9 +93,39 @@ def built_in() -> dict[str, str]:
 
 def run_probe(command: str, timeout: float) -> str:
     """The value ``command`` reports (see the module docstring); never raises for the command's sake."""
+    output, failed = _run(["/bin/sh", "-c", command], timeout)
+    if failed:
+        return failed
+    lines = output.decode(errors="replace").strip().splitlines()
+    value = lines[0].strip() if lines else ""
+    if not value:
+        return "!empty"
+    return _printable(value)
+
+
+def gpu_count(timeout: float) -> str | None:
+    """``ngpus``: how many GPUs the NVIDIA runtime answers for (the shipped GPU probe, :data:`GPU_COMMAND`);
+    ``None`` (not measured) without ``nvidia-smi`` on ``PATH``; ``!timeout`` / ``!exit N`` when it is there and does
+    not answer."""
+    tool = shutil.which(GPU_COMMAND[0])
+    if tool is None:
+        return None
+    output, failed = _run([tool, *GPU_COMMAND[1:]], timeout)
+    if failed:
+        return failed
+    return str(sum(1 for line in output.decode(errors="replace").splitlines() if line.strip()))
+
+
+def _printable(value: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in value)[:MAX_VALUE]
+
+
+def _run(argv: list[str], timeout: float) -> tuple[bytes, str]:
+    """Run ``argv`` bounded (its own session, stdin closed, ``timeout``, ``MAX_OUTPUT`` bytes read, its group killed
+    after): ``(output, "")``, or ``(b"", why)`` when it could not start, timed out or exited non-zero."""
     try:
         process = subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -92,21 +133,17 @@ def run_probe(command: str, timeout: float) -> str:
             close_fds=True,
         )
     except OSError as exc:
-        return f"!cannot start: {exc.strerror or type(exc).__name__}"[:MAX_VALUE]
+        return b"", _printable(f"!cannot start: {exc.strerror or type(exc).__name__}")
     assert process.stdout is not None
     try:
         output, cut = _bounded_communicate(process, timeout)
     except subprocess.TimeoutExpired:
-        return "!timeout"
+        return b"", "!timeout"
     finally:
         _kill_group(process)
     if process.returncode != 0 and not cut:  # cut: we stopped reading, so it may have died of SIGPIPE
-        return f"!exit {process.returncode}"
-    lines = output[:MAX_OUTPUT].decode(errors="replace").strip().splitlines()
-    value = lines[0].strip() if lines else ""
-    if not value:
-        return "!empty"
-    return "".join(c if c.isprintable() else "?" for c in value)[:MAX_VALUE]
+        return b"", f"!exit {process.returncode}"
+    return output[:MAX_OUTPUT], ""
 
 
 def _bounded_communicate(process: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bool]:
@@ -149,11 +186,16 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def report(probes: Mapping[str, str], timeout: float, *, host: bool = False) -> dict[str, str]:
-    """The whole report: each probe's value (probes run one after another) and, with ``host``, the built-in
-    entries. The built-ins are opt-in (``--report-host``): a template that declares its nominal size (a record
-    that plays a machine, a pod under a smaller limit) would otherwise have every machine returned as short."""
+def report(probes: Mapping[str, str], timeout: float, *, host: bool = True) -> dict[str, str]:
+    """The whole report: with ``host`` (the default; ``--no-report-host`` for an agent whose template declares a
+    nominal size its machine does not show, such as a process playing a machine on a test host), the built-in
+    entries and the shipped GPU probe (unless a probe of the same name replaces it), then each probe's value
+    (probes run one after another)."""
     out = built_in() if host else {}
+    if host and "ngpus" not in probes:
+        gpus = gpu_count(timeout)
+        if gpus is not None:
+            out["ngpus"] = gpus
     for name, command in probes.items():
         out[name] = run_probe(command, timeout)
     return out

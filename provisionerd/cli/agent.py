@@ -5,7 +5,7 @@
                        [--identity NAME] [--machine-id ID] [--label KEY=VALUE ...]
                        [--heartbeat S] [--reply-timeout S] [--log-level LEVEL] [--log-format text|json]
                        [--orphan-timeout S [--on-orphan exit|shutdown] [--shutdown-command CMD]]
-                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--report-host] [--reprobe-interval S]
+                       [--probe NAME=COMMAND ...] [--probe-timeout S] [--no-report-host] [--reprobe-interval S]
                        [--state-file PATH]
                        [--imds URL [--imds-interval S]]
 
@@ -25,9 +25,10 @@ never joins stops too), the agent exits with code 5; with ``--on-orphan shutdown
 down is terminated (EC2 launched with ``InstanceInitiatedShutdownBehavior=terminate``). Providers set these from
 the daemon's ``worker_orphan_timeout`` (docs/fleet.md).
 
-``--probe NAME=COMMAND``: measured once at start (with ``--report-host``, also the built-in ``ncpus``, ``mem`` and
-``type``), and sent with every join (``provisionerd.agent.capabilities``); the daemon returns a machine whose report
-falls short of its template. Probes come only from this command line (the provider's own config or the machine's
+``--probe NAME=COMMAND``: measured once at start with the built-in ``ncpus``, ``mem``, ``type`` and ``ngpus`` (the
+shipped ``nvidia-smi`` probe; ``--no-report-host`` leaves the four out), and sent with every join
+(``provisionerd.agent.capabilities``); the daemon returns a machine whose report falls short of its template, or
+does not confirm it. Probes come only from this command line (the provider's own config or the machine's
 user data), never from the controller. ``--reprobe-interval S`` (default 300, 0 = never): the same probes run again
 every S seconds (give or take 10 %), and a report that differs from the last one sent goes to the controller once
 in a ``WorkerStatus`` (``provisionerd.agent.reprobe``; protocol §6.4 "Health after join"): the daemon drains a
@@ -207,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_probe,
         default=[],
         metavar="NAME=COMMAND",
-        help="a capability probe (repeatable, at most 5): COMMAND runs through /bin/sh at start (and every"
+        help="a capability probe (repeatable, at most 4): COMMAND runs through /bin/sh at start (and every"
         " --reprobe-interval) and the first"
         " line it prints is reported as NAME, e.g. ngpus='nvidia-smi -L | wc -l'",
     )
@@ -217,13 +218,15 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=reprobe.DEFAULT_INTERVAL,
         metavar="S",
-        help="run the probes (and --report-host's entries) again every S seconds, give or take 10%%, and report a"
+        help="run the probes (and the built-in entries) again every S seconds, give or take 10%%, and report a"
         f" changed result to the controller (health after join; default {reprobe.DEFAULT_INTERVAL:g}, 0 = never)",
     )
     parser.add_argument(
         "--report-host",
-        action="store_true",
-        help="also report this machine's ncpus, mem (MiB) and type, which the daemon checks against the template",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="report this machine's ncpus, mem (MiB), type and ngpus (nvidia-smi), which the daemon checks against"
+        " the template (default: on; --no-report-host for a process that plays a machine of a nominal size)",
     )
     parser.add_argument(
         "--state-file",
@@ -354,7 +357,7 @@ def reprobing(
     args: argparse.Namespace, probes: dict[str, str], joined: dict[str, str], agent: WorkerAgent
 ) -> reprobe.Reprobe | None:
     """The re-probes ``--reprobe-interval`` asks for, reported through ``agent``; ``None`` when it is 0 or there is
-    nothing to measure (no ``--probe`` and no ``--report-host``)."""
+    nothing to measure (no ``--probe`` and ``--no-report-host``)."""
     if args.reprobe_interval == 0 or not (probes or args.report_host):
         return None
     log.info("re-probing every %g s", args.reprobe_interval)

@@ -200,6 +200,8 @@ class ProviderConfig:
     priority: int = 0
     #: A template's own priority, in place of ``priority`` (``{"spot-a" = 2}``).
     template_priority: Mapping[str, int] = attrs.field(factory=dict, converter=MappingProxyType)
+    #: Templates whose machines are not checked against their agent's report ("*": all; planner.health).
+    unverified_templates: tuple[str, ...] = ()
     #: The most GPUs, CPUs and MiB of memory this provider's machines may have in all, counted from their templates
     #: like ``max_machines`` (``None``: no limit; planner.allocate).
     max_gpus: int | None = None

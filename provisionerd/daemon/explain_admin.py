@@ -119,9 +119,9 @@ class _Inputs:
     def run(self, snapshot: DemandSnapshot | None, only: str | None) -> Explanation:
         facts = _copy(self.view.facts)
         hosts = dict(self.view.hosts.items())
-        catalog = Catalog(
-            self.offers, self.policy.priorities, self.policy.template_priorities
-        )  # as the loop builds it (ReconcileLoop._catalog_for)
+        catalog = Catalog(  # as the loop builds it (ReconcileLoop._catalog_for)
+            self.offers, self.policy.priorities, self.policy.template_priorities, self.policy.unverified
+        )
         result = plan(self.state, snapshot, facts, catalog, hosts, self.now, self.policy, self.rejoin, self.in_flight)
         return explain(
             result,

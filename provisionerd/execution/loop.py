@@ -364,11 +364,18 @@ class ReconcileLoop:
     def _catalog_for(self, leased: list[str]) -> Catalog:
         priorities = self.policy.priorities  # a reload may change them: part of the key
         templates = self.policy.template_priorities
-        key = (self.feed.version, tuple(leased), tuple(sorted(priorities.items())), tuple(sorted(templates.items())))
+        unverified = self.policy.unverified
+        key = (
+            self.feed.version,
+            tuple(leased),
+            tuple(sorted(priorities.items())),
+            tuple(sorted(templates.items())),
+            unverified,
+        )
         if key != self._catalog_key:
             allowed = set(leased)
             offers = (p.offer for p in self.feed.catalog.by_key.values() if p.offer.provider in allowed)
-            self._catalog = Catalog(offers, priorities, templates)
+            self._catalog = Catalog(offers, priorities, templates, unverified)
             self._catalog_key = key
         return self._catalog
 

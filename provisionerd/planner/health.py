@@ -51,6 +51,10 @@ CAPABILITY_MISMATCH = "capability_mismatch"
 UNHEALTHY_AFTER_JOIN = "unhealthy_after_join"
 #: Retire reasons that count as unhealthy findings (and a ``MarkLost``). All are involuntary (``planner.budget``).
 UNHEALTHY_REASONS = frozenset({"never_joined", "provisioning_timeout", CAPABILITY_MISMATCH, UNHEALTHY_AFTER_JOIN})
+#: The attributes that describe the machine itself: its report must confirm each its template declares.
+MACHINE_ATTRIBUTES = frozenset({"ncpus", "mem", "ngpus", "gputype", "type"})
+#: How a ``Boolean`` attribute says true.
+TRUE_TEXTS = frozenset({"1", "true", "yes", "y", "on"})
 #: Memory may be this fraction below the template's and still pass.
 MEM_SLACK = 0.10
 #: The longest ``ReturnIntent.reason`` a capability return writes.
@@ -63,15 +67,43 @@ MAX_LOGGED = 10_000
 UnhealthyLog = tuple[tuple[float, str, str], ...]
 
 
+def required_reports(template: ParsedOffer | Offer) -> tuple[tuple[str, str], ...]:
+    """What a machine of ``template`` must report before it counts as supply (``(name, declared value)``): the
+    attributes that describe the machine itself, when declared (``ncpus``, ``mem``, ``type``, ``gputype``,
+    ``ngpus`` above 0) and every **feature**, a ``Boolean`` attribute declared true (LSF's way of naming one:
+    ``"infiniband": ["Boolean", "1"]``). Other attributes (a zone, a pricing model) describe the offer, which the
+    provider vouches for, and are compared only when reported."""
+    parsed = template if isinstance(template, ParsedOffer) else parse_offer(template)
+    out = []
+    for name, (kind, value) in sorted(parsed.offer.attributes.items()):
+        text = str(value)
+        if name in MACHINE_ATTRIBUTES:
+            if name == "ngpus" and not (parsed.gpus or 0) > 0:
+                continue  # nothing to confirm: having none, or more, never falls short of 0
+            out.append((name, text))
+        elif kind == "Boolean" and text.strip().lower() in TRUE_TEXTS:
+            out.append((name, text))
+    return tuple(out)
+
+
+def confirming_report(template: ParsedOffer | Offer) -> dict[str, str]:
+    """The report of a machine that has exactly what ``template`` declares (what :func:`required_reports` asks)."""
+    return dict(required_reports(template))
+
+
 def capability_shortfall(template: ParsedOffer | Offer, reported: Mapping[str, str]) -> tuple[str, ...]:
     """Why a machine reporting ``reported`` falls short of ``template`` (empty: it does not).
 
     The template's declared ``ncpus``, ``mem``, ``ngpus``, ``gputype``, ``type`` and any other attribute the report
-    names become the requirement; the report becomes the offer; :func:`reasons_for` judges. Keys the template does
-    not declare are not compared, nor are declarations the report does not mention.
+    names become the requirement; the report becomes the offer; :func:`reasons_for` judges. Whatever
+    :func:`required_reports` names and the report does not mention falls short too (``ngpus not reported ('1'
+    declared)``): a machine is not taken on trust. Keys the template does not declare are never compared.
     """
     parsed = template if isinstance(template, ParsedOffer) else parse_offer(template)
     declared = parsed.offer.attributes
+    missing = tuple(
+        f"{name} not reported ({value!r} declared)" for name, value in required_reports(parsed) if name not in reported
+    )
 
     def wanted(name: str, value: float | None, slack: float = 0.0) -> int:
         if name not in reported or value is None:
@@ -85,9 +117,7 @@ def capability_shortfall(template: ParsedOffer | Offer, reported: Mapping[str, s
         gpu_type=declared["gputype"][1] if "gputype" in reported and "gputype" in declared else None,
         arch=declared["type"][1] if "type" in reported and "type" in declared else None,
         attributes={
-            name: str(declared[name][1])
-            for name in reported
-            if name in declared and name not in ("ncpus", "mem", "ngpus", "gputype", "type")
+            name: str(declared[name][1]) for name in reported if name in declared and name not in MACHINE_ATTRIBUTES
         },
     )
     kinds = {name: declared[name][0] if name in declared else "String" for name in reported}
@@ -97,7 +127,7 @@ def capability_shortfall(template: ParsedOffer | Offer, reported: Mapping[str, s
         max_number=1,
         attributes={name: (kinds[name], value) for name, value in reported.items()},
     )
-    return reasons_for(requirement_of(shape), parse_offer(machine))
+    return missing + reasons_for(requirement_of(shape), parse_offer(machine))
 
 
 class CapabilityCheck:
@@ -122,7 +152,11 @@ class CapabilityCheck:
         found = self._shared.get(memo)
         if found is None:
             template = self.catalog.by_key.get(key)
-            found = () if template is None else capability_shortfall(template, host.capabilities)
+            found = (
+                capability_shortfall(template, host.capabilities)
+                if template is not None and self.catalog.verified(key)
+                else ()
+            )
             if len(self._shared) < 4096:
                 self._shared[memo] = found
         self.verdicts[host.instance_ref] = (host, found)

@@ -51,14 +51,9 @@ class JoinIndex:
         self._reprobed_busy: Mapping[str, Placed] = reprobed_busy or {}
 
     def unjudged(self, verdicts: object) -> list[tuple[str, Placed]]:
-        """The available hosts that report capabilities: built here, every one of them (see
-        :meth:`HostTable.unjudged` for the kept index)."""
-        return [
-            (ref, placed)
-            for by_ref in self.available.values()
-            for ref, placed in by_ref.items()
-            if placed[0].capabilities
-        ]
+        """The available hosts (a report that says nothing is judged too: it confirms nothing): built here, every
+        one of them (see :meth:`HostTable.unjudged` for the kept index)."""
+        return [(ref, placed) for by_ref in self.available.values() for ref, placed in by_ref.items()]
 
     def judged(self, ref: str, host: HostState) -> None:
         """Nothing is kept here (:meth:`HostTable.judged`)."""
@@ -122,7 +117,7 @@ class HostTable(MutableMapping[str, HostState]):
         self._aging_unknown: dict[str, MachineRecord] = {}
         # Hosts with a reclaim notice (``HostState.noticed``; planner.drain): few, read every pass.
         self._noticed: dict[str, HostState] = {}
-        # Available hosts that report capabilities and have not passed the capability check (planner.health) in
+        # Available hosts that have not passed the capability check (planner.health) in
         # their present state against the verdicts of ``_judged_against``: the only ones a pass judges (issue 36: a
         # pass over every available host cost 4 ms of a 5.5 ms plan at 100k machines with 25k idle hosts). A host
         # enters when it is placed (a new state, or its machine came), leaves when it passes or is no longer
@@ -238,17 +233,12 @@ class HostTable(MutableMapping[str, HostState]):
     # --- the capability check's candidates (planner.health) --------------------------------------------------------
 
     def unjudged(self, verdicts: object) -> list[tuple[str, Placed]]:
-        """The available hosts that report capabilities, less those that passed in their present state since
+        """The available hosts, less those that passed in their present state since
         ``verdicts`` (the check's cache, ``Catalog.verdicts``) was first asked for; the same hosts as
         :meth:`JoinIndex.unjudged` but those :meth:`judged` passed, which the cache would skip anyway."""
         if verdicts is not self._judged_against:
             self._judged_against = verdicts
-            self._unjudged = {
-                ref: placed
-                for by_ref in self._available.values()
-                for ref, placed in by_ref.items()
-                if placed[0].capabilities
-            }
+            self._unjudged = {ref: placed for by_ref in self._available.values() for ref, placed in by_ref.items()}
         return list(self._unjudged.items())
 
     def judged(self, ref: str, host: HostState) -> None:
@@ -364,10 +354,7 @@ class HostTable(MutableMapping[str, HostState]):
         if _available(host):
             self._reprobed_busy.pop(ref, None)
             self._available.setdefault(machine.demand_id, {})[ref] = (host, machine)
-            if host.capabilities:
-                self._unjudged[ref] = (host, machine)
-            else:
-                self._unjudged.pop(ref, None)
+            self._unjudged[ref] = (host, machine)
         else:
             self._unplace(ref, machine)
             if host.status is HostStatus.BUSY and host.probed_at > 0 and host.capabilities:

@@ -282,10 +282,14 @@ class Catalog:
         offers: Iterable[Offer],
         priorities: Mapping[str, int] | None = None,
         template_priorities: Mapping[OfferKey, int] | None = None,
+        unverified: Iterable[OfferKey] = (),
     ) -> None:
         """``priorities``: each provider's priority (``Policy.priorities``; a provider not named is 0);
-        ``template_priorities``: a template's own, which replaces its provider's (``Policy.template_priorities``)."""
+        ``template_priorities``: a template's own, which replaces its provider's (``Policy.template_priorities``);
+        ``unverified``: the templates whose machines' capability reports are not checked (``Policy.unverified``;
+        ``(provider, "*")``: all of that provider's)."""
         self.priorities: dict[str, int] = dict(priorities or {})
+        self.unverified: frozenset[OfferKey] = frozenset(unverified)
         self.template_priorities: dict[OfferKey, int] = dict(template_priorities or {})
         self.by_key: dict[OfferKey, ParsedOffer] = {}
         duplicates: list[OfferKey] = []
@@ -302,6 +306,10 @@ class Catalog:
         #: state and catalog (``planner.health``; the plan checks identity, so a changed host is judged again).
         self.verdicts: dict[str, tuple[object, tuple[str, ...]]] = {}
         self._rank_index: dict[Requirement, dict[OfferKey, int]] = {}
+
+    def verified(self, key: OfferKey) -> bool:
+        """Whether the machines of offer ``key`` must confirm its template by their report (``planner.health``)."""
+        return not self.unverified or (key not in self.unverified and (key[0], "*") not in self.unverified)
 
     def priority_of(self, key: OfferKey) -> int:
         """Offer ``key``'s priority: its template's own, else its provider's, else 0."""

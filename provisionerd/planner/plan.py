@@ -167,7 +167,11 @@ def plan(
     if snapshot is not None and snapshot.seq < state.applied_seq:
         detail = f"snapshot seq {snapshot.seq} is older than applied seq {state.applied_seq}: ignored"
         return Plan((), state, (Note("stale_snapshot", detail),))
-    catalog = offers if isinstance(offers, Catalog) else Catalog(offers, policy.priorities, policy.template_priorities)
+    catalog = (
+        offers
+        if isinstance(offers, Catalog)
+        else Catalog(offers, policy.priorities, policy.template_priorities, policy.unverified)
+    )
     notes = [Note("duplicate_offer", f"duplicate offer {format_key(k)} ignored", k[0]) for k in catalog.duplicates]
     pending, committed = in_flight.unseen(view)
     if committed:  # a committed request's age carries over to its intent

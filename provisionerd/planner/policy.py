@@ -31,6 +31,14 @@ def _is_count(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def _template_ids(value: object) -> frozenset[str]:
+    """A collection of template ids as a set (a lone string is refused, not split into letters)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        problem = f"unverified_templates: must be a list of template ids, not {value!r}"
+        raise ConfigError("invalid provider policy", [problem])
+    return frozenset(value)
+
+
 _DURATIONS = (
     "join_deadline",
     "idle_time",
@@ -60,6 +68,7 @@ _PROVIDER_KNOBS = (
     "max_ncpus",
     "max_mem_mb",
     "template_priority",
+    "unverified_templates",
 )
 #: The resource limits a provider may have (``ProviderPolicy``), each with the offer attribute it sums
 #: (``ParsedOffer``'s field) and how ``explain`` names it.
@@ -101,6 +110,9 @@ def _problems(values: Mapping[str, object]) -> list[str]:
     priority = values.get("priority", 0)
     if not _is_count(priority, 0):
         problems.append(f"priority: must be an integer >= 0, not {priority!r}")
+    unverified = values.get("unverified_templates", frozenset())
+    if not (isinstance(unverified, frozenset) and all(isinstance(t, str) and t for t in unverified)):
+        problems.append(f"unverified_templates: must be a set of template ids (or '*'), not {unverified!r}")
     templates = values.get("template_priority") or {}
     for template, value in templates.items() if isinstance(templates, Mapping) else ():
         if not _is_count(value, 0):
@@ -180,6 +192,10 @@ class ProviderPolicy:
     max_mem_mb: int | None = None
     #: A template's own priority, in place of ``priority`` for its offers and its surplus machines.
     template_priority: Mapping[str, int] = attrs.field(factory=dict)
+    #: Templates whose machines count as supply without their report confirming the template (``"*"``: every
+    #: template of this provider; :mod:`provisionerd.planner.health`). Nothing of theirs is compared: no
+    #: ``capability_mismatch`` and no ``unhealthy_after_join``.
+    unverified_templates: frozenset[str] = attrs.field(default=frozenset(), converter=_template_ids)
 
     @property
     def resource_limits(self) -> tuple[tuple[str, str, int], ...]:
@@ -342,6 +358,13 @@ class Policy:
     def priorities(self) -> dict[str, int]:
         """Each provider's ``priority`` that is not 0 (the offers' choice order: :class:`planner.offers.Catalog`)."""
         return {name: own.priority for name, own in self.providers.items() if own.priority}
+
+    @property
+    def unverified(self) -> frozenset[tuple[str, str]]:
+        """The templates not verified (``ProviderPolicy.unverified_templates``), by offer key (``"*"`` kept)."""
+        return frozenset(
+            (name, template) for name, own in self.providers.items() for template in own.unverified_templates
+        )
 
     @property
     def template_priorities(self) -> dict[tuple[str, str], int]:

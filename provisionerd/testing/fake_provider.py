@@ -25,6 +25,9 @@ from provisionerd.domain.errors import CapacityUnavailable, InvalidRequest, Prov
 from provisionerd.provider.runtime import Redactor, check_input, join_tokens
 from provisionerd.provider.schemas import contract
 
+#: Every template's attributes: what a healthy machine's agent reports (``FakeProvider.report``).
+TEMPLATE_ATTRIBUTES: Mapping[str, tuple[str, str]] = {"ncpus": ("Numeric", "2")}
+
 
 class FakeProvider:
     """A provider with ``templates`` (``{templateId: maxNumber}``) living in memory."""
@@ -37,8 +40,12 @@ class FakeProvider:
         latency: float = 0.0,
         launch_time: int = 1_700_000_000,
         prices: Mapping[str, float] | None = None,
+        attributes: Mapping[str, Mapping[str, tuple[str, str]]] | None = None,
     ) -> None:
+        """``attributes``: a template's own (templateId -> {name: (kind, value)}) in place of
+        ``TEMPLATE_ATTRIBUTES``."""
         self.name = name
+        self.attributes = {t: dict(a) for t, a in (attributes or {}).items()}
         self.templates = dict(templates or {"small": 10})
         self.prices = dict(prices or {})  # templateId -> USD per hour
         self.latency = latency
@@ -54,6 +61,13 @@ class FakeProvider:
     def fail_next(self, action: str, error: ProviderError) -> None:
         """Make the next call of ``action`` raise ``error`` (after its input was checked, like a real plugin)."""
         self._failures[action].append(error)
+
+    def template_attributes(self, template: str) -> Mapping[str, tuple[str, str]]:
+        return self.attributes.get(template, TEMPLATE_ATTRIBUTES)
+
+    def report(self, template: str = "") -> dict[str, str]:
+        """What the agent of a healthy machine of ``template`` reports (``Join.capabilities``): its attributes."""
+        return {name: value for name, (_, value) in self.template_attributes(template).items()}
 
     def reclaim(self, machine_id: str) -> None:
         """The provider wants ``machine_id`` back (it shows in ``getReturnRequests``)."""
@@ -91,7 +105,7 @@ class FakeProvider:
             entry: dict[str, Any] = {
                 "templateId": template,
                 "maxNumber": count,
-                "attributes": {"ncpus": ["Numeric", "2"]},
+                "attributes": {name: list(pair) for name, pair in self.template_attributes(template).items()},
             }
             if template in self.prices:
                 entry["price"] = {

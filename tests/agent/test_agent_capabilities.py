@@ -82,9 +82,9 @@ def test_the_cli_takes_probes_and_refuses_too_many(tmp_path: Path, capsys: pytes
     token.write_text("x" * 32)
     token.chmod(0o600)
     base = ["--certs", str(tmp_path), "--controllers", "127.0.0.1:1", "--instance-ref", "r", "--token-file", str(token)]
-    probes = [arg for i in range(6) for arg in ("--probe", f"p{i}=echo {i}")]
-    assert agent_cli.main([*base, *probes]) == agent_cli.EXIT_USAGE
-    assert "at most 5 probes" in capsys.readouterr().err
+    probes = [arg for i in range(5) for arg in ("--probe", f"p{i}=echo {i}")]
+    assert agent_cli.main([*base, *probes]) == agent_cli.EXIT_USAGE  # with the 4 built-ins: over the 8 kept
+    assert "at most 4 probes" in capsys.readouterr().err
     assert agent_cli.main([*base, "--probe", "ngpus=echo 1", "--probe-timeout", "0"]) == agent_cli.EXIT_USAGE
 
 
@@ -107,3 +107,57 @@ def test_every_join_carries_the_report() -> None:
         assert all(dict(join.capabilities) == report for join in fake.received)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- the shipped GPU probe (issue 35 item 1), against a fake nvidia-smi ------------------------------------------
+
+
+def _fake_nvidia_smi(bin_dir: Path, body: str) -> None:
+    """An ``nvidia-smi`` on ``bin_dir`` that runs ``body`` (a shell script) and records its arguments."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\necho "$@" > "{bin_dir}/args"\n{body}\n')
+    tool.chmod(0o755)
+
+
+@pytest.mark.process
+def test_the_gpu_probe_counts_the_gpus_the_runtime_answers_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    _fake_nvidia_smi(bin_dir, "printf 'NVIDIA A100-SXM4-40GB\\nNVIDIA A100-SXM4-40GB\\n'")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert capabilities.gpu_count(5) == "2"
+    assert (bin_dir / "args").read_text().split() == ["--query-gpu=name", "--format=csv,noheader"]
+    report = capabilities.report({}, 5)
+    assert report["ngpus"] == "2" and {"ncpus", "mem", "type"} <= set(report)
+    # A probe of the same name replaces the shipped one (another vendor's tool): nvidia-smi is not run.
+    (bin_dir / "args").unlink()
+    assert capabilities.report({"ngpus": "echo 4"}, 5)["ngpus"] == "4"
+    assert not (bin_dir / "args").exists()
+    # --no-report-host: nothing of the host, the GPUs included.
+    assert capabilities.report({}, 5, host=False) == {}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver'; exit 9", "!exit 9"),
+        ("exec sleep 30", "!timeout"),
+        ("true", "0"),  # the runtime answers, for no GPU
+    ],
+)
+def test_a_gpu_runtime_that_does_not_answer_reports_no_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, expected: str
+) -> None:
+    _fake_nvidia_smi(tmp_path / "bin", body)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    started = time.monotonic()
+    assert capabilities.gpu_count(0.5) == expected
+    assert time.monotonic() - started < 5.0
+
+
+def test_without_nvidia_smi_the_gpus_are_not_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not measured is not 0: the daemon says ``ngpus not reported`` of a GPU template's machine."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
+    assert capabilities.gpu_count(5) is None
+    assert "ngpus" not in capabilities.report({}, 5)

@@ -149,7 +149,7 @@ def test_the_real_probes_run_in_a_thread_and_a_hung_one_reports_timeout(tmp_path
     state = tmp_path / "disk"
     state.write_text("rw\n")
     probes = {"disk": f"cat {state}", "slow": f"test -e {tmp_path / 'hang'} && sleep 30; echo ok"}
-    measure = functools.partial(capabilities.report, probes, 0.5)
+    measure = functools.partial(capabilities.report, probes, 0.5, host=False)
     sent: list[tuple[Mapping[str, str], float]] = []
 
     async def main() -> None:
@@ -181,11 +181,12 @@ def test_the_cli_takes_a_reprobe_interval_and_reprobes_only_what_it_measures(tmp
     probe = ["--probe", "ngpus=echo 1"]
     args = cli_args(tmp_path, *probe, "--reprobe-interval", "60")
     assert isinstance(agent_cli.reprobing(args, agent_cli._probes(args), JOINED, agent), reprobe.Reprobe)
-    args = cli_args(tmp_path, "--report-host")
+    args = cli_args(tmp_path)  # the host's own entries, by default
+    assert args.report_host and cli_args(tmp_path, "--report-host").report_host
     assert isinstance(agent_cli.reprobing(args, agent_cli._probes(args), JOINED, agent), reprobe.Reprobe)
     args = cli_args(tmp_path, *probe, "--reprobe-interval", "0")
     assert agent_cli.reprobing(args, agent_cli._probes(args), JOINED, agent) is None  # never
-    args = cli_args(tmp_path)
+    args = cli_args(tmp_path, "--no-report-host")
     assert agent_cli.reprobing(args, agent_cli._probes(args), {}, agent) is None  # nothing to measure
 
 

@@ -1,5 +1,5 @@
-"""Issue 20 items 1-2 with real processes: the reference controller (in this process, real mutual-TLS sockets),
-``provisionerd run`` and the local provider's plugin and agents (processes, the real clock).
+"""Issue 20 items 1-2 and issue 35 items 1-2 with real processes: the reference controller (in this process, real
+mutual-TLS sockets), ``provisionerd run`` and the local provider's plugin and agents (processes, the real clock).
 
 The local provider's templates declare one GPU; each agent runs its template's probe (``--probe ngpus=...``, from
 the plugin's own ``local.json``) and reports what it printed in its Join. ``gpu-bad`` (the cheaper, chosen first)
@@ -14,6 +14,7 @@ probes ``echo 0``; ``gpu-good`` probes ``echo 1``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -71,9 +72,11 @@ class Rig:
 
 
 @asynccontextmanager
-async def fleet(tmp_path: Path, certs: Path, templates: list[dict[str, Any]], **options: Any) -> AsyncIterator[Rig]:
-    """The controller, the daemon (its lease held) and the local provider; on exit, demand 0, every agent gone and
-    the daemon stopped cleanly."""
+async def fleet(
+    tmp_path: Path, certs: Path, templates: list[dict[str, Any]], env: dict[str, str] | None = None, **options: Any
+) -> AsyncIterator[Rig]:
+    """The controller, the daemon (its lease held, ``env`` added to its environment and so its agents') and the
+    local provider; on exit, demand 0, every agent gone and the daemon stopped cleanly."""
     provider = local_provider(tmp_path, local_conf(certs, templates=templates), idle_time=0, **options)
     with short_dir("pd-hl-") as state:
         async with (
@@ -90,7 +93,7 @@ async def fleet(tmp_path: Path, certs: Path, templates: list[dict[str, Any]], **
                 link={"connect_timeout": 5.0, "backoff": Backoff(initial=0.1, max=0.5)},
             )
             daemon = Daemon.write(config, tmp_path / "pd.toml", started)
-            proc = await daemon.start()
+            proc = await daemon.start(env=env)
             await daemon.wait_held(60)
             yield Rig(ctl, daemon)
             await ctl.set_demand([])
@@ -255,3 +258,67 @@ def test_a_machine_that_degrades_after_its_join_is_replaced_and_still_counted_af
     assert back.reason == "unhealthy_after_join: ngpus 0 < 1 required"
     assert seen["restored"] and seen["restored"][-1]["unhealthy"] == 1
     print(f"degraded machine replaced {seen['replaced_s']:.1f} s after its probe flipped (re-probe every 10 s)")
+
+
+def _without_gpu_runtime(tmp_path: Path) -> dict[str, str]:
+    """A ``PATH`` on which no ``nvidia-smi`` answers (this host has none; a fake one that is not executable shadows
+    any other), so the agents' shipped GPU probe measures nothing."""
+    shadow = tmp_path / "no-gpu"
+    shadow.mkdir()
+    (shadow / "nvidia-smi").write_text("not a tool\n")  # mode 0644: shutil.which passes it by
+    return {"PATH": f"{shadow}:{os.environ['PATH']}"}
+
+
+def unprobed(template_id: str) -> dict[str, Any]:
+    """A 1-GPU template whose agents have no GPU probe of their own: the shipped one (nvidia-smi) is all they run."""
+    return {"templateId": template_id, "maxNumber": 8, "ncpus": 1, "memMb": 64, "ngpus": 1, "price": 0.1}
+
+
+def test_a_machine_whose_report_omits_its_templates_gpus_is_replaced_unless_the_template_is_unverified(
+    certs: Path, tmp_path: Path
+) -> None:
+    """Issue 35 item 1 with real processes. The agents report this host's ncpus, mem and type by default, and no
+    ngpus (no GPU runtime answers here): the machine is returned ``capability_mismatch: ngpus not reported`` and a
+    replacement is asked for. With ``unverified_templates = ["gpu"]`` the same kind of machine is supply and stays."""
+    seen: dict[str, Any] = {}
+
+    async def verified() -> None:
+        env = _without_gpu_runtime(tmp_path / "a")
+        # capacity_backoff 1 s: the offer is suspect after a mismatch, and it is the only one.
+        options = {"max_machines": 2, "capacity_backoff": 1}
+        async with fleet(tmp_path / "a", certs, [unprobed("gpu")], env=env, **options) as rig:
+            await rig.ctl.set_demand([DemandItem("gpu", GPU, 1)])
+            hosts_seen: dict[str, Any] = {}
+
+            def replaced() -> bool:
+                hosts_seen.update(rig.hosts())
+                return bool(rig.facts(ReturnIntent)) and len(rig.facts(RequestIntent)) >= 2
+
+            await rig.until(replaced, 90, "the machine returned and a replacement asked for")
+            seen["returns"] = [f for _, f in rig.facts(ReturnIntent)]
+            seen["hosts"] = hosts_seen
+
+    async def unverified() -> None:
+        env = _without_gpu_runtime(tmp_path / "b")
+        options = {"unverified_templates": ("gpu",)}
+        async with fleet(tmp_path / "b", certs, [unprobed("gpu")], env=env, **options) as rig:
+            await rig.ctl.set_demand([DemandItem("gpu", GPU, 1)])
+            await rig.until(
+                lambda: [h.status.value for h in rig.hosts().values()] == ["idle"], 60, "the machine joined, idle"
+            )
+            await trio.sleep(5)  # five passes at least: a check would have returned it at the first
+            seen["kept"] = list(rig.hosts().values())
+            seen["kept_intents"] = len(rig.facts(RequestIntent))
+            seen["kept_returns"] = len(rig.facts(ReturnIntent))
+
+    for part in ("a", "b"):
+        (tmp_path / part).mkdir()
+    trio.run(within, 150, verified)
+    trio.run(within, 150, unverified)
+    first = seen["returns"][0]
+    assert first.reason == "capability_mismatch: ngpus not reported ('1' declared)"
+    (host,) = [h for h in seen["hosts"].values() if h.machine_id in first.machine_ids]
+    assert set(host.capabilities) == {"ncpus", "mem", "type"}  # the host's own, by default; no GPU measured
+    (kept,) = seen["kept"]
+    assert "ngpus" not in kept.capabilities and kept.status.value == "idle"
+    assert (seen["kept_intents"], seen["kept_returns"]) == (1, 0)

@@ -15,6 +15,7 @@ from typing import Any
 
 from aws_fakes import IMAGE, PLUGIN_DIR, REGION, credentials_env, user_data
 from rigs import agents, procs
+from rigs.daemon import as_records
 
 from provisionerd.config.loader import ProviderConfig, ProviderTimeouts
 
@@ -54,9 +55,7 @@ def ec2_provider(home: Path, endpoint: str) -> ProviderConfig:
         path=PLUGIN_DIR / "provider",
         conf_dir=conf,
         data_dir=data,
-        idle_time=IDLE_TIME,
-        timeouts=ProviderTimeouts(default=30),
-        env=credentials_env(home),
+        **as_records(dict(idle_time=IDLE_TIME, timeouts=ProviderTimeouts(default=30), env=credentials_env(home))),
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from rigs import wait
+from rigs.daemon import as_records
 
 from provisionerd.config.loader import ProviderConfig as DaemonProvider
 from provisionerd.config.loader import ProviderTimeouts
@@ -74,9 +75,7 @@ class World:
             path=EXAMPLE,
             conf_dir=self.conf,
             data_dir=self.data,
-            env={"PATH": plugin_path()},
-            timeouts=ProviderTimeouts(default=timeout),
-            **options,
+            **as_records(dict(env={"PATH": plugin_path()}, timeouts=ProviderTimeouts(default=timeout), **options)),
         )
 
     def adapter(

@@ -139,11 +139,22 @@ class Rig:
         return [m for m in self.providers[provider].machines.values() if m["status"] == "running"]
 
     def join(self, machine_id: str, status: HostStatus = HostStatus.IDLE, since: float | None = None) -> None:
-        """The machine's worker joined (the controller pushes its host state)."""
+        """The machine's worker joined (the controller pushes its host state), reporting what its template declares
+        (a healthy agent)."""
+        assert self.session.view is not None
+        record = self.session.view.facts.machines[machine_id]
+        self.join_reporting(machine_id, self.providers[record.provider].report(record.template_id), status, since)
+
+    def join_reporting(
+        self, machine_id: str, report: dict[str, str], status: HostStatus = HostStatus.IDLE, since: float | None = None
+    ) -> None:
+        """The machine's worker joined with ``report`` as its capabilities."""
         assert self.session.view is not None
         record = self.session.view.facts.machines[machine_id]
         when = BASE + trio.current_time() if since is None else since
-        self.session.set_hosts(HostState(record.instance_ref, record.provider, machine_id, status, when))
+        self.session.set_hosts(
+            HostState(record.instance_ref, record.provider, machine_id, status, when, capabilities=report)
+        )
 
     def events_of(self, event: str, **match: Any) -> list[dict[str, Any]]:
         return [e for e in self.events.of_kind(event) if all(e.get(k) == v for k, v in match.items())]

@@ -32,6 +32,7 @@ from provisionerd.domain.model import (
     ReturnIntent,
 )
 from provisionerd.planner.fact_view import FactView
+from provisionerd.planner.health import confirming_report
 from provisionerd.planner.in_flight import InFlight, PendingRequest
 from provisionerd.planner.plan import Plan, plan
 from provisionerd.planner.policy import Policy
@@ -183,9 +184,18 @@ class World:
         return made
 
     def host(self, machine_id: str, status: HostStatus, since: float | None = None) -> None:
+        """The machine's host, ``status`` since ``since``, reporting what its template declares (a healthy agent)."""
         machine = self.view.machines[machine_id]
+        template = next(
+            (o for o in self.offers if (o.provider, o.template_id) == (machine.provider, machine.template_id)), None
+        )
         self.hosts[machine.instance_ref] = HostState(
-            machine.instance_ref, machine.provider, machine_id, status, self.now if since is None else since
+            machine.instance_ref,
+            machine.provider,
+            machine_id,
+            status,
+            self.now if since is None else since,
+            capabilities={} if template is None else confirming_report(template),
         )
 
     def returned(self, action: ReturnMachines) -> None:

@@ -3,6 +3,7 @@ against its template by the offers' compatibility function, and ``max_unhealthy`
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import CLUSTER, NOW, World, fuzz_settings, item, offer, snapshot
@@ -48,17 +49,64 @@ def test_a_report_short_of_its_template_reads_like_a_rejected_offer() -> None:
     template = offer(gpus=1, ncpus=4, mem=8192)
     assert health.capability_shortfall(template, GOOD) == ()
     assert health.capability_shortfall(template, BAD) == ("ngpus 0 < 1 required",)
-    assert health.capability_shortfall(template, {"ncpus": "2"}) == ("ncpus 2 < 4 required",)
+    assert health.capability_shortfall(template, {**GOOD, "ncpus": "2"}) == ("ncpus 2 < 4 required",)
     # Memory may be 10% under the template's (MemTotal is below a cloud's nominal size), not more.
-    assert health.capability_shortfall(template, {"mem": "7500"}) == ()
-    assert health.capability_shortfall(template, {"mem": "7000"}) == ("mem 7000 MiB < 7372 MiB required",)
-    assert health.capability_shortfall(template, {"type": "aarch64"}) == ("type (arch) 'aarch64' != 'x86_64' required",)
+    assert health.capability_shortfall(template, {**GOOD, "mem": "7500"}) == ()
+    assert health.capability_shortfall(template, {**GOOD, "mem": "7000"}) == ("mem 7000 MiB < 7372 MiB required",)
+    assert health.capability_shortfall(template, {**GOOD, "type": "aarch64"}) == (
+        "type (arch) 'aarch64' != 'x86_64' required",
+    )
     # A probe that failed reports no number: that falls short too.
-    failed = health.capability_shortfall(template, {"ngpus": "!exit 127"})
+    failed = health.capability_shortfall(template, {**GOOD, "ngpus": "!exit 127"})
     assert "ngpus value ('Numeric', '!exit 127') is not a number" in failed and "ngpus 0 < 1 required" in failed
-    # What the machine did not report, or the template does not declare, is not judged.
-    assert health.capability_shortfall(template, {}) == ()
-    assert health.capability_shortfall(template, {"zone": "a"}) == ()
+    # What the template does not declare is not judged, whatever the machine reports.
+    assert health.capability_shortfall(template, {**GOOD, "zone": "a", "extra": "x"}) == ()
+
+
+def test_a_machine_must_confirm_every_attribute_of_its_template() -> None:
+    """Issue 35 item 1: a missing attribute is a shortfall, not a pass."""
+    template = offer(gpus=1, ncpus=4, mem=8192)
+    assert health.capability_shortfall(template, {}) == (
+        "mem not reported ('8192' declared)",
+        "ncpus not reported ('4' declared)",
+        "ngpus not reported ('1' declared)",
+        "type not reported ('X86_64' declared)",
+    )
+    # A CPU-only report of a GPU template: the GPUs it does not mention are not taken on trust.
+    assert health.capability_shortfall(template, {k: v for k, v in GOOD.items() if k != "ngpus"}) == (
+        "ngpus not reported ('1' declared)",
+    )
+    # A template of no GPUs asks for no GPU report: nothing can fall short of 0.
+    assert health.capability_shortfall(offer(gpus=0), {"ncpus": "4", "mem": "8192", "type": "X86_64"}) == ()
+    # A feature (a Boolean attribute declared true) must be confirmed, in the template's own text; a String
+    # attribute that describes the offer (a zone) is compared only when reported.
+    featured = offer(gpus=0, zone="z1")
+    featured = attrs.evolve(featured, attributes={**featured.attributes, "infiniband": ("Boolean", "1")})
+    plain = {"ncpus": "4", "mem": "8192", "type": "X86_64"}
+    assert health.capability_shortfall(featured, plain) == ("infiniband not reported ('1' declared)",)
+    assert health.capability_shortfall(featured, {**plain, "infiniband": "1"}) == ()
+    assert health.capability_shortfall(featured, {**plain, "infiniband": "0"}) == (
+        "attribute infiniband '0' != '1' required",
+    )
+    assert health.capability_shortfall(featured, {**plain, "infiniband": "1", "zone": "z2"}) == (
+        "attribute zone 'z2' != 'z1' required",
+    )
+    # What a machine with exactly the template reports passes.
+    assert health.capability_shortfall(featured, health.confirming_report(featured)) == ()
+
+
+@fuzz_settings(200)
+@given(
+    gpus=st.integers(0, 8),
+    dropped=st.sets(st.sampled_from(["ncpus", "mem", "ngpus", "type"])),
+)
+def test_every_declared_attribute_left_out_of_the_report_is_named(gpus: int, dropped: set[str]) -> None:
+    template = offer(gpus=gpus)
+    report = {k: v for k, v in health.confirming_report(template).items() if k not in dropped}
+    reasons = health.capability_shortfall(template, report)
+    named = {r.split(" ", 1)[0] for r in reasons}
+    assert named == {n for n in dropped if n != "ngpus" or gpus > 0}
+    assert all(r.endswith("declared)") for r in reasons)
 
 
 @fuzz_settings(300)
@@ -72,7 +120,8 @@ def test_a_machine_falls_short_exactly_when_it_has_less_than_declared(
     declared: int, have: int, ncpus: int, have_cpus: int
 ) -> None:
     template = offer(gpus=declared, ncpus=ncpus)
-    reasons = health.capability_shortfall(template, {"ngpus": str(have), "ncpus": str(have_cpus)})
+    report = {**health.confirming_report(template), "ngpus": str(have), "ncpus": str(have_cpus)}
+    reasons = health.capability_shortfall(template, report)
     assert any(r.startswith("ngpus") for r in reasons) == (have < declared)
     assert any(r.startswith("ncpus") for r in reasons) == (have_cpus < ncpus)
     assert len(reasons) == (have < declared) + (have_cpus < ncpus)

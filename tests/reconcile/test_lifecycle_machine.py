@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from reconcile_world import EPOCH, World, fuzz_settings, item, offer, snapshot
 
 from provisionerd.domain.actions import FailRequest, MarkLost, RequestMachines, ReturnMachines
-from provisionerd.domain.model import HostState, HostStatus, InstanceFact, RequestFailed
+from provisionerd.domain.model import HostStatus, InstanceFact, RequestFailed
 from provisionerd.planner.capacity import (
     CallSucceeded,
     CapacityUnavailable,
@@ -264,11 +264,8 @@ class ReconcileMachine(RuleBasedStateMachine):
         for _ in range(30):
             world.now += 400.0  # past the step interval and idle_time
             for machine_id in world.active():  # workers join, and have been idle long enough to go back
-                record = world.view.machines[machine_id]
                 if machine_id in self.provider.alive:
-                    world.hosts[record.instance_ref] = HostState(
-                        record.instance_ref, record.provider, machine_id, HostStatus.IDLE, world.now - POLICY.idle_time
-                    )
+                    world.host(machine_id, HostStatus.IDLE, since=world.now - POLICY.idle_time)
             if not self.reconcile_once("fulfil"):
                 break
         else:

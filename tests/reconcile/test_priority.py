@@ -150,3 +150,19 @@ def test_template_priority_is_read_from_the_config(tmp_path) -> None:
     assert p.template_priorities == {(CLOUD, "spot"): 2}
     with pytest.raises(ConfigError):
         parsed_config(tmp_path, providers.replace("spot = 2", "spot = -2"))
+
+
+def test_unverified_templates_are_read_from_the_config(tmp_path) -> None:
+    providers = """
+    [[providers]]
+    name = "cloud"
+    transport = "oneshot"
+    path = "plugins/cloud"
+    unverified_templates = ["nominal", "other"]
+"""
+    p = policy_from_config(parsed_config(tmp_path, providers))
+    assert p.unverified == {(CLOUD, "nominal"), (CLOUD, "other")}
+    with pytest.raises(ConfigError):
+        parsed_config(tmp_path, providers.replace('"other"', '""'))
+    with pytest.raises(ConfigError):
+        parsed_config(tmp_path, providers.replace('["nominal", "other"]', '"nominal"'))

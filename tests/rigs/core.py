@@ -72,8 +72,17 @@ def daemon_core(
     offer_interval: float = 5.0,
     **executor: Any,
 ) -> DaemonCore:
-    """The core for ``config``, over the providers it configures, or over the one ``recorded`` wraps alone."""
+    """The core for ``config``, over the providers it configures, or over the one ``recorded`` wraps alone.
+    ``policy`` is the test's own; each provider's ``unverified_templates`` comes from ``config``
+    (``rigs.daemon.as_records``) when ``policy`` has no entry of that provider."""
     settings = {**EXECUTOR, **executor}
+    unverified = {
+        p.name: attrs.evolve(policy.of(p.name), unverified_templates=p.unverified_templates)
+        for p in config.providers
+        if p.unverified_templates and p.name not in policy.providers
+    }
+    if unverified:
+        policy = attrs.evolve(policy, providers={**policy.providers, **unverified})
     providers = None if recorded is None else {recorded.name: PluginClient(recorded)}
     return DaemonCore(
         config,

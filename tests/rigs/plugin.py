@@ -22,6 +22,7 @@ import attrs
 
 from provisionerd.config.loader import ProviderConfig
 from rigs import procs, wait
+from rigs.daemon import as_records
 
 #: Nothing listens on the discard port: an agent pointed there just keeps retrying (enough for plugin tests).
 NO_CONTROLLER = "127.0.0.1:9"
@@ -47,11 +48,14 @@ class Plugin:
         self, home: Path, config: Mapping[str, Any], transport: str = "persistent", **options: Any
     ) -> ProviderConfig:
         """The daemon's ``[[providers]]`` entry for this plugin: ``config`` in ``home/<provider>-conf``, its data
-        in ``home/<provider>-data``; ``options`` as ``ProviderConfig``'s (``max_machines``, ``timeouts``...)."""
+        in ``home/<provider>-data``; ``options`` as ``ProviderConfig``'s (``max_machines``, ``timeouts``...; its
+        machines are records: ``rigs.daemon.as_records``)."""
         conf_dir = self.write_conf(home / f"{self.provider}-conf", config)
         data_dir = home / f"{self.provider}-data"
         data_dir.mkdir(parents=True, exist_ok=True)
-        return ProviderConfig(self.provider, transport, path=self.path, conf_dir=conf_dir, data_dir=data_dir, **options)
+        return ProviderConfig(
+            self.provider, transport, path=self.path, conf_dir=conf_dir, data_dir=data_dir, **as_records(options)
+        )
 
 
 class PluginClient:

@@ -42,7 +42,7 @@ TEMPLATE_KEYS = {
     "templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes", "reportHost", "reprobeInterval"
 }  # fmt: skip
 #: At most this many probes per template (the agent's own limit).
-MAX_PROBES = 5
+MAX_PROBES = 4
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,10 @@ class Template:
     #: against the template's attributes. A probe that reports less than the template declares makes a machine
     #: the daemon returns (how the tests make a bad machine on purpose: ``"ngpus": 1`` with ``"echo 0"``).
     probes: tuple[tuple[str, str], ...] = ()
-    #: The agents also report this host's ncpus, mem and type (``--report-host``), checked against the template.
-    report_host: bool = False
+    #: The agents report this host's ncpus, mem, type and ngpus (the agent's default), which the daemon checks
+    #: against the template; ``"reportHost": false`` turns that off (``--no-report-host``: the template then plays a
+    #: machine of a nominal size, and the daemon's ``unverified_templates`` should name it).
+    report_host: bool = True
     #: Seconds between the agents' re-probes after their join (``--reprobe-interval``: 0 = never, else 10 to
     #: 86400); ``None``: the agent's default (300).
     reprobe_interval: float | None = None
@@ -157,7 +159,7 @@ def _template(doc: Any, index: int) -> Template:
     return Template(
         template_id=doc["templateId"],
         probes=tuple(sorted(probes.items())),
-        report_host=doc.get("reportHost") is True,
+        report_host=doc.get("reportHost") is not False,
         reprobe_interval=_reprobe_interval(doc, where),
         max_number=_int(doc, "maxNumber", where, default=64),
         ncpus=_int(doc, "ncpus", where, auto=os.cpu_count() or 1, default=1),

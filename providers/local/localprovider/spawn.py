@@ -48,8 +48,8 @@ def spawn_agent(conf: conf_mod.Conf, record: dict[str, Any], boot: Mapping[str, 
     template = conf.template(record["templateId"])
     for name, command in template.probes if template is not None else ():
         argv += ["--probe", f"{name}={command}"]  # from this plugin's own config, never from a request
-    if template is not None and template.report_host:
-        argv.append("--report-host")
+    if template is not None and not template.report_host:
+        argv.append("--no-report-host")  # a process playing a machine of a nominal size: nothing of the host
     if template is not None and template.reprobe_interval is not None:
         argv += ["--reprobe-interval", f"{template.reprobe_interval:g}"]
     for key, value in sorted(record["tags"].items()):

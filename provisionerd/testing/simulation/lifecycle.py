@@ -122,6 +122,17 @@ class Workers:
         self.credentials: dict[str, str] = {}
         #: Workers with a rejoin under way (one agent process per machine: never two rejoins at once).
         self._rejoining: set[str] = set()
+        #: Workers whose machine falls short of its template (a ``bad_machines`` window made them).
+        self._bad: set[str] = set()
+
+    def _reported(self, admitted: HostState) -> HostState:
+        """``admitted`` with its Join's capability report, as the controller keeps it (refcontroller.server): what
+        the template declares, or, for a bad machine, one CPU less than it."""
+        assert self.world.cluster is not None
+        report = self.world.cloud.report()
+        if admitted.instance_ref in self._bad:
+            report["ncpus"] = "1"
+        return self.world.cluster.hosts.report(admitted.instance_ref, report) or admitted
 
     def created(self, machine_id: str, instance_ref: str, token: str) -> None:
         if self.no_join:
@@ -146,8 +157,9 @@ class Workers:
         if not isinstance(admitted, HostState):
             self.world.recorder.note("worker", "refused", machine=machine_id, reason=admitted.reason)
             return
-        if bad:  # its Join's capability report, as the controller keeps it (refcontroller.workers)
-            admitted = cluster.hosts.report(instance_ref, {"ncpus": "1"}) or admitted
+        if bad:
+            self._bad.add(instance_ref)
+        admitted = self._reported(admitted)
         self.joined.add(instance_ref)
         self.credentials[instance_ref] = credential
         self.world.recorder.note("worker", "joined", machine=machine_id, instance=instance_ref, bad=bad)
@@ -212,6 +224,7 @@ class Workers:
                 )
             return
         self.world.recorder.note("worker", "rejoined", machine=machine_id, instance=instance_ref)
+        admitted = self._reported(admitted)
         server.broadcast_host(admitted)
         idle = cluster.worker_status(instance_ref, HostStatus.IDLE, wall)
         if idle is not None:
