@@ -90,7 +90,7 @@ def test_a_pod_ends_itself_at_max_lifetime_and_its_agent_after_the_orphan_timeou
     from k8s_plugin.pods import pod_manifest
 
     config = Config.from_document(json.loads((PLUGIN / "conf.example" / "kubernetes.json").read_text()), PLUGIN)
-    (template,) = config.templates.values() if isinstance(config.templates, dict) else config.templates
+    template = config.templates["pilot-4c"]
     boot = {"instanceRef": "c1/i-1", "controllers": ["ctl:7443"], "joinToken": "never-in-the-spec"}
     plain = pod_manifest(config, template, "p-1", {}, boot)
     assert "activeDeadlineSeconds" not in plain["spec"]
@@ -113,7 +113,7 @@ def test_the_certificates_secret_is_mounted_read_only_at_agent_certs() -> None:
 
     document = json.loads((PLUGIN / "conf.example" / "kubernetes.json").read_text())
     config = Config.from_document(document, PLUGIN)
-    (template,) = config.templates.values() if isinstance(config.templates, dict) else config.templates
+    template = config.templates["pilot-4c"]
     boot = {"instanceRef": "c1/i-1", "controllers": ["ctl:7443"]}
     assert [v["name"] for v in pod_manifest(config, template, "p-1", {}, boot)["spec"]["volumes"]] == ["join"]
     document["agent"]["certsSecret"] = "provisionerd-worker-certs"

@@ -294,7 +294,7 @@ def test_a_bad_config_is_a_provider_error_naming_the_problem(doc: dict, words: s
 def test_the_job_script_names_the_token_file_and_quotes_everything(tmp_path: Path) -> None:
     config = Config.from_document(_config())
     boot = {"instanceRef": "it's $(rm -rf /) `x`", "controllers": ["a:1", "b:2"], "joinToken": "SECRET-TOKEN-123456"}
-    script = submit.job_script(config, boot, tmp_path / "k.token")
+    script = submit.job_script(config, config.templates["t"], boot, tmp_path / "k.token")
     line = script.splitlines()[-1]
     argv = shlex.split(line)
     assert argv[0] == "exec" and argv[argv.index("--instance-ref") + 1] == boot["instanceRef"]
@@ -359,8 +359,16 @@ def test_a_pilot_job_carries_max_ttl_as_its_time_limit_unless_the_template_is_sh
 def test_the_pilot_agent_learns_the_orphan_timeout(tmp_path: Path) -> None:
     config = Config.from_document(_config())
     boot = {"instanceRef": "i", "controllers": ["a:1"], "joinToken": "SECRET-TOKEN-123456"}
-    assert "--orphan-timeout" not in submit.job_script(config, boot, tmp_path / "k.token")
-    argv = shlex.split(submit.job_script(config, {**boot, "orphanTimeout": 600}, tmp_path / "k.token").splitlines()[-1])
+    assert "--orphan-timeout" not in submit.job_script(config, config.templates["t"], boot, tmp_path / "k.token")
+    argv = shlex.split(
+        submit.job_script(
+            config, config.templates["t"], {**boot, "orphanTimeout": 600}, tmp_path / "k.token"
+        ).splitlines()[-1]
+    )
     assert argv[argv.index("--orphan-timeout") + 1] == "600"
-    argv = shlex.split(submit.job_script(config, {**boot, "orphanTimeout": 1}, tmp_path / "k.token").splitlines()[-1])
+    argv = shlex.split(
+        submit.job_script(
+            config, config.templates["t"], {**boot, "orphanTimeout": 1}, tmp_path / "k.token"
+        ).splitlines()[-1]
+    )
     assert argv[argv.index("--orphan-timeout") + 1] == "15"  # never below the agent's reply timeout

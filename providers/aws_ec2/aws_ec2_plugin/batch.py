@@ -53,7 +53,9 @@ def launch_missing(
         entry = request.bootstraps[group[0]]
         call = Call(
             count=len(group),
-            user_data=bootstrap.shared_user_data(entry, cluster, request.passthrough),
+            user_data=bootstrap.shared_user_data(
+                entry, cluster, request.passthrough, template.probes, template.reprobe_interval
+            ),
             tags=bootstrap.batch_tags(request.owner_tags, prefix, group, template.template_id, template.extra_tags),
             client_token=functools.partial(_client_token, request.op_id, group),
         )

@@ -9,18 +9,22 @@ User-data is one JSON document; the worker agent on the image reads it from IMDS
 (``http://169.254.169.254/latest/user-data``):
 
     {"provisionerd": {"version": 1, "instanceRef", "controllers", "joinToken", "cluster"
-                      [, "orphanTimeout", "onOrphan": "shutdown"]}, "userData": {...}}
+                      [, "orphanTimeout", "onOrphan": "shutdown"] [, "probes", "reprobeInterval"]}, "userData": {...}}
 
 where ``userData`` is the request's LSF-style ``userData`` object, passed through untouched. ``orphanTimeout``
 (seconds) is there when the daemon sets ``worker_orphan_timeout``: the agent is then started with
 ``--orphan-timeout`` and ``--on-orphan shutdown``, and since every instance is launched with
-``InstanceInitiatedShutdownBehavior=terminate`` its halt terminates the instance.
+``InstanceInitiatedShutdownBehavior=terminate`` its halt terminates the instance. ``probes`` (``{name: shell
+command}``) and ``reprobeInterval`` are the template's, from this plugin's config: the boot script passes each probe
+to the agent as one ``--probe=NAME=COMMAND`` argument (and ``--reprobe-interval``). They are in the
+``provisionerd`` part, which only this module writes; the request's ``userData`` is the other part, which the boot
+script never reads, so a request cannot add a probe (a command the machine would run).
 
 With ``join: address-bound`` one RunInstances launches many machines, and user-data, which belongs to the call, is
 shared by all of them; so it holds no secret and names no machine:
 
     {"provisionerd": {"version": 2, "join": "address-bound", "controllers", "cluster"
-                      [, "orphanTimeout", "onOrphan": "shutdown"]}, "userData": {...}}
+                      [, "orphanTimeout", "onOrphan": "shutdown"] [, "probes", "reprobeInterval"]}, "userData": {...}}
 
 The machine joins as its EC2 instance id (from IMDS) with the cluster's bootstrap secret from its image, from the
 address EC2 reported for it (protocol.md §4 "Address-bound join"); the controller tells it which instance it is.
@@ -64,8 +68,15 @@ def instance_tags(
     return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
 
 
-def user_data(bootstrap: Mapping[str, Any], cluster: str, passthrough: Mapping[str, Any]) -> str:
-    """The user-data document for one instance. Raises ``invalid_request`` above EC2's 16 KiB limit."""
+def user_data(
+    bootstrap: Mapping[str, Any],
+    cluster: str,
+    passthrough: Mapping[str, Any],
+    probes: Mapping[str, str] | None = None,
+    reprobe_interval: float | None = None,
+) -> str:
+    """The user-data document for one instance; ``probes`` and ``reprobe_interval``: its template's (the config's,
+    never the request's). Raises ``invalid_request`` above EC2's 16 KiB limit."""
     head: dict[str, Any] = {
         "version": 1,
         "instanceRef": bootstrap["instanceRef"],
@@ -73,14 +84,20 @@ def user_data(bootstrap: Mapping[str, Any], cluster: str, passthrough: Mapping[s
         "joinToken": bootstrap["joinToken"],
         "cluster": cluster,
     }
-    return _document(head, bootstrap, passthrough)
+    return _document(head, bootstrap, passthrough, probes, reprobe_interval)
 
 
-def shared_user_data(bootstrap: Mapping[str, Any], cluster: str, passthrough: Mapping[str, Any]) -> str:
+def shared_user_data(
+    bootstrap: Mapping[str, Any],
+    cluster: str,
+    passthrough: Mapping[str, Any],
+    probes: Mapping[str, str] | None = None,
+    reprobe_interval: float | None = None,
+) -> str:
     """The user-data of a batch launch: what every machine of the call shares (``bootstrap`` is any one of them,
-    see :func:`shared_key`), no token and no instance ref."""
+    see :func:`shared_key`), no token and no instance ref. A batch is of one template, so its probes are shared."""
     head = {"version": 2, "join": "address-bound", "controllers": list(bootstrap["controllers"]), "cluster": cluster}
-    return _document(head, bootstrap, passthrough)
+    return _document(head, bootstrap, passthrough, probes, reprobe_interval)
 
 
 def shared_key(bootstrap: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -88,9 +105,19 @@ def shared_key(bootstrap: Mapping[str, Any]) -> tuple[Any, ...]:
     return (tuple(bootstrap["controllers"]), bootstrap.get("orphanTimeout"))
 
 
-def _document(head: dict[str, Any], bootstrap: Mapping[str, Any], passthrough: Mapping[str, Any]) -> str:
+def _document(
+    head: dict[str, Any],
+    bootstrap: Mapping[str, Any],
+    passthrough: Mapping[str, Any],
+    probes: Mapping[str, str] | None,
+    reprobe_interval: float | None,
+) -> str:
     if bootstrap.get("orphanTimeout"):
         head.update(orphanTimeout=bootstrap["orphanTimeout"], onOrphan="shutdown")
+    if probes:
+        head["probes"] = dict(probes)
+    if reprobe_interval is not None:
+        head["reprobeInterval"] = reprobe_interval
     doc = {"provisionerd": head, "userData": dict(passthrough)}
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > MAX_USER_DATA:

@@ -28,6 +28,11 @@ PRIORITIZED, LOWEST_PRICE = "prioritized", "lowest-price"
 #: How its machines join: a per-machine token in user-data (one RunInstances per machine), or the address-bound
 #: join (no secret in user-data, so one RunInstances launches many: protocol.md §4 "Address-bound join").
 JOIN_TOKEN, JOIN_ADDRESS_BOUND = "token", "address-bound"
+#: A template's probes take the agent's own limits (``provisionerd agent --probe``; the count, the name pattern and
+#: the length are in the schema): no name the agent reports itself, and a command is one line.
+BUILT_IN_PROBES = ("ncpus", "mem", "type")
+#: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
+MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 
 
 @attrs.frozen
@@ -54,6 +59,11 @@ class Template:
     price: Mapping[str, Any] | None = None
     allocation_strategy: str = PRIORITIZED
     join: str = JOIN_TOKEN
+    #: ``{name: shell command}``: each machine's agent runs them and reports what they print (``--probe``), from
+    #: this config only, never from a request (``bootstrap``: the user-data's own part, not the request's).
+    probes: Mapping[str, str] = attrs.field(factory=dict)
+    #: The agent's ``--reprobe-interval`` (0 = never); ``None``: the agent's default.
+    reprobe_interval: float | None = None
 
     @property
     def offer_price(self) -> Mapping[str, Any] | None:
@@ -153,8 +163,10 @@ def _template(raw: Mapping[str, Any]) -> Template:
         price=raw.get("price"),
         allocation_strategy=raw.get("allocationStrategy", PRIORITIZED),
         join=raw.get("join", JOIN_TOKEN),
+        probes=dict(sorted(raw.get("probes", {}).items())),
+        reprobe_interval=None if raw.get("reprobeInterval") is None else float(raw["reprobeInterval"]),
     )
-    problem = _price_problem(template)
+    problem = _price_problem(template) or _probe_problem(template)
     if problem:
         raise ConfigInvalid(f"invalid aws_ec2 config: template {template.template_id!r}: {problem}", CONFIG_FILE)
     return template
@@ -175,12 +187,34 @@ def _price_problem(template: Template) -> str | None:
     return None
 
 
+def _probe_problem(template: Template) -> str | None:
+    """What the schema leaves to say clearly about a template's probes: no name the agent reports itself, a command
+    that is one non-blank line (the boot script passes each as one argument, read a line each), and
+    ``reprobeInterval`` 0 or at least ``MIN_REPROBE``."""
+    for name, command in template.probes.items():
+        if name in BUILT_IN_PROBES:
+            return f"probes.{name}: the agent reports {name!r} itself; a probe cannot replace it"
+        if not command.strip():
+            return f"probes.{name}: the command is blank"
+        if any(c in command for c in "\r\n\0"):
+            return f"probes.{name}: the command must be one line (no CR, LF or NUL)"
+    interval = template.reprobe_interval
+    if interval is not None and interval != 0 and not MIN_REPROBE <= interval <= MAX_REPROBE:
+        return f"reprobeInterval: expected 0 (never) or {MIN_REPROBE:g} to {MAX_REPROBE:g} seconds, got {interval:g}"
+    return None
+
+
 def _explain(err: jsonschema.ValidationError) -> str:
     """An error's message; for a rule between keys (one of two keys, not both) the rule's own description, since
     jsonschema's message quotes the whole template and says only that it matched the wrong number of branches."""
     description = err.schema.get("description") if isinstance(err.schema, dict) else None
     if err.validator in ("oneOf", "not") and description:
         return str(description)
+    # jsonschema's message would quote the whole value first, and be cut before the rule.
+    if err.validator == "maxLength":
+        return f"longer than {err.validator_value} characters"
+    if err.validator == "maxProperties":
+        return f"more than {err.validator_value} entries"
     return err.message[:200]
 
 

@@ -93,9 +93,11 @@ def _one_per_machine(
     for index in missing:
         entry = request.bootstraps[index]
         if template.join == JOIN_ADDRESS_BOUND:
-            data = bootstrap.shared_user_data(entry, cluster, request.passthrough)
+            data = bootstrap.shared_user_data(
+                entry, cluster, request.passthrough, template.probes, template.reprobe_interval
+            )
         else:
-            data = bootstrap.user_data(entry, cluster, request.passthrough)
+            data = bootstrap.user_data(entry, cluster, request.passthrough, template.probes, template.reprobe_interval)
         tags = bootstrap.instance_tags(
             request.owner_tags, entry["instanceRef"], template.template_id, template.extra_tags
         )

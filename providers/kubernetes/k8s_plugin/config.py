@@ -23,6 +23,12 @@ CONFIG_FILE = "kubernetes.json"
 _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 _MEMORY_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20}
 _MEMORY_UNITS.update({"Gi": 1 << 30, "Ti": 1 << 40})
+#: Probe names the agent reports itself (``provisionerd agent``): a template's ``probes`` cannot use them.
+BUILT_IN_PROBES = ("ncpus", "mem", "type")
+#: At most this many probes per template (the agent's limit), each command at most this long.
+MAX_PROBES, MAX_PROBE_COMMAND = 5, 1024
+#: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
+MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 
 
 def cpu_millis(text: str) -> int:
@@ -49,6 +55,11 @@ class Template:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     type: str = "X86_64"
     attributes: Mapping[str, tuple[str, str]] = attrs.field(factory=dict)
+    #: ``{name: shell command}``: the pod's agent runs them and reports what they print (``--probe``); from this
+    #: config only, never from a request.
+    probes: Mapping[str, str] = attrs.field(factory=dict)
+    #: The pod agent's ``--reprobe-interval`` (0 = never); ``None``: the agent's default.
+    reprobe_interval: float | None = None
 
     def as_contract(self, max_number: int | None = None) -> dict[str, Any]:
         attributes: dict[str, list[str]] = {
@@ -99,9 +110,12 @@ class Config:
         if not in_cluster and not (doc.get("apiServer") and doc.get("tokenFile")):
             raise ConfigInvalid(f"{CONFIG_FILE}: apiServer and tokenFile are needed unless inCluster", CONFIG_FILE)
         templates: dict[str, Template] = {}
-        for t in doc["templates"]:
+        for i, t in enumerate(doc["templates"]):
             if t["templateId"] in templates:
                 raise ConfigInvalid(f"{CONFIG_FILE}: templateId {t['templateId']!r} twice", CONFIG_FILE)
+            problem = _probe_problem(t)
+            if problem:
+                raise ConfigInvalid(f"{CONFIG_FILE}: templates[{i}] ({t['templateId']!r}).{problem}", CONFIG_FILE)
             templates[t["templateId"]] = Template(
                 template_id=t["templateId"],
                 max_number=t["maxNumber"],
@@ -112,6 +126,8 @@ class Config:
                 tolerations=tuple(t.get("tolerations", ())),
                 type=t.get("type", "X86_64"),
                 attributes={k: (v[0], v[1]) for k, v in t.get("attributes", {}).items()},
+                probes=dict(t.get("probes", {})),
+                reprobe_interval=None if t.get("reprobeInterval") is None else float(t["reprobeInterval"]),
             )
 
         def path(key: str) -> str | None:
@@ -135,3 +151,25 @@ class Config:
             service_account_name=doc.get("serviceAccountName"),
             test_faults=frozenset(doc.get("testFaults", ())),
         )
+
+
+def _probe_problem(t: Mapping[str, Any]) -> str | None:
+    """What the schema leaves to say clearly about a template's probes (its messages quote the value first, and are
+    cut): how many, no name the agent reports itself, a command that is one non-blank line of at most
+    ``MAX_PROBE_COMMAND`` characters, and ``reprobeInterval`` 0 or at least ``MIN_REPROBE``."""
+    probes = t.get("probes", {})
+    if len(probes) > MAX_PROBES:
+        return f"probes: at most {MAX_PROBES}, not {len(probes)}"
+    for name, command in probes.items():
+        if len(command) > MAX_PROBE_COMMAND:
+            return f"probes.{name}: the command is longer than {MAX_PROBE_COMMAND} characters"
+        if name in BUILT_IN_PROBES:
+            return f"probes.{name}: the agent reports {name!r} itself; a probe cannot replace it"
+        if not command.strip():
+            return f"probes.{name}: the command is blank"
+        if any(c in command for c in "\r\n\0"):
+            return f"probes.{name}: the command must be one line (no CR, LF or NUL)"
+    interval = t.get("reprobeInterval")
+    if interval is not None and interval != 0 and not MIN_REPROBE <= interval <= MAX_REPROBE:
+        return f"reprobeInterval: expected 0 (never) or {MIN_REPROBE:g} to {MAX_REPROBE:g} seconds, got {interval:g}"
+    return None

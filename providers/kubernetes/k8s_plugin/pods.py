@@ -7,6 +7,11 @@ env or its command line: the container reads it from the mounted file on standar
 The pod gets no ServiceAccount token (``automountServiceAccountToken: false``): the agent needs no API access. Its
 certificates are in the image at ``agent.certs``, or in a site-made Secret (``agent.certsSecret``) mounted there.
 
+The template's probes (this config's, never a request's) are agent arguments, one ``--probe=NAME=COMMAND`` each:
+the entry's ``"$@"`` passes them on as they are, and only the agent's ``/bin/sh -c`` runs them. Kubernetes itself
+rewrites a container's command before that (``$(VAR)`` becomes the variable's value, ``$$`` becomes ``$``), so
+their ``$`` are written ``$$`` (:func:`literal`) and the agent gets each command character for character.
+
 A pod ends itself (docs/operations.md, "What ends a machine when nothing controls it"): the bootstrap's
 ``maxLifetime`` (the daemon's ``max_ttl``) is its ``activeDeadlineSeconds``, so the kubelet ends it then, and its
 ``orphanTimeout`` (the daemon's ``worker_orphan_timeout``) is the agent's ``--orphan-timeout``, so the agent exits,
@@ -33,6 +38,22 @@ ORPHAN_TIMEOUT_FLOOR = 15.0
 ENTRY = ["/bin/sh", "-c", f'exec "$@" --token-stdin < {TOKEN_DIR}/{TOKEN_KEY}', "provisionerd-pilot"]
 
 
+def literal(text: str) -> str:
+    """``text`` as a container command entry that Kubernetes' variable expansion turns back into ``text``: every
+    ``$`` doubled (``$$`` is its escape for one ``$``; ``$(VAR)`` would otherwise become VAR's value, e.g.
+    ``$(POD_NAME)``, and a ``$$`` the shell's own would lose a ``$``)."""
+    return text.replace("$", "$$")
+
+
+def probe_args(template: Template) -> list[str]:
+    """The agent arguments of ``template``'s probes, as container command entries: one ``--probe=NAME=COMMAND``
+    each (one argument, so a name or command that starts with ``-`` stays a value), and ``--reprobe-interval``."""
+    args = [literal(f"--probe={name}={command}") for name, command in sorted(template.probes.items())]
+    if template.reprobe_interval is not None:
+        args += ["--reprobe-interval", f"{template.reprobe_interval:g}"]
+    return args
+
+
 def pod_manifest(
     config: Config, template: Template, name: str, tags: Mapping[str, str], boot: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -51,6 +72,7 @@ def pod_manifest(
     if boot.get("orphanTimeout"):
         # The pod ending is the machine's return (restartPolicy Never): exiting is all the agent has to do.
         agent += ["--orphan-timeout", f"{max(float(boot['orphanTimeout']), ORPHAN_TIMEOUT_FLOOR):g}"]
+    agent += probe_args(template)
     resources = {"cpu": template.cpu, "memory": template.memory}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",

@@ -23,6 +23,12 @@ from provisionerd.provider.schemas import is_rfc3339
 
 CONFIG_FILE = "slurm.json"
 _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
+#: Probe names the agent reports itself (``provisionerd agent``): a template's ``probes`` cannot use them.
+BUILT_IN_PROBES = ("ncpus", "mem", "type")
+#: At most this many probes per template (the agent's limit), each command at most this long.
+MAX_PROBES, MAX_PROBE_COMMAND = 5, 1024
+#: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
+MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 #: sbatch options the plugin sets itself; a template may not override them (the comment carries our tags, the
 #: output and export settings keep the token and the plugin's environment out of the job).
 _RESERVED = (
@@ -58,6 +64,19 @@ class Template:
     sbatch_args: tuple[str, ...] = ()
     attributes: Mapping[str, tuple[str, str]] = attrs.field(factory=dict)
     price: Mapping[str, Any] | None = None
+    #: ``{name: shell command}``: the pilot's agent runs them and reports what they print (``--probe``); from this
+    #: config only, never from a request.
+    probes: Mapping[str, str] = attrs.field(factory=dict)
+    #: The pilot agent's ``--reprobe-interval`` (0 = never); ``None``: the agent's default.
+    reprobe_interval: float | None = None
+
+    def agent_args(self) -> list[str]:
+        """The agent arguments of this template's probes: one ``--probe=NAME=COMMAND`` each (one argument, so a
+        name or command that starts with ``-`` stays a value), and ``--reprobe-interval``."""
+        args = [f"--probe={name}={command}" for name, command in sorted(self.probes.items())]
+        if self.reprobe_interval is not None:
+            args += ["--reprobe-interval", f"{self.reprobe_interval:g}"]
+        return args
 
     def resource_args(self) -> list[str]:
         args = ["--nodes=1", "--ntasks=1", f"--cpus-per-task={self.cpus}"]
@@ -107,6 +126,9 @@ class Config:
             reserved = [a for a in t.get("sbatchArgs", ()) if a.split("=", 1)[0] in _RESERVED]
             if reserved:
                 raise ConfigInvalid(f"{where}: templates[{i}].sbatchArgs: the plugin sets {reserved} itself", where)
+            problem = _probe_problem(t)
+            if problem:
+                raise ConfigInvalid(f"{where}: templates[{i}] ({t['templateId']!r}).{problem}", where)
             templates[t["templateId"]] = _template(t)
         agent = doc["agent"]
         default_agent = (os.environ.get("PROVISIONERD_PYTHON") or sys.executable, "-m", "provisionerd", "agent")
@@ -157,7 +179,31 @@ def _template(t: Mapping[str, Any]) -> Template:
         sbatch_args=tuple(t.get("sbatchArgs", ())),
         attributes=attributes,
         price=t.get("price"),
+        probes=dict(t.get("probes", {})),
+        reprobe_interval=None if t.get("reprobeInterval") is None else float(t["reprobeInterval"]),
     )
+
+
+def _probe_problem(t: Mapping[str, Any]) -> str | None:
+    """What the schema leaves to say clearly about a template's probes (its messages quote the value first, and are
+    cut): how many, no name the agent reports itself, a command that is one non-blank line of at most
+    ``MAX_PROBE_COMMAND`` characters, and ``reprobeInterval`` 0 or at least ``MIN_REPROBE``."""
+    probes = t.get("probes", {})
+    if len(probes) > MAX_PROBES:
+        return f"probes: at most {MAX_PROBES}, not {len(probes)}"
+    for name, command in probes.items():
+        if len(command) > MAX_PROBE_COMMAND:
+            return f"probes.{name}: the command is longer than {MAX_PROBE_COMMAND} characters"
+        if name in BUILT_IN_PROBES:
+            return f"probes.{name}: the agent reports {name!r} itself; a probe cannot replace it"
+        if not command.strip():
+            return f"probes.{name}: the command is blank"
+        if any(c in command for c in "\r\n\0"):
+            return f"probes.{name}: the command must be one line (no CR, LF or NUL)"
+    interval = t.get("reprobeInterval")
+    if interval is not None and interval != 0 and not MIN_REPROBE <= interval <= MAX_REPROBE:
+        return f"reprobeInterval: expected 0 (never) or {MIN_REPROBE:g} to {MAX_REPROBE:g} seconds, got {interval:g}"
+    return None
 
 
 @functools.cache

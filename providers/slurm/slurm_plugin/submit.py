@@ -137,8 +137,10 @@ def slurm_seconds(text: str) -> float:
     return float(((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
-def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str:
-    """The batch script: exec the agent. Everything in it is visible to whoever can read the job; no secret is."""
+def job_script(config: Config, template: Template, boot: Mapping[str, Any], token_file: Path) -> str:
+    """The batch script: exec the agent. Everything in it is visible to whoever can read the job; no secret is.
+    The template's probes (this config's, never the request's) are agent arguments like the others, each quoted
+    whole: the pilot's shell passes them on as they are, and only the agent's ``/bin/sh -c`` runs them."""
     argv = [
         *config.agent_command,
         "--certs",
@@ -154,6 +156,7 @@ def job_script(config: Config, boot: Mapping[str, Any], token_file: Path) -> str
     if boot.get("orphanTimeout"):
         # The pilot job ending is the machine's return: exiting is all the agent has to do.
         argv += ["--orphan-timeout", f"{max(float(boot['orphanTimeout']), ORPHAN_TIMEOUT_FLOOR):g}"]
+    argv += template.agent_args()
     line = " ".join(shlex.quote(a) for a in argv)
     return (
         "#!/bin/sh\n"
@@ -224,7 +227,7 @@ def request_machines(config: Config, cluster: SlurmCluster, store: Store, doc: M
             try:
                 job_id = cluster.submit(
                     sbatch_args(config, template, machine_tags, key, float(boot.get("maxLifetime") or 0)),
-                    job_script(config, boot, token_file),
+                    job_script(config, template, boot, token_file),
                 )
             except PluginError as err:
                 if err.code != "throttled":
