@@ -123,7 +123,7 @@ def test_a_bootstrap_entry_cannot_add_a_probe_either() -> None:
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"probes": {f"p{i}": "true" for i in range(6)}}, "probes: more than 5 entries"),
+        ({"probes": {f"p{i}": "true" for i in range(5)}}, "probes: more than 4 entries"),
         ({"probes": {"bad name": "true"}}, "does not match"),
         ({"probes": {"x" * 33: "true"}}, "does not match"),
         ({"probes": {"ngpus": ""}}, "should be non-empty"),
@@ -154,7 +154,7 @@ def test_valid_probe_config_is_kept_as_given() -> None:
     assert config(reprobeInterval=10).templates["gpu"].reprobe_interval == 10.0
 
 
-def test_user_data_with_five_long_probes_stays_within_the_ec2_limit() -> None:
-    conf = config(probes={f"p{i}": "x" * 1024 for i in range(5)})
+def test_user_data_with_four_long_probes_stays_within_the_ec2_limit() -> None:
+    conf = config(probes={f"p{i}": "x" * 1024 for i in range(4)})
     (document,) = launched_documents(conf, request(count=1))
     assert len(json.dumps(document).encode()) < 16 * 1024

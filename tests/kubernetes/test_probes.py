@@ -170,7 +170,7 @@ def test_a_request_cannot_add_or_change_a_probe(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"probes": {f"p{i}": "true" for i in range(6)}}, "templates[0] ('gpu').probes: at most 5, not 6"),
+        ({"probes": {f"p{i}": "true" for i in range(5)}}, "templates[0] ('gpu').probes: at most 4, not 5"),
         ({"probes": {"bad name": "true"}}, "'bad name' does not match"),
         ({"probes": {"x" * 33: "true"}}, "does not match"),
         ({"probes": {"gputype": ""}}, "should be non-empty"),

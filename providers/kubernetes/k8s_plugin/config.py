@@ -26,7 +26,7 @@ _MEMORY_UNITS.update({"Gi": 1 << 30, "Ti": 1 << 40})
 #: Probe names the agent reports itself (``provisionerd agent``): a template's ``probes`` cannot use them.
 BUILT_IN_PROBES = ("ncpus", "mem", "type")
 #: At most this many probes per template (the agent's limit), each command at most this long.
-MAX_PROBES, MAX_PROBE_COMMAND = 5, 1024
+MAX_PROBES, MAX_PROBE_COMMAND = 4, 1024
 #: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
 MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 

@@ -26,7 +26,7 @@ _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 #: Probe names the agent reports itself (``provisionerd agent``): a template's ``probes`` cannot use them.
 BUILT_IN_PROBES = ("ncpus", "mem", "type")
 #: At most this many probes per template (the agent's limit), each command at most this long.
-MAX_PROBES, MAX_PROBE_COMMAND = 5, 1024
+MAX_PROBES, MAX_PROBE_COMMAND = 4, 1024
 #: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
 MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 #: sbatch options the plugin sets itself; a template may not override them (the comment carries our tags, the
