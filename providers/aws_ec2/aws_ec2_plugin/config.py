@@ -16,6 +16,7 @@ import attrs
 import jsonschema
 
 from provisionerd.plugin_sdk.config import ConfigInvalid, load_config
+from provisionerd.plugin_sdk.probes import probe_problem
 from provisionerd.plugin_sdk.values import Template as Offer
 
 CONFIG_FILE = "aws_ec2.json"
@@ -28,11 +29,6 @@ PRIORITIZED, LOWEST_PRICE = "prioritized", "lowest-price"
 #: How its machines join: a per-machine token in user-data (one RunInstances per machine), or the address-bound
 #: join (no secret in user-data, so one RunInstances launches many: protocol.md §4 "Address-bound join").
 JOIN_TOKEN, JOIN_ADDRESS_BOUND = "token", "address-bound"
-#: A template's probes take the agent's own limits (``provisionerd agent --probe``; the count, the name pattern and
-#: the length are in the schema): no name the agent reports itself, and a command is one line.
-BUILT_IN_PROBES = ("ncpus", "mem", "type")
-#: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
-MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 
 
 @attrs.frozen
@@ -166,7 +162,7 @@ def _template(raw: Mapping[str, Any]) -> Template:
         probes=dict(sorted(raw.get("probes", {}).items())),
         reprobe_interval=None if raw.get("reprobeInterval") is None else float(raw["reprobeInterval"]),
     )
-    problem = _price_problem(template) or _probe_problem(template)
+    problem = _price_problem(template) or probe_problem(template.probes, template.reprobe_interval)
     if problem:
         raise ConfigInvalid(f"invalid aws_ec2 config: template {template.template_id!r}: {problem}", CONFIG_FILE)
     return template
@@ -184,23 +180,6 @@ def _price_problem(template: Template) -> str | None:
         return "the instance types' prices are in different currencies"
     if template.allocation_strategy == LOWEST_PRICE and not priced:
         return 'allocationStrategy "lowest-price" needs a price for every instance type'
-    return None
-
-
-def _probe_problem(template: Template) -> str | None:
-    """What the schema leaves to say clearly about a template's probes: no name the agent reports itself, a command
-    that is one non-blank line (the boot script passes each as one argument, read a line each), and
-    ``reprobeInterval`` 0 or at least ``MIN_REPROBE``."""
-    for name, command in template.probes.items():
-        if name in BUILT_IN_PROBES:
-            return f"probes.{name}: the agent reports {name!r} itself; a probe cannot replace it"
-        if not command.strip():
-            return f"probes.{name}: the command is blank"
-        if any(c in command for c in "\r\n\0"):
-            return f"probes.{name}: the command must be one line (no CR, LF or NUL)"
-    interval = template.reprobe_interval
-    if interval is not None and interval != 0 and not MIN_REPROBE <= interval <= MAX_REPROBE:
-        return f"reprobeInterval: expected 0 (never) or {MIN_REPROBE:g} to {MAX_REPROBE:g} seconds, got {interval:g}"
     return None
 
 

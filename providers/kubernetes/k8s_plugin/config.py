@@ -18,17 +18,12 @@ from typing import Any
 import attrs
 
 from provisionerd.plugin_sdk.config import ConfigInvalid, check_schema, config_path, read_json
+from provisionerd.plugin_sdk.probes import probe_problem
 
 CONFIG_FILE = "kubernetes.json"
 _SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 _MEMORY_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20}
 _MEMORY_UNITS.update({"Gi": 1 << 30, "Ti": 1 << 40})
-#: Probe names the agent reports itself (``provisionerd agent``): a template's ``probes`` cannot use them.
-BUILT_IN_PROBES = ("ncpus", "mem", "type")
-#: At most this many probes per template (the agent's limit), each command at most this long.
-MAX_PROBES, MAX_PROBE_COMMAND = 4, 1024
-#: ``reprobeInterval``: 0 (never) or this range, as the agent's ``--reprobe-interval`` takes it.
-MIN_REPROBE, MAX_REPROBE = 10.0, 86400.0
 
 
 def cpu_millis(text: str) -> int:
@@ -113,7 +108,7 @@ class Config:
         for i, t in enumerate(doc["templates"]):
             if t["templateId"] in templates:
                 raise ConfigInvalid(f"{CONFIG_FILE}: templateId {t['templateId']!r} twice", CONFIG_FILE)
-            problem = _probe_problem(t)
+            problem = probe_problem(t.get("probes", {}), t.get("reprobeInterval"))
             if problem:
                 raise ConfigInvalid(f"{CONFIG_FILE}: templates[{i}] ({t['templateId']!r}).{problem}", CONFIG_FILE)
             templates[t["templateId"]] = Template(
@@ -151,25 +146,3 @@ class Config:
             service_account_name=doc.get("serviceAccountName"),
             test_faults=frozenset(doc.get("testFaults", ())),
         )
-
-
-def _probe_problem(t: Mapping[str, Any]) -> str | None:
-    """What the schema leaves to say clearly about a template's probes (its messages quote the value first, and are
-    cut): how many, no name the agent reports itself, a command that is one non-blank line of at most
-    ``MAX_PROBE_COMMAND`` characters, and ``reprobeInterval`` 0 or at least ``MIN_REPROBE``."""
-    probes = t.get("probes", {})
-    if len(probes) > MAX_PROBES:
-        return f"probes: at most {MAX_PROBES}, not {len(probes)}"
-    for name, command in probes.items():
-        if len(command) > MAX_PROBE_COMMAND:
-            return f"probes.{name}: the command is longer than {MAX_PROBE_COMMAND} characters"
-        if name in BUILT_IN_PROBES:
-            return f"probes.{name}: the agent reports {name!r} itself; a probe cannot replace it"
-        if not command.strip():
-            return f"probes.{name}: the command is blank"
-        if any(c in command for c in "\r\n\0"):
-            return f"probes.{name}: the command must be one line (no CR, LF or NUL)"
-    interval = t.get("reprobeInterval")
-    if interval is not None and interval != 0 and not MIN_REPROBE <= interval <= MAX_REPROBE:
-        return f"reprobeInterval: expected 0 (never) or {MIN_REPROBE:g} to {MAX_REPROBE:g} seconds, got {interval:g}"
-    return None

@@ -27,6 +27,7 @@ from typing import Any
 
 from provisionerd.plugin_sdk.config import ConfigInvalid, read_json
 from provisionerd.plugin_sdk.errors import PluginError
+from provisionerd.plugin_sdk.probes import probe_problem
 
 DEFAULT_TEMPLATE = {
     "templateId": "local-1",
@@ -41,8 +42,6 @@ KEYS = {"templates", "certsDir", "heartbeatSeconds", "replyTimeoutSeconds", "kil
 TEMPLATE_KEYS = {
     "templateId", "maxNumber", "ncpus", "memMb", "ngpus", "type", "price", "probes", "reportHost", "reprobeInterval"
 }  # fmt: skip
-#: At most this many probes per template (the agent's own limit).
-MAX_PROBES = 4
 
 
 @dataclass(frozen=True)
@@ -127,11 +126,9 @@ def _reprobe_interval(doc: dict[str, Any], where: str) -> float | None:
     value = doc.get("reprobeInterval")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 10 <= value <= 86400):
-        raise PluginError(
-            "provider_error", f"local.json {where}.reprobeInterval: expected 0 (never) or 10 to 86400, got {value!r}"
-        )
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PluginError("provider_error", f"local.json {where}.reprobeInterval: expected a number, got {value!r}")
+    return float(value)  # its bounds: plugin_sdk.probes
 
 
 def _template(doc: Any, index: int) -> Template:
@@ -148,14 +145,13 @@ def _template(doc: Any, index: int) -> Template:
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0):
         raise PluginError("provider_error", f"local.json {where}.price: expected a number >= 0 or null")
     probes = doc.get("probes", {})
-    if (
-        not isinstance(probes, dict)
-        or len(probes) > MAX_PROBES
-        or not all(isinstance(k, str) and k and isinstance(v, str) and v.strip() for k, v in probes.items())
+    if not isinstance(probes, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in probes.items()
     ):
-        raise PluginError(
-            "provider_error", f"local.json {where}.probes: expected at most {MAX_PROBES} names -> non-empty commands"
-        )
+        raise PluginError("provider_error", f"local.json {where}.probes: expected names -> commands")
+    problem = probe_problem(probes, _reprobe_interval(doc, where))
+    if problem is not None:
+        raise PluginError("provider_error", f"local.json {where}.{problem}")
     return Template(
         template_id=doc["templateId"],
         probes=tuple(sorted(probes.items())),
