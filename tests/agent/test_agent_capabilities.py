@@ -161,3 +161,22 @@ def test_without_nvidia_smi_the_gpus_are_not_reported(tmp_path: Path, monkeypatc
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
     assert capabilities.gpu_count(5) is None
     assert "ngpus" not in capabilities.report({}, 5)
+
+
+def test_the_local_plugins_auto_template_is_what_its_agents_report() -> None:
+    """An ``"auto"`` template of the local plugin declares this host as its agents measure it, so its machines pass
+    the check that is now on by default (a cpuset narrower than the host would otherwise fail every one)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "providers" / "local"))
+    from localprovider.conf import _template
+
+    from provisionerd.domain.model import Offer
+    from provisionerd.planner.health import capability_shortfall
+
+    auto = _template({"templateId": "auto", "ncpus": "auto", "memMb": "auto", "type": "auto"}, 0)
+    report = capabilities.built_in()
+    assert (str(auto.ncpus), str(auto.mem_mb), auto.arch) == (report["ncpus"], report["mem"], report["type"])
+    doc = auto.document(1)
+    offer = Offer("local", "auto", 1, {k: (v[0], v[1]) for k, v in doc["attributes"].items()})
+    assert capability_shortfall(offer, report) == ()

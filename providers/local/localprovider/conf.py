@@ -102,6 +102,15 @@ class Conf:
         return next((t for t in self.templates if t.template_id == template_id), None)
 
 
+def _host_cpus() -> int:
+    """The CPUs this host's agents may run on, as they report them (``provisionerd.agent.capabilities``): a
+    cpuset narrower than the machine's counts, or every machine of an ``"auto"`` template would fall short."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _host_mem_mb() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20))
 
@@ -158,7 +167,7 @@ def _template(doc: Any, index: int) -> Template:
         report_host=doc.get("reportHost") is not False,
         reprobe_interval=_reprobe_interval(doc, where),
         max_number=_int(doc, "maxNumber", where, default=64),
-        ncpus=_int(doc, "ncpus", where, auto=os.cpu_count() or 1, default=1),
+        ncpus=_int(doc, "ncpus", where, auto=_host_cpus(), default=1),
         mem_mb=_int(doc, "memMb", where, auto=_host_mem_mb(), default=1024),
         ngpus=_int(doc, "ngpus", where),
         arch=platform.machine().upper() if arch == "auto" else arch,
