@@ -53,6 +53,9 @@ UNHEALTHY_AFTER_JOIN = "unhealthy_after_join"
 UNHEALTHY_REASONS = frozenset({"never_joined", "provisioning_timeout", CAPABILITY_MISMATCH, UNHEALTHY_AFTER_JOIN})
 #: The attributes that describe the machine itself: its report must confirm each its template declares.
 MACHINE_ATTRIBUTES = frozenset({"ncpus", "mem", "ngpus", "gputype", "type"})
+#: Spellings of one architecture: the agent reports the kernel's (``X86_64``, ``AARCH64``), a template may use
+#: another tool's (Kubernetes' ``amd64`` / ``arm64``).
+ARCH_ALIASES = ({"x86_64", "amd64", "x64"}, {"aarch64", "arm64"})
 #: How a ``Boolean`` attribute says true.
 TRUE_TEXTS = frozenset({"1", "true", "yes", "y", "on"})
 #: Memory may be this fraction below the template's and still pass.
@@ -120,6 +123,8 @@ def capability_shortfall(template: ParsedOffer | Offer, reported: Mapping[str, s
             name: str(declared[name][1]) for name in reported if name in declared and name not in MACHINE_ATTRIBUTES
         },
     )
+    if "type" in reported and "type" in declared and _same_arch(str(reported["type"]), str(declared["type"][1])):
+        reported = {**reported, "type": str(declared["type"][1])}
     kinds = {name: declared[name][0] if name in declared else "String" for name in reported}
     machine = Offer(
         provider=parsed.offer.provider,
@@ -128,6 +133,11 @@ def capability_shortfall(template: ParsedOffer | Offer, reported: Mapping[str, s
         attributes={name: (kinds[name], value) for name, value in reported.items()},
     )
     return missing + reasons_for(requirement_of(shape), parse_offer(machine))
+
+
+def _same_arch(a: str, b: str) -> bool:
+    a, b = a.lower(), b.lower()
+    return a == b or any(a in names and b in names for names in ARCH_ALIASES)
 
 
 class CapabilityCheck:

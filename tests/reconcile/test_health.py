@@ -91,6 +91,11 @@ def test_a_machine_must_confirm_every_attribute_of_its_template() -> None:
     assert health.capability_shortfall(featured, {**plain, "infiniband": "1", "zone": "z2"}) == (
         "attribute zone 'z2' != 'z1' required",
     )
+    # One architecture under another tool's name is the same architecture; another is not.
+    arm = offer(gpus=0, arch="arm64")
+    assert health.capability_shortfall(arm, {**plain, "type": "AARCH64"}) == ()
+    assert health.capability_shortfall(offer(gpus=0, arch="amd64"), plain) == ()
+    assert health.capability_shortfall(arm, plain) == ("type (arch) 'x86_64' != 'arm64' required",)
     # What a machine with exactly the template reports passes.
     assert health.capability_shortfall(featured, health.confirming_report(featured)) == ()
 
