@@ -200,6 +200,7 @@ def loop_summary(report: dict[str, Any]) -> dict[str, Any]:
         "loop_steps_over_20ms_cpu": report["steps_over_20ms_cpu"],
         "longest_loop_step_by_task_ms": report["longest_by_task_ms"],
         "longest_loop_step_by_task_cpu_ms": report["longest_by_task_cpu_ms"],
+        "longest_loop_step_by_task_cpu_without_gc_ms": report["longest_by_task_cpu_without_gc_ms"],
     }
 
 
