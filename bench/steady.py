@@ -162,20 +162,46 @@ def run(minutes: float, count: int, poll: float = POLL, profile: Path | None = N
         with realprocs.controller(certs, data) as (controller_pid, address):
             config = root / "daemon.toml"
             write_config(config, address, certs, state, plugin_data, count)
+            loop = root / "loop.json"
+            watching = [] if profile else [str(Path(__file__).with_name("loopwatch.py")), str(loop)]
             profiling = ["-m", "cProfile", "-o", str(profile)] if profile else []
-            argv = [sys.executable, *profiling, "-m", "provisionerd", "run", "--config", str(config)]
+            argv = [sys.executable, *profiling, *watching, "-m", "provisionerd", "run", "--config", str(config)]
             with procs.popen(argv, root / "daemon.log") as daemon:
                 try:
-                    return watch(daemon, controller_pid, state, minutes, poll) | {
-                        "store_facts": facts,
-                        "fill_s": round(fill_s, 1),
-                    }
+                    result = watch(daemon, controller_pid, state, minutes, poll)
                 finally:
                     daemon.terminate()  # and up to a minute to stop (a profile is written on the way out)
                     try:
                         daemon.wait(60)
                     except subprocess.TimeoutExpired:
                         pass
+            if loop.exists():  # written by the daemon's watch after every pass and at its exit
+                result |= loop_summary(json.loads(loop.read_text()))
+            return result | {"store_facts": facts, "fill_s": round(fill_s, 1)}
+
+
+def loop_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """``bench/loopwatch.py``'s report as this bench's fields: the longest loop step (wall and CPU of the loop's
+    thread, with the task), steps over 20 ms, and each orphan pass's CPU (the first pass comes with the start-up
+    resync and its view building around it; the later ones are the passes at rest)."""
+    passes = report["passes"]
+    return {
+        "orphan_pass_cpu_s": [p["cpu_s"] for p in passes],
+        "orphan_pass_wall_s": [p["wall_s"] for p in passes],
+        "orphan_pass_max_step_ms": [p["max_step_ms"] for p in passes],
+        "orphan_pass_gc_s": [p["gc_s"] for p in passes],
+        "max_gc_ms": report["max_gc_ms"],
+        "max_gc_generation": report["max_gc_generation"],
+        "max_loop_step_ms": report["max_step_ms"],
+        "max_loop_step_task": report["max_step_task"],
+        "max_loop_step_cpu_ms": report["max_step_cpu_ms"],
+        "max_loop_step_cpu_task": report["max_step_cpu_task"],
+        "loop_steps_over_20ms": report["steps_over_20ms"],
+        "loop_steps_over_20ms_cpu": report["steps_over_20ms_cpu"],
+        "longest_loop_step_by_task_ms": report["longest_by_task_ms"],
+        "longest_loop_step_by_task_cpu_ms": report["longest_by_task_cpu_ms"],
+        "longest_loop_step_by_task_cpu_without_gc_ms": report["longest_by_task_cpu_without_gc_ms"],
+    }
 
 
 def watch(

@@ -73,11 +73,6 @@ def launch_of(*times: float) -> float | None:
     return None
 
 
-def _owned(machine: ProviderMachine, cluster_id: str, provider: str) -> bool:
-    tags = machine.tags
-    return bool(cluster_id) and tags.get(TAG_CLUSTER) == cluster_id and tags.get(TAG_PROVIDER) == provider
-
-
 def _index_listing(
     listing: Iterable[ProviderMachine], cluster_id: str, provider: str, protect_tag: str
 ) -> tuple[set[str], dict[str, ProviderMachine]]:
@@ -88,16 +83,17 @@ def _index_listing(
     owned: dict[str, ProviderMachine] = {}
     disowned: set[str] = set()
     protect: dict[str, str] = {}  # id -> the protect tag's value, from any copy, a terminated one included
-    for machine in listing:
-        if protect_tag in machine.tags:
-            protect.setdefault(machine.machine_id, machine.tags[protect_tag])
+    for machine in listing:  # once per listed machine, 100k at a time: each attribute read once, no call
+        tags, machine_id = machine.tags, machine.machine_id
+        if protect_tag in tags:
+            protect.setdefault(machine_id, tags[protect_tag])
         if machine.status in GONE_STATUSES:
             continue
-        listed.add(machine.machine_id)
-        if not _owned(machine, cluster_id, provider):
-            disowned.add(machine.machine_id)
+        listed.add(machine_id)
+        if not (cluster_id and tags.get(TAG_CLUSTER) == cluster_id and tags.get(TAG_PROVIDER) == provider):
+            disowned.add(machine_id)
             continue
-        owned.setdefault(machine.machine_id, machine)
+        owned.setdefault(machine_id, machine)
     for machine_id in disowned:
         owned.pop(machine_id, None)
     for machine_id, kept in owned.items():
@@ -114,14 +110,17 @@ def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, in
     misses: Mapping[str, int] = ghost_misses  # an unreadable listing is neither a "found" nor a "not found"
     known = 0
     if view is not None:
-        hosts = HostIndex(obs.hosts, obs.provider, view)
+        live = view.live_machines(obs.provider)  # once: the host index and the ghost search both read it
+        hosts = HostIndex(obs.hosts, obs.provider, view, live)
         if listing is not None:
             listed, owned = _index_listing(listing, obs.cluster_id, obs.provider, policy.protect_tag)
-            for machine_id in sorted(owned):
-                found = _classify_listed(owned[machine_id], obs, policy, view, hosts)
+            # In the listing's order: ``classify`` sorts the candidates (by class, then id), so sorting the whole
+            # fleet here first would only cost time (~50 ms at 100k machines).
+            for machine in owned.values():
+                found = _classify_listed(machine, obs, policy, view, hosts)
                 if found is not None:
                     candidates.append(found)
-            ghosts, misses = _ghosts(obs, policy, view, hosts, listed, ghost_misses)
+            ghosts, misses = _ghosts(obs, policy, live, hosts, listed, ghost_misses)
             candidates += ghosts
             known = len(owned) + len(ghosts)
         else:
@@ -272,19 +271,19 @@ def _reported(view: FactView | None, machine_id: str, orphan_class: str) -> bool
 def _ghosts(
     obs: Observation,
     policy: OrphanPolicy,
-    view: FactView,
+    live: list[MachineRecord],
     hosts: HostIndex,
     listed: set[str],
     previous: Mapping[str, int],
 ) -> tuple[list[Candidate], dict[str, int]]:
-    """Live (ACTIVE) facts whose machine is not listed. A RETURNING one is left to the return path, which will
-    record it returned. The counts kept are exactly those of machines missing now: a reappearance resets."""
+    """Live (ACTIVE) facts whose machine is not listed (``live``: the view's live machines of this provider). A
+    RETURNING one is left to the return path, which will record it returned. The counts kept are exactly those of
+    machines missing now: a reappearance resets."""
     candidates: list[Candidate] = []
     misses: dict[str, int] = {}
-    records = sorted(view.live_machines(obs.provider), key=lambda m: m.machine_id)
-    for record in records:
-        if record.state is not MachineState.ACTIVE or record.machine_id in listed:
-            continue
+    # The unlisted ones, then sorted: sorting every live machine first cost ~60 ms at 100k, almost all listed.
+    unlisted = [m for m in live if m.state is MachineState.ACTIVE and m.machine_id not in listed]
+    for record in sorted(unlisted, key=lambda m: m.machine_id):
         count = previous.get(record.machine_id, 0) + 1
         misses[record.machine_id] = count
         alive = [h for h in hosts.strong(record.machine_id, record.instance_ref) if h.status is not HostStatus.LOST]

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from provisionerd.domain.model import HostState, HostStatus, ProviderMachine
-from provisionerd.planner.fact_view import FactView
+from provisionerd.planner.fact_view import FactView, MachineRecord
 
 
 def host_evidence(host: HostState) -> dict[str, Any]:
@@ -29,7 +29,10 @@ def host_evidence(host: HostState) -> dict[str, Any]:
 class HostIndex:
     """The provider's host states, indexed by each key a match can use (one pass is O(machines + hosts))."""
 
-    def __init__(self, hosts: Iterable[HostState], provider: str, view: FactView) -> None:
+    def __init__(
+        self, hosts: Iterable[HostState], provider: str, view: FactView, live: list[MachineRecord] | None = None
+    ) -> None:
+        """``live``: ``view.live_machines(provider)``, when the caller has it already (one list of 100k per pass)."""
         # value -> host, or a list of hosts when several share it: no container per host, which on 100k hosts
         # is the difference between milliseconds and seconds of garbage-collector work.
         self._by_ref: dict[str, _Entry] = {}
@@ -43,7 +46,7 @@ class HostIndex:
             _add(self._by_id, host.machine_id, host)
             _add(self._by_name, host.hostname, host)
             _add(self._by_address, host.address, host)
-        live = view.live_machines(provider)
+        live = view.live_machines(provider) if live is None else live
         self._fact_ids = {m.machine_id for m in live}
         self._fact_refs = {m.instance_ref: m.machine_id for m in live if m.instance_ref}
 

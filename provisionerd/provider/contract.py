@@ -292,6 +292,45 @@ def read_statuses(provider: str, document: Mapping[str, Any]) -> tuple[RequestSt
 
 def listed_machine(entry: Mapping[str, Any]) -> ProviderMachine:
     """One machine of a ``listMachines`` output (see the module docstring)."""
+    if type(entry) is dict:
+        machine = _listed_machine_plain(entry)
+        if machine is not None:
+            return machine
+    return _listed_machine_read(entry)
+
+
+def _listed_machine_plain(entry: dict[str, Any]) -> ProviderMachine | None:
+    """``listed_machine`` for the shape a validated listing has (texts ``str``, the address ``str`` or absent or
+    null, ``launchtime`` an ``int``, tags a ``dict`` of ``str``), without the conversions that change nothing on
+    it; None for any other shape, which the full reader then reads. The same value either way
+    (tests/provider/test_fast_paths.py compares the two), as ``_status_machine_plain`` is for a poll: an orphan
+    pass reads every machine of the fleet, ~2 us each this way against ~4 us (issue 36, item 3)."""
+    get = entry.get
+    machine_id = entry.get("machineId")
+    name = get("name") or ""
+    status = get("status") or ""
+    launch = get("launchtime")
+    address = get("privateIpAddress") or ""
+    tags = get("tags") or {}
+    if not (
+        type(machine_id) is str
+        and type(name) is str
+        and type(status) is str
+        and type(launch) is int
+        and type(address) is str
+        and type(tags) is dict
+    ):
+        return None
+    for key, value in tags.items():
+        if type(key) is not str or type(value) is not str:
+            return None
+    ref = tags.get(TAG_INSTANCE) or get("instanceRef") or ""
+    if type(ref) is not str:
+        return None
+    return ProviderMachine(machine_id, name, "succeed", status, float(launch), address, ref, tags.copy())
+
+
+def _listed_machine_read(entry: Mapping[str, Any]) -> ProviderMachine:
     tags = _tags(entry)
     launch = entry["launchtime"]
     if isinstance(launch, bool) or not isinstance(launch, (int, float)) or not math.isfinite(launch):

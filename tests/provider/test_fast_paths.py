@@ -1,4 +1,4 @@
-"""The persistent call path's fast paths give what the full paths give, for any input (issue 36, item 4).
+"""The provider read path's fast paths give what the full paths give, for any input (issue 36, items 3 and 4).
 
 Each fast path takes only the common shape and hands everything else to the full path, so the only way it can be
 wrong is to answer differently on a shape it does take: these properties compare the two on arbitrary input,
@@ -132,6 +132,38 @@ def test_the_plain_path_takes_what_plugins_answer():
     assert machine is not None and machine.instance_ref == "bench-0" and machine.launch_time == 1796492209.0
     assert contract._status_machine_plain({**entry, "privateIpAddress": None}) is not None
     assert contract._status_machine_plain({**entry, "launchtime": 1.5}) is None  # the full reader reads it
+
+
+# --- listed_machine: the same for a listing's machines (issue 36, item 3) ---------------------------------------
+
+
+@PROPERTIES
+@given(ENTRIES)
+def test_a_listed_machine_reads_the_same_on_either_path(entry):
+    full = _read(contract._listed_machine_read, entry)
+    assert _read(contract.listed_machine, entry) == full
+    plain = contract._listed_machine_plain(entry)
+    if plain is not None:  # taken: the very value the full reader makes, its tags a copy of their own
+        assert full == ("value", repr(plain))
+        assert plain.tags is not entry.get("tags")
+        assert [type(v) for v in plain.tags.values()] == [str] * len(plain.tags)
+        assert type(plain.launch_time) is float
+
+
+def test_the_plain_path_takes_what_a_listing_holds():
+    entry = {
+        "machineId": "i-1",
+        "name": "ip-10-0-0-1",
+        "status": "running",
+        "launchtime": 1796492209,
+        "privateIpAddress": "10.0.0.1",
+        "tags": {TAG_INSTANCE: "bench-0", "provisionerd:op": "op-1"},
+    }
+    machine = contract._listed_machine_plain(entry)
+    assert machine is not None and machine.instance_ref == "bench-0" and machine.result == "succeed"
+    assert contract._listed_machine_plain({**entry, "privateIpAddress": None}) is not None
+    assert contract._listed_machine_plain({**entry, "tags": {}, "instanceRef": "ref-1"}).instance_ref == "ref-1"
+    assert contract._listed_machine_plain({**entry, "launchtime": 1.5}) is None  # the full reader reads it
 
 
 # --- request_line: only the input goes through the encoder ----------------------------------------------------

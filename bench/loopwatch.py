@@ -1,0 +1,170 @@
+"""Run a trio program with its loop watched: the longest task steps and what each orphan pass cost.
+
+Run as ``python bench/loopwatch.py OUT.json -m provisionerd run --config FILE`` (what ``steady.py`` does): the
+rest of the command line is run as ``python -m ...`` would run it, with ``trio.run`` given one more instrument.
+Nothing in the daemon changes; this is the bench's own view of it. ``OUT.json`` is rewritten after every orphan
+pass and when the program exits:
+
+- ``max_step_ms`` / ``max_step_cpu_ms``: the longest single task step, by wall time and by CPU time of the loop's
+  thread (on a shared machine the wall figure includes time the OS gave the core to other processes, and time
+  spent waiting for the GIL a worker thread held), each with its task's name (``max_step_task``,
+  ``max_step_cpu_task``); ``steps_over_20ms`` and ``steps_over_20ms_cpu``: how many steps took longer than 20 ms;
+- ``passes``: for each orphan pass (``OrphanCycle.run_pass``) its wall time, ``cpu_s`` (the whole process's CPU
+  time over the pass, worker threads included, less what the steps of other tasks cost meanwhile: the heartbeats,
+  reclaim polls and admin queries that ran beside it), its own longest step and ``gc_s``, the time the cyclic
+  collector ran meanwhile (in any thread); ``max_gc_ms``: the longest collection, and its generation.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+LIMIT = 0.020
+
+
+class Watch(trio.abc.Instrument):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.max_step = (0.0, "")
+        self.max_cpu = (0.0, "")
+        self.over = 0
+        self.over_cpu = 0
+        self.by_task: dict[str, float] = {}  # task name -> its longest step (wall)
+        self.by_task_cpu: dict[str, float] = {}  # task name -> its longest step (CPU of the loop's thread)
+        self.passes: list[dict[str, Any]] = []
+        self._started: tuple[float, float] = (0.0, 0.0)
+        self._pass_task: trio.lowlevel.Task | None = None
+        self._others_cpu = 0.0  # CPU of other tasks' steps during the current pass
+        self._pass_step = 0.0
+        self._gc_started = 0.0
+        self.gc_max = (0.0, -1)  # the longest collection (seconds, generation)
+        self._pass_gc = 0.0  # collection time during the current pass
+        self._step_gc = 0.0  # collection time in the loop's thread during the current step
+        self._loop_thread = threading.get_ident()
+        self.by_task_cpu_without_gc: dict[str, float] = {}
+        gc.callbacks.append(self._collecting)
+
+    def _collecting(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._gc_started
+        if took > self.gc_max[0]:
+            self.gc_max = (took, info["generation"])
+        if self._pass_task is not None:
+            self._pass_gc += took
+        if threading.get_ident() == self._loop_thread:
+            self._step_gc += took
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._started = (time.perf_counter(), time.thread_time())
+        self._step_gc = 0.0
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        wall = time.perf_counter() - self._started[0]
+        cpu = time.thread_time() - self._started[1]
+        if wall > self.max_step[0]:
+            self.max_step = (wall, task.name)
+        if cpu > self.max_cpu[0]:
+            self.max_cpu = (cpu, task.name)
+        if wall > self.by_task.get(task.name, 0.0):
+            self.by_task[task.name] = wall
+        if cpu > self.by_task_cpu.get(task.name, 0.0):
+            self.by_task_cpu[task.name] = cpu
+        if cpu - self._step_gc > self.by_task_cpu_without_gc.get(task.name, 0.0):
+            self.by_task_cpu_without_gc[task.name] = cpu - self._step_gc
+        self.over += wall > LIMIT
+        self.over_cpu += cpu > LIMIT
+        if self._pass_task is not None:
+            if task is self._pass_task:
+                self._pass_step = max(self._pass_step, wall)
+            else:
+                self._others_cpu += cpu
+
+    def pass_started(self) -> tuple[float, float]:
+        self._pass_task = trio.lowlevel.current_task()
+        self._others_cpu = 0.0
+        self._pass_step = 0.0
+        self._pass_gc = 0.0
+        return time.perf_counter(), time.process_time()
+
+    def pass_ended(self, started: tuple[float, float]) -> None:
+        wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
+        self.passes.append(
+            {
+                "wall_s": round(wall, 3),
+                "cpu_s": round(cpu - self._others_cpu, 3),
+                "others_cpu_s": round(self._others_cpu, 3),
+                "max_step_ms": round(1000 * self._pass_step, 1),
+                "gc_s": round(self._pass_gc, 3),
+            }
+        )
+        self._pass_task = None
+        self.write()
+
+    def write(self) -> None:
+        report = {
+            "max_step_ms": round(1000 * self.max_step[0], 1),
+            "max_step_task": self.max_step[1],
+            "max_step_cpu_ms": round(1000 * self.max_cpu[0], 1),
+            "max_step_cpu_task": self.max_cpu[1],
+            "steps_over_20ms": self.over,
+            "steps_over_20ms_cpu": self.over_cpu,
+            "passes": self.passes,
+            "max_gc_ms": round(1000 * self.gc_max[0], 1),
+            "max_gc_generation": self.gc_max[1],
+            "longest_by_task_ms": _top(self.by_task),
+            "longest_by_task_cpu_ms": _top(self.by_task_cpu),
+            "longest_by_task_cpu_without_gc_ms": _top(self.by_task_cpu_without_gc),
+        }
+        self.out.write_text(json.dumps(report))
+
+
+def _top(longest: dict[str, float]) -> dict[str, float]:
+    """The eight tasks with the longest steps, in ms, longest first (task names shortened to their last parts)."""
+    ranked = sorted(longest.items(), key=lambda item: -item[1])[:8]
+    return {".".join(name.split(".")[-2:]): round(1000 * seconds, 1) for name, seconds in ranked}
+
+
+def main() -> None:
+    out, module = Path(sys.argv[1]), sys.argv[3]
+    assert sys.argv[2] == "-m", "usage: loopwatch.py OUT.json -m MODULE [ARGS...]"
+    watch = Watch(out)
+    atexit.register(watch.write)
+    run = trio.run
+
+    def watched_run(*args: Any, instruments: tuple[trio.abc.Instrument, ...] = (), **kwargs: Any) -> Any:
+        return run(*args, instruments=(*instruments, watch), **kwargs)
+
+    trio.run = watched_run  # type: ignore[assignment]
+
+    from provisionerd.execution.orphan_cycle import OrphanCycle
+
+    run_pass = OrphanCycle.run_pass
+
+    async def watched_pass(self: OrphanCycle) -> Any:
+        started = watch.pass_started()
+        try:
+            return await run_pass(self)
+        finally:
+            watch.pass_ended(started)
+
+    OrphanCycle.run_pass = watched_pass  # type: ignore[method-assign]
+    sys.argv = [module, *sys.argv[4:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    main()
