@@ -53,6 +53,7 @@ from provisionerd.domain.model import (  # noqa: E402
     ResourceShape,
 )
 from provisionerd.planner.fact_view import FactView, fold  # noqa: E402
+from provisionerd.planner.health import confirming_report  # noqa: E402
 from provisionerd.planner.offers import Catalog  # noqa: E402
 from provisionerd.planner.plan import plan  # noqa: E402
 from provisionerd.planner.policy import Policy  # noqa: E402
@@ -112,6 +113,7 @@ def make_world(
         demand_id = f"d{d:06d}"
         shape = shapes[d % SHAPES]
         template = next(o for o in offers[d % 500 :] if _fits(o, shape))
+        report = confirming_report(template)  # what its machines' agents report: healthy machines (planner.health)
         for k in range(per_item // PER_INTENT):
             op_id = f"bench:{template.provider}:0:{d}-{k}"
             refs = tuple(f"ref-{machine + j}" for j in range(PER_INTENT))
@@ -136,10 +138,14 @@ def make_world(
                 )
                 facts.append(CommittedFact(len(facts) + 1, instance))
                 if roll < 70:
-                    hosts[ref] = HostState(ref, template.provider, machine_id, HostStatus.BUSY, NOW - 600)
+                    hosts[ref] = HostState(
+                        ref, template.provider, machine_id, HostStatus.BUSY, NOW - 600, capabilities=report
+                    )
                 elif roll < 95:
                     idle_since = NOW - (30 if roll < 90 else 900)
-                    hosts[ref] = HostState(ref, template.provider, machine_id, HostStatus.IDLE, idle_since)
+                    hosts[ref] = HostState(
+                        ref, template.provider, machine_id, HostStatus.IDLE, idle_since, capabilities=report
+                    )
                 machine += 1
         # item shapes alternate GPU / no GPU: GPU items want 20 more, the next (CPU) items 20 fewer
         wanted = per_item + (20 if d % 20 == 1 else -20 if d % 20 == 2 else 0)
