@@ -32,7 +32,7 @@ from provisionerd.wire import bounds
 from provisionerd.wire.codec import (
     PREFIX_BYTES,
     FrameHead,
-    decode_allowed_native,
+    decode_framed_native,
     decode_metered,
     encode,
     framed_writer,
@@ -160,7 +160,7 @@ class FramedStream:
         # The writers' turn (``send_raw``): True while one of them is in ``send_all``; the others wait in the lot.
         self._sending = False
         self._writers = trio.lowlevel.ParkingLot()
-        self._writer = framed_writer()  # the native codec's framed encoder, when it is there
+        self._writer = framed_writer()  # the native codec's framed encoders, when it is there
         self._native = native_available()  # ``receive`` takes a whole frame in hand in one native call
 
     # --- sending -----------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ class FramedStream:
         if writer is not None:
             try:
                 return writer[0](msg, corr, self.max_frame)  # header and body written at once
-            except writer[1]:
+            except writer[2]:
                 pass  # what the native writer leaves: ``encode`` and the size check decide
         body = encode(msg, corr)
         if len(body) > self.max_frame:
@@ -186,6 +186,17 @@ class FramedStream:
 
         Every frame is encoded and size-checked first, so either all of them are handed to the stream or none.
         """
+        writer = self._writer
+        if writer is not None:
+            items = items if type(items) is list else list(items)
+            try:  # all of them written at once (what each ``_frame`` would give, joined)
+                data = writer[1](items, self.max_frame)
+            except writer[2]:
+                pass  # one the native writer leaves: each is framed (and checked) on its own below
+            else:
+                if data:
+                    await self.send_raw(data)
+                return
         frames = [self._frame(msg, corr) for msg, corr in items]
         if frames:
             await self.send_raw(frames[0] if len(frames) == 1 else b"".join(frames))
@@ -356,16 +367,19 @@ class FramedStream:
             # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.
             buffer = self._buffer
             if buffer:
-                got = self._native_frame(buffer, allowed)
+                got = decode_framed_native(buffer, allowed, self.max_frame)
                 if got is not None:
                     self._consume(got[2])
             else:
                 chunk = await self.stream.receive_some(min(_READ_CHUNK, HEADER_SIZE + self.max_frame))
                 if not chunk:
                     return None  # EOF between frames
-                got = self._native_frame(chunk, allowed)
-                rest = chunk if got is None else chunk[got[2] :]
-                if rest:
+                got = decode_framed_native(chunk, allowed, self.max_frame)
+                if got is None:
+                    self._charge(len(chunk))
+                    buffer += chunk
+                elif got[2] < len(chunk):
+                    rest = chunk[got[2] :]
                     self._charge(len(rest))
                     buffer += rest
             if got is not None:
@@ -379,18 +393,6 @@ class FramedStream:
         if budget is not None and budget.level < 0:
             await budget.ready()
         return self._decode_charged(body)
-
-    def _native_frame(self, data: bytes | bytearray, allowed: Collection[type]) -> tuple[Envelope, int, int] | None:
-        """``(envelope, units, end)`` for the frame at the start of ``data`` when ``data`` holds all of it and the
-        native codec answers for it (``codec.decode_allowed_native``), else None."""
-        if len(data) < HEADER_SIZE:
-            return None
-        (length,) = HEADER.unpack_from(data)
-        end = HEADER_SIZE + length
-        if length > self.max_frame or len(data) < end:
-            return None
-        got = decode_allowed_native(_copy(data, HEADER_SIZE, end), allowed, self.max_frame)
-        return None if got is None else (got[0], got[1], end)
 
     async def decode(self, body: bytes) -> Envelope:
         """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the
