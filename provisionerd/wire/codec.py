@@ -171,14 +171,17 @@ def _write_map(b: Any, w: str, v: Mapping[str, str]) -> None:
 
 
 def _read_map(r: Any, w: str, owner: str) -> dict[str, str]:
+    """A map's entries, keys and values interned: a fleet's maps (a host's capabilities, a demand item's attributes)
+    repeat a few names and values across the thousands of values a view holds, which then share one string each
+    (freed, as any, once nothing refers to it: a peer cannot grow what we hold beyond what it makes us hold)."""
     out: dict[str, str] = {}
     entries = _checked_list(r, w, owner)
     _spend(len(entries), f"{owner}.{w}")
     for entry in entries:
-        key = entry.key
+        key = sys.intern(entry.key)
         if key in out:
             raise DecodeError(f"duplicate key in map field {w!r}")
-        out[key] = entry.value
+        out[key] = sys.intern(entry.value)
     return out
 
 

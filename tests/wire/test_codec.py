@@ -160,3 +160,17 @@ def test_a_duplicate_map_key_is_a_decode_error():
     body = codec.encode(m.AdminSetDemand([model.DemandItem("d", shape, 1)]))
     with pytest.raises(DecodeError, match="duplicate key"):
         codec.decode(body.replace(b"zonf", b"zone"))
+
+
+@pytest.mark.parametrize("decode", [codec.decode, lambda body: codec.decode_reference(body)[0]], ids=["native", "ref"])
+def test_decoded_maps_share_their_keys_and_values_across_values(decode):
+    # A push of many hosts repeats a few capability names and values: each is held once, whichever path decodes.
+    caps = {"ncpus": "8", "type": "c5.2xlarge"}
+    hosts = tuple(
+        model.HostState(f"ref-{n}", "sim", f"i-{n}", model.HostStatus.IDLE, 1.0, capabilities=dict(caps))
+        for n in (1, 2)
+    )
+    first, second = decode(codec.encode(m.HostStatePush(hosts, 1))).msg.hosts
+    assert first == hosts[0] and second == hosts[1]
+    for (k1, v1), (k2, v2) in zip(first.capabilities.items(), second.capabilities.items(), strict=True):
+        assert k1 is k2 and v1 is v2

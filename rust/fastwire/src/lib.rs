@@ -639,13 +639,15 @@ impl Codec {
                     return Ok(dict.into_any());
                 };
                 m.spend(l.count)?;
+                // Keys and values interned (`codec._read_map`): a fleet's maps (a host's capabilities, an item's
+                // attributes) repeat a few names and values across thousands of values the view holds.
                 for i in 0..l.count {
                     let e = self.element(&l, i);
-                    let key = self.text(py, m, &e, 0, false)?;
+                    let key = self.text(py, m, &e, 0, true)?;
                     if dict.contains(&key)? {
                         return Err(refused("duplicate key"));
                     }
-                    let value = self.text(py, m, &e, 1, false)?;
+                    let value = self.text(py, m, &e, 1, true)?;
                     dict.set_item(key, value)?;
                 }
                 dict.into_any()
