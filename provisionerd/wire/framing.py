@@ -160,8 +160,10 @@ class FramedStream:
         # The writers' turn (``send_raw``): True while one of them is in ``send_all``; the others wait in the lot.
         self._sending = False
         self._writers = trio.lowlevel.ParkingLot()
+        self._parked = 0  # writers in ``_writers`` or leaving it: a free turn is then one attribute test
         self._writer = framed_writer()  # the native codec's framed encoders, when it is there
         self._native = native_available()  # ``receive`` takes a whole frame in hand in one native call
+        self._read_size = min(_READ_CHUNK, HEADER_SIZE + max_frame)  # what ``receive`` asks a chunk of
 
     # --- sending -----------------------------------------------------------------------------------------------
 
@@ -209,17 +211,21 @@ class FramedStream:
         # framing adds to a frame) and no scheduler round (``send_all`` checkpoints anyway). A writer that finishes
         # hands the turn straight to the first one parked (``_sending`` stays True), so newcomers queue behind them.
         # A writer cancelled while parked leaves the lot without the turn (trio removes it); one cancelled or
-        # failing inside ``send_all`` passes it on in ``finally``.
+        # failing inside ``send_all`` passes it on in ``finally``. ``_parked`` (the writers parked, and those leaving
+        # the lot until their ``finally`` ran) spares the finishing writer a call of the lot's ``__bool__``; when it
+        # counts only leavers, ``unpark`` wakes no one and the turn is free again.
         if self._sending:
-            await self._writers.park()
+            self._parked += 1
+            try:
+                await self._writers.park()
+            finally:
+                self._parked -= 1
         else:
             self._sending = True
         try:
             await self.stream.send_all(data)
         finally:
-            if self._writers:
-                self._writers.unpark()
-            else:
+            if not (self._parked and self._writers.unpark()):
                 self._sending = False
 
     # --- receiving ---------------------------------------------------------------------------------------------
@@ -371,7 +377,7 @@ class FramedStream:
                 if got is not None:
                     self._consume(got[2])
             else:
-                chunk = await self.stream.receive_some(min(_READ_CHUNK, HEADER_SIZE + self.max_frame))
+                chunk = await self.stream.receive_some(self._read_size)
                 if not chunk:
                     return None  # EOF between frames
                 got = decode_framed_native(chunk, allowed, self.max_frame)

@@ -90,6 +90,19 @@ struct Plan {
                  // through the descriptors, not looked up by name
 }
 
+/// Slots of `Codec::interned` and the longest text it keeps (`Codec::interned`).
+const INTERNED_SLOTS: usize = 256;
+const INTERNED_KEY_MAX: usize = 64;
+
+/// FNV-1a: a slot of `Codec::interned` (direct-mapped, so a colliding key costs one comparison, never a chain).
+fn fnv1a(bytes: &[u8]) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h as usize
+}
+
 /// At most this many shared values are kept; past it the memo starts over (a peer cannot grow it).
 const MEMO_CAP: usize = 4096;
 /// Only values whose key (data words and texts) is at most this long are shared.
@@ -437,6 +450,8 @@ struct Codec {
     envelope_names: (Py<PyString>, Py<PyString>),
     memo: std::sync::Mutex<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
     access: SlotAccess, // the member descriptors' `__get__` and `__set__`
+    #[allow(clippy::type_complexity)]
+    interned: std::sync::Mutex<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
 }
 
 impl Codec {
@@ -553,10 +568,51 @@ impl Codec {
         if (index as usize) >= s.pc {
             return Ok(PyString::new(py, "").into_any());
         }
-        Ok(
-            m.text_at(py, s.seg, s.data + s.dw + index as usize, s.depth, intern)?
-                .into_any(),
-        )
+        let pos = s.data + s.dw + index as usize;
+        if intern {
+            let raw = m.text_slice(s.seg, pos, s.depth)?;
+            return Ok(self.interned(py, raw)?.into_any());
+        }
+        Ok(m.text_at(py, s.seg, pos, s.depth, false)?.into_any())
+    }
+
+    /// The interned str of the UTF-8 `raw` (`Refused` when it is not UTF-8). The last one made for a slot of
+    /// `interned` is handed out again while the same bytes come: a page names the same few providers, ops, templates
+    /// and capability names over and over, and a hit costs a hash of the bytes and one comparison, where making the
+    /// str to look it up in CPython's interned table and dropping it cost more. Direct-mapped: a lookup is one
+    /// comparison whatever a peer sends, and what it keeps is at most `INTERNED_SLOTS` short texts.
+    fn interned<'py>(&self, py: Python<'py>, raw: &[u8]) -> R<Bound<'py, PyString>> {
+        let slot = (raw.len() <= INTERNED_KEY_MAX).then(|| fnv1a(raw) % INTERNED_SLOTS);
+        if let Some(i) = slot {
+            if let Some((key, text)) = &self.interned.lock().unwrap()[i] {
+                if **key == *raw {
+                    return Ok(text.bind(py).clone());
+                }
+            }
+        }
+        // SAFETY: `raw` is live for the call; the result is a new reference or NULL with an error set.
+        let mut obj = unsafe {
+            pyo3::ffi::PyUnicode_DecodeUTF8(
+                raw.as_ptr().cast(),
+                raw.len() as pyo3::ffi::Py_ssize_t,
+                std::ptr::null(),
+            )
+        };
+        if obj.is_null() {
+            drop(PyErr::take(py)); // the UnicodeDecodeError: the reference path gives the answer
+            return Err(refused("text is not UTF-8"));
+        }
+        // SAFETY: `obj` is a new reference to an exact str; InternInPlace swaps it for the interned one, which
+        // `from_owned_ptr` then owns.
+        let text: Bound<'py, PyString> = unsafe {
+            pyo3::ffi::PyUnicode_InternInPlace(&mut obj);
+            Bound::from_owned_ptr(py, obj).downcast_into_unchecked()
+        };
+        if let Some(i) = slot {
+            let old = self.interned.lock().unwrap()[i].replace((raw.into(), text.clone().unbind()));
+            drop(old); // after the lock: dropping a str may run no Python code, but it need not hold the lock
+        }
+        Ok(text)
     }
 
     fn value<'py>(&self, py: Python<'py>, m: &mut Msg, f: &Field, s: &S) -> R<Bound<'py, PyAny>> {
@@ -1251,6 +1307,7 @@ impl Codec {
             ),
             memo: std::sync::Mutex::new(std::collections::HashMap::new()),
             access,
+            interned: std::sync::Mutex::new((0..INTERNED_SLOTS).map(|_| None).collect()),
         })
     }
 
