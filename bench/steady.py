@@ -2,7 +2,7 @@
 
 Run from the repository root inside the project's environment::
 
-    python bench/steady.py [--minutes 10] [--machines 100000] [--profile FILE]
+    python bench/steady.py [--minutes 10] [--machines 100000] [--profile FILE] [--memory DIR [--tracemalloc N]]
 
 It fills the reference controller's store through the store API (``realprocs.fill``, as ``history.py`` does):
 ``--machines`` live machines of provider ``sim`` (request intents of 10, each with its instance facts, launched
@@ -32,6 +32,11 @@ is JSON:
   peaks); ``status_query_cpu_ms``: what one admin ``status`` query costs the daemon (each poll makes one);
 - ``daemon_rss_mb`` and ``daemon_peak_rss_mb``; ``max_hb_ack_age_s``: the largest ``last_heartbeat_ack_age`` a poll
   saw; ``actions``: provider calls the daemon made, by kind (none expected: no machine is idle or past a deadline).
+
+``--memory DIR`` runs the daemon under ``bench/memprobe.py`` and, once the figures above are read, has it write
+what its heap holds into ``DIR`` (objects and sizes per type, pymalloc's arenas and free blocks; with
+``--tracemalloc N``, traced from the start ``N`` frames deep, the largest allocation sites: that doubles the
+daemon's memory, so its RSS figures are then not the daemon's own). ``memory`` in the last line names the files.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,7 +156,14 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def run(minutes: float, count: int, poll: float = POLL, profile: Path | None = None) -> dict[str, Any]:
+def run(
+    minutes: float,
+    count: int,
+    poll: float = POLL,
+    profile: Path | None = None,
+    memory: Path | None = None,
+    traced: int = 0,
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp:
         root = Path(tmp)
         certs, data, state, plugin_data = root / "certs", root / "data", root / "state", root / "plugin"
@@ -165,10 +178,15 @@ def run(minutes: float, count: int, poll: float = POLL, profile: Path | None = N
             loop = root / "loop.json"
             watching = [] if profile else [str(Path(__file__).with_name("loopwatch.py")), str(loop)]
             profiling = ["-m", "cProfile", "-o", str(profile)] if profile else []
+            if memory is not None:  # the memory probe runs the daemon instead of the loop watch
+                profiling = [str(REPO / "bench" / "memprobe.py"), "--out", str(memory), "--tracemalloc", str(traced)]
+                watching = []
             argv = [sys.executable, *profiling, *watching, "-m", "provisionerd", "run", "--config", str(config)]
             with procs.popen(argv, root / "daemon.log") as daemon:
                 try:
                     result = watch(daemon, controller_pid, state, minutes, poll)
+                    if memory is not None:
+                        result["memory"] = probe(daemon, memory)
                 finally:
                     daemon.terminate()  # and up to a minute to stop (a profile is written on the way out)
                     try:
@@ -202,6 +220,18 @@ def loop_summary(report: dict[str, Any]) -> dict[str, Any]:
         "longest_loop_step_by_task_cpu_ms": report["longest_by_task_cpu_ms"],
         "longest_loop_step_by_task_cpu_without_gc_ms": report["longest_by_task_cpu_without_gc_ms"],
     }
+
+
+def probe(daemon: subprocess.Popen[bytes], out: Path, timeout: float = 300.0) -> list[str]:
+    """Have the daemon's ``bench/memprobe.py`` write its reports into ``out``; the files it wrote."""
+    (out / "done").unlink(missing_ok=True)
+    daemon.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while not (out / "done").exists():
+        if time.monotonic() > deadline or daemon.poll() is not None:
+            raise RuntimeError(f"the daemon's memory probe wrote nothing into {out} within {timeout:g}s")
+        time.sleep(0.5)
+    return sorted(str(path) for path in out.iterdir() if path.name != "done")
 
 
 def watch(
@@ -309,8 +339,13 @@ def main() -> int:
     parser.add_argument("--machines", type=int, default=100_000)
     parser.add_argument("--poll", type=float, default=POLL, help="seconds between two admin status queries")
     parser.add_argument("--profile", type=Path, help="run the daemon under cProfile, its stats written here")
+    parser.add_argument("--memory", type=Path, help="run the daemon under bench/memprobe.py, its reports written here")
+    parser.add_argument("--tracemalloc", type=int, default=0, metavar="N", help="with --memory: trace N frames deep")
     args = parser.parse_args()
-    print(json.dumps(run(args.minutes, args.machines, args.poll, args.profile and args.profile.resolve())))
+    if args.profile and args.memory:
+        parser.error("--profile and --memory each run the daemon under their own wrapper: one at a time")
+    profile, memory = args.profile and args.profile.resolve(), args.memory and args.memory.resolve()
+    print(json.dumps(run(args.minutes, args.machines, args.poll, profile, memory, args.tracemalloc)))
     return 0
 
 

@@ -171,14 +171,17 @@ def _write_map(b: Any, w: str, v: Mapping[str, str]) -> None:
 
 
 def _read_map(r: Any, w: str, owner: str) -> dict[str, str]:
+    """A map's entries, keys and values interned: a fleet's maps (a host's capabilities, a demand item's attributes)
+    repeat a few names and values across the thousands of values a view holds, which then share one string each
+    (freed, as any, once nothing refers to it: a peer cannot grow what we hold beyond what it makes us hold)."""
     out: dict[str, str] = {}
     entries = _checked_list(r, w, owner)
     _spend(len(entries), f"{owner}.{w}")
     for entry in entries:
-        key = entry.key
+        key = sys.intern(entry.key)
         if key in out:
             raise DecodeError(f"duplicate key in map field {w!r}")
-        out[key] = entry.value
+        out[key] = sys.intern(entry.value)
     return out
 
 
@@ -408,7 +411,7 @@ class _NativePlans:
     """The extension's plan tables, compiled once from the classes and the schema."""
 
     def __init__(self) -> None:
-        self.plans: list[tuple[type, int, int, list[dict[str, Any]], bool, bool]] = []
+        self.plans: list[tuple[type, int, int, list[dict[str, Any]], bool, bool, bool]] = []
         self.index: dict[type, int] = {}
         self.facts: list[tuple[int, int, int, dict[int, tuple[int, int]], dict[type, int]]] = []
 
@@ -419,7 +422,7 @@ class _NativePlans:
         fields: list[dict[str, Any]] = []
         node = getattr(schema(), cls.__name__).schema.node.struct
         self.plans.append(
-            (cls, node.dataWordCount, node.pointerCount, fields, False, False)
+            (cls, node.dataWordCount, node.pointerCount, fields, False, False, False)
         )  # its index, for recursion
         is_fact = cls in model.FACT_TYPES
         own = getattr(schema(), cls.__name__).schema.fields
@@ -428,7 +431,8 @@ class _NativePlans:
             outer = is_fact and name in _FACT_HEADER
             fields.append(self._field(cls, name, (header if outer else own)[wire], outer))
         share, raw_new = _shareable(cls, fields), _stores_only(cls)
-        self.plans[self.index[cls]] = (cls, node.dataWordCount, node.pointerCount, fields, share, raw_new)
+        slots = _generic_attributes(cls) and all(f["slot"] is not None for f in fields)
+        self.plans[self.index[cls]] = (cls, node.dataWordCount, node.pointerCount, fields, share, raw_new, slots)
         return self.index[cls]
 
     def _field(self, cls: type, name: str, field: Any, outer: bool) -> dict[str, Any]:
@@ -438,6 +442,7 @@ class _NativePlans:
         out: dict[str, Any] = {
             "kind": 0, "outer": outer, "offset": slot.offset, "plan": 0, "cap": 0, "table": [], "raw": {},
             "opt_disc": 0, "opt_some": 0, "opt_none": 0, "words": (0, 0), "name": sys.intern(name),
+            "slot": _slot(cls, name),
         }  # fmt: skip
         which = slot.type.which()
         wire_enum = attr.metadata.get("wire_enum")
@@ -506,6 +511,22 @@ class _NativePlans:
         return corr_field.proto.slot.offset, disc, (node.dataWordCount, node.pointerCount), out, by_class
 
 
+def _slot(cls: type, name: str) -> Any:
+    """The member descriptor (a slot) that ``getattr(value, name)`` finds for a ``cls`` value, or None when it finds
+    something else (a class without slots, a property): the native codec then reads and writes the field by name."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            found = vars(klass)[name]
+            return found if type(found) is types.MemberDescriptorType else None
+    return None
+
+
+def _generic_attributes(cls: type) -> bool:
+    """Whether ``cls`` finds its attributes the generic way (``object.__getattribute__``, no ``__getattr__``): then
+    reading a slot's descriptor is what ``getattr`` does, less the lookup of its name."""
+    return cls.__getattribute__ is object.__getattribute__ and not hasattr(cls, "__getattr__")
+
+
 def _stores_only(cls: type) -> bool:
     """Whether ``cls``'s ``__init__`` only stores its arguments for what the codec hands it (each field given,
     no validator, no pre- or post-init, every converter returning a tuple as it is): then the native codec makes
@@ -541,7 +562,8 @@ def _native_codec() -> tuple[Any, type[BaseException]] | None:
         return None
     plans = _NativePlans()
     frame = plans.frame()
-    return module.Codec(plans.plans, plans.facts, frame, (Envelope, _stores_only(Envelope))), module.Refused
+    envelope = (Envelope, _stores_only(Envelope))
+    return module.Codec(plans.plans, plans.facts, frame, envelope, types.MemberDescriptorType), module.Refused
 
 
 #: How many frames the native codec handed back to the reference path since the process started: bodies it did
@@ -583,12 +605,16 @@ def native_available() -> bool:
     return _native_codec() is not None
 
 
-def framed_writer() -> tuple[Callable[[Message, int, int], bytes], type[BaseException]] | None:
-    """The native codec's ``encode_framed(msg, corr, max_frame)`` (the frame header and body written at once) and
-    the ``Refused`` it raises for what it does not write (a body above ``max_frame`` included: then ``encode`` and
-    the caller's checks decide), or None when the native codec is not there. A ``FramedStream`` keeps it."""
+def framed_writer() -> (
+    tuple[Callable[[Message, int, int], bytes], Callable[[list[tuple[Message, int]], int], bytes], type[BaseException]]
+    | None
+):
+    """The native codec's ``encode_framed(msg, corr, max_frame)`` (the frame header and body written at once),
+    its ``encode_framed_many(items, max_frame)`` (``encode_framed`` of each ``(msg, corr)`` of a list, joined) and
+    the ``Refused`` they raise for what they do not write (a body above ``max_frame`` included: then ``encode`` and
+    the caller's checks decide), or None when the native codec is not there. A ``FramedStream`` keeps them."""
     fast = _native_codec()
-    return None if fast is None else (fast[0].encode_framed, fast[1])
+    return None if fast is None else (fast[0].encode_framed, fast[0].encode_framed_many, fast[1])
 
 
 def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | None:
@@ -599,7 +625,7 @@ def encode_framed_native(msg: Message, corr: int, max_frame: int) -> bytes | Non
         return None
     try:
         return writer[0](msg, corr, max_frame)
-    except writer[1]:
+    except writer[2]:
         return None
 
 
@@ -734,23 +760,30 @@ def decode_metered(body: bytes) -> tuple[Envelope, int]:
     return decode_reference(body)
 
 
-def decode_allowed_native(body: bytes, allowed: Collection[type], max_frame: int) -> tuple[Envelope, int] | None:
-    """``decode_metered`` by the native codec for a frame received on a link, which first checks on the frame's head
-    that its kind is in ``allowed`` and its length within its kind's bound (``bounds.max_body_bytes`` for
-    ``max_frame``); None when the native codec is not there or does not answer (any refusal, a check above
-    included): the caller's reference path then checks and decodes the frame and gives the typed error."""
+def decode_framed_native(
+    data: bytes | bytearray, allowed: Collection[type], max_frame: int
+) -> tuple[Envelope, int, int] | None:
+    """``(envelope, units, end)`` for the frame at the start of ``data`` (its header and body as a link received
+    them, maybe more after it; ``end`` is where it ends), decoded as ``decode_metered`` decodes its body, by the
+    native codec in one call, which first checks on the frame's head that its kind is in ``allowed`` and its length
+    within its kind's bound (``bounds.max_body_bytes`` for ``max_frame``). None when ``data`` does not hold the whole
+    frame, its header says more than ``max_frame``, or the native codec is not there or does not answer (any
+    refusal, a check above included): the caller's reference path then checks and decodes the frame and gives the
+    typed error. A ``bytes`` is read where it is; a ``bytearray`` is copied first."""
     fast = _native_codec()
     if fast is None:
         return None
     codec, refused = fast
     try:  # the native reader refuses a body that is not a whole number of words (``_check_length``)
-        envelope, units = codec.decode_allowed(body, _traversal_words(body), allowed, max_frame)
+        got: tuple[Envelope, int, int] | None = codec.decode_framed(data, allowed, max_frame)
     except (refused, *_MALFORMED):
         return None
     # the plans hold the caps of when they were compiled: the frame's budget is read now (``bounds.max_units``)
-    if units > bounds.MAX_UNITS.get(_MEMBER_BY_MESSAGE[type(envelope.msg)], bounds.DEFAULT_MAX_UNITS):
+    if got is not None and got[1] > bounds.MAX_UNITS.get(
+        _MEMBER_BY_MESSAGE[type(got[0].msg)], bounds.DEFAULT_MAX_UNITS
+    ):
         return None
-    return envelope, units
+    return got
 
 
 def _traversal_words(body: bytes) -> int:

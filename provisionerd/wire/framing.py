@@ -32,7 +32,7 @@ from provisionerd.wire import bounds
 from provisionerd.wire.codec import (
     PREFIX_BYTES,
     FrameHead,
-    decode_allowed_native,
+    decode_framed_native,
     decode_metered,
     encode,
     framed_writer,
@@ -160,8 +160,10 @@ class FramedStream:
         # The writers' turn (``send_raw``): True while one of them is in ``send_all``; the others wait in the lot.
         self._sending = False
         self._writers = trio.lowlevel.ParkingLot()
-        self._writer = framed_writer()  # the native codec's framed encoder, when it is there
+        self._parked = 0  # writers in ``_writers`` or leaving it: a free turn is then one attribute test
+        self._writer = framed_writer()  # the native codec's framed encoders, when it is there
         self._native = native_available()  # ``receive`` takes a whole frame in hand in one native call
+        self._read_size = min(_READ_CHUNK, HEADER_SIZE + max_frame)  # what ``receive`` asks a chunk of
 
     # --- sending -----------------------------------------------------------------------------------------------
 
@@ -170,7 +172,7 @@ class FramedStream:
         if writer is not None:
             try:
                 return writer[0](msg, corr, self.max_frame)  # header and body written at once
-            except writer[1]:
+            except writer[2]:
                 pass  # what the native writer leaves: ``encode`` and the size check decide
         body = encode(msg, corr)
         if len(body) > self.max_frame:
@@ -186,6 +188,17 @@ class FramedStream:
 
         Every frame is encoded and size-checked first, so either all of them are handed to the stream or none.
         """
+        writer = self._writer
+        if writer is not None:
+            items = items if type(items) is list else list(items)
+            try:  # all of them written at once (what each ``_frame`` would give, joined)
+                data = writer[1](items, self.max_frame)
+            except writer[2]:
+                pass  # one the native writer leaves: each is framed (and checked) on its own below
+            else:
+                if data:
+                    await self.send_raw(data)
+                return
         frames = [self._frame(msg, corr) for msg, corr in items]
         if frames:
             await self.send_raw(frames[0] if len(frames) == 1 else b"".join(frames))
@@ -198,17 +211,21 @@ class FramedStream:
         # framing adds to a frame) and no scheduler round (``send_all`` checkpoints anyway). A writer that finishes
         # hands the turn straight to the first one parked (``_sending`` stays True), so newcomers queue behind them.
         # A writer cancelled while parked leaves the lot without the turn (trio removes it); one cancelled or
-        # failing inside ``send_all`` passes it on in ``finally``.
+        # failing inside ``send_all`` passes it on in ``finally``. ``_parked`` (the writers parked, and those leaving
+        # the lot until their ``finally`` ran) spares the finishing writer a call of the lot's ``__bool__``; when it
+        # counts only leavers, ``unpark`` wakes no one and the turn is free again.
         if self._sending:
-            await self._writers.park()
+            self._parked += 1
+            try:
+                await self._writers.park()
+            finally:
+                self._parked -= 1
         else:
             self._sending = True
         try:
             await self.stream.send_all(data)
         finally:
-            if self._writers:
-                self._writers.unpark()
-            else:
+            if not (self._parked and self._writers.unpark()):
                 self._sending = False
 
     # --- receiving ---------------------------------------------------------------------------------------------
@@ -356,16 +373,19 @@ class FramedStream:
             # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.
             buffer = self._buffer
             if buffer:
-                got = self._native_frame(buffer, allowed)
+                got = decode_framed_native(buffer, allowed, self.max_frame)
                 if got is not None:
                     self._consume(got[2])
             else:
-                chunk = await self.stream.receive_some(min(_READ_CHUNK, HEADER_SIZE + self.max_frame))
+                chunk = await self.stream.receive_some(self._read_size)
                 if not chunk:
                     return None  # EOF between frames
-                got = self._native_frame(chunk, allowed)
-                rest = chunk if got is None else chunk[got[2] :]
-                if rest:
+                got = decode_framed_native(chunk, allowed, self.max_frame)
+                if got is None:
+                    self._charge(len(chunk))
+                    buffer += chunk
+                elif got[2] < len(chunk):
+                    rest = chunk[got[2] :]
                     self._charge(len(rest))
                     buffer += rest
             if got is not None:
@@ -379,18 +399,6 @@ class FramedStream:
         if budget is not None and budget.level < 0:
             await budget.ready()
         return self._decode_charged(body)
-
-    def _native_frame(self, data: bytes | bytearray, allowed: Collection[type]) -> tuple[Envelope, int, int] | None:
-        """``(envelope, units, end)`` for the frame at the start of ``data`` when ``data`` holds all of it and the
-        native codec answers for it (``codec.decode_allowed_native``), else None."""
-        if len(data) < HEADER_SIZE:
-            return None
-        (length,) = HEADER.unpack_from(data)
-        end = HEADER_SIZE + length
-        if length > self.max_frame or len(data) < end:
-            return None
-        got = decode_allowed_native(_copy(data, HEADER_SIZE, end), allowed, self.max_frame)
-        return None if got is None else (got[0], got[1], end)
 
     async def decode(self, body: bytes) -> Envelope:
         """Decode ``body`` (from ``receive_body``) within this connection's decode budget: waits first while the

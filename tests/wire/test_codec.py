@@ -160,3 +160,30 @@ def test_a_duplicate_map_key_is_a_decode_error():
     body = codec.encode(m.AdminSetDemand([model.DemandItem("d", shape, 1)]))
     with pytest.raises(DecodeError, match="duplicate key"):
         codec.decode(body.replace(b"zonf", b"zone"))
+
+
+@pytest.mark.parametrize("decode", [codec.decode, lambda body: codec.decode_reference(body)[0]], ids=["native", "ref"])
+def test_decoded_maps_share_their_keys_and_values_across_values(decode):
+    # A push of many hosts repeats a few capability names and values: each is held once, whichever path decodes.
+    caps = {"ncpus": "8", "type": "c5.2xlarge"}
+    hosts = tuple(
+        model.HostState(f"ref-{n}", "sim", f"i-{n}", model.HostStatus.IDLE, 1.0, capabilities=dict(caps))
+        for n in (1, 2)
+    )
+    first, second = decode(codec.encode(m.HostStatePush(hosts, 1))).msg.hosts
+    assert first == hosts[0] and second == hosts[1]
+    for (k1, v1), (k2, v2) in zip(first.capabilities.items(), second.capabilities.items(), strict=True):
+        assert k1 is k2 and v1 is v2
+
+
+def test_interned_fields_decode_to_their_own_text_past_any_cache_and_share_a_repeated_one():
+    # Far more distinct op ids than the native reader keeps interned texts of (colliding slots included), and each
+    # one twice: every fact gets its own text back, and both facts of an op hold one string.
+    epoch = model.Epoch(1, 1)
+    facts = tuple(
+        model.CommittedFact(n, model.Returned("sim", epoch, f"op-{n // 2:04d}", (f"i-{n}",), 1.0)) for n in range(1000)
+    )
+    got = codec.decode(codec.encode(m.ResyncPage(0, 1, facts[:500], (), True, 500, 0))).msg.facts
+    got += codec.decode(codec.encode(m.ResyncPage(0, 1, facts[500:], (), True, 1000, 0))).msg.facts
+    assert got == facts
+    assert all(got[n].fact.op_id is got[n + 1].fact.op_id for n in range(0, 1000, 2))

@@ -1,5 +1,5 @@
 """FramedStream's native fast path: a whole small frame in hand is checked on its head and decoded in one call
-(``codec.decode_allowed_native``), and a frame is written header and body at once (``codec.encode_framed_native``).
+(``codec.decode_framed_native``), and a frame is written header and body at once (``codec.encode_framed_native``).
 
 The fast path only ever answers what the path through ``receive_checked`` and ``decode_metered`` would answer: the
 same envelope for a frame it takes, and for anything it refuses (a kind not allowed, a body over its kind's bound,
@@ -25,7 +25,15 @@ from provisionerd.domain.model import CommittedFact, Epoch, InstanceFact
 from provisionerd.testing.hostile_frames import list_bomb
 from provisionerd.wire import bounds, codec, framing, native
 from provisionerd.wire.framing import BufferPool, FramedStream, frame_bytes
-from provisionerd.wire.messages import MESSAGE_TYPES, AdminStatus, Envelope, Heartbeat, Message, ResyncPage
+from provisionerd.wire.messages import (
+    MESSAGE_TYPES,
+    AdminStatus,
+    Envelope,
+    Heartbeat,
+    LeaseGrant,
+    Message,
+    ResyncPage,
+)
 
 pytestmark = pytest.mark.skipif(
     native.load() is None and not os.environ.get("CI"), reason="the native codec is not built"
@@ -127,15 +135,24 @@ def test_the_native_reader_refuses_a_kind_not_allowed_and_a_body_over_its_kind_s
     native_codec, refused = fast()
     bomb = list_bomb("adminSetDemand", ("items",))
     with pytest.raises(refused, match="kind not allowed"):  # a bomb: read, it would be refused on units instead
-        native_codec.decode_allowed(bomb, codec._traversal_words(bomb), frozenset({Heartbeat}), 1 << 20)  # type: ignore[attr-defined]
+        native_codec.decode_framed(frame_bytes(bomb), frozenset({Heartbeat}), 1 << 20)  # type: ignore[attr-defined]
     body = codec.encode(Heartbeat(7), 1)
     body += bytes(bounds.SMALL_BODY + 8 - len(body))
     with pytest.raises(refused, match="over its kind's bound"):
-        native_codec.decode_allowed(body, codec._traversal_words(body), ALL_KINDS, 1 << 20)  # type: ignore[attr-defined]
+        native_codec.decode_framed(frame_bytes(body), ALL_KINDS, 1 << 20)  # type: ignore[attr-defined]
     small = codec.encode(AdminStatus(), 4)
-    with pytest.raises(refused, match="over its kind's bound"):  # the connection's frame limit is lower still
-        native_codec.decode_allowed(small, codec._traversal_words(small), ALL_KINDS, len(small) - 8)  # type: ignore[attr-defined]
-    assert codec.decode_allowed_native(small, ALL_KINDS, len(small)) == codec.decode_metered(small)
+    # the connection's frame limit is lower still: left to the path that refuses it on the header
+    assert native_codec.decode_framed(frame_bytes(small), ALL_KINDS, len(small) - 8) is None  # type: ignore[attr-defined]
+    framed = frame_bytes(small)
+    whole = (*codec.decode_metered(small), len(framed))
+    assert codec.decode_framed_native(framed, ALL_KINDS, len(small)) == whole
+    # from a buffer holding more than the frame, a bytes or a bytearray: where the frame ends in it
+    assert codec.decode_framed_native(framed + b"\0" * 8, ALL_KINDS, len(small)) == whole
+    assert codec.decode_framed_native(bytearray(framed + framed), ALL_KINDS, len(small)) == whole
+    # not the whole frame in hand, or a header over the frame limit: None, for the path that reads on
+    assert codec.decode_framed_native(framed[:-1], ALL_KINDS, len(small)) is None
+    assert codec.decode_framed_native(framed[:7], ALL_KINDS, len(small)) is None
+    assert codec.decode_framed_native(framed, ALL_KINDS, len(small) - 1) is None
 
 
 @pytest.mark.parametrize(
@@ -178,3 +195,24 @@ async def test_a_frame_over_the_limit_is_refused_and_nothing_is_written() -> Non
         await FramedStream(left, max_frame=size - 8).send(msg, 1)  # type: ignore[arg-type]
     await left.send_all(b"!")
     assert await right.receive_some() == b"!"  # nothing of the refused frame went out
+
+
+class _Shifted(Epoch):
+    """An epoch whose ``seq`` is not its slot's: ``getattr`` finds the property, the class's slot holds another."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[misc]
+    def seq(self) -> int:  # type: ignore[override]
+        return 99
+
+
+def test_a_value_of_a_subclass_is_written_as_getattr_reads_it_not_from_its_class_s_slots() -> None:
+    # The native writer reads a field through its slot only for a value of the plan's own class.
+    epoch = object.__new__(_Shifted)
+    for name, value in (("term", 3), ("seq", 17)):
+        vars(Epoch)[name].__set__(epoch, value)  # the slots, past the property
+    msg = LeaseGrant("sim", epoch, 5000)
+    assert codec.decode(codec.encode(msg, 1)).msg.epoch == Epoch(3, 99)
+    framed = codec.encode_framed_native(msg, 1, 1 << 20)
+    assert framed is not None and codec.decode(framed[8:]).msg == LeaseGrant("sim", Epoch(3, 99), 5000)

@@ -75,6 +75,8 @@ struct Field {
     words: (u16, u16), // K_OPT_*: the Optional struct's size; K_MAP: KeyValue's (data words, pointers)
     #[pyo3(item)]
     name: Py<PyString>, // the attribute
+    #[pyo3(item)]
+    slot: Option<PyObject>, // the class's member descriptor of `name` (a slot), or None: then by name
 }
 
 struct Plan {
@@ -84,6 +86,21 @@ struct Plan {
     fields: Vec<Field>,
     share: bool, // a small value (scalars and texts only, no validators): decoded once, then shared (`Codec.memo`)
     raw_new: bool, // made as `object.__new__` and `object.__setattr__` would (nothing to run in its `__init__`)
+    slots: bool, // every field has its `slot` and the class finds attributes the generic way: read and written
+                 // through the descriptors, not looked up by name
+}
+
+/// Slots of `Codec::interned` and the longest text it keeps (`Codec::interned`).
+const INTERNED_SLOTS: usize = 256;
+const INTERNED_KEY_MAX: usize = 64;
+
+/// FNV-1a: a slot of `Codec::interned` (direct-mapped, so a colliding key costs one comparison, never a chain).
+fn fnv1a(bytes: &[u8]) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h = (h ^ *b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h as usize
 }
 
 /// At most this many shared values are kept; past it the memo starts over (a peer cannot grow it).
@@ -432,6 +449,9 @@ struct Codec {
     envelope_raw: bool, // made as `raw_new` makes values: its `__init__` would only store `corr` and `msg`
     envelope_names: (Py<PyString>, Py<PyString>),
     memo: std::sync::Mutex<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
+    access: SlotAccess, // the member descriptors' `__get__` and `__set__`
+    #[allow(clippy::type_complexity)]
+    interned: std::sync::Mutex<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
 }
 
 impl Codec {
@@ -548,10 +568,51 @@ impl Codec {
         if (index as usize) >= s.pc {
             return Ok(PyString::new(py, "").into_any());
         }
-        Ok(
-            m.text_at(py, s.seg, s.data + s.dw + index as usize, s.depth, intern)?
-                .into_any(),
-        )
+        let pos = s.data + s.dw + index as usize;
+        if intern {
+            let raw = m.text_slice(s.seg, pos, s.depth)?;
+            return Ok(self.interned(py, raw)?.into_any());
+        }
+        Ok(m.text_at(py, s.seg, pos, s.depth, false)?.into_any())
+    }
+
+    /// The interned str of the UTF-8 `raw` (`Refused` when it is not UTF-8). The last one made for a slot of
+    /// `interned` is handed out again while the same bytes come: a page names the same few providers, ops, templates
+    /// and capability names over and over, and a hit costs a hash of the bytes and one comparison, where making the
+    /// str to look it up in CPython's interned table and dropping it cost more. Direct-mapped: a lookup is one
+    /// comparison whatever a peer sends, and what it keeps is at most `INTERNED_SLOTS` short texts.
+    fn interned<'py>(&self, py: Python<'py>, raw: &[u8]) -> R<Bound<'py, PyString>> {
+        let slot = (raw.len() <= INTERNED_KEY_MAX).then(|| fnv1a(raw) % INTERNED_SLOTS);
+        if let Some(i) = slot {
+            if let Some((key, text)) = &self.interned.lock().unwrap()[i] {
+                if **key == *raw {
+                    return Ok(text.bind(py).clone());
+                }
+            }
+        }
+        // SAFETY: `raw` is live for the call; the result is a new reference or NULL with an error set.
+        let mut obj = unsafe {
+            pyo3::ffi::PyUnicode_DecodeUTF8(
+                raw.as_ptr().cast(),
+                raw.len() as pyo3::ffi::Py_ssize_t,
+                std::ptr::null(),
+            )
+        };
+        if obj.is_null() {
+            drop(PyErr::take(py)); // the UnicodeDecodeError: the reference path gives the answer
+            return Err(refused("text is not UTF-8"));
+        }
+        // SAFETY: `obj` is a new reference to an exact str; InternInPlace swaps it for the interned one, which
+        // `from_owned_ptr` then owns.
+        let text: Bound<'py, PyString> = unsafe {
+            pyo3::ffi::PyUnicode_InternInPlace(&mut obj);
+            Bound::from_owned_ptr(py, obj).downcast_into_unchecked()
+        };
+        if let Some(i) = slot {
+            let old = self.interned.lock().unwrap()[i].replace((raw.into(), text.clone().unbind()));
+            drop(old); // after the lock: dropping a str may run no Python code, but it need not hold the lock
+        }
+        Ok(text)
     }
 
     fn value<'py>(&self, py: Python<'py>, m: &mut Msg, f: &Field, s: &S) -> R<Bound<'py, PyAny>> {
@@ -634,13 +695,15 @@ impl Codec {
                     return Ok(dict.into_any());
                 };
                 m.spend(l.count)?;
+                // Keys and values interned (`codec._read_map`): a fleet's maps (a host's capabilities, an item's
+                // attributes) repeat a few names and values across thousands of values the view holds.
                 for i in 0..l.count {
                     let e = self.element(&l, i);
-                    let key = self.text(py, m, &e, 0, false)?;
+                    let key = self.text(py, m, &e, 0, true)?;
                     if dict.contains(&key)? {
                         return Err(refused("duplicate key"));
                     }
-                    let value = self.text(py, m, &e, 1, false)?;
+                    let value = self.text(py, m, &e, 1, true)?;
                     dict.set_item(key, value)?;
                 }
                 dict.into_any()
@@ -671,7 +734,7 @@ impl Codec {
             args.push(self.value(py, m, f, from)?);
         }
         if p.raw_new {
-            return raw_new(py, p, args);
+            return raw_new(py, self.access, p, args);
         }
         p.cls.bind(py).call1(PyTuple::new(py, args)?)
     }
@@ -823,14 +886,19 @@ impl Out {
 
 /// `p.cls` with `args` as its fields, made as `object.__new__(cls)` and `object.__setattr__` make it: for a class
 /// whose `__init__` would only store them (no validator, converter or post-init: `native.py` decides).
-fn raw_new<'py>(py: Python<'py>, p: &Plan, args: Vec<Bound<'py, PyAny>>) -> R<Bound<'py, PyAny>> {
+fn raw_new<'py>(
+    py: Python<'py>,
+    access: SlotAccess,
+    p: &Plan,
+    args: Vec<Bound<'py, PyAny>>,
+) -> R<Bound<'py, PyAny>> {
     let cls = p
         .cls
         .bind(py)
         .downcast::<pyo3::types::PyType>()
         .map_err(|_| refused("not a class"))?;
     // SAFETY: `cls` is a live type object; PyType_GenericAlloc returns a new reference (or NULL with an error
-    // set), which `from_owned_ptr` takes over; the names and values are live for the calls.
+    // set), which `from_owned_ptr` takes over; the names, descriptors and values are live for the calls.
     unsafe {
         let obj = pyo3::ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0);
         if obj.is_null() {
@@ -838,13 +906,79 @@ fn raw_new<'py>(py: Python<'py>, p: &Plan, args: Vec<Bound<'py, PyAny>>) -> R<Bo
         }
         let obj = Bound::from_owned_ptr(py, obj);
         for (f, value) in p.fields.iter().zip(args) {
-            if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), f.name.as_ptr(), value.as_ptr())
-                != 0
-            {
+            // what `object.__setattr__` does, less finding the descriptor by the field's name
+            let failed = match (&f.slot, p.slots) {
+                (Some(slot), true) => access.set(slot, obj.as_ptr(), value.as_ptr()) != 0,
+                _ => {
+                    pyo3::ffi::PyObject_GenericSetAttr(
+                        obj.as_ptr(),
+                        f.name.as_ptr(),
+                        value.as_ptr(),
+                    ) != 0
+                }
+            };
+            if failed {
                 return Err(PyErr::fetch(py));
             }
         }
         Ok(obj)
+    }
+}
+
+/// The `__get__` and `__set__` of the member descriptor type (slots), called straight: `getattr(obj, name)` on a
+/// class that finds attributes the generic way looks `name` up in the class and calls the same descriptor's.
+#[derive(Clone, Copy)]
+struct SlotAccess {
+    get: pyo3::ffi::descrgetfunc,
+    set: pyo3::ffi::descrsetfunc,
+}
+
+impl SlotAccess {
+    /// Those of `descriptor_type` (`types.MemberDescriptorType`).
+    fn of(descriptor_type: &Bound<'_, pyo3::types::PyType>) -> PyResult<Self> {
+        // SAFETY: a live type object; PyType_GetSlot returns the slot's function or NULL.
+        let (get, set) = unsafe {
+            let tp = descriptor_type.as_type_ptr();
+            (
+                pyo3::ffi::PyType_GetSlot(tp, pyo3::ffi::Py_tp_descr_get),
+                pyo3::ffi::PyType_GetSlot(tp, pyo3::ffi::Py_tp_descr_set),
+            )
+        };
+        if get.is_null() || set.is_null() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "not a data descriptor type",
+            ));
+        }
+        // SAFETY: the slots hold functions of these signatures (CPython's descrgetfunc and descrsetfunc).
+        unsafe {
+            Ok(SlotAccess {
+                get: std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrgetfunc>(get),
+                set: std::mem::transmute::<*mut std::ffi::c_void, pyo3::ffi::descrsetfunc>(set),
+            })
+        }
+    }
+
+    /// `slot.__get__(obj, type(obj))`: a new reference, or NULL with an error set.
+    ///
+    /// SAFETY: `slot` is an instance of the descriptor type these came from, `obj` a live object.
+    unsafe fn get(
+        &self,
+        slot: &PyObject,
+        obj: *mut pyo3::ffi::PyObject,
+    ) -> *mut pyo3::ffi::PyObject {
+        (self.get)(slot.as_ptr(), obj, pyo3::ffi::Py_TYPE(obj).cast())
+    }
+
+    /// `slot.__set__(obj, value)`: 0, or -1 with an error set.
+    ///
+    /// SAFETY: as `get`, and `value` a live object.
+    unsafe fn set(
+        &self,
+        slot: &PyObject,
+        obj: *mut pyo3::ffi::PyObject,
+        value: *mut pyo3::ffi::PyObject,
+    ) -> i32 {
+        (self.set)(slot.as_ptr(), obj, value)
     }
 }
 
@@ -987,15 +1121,48 @@ impl Codec {
         v: &Bound<'_, PyAny>,
         outer: Option<&S>,
     ) -> R<()> {
-        for f in &self.plans[plan].fields {
+        let p = &self.plans[plan];
+        let direct = self.direct(py, p, v);
+        for f in &p.fields {
             let to = if f.outer {
                 outer.ok_or_else(|| refused("header field outside a fact"))?
             } else {
                 s
             };
-            self.put(py, o, f, to, &v.getattr(f.name.bind(py))?)?;
+            self.put(py, o, f, to, &self.attr(py, f, v, direct)?)?;
         }
         Ok(())
+    }
+
+    /// Whether `v`'s fields may be read through their slots: `v` is of the plan's own class (not a subclass,
+    /// which could define them otherwise) and the plan has them.
+    #[inline]
+    fn direct(&self, py: Python<'_>, p: &Plan, v: &Bound<'_, PyAny>) -> bool {
+        p.slots && v.get_type().is(p.cls.bind(py))
+    }
+
+    /// `getattr(v, f.name)`, through the field's slot when `direct`.
+    #[inline]
+    fn attr<'py>(
+        &self,
+        py: Python<'py>,
+        f: &Field,
+        v: &Bound<'py, PyAny>,
+        direct: bool,
+    ) -> R<Bound<'py, PyAny>> {
+        match (&f.slot, direct) {
+            // SAFETY: `slot` is a member descriptor (`native.py`), `v` a live object of its class; the result is
+            // a new reference, or NULL with an error set.
+            (Some(slot), true) => unsafe {
+                let got = self.access.get(slot, v.as_ptr());
+                if got.is_null() {
+                    Err(PyErr::fetch(py))
+                } else {
+                    Ok(Bound::from_owned_ptr(py, got))
+                }
+            },
+            _ => v.getattr(f.name.bind(py)),
+        }
     }
 
     fn put_fact(
@@ -1020,14 +1187,15 @@ impl Codec {
         };
         let fact = o.new_struct(at, fp.dw, fp.pc);
         o.set_bits(&fact, fp.disc_offset as usize, 16, disc as u64);
-        // the header first (the reference writes it before it initialises the member), then the member
-        for f in self.plans[*plan].fields.iter().filter(|f| f.outer) {
-            self.put(py, o, f, &fact, &v.getattr(f.name.bind(py))?)?;
-        }
         let p = &self.plans[*plan];
+        let direct = self.direct(py, p, v);
+        // the header first (the reference writes it before it initialises the member), then the member
+        for f in p.fields.iter().filter(|f| f.outer) {
+            self.put(py, o, f, &fact, &self.attr(py, f, v, direct)?)?;
+        }
         let member = o.new_struct(fact.data + fact.dw + *ptr as usize, p.dw, p.pc);
         for f in p.fields.iter().filter(|f| !f.outer) {
-            self.put(py, o, f, &member, &v.getattr(f.name.bind(py))?)?;
+            self.put(py, o, f, &member, &self.attr(py, f, v, direct)?)?;
         }
         Ok(())
     }
@@ -1035,12 +1203,12 @@ impl Codec {
 
 #[pymethods]
 impl Codec {
-    /// Codec(plans, facts, frame, (envelope class, made raw)); see provisionerd/wire/codec.py (``_NativePlans``) for the shapes.
+    /// Codec(plans, facts, frame, (envelope class, made raw), the member descriptor type); see provisionerd/wire/codec.py (``_NativePlans``) for the shapes.
     #[new]
     #[allow(clippy::type_complexity)]
     fn new(
         py: Python<'_>,
-        plans: Vec<(PyObject, u16, u16, Vec<Field>, bool, bool)>,
+        plans: Vec<(PyObject, u16, u16, Vec<Field>, bool, bool, bool)>,
         facts: Vec<(
             u32,
             u16,
@@ -1056,23 +1224,34 @@ impl Codec {
             Py<PyDict>,
         ),
         envelope: (PyObject, bool),
+        slot_type: &Bound<'_, pyo3::types::PyType>,
     ) -> PyResult<Self> {
+        let access = SlotAccess::of(slot_type)?;
         let n = plans.len();
         let nf = facts.len();
         let plans: Vec<Plan> = plans
             .into_iter()
-            .map(|(cls, dw, pc, fields, share, raw_new)| Plan {
+            .map(|(cls, dw, pc, fields, share, raw_new, slots)| Plan {
                 cls,
                 dw,
                 pc,
                 fields,
                 share,
                 raw_new,
+                slots,
             })
             .collect();
         let bad = |why: &str| pyo3::exceptions::PyValueError::new_err(why.to_string());
         for p in &plans {
             for f in &p.fields {
+                if p.slots
+                    && !f
+                        .slot
+                        .as_ref()
+                        .is_some_and(|d| d.bind(py).is_instance(slot_type).unwrap_or(false))
+                {
+                    return Err(bad("a plan read through slots has a field without one"));
+                }
                 let wrong = match f.kind {
                     K_STRUCT | K_LIST_STRUCT => f.plan >= n,
                     K_FACT => f.plan >= nf,
@@ -1127,6 +1306,8 @@ impl Codec {
                 PyString::intern(py, "msg").unbind(),
             ),
             memo: std::sync::Mutex::new(std::collections::HashMap::new()),
+            access,
+            interned: std::sync::Mutex::new((0..INTERNED_SLOTS).map(|_| None).collect()),
         })
     }
 
@@ -1140,19 +1321,50 @@ impl Codec {
         self.read(py, body, budget, None)
     }
 
-    /// `decode` for a frame received on a link: `Refused` before anything below the frame's head is read when
-    /// its kind's class is not in `allowed` (a set of message classes) or the body is longer than its kind's
-    /// bound (`bounds.max_body_bytes`: the kind's named bound if any, `max_frame` at most). The caller's
-    /// reference path then gives the typed error (`OpcodeNotAllowed`, `FrameOverBounds`).
-    fn decode_allowed<'py>(
+    /// `decode` for the frame at the start of `data` (a `bytes` or `bytearray` a link received: the frame's
+    /// header, its body, maybe more): `(envelope, units, end)`, `end` where the frame ends in `data`; None when
+    /// `data` does not hold the whole frame or its header says more than `max_frame` bytes. `Refused` before
+    /// anything below the frame's head is read when its kind's class is not in `allowed` (a set of message classes)
+    /// or the body is longer than its kind's bound (`bounds.max_body_bytes`: the kind's named bound if any,
+    /// `max_frame` at most); the caller's reference path then gives the typed error (`OpcodeNotAllowed`,
+    /// `FrameOverBounds`). The traversal limit is `codec._traversal_words` of the body.
+    fn decode_framed<'py>(
         &self,
         py: Python<'py>,
-        body: &[u8],
-        budget: i64,
+        data: &Bound<'py, PyAny>,
         allowed: &Bound<'py, PyAny>,
         max_frame: i64,
-    ) -> PyResult<(Bound<'py, PyAny>, i64)> {
-        self.read(py, body, budget, Some((allowed, max_frame)))
+    ) -> PyResult<Option<(Bound<'py, PyAny>, i64, usize)>> {
+        /// The frame's end in `bytes` when they hold all of it and its header says at most `max_frame`.
+        fn end_of(bytes: &[u8], max_frame: i64) -> Option<usize> {
+            let length = u64::from_le_bytes(bytes.get(..8)?.try_into().unwrap());
+            let fits = length <= max_frame.max(0) as u64 && length <= (bytes.len() - 8) as u64;
+            fits.then_some(8 + length as usize)
+        }
+        let copied: Vec<u8>;
+        let (bytes, end): (&[u8], usize) = if let Ok(b) = data.downcast::<PyBytes>() {
+            let bytes = b.as_bytes();
+            let Some(end) = end_of(bytes, max_frame) else {
+                return Ok(None);
+            };
+            (bytes, end)
+        } else {
+            let a = data
+                .downcast::<pyo3::types::PyByteArray>()
+                .map_err(|_| refused("not bytes"))?;
+            // SAFETY: read and copied before any Python code runs (decoding runs the classes' __init__, which
+            // must not find the buffer borrowed): the frame alone, not what follows it.
+            let whole = unsafe { a.as_bytes() };
+            let Some(end) = end_of(whole, max_frame) else {
+                return Ok(None);
+            };
+            copied = whole[..end].to_vec();
+            (&copied, end)
+        };
+        let body = &bytes[8..end];
+        let budget = 2 * (body.len() / 8) as i64 + 64;
+        let (envelope, units) = self.read(py, body, budget, Some((allowed, max_frame)))?;
+        Ok(Some((envelope, units, end)))
     }
 
     /// The frame body carrying `msg` with correlation id `corr` (one segment), or `Refused`.
@@ -1187,6 +1399,40 @@ impl Codec {
         PyBytes::new_with(py, 8 + body, |buf| {
             buf[..8].copy_from_slice(&(body as u64).to_le_bytes());
             put_body(&mut buf[8..], &words);
+            Ok(())
+        })
+    }
+
+    /// `encode_framed` of each `(msg, corr)` of `items` (a list), one after the other in one `bytes`: what one
+    /// write of them puts on the stream. `Refused` when `encode_framed` refuses any of them.
+    fn encode_framed_many<'py>(
+        &self,
+        py: Python<'py>,
+        items: &Bound<'py, pyo3::types::PyList>,
+        max_frame: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let mut all = Vec::with_capacity(items.len());
+        let mut total = 0usize;
+        for item in items.iter() {
+            let (msg, corr): (Bound<'py, PyAny>, u64) = item
+                .extract()
+                .map_err(|_| refused("not a (msg, corr) pair"))?;
+            let words = self.words_of(py, &msg, corr)?;
+            let body = 8 + 8 * words.len();
+            if body as u64 > max_frame {
+                return Err(refused("over the frame limit"));
+            }
+            total += 8 + body;
+            all.push(words);
+        }
+        PyBytes::new_with(py, total, |buf| {
+            let mut at = 0;
+            for words in &all {
+                let body = 8 + 8 * words.len();
+                buf[at..at + 8].copy_from_slice(&(body as u64).to_le_bytes());
+                put_body(&mut buf[at + 8..at + 8 + body], words);
+                at += 8 + body;
+            }
             Ok(())
         })
     }
@@ -1236,7 +1482,7 @@ impl Codec {
 fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Codec>()?;
     // The shape of the plans `Codec` takes; provisionerd/wire/native.py loads no other (a stale build).
-    m.add("PLAN_VERSION", 4)?;
+    m.add("PLAN_VERSION", 5)?;
     m.add("Refused", m.py().get_type::<Refused>())?;
     Ok(())
 }
