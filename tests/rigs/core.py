@@ -81,8 +81,9 @@ def daemon_core(
         for p in config.providers
         if p.unverified_templates and p.name not in policy.providers
     }
-    if unverified:
-        policy = attrs.evolve(policy, providers={**policy.providers, **unverified})
+    if unverified:  # a provider's cap moves into its own entry with it (Policy refuses it in both places)
+        caps = {name: cap for name, cap in policy.provider_caps.items() if name not in unverified}
+        policy = attrs.evolve(policy, providers={**policy.providers, **unverified}, provider_caps=caps)
     providers = None if recorded is None else {recorded.name: PluginClient(recorded)}
     return DaemonCore(
         config,
