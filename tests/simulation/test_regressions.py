@@ -256,6 +256,14 @@ def test_seed_859785291_a_retry_refused_after_an_unknown_outcome_does_not_fail_t
     assert "failed_with_machines" not in violated_now(859785291)
 
 
+def test_seed_616600159_a_legacy_return_names_its_machine_for_the_notice_check():
+    """Was (the harness): in a legacy LSF world the daemon returned the noticed machine 6 s after the notice, but the
+    simulated LSF plugin did not tell the cloud which machines its returns named, so ``notice_ignored`` judged the
+    machine unreturned (found by a 10,000-seed campaign from 616599404). Both call paths now note the
+    machines a return names (``SimCloud.note_named``)."""
+    assert "notice_ignored" not in violated_now(616600159)
+
+
 def test_seed_859789075_a_grant_sent_before_a_store_loss_belongs_to_the_old_era():
     """Was (the invariant): a grant of 1.2 the lost controller sent before its store loss reached the daemon 2.6 s
     after it, and was held until the amnesia was seen; filed by time in the new era, it read as 1.1 after 1.2."""

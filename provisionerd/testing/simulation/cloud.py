@@ -106,6 +106,14 @@ class SimCloud(FakeProvider):
     def running(self) -> list[dict[str, Any]]:
         return [doc for _, doc in sorted(self.machines.items()) if doc["status"] == "running"]
 
+    def note_named(self, document: Mapping[str, Any]) -> None:
+        """Remember the machines a return or stop names (its ``machines``), at their first naming: the checks that
+        tell a returned machine from a forgotten one read it (``store_loss``, ``lifecycle.spot_notice``). Both the
+        contract's calls and the legacy LSF plugin's (``lsf.SimLsfRunner``) come here."""
+        for machine in document.get("machines", ()):
+            if isinstance(machine, Mapping):
+                self.named_by_mutation.setdefault(str(machine.get("machineId", "")), trio.current_time())
+
     # --- calls -----------------------------------------------------------------------------------------------------
 
     async def call_as(
@@ -118,8 +126,7 @@ class SimCloud(FakeProvider):
         check_input(self.name, action, input, Redactor().including(join_tokens(action, input)))
         if action in MUTATING:
             self.recorder.mutation(Mutation(trio.current_time(), self.name, action, str(input["op_id"]), caller))
-            for machine in input.get("machines", ()):  # a return or stop names its machines
-                self.named_by_mutation.setdefault(str(machine.get("machineId", "")), trio.current_time())
+            self.note_named(input)
         else:
             self.recorder.note("provider", "call", action=action, caller=caller.instance)
         delay = self.latency * self.slow * (0.2 + self.rng.random())

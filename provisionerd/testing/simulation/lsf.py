@@ -301,6 +301,7 @@ class SimLsfRunner:
         if action in MUTATIONS:
             self.host.calls.append(call)  # its call directory, before the plugin starts
             self.plugin.recorder.mutation(Mutation(trio.current_time(), self.name, action, op, caller))
+            self.plugin.cloud.note_named(document)  # a legacy return names its machines too (seed 616600159)
         else:
             self.plugin.recorder.note("provider", "call", action=action, caller=caller.instance)
         self._nursery.start_soon(self._run, call, document, caller.instance)
