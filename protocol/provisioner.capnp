@@ -74,6 +74,7 @@ struct DemandItem {
   release @7 :Text;                   # "" = after idleTime; "on_completion" = at once when no item names
                                       # the reservation any more
   costCurrency @8 :Text;              # maxHourlyCost's currency ("" = unchecked); other currencies are refused
+  allOrNothing @9 :Bool;              # all count machines or none (an MPI job): one offer, one op, never split
 }
 
 struct PriceQuote {
@@ -115,6 +116,7 @@ struct RequestIntent {
   reservation @5 :Text;           # the demand item's reservation and release when planned (see DemandItem)
   release @6 :Text;
   price @7 :PriceQuote;           # the chosen offer's quote when planned; null = unpriced
+  allOrNothing @8 :Bool;          # all count machines or none: if the op ends with fewer, they are returned
 }
 
 struct InstanceFact {

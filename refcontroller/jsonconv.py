@@ -96,8 +96,9 @@ def unstructure(value: Any, cls: Any = None) -> Any:
 # the converter's in every case (tests/refcontroller/test_jsonconv.py holds the two to the same answers).
 
 _MISSING: Any = object()
-#: JSON types taken as they are (``type(value) is t``; a bool is not an int here, and an int is not a float).
-_SCALARS = (str, int, float)
+#: JSON types taken as they are (``type(value) is t``; a bool is not an int here, an int is not a float, and only
+#: a bool is a bool).
+_SCALARS = (str, int, float, bool)
 
 
 def _compiled(name: str, source: str, env: dict[str, Any]) -> Callable[[Any], Any]:

@@ -55,10 +55,13 @@ ITEM = DemandItem(
     max_hourly_cost=2.5,
     providers=("aws",),
     placement={"rack": "r1", "room": "2"},
+    all_or_nothing=True,
 )
 HOST = HostState("i-1", "aws", "m-1", HostStatus.BUSY, 1700000000.5, "node-1", "10.0.0.1")
 FACTS = {
-    "requestIntent": RequestIntent("aws", E, "op-1", "t.large", 2, ("i-1", "i-2"), (HASH, HASH), "gpu-jobs"),
+    "requestIntent": RequestIntent(
+        "aws", E, "op-1", "t.large", 2, ("i-1", "i-2"), (HASH, HASH), "gpu-jobs", all_or_nothing=True
+    ),
     "instanceFact": InstanceFact(
         "aws", E, "op-1", "i-1", "m-1", "t.large", HASH, "node-1", "10.0.0.1", 1700000000.25, instance_type="m5.large"
     ),

@@ -3,9 +3,10 @@
 
 A JSON array of items ``{"demand_id": str, "shape": {"ncpus": int, "mem_mb": int, "gpus": int, "gpu_type":
 str|null, "arch": str|null, "attributes": {str: str}}, "count": int, "max_hourly_cost": number|null, "providers":
-[str], "placement": {str: str}, "reservation": str, "release": "" | "on_completion", "cost_currency": str}``; only
-``demand_id``, ``shape`` and ``count`` are required. Checked against the JSON Schema first (so ``"5"`` or ``5.7``
-is refused, never coerced), then built into :class:`~provisionerd.domain.model.DemandItem` values.
+[str], "placement": {str: str}, "reservation": str, "release": "" | "on_completion", "cost_currency": str,
+"all_or_nothing": bool}``; only ``demand_id``, ``shape`` and ``count`` are required. Checked against the JSON
+Schema first (so ``"5"`` or ``5.7`` is refused, never coerced), then built into
+:class:`~provisionerd.domain.model.DemandItem` values.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SCHEMA: dict[str, Any] = {
             "reservation": {"type": "string", "maxLength": 256},
             "release": {"enum": ["", "on_completion"]},
             "cost_currency": {"type": "string", "pattern": "^([A-Z]{3})?$"},
+            "all_or_nothing": {"type": "boolean"},
         },
     },
 }
@@ -78,6 +80,7 @@ def _item(raw: dict[str, Any]) -> DemandItem:
         reservation=raw.get("reservation", ""),
         release=raw.get("release", ""),
         cost_currency=raw.get("cost_currency", ""),
+        all_or_nothing=raw.get("all_or_nothing", False),
     )
 
 

@@ -92,6 +92,8 @@ class Sources:
     leases: Mapping[str, LeaseKeeper]
     guard_status: Callable[[], dict[str, Any]]
     wall: Callable[[], float]
+    #: The providers whose plugins launch all or nothing (``ReconcileLoop.gang``).
+    gang: Callable[[], frozenset[str]] = frozenset
 
 
 @attrs.frozen
@@ -107,6 +109,7 @@ class _Inputs:
     offers: tuple[Offer, ...]
     unleased: Mapping[tuple[str, str], str]
     now: float
+    gang: frozenset[str] = frozenset()
 
     def document(self, snapshot: DemandSnapshot | None, only: str | None) -> tuple[Explanation, list[dict[str, Any]]]:
         """``run`` and its items as JSON-ready dicts (in the worker thread too: a big answer is big to convert)."""
@@ -119,8 +122,9 @@ class _Inputs:
     def run(self, snapshot: DemandSnapshot | None, only: str | None) -> Explanation:
         facts = _copy(self.view.facts)
         hosts = dict(self.view.hosts.items())
+        policy = self.policy
         catalog = Catalog(  # as the loop builds it (ReconcileLoop._catalog_for)
-            self.offers, self.policy.priorities, self.policy.template_priorities, self.policy.unverified
+            self.offers, policy.priorities, policy.template_priorities, policy.unverified, self.gang
         )
         result = plan(self.state, snapshot, facts, catalog, hosts, self.now, self.policy, self.rejoin, self.in_flight)
         return explain(
@@ -255,6 +259,7 @@ class Explainer:
             offers=tuple(offers),
             unleased=unleased,
             now=sources.wall(),
+            gang=sources.gang(),
         )
 
     def _not_leased(self, provider: str) -> str:

@@ -123,7 +123,11 @@ class DaemonCore:
         self.guard = pieces.guard
         self._keepers_nursery: trio.Nursery | None = None
         self.feed = OfferFeed(
-            self.providers, self.events, interval=offer_interval, feedback=pieces.feedback.send, wall=wall
+            self.providers,
+            self.events,
+            interval=offer_interval,
+            feedback=pieces.feedback.send,
+            wall=wall,
         )
         self.loop = ReconcileLoop(
             self.session,
@@ -167,6 +171,7 @@ class DaemonCore:
                 leases=self.keepers,
                 guard_status=self.guard.status,
                 wall=self.wall,
+                gang=lambda: self.loop.gang,
             )
         )
         self.observability = Observability(pieces, self.loop, self.feed, self.calls, self.status)

@@ -28,6 +28,8 @@ class RequestMachines:
     release: str = ""
     #: The chosen offer's quote, for the intent and its instance facts (``provisionerd cost``).
     price: PriceQuote = NO_QUOTE
+    #: All ``count`` machines or none (``DemandItem.all_or_nothing``), on the intent and the plugin's input.
+    all_or_nothing: bool = False
 
 
 @attrs.frozen

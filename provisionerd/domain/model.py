@@ -78,7 +78,7 @@ class DemandItem:
     cap's currency (empty: the cap is in the currency of every offer, unchecked; set: an offer quoted in another
     currency is rejected). ``reservation`` names the reservation the machines are for (kept on their intent);
     with ``release = "on_completion"`` they are returned at once when the reservation leaves the demand
-    (docs/fleet.md).
+    (docs/fleet.md). ``all_or_nothing``: see the field.
     """
 
     demand_id: str
@@ -90,6 +90,10 @@ class DemandItem:
     reservation: str = ""
     release: str = RELEASE_IDLE
     cost_currency: str = ""
+    #: All ``count`` machines or none (an MPI job): the planner asks one offer for the whole deficit in one op,
+    #: only of a provider whose plugin declares ``features.allOrNothing``, and a partial answer is returned whole
+    #: (``planner.gang``, docs/fleet.md).
+    all_or_nothing: bool = False
 
 
 @attrs.frozen
@@ -170,6 +174,9 @@ class RequestIntent:
     release: str = RELEASE_IDLE
     #: The chosen offer's price quote when planned (``NO_QUOTE``: unpriced); each ``InstanceFact`` copies it.
     price: PriceQuote = NO_QUOTE
+    #: The op asked for all ``count`` machines or none (``DemandItem.all_or_nothing``): if it ends with fewer, the
+    #: ones it made are returned (``all_or_nothing``), by any daemon that reads the facts.
+    all_or_nothing: bool = False
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ from provisionerd.execution.feedback import tell
 from provisionerd.execution.gate import FactCommitter, MutationGate
 from provisionerd.execution.legacy_requests import LegacyRequestFlow
 from provisionerd.execution.op_book import OpBook, OpRecord, Stage
+from provisionerd.execution.provider_features import FeatureBook
 from provisionerd.execution.request_flow import RequestFlow
 from provisionerd.execution.returns import ReturnFlow
 from provisionerd.execution.steps import FlowDeps, Steps
@@ -76,7 +77,10 @@ class Executor:
         deps = FlowDeps(settings, clients, gate, self._facts, events, wall)
         self._steps = Steps(deps)
         self._legacy = LegacyRequestFlow(deps, self._steps)
-        self._requests = RequestFlow(deps, self._steps, UnknownOutcomeFlow(deps, self._steps), self._legacy)
+        #: Each provider's ``describeProvider`` features, asked once (the offer feed reads it too).
+        self.features = FeatureBook(clients)
+        unknown = UnknownOutcomeFlow(deps, self._steps, self.features)
+        self._requests = RequestFlow(deps, self._steps, unknown, self._legacy)
         self._returns = ReturnFlow(deps, self._steps)
         #: The one record of every op this process runs (``op_book``).
         self.ops = OpBook(self._tell)

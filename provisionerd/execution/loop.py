@@ -49,7 +49,7 @@ from provisionerd.controller.session_settings import LinkState
 from provisionerd.controller.view import ControllerView
 from provisionerd.domain.actions import Note
 from provisionerd.domain.errors import ProvisionerdError, describe_error
-from provisionerd.domain.model import CommittedFact
+from provisionerd.domain.model import CommittedFact, DemandSnapshot
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import LoopSettings, ViewSource
 from provisionerd.execution.offer_feed import OfferFeed
@@ -131,6 +131,8 @@ class ReconcileLoop:
         self._nursery: trio.Nursery | None = None
         self._catalog_key: tuple[object, ...] | None = None
         self._catalog = Catalog(())
+        #: Whether the demand of snapshot ``_gang_seq`` holds an all-or-nothing item; a features read under way.
+        self._gang_seq, self._gang_wanted, self._features_reading = -1, False, False
         self._last_notes: set[tuple[str, str, str, str]] = set()
         self._skip = ""
         self._wake_at: float | None = None  # the last plan's ``wake_at`` (wall)
@@ -365,19 +367,52 @@ class ReconcileLoop:
         priorities = self.policy.priorities  # a reload may change them: part of the key
         templates = self.policy.template_priorities
         unverified = self.policy.unverified
+        gang = self.gang
         key = (
             self.feed.version,
             tuple(leased),
             tuple(sorted(priorities.items())),
             tuple(sorted(templates.items())),
             unverified,
+            gang,
         )
         if key != self._catalog_key:
             allowed = set(leased)
             offers = (p.offer for p in self.feed.catalog.by_key.values() if p.offer.provider in allowed)
-            self._catalog = Catalog(offers, priorities, templates, unverified)
+            self._catalog = Catalog(offers, priorities, templates, unverified, gang)
             self._catalog_key = key
         return self._catalog
+
+    @property
+    def gang(self) -> frozenset[str]:
+        """The providers whose plugins declare ``features.allOrNothing`` (``Catalog.gang``, ``planner.gang``), as far
+        as ``describeProvider`` has been asked (``_want_features``)."""
+        book = self.executor.features
+        return frozenset(p for p in self.leases if (f := book.known(p)) is not None and f.all_or_nothing)
+
+    def _want_features(self, snapshot: DemandSnapshot | None, leased: list[str]) -> None:
+        """While the demand holds an all-or-nothing item, ask each leased provider whose features are not known for
+        them (``describeProvider``, once; one read at a time), and plan again when they come. Nobody is asked
+        while no item needs it: a plugin is not called for what no decision reads."""
+        if snapshot is None or self._features_reading or self._nursery is None:
+            return
+        if self._gang_seq != snapshot.seq:
+            self._gang_seq, self._gang_wanted = snapshot.seq, any(i.all_or_nothing for i in snapshot.items)
+        book = self.executor.features
+        unknown = [p for p in leased if book.known(p) is None]
+        if self._gang_wanted and unknown:
+            self._features_reading = True
+            self._spawn(self._read_features, unknown)
+
+    async def _read_features(self, providers: list[str]) -> None:
+        learned = False
+        try:
+            for provider in providers:  # a failure is asked again at a later cycle (not at once: no wake for it)
+                learned |= await self.executor.features.read(provider) is not None
+        finally:
+            self._features_reading = False
+        if learned:
+            self.wake()
 
     def cycle(self) -> None:
         """One plan-and-dispatch pass (synchronous; actions run in the loop's nursery)."""
@@ -409,6 +444,7 @@ class ReconcileLoop:
         if self._windows is not _READ and self._windows_pending(leased, view):
             return self._skipped("reading the health windows from the history")
         self._skipped("")
+        self._want_features(view.demand, leased)
         self.cycles += 1
         want = self._confirm_want
         confirmed = want is not None and view.sync_seq >= want

@@ -61,7 +61,7 @@ from provisionerd.execution.recovery_rules import CallRecord, OpAtRestart, Step,
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.unknown_outcome import UnknownOutcomeFlow
 from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
-from provisionerd.planner.capacity import CallSucceeded
+from provisionerd.planner.capacity import CallSucceeded, CapacityUnavailable
 from provisionerd.planner.state import ActionDropped
 from provisionerd.provider.values import RequestStatus
 
@@ -97,6 +97,7 @@ class RequestFlow:
             action.reservation,
             action.release,
             action.price,
+            action.all_or_nothing,
         )
         try:
             accepted, error = await steps.gated_request(run, intent, issued)
@@ -124,7 +125,7 @@ class RequestFlow:
         run.enter(Stage.FACTS)
         if status is None or not status.final:
             return await self._timed_out(intent, status)
-        return await self._finish(intent, status)
+        return await self._finish(run, intent, status)
 
     async def _foreign_id(
         self, run: OpRecord, intent: RequestIntent, violation: ProviderProtocolViolation
@@ -150,7 +151,7 @@ class RequestFlow:
             return RequestOutcome(op_id, provider, "fulfilled", committed, code="foreign_request_id", detail=detail)
         return RequestOutcome(op_id, provider, "unknown", committed or (), code="foreign_request_id", detail=detail)
 
-    async def _finish(self, intent: RequestIntent, status: RequestStatus) -> RequestOutcome:
+    async def _finish(self, run: OpRecord, intent: RequestIntent, status: RequestStatus) -> RequestOutcome:
         made = [m for m in status.machines if m.result == "succeed"]
         committed = await self._steps.commit_instances(intent, made)
         op_id, provider = intent.op_id, intent.provider
@@ -160,6 +161,10 @@ class RequestFlow:
             return RequestOutcome(op_id, provider, "fulfilled", committed)
         reason = f"partial: {len(committed)} of {intent.count} ({status.status}: {status.message})"[:500]
         await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason))
+        if intent.all_or_nothing:
+            # All or nothing, answered in part (planner.gang): the planner returns what was made and asks for the
+            # whole again, after the offer's capacity back-off (asked again at once, it would answer in part again).
+            run.add(CapacityUnavailable(provider, intent.template_id, self._deps.wall()))
         return RequestOutcome(op_id, provider, "partial", committed, code=status.status, detail=status.message)
 
     async def _timed_out(self, intent: RequestIntent, status: RequestStatus | None) -> RequestOutcome:

@@ -139,6 +139,7 @@ class Steps:
                 issued,
                 s.controllers,
                 s.limits_of(provider),
+                intent.all_or_nothing,
             )
             self.emit(
                 "called",

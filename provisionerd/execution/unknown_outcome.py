@@ -4,8 +4,8 @@ through the gate on an idempotent provider only. The rules and why: ``provisione
 call is gated", "After an unknown outcome").
 
 A collaborator of ``provisionerd.execution.request_flow.RequestFlow``, given the executor's ``FlowDeps`` (clients,
-gate, facts, settings) and the shared ``Steps`` (``list_op``, ``commit_instances``, ``refused``). It keeps one
-piece of state of its own: each provider's ``describeProvider`` features, read once.
+gate, facts, settings), the shared ``Steps`` (``list_op``, ``commit_instances``, ``refused``) and the executor's
+``FeatureBook`` (each provider's ``describeProvider`` features, read once).
 """
 
 from __future__ import annotations
@@ -21,18 +21,19 @@ from provisionerd.domain.tokens import IssuedToken
 from provisionerd.execution.call_rules import assign_refs
 from provisionerd.execution.observations import gate_code
 from provisionerd.execution.op_book import OpRecord
+from provisionerd.execution.provider_features import FeatureBook
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
-from provisionerd.provider.values import Features, RequestAccepted
+from provisionerd.provider.values import RequestAccepted
 
 log = logging.getLogger(__name__)
 
 
 class UnknownOutcomeFlow:
-    def __init__(self, deps: FlowDeps, steps: Steps) -> None:
+    def __init__(self, deps: FlowDeps, steps: Steps, features: FeatureBook) -> None:
         self._deps = deps
         self._steps = steps
-        self._features: dict[str, Features] = {}  # provider -> describeProvider's features, once read
+        self._features = features
 
     async def after_request_error(
         self,
@@ -108,20 +109,10 @@ class UnknownOutcomeFlow:
                 return None, await steps.refused(run, intent, error)
 
     async def _idempotent(self, provider: str) -> bool:
-        """Whether ``provider`` declares ``features.idempotentRequest`` (``describeProvider``, asked once and
-        cached). A provider that cannot say is taken as not idempotent: the safe reading."""
-        features = self._features.get(provider)
-        if features is None:
-            client = self._deps.clients[provider]
-            features = client.known_features  # a client that knows its features (the legacy adapter)
-            if features is None:
-                try:
-                    features = (await client.describe_provider()).features
-                except ProviderError as exc:
-                    log.warning("describeProvider for %s failed: %s; not retrying requests", provider, exc)
-                    return False  # not cached: asked again next time
-            self._features[provider] = features
-        return features.idempotent_request
+        """Whether ``provider`` declares ``features.idempotentRequest``. A provider that cannot say is taken as not
+        idempotent: the safe reading (asked again next time)."""
+        features = await self._features.read(provider)
+        return features is not None and features.idempotent_request
 
     async def _settle_listed(self, intent: RequestIntent, found: Sequence[ProviderMachine]) -> RequestOutcome:
         """Every machine of the op is listed: commit them, no further call."""

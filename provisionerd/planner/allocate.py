@@ -116,7 +116,9 @@ class Allocator:
             step, floor = ramp_step(state.ramps, provider, policy), policy.of(provider).step_limit
             if step is not None and floor is not None:
                 grown += step - floor
-        self.step_room = policy.step_limit + grown - sum(e[2] for e in self.step_log)
+        #: The global step limit of this pass (the window's whole room when nothing was asked in it).
+        self.step_limit = policy.step_limit + grown
+        self.step_room = self.step_limit - sum(e[2] for e in self.step_log)
         #: Providers whose own step had no room left for the demand that wanted them (``ramp.Planned.used_all``).
         self.saturated: set[str] = set()
         self.provider_load = counts.provider_load()
@@ -152,6 +154,9 @@ class Allocator:
             return
         requirement = requirement_of(item)
         compatible, incompatible = self.catalog.ranking(requirement)
+        if item.all_or_nothing:
+            self._serve_whole(item, compatible, incompatible, (wanted, active, outstanding, deficit), notes)
+            return
         reused = 0
         if pool:  # reuse before buying: idle machines of compatible offers, cheapest offer first
             rank = self.catalog.rank_index(requirement)
@@ -234,6 +239,100 @@ class Allocator:
                 self.held,
             )
         )
+
+    def _serve_whole(
+        self,
+        item: DemandItem,
+        compatible: tuple[ParsedOffer, ...],
+        incompatible: tuple[Rejection, ...],
+        figures: tuple[int, int, int, int],
+        notes: list[Note],
+    ) -> None:
+        """An all-or-nothing item (``planner.gang``): its whole deficit from the first compatible offer with room
+        for all of it, in one request, or nothing and a note naming what held each offer. No reuse."""
+        wanted, active, outstanding, deficit = figures
+        blocked: list[Rejection] = []
+        filled: list[Rejection] = []
+        chosen: ParsedOffer | None = None
+        for parsed in compatible:
+            key = parsed.key
+            why = self.blocked.get(key[0]) or self.capacity.offer_block(key, self.now) or self._full(key, parsed.offer)
+            if why is not None:
+                blocked.append(Rejection(key[0], key[1], (why,)))
+                continue
+            short = self._short_of(parsed, deficit)
+            if short is not None:
+                filled.append(Rejection(key[0], key[1], (short,)))
+                continue
+            chosen = parsed
+            break
+        requested: tuple[tuple[OfferKey, int], ...] = ()
+        if chosen is not None:
+            key = chosen.key
+            self.counts.load[key] = self.counts.load.get(key, 0) + deficit
+            self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + deficit
+            self._add_use(chosen, deficit)
+            self.step_room -= deficit
+            own_room = self._room_of(key[0])
+            if own_room is not None:
+                self._provider_room[key[0]] = own_room - deficit
+                if own_room - deficit <= 0:
+                    self.saturated.add(key[0])
+            requested = ((key, deficit),)
+            self.requests.append((item.demand_id, key, deficit))
+        else:
+            stops = [*filled, *blocked]
+            if not compatible:
+                detail = f"{deficit} machine(s) not requested: all or nothing, and no compatible offer"
+                detail += f" ({len(incompatible)} incompatible)"
+                if incompatible:
+                    detail += f", e.g. {incompatible[0].describe()}"
+                rules: tuple[str, ...] = (unmet_rules.INCOMPATIBLE,)
+            else:
+                detail = f"{deficit} machine(s) not requested: all or nothing, and no offer has room for all {deficit}"
+                if stops:
+                    detail += "; " + "; ".join(r.describe() for r in stops[:NOTE_REASONS])
+                rules = unmet_rules.rules_of(reason for r in stops for reason in r.reasons)
+            notes.append(Note("unmet_demand", detail, demand_id=item.demand_id, rules=rules))
+        self.decisions.append(
+            DemandDecision(
+                item.demand_id,
+                wanted,
+                active,
+                outstanding,
+                0,
+                requested,
+                0 if chosen is not None else deficit,
+                tuple(blocked),
+                incompatible,
+                tuple(filled),
+                (),
+                self.held,
+            )
+        )
+
+    def _short_of(self, parsed: ParsedOffer, count: int) -> str | None:
+        """Which limit leaves offer ``parsed`` less room than ``count`` machines at once, with its figures
+        (``None``: all of them fit). A step limit smaller than ``count`` is met by an empty window."""
+        key, offer = parsed.key, parsed.offer
+        load = self.counts.load.get(key, 0)
+        if load + count > offer.max_number:
+            return f"template at maxNumber {offer.max_number} ({load} live or requested, {count} wanted at once)"
+        own = self.policy.of(key[0])
+        provider_load = self.provider_load.get(key[0], 0)
+        if own.max_machines is not None and provider_load + count > own.max_machines:
+            return f"max_machines {provider_load}/{own.max_machines} (provider cap; {count} wanted at once)"
+        fits, name = self._resource_room(parsed)
+        if fits is not None and fits < count:
+            return f"{name}: room for {fits} machine(s) of this template (provider limit; {count} wanted at once)"
+        own_room, step = self._room_of(key[0]), ramp_step(self.ramps, key[0], self.policy)
+        if own_room is not None and step is not None and own_room < min(count, step):
+            interval = self.policy.step_interval
+            return f"provider step limit {step} per {interval:g}s has room for {own_room} ({count} wanted at once)"
+        if self.step_room < min(count, self.step_limit):
+            interval = self.policy.step_interval
+            return f"step limit {self.step_limit} per {interval:g}s has room for {self.step_room} (global)"
+        return None
 
     def held(self, key: OfferKey) -> str | None:
         """What would stop a request to offer ``key`` now, were there step room (read only: no decision changes;

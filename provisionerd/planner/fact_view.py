@@ -115,6 +115,9 @@ class FactView:
     open_ops: dict[str, None] = attrs.field(factory=dict)  # op_ids of open intents, in commit order
     open_returns: dict[str, None] = attrs.field(factory=dict)  # op_ids of returns not confirmed, in commit order
     drained: dict[str, MachineRecord] = attrs.field(factory=dict)  # machine_id -> ACTIVE machine asked to drain
+    #: op_ids of all-or-nothing intents that ended short with machines made (``planner.gang``: they are returned);
+    #: an op leaves when its lifecycle ends.
+    broken_gangs: dict[str, None] = attrs.field(factory=dict)
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
@@ -187,6 +190,7 @@ class FactView:
                 if record is not None and not record.failed_reason:
                     record.failed_reason = fact.reason
                     self.open_ops.pop(fact.op_id, None)
+                    self._check_gang(record)
                     if self.prune and not self._live_of_op.get(fact.op_id):
                         self._end_op(fact.op_id)
             case ReturnIntent():
@@ -281,6 +285,13 @@ class FactView:
                 self._live_of_op[fact.op_id] = self._live_of_op.get(fact.op_id, 0) + 1
             if not record.open:
                 self.open_ops.pop(fact.op_id, None)
+            self._check_gang(record)
+
+    def _check_gang(self, record: IntentRecord) -> None:
+        """An all-or-nothing op that ended short with machines made is broken (``planner.gang``)."""
+        intent = record.intent
+        if intent.all_or_nothing and record.failed_reason and 0 < len(record.machine_ids) < intent.count:
+            self.broken_gangs[intent.op_id] = None
 
     def _track(self, machine: MachineRecord) -> None:
         """Add a new ACTIVE machine to the records and the indexes."""
@@ -333,6 +344,7 @@ class FactView:
         """The request op ``op_id`` is closed and none of its machines is live: its intent and machines go."""
         record = self.intents.pop(op_id)
         self.open_ops.pop(op_id, None)
+        self.broken_gangs.pop(op_id, None)
         self._live_of_op.pop(op_id, None)
         for machine_id in record.machine_ids:
             machine = self.machines.get(machine_id)

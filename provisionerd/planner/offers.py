@@ -131,6 +131,7 @@ class Requirement:
     placement: tuple[tuple[str, str], ...]
     currency: str | None = None  # the cap's currency, upper-cased (None: unchecked)
     templates: tuple[str, ...] = ()  # only these template ids (empty: any; ``DemandItem.templates``)
+    all_or_nothing: bool = False  # only providers that launch all or nothing (``planner.gang``)
 
 
 @attrs.frozen
@@ -149,11 +150,13 @@ def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
     placement: Mapping[str, str]
     currency = None
     templates: tuple[str, ...] = ()
+    whole = False
     if isinstance(item, ResourceShape):
         shape, cap, providers, placement = item, None, (), {}
     else:
         shape, cap, providers, placement = item.shape, item.max_hourly_cost, item.providers, item.placement
         currency = item.cost_currency.upper() or None
+        whole = item.all_or_nothing
         if isinstance(item, PinnedItem):
             templates = tuple(sorted(set(item.templates)))
     return Requirement(
@@ -168,6 +171,7 @@ def requirement_of(item: DemandItem | ResourceShape) -> Requirement:
         placement=tuple(sorted(placement.items())),
         currency=currency,
         templates=templates,
+        all_or_nothing=whole,
     )
 
 
@@ -231,6 +235,15 @@ def reasons_for(req: Requirement, parsed: ParsedOffer) -> tuple[str, ...]:
     return tuple(reasons)
 
 
+def gang_unsupported(provider: str) -> str:
+    """Why an offer of ``provider`` cannot serve an all-or-nothing item: its plugin cannot launch all or nothing
+    (``Catalog.gang``; ``planner.gang``)."""
+    return (
+        f"provider {provider!r} cannot launch all or nothing (its plugin does not declare features.allOrNothing;"
+        " the legacy LSF contract has no way to say it)"
+    )
+
+
 def compatibility_reasons(item: DemandItem | ResourceShape, offer: Offer) -> tuple[str, ...]:
     """Why ``offer`` cannot serve ``item``: empty when compatible.
 
@@ -283,12 +296,15 @@ class Catalog:
         priorities: Mapping[str, int] | None = None,
         template_priorities: Mapping[OfferKey, int] | None = None,
         unverified: Iterable[OfferKey] = (),
+        gang: Iterable[str] = (),
     ) -> None:
         """``priorities``: each provider's priority (``Policy.priorities``; a provider not named is 0);
         ``template_priorities``: a template's own, which replaces its provider's (``Policy.template_priorities``);
         ``unverified``: the templates whose machines' capability reports are not checked (``Policy.unverified``;
-        ``(provider, "*")``: all of that provider's)."""
+        ``(provider, "*")``: all of that provider's); ``gang``: the providers whose plugins launch all or nothing
+        (``features.allOrNothing``), the only ones an all-or-nothing item may use (``planner.gang``)."""
         self.priorities: dict[str, int] = dict(priorities or {})
+        self.gang: frozenset[str] = frozenset(gang)
         self.unverified: frozenset[OfferKey] = frozenset(unverified)
         self.template_priorities: dict[OfferKey, int] = dict(template_priorities or {})
         self.by_key: dict[OfferKey, ParsedOffer] = {}
@@ -327,6 +343,8 @@ class Catalog:
             rejected: list[Rejection] = []
             for parsed in self.ordered:
                 reasons = reasons_for(req, parsed)
+                if req.all_or_nothing and parsed.offer.provider not in self.gang:
+                    reasons = (*reasons, gang_unsupported(parsed.offer.provider))
                 if reasons:
                     rejected.append(Rejection(parsed.offer.provider, parsed.offer.template_id, reasons))
                 else:

@@ -62,7 +62,7 @@ from provisionerd.domain.actions import (
     ReturnMachines,
 )
 from provisionerd.domain.model import NO_QUOTE, DemandSnapshot, HostState, Offer
-from provisionerd.planner import budget, headroom, health
+from provisionerd.planner import budget, gang, headroom, health
 from provisionerd.planner.allocate import Allocator, DemandDecision, excess_pool
 from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
@@ -84,6 +84,7 @@ __all__ = ["DemandDecision", "Plan", "plan"]
 RETIRE_REASONS = (
     RECLAIM_DEADLINE,
     RECLAIM,
+    gang.ALL_OR_NOTHING,
     "provisioning_timeout",
     "never_joined",
     NOT_REJOINED,
@@ -290,9 +291,12 @@ def _emit(
         op_id = ops.new(provider)
         item = items.get(demand_id)
         reservation, release = ("", "") if item is None else (item.reservation, item.release)
+        whole = item is not None and item.all_or_nothing
         chosen = planner.catalog.by_key.get((provider, template_id))
         price = chosen.offer.price if chosen is not None and chosen.offer.price is not None else NO_QUOTE
-        actions.append(RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release, price))
+        actions.append(
+            RequestMachines(op_id, provider, template_id, count, demand_id, reservation, release, price, whole)
+        )
         step_used[provider] = step_used.get(provider, 0) + count
         asked.setdefault(provider, []).append(op_id)
     step_log = planner.step_log + tuple((now, provider, n) for provider, n in sorted(step_used.items()))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import attrs
 
 from provisionerd.domain.model import HostState
-from provisionerd.planner import drain
+from provisionerd.planner import drain, gang
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
 from provisionerd.planner.health import CAPABILITY_MISMATCH, UNHEALTHY_AFTER_JOIN, CapabilityCheck
 from provisionerd.planner.host_table import HostTable, join_index
@@ -117,14 +117,15 @@ def tally(
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
-    reclaimed (lost) > not joined and its intent timed out (``provisioning_timeout``) > not joined past the join
-    deadline (``never_joined``) > joined, not busy, and its host's capability report falls short of its template
-    (``check`` says why: ``capability_mismatch``, :mod:`provisionerd.planner.health`) > joined and older than
-    ``max_ttl`` (idle: ``max_ttl``; busy: drained, see :mod:`provisionerd.planner.drain`), each deadline the
-    machine's (or intent's) own provider's (``policy.of(provider)``). Every other active
-    machine counts as supply for its demand item. Joined idle machines are listed (``idle``) only for items whose
-    supply exceeds ``wanted`` (demand_id -> count), the only ones that can give machines away (none when
-    ``wanted`` is ``None``: demand unknown).
+    reclaimed (lost) > made by an all-or-nothing op that ended short (``all_or_nothing``,
+    :mod:`provisionerd.planner.gang`; a busy one is not supply and waits to be idle) > not joined and its intent
+    timed out (``provisioning_timeout``) > not joined past the join deadline (``never_joined``) > joined, not busy,
+    and its host's capability report falls short of its template (``check`` says why: ``capability_mismatch``,
+    :mod:`provisionerd.planner.health`) > joined and older than ``max_ttl`` (idle: ``max_ttl``; busy: drained, see
+    :mod:`provisionerd.planner.drain`), each deadline the machine's (or intent's) own provider's
+    (``policy.of(provider)``). Every other active machine counts as supply for its demand item. Joined idle
+    machines are listed (``idle``) only for items whose supply exceeds ``wanted`` (demand_id -> count), the only
+    ones that can give machines away (none when ``wanted`` is ``None``: demand unknown).
 
     ``rejoin`` (:mod:`provisionerd.planner.rejoin`): until a provider's settle window after the last (re)join has
     passed, none of its machines is retired for not joining (timed-out intents, ``never_joined``) or for its
@@ -157,6 +158,12 @@ def tally(
             result.lost.append(machine)
             active[machine.demand_id] -= 1
             skip.add(machine_id)
+    # An all-or-nothing op that ended short (planner.gang): its machines are not supply, returned unless busy.
+    for machine, busy in gang.broken_members(view, hosts, skip):
+        active[machine.demand_id] -= 1
+        skip.add(machine.machine_id)
+        if not busy:
+            result.retire.append((gang.ALL_OR_NOTHING, machine))
 
     def launched_at(machine: MachineRecord) -> float:
         if machine.launch_time > 0:

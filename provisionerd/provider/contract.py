@@ -92,13 +92,17 @@ def op_filter(cluster: str, provider: str, op_id: str) -> dict[str, str]:
 
 
 def request_input(request: MachineRequest) -> dict[str, Any]:
-    """The ``requestMachines`` input. It holds the join tokens: never log it, never keep it beyond the call."""
-    return {
+    """The ``requestMachines`` input. It holds the join tokens: never log it, never keep it beyond the call.
+    ``allOrNothing`` only when asked (a plugin that predates it never sees it)."""
+    document: dict[str, Any] = {
         "template": {"templateId": request.template_id, "machineCount": request.count},
         "op_id": request.op_id,
         "tags": request.owner.as_tags(),
         "bootstrap": [_bootstrap(b) for b in request.bootstrap],
     }
+    if request.all_or_nothing:
+        document["allOrNothing"] = True
+    return document
 
 
 def _bootstrap(boot: Bootstrap) -> dict[str, Any]:

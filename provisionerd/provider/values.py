@@ -49,6 +49,8 @@ class Features:
     tags: bool = False
     price_quotes: bool = False
     license_pools: bool = False  # listLicenses/returnLicenses: it holds licence pools for the cluster (class d)
+    #: ``requestMachines`` with ``allOrNothing`` creates every machine or none (EC2's ``MinCount``)
+    all_or_nothing: bool = False
 
     @classmethod
     def from_mapping(cls, features: Mapping[str, Any]) -> Features:
@@ -60,7 +62,15 @@ class Features:
         return dict(zip(_FEATURE_KEYS, attrs.astuple(self), strict=True))
 
 
-_FEATURE_KEYS = ("idempotentRequest", "listMachines", "stopMachines", "tags", "priceQuotes", "licensePools")
+_FEATURE_KEYS = (
+    "idempotentRequest",
+    "listMachines",
+    "stopMachines",
+    "tags",
+    "priceQuotes",
+    "licensePools",
+    "allOrNothing",
+)
 
 
 @attrs.frozen
@@ -117,6 +127,8 @@ class MachineRequest:
     template_id: str
     owner: OwnerTags
     bootstrap: tuple[Bootstrap, ...]
+    #: Every machine or none (only sent to a plugin whose features say ``allOrNothing``).
+    all_or_nothing: bool = False
 
     @classmethod
     def of(
@@ -126,12 +138,12 @@ class MachineRequest:
         issued: Sequence[IssuedToken],
         controllers: Sequence[str],
         limits: MachineLimits = MachineLimits(),
+        all_or_nothing: bool = False,
     ) -> MachineRequest:
         """One machine per issued token (``provisionerd.domain.tokens.issue``), each told the same controllers
         and ``limits``."""
-        return cls(
-            template_id, owner, tuple(Bootstrap(t.instance_ref, tuple(controllers), t.token, limits) for t in issued)
-        )
+        boots = tuple(Bootstrap(t.instance_ref, tuple(controllers), t.token, limits) for t in issued)
+        return cls(template_id, owner, boots, all_or_nothing)
 
     @property
     def op_id(self) -> str:

@@ -55,6 +55,10 @@ class FakeProvider:
         self.ops: dict[str, str] = {}  # op_id -> requestId
         self.wanted_back: set[str] = set()  # machineIds getReturnRequests reports (reclaimed, spot)
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        #: Machines left out of the next all-or-nothing request (a cloud that breaks the promise: it launches that
+        #: many fewer and says ``complete_with_error``); 0 keeps it. Reset after one request.
+        self.fall_short = 0
+        self._short: dict[str, int] = {}  # requestId -> machines it left out
         self._failures: dict[str, collections.deque[ProviderError]] = collections.defaultdict(collections.deque)
         self._seq = itertools.count(1)
 
@@ -95,7 +99,8 @@ class FakeProvider:
     # --- actions ---------------------------------------------------------------------------------------------------
 
     def _describeProvider(self, doc: Mapping[str, Any]) -> dict[str, Any]:
-        features = dict.fromkeys(("idempotentRequest", "listMachines", "tags"), True)
+        # allOrNothing: a request either fits the template's room whole or is refused (``fall_short`` breaks it)
+        features = dict.fromkeys(("idempotentRequest", "listMachines", "tags", "allOrNothing"), True)
         features.update(priceQuotes=bool(self.prices), stopMachines=False)
         return {"name": self.name, "version": "fake", "contractVersion": 1, "features": features}
 
@@ -130,7 +135,12 @@ class FakeProvider:
             raise CapacityUnavailable(self.name, "requestMachines", "no capacity")
         request_id = f"req-{next(self._seq)}"
         ids = []
-        for boot in doc["bootstrap"]:
+        boots = list(doc["bootstrap"])
+        if doc.get("allOrNothing") and self.fall_short:
+            short, self.fall_short = min(self.fall_short, len(boots)), 0
+            boots = boots[: len(boots) - short]
+            self._short[request_id] = short
+        for boot in boots:
             n = next(self._seq)
             machine_id = f"m-{n}"
             tags = dict(doc["tags"], **{"provisionerd:instance": boot["instanceRef"]})
@@ -190,7 +200,11 @@ class FakeProvider:
                 }
                 for m in (self.machines[i] for i in ids)
             ]
-            out.append({"requestId": ref["requestId"], "status": "complete", "message": "", "machines": machines})
+            short = self._short.get(ref["requestId"], 0)
+            status, message = (
+                ("complete_with_error", f"{short} machine(s) failed to launch") if short else ("complete", "")
+            )
+            out.append({"requestId": ref["requestId"], "status": status, "message": message, "machines": machines})
         return {"requests": out}
 
     def _getReturnRequests(self, doc: Mapping[str, Any]) -> dict[str, Any]:

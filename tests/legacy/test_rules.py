@@ -29,7 +29,14 @@ from provisionerd.provider.legacy.rules import (
 from provisionerd.provider.legacy.shapes import normalise
 from provisionerd.provider.legacy.status import create_entry, return_entry
 
-FULL = {"idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": True, "priceQuotes": True}
+FULL = {
+    "idempotentRequest": True,
+    "listMachines": True,
+    "stopMachines": False,
+    "tags": True,
+    "priceQuotes": True,
+    "allOrNothing": True,
+}
 
 
 @pytest.mark.parametrize(
@@ -60,7 +67,8 @@ def test_invisible_classes_and_lacking_guarantees():
     assert invisible_classes({**FULL, "tags": False}) == ("tagged_unknown",)
     assert lacking_guarantees(FULL, legacy=False) == ()
     names = [g.name for g in lacking_guarantees(LEGACY_FEATURES, legacy=True)]
-    assert names[:3] == ["idempotent requestMachines (op_id)", "listMachines", "owner tags"] and len(names) == 5
+    assert names[:4] == ["idempotent requestMachines (op_id)", "listMachines", "owner tags", "all-or-nothing requests"]
+    assert len(names) == 6
 
 
 def machine(mid: str, result: str = "succeed", status: str = "running") -> dict:

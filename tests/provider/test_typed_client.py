@@ -231,7 +231,8 @@ def test_the_small_outputs_read_into_their_values():
         "p", {"name": "sim", "version": "1", "contractVersion": 1, "features": {**features, "priceQuotes": False}}
     )
     assert described == ProviderDescription("sim", "1", 1, Features(True, True, False, True, False))
-    assert described.features.as_mapping() == {**features, "priceQuotes": False, "licensePools": False}
+    absent = {"priceQuotes": False, "licensePools": False, "allOrNothing": False}
+    assert described.features.as_mapping() == {**features, **absent}
     assert Features.from_mapping({"listMachines": "yes"}) == Features()  # only true is true
     assert contract.read_accepted("p", "requestMachines", {"requestId": "r"}) == RequestAccepted("r", "")
     reclaims = contract.read_reclaims(
@@ -279,7 +280,8 @@ def test_every_action_through_the_plugin_client():
         return description, offers, accepted, again, status, listed, wanted, returned, stopped
 
     description, offers, accepted, again, status, listed, wanted, returned, stopped = run_mock(main)
-    assert description.features == Features(True, True, False, True, True) and description.name == "p"
+    assert description.features == Features(True, True, False, True, True, all_or_nothing=True)
+    assert description.name == "p"
     assert offers == (
         Offer(
             "p",

@@ -34,6 +34,7 @@ from provisionerd.domain.model import (
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.health import confirming_report
 from provisionerd.planner.in_flight import InFlight, PendingRequest
+from provisionerd.planner.offers import Catalog
 from provisionerd.planner.plan import Plan, plan
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import ActionDropped, PlannerState, observe
@@ -99,6 +100,8 @@ class World:
     #: The op book's part: each planned action (and when) until it is dropped (``drop``); the plan keeps only those
     #: the facts do not show yet.
     under_way: dict[str, tuple[Action, float]] = attrs.field(factory=dict)
+    #: The providers whose plugins launch all or nothing (``Catalog.gang``).
+    gang: frozenset[str] = frozenset()
 
     def commit(self, fact: Fact) -> None:
         committed = CommittedFact(len(self.facts) + 1, fact)
@@ -110,9 +113,11 @@ class World:
         return InFlight.of(self.under_way.values())
 
     def plan(self, snap: DemandSnapshot | None) -> Plan:
-        result = plan(
-            self.state, snap, self.view, self.offers, self.hosts, self.now, self.policy, in_flight=self.in_flight
-        )
+        offers: list[Offer] | Catalog = self.offers
+        if self.gang:
+            p = self.policy
+            offers = Catalog(self.offers, p.priorities, p.template_priorities, p.unverified, self.gang)
+        result = plan(self.state, snap, self.view, offers, self.hosts, self.now, self.policy, in_flight=self.in_flight)
         self.state = result.state
         self.under_way.update((a.op_id, (a, self.now)) for a in result.actions)
         return result
@@ -143,6 +148,7 @@ class World:
                             action.reservation,
                             action.release,
                             action.price,
+                            action.all_or_nothing,
                         )
                     )
                 case ReturnMachines():

@@ -123,6 +123,8 @@ class Provider:
             "stopMachines": False,
             "tags": True,
             "priceQuotes": any(t.price is not None for t in conf.templates),
+            # A request that does not fit the template's room is refused whole (request_machines): all or nothing.
+            "allOrNothing": True,
         }
         return {"name": NAME, "version": VERSION, "contractVersion": 1, "features": features}
 

@@ -92,7 +92,8 @@ def _replay(state: dict, op_id: str, fingerprint: list, what: str) -> dict | Non
 def describe_provider(call: Call, inp: dict) -> dict:
     config = call.config
     priced = any(t["price"] is not None for t in config["templates"])
-    return describe(config["name"], VERSION, price_quotes=priced, licensePools=bool(config["licensePools"]))
+    pools = bool(config["licensePools"])
+    return describe(config["name"], VERSION, price_quotes=priced, licensePools=pools, allOrNothing=True)
 
 
 def get_available_templates(call: Call, inp: dict) -> dict:
@@ -121,8 +122,11 @@ def request_machines(call: Call, inp: dict) -> dict:
         raise PluginError("invalid_request", f"template.machineCount: expected an integer >= 1, got {count!r}")
     op_id, tags = op_and_tags(inp)
     boots = bootstrap_list(inp.get("bootstrap"), count)  # before the op_id lookup: a replay is checked too
+    whole = inp.get("allOrNothing", False)
+    if not isinstance(whole, bool):
+        raise PluginError("invalid_request", f"allOrNothing: expected a boolean, got {whole!r}")
     state = call.state
-    fingerprint = ["create", tid, count]
+    fingerprint = ["create", tid, count] + (["whole"] if whole else [])
     replay = _replay(state, op_id, fingerprint, "already requested: same request, no new machines")
     if replay is not None:
         return replay
@@ -138,6 +142,8 @@ def request_machines(call: Call, inp: dict) -> dict:
     available = t["capacity"] - live_t
     if available <= 0:
         raise PluginError("capacity_unavailable", f"template {tid!r}: no capacity left")
+    if whole and available < count:  # all or nothing: what fits is not created
+        raise PluginError("capacity_unavailable", f"template {tid!r}: room for {available} of {count} (all or nothing)")
     made = min(count, available)
     why = "capacity"
     rule = call.plan.partial

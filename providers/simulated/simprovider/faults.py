@@ -11,7 +11,8 @@ Kinds and what they do (the engine applies them):
 - ``slow``: the answer comes ``delaySeconds`` late.
 - ``hang``, ``crash``, ``garbage``: the call takes effect, then the answer is lost: never sent, the process exits
   mid-answer, or a non-JSON line is sent instead. (That is the case the daemon's op_id retry exists for.)
-- ``partial``: ``requestMachines`` creates fewer machines than asked (``count``, or ``fraction`` of the ask).
+- ``partial``: ``requestMachines`` creates fewer machines than asked (``count``, or ``fraction`` of the ask), even
+  an all-or-nothing one (a plugin that breaks its promise: the daemon returns what it made).
 - ``foreign_id``: the call takes effect, then answers a requestId the plugin never made (``getRequestStatus`` says
   ``unknown request`` for it): a protocol violation the daemon must not take for "nothing made".
 - ``vanish``: ``count`` live machines disappear (oldest first): gone from listings, ``fail``/``terminated``.

@@ -40,6 +40,7 @@ LEGACY_FEATURES: Mapping[str, bool] = {
     "stopMachines": False,
     "tags": False,
     "priceQuotes": False,
+    "allOrNothing": False,
 }
 #: Machine statuses (the provider's own word) that mean the machine no longer runs.
 GONE_STATUSES = frozenset({"terminated", "terminating", "shutting-down", "stopped", "stopping", "deleted", "gone"})
@@ -80,6 +81,16 @@ _BY_FEATURE = (
             "owner tags",
             "machines carry no provisionerd tags: ownership rests on the requestIds the adapter recorded",
             "only machines seen in the adapter's own requests are ever returned",
+        ),
+    ),
+    (
+        "allOrNothing",
+        Guarantee(
+            "all-or-nothing requests",
+            "a request cannot ask for every machine or none: a demand item that needs all N (an MPI job) cannot "
+            "be served by this provider",
+            "the planner never sends it such an item; the item's unmet_demand note and provisionerd explain name "
+            "the missing feature",
         ),
     ),
 )

@@ -1,0 +1,110 @@
+"""All-or-nothing demand items (issue 35 item 5), on the lifecycle rig (MockClock; the real lease keepers, gate,
+executor, offer feed and reconcile loop against a fake controller and the in-memory provider).
+
+An MPI job's item of 4 is asked of one offer in one request, never split across offers; a provider that answers it
+in part has the machines it made returned (``all_or_nothing``) and the whole asked again after the offer's capacity
+back-off; a provider whose plugin does not declare ``features.allOrNothing`` is never asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from lifecycle_rig import BASE, CLUSTER, item
+
+from provisionerd.domain.model import InstanceFact, RequestFailed, RequestIntent, ReturnIntent
+from provisionerd.planner.policy import Policy, ProviderPolicy
+from provisionerd.testing.fake_provider import FakeProvider
+
+GANG = item("mpi", 4, all_or_nothing=True)
+
+
+def provider(**templates: int) -> FakeProvider:
+    """``small`` (room for 3, the cheaper) and ``large`` (room for 10): the cheapest offer cannot hold all 4."""
+    prices = {"small": 0.5, "large": 1.0}
+    return FakeProvider("p", templates or {"small": 3, "large": 10}, launch_time=int(BASE), prices=prices)
+
+
+class NoWholeRequests(FakeProvider):
+    """A plugin that does not declare ``features.allOrNothing`` (as every plugin that predates it)."""
+
+    def _describeProvider(self, doc: Any) -> dict[str, Any]:
+        out = super()._describeProvider(doc)
+        out["features"].pop("allOrNothing")
+        return out
+
+
+def policy() -> Policy:
+    own = ProviderPolicy(idle_time=600.0, step_limit=2)  # a gang larger than the step goes into an empty window
+    return Policy(
+        cluster=CLUSTER, idle_time=600.0, join_deadline=900.0, provisioning_timeout=600.0, providers={"p": own}
+    )
+
+
+def test_an_all_or_nothing_item_is_asked_of_one_offer_in_one_request(run_rig):
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, GANG)
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 4)
+
+    rig = run_rig(scenario, {"p": provider()}, policy=policy())
+    (intent,) = rig.facts(RequestIntent)
+    assert (intent.template_id, intent.count, intent.all_or_nothing) == ("large", 4, True)
+    ((_, asked),) = rig.calls("p", "requestMachines")
+    assert asked["allOrNothing"] is True and asked["template"]["machineCount"] == 4
+    assert {m["template"] for m in rig.running()} == {"large"}
+
+
+def test_the_same_item_without_the_flag_is_split_over_the_cheaper_offer_first(run_rig):
+    """The contrast: the planner's ordinary fill takes the cheaper offer's 3, then 1 more elsewhere."""
+
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, item("mpi", 4))
+        await rig.wait_for(lambda: len(rig.facts(InstanceFact)) == 4, limit=120.0)
+
+    rig = run_rig(scenario, {"p": provider()}, policy=policy())
+    assert sorted((i.template_id, i.count) for i in rig.facts(RequestIntent)) == [
+        ("large", 1),
+        ("small", 1),
+        ("small", 2),
+    ]
+
+
+def test_a_partial_answer_is_returned_whole_and_the_whole_is_asked_again(run_rig):
+    seen: dict = {}
+
+    async def scenario(rig, nursery):
+        rig.providers["p"].fall_short = 1  # the cloud launches 3 of 4 and says complete_with_error
+        rig.session.set_demand(1, GANG)
+        await rig.wait_for(lambda: len(rig.facts(ReturnIntent)) == 1, limit=120.0)
+        seen["block"] = rig.loop.state.capacity.offer_block(("p", "large"), BASE + trio.current_time())
+        await rig.wait_for(lambda: len(rig.facts(RequestIntent)) == 2, limit=600.0)
+        await rig.wait_for(lambda: len(rig.running()) == 4, limit=120.0)
+        seen["failed"] = rig.facts(RequestFailed)
+
+    rig = run_rig(scenario, {"p": provider()}, policy=policy())
+    first, second = rig.facts(RequestIntent)
+    assert (first.count, second.count) == (4, 4) and first.all_or_nothing and second.all_or_nothing
+    (failed,) = seen["failed"]
+    assert failed.op_id == first.op_id and failed.reason.startswith("partial: 3 of 4")
+    (back,) = rig.facts(ReturnIntent)
+    made_first = sorted(f.machine_id for f in rig.facts(InstanceFact) if f.op_id == first.op_id)
+    assert back.reason == "all_or_nothing" and sorted(back.machine_ids) == made_first and len(made_first) == 3
+    # The whole is asked again only after the offer's capacity back-off, and all 4 run from the second op.
+    assert seen["block"] is not None and seen["block"].startswith("capacity_unavailable until"), seen["block"]
+    assert {m["tags"]["provisionerd:op"] for m in rig.running()} == {second.op_id}
+
+
+def test_a_provider_that_cannot_say_all_or_nothing_is_never_asked(run_rig):
+    seen: dict = {}
+
+    async def scenario(rig, nursery):
+        rig.session.set_demand(1, GANG)
+        await rig.wait_for(lambda: bool(rig.events_of("plan_note", kind="unmet_demand")), limit=120.0)
+        seen["notes"] = [e["detail"] for e in rig.events_of("plan_note", kind="unmet_demand")]
+        await trio.sleep(120.0)  # many passes: still nothing asked
+
+    plugin = NoWholeRequests("p", {"large": 10}, launch_time=int(BASE))
+    rig = run_rig(scenario, {"p": plugin}, policy=policy())
+    assert rig.facts(RequestIntent) == [] and rig.calls("p", "requestMachines") == []
+    assert any("cannot launch all or nothing" in note for note in seen["notes"]), seen["notes"]
