@@ -22,7 +22,7 @@ WORKLOADS = ("any", "gate", "lifecycle")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from provisionerd.testing.simulation.faults import FLEET_CHANCE, LEGACY_CHANCE, NOTICE_CHANCE
+    from provisionerd.testing.simulation.faults import FLEET_CHANCE, GANG_CHANCE, LEGACY_CHANCE, NOTICE_CHANCE
 
     p = argparse.ArgumentParser(prog="provisionerd simulate", description="seeded whole-system simulation campaign")
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
@@ -73,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the chance that one joined machine of a lifecycle run gets a spot interruption notice and is taken"
         f" back at its end (default {NOTICE_CHANCE}; 0: none)",
     )
+    p.add_argument(
+        "--gang-share",
+        type=float,
+        default=GANG_CHANCE,
+        metavar="P",
+        help="the chance that a non-legacy lifecycle run's demand is all or nothing, with a cloud that answers some"
+        f" of those requests in part (default {GANG_CHANCE}; 0: none)",
+    )
     return p
 
 
@@ -82,21 +90,27 @@ def _overrides(
     legacy_share: float = 0.0,
     fleet_share: float = 0.0,
     notice_share: float = 0.0,
+    gang_share: float = 0.0,
 ) -> dict[str, Any]:
     from provisionerd.testing.simulation import churn
 
     if churn_hours > 0:
         return churn.settings_for(churn_hours)
     drawn: dict[str, Any] = {} if workload == "any" else {"workload": workload}
-    shares = {"legacy_share": legacy_share, "fleet_share": fleet_share, "notice_share": notice_share}
+    shares = {
+        "legacy_share": legacy_share,
+        "fleet_share": fleet_share,
+        "notice_share": notice_share,
+        "gang_share": gang_share,
+    }
     return {**drawn, **{name: share for name, share in shares.items() if share}}
 
 
 def _run(job: Job) -> dict[str, Any]:
     from provisionerd.testing.simulation import World, run_world
 
-    seed, workload, budget, churn_hours, legacy_share, fleet_share, notice_share = job
-    drawn = _overrides(workload, churn_hours, legacy_share, fleet_share, notice_share)
+    seed, workload, budget, churn_hours, *shares = job
+    drawn = _overrides(workload, churn_hours, *shares)
     world = World(seed, keep_trace=False, **drawn)
     result = run_world(world, wall_budget=budget)
     first = result.first
@@ -115,7 +129,7 @@ def _run(job: Job) -> dict[str, Any]:
     return line
 
 
-Job = tuple[int, str, float, float, float, float, float]
+Job = tuple[int, str, float, float, float, float, float, float]
 
 
 def _results(jobs: list[Job], processes: int) -> Iterator[dict[str, Any]]:
@@ -134,10 +148,12 @@ def _trace(
     legacy_share: float = 0.0,
     fleet_share: float = 0.0,
     notice_share: float = 0.0,
+    gang_share: float = 0.0,
 ) -> int:
     from provisionerd.testing.simulation import World, run_world
 
-    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, legacy_share, fleet_share, notice_share))
+    shares = (legacy_share, fleet_share, notice_share, gang_share)
+    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, *shares))
     print(
         json.dumps(
             {"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
@@ -173,20 +189,38 @@ def main(argv: list[str]) -> int:
         or not 0 <= args.legacy_share <= 1
         or not 0 <= args.fleet_share <= 1
         or not 0 <= args.notice_share <= 1
+        or not 0 <= args.gang_share <= 1
     ):
         print(
             "provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0,"
-            " --churn between 0 and 8760 hours, --legacy-share, --fleet-share and --notice-share between 0 and 1",
+            " --churn between 0 and 8760 hours, --legacy-share, --fleet-share, --notice-share and --gang-share"
+            " between 0 and 1",
             file=sys.stderr,
         )
         return 2
     if args.trace is not None:
         return _trace(
-            args.trace, args.workload, budget, args.churn, args.legacy_share, args.fleet_share, args.notice_share
+            args.trace,
+            args.workload,
+            budget,
+            args.churn,
+            args.legacy_share,
+            args.fleet_share,
+            args.notice_share,
+            args.gang_share,
         )
     started = time.perf_counter()
     jobs = [
-        (seed, args.workload, budget, args.churn, args.legacy_share, args.fleet_share, args.notice_share)
+        (
+            seed,
+            args.workload,
+            budget,
+            args.churn,
+            args.legacy_share,
+            args.fleet_share,
+            args.notice_share,
+            args.gang_share,
+        )
         for seed in range(args.start, args.start + args.seeds)
     ]
     failing, virtual = 0, 0.0

@@ -155,7 +155,7 @@ class Allocator:
         requirement = requirement_of(item)
         compatible, incompatible = self.catalog.ranking(requirement)
         if item.all_or_nothing:
-            self._serve_whole(item, compatible, incompatible, (wanted, active, outstanding, deficit), notes)
+            self._serve_whole(item, pool, compatible, incompatible, (wanted, active, outstanding, deficit), notes)
             return
         reused = 0
         if pool:  # reuse before buying: idle machines of compatible offers, cheapest offer first
@@ -243,24 +243,32 @@ class Allocator:
     def _serve_whole(
         self,
         item: DemandItem,
+        pool: dict[OfferKey, list[IdleEntry]],
         compatible: tuple[ParsedOffer, ...],
         incompatible: tuple[Rejection, ...],
         figures: tuple[int, int, int, int],
         notes: list[Note],
     ) -> None:
-        """An all-or-nothing item (``planner.gang``): its whole deficit from the first compatible offer with room
-        for all of it, in one request, or nothing and a note naming what held each offer. No reuse."""
+        """An all-or-nothing item (``planner.gang``): its whole deficit from the first compatible offer that holds
+        all of it (its idle machines in ``pool`` first, then one request for the rest), or nothing and a note
+        naming what held each offer. Never two offers."""
         wanted, active, outstanding, deficit = figures
         blocked: list[Rejection] = []
         filled: list[Rejection] = []
         chosen: ParsedOffer | None = None
+        reused = need = 0
         for parsed in compatible:
             key = parsed.key
+            reused = min(len(pool.get(key, ())), deficit)
+            need = deficit - reused
+            if not need:
+                chosen = parsed
+                break
             why = self.blocked.get(key[0]) or self.capacity.offer_block(key, self.now) or self._full(key, parsed.offer)
             if why is not None:
                 blocked.append(Rejection(key[0], key[1], (why,)))
                 continue
-            short = self._short_of(parsed, deficit)
+            short = self._short_of(parsed, need)
             if short is not None:
                 filled.append(Rejection(key[0], key[1], (short,)))
                 continue
@@ -269,18 +277,23 @@ class Allocator:
         requested: tuple[tuple[OfferKey, int], ...] = ()
         if chosen is not None:
             key = chosen.key
-            self.counts.load[key] = self.counts.load.get(key, 0) + deficit
-            self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + deficit
-            self._add_use(chosen, deficit)
-            self.step_room -= deficit
-            own_room = self._room_of(key[0])
-            if own_room is not None:
-                self._provider_room[key[0]] = own_room - deficit
-                if own_room - deficit <= 0:
-                    self.saturated.add(key[0])
-            requested = ((key, deficit),)
-            self.requests.append((item.demand_id, key, deficit))
+            entries = pool.get(key)
+            if entries and reused:
+                del entries[len(entries) - reused :]  # the most recently idle go first, as in serve
+            if need:
+                self.counts.load[key] = self.counts.load.get(key, 0) + need
+                self.provider_load[key[0]] = self.provider_load.get(key[0], 0) + need
+                self._add_use(chosen, need)
+                self.step_room -= need
+                own_room = self._room_of(key[0])
+                if own_room is not None:
+                    self._provider_room[key[0]] = own_room - need
+                    if own_room - need <= 0:
+                        self.saturated.add(key[0])
+                requested = ((key, need),)
+                self.requests.append((item.demand_id, key, need))
         else:
+            reused = 0
             stops = [*filled, *blocked]
             if not compatible:
                 detail = f"{deficit} machine(s) not requested: all or nothing, and no compatible offer"
@@ -300,7 +313,7 @@ class Allocator:
                 wanted,
                 active,
                 outstanding,
-                0,
+                reused,
                 requested,
                 0 if chosen is not None else deficit,
                 tuple(blocked),

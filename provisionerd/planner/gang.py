@@ -2,16 +2,17 @@
 
 Pure; part of :func:`provisionerd.planner.plan.plan`. An item with ``all_or_nothing`` is served whole or not at all:
 
-- **One offer, one op.** Its deficit is asked of one offer in one ``RequestMachines`` (``Allocator.serve``), the first
-  in choice order (priority, then price) with room for all of it under ``maxNumber``, the provider's cap and its
-  resource limits. It never reuses another item's idle machines (they would split it across offers), and it is
-  never split across offers. A deficit larger than a step limit goes alone into an empty step window (it could
-  never go otherwise); one that fits waits for room like any request. When no offer has room for the whole deficit,
-  nothing is asked and an ``unmet_demand`` note says so, naming what held each offer.
+- **One offer, one op.** Its deficit is served by one offer (``Allocator.serve``): the first in choice order
+  (priority, then price) whose idle machines (other items' surplus, warm headroom) and room for one
+  ``RequestMachines`` of the rest hold all of it, under ``maxNumber``, the provider's cap and its resource limits.
+  Idle machines of any other offer are never taken (they would split it), and it is never split across offers. A
+  deficit larger than a step limit goes alone into an empty step window (it could never go otherwise); one that fits
+  waits for room like any request. When no offer has room for the whole deficit, nothing is asked and an
+  ``unmet_demand`` note says so, naming what held each offer.
 - **Only where the plugin can say it.** Offers of a provider whose plugin does not declare
-  ``features.allOrNothing`` are incompatible with such an item (``Catalog.gang``, read from ``describeProvider``;
-  ``offers.gang_unsupported`` says why).
-  The legacy LSF contract has no way to say it, so a legacy provider never gets one.
+  ``features.allOrNothing`` are incompatible with such an item (``Catalog.gang``, read from ``describeProvider`` by
+  the reconcile loop while the demand holds such an item; ``offers.gang_unsupported`` says why). The legacy LSF
+  contract has no way to say it, so a legacy provider never gets one.
 - **A partial answer is returned whole.** A request op of such an item that ends with fewer machines than it asked
   for (``RequestFailed``: a partial answer, a timeout, a recovery that found fewer) has the machines it made
   returned with reason ``all_or_nothing`` (:func:`broken_members`): at once when not joined or idle, when idle if

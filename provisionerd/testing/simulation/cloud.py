@@ -23,6 +23,7 @@ call starts.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -53,10 +54,21 @@ class SimCloud(FakeProvider):
         templates: Mapping[str, int],
         idempotent: bool = True,
         latency: float = 0.2,
+        gang_partial: float = 0.0,
+        gang_rng: random.Random | None = None,
+        gang_until: float = math.inf,
     ) -> None:
+        """``gang_partial``: the share of new all-or-nothing requests answered in part (one machine fewer) before
+        ``gang_until`` (trio's clock: the faults' horizon, so that the world can settle after), drawn from
+        ``gang_rng`` (so that no other draw of the cloud changes)."""
         super().__init__(name, templates, latency=latency)
         self.rng = rng
         self.recorder = recorder
+        self.gang_partial = gang_partial
+        self._gang_rng = gang_rng or random.Random(0)
+        self._gang_until = gang_until
+        #: op_id -> machines asked, of each all-or-nothing request that reached the cloud (``check_whole_ops``).
+        self.whole_asked: dict[str, int] = {}
         self.idempotent = idempotent
         self.fault: str | None = None  # the current fault window's kind
         self.fault_rate = 0.0
@@ -209,6 +221,12 @@ class SimCloud(FakeProvider):
         if not self.idempotent and op_id in self.ops:
             del self.ops[op_id]  # no client token: the cloud does not know it has seen this request
         before = set(self.machines)
+        count = int(doc["template"]["machineCount"])
+        if doc.get("allOrNothing") and op_id not in self.ops:
+            self.whole_asked[op_id] = count
+            broken = self.gang_partial and trio.current_time() < self._gang_until
+            if count >= 2 and broken and self._gang_rng.random() < self.gang_partial:
+                self.fall_short = 1  # the promise broken: one machine fewer, complete_with_error
         self.launch_time = int(WALL_EPOCH + trio.current_time())  # the cloud's clock agrees with the world's
         out = super()._requestMachines(doc)
         new = tuple(m for m in self.machines if m not in before)

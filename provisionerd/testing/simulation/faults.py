@@ -114,6 +114,10 @@ FLEET_CHANCE = 0.3
 #: worker reports ``reclaim_at``, and the cloud takes it back then. Drawn by ``World`` after the fleet policy
 #: (``simulate --notice-share``).
 NOTICE_CHANCE = 0.3
+#: The share of lifecycle worlds whose demand item is all or nothing (issue 35 item 5): the daemon asks for its
+#: machines whole, and the cloud breaks the promise on a share of those requests (it launches one fewer), which the
+#: daemon must return whole. Drawn by ``World`` after the notice (``simulate --gang-share``).
+GANG_CHANCE = 0.3
 
 
 @attrs.frozen

@@ -39,6 +39,8 @@ violation names its invariant with a stable word (the ``simulate`` command print
 ``notice_ignored``           a machine with a spot interruption notice was still unreturned when the cloud took it
                              back, though no fault touched the notice's span and a daemon ran throughout (issue 34:
                              an idle noticed machine is returned at once and replaced in the same plan)
+``partial_gang_kept``        an all-or-nothing request the cloud answered in part still had a machine running at the
+                             end (issue 35 item 5: what such an op made is returned whole, after any restart)
 
 Why the lease check has two parts: at any instant at most one instance may trust the lease (checked whenever a
 belief starts or is extended); and across epochs the older holder's trust must have ended no later than the
@@ -83,6 +85,7 @@ INVARIANTS = (
     "joined_retired_as_never_joined",
     "failed_with_machines",
     "notice_ignored",
+    "partial_gang_kept",
 )
 
 #: The intent kind a mutating provider action needs.

@@ -105,8 +105,9 @@ def draw_demand(rng: random.Random, horizon: float) -> tuple[DemandStep, ...]:
     return tuple(steps)
 
 
-def demand_items(count: int) -> list[DemandItem]:
-    return [DemandItem(demand_id=DEMAND_ID, shape=ResourceShape(ncpus=1), count=count)] if count else []
+def demand_items(count: int, all_or_nothing: bool = False) -> list[DemandItem]:
+    item = DemandItem(demand_id=DEMAND_ID, shape=ResourceShape(ncpus=1), count=count, all_or_nothing=all_or_nothing)
+    return [item] if count else []
 
 
 class Workers:
@@ -252,7 +253,7 @@ async def drive_demand(world: World, steps: tuple[DemandStep, ...]) -> None:
         while True:
             assert world.cluster is not None
             try:
-                changed = world.cluster.set_demand(demand_items(step.count))
+                changed = world.cluster.set_demand(demand_items(step.count, world.settings.all_or_nothing))
             except ValueError as exc:
                 world.recorder.note("demand", "refused", count=step.count, detail=str(exc)[:120])
                 if trio.current_time() + STORAGE_RETRY >= next_at:
@@ -266,11 +267,15 @@ async def drive_demand(world: World, steps: tuple[DemandStep, ...]) -> None:
 
 
 def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
-    """After the faults and the settle time: the provider runs exactly the wanted machines (within caps)."""
+    """After the faults and the settle time: the provider runs exactly the wanted machines (within caps), all
+    joined. An all-or-nothing item the caps cannot hold whole keeps what it had (level-triggered: machines that serve
+    it are not returned) and gets nothing more, so any count up to the caps is converged."""
     s = world.settings
     # Warm headroom adds its machines above the demand; the CPU limit (2 a machine) and the caps bound both.
     cpu_room = s.cpu_limit // 2 if s.cpu_limit else s.provider_cap
-    wanted = min(steps[-1].count + s.headroom, s.capacity, s.provider_cap, cpu_room)
+    room = min(s.capacity, s.provider_cap, cpu_room)
+    wanted = min(steps[-1].count + s.headroom, room)
+    fewest = 0 if s.all_or_nothing and steps[-1].count > room else wanted
     # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).
     current = None if world.cluster is None else world.cluster.store
     # So are a legacy plugin's machines that the orphan report names (a lost call's, not told apart from another's).
@@ -283,12 +288,30 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
         and m["machineId"] not in reported
     ]
     joined = [m for m in ours if m["instanceRef"] in world.workers.joined]
-    if len(ours) != wanted or len(joined) != wanted:
+    if not fewest <= len(ours) <= wanted or len(joined) != len(ours):
         world.recorder.violate(
             "no_convergence",
             f"{len(ours)} machines running ({len(joined)} joined) "
             f"{s.settle:g}s after the last fault; demand wants {wanted}",
         )
+
+
+def check_whole_ops(world: World) -> None:
+    """All-or-nothing worlds (issue 35 item 5): ``partial_gang_kept`` when an all-or-nothing request the cloud
+    answered in part (it made fewer machines than asked: ``SimCloud.gang_partial``) still has a machine running at
+    the end, past the settle time. The daemon must return what such an op made, whatever died meanwhile. Machines a
+    lost controller store explained are the admin's (as in the convergence check)."""
+    current = None if world.cluster is None else world.cluster.store
+    running = {m["machineId"]: m for m in world.cloud.running()}
+    for op_id, count in sorted(world.cloud.whole_asked.items()):
+        made = [m for creation in world.recorder.creations.get(op_id, ()) for m in creation.machine_ids]
+        if not 0 < len(made) < count:
+            continue
+        kept = [m for m in made if m in running and not world.losses.explained(running[m], current)]
+        if kept:
+            world.recorder.violate(
+                "partial_gang_kept", f"op {op_id}: {len(made)} of {count} made, still running at the end: {kept}"
+            )
 
 
 #: A notice is judged only when no fault came within this many seconds before it or during its span (the effects of
