@@ -108,3 +108,22 @@ def test_a_provider_that_cannot_say_all_or_nothing_is_never_asked(run_rig):
     rig = run_rig(scenario, {"p": plugin}, policy=policy())
     assert rig.facts(RequestIntent) == [] and rig.calls("p", "requestMachines") == []
     assert any("cannot launch all or nothing" in note for note in seen["notes"]), seen["notes"]
+
+
+def test_a_legacy_client_is_known_not_to_launch_all_or_nothing_without_being_asked():
+    """The legacy LSF adapter knows its features without a call (all false): the book answers at once, and the
+    planner's catalog never names it among the providers that launch all or nothing."""
+    from provisionerd.execution.provider_features import FeatureBook
+    from provisionerd.provider.legacy.rules import LEGACY_FEATURES
+    from provisionerd.provider.values import Features
+
+    class LegacyClient:
+        known_features = Features.from_mapping(LEGACY_FEATURES)
+
+        async def describe_provider(self, **_: Any) -> Any:
+            raise AssertionError("a legacy plugin is never asked describeProvider")
+
+    book = FeatureBook({"lsf": LegacyClient()})  # type: ignore[dict-item]
+    known = book.known("lsf")
+    assert known is not None and not known.all_or_nothing
+    assert trio.run(book.read, "lsf") == known

@@ -74,7 +74,11 @@ def test_cli_refuses_bad_arguments_and_input(
 
 def test_demand_document_is_checked_strictly() -> None:
     assert parse_demand(DEMAND)[0].shape.gpu_type == "a100"
+    assert not parse_demand(DEMAND)[0].all_or_nothing
+    (whole,) = parse_demand('[{"demand_id": "mpi", "shape": {}, "count": 4, "all_or_nothing": true}]')
+    assert whole.all_or_nothing and whole.count == 4
     for text, fragment in [
+        ('[{"demand_id": "x", "shape": {}, "count": 4, "all_or_nothing": 1}]', "1 is not of type 'boolean'"),
         ('[{"demand_id": "x", "shape": {}, "count": "5"}]', "'5' is not of type 'integer'"),
         ('[{"demand_id": "x", "shape": {}, "count": 5.7}]', "5.7 is not of type 'integer'"),
         ('[{"demand_id": "x", "shape": {"cpus": 1}, "count": 1}]', "Additional properties"),
