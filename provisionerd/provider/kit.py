@@ -40,6 +40,11 @@ CLUSTER = "conformance"
 RETURN_ROW = "every machine the kit asked for is returned"
 IDEMPOTENT_ROW = "same op_id twice gives the same requestId and no new machine"
 LICENSE_ROW = "licence pools: listLicenses pages join up, returnLicenses refuses an unknown pool"
+ALL_OR_NOTHING_ROW = "an all-or-nothing request the template cannot hold creates nothing"
+#: ``requestMachines.input.json``: ``template.machineCount`` at most this (and ``bootstrap`` as many entries).
+MAX_MACHINE_COUNT = 10000
+#: The answers that refuse an all-or-nothing request whole: no room, a limit, or a count above ``maxNumber``.
+ALL_OR_NOTHING_REFUSALS = ("capacity_unavailable", "quota_exceeded", "invalid_request")
 OWNER_KEYS = ("provisionerd:cluster", "provisionerd:provider", "provisionerd:op", "provisionerd:epoch")
 
 
@@ -83,11 +88,17 @@ ROWS = (
     "getReturnRequests is valid",
     "an invalid request gives a typed error",
     LICENSE_ROW,
+    ALL_OR_NOTHING_ROW,
 )
 
 
 class CheckFailed(Exception):
     """A check's expectation did not hold; the message is the row's detail."""
+
+
+class CheckUnprovable(Exception):
+    """A check could not be provoked, so it proves nothing either way: a passed row with a warning (WARN), the
+    message its detail."""
 
 
 class _Recorder:
@@ -144,6 +155,9 @@ class Kit:
             value = await body()
         except (CheckFailed, ProviderError) as exc:
             self.rows.append(CheckResult(name, False, _describe(exc)))
+            return None
+        except CheckUnprovable as exc:
+            self.rows.append(CheckResult(name, True, str(exc), warning=True))
             return None
         detail = value[1] if isinstance(value, tuple) else value if isinstance(value, str) else ""
         self.rows.append(CheckResult(name, True, detail))
@@ -267,6 +281,7 @@ class Kit:
         await self.step(ROWS[12], lambda: self.check_return_requests(machines))
         await self.step(ROWS[13], self.check_invalid)
         await self.step(ROWS[14], lambda: self.check_licenses(self.described))
+        await self.step(ROWS[15], lambda: self.check_all_or_nothing(self.described, template))
 
     async def _cluster_listing(self) -> dict[str, dict[str, Any]] | None:
         """The cluster's listing, or None when the plugin cannot list or its answer is refused (the listing rows
@@ -547,6 +562,72 @@ class Kit:
             raise CheckFailed(f"returnLicenses accepted a pool that does not exist: {answer}")
         idle = sum(g["granted"] - g["inUse"] for g in join.items)
         return f"{len(join.items)} pools in {join.pages} pages, {idle} units granted and idle; unknown pool refused"
+
+    async def check_all_or_nothing(
+        self, features: dict[str, bool] | None, template: dict[str, Any] | None
+    ) -> tuple[bool, str]:
+        """Only for a plugin whose features say ``allOrNothing`` (any other is never asked, and the row says so):
+        ``maxNumber + 1`` machines of the kit's template, all or nothing, under a fresh op_id. The template cannot
+        hold them, so the answer must be a typed refusal (``ALL_OR_NOTHING_REFUSALS``) and the op's listing must
+        show no live machine. A plugin that accepts instead fails, naming how many machines it made; whatever it
+        made is the kit's to return (``return_everything``: the op stays in ``asked``)."""
+        if features is None:
+            raise CheckFailed(
+                "not checked: describeProvider gave no valid answer (see its row), so whether the plugin declares"
+                " allOrNothing is unknown"
+            )
+        if not features.get("allOrNothing"):
+            return True, "never asked (allOrNothing not declared)"
+        if template is None:
+            raise CheckFailed("not run: getAvailableTemplates gave no usable template (see its row)")
+        tid, count = template["templateId"], template["maxNumber"] + 1
+        if count > MAX_MACHINE_COUNT:
+            raise CheckUnprovable(
+                f"cannot be provoked: template {tid!r} holds maxNumber {template['maxNumber']}, and a request of"
+                f" more than {MAX_MACHINE_COUNT} machines breaks the schema"
+            )
+        op_id = f"conformance-aon-{self._nonce}"
+        asked = f"{count} machines of {tid!r} (maxNumber + 1), all or nothing"
+        try:
+            out = await self.ask({**self.request_input(op_id, tid, count), "allOrNothing": True})
+        except ProviderRejected as exc:
+            if exc.code not in ALL_OR_NOTHING_REFUSALS:
+                expected = ", ".join(map(repr, ALL_OR_NOTHING_REFUSALS))
+                raise CheckFailed(f"{asked}: expected {expected}, got {exc.code!r}: {exc.message[:200]!r}") from None
+            refused = exc.code
+        else:
+            made = await self._made_by(op_id, out["requestId"])
+            raise CheckFailed(
+                f"{asked}: the plugin accepted it (requestId {out['requestId']!r}) and made {len(made)} machines"
+                f"{': ' + ', '.join(sorted(made)[:5]) if made else ''}"
+            )
+        if not self.can_list:
+            return True, f"{asked} -> {refused} (the plugin cannot list, so no machine was looked for)"
+        listed = await self.listed({"provisionerd:cluster": CLUSTER, "provisionerd:op": op_id})
+        alive = sorted(mid for mid, m in listed.items() if machine_alive(m))
+        if alive:
+            self.asked.setdefault(op_id, [])  # refused, yet it made machines: the cleanup returns them
+            raise CheckFailed(
+                f"{asked} -> {refused}, yet listMachines shows {len(alive)} machines of the op: {', '.join(alive[:5])}"
+            )
+        return True, f"{asked} -> {refused}; listMachines shows no machine of the op"
+
+    async def _made_by(self, op_id: str, request_id: str) -> dict[str, dict[str, Any]]:
+        """The live machines a request made: its settled status's, and (for a plugin that lists) the op's listing.
+        A status that does not settle leaves the listing to say it."""
+        made: dict[str, dict[str, Any]] = {}
+        try:
+            entry = await self.settle(request_id)
+        except (CheckFailed, ProviderError):
+            pass
+        else:
+            made.update((m["machineId"], m) for m in entry["machines"])
+        if self.can_list:
+            try:
+                made.update(await self.listed({"provisionerd:cluster": CLUSTER, "provisionerd:op": op_id}))
+            except ProviderError:
+                pass
+        return {mid: m for mid, m in made.items() if machine_alive(m)}
 
     async def check_tokens(self) -> str:
         echoed = sum(1 for token in self.tokens if any(token in text for text in self.rpc.texts))

@@ -6,8 +6,14 @@ import pytest
 import trio
 import trio.testing
 
-from provisionerd.domain.errors import ProviderCrashed, ProviderInputInvalid, ProviderRejected, ProviderTimeout
-from provisionerd.provider.kit import IDEMPOTENT_ROW, RETURN_ROW, ROWS, Kit, KitOptions
+from provisionerd.domain.errors import (
+    CapacityUnavailable,
+    ProviderCrashed,
+    ProviderInputInvalid,
+    ProviderRejected,
+    ProviderTimeout,
+)
+from provisionerd.provider.kit import ALL_OR_NOTHING_ROW, IDEMPOTENT_ROW, RETURN_ROW, ROWS, Kit, KitOptions
 from provisionerd.testing.fake_provider import FakeProvider
 
 
@@ -75,3 +81,47 @@ def test_the_checks_stop_at_the_budget_and_say_which_rows_it_cut():
     assert set(ROWS) <= set(rows)  # every row is reported, reached or not
     assert rows[RETURN_ROW].ok, rows[RETURN_ROW]  # the cleanup runs after the budget, on its own bound
     assert elapsed <= 2.2 + 2 + 2 * 5, elapsed
+
+
+def test_the_all_or_nothing_row_passes_on_the_fake_and_warns_when_it_cannot_be_provoked():
+    async def main(templates):
+        return {r.name: r for r in await Kit(FakeProvider(templates=templates)).run()}
+
+    row = run_mock(lambda: main({"small": 10}))[ALL_OR_NOTHING_ROW]
+    assert row.ok and not row.warning
+    assert row.detail == (
+        "11 machines of 'small' (maxNumber + 1), all or nothing -> capacity_unavailable;"
+        " listMachines shows no machine of the op"
+    )
+    rows = run_mock(lambda: main({"huge": 10000}))
+    row = rows[ALL_OR_NOTHING_ROW]
+    assert row.ok and row.warning, row
+    assert row.detail.startswith("cannot be provoked: template 'huge' holds maxNumber 10000"), row
+    assert all(r.ok for r in rows.values()), [r for r in rows.values() if not r.ok]
+
+
+class _RefusesAfterMaking(FakeProvider):
+    """Declares allOrNothing, makes one machine of an all-or-nothing request, then refuses it anyway."""
+
+    def _requestMachines(self, doc):
+        if not doc.get("allOrNothing"):
+            return super()._requestMachines(doc)
+        one = {**doc, "template": {**doc["template"], "machineCount": 1}, "bootstrap": doc["bootstrap"][:1]}
+        super()._requestMachines(one)
+        raise CapacityUnavailable(self.name, "requestMachines", "no room for all")
+
+
+def test_a_refusal_that_left_a_machine_fails_the_row_and_the_cleanup_returns_it():
+    async def main():
+        fake = _RefusesAfterMaking()
+        rows = {r.name: r for r in await Kit(fake).run()}
+        return rows, [m for m in fake.machines.values() if m["status"] == "running"]
+
+    rows, running = run_mock(main)
+    row = rows[ALL_OR_NOTHING_ROW]
+    assert not row.ok
+    assert row.detail.startswith(
+        "11 machines of 'small' (maxNumber + 1), all or nothing -> capacity_unavailable, yet listMachines shows 1"
+        " machines of the op: m-"
+    ), row
+    assert rows[RETURN_ROW].ok and running == [], rows[RETURN_ROW]

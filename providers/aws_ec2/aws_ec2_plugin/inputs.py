@@ -31,6 +31,8 @@ class CreateRequest:
     owner_tags: Mapping[str, str]
     bootstraps: tuple[Mapping[str, Any], ...]
     passthrough: Mapping[str, Any]
+    #: ``allOrNothing``: every machine of the request or none (``create``: what a short call launched is terminated).
+    all_or_nothing: bool = False
 
 
 def _bad(message: str) -> PluginError:
@@ -97,7 +99,10 @@ def create_request(doc: object, config: Config, cluster: str | None) -> CreateRe
     passthrough = doc.get("userData", {})
     if not isinstance(passthrough, dict):
         raise _bad("userData must be a JSON object")
-    return CreateRequest(template, op_id, tags, tuple(bootstraps), passthrough)
+    whole = doc.get("allOrNothing", False)
+    if not isinstance(whole, bool):
+        raise _bad(f"allOrNothing must be a boolean, not {whole!r}")
+    return CreateRequest(template, op_id, tags, tuple(bootstraps), passthrough, whole)
 
 
 def _check_bootstrap(entry: object, i: int) -> None:

@@ -96,6 +96,20 @@ def unseen_machine(kind: str, machine_id: str, instance_ref: str, age: float, gr
     }
 
 
+def rolled_back_machine(machine_id: str, instance_ref: str) -> dict[str, Any]:
+    """An entry for a machine an all-or-nothing request launched and terminated (it fell short) that
+    DescribeInstances does not show: failed, whatever its visibility."""
+    return {
+        "machineId": machine_id,
+        "name": machine_id,
+        "privateIpAddress": None,
+        "instanceRef": instance_ref,
+        "result": "fail",
+        "status": "terminated",
+        "message": "terminated: the all-or-nothing request fell short",
+    }
+
+
 def request_status(machines: Sequence[Mapping[str, Any]], failed_slots: int) -> tuple[str, str]:
     """``(status, message)`` of a request from its machine entries and the slots that could not be launched."""
     results = [m["result"] for m in machines]

@@ -88,8 +88,15 @@ class Plugin:
     # --- read-only --------------------------------------------------------------------------------------------
 
     def describe_provider(self, doc: dict[str, Any]) -> dict[str, Any]:
-        # Only prices the config documents (source and date); this plugin queries no price API.
-        return describe(self.provider_name, __version__, stop_machines=True, price_quotes=self.config.has_prices)
+        # Only prices the config documents (source and date); this plugin queries no price API. allOrNothing: a
+        # request that falls short terminates what it launched and is refused (create.py).
+        return describe(
+            self.provider_name,
+            __version__,
+            stop_machines=True,
+            price_quotes=self.config.has_prices,
+            allOrNothing=True,
+        )
 
     def get_available_templates(self, doc: dict[str, Any]) -> dict[str, Any]:
         return {"templates": [t.as_contract() for t in self.config.templates.values()]}
@@ -138,7 +145,9 @@ class Plugin:
     def request_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
         request = inputs.create_request(doc, self.config, self.cluster)
         with self.records.exclusive(request.op_id):
-            return request_machines(self.ec2, self.records, request, self.config.launch_batch_size)
+            return request_machines(
+                self.ec2, self.records, request, self.config.launch_batch_size, self.config.terminate_batch_size
+            )
 
     def request_return_machines(self, doc: dict[str, Any]) -> dict[str, Any]:
         return self._release(doc, machines.RETURN)

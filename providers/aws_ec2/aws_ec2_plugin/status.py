@@ -3,7 +3,8 @@
 A request id is the op_id of a create, return or stop request. One DescribeInstances with a ``tag-value`` filter
 finds the instances of up to 200 requests at once; the tag that carries the id (``provisionerd:op``,
 ``provisionerd:return-op`` or ``provisionerd:stop-op``) says which kind of request it was. This host's record adds
-what tags cannot say (failed launch slots, ids not visible yet, returns of already terminated machines).
+what tags cannot say (failed launch slots, ids not visible yet, returns of already terminated machines, the
+machines an all-or-nothing request terminated when it fell short).
 """
 
 from __future__ import annotations
@@ -75,8 +76,13 @@ def _one(
     if record is not None:
         age = now - float(record.get("updated", now))
         if kind == machines.CREATE:
+            rolled_back = dict(record.get("rolledBack", {}))
             for ref, machine_id in dict(record.get("launched", {})).items():
-                if machine_id not in seen:
+                if machine_id in seen:
+                    continue
+                if ref in rolled_back:  # terminated by this plugin: never "not yet visible"
+                    entries.append(machines.rolled_back_machine(machine_id, ref))
+                else:
                     entries.append(machines.unseen_machine(kind, machine_id, ref, age, grace))
             failed_slots = len(record.get("failed", {}))
         else:

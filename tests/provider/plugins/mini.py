@@ -17,6 +17,8 @@ State lives in $PRO_DATA_DIR/state.json so separate one-shot calls agree. $PRO_C
                   filter (it kept no tags to filter by)
   bad_describe    describeProvider breaks its schema four times (name, version, contractVersion, features.tags)
   bad_list_status listMachines gives every machine a status that is not a string (the schema refuses the answer)
+  aon_fits        describeProvider declares allOrNothing, yet requestMachines makes what fits the template's
+                  maxNumber (all or nothing included) instead of refusing the request
   hang:<action>   that action never answers
 Usage: mini.py oneshot <action> -f <file> | mini.py serve
 """
@@ -62,18 +64,16 @@ def handle(state, action, doc):
         features = {"idempotentRequest": True, "listMachines": True, "stopMachines": False, "tags": "yes"}
         return {"name": "", "version": 1, "contractVersion": 2, "features": dict(features, priceQuotes=True)}
     if action == "describeProvider":
-        return {
-            "name": "mini",
-            "version": "1.0",
-            "contractVersion": 1,
-            "features": {
-                "idempotentRequest": True,
-                "listMachines": True,
-                "stopMachines": False,
-                "tags": True,
-                "priceQuotes": True,
-            },
+        features = {
+            "idempotentRequest": True,
+            "listMachines": True,
+            "stopMachines": False,
+            "tags": True,
+            "priceQuotes": True,
         }
+        if "aon_fits" in BREAKS:
+            features["allOrNothing"] = True
+        return {"name": "mini", "version": "1.0", "contractVersion": 1, "features": features}
     if action == "getAvailableTemplates":
         if "bad_json" in BREAKS:
             return "{templates: oops"
@@ -91,7 +91,11 @@ def handle(state, action, doc):
             state["seq"] += 1
             rid = f"req-{state['seq']}"
             ids = []
-            for b in doc["bootstrap"]:
+            boots = doc["bootstrap"]
+            if "aon_fits" in BREAKS:
+                live = sum(1 for m in state["machines"].values() if m["status"] != "terminated")
+                boots = boots[: max(0, TEMPLATES[tid]["maxNumber"] - live)]
+            for b in boots:
                 state["seq"] += 1
                 mid = f"m-{state['seq']}"
                 tagless = BREAKS & {"missing_tags", "tagless"}
