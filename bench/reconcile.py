@@ -169,6 +169,7 @@ def time_plan(n: int, repeat: int, templates: int = TEMPLATES) -> tuple[float, f
     catalog = Catalog(offers)
     plan(state, snapshot, view, catalog, hosts, NOW, policy)  # warm the rankings, as steady state has them
     gc.collect()  # the garbage of building the world is not the planner's
+    gc.freeze()  # as the daemon does after a full resync (controller.link._settle_heap): the GC never walks the view
     wall, cpu = [], []
     actions = 0
     for _ in range(repeat):
@@ -231,6 +232,7 @@ def main() -> None:
             f"n={n}, {templates} templates: plan {warm:.2f} ms wall / {cpu:.2f} ms CPU (medians of {args.repeat}; "
             f"fastest {fastest:.2f} ms), cold catalog {cold:.2f} ms, {actions} actions"
         )
+        gc.unfreeze()  # the world just timed is garbage now
         gc.collect()
     out = subprocess.run([sys.executable, __file__, "--rss-child"], check=True, capture_output=True, text=True)
     rss = round(float(out.stdout.strip().splitlines()[-1]), 1)

@@ -24,6 +24,7 @@ import attrs
 from provisionerd.domain.model import (
     NO_EPOCH,
     NO_QUOTE,
+    RELEASE_ON_COMPLETION,
     CommittedFact,
     DrainRequested,
     Epoch,
@@ -118,6 +119,9 @@ class FactView:
     #: op_ids of all-or-nothing intents that ended short with machines made (``planner.gang``: they are returned);
     #: an op leaves when its lifecycle ends.
     broken_gangs: dict[str, None] = attrs.field(factory=dict)
+    #: op_ids of intents made for a reservation with release on completion (``planner.release`` reads only their
+    #: machines; none, the common case, costs a pass nothing); an op leaves when its lifecycle ends.
+    on_completion: dict[str, None] = attrs.field(factory=dict)
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
@@ -183,6 +187,8 @@ class FactView:
                     intent = self.intents[fact.op_id] = IntentRecord(fact)
                     if intent.open:
                         self.open_ops[fact.op_id] = None
+                    if fact.release == RELEASE_ON_COMPLETION:
+                        self.on_completion[fact.op_id] = None
             case InstanceFact():
                 self._add_instance(fact)
             case RequestFailed():
@@ -345,6 +351,7 @@ class FactView:
         record = self.intents.pop(op_id)
         self.open_ops.pop(op_id, None)
         self.broken_gangs.pop(op_id, None)
+        self.on_completion.pop(op_id, None)
         self._live_of_op.pop(op_id, None)
         for machine_id in record.machine_ids:
             machine = self.machines.get(machine_id)

@@ -14,6 +14,7 @@ same ``ProviderPolicy.join_deadline``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -197,9 +198,10 @@ class ProviderPolicy:
     #: ``capability_mismatch`` and no ``unhealthy_after_join``.
     unverified_templates: frozenset[str] = attrs.field(default=frozenset(), converter=_template_ids)
 
-    @property
+    @functools.cached_property
     def resource_limits(self) -> tuple[tuple[str, str, int], ...]:
-        """``(knob, offer attribute, limit)`` for each resource limit set."""
+        """``(knob, offer attribute, limit)`` for each resource limit set (computed once: a pass reads it per
+        request and per offer tried)."""
         return tuple(
             (name, attribute, limit)
             for name, attribute in RESOURCE_LIMITS

@@ -56,6 +56,7 @@ def test_the_lsf_example_passes_as_legacy(capsys):
         "not offered: idempotent requestMachines (op_id)",
         "not offered: listMachines",
         "not offered: owner tags",
+        "not offered: all-or-nothing requests",
         "not offered: per-machine bootstrap",
         "not offered: verified returns",
     }
