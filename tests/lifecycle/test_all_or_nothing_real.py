@@ -11,6 +11,9 @@ the real clock).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import trio
 from rigs import wait
@@ -78,6 +81,51 @@ def whole_ops(machines: dict) -> set[str]:
     """The op of the live machines when there are exactly 4 and they share one op (else empty)."""
     ops = [m["tags"]["provisionerd:op"] for m in live(machines)]
     return set(ops) if len(ops) == 4 and len(set(ops)) == 1 else set()
+
+
+def test_an_item_of_4_where_the_region_holds_3_gets_none_until_capacity_returns(tmp_path):
+    """Issue 35's row: an item of 4 whose provider can give only 3 gets 0 machines left running and a clear reason,
+    and it is served when capacity returns (the region's ``capacity`` raised in the plugin's config: each one-shot
+    call reads it)."""
+    seen: dict = {}
+    item = DemandItem("mpi", ResourceShape(ncpus=32, gpus=4), 4, all_or_nothing=True)  # only sim-gpu-4 serves it
+
+    async def main():
+        backoff = {"capacity_backoff": 5.0}  # the offer rests 5 s after each refusal (180 s by default)
+        async with simulated_run(tmp_path, "aon-back", identity="prov-aon-back", provider=backoff) as run:
+            set_gpu_capacity(run, 3)
+            proc = await run.daemon.start()
+            await run.daemon.wait_held(60)
+            await run.ctl.set_demand([item])
+            await wait.until_sync("a refused request", lambda: bool(run.facts(RequestFailed)), 60)
+            await trio.sleep(3)
+            seen["while_short"] = live(run.machines())
+            seen["refusals"] = [f.reason for f in run.facts(RequestFailed)]
+            seen["results"] = [e.get("detail", "") for e in run.daemon.events("action") if e.get("phase") == "result"]
+            seen["notes"] = [e.get("detail", "") for e in run.daemon.events("plan_note") if e.get("demand_id") == "mpi"]
+            set_gpu_capacity(run, 4)  # capacity returns
+            await wait.until_sync("4 live machines of one op", lambda: len(whole_ops(run.machines())) == 1, 120)
+            seen["intents"] = run.facts(RequestIntent)
+            seen["rc"] = await proc.stop(20)
+            seen["log"] = proc.tail()
+
+    trio.run(main)
+    assert seen["rc"] == 0, seen["log"]
+    assert seen["while_short"] == []
+    assert seen["refusals"] and all(r == "capacity_unavailable" for r in seen["refusals"]), seen["refusals"]
+    assert any("room for 3 of 4 (all or nothing)" in d for d in seen["results"]), seen["results"]
+    assert any("capacity_unavailable" in n for n in seen["notes"]), seen["notes"]
+    assert all((i.template_id, i.count, i.all_or_nothing) == ("sim-gpu-4", 4, True) for i in seen["intents"])
+
+
+def set_gpu_capacity(run, capacity: int) -> None:
+    """The simulated region's capacity of ``sim-gpu-4`` (what it really has, below the advertised maxNumber)."""
+    path = Path(run.provider.conf_dir) / "simulated.json"
+    document = json.loads(path.read_text())
+    for template in document["templates"]:
+        if template["templateId"] == "sim-gpu-4":
+            template["capacity"] = capacity
+    path.write_text(json.dumps(document))
 
 
 def test_an_item_the_region_cannot_hold_whole_makes_nothing(tmp_path):

@@ -13,7 +13,7 @@ Everything it started is stopped when the block ends, however it ends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -52,15 +52,17 @@ async def simulated_run(
     identity: str,
     delays: dict[str, Any] | None = None,
     faults: Sequence[dict[str, Any]] = (),
+    provider: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[SimulatedRun]:
-    """The controller (1 replica, lease TTL 3 s) and a written daemon config (cluster ``clu``), not started yet."""
+    """The controller (1 replica, lease TTL 3 s) and a written daemon config (cluster ``clu``), not started yet.
+    ``provider``: more of the provider's config (``capacity_backoff``...)."""
     from refcontroller.api import open_refcontroller
 
     certs = make_certs(tmp_path, "clu")
     sim_options: dict[str, Any] = {"delays": delays if delays is not None else QUICK}
     if faults:
         sim_options["faults"] = list(faults)
-    sim = simulated_provider(tmp_path, sim=sim_options)
+    sim = simulated_provider(tmp_path, sim=sim_options, **(provider or {}))
     with short_dir(f"pd-{name}-") as state:
         async with (
             open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
