@@ -22,7 +22,13 @@ WORKLOADS = ("any", "gate", "lifecycle")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from provisionerd.testing.simulation.faults import FLEET_CHANCE, GANG_CHANCE, LEGACY_CHANCE, NOTICE_CHANCE
+    from provisionerd.testing.simulation.faults import (
+        FLEET_CHANCE,
+        GANG_CHANCE,
+        LEGACY_CHANCE,
+        NOTICE_CHANCE,
+        PRIORITY_CHANCE,
+    )
 
     p = argparse.ArgumentParser(prog="provisionerd simulate", description="seeded whole-system simulation campaign")
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
@@ -81,6 +87,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the chance that a non-legacy lifecycle run's demand is all or nothing, with a cloud that answers some"
         f" of those requests in part (default {GANG_CHANCE}; 0: none)",
     )
+    p.add_argument(
+        "--priority-share",
+        type=float,
+        default=PRIORITY_CHANCE,
+        metavar="P",
+        help="the chance that a non-legacy lifecycle run without warm headroom offers two templates at two"
+        f" priorities, the first with room for 2-5 machines (default {PRIORITY_CHANCE}; 0: none)",
+    )
     return p
 
 
@@ -91,6 +105,7 @@ def _overrides(
     fleet_share: float = 0.0,
     notice_share: float = 0.0,
     gang_share: float = 0.0,
+    priority_share: float = 0.0,
 ) -> dict[str, Any]:
     from provisionerd.testing.simulation import churn
 
@@ -102,6 +117,7 @@ def _overrides(
         "fleet_share": fleet_share,
         "notice_share": notice_share,
         "gang_share": gang_share,
+        "priority_share": priority_share,
     }
     return {**drawn, **{name: share for name, share in shares.items() if share}}
 
@@ -129,7 +145,7 @@ def _run(job: Job) -> dict[str, Any]:
     return line
 
 
-Job = tuple[int, str, float, float, float, float, float, float]
+Job = tuple[int, str, float, float, float, float, float, float, float]
 
 
 def _results(jobs: list[Job], processes: int) -> Iterator[dict[str, Any]]:
@@ -149,10 +165,11 @@ def _trace(
     fleet_share: float = 0.0,
     notice_share: float = 0.0,
     gang_share: float = 0.0,
+    priority_share: float = 0.0,
 ) -> int:
     from provisionerd.testing.simulation import World, run_world
 
-    shares = (legacy_share, fleet_share, notice_share, gang_share)
+    shares = (legacy_share, fleet_share, notice_share, gang_share, priority_share)
     world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, *shares))
     print(
         json.dumps(
@@ -190,11 +207,11 @@ def main(argv: list[str]) -> int:
         or not 0 <= args.fleet_share <= 1
         or not 0 <= args.notice_share <= 1
         or not 0 <= args.gang_share <= 1
+        or not 0 <= args.priority_share <= 1
     ):
         print(
             "provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0,"
-            " --churn between 0 and 8760 hours, --legacy-share, --fleet-share, --notice-share and --gang-share"
-            " between 0 and 1",
+            " --churn between 0 and 8760 hours, the --*-share options between 0 and 1",
             file=sys.stderr,
         )
         return 2
@@ -208,6 +225,7 @@ def main(argv: list[str]) -> int:
             args.fleet_share,
             args.notice_share,
             args.gang_share,
+            args.priority_share,
         )
     started = time.perf_counter()
     jobs = [
@@ -220,6 +238,7 @@ def main(argv: list[str]) -> int:
             args.fleet_share,
             args.notice_share,
             args.gang_share,
+            args.priority_share,
         )
         for seed in range(args.start, args.start + args.seeds)
     ]

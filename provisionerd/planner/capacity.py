@@ -167,6 +167,10 @@ class CapacityState:
     jitter_seed: int = 0
     #: Offers whose machine fell short of the template (``planner.health``): offer -> (suspect until, why).
     suspect: Mapping[OfferKey, tuple[float, str]] = attrs.field(factory=dict)
+    #: Offers refused for capacity in a row: offer -> (refusals in a row, last back-off's start, its end). Each one
+    #: in a row doubles the back-off (``CAPACITY_DOUBLINGS`` at most); a quiet spell as long as the last back-off
+    #: after its end forgets them (``pruned``).
+    refusals: Mapping[OfferKey, tuple[int, float, float]] = attrs.field(factory=dict)
 
     def offer_block(self, key: OfferKey, now: float) -> str | None:
         """Why no new request may go to offer ``key`` now (``None`` = it may)."""
@@ -222,6 +226,10 @@ class CapacityState:
             suspect = {k: s for k, s in self.suspect.items() if now < s[0]}
             if len(suspect) != len(self.suspect):
                 state = attrs.evolve(state, suspect=suspect)
+        if self.refusals:  # forgotten after a quiet spell as long as the back-off that ended it
+            refusals = {k: r for k, r in self.refusals.items() if now < r[2] + (r[2] - r[1])}
+            if len(refusals) != len(self.refusals):
+                state = attrs.evolve(state, refusals=refusals)
         if not self.unavailable:
             return state
         unavailable = {k: u for k, u in self.unavailable.items() if now < u}
@@ -240,6 +248,23 @@ def _check_time(at: float) -> None:
         raise ValueError(f"observation time must be finite, not {at!r}")
 
 
+#: How many times a capacity back-off doubles for refusals in a row (8x the provider's ``capacity_backoff``).
+CAPACITY_DOUBLINGS = 3
+
+
+def capacity_refusals(state: CapacityState, key: OfferKey, at: float) -> int:
+    """How many capacity refusals of offer ``key`` came in a row before one at ``at``: those whose back-off ended
+    no longer ago than it lasted. Why they double: a request refused for capacity still takes its place in the
+    provider's step window, so with a back-off shorter than the window a refused offer of a better priority was
+    asked again each time the window freed room, and the offer behind it never was (the simulation's priority
+    worlds, issue 35 item 3)."""
+    previous = state.refusals.get(key)
+    if previous is None:
+        return 0
+    count, start, end = previous
+    return count if at < end + (end - start) else 0
+
+
 def apply_capacity(
     state: CapacityState, obs: CapacityObservation, policy: Policy
 ) -> tuple[CapacityState, tuple[Note, ...]]:
@@ -248,9 +273,12 @@ def apply_capacity(
         case CapacityUnavailable():
             _check_time(obs.at)
             key = (obs.provider, obs.template_id)
-            until = max(state.unavailable.get(key, obs.at), obs.at + policy.of(obs.provider).capacity_backoff)
+            in_a_row = capacity_refusals(state, key, obs.at)
+            backoff = policy.of(obs.provider).capacity_backoff * 2 ** min(in_a_row, CAPACITY_DOUBLINGS)
+            until = max(state.unavailable.get(key, obs.at), obs.at + backoff)
             note = Note("offer_unavailable", f"{format_key(key)} unavailable until {until:.1f}", obs.provider)
-            return attrs.evolve(state, unavailable={**state.unavailable, key: until}), (note,)
+            refusals = {**state.refusals, key: (in_a_row + 1, obs.at, until)}
+            return attrs.evolve(state, unavailable={**state.unavailable, key: until}, refusals=refusals), (note,)
         case Throttled():
             _check_time(obs.at)
             if obs.jitter is not None and not 0.0 <= obs.jitter <= 1.0:

@@ -1,5 +1,6 @@
 """Policy validation and the provider back-off memory fed by observations."""
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,6 +56,27 @@ def test_capacity_unavailable_blocks_the_offer_for_the_backoff():
     assert capacity.offer_block(("p", "t"), 280.0) is None
     assert capacity.offer_block(("p", "other"), 200.0) is None
     assert capacity.pruned(280.0).unavailable == {}
+
+
+def test_refusals_in_a_row_double_the_backoff_up_to_8x_and_a_quiet_spell_forgets_them():
+    """A refused offer asked again as soon as its back-off ended (a better priority each time the step window freed
+    room) is refused again: each refusal in a row doubles the back-off, so the offer behind it gets its turn."""
+    state, at, ends = PlannerState(), 100.0, []
+    for _ in range(5):
+        state = observe(state, CapacityUnavailable("p", "t", at), POLICY).state
+        until = state.capacity.unavailable[("p", "t")]
+        ends.append(until - at)
+        at = until + 1.0  # asked again just after the back-off ended
+        state = attrs.evolve(state, capacity=state.capacity.pruned(at))
+    assert ends == [180.0, 360.0, 720.0, 1440.0, 1440.0]
+    # A quiet spell as long as the last back-off after its end: the next refusal is a first one again.
+    quiet = at + 1440.0
+    state = attrs.evolve(state, capacity=state.capacity.pruned(quiet))
+    assert state.capacity.refusals == {}
+    state = observe(state, CapacityUnavailable("p", "t", quiet), POLICY).state
+    assert state.capacity.unavailable[("p", "t")] == quiet + 180.0
+    # Another offer of the same provider keeps its own count.
+    assert observe(state, CapacityUnavailable("p", "u", quiet), POLICY).state.capacity.refusals[("p", "u")][0] == 1
 
 
 def test_quota_makes_the_provider_unhealthy_until_resumed_or_probed():

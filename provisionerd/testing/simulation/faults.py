@@ -118,6 +118,11 @@ NOTICE_CHANCE = 0.3
 #: machines whole, and the cloud breaks the promise on a share of those requests (it launches one fewer), which the
 #: daemon must return whole. Drawn by ``World`` after the notice (``simulate --gang-share``).
 GANG_CHANCE = 0.3
+#: The share of lifecycle worlds whose provider offers two templates at two priorities (issue 35 item 3): ``small``
+#: (priority 0) holds 2-5 machines, ``spare`` (priority 1) the rest, so demand beyond ``small`` goes to ``spare`` and
+#: surplus ``spare`` machines go back first. Drawn by ``World`` after the all-or-nothing demand
+#: (``simulate --priority-share``).
+PRIORITY_CHANCE = 0.3
 
 
 @attrs.frozen

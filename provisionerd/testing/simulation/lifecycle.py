@@ -73,7 +73,14 @@ def core_options(world: World) -> dict[str, Any]:
         # 240 s later, past the 200 s settle, with the default).
         "unhealthy_max": 60.0,
     }
-    own = ProviderPolicy(**times, step_limit=2, max_machines=s.provider_cap, max_ncpus=s.cpu_limit or None)
+    spare: dict[str, int] = {"spare": 1} if s.priority_split else {}  # WorldSettings.priority_split
+    own = ProviderPolicy(
+        **times,
+        step_limit=2,
+        max_machines=s.provider_cap,
+        max_ncpus=s.cpu_limit or None,
+        template_priority=spare,
+    )
     policy = Policy(
         cluster=CLUSTER,
         **times,
@@ -273,7 +280,7 @@ def check_convergence(world: World, steps: tuple[DemandStep, ...]) -> None:
     s = world.settings
     # Warm headroom adds its machines above the demand; the CPU limit (2 a machine) and the caps bound both.
     cpu_room = s.cpu_limit // 2 if s.cpu_limit else s.provider_cap
-    room = min(s.capacity, s.provider_cap, cpu_room)
+    room = min(s.capacity + s.priority_split, s.provider_cap, cpu_room)
     wanted = min(steps[-1].count + s.headroom, room)
     fewest = 0 if s.all_or_nothing and steps[-1].count > room else wanted
     # Machines a lost controller store explained are the admin's after the reset (the orphan policy reports them).

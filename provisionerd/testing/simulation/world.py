@@ -40,6 +40,8 @@ from refcontroller.store import FactStore
 
 PROVIDER = "sim"
 TEMPLATE = "small"
+#: The second template of a priority world (``WorldSettings.priority_split``): priority 1, used when ``small`` is full.
+SPARE = "spare"
 
 #: Makes a workload for a daemon node: ``(world, node, rng) -> object with async run(task_status=...)``.
 WorkloadFactory = Callable[["World", DaemonNode, random.Random], Any]
@@ -93,6 +95,12 @@ class WorldSettings:
     all_or_nothing: bool = False
     gang_partial: float = 0.0
     gang_share: float = 0.0
+    #: Provider priorities (issue 35 item 3): the cloud offers ``small`` with room for ``priority_split`` machines at
+    #: priority 0 and ``spare`` (``capacity``) at priority 1 (0: ``small`` alone). Drawn after the all-or-nothing
+    #: demand with the chance ``priority_share`` for non-legacy lifecycle runs without warm headroom (pinned to
+    #: ``small``) (0 here; ``simulate --priority-share`` defaults to ``PRIORITY_CHANCE``).
+    priority_split: int = 0
+    priority_share: float = 0.0
 
     @classmethod
     def draw(cls, rng: random.Random, **overrides: Any) -> WorldSettings:
@@ -200,6 +208,16 @@ class World:
             and gang_rng.random() < s.gang_share
         ):
             self.settings = s = attrs.evolve(s, all_or_nothing=True, gang_partial=gang_rng.choice((0.2, 0.5)))
+        priority_rng = random.Random(rng.getrandbits(64))  # drawn after the gang: nothing before it changed
+        if (
+            "priority_split" not in overrides
+            and s.workload == "lifecycle"
+            and not s.legacy
+            and not s.headroom
+            and s.fault_kinds == KINDS
+            and priority_rng.random() < s.priority_share
+        ):
+            self.settings = s = attrs.evolve(s, priority_split=priority_rng.randint(2, 5))
         self.recorder = Recorder(keep_trace=keep_trace)
         self.addresses = tuple(f"ctl{i}:7400" for i in range(s.replicas))
         self.workload_factory = workload_factory
@@ -218,7 +236,7 @@ class World:
             PROVIDER,
             self.cloud_rng,
             self.recorder,
-            templates={TEMPLATE: s.capacity},
+            templates={TEMPLATE: s.priority_split, SPARE: s.capacity} if s.priority_split else {TEMPLATE: s.capacity},
             idempotent=s.idempotent,
             latency=s.cloud_latency,
             gang_partial=s.gang_partial,
