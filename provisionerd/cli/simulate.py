@@ -215,32 +215,12 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    shares = (args.legacy_share, args.fleet_share, args.notice_share, args.gang_share, args.priority_share)
     if args.trace is not None:
-        return _trace(
-            args.trace,
-            args.workload,
-            budget,
-            args.churn,
-            args.legacy_share,
-            args.fleet_share,
-            args.notice_share,
-            args.gang_share,
-            args.priority_share,
-        )
+        return _trace(args.trace, args.workload, budget, args.churn, *shares)
     started = time.perf_counter()
-    jobs = [
-        (
-            seed,
-            args.workload,
-            budget,
-            args.churn,
-            args.legacy_share,
-            args.fleet_share,
-            args.notice_share,
-            args.gang_share,
-            args.priority_share,
-        )
-        for seed in range(args.start, args.start + args.seeds)
+    jobs: list[Job] = [
+        (seed, args.workload, budget, args.churn, *shares) for seed in range(args.start, args.start + args.seeds)
     ]
     failing, virtual = 0, 0.0
     for line in _results(jobs, args.jobs):

@@ -264,6 +264,15 @@ def test_seed_616600159_a_legacy_return_names_its_machine_for_the_notice_check()
     assert "notice_ignored" not in violated_now(616600159)
 
 
+def test_seed_27300695_a_machine_an_orphan_report_names_waits_out_its_grace():
+    """Was (the convergence check): a daemon killed mid-call on a cloud without client tokens; its call made 2
+    machines 4 s after the restarted daemon's recovery listed the op empty and failed it. They never joined (a
+    ``no_join`` window), the orphan cycle reported them at once (``tagged_unknown``, returned after the 1800 s orphan
+    grace), and the convergence check, 200 s after the last fault, counted them as the daemon's. A machine a
+    committed orphan report names is explained, in the convergence check as in the final one."""
+    assert "no_convergence" not in violated_now(27300695)
+
+
 def test_seed_859789075_a_grant_sent_before_a_store_loss_belongs_to_the_old_era():
     """Was (the invariant): a grant of 1.2 the lost controller sent before its store loss reached the daemon 2.6 s
     after it, and was held until the amnesia was seen; filed by time in the new era, it read as 1.1 after 1.2."""
