@@ -31,7 +31,15 @@ from rigs.daemon import Daemon, daemon_config, short_dir
 
 from provisionerd.config.loader import Backoff
 from provisionerd.demo.procs import LOCAL_HOME_LABEL
-from provisionerd.domain.model import DemandItem, InstanceFact, RequestIntent, ResourceShape, Returned, ReturnIntent
+from provisionerd.domain.model import (
+    DemandItem,
+    InstanceFact,
+    RequestFailed,
+    RequestIntent,
+    ResourceShape,
+    Returned,
+    ReturnIntent,
+)
 from refcontroller.api import RefController, open_refcontroller
 
 pytestmark = pytest.mark.process
@@ -62,6 +70,17 @@ class Rig:
 
     def hosts(self) -> dict[str, Any]:
         return {h.instance_ref: h for h in self.ctl.server.cluster.hosts.all()}
+
+    def settled(self) -> bool:
+        """Every request op closed (as many machines as it asked for, or failed) and every machine it made
+        returned, as the controller's facts say."""
+        made: dict[str, int] = {}
+        for _, fact in self.facts(InstanceFact):
+            made[fact.op_id] = made.get(fact.op_id, 0) + 1
+        failed = {fact.op_id for _, fact in self.facts(RequestFailed)}
+        closed = all(f.op_id in failed or made.get(f.op_id, 0) >= f.count for _, f in self.facts(RequestIntent))
+        returned = {m for _, fact in self.facts(Returned) for m in fact.machine_ids}
+        return closed and all(fact.machine_id in returned for _, fact in self.facts(InstanceFact))
 
     async def until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         try:
@@ -95,8 +114,12 @@ async def fleet(
             daemon = Daemon.write(config, tmp_path / "pd.toml", started)
             proc = await daemon.start(env=env)
             await daemon.wait_held(60)
-            yield Rig(ctl, daemon)
+            rig = Rig(ctl, daemon)
+            yield rig
             await ctl.set_demand([])
+            # Every request settled and every machine it made returned before the agents are counted: a request
+            # still in flight (a replacement) would start an agent after an early "none left" (seen under load).
+            await wait.until_sync("every request settled, every machine returned", rig.settled, 60, 0.2)
             await wait.until_sync("every agent gone", lambda: not live_agents(str(tmp_path)), 30, 0.2)
             assert await proc.stop(20) == 0, proc.tail(60)
 
