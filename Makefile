@@ -46,9 +46,10 @@ demo: $(RUN_STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not integration" -n 4
 
-# test-fast: the inner loop, pure and MockClock tests only (no process is started).
+# test-fast: the inner loop, pure and MockClock tests only (no process is started), less the sweeps (marker
+# `sweep`: about 20 tests of over 2.5 s CPU each, 40% of the tier's CPU), which make test runs.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not process and not integration" -n 2
+	$(VENV)/bin/python -m pytest -q -m "not process and not integration and not sweep" -n 2
 
 # test-integration: Slurm, Kubernetes, etcd, the capnp tool, systemd-analyze and Node.js; installs or builds them
 # once (cached) and says so while it builds. In CI a missing back end fails the test, never skips it.

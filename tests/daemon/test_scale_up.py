@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 from rigs.memory import memory_config, memory_core, running, sim_provider
@@ -76,6 +77,7 @@ def run_jump(tmp_path, memory_controller, *, throttle_at: int | None = None) -> 
     return seen
 
 
+@pytest.mark.sweep
 def test_a_demand_jump_from_0_to_1000_is_served_within_3_minutes_with_the_default_step(tmp_path, memory_controller):
     seen = run_jump(tmp_path, memory_controller)
     assert seen["served"] is not None and seen["served"] <= 180.0, seen["served"]
@@ -95,6 +97,7 @@ def test_a_demand_jump_from_0_to_1000_is_served_within_3_minutes_with_the_defaul
     assert seen["gauge"] == [1000.0]  # provisionerd_provider_step{provider="sim"}
 
 
+@pytest.mark.sweep
 def test_a_throttled_request_halves_the_step_and_the_jump_is_still_served(tmp_path, memory_controller):
     seen = run_jump(tmp_path, memory_controller, throttle_at=70)
     assert seen["served"] is not None and seen["served"] <= 180.0, seen["served"]

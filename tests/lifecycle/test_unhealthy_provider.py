@@ -54,6 +54,7 @@ POLICY = Policy(
 )
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("broken_from", ["requests", "templates"])
 def test_auth_failed_for_ten_minutes_costs_a_handful_of_calls_and_no_intent_after_the_first_failure(
     run_rig, broken_from

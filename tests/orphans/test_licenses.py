@@ -7,6 +7,7 @@ say, or the licence source sees one in use.
 """
 
 import attrs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from orphan_world import NOW, World, only, run
@@ -27,6 +28,7 @@ grants = st.builds(
 )
 
 
+@pytest.mark.sweep
 @settings(max_examples=300, deadline=None)
 @given(observations(), st.lists(grants, max_size=4, unique_by=lambda g: g.resource), policies, memories)
 def test_a_licence_is_never_returned_while_in_use_whatever_the_inputs(obs, licenses, policy, memory):

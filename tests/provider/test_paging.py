@@ -199,6 +199,7 @@ def test_a_hostile_plugin_makes_the_listing_unreadable_with_the_reason(mode, rea
     assert len(transport.inputs) <= max_pages(100, 500)  # bounded work, whatever the plugin does
 
 
+@pytest.mark.sweep
 def test_the_page_cap_follows_the_expected_fleet():
     transport = PagingTransport(30_000)
     machines = listed(PluginClient(transport, page_size=100), expected=30_000)  # 300 pages, cap 1201

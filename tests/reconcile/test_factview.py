@@ -1,5 +1,6 @@
 """The fact view: folding the controller's facts into intents and machines, and the indexes kept beside them."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, fuzz_settings, token_hash
@@ -260,6 +261,7 @@ def capability_pass(index, verdicts: dict) -> set[str]:
     return failing
 
 
+@pytest.mark.sweep
 @fuzz_settings(80)
 @given(st.data())
 def test_the_kept_capability_candidates_find_what_a_full_scan_finds(data):

@@ -118,6 +118,7 @@ def test_a_hostile_cursor_or_a_huge_page_request_is_clamped(mem: FactStore) -> N
     assert page.facts == () and page.done and page.next_after == last
 
 
+@pytest.mark.sweep
 def test_a_query_costs_the_same_in_a_short_log_and_a_long_one(tmp_path: Path) -> None:
     """Bounded work: the SQLite VM steps of one page do not grow with the log (ordered index scans, LIMIT)."""
     queries = [

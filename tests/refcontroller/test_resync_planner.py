@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import random
 
+import pytest
+
 from provisionerd.domain.model import (
     Epoch,
     Fact,
@@ -66,6 +68,7 @@ def reference_ranges(store: FactStore, providers: tuple[str, ...], as_of: int) -
     return [(sizes[page.start][0], sizes[page.stop - 1][0]) for page in pages if len(page)]
 
 
+@pytest.mark.sweep
 def test_stepped_plan_pages_as_the_whole_set_did_for_any_chunk_and_commits_between_steps() -> None:
     rng = random.Random(18)
     store = FactStore.open(":memory:")

@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import attrs
+import pytest
 from rc_factories import before_row_checksums
 
 from provisionerd.domain.model import (
@@ -224,6 +225,7 @@ def _random_facts(rng: random.Random, n: int) -> list[Fact]:
     return facts
 
 
+@pytest.mark.sweep
 def test_the_resync_set_gives_the_daemon_what_the_whole_log_gives() -> None:
     """The property the daemon relies on: folding only the resync set derives the same live state (machines, open
     intents, pending returns, findings, latest epoch, last index) as folding every fact ever committed."""
@@ -344,6 +346,7 @@ def _records(view: FactView) -> dict[str, object]:
     }
 
 
+@pytest.mark.sweep
 def test_the_daemons_view_drops_ended_lifecycles_as_the_resync_set_does() -> None:
     """The daemon's view (``prune``) folded fact by fact, or from a full resync plus incremental ones, holds what a
     fresh full resync gives: every record, not only the live part, so it never grows with history (issue 18)."""

@@ -171,6 +171,7 @@ def raw_connection(path: Path) -> sqlite3.Connection:
     return conn
 
 
+@pytest.mark.sweep
 def test_every_byte_flipped_in_every_row_is_refused_at_open_in_one_line_naming_table_and_row(tmp_path: Path) -> None:
     path = tmp_path / "facts.sqlite"
     small_store(path)
@@ -208,6 +209,7 @@ def test_every_byte_flipped_in_every_row_is_refused_at_open_in_one_line_naming_t
     reopened.close()
 
 
+@pytest.mark.sweep
 def test_a_byte_flipped_while_serving_is_a_typed_storage_fault_at_the_next_read(tmp_path: Path) -> None:
     path = tmp_path / "facts.sqlite"
     small_store(path)
@@ -356,6 +358,7 @@ def etcd_store(etcd: FakeEtcd) -> EtcdFactStore:
     return EtcdFactStore.replay(etcd, FakeElection())  # type: ignore[arg-type]
 
 
+@pytest.mark.sweep
 def test_every_byte_flipped_in_an_etcd_log_entry_is_refused_or_changes_nothing() -> None:
     etcd = FakeEtcd()
     store = etcd_store(etcd)

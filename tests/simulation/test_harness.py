@@ -48,6 +48,7 @@ def test_a_seed_repeats_in_another_process_with_another_hash_seed():
     assert digests[0] == digests[1]
 
 
+@pytest.mark.sweep
 def test_a_small_campaign_is_clean():
     results = [run_seed(seed) for seed in range(100, 108)]
     assert [(r.seed, r.first) for r in results if not r.ok] == []

@@ -30,6 +30,7 @@ def first_seed_reporting(invariant: str, seeds=range(12), **overrides):
     pytest.fail(f"no seed in {seeds} reported {invariant}")
 
 
+@pytest.mark.sweep
 def test_a_daemon_that_ignores_its_lease_is_caught(monkeypatch):
     # The bug: the keeper trusts any epoch it ever held (no local deadline), and the controller does not check
     # epochs either, so a daemon cut off from renewals keeps committing and calling.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from provisionerd.testing.simulation import World, run_seed, run_world
 from provisionerd.testing.simulation.faults import WEIGHTED
 
@@ -154,6 +156,7 @@ def test_seed_910462_reported_orphans_do_not_hold_the_breaker_open_for_a_vanishe
     assert "no_convergence" not in violated_now(910462)
 
 
+@pytest.mark.sweep
 def test_seeds_where_a_joined_machine_looked_never_joined():
     """Found once the ``controller_restart`` fault and the ``joined_retired_as_never_joined`` invariant existed:
     434 and 272546475 (the daemon killed while the controller restarted: the machines it had seen joined must

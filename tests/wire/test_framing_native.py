@@ -88,6 +88,7 @@ def _big_page(facts: int) -> Message:
     return ResyncPage(0, 1, made, (), True, 1000 + facts, 7)
 
 
+@pytest.mark.sweep
 @given(
     facts=st.lists(st.integers(0, 60), max_size=3),
     size=st.sampled_from([1, 7, 4096, 4103, 65536, 1 << 20]),
