@@ -12,7 +12,9 @@ pass and when the program exits:
 - ``passes``: for each orphan pass (``OrphanCycle.run_pass``) its wall time, ``cpu_s`` (the whole process's CPU
   time over the pass, worker threads included, less what the steps of other tasks cost meanwhile: the heartbeats,
   reclaim polls and admin queries that ran beside it), its own longest step and ``gc_s``, the time the cyclic
-  collector ran meanwhile (in any thread); ``max_gc_ms``: the longest collection, and its generation.
+  collector ran meanwhile (in any thread); ``max_gc_ms``: the longest collection, and its generation;
+- ``slow_steps``: the first ``KEPT_SLOW`` steps over 20 ms of CPU, each as ``[seconds since the start, task, CPU ms,
+  collector ms]`` (when a slow step came: start-up, a pass, a poll).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 import trio
 
 LIMIT = 0.020
+#: How many slow steps ``slow_steps`` keeps (the first ones).
+KEPT_SLOW = 60
 
 
 class Watch(trio.abc.Instrument):
@@ -53,6 +57,8 @@ class Watch(trio.abc.Instrument):
         self._step_gc = 0.0  # collection time in the loop's thread during the current step
         self._loop_thread = threading.get_ident()
         self.by_task_cpu_without_gc: dict[str, float] = {}
+        self.slow_steps: list[list[Any]] = []
+        self._t0 = time.perf_counter()
         gc.callbacks.append(self._collecting)
 
     def _collecting(self, phase: str, info: dict[str, Any]) -> None:
@@ -86,6 +92,9 @@ class Watch(trio.abc.Instrument):
             self.by_task_cpu_without_gc[task.name] = cpu - self._step_gc
         self.over += wall > LIMIT
         self.over_cpu += cpu > LIMIT
+        if cpu > LIMIT and len(self.slow_steps) < KEPT_SLOW:
+            when = round(self._started[0] - self._t0, 1)
+            self.slow_steps.append([when, task.name, round(1000 * cpu, 1), round(1000 * self._step_gc, 1)])
         if self._pass_task is not None:
             if task is self._pass_task:
                 self._pass_step = max(self._pass_step, wall)
@@ -103,6 +112,7 @@ class Watch(trio.abc.Instrument):
         wall, cpu = time.perf_counter() - started[0], time.process_time() - started[1]
         self.passes.append(
             {
+                "at_s": round(started[0] - self._t0, 1),
                 "wall_s": round(wall, 3),
                 "cpu_s": round(cpu - self._others_cpu, 3),
                 "others_cpu_s": round(self._others_cpu, 3),
@@ -122,6 +132,7 @@ class Watch(trio.abc.Instrument):
             "steps_over_20ms": self.over,
             "steps_over_20ms_cpu": self.over_cpu,
             "passes": self.passes,
+            "slow_steps": self.slow_steps,
             "max_gc_ms": round(1000 * self.gc_max[0], 1),
             "max_gc_generation": self.gc_max[1],
             "longest_by_task_ms": _top(self.by_task),

@@ -204,6 +204,7 @@ def loop_summary(report: dict[str, Any]) -> dict[str, Any]:
     resync and its view building around it; the later ones are the passes at rest)."""
     passes = report["passes"]
     return {
+        "orphan_pass_at_s": [p.get("at_s") for p in passes],
         "orphan_pass_cpu_s": [p["cpu_s"] for p in passes],
         "orphan_pass_wall_s": [p["wall_s"] for p in passes],
         "orphan_pass_max_step_ms": [p["max_step_ms"] for p in passes],
@@ -216,6 +217,7 @@ def loop_summary(report: dict[str, Any]) -> dict[str, Any]:
         "max_loop_step_cpu_task": report["max_step_cpu_task"],
         "loop_steps_over_20ms": report["steps_over_20ms"],
         "loop_steps_over_20ms_cpu": report["steps_over_20ms_cpu"],
+        "slow_loop_steps": report.get("slow_steps", []),
         "longest_loop_step_by_task_ms": report["longest_by_task_ms"],
         "longest_loop_step_by_task_cpu_ms": report["longest_by_task_cpu_ms"],
         "longest_loop_step_by_task_cpu_without_gc_ms": report["longest_by_task_cpu_without_gc_ms"],

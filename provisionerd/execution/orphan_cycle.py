@@ -56,7 +56,13 @@ import trio
 from provisionerd.domain.errors import ProviderError, ProvisionerdError
 from provisionerd.domain.model import Fact
 from provisionerd.execution.orphan_licences import LicenseReads, counted, grants_summary, return_grant
-from provisionerd.execution.orphan_offload import classify_off_loop, is_large, release_off_loop
+from provisionerd.execution.orphan_offload import (
+    OFF_LOOP_AT,
+    classify_off_loop,
+    collector_paused,
+    is_large,
+    release_off_loop,
+)
 from provisionerd.execution.orphan_owners import (  # re-exported: the owners of never-joined machines
     EXECUTOR,
     RECONCILER,
@@ -198,6 +204,23 @@ class OrphanCycle:
             await trio.sleep(self.interval)
 
     async def run_pass(self) -> PassResult:
+        with collector_paused(self._expected >= OFF_LOOP_AT):  # the listing held: read, classified, released
+            result, findings, open_ops = await self._observe_and_classify()
+        actions: list[ActionRecord] = []
+        if not result.skipped:
+            owners = {(f.orphan_class, f.machine_id): returned_by(f, open_ops) for f in findings}
+            for action in result.allowed:
+                if owners.get((action.orphan_class, action.machine_id)) in (RECONCILER, EXECUTOR):
+                    continue
+                record = await self._carry_out(action)
+                actions.append(record)
+                if record.outcome == "refused":
+                    break
+        return PassResult(result, findings, tuple(actions))
+
+    async def _observe_and_classify(self) -> tuple[Classification, tuple[Finding, ...], frozenset[str]]:
+        """Read, classify and audit one observation; the listing and view it read are released before this returns
+        (a large one off the loop), so the pass's actions run without them."""
         obs = await observe(
             self.cluster,
             self.provider,
@@ -216,21 +239,11 @@ class OrphanCycle:
         open_ops = open_ops_of(obs.view, self.provider)
         findings = with_owners(result.findings, open_ops)
         self._audit_pass(obs, result, findings)
-        actions: list[ActionRecord] = []
-        if not result.skipped:
-            owners = {(f.orphan_class, f.machine_id): returned_by(f, open_ops) for f in findings}
-            for action in result.allowed:
-                if owners.get((action.orphan_class, action.machine_id)) in (RECONCILER, EXECUTOR):
-                    continue
-                record = await self._carry_out(action)
-                actions.append(record)
-                if record.outcome == "refused":
-                    break
         if is_large(obs):
             held = [obs]
             del obs
             await release_off_loop(held)
-        return PassResult(result, findings, tuple(actions))
+        return result, findings, open_ops
 
     # --- actions -------------------------------------------------------------------------------------------------
 

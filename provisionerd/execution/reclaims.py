@@ -20,12 +20,16 @@ from provisionerd.domain.errors import ProviderError
 from provisionerd.execution.executor import Executor
 from provisionerd.execution.loop_inputs import ViewSource
 from provisionerd.planner.capacity import Throttled
+from provisionerd.planner.fact_view import MachineRecord
 from provisionerd.planner.state import Observation, Reclaimed
 from provisionerd.provider.paging import RECLAIM_CHUNK
 from provisionerd.provider.values import MachineRef
 from provisionerd.telemetry.events import EventLog
 
 log = logging.getLogger(__name__)
+
+#: Records of the view read in one step of the loop when the poll picks out a provider's live machines.
+SCAN_SLICE = 10_000
 
 
 class ReclaimPoll:
@@ -65,8 +69,14 @@ class ReclaimPoll:
 
         The live machines are named ``RECLAIM_CHUNK`` at a time, one call each (the client pages each answer),
         with a checkpoint between chunks: at 100k machines neither a line nor a stretch of the loop grows with
-        the fleet."""
-        records = [m for m in view.facts.machines.values() if m.provider == provider and m.state.live]
+        the fleet. They are picked out of the view ``SCAN_SLICE`` at a time too (a copy of its machines taken at
+        once, read with a checkpoint before each slice): one pass over 100,000 records held the loop 30-50 ms."""
+        everyone = list(view.facts.machines.values())
+        records: list[MachineRecord] = []
+        for start in range(0, len(everyone), SCAN_SLICE):
+            await trio.lowlevel.checkpoint()
+            records += [m for m in everyone[start : start + SCAN_SLICE] if m.provider == provider and m.state.live]
+        del everyone
         if not records:
             return
         client = self._executor.client(provider)

@@ -150,7 +150,9 @@ class World:
             return ControllerRead(Unreadable(self.view_down))
         return ControllerRead(fold(self.facts), tuple(self.hosts), self.controller)
 
-    def cycle(self, policy: OrphanPolicy | None = None, executor: FakeExecutor | None = None) -> OrphanCycle:
+    def cycle(
+        self, policy: OrphanPolicy | None = None, executor: FakeExecutor | None = None, fleet_floor: int = 0
+    ) -> OrphanCycle:
         executor = executor if executor is not None else FakeExecutor(self)
         world = self
 
@@ -177,6 +179,7 @@ class World:
             executor=executor,
             events=self.events,
             wall_clock=lambda: NOW + trio.current_time(),
+            fleet_floor=fleet_floor,
         )
         cycle.fake_executor = executor  # type: ignore[attr-defined]
         return cycle

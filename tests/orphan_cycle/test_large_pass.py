@@ -3,10 +3,14 @@ the same result as inline, and the session may go on folding facts into the live
 
 from __future__ import annotations
 
+import gc
 import threading
 
+import pytest
 import trio
 import trio.lowlevel
+from cycle_world import World, tags
+from rigs.clock import mock_run
 
 from provisionerd.domain.model import (
     TAG_CLUSTER,
@@ -100,3 +104,63 @@ def test_a_small_pass_stays_inline(monkeypatch):
 
     assert len(trio.run(main).findings) == 1
     assert calls == [(threading.get_ident(), obs.view)]
+
+
+def test_the_collector_pauses_for_large_blocks_only_and_resumes_when_the_last_overlapping_one_ends():
+    assert gc.isenabled()
+    with orphan_offload.collector_paused(False):
+        assert gc.isenabled()
+    first, second = orphan_offload.collector_paused(True), orphan_offload.collector_paused(True)
+    first.__enter__()
+    assert not gc.isenabled()
+    second.__enter__()  # another provider's pass, overlapping
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second still holds its listing
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+    gc.disable()  # paused by someone else before: left as it was
+    try:
+        with orphan_offload.collector_paused(True):
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), orphan_offload.collector_paused(True):
+        raise RuntimeError("a pass that fails")
+    assert gc.isenabled()
+
+
+def test_a_large_pass_reads_and_classifies_with_the_collector_paused_and_acts_with_it_running(monkeypatch):
+    world = World().machine("i-stray", tags("op-stray"))
+    seen: dict[str, bool] = {}
+    listing = world.provider.call
+
+    async def call(action, input, *, timeout=None):
+        if action == "listMachines":
+            seen["listing"] = gc.isenabled()
+        return await listing(action, input, timeout=timeout)
+
+    def spy(obs, policy, memory=None):
+        seen["classify"] = gc.isenabled()
+        return classify(obs, policy, memory)
+
+    monkeypatch.setattr(world.provider, "call", call)
+    monkeypatch.setattr(orphan_offload, "classify", spy)
+    cycle = world.cycle(OrphanPolicy(orphan_action="terminate"), fleet_floor=OFF_LOOP_AT)
+    returns = cycle.fake_executor.return_machines
+
+    async def returning(*args, **kwargs):
+        seen["action"] = gc.isenabled()
+        return await returns(*args, **kwargs)
+
+    monkeypatch.setattr(cycle.fake_executor, "return_machines", returning)
+    result = mock_run(cycle.run_pass)
+    assert [a.outcome for a in result.actions] == ["ok"]
+    assert seen == {"listing": False, "classify": False, "action": True}
+    assert gc.isenabled()
+    # A small fleet's pass leaves the collector alone.
+    seen.clear()
+    small = World().machine("i-other", tags("op-other"))
+    monkeypatch.setattr(small.provider, "call", call)
+    mock_run(small.cycle().run_pass)
+    assert seen == {"listing": True, "classify": True}
