@@ -57,6 +57,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TextIO
 
 import trio
 
@@ -231,6 +232,15 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def announce(ready: dict[str, object], stream: TextIO | None = None) -> None:
+    """Write the ready line in one write: ``print`` writes the text and its newline apart (unbuffered, as under
+    PYTHONUNBUFFERED), and a log line from another thread could land between them on the same line of a file both
+    streams append to (seen under load: the ready line then no longer read as JSON, and the start looked hung)."""
+    out = sys.stdout if stream is None else stream
+    out.write(json.dumps(ready) + "\n")
+    out.flush()
+
+
 def settle_startup_heap() -> None:
     """Collect, then freeze what the started controller holds (modules, the schema, the store, the server): the
     collector never walks it again. A full collection during a resync of 100,000 facts walked it for 20-30 ms of
@@ -253,7 +263,7 @@ async def _serve_until_signalled(run: Callable[..., Awaitable[object]], extra: d
                 "incarnation": cluster.store.incarnation,
                 **extra,
             }
-            print(json.dumps(ready), flush=True)
+            announce(ready)
             async for signum in signals:
                 logging.getLogger("refcontroller").info("stopping on signal %s", signum)
                 nursery.cancel_scope.cancel()

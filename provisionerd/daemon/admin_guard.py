@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from provisionerd.daemon.admin_socket import Command
@@ -74,6 +74,18 @@ class AdminRefusals:
                 return status()
             except Exception as exc:  # noqa: BLE001 - see guard
                 return {"error": self.internal("status", exc)["error"]}
+
+        return guarded
+
+    def guard_prepare(self, prepare: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``prepare`` (awaited before a ``status`` is read) with an unexpected exception logged and counted as an
+        ``internal_error``: the status is then read as it stands."""
+
+        async def guarded() -> None:
+            try:
+                await prepare()
+            except Exception as exc:  # noqa: BLE001 - see guard
+                self.internal("status", exc)
 
         return guarded
 

@@ -183,13 +183,15 @@ async def serve_admin_socket(
     *,
     counts: AdminSocketCounts | None = None,
     refusals: RefusalNotes | None = None,
+    prepare: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``path`` until cancelled; removes a stale socket file first and the socket file on exit. Raises
     ``InsecurePath`` (before serving) on a directory another user could change, and ``AdminSocketInUse`` when
     another live process serves ``path`` (its socket is left alone).
     ``refusals.note(code, message)`` hears every request the socket itself refuses (``daemon.admin_guard``'s
-    ``AdminRefusals``, given here: the daemon logs and counts them); each such reply names its ``refused`` code."""
+    ``AdminRefusals``, given here: the daemon logs and counts them); each such reply names its ``refused`` code.
+    ``prepare`` is awaited before each ``status`` is read (the daemon's: its status pass, off the loop when large)."""
     commands = dict(commands or {})
     counts = AdminSocketCounts() if counts is None else counts
     own_uid = os.geteuid()
@@ -203,7 +205,7 @@ async def serve_admin_socket(
     prepare_socket_dir(path)
     lock = await trio.to_thread.run_sync(_lock_socket, path)
     try:
-        await _serve_locked(path, status, commands, counts, own_uid, refuse, task_status)
+        await _serve_locked(path, status, commands, counts, own_uid, refuse, prepare, task_status)
     finally:
         os.close(lock)
 
@@ -215,6 +217,7 @@ async def _serve_locked(
     counts: AdminSocketCounts,
     own_uid: int,
     refuse: Callable[..., dict[str, Any]],
+    prepare: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[None],
 ) -> None:
     holder = await trio.to_thread.run_sync(holder_of, path)
@@ -258,7 +261,7 @@ async def _serve_locked(
                         reply = refuse("no_request", f"no request line within {CLIENT_TIMEOUT:g}s")
                     else:
                         counts.accepted += 1
-                        reply = await _answer(line, status, commands, peer.uid, refuse)
+                        reply = await _answer(line, status, commands, peer.uid, refuse, prepare)
                         log.info("admin socket: request from uid %s pid %s: ok=%s", peer.uid, peer.pid, reply.get("ok"))
                     await _send(stream, reply)
                 finally:
@@ -314,6 +317,7 @@ async def _answer(
     commands: Mapping[str, Command],
     peer_uid: int | None,
     refuse: Callable[[str, str], dict[str, Any]],
+    prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     if len(line) > MAX_REQUEST:
         return refuse("too_large", f"request too large (more than {MAX_REQUEST} bytes)")
@@ -323,6 +327,8 @@ async def _answer(
         return refuse("not_json", "request is not JSON")
     cmd = request.get("cmd") if isinstance(request, dict) else None
     if cmd == "status":
+        if prepare is not None:
+            await prepare()
         return {"ok": True, "status": status()}
     command = commands.get(cmd) if isinstance(cmd, str) else None
     if command is None:

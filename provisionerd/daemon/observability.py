@@ -124,12 +124,13 @@ class Observability:
         scope: trio.CancelScope = await nursery.start(run)
         return scope
 
-    def _metrics(self) -> Response:
-        # A scrape reads the whole fleet once (status_snapshot: ~1-2 us per machine): scrapes within
-        # ``METRICS_MIN_INTERVAL`` get the same text, so a client scraping in a loop cannot take the event loop.
-        now = trio.current_time()
-        if self._rendered is None or now - self._rendered[0] >= METRICS_MIN_INTERVAL:
-            self._rendered = (now, self.metrics.render())
+    async def _metrics(self) -> Response:
+        # A scrape reads the whole fleet once (status_snapshot: ~1-2 us per machine, off the loop for a large view:
+        # ``StatusSnapshot.refresh``): scrapes within ``METRICS_MIN_INTERVAL`` get the same text, so a client
+        # scraping in a loop cannot take the event loop.
+        if self._rendered is None or trio.current_time() - self._rendered[0] >= METRICS_MIN_INTERVAL:
+            await self.snapshot.refresh()
+            self._rendered = (trio.current_time(), self.metrics.render())
         return Response(200, self._rendered[1], CONTENT_TYPE_LATEST)
 
     def _healthz(self) -> Response:

@@ -23,8 +23,9 @@ state snapshot in one pass).
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import attrs
@@ -89,7 +90,7 @@ class HttpServer:
 
     def __init__(
         self,
-        routes: Mapping[str, Callable[[], Response]],
+        routes: Mapping[str, Callable[[], Response | Awaitable[Response]]],
         *,
         refusals: RefusalCounter | None = None,
         max_request: int = MAX_REQUEST,
@@ -164,7 +165,8 @@ class HttpServer:
         if route is None:
             self._refuse("not_found", f"path {target[:80]!r}")
             return Response(404, b"not found\n")
-        response = route()
+        answer = route()  # a route may await what it reads (the daemon's /metrics: its status pass, off the loop)
+        response = await answer if inspect.isawaitable(answer) else answer
         self.served += 1
         return response if method == b"GET" else attrs.evolve(response, body=b"")
 

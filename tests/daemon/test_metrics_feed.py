@@ -3,6 +3,7 @@ state and demand wanted/supplied, and the metered client's outcome labels."""
 
 from __future__ import annotations
 
+import threading
 import types
 
 import pytest
@@ -188,7 +189,7 @@ def test_the_spend_curve_equals_the_cost_estimate_at_any_time(now_offset):
     start = 1.7e9
     view = _priced_view(40, start)
     now = start + now_offset
-    curve = status_snapshot._Pass(view).spend.at(now)
+    curve = status_snapshot._Pass.of(status_snapshot._Parts.of(view)).spend.at(now)
     assert [{k: v for k, v in line.items() if k != "rate"} for line in curve] == status_snapshot._spend(view, now)
 
 
@@ -288,3 +289,67 @@ def test_build_info_and_process_metrics_are_on_the_private_registry():
     assert dict(build)["version"] == __version__ and s[("provisionerd_build_info", build)] == 1.0
     assert s[("process_start_time_seconds", ())] > 0  # a "daemon restarted" rule reads this
     assert ("process_resident_memory_bytes", ()) in s and ("process_open_fds", ()) in s
+
+
+def _bare_snapshot(view: ControllerView) -> status_snapshot.StatusSnapshot:
+    pieces = types.SimpleNamespace(
+        keepers={},
+        policy=Policy(cluster="clu", providers={"sim": ProviderPolicy(join_deadline=60.0)}),
+        session=types.SimpleNamespace(view=view),
+    )
+    snapshot = status_snapshot.StatusSnapshot.__new__(status_snapshot.StatusSnapshot)
+    snapshot.pieces, snapshot._cached, snapshot.passes, snapshot.pass_seconds = pieces, None, 0, 0.0  # type: ignore[assignment]
+    snapshot.passes_off_loop = 0
+    return snapshot
+
+
+def test_a_large_views_status_pass_is_made_off_the_loop_and_stands_for_the_view_a_second_while_it_changes(
+    monkeypatch,
+):
+    view = _priced_view(status_snapshot.OFF_LOOP_AT, 100.0)
+    snapshot = _bare_snapshot(view)
+    threads: list[int] = []
+    made = status_snapshot._Pass.of
+
+    def spy(parts):
+        threads.append(threading.get_ident())
+        return made(parts)
+
+    monkeypatch.setattr(status_snapshot._Pass, "of", spy)
+    seen = {}
+
+    async def main():
+        await snapshot.refresh()
+        first = snapshot._pass(view)
+        seen["first"] = first
+        await snapshot.refresh()  # unchanged: nothing made
+        view.apply_hosts([HostState("clu/op-1/1", "sim", "m1", HostStatus.BUSY, 0.0)])
+        view.version += 1  # as the session bumps it
+        seen["lagging"] = snapshot._pass(view)  # within PASS_LAG: the pass made off the loop stands
+        await trio.sleep(status_snapshot.PASS_LAG + 0.5)
+        await snapshot.refresh()  # changed, and past the lag: made again, off the loop
+        seen["second"] = snapshot._pass(view)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert snapshot.passes == snapshot.passes_off_loop == 2
+    assert len(threads) == 2 and threading.get_ident() not in threads
+    assert seen["lagging"] is seen["first"] and seen["second"] is not seen["first"]
+    fleet = status_snapshot._Fleet(view, 200.0, snapshot.pieces, seen["second"])  # type: ignore[arg-type]
+    inline = status_snapshot._Fleet(view, 200.0, snapshot.pieces)  # type: ignore[arg-type]
+    assert fleet.machines == inline.machines and fleet.machines["sim"]["busy"] == 1
+    assert fleet.overdue == inline.overdue and fleet.supplied == inline.supplied
+
+
+def test_a_small_views_status_pass_stays_inline_and_exact():
+    view = _priced_view(6, 100.0)
+    snapshot = _bare_snapshot(view)
+
+    async def main():
+        await snapshot.refresh()  # small: nothing made here, nor in a thread
+        assert snapshot.passes == 0
+        first = snapshot._pass(view)
+        view.version += 1
+        assert snapshot._pass(view) is not first  # every change, at once
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert snapshot.passes == 2 and snapshot.passes_off_loop == 0

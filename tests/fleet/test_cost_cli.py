@@ -102,13 +102,13 @@ def test_the_cost_command_reports_the_spend_the_facts_say(tmp_path: Path, capsys
 def test_the_spend_counter_integrates_the_hourly_rate_while_held_and_survives_an_empty_fleet() -> None:
     """issue 32 item 6: ``provisionerd_estimated_spend_total`` never goes down, keeps its value when the fleet goes
     empty (so ``increase()`` gives a month's spend), and counts only while this daemon holds the lease."""
-    from provisionerd.daemon.status_snapshot import _Pass
+    from provisionerd.daemon.status_snapshot import _Parts, _Pass
     from provisionerd.telemetry.metrics_snapshot import SnapshotCollector
 
     view = ControllerView(1, "ctl0:7400", 1, FactView(), {})
     for committed in facts():
         view.facts.apply(committed)
-    lines = _Pass(view).spend.at(NOW)
+    lines = _Pass.of(_Parts.of(view)).spend.at(NOW)
     assert {(e["currency"], e["rate"]) for e in lines} == {("EUR", 2.0), ("USD", 0.5)}  # the live machines' rate
     clock = [0.0]
     doc: dict = {"providers": {"sim": {"lease": {"state": "held"}}}, "cost": lines}
