@@ -109,17 +109,20 @@ class EtcdElection:
 
     def fence(self) -> dict[str, object]:
         """The compare every write of the primary carries: our claim still holds."""
-        if self.claim is None:
+        claim = self.claim  # read once: a confirm in another worker thread may clear it meanwhile
+        if claim is None:
             raise EtcdError("not the primary: no claim to write under")
-        return value_is(self.primary_key, self.claim.encode())
+        return value_is(self.primary_key, claim.encode())
 
     def confirm(self) -> bool:
         """Refresh our lease and read the claim back through a majority: whether we are still primary. A lost
-        claim is final for this term (``claim`` is cleared: the replica steps down)."""
-        if self.claim is None:
+        claim is final for this term (``claim`` is cleared: the replica steps down). Calls may overlap (each in a
+        worker thread): the claim is read once, so one that another call cleared meanwhile is simply lost."""
+        claim = self.claim
+        if claim is None:
             return False
-        if self.client.keepalive(self.lease) <= 0 or self.current() != self.claim:
-            log.warning("lost the primary claim name=%s term=%d", self.name, self.claim.term)
+        if self.client.keepalive(self.lease) <= 0 or self.current() != claim:
+            log.warning("lost the primary claim name=%s term=%d", self.name, claim.term)
             self.claim = None
             return False
         return True
