@@ -195,13 +195,8 @@ def test_the_spend_curve_equals_the_cost_estimate_at_any_time(now_offset):
 
 def test_a_status_query_walks_the_view_again_only_when_it_changed():
     view = _priced_view(6, 100.0)
-    pieces = types.SimpleNamespace(
-        keepers={},
-        policy=Policy(cluster="clu", providers={"sim": ProviderPolicy(join_deadline=60.0)}),
-        session=types.SimpleNamespace(view=view),
-    )
-    snapshot = status_snapshot.StatusSnapshot.__new__(status_snapshot.StatusSnapshot)
-    snapshot.pieces, snapshot._cached, snapshot.passes, snapshot.pass_seconds = pieces, None, 0, 0.0  # type: ignore[assignment]
+    snapshot = _bare_snapshot(view)
+    pieces = snapshot.pieces
     first = snapshot._pass(view)
     assert snapshot._pass(view) is first and snapshot.passes == 1
     # Machines booting past their deadline are counted at the time asked, from the pass made earlier.
