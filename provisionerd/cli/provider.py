@@ -2,7 +2,7 @@
 (``provisionerd provider path`` is ``provider_path.py``.)
 
     provisionerd provider check [--transport oneshot|persistent] [--json] [--conf-dir DIR] [--data-dir DIR]
-                                [--env KEY=VALUE]... [--env-file FILE] [--timeout S] PATH
+                                [--env KEY=VALUE]... [--env-file FILE] [--timeout S] [--settle S] PATH
 
 One-shot: PATH is the directory of ``<action>.sh``. Persistent: PATH is an executable, or a directory holding an
 executable named ``provider``. ``PRO_CONF_DIR`` is ``--conf-dir``, else ``PATH/conf`` when it exists;
@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--env-file", type=Path, help="KEY=VALUE lines for the plugin's environment")
     check.add_argument("--timeout", type=float, default=30.0, help="seconds per call before it counts as hung")
+    check.add_argument(
+        "--settle",
+        type=float,
+        help="seconds a request may stay running and a returned machine stay listed (default: max(60, --timeout))",
+    )
     sub.add_parser("path", help="print where a shipped plugin is installed (path [NAME])")
     return parser
 
@@ -173,9 +178,10 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse has printed the usage (or the help); the caller gets a code, not an exit
         return 0 if exc.code in (0, None) else 2
-    if args.timeout <= 0:
-        print("provisionerd provider check: --timeout must be positive", file=sys.stderr)
-        return 2
+    for flag, value in (("--timeout", args.timeout), ("--settle", args.settle)):
+        if value is not None and not 0 < value < float("inf"):
+            print(f"provisionerd provider check: {flag} must be a positive number of seconds", file=sys.stderr)
+            return 2
     try:
         target = resolve_target(args.path, args.transport)
     except ValueError as exc:
@@ -189,7 +195,8 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"provisionerd provider check: {exc}", file=sys.stderr)
         return 2
-    options = KitOptions(timeout=args.timeout, settle=max(60.0, args.timeout), budget=max(180.0, 6 * args.timeout))
+    settle = max(60.0, args.timeout) if args.settle is None else args.settle
+    options = KitOptions(timeout=args.timeout, settle=settle, budget=max(180.0, 6 * args.timeout, 3 * settle))
     if args.data_dir is not None:
         data_dir, keep = args.data_dir.resolve(), True
         try:

@@ -22,8 +22,8 @@ def real_python_first(monkeypatch):
     monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
-def run(capsys, *argv) -> tuple[int, dict[str, tuple[bool, str]]]:
-    code = main(["check", "--json", "--timeout", "10", *argv])
+def run(capsys, *argv, timeout: str = "10") -> tuple[int, dict[str, tuple[bool, str]]]:
+    code = main(["check", "--json", "--timeout", timeout, *argv])
     report = json.loads(capsys.readouterr().out)
     return code, {c["name"]: (c["ok"], c["detail"]) for c in report["checks"]}
 
@@ -71,9 +71,20 @@ def test_the_lsf_example_passes_as_legacy(capsys):
     ],
 )
 def test_an_lsf_plugin_that_breaks_the_lsf_contract_fails(tmp_path, capsys, settings, row, reason):
-    code, rows = run(capsys, "--conf-dir", str(conf_with(tmp_path, settings)), str(EXAMPLE))
+    # A short settle time: the sticky return's machines never leave, so the kit waits it out (60 s by default).
+    conf = conf_with(tmp_path, settings)
+    code, rows = run(capsys, "--settle", "3", "--conf-dir", str(conf), str(EXAMPLE), timeout="5")
     ok, detail = rows[row]
     assert code == 1 and not ok and reason in detail, detail
+    if "STICKY_RETURN" in settings:  # the kit tried to return them for the settle time given, then said so
+        ok, detail = rows["every machine the kit asked for is returned"]
+        assert not ok and detail.startswith("could not return 2: "), detail
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_settle_time_that_is_not_a_positive_number_exits_2(capsys, value):
+    assert main(["check", "--settle", value, str(EXAMPLE)]) == 2
+    assert "--settle must be a positive number of seconds" in capsys.readouterr().err
 
 
 def test_an_accepted_unknown_template_is_a_warning_and_its_machine_is_returned(tmp_path, capsys):

@@ -1,6 +1,8 @@
 """The wheel is the product: built as a user builds it, installed outside any checkout, it runs the demo to ``ok``.
 
-One module-scoped install serves every test here: the source tree is copied to a temporary directory (tracked and
+One wheel a run (under pytest-xdist the first worker to need it builds it, the others wait on a lock and take it:
+``make test`` spreads this module's tests over its workers), and one install of it a worker, serves every test
+here: the source tree is copied to a temporary directory (tracked and
 untracked files alike, without the venv, caches and build output), built with ``python -m build --wheel`` (build
 isolation: setuptools comes from the index, as for a user), and the copy is deleted, so no path into a source tree
 can work afterwards. The wheel goes into a fresh venv (no pip of its own: this interpreter's pip installs into it
@@ -12,6 +14,7 @@ index into the venv takes minutes (pycapnp, cryptography).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -84,15 +87,36 @@ def _timed(seconds: dict[str, float], step: str, argv: list[str]) -> None:
     assert done.returncode == 0, f"{step}: {argv}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
+def _built_wheel(tmp_path_factory: pytest.TempPathFactory, worker_id: str, seconds: dict[str, float]) -> Path:
+    """The run's wheel: built by the first worker that asks, under a lock in the directory the run's workers share
+    (without xdist, this session's own); the build's seconds are the builder's, said by every worker."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base if worker_id == "master" else base.parent) / "wheel-build"
+    shared.mkdir(exist_ok=True)
+    with (shared / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the builder's steps are each bounded (300 s): so is this wait
+        timing = shared / "seconds.json"
+        if not timing.exists():
+            source, built = shared / "src", {}
+            shutil.copytree(REPO, source, symlinks=True, ignore=IGNORED)
+            _timed(
+                built,
+                "build",
+                [sys.executable, "-m", "build", "--wheel", "--outdir", str(shared / "dist"), str(source)],
+            )
+            shutil.rmtree(source)
+            timing.write_text(json.dumps(built))
+        seconds.update(json.loads(timing.read_text()))
+    (wheel,) = (shared / "dist").glob("provisionerd-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def installed(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Installed:
     base = tmp_path_factory.mktemp("wheel")
     seconds: dict[str, float] = {}
-    source, dist, venv, home = base / "src", base / "dist", base / "venv", base / "home"
-    shutil.copytree(REPO, source, symlinks=True, ignore=IGNORED)
-    _timed(seconds, "build", [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)])
-    shutil.rmtree(source)
-    (wheel,) = dist.glob("provisionerd-*.whl")
+    venv, home = base / "venv", base / "home"
+    wheel = _built_wheel(tmp_path_factory, worker_id, seconds)
     _timed(seconds, "venv", [sys.executable, "-m", "venv", "--without-pip", str(venv)])
     purelib = Path(
         subprocess.check_output(
