@@ -8,13 +8,27 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import trio
 
 T = TypeVar("T")
+
+#: The default polling: the first probe again after 50 ms, each later one 1.5 times as long after, up to 250 ms. A
+#: wait answered at once costs no latency; a long one (an agent joining, a lease expiring) does not keep the probed
+#: process busy answering (a status query every 50 ms of a 30 s wait was 600 of them, each costing both sides).
+FIRST, GROWTH, MOST = 0.05, 1.5, 0.25
+
+
+def _pauses(interval: float | None) -> Iterator[float]:
+    """The sleeps between probes: ``interval`` every time when given, else growing from ``FIRST`` to ``MOST``."""
+    pause = interval if interval is not None else FIRST
+    while True:
+        yield pause
+        if interval is None:
+            pause = min(MOST, pause * GROWTH)
 
 
 class WaitTimeout(AssertionError):
@@ -26,20 +40,20 @@ def _timed_out(what: str, limit: float, last: object) -> WaitTimeout:
     return WaitTimeout(f"not within {limit:g} s: {what}{seen}")
 
 
-async def until(what: str, probe: Callable[[], Awaitable[T]], limit: float = 30.0, interval: float = 0.05) -> T:
+async def until(what: str, probe: Callable[[], Awaitable[T]], limit: float = 30.0, interval: float | None = None) -> T:
     """Await ``probe()`` until it returns something truthy and return that; ``WaitTimeout`` naming ``what`` after
-    ``limit`` seconds (trio's clock)."""
+    ``limit`` seconds (trio's clock). Probes every ``interval`` seconds when given, else as ``_pauses`` says."""
     last: object = None
     with trio.move_on_after(limit):
-        while True:
+        for pause in _pauses(interval):
             last = await probe()
             if last:
                 return last  # type: ignore[return-value]
-            await trio.sleep(interval)
+            await trio.sleep(pause)
     raise _timed_out(what, limit, last)
 
 
-async def until_sync(what: str, probe: Callable[[], T], limit: float = 30.0, interval: float = 0.05) -> T:
+async def until_sync(what: str, probe: Callable[[], T], limit: float = 30.0, interval: float | None = None) -> T:
     """``until`` for a probe that is a plain function (reads a store, a file, ``/proc``)."""
 
     async def call() -> T:
@@ -48,17 +62,18 @@ async def until_sync(what: str, probe: Callable[[], T], limit: float = 30.0, int
     return await until(what, call, limit, interval)
 
 
-def blocking(what: str, probe: Callable[[], T], limit: float = 30.0, interval: float = 0.1) -> T:
+def blocking(what: str, probe: Callable[[], T], limit: float = 30.0, interval: float | None = None) -> T:
     """``until`` outside trio (fixtures, synchronous tests): polls on the monotonic clock."""
     deadline = time.monotonic() + limit
     last: object = None
-    while True:
+    for pause in _pauses(interval):
         last = probe()
         if last:
             return last  # type: ignore[return-value]
         if time.monotonic() >= deadline:
-            raise _timed_out(what, limit, last)
-        time.sleep(interval)
+            break
+        time.sleep(pause)
+    raise _timed_out(what, limit, last)
 
 
 def log_has(path: Path, needle: str) -> Callable[[], bool]:
