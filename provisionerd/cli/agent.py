@@ -82,8 +82,8 @@ from provisionerd.agent.worker import (
 from provisionerd.cli.logs import add_log_format_argument
 from provisionerd.domain.errors import AuthError, ConfigError
 from provisionerd.domain.model import HostStatus, Role
-from provisionerd.provider.runtime import Redactor
 from provisionerd.telemetry.logging_setup import configure_logging
+from provisionerd.telemetry.redaction import Redactor
 from provisionerd.wire.tls import ClusterSSLContext, client_ssl_context, peer_role
 
 log = logging.getLogger("provisionerd.agent")

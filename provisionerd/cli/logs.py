@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from provisionerd.config.loader import Config
-from provisionerd.provider.runtime import Redactor
 from provisionerd.telemetry.log_collapse import COLLAPSE_WINDOW
 from provisionerd.telemetry.logging_setup import LOG_FORMATS, RedactingFormatter, config_secrets, configure_logging
+from provisionerd.telemetry.redaction import Redactor
+
+if TYPE_CHECKING:  # an annotation only: the agent sets up its logs here too and loads no config
+    from provisionerd.config.loader import Config
 
 
 def add_log_format_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:

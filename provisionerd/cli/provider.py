@@ -33,9 +33,10 @@ from provisionerd.provider.kit import CLUSTER, RETURN_ROW, CheckResult, Kit, Kit
 from provisionerd.provider.legacy.kit import legacy_checks
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import open_persistent_provider
-from provisionerd.provider.runtime import Limits, ProviderConfig, Redactor
+from provisionerd.provider.runtime import Limits, ProviderConfig
 from provisionerd.telemetry.files import make_private_dir
 from provisionerd.telemetry.log_collapse import collapsed_logs
+from provisionerd.telemetry.redaction import Redactor
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -172,7 +172,7 @@ class StderrTail:
 
 
 class TextRedactor(Protocol):
-    """What ``StderrTail`` needs of a redactor (``provider.runtime.Redactor``): the text with every secret
+    """What ``StderrTail`` needs of a redactor (``telemetry.redaction.Redactor``): the text with every secret
     replaced, and ``reach``, the length of the longest text it replaces."""
 
     @property

@@ -22,13 +22,15 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePath
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
 
-from provisionerd.config.loader import ProviderConfig
 from provisionerd.domain.model import Epoch
 from provisionerd.telemetry.log_collapse import Collapser, collapse_key
+
+if TYPE_CHECKING:  # the config loader (and its jsonschema) is not imported by every process that logs: agents do not
+    from provisionerd.config.loader import ProviderConfig
 
 LOG_FORMATS = ("text", "json")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}

@@ -22,8 +22,9 @@ from typing import Any
 import trio
 
 from provisionerd.domain.errors import CapacityUnavailable, InvalidRequest, ProviderError, ProviderProtocolViolation
-from provisionerd.provider.runtime import Redactor, check_input, join_tokens
+from provisionerd.provider.runtime import check_input, join_tokens
 from provisionerd.provider.schemas import contract
+from provisionerd.telemetry.redaction import Redactor
 
 #: Every template's attributes: what a healthy machine's agent reports (``FakeProvider.report``).
 TEMPLATE_ATTRIBUTES: Mapping[str, tuple[str, str]] = {"ncpus": ("Numeric", "2")}

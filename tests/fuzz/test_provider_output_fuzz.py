@@ -18,8 +18,9 @@ from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolatio
 from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.process import StderrTail
-from provisionerd.provider.runtime import ProviderConfig, Redactor, check_output, read_error_body
+from provisionerd.provider.runtime import ProviderConfig, check_output, read_error_body
 from provisionerd.provider.schemas import ACTIONS
+from provisionerd.telemetry.redaction import Redactor
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,9 +12,9 @@ import pytest
 from provisionerd.cli.logs import setup_daemon_logging
 from provisionerd.config.loader import Config, ControllerSettings, DaemonSettings, ProviderConfig, TlsPaths
 from provisionerd.domain.model import Epoch
-from provisionerd.provider.runtime import Redactor
 from provisionerd.telemetry.events import EventLog
 from provisionerd.telemetry.logging_setup import configure_logging
+from provisionerd.telemetry.redaction import Redactor
 
 SECRET = "AKIA-very-secret-credential-0123456789"
 

@@ -18,8 +18,9 @@ from provisionerd.orphans.model import Unreadable
 from provisionerd.provider import paging
 from provisionerd.provider.client import PluginClient
 from provisionerd.provider.paging import PageJoin, PagingViolation, join_pages, keyset_page, max_pages
-from provisionerd.provider.runtime import Redactor, check_input, check_output
+from provisionerd.provider.runtime import check_input, check_output
 from provisionerd.provider.values import MachineRef
+from provisionerd.telemetry.redaction import Redactor
 
 CLUSTER = "c1"
 

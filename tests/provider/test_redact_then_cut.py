@@ -12,7 +12,8 @@ from provisionerd.domain.errors import ProviderCrashed
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import Backoff, open_persistent_provider
 from provisionerd.provider.process import StderrTail
-from provisionerd.provider.runtime import Limits, Redactor, snippet
+from provisionerd.provider.runtime import Limits, snippet
+from provisionerd.telemetry.redaction import Redactor
 
 TOKEN = "tok-Zq8RvW3xK9mN2pL7yT4cB6hJ1dF5gS0aE8uQ3iO"  # 43 characters, as in the issue
 PEM = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQE\n-----END KEY-----"  # a credential with newlines

@@ -20,7 +20,7 @@ from provisionerd.domain.model import TAG_INSTANCE, Epoch, Offer, PriceQuote, Pr
 from provisionerd.domain.tokens import instance_refs, issue
 from provisionerd.provider import contract
 from provisionerd.provider.client import PluginClient, ProviderClient, ProviderReader
-from provisionerd.provider.runtime import Redactor, check_output
+from provisionerd.provider.runtime import check_output
 from provisionerd.provider.schemas import contract as schemas
 from provisionerd.provider.values import (
     Features,
@@ -35,6 +35,7 @@ from provisionerd.provider.values import (
     UnknownOutcome,
     status_for,
 )
+from provisionerd.telemetry.redaction import Redactor
 from provisionerd.testing.fake_provider import FakeProvider
 
 PROPERTIES = settings(max_examples=100, deadline=None)

@@ -27,7 +27,8 @@ from provisionerd.domain.errors import (
     Throttled,
     rejection,
 )
-from provisionerd.provider.runtime import Redactor, read_error_body
+from provisionerd.provider.runtime import read_error_body
+from provisionerd.telemetry.redaction import Redactor
 
 CLASSES = {
     "capacity_unavailable": CapacityUnavailable,

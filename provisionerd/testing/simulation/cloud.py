@@ -31,7 +31,8 @@ from typing import Any
 import trio
 
 from provisionerd.domain.errors import ProviderCrashed, ProviderProtocolViolation, ProviderTimeout, rejection
-from provisionerd.provider.runtime import Redactor, check_input, join_tokens
+from provisionerd.provider.runtime import check_input, join_tokens
+from provisionerd.telemetry.redaction import Redactor
 from provisionerd.testing.fake_provider import FakeProvider
 from provisionerd.testing.simulation.invariants import MUTATING
 from provisionerd.testing.simulation.observe import CallerLease, Creation, Mutation, Recorder
