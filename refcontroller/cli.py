@@ -61,7 +61,6 @@ from typing import TextIO
 
 import trio
 
-from provisionerd.config.demand_doc import parse_demand
 from provisionerd.domain.errors import ConfigError
 from provisionerd.domain.model import DemandItem, Fact
 from refcontroller import addresses as addr
@@ -274,6 +273,9 @@ def _admin(args: argparse.Namespace) -> int:
     addresses = [addr.format(*a) for a in addr.parse_list(args.connect)]
     items: tuple[DemandItem, ...] = ()
     if args.op == "demand" and not args.clear:  # check the input before touching certificates or the network
+        # Imported here: its schema brings jsonschema, which a serving replica (started far more often) never needs.
+        from provisionerd.config.demand_doc import parse_demand
+
         try:
             text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
         except OSError as exc:
