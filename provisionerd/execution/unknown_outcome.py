@@ -24,6 +24,7 @@ from provisionerd.execution.op_book import OpRecord
 from provisionerd.execution.provider_features import FeatureBook
 from provisionerd.execution.steps import FlowDeps, Steps
 from provisionerd.execution.values import GATE_ERRORS, RequestOutcome
+from provisionerd.planner.capacity import CapacityUnavailable
 from provisionerd.provider.values import RequestAccepted
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class UnknownOutcomeFlow:
             if found and len(assign_refs(found, intent.instance_refs)) >= intent.count:
                 return None, await self._settle_listed(intent, found)  # all made: calling again could only harm
             if not await self._idempotent(provider):
-                return None, await self._settle_without_retry(intent, found, error)
+                return None, await self._settle_without_retry(run, intent, found, error)
             if self._deps.facts.epoch_now(provider) is None or attempt >= s.retries or trio.current_time() >= deadline:
                 if found:
                     await steps.commit_instances(intent, found)
@@ -122,7 +123,7 @@ class UnknownOutcomeFlow:
         return RequestOutcome(intent.op_id, intent.provider, "fulfilled", committed)
 
     async def _settle_without_retry(
-        self, intent: RequestIntent, found: Sequence[ProviderMachine] | None, error: ProviderError
+        self, run: OpRecord, intent: RequestIntent, found: Sequence[ProviderMachine] | None, error: ProviderError
     ) -> RequestOutcome:
         """A provider without idempotent requests: the same op_id again would create its machines again. Commit
         what the listing shows, fail the rest (the planner requests the shortfall as a new op with fresh tokens).
@@ -141,4 +142,9 @@ class UnknownOutcomeFlow:
         )[:500]
         if not await self._deps.facts.commit_quietly(RequestFailed(provider, NO_EPOCH, op_id, reason)):
             return RequestOutcome(op_id, provider, "unknown", committed, code="commit_failed")
+        if intent.all_or_nothing and committed:
+            # An all-or-nothing op that made some of its machines is broken (planner.gang): they are returned and
+            # the whole asked again, after the offer's capacity back-off, as for an answer in part
+            # (request_flow._finish): asked again at once, the same offer would likely fall short again.
+            run.add(CapacityUnavailable(provider, intent.template_id, self._deps.wall()))
         return RequestOutcome(op_id, provider, "partial", committed, code="not_idempotent", detail=reason)

@@ -13,6 +13,7 @@ from typing import Any
 import trio
 from lifecycle_rig import BASE, CLUSTER, item
 
+from provisionerd.domain.errors import ProviderCrashed
 from provisionerd.domain.model import InstanceFact, RequestFailed, RequestIntent, ReturnIntent
 from provisionerd.planner.policy import Policy, ProviderPolicy
 from provisionerd.testing.fake_provider import FakeProvider
@@ -91,6 +92,47 @@ def test_a_partial_answer_is_returned_whole_and_the_whole_is_asked_again(run_rig
     made_first = sorted(f.machine_id for f in rig.facts(InstanceFact) if f.op_id == first.op_id)
     assert back.reason == "all_or_nothing" and sorted(back.machine_ids) == made_first and len(made_first) == 3
     # The whole is asked again only after the offer's capacity back-off, and all 4 run from the second op.
+    assert seen["block"] is not None and seen["block"].startswith("capacity_unavailable until"), seen["block"]
+    assert {m["tags"]["provisionerd:op"] for m in rig.running()} == {second.op_id}
+
+
+class CrashesPartWay(FakeProvider):
+    """A plugin without idempotent requests whose next all-or-nothing ``requestMachines`` launches all but
+    ``fall_short`` machines and then dies before it answers (the outcome is unknown)."""
+
+    def _describeProvider(self, doc: Any) -> dict[str, Any]:
+        out = super()._describeProvider(doc)
+        out["features"]["idempotentRequest"] = False
+        return out
+
+    def _requestMachines(self, doc: Any) -> dict[str, Any]:
+        short = self.fall_short
+        out = super()._requestMachines(doc)
+        if short:
+            raise ProviderCrashed(self.name, "requestMachines", "exited 1 before answering")
+        return out
+
+
+def test_an_unknown_outcome_that_made_part_of_the_gang_is_returned_and_asked_again_after_the_back_off(run_rig):
+    seen: dict = {}
+    plugin = CrashesPartWay("p", {"small": 3, "large": 10}, launch_time=int(BASE), prices={"small": 0.5, "large": 1.0})
+
+    async def scenario(rig, nursery):
+        rig.providers["p"].fall_short = 1  # 3 of 4 made, then the plugin dies: the listing shows the 3
+        rig.session.set_demand(1, GANG)
+        await rig.wait_for(lambda: len(rig.facts(ReturnIntent)) == 1, limit=120.0)
+        seen["block"] = rig.loop.state.capacity.offer_block(("p", "large"), BASE + trio.current_time())
+        await rig.wait_for(lambda: len(rig.facts(RequestIntent)) == 2, limit=600.0)
+        await rig.wait_for(lambda: len(rig.running()) == 4, limit=120.0)
+        seen["failed"] = rig.facts(RequestFailed)
+
+    rig = run_rig(scenario, {"p": plugin}, policy=policy())
+    first, second = rig.facts(RequestIntent)
+    (failed,) = seen["failed"]
+    assert failed.op_id == first.op_id and "outcome unknown (ProviderCrashed)" in failed.reason, failed.reason
+    (back,) = rig.facts(ReturnIntent)
+    made_first = sorted(f.machine_id for f in rig.facts(InstanceFact) if f.op_id == first.op_id)
+    assert back.reason == "all_or_nothing" and sorted(back.machine_ids) == made_first and len(made_first) == 3
     assert seen["block"] is not None and seen["block"].startswith("capacity_unavailable until"), seen["block"]
     assert {m["tags"]["provisionerd:op"] for m in rig.running()} == {second.op_id}
 
