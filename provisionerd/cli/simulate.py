@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
 WORKLOADS = ("any", "gate", "lifecycle")
 
 
@@ -98,39 +100,68 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _overrides(
-    workload: str,
-    churn_hours: float = 0.0,
-    legacy_share: float = 0.0,
-    fleet_share: float = 0.0,
-    notice_share: float = 0.0,
-    gang_share: float = 0.0,
-    priority_share: float = 0.0,
-) -> dict[str, Any]:
-    from provisionerd.testing.simulation import churn
+@attrs.frozen
+class Draw:
+    """What every world of a campaign is drawn from: the workload (``any``: each seed draws its own), the churn
+    hours (0: ordinary runs) and the chance of each optional part of a world (the ``--*-share`` options)."""
 
-    if churn_hours > 0:
-        return churn.settings_for(churn_hours)
-    drawn: dict[str, Any] = {} if workload == "any" else {"workload": workload}
-    shares = {
-        "legacy_share": legacy_share,
-        "fleet_share": fleet_share,
-        "notice_share": notice_share,
-        "gang_share": gang_share,
-        "priority_share": priority_share,
-    }
-    return {**drawn, **{name: share for name, share in shares.items() if share}}
+    workload: str = "any"
+    churn_hours: float = 0.0
+    legacy_share: float = 0.0
+    fleet_share: float = 0.0
+    notice_share: float = 0.0
+    gang_share: float = 0.0
+    priority_share: float = 0.0
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Draw:
+        return cls(
+            args.workload,
+            args.churn,
+            legacy_share=args.legacy_share,
+            fleet_share=args.fleet_share,
+            notice_share=args.notice_share,
+            gang_share=args.gang_share,
+            priority_share=args.priority_share,
+        )
+
+    def shares_in_range(self) -> bool:
+        shares = (self.legacy_share, self.fleet_share, self.notice_share, self.gang_share, self.priority_share)
+        return all(0 <= share <= 1 for share in shares)
+
+    def overrides(self) -> dict[str, Any]:
+        """The ``World`` settings this draw fixes (a churn run has its own, ``churn.settings_for``)."""
+        from provisionerd.testing.simulation import churn
+
+        if self.churn_hours > 0:
+            return churn.settings_for(self.churn_hours)
+        drawn: dict[str, Any] = {} if self.workload == "any" else {"workload": self.workload}
+        shares = {
+            "legacy_share": self.legacy_share,
+            "fleet_share": self.fleet_share,
+            "notice_share": self.notice_share,
+            "gang_share": self.gang_share,
+            "priority_share": self.priority_share,
+        }
+        return {**drawn, **{name: share for name, share in shares.items() if share}}
+
+
+@attrs.frozen
+class Job:
+    """One run of a campaign, as a worker process receives it."""
+
+    seed: int
+    draw: Draw
+    budget: float  # wall seconds the run may take
 
 
 def _run(job: Job) -> dict[str, Any]:
     from provisionerd.testing.simulation import World, run_world
 
-    seed, workload, budget, churn_hours, *shares = job
-    drawn = _overrides(workload, churn_hours, *shares)
-    world = World(seed, keep_trace=False, **drawn)
-    result = run_world(world, wall_budget=budget)
+    world = World(job.seed, keep_trace=False, **job.draw.overrides())
+    result = run_world(world, wall_budget=job.budget)
     first = result.first
-    line: dict[str, Any] = {"seed": seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
+    line: dict[str, Any] = {"seed": job.seed, "virtual_s": result.virtual_seconds, "wall_s": result.wall_seconds}
     if world.churn is not None:
         line["churn"] = {**world.churn.summary(), "wall_s": round(result.wall_seconds, 3)}
     if first is not None:
@@ -145,9 +176,6 @@ def _run(job: Job) -> dict[str, Any]:
     return line
 
 
-Job = tuple[int, str, float, float, float, float, float, float, float]
-
-
 def _results(jobs: list[Job], processes: int) -> Iterator[dict[str, Any]]:
     if processes <= 1:
         yield from map(_run, jobs)
@@ -156,33 +184,22 @@ def _results(jobs: list[Job], processes: int) -> Iterator[dict[str, Any]]:
         yield from pool.imap(_run, jobs, chunksize=4)
 
 
-def _trace(
-    seed: int,
-    workload: str,
-    budget: float,
-    churn_hours: float = 0.0,
-    legacy_share: float = 0.0,
-    fleet_share: float = 0.0,
-    notice_share: float = 0.0,
-    gang_share: float = 0.0,
-    priority_share: float = 0.0,
-) -> int:
+def _trace(job: Job) -> int:
     from provisionerd.testing.simulation import World, run_world
 
-    shares = (legacy_share, fleet_share, notice_share, gang_share, priority_share)
-    world = World(seed, keep_trace=True, **_overrides(workload, churn_hours, *shares))
+    world = World(job.seed, keep_trace=True, **job.draw.overrides())
     print(
         json.dumps(
-            {"seed": seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
+            {"seed": job.seed, "settings": repr(world.settings), "faults": [f.describe() for f in world.plan.faults]}
         )
     )
-    result = run_world(world, wall_budget=budget)
+    result = run_world(world, wall_budget=job.budget)
     for line in world.recorder.trace:
         print(line)
     print(
         json.dumps(
             {
-                "seed": seed,
+                "seed": job.seed,
                 "violations": [[v.at, v.invariant, v.detail] for v in result.violations],
                 "digest": result.digest,
             }
@@ -197,17 +214,14 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse printed the problem (or the help)
         return int(exc.code or 0)
     budget = args.wall_budget if args.wall_budget is not None else 120.0 * max(1.0, args.churn)
+    draw = Draw.of(args)
     if (
         args.seeds < 0
         or args.jobs < 1
         or args.start < 0
         or budget <= 0
         or not 0 <= args.churn <= 24 * 365
-        or not 0 <= args.legacy_share <= 1
-        or not 0 <= args.fleet_share <= 1
-        or not 0 <= args.notice_share <= 1
-        or not 0 <= args.gang_share <= 1
-        or not 0 <= args.priority_share <= 1
+        or not draw.shares_in_range()
     ):
         print(
             "provisionerd simulate: --seeds, --start must be >= 0, --jobs >= 1, --wall-budget > 0,"
@@ -215,13 +229,10 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    shares = (args.legacy_share, args.fleet_share, args.notice_share, args.gang_share, args.priority_share)
     if args.trace is not None:
-        return _trace(args.trace, args.workload, budget, args.churn, *shares)
+        return _trace(Job(args.trace, draw, budget))
     started = time.perf_counter()
-    jobs: list[Job] = [
-        (seed, args.workload, budget, args.churn, *shares) for seed in range(args.start, args.start + args.seeds)
-    ]
+    jobs = [Job(seed, draw, budget) for seed in range(args.start, args.start + args.seeds)]
     failing, virtual = 0, 0.0
     for line in _results(jobs, args.jobs):
         virtual += line["virtual_s"]
