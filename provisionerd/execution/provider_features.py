@@ -7,8 +7,7 @@ asked. A ``describeProvider`` that fails is not kept: the book answers ``None`` 
 takes "cannot say" as the feature's absence, the safe reading. It asks again only after a pause (``RETRY_FIRST``
 seconds on trio's clock, doubling for each failure in a row up to ``RETRY_MOST``): a broken plugin is not called at
 every reconcile pass for as long as it stays broken, and its warning comes once a pause, naming when it is asked
-again. A read for a decision about a call whose outcome is unknown (``unknown_outcome``: may the op be retried
-under its op_id?) asks even within the pause: it is rare, and an answer there spares a new op.
+again.
 """
 
 from __future__ import annotations
@@ -51,14 +50,14 @@ class FeatureBook:
             features = None if client is None else client.known_features
         return features
 
-    async def read(self, provider: str, *, within_pause: bool = False) -> Features | None:
+    async def read(self, provider: str) -> Features | None:
         """``provider``'s features, asking ``describeProvider`` the first time (``None``: it could not say now, or
-        its last read failed less than the pause ago and ``within_pause`` is false)."""
+        its last read failed less than the pause ago)."""
         features = self.known(provider)
         if features is None:
             client = self._clients.get(provider)
             failed = self._failed.get(provider)
-            if client is None or (failed is not None and not within_pause and trio.current_time() < failed.until):
+            if client is None or (failed is not None and trio.current_time() < failed.until):
                 return None
             try:
                 features = (await client.describe_provider()).features

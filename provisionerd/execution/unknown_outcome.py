@@ -112,7 +112,7 @@ class UnknownOutcomeFlow:
     async def _idempotent(self, provider: str) -> bool:
         """Whether ``provider`` declares ``features.idempotentRequest``. A provider that cannot say is taken as not
         idempotent: the safe reading (asked again next time)."""
-        features = await self._features.read(provider, within_pause=True)  # worth a call even after a failure
+        features = await self._features.read(provider)
         return features is not None and features.idempotent_request
 
     async def _settle_listed(self, intent: RequestIntent, found: Sequence[ProviderMachine]) -> RequestOutcome:

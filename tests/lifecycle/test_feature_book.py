@@ -73,18 +73,3 @@ def test_each_failure_is_one_warning_naming_when_it_is_asked_again(caplog: pytes
     assert len(lines) == 2, lines
     assert "asked again in 10 s" in lines[0] and "asked again in 20 s" in lines[1]
     assert all("exited 1 before answering" in line for line in lines)
-
-
-def test_a_read_for_an_unknown_outcome_asks_even_within_the_pause() -> None:
-    client = Flaky(failures=1)
-    book = FeatureBook({"p": client})  # type: ignore[dict-item]
-
-    async def main() -> tuple[Features | None, Features | None]:
-        assert await book.read("p") is None  # fails: paused for 10 s
-        await trio.sleep(1.0)
-        paused = await book.read("p")
-        return paused, await book.read("p", within_pause=True)
-
-    paused, asked = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert paused is None and asked == Features(all_or_nothing=True)
-    assert client.asked == [0.0, 1.0]
