@@ -21,10 +21,10 @@ from provisionerd.testing.fake_provider import FakeProvider
 GANG = item("mpi", 4, all_or_nothing=True)
 
 
-def provider(**templates: int) -> FakeProvider:
+def provider(kind: type[FakeProvider] = FakeProvider) -> FakeProvider:
     """``small`` (room for 3, the cheaper) and ``large`` (room for 10): the cheapest offer cannot hold all 4."""
     prices = {"small": 0.5, "large": 1.0}
-    return FakeProvider("p", templates or {"small": 3, "large": 10}, launch_time=int(BASE), prices=prices)
+    return kind("p", {"small": 3, "large": 10}, launch_time=int(BASE), prices=prices)
 
 
 class NoWholeRequests(FakeProvider):
@@ -71,11 +71,15 @@ def test_the_same_item_without_the_flag_is_split_over_the_cheaper_offer_first(ru
     ]
 
 
-def test_a_partial_answer_is_returned_whole_and_the_whole_is_asked_again(run_rig):
-    seen: dict = {}
+def _gang_returned_then_asked_again(run_rig, plugin: FakeProvider) -> RequestFailed:
+    """The scenario both partial outcomes share: the plugin makes 3 of the gang's 4; the rig waits for the return,
+    reads the offer's block then, and waits for the whole to be asked again and to run. Checks what they share: the
+    3 made are returned whole (``all_or_nothing``), after the offer's capacity back-off, and all 4 run from the
+    second op. Returns the first op's ``RequestFailed``."""
+    seen: dict[str, Any] = {}
 
     async def scenario(rig, nursery):
-        rig.providers["p"].fall_short = 1  # the cloud launches 3 of 4 and says complete_with_error
+        rig.providers["p"].fall_short = 1
         rig.session.set_demand(1, GANG)
         await rig.wait_for(lambda: len(rig.facts(ReturnIntent)) == 1, limit=120.0)
         seen["block"] = rig.loop.state.capacity.offer_block(("p", "large"), BASE + trio.current_time())
@@ -83,17 +87,24 @@ def test_a_partial_answer_is_returned_whole_and_the_whole_is_asked_again(run_rig
         await rig.wait_for(lambda: len(rig.running()) == 4, limit=120.0)
         seen["failed"] = rig.facts(RequestFailed)
 
-    rig = run_rig(scenario, {"p": provider()}, policy=policy())
+    rig = run_rig(scenario, {"p": plugin}, policy=policy())
     first, second = rig.facts(RequestIntent)
     assert (first.count, second.count) == (4, 4) and first.all_or_nothing and second.all_or_nothing
     (failed,) = seen["failed"]
-    assert failed.op_id == first.op_id and failed.reason.startswith("partial: 3 of 4")
+    assert failed.op_id == first.op_id
     (back,) = rig.facts(ReturnIntent)
     made_first = sorted(f.machine_id for f in rig.facts(InstanceFact) if f.op_id == first.op_id)
     assert back.reason == "all_or_nothing" and sorted(back.machine_ids) == made_first and len(made_first) == 3
     # The whole is asked again only after the offer's capacity back-off, and all 4 run from the second op.
     assert seen["block"] is not None and seen["block"].startswith("capacity_unavailable until"), seen["block"]
     assert {m["tags"]["provisionerd:op"] for m in rig.running()} == {second.op_id}
+    return failed
+
+
+def test_a_partial_answer_is_returned_whole_and_the_whole_is_asked_again(run_rig):
+    """The cloud launches 3 of 4 and says complete_with_error."""
+    failed = _gang_returned_then_asked_again(run_rig, provider())
+    assert failed.reason.startswith("partial: 3 of 4"), failed.reason
 
 
 class CrashesPartWay(FakeProvider):
@@ -114,27 +125,9 @@ class CrashesPartWay(FakeProvider):
 
 
 def test_an_unknown_outcome_that_made_part_of_the_gang_is_returned_and_asked_again_after_the_back_off(run_rig):
-    seen: dict = {}
-    plugin = CrashesPartWay("p", {"small": 3, "large": 10}, launch_time=int(BASE), prices={"small": 0.5, "large": 1.0})
-
-    async def scenario(rig, nursery):
-        rig.providers["p"].fall_short = 1  # 3 of 4 made, then the plugin dies: the listing shows the 3
-        rig.session.set_demand(1, GANG)
-        await rig.wait_for(lambda: len(rig.facts(ReturnIntent)) == 1, limit=120.0)
-        seen["block"] = rig.loop.state.capacity.offer_block(("p", "large"), BASE + trio.current_time())
-        await rig.wait_for(lambda: len(rig.facts(RequestIntent)) == 2, limit=600.0)
-        await rig.wait_for(lambda: len(rig.running()) == 4, limit=120.0)
-        seen["failed"] = rig.facts(RequestFailed)
-
-    rig = run_rig(scenario, {"p": plugin}, policy=policy())
-    first, second = rig.facts(RequestIntent)
-    (failed,) = seen["failed"]
-    assert failed.op_id == first.op_id and "outcome unknown (ProviderCrashed)" in failed.reason, failed.reason
-    (back,) = rig.facts(ReturnIntent)
-    made_first = sorted(f.machine_id for f in rig.facts(InstanceFact) if f.op_id == first.op_id)
-    assert back.reason == "all_or_nothing" and sorted(back.machine_ids) == made_first and len(made_first) == 3
-    assert seen["block"] is not None and seen["block"].startswith("capacity_unavailable until"), seen["block"]
-    assert {m["tags"]["provisionerd:op"] for m in rig.running()} == {second.op_id}
+    """3 of 4 made, then the plugin dies before it answers: the listing shows the 3."""
+    failed = _gang_returned_then_asked_again(run_rig, provider(CrashesPartWay))
+    assert "outcome unknown (ProviderCrashed)" in failed.reason, failed.reason
 
 
 def test_a_provider_that_cannot_say_all_or_nothing_is_never_asked(run_rig):
