@@ -382,29 +382,33 @@ impl<'a> Msg<'a> {
         if bytes[l.count - 1] != 0 {
             return Err(refused("text not NUL-terminated"));
         }
-        let raw = &bytes[..l.count - 1];
-        // One pass over the text: CPython's strict UTF-8 decoder checks it as `str::from_utf8` would (no
-        // surrogates, no overlong forms, nothing above U+10FFFF) while it makes the str, where checking with
-        // `from_utf8` first and then making the str read every text twice.
-        // SAFETY: `raw` is live for the call; the result is a new reference or NULL with an error set.
-        let mut obj = unsafe {
-            pyo3::ffi::PyUnicode_DecodeUTF8(
-                raw.as_ptr().cast(),
-                raw.len() as pyo3::ffi::Py_ssize_t,
-                std::ptr::null(),
-            )
-        };
-        if obj.is_null() {
-            drop(PyErr::take(py)); // the UnicodeDecodeError: the reference path gives the answer
-            return Err(refused("text is not UTF-8"));
-        }
-        if intern {
-            // SAFETY: `obj` is a new reference to an exact str; InternInPlace swaps it for the interned one.
-            unsafe { pyo3::ffi::PyUnicode_InternInPlace(&mut obj) };
-        }
-        // SAFETY: a new (owned) reference to a str.
-        Ok(unsafe { Bound::from_owned_ptr(py, obj).downcast_into_unchecked() })
+        py_text(py, &bytes[..l.count - 1], intern)
     }
+}
+
+/// The str of a text's bytes (interned when `intern`), or a refusal when they are not UTF-8.
+fn py_text<'py>(py: Python<'py>, raw: &[u8], intern: bool) -> R<Bound<'py, PyString>> {
+    // One pass over the text: CPython's strict UTF-8 decoder checks it as `str::from_utf8` would (no
+    // surrogates, no overlong forms, nothing above U+10FFFF) while it makes the str, where checking with
+    // `from_utf8` first and then making the str read every text twice.
+    // SAFETY: `raw` is live for the call; the result is a new reference or NULL with an error set.
+    let mut obj = unsafe {
+        pyo3::ffi::PyUnicode_DecodeUTF8(
+            raw.as_ptr().cast(),
+            raw.len() as pyo3::ffi::Py_ssize_t,
+            std::ptr::null(),
+        )
+    };
+    if obj.is_null() {
+        drop(PyErr::take(py)); // the UnicodeDecodeError: the reference path gives the answer
+        return Err(refused("text is not UTF-8"));
+    }
+    if intern {
+        // SAFETY: `obj` is a new reference to an exact str; InternInPlace swaps it for the interned one.
+        unsafe { pyo3::ffi::PyUnicode_InternInPlace(&mut obj) };
+    }
+    // SAFETY: a new (owned) reference to a str.
+    Ok(unsafe { Bound::from_owned_ptr(py, obj).downcast_into_unchecked() })
 }
 
 fn target(pos: usize, w: u64) -> R<usize> {
@@ -779,13 +783,7 @@ impl Codec {
         for f in &p.fields {
             if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
                 let bytes = next.next().expect("one slice per text field");
-                let text = std::str::from_utf8(bytes).map_err(|_| refused("text is not UTF-8"))?;
-                let value = if f.kind == K_TEXT_INTERN {
-                    PyString::intern(py, text)
-                } else {
-                    PyString::new(py, text)
-                };
-                args.push(value.into_any());
+                args.push(py_text(py, bytes, f.kind == K_TEXT_INTERN)?.into_any());
             } else {
                 args.push(self.value(py, m, f, s)?);
             }
