@@ -257,16 +257,35 @@ impl<'a> Msg<'a> {
         }
     }
 
-    fn struct_at(&mut self, seg: usize, pos: usize, depth: u32) -> R<Option<S>> {
+    /// The pointer at `pos` resolved (segment, start, tag word), checked to be of `kind` (0 struct, 1 list) and
+    /// within the nesting limit; `None` for a null pointer.
+    #[inline]
+    fn pointer_at(
+        &mut self,
+        seg: usize,
+        pos: usize,
+        depth: u32,
+        kind: u64,
+        wrong_kind: &'static str,
+    ) -> R<Option<(usize, usize, u64)>> {
         let Some((seg, start, tag)) = self.resolve(seg, pos)? else {
             return Ok(None);
         };
-        if tag & 3 != 0 {
-            return Err(refused("expected a struct pointer"));
+        if tag & 3 != kind {
+            return Err(refused(wrong_kind));
         }
         if depth >= NESTING_LIMIT {
             return Err(refused("nesting limit"));
         }
+        Ok(Some((seg, start, tag)))
+    }
+
+    fn struct_at(&mut self, seg: usize, pos: usize, depth: u32) -> R<Option<S>> {
+        let Some((seg, start, tag)) =
+            self.pointer_at(seg, pos, depth, 0, "expected a struct pointer")?
+        else {
+            return Ok(None);
+        };
         let dw = ((tag >> 32) & 0xffff) as usize;
         let pc = (tag >> 48) as usize;
         if start + dw + pc > self.seg_words(seg) {
@@ -283,15 +302,11 @@ impl<'a> Msg<'a> {
     }
 
     fn list_at(&mut self, seg: usize, pos: usize, depth: u32) -> R<Option<L>> {
-        let Some((seg, start, tag)) = self.resolve(seg, pos)? else {
+        let Some((seg, start, tag)) =
+            self.pointer_at(seg, pos, depth, 1, "expected a list pointer")?
+        else {
             return Ok(None);
         };
-        if tag & 3 != 1 {
-            return Err(refused("expected a list pointer"));
-        }
-        if depth >= NESTING_LIMIT {
-            return Err(refused("nesting limit"));
-        }
         let size = ((tag >> 32) & 7) as u8;
         let n = (tag >> 35) as usize;
         let total = self.seg_words(seg);
