@@ -12,6 +12,9 @@ NATIVE := rust/fastwire/Cargo.toml rust/fastwire/Cargo.lock rust/fastwire/src/li
 # a second instead of 14. No bytecode is compiled at install time: pip would compile every installed module (botocore
 # alone is thousands), Python compiles the few a run imports. Together a fresh clone installs in 18 s instead of 37.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/provisionerd/cargo-target
+# mypy's incremental cache likewise (it checks each module's hash, so any clone may use it): a fresh clone's type
+# check then reads what changed instead of all 283 files.
+export MYPY_CACHE_DIR ?= $(HOME)/.cache/provisionerd/mypy
 # Python writes the bytecode it compiles (modules and pytest's rewritten test modules) even where the environment
 # says not to (PYTHONDONTWRITEBYTECODE, set on these machines): otherwise every test run, and every process a test
 # starts, compiles all it imports again (collection alone went from 15 s to 4.6 s a run).
@@ -55,7 +58,7 @@ test-fast: $(STAMP)
 # once (cached) and says so while it builds. In CI a missing back end fails the test, never skips it.
 test-integration: $(STAMP)
 	.ci/integration-backends
-	$(VENV)/bin/python -m pytest -q -m integration
+	$(VENV)/bin/python -m pytest -q -m integration --durations=15
 
 # What CI checks before the tests, each at zero findings: lint, formatting, types, the layers of
 # ../shared/DESIGN.md (import-linter, contracts in .importlinter), shellcheck on every shell script
