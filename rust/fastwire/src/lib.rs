@@ -609,24 +609,7 @@ impl Codec {
                 }
             }
         }
-        // SAFETY: `raw` is live for the call; the result is a new reference or NULL with an error set.
-        let mut obj = unsafe {
-            pyo3::ffi::PyUnicode_DecodeUTF8(
-                raw.as_ptr().cast(),
-                raw.len() as pyo3::ffi::Py_ssize_t,
-                std::ptr::null(),
-            )
-        };
-        if obj.is_null() {
-            drop(PyErr::take(py)); // the UnicodeDecodeError: the reference path gives the answer
-            return Err(refused("text is not UTF-8"));
-        }
-        // SAFETY: `obj` is a new reference to an exact str; InternInPlace swaps it for the interned one, which
-        // `from_owned_ptr` then owns.
-        let text: Bound<'py, PyString> = unsafe {
-            pyo3::ffi::PyUnicode_InternInPlace(&mut obj);
-            Bound::from_owned_ptr(py, obj).downcast_into_unchecked()
-        };
+        let text = py_text(py, raw, true)?;
         if let Some(i) = slot {
             let old = self.interned.lock().unwrap()[i].replace((raw.into(), text.clone().unbind()));
             drop(old); // after the lock: dropping a str may run no Python code, but it need not hold the lock
