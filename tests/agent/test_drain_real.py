@@ -87,6 +87,7 @@ def status_of(status: dict[str, Any], ref: str) -> str:
     return next((h["status"] for h in status["hosts"] if h["instance_ref"] == ref), "")
 
 
+@pytest.mark.long  # max_ttl and the drain run on the real clock
 def test_a_busy_machine_past_max_ttl_is_drained_out_of_placement_and_returned_when_idle(
     certs: Path, tmp_path: Path
 ) -> None:

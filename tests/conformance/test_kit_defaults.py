@@ -24,7 +24,10 @@ LIMIT = 240.0
 
 @pytest.mark.parametrize(
     "flags",
-    [pytest.param((), id="serve-defaults"), pytest.param(("--lease-ttl", "3", "--check-interval", "0.5"), id="ttl-3")],
+    [
+        pytest.param((), id="serve-defaults", marks=pytest.mark.long),  # the 35 s grace waited out twice
+        pytest.param(("--lease-ttl", "3", "--check-interval", "0.5"), id="ttl-3"),
+    ],
 )
 def test_the_kit_passes_the_reference_controller(certs: Path, tmp_path: Path, flags: tuple[str, ...]) -> None:
     listen = ",".join(["127.0.0.1:0"] * 3)

@@ -28,6 +28,7 @@ def hosts_up(status: dict) -> set[str]:
     return {h["instance_ref"] for h in status["hosts"] if h["status"] != "lost"}
 
 
+@pytest.mark.long  # the machines are made older than their join deadline on the real clock
 def test_a_controller_restart_with_machines_older_than_join_deadline_returns_none(tmp_path) -> None:
     certs = make_certs(tmp_path)
     seen: dict = {}

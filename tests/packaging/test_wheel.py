@@ -30,7 +30,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-pytestmark = pytest.mark.process
+#: long: the wheel's build and its installs take a minute and more of one worker.
+pytestmark = [pytest.mark.process, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 #: Not part of a source tree a user builds from.
