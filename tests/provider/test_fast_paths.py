@@ -75,6 +75,42 @@ def test_parse_json_answers_as_the_decoder_does(text):
     )
 
 
+EDGES = [
+    b"18446744073709551616",  # past 64 bits: an int, not a double, whichever decoder reads it
+    b"-9223372036854775809",
+    b"1e400",  # the standard decoder reads infinity; msgspec refuses it
+    b"1e-400",
+    b'"\\ud800"',  # a lone surrogate escape: the standard decoder takes it
+    b'"\\ud83d\\ude00"',
+    b'"\xed\xa0\x80"',  # an encoded surrogate: not UTF-8
+    b'{"a":1,"a":2}',  # the later key wins
+    b'"a\tb"',  # a raw control character
+    b"\r\n1\r\n",
+    b"1\x00",
+    b"\xef\xbb\xbf1",  # a byte order mark
+    b"-0",
+    b"-0.0",
+    b"1E2",
+    b"[1 , 2]",
+    b"5.",
+    b"01",
+]
+
+
+@pytest.mark.parametrize("raw", EDGES)
+def test_parse_json_answers_as_the_decoder_does_at_the_edges(raw):
+    def full(data):
+        return _DECODER.decode(data.decode("utf-8"))
+
+    fast, slow = _outcome(parse_json, raw), _outcome(full, raw)
+    assert fast[0] == slow[0]
+    if fast[0] == "error":  # the same exception, with the same text
+        assert fast[1:] == slow[1:]
+    else:  # the same value, of the same types all the way down
+        assert json.dumps(fast[1]) == json.dumps(slow[1])
+        assert type(fast[1]) is type(slow[1])
+
+
 # --- status_machine: no conversion on the shape a validated answer has -----------------------------------------
 
 TAG_MAPS = st.one_of(
