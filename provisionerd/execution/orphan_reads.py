@@ -125,6 +125,16 @@ class SettleTracker:
         return now - self._since >= self.settle
 
 
+def session_unreadable(session: ControllerSession, provider: str | None = None) -> str | None:
+    """Why ``read_session`` would find the session's view unreadable now (for ``provider``: also a view older than
+    its last lease grant), or ``None`` when it is readable. Reads nothing but the session's state."""
+    if session.state is not LinkState.UP or session.view is None:
+        return f"controller link is {session.state.value}" + (f": {session.last_error}" if session.last_error else "")
+    if provider is not None and not session.synced_for(provider):
+        return f"view predates the lease grant for {provider!r}; waiting for its resync"
+    return None
+
+
 def read_session(session: ControllerSession, tracker: SettleTracker, provider: str | None = None) -> ControllerRead:
     """The session's current view, if it is joined to a primary and resynced; ``Unreadable`` otherwise.
 
@@ -132,12 +142,11 @@ def read_session(session: ControllerSession, tracker: SettleTracker, provider: s
     another daemon committed while we held no lease are never pushed to us, so an older view would make its
     machines look like orphans (seen in simulation seed 257 after a takeover).
     """
-    view = session.view
-    if session.state is not LinkState.UP or view is None:
-        why = f"controller link is {session.state.value}" + (f": {session.last_error}" if session.last_error else "")
+    why = session_unreadable(session, provider)
+    if why is not None:
         return ControllerRead(Unreadable(why))
-    if provider is not None and not session.synced_for(provider):
-        return ControllerRead(Unreadable(f"view predates the lease grant for {provider!r}; waiting for its resync"))
+    view = session.view
+    assert view is not None  # session_unreadable says so otherwise
     # The session joins only a primary and breaks the link when told it no longer is one.
     if math.isfinite(session.up_since):
         tracker.joined(view.generation, min(session.up_since, trio.current_time()))

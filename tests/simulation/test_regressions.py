@@ -208,8 +208,12 @@ def test_seeds_665670412_and_665672842_a_deadline_fail_waits_for_a_listing(monke
     """The planner's fail at the provisioning deadline lists the op first; the listing failed (a provider fault at
     that moment) and the fail went ahead, leaving machines the call made later with no fact (the 2 of 5,000 seeds
     from 665668386; ``failed_with_machines`` did not judge that fail then). Now a fail whose listing keeps failing
-    is handed back and planned again, and the invariant judges every fail."""
-    for seed in (665670412, 665672842):
+    is handed back and planned again, and the invariant judges every fail.
+
+    The old behaviour (the monkeypatch below) is seen in seed 665669708 since orphan passes list nothing while the
+    controller's view is unreadable (issue 36): the fault draws of the two first seeds no longer meet that fail
+    (the only one of 5,000 seeds from 665668386 with the old behaviour put back)."""
+    for seed in (665670412, 665672842, 665669708):
         assert "failed_with_machines" not in violated_now(seed), seed
 
     async def as_before(self, record, op_id):
@@ -220,7 +224,7 @@ def test_seeds_665670412_and_665672842_a_deadline_fail_waits_for_a_listing(monke
         return True  # the fail goes ahead whatever the listing said
 
     monkeypatch.setattr("provisionerd.execution.operations.Operations._attribute", as_before)
-    assert "failed_with_machines" in violated_now(665670412) | violated_now(665672842)
+    assert "failed_with_machines" in violated_now(665669708)
 
 
 def test_seed_918275638_an_unhealthy_provider_is_probed_within_the_settle_time():
