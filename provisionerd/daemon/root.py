@@ -375,6 +375,8 @@ class DaemonCore:
                         {name: self.admin.guard(name, command) for name, command in commands.items()},
                         counts=self.admin_peers,
                         refusals=self.admin,
+                        # the status pass off the loop for a large view: inline, 0.17-0.27 s at 100,000 machines
+                        prepare=self.observability.snapshot.refresh,
                     )
                 )
             await nursery.start(self.session.run)

@@ -62,6 +62,8 @@ from provisionerd.planner.fact_view import IntentRecord, MachineRecord, MachineS
 JOINED = ("joined", "idle", "busy")
 #: Seconds a large view's pass made by ``StatusSnapshot.refresh`` stands for the view while it changes.
 PASS_LAG = 1.0
+#: Passes one ``StatusSnapshot.refresh`` makes at most, each over the view current when it starts.
+REFRESH_TRIES = 3
 OfferKey = tuple[str, str]
 
 
@@ -157,15 +159,20 @@ class StatusSnapshot:
         shared, and folding updates them field by field. One such pass is 0.1-0.2 s of CPU at 100,000 machines:
         inline, one step of the loop. The document then reads that pass for up to ``PASS_LAG`` seconds while the
         view moves on (a busy fleet changes it every heartbeat), instead of making another one inline. A smaller
-        view is passed over inline, as ``document()`` would (deterministic on trio's ``MockClock``)."""
-        view = self.pieces.session.view
-        if view is None or self._fresh(view) is not None or len(view.facts.machines) < OFF_LOOP_AT:
-            return
-        version, parts = view.version, _Parts.of(view)
-        started = time.perf_counter()
-        passed = await trio.to_thread.run_sync(_Pass.of, parts)
-        self._keep(view, version, passed, started, made_at=trio.current_time())
-        self.passes_off_loop += 1
+        view is passed over inline, as ``document()`` would (deterministic on trio's ``MockClock``).
+
+        A view replaced while its pass was being made (each resync builds a new one, a lease grant brings one) is
+        passed over again, up to ``REFRESH_TRIES`` passes in all: the document would otherwise make its own, inline.
+        """
+        for _ in range(REFRESH_TRIES):
+            view = self.pieces.session.view
+            if view is None or self._fresh(view) is not None or len(view.facts.machines) < OFF_LOOP_AT:
+                return
+            version, parts = view.version, _Parts.of(view)
+            started = time.perf_counter()
+            passed = await trio.to_thread.run_sync(_Pass.of, parts)
+            self._keep(view, version, passed, started, made_at=trio.current_time())
+            self.passes_off_loop += 1
 
     def _fresh(self, view: ControllerView) -> _Pass | None:
         """The last pass when it may stand for ``view``: made over this very view object, at its version, or (for

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 from cycle_world import NOW, OLD, tags
-from lease_holder import holding_lease
+from rigs.lease_holder import holding_lease
 from rigs.memory import memory_config, open_memory_controller
 
 from provisionerd.daemon.orphan_direct import act

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 from cycle_world import OLD, tags
-from lease_holder import holding_lease
+from rigs.lease_holder import holding_lease
 from rigs.memory import memory_config, memory_core, open_memory_controller, running
 
 from provisionerd.domain.model import NO_EPOCH, TAG_CLUSTER, InstanceFact, Lost, RequestIntent, Returned, ReturnIntent

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from cycle_world import OLD, tags
-from lease_holder import holding_lease
 from rigs import clock, procs
 from rigs.daemon import daemon_config, make_certs, simulated_provider
+from rigs.lease_holder import holding_lease
 from rigs.memory import MemoryNet, memory_config, open_memory_controller
 
 from provisionerd.cli import main as cli

@@ -13,10 +13,10 @@ import time
 import pytest
 import sim_state
 import trio
-from lease_holder import holding_lease
 from real_world import SECRET, sim
 from rigs import procs
 from rigs.daemon import daemon_config, make_certs
+from rigs.lease_holder import holding_lease
 
 from provisionerd.config.writer import write_daemon_config
 from provisionerd.daemon.clients import open_clients
