@@ -148,8 +148,11 @@ def test_an_lsf_plugin_runs_the_whole_lifecycle_under_the_daemon(world: Any, tmp
     # The reclaim: the machine of the second request, recorded as Lost.
     (lost,) = [f for f in facts if isinstance(f, Lost)]
     assert lost.machine_id == made[2].machine_id and made[2].op_id == second.op_id and lost.reason == "reclaimed"
-    # Orphan passes ran and said what they cannot see, never "listing unreadable".
-    passes = seen["orphan_passes"]
+    # Orphan passes ran and said what they cannot see, never "listing unreadable". Only the first, at start, may
+    # have been skipped before the link was up (``view_unreadable``: a pass without the view lists nothing).
+    passes = [p for p in seen["orphan_passes"] if p.get("listed") is not False]
+    early = [p for p in seen["orphan_passes"] if p.get("listed") is False]
+    assert len(early) <= 1 and all(set(p["skipped"]) == {"view_unreadable"} for p in early)
     assert passes and all(p["listing"] == "absent" and p["invisible"] == ["tagged_unknown", "ghost"] for p in passes)
     assert all("listing_unreadable" not in p["skipped"] for p in passes)
     # The dry-run report: exit 0 (nothing unreadable), the invisible classes per provider, no listMachines call.
