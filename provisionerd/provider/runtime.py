@@ -183,16 +183,13 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 _FAST_DECODE: Callable[[bytes | str], Any] = msgspec.json.Decoder().decode
 
-# The decoder's scanner (the C one), set by ``JSONDecoder.__init__`` and not in the stubs.
-_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
-
 
 def parse_json(raw: bytes | str) -> Any:
     """Strict JSON (no NaN/Infinity, as the standard says). Raises ``ValueError``.
 
     msgspec's decoder first: it parses a plugin's answer in about a third of the standard decoder's time (a
-    4-machine poll answer 3.9 us against 10.5 us; a listing page 1.2 against 2.1 us a machine: bench/providers.py,
-    bench/listing.py). It takes only what the standard decoder takes, giving the same value (the same types all the
+    4-machine poll answer 3.9 us against 10.5 us; a listing page 1.2 against 2.1 us a machine, measured side by
+    side in one process). It takes only what the standard decoder takes, giving the same value (the same types all the
     way down: integers of any size stay ``int``); what it refuses (a number out of a double's range, which the
     standard decoder reads as infinity, a lone surrogate escape, and everything that is not JSON) goes to the
     standard decoder, whose answer or error is then the one given. tests/provider/test_fast_paths.py compares the
@@ -201,16 +198,9 @@ def parse_json(raw: bytes | str) -> Any:
         return _FAST_DECODE(raw)
     except msgspec.DecodeError:
         pass
+    # What msgspec refused (rare: every well-formed plugin answer decodes above) is the standard decoder's to read.
     text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw  # UnicodeDecodeError is a ValueError
-    # One value that starts at the first character and ends at the last, as every plugin writes a line: the
-    # scanner alone. ``decode`` would find the same value with the same scanner, after two whitespace matches and
-    # an exception handler; anything else (leading or trailing whitespace, extra data, nothing to scan) goes to
-    # ``decode``, which gives its answer and its error.
-    try:
-        value, end = _SCAN(text, 0)
-    except StopIteration:
-        return _DECODER.decode(text)
-    return value if end == len(text) else _DECODER.decode(text)
+    return _DECODER.decode(text)
 
 
 def dump_json(document: Any) -> str:

@@ -45,7 +45,7 @@ def _outcome(fn, *args):
         return ("error", type(exc), str(exc))
 
 
-# --- parse_json: the scanner alone when the line is one value, ``decode`` for anything else ---------------------
+# --- parse_json: msgspec for what it takes, the standard decoder for anything else ---------------------------------
 
 TEXTS = st.one_of(
     JSON.map(json.dumps),
