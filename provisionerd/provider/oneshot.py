@@ -359,7 +359,7 @@ class OneShotProvider:
             raise ProviderProtocolViolation(
                 self.name, action, f"stdout is not JSON: {snippet(stdout, redact)}{self._stderr(tail, redact)}"
             ) from None
-        return check_output(self.name, action, document, redact) if validate else document
+        return check_output(self.name, action, document, redact, parsed=True) if validate else document
 
     def _failure(
         self, action: str, returncode: int, stdout: bytes, tail: StderrTail, redact: Redactor

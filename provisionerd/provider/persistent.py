@@ -98,11 +98,11 @@ class _Generation:
     alarm: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
 
-def request_line(ident: int, action: str, input: Mapping[str, Any]) -> bytes:
-    """``{"id", "action", "input"}`` as one compact JSON line: the bytes ``dump_json`` gives for that dict, with only
-    the input encoded (an action, checked against ``ACTIONS`` before this, is an identifier that needs no escape:
-    tests/provider/test_fast_paths.py compares the two)."""
-    return f'{{"id":{ident},"action":"{action}","input":{dump_json(input)}}}\n'.encode()
+def request_line(ident: int, action: str, body: str) -> bytes:
+    """``{"id", "action", "input"}`` as one compact JSON line, ``body`` being ``dump_json(input)``: the bytes
+    ``dump_json`` gives for that dict (an action, checked against ``ACTIONS`` before this, is an identifier that
+    needs no escape: tests/provider/test_fast_paths.py compares the two)."""
+    return f'{{"id":{ident},"action":"{action}","input":{body}}}\n'.encode()
 
 
 class PersistentProvider:
@@ -132,13 +132,18 @@ class PersistentProvider:
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
         tokens = join_tokens(action, input)
         redact = self._redact.including(tokens)
-        check_input(self.name, action, input, redact)
+        try:
+            body: str | None = dump_json(input)
+        except (TypeError, ValueError):
+            body = None  # not JSON: the check names what breaks the schema, else the encoder's error is raised
+        check_input(self.name, action, input, redact, encoded=body)
+        body = dump_json(input) if body is None else body
         timeout = self.config.timeout_for(action) if timeout is None else timeout
         if not timeout >= 0:  # as trio.move_on_after would say (NaN fails this test too)
             raise ValueError(f"timeout must be non-negative, not {timeout!r}")
         deadline = trio.current_time() + timeout
         ident = next(self._ids)
-        line = request_line(ident, action, input)
+        line = request_line(ident, action, body)
         gen = self._gen
         if gen is None or len(self._pending) >= self.config.limits.max_in_flight:
             gen = await self._admission(deadline)
@@ -189,7 +194,7 @@ class PersistentProvider:
                     self.name, action, f"the error is not an error body: {snippet(json.dumps(answer.error), redact)}"
                 )
             raise typed
-        return check_output(self.name, action, answer.result, redact)
+        return check_output(self.name, action, answer.result, redact, parsed=True)
 
     async def _serving(self) -> _Generation:
         """The generation serving now, waiting for a (re)start if there is none."""

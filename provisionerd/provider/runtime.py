@@ -163,11 +163,14 @@ def snippet(text: str | bytes, redact: Redactor, limit: int = _SNIPPET) -> str:
     return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
-def check_input(provider: str, action: str, document: Mapping[str, Any], redact: Redactor) -> None:
-    """Raise ``ProviderInputInvalid`` (nothing is sent) unless ``document`` is a valid input of ``action``."""
+def check_input(
+    provider: str, action: str, document: Mapping[str, Any], redact: Redactor, *, encoded: str | None = None
+) -> None:
+    """Raise ``ProviderInputInvalid`` (nothing is sent) unless ``document`` is a valid input of ``action``.
+    ``encoded``: ``dump_json(document)``, the text to be sent, which the schemas check faster."""
     if action not in ACTIONS:
         raise ProviderInputInvalid(provider, action, [f"unknown action {action!r}"])
-    problems = contract().input_problems(action, document)
+    problems = contract().input_problems(action, document, encoded=encoded)
     if problems:
         raise ProviderInputInvalid(provider, action, [redact(p) for p in problems])
 
@@ -208,10 +211,13 @@ def dump_json(document: Any) -> str:
     return _ENCODER.encode(document)
 
 
-def check_output(provider: str, action: str, document: Any, redact: Redactor) -> dict[str, Any]:
+def check_output(
+    provider: str, action: str, document: Any, redact: Redactor, *, parsed: bool = False
+) -> dict[str, Any]:
     """The output document if valid for ``action``, else ``ProviderAnswerInvalid`` naming the JSON path and the
-    rule of every problem (logged at WARNING: the first path and rule, never a value of the answer)."""
-    problems = contract().output_violations(action, document)
+    rule of every problem (logged at WARNING: the first path and rule, never a value of the answer). ``parsed``:
+    ``document`` is what ``parse_json`` returned (a transport's answer), which the schemas check faster."""
+    problems = contract().output_violations(action, document, parsed=parsed)
     if problems:
         problems = [(redact(path), redact(rule)) for path, rule in problems]
         log.warning(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from jsonschema.protocols import Validator
 
 from provisionerd.domain.contract_actions import CONTRACT_ACTIONS
 from provisionerd.provider.fastcheck import Compiler, Predicate, UnsupportedSchema
+from provisionerd.provider.typedcheck import TypedCompiler
 from provisionerd.resources import schema_dir
 
 #: Every action of the contract (``domain.contract_actions``).
@@ -90,7 +91,10 @@ class ContractSchemas:
         self.documents: Mapping[str, Any] = documents
         self._validators: dict[str, Validator] = {}
         self._fast: dict[str, Predicate] = {}
+        self._parsed: dict[str, Predicate] = {}  # outputs as parse_json gives them: the typed check first
+        self._encoded: dict[str, Callable[[str], bool]] = {}  # inputs as dump_json wrote them: the typed decode
         compiler = Compiler({d["$id"]: d for d in documents.values()}, {"date-time": is_rfc3339})
+        typed = TypedCompiler({d["$id"]: d for d in documents.values()}, compiler)
         for name, document in documents.items():
             cls = jsonschema.validators.validator_for(document)
             if directory != SCHEMA_DIR:
@@ -104,12 +108,26 @@ class ContractSchemas:
                 self._fast[name] = compiler.compile(document["$id"])
             except UnsupportedSchema:
                 self._fast[name] = validator.is_valid
+            self._parsed[name] = self._fast[name]
+            try:
+                if name.endswith(".output.json"):
+                    self._parsed[name] = typed.predicate(document["$id"])
+                elif name.endswith(".input.json"):
+                    self._encoded[name] = typed.text_predicate(document["$id"])
+            except UnsupportedSchema:
+                pass  # fastcheck (or jsonschema) alone, as for any document
 
     def validator(self, name: str) -> Validator:
         return self._validators[name]
 
-    def input_problems(self, action: str, document: object) -> list[str]:
-        problems = self._problems(f"{action}.input.json", document)
+    def input_problems(self, action: str, document: object, *, encoded: str | None = None) -> list[str]:
+        """``encoded``: the document as ``runtime.dump_json`` wrote it, what the plugin will read. When the type
+        derived from the schema decodes that text (``typedcheck``), the schema holds for it; otherwise the
+        document is checked as before (fastcheck, jsonschema for the problems)."""
+        name = f"{action}.input.json"
+        typed = self._encoded.get(name)
+        shown = encoded is not None and typed is not None and typed(encoded)
+        problems = [] if shown else self._problems(name, document)
         # ``action in MUTATING`` first: the polls, most calls, skip the ABC isinstance check and a call.
         if not problems and action in MUTATING and isinstance(document, Mapping):
             problems = _input_semantics(action, document)
@@ -118,10 +136,12 @@ class ContractSchemas:
     def output_problems(self, action: str, document: object) -> list[str]:
         return [f"{path}: {rule}" for path, rule in self.output_violations(action, document)]
 
-    def output_violations(self, action: str, document: object) -> list[tuple[str, str]]:
-        """Every ``(json path, rule)`` an output breaks (empty = valid); no value of ``document`` is repeated."""
+    def output_violations(self, action: str, document: object, *, parsed: bool = False) -> list[tuple[str, str]]:
+        """Every ``(json path, rule)`` an output breaks (empty = valid); no value of ``document`` is repeated.
+        ``parsed``: the document is as ``runtime.parse_json`` returned it (only dicts, lists and JSON's scalars),
+        which lets the check derived as msgspec types (``typedcheck``) decide first."""
         name = f"{action}.output.json"
-        if self._fast[name](document):
+        if (self._parsed if parsed else self._fast)[name](document):
             return []
         return schema_problems(self._validators[name], document)
 

@@ -212,7 +212,7 @@ def test_a_request_line_is_the_dict_s_compact_json(ident, action, document):
         expected = (dump_json({"id": ident, "action": action, "input": document}) + "\n").encode()
     except ValueError:  # NaN or an infinity: not JSON, refused either way
         return
-    assert request_line(ident, action, document) == expected
+    assert request_line(ident, action, dump_json(document)) == expected
 
 
 # --- _reading: a class with the generator's behaviour ------------------------------------------------------------

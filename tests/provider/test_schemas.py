@@ -6,12 +6,15 @@ from __future__ import annotations
 import copy
 import json
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from provisionerd.provider.fastcheck import Compiler, UnsupportedSchema, json_equal
+from provisionerd.provider.runtime import dump_json, parse_json
 from provisionerd.provider.schemas import ACTIONS, ContractSchemas, contract, is_rfc3339
+from provisionerd.provider.typedcheck import TypedCompiler
 
 TAGS = {
     "provisionerd:cluster": "c1",
@@ -117,6 +120,7 @@ SAMPLES = {
         {"requestId": "lic-1"},
     ),
 }
+PRICE = SAMPLES["getAvailableTemplates"][1]["templates"][0]["price"]
 ERROR = {"error": {"code": "throttled", "message": "slow down", "retryable": True}}
 
 
@@ -214,8 +218,14 @@ SCALARS = st.one_of(
             "provisionerd:cluster",
             "x" * 70,
             "a\n",
+            # at and past the bounds where a code point is not a byte (msgspec and jsonschema count code points)
+            "\U0001f600" * 64,
+            "\U0001f600" * 65,
+            "\u00e9" * 128,
+            "\u00e9" * 129,
         ]
     ),
+    st.sampled_from([2**63, 2**64, 2**70, -(2**63) - 1, 1.0, -0.0, 1e300]),
 )
 JSON = st.recursive(
     SCALARS,
@@ -235,8 +245,8 @@ def _paths(doc, prefix=()):
 
 
 @st.composite
-def mutated(draw):
-    name = draw(st.sampled_from(sorted(f"{a}.{k}put.json" for a in ACTIONS for k in ("in", "out"))))
+def mutated(draw, kinds=("in", "out")):
+    name = draw(st.sampled_from(sorted(f"{a}.{k}put.json" for a in ACTIONS for k in kinds)))
     action, kind = name.split(".")[:2]
     doc = copy.deepcopy(SAMPLES[action][0 if kind == "input" else 1])
     for _ in range(draw(st.integers(1, 3))):
@@ -265,3 +275,82 @@ def test_fast_checker_agrees_with_jsonschema(case):
     slow = schemas.validator(name).is_valid(doc)
     fast = schemas._fast[name](doc)
     assert fast == slow, (name, json.dumps(doc)[:500])
+
+
+# --- the typed check (msgspec types derived from the schemas) agrees too, on what a transport parsed ----------
+
+
+def _typed() -> TypedCompiler:
+    documents = {d["$id"]: d for d in contract().documents.values()}
+    return TypedCompiler(documents, Compiler(documents, {"date-time": is_rfc3339}))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(kinds=("out",)))
+def test_the_typed_check_agrees_with_jsonschema_on_parsed_outputs(case):
+    name, doc = case
+    doc = parse_json(json.dumps(doc))  # what a transport checks: only dicts, lists and JSON's scalars
+    schemas: ContractSchemas = contract()
+    valid = schemas.validator(name).is_valid(doc)
+    assert (schemas.output_violations(name.split(".")[0], doc, parsed=True) == []) == valid, json.dumps(doc)[:500]
+    # The derived type alone never takes what the schema refuses (what it refuses, fastcheck then decides).
+    try:
+        msgspec.convert(doc, _typed().derived(schemas.documents[name]["$id"]))
+    except msgspec.ValidationError:
+        return
+    assert valid, (name, json.dumps(doc)[:500])
+
+
+@pytest.mark.parametrize("action", sorted(SAMPLES))
+def test_the_typed_check_takes_the_samples_itself(action):
+    """The speed-up is real only if a plugin's usual answer never needs fastcheck: every sample output converts."""
+    name = f"{action}.output.json"
+    doc = parse_json(json.dumps(SAMPLES[action][1]))
+    msgspec.convert(doc, _typed().derived(contract().documents[name]["$id"]))
+
+
+@pytest.mark.parametrize(
+    "action, mutate",
+    [
+        # a field left to fastcheck inside a typed object: the price's date-time, an attribute's if/then
+        ("getRequestStatus", lambda d: d["requests"][0]["machines"][0].update(price=dict(PRICE, timestamp="x"))),
+        ("getAvailableTemplates", lambda d: d["templates"][0]["attributes"].update(ncpus=["Numeric", "eight"])),
+        ("listMachines", lambda d: d["machines"][0]["tags"].update({"k" * 129: "v"})),
+        ("listMachines", lambda d: d["machines"][0].update(privateIpAddress="\U0001f600" * 65)),
+        ("listMachines", lambda d: d["machines"][0].update(launchtime=True)),
+    ],
+)
+def test_the_typed_check_refuses_what_the_schema_refuses(action, mutate):
+    doc = parse_json(json.dumps(SAMPLES[action][1]))
+    mutate(doc)
+    assert contract().output_violations(action, doc, parsed=True) == contract().output_violations(action, doc)
+    assert contract().output_violations(action, doc, parsed=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(kinds=("in",)))
+def test_an_input_checked_as_its_text_agrees_with_jsonschema_on_that_text(case):
+    """A persistent call checks the text it sends (``encoded``): the schema holds for that text exactly when the
+    derived type decodes it, else the document's own check decides."""
+    name, doc = case
+    action = name.split(".")[0]
+    try:
+        text = dump_json(doc)
+    except ValueError:
+        return
+    sent = parse_json(text)
+    problems = contract().input_problems(action, doc, encoded=text)
+    assert problems == contract().input_problems(action, sent), json.dumps(doc)[:500]
+    typed = contract()._encoded.get(name)  # requestMachines has none: fastcheck cannot say exclusiveMinimum
+    if typed is not None and typed(text):
+        assert contract().validator(name).is_valid(sent)
+
+
+def test_an_input_shown_valid_as_text_still_has_its_semantics_checked():
+    document, _ = copy.deepcopy(SAMPLES["stopMachines"])
+    document["op_id"] = "op-2"  # not the op tag's
+    text = dump_json(document)
+    assert contract()._encoded["stopMachines.input.json"](text)
+    assert contract().input_problems("stopMachines", document, encoded=text) == [
+        "$.tags['provisionerd:op']: must equal $.op_id"
+    ]
