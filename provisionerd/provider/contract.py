@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+import msgspec
+
 from provisionerd.domain.errors import ProviderAnswerInvalid
 from provisionerd.domain.model import (
     TAG_CLUSTER,
@@ -50,7 +52,9 @@ from provisionerd.provider.values import (
 MAX_TEMPLATES = 10_000
 
 
-_UNREADABLE = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+#: What a reader raises on a document without the shape. ``OverflowError``: an integer the schema allows (no upper
+#: bound) that is no float, e.g. a ``launchtime`` of 400 digits.
+_UNREADABLE = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError)
 
 
 class _reading:  # noqa: N801 - used as ``with _reading(provider, action):``, like the function it replaced
@@ -357,13 +361,53 @@ def _listed_machine_read(entry: Mapping[str, Any]) -> ProviderMachine:
     )
 
 
+class _Listed(msgspec.Struct, frozen=True, gc=False):
+    """A ``listMachines`` entry of the shape a validated listing has (texts ``str``, the address and
+    ``instanceRef`` a ``str`` or null or absent, ``launchtime`` an ``int``, tags a ``dict`` of ``str``)."""
+
+    machineId: str  # noqa: N815 - the contract's names
+    launchtime: int
+    name: str = ""
+    status: str = ""
+    privateIpAddress: str | None = None  # noqa: N815
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    instanceRef: str | None = None  # noqa: N815
+
+
+_LISTED = list[_Listed]
+
+
 def read_machines(provider: str, document: Mapping[str, Any]) -> tuple[ProviderMachine, ...]:
-    """The machines of a ``listMachines`` output."""
+    """The machines of a ``listMachines`` output.
+
+    A page of the usual shape is converted in one call (``_Listed``: msgspec checks each field's type in C, and
+    copies the tags) and read from that: 1.6 us a machine against 2.5 entry by entry (issue 36, measured side by
+    side in one process). Any other page is read entry by entry (``listed_machine``). Either way the same
+    values (tests/provider/test_fast_paths.py compares them); for a document ``parse_json`` made, the same types
+    too (msgspec keeps a ``str`` subclass, which JSON never gives)."""
     with _reading(provider, "listMachines"):
         machines = document["machines"]
         if not isinstance(machines, list):
             raise TypeError("machines is not a list")
-        return tuple(listed_machine(m) for m in machines)
+        try:
+            listed = msgspec.convert(machines, _LISTED)
+        except msgspec.ValidationError:
+            return tuple(listed_machine(m) for m in machines)
+        return tuple(
+            [
+                ProviderMachine(
+                    m.machineId,
+                    m.name,
+                    "succeed",
+                    m.status,
+                    float(m.launchtime),
+                    m.privateIpAddress or "",
+                    m.tags.get(TAG_INSTANCE) or m.instanceRef or "",
+                    m.tags,
+                )
+                for m in listed
+            ]
+        )
 
 
 def read_reclaims(provider: str, document: Mapping[str, Any]) -> tuple[Reclaim, ...]:

@@ -186,6 +186,55 @@ def test_a_listed_machine_reads_the_same_on_either_path(entry):
         assert type(plain.launch_time) is float
 
 
+#: Entries of the shape a validated listing has, each field now and then of another shape (ENTRIES alone almost
+#: never makes a whole page of the usual shape: 1 in ~2,000).
+LISTED_ENTRIES = st.fixed_dictionaries(
+    {
+        "machineId": st.text(max_size=6),
+        "launchtime": st.one_of(st.integers(0, 2**40), st.integers(2**60, 2**70)),
+        "tags": st.dictionaries(st.sampled_from([TAG_INSTANCE, "a", "b"]), st.text(max_size=4), max_size=3),
+    },
+    optional={
+        "name": st.text(max_size=6),
+        "status": st.text(max_size=6),
+        "privateIpAddress": st.one_of(st.none(), st.text(max_size=6)),
+        "instanceRef": st.one_of(st.none(), st.sampled_from(["", "ref-0"])),
+    },
+)
+PAGES = st.lists(st.one_of(LISTED_ENTRIES, LISTED_ENTRIES, LISTED_ENTRIES, ENTRIES), max_size=4) | st.lists(
+    LISTED_ENTRIES, max_size=4
+)
+
+
+@PROPERTIES
+@given(PAGES)
+def test_a_listing_page_reads_the_same_converted_at_once_or_entry_by_entry(entries):
+    """``read_machines`` converts a page of the usual shape at once: the same machines as reading each entry
+    (``listed_machine``), or the same refusal. The page goes through JSON first, as a transport's does."""
+    try:
+        page = parse_json(dump_json({"machines": entries}))
+    except ValueError:
+        return  # NaN or an infinity: never a plugin's answer
+    by_entry = _read(lambda d: tuple(contract.listed_machine(m) for m in d["machines"]), page)
+    try:
+        whole = ("value", repr(contract.read_machines("p", page)))
+    except ProviderAnswerInvalid:
+        whole = ("refused",)
+    assert whole == by_entry or (whole == ("refused",) and by_entry[0] == "error")
+
+
+def test_a_launch_time_past_a_float_is_a_refused_answer_not_a_crash():
+    """The schema bounds ``launchtime`` only below: 400 digits are valid JSON and a valid answer's shape, and no
+    float. The reader refuses the answer (typed), whichever path reads it."""
+    entry = {"machineId": "i-1", "name": "", "status": "running", "launchtime": 10**400, "tags": {}}
+    for document in ({"machines": [entry]}, {"machines": [entry, {**entry, "launchtime": 1.5}]}):
+        with pytest.raises(ProviderAnswerInvalid, match="OverflowError"):
+            contract.read_machines("p", document)
+    status = {"requestId": "r", "status": "complete", "machines": [{"machineId": "i-1", "launchtime": 10**400}]}
+    with pytest.raises(ProviderAnswerInvalid, match="OverflowError"):
+        contract.read_statuses("p", {"requests": [status]})
+
+
 def test_the_plain_path_takes_what_a_listing_holds():
     entry = {
         "machineId": "i-1",

@@ -17,6 +17,7 @@ from provisionerd.domain.errors import (
     ProviderRejected,
     ProviderTimeout,
 )
+from provisionerd.provider.client import PluginClient
 from provisionerd.provider.persistent import Backoff
 
 pytestmark = pytest.mark.process
@@ -133,6 +134,21 @@ def test_error_answers_and_bad_outputs_are_typed(config):
         # Neither poisons the stream: the same process answers the next call.
         await status(client, "ok:x")
         return client.restarts
+
+    assert run_with(config, body) == 0
+
+
+def test_a_launch_time_no_float_holds_is_a_typed_refusal_not_a_crash(config):
+    """Valid by the schema (an integer >= 0, no upper bound), yet no float holds 400 digits: the typed client
+    refuses the answer (before, the reader raised OverflowError, which no caller expects)."""
+
+    async def body(transport):
+        client = PluginClient(transport)
+        with pytest.raises(ProviderProtocolViolation, match=r"answer refused at \$: readable: OverflowError"):
+            await client.get_request_status(["huge-launch"])
+        (answer,) = await client.get_request_status(["ok:x"])  # the same process answers the next call
+        assert [m.launch_time for m in answer.machines] == [1700000000.0, 1700000000.0]
+        return transport.restarts
 
     assert run_with(config, body) == 0
 

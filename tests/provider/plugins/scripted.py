@@ -9,6 +9,7 @@ Only ``getRequestStatus`` is scripted: the first requestId says what to do.
   big                 print a 3 MB line
   unknown-id          (persistent) answer with another id
   bad-output          valid JSON that fails the output schema
+  huge-launch         a valid status whose machines' launchtime has 400 digits (no float holds it)
   reject              an error document with code quota_exceeded
   plain-fail          (one-shot) exit 1 with a plain message
   leak                print $SECRET_KEY and the input to stderr and stdout, then exit 1
@@ -84,6 +85,11 @@ def behave(action, doc, reply, persistent):
         return reply("raw", json.dumps({"pad": "x" * (3 << 20)}))
     if rid == "bad-output":
         return reply("result", {"requests": [{"requestId": "r", "status": "exploded", "machines": []}]})
+    if rid == "huge-launch":
+        answer = status("huge")
+        for machine in answer["requests"][0]["machines"]:
+            machine["launchtime"] = 10**400
+        return reply("result", answer)
     if rid == "reject":
         return reply("error", {"code": "quota_exceeded", "message": "quota of 5 reached", "retryable": False})
     if rid == "plain-fail":
