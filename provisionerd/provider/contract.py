@@ -291,17 +291,77 @@ def _status_machine_read(entry: Mapping[str, Any]) -> ProviderMachine:
     )
 
 
+class _Polled(msgspec.Struct, frozen=True, gc=False):
+    """A ``getRequestStatus`` machine of the shape a validated answer has, without ``price`` or ``instanceType``
+    (an answer that says either is read entry by entry, by the readers that read them)."""
+
+    machineId: str  # noqa: N815 - the contract's names
+    name: str | None = ""
+    result: str = "succeed"
+    status: str | None = ""
+    privateIpAddress: str | None = None  # noqa: N815
+    instanceRef: str | None = None  # noqa: N815
+    launchtime: int | None = 0
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    price: msgspec.UnsetType = msgspec.UNSET
+    instanceType: msgspec.UnsetType = msgspec.UNSET  # noqa: N815
+
+
+class _Request(msgspec.Struct, frozen=True, gc=False):
+    requestId: str  # noqa: N815
+    status: str
+    message: str | None = ""
+    machines: list[_Polled] = msgspec.field(default_factory=list)
+
+
+class _Statuses(msgspec.Struct, frozen=True, gc=False):
+    requests: list[_Request]
+
+
 def read_statuses(provider: str, document: Mapping[str, Any]) -> tuple[RequestStatus, ...]:
-    """Every request of a ``getRequestStatus`` output, in the provider's order."""
+    """Every request of a ``getRequestStatus`` output, in the provider's order.
+
+    An answer of the usual shape is converted in one msgspec call (``_Statuses``) and read from that, as
+    ``read_machines`` reads a listing page: 8.4 us for a four-machine answer against 10.0-12.5 entry by entry
+    (issue 36, side by side in one process). Any other answer is read entry by entry, as before. The same values
+    either way (tests/provider/test_fast_paths.py)."""
     with _reading(provider, "getRequestStatus"):
-        return tuple(
-            RequestStatus(
-                str(entry["requestId"]),
-                str(entry["status"]),
-                str(entry.get("message") or ""),
-                tuple(status_machine(m) for m in entry.get("machines", ())),
+        try:
+            answer = msgspec.convert(document, _Statuses)
+        except msgspec.ValidationError:
+            return tuple(
+                RequestStatus(
+                    str(entry["requestId"]),
+                    str(entry["status"]),
+                    str(entry.get("message") or ""),
+                    tuple(status_machine(m) for m in entry.get("machines", ())),
+                )
+                for entry in document["requests"]
             )
-            for entry in document["requests"]
+        return tuple(
+            [
+                RequestStatus(
+                    request.requestId,
+                    request.status,
+                    request.message or "",
+                    tuple(
+                        [
+                            ProviderMachine(
+                                m.machineId,
+                                m.name or "",
+                                m.result,
+                                m.status or "",
+                                float(m.launchtime or 0),
+                                m.privateIpAddress or "",
+                                m.instanceRef or m.tags.get(TAG_INSTANCE) or "",
+                                m.tags,
+                            )
+                            for m in request.machines
+                        ]
+                    ),
+                )
+                for request in answer.requests
+            ]
         )
 
 

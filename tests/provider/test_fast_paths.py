@@ -19,6 +19,7 @@ from provisionerd.provider import contract
 from provisionerd.provider.persistent import request_line
 from provisionerd.provider.runtime import _DECODER, dump_json, parse_json
 from provisionerd.provider.schemas import ACTIONS
+from provisionerd.provider.values import RequestStatus
 
 PROPERTIES = settings(max_examples=400, deadline=None)
 
@@ -218,6 +219,59 @@ def test_a_listing_page_reads_the_same_converted_at_once_or_entry_by_entry(entri
     by_entry = _read(lambda d: tuple(contract.listed_machine(m) for m in d["machines"]), page)
     try:
         whole = ("value", repr(contract.read_machines("p", page)))
+    except ProviderAnswerInvalid:
+        whole = ("refused",)
+    assert whole == by_entry or (whole == ("refused",) and by_entry[0] == "error")
+
+
+POLLED_ENTRIES = st.fixed_dictionaries(
+    {"machineId": st.text(max_size=6)},
+    optional={
+        "name": st.one_of(st.none(), st.text(max_size=6)),
+        "result": st.sampled_from(["executing", "succeed", "fail"]),
+        "status": st.one_of(st.none(), st.text(max_size=6)),
+        "privateIpAddress": st.one_of(st.none(), st.text(max_size=6)),
+        "instanceRef": st.one_of(st.none(), st.sampled_from(["", "ref-0"])),
+        "launchtime": st.one_of(st.none(), st.integers(0, 2**40), st.integers(2**60, 2**70)),
+        "message": st.text(max_size=3),
+        "tags": st.dictionaries(st.sampled_from([TAG_INSTANCE, "a", "b"]), st.text(max_size=4), max_size=3),
+    },
+)
+REQUESTS = st.fixed_dictionaries(
+    {"requestId": st.text(max_size=4), "status": st.sampled_from(["running", "complete"])},
+    optional={
+        "message": st.one_of(st.none(), st.text(max_size=3)),
+        "machines": st.lists(st.one_of(POLLED_ENTRIES, POLLED_ENTRIES, POLLED_ENTRIES, ENTRIES), max_size=3),
+    },
+)
+
+
+def _statuses_by_entry(document):
+    return tuple(
+        RequestStatus(
+            str(entry["requestId"]),
+            str(entry["status"]),
+            str(entry.get("message") or ""),
+            tuple(contract.status_machine(m) for m in entry.get("machines", ())),
+        )
+        for entry in document["requests"]
+    )
+
+
+@PROPERTIES
+@given(st.lists(REQUESTS, max_size=3), st.sampled_from([None, "price", "instanceType"]))
+def test_a_status_answer_reads_the_same_converted_at_once_or_entry_by_entry(requests, said):
+    """``read_statuses`` converts an answer of the usual shape at once: the same statuses as reading each entry,
+    or the same refusal. A machine that says its price or type sends the whole answer entry by entry."""
+    if said and requests and requests[0].get("machines"):
+        requests[0]["machines"][0][said] = {"amount": 1, "currency": "USD"} if said == "price" else "m5.large"
+    try:
+        document = parse_json(dump_json({"requests": requests}))
+    except ValueError:
+        return
+    by_entry = _read(_statuses_by_entry, document)
+    try:
+        whole = ("value", repr(contract.read_statuses("p", document)))
     except ProviderAnswerInvalid:
         whole = ("refused",)
     assert whole == by_entry or (whole == ("refused",) and by_entry[0] == "error")
