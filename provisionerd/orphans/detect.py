@@ -68,6 +68,8 @@ class Detection:
 def launch_of(*times: float) -> float | None:
     """The first usable launch time (finite, positive) of ``times``, or ``None``."""
     for value in times:
+        if type(value) is float and 0 < value < math.inf:  # a ProviderMachine's: the common case, one test
+            return value
         if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
             return float(value)
     return None
@@ -151,14 +153,17 @@ def _classify_listed(
     record = view.machines.get(machine.machine_id)
     if record is not None and record.provider != obs.provider:
         record = None  # the fact is another provider's; for this provider the machine has no fact
-    instance_ref = machine.tags.get(TAG_INSTANCE, "") or machine.instance_ref
     if record is not None and record.state is MachineState.RETURNING:
         return None  # its return is in flight: the reconciler owns it
     if record is not None and record.state is MachineState.ACTIVE:
+        # Once per listed machine (100k at a time), so the common outcomes return before any call they can skip.
         if record.adopted or hosts.joined(record.machine_id, record.instance_ref):
             return None  # it joined (an adopted machine matched a live host when adopted)
         launch = launch_of(machine.launch_time, record.launch_time)
+        if launch is not None and obs.now - launch < policy.join_deadline:
+            return None  # still on its way up (as _never_joined would say)
         return _never_joined(machine, obs, policy, launch, "instance_fact", record.op_id, record.instance_ref)
+    instance_ref = machine.tags.get(TAG_INSTANCE, "") or machine.instance_ref
     op_id = machine.tags.get(TAG_OP, "")
     intent = view.intents.get(op_id) if op_id else None
     if record is None and intent is not None and intent.intent.provider == obs.provider:

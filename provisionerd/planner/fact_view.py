@@ -137,7 +137,13 @@ class FactView:
         self.hosts = HostTable(self.active_refs)
 
     def live_machines(self, provider: str | None = None) -> list[MachineRecord]:
-        return [m for m in self.machines.values() if m.state.live and (provider is None or m.provider == provider)]
+        # The states by identity, not ``m.state.live`` (a property call per record: ~30 ms per pass at 100k).
+        active, returning = MachineState.ACTIVE, MachineState.RETURNING
+        return [
+            m
+            for m in self.machines.values()
+            if (m.state is active or m.state is returning) and (provider is None or m.provider == provider)
+        ]
 
     def open_intents(self, provider: str | None = None) -> list[IntentRecord]:
         return [r for r in self.intents.values() if r.open and (provider is None or r.intent.provider == provider)]
