@@ -1,5 +1,8 @@
 """The fact view: folding the controller's facts into intents and machines, and the indexes kept beside them."""
 
+import copy
+import pickle
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -293,3 +296,11 @@ def test_the_kept_capability_candidates_find_what_a_full_scan_finds(data):
             assert capability_pass(table, verdicts) == everything
             # Health after join: the busy hosts whose report came from a re-probe, kept the same way.
             assert dict(table.reprobed_busy()) == dict(built.reprobed_busy())
+
+
+def test_live_is_active_or_returning_and_survives_a_copy():
+    """``MachineState.live`` is a plain attribute of each member (read per record in 100k passes), set once at
+    import: it must say what the property said, and travel with the member through pickle and copy."""
+    assert {s for s in MachineState if s.live} == {MachineState.ACTIVE, MachineState.RETURNING}
+    for state in MachineState:
+        assert pickle.loads(pickle.dumps(state)).live is state.live is copy.deepcopy(state).live
