@@ -84,8 +84,6 @@ class ReclaimPoll:
         for start in range(0, len(records), RECLAIM_CHUNK):
             await trio.lowlevel.checkpoint()
             chunk = records[start : start + RECLAIM_CHUNK]
-            names = {m.hostname: m.machine_id for m in chunk if m.hostname}
-            known = {m.machine_id for m in chunk}
             try:
                 answer = await client.get_return_requests([MachineRef(m.machine_id, m.hostname) for m in chunk])
             except ProviderError as exc:
@@ -93,6 +91,10 @@ class ReclaimPoll:
                     self._apply(Throttled(provider, self._wall()))
                 log.info("getReturnRequests for %s failed: %s", provider, exc)
                 return
+            if not answer:
+                continue  # the usual answer: nothing to map back onto the chunk
+            names = {m.hostname: m.machine_id for m in chunk if m.hostname}
+            known = {m.machine_id for m in chunk}
             for reclaim in answer:
                 machine_id = reclaim.machine_id or names.get(reclaim.name, "")
                 if machine_id in known:
