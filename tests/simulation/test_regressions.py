@@ -303,3 +303,15 @@ def test_seed_932997547_a_commit_that_landed_after_its_link_broke_reaches_the_vi
     and a link whose last resync began before its time resyncs once more."""
     result = run_seed(932997547, legacy_share=0.3)
     assert "no_convergence" not in {v.invariant for v in result.violations}
+
+
+def test_seed_4438_an_answer_no_float_holds_is_refused_not_a_crash(monkeypatch):
+    """A ``garbage`` window's poll or listing that names machines answers them with a ``launchtime`` of 400
+    digits: an integer >= 0, as the schema says, that no float holds. The readers' ``float()`` raised
+    ``OverflowError``, which they did not turn into ``ProviderAnswerInvalid``: the daemon crashed (10 of the 200
+    seeds from 4242, seed 4438 the first). Now the answer is refused like any other the daemon cannot read."""
+    assert "daemon_crashed" not in violated_now(4438)
+    monkeypatch.setattr(
+        "provisionerd.provider.contract._UNREADABLE", (KeyError, TypeError, ValueError, IndexError, AttributeError)
+    )
+    assert "daemon_crashed" in violated_now(4438)

@@ -9,7 +9,8 @@ mutation together with the caller's lease at that instant.
   ``CapacityUnavailable`` before anything happens; ``internal``, a code the contract does not know, is
   ``ProviderFailed``), ``hang`` (no answer until the caller's timeout, maybe after
   doing the work), ``crash`` (the plugin dies, maybe after doing the work), ``garbage`` (an answer that breaks the
-  contract, maybe after doing the work);
+  contract, maybe after doing the work; a poll or listing that names machines answers them with a ``launchtime``
+  the schema takes and no float holds, which the daemon's reader must refuse as it refuses the rest);
 - ``idempotent=False``: a cloud without client tokens, where the same op_id again creates machines again (the
   daemon must look for the op_id's tag before retrying);
 - ``vanish``: a machine disappears behind our back;
@@ -184,6 +185,9 @@ class SimCloud(FakeProvider):
         if fault == "crash":
             raise ProviderCrashed(self.name, action, "the plugin exited with status 1 (simulated)")
         if fault == "garbage":
+            unreadable = _unreadable(action, output)
+            if unreadable is not None:
+                return unreadable  # the daemon's reader must refuse it (typed), as it refuses what is not JSON
             raise ProviderProtocolViolation(self.name, action, "output is not JSON (simulated)")
         assert output is not None
         if action == "requestMachines" and self.foreign_rate and self.rng.random() < self.foreign_rate:
@@ -239,6 +243,27 @@ class SimCloud(FakeProvider):
                 for hook in self.on_created:
                     hook(machine_id, ref, tokens[ref])  # the machine boots with its bootstrap (token included)
         return out
+
+
+#: A ``launchtime`` the schema takes (an integer >= 0) that no float holds: a plugin's answer no reader can read.
+UNREADABLE_LAUNCH = 10**400
+
+
+def _unreadable(action: str, output: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A poll's or a listing's answer, made, with every machine's ``launchtime`` one no float holds (the ``garbage``
+    fault's answer to a read that names machines: valid by the schema, unreadable by the daemon); None for any
+    other answer. The machines are copies: the cloud's own stay as they are."""
+    if output is None:
+        return None
+    if action == "listMachines" and output.get("machines"):
+        return {**output, "machines": [{**m, "launchtime": UNREADABLE_LAUNCH} for m in output["machines"]]}
+    if action == "getRequestStatus" and any(r.get("machines") for r in output.get("requests", ())):
+        requests = [
+            {**r, "machines": [{**m, "launchtime": UNREADABLE_LAUNCH} for m in r.get("machines", ())]}
+            for r in output["requests"]
+        ]
+        return {**output, "requests": requests}
+    return None
 
 
 def _shows_end(machine_id: str) -> bool:
