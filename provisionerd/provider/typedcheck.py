@@ -9,8 +9,9 @@ The derived type accepts only what the schema accepts, for the documents ``runti
 lists, ``str``, ``int``, ``float``, ``bool``, ``None``): msgspec's ``convert`` also takes tuples for arrays and any
 mapping for objects, so a document built in Python is never given to it. It need not accept everything the schema
 does: what it refuses (an ``integer`` written ``1.0``, an integer past 64 bits) goes to ``fastcheck``, whose answer
-is then the answer. ``tests/provider/test_typedcheck.py`` checks both directions on the shipped schemas with
-hypothesis: never accepted when ``fastcheck`` refuses, and accepted for the documents plugins send.
+is then the answer. ``tests/provider/test_schemas.py`` checks the shipped schemas with hypothesis (the derived type
+alone never takes what jsonschema refuses, the whole check answers as jsonschema does, and every sample answer
+converts without ``fastcheck``); ``tests/provider/test_typedcheck.py`` checks the mapping keyword by keyword.
 
 How a schema maps:
 
