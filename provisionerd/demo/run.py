@@ -24,6 +24,9 @@ from provisionerd.demo.progress import Progress
 from provisionerd.demo.script import DemoRun
 from provisionerd.domain.errors import ProvisionerdError
 
+#: Worker agents' logs whose last lines a failed demo prints (one per worker by default, the planted orphan's too).
+AGENT_LOGS_SHOWN = 9
+
 
 @attrs.frozen
 class Summary:
@@ -95,6 +98,10 @@ async def run_demo(
                 for child in (run.daemon, run.controller):
                     if child is not None and child.log.exists():
                         progress.say(f"--- the end of {child.log.name}:\n{tail(child.log, 12)}")
+                # The worker agents' own logs (the local provider's): a step that waits on the workers (joined,
+                # rejoined after the failover, returned) fails for a reason only they know.
+                for log in sorted((run.paths.local_data / "logs").glob("*.log"))[:AGENT_LOGS_SHOWN]:
+                    progress.say(f"--- the end of agent log {log.name}:\n{tail(log, 4)}")
             for note in await run.cleanup(keep):
                 progress.say(f"    {note}")
     c = (

@@ -14,6 +14,7 @@ from demo_scan import processes_naming
 
 from provisionerd.demo import cluster as demo_cluster
 from provisionerd.demo import script as demo_script
+from provisionerd.demo.cluster import DemoError
 from provisionerd.demo.observe import EventsTail, EventTally, Snapshot, controller_fields, daemon_fields
 from provisionerd.demo.procs import ProcInfo, parse_agent, start_child
 from provisionerd.demo.progress import Progress, plain_line, status_lines
@@ -237,3 +238,26 @@ def test_bad_arguments_exit_2_before_anything_starts(capsys, tmp_path: Path, mon
     err = capsys.readouterr().err
     assert "between 1 and 48, not 0" in err and "must be a whole number, not 'many'" in err
     assert list(tmp_path.iterdir()) == []  # nothing was made
+
+
+@pytest.mark.process
+def test_a_step_that_waits_on_workers_shows_the_end_of_their_logs(tmp_path: Path, monkeypatch) -> None:
+    """Only the agents know why they did not rejoin the new primary (a fresh-clone CI run failed in 'rejoin' with
+    nothing but the daemon's and the controller's logs): a failed step prints the end of each agent's log too."""
+
+    async def no_rejoin(self) -> None:
+        raise DemoError("rejoin", "forced by the test")
+
+    monkeypatch.setattr(demo_script.DemoRun, "_rejoin", no_rejoin)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    out = io.StringIO()
+
+    async def main() -> Summary:
+        with trio.fail_after(120):
+            return await run_demo(3, Progress(out, tty=False, workers=3), trio.CancelScope())
+
+    summary = trio.run(main)
+    assert not summary.ok and summary.failed_step == "rejoin"
+    shown = [line for line in out.getvalue().splitlines() if line.startswith("--- the end of agent log local-")]
+    assert len(shown) == 3, out.getvalue()[-3000:]
+    assert processes_naming(str(tmp_path)) == []
