@@ -23,7 +23,7 @@ from provisionerd.config.loader import ACTION_TIMEOUT_KEYS, Config, ProviderConf
 from provisionerd.controller.memory_file import state_dir_of
 from provisionerd.daemon.metered import unwrap
 from provisionerd.domain.errors import ProviderUnsupported
-from provisionerd.domain.model import Offer, ProviderMachine
+from provisionerd.domain.model import Offer
 from provisionerd.provider import runtime
 from provisionerd.provider.client import LicenseReader, PluginClient, ProviderClient, ProviderReader
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings
@@ -33,6 +33,7 @@ from provisionerd.provider.runtime import PluginTransport
 from provisionerd.provider.values import (
     Features,
     LicenseGrant,
+    ListingRow,
     MachineRef,
     ProviderDescription,
     Reclaim,
@@ -174,7 +175,7 @@ class ReadOnlyClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109
         expected: int = 0,
-    ) -> tuple[ProviderMachine, ...]:
+    ) -> tuple[ListingRow, ...]:
         self.calls.append("listMachines")
         return await self.inner.list_machines(tags, timeout=timeout, expected=expected)
 

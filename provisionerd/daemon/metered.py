@@ -32,12 +32,13 @@ from provisionerd.domain.errors import (
     ProviderTimeout,
     ProviderUnsupported,
 )
-from provisionerd.domain.model import Offer, ProviderMachine
+from provisionerd.domain.model import Offer
 from provisionerd.provider.client import LicenseClient, LicenseReader, ProviderClient
 from provisionerd.provider.values import (
     Features,
     LicenseGrant,
     LicenseReturn,
+    ListingRow,
     MachineRef,
     MachineRequest,
     MachineReturn,
@@ -168,7 +169,7 @@ class MeteredClient:
 
     async def list_machines(
         self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
-    ) -> tuple[ProviderMachine, ...]:
+    ) -> tuple[ListingRow, ...]:
         return await self._timed(
             "listMachines", lambda: self.inner.list_machines(tags, timeout=timeout, expected=expected)
         )

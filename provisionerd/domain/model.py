@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import attrs
 
@@ -149,6 +150,32 @@ class Offer:
     max_number: int
     attributes: Mapping[str, tuple[str, str]] = attrs.field(factory=dict)
     price: PriceQuote | None = None
+
+
+class ListedMachine(Protocol):
+    """What a listing says of a machine, as the orphan classifier reads it: a ``ProviderMachine`` has it, and so does
+    the leaner row a fleet listing is read into (``provisionerd.provider.values.ListingRow``)."""
+
+    @property
+    def machine_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def launch_time(self) -> float: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def instance_ref(self) -> str: ...
+
+    @property
+    def tags(self) -> Mapping[str, str]: ...
 
 
 # --- facts (the controller's durable log) ----------------------------------------------------------------------

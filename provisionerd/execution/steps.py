@@ -166,7 +166,7 @@ class Steps:
         failure: the legacy adapter says so of an op none of whose calls answered (what it made, if anything, is
         invisible and the orphan report names it), while a listing that failed (the plugin crashed) stays a failure."""
         try:
-            return await self._deps.clients[provider].list_machines(
+            rows = await self._deps.clients[provider].list_machines(
                 op_filter(self._deps.settings.cluster, provider, op_id)
             )
         except ProviderUnsupported as exc:
@@ -177,6 +177,7 @@ class Steps:
         except ProviderError as exc:
             log.warning("listMachines for op %s failed: %s", op_id, exc)
             return None
+        return tuple(row.machine() for row in rows)
 
     async def poll(
         self, run: OpRecord, provider: str, request_id: str, deadline: float, *, answered_by: str = ""

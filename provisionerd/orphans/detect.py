@@ -13,12 +13,20 @@ as "listed", so a fact naming it is not a ghost.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from provisionerd.domain.model import TAG_CLUSTER, TAG_INSTANCE, TAG_OP, TAG_PROVIDER, HostStatus, ProviderMachine
+from provisionerd.domain.model import (
+    TAG_CLUSTER,
+    TAG_INSTANCE,
+    TAG_OP,
+    TAG_PROVIDER,
+    HostStatus,
+    ListedMachine,
+    ProviderMachine,
+)
 from provisionerd.orphans.hosts import HostIndex, host_evidence
 from provisionerd.orphans.model import (
     ALREADY_REPORTED,
@@ -76,13 +84,33 @@ def launch_of(*times: float) -> float | None:
 
 
 def _index_listing(
-    listing: Iterable[ProviderMachine], cluster_id: str, provider: str, protect_tag: str
-) -> tuple[set[str], dict[str, ProviderMachine]]:
+    listing: Sequence[ListedMachine], cluster_id: str, provider: str, protect_tag: str
+) -> tuple[set[str], dict[str, ListedMachine]]:
     """(every listed live id, the owned ones by id). A listing that contradicts itself about a duplicated id is
     read the safe way: the machine is owned only if every live copy is, and protected if any copy is, a
     terminated one included (the first live copy is kept, with the protect tag added)."""
+    if cluster_id:
+        # The usual listing, every machine live, ours and listed once, says so in one comprehension (the loop below
+        # read it in ~1.2 us a machine, 0.12 s a pass at 100k machines). A protect tag needs nothing more here: it
+        # is copied onto a machine from another copy of its id, and every id is listed once.
+        owned = {
+            m.machine_id: m
+            for m in listing
+            if m.status not in GONE_STATUSES
+            and (tags := m.tags).get(TAG_CLUSTER) == cluster_id
+            and tags.get(TAG_PROVIDER) == provider
+        }
+        if len(owned) == len(listing):
+            return set(owned), owned
+    return _index_each(listing, cluster_id, provider, protect_tag)
+
+
+def _index_each(
+    listing: Sequence[ListedMachine], cluster_id: str, provider: str, protect_tag: str
+) -> tuple[set[str], dict[str, ListedMachine]]:
+    """``_index_listing`` machine by machine: any listing."""
     listed: set[str] = set()
-    owned: dict[str, ProviderMachine] = {}
+    owned: dict[str, ListedMachine] = {}
     disowned: set[str] = set()
     protect: dict[str, str] = {}  # id -> the protect tag's value, from any copy, a terminated one included
     for machine in listing:  # once per listed machine, 100k at a time: each attribute read once, no call
@@ -100,7 +128,10 @@ def _index_listing(
         owned.pop(machine_id, None)
     for machine_id, kept in owned.items():
         if machine_id in protect and protect_tag not in kept.tags:
-            owned[machine_id] = attrs.evolve(kept, tags={**kept.tags, protect_tag: protect[machine_id]})
+            tags = {**kept.tags, protect_tag: protect[machine_id]}
+            owned[machine_id] = ProviderMachine(
+                machine_id, kept.name, "succeed", kept.status, kept.launch_time, kept.address, kept.instance_ref, tags
+            )
     return listed, owned
 
 
@@ -135,7 +166,7 @@ def _age(now: float, launch: float | None) -> float | None:
     return None if launch is None else now - launch
 
 
-def _base_evidence(machine: ProviderMachine, now: float, launch: float | None) -> dict[str, Any]:
+def _base_evidence(machine: ListedMachine, now: float, launch: float | None) -> dict[str, Any]:
     return {
         "tags": dict(machine.tags),
         "name": machine.name,
@@ -148,7 +179,7 @@ def _base_evidence(machine: ProviderMachine, now: float, launch: float | None) -
 
 
 def _classify_listed(
-    machine: ProviderMachine, obs: Observation, policy: OrphanPolicy, view: FactView, hosts: HostIndex
+    machine: ListedMachine, obs: Observation, policy: OrphanPolicy, view: FactView, hosts: HostIndex
 ) -> Candidate | None:
     record = view.machines.get(machine.machine_id)
     if record is not None and record.provider != obs.provider:
@@ -182,7 +213,7 @@ def _classify_listed(
 
 
 def _never_joined(
-    machine: ProviderMachine,
+    machine: ListedMachine,
     obs: Observation,
     policy: OrphanPolicy,
     launch: float | None,
@@ -209,7 +240,7 @@ def _never_joined(
 
 
 def _tagged_unknown(
-    machine: ProviderMachine,
+    machine: ListedMachine,
     obs: Observation,
     policy: OrphanPolicy,
     view: FactView,

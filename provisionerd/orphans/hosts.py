@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from provisionerd.domain.model import HostState, HostStatus, ProviderMachine
+from provisionerd.domain.model import HostState, HostStatus, ListedMachine
 from provisionerd.planner.fact_view import FactView, MachineRecord
 
 
@@ -73,7 +73,7 @@ class HostIndex:
         """Hosts that are this machine by identity (instance ref from its bootstrap, or machine id)."""
         return _unique(self._lookup(self._by_ref, instance_ref) + self._lookup(self._by_id, machine_id))
 
-    def live_matches(self, machine: ProviderMachine, instance_ref: str) -> list[HostState]:
+    def live_matches(self, machine: ListedMachine, instance_ref: str) -> list[HostState]:
         """Live hosts matching a fact-less machine by identity, hostname or address, minus hosts that belong to
         another machine we track (an address reused by a new machine must not adopt it onto a busy host)."""
         weak = self._weak_keys()

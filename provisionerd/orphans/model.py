@@ -21,10 +21,10 @@ from provisionerd.domain.model import (
     Epoch,
     Fact,
     HostState,
+    ListedMachine,
     Lost,
     OrphanAdopted,
     OrphanReported,
-    ProviderMachine,
     ReturnIntent,
 )
 from provisionerd.planner.fact_view import FactView
@@ -230,7 +230,7 @@ class Observation:
     cluster_id: str
     provider: str
     now: float = attrs.field(validator=_finite)  # wall-clock epoch seconds, the clock of cloud launch times
-    listing: tuple[ProviderMachine, ...] | Unreadable = attrs.field(converter=_listing)
+    listing: tuple[ListedMachine, ...] | Unreadable = attrs.field(converter=_listing)
     view: FactView | Unreadable
     hosts: tuple[HostState, ...] = attrs.field(default=(), converter=_host_states)  # ignored when view is unreadable
     licenses: tuple[CountedResource, ...] = attrs.field(default=(), converter=_licenses)
@@ -366,4 +366,4 @@ class Classification:
     skipped: tuple[str, ...] = ()
 
 
-Listing = tuple[ProviderMachine, ...] | Unreadable
+Listing = tuple[ListedMachine, ...] | Unreadable

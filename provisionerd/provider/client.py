@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
-from provisionerd.domain.model import Offer, ProviderMachine
+from provisionerd.domain.model import Offer
 from provisionerd.provider import contract
 from provisionerd.provider.legacy.adapter import LegacyProvider
 from provisionerd.provider.paging import (
@@ -57,6 +57,7 @@ from provisionerd.provider.values import (
     Features,
     LicenseGrant,
     LicenseReturn,
+    ListingRow,
     MachineRef,
     MachineRequest,
     MachineReturn,
@@ -110,10 +111,11 @@ class ProviderReader(Protocol):
 
     async def list_machines(
         self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
-    ) -> tuple[ProviderMachine, ...]:
+    ) -> tuple[ListingRow, ...]:
         """Every live machine carrying all of ``tags`` (``contract.cluster_filter``, ``contract.op_filter``), read
-        page by page (``provider.paging``: a ``PagingViolation`` for pages that do not join up). ``expected``
-        is about how many the caller expects: the cap on pages derives from it (``paging.max_pages``)."""
+        as rows (``ListingRow``; ``row.machine()`` is the ``ProviderMachine``) page by page (``provider.paging``: a
+        ``PagingViolation`` for pages that do not join up). ``expected`` is about how many the caller expects: the
+        cap on pages derives from it (``paging.max_pages``)."""
         ...
 
 
@@ -237,9 +239,9 @@ class PluginClient:
 
     async def list_machines(
         self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
-    ) -> tuple[ProviderMachine, ...]:
+    ) -> tuple[ListingRow, ...]:
         action, size = "listMachines", self.page_size
-        join: PageJoin[ProviderMachine] = PageJoin(
+        join: PageJoin[ListingRow] = PageJoin(
             self.name, action, size, max_pages(expected, size), lambda m: m.machine_id
         )
         first, cursor = contract.listing_input(tags), None
@@ -262,14 +264,14 @@ class PluginClient:
             if cursor is None:
                 return join.items
 
-    async def _read_machines(self, document: Mapping[str, Any]) -> list[ProviderMachine]:
+    async def _read_machines(self, document: Mapping[str, Any]) -> list[ListingRow]:
         """The machines of one validated ``listMachines`` page, read ``READ_SLICE`` at a time with a checkpoint
         before each: the transport's validation of the page was one stretch of the loop, reading it is never
         more than a slice (an older plugin's single page of 20,000 machines included)."""
         entries = document.get("machines")
         if not isinstance(entries, list):
             return list(contract.read_machines(self.name, document))  # its error
-        machines: list[ProviderMachine] = []
+        machines: list[ListingRow] = []
         for start in range(0, len(entries), READ_SLICE):
             await trio.lowlevel.checkpoint()
             machines.extend(contract.read_machines(self.name, {"machines": entries[start : start + READ_SLICE]}))

@@ -210,17 +210,31 @@ PAGES = st.lists(st.one_of(LISTED_ENTRIES, LISTED_ENTRIES, LISTED_ENTRIES, ENTRI
 @PROPERTIES
 @given(PAGES)
 def test_a_listing_page_reads_the_same_converted_at_once_or_entry_by_entry(entries):
-    """``read_machines`` converts a page of the usual shape at once: the same machines as reading each entry
-    (``listed_machine``), or the same refusal. The page goes through JSON first, as a transport's does."""
+    """``read_machines`` converts a page of the usual shape into rows at once: the same machines as reading each
+    entry (``listed_machine``), or the same refusal. The page goes through JSON first, as a transport's does."""
     try:
         page = parse_json(dump_json({"machines": entries}))
     except ValueError:
         return  # NaN or an infinity: never a plugin's answer
     by_entry = _read(lambda d: tuple(contract.listed_machine(m) for m in d["machines"]), page)
     try:
-        whole = ("value", repr(contract.read_machines("p", page)))
+        rows = contract.read_machines("p", page)
     except ProviderAnswerInvalid:
-        whole = ("refused",)
+        whole: tuple[str, ...] = ("refused",)
+    else:
+        whole = ("value", repr(tuple(row.machine() for row in rows)))
+        # What the classifier reads of a row is what its machine says, the launch time a float as a machine's is.
+        for row, machine in zip(rows, (row.machine() for row in rows), strict=True):
+            assert type(row.launch_time) is float
+            assert (row.machine_id, row.name, row.status, row.launch_time, row.address, row.instance_ref) == (
+                machine.machine_id,
+                machine.name,
+                machine.status,
+                machine.launch_time,
+                machine.address,
+                machine.instance_ref,
+            )
+            assert row.tags == machine.tags
     assert whole == by_entry or (whole == ("refused",) and by_entry[0] == "error")
 
 

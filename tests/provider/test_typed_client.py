@@ -199,7 +199,7 @@ def test_every_valid_status_document_reads_into_values(document):
 @given(listing_documents)
 def test_every_valid_listing_reads_into_live_machines(document):
     check_output("p", "listMachines", document, Redactor())
-    machines = contract.read_machines("p", document)
+    machines = [row.machine() for row in contract.read_machines("p", document)]
     assert [m.machine_id for m in machines] == [e["machineId"] for e in document["machines"]]
     for machine, raw in zip(machines, document["machines"], strict=True):
         assert machine.result == "succeed" and machine.launch_time == raw["launchtime"]
@@ -220,8 +220,8 @@ def test_every_valid_template_list_reads_into_offers(document):
 def test_a_listed_machine_without_the_instance_tag_keeps_its_instance_ref():
     # The legacy adapter's op listing: no tags at all, the instanceRef of the bootstrap instead.
     entry = {"machineId": "m", "name": "h", "status": "running", "launchtime": 5, "instanceRef": "op/0", "tags": {}}
-    (machine,) = contract.read_machines("p", {"machines": [entry]})
-    assert machine == ProviderMachine("m", "h", "succeed", "running", 5.0, "", "op/0", {})
+    (row,) = contract.read_machines("p", {"machines": [entry]})
+    assert row.machine() == ProviderMachine("m", "h", "succeed", "running", 5.0, "", "op/0", {})
     tagged = dict(entry, tags={TAG_INSTANCE: "op/1"})
     assert contract.read_machines("p", {"machines": [tagged]})[0].instance_ref == "op/1"
 

@@ -36,7 +36,7 @@ from provisionerd.domain.model import (
     TAG_PROVIDER,
     Epoch,
     InstanceFact,
-    ProviderMachine,
+    ListedMachine,
     RequestIntent,
     Returned,
     ReturnIntent,
@@ -146,7 +146,7 @@ class GateDriver:
         machines = [m for r in statuses for m in r.machines]
         await self._commit_instances(intent, machines)
 
-    async def _commit_instances(self, intent: RequestIntent, machines: Sequence[ProviderMachine]) -> None:
+    async def _commit_instances(self, intent: RequestIntent, machines: Sequence[ListedMachine]) -> None:
         hashes = dict(zip(intent.instance_refs, intent.token_hashes, strict=True))
         keeper = self.node.core.keepers[self.provider]
         for m in machines:
