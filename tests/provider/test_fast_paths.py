@@ -7,8 +7,12 @@ valid or not, and on near-valid documents made from real answers.
 
 from __future__ import annotations
 
+import datetime
 import json
+from enum import IntEnum
+from types import MappingProxyType
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +21,7 @@ from provisionerd.domain.errors import ProviderAnswerInvalid
 from provisionerd.domain.model import TAG_INSTANCE
 from provisionerd.provider import contract
 from provisionerd.provider.persistent import request_line
-from provisionerd.provider.runtime import _DECODER, dump_json, parse_json
+from provisionerd.provider.runtime import _DECODER, _ENCODER, dump_json, parse_json
 from provisionerd.provider.schemas import ACTIONS
 from provisionerd.provider.values import RequestStatus
 
@@ -317,6 +321,77 @@ def test_the_plain_path_takes_what_a_listing_holds():
     assert contract._listed_machine_plain({**entry, "privateIpAddress": None}) is not None
     assert contract._listed_machine_plain({**entry, "tags": {}, "instanceRef": "ref-1"}).instance_ref == "ref-1"
     assert contract._listed_machine_plain({**entry, "launchtime": 1.5}) is None  # the full reader reads it
+
+
+# --- dump_json: msgspec's text where it is the standard encoder's, the standard encoder otherwise -------------------
+
+
+class _Sub(str):
+    pass
+
+
+@attrs.frozen
+class _Value:
+    a: int = 1
+
+
+NOT_JSON = st.one_of(
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), b"x", bytearray(b"y"), _Value(), _Sub("s")]),
+    st.sampled_from([IntEnum("E", "one two").one, MappingProxyType({"a": 1}), datetime.date(2026, 1, 1)]),
+    st.frozensets(st.integers(0, 3), max_size=2),
+    st.integers(2**63, 2**80),
+    st.text(alphabet='é\u2028\ud800\x7f\x00"', max_size=3),
+)
+VALUES = st.recursive(
+    st.one_of(SCALARS, NOT_JSON),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=2).map(tuple)
+        | st.dictionaries(
+            st.one_of(st.text(max_size=4), st.integers(0, 3), st.booleans(), st.none()), inner, max_size=3
+        )
+    ),
+    max_leaves=8,
+)
+
+
+def _floats_in(value: object) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_floats_in(v) for v in value)
+    if isinstance(value, dict):
+        return any(_floats_in(k) or _floats_in(v) for k, v in value.items())
+    return False
+
+
+@PROPERTIES
+@given(VALUES)
+def test_dump_json_writes_what_the_standard_encoder_writes_or_refuses_as_it_does(value):
+    try:
+        standard: tuple[object, ...] = ("value", _ENCODER.encode(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        standard = ("error", type(exc))
+    try:
+        ours: tuple[object, ...] = ("value", dump_json(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        ours = ("error", type(exc))
+    if standard[0] == "error" or _floats_in(value):
+        # A number may be spelt otherwise (1e16 for 1e+16), never valued otherwise.
+        assert ours[0] == standard[0]
+        if ours[0] == "value":
+            assert json.loads(ours[1]) == json.loads(standard[1]) and ours[1].isascii()
+        else:
+            assert ours == standard
+    else:
+        assert ours == standard
+
+
+def test_dump_json_refuses_what_msgspec_alone_would_write():
+    for value in ({"a": float("nan")}, {"a": {1, 2}}, {"a": b"x"}, {"a": _Value()}, [datetime.date(2026, 1, 1)]):
+        with pytest.raises((TypeError, ValueError)):
+            dump_json(value)
+    assert dump_json({"a": (1, 2), 3: "é"}) == '{"a":[1,2],"3":"\\u00e9"}'
 
 
 # --- request_line: only the input goes through the encoder ----------------------------------------------------
