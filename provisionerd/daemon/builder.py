@@ -56,7 +56,7 @@ from provisionerd.execution.executor import Executor, ExecutorSettings
 from provisionerd.execution.feedback import Feedback, open_feedback
 from provisionerd.execution.gate import MutationGate
 from provisionerd.execution.orphan_cycle import OrphanCycle
-from provisionerd.execution.orphan_reads import SettleTracker, read_keeper, read_session
+from provisionerd.execution.orphan_reads import SettleTracker, peek_session, read_keeper, read_session
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.policy import Policy
 from provisionerd.provider.client import ProviderClient
@@ -169,6 +169,7 @@ class Pieces:
                 wall_clock=self.wall,
                 list_timeout=provider.timeouts.for_action("listMachines"),
                 fleet_floor=provider.max_machines,
+                peek=functools.partial(peek_session, session, provider.name),
             )
             cycles[provider.name] = (cycle, provider.orphans.interval)
         return cycles

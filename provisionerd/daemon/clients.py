@@ -25,7 +25,7 @@ from provisionerd.daemon.metered import unwrap
 from provisionerd.domain.errors import ProviderUnsupported
 from provisionerd.domain.model import Offer
 from provisionerd.provider import runtime
-from provisionerd.provider.client import LicenseReader, PluginClient, ProviderClient, ProviderReader
+from provisionerd.provider.client import LicenseReader, PluginClient, ProviderClient, ProviderReader, Sift
 from provisionerd.provider.legacy.wiring import client_for, legacy_settings
 from provisionerd.provider.oneshot import OneShotProvider
 from provisionerd.provider.persistent import PersistentProvider
@@ -175,9 +175,10 @@ class ReadOnlyClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109
         expected: int = 0,
+        sift: Sift | None = None,
     ) -> tuple[ListingRow, ...]:
         self.calls.append("listMachines")
-        return await self.inner.list_machines(tags, timeout=timeout, expected=expected)
+        return await self.inner.list_machines(tags, timeout=timeout, expected=expected, sift=sift)
 
     async def list_licenses(
         self,

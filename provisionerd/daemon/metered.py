@@ -33,7 +33,7 @@ from provisionerd.domain.errors import (
     ProviderUnsupported,
 )
 from provisionerd.domain.model import Offer
-from provisionerd.provider.client import LicenseClient, LicenseReader, ProviderClient
+from provisionerd.provider.client import LicenseClient, LicenseReader, ProviderClient, Sift
 from provisionerd.provider.values import (
     Features,
     LicenseGrant,
@@ -168,10 +168,10 @@ class MeteredClient:
         return await self._timed("getReturnRequests", lambda: self.inner.get_return_requests(machines, timeout=timeout))
 
     async def list_machines(
-        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
+        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0, sift: Sift | None = None
     ) -> tuple[ListingRow, ...]:
         return await self._timed(
-            "listMachines", lambda: self.inner.list_machines(tags, timeout=timeout, expected=expected)
+            "listMachines", lambda: self.inner.list_machines(tags, timeout=timeout, expected=expected, sift=sift)
         )
 
     async def request_machines(self, request: MachineRequest, *, timeout: float | None = None) -> RequestAccepted:

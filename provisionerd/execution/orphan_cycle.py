@@ -73,6 +73,8 @@ from provisionerd.execution.orphan_owners import (  # re-exported: the owners of
 from provisionerd.execution.orphan_reads import (
     ControllerReader,
     LeaseReader,
+    Sifter,
+    ViewPeek,
     expected_fleet,
     read_listing,
     unknown_outcomes,
@@ -157,7 +159,10 @@ class OrphanCycle:
         wall_clock: Callable[[], float] = time.time,
         list_timeout: float | None = None,
         fleet_floor: int = 0,
+        peek: ViewPeek | None = None,
     ) -> None:
+        """``peek``: the controller's view as the session holds it now, with which each listing page is sifted
+        (``orphan_reads.Sifter``); without it the pass holds its whole listing."""
         self.cluster = cluster
         self.identity = identity
         self.provider = provider
@@ -172,6 +177,7 @@ class OrphanCycle:
         self._list_timeout = list_timeout
         self._fleet_floor = fleet_floor
         self._expected = fleet_floor
+        self._peek = peek
         self._seen: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
         self.licenses = LicenseReads(provider)  # class d: asked only when the plugin declares pools
         self.passes = 0
@@ -221,6 +227,8 @@ class OrphanCycle:
     async def _observe_and_classify(self) -> tuple[Classification, tuple[Finding, ...], frozenset[str]]:
         """Read, classify and audit one observation; the listing and view it read are released before this returns
         (a large one off the loop), so the pass's actions run without them."""
+        peek = self._peek
+        sifter = None if peek is None else Sifter(self.cluster, self.provider, self.policy, peek, self._wall_clock)
         obs = await observe(
             self.cluster,
             self.provider,
@@ -231,8 +239,9 @@ class OrphanCycle:
             list_timeout=self._list_timeout,
             expected=self._expected,
             licenses=self.licenses,
+            sifter=sifter,
         )
-        self._expected = expected_fleet(obs.view, obs.listing, floor=self._fleet_floor)  # the next pass's cap
+        self._expected = expected_fleet(obs.view, obs.listed_count, floor=self._fleet_floor)  # the next pass's cap
         result = await classify_off_loop(obs, self.policy, self.memory)
         self.memory = result.memory
         self.passes += 1
@@ -340,13 +349,15 @@ async def observe(
     list_timeout: float | None = None,
     expected: int = 0,
     licenses: LicenseReads | None = None,
+    sifter: Sifter | None = None,
 ) -> Observation:
     """One observation of ``provider``: its listing first, then the controller's view and the lease (the order
     ``Observation`` requires). Shared by the orphan pass and the admin's explicit action
     (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``). ``expected``
     (about how many machines the listing should show) caps its pages (``paging.max_pages``). ``licenses``: read
-    the provider's licence grants too, after the listing (``orphan_licences``)."""
-    listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected)
+    the provider's licence grants too, after the listing (``orphan_licences``). ``sifter``: sift the listing as it
+    is read (``orphan_reads.Sifter``): the observation holds only the ids of the machines it settled."""
+    listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected, sift=sifter)
     grants = await licenses.read(client, cluster) if licenses is not None else ()
     controller = read_controller()  # after the listing, never before
     return Observation(
@@ -359,6 +370,7 @@ async def observe(
         licenses=counted(grants, controller.licenses_in_use),
         lease=read_lease(),
         controller=controller.controller,
+        settled=sifter.settled if sifter is not None and isinstance(listing, tuple) else (),
     )
 
 

@@ -26,10 +26,13 @@ from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.errors import LeaseError, ProviderError
 from provisionerd.domain.model import DemandSnapshot, HostState
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
-from provisionerd.planner.fact_view import FactView
+from provisionerd.orphans.policy import OrphanPolicy
+from provisionerd.orphans.sift import SiftKeys, sift
+from provisionerd.planner.fact_view import FactView, MachineRecord
 from provisionerd.provider.client import ProviderReader
 from provisionerd.provider.contract import cluster_filter
 from provisionerd.provider.legacy.rules import invisible_classes
+from provisionerd.provider.values import ListingRow
 
 
 def listing_filter(cluster: str) -> dict[str, str]:
@@ -67,18 +70,20 @@ async def read_listing(
     *,
     timeout: float | None = None,  # noqa: ASYNC109
     expected: int = 0,
+    sift: Sifter | None = None,
 ) -> Listing:
     """``listMachines`` for this cluster's machines, or ``Unreadable`` with the reason it could not be read
     (``ListingAbsent``, without calling anything, for a provider that has no listing).
 
     The listing is read page by page (``provisionerd.provider.paging``); ``expected`` (about how many machines
     the caller expects) sets the cap on pages, and pages that do not join up (a cursor loop, more pages than the
-    cap, a page larger than asked) are ``Unreadable`` with that reason, like any other unreadable answer."""
+    cap, a page larger than asked) are ``Unreadable`` with that reason, like any other unreadable answer. ``sift``
+    sifts each page as it is read (``Sifter``): the listing is then what it kept."""
     absent = listing_absent(client)
     if absent is not None:
         return absent
     try:
-        return await client.list_machines(listing_filter(cluster), timeout=timeout, expected=expected)
+        return await client.list_machines(listing_filter(cluster), timeout=timeout, expected=expected, sift=sift)
     except ProviderError as exc:
         return Unreadable(str(exc))
 
@@ -165,13 +170,52 @@ def licenses_in_use(demand: DemandSnapshot | None, provider: str | None) -> dict
     return uses or None
 
 
-def expected_fleet(view: FactView | Unreadable, listing: Listing, *, floor: int = 0) -> int:
+#: The view's machines and its hosts by instance ref as the session holds them now, or ``None`` while it has no
+#: readable view (``peek_session``).
+ViewPeek = Callable[[], tuple[Mapping[str, MachineRecord], Mapping[str, HostState]] | None]
+
+
+def peek_session(
+    session: ControllerSession, provider: str
+) -> tuple[Mapping[str, MachineRecord], Mapping[str, HostState]] | None:
+    """The session's machines and hosts, read in place, when ``read_session`` would read its view (``None``
+    otherwise): what a ``Sifter`` compares each listing page with."""
+    if session_unreadable(session, provider) is not None or session.view is None:
+        return None
+    return session.view.facts.machines, session.view.hosts
+
+
+class Sifter:
+    """Sifts an orphan pass's listing page by page (``orphans.sift``) against the view of the moment (``peek``),
+    keeping only the ids of the settled machines (``settled``, for ``Observation.settled``). A page read while the
+    view is unreadable is kept whole."""
+
+    def __init__(
+        self, cluster: str, provider: str, policy: OrphanPolicy, peek: ViewPeek, wall_clock: Callable[[], float]
+    ) -> None:
+        self._cluster, self._provider, self._policy = cluster, provider, policy
+        self._peek, self._wall_clock = peek, wall_clock
+        self.settled: list[str] = []
+
+    def __call__(self, rows: list[ListingRow]) -> list[ListingRow]:
+        seen = self._peek()
+        if seen is None:
+            return rows
+        policy = self._policy
+        keys = SiftKeys(
+            self._cluster, self._provider, policy.protect_tag, *seen, self._wall_clock(), policy.join_deadline
+        )
+        settled, kept = sift(rows, keys)
+        self.settled += settled
+        return kept
+
+
+def expected_fleet(view: FactView | Unreadable, listed: int, *, floor: int = 0) -> int:
     """About how many machines the next listing should show, at most: the most of ``floor`` (the provider's
     configured ``max_machines``), every machine the controller's view knows (any provider, ended ones too: an upper
-    bound that costs nothing to count) and what this listing showed. Only the cap on pages (``paging.max_pages``)
-    uses it, never a decision about a machine."""
+    bound that costs nothing to count) and what this listing showed (``listed``: ``Observation.listed_count``).
+    Only the cap on pages (``paging.max_pages``) uses it, never a decision about a machine."""
     known = len(view.machines) if isinstance(view, FactView) else 0
-    listed = len(listing) if isinstance(listing, tuple) else 0
     return max(floor, known, listed)
 
 

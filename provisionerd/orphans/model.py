@@ -208,6 +208,10 @@ def _licenses(items: Iterable[CountedResource]) -> tuple[CountedResource, ...]:
     return tuple(items)
 
 
+def _ids(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
 def _listing(value: Any) -> Any:
     return value if isinstance(value, Unreadable) else tuple(value)
 
@@ -236,6 +240,14 @@ class Observation:
     licenses: tuple[CountedResource, ...] = attrs.field(default=(), converter=_licenses)
     lease: LeaseState = LeaseState()
     controller: ControllerState = ControllerState()
+    #: Ids of listed machines sifted out while the listing was read (``orphans.sift``): listed, settled, and not in
+    #: ``listing`` unless another copy of the id is. Read only with a readable listing.
+    settled: frozenset[str] = attrs.field(default=frozenset(), converter=_ids)
+
+    @property
+    def listed_count(self) -> int:
+        """Machines this listing showed, settled ones included (0 when it is unreadable)."""
+        return len(self.listing) + len(self.settled) if isinstance(self.listing, tuple) else 0
 
 
 # --- memory ----------------------------------------------------------------------------------------------------

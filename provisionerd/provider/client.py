@@ -35,7 +35,8 @@ the transport, which owns the deadline (``runtime.PluginTransport`` says why).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
 
 import trio
@@ -67,6 +68,9 @@ from provisionerd.provider.values import (
     RequestStatus,
     UnknownOutcome,
 )
+
+#: Given a listing page's rows, the rows to keep of it (``list_machines``).
+Sift = Callable[[list[ListingRow]], list[ListingRow]]
 
 
 @runtime_checkable
@@ -110,12 +114,19 @@ class ProviderReader(Protocol):
         ...
 
     async def list_machines(
-        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
+        self,
+        tags: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        expected: int = 0,
+        sift: Sift | None = None,
     ) -> tuple[ListingRow, ...]:
         """Every live machine carrying all of ``tags`` (``contract.cluster_filter``, ``contract.op_filter``), read
         as rows (``ListingRow``; ``row.machine()`` is the ``ProviderMachine``) page by page (``provider.paging``: a
         ``PagingViolation`` for pages that do not join up). ``expected`` is about how many the caller expects: the
-        cap on pages derives from it (``paging.max_pages``)."""
+        cap on pages derives from it (``paging.max_pages``). ``sift``: given each page's rows, it returns those to
+        keep (the orphan pass's ``orphan_reads.Sifter`` holds only ids for the others); a row dropped there is not
+        joined with a later copy of its id, which the caller's sift sees as well."""
         ...
 
 
@@ -238,16 +249,23 @@ class PluginClient:
         return tuple(joined.values())
 
     async def list_machines(
-        self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0
+        self,
+        tags: Mapping[str, str],
+        *,
+        timeout: float | None = None,
+        expected: int = 0,
+        sift: Sift | None = None,
     ) -> tuple[ListingRow, ...]:
         action, size = "listMachines", self.page_size
         join: PageJoin[ListingRow] = PageJoin(
-            self.name, action, size, max_pages(expected, size), lambda m: m.machine_id
+            self.name, action, size, max_pages(expected, size), attrgetter("machine_id")
         )
         first, cursor = contract.listing_input(tags), None
         while True:
             document = await self.transport.call(action, page_input(first, cursor, size), timeout=timeout)
-            cursor = join.add(await self._read_machines(document), next_cursor(self.name, action, document))
+            rows = await self._read_machines(document)
+            after = next_cursor(self.name, action, document)
+            cursor = join.add(rows, after) if sift is None else join.add(sift(rows), after, size=len(rows))
             if cursor is None:
                 return join.items
 

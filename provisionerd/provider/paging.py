@@ -94,18 +94,25 @@ class PageJoin(Generic[T]):
     _items: dict[Hashable, T] = attrs.field(factory=dict)
     _cursors: set[str] = attrs.field(factory=set)
 
-    def add(self, entries: Sequence[T], cursor: str | None) -> str | None:
+    def add(self, entries: Sequence[T], cursor: str | None, *, size: int | None = None) -> str | None:
+        """``size``: how many entries the page had, when ``entries`` are only those the reader keeps of it."""
         self.pages += 1
-        if cursor is not None and len(entries) > self.page_size:
+        size = len(entries) if size is None else size
+        if cursor is not None and size > self.page_size:
             raise PagingViolation(
-                self.provider, self.action, f"page {self.pages} has {len(entries)} entries, {self.page_size} asked"
+                self.provider, self.action, f"page {self.pages} has {size} entries, {self.page_size} asked"
             )
-        for entry in entries:
-            key = self.key(entry)
-            if key in self._items:
-                self.duplicates += 1
-                del self._items[key]  # the later copy wins, in its page's place
-            self._items[key] = entry
+        items = self._items
+        page = dict(zip(map(self.key, entries), entries, strict=True))
+        if len(page) == len(entries) and items.keys().isdisjoint(page):
+            items.update(page)  # the usual page: no key twice, none seen before (~3x the loop's speed)
+        else:
+            for entry in entries:
+                key = self.key(entry)
+                if key in items:
+                    self.duplicates += 1
+                    del items[key]  # the later copy wins, in its page's place
+                items[key] = entry
         if cursor is None:
             return None
         if cursor in self._cursors:

@@ -68,9 +68,13 @@ def test_an_entry_on_two_pages_is_kept_once_in_its_later_place(ids, cuts):
     pages = [([machine(i) for i in ids[a:b]], f"c{n}") for n, (a, b) in enumerate(itertools.pairwise(bounds))]
     pages = pages or [([], None)]
     pages[-1] = (pages[-1][0], None)
-    joined = join_pages(pages, lambda m: m["machineId"], page_size=200, limit=100)
+    join = PageJoin("p", "listMachines", 200, 100, lambda m: m["machineId"])
+    for entries, cursor in pages:
+        join.add(entries, cursor)
     expected = list(dict.fromkeys(reversed(ids)))[::-1]  # each id once, at its last occurrence
-    assert [m["machineId"] for m in joined] == [f"i-{i:06d}" for i in expected]
+    assert [m["machineId"] for m in join.items] == [f"i-{i:06d}" for i in expected]
+    assert join.duplicates == len(ids) - len(expected)
+    assert join_pages(pages, lambda m: m["machineId"], page_size=200, limit=100) == join.items
 
 
 def test_a_cursor_returned_again_is_a_loop_and_refused():

@@ -1,0 +1,102 @@
+"""Sifting a listing while it is read (``orphans.sift``): against one and the same view, an observation that holds
+only the ids of the settled machines classifies exactly as the whole listing does, whatever the world."""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from orphan_world import CLUSTER, NOW, PROVIDER
+from test_properties import EPOCH, PROTECT, REFS, _fact, facts, memories, observations, policies
+
+from provisionerd.domain.model import (
+    TAG_CLUSTER,
+    TAG_PROVIDER,
+    CommittedFact,
+    Epoch,
+    HostState,
+    HostStatus,
+    InstanceFact,
+    ProviderMachine,
+)
+from provisionerd.orphans.classify import ClassifierMemory, Observation, OrphanPolicy, Unreadable, classify
+from provisionerd.orphans.sift import SiftKeys, hosts_by_ref, settled_by, sift
+from provisionerd.planner.fact_view import FactView, fold
+
+
+def sifted(obs: Observation, policy: OrphanPolicy) -> Observation:
+    if not isinstance(obs.listing, tuple) or not isinstance(obs.view, FactView):
+        return obs
+    machines, hosts = obs.view.machines, hosts_by_ref(obs.hosts)
+    keys = SiftKeys(obs.cluster_id, obs.provider, policy.protect_tag, machines, hosts, obs.now, policy.join_deadline)
+    settled, kept = sift(obs.listing, keys)
+    event(f"settled {min(len(settled), 2)}")
+    return attrs.evolve(obs, listing=tuple(kept), settled=settled)
+
+
+@st.composite
+def near_settled(draw: st.DrawFn) -> Observation:
+    """An observation where many listed machines have their fact and a host (so they settle), and others miss one
+    piece of it, are another provider's, returning, adopted or lost: the edge of settling."""
+    obs = draw(observations())
+    if not isinstance(obs.listing, tuple):
+        return obs
+    made, hosts = list(draw(facts())), list(obs.hosts)
+    for machine in obs.listing:
+        if draw(st.integers(0, 3)) == 0:
+            continue
+        provider = draw(st.sampled_from([PROVIDER, PROVIDER, PROVIDER, "other"]))
+        ref = draw(st.sampled_from(REFS))
+        fact = InstanceFact(provider, EPOCH, "op-s", ref, machine.machine_id, "t", "0" * 64, "", "", NOW - 5000)
+        made.append(CommittedFact(len(made) + 1, fact))
+        after = draw(st.sampled_from(["", "", "", "return", "returned", "lost", "adopted"]))
+        if after:
+            made.append(CommittedFact(len(made) + 1, _fact(draw, after, provider, "op-s", machine.machine_id)))
+        if draw(st.integers(0, 3)):
+            host_provider = draw(st.sampled_from([PROVIDER, PROVIDER, PROVIDER, "other"]))
+            status = draw(st.sampled_from(list(HostStatus)))
+            hosts.append(HostState(ref, host_provider, draw(st.sampled_from(["", machine.machine_id])), status, NOW))
+    return attrs.evolve(obs, view=fold(made), hosts=tuple(hosts))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(observations(), near_settled()), policies, memories)
+def test_a_sifted_observation_classifies_as_the_whole_listing(obs: Observation, policy, memory) -> None:
+    policy = attrs.evolve(policy, protect_tag=PROTECT)
+    lean = sifted(obs, policy)
+    assert classify(lean, policy, memory) == classify(obs, policy, memory)
+    if isinstance(obs.listing, tuple):  # no listed id is lost: each is kept or settled
+        assert {m.machine_id for m in lean.listing} | lean.settled == {m.machine_id for m in obs.listing}
+
+
+def test_an_active_joined_machine_settles_and_anything_else_is_kept() -> None:
+    ours = {TAG_CLUSTER: CLUSTER, TAG_PROVIDER: PROVIDER}
+    fact = InstanceFact(PROVIDER, Epoch(4, 2), "op", "ref-1", "m1", "t", "0" * 64, "h", "10.0.0.1", NOW - 10)
+    view = fold([CommittedFact(1, fact)])
+    host = HostState("ref-1", PROVIDER, "m1", HostStatus.IDLE, NOW)
+    keys = SiftKeys(CLUSTER, PROVIDER, PROTECT, view.machines, {"ref-1": host})
+    machine = ProviderMachine("m1", "h", "succeed", "running", NOW - 10, "10.0.0.1", "ref-1", ours)
+    assert settled_by(machine, keys) is view.machines["m1"]
+    assert sift([machine], keys) == (["m1"], [])
+    for other in (
+        attrs.evolve(machine, tags={**ours, PROTECT: ""}),  # protected: the classifier reads its tag
+        attrs.evolve(machine, status="terminated"),
+        attrs.evolve(machine, tags={TAG_CLUSTER: CLUSTER, TAG_PROVIDER: "other"}),
+        attrs.evolve(machine, machine_id="m2"),  # no fact
+    ):
+        assert settled_by(other, keys) is None
+    for other_keys in (
+        attrs.evolve(keys, hosts={}),  # never joined, and no join deadline
+        attrs.evolve(keys, hosts={"ref-1": attrs.evolve(host, provider="other")}),
+        attrs.evolve(keys, cluster_id=""),
+        attrs.evolve(keys, hosts={}, now=NOW, join_deadline=10.0),  # its join deadline passed
+    ):
+        assert settled_by(machine, other_keys) is None
+    young = attrs.evolve(keys, hosts={}, now=NOW, join_deadline=10.5)  # not joined, still on its way up
+    assert settled_by(machine, young) is view.machines["m1"]
+
+
+def test_an_unreadable_view_settles_nothing() -> None:
+    obs = Observation(CLUSTER, PROVIDER, NOW, (), Unreadable("y"))
+    assert sifted(obs, OrphanPolicy()) is obs
+    assert classify(obs, OrphanPolicy(), ClassifierMemory()).findings == ()
