@@ -152,32 +152,6 @@ class Offer:
     price: PriceQuote | None = None
 
 
-class ListedMachine(Protocol):
-    """What a listing says of a machine, as the orphan classifier reads it: a ``ProviderMachine`` has it, and so does
-    the leaner row a fleet listing is read into (``provisionerd.provider.values.ListingRow``)."""
-
-    @property
-    def machine_id(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def status(self) -> str: ...
-
-    @property
-    def launch_time(self) -> float: ...
-
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def instance_ref(self) -> str: ...
-
-    @property
-    def tags(self) -> Mapping[str, str]: ...
-
-
 # --- facts (the controller's durable log) ----------------------------------------------------------------------
 # Every fact names its provider and carries the lease epoch it was written under; the controller rejects a fact
 # whose epoch is not the provider's current lease epoch. ``op_id`` is the action's idempotency key.
@@ -420,3 +394,29 @@ class ProviderMachine:
     #: and its quote (``getRequestStatus`` only; the instance fact records the quote, else the intent's).
     instance_type: str = ""
     price: PriceQuote | None = None
+
+
+class ListedMachine(Protocol):
+    """What a listing says of a machine, as the orphan classifier reads it: a ``ProviderMachine`` has it, and so does
+    the leaner row a fleet listing is read into (``provisionerd.provider.values.ListingRow``)."""
+
+    @property
+    def machine_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def launch_time(self) -> float: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def instance_ref(self) -> str: ...
+
+    @property
+    def tags(self) -> Mapping[str, str]: ...
