@@ -358,6 +358,9 @@ async def observe(
     the provider's licence grants too, after the listing (``orphan_licences``). ``sifter``: sift the listing as it
     is read (``orphan_reads.Sifter``): the observation holds only the ids of the machines it settled."""
     listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected, sift=sifter)
+    settled: frozenset[str] = frozenset()
+    if sifter is not None and isinstance(listing, tuple):
+        listing, settled = sifter.resolve(listing)
     grants = await licenses.read(client, cluster) if licenses is not None else ()
     controller = read_controller()  # after the listing, never before
     return Observation(
@@ -370,7 +373,7 @@ async def observe(
         licenses=counted(grants, controller.licenses_in_use),
         lease=read_lease(),
         controller=controller.controller,
-        settled=sifter.settled if sifter is not None and isinstance(listing, tuple) else (),
+        settled=settled,
     )
 
 

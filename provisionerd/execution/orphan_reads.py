@@ -14,7 +14,7 @@ The order matters and is the caller's job: read the listing *first*, the view *a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,10 +24,10 @@ from provisionerd.controller.lease import LeaseKeeper
 from provisionerd.controller.session import ControllerSession
 from provisionerd.controller.session_settings import LinkState
 from provisionerd.domain.errors import LeaseError, ProviderError
-from provisionerd.domain.model import DemandSnapshot, HostState
+from provisionerd.domain.model import DemandSnapshot, HostState, ListedMachine
 from provisionerd.orphans.model import ControllerState, LeaseState, Listing, ListingAbsent, Unreadable
 from provisionerd.orphans.policy import OrphanPolicy
-from provisionerd.orphans.sift import SiftKeys, sift
+from provisionerd.orphans.sift import Sifting, SiftKeys
 from provisionerd.planner.fact_view import FactView, MachineRecord
 from provisionerd.provider.client import ProviderReader
 from provisionerd.provider.contract import cluster_filter
@@ -186,28 +186,27 @@ def peek_session(
 
 
 class Sifter:
-    """Sifts an orphan pass's listing page by page (``orphans.sift``) against the view of the moment (``peek``),
-    keeping only the ids of the settled machines (``settled``, for ``Observation.settled``). A page read while the
-    view is unreadable is kept whole."""
+    """Sifts an orphan pass's listing page by page (``orphans.sift``) against the view of the moment (``peek``);
+    ``resolve`` then gives the listing and the settled ids (``Observation.settled``). A page read while the view is
+    unreadable is kept whole."""
 
     def __init__(
         self, cluster: str, provider: str, policy: OrphanPolicy, peek: ViewPeek, wall_clock: Callable[[], float]
     ) -> None:
         self._cluster, self._provider, self._policy = cluster, provider, policy
         self._peek, self._wall_clock = peek, wall_clock
-        self.settled: list[str] = []
+        self._sifting = Sifting()
 
     def __call__(self, rows: list[ListingRow]) -> list[ListingRow]:
-        seen = self._peek()
-        if seen is None:
-            return rows
-        policy = self._policy
-        keys = SiftKeys(
-            self._cluster, self._provider, policy.protect_tag, *seen, self._wall_clock(), policy.join_deadline
-        )
-        settled, kept = sift(rows, keys)
-        self.settled += settled
-        return kept
+        seen, policy = self._peek(), self._policy
+        keys = None
+        if seen is not None:
+            now = self._wall_clock()
+            keys = SiftKeys(self._cluster, self._provider, policy.protect_tag, *seen, now, policy.join_deadline)
+        return self._sifting.page(rows, keys)
+
+    def resolve(self, joined: Sequence[ListedMachine]) -> tuple[tuple[ListedMachine, ...], frozenset[str]]:
+        return self._sifting.resolve(joined)
 
 
 def expected_fleet(view: FactView | Unreadable, listed: int, *, floor: int = 0) -> int:

@@ -17,7 +17,7 @@ the same view a sifted observation classifies exactly as the whole listing does 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -45,46 +45,98 @@ class SiftKeys:
 
 def settled_by(machine: ListedMachine, keys: SiftKeys) -> MachineRecord | None:
     """The fact that settles ``machine`` (see the module docstring), or ``None``."""
-    tags = machine.tags
-    if (
-        not keys.cluster_id
-        or machine.status in GONE_STATUSES
-        or tags.get(TAG_CLUSTER) != keys.cluster_id
-        or tags.get(TAG_PROVIDER) != keys.provider
-        or keys.protect_tag in tags
-    ):
-        return None
-    record = keys.machines.get(machine.machine_id)
-    if record is None or record.provider != keys.provider:
-        return None
-    if record.state is MachineState.RETURNING:
-        return record
-    if record.state is not MachineState.ACTIVE:
-        return None
-    if record.adopted:
-        return record
-    host = keys.hosts.get(record.instance_ref) if record.instance_ref else None
-    if host is not None and host.provider == keys.provider:
-        return record
-    launch = launch_of(machine.launch_time, record.launch_time)
-    return record if launch is not None and keys.now - launch < keys.join_deadline else None
+    return settler(keys)(machine)
+
+
+def settler(keys: SiftKeys) -> Callable[[ListedMachine], MachineRecord | None]:
+    """``settled_by`` with ``keys`` read once (it runs once per listed machine, 100k a pass: ~0.5 us each)."""
+    cluster_id, provider, protect_tag, now, deadline = (
+        keys.cluster_id,
+        keys.provider,
+        keys.protect_tag,
+        keys.now,
+        keys.join_deadline,
+    )
+    machines, hosts = keys.machines.get, keys.hosts.get
+    active, returning = MachineState.ACTIVE, MachineState.RETURNING
+
+    def settled(machine: ListedMachine) -> MachineRecord | None:
+        tags = machine.tags
+        if (
+            not cluster_id
+            or machine.status in GONE_STATUSES
+            or tags.get(TAG_CLUSTER) != cluster_id
+            or tags.get(TAG_PROVIDER) != provider
+            or protect_tag in tags
+        ):
+            return None
+        record = machines(machine.machine_id)
+        if record is None or record.provider != provider:
+            return None
+        state = record.state
+        if state is returning:
+            return record
+        if state is not active:
+            return None
+        if record.adopted:
+            return record
+        host = hosts(record.instance_ref) if record.instance_ref else None
+        if host is not None and host.provider == provider:
+            return record
+        launch = launch_of(machine.launch_time, record.launch_time)
+        return record if launch is not None and now - launch < deadline else None
+
+    return settled
 
 
 M = TypeVar("M", bound=ListedMachine)
 
 
+@attrs.define
+class Sifting:
+    """One listing sifted page by page: the settled ids, and where the last settled and the last kept copy of each
+    id stood in the listing, so that ``resolve`` gives what a join of every page gives (``provider.paging.PageJoin``:
+    the later copy of an id wins). Copies of one id can disagree (a launch time, a protect tag) and settle or not
+    alike only by their fact."""
+
+    #: id -> position of its last settled copy (the id is the view's own string).
+    settled: dict[str, int] = attrs.field(factory=dict)
+    #: id -> position of its last kept copy.
+    kept_at: dict[str, int] = attrs.field(factory=dict)
+    position: int = 0
+
+    def page(self, rows: Iterable[M], keys: SiftKeys | None) -> list[M]:
+        """The rows of one page to keep (all of them without ``keys``: no view to sift against)."""
+        settle = settler(keys) if keys is not None else None
+        settled, kept_at, position = self.settled, self.kept_at, self.position
+        kept: list[M] = []
+        for machine in rows:
+            position += 1
+            record = settle(machine) if settle is not None else None
+            if record is None:
+                kept.append(machine)
+                kept_at[machine.machine_id] = position
+            else:
+                settled[record.machine_id] = position
+        self.position = position
+        return kept
+
+    def resolve(self, joined: Sequence[M]) -> tuple[tuple[M, ...], frozenset[str]]:
+        """(the listing, the settled ids) from ``joined``, the join of the kept rows: an id both settled and kept
+        keeps only its later copy."""
+        settled, kept_at = self.settled, self.kept_at
+        clash = {i: kept_at[i] < at for i in kept_at if (at := settled.get(i)) is not None}  # True: settled later
+        if not clash:
+            return tuple(joined), frozenset(settled)
+        rows = tuple(m for m in joined if not clash.get(m.machine_id, False))
+        return rows, frozenset(i for i in settled if clash.get(i, True))
+
+
 def sift(rows: Iterable[M], keys: SiftKeys) -> tuple[list[str], list[M]]:
-    """(the ids of the settled machines, the rest as listed). A settled id is the view's own string, so holding
-    it holds nothing the view does not."""
-    settled: list[str] = []
-    kept: list[M] = []
-    for machine in rows:
-        record = settled_by(machine, keys)
-        if record is None:
-            kept.append(machine)
-        else:
-            settled.append(record.machine_id)
-    return settled, kept
+    """(the ids of the settled machines, the rest as listed), for one page read alone."""
+    sifting: Sifting = Sifting()
+    kept = sifting.page(rows, keys)
+    return list(sifting.settled), kept
 
 
 def hosts_by_ref(hosts: Iterable[HostState]) -> dict[str, HostState]:

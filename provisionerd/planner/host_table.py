@@ -196,6 +196,11 @@ class HostTable(MutableMapping[str, HostState]):
     def __contains__(self, ref: object) -> bool:  # the dict's own lookup, not Mapping's try/except
         return ref in self._hosts
 
+    def get(self, ref: str, default: HostState | None = None) -> HostState | None:  # type: ignore[override]
+        """The dict's own ``get``: Mapping's goes through ``__getitem__`` and a ``KeyError`` for each missing ref
+        (0.7 against 0.05 us; an orphan pass asks once per listed machine, ``orphans.sift``)."""
+        return self._hosts.get(ref, default)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._hosts)
 

@@ -3,6 +3,9 @@ only the ids of the settled machines classifies exactly as the whole listing doe
 
 from __future__ import annotations
 
+import itertools
+from operator import attrgetter
+
 import attrs
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -20,18 +23,37 @@ from provisionerd.domain.model import (
     ProviderMachine,
 )
 from provisionerd.orphans.classify import ClassifierMemory, Observation, OrphanPolicy, Unreadable, classify
-from provisionerd.orphans.sift import SiftKeys, hosts_by_ref, settled_by, sift
+from provisionerd.orphans.sift import Sifting, SiftKeys, hosts_by_ref, settled_by, sift
 from provisionerd.planner.fact_view import FactView, fold
+from provisionerd.provider.paging import PageJoin
 
 
-def sifted(obs: Observation, policy: OrphanPolicy) -> Observation:
+def joined(listing: tuple[ProviderMachine, ...], cuts: list[int]) -> tuple[ProviderMachine, ...]:
+    """``listing`` read in pages cut at ``cuts`` and joined as the client joins them (the later copy of an id wins)."""
+    join: PageJoin[ProviderMachine] = PageJoin("p", "listMachines", 100, 100, attrgetter("machine_id"))
+    for n, rows in enumerate(pages(listing, cuts)):
+        join.add(rows, f"c{n}")
+    return join.items
+
+
+def pages(listing: tuple[ProviderMachine, ...], cuts: list[int]) -> list[tuple[ProviderMachine, ...]]:
+    bounds = sorted({0, len(listing), *(c for c in cuts if c <= len(listing))})
+    return [listing[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def sifted(obs: Observation, policy: OrphanPolicy, cuts: list[int]) -> Observation:
+    """``obs`` as the orphan pass observes it: each page sifted (``Sifting``), the kept rows joined, then resolved."""
     if not isinstance(obs.listing, tuple) or not isinstance(obs.view, FactView):
         return obs
     machines, hosts = obs.view.machines, hosts_by_ref(obs.hosts)
     keys = SiftKeys(obs.cluster_id, obs.provider, policy.protect_tag, machines, hosts, obs.now, policy.join_deadline)
-    settled, kept = sift(obs.listing, keys)
+    sifting = Sifting()
+    join: PageJoin[ProviderMachine] = PageJoin("p", "listMachines", 100, 100, attrgetter("machine_id"))
+    for n, rows in enumerate(pages(obs.listing, cuts)):
+        join.add(sifting.page(rows, keys), f"c{n}", size=len(rows))
+    listing, settled = sifting.resolve(join.items)
     event(f"settled {min(len(settled), 2)}")
-    return attrs.evolve(obs, listing=tuple(kept), settled=settled)
+    return attrs.evolve(obs, listing=listing, settled=settled)
 
 
 @st.composite
@@ -60,13 +82,29 @@ def near_settled(draw: st.DrawFn) -> Observation:
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.one_of(observations(), near_settled()), policies, memories)
-def test_a_sifted_observation_classifies_as_the_whole_listing(obs: Observation, policy, memory) -> None:
+@given(st.one_of(observations(), near_settled()), policies, memories, st.lists(st.integers(0, 10), max_size=4))
+def test_a_sifted_observation_classifies_as_the_joined_listing(obs: Observation, policy, memory, cuts) -> None:
+    """Against one and the same view, page by page, the same classification as the whole listing joined (which
+    keeps the later copy of an id), and no listed id lost."""
     policy = attrs.evolve(policy, protect_tag=PROTECT)
-    lean = sifted(obs, policy)
+    if isinstance(obs.listing, tuple):
+        obs = attrs.evolve(obs, listing=joined(obs.listing, cuts))
+    lean = sifted(obs, policy, cuts)
     assert classify(lean, policy, memory) == classify(obs, policy, memory)
-    if isinstance(obs.listing, tuple):  # no listed id is lost: each is kept or settled
+    if isinstance(obs.listing, tuple):
         assert {m.machine_id for m in lean.listing} | lean.settled == {m.machine_id for m in obs.listing}
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(observations(), near_settled()), st.lists(st.integers(0, 10), max_size=4))
+def test_a_copy_of_an_id_settled_or_kept_gives_way_to_a_later_one(obs: Observation, cuts) -> None:
+    """Sifting the raw pages, then resolving, ends as sifting the joined listing: each id once, its later copy's."""
+    if not isinstance(obs.listing, tuple) or not isinstance(obs.view, FactView):
+        return
+    policy = OrphanPolicy(join_deadline=900.0, protect_tag=PROTECT)
+    once = sifted(attrs.evolve(obs, listing=joined(obs.listing, cuts)), policy, [])
+    lean = sifted(obs, policy, cuts)
+    assert (lean.listing, lean.settled) == (once.listing, once.settled)
 
 
 def test_an_active_joined_machine_settles_and_anything_else_is_kept() -> None:
@@ -98,5 +136,5 @@ def test_an_active_joined_machine_settles_and_anything_else_is_kept() -> None:
 
 def test_an_unreadable_view_settles_nothing() -> None:
     obs = Observation(CLUSTER, PROVIDER, NOW, (), Unreadable("y"))
-    assert sifted(obs, OrphanPolicy()) is obs
+    assert sifted(obs, OrphanPolicy(), []) is obs
     assert classify(obs, OrphanPolicy(), ClassifierMemory()).findings == ()

@@ -217,6 +217,8 @@ def test_host_table_index_matches_a_recount_as_hosts_and_facts_interleave(data):
                 view.hosts[ref] = HostState(ref, "p", "", status, float(index))
         view.apply(CommittedFact(index, fact))
     hosts = dict(view.hosts)
+    for ref in (*REFS, "nope"):  # the table's own get is the mapping's
+        assert view.hosts.get(ref) is hosts.get(ref) and view.hosts.get(ref, "d") is hosts.get(ref, "d")
     unjoined = {ref: m for ref, m in view.active_refs.items() if ref not in hosts}
     available = {}
     for ref, m in view.active_refs.items():
