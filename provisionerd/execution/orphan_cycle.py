@@ -295,6 +295,8 @@ class OrphanCycle:
             **extra,
             findings=len(findings),
             allowed=len(result.allowed),
+            machines_listed=obs.listed_count,
+            machines_cleared=len(obs.cleared),
             skipped=skipped,
             lease_epoch=obs.lease.epoch if obs.lease.usable else None,
             primary=obs.controller.primary,
@@ -356,11 +358,11 @@ async def observe(
     (``provisionerd.daemon.orphan_admin``); never raises for what it cannot read (``Unreadable``). ``expected``
     (about how many machines the listing should show) caps its pages (``paging.max_pages``). ``licenses``: read
     the provider's licence grants too, after the listing (``orphan_licences``). ``sifter``: sift the listing as it
-    is read (``orphan_reads.Sifter``): the observation holds only the ids of the machines it settled."""
+    is read (``orphan_reads.Sifter``): the observation holds only the ids of the machines it cleared."""
     listing = await read_listing(client, cluster, timeout=list_timeout, expected=expected, sift=sifter)
-    settled: frozenset[str] = frozenset()
+    cleared: frozenset[str] = frozenset()
     if sifter is not None and isinstance(listing, tuple):
-        listing, settled = sifter.resolve(listing)
+        listing, cleared = sifter.resolve(listing)
     grants = await licenses.read(client, cluster) if licenses is not None else ()
     controller = read_controller()  # after the listing, never before
     return Observation(
@@ -373,7 +375,7 @@ async def observe(
         licenses=counted(grants, controller.licenses_in_use),
         lease=read_lease(),
         controller=controller.controller,
-        settled=settled,
+        cleared=cleared,
     )
 
 

@@ -187,7 +187,7 @@ def peek_session(
 
 class Sifter:
     """Sifts an orphan pass's listing page by page (``orphans.sift``) against the view of the moment (``peek``);
-    ``resolve`` then gives the listing and the settled ids (``Observation.settled``). A page read while the view is
+    ``resolve`` then gives the listing and the cleared ids (``Observation.cleared``). A page read while the view is
     unreadable is kept whole."""
 
     def __init__(

@@ -135,17 +135,17 @@ def _index_each(
     return listed, owned
 
 
-def _settled(settled: frozenset[str], listed: set[str], owned: dict[str, ListedMachine]) -> frozenset[str]:
+def _cleared(cleared: frozenset[str], listed: set[str], owned: dict[str, ListedMachine]) -> frozenset[str]:
     """The owned machines among the ids sifted out while listing (``orphans.sift``), and ``listed``/``owned`` made
-    what the whole listing would give: every settled id is listed; one is owned unless another copy of it, kept in
-    the listing, is not ours (then it is not owned at all); an owned one is settled, so it is not classified again."""
-    if not settled:
-        return settled
+    what the whole listing would give: every cleared id is listed; one is owned unless another copy of it, kept in
+    the listing, is not ours (then it is not owned at all); an owned one is cleared, so it is not classified again."""
+    if not cleared:
+        return cleared
     disowned = listed - owned.keys()
-    listed |= settled
-    for machine_id in settled:
+    listed |= cleared
+    for machine_id in cleared:
         owned.pop(machine_id, None)
-    return settled - disowned
+    return cleared - disowned
 
 
 def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, int]) -> Detection:
@@ -160,7 +160,7 @@ def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, in
         hosts = HostIndex(obs.hosts, obs.provider, view, live)
         if listing is not None:
             listed, owned = _index_listing(listing, obs.cluster_id, obs.provider, policy.protect_tag)
-            settled = _settled(obs.settled, listed, owned)
+            cleared = _cleared(obs.cleared, listed, owned)
             # In the listing's order: ``classify`` sorts the candidates (by class, then id), so sorting the whole
             # fleet here first would only cost time (~50 ms at 100k machines).
             for machine in owned.values():
@@ -169,7 +169,7 @@ def detect(obs: Observation, policy: OrphanPolicy, ghost_misses: Mapping[str, in
                     candidates.append(found)
             ghosts, misses = _ghosts(obs, policy, live, hosts, listed, ghost_misses)
             candidates += ghosts
-            known = len(owned) + len(settled) + len(ghosts)
+            known = len(owned) + len(cleared) + len(ghosts)
         else:
             candidates += _never_joined_from_facts(obs, policy, view, hosts)
     candidates += (_license(r, obs, policy, view) for r in sorted(obs.licenses, key=_pool) if r.granted > r.used)

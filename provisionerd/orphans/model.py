@@ -240,14 +240,14 @@ class Observation:
     licenses: tuple[CountedResource, ...] = attrs.field(default=(), converter=_licenses)
     lease: LeaseState = LeaseState()
     controller: ControllerState = ControllerState()
-    #: Ids of listed machines sifted out while the listing was read (``orphans.sift``): listed, settled, and not in
+    #: Ids of listed machines sifted out while the listing was read (``orphans.sift``): listed, cleared, and not in
     #: ``listing`` unless another copy of the id is. Read only with a readable listing.
-    settled: frozenset[str] = attrs.field(default=frozenset(), converter=_ids)
+    cleared: frozenset[str] = attrs.field(default=frozenset(), converter=_ids)
 
     @property
     def listed_count(self) -> int:
-        """Machines this listing showed, settled ones included (0 when it is unreadable)."""
-        return len(self.listing) + len(self.settled) if isinstance(self.listing, tuple) else 0
+        """Machines this listing showed, cleared ones included (0 when it is unreadable)."""
+        return len(self.listing) + len(self.cleared) if isinstance(self.listing, tuple) else 0
 
 
 # --- memory ----------------------------------------------------------------------------------------------------

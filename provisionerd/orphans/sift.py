@@ -1,17 +1,18 @@
 """Listed machines the classifier would pass over, told apart while the listing is read, so a pass holds only ids
 for them (issue 36: at 100k machines the rows of a whole listing held ~94 MB until the pass ended).
 
-Pure. A listed machine is *settled* when the classifier (``orphans.detect``) would find nothing on it whatever else
-the listing says about its id: it is live, carries this cluster's and this provider's tags and no protect tag, and
-the view has its fact for this provider, either returning (the return path owns it) or active and joined (adopted,
-or a host of this provider has its instance ref) or still inside its join deadline. Everything else is kept as
-listed and classified in full.
+Pure. A listed machine is *cleared* when the classifier (``orphans.detect``) would find nothing on it: it is live,
+carries this cluster's and this provider's tags and no protect tag, and the view has its fact for this provider,
+either returning (the return path owns it) or active and joined (adopted, or a host of this provider has its
+instance ref) or still inside its join deadline. Everything else is kept as listed and classified in full. Copies of
+one id in a listing end as the page join ends them, the later one winning (``Sifting.resolve``). ("Cleared", not
+"settled": that word is the controller's settle window, ``ControllerState.settled``.)
 
 The pass reads the view of the moment for each page (``orphan_reads.read_listing``), which is later than that page
 was listed, as ``Observation`` wants; the view the pass then classifies against is later still, and so is its
-``now``. A fact that changed between the two, or a join deadline that passed meanwhile, can only have made the
-machine settle one pass early: the next pass lists it again. Against one and
-the same view a sifted observation classifies exactly as the whole listing does (tests/orphans/test_sift.py).
+``now``. A fact that changed between the two, or a join deadline that passed meanwhile, can only have cleared a
+machine one pass early: the next pass lists it again. Against one and the same view a sifted observation classifies
+exactly as the joined listing does (tests/orphans/test_sift.py).
 """
 
 from __future__ import annotations
@@ -38,18 +39,18 @@ class SiftKeys:
     machines: Mapping[str, MachineRecord]
     hosts: Mapping[str, HostState]
     #: Wall-clock epoch seconds, no later than the pass's ``Observation.now`` (infinity: a machine that has not
-    #: joined is never settled), and the pass's policy's join deadline.
+    #: joined is never cleared), and the pass's policy's join deadline.
     now: float = math.inf
     join_deadline: float = 0.0
 
 
-def settled_by(machine: ListedMachine, keys: SiftKeys) -> MachineRecord | None:
-    """The fact that settles ``machine`` (see the module docstring), or ``None``."""
-    return settler(keys)(machine)
+def cleared_by(machine: ListedMachine, keys: SiftKeys) -> MachineRecord | None:
+    """The fact that clears ``machine`` (see the module docstring), or ``None``."""
+    return clearer(keys)(machine)
 
 
-def settler(keys: SiftKeys) -> Callable[[ListedMachine], MachineRecord | None]:
-    """``settled_by`` with ``keys`` read once (it runs once per listed machine, 100k a pass: ~0.5 us each)."""
+def clearer(keys: SiftKeys) -> Callable[[ListedMachine], MachineRecord | None]:
+    """``cleared_by`` with ``keys`` read once (it runs once per listed machine, 100k a pass: ~0.5 us each)."""
     cluster_id, provider, protect_tag, now, deadline = (
         keys.cluster_id,
         keys.provider,
@@ -60,7 +61,7 @@ def settler(keys: SiftKeys) -> Callable[[ListedMachine], MachineRecord | None]:
     machines, hosts = keys.machines.get, keys.hosts.get
     active, returning = MachineState.ACTIVE, MachineState.RETURNING
 
-    def settled(machine: ListedMachine) -> MachineRecord | None:
+    def cleared(machine: ListedMachine) -> MachineRecord | None:
         tags = machine.tags
         if (
             not cluster_id
@@ -86,7 +87,7 @@ def settler(keys: SiftKeys) -> Callable[[ListedMachine], MachineRecord | None]:
         launch = launch_of(machine.launch_time, record.launch_time)
         return record if launch is not None and now - launch < deadline else None
 
-    return settled
+    return cleared
 
 
 M = TypeVar("M", bound=ListedMachine)
@@ -94,49 +95,49 @@ M = TypeVar("M", bound=ListedMachine)
 
 @attrs.define
 class Sifting:
-    """One listing sifted page by page: the settled ids, and where the last settled and the last kept copy of each
+    """One listing sifted page by page: the cleared ids, and where the last cleared and the last kept copy of each
     id stood in the listing, so that ``resolve`` gives what a join of every page gives (``provider.paging.PageJoin``:
-    the later copy of an id wins). Copies of one id can disagree (a launch time, a protect tag) and settle or not
+    the later copy of an id wins). Copies of one id can disagree (a launch time, a protect tag) and clear or not
     alike only by their fact."""
 
-    #: id -> position of its last settled copy (the id is the view's own string).
-    settled: dict[str, int] = attrs.field(factory=dict)
+    #: id -> position of its last cleared copy (the id is the view's own string).
+    cleared: dict[str, int] = attrs.field(factory=dict)
     #: id -> position of its last kept copy.
     kept_at: dict[str, int] = attrs.field(factory=dict)
     position: int = 0
 
     def page(self, rows: Iterable[M], keys: SiftKeys | None) -> list[M]:
         """The rows of one page to keep (all of them without ``keys``: no view to sift against)."""
-        settle = settler(keys) if keys is not None else None
-        settled, kept_at, position = self.settled, self.kept_at, self.position
+        clear = clearer(keys) if keys is not None else None
+        cleared, kept_at, position = self.cleared, self.kept_at, self.position
         kept: list[M] = []
         for machine in rows:
             position += 1
-            record = settle(machine) if settle is not None else None
+            record = clear(machine) if clear is not None else None
             if record is None:
                 kept.append(machine)
                 kept_at[machine.machine_id] = position
             else:
-                settled[record.machine_id] = position
+                cleared[record.machine_id] = position
         self.position = position
         return kept
 
     def resolve(self, joined: Sequence[M]) -> tuple[tuple[M, ...], frozenset[str]]:
-        """(the listing, the settled ids) from ``joined``, the join of the kept rows: an id both settled and kept
+        """(the listing, the cleared ids) from ``joined``, the join of the kept rows: an id both cleared and kept
         keeps only its later copy."""
-        settled, kept_at = self.settled, self.kept_at
-        clash = {i: kept_at[i] < at for i in kept_at if (at := settled.get(i)) is not None}  # True: settled later
+        cleared, kept_at = self.cleared, self.kept_at
+        clash = {i: kept_at[i] < at for i in kept_at if (at := cleared.get(i)) is not None}  # True: cleared later
         if not clash:
-            return tuple(joined), frozenset(settled)
+            return tuple(joined), frozenset(cleared)
         rows = tuple(m for m in joined if not clash.get(m.machine_id, False))
-        return rows, frozenset(i for i in settled if clash.get(i, True))
+        return rows, frozenset(i for i in cleared if clash.get(i, True))
 
 
 def sift(rows: Iterable[M], keys: SiftKeys) -> tuple[list[str], list[M]]:
-    """(the ids of the settled machines, the rest as listed), for one page read alone."""
+    """(the ids of the cleared machines, the rest as listed), for one page read alone."""
     sifting: Sifting = Sifting()
     kept = sifting.page(rows, keys)
-    return list(sifting.settled), kept
+    return list(sifting.cleared), kept
 
 
 def hosts_by_ref(hosts: Iterable[HostState]) -> dict[str, HostState]:

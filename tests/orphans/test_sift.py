@@ -1,5 +1,5 @@
 """Sifting a listing while it is read (``orphans.sift``): against one and the same view, an observation that holds
-only the ids of the settled machines classifies exactly as the whole listing does, whatever the world."""
+only the ids of the cleared machines classifies exactly as the whole listing does, whatever the world."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from provisionerd.domain.model import (
     ProviderMachine,
 )
 from provisionerd.orphans.classify import ClassifierMemory, Observation, OrphanPolicy, Unreadable, classify
-from provisionerd.orphans.sift import Sifting, SiftKeys, hosts_by_ref, settled_by, sift
+from provisionerd.orphans.sift import Sifting, SiftKeys, cleared_by, hosts_by_ref, sift
 from provisionerd.planner.fact_view import FactView, fold
 from provisionerd.provider.paging import PageJoin
 
@@ -51,15 +51,15 @@ def sifted(obs: Observation, policy: OrphanPolicy, cuts: list[int]) -> Observati
     join: PageJoin[ProviderMachine] = PageJoin("p", "listMachines", 100, 100, attrgetter("machine_id"))
     for n, rows in enumerate(pages(obs.listing, cuts)):
         join.add(sifting.page(rows, keys), f"c{n}", size=len(rows))
-    listing, settled = sifting.resolve(join.items)
-    event(f"settled {min(len(settled), 2)}")
-    return attrs.evolve(obs, listing=listing, settled=settled)
+    listing, cleared = sifting.resolve(join.items)
+    event(f"cleared {min(len(cleared), 2)}")
+    return attrs.evolve(obs, listing=listing, cleared=cleared)
 
 
 @st.composite
-def near_settled(draw: st.DrawFn) -> Observation:
-    """An observation where many listed machines have their fact and a host (so they settle), and others miss one
-    piece of it, are another provider's, returning, adopted or lost: the edge of settling."""
+def near_cleared(draw: st.DrawFn) -> Observation:
+    """An observation where many listed machines have their fact and a host (so they are cleared), and others miss one
+    piece of it, are another provider's, returning, adopted or lost: the edge of clearing."""
     obs = draw(observations())
     if not isinstance(obs.listing, tuple):
         return obs
@@ -82,7 +82,7 @@ def near_settled(draw: st.DrawFn) -> Observation:
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.one_of(observations(), near_settled()), policies, memories, st.lists(st.integers(0, 10), max_size=4))
+@given(st.one_of(observations(), near_cleared()), policies, memories, st.lists(st.integers(0, 10), max_size=4))
 def test_a_sifted_observation_classifies_as_the_joined_listing(obs: Observation, policy, memory, cuts) -> None:
     """Against one and the same view, page by page, the same classification as the whole listing joined (which
     keeps the later copy of an id), and no listed id lost."""
@@ -92,29 +92,29 @@ def test_a_sifted_observation_classifies_as_the_joined_listing(obs: Observation,
     lean = sifted(obs, policy, cuts)
     assert classify(lean, policy, memory) == classify(obs, policy, memory)
     if isinstance(obs.listing, tuple):
-        assert {m.machine_id for m in lean.listing} | lean.settled == {m.machine_id for m in obs.listing}
+        assert {m.machine_id for m in lean.listing} | lean.cleared == {m.machine_id for m in obs.listing}
 
 
 @settings(max_examples=600, deadline=None)
-@given(st.one_of(observations(), near_settled()), st.lists(st.integers(0, 10), max_size=4))
-def test_a_copy_of_an_id_settled_or_kept_gives_way_to_a_later_one(obs: Observation, cuts) -> None:
+@given(st.one_of(observations(), near_cleared()), st.lists(st.integers(0, 10), max_size=4))
+def test_a_copy_of_an_id_cleared_or_kept_gives_way_to_a_later_one(obs: Observation, cuts) -> None:
     """Sifting the raw pages, then resolving, ends as sifting the joined listing: each id once, its later copy's."""
     if not isinstance(obs.listing, tuple) or not isinstance(obs.view, FactView):
         return
     policy = OrphanPolicy(join_deadline=900.0, protect_tag=PROTECT)
     once = sifted(attrs.evolve(obs, listing=joined(obs.listing, cuts)), policy, [])
     lean = sifted(obs, policy, cuts)
-    assert (lean.listing, lean.settled) == (once.listing, once.settled)
+    assert (lean.listing, lean.cleared) == (once.listing, once.cleared)
 
 
-def test_an_active_joined_machine_settles_and_anything_else_is_kept() -> None:
+def test_an_active_joined_machine_is_cleared_and_anything_else_is_kept() -> None:
     ours = {TAG_CLUSTER: CLUSTER, TAG_PROVIDER: PROVIDER}
     fact = InstanceFact(PROVIDER, Epoch(4, 2), "op", "ref-1", "m1", "t", "0" * 64, "h", "10.0.0.1", NOW - 10)
     view = fold([CommittedFact(1, fact)])
     host = HostState("ref-1", PROVIDER, "m1", HostStatus.IDLE, NOW)
     keys = SiftKeys(CLUSTER, PROVIDER, PROTECT, view.machines, {"ref-1": host})
     machine = ProviderMachine("m1", "h", "succeed", "running", NOW - 10, "10.0.0.1", "ref-1", ours)
-    assert settled_by(machine, keys) is view.machines["m1"]
+    assert cleared_by(machine, keys) is view.machines["m1"]
     assert sift([machine], keys) == (["m1"], [])
     for other in (
         attrs.evolve(machine, tags={**ours, PROTECT: ""}),  # protected: the classifier reads its tag
@@ -122,19 +122,19 @@ def test_an_active_joined_machine_settles_and_anything_else_is_kept() -> None:
         attrs.evolve(machine, tags={TAG_CLUSTER: CLUSTER, TAG_PROVIDER: "other"}),
         attrs.evolve(machine, machine_id="m2"),  # no fact
     ):
-        assert settled_by(other, keys) is None
+        assert cleared_by(other, keys) is None
     for other_keys in (
         attrs.evolve(keys, hosts={}),  # never joined, and no join deadline
         attrs.evolve(keys, hosts={"ref-1": attrs.evolve(host, provider="other")}),
         attrs.evolve(keys, cluster_id=""),
         attrs.evolve(keys, hosts={}, now=NOW, join_deadline=10.0),  # its join deadline passed
     ):
-        assert settled_by(machine, other_keys) is None
+        assert cleared_by(machine, other_keys) is None
     young = attrs.evolve(keys, hosts={}, now=NOW, join_deadline=10.5)  # not joined, still on its way up
-    assert settled_by(machine, young) is view.machines["m1"]
+    assert cleared_by(machine, young) is view.machines["m1"]
 
 
-def test_an_unreadable_view_settles_nothing() -> None:
+def test_an_unreadable_view_clears_nothing() -> None:
     obs = Observation(CLUSTER, PROVIDER, NOW, (), Unreadable("y"))
     assert sifted(obs, OrphanPolicy(), []) is obs
     assert classify(obs, OrphanPolicy(), ClassifierMemory()).findings == ()
