@@ -3,6 +3,7 @@ out of the view never holds the loop for the whole fleet (issue 36: no loop step
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Sequence
 
@@ -51,10 +52,12 @@ def view() -> ControllerView:
 class Client:
     def __init__(self, wanted: str) -> None:
         self.asked: list[list[str]] = []
+        self.collecting: list[bool] = []  # whether the cyclic collector ran during each call
         self._wanted = wanted
 
     async def get_return_requests(self, refs: Sequence[MachineRef]) -> tuple[Reclaim, ...]:
         self.asked.append([r.machine_id for r in refs])
+        self.collecting.append(gc.isenabled())
         return tuple(Reclaim(r.name, r.machine_id) for r in refs if r.machine_id == self._wanted)
 
 
@@ -109,3 +112,5 @@ def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_
     # One step at least per slice of the view scanned and per chunk asked: no step reads the whole fleet.
     scanned = len(current.facts.machines)
     assert steps.count >= math.ceil(scanned / reclaims.SCAN_SLICE) + len(client.asked)
+    # A poll of the fleet's size pauses the cyclic collector while it asks (its refs are acyclic), and resumes it.
+    assert client.collecting == [False] * len(client.asked) and gc.isenabled()
