@@ -82,5 +82,7 @@ def test_capnp_decodes_each_vector_to_its_text_and_encodes_the_text_to_its_value
 
 
 @pytest.mark.process
+@pytest.mark.integration  # the generator renders each vector's text with the capnp tool, a back end of that tier
 def test_the_generator_check_says_the_files_are_current() -> None:
+    backends.need("capnp", "Debian: capnproto")
     assert GEN.main(["--check"]) == 0
