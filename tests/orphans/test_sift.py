@@ -23,9 +23,18 @@ from provisionerd.domain.model import (
     ProviderMachine,
 )
 from provisionerd.orphans.classify import ClassifierMemory, Observation, OrphanPolicy, Unreadable, classify
-from provisionerd.orphans.sift import Sifting, SiftKeys, cleared_by, hosts_by_ref, sift
+from provisionerd.orphans.sift import Sifting, SiftKeys, clearer
 from provisionerd.planner.fact_view import FactView, fold
 from provisionerd.provider.paging import PageJoin
+
+
+def cleared_by(machine: ProviderMachine, keys: SiftKeys) -> object:
+    return clearer(keys)(machine)
+
+
+def hosts_by_ref(hosts: tuple[HostState, ...]) -> dict[str, HostState]:
+    """Host states by instance ref, as the session keeps them (``ControllerView.hosts``): the last of a ref wins."""
+    return {host.instance_ref: host for host in hosts if host.instance_ref}
 
 
 def joined(listing: tuple[ProviderMachine, ...], cuts: list[int]) -> tuple[ProviderMachine, ...]:
@@ -115,7 +124,8 @@ def test_an_active_joined_machine_is_cleared_and_anything_else_is_kept() -> None
     keys = SiftKeys(CLUSTER, PROVIDER, PROTECT, view.machines, {"ref-1": host})
     machine = ProviderMachine("m1", "h", "succeed", "running", NOW - 10, "10.0.0.1", "ref-1", ours)
     assert cleared_by(machine, keys) is view.machines["m1"]
-    assert sift([machine], keys) == (["m1"], [])
+    sifting = Sifting()
+    assert sifting.page([machine], keys) == [] and list(sifting.cleared) == ["m1"]
     for other in (
         attrs.evolve(machine, tags={**ours, PROTECT: ""}),  # protected: the classifier reads its tag
         attrs.evolve(machine, status="terminated"),
