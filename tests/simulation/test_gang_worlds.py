@@ -9,6 +9,22 @@ import pytest
 
 from provisionerd.planner import gang
 from provisionerd.testing.simulation import World, run_world
+from provisionerd.testing.simulation.faults import (
+    FLEET_CHANCE,
+    GANG_CHANCE,
+    LEGACY_CHANCE,
+    NOTICE_CHANCE,
+    PRIORITY_CHANCE,
+)
+
+#: The shares ``provisionerd simulate`` draws its worlds with (its defaults), to replay a seed the campaign found.
+CAMPAIGN_SHARES = {
+    "legacy_share": LEGACY_CHANCE,
+    "fleet_share": FLEET_CHANCE,
+    "notice_share": NOTICE_CHANCE,
+    "gang_share": GANG_CHANCE,
+    "priority_share": PRIORITY_CHANCE,
+}
 
 #: A gang world (``gang_share`` 1) whose cloud answers an all-or-nothing request in part, among the world's faults.
 BROKEN_PROMISE = 1
@@ -50,3 +66,13 @@ def test_gang_worlds_are_drawn_after_everything_else() -> None:
             whole.settings.headroom,
             whole.settings.notice_at,
         )
+
+
+def test_seed_936331540_a_gang_world_settles_after_its_longest_capacity_backoff() -> None:
+    """Found by the campaign from random start 936331536: the cloud answered the 4th all-or-nothing request in a row
+    in part at 198.9 s, just before the horizon, so the offer backed off 8x ``capacity_backoff`` (160 s, the
+    planner's cap). Asked again at 360.6 s, the headroom machine waited a step window and was asked at 391 s, 9 s
+    before the check at 400 s. Not the daemon's: gang worlds now settle 100 s longer, as legacy worlds do."""
+    world = World(936331540, keep_trace=False, **CAMPAIGN_SHARES)
+    assert world.settings.all_or_nothing and world.settings.gang_partial > 0 and world.settings.headroom
+    assert not run_world(world).violations

@@ -207,7 +207,13 @@ class World:
             and s.fault_kinds == KINDS
             and gang_rng.random() < s.gang_share
         ):
-            self.settings = s = attrs.evolve(s, all_or_nothing=True, gang_partial=gang_rng.choice((0.2, 0.5)))
+            # A partial answer just before the horizon backs its offer off up to 8x ``capacity_backoff`` (160 s
+            # here, ``CAPACITY_DOUBLINGS``), then the headroom waits a step window (30 s) and joins: 100 s more to
+            # settle (seed 936331540: refused at 198.9 s, asked again at 360.6 s, headroom asked at 391 s).
+            settle = s.settle if "settle" in overrides else s.settle + 100.0
+            self.settings = s = attrs.evolve(
+                s, all_or_nothing=True, gang_partial=gang_rng.choice((0.2, 0.5)), settle=settle
+            )
         priority_rng = random.Random(rng.getrandbits(64))  # drawn after the gang: nothing before it changed
         if (
             "priority_split" not in overrides
