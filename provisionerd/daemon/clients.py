@@ -164,10 +164,11 @@ class ReadOnlyClient:
         self,
         machines: Sequence[MachineRef],
         *,
+        tags: Mapping[str, str] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> tuple[Reclaim, ...]:
         self.calls.append("getReturnRequests")
-        return await self.inner.get_return_requests(machines, timeout=timeout)
+        return await self.inner.get_return_requests(machines, tags=tags, timeout=timeout)
 
     async def list_machines(
         self,

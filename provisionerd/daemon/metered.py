@@ -163,9 +163,11 @@ class MeteredClient:
         )
 
     async def get_return_requests(
-        self, machines: Sequence[MachineRef], *, timeout: float | None = None
+        self, machines: Sequence[MachineRef], *, tags: Mapping[str, str] | None = None, timeout: float | None = None
     ) -> tuple[Reclaim, ...]:
-        return await self._timed("getReturnRequests", lambda: self.inner.get_return_requests(machines, timeout=timeout))
+        return await self._timed(
+            "getReturnRequests", lambda: self.inner.get_return_requests(machines, tags=tags, timeout=timeout)
+        )
 
     async def list_machines(
         self, tags: Mapping[str, str], *, timeout: float | None = None, expected: int = 0, sift: Sift | None = None

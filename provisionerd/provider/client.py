@@ -107,10 +107,17 @@ class ProviderReader(Protocol):
         ...
 
     async def get_return_requests(
-        self, machines: Sequence[MachineRef], *, timeout: float | None = None
+        self,
+        machines: Sequence[MachineRef],
+        *,
+        tags: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> tuple[Reclaim, ...]:
         """Which of ``machines`` (every live one the caller knows) the provider wants back. Asked in chunks of
-        ``paging.RECLAIM_CHUNK`` machines, each answer read page by page (``provider.paging``)."""
+        ``paging.RECLAIM_CHUNK`` machines, each answer read page by page (``provider.paging``). ``tags`` (only for a
+        plugin whose features say ``reclaims_by_tags``; ``contract.cluster_filter`` and more): also every machine
+        carrying them that the provider wants back, asked with each chunk (one chunk, none named, when
+        ``machines`` is empty)."""
         ...
 
     async def list_machines(
@@ -228,7 +235,11 @@ class PluginClient:
         return contract.read_statuses(self.name, document)
 
     async def get_return_requests(
-        self, machines: Sequence[MachineRef], *, timeout: float | None = None
+        self,
+        machines: Sequence[MachineRef],
+        *,
+        tags: Mapping[str, str] | None = None,
+        timeout: float | None = None,
     ) -> tuple[Reclaim, ...]:
         # The request side is chunked too: one line naming 100k machines would be ~8 MB. A plugin that answers
         # every reclaim whatever it is asked about gives the same ones per chunk: kept once (by name and id).
@@ -236,7 +247,7 @@ class PluginClient:
         limit = max_pages(len(machines), size)
         joined: dict[tuple[str, str], Reclaim] = {}
         for start in range(0, max(len(machines), 1), size):
-            chunk = contract.reclaims_input(machines[start : start + size])
+            chunk = contract.reclaims_input(machines[start : start + size], tags)
             join: PageJoin[Reclaim] = PageJoin(self.name, action, size, limit, lambda r: (r.name, r.machine_id))
             cursor: str | None = None
             while True:

@@ -138,9 +138,13 @@ def status_input(request_ids: Sequence[str]) -> dict[str, Any]:
     return {"requests": [{"requestId": request_id} for request_id in request_ids]}
 
 
-def reclaims_input(machines: Sequence[MachineRef]) -> dict[str, Any]:
-    """The ``getReturnRequests`` input: the machines the daemon knows."""
-    return {"machines": machine_refs(machines)}
+def reclaims_input(machines: Sequence[MachineRef], tags: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``getReturnRequests`` input: the machines the daemon knows, and (only to a plugin whose features say
+    ``reclaimsByTags``) the tags of every other machine to answer for (which must name the cluster)."""
+    document: dict[str, Any] = {"machines": machine_refs(machines)}
+    if tags is not None:
+        document["tags"] = dict(tags)
+    return document
 
 
 def listing_input(tags: Mapping[str, str]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ RETURN_ROW = "every machine the kit asked for is returned"
 IDEMPOTENT_ROW = "same op_id twice gives the same requestId and no new machine"
 LICENSE_ROW = "licence pools: listLicenses pages join up, returnLicenses refuses an unknown pool"
 ALL_OR_NOTHING_ROW = "an all-or-nothing request the template cannot hold creates nothing"
+RECLAIMS_ROW = "getReturnRequests is valid"
 #: ``requestMachines.input.json``: ``template.machineCount`` at most this (and ``bootstrap`` as many entries).
 MAX_MACHINE_COUNT = 10000
 #: The answers that refuse an all-or-nothing request whole: no room, a limit, or a count above ``maxNumber``.
@@ -85,7 +86,7 @@ ROWS = (
     "requestReturnMachines works",
     "return twice is harmless",
     "returned machines leave listMachines",
-    "getReturnRequests is valid",
+    RECLAIMS_ROW,
     "an invalid request gives a typed error",
     LICENSE_ROW,
     ALL_OR_NOTHING_ROW,
@@ -517,9 +518,25 @@ class Kit:
         raise CheckFailed(f"still listed after {self.options.settle:g} s")
 
     async def check_return_requests(self, machines: list[dict[str, Any]] | None) -> str:
+        """The machines named; then, for a plugin whose features say ``reclaimsByTags``, the cluster's tag naming
+        none: each machine that answer wants back with time left must be one ``listMachines`` shows under the same
+        tag (a machine with time left is live, and the daemon drains only what it knows carries the tag)."""
         refs = [{"name": m["name"], "machineId": m["machineId"]} for m in machines or []]
         out = await self.rpc.call("getReturnRequests", {"machines": refs})
-        return f"{len(out['requests'])} machines wanted back"
+        detail = f"{len(out['requests'])} machines wanted back"
+        if not (self.described or {}).get("reclaimsByTags"):
+            return detail
+        tags = {"provisionerd:cluster": CLUSTER}
+        by_tags = await self.rpc.call("getReturnRequests", {"machines": [], "tags": tags})
+        live = [r.get("machineId", "") for r in by_tags["requests"] if r.get("gracePeriod", 1) != 0]
+        if live:
+            listed = await self.listed(tags)
+            unlisted = [machine_id for machine_id in live if machine_id not in listed]
+            if unlisted:
+                raise CheckFailed(
+                    f"reclaimsByTags: wanted back by the cluster's tag but not listed under it: {unlisted[:5]}"
+                )
+        return f"{detail}; by the cluster's tag (reclaimsByTags): {len(by_tags['requests'])}"
 
     async def check_invalid(self) -> str:
         op_id = f"conformance-bad-{self._nonce}"

@@ -1,11 +1,12 @@
 """The reclaim poll at fleet size: every live machine of the provider is named once, in chunks, and picking them
-out of the view never holds the loop for the whole fleet (issue 36: no loop step grows with the fleet)."""
+out of the view never holds the loop for the whole fleet (issue 36: no loop step grows with the fleet). A plugin
+that declares ``reclaimsByTags`` is asked once by the cluster's tag, and only its own live machines are taken."""
 
 from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import trio
 import trio.testing
@@ -15,10 +16,11 @@ from provisionerd.controller.view import ControllerView
 from provisionerd.domain.model import CommittedFact, Epoch, InstanceFact, RequestIntent, Returned, ReturnIntent
 from provisionerd.execution import reclaims
 from provisionerd.execution.reclaims import ReclaimPoll
+from provisionerd.execution.values import ExecutorSettings
 from provisionerd.planner.fact_view import FactView
 from provisionerd.planner.state import Observation, Reclaimed
 from provisionerd.provider.paging import RECLAIM_CHUNK
-from provisionerd.provider.values import MachineRef, Reclaim
+from provisionerd.provider.values import Features, MachineRef, Reclaim
 from provisionerd.telemetry.events import EventLog
 
 EPOCH = Epoch(1, 1)
@@ -50,20 +52,38 @@ def view() -> ControllerView:
 
 
 class Client:
-    def __init__(self, wanted: str) -> None:
+    def __init__(self, wanted: str, by_tags: Sequence[Reclaim] = ()) -> None:
         self.asked: list[list[str]] = []
+        self.tags: list[Mapping[str, str] | None] = []
         self.collecting: list[bool] = []  # whether the cyclic collector ran during each call
         self._wanted = wanted
+        self._by_tags = tuple(by_tags)
 
-    async def get_return_requests(self, refs: Sequence[MachineRef]) -> tuple[Reclaim, ...]:
+    async def get_return_requests(
+        self, refs: Sequence[MachineRef], *, tags: Mapping[str, str] | None = None
+    ) -> tuple[Reclaim, ...]:
         self.asked.append([r.machine_id for r in refs])
+        self.tags.append(tags)
         self.collecting.append(gc.isenabled())
-        return tuple(Reclaim(r.name, r.machine_id) for r in refs if r.machine_id == self._wanted)
+        named = tuple(Reclaim(r.name, r.machine_id) for r in refs if r.machine_id == self._wanted)
+        return named + (self._by_tags if tags is not None else ())
+
+
+class Book:
+    """The executor's ``FeatureBook``: what ``describeProvider`` said."""
+
+    def __init__(self, features: Features) -> None:
+        self._features = features
+
+    async def read(self, provider: str) -> Features | None:
+        return self._features
 
 
 class Executor:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, features: Features | None = None) -> None:
         self._client = client
+        self.features = Book(features or Features())
+        self.settings = ExecutorSettings(cluster="c", controllers=("ctl:1",))
 
     def client(self, provider: str) -> Client:
         assert provider == "mine"
@@ -114,3 +134,51 @@ def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_
     assert steps.count >= math.ceil(scanned / reclaims.SCAN_SLICE) + len(client.asked)
     # A poll of the fleet's size pauses the cyclic collector while it asks (its refs are acyclic), and resumes it.
     assert client.collecting == [False] * len(client.asked) and gc.isenabled()
+
+
+def poll_by_tags(answer: Sequence[Reclaim]) -> tuple[Client, list[Observation], Steps]:
+    current = view()
+    client = Client("", answer)
+    applied: list[Observation] = []
+
+    class Session:
+        view = current
+        state = LinkState.UP
+
+    poll = ReclaimPoll(
+        Session(),  # type: ignore[arg-type]
+        Executor(client, Features(reclaims_by_tags=True)),  # type: ignore[arg-type]
+        EventLog(),
+        30.0,
+        leased=lambda: ["mine"],
+        apply=applied.append,
+        wall=lambda: 5.0,
+    )
+    steps = Steps()
+
+    async def main() -> None:
+        trio.lowlevel.add_instrument(steps)
+        await poll.poll("mine", current)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return client, applied, steps
+
+
+def test_a_plugin_that_reclaims_by_tags_is_asked_once_naming_no_machine() -> None:
+    client, applied, _steps = poll_by_tags(())
+    assert client.asked == [[]] and client.tags == [{"provisionerd:cluster": "c"}]
+    assert applied == []
+
+
+def test_by_tags_only_the_providers_own_live_machines_are_taken() -> None:
+    answer = (
+        Reclaim("h500", "mine-i-500"),  # live, ours: taken
+        Reclaim("", "mine-i-3"),  # returned (one of the first RETURNED): not ours to drain any more
+        Reclaim("h7", "other-i-7"),  # another provider's machine
+        Reclaim("ghost", "i-never-made"),  # no fact at all
+        Reclaim("h900"),  # by name only, as an LSF-style plugin answers: found by its hostname
+        Reclaim("h8", "i-unknown"),  # an id not ours is not taken by its name either
+    )
+    client, applied, _steps = poll_by_tags(answer)
+    assert len(client.asked) == 1
+    assert applied == [Reclaimed("mine", ("mine-i-500", "mine-i-900"), 5.0)]

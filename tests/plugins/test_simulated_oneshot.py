@@ -123,6 +123,24 @@ def test_reclaimed_machines_are_asked_back(env, contract):
     assert ok(SIMULATED, "getReturnRequests", {"machines": []}, env)["requests"] == []
 
 
+def test_reclaims_by_tags_answer_only_the_clusters_machines(env, contract):
+    """``features.reclaimsByTags``: asked by tags and naming no machine, the plugin answers the reclaimed machines
+    that carry the tags, and not another cluster's."""
+    assert ok(SIMULATED, "describeProvider", {}, env)["features"]["reclaimsByTags"] is True
+    write_sim_config(env, delays={"bootPolls": 0}, faults=[{"kind": "reclaim", "count": 2, "times": 1}])
+    mine = ok(SIMULATED, "requestMachines", request_input("sim-cpu-8", 1, "op-m", cluster="c1"), env)["requestId"]
+    theirs = ok(SIMULATED, "requestMachines", request_input("sim-cpu-8", 1, "op-t", cluster="c2"), env)["requestId"]
+    (machine,) = _status(env, mine)["machines"]
+    (other,) = _status(env, theirs)["machines"]
+    document = {"machines": [], "tags": {"provisionerd:cluster": "c1"}}
+    contract.check_input("getReturnRequests", document)
+    wanted = ok(SIMULATED, "getReturnRequests", document, env)
+    contract.check_output("getReturnRequests", wanted)
+    assert [e["machineId"] for e in wanted["requests"]] == [machine["machineId"]]
+    everyone = ok(SIMULATED, "getReturnRequests", {"machines": []}, env)["requests"]
+    assert {e["machineId"] for e in everyone} == {machine["machineId"], other["machineId"]}
+
+
 def test_slow_answers_late(env):
     write_sim_config(env, faults=[{"kind": "slow", "actions": ["describeProvider"], "delaySeconds": 0.5}])
     started = time.monotonic()

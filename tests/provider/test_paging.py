@@ -243,6 +243,7 @@ def test_the_reclaim_poll_names_the_live_machines_in_chunks():
 
     from provisionerd.execution.reclaims import ReclaimPoll
     from provisionerd.planner.state import Reclaimed
+    from provisionerd.provider.values import Features
 
     transport = PagingTransport(4500, reclaimed=3)
     live = SimpleNamespace(live=True)
@@ -253,7 +254,11 @@ def test_the_reclaim_poll_names_the_live_machines_in_chunks():
     view = SimpleNamespace(facts=SimpleNamespace(machines=machines))
     applied, emitted = [], []
     events = SimpleNamespace(emit=lambda kind, **fields: emitted.append((kind, fields)))
-    executor = SimpleNamespace(client=lambda name: PluginClient(transport))
+
+    async def read(provider: str) -> Features:
+        return Features()  # no reclaimsByTags: every live machine is named
+
+    executor = SimpleNamespace(client=lambda name: PluginClient(transport), features=SimpleNamespace(read=read))
     poll = ReclaimPoll(None, executor, events, 30.0, leased=list, apply=applied.append, wall=lambda: 5.0)
     trio.run(poll.poll, "p", view)
     assert [len(i["machines"]) for i in transport.inputs] == [2000, 2000, 500]  # never one line of 4,500

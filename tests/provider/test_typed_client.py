@@ -232,7 +232,7 @@ def test_the_small_outputs_read_into_their_values():
         "p", {"name": "sim", "version": "1", "contractVersion": 1, "features": {**features, "priceQuotes": False}}
     )
     assert described == ProviderDescription("sim", "1", 1, Features(True, True, False, True, False))
-    absent = {"priceQuotes": False, "licensePools": False, "allOrNothing": False}
+    absent = {"priceQuotes": False, "licensePools": False, "allOrNothing": False, "reclaimsByTags": False}
     assert described.features.as_mapping() == {**features, **absent}
     assert Features.from_mapping({"listMachines": "yes"}) == Features()  # only true is true
     assert contract.read_accepted("p", "requestMachines", {"requestId": "r"}) == RequestAccepted("r", "")

@@ -89,13 +89,15 @@ class Plugin:
 
     def describe_provider(self, doc: dict[str, Any]) -> dict[str, Any]:
         # Only prices the config documents (source and date); this plugin queries no price API. allOrNothing: a
-        # request that falls short terminates what it launched and is refused (create.py).
+        # request that falls short terminates what it launched and is refused (create.py). reclaimsByTags:
+        # getReturnRequests with tags also answers every instance carrying them (status.return_requests).
         return describe(
             self.provider_name,
             __version__,
             stop_machines=True,
             price_quotes=self.config.has_prices,
             allOrNothing=True,
+            reclaimsByTags=True,
         )
 
     def get_available_templates(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -109,14 +111,17 @@ class Plugin:
 
     def get_return_requests(self, doc: dict[str, Any]) -> dict[str, Any]:
         ids = inputs.machine_ids(doc, required=False)
+        # reclaimsByTags: with tags (which must name the cluster, as for listMachines), also every instance carrying
+        # them that is wanted back, found by filters; the two answers merged, each machine once.
+        tags = inputs.tag_filter(doc) if "tags" in doc else None
         _, _, size = inputs.paging({k: v for k, v in doc.items() if k != "cursor"})
         cursor = doc.get("cursor")
         if cursor is not None and (not isinstance(cursor, str) or not inputs.INSTANCE_ID.match(cursor)):
             raise PluginError("invalid_request", "cursor: not one this plugin gave")
         out = status.return_requests(
-            self.ec2, ids, self.cluster, self.config.reclaim_tag, self.config.reclaim_grace_period
+            self.ec2, ids, self.cluster, self.config.reclaim_tag, self.config.reclaim_grace_period, tags
         )
-        # Keyset pages in machineId order (the daemon names at most a page's worth of machines per call anyway).
+        # Keyset pages in machineId order (every page asks EC2 again: a by-tags answer is the few wanted back).
         wanted = sorted(
             (r for r in out["requests"] if cursor is None or r["machineId"] > cursor), key=lambda r: r["machineId"]
         )

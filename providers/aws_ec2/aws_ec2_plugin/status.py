@@ -15,7 +15,8 @@ from typing import Any
 
 from aws_ec2_plugin import machines
 from aws_ec2_plugin.bootstrap import TAG_CLUSTER, TAG_OP, TAG_RETURN_OP, TAG_STOP_OP, tag_dict
-from aws_ec2_plugin.ec2ops import Ec2
+from aws_ec2_plugin.ec2ops import MAX_INSTANCES, Ec2, tag_filters
+from aws_ec2_plugin.failures import PluginError
 from aws_ec2_plugin.records import Records
 
 _ID_TAGS = (TAG_OP, TAG_RETURN_OP, TAG_STOP_OP)
@@ -111,11 +112,41 @@ def _one(
 
 
 def return_requests(
-    ec2: Ec2, ids: Sequence[str], cluster: str | None, reclaim_tag: str, default_grace: int
+    ec2: Ec2,
+    ids: Sequence[str],
+    cluster: str | None,
+    reclaim_tag: str,
+    default_grace: int,
+    tags: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The given machines the cloud reclaimed or an operator marked; see :func:`machines.reclaimed`."""
-    if not ids:
+    """The given machines the cloud reclaimed or an operator marked; see :func:`machines.reclaimed`.
+
+    With ``tags`` (``features.reclaimsByTags``), also every instance carrying all of them that is wanted back, named
+    in ``ids`` or not: found by filters, not by ids (see :func:`tagged_candidates`). Each machine is answered once.
+    """
+    if not ids and tags is None:
         return {"status": "complete", "message": "", "requests": []}
-    found = ec2.describe_values("instance-id", ids, cluster_filter(cluster))
-    wanted = machines.reclaimed(found, reclaim_tag, default_grace)
-    return {"status": "complete", "message": f"{len(wanted)} of {len(ids)} machines wanted back", "requests": wanted}
+    found: dict[str, Mapping[str, Any]] = {}
+    if ids:
+        found.update((i["InstanceId"], i) for i in ec2.describe_values("instance-id", ids, cluster_filter(cluster)))
+    if tags is not None:
+        found.update((i["InstanceId"], i) for i in tagged_candidates(ec2, tags, reclaim_tag))
+    wanted = machines.reclaimed(found.values(), reclaim_tag, default_grace)
+    if tags is None:
+        message = f"{len(wanted)} of {len(ids)} machines wanted back"
+    else:
+        message = f"{len(wanted)} machines wanted back ({len(ids)} named, the others by tags)"
+    return {"status": "complete", "message": message, "requests": wanted}
+
+
+def tagged_candidates(ec2: Ec2, tags: Mapping[str, str], reclaim_tag: str) -> list[Mapping[str, Any]]:
+    """The instances carrying all ``tags`` that :func:`machines.reclaimed` may want back: those carrying the
+    reclaim tag, and those in a gone state (two DescribeInstances queries, merged by InstanceId). At most
+    ``MAX_INSTANCES`` of them (the bound of a listing)."""
+    scope = tag_filters(tags)
+    marked = ec2.describe([*scope, {"Name": "tag-key", "Values": [reclaim_tag]}])
+    gone = ec2.describe([*scope, {"Name": "instance-state-name", "Values": sorted(machines.GONE_STATES)}])
+    merged = {i["InstanceId"]: i for i in (*marked, *gone)}
+    if len(merged) > MAX_INSTANCES:
+        raise PluginError("provider_error", f"DescribeInstances matched more than {MAX_INSTANCES} instances")
+    return list(merged.values())

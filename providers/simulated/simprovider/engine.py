@@ -93,7 +93,9 @@ def describe_provider(call: Call, inp: dict) -> dict:
     config = call.config
     priced = any(t["price"] is not None for t in config["templates"])
     pools = bool(config["licensePools"])
-    return describe(config["name"], VERSION, price_quotes=priced, licensePools=pools, allOrNothing=True)
+    return describe(
+        config["name"], VERSION, price_quotes=priced, licensePools=pools, allOrNothing=True, reclaimsByTags=True
+    )
 
 
 def get_available_templates(call: Call, inp: dict) -> dict:
@@ -233,8 +235,9 @@ def request_return_machines(call: Call, inp: dict) -> dict:
 
 def get_return_requests(call: Call, inp: dict) -> dict:
     asked = {r["machineId"] for r in machine_refs(inp, required=False)}
+    tags = tag_filter(inp["tags"]) if inp.get("tags") is not None else None
     cursor, size = paging(inp)
-    wanted = lifecycle.return_requests(call.state, asked, call.now)
+    wanted = lifecycle.return_requests(call.state, asked, call.now, tags)
     requests, next_cursor = lifecycle.page(wanted, cursor, size)
     out = {"status": "complete", "message": "", "requests": requests}
     if next_cursor is not None:

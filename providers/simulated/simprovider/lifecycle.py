@@ -156,11 +156,16 @@ def page(
     return first, first[-1][key]
 
 
-def return_requests(state: dict, asked: set[str], now: float) -> list[dict]:
-    """``getReturnRequests``: reclaimed live machines, plus any asked-about machine that vanished (grace 0)."""
+def return_requests(state: dict, asked: set[str], now: float, tags: dict | None = None) -> list[dict]:
+    """``getReturnRequests``: reclaimed live machines (with ``tags``, features.reclaimsByTags: those asked about or
+    carrying every tag), plus any asked-about machine that vanished (grace 0)."""
     out = []
     for m in state["machines"].values():
-        if m["state"] in LIVE and "reclaimedAt" in m:
+        if (
+            m["state"] in LIVE
+            and "reclaimedAt" in m
+            and (tags is None or m["machineId"] in asked or all(m["tags"].get(k) == v for k, v in tags.items()))
+        ):
             left = max(0, m["gracePeriod"] - int(now - m["reclaimedAt"]))
             out.append({"machine": m["name"], "machineId": m["machineId"], "gracePeriod": left})
         elif m["state"] == "vanished" and m["machineId"] in asked:

@@ -19,6 +19,8 @@ State lives in $PRO_DATA_DIR/state.json so separate one-shot calls agree. $PRO_C
   bad_list_status listMachines gives every machine a status that is not a string (the schema refuses the answer)
   aon_fits        describeProvider declares allOrNothing, yet requestMachines makes what fits the template's
                   maxNumber (all or nothing included) instead of refusing the request
+  reclaim_foreign describeProvider declares reclaimsByTags, yet getReturnRequests asked by tags wants back a
+                  machine that carries none of them (one it never made)
   hang:<action>   that action never answers
 Usage: mini.py oneshot <action> -f <file> | mini.py serve
 """
@@ -73,6 +75,8 @@ def handle(state, action, doc):
         }
         if "aon_fits" in BREAKS:
             features["allOrNothing"] = True
+        if "reclaim_foreign" in BREAKS:
+            features["reclaimsByTags"] = True
         return {"name": "mini", "version": "1.0", "contractVersion": 1, "features": features}
     if action == "getAvailableTemplates":
         if "bad_json" in BREAKS:
@@ -171,7 +175,9 @@ def handle(state, action, doc):
             )
         return {"requests": out}
     if action == "getReturnRequests":
-        return {"status": "complete", "message": "", "requests": []}
+        foreign = [{"machine": "elsewhere", "machineId": "m-elsewhere", "gracePeriod": 60}]
+        wanted = foreign if "reclaim_foreign" in BREAKS and "tags" in doc else []
+        return {"status": "complete", "message": "", "requests": wanted}
     if action == "listMachines":
         want = doc["tags"]
         found = [
