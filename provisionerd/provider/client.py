@@ -58,6 +58,7 @@ from provisionerd.provider.values import (
     Features,
     LicenseGrant,
     LicenseReturn,
+    ListingPage,
     ListingRow,
     MachineRef,
     MachineRequest,
@@ -71,6 +72,19 @@ from provisionerd.provider.values import (
 
 #: Given a listing page's rows, the rows to keep of it (``list_machines``).
 Sift = Callable[[list[ListingRow]], list[ListingRow]]
+
+
+@runtime_checkable
+class PageTransport(Protocol):
+    """A transport that can hand over a ``listMachines`` page already decoded into its rows when the page is regular
+    (the persistent one: ``PersistentProvider.list_page``), else the checked document as ``call`` gives it."""
+
+    async def list_page(
+        self,
+        input: Mapping[str, Any],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> ListingPage | dict[str, Any]: ...
 
 
 @runtime_checkable
@@ -194,6 +208,7 @@ class PluginClient:
         self.reclaim_chunk = reclaim_chunk
         # The legacy adapter is the one transport that knows more than its calls (its features, its journal).
         self._legacy = transport if isinstance(transport, LegacyProvider) else None
+        self._pages = transport.list_page if isinstance(transport, PageTransport) else None
 
     def __repr__(self) -> str:
         return f"PluginClient({self.transport!r})"
@@ -273,9 +288,17 @@ class PluginClient:
         )
         first, cursor = contract.listing_input(tags), None
         while True:
-            document = await self.transport.call(action, page_input(first, cursor, size), timeout=timeout)
-            rows = await self._read_machines(document)
-            after = next_cursor(self.name, action, document)
+            request = page_input(first, cursor, size)
+            if self._pages is not None:
+                answer = await self._pages(request, timeout=timeout)
+            else:
+                answer = await self.transport.call(action, request, timeout=timeout)
+            if isinstance(answer, ListingPage):  # read already, as its types checked it
+                await trio.lowlevel.checkpoint()
+                rows, after = answer.machines, answer.nextCursor
+            else:
+                rows = await self._read_machines(answer)
+                after = next_cursor(self.name, action, answer)
             cursor = join.add(rows, after) if sift is None else join.add(sift(rows), after, size=len(rows))
             if cursor is None:
                 return join.items

@@ -38,7 +38,8 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import ProviderCrashed, ProviderError, ProviderProtocolViolation, ProviderTimeout
-from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
+from provisionerd.provider.contract import decode_listing_page
+from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer, parse_raw_answer
 from provisionerd.provider.process import StderrTail, kill_group, open_group_process
 from provisionerd.provider.runtime import (
     ProviderConfig,
@@ -51,6 +52,7 @@ from provisionerd.provider.runtime import (
     redactor_for,
     snippet,
 )
+from provisionerd.provider.values import ListingPage
 
 log = logging.getLogger(__name__)
 _BATCH = 512  # lines per write at most
@@ -84,6 +86,9 @@ class _Pending:
     done: trio.Event = attrs.field(factory=trio.Event)
     answer: Answer | None = None
     failure: ProviderError | None = None
+    #: ``list_page``'s: a regular page is decoded straight into ``page`` (``contract.decode_listing_page``).
+    typed: bool = False
+    page: ListingPage | None = None
 
 
 @attrs.define(eq=False)
@@ -126,10 +131,34 @@ class PersistentProvider:
         self._up = trio.Event()
         self._last_failure = "the plugin has not started yet"
         self._closed = False
+        self._typed = 0  # ``list_page`` calls in flight: only then is an answer line first read as raw JSON
 
     # --- calls ---------------------------------------------------------------------------------------------------
 
     async def call(self, action: str, input: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
+        answer = await self._call(action, input, timeout, typed=False)
+        assert isinstance(answer, dict)
+        return answer
+
+    async def list_page(
+        self,
+        input: Mapping[str, Any],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> ListingPage | dict[str, Any]:
+        """``call("listMachines", input)``, with a regular page decoded straight into its rows as the line arrives
+        (``contract.decode_listing_page``: checked by its types, no dicts made), else the checked document as
+        ``call`` gives it. ~0.07 s of CPU less for an orphan pass over 100,000 machines (issue 36)."""
+        return await self._call("listMachines", input, timeout, typed=True)
+
+    async def _call(
+        self,
+        action: str,
+        input: Mapping[str, Any],
+        timeout: float | None,  # noqa: ASYNC109
+        *,
+        typed: bool,
+    ) -> ListingPage | dict[str, Any]:
         tokens = join_tokens(action, input)
         redact = self._redact.including(tokens)
         try:
@@ -156,18 +185,22 @@ class PersistentProvider:
         # Why no cancel scope around the wait: a ``move_on_after`` per call cost ~16 us of trio bookkeeping, the
         # largest share of the transport's own overhead (bench/providers.py). The generation's watchdog (``_watch``)
         # enforces the deadline instead; a call only has to move its alarm when its deadline is the earliest.
-        pending = self._pending[ident] = _Pending(action, timeout, deadline)
+        pending = self._pending[ident] = _Pending(action, timeout, deadline, typed=typed)
         if deadline < gen.alarm.deadline:
             gen.alarm.deadline = deadline
         self._tokens.extend(tokens)
         gen.send.send_nowait(line)  # unbounded channel, bounded by max_in_flight
+        self._typed += typed
         try:
             await pending.done.wait()
         finally:
+            self._typed -= typed
             if not pending.done.is_set():  # cancelled by our caller: the answer may still come
                 self._abandon(ident)
             if self._room:
                 self._room.unpark()
+        if pending.page is not None:
+            return pending.page
         return self._outcome(action, pending, redact)
 
     async def _admission(self, deadline: float) -> _Generation | None:
@@ -317,6 +350,8 @@ class PersistentProvider:
         self._end(gen, ProviderCrashed, _EXITED)
 
     def _dispatch(self, gen: _Generation, line: bytes) -> bool:
+        if self._typed and self._dispatch_page(line):
+            return True
         try:
             answer = parse_answer(line)
         except BadFrame as exc:
@@ -331,6 +366,24 @@ class PersistentProvider:
             self._end(gen, ProviderProtocolViolation, f"an answer for unknown id {answer.id}; the plugin was killed")
             return False
         pending.answer = answer
+        pending.done.set()
+        return True
+
+    def _dispatch_page(self, line: bytes) -> bool:
+        """Hand a ``list_page`` call its page decoded into rows, if ``line`` answers one with a regular page;
+        ``False`` for any other line (``_dispatch`` reads it as every other answer, so its faults are told as
+        before)."""
+        raw = parse_raw_answer(line)
+        if raw is None or not raw.result:
+            return False
+        pending = self._pending.get(raw.id)
+        if pending is None or not pending.typed:
+            return False
+        page = decode_listing_page(raw.result)
+        if page is None:
+            return False
+        del self._pending[raw.id]
+        pending.page = page
         pending.done.set()
         return True
 

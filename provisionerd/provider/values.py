@@ -48,26 +48,35 @@ FINAL_STATUSES = frozenset({"complete", "complete_with_error"})
 
 # --- listMachines -------------------------------------------------------------------------------------------------
 
-#: A finite double: a launch time no float holds (or infinity) is not read into a row (``ListingRow``).
-_FINITE = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+#: The ``listMachines`` page's fields, as strict as the schema says (``schemas/defs.json``: ``listedMachine``), so a
+#: page decoded into ``ListingPage`` is one the schema takes (tests/provider/test_listing_decode.py). A launch time is
+#: a whole number of seconds, at least 0, that a double holds (a row keeps it as a float).
+_LAUNCH = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max, multiple_of=1)]
+_MACHINE_ID = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+_NAME = Annotated[str, msgspec.Meta(max_length=1024)]
+_STATUS = Annotated[str, msgspec.Meta(max_length=256)]
+_ADDRESS = Annotated[str, msgspec.Meta(max_length=64)]
+_TAGS = dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], Annotated[str, msgspec.Meta(max_length=256)]]
+_CURSOR = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 
-class ListingRow(msgspec.Struct, frozen=True, gc=False):
+class ListingRow(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """A machine as a ``listMachines`` page shows it (a ``ListedMachine``; ``machine()`` is its ``ProviderMachine``).
 
     Why not a ``ProviderMachine``: an orphan pass lists the whole fleet every interval and needs a full machine only
-    for the few it finds. A page of the usual shape converts into these rows in one ``msgspec.convert`` call, which
-    checks each field's type in C; a frozen attrs ``ProviderMachine`` per machine on top cost 0.8 us more (its
+    for the few it finds. A page of the usual shape decodes into these rows in one call (``ListingPage``), which
+    checks each field in C; a frozen attrs ``ProviderMachine`` per machine on top cost 0.8 us more (its
     ``__init__``: ~0.1 s of CPU a pass at 100k machines) and ~120 bytes. Not tracked by the cyclic collector (no
-    field can hold a cycle). The fields keep the contract's JSON names (``machineId``...); the attributes are
-    ``ProviderMachine``'s. Immutable like every value here (its tags are its own dict, read only)."""
+    field can hold a cycle). The fields keep the contract's JSON names (``machineId``...) and its bounds; the
+    attributes are ``ProviderMachine``'s. ``instanceRef`` (not in the schema) is read when it is a string or null.
+    Immutable like every value here (its tags are its own dict, read only)."""
 
-    machine_id: str = msgspec.field(name="machineId")
-    launch_time: _FINITE = msgspec.field(name="launchtime")
-    name: str = ""
-    status: str = ""
-    ip: str | None = msgspec.field(default=None, name="privateIpAddress")
-    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    machine_id: _MACHINE_ID = msgspec.field(name="machineId")
+    launch_time: _LAUNCH = msgspec.field(name="launchtime")
+    name: _NAME
+    status: _STATUS
+    ip: _ADDRESS | None = msgspec.field(default=None, name="privateIpAddress")
+    tags: _TAGS
     ref: str | None = msgspec.field(default=None, name="instanceRef")
 
     @property
@@ -96,14 +105,23 @@ class ListingRow(msgspec.Struct, frozen=True, gc=False):
     def of(cls, machine: ProviderMachine) -> ListingRow:
         """The row of a listed ``machine`` read entry by entry (a page of another shape)."""
         return cls(
-            machine.machine_id,
-            machine.launch_time,
-            machine.name,
-            machine.status,
-            machine.address,
-            dict(machine.tags),
-            machine.instance_ref,
+            machine_id=machine.machine_id,
+            launch_time=machine.launch_time,
+            name=machine.name,
+            status=machine.status,
+            ip=machine.address,
+            tags=dict(machine.tags),
+            ref=machine.instance_ref,
         )
+
+
+class ListingPage(msgspec.Struct, frozen=True, gc=False):
+    """One ``listMachines`` page decoded straight into rows (``contract.decode_listing_page``): the schema's
+    ``listMachines.output`` where it is regular (anything else is read as before: parsed, checked, entry by entry).
+    ``nextCursor`` absent or null: the last page."""
+
+    machines: list[ListingRow]
+    nextCursor: _CURSOR | None = None  # noqa: N815 (the contract's name)
 
 
 # --- describeProvider ----------------------------------------------------------------------------------------------

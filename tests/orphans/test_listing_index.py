@@ -60,12 +60,14 @@ def test_the_index_is_the_one_read_machine_by_machine(listing: tuple[object, ...
 
 
 def test_the_usual_listing_keeps_its_machines_and_a_repeated_id_still_keeps_the_first_copy() -> None:
-    one = ListingRow("i-1", 5.0, "n", "running", None, dict(OURS))
-    again = ListingRow("i-1", 6.0, "n", "running", None, dict(OURS))
+    one = ListingRow(machine_id="i-1", launch_time=5.0, name="n", status="running", tags=dict(OURS))
+    again = ListingRow(machine_id="i-1", launch_time=6.0, name="n", status="running", tags=dict(OURS))
     listed, owned = _index_listing((one,), CLUSTER, PROVIDER, PROTECT)
     assert listed == {"i-1"} and owned["i-1"] is one
     listed, owned = _index_listing((one, again), CLUSTER, PROVIDER, PROTECT)
     assert listed == {"i-1"} and owned["i-1"] is one
-    protected = ListingRow("i-1", 6.0, "n", "terminated", None, {**OURS, PROTECT: "yes"})
+    protected = ListingRow(
+        machine_id="i-1", launch_time=6.0, name="n", status="terminated", tags={**OURS, PROTECT: "yes"}
+    )
     _, owned = _index_listing((one, protected), CLUSTER, PROVIDER, PROTECT)
     assert owned["i-1"].tags[PROTECT] == "yes" and owned["i-1"].machine_id == "i-1"

@@ -1,6 +1,10 @@
 """A test plugin whose behaviour each call's input chooses (stdlib only).
 
-Only ``getRequestStatus`` is scripted: the first requestId says what to do.
+``listMachines`` is scripted by its filter's cluster tag: ``regular`` (two pages of two machines), ``odd-ref`` (a
+page the schema takes with an ``instanceRef`` that is a number), ``no-name`` (a machine without its required name),
+``garbage`` (a line that is not JSON).
+
+``getRequestStatus`` is scripted: the first requestId says what to do.
   ok:<id>             answer a valid status for <id> (two machines)
   sleep:<s>:<id>      answer after <s> seconds (persistent: in a thread, so answers come out of order)
   hang-with-child     start a grandchild ``sleep 1000`` (pid written to $PRO_DATA_DIR/grandchild.pid), hang
@@ -57,6 +61,8 @@ def behave(action, doc, reply, persistent):
         return reply("result", {"templates": []})
     if action in ("requestMachines", "requestReturnMachines", "stopMachines"):
         return reply("result", {"requestId": "req-1", "message": ""})
+    if action == "listMachines":
+        return listing(doc, reply)
     if action != "getRequestStatus":
         return reply("error", {"code": "invalid_request", "message": f"unsupported {action}"})
     rid = doc["requests"][0]["requestId"]
@@ -100,6 +106,30 @@ def behave(action, doc, reply, persistent):
         sys.stderr.flush()
         return reply("plain", f"auth failed with key {secret}")
     return reply("error", {"code": "invalid_request", "message": f"unknown script {rid!r}"})
+
+
+def listing(doc, reply):
+    script = doc["tags"]["provisionerd:cluster"]
+    first = "cursor" not in doc
+    machines = [
+        {
+            "machineId": f"m-{n}",
+            "name": f"host-{n}",
+            "status": "running",
+            "launchtime": 1700000000 + n,
+            "privateIpAddress": f"10.0.0.{n}" if n % 2 else None,
+            "tags": {"provisionerd:cluster": script, "provisionerd:instance": f"c/{n}"},
+            "instanceRef": f"c/{n}",
+        }
+        for n in ((1, 2) if first else (3, 4))
+    ]
+    if script == "garbage":
+        return reply("raw", "this is not json")
+    if script == "odd-ref":
+        machines[0]["instanceRef"] = 5
+    if script == "no-name":
+        del machines[1]["name"]
+    return reply("result", {"machines": machines, "nextCursor": "m-2"} if first else {"machines": machines})
 
 
 def oneshot(action, path):
