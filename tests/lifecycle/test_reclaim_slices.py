@@ -98,10 +98,10 @@ class Steps(trio.abc.Instrument):
         self.count += 1
 
 
-def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_slice() -> None:
-    current = view()
-    wanted = f"mine-i-{MINE + RETURNED - 7}"  # in the last chunk
-    client = Client(wanted)
+def run_poll(
+    current: ControllerView, client: Client, features: Features | None = None
+) -> tuple[list[Observation], Steps]:
+    """One poll of provider "mine" over ``current``: what it applied and the loop's steps meanwhile."""
     applied: list[Observation] = []
 
     class Session:
@@ -110,7 +110,7 @@ def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_
 
     poll = ReclaimPoll(
         Session(),  # type: ignore[arg-type]
-        Executor(client),  # type: ignore[arg-type]
+        Executor(client, features),  # type: ignore[arg-type]
         EventLog(),
         30.0,
         leased=lambda: ["mine"],
@@ -124,6 +124,14 @@ def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_
         await poll.poll("mine", current)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return applied, steps
+
+
+def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_slice() -> None:
+    current = view()
+    wanted = f"mine-i-{MINE + RETURNED - 7}"  # in the last chunk
+    client = Client(wanted)
+    applied, steps = run_poll(current, client)
     named = [machine_id for chunk in client.asked for machine_id in chunk]
     assert len(named) == len(set(named)) == MINE
     assert set(named) == {f"mine-i-{n}" for n in range(RETURNED, MINE + RETURNED)}
@@ -136,36 +144,14 @@ def test_every_live_machine_is_named_once_in_chunks_and_the_scan_takes_a_step_a_
     assert client.collecting == [False] * len(client.asked) and gc.isenabled()
 
 
-def poll_by_tags(answer: Sequence[Reclaim]) -> tuple[Client, list[Observation], Steps]:
-    current = view()
+def poll_by_tags(answer: Sequence[Reclaim]) -> tuple[Client, list[Observation]]:
     client = Client("", answer)
-    applied: list[Observation] = []
-
-    class Session:
-        view = current
-        state = LinkState.UP
-
-    poll = ReclaimPoll(
-        Session(),  # type: ignore[arg-type]
-        Executor(client, Features(reclaims_by_tags=True)),  # type: ignore[arg-type]
-        EventLog(),
-        30.0,
-        leased=lambda: ["mine"],
-        apply=applied.append,
-        wall=lambda: 5.0,
-    )
-    steps = Steps()
-
-    async def main() -> None:
-        trio.lowlevel.add_instrument(steps)
-        await poll.poll("mine", current)
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    return client, applied, steps
+    applied, _steps = run_poll(view(), client, Features(reclaims_by_tags=True))
+    return client, applied
 
 
 def test_a_plugin_that_reclaims_by_tags_is_asked_once_naming_no_machine() -> None:
-    client, applied, _steps = poll_by_tags(())
+    client, applied = poll_by_tags(())
     assert client.asked == [[]] and client.tags == [{"provisionerd:cluster": "c"}]
     assert applied == []
 
@@ -179,6 +165,6 @@ def test_by_tags_only_the_providers_own_live_machines_are_taken() -> None:
         Reclaim("h900"),  # by name only, as an LSF-style plugin answers: found by its hostname
         Reclaim("h8", "i-unknown"),  # an id not ours is not taken by its name either
     )
-    client, applied, _steps = poll_by_tags(answer)
+    client, applied = poll_by_tags(answer)
     assert len(client.asked) == 1
     assert applied == [Reclaimed("mine", ("mine-i-500", "mine-i-900"), 5.0)]
