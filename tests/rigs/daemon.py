@@ -107,17 +107,19 @@ def simulated_provider(
     transport: str = "oneshot",
     *,
     sim: Mapping[str, Any] | None = None,
+    plugin: Path | None = None,
     **options: Any,
 ) -> ProviderConfig:
     """The shipped simulated provider with its conf and data directories under ``home``; ``sim`` updates its
-    ``simulated.json`` (``delays``, ``templates``, ``faults``), ``options`` the provider's config (``as_records``)."""
+    ``simulated.json`` (``delays``, ``templates``, ``faults``), ``options`` the provider's config (``as_records``).
+    ``plugin``: another path to run it by (a directory of wrappers around its scripts)."""
     conf, data = home / f"{name}-conf", home / f"{name}-data"
     conf.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
     document = json.loads((SIMULATED / "conf" / "simulated.json").read_text())
     document.update(sim or {})
     (conf / "simulated.json").write_text(json.dumps(document))
-    path = SIMULATED / "provider" if transport == "persistent" else SIMULATED
+    path = plugin or (SIMULATED / "provider" if transport == "persistent" else SIMULATED)
     return ProviderConfig(name, transport, path=path, conf_dir=conf, data_dir=data, **as_records(options))
 
 

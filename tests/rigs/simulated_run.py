@@ -53,16 +53,18 @@ async def simulated_run(
     delays: dict[str, Any] | None = None,
     faults: Sequence[dict[str, Any]] = (),
     provider: Mapping[str, Any] | None = None,
+    plugin: Path | None = None,
 ) -> AsyncIterator[SimulatedRun]:
     """The controller (1 replica, lease TTL 3 s) and a written daemon config (cluster ``clu``), not started yet.
-    ``provider``: more of the provider's config (``capacity_backoff``...)."""
+    ``provider``: more of the provider's config (``capacity_backoff``...); ``plugin``: the one-shot scripts'
+    directory to run instead of the shipped one (wrappers around its scripts)."""
     from refcontroller.api import open_refcontroller
 
     certs = make_certs(tmp_path, "clu")
     sim_options: dict[str, Any] = {"delays": delays if delays is not None else QUICK}
     if faults:
         sim_options["faults"] = list(faults)
-    sim = simulated_provider(tmp_path, sim=sim_options, **(provider or {}))
+    sim = simulated_provider(tmp_path, sim=sim_options, plugin=plugin, **(provider or {}))
     with short_dir(f"pd-{name}-") as state:
         async with (
             open_refcontroller(certs, tmp_path / "ctl", replicas=1, lease_ttl=3.0, check_interval=0.3) as ctl,
