@@ -14,7 +14,12 @@ pass and when the program exits:
   reclaim polls and admin queries that ran beside it), its own longest step and ``gc_s``, the time the cyclic
   collector ran meanwhile (in any thread); ``max_gc_ms``: the longest collection, and its generation;
 - ``slow_steps``: the first ``KEPT_SLOW`` steps over 20 ms of CPU, each as ``[seconds since the start, task, CPU ms,
-  collector ms]`` (when a slow step came: start-up, a pass, a poll).
+  collector ms]`` (when a slow step came: start-up, a pass, a poll);
+- ``long_steps``: the first ``KEPT_LONG`` steps over ``SAMPLE_AFTER`` (12 ms) of CPU with where the loop's thread
+  was while they ran: a ``SIGALRM`` timer armed for ``SAMPLE_AFTER`` of wall time at the start of every step (and
+  disarmed at its end) samples the running frame, then again every ``SAMPLE_EVERY``; each sample is the innermost
+  frames (``file:line function``, innermost last). The handler runs between bytecodes, so a sample taken during a
+  long C call names the line that made it. Two ``setitimer`` calls a step; the daemon's code is not changed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import gc
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -35,6 +41,12 @@ import trio
 LIMIT = 0.020
 #: How many slow steps ``slow_steps`` keeps (the first ones).
 KEPT_SLOW = 60
+#: A step sampled once it has run this long (wall), then every ``SAMPLE_EVERY``; kept if its CPU passed it too.
+SAMPLE_AFTER = 0.012
+SAMPLE_EVERY = 0.003
+KEPT_LONG = 40
+#: Frames kept per sample (innermost).
+SAMPLE_DEPTH = 8
 
 
 class Watch(trio.abc.Instrument):
@@ -60,6 +72,17 @@ class Watch(trio.abc.Instrument):
         self.slow_steps: list[list[Any]] = []
         self._t0 = time.perf_counter()
         gc.callbacks.append(self._collecting)
+        self.long_steps: list[dict[str, Any]] = []
+        self._samples: list[list[str]] = []
+        signal.signal(signal.SIGALRM, self._sample)
+
+    def _sample(self, signum: int, frame: Any) -> None:
+        stack: list[str] = []
+        while frame is not None and len(stack) < SAMPLE_DEPTH:
+            code = frame.f_code
+            stack.append(f"{'/'.join(code.co_filename.split('/')[-2:])}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+        self._samples.append(stack[::-1])
 
     def _collecting(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -76,10 +99,23 @@ class Watch(trio.abc.Instrument):
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._started = (time.perf_counter(), time.thread_time())
         self._step_gc = 0.0
+        self._samples = []
+        signal.setitimer(signal.ITIMER_REAL, SAMPLE_AFTER, SAMPLE_EVERY)
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         wall = time.perf_counter() - self._started[0]
         cpu = time.thread_time() - self._started[1]
+        if cpu > SAMPLE_AFTER and len(self.long_steps) < KEPT_LONG:
+            self.long_steps.append(
+                {
+                    "at_s": round(self._started[0] - self._t0, 1),
+                    "task": task.name.split(".")[-1],
+                    "cpu_ms": round(1000 * cpu, 1),
+                    "gc_ms": round(1000 * self._step_gc, 1),
+                    "samples": self._samples,
+                }
+            )
         if wall > self.max_step[0]:
             self.max_step = (wall, task.name)
         if cpu > self.max_cpu[0]:
@@ -133,6 +169,7 @@ class Watch(trio.abc.Instrument):
             "steps_over_20ms_cpu": self.over_cpu,
             "passes": self.passes,
             "slow_steps": self.slow_steps,
+            "long_steps": self.long_steps,
             "max_gc_ms": round(1000 * self.gc_max[0], 1),
             "max_gc_generation": self.gc_max[1],
             "longest_by_task_ms": _top(self.by_task),

@@ -48,15 +48,64 @@ def _type_name(tp: type) -> str:
     return f"{getattr(tp, '__module__', '?')}.{getattr(tp, '__qualname__', '?')}"
 
 
+def name_of_holder(obj: object) -> str:
+    """A holder's type; a container's with its size bucket (a 100k-entry dict is an index, a 2-tuple a pair)."""
+    name = _type_name(type(obj))
+    if isinstance(obj, (dict, tuple, list, set, frozenset)):
+        n = len(obj)
+        return f"{name}[{n if n < 16 else '16+' if n < 1000 else '1000+'}]"
+    return name
+
+
+def _attribute_of(holder: object, held: object) -> str:
+    """The attribute or key of ``holder`` that is ``held`` ("?" when neither)."""
+    names = list(getattr(type(holder), "__slots__", ())) + list(getattr(holder, "__dict__", {}))
+    for cls in type(holder).__mro__:
+        names += list(getattr(cls, "__slots__", ()))
+    for name in names:
+        if getattr(holder, name, None) is held:
+            return f".{name}"
+    if isinstance(holder, dict):
+        for key, value in holder.items():
+            if value is held:
+                return f"[{key!r:.40}]"
+    return "?"
+
+
+def big_containers(at_least: int = 10_000) -> list[str]:
+    """Each container of ``at_least`` entries: its type, length, element type and its holders (with the attribute
+    that holds it, and that holder's own holder when it is a plain ``__dict__``)."""
+    lines = []
+    for obj in gc.get_objects():
+        if not isinstance(obj, (dict, list, set, frozenset, tuple)) or len(obj) < at_least:
+            continue
+        sample = next(iter(obj.items() if isinstance(obj, dict) else obj), None)
+        holders = []
+        for holder in gc.get_referrers(obj):
+            if holder is obj or type(holder).__name__ == "frame":
+                continue
+            holders.append(f"{_type_name(type(holder))}{_attribute_of(holder, obj)}")
+        element = (
+            type(sample).__name__
+            if not isinstance(sample, tuple)
+            else "(" + ", ".join(type(x).__name__ for x in sample) + ")"
+        )
+        lines.append(f"{len(obj):10d}  {type(obj).__name__} of {element}  held by {'; '.join(holders[:4]) or '-'}")
+    return lines
+
+
 def objects_report() -> str:
     """Counts and shallow sizes per type of every object the collector tracks, frozen ones included, and of the
     atoms they hold directly."""
     frozen = gc.get_freeze_count()
     gc.unfreeze()
     try:
+        big = big_containers()
         counts: collections.Counter[str] = collections.Counter()
         sizes: collections.Counter[str] = collections.Counter()
         seen: set[int] = set()
+        atoms_by_holder: collections.Counter[str] = collections.Counter()
+        atom_sizes: collections.Counter[str] = collections.Counter()
         for obj in gc.get_objects():
             name = _type_name(type(obj))
             counts[name] += 1
@@ -67,11 +116,19 @@ def objects_report() -> str:
                     name = f"{type(ref).__name__} (held by the above)"
                     counts[name] += 1
                     sizes[name] += sys.getsizeof(ref)
+                    held = f"{type(ref).__name__} held first by {name_of_holder(obj)}"
+                    atoms_by_holder[held] += 1
+                    atom_sizes[held] += sys.getsizeof(ref)
     finally:
         gc.freeze()
     lines = [_status().rstrip(), f"frozen before the count: {frozen}", f"{'count':>10} {'MB':>9}  type"]
     for name, size in sizes.most_common(60):
         lines.append(f"{counts[name]:10d} {size / 1e6:9.2f}  {name}")
+    lines.append("containers of 10,000 entries or more, with what holds them:")
+    lines += big
+    lines.append("atoms by the first object found holding them (a dict or tuple as its length):")
+    for name, size in atom_sizes.most_common(30):
+        lines.append(f"{atoms_by_holder[name]:10d} {size / 1e6:9.2f}  {name}")
     return "\n".join(lines) + "\n"
 
 

@@ -163,6 +163,7 @@ def run(
     profile: Path | None = None,
     memory: Path | None = None,
     traced: int = 0,
+    loop_report: Path | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp:
         root = Path(tmp)
@@ -195,6 +196,8 @@ def run(
                         pass
             if loop.exists():  # written by the daemon's watch after every pass and at its exit
                 result |= loop_summary(json.loads(loop.read_text()))
+                if loop_report is not None:
+                    loop_report.write_bytes(loop.read_bytes())
             return result | {"store_facts": facts, "fill_s": round(fill_s, 1)}
 
 
@@ -218,10 +221,23 @@ def loop_summary(report: dict[str, Any]) -> dict[str, Any]:
         "loop_steps_over_20ms": report["steps_over_20ms"],
         "loop_steps_over_20ms_cpu": report["steps_over_20ms_cpu"],
         "slow_loop_steps": report.get("slow_steps", []),
+        "long_loop_steps": [_where(step) for step in report.get("long_steps", [])],
         "longest_loop_step_by_task_ms": report["longest_by_task_ms"],
         "longest_loop_step_by_task_cpu_ms": report["longest_by_task_cpu_ms"],
         "longest_loop_step_by_task_cpu_without_gc_ms": report["longest_by_task_cpu_without_gc_ms"],
     }
+
+
+def _where(step: dict[str, Any]) -> list[Any]:
+    """A long step (``loopwatch``'s ``long_steps``) as ``[at_s, task, CPU ms, collector ms, frame]``: the innermost
+    frame of the project's code that most of its samples were in (``--loop-report`` keeps every sample)."""
+    frames = [
+        next((f for f in reversed(s) if "provisionerd/" in f or "/provisionerd" in f), s[-1])
+        for s in step["samples"]
+        if s
+    ]
+    where = max(set(frames), key=frames.count) if frames else ""
+    return [step["at_s"], step["task"], step["cpu_ms"], step["gc_ms"], where]
 
 
 def probe(daemon: subprocess.Popen[bytes], out: Path, timeout: float = 300.0) -> list[str]:
@@ -343,11 +359,14 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="run the daemon under cProfile, its stats written here")
     parser.add_argument("--memory", type=Path, help="run the daemon under bench/memprobe.py, its reports written here")
     parser.add_argument("--tracemalloc", type=int, default=0, metavar="N", help="with --memory: trace N frames deep")
+    parser.add_argument(
+        "--loop-report", type=Path, help="keep bench/loopwatch.py's whole report (each long step's samples)"
+    )
     args = parser.parse_args()
     if args.profile and args.memory:
         parser.error("--profile and --memory each run the daemon under their own wrapper: one at a time")
     profile, memory = args.profile and args.profile.resolve(), args.memory and args.memory.resolve()
-    print(json.dumps(run(args.minutes, args.machines, args.poll, profile, memory, args.tracemalloc)))
+    print(json.dumps(run(args.minutes, args.machines, args.poll, profile, memory, args.tracemalloc, args.loop_report)))
     return 0
 
 

@@ -157,7 +157,6 @@ class SpendFold:
                         instance_ref=fact.instance_ref,
                         op_id=fact.op_id,
                         template_id=fact.template_id,
-                        token_hash="",
                         hostname="",
                         address="",
                         launch_time=fact.launch_time,
@@ -166,7 +165,7 @@ class SpendFold:
             case OrphanAdopted():
                 if fact.machine_id not in self._open:
                     self._open[fact.machine_id] = MachineRecord(
-                        fact.provider, fact.machine_id, fact.instance_ref, fact.op_id, "", "", "", "", 0.0, adopted=True
+                        fact.provider, fact.machine_id, fact.instance_ref, fact.op_id, "", "", "", 0.0, adopted=True
                     )
             case Returned():
                 for machine_id in fact.machine_ids:

@@ -25,7 +25,7 @@ from provisionerd.domain.model import (
     RequestIntent,
 )
 from provisionerd.execution import orphan_offload
-from provisionerd.execution.orphan_offload import OFF_LOOP_AT, classify_off_loop
+from provisionerd.execution.orphan_offload import OFF_LOOP_AT, SNAPSHOT_TRIES, classify_off_loop, view_snapshot
 from provisionerd.orphans.classify import ClassifierMemory, OrphanPolicy, classify
 from provisionerd.orphans.model import ControllerState, LeaseState, Observation
 from provisionerd.planner.fact_view import FactView, fold
@@ -90,6 +90,69 @@ def test_a_large_pass_classifies_off_the_loop_on_a_snapshot_with_the_same_result
     assert thread != threading.get_ident()  # a worker thread, not the loop's
     assert view is not obs.view and view.machines == obs.view.machines  # a snapshot of the live view
     assert view.machines is not obs.view.machines and view.intents is not obs.view.intents
+
+
+def _more(view: FactView, op: int) -> None:
+    """Fold one more op of one machine into ``view`` (a fact arriving while a snapshot is copied)."""
+    op_id, ref = f"c:p:9:{op}", f"late-{op}"
+    index = view.last_index
+    fold(
+        [
+            CommittedFact(index + 1, RequestIntent("p", EPOCH, op_id, "t", 1, (ref,), ("0" * 64,))),
+            CommittedFact(index + 2, InstanceFact("p", EPOCH, op_id, ref, f"m-{ref}", "t", "0" * 64)),
+        ],
+        view,
+    )
+
+
+def test_a_snapshot_is_copied_a_chunk_a_step_and_is_the_view_of_one_moment():
+    view = world(1000, 0).view
+    assert isinstance(view, FactView)
+    steps = []
+
+    async def main():
+        async def fold_between_steps():
+            # Folds a fact at each of the first two steps the copy yields: both copies begun are abandoned.
+            for op in range(2):
+                await trio.lowlevel.checkpoint()
+                steps.append(len(view.machines))
+                _more(view, op)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fold_between_steps)
+            return await view_snapshot(view, chunk=300)
+
+    snap = trio.run(main)
+    assert steps == [1000, 1001]  # the folder ran between the copy's steps
+    assert snap.machines == view.machines and list(snap.machines) == list(view.machines)  # all, in the view's order
+    assert snap.intents == view.intents and snap.last_index == view.last_index
+    assert snap.machines is not view.machines and snap.intents is not view.intents
+    assert "m-late-1" in snap.machines  # the copy that completed began after the last fact
+
+
+def test_a_snapshot_taken_while_facts_keep_arriving_is_taken_in_one_step_after_its_tries():
+    view = world(1000, 0).view
+    assert isinstance(view, FactView)
+
+    folded = [0]
+
+    async def main():
+        async def fold_forever():
+            for op in range(10_000):  # a fact at every step: no copy of more than one step completes
+                await trio.lowlevel.checkpoint()
+                _more(view, op)
+                folded[0] += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fold_forever)
+            snap = await view_snapshot(view, chunk=300)
+            nursery.cancel_scope.cancel()
+            return snap, folded[0]
+
+    snap, by_then = trio.run(main)
+    assert SNAPSHOT_TRIES <= by_then <= 2 * SNAPSHOT_TRIES + 1  # a fact or two a try (trio orders a batch at random)
+    assert len(snap.machines) == 1000 + by_then  # every fact folded before it
+    assert list(snap.machines.items()) == list(view.machines.items())[: len(snap.machines)]
 
 
 def test_a_small_pass_stays_inline(monkeypatch):

@@ -1,9 +1,11 @@
 """What the daemon's view holds at 100,000 machines (issue 18): one copy of each string, facts folded page by page."""
 
+import attrs
 from reconcile_world import EPOCH, token_hash
 
 from provisionerd.controller.view import ResyncCollector
-from provisionerd.domain.model import NO_QUOTE, CommittedFact, InstanceFact, PriceQuote, RequestIntent
+from provisionerd.domain.model import NO_QUOTE, CommittedFact, InstanceFact, PriceQuote, RequestFailed, RequestIntent
+from provisionerd.planner.fact_view import fold
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.messages import ResyncPage
 
@@ -17,7 +19,7 @@ def _facts(op: str, count: int, start: int) -> list[CommittedFact]:
     return [CommittedFact(start + i, f) for i, f in enumerate([intent, *machines])]
 
 
-def test_a_machine_shares_its_ref_and_token_hash_with_its_intent_after_decoding() -> None:
+def test_a_machine_shares_its_ref_with_its_intent_after_decoding() -> None:
     page = decode(encode(ResyncPage(0, 1, tuple(_facts("op1", 3, 1)), ()))).msg
     collector = ResyncCollector()
     assert collector.add(0, 1, page.facts, page.hosts)
@@ -25,8 +27,33 @@ def test_a_machine_shares_its_ref_and_token_hash_with_its_intent_after_decoding(
     intent = view.intents["op1"].intent
     for machine in view.machines.values():
         i = intent.instance_refs.index(machine.instance_ref)
-        assert machine.instance_ref is intent.instance_refs[i] and machine.token_hash is intent.token_hashes[i]
+        assert machine.instance_ref is intent.instance_refs[i]
         assert machine.op_id is intent.op_id and machine.provider is intent.provider  # interned by the codec
+
+
+def test_an_intent_keeps_its_token_hashes_while_open_and_drops_them_when_its_op_closes() -> None:
+    """A join token's hash is read here only to commit the instance fact of a machine an open op makes (recovery
+    reads the view's intent for that): an op fulfilled or failed makes none, and its hashes go (12.8 MB at 100k)."""
+    facts = _facts("op1", 3, 1)
+    view = fold(facts[:3])  # the intent and two of its three machines
+    hashes = tuple(token_hash(ref) for ref in view.intents["op1"].intent.instance_refs)
+    assert view.intents["op1"].open and view.intents["op1"].intent.token_hashes == hashes
+    assert "op1" in view.open_ops
+    fold(facts[3:], view)  # the third machine: fulfilled
+    closed = view.intents["op1"].intent
+    assert not view.intents["op1"].open and closed.token_hashes == ()
+    assert attrs.evolve(closed, token_hashes=hashes) == facts[0].fact  # nothing else of it changed
+    assert "op1" not in view.open_ops
+
+    failed = _facts("op2", 3, 10)
+    view = fold([*failed[:2], CommittedFact(20, RequestFailed("p", EPOCH, "op2", "partial: 1 of 3"))])
+    assert view.intents["op2"].failed_reason and view.intents["op2"].intent.token_hashes == ()
+    fold([CommittedFact(21, failed[2].fact)], view)  # a late machine of the failed op still folds, with its ref
+    assert view.machines["op2-m1"].instance_ref == "op2/1"
+    assert view.intents["op2"].machine_ids == ["op2-m0", "op2-m1"]
+
+    empty = RequestIntent("p", EPOCH, "op3", "t", 0, (), ())
+    assert fold([CommittedFact(30, empty)]).intents["op3"].intent is empty  # nothing to drop
 
 
 def test_a_full_resync_is_folded_page_by_page_and_forgets_the_pages_it_folded() -> None:
