@@ -76,6 +76,13 @@ class MachineRecord:
     drain_since: float = 0.0  # wall seconds its drain was asked (the first DrainRequested.at; 0 = not draining)
     instance_type: str = ""  # the type it really got, when its plugin said (InstanceFact.instance_type)
 
+    def __lt__(self, other: MachineRecord) -> bool:
+        """By launch time, then instance_ref and machine id: ``host_table``'s launch-time heaps hold the records
+        themselves as their entries, not a ``(launch_time, ref, machine_id)`` tuple each (64 bytes a machine)."""
+        if self.launch_time != other.launch_time:
+            return self.launch_time < other.launch_time
+        return (self.instance_ref, self.machine_id) < (other.instance_ref, other.machine_id)
+
 
 @attrs.define
 class IntentRecord:

@@ -102,17 +102,19 @@ class HostTable(MutableMapping[str, HostState]):
         self._unjoined: dict[str, MachineRecord] = {}
         self._unjoined_by_op: dict[str, dict[str, MachineRecord]] = {}
         self._unknown_launch: dict[str, MachineRecord] = {}
-        # (launch_time, ref, machine_id) of not-joined machines with a known launch time. Entries of machines that
-        # joined since are left in place (removing from a heap's middle is O(n)) and dropped when read; once they
-        # outnumber the live ones the heap is rebuilt, so a bulk join (a resync's hosts) costs O(n) once.
-        self._deadlines: list[tuple[float, str, str]] = []
+        # Not-joined machines with a known launch time, each its own heap entry (``MachineRecord`` orders by launch
+        # time, then instance_ref and machine id: no tuple per machine, 7 MB at 100k not joined). Entries of
+        # machines that joined since are left in place (removing from a heap's middle is O(n)) and dropped when
+        # read; once they outnumber the live ones the heap is rebuilt, so a bulk join (a resync's hosts) costs
+        # O(n) once.
+        self._deadlines: list[MachineRecord] = []
         self._stale = 0
         self._available: dict[str, dict[str, Placed]] = {}
         # Every active machine by launch time, joined or not (``planner.drain``: only those past the shortest
         # ``max_ttl`` are read), kept the same way: stale entries dropped when read, rebuilt when they outnumber.
         # Built at the first drain pass (``None`` until then): a fleet with no ``max_ttl`` pays no memory for it
-        # (a tuple per machine, ~8 MB at 100k).
-        self._aging: list[tuple[float, str, str]] | None = None
+        # (~1 MB at 100k).
+        self._aging: list[MachineRecord] | None = None
         self._aging_stale = 0
         self._aging_unknown: dict[str, MachineRecord] = {}
         # Hosts with a reclaim notice (``HostState.noticed``; planner.drain): few, read every pass.
@@ -157,15 +159,15 @@ class HostTable(MutableMapping[str, HostState]):
         if self._stale > len(heap) // 2 + 64:
             self._rebuild_deadlines()
         found: dict[str, MachineRecord] = {}
-        while heap and heap[0][0] <= cutoff:
-            launch, ref, machine_id = heapq.heappop(heap)
-            machine = unjoined.get(ref)
-            if machine is not None and machine.machine_id == machine_id and ref not in found:
-                found[ref] = machine
+        while heap and heap[0].launch_time <= cutoff:
+            entry = heapq.heappop(heap)
+            ref = entry.instance_ref
+            if unjoined.get(ref) is entry and ref not in found:
+                found[ref] = entry
             else:
                 self._stale -= 1  # joined or left since, or a second entry for the same machine
-        for ref, machine in found.items():
-            heapq.heappush(heap, (machine.launch_time, ref, machine.machine_id))
+        for machine in found.values():
+            heapq.heappush(heap, machine)
         return list(found.values())
 
     def earliest_unjoined_launch_after(self, cutoff: float) -> float | None:
@@ -174,17 +176,12 @@ class HostTable(MutableMapping[str, HostState]):
         for the k machines launched by then, which a pass reads anyway); entries of machines that joined or left
         since are dropped on the way."""
         unjoined = self._unjoined
-
-        def live(ref: str, machine_id: str) -> bool:
-            machine = unjoined.get(ref)
-            return machine is not None and machine.machine_id == machine_id
-
-        found, dropped = _earliest_live_after(self._deadlines, cutoff, live)
+        found, dropped = _earliest_live_after(self._deadlines, cutoff, lambda m: unjoined.get(m.instance_ref) is m)
         self._stale -= dropped
         return found
 
     def _rebuild_deadlines(self) -> None:
-        self._deadlines = [(m.launch_time, ref, m.machine_id) for ref, m in self._unjoined.items() if m.launch_time > 0]
+        self._deadlines = [m for m in self._unjoined.values() if m.launch_time > 0]
         heapq.heapify(self._deadlines)
         self._stale = 0
 
@@ -278,7 +275,7 @@ class HostTable(MutableMapping[str, HostState]):
 
     # --- every active machine by launch time (planner.drain) -------------------------------------------------------
 
-    def _aging_heap(self) -> list[tuple[float, str, str]]:
+    def _aging_heap(self) -> list[MachineRecord]:
         """The launch-time heap, built from the active machines at its first use."""
         if self._aging is None:
             self._aging, self._aging_stale = [], 0
@@ -290,33 +287,30 @@ class HostTable(MutableMapping[str, HostState]):
         if self._aging is None:
             return
         if machine.launch_time > 0:
-            heapq.heappush(self._aging, (machine.launch_time, machine.instance_ref, machine.machine_id))
+            heapq.heappush(self._aging, machine)
         else:
             self._aging_unknown[machine.instance_ref] = machine
 
-    def _aging_live(self, ref: str, machine_id: str) -> MachineRecord | None:
-        machine = self._active.get(ref)
-        return machine if machine is not None and machine.machine_id == machine_id else None
+    def _aging_live(self, entry: MachineRecord) -> bool:
+        return self._active.get(entry.instance_ref) is entry
 
     def active_launched_by(self, cutoff: float) -> list[MachineRecord]:
         """Active machines (joined or not) whose known launch time is at most ``cutoff``: pops the heap up to it
         and pushes the live entries back (O(k log n) for the k returned; the content never changes)."""
         heap = self._aging_heap()
         if self._aging_stale > len(heap) // 2 + 64:
-            live = self._active.items()
-            self._aging = heap = [(m.launch_time, r, m.machine_id) for r, m in live if m.launch_time > 0]
+            self._aging = heap = [m for m in self._active.values() if m.launch_time > 0]
             heapq.heapify(heap)
             self._aging_stale = 0
         found: dict[str, MachineRecord] = {}
-        while heap and heap[0][0] <= cutoff:
-            _, ref, machine_id = heapq.heappop(heap)
-            machine = self._aging_live(ref, machine_id)
-            if machine is not None and ref not in found:
-                found[ref] = machine
+        while heap and heap[0].launch_time <= cutoff:
+            entry = heapq.heappop(heap)
+            if self._aging_live(entry) and entry.instance_ref not in found:
+                found[entry.instance_ref] = entry
             else:
                 self._aging_stale -= 1
-        for ref, machine in found.items():
-            heapq.heappush(heap, (machine.launch_time, ref, machine.machine_id))
+        for machine in found.values():
+            heapq.heappush(heap, machine)
         return list(found.values())
 
     def active_unknown_launch(self) -> list[MachineRecord]:
@@ -327,7 +321,7 @@ class HostTable(MutableMapping[str, HostState]):
     def earliest_active_launch_after(self, cutoff: float) -> float | None:
         """The earliest known launch time after ``cutoff`` of an active machine (``None``: none)."""
         heap = self._aging_heap()
-        found, dropped = _earliest_live_after(heap, cutoff, lambda ref, mid: self._aging_live(ref, mid) is not None)
+        found, dropped = _earliest_live_after(heap, cutoff, self._aging_live)
         self._aging_stale -= dropped
         return found
 
@@ -338,7 +332,7 @@ class HostTable(MutableMapping[str, HostState]):
         self._unjoined[ref] = machine
         self._unjoined_by_op.setdefault(machine.op_id, {})[ref] = machine
         if machine.launch_time > 0:
-            heapq.heappush(self._deadlines, (machine.launch_time, ref, machine.machine_id))
+            heapq.heappush(self._deadlines, machine)
         else:  # unknown (or not a number): never ordered, read every pass
             self._unknown_launch[ref] = machine
 
@@ -402,23 +396,23 @@ def join_index(active_refs: Mapping[str, MachineRecord], hosts: Mapping[str, Hos
 
 
 def _earliest_live_after(
-    heap: list[tuple[float, str, str]], cutoff: float, live: Callable[[str, str], bool]
+    heap: list[MachineRecord], cutoff: float, live: Callable[[MachineRecord], bool]
 ) -> tuple[float | None, int]:
-    """The earliest launch time after ``cutoff`` among the heap's live entries (``live(ref, machine_id)``), and how
-    many dead entries were dropped on the way. The live entries up to ``cutoff`` are popped and pushed back
-    (O(k log n) for the k of them); the heap's content is otherwise unchanged."""
-    held: list[tuple[float, str, str]] = []
+    """The earliest launch time after ``cutoff`` among the heap's live entries (``live(entry)``), and how many dead
+    entries were dropped on the way. The live entries up to ``cutoff`` are popped and pushed back (O(k log n) for
+    the k of them); the heap's content is otherwise unchanged."""
+    held: list[MachineRecord] = []
     found: float | None = None
     dropped = 0
     while heap:
-        launch, ref, machine_id = heap[0]
-        if not live(ref, machine_id):
+        entry = heap[0]
+        if not live(entry):
             heapq.heappop(heap)
             dropped += 1
-        elif launch <= cutoff:
+        elif entry.launch_time <= cutoff:
             held.append(heapq.heappop(heap))
         else:
-            found = launch
+            found = entry.launch_time
             break
     for entry in held:
         heapq.heappush(heap, entry)

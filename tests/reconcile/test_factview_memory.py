@@ -1,11 +1,15 @@
 """What the daemon's view holds at 100,000 machines (issue 18): one copy of each string, facts folded page by page."""
 
+import heapq
+
 import attrs
+from hypothesis import given
+from hypothesis import strategies as st
 from reconcile_world import EPOCH, token_hash
 
 from provisionerd.controller.view import ResyncCollector
 from provisionerd.domain.model import NO_QUOTE, CommittedFact, InstanceFact, PriceQuote, RequestFailed, RequestIntent
-from provisionerd.planner.fact_view import fold
+from provisionerd.planner.fact_view import MachineRecord, fold
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.messages import ResyncPage
 
@@ -122,3 +126,35 @@ def test_a_machine_holds_its_intents_price_quote_not_a_decoded_copy() -> None:
     assert held == quote and view.machines["q-m0"].price is held and view.machines["q-m1"].price is held
     assert view.machines["q-m2"].price == other and view.machines["q-m2"].price is not held
     assert all(view.machines[f"op1-m{i}"].price is NO_QUOTE for i in range(2))
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([1.0, 5.0, 7.5]), st.sampled_from("abc"), st.sampled_from("xyz")),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_records_order_as_the_launch_time_heaps_tuples_did(keys) -> None:
+    """``host_table``'s heaps hold the records themselves: a heap of records pops them in the order a heap of
+    ``(launch_time, instance_ref, machine_id)`` tuples did, ties included (only launch times ``> 0`` enter them)."""
+    records = [
+        MachineRecord(
+            provider="p",
+            machine_id=m,
+            instance_ref=r,
+            op_id="o",
+            template_id="t",
+            hostname="",
+            address="",
+            launch_time=t,
+        )
+        for t, r, m in keys
+    ]
+    by_tuple = [(m.launch_time, m.instance_ref, m.machine_id) for m in records]
+    heap, tuples = list(records), list(by_tuple)
+    heapq.heapify(heap)
+    heapq.heapify(tuples)
+    popped = [heapq.heappop(heap) for _ in records]
+    expected = [heapq.heappop(tuples) for _ in by_tuple]
+    assert [(m.launch_time, m.instance_ref, m.machine_id) for m in popped] == expected
