@@ -81,8 +81,7 @@ def excess_pool(
         if ranked:
             assert policy is not None
             idles.sort(key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1], e[2].template_id))
-        else:
-            idles.sort()  # longest idle first; machine ids are unique, so records are never compared
+        # else: the tally lists them longest idle first, ties by machine id (Tally.idle)
         for entry in idles[:excess]:
             machine = entry[2]
             pool.setdefault((machine.provider, machine.template_id), []).append(entry)

@@ -19,15 +19,14 @@ from provisionerd.domain.model import HostState
 from provisionerd.planner import drain, gang
 from provisionerd.planner.fact_view import FactView, IntentRecord, MachineRecord, MachineState
 from provisionerd.planner.health import CAPABILITY_MISMATCH, UNHEALTHY_AFTER_JOIN, CapabilityCheck
-from provisionerd.planner.host_table import HostTable, join_index
+from provisionerd.planner.host_table import HostTable, IdleEntry, join_index
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
 from provisionerd.planner.offers import OfferKey
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.rejoin import SETTLED, Rejoin, Window
 from provisionerd.planner.state import PlannerState
 
-#: A joined idle machine: ``(idle since, machine_id, record)`` sorts longest idle first, ties by machine id.
-IdleEntry = tuple[float, str, MachineRecord]
+__all__ = ["IdleEntry", "Tally", "tally"]
 
 
 @attrs.define
@@ -37,7 +36,8 @@ class Tally:
     load: dict[OfferKey, int] = attrs.field(factory=dict)  # live machines + outstanding + pending, per offer
     outstanding: dict[str, int] = attrs.field(factory=dict)  # demand_id -> machines still to come
     active: dict[str, int] = attrs.field(factory=dict)  # demand_id -> usable machines (not retiring)
-    idle: dict[str, list[IdleEntry]] = attrs.field(factory=dict)  # demand_id -> joined idle machines
+    #: demand_id -> joined idle machines (``IdleEntry``), longest idle first, ties by machine id.
+    idle: dict[str, list[IdleEntry]] = attrs.field(factory=dict)
     retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reason, machine) to return
     #: machine_id -> why its host's report falls short of its template (retired as ``capability_mismatch``).
     shortfalls: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
@@ -294,12 +294,22 @@ def tally(
         result.drain = found.drain
         aged.update(m.machine_id for m in found.drain)  # busy: never idle-listed anyway
         result.due(found.wake, now)
+    # Each giver's idle entries come sorted from the join index (kept between passes by HostTable); only the items
+    # with a machine in ``skip`` or ``aged`` are filtered, found from those few machines' records.
+    touched: set[str] = set()
+    every = False  # a machine not in the view: filter every giver, as a stale record would need
+    for machine_id in (*skip, *aged):
+        machine = machines.get(machine_id)
+        if machine is None:
+            every = True
+            break
+        touched.add(machine.demand_id)
     for demand_id in givers:
-        entries = [
-            (host.since, machine.machine_id, machine)
-            for host, machine in joins.available[demand_id].values()
-            if machine.machine_id not in skip and machine.machine_id not in aged
-        ]
+        kept = joins.idle_entries(demand_id)
+        if every or demand_id in touched:
+            entries = [e for e in kept if e[1] not in skip and e[1] not in aged]
+        else:
+            entries = list(kept)
         if entries:
             idle[demand_id] = entries
     return result

@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import sys
 
 import pytest
 from hypothesis import given
@@ -298,6 +299,59 @@ def test_the_kept_capability_candidates_find_what_a_full_scan_finds(data):
             assert capability_pass(table, verdicts) == everything
             # Health after join: the busy hosts whose report came from a re-probe, kept the same way.
             assert dict(table.reprobed_busy()) == dict(built.reprobed_busy())
+
+
+@fuzz_settings(80)
+@given(st.data())
+def test_the_kept_idle_entries_equal_the_entries_rebuilt_from_scratch(data):
+    """Issue 36: each demand item's available hosts as sorted idle entries (``HostTable.idle_entries``) are kept
+    between passes and dropped when the group changes; read at any point between host pushes (new states, new idle
+    times, busy, lost, removed) and facts (machines coming, returned, lost), they equal the entries built from
+    scratch: ``(host.since, machine_id, machine)`` of every available host, sorted (fails when a change to a group
+    leaves its kept entries in place)."""
+    facts = data.draw(fact_sequences())
+    view = FactView()
+    demand_ids = ("d1", "d2", "", "nope")
+    for index, fact in enumerate(facts, 1):
+        for _ in range(data.draw(st.integers(0, 3))):
+            ref = data.draw(st.sampled_from(REFS))
+            status = data.draw(st.none() | st.sampled_from(list(HostStatus)))
+            if status is None:
+                view.hosts.pop(ref, None)
+            else:
+                since = float(data.draw(st.integers(0, 3)))  # ties: ordered by machine id
+                view.hosts[ref] = HostState(ref, "p", "", status, since)
+        view.apply(CommittedFact(index, fact))
+        if data.draw(st.booleans()):
+            table = view.hosts.indexes(view.active_refs)
+            built = join_index(view.active_refs, dict(view.hosts))
+            for demand_id in demand_ids:
+                group = built.available.get(demand_id, {})
+                expected = sorted((host.since, m.machine_id, m) for host, m in group.values())
+                assert list(table.idle_entries(demand_id)) == list(built.idle_entries(demand_id)) == expected
+
+
+def test_the_capability_candidates_are_compacted_once_most_have_passed():
+    """A dict keeps the slots of deleted entries, and listing it walks them all: once most candidates have passed
+    (the first pass after a resync judges every idle host), ``HostTable.unjudged`` copies the rest into a compact
+    dict, the same entries in the same order."""
+    view = fold(
+        committed(
+            *[intent(f"op{k}", 10) for k in range(30)], *[instance(f"op{k}", i) for k in range(30) for i in range(10)]
+        )
+    )
+    refs = sorted(view.active_refs)
+    for ref in refs:
+        view.hosts[ref] = HostState(ref, "p", "", HostStatus.IDLE, 1.0)
+    verdicts: dict = {}
+    candidates = view.hosts.unjudged(verdicts)
+    assert [ref for ref, _ in candidates] == refs
+    for ref, (host, _machine) in candidates[:-5]:
+        view.hosts.judged(ref, host)
+    before = sys.getsizeof(view.hosts._unjudged)
+    left = view.hosts.unjudged(verdicts)
+    assert [ref for ref, _ in left] == refs[-5:]
+    assert sys.getsizeof(view.hosts._unjudged) < before / 4
 
 
 def test_live_is_active_or_returning_and_survives_a_copy():
