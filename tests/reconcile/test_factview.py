@@ -267,6 +267,17 @@ def capability_pass(index, verdicts: dict) -> set[str]:
     return failing
 
 
+def _push_hosts(data, view: FactView, host_of) -> None:
+    """Up to three host pushes drawn: a ref's host removed, or set to ``host_of(ref, status)``."""
+    for _ in range(data.draw(st.integers(0, 3))):
+        ref = data.draw(st.sampled_from(REFS))
+        status = data.draw(st.none() | st.sampled_from(list(HostStatus)))
+        if status is None:
+            view.hosts.pop(ref, None)
+        else:
+            view.hosts[ref] = host_of(ref, status)
+
+
 @pytest.mark.sweep
 @fuzz_settings(80)
 @given(st.data())
@@ -279,16 +290,12 @@ def test_the_kept_capability_candidates_find_what_a_full_scan_finds(data):
     verdicts: dict = {}
     reports = st.sampled_from([{}, {"gpu": "1"}, {"gpu": "none"}])
     for index, fact in enumerate(facts, 1):
-        for _ in range(data.draw(st.integers(0, 3))):
-            ref = data.draw(st.sampled_from(REFS))
-            status = data.draw(st.none() | st.sampled_from(list(HostStatus)))
-            if status is None:
-                view.hosts.pop(ref, None)
-            else:
-                probed = data.draw(st.sampled_from([0.0, float(index)]))
-                view.hosts[ref] = HostState(
-                    ref, "p", "", status, float(index), capabilities=data.draw(reports), probed_at=probed
-                )
+
+        def reported(ref: str, status: HostStatus, index: int = index) -> HostState:
+            probed = data.draw(st.sampled_from([0.0, float(index)]))
+            return HostState(ref, "p", "", status, float(index), capabilities=data.draw(reports), probed_at=probed)
+
+        _push_hosts(data, view, reported)
         view.apply(CommittedFact(index, fact))
         if data.draw(st.booleans()):
             if data.draw(st.integers(0, 5)) == 0:
@@ -313,14 +320,10 @@ def test_the_kept_idle_entries_equal_the_entries_rebuilt_from_scratch(data):
     view = FactView()
     demand_ids = ("d1", "d2", "", "nope")
     for index, fact in enumerate(facts, 1):
-        for _ in range(data.draw(st.integers(0, 3))):
-            ref = data.draw(st.sampled_from(REFS))
-            status = data.draw(st.none() | st.sampled_from(list(HostStatus)))
-            if status is None:
-                view.hosts.pop(ref, None)
-            else:
-                since = float(data.draw(st.integers(0, 3)))  # ties: ordered by machine id
-                view.hosts[ref] = HostState(ref, "p", "", status, since)
+        # idle since 0-3: ties, ordered by machine id
+        _push_hosts(
+            data, view, lambda ref, status: HostState(ref, "p", "", status, float(data.draw(st.integers(0, 3))))
+        )
         view.apply(CommittedFact(index, fact))
         if data.draw(st.booleans()):
             table = view.hosts.indexes(view.active_refs)
