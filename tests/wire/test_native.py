@@ -259,3 +259,32 @@ def test_a_value_is_made_without_its_init_only_when_the_init_would_only_store_it
         assert not codec._stores_only(cls), cls.__name__
     # and what the rule lets through decodes as the reference decodes it (every kind: the hypothesis test above)
     assert codec._stores_only(model.InstanceFact) and not codec._stores_only(m.ErrorMsg)
+
+
+def test_every_field_read_through_its_slot_is_found_in_the_value_itself() -> None:
+    # The plans' classes are attrs classes with slots: the native codec confirms where each slot sits in a value
+    # (from its descriptor, checked by identity) and reads and writes it there, not through the descriptor's calls.
+    native_codec, _ = fast()
+    plans = native_codec.slot_offsets()  # type: ignore[attr-defined]
+    assert any(cls is model.InstanceFact for cls, _, _ in plans)
+    for cls, slots, offsets in plans:
+        if slots:
+            assert all(offsets), cls.__name__
+            assert len(set(offsets)) == len(offsets), cls.__name__
+
+
+def test_a_value_with_a_field_never_set_is_refused_as_the_reference_refuses_it() -> None:
+    # made without its __init__: its slot holds nothing, and reading it is getattr's AttributeError on either path
+    empty = object.__new__(m.LeaseAcquire)
+    with pytest.raises(AttributeError, match="provider"):
+        codec.encode_reference(empty)
+    with pytest.raises(AttributeError, match="provider"):
+        codec.encode(empty)
+    epoch = object.__new__(model.Epoch)
+    object.__setattr__(epoch, "term", 3)
+    fact = model.InstanceFact("p", epoch, "op", "ref", "m", "t", "h")
+    page = m.ResyncPage(0, 1, (model.CommittedFact(1, fact),), (), True, 1, 0)
+    with pytest.raises(AttributeError, match="seq"):
+        codec.encode_reference(page)
+    with pytest.raises(AttributeError, match="seq"):
+        codec.encode(page)

@@ -86,8 +86,12 @@ struct Plan {
     fields: Vec<Field>,
     share: bool, // a small value (scalars and texts only, no validators): decoded once, then shared (`Codec.memo`)
     raw_new: bool, // made as `object.__new__` and `object.__setattr__` would (nothing to run in its `__init__`)
-    slots: bool, // every field has its `slot` and the class finds attributes the generic way: read and written
-                 // through the descriptors, not looked up by name
+    /// Every field has its `slot` and the class finds attributes the generic way: read and written through the
+    /// descriptors (or straight from the value, `offsets`), not looked up by name.
+    slots: bool,
+    /// With `slots`: where each field's slot sits in a value of `cls` (bytes from its start; `slot_offset`), or 0
+    /// where that could not be confirmed: that field then goes through its descriptor.
+    offsets: Vec<isize>,
 }
 
 /// Slots of `Codec::interned` and the longest text it keeps (`Codec::interned`).
@@ -107,6 +111,35 @@ fn fnv1a(bytes: &[u8]) -> usize {
 const MEMO_CAP: usize = 4096;
 /// Only values whose key (data words and texts) is at most this long are shared.
 const MEMO_KEY_MAX: usize = 256;
+
+/// A `Codec::memo` key being made: at most `MEMO_KEY_MAX` bytes, kept on the stack; longer, it is no key.
+struct MemoKey {
+    bytes: [u8; MEMO_KEY_MAX],
+    len: usize, // past MEMO_KEY_MAX: too long
+}
+
+impl MemoKey {
+    fn new() -> Self {
+        MemoKey {
+            bytes: [0; MEMO_KEY_MAX],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, more: &[u8]) {
+        let end = self.len.saturating_add(more.len());
+        if end <= MEMO_KEY_MAX {
+            self.bytes[self.len..end].copy_from_slice(more);
+        }
+        self.len = end;
+    }
+
+    /// The key, or None when it is too long to be one.
+    fn get(&self) -> Option<&[u8]> {
+        (self.len <= MEMO_KEY_MAX).then(|| &self.bytes[..self.len])
+    }
+}
 
 struct FactPlan {
     disc_offset: u32,
@@ -190,7 +223,7 @@ impl<'a> Msg<'a> {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn word(&self, seg: usize, idx: usize) -> R<u64> {
         let s = self.segs.get(seg).ok_or_else(|| refused("segment id"))?;
         let o = idx.checked_mul(8).ok_or_else(|| refused("offset"))?;
@@ -222,6 +255,7 @@ impl<'a> Msg<'a> {
     }
 
     /// The pointer at (seg, pos): None if null, else (segment, content start word, the word describing it).
+    #[inline(always)]
     fn resolve(&self, seg: usize, pos: usize) -> R<Option<(usize, usize, u64)>> {
         let w = self.word(seg, pos)?;
         if w == 0 {
@@ -259,7 +293,7 @@ impl<'a> Msg<'a> {
 
     /// The pointer at `pos` resolved (segment, start, tag word), checked to be of `kind` (0 struct, 1 list) and
     /// within the nesting limit; `None` for a null pointer.
-    #[inline]
+    #[inline(always)]
     fn pointer_at(
         &mut self,
         seg: usize,
@@ -426,6 +460,7 @@ fn py_text<'py>(py: Python<'py>, raw: &[u8], intern: bool) -> R<Bound<'py, PyStr
     Ok(unsafe { Bound::from_owned_ptr(py, obj).downcast_into_unchecked() })
 }
 
+#[inline(always)]
 fn target(pos: usize, w: u64) -> R<usize> {
     let off = ((w as u32 as i32) >> 2) as i64;
     let t = pos as i64 + 1 + off;
@@ -435,7 +470,7 @@ fn target(pos: usize, w: u64) -> R<usize> {
     Ok(t as usize)
 }
 
-#[inline]
+#[inline(always)]
 fn data_u64(m: &Msg, s: &S, idx: usize) -> R<u64> {
     if idx < s.dw {
         m.word(s.seg, s.data + idx)
@@ -444,6 +479,7 @@ fn data_u64(m: &Msg, s: &S, idx: usize) -> R<u64> {
     }
 }
 
+#[inline(always)]
 fn data_bits(m: &Msg, s: &S, offset: usize, width: usize) -> R<u64> {
     let bit = offset * width;
     let w = data_u64(m, s, bit / 64)?;
@@ -726,6 +762,20 @@ impl Codec {
         if p.share && outer.is_none() {
             return self.shared(py, m, plan, s);
         }
+        if p.raw_new {
+            // made first, each field stored as it is read: no list of the values in between
+            let obj = raw_alloc(py, p)?;
+            for (i, f) in p.fields.iter().enumerate() {
+                let from = if f.outer {
+                    outer.ok_or_else(|| refused("header field outside a fact"))?
+                } else {
+                    s
+                };
+                let value = self.value(py, m, f, from)?;
+                raw_set(py, self.access, p, i, &obj, value)?;
+            }
+            return Ok(obj);
+        }
         let mut args = Vec::with_capacity(p.fields.len());
         for f in &p.fields {
             let from = if f.outer {
@@ -734,9 +784,6 @@ impl Codec {
                 s
             };
             args.push(self.value(py, m, f, from)?);
-        }
-        if p.raw_new {
-            return raw_new(py, self.access, p, args);
         }
         p.cls.bind(py).call1(PyTuple::new(py, args)?)
     }
@@ -752,13 +799,14 @@ impl Codec {
         s: &S,
     ) -> R<Bound<'py, PyAny>> {
         let p = &self.plans[plan];
-        let mut key: Vec<u8> = Vec::with_capacity(16 + 8 * s.dw);
-        key.extend_from_slice(&(plan as u32).to_le_bytes());
-        key.extend_from_slice(&(s.dw as u32).to_le_bytes());
+        // the key is made on the stack: only a value decoded for the first time takes a copy of it into the memo
+        let mut key = MemoKey::new();
+        key.push(&(plan as u32).to_le_bytes());
+        key.push(&(s.dw as u32).to_le_bytes());
         for i in 0..s.dw {
-            key.extend_from_slice(&m.word(s.seg, s.data + i)?.to_le_bytes());
+            key.push(&m.word(s.seg, s.data + i)?.to_le_bytes());
         }
-        let mut texts: Vec<&[u8]> = Vec::new();
+        let mut texts: Vec<&[u8]> = Vec::new(); // allocates only for a plan with texts, and only on a miss
         for f in &p.fields {
             if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
                 let bytes = if (f.offset as usize) < s.pc {
@@ -766,13 +814,14 @@ impl Codec {
                 } else {
                     &[]
                 };
-                key.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                key.extend_from_slice(bytes);
+                key.push(&(bytes.len() as u32).to_le_bytes());
+                key.push(bytes);
                 texts.push(bytes);
             }
         }
-        if key.len() <= MEMO_KEY_MAX {
-            if let Some(v) = self.memo.lock().unwrap().get(&key) {
+        let key = key.get();
+        if let Some(key) = key {
+            if let Some(v) = self.memo.lock().unwrap().get(key) {
                 return Ok(v.bind(py).clone());
             }
         }
@@ -787,12 +836,12 @@ impl Codec {
             }
         }
         let value = p.cls.bind(py).call1(PyTuple::new(py, args)?)?;
-        if key.len() <= MEMO_KEY_MAX {
+        if let Some(key) = key {
             let mut memo = self.memo.lock().unwrap();
             if memo.len() >= MEMO_CAP {
                 memo.clear();
             }
-            memo.insert(key, value.clone().unbind());
+            memo.insert(key.to_vec(), value.clone().unbind());
         }
         Ok(value)
     }
@@ -862,9 +911,25 @@ impl Out {
 
     fn text(&mut self, at: usize, v: &str) {
         let n = v.len() + 1;
-        let start = self.alloc(n.div_ceil(8));
+        let words = n.div_ceil(8);
+        let start = self.alloc(words);
         self.pointer(at, start, 1, 2 | ((n as u64) << 3));
-        for (i, chunk) in v.as_bytes().chunks(8).enumerate() {
+        let bytes = v.as_bytes();
+        if cfg!(target_endian = "little") {
+            // the words are laid out as the body's bytes already: the text in one copy (its NUL and padding are
+            // the zeros `alloc` wrote)
+            // SAFETY: `words` words from `start` are inside `self.words` (just allocated), and any bytes are a
+            // valid u8 view of u64s; `bytes.len() < 8 * words`.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.words.as_mut_ptr().add(start).cast::<u8>(),
+                    8 * words,
+                )
+            };
+            out[..bytes.len()].copy_from_slice(bytes);
+            return;
+        }
+        for (i, chunk) in bytes.chunks(8).enumerate() {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
             self.words[start + i] = u64::from_le_bytes(word);
@@ -880,44 +945,108 @@ impl Out {
     }
 }
 
-/// `p.cls` with `args` as its fields, made as `object.__new__(cls)` and `object.__setattr__` make it: for a class
-/// whose `__init__` would only store them (no validator, converter or post-init: `native.py` decides).
-fn raw_new<'py>(
-    py: Python<'py>,
-    access: SlotAccess,
-    p: &Plan,
-    args: Vec<Bound<'py, PyAny>>,
-) -> R<Bound<'py, PyAny>> {
+/// A new `p.cls` value with no field set, made as `object.__new__(cls)` makes it: for a class whose `__init__`
+/// would only store its fields (no validator, converter or post-init: `codec.py` decides); `raw_set` stores them.
+fn raw_alloc<'py>(py: Python<'py>, p: &Plan) -> R<Bound<'py, PyAny>> {
     let cls = p
         .cls
         .bind(py)
         .downcast::<pyo3::types::PyType>()
         .map_err(|_| refused("not a class"))?;
     // SAFETY: `cls` is a live type object; PyType_GenericAlloc returns a new reference (or NULL with an error
-    // set), which `from_owned_ptr` takes over; the names, descriptors and values are live for the calls.
+    // set), which `from_owned_ptr` takes over.
     unsafe {
         let obj = pyo3::ffi::PyType_GenericAlloc(cls.as_type_ptr(), 0);
         if obj.is_null() {
             return Err(PyErr::fetch(py));
         }
-        let obj = Bound::from_owned_ptr(py, obj);
-        for (f, value) in p.fields.iter().zip(args) {
-            // what `object.__setattr__` does, less finding the descriptor by the field's name
-            let failed = match (&f.slot, p.slots) {
-                (Some(slot), true) => access.set(slot, obj.as_ptr(), value.as_ptr()) != 0,
-                _ => {
-                    pyo3::ffi::PyObject_GenericSetAttr(
-                        obj.as_ptr(),
-                        f.name.as_ptr(),
-                        value.as_ptr(),
-                    ) != 0
-                }
-            };
-            if failed {
-                return Err(PyErr::fetch(py));
-            }
+        Ok(Bound::from_owned_ptr(py, obj))
+    }
+}
+
+/// Field `i` of `obj` (a `raw_alloc` value of `p.cls`) set to `value`, as `object.__setattr__` sets it: straight
+/// into its slot where `p.offsets` has it, else through the slot's descriptor, else by name.
+fn raw_set(
+    py: Python<'_>,
+    access: SlotAccess,
+    p: &Plan,
+    i: usize,
+    obj: &Bound<'_, PyAny>,
+    value: Bound<'_, PyAny>,
+) -> R<()> {
+    let f = &p.fields[i];
+    // SAFETY: `obj` is a live value of `p.cls` (`raw_alloc`), so a confirmed offset is a slot inside it
+    // (`slot_offset`); the slot takes over `value`'s reference and gives up the one it held, if any (what the
+    // descriptor's `__set__` does, less its checks). The names, descriptors and values are live for the calls.
+    unsafe {
+        if p.slots && p.offsets[i] != 0 {
+            let at = obj
+                .as_ptr()
+                .cast::<u8>()
+                .offset(p.offsets[i])
+                .cast::<*mut pyo3::ffi::PyObject>();
+            let old = std::ptr::replace(at, value.into_ptr());
+            pyo3::ffi::Py_XDECREF(old);
+            return Ok(());
         }
-        Ok(obj)
+        // what `object.__setattr__` does, less finding the descriptor by the field's name
+        let failed = match (&f.slot, p.slots) {
+            (Some(slot), true) => access.set(slot, obj.as_ptr(), value.as_ptr()) != 0,
+            _ => {
+                pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), f.name.as_ptr(), value.as_ptr())
+                    != 0
+            }
+        };
+        if failed {
+            return Err(PyErr::fetch(py));
+        }
+    }
+    Ok(())
+}
+
+/// CPython's `PyMemberDescrObject` (a slot's descriptor), which the limited API does not show: its common
+/// descriptor head, then its `PyMemberDef`. `slot_offset` reads it only once it has confirmed the layout.
+#[repr(C)]
+struct MemberDescr {
+    ob_base: pyo3::ffi::PyObject,
+    d_type: *mut pyo3::ffi::PyTypeObject,
+    d_name: *mut pyo3::ffi::PyObject,
+    d_qualname: *mut pyo3::ffi::PyObject,
+    d_member: *const pyo3::ffi::PyMemberDef,
+}
+
+/// Where a value of `cls` holds the slot of `descr` (a member descriptor: the caller checks its type), the
+/// field `name`, in bytes from the value's start; None when that is not certain, and the field is then read and
+/// written through the descriptor. The descriptor is read as `MemberDescr` only once its head is confirmed by
+/// identity alone (no pointer followed): its name is `name` (both interned: CPython interns a descriptor's name,
+/// `codec.py` the field's) and its class is `cls` or a base of it. Its member must then be an object slot
+/// (`Py_T_OBJECT_EX`, what `__slots__` makes), writable, pointer-aligned and inside `cls`'s `basicsize`.
+fn slot_offset(
+    cls: &Bound<'_, pyo3::types::PyType>,
+    descr: &Bound<'_, PyAny>,
+    name: &Py<PyString>,
+    basicsize: isize,
+) -> Option<isize> {
+    let word = std::mem::size_of::<*mut pyo3::ffi::PyObject>() as isize;
+    // SAFETY: `descr` is a live member descriptor, so at least as large as `MemberDescr` (CPython's layout since
+    // 3.3); its head is compared by identity before `d_member` is followed, and PyType_IsSubtype compares
+    // `d_type` with the entries of `cls`'s MRO without reading through it.
+    unsafe {
+        let d = descr.as_ptr().cast::<MemberDescr>();
+        if (*d).d_name != name.as_ptr()
+            || pyo3::ffi::PyType_IsSubtype(cls.as_type_ptr(), (*d).d_type) == 0
+            || (*d).d_member.is_null()
+        {
+            return None;
+        }
+        let member = &*(*d).d_member;
+        let fits = member.offset >= std::mem::size_of::<pyo3::ffi::PyObject>() as isize
+            && member.offset % word == 0
+            && member.offset + word <= basicsize;
+        (member.type_code == pyo3::ffi::Py_T_OBJECT_EX
+            && member.flags & pyo3::ffi::Py_READONLY == 0
+            && fits)
+            .then_some(member.offset)
     }
 }
 
@@ -1119,13 +1248,13 @@ impl Codec {
     ) -> R<()> {
         let p = &self.plans[plan];
         let direct = self.direct(py, p, v);
-        for f in &p.fields {
+        for (i, f) in p.fields.iter().enumerate() {
             let to = if f.outer {
                 outer.ok_or_else(|| refused("header field outside a fact"))?
             } else {
                 s
             };
-            self.put(py, o, f, to, &self.attr(py, f, v, direct)?)?;
+            self.put(py, o, f, to, &self.attr(py, p, i, v, direct)?)?;
         }
         Ok(())
     }
@@ -1137,15 +1266,33 @@ impl Codec {
         p.slots && v.get_type().is(p.cls.bind(py))
     }
 
-    /// `getattr(v, f.name)`, through the field's slot when `direct`.
+    /// `getattr(v, name)` of field `i` of plan `p`, through the field's slot when `direct`: read straight from
+    /// the value where `p.offsets` has the slot and it holds a value, else through the slot's descriptor (which
+    /// raises the `AttributeError` of an unset slot).
     #[inline]
     fn attr<'py>(
         &self,
         py: Python<'py>,
-        f: &Field,
+        p: &Plan,
+        i: usize,
         v: &Bound<'py, PyAny>,
         direct: bool,
     ) -> R<Bound<'py, PyAny>> {
+        let f = &p.fields[i];
+        if direct && p.offsets[i] != 0 {
+            // SAFETY: `v` is a live value of `p.cls` itself (`direct`), so the confirmed offset is a slot inside
+            // it (`slot_offset`); a value found there is borrowed for a new reference.
+            unsafe {
+                let got = *v
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(p.offsets[i])
+                    .cast::<*mut pyo3::ffi::PyObject>();
+                if !got.is_null() {
+                    return Ok(Bound::from_borrowed_ptr(py, got));
+                }
+            }
+        }
         match (&f.slot, direct) {
             // SAFETY: `slot` is a member descriptor (`native.py`), `v` a live object of its class; the result is
             // a new reference, or NULL with an error set.
@@ -1186,15 +1333,43 @@ impl Codec {
         let p = &self.plans[*plan];
         let direct = self.direct(py, p, v);
         // the header first (the reference writes it before it initialises the member), then the member
-        for f in p.fields.iter().filter(|f| f.outer) {
-            self.put(py, o, f, &fact, &self.attr(py, f, v, direct)?)?;
+        for (i, f) in p.fields.iter().enumerate().filter(|(_, f)| f.outer) {
+            self.put(py, o, f, &fact, &self.attr(py, p, i, v, direct)?)?;
         }
         let member = o.new_struct(fact.data + fact.dw + *ptr as usize, p.dw, p.pc);
-        for f in p.fields.iter().filter(|f| !f.outer) {
-            self.put(py, o, f, &member, &self.attr(py, f, v, direct)?)?;
+        for (i, f) in p.fields.iter().enumerate().filter(|(_, f)| !f.outer) {
+            self.put(py, o, f, &member, &self.attr(py, p, i, v, direct)?)?;
         }
         Ok(())
     }
+}
+
+/// `Plan.offsets` for the fields of `cls`: each slot's offset where `slot_offset` confirms it (only for a plan read
+/// through its slots, whose descriptors are of `slot_type`), else 0.
+fn slot_offsets(
+    py: Python<'_>,
+    cls: &PyObject,
+    fields: &[Field],
+    slots: bool,
+    slot_type: &Bound<'_, pyo3::types::PyType>,
+) -> PyResult<Vec<isize>> {
+    let mut offsets = vec![0; fields.len()];
+    let Ok(cls) = cls.bind(py).downcast::<pyo3::types::PyType>() else {
+        return Ok(offsets);
+    };
+    if !slots {
+        return Ok(offsets);
+    }
+    let basicsize: isize = cls.getattr("__basicsize__")?.extract()?;
+    for (offset, f) in offsets.iter_mut().zip(fields) {
+        if let Some(slot) = &f.slot {
+            let slot = slot.bind(py);
+            if slot.get_type().is(slot_type) {
+                *offset = slot_offset(cls, slot, &f.name, basicsize).unwrap_or(0);
+            }
+        }
+    }
+    Ok(offsets)
 }
 
 #[pymethods]
@@ -1227,16 +1402,20 @@ impl Codec {
         let nf = facts.len();
         let plans: Vec<Plan> = plans
             .into_iter()
-            .map(|(cls, dw, pc, fields, share, raw_new, slots)| Plan {
-                cls,
-                dw,
-                pc,
-                fields,
-                share,
-                raw_new,
-                slots,
+            .map(|(cls, dw, pc, fields, share, raw_new, slots)| {
+                let offsets = slot_offsets(py, &cls, &fields, slots, slot_type)?;
+                Ok(Plan {
+                    cls,
+                    dw,
+                    pc,
+                    fields,
+                    share,
+                    raw_new,
+                    slots,
+                    offsets,
+                })
             })
-            .collect();
+            .collect::<PyResult<_>>()?;
         let bad = |why: &str| pyo3::exceptions::PyValueError::new_err(why.to_string());
         for p in &plans {
             for f in &p.fields {
@@ -1305,6 +1484,15 @@ impl Codec {
             access,
             interned: std::sync::Mutex::new((0..INTERNED_SLOTS).map(|_| None).collect()),
         })
+    }
+
+    /// `(class, read through slots, offsets)` of each plan: whether its values' fields are read and written through
+    /// their slots, and where each slot was confirmed to sit in a value (`slot_offset`; 0: through its descriptor).
+    fn slot_offsets<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyAny>, bool, Vec<isize>)> {
+        self.plans
+            .iter()
+            .map(|p| (p.cls.bind(py).clone(), p.slots, p.offsets.clone()))
+            .collect()
     }
 
     /// (Envelope, units spent) for `body`, or `Refused`. `budget` is the traversal limit in words.
