@@ -3,6 +3,7 @@
 Run from the repository root inside the project's environment::
 
     python bench/steady.py [--minutes 10] [--machines 100000] [--profile FILE] [--memory DIR [--tracemalloc N]]
+                           [--loop-report FILE]
 
 It fills the reference controller's store through the store API (``realprocs.fill``, as ``history.py`` does):
 ``--machines`` live machines of provider ``sim`` (request intents of 10, each with its instance facts, launched
@@ -37,6 +38,10 @@ is JSON:
 what its heap holds into ``DIR`` (objects and sizes per type, pymalloc's arenas and free blocks; with
 ``--tracemalloc N``, traced from the start ``N`` frames deep, the largest allocation sites: that doubles the
 daemon's memory, so its RSS figures are then not the daemon's own). ``memory`` in the last line names the files.
+
+The loop's figures come from ``bench/loopwatch.py`` (its docstring): the longest step, each pass's CPU, and
+``long_loop_steps``, each step over 12 ms of CPU as ``[at_s, task, CPU ms, collector ms, frame]`` with the project's
+frame most of its samples were in; ``--loop-report FILE`` keeps the watch's whole report (every sample of them).
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ class FactView:
                     if intent.open:
                         self.open_ops[fact.op_id] = None
                     else:
-                        intent.intent = _spent(fact)
+                        self._close(intent)
                     if fact.release == RELEASE_ON_COMPLETION:
                         self.on_completion[fact.op_id] = None
             case InstanceFact():
@@ -208,8 +208,7 @@ class FactView:
                 record = self.intents.get(fact.op_id)
                 if record is not None and not record.failed_reason:
                     record.failed_reason = fact.reason
-                    record.intent = _spent(record.intent)
-                    self.open_ops.pop(fact.op_id, None)
+                    self._close(record)
                     self._check_gang(record)
                     if self.prune and not self._live_of_op.get(fact.op_id):
                         self._end_op(fact.op_id)
@@ -302,9 +301,14 @@ class FactView:
             if self.prune:
                 self._live_of_op[fact.op_id] = self._live_of_op.get(fact.op_id, 0) + 1
             if not record.open:
-                self.open_ops.pop(fact.op_id, None)
-                record.intent = _spent(record.intent)
+                self._close(record)
             self._check_gang(record)
+
+    def _close(self, record: IntentRecord) -> None:
+        """``record``'s op is no longer open (fulfilled, or ended by a ``RequestFailed``): out of ``open_ops``, and
+        its intent without the join token hashes it no longer needs (``_spent``)."""
+        self.open_ops.pop(record.intent.op_id, None)
+        record.intent = _spent(record.intent)
 
     def _check_gang(self, record: IntentRecord) -> None:
         """An all-or-nothing op that ended short with machines made is broken (``planner.gang``)."""
