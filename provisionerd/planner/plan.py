@@ -220,13 +220,16 @@ def plan(
         for r, m in counts.retire
     ]
     retire += released
+    idle_out: list[IdleEntry] = []
     for (provider, _), entries in idle_pool.items():
         idle_time = policy.of(provider).idle_time
         for entry in entries:
             if now - entry[0] >= idle_time:
-                retire.append(("idle", entry[2]))
+                idle_out.append(entry)
             else:
                 counts.due(entry[0] + idle_time, now)
+    idle_out.sort()  # longest idle first over all of a provider's offers (a disruption budget lets the first go)
+    retire += [("idle", entry[2]) for entry in idle_out]
     return _emit(state, view, pending, counts, planner, retire, notes, snapshot, now, policy)
 
 

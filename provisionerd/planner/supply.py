@@ -280,8 +280,11 @@ def tally(
     result.retire.extend(found_notices.retire)
     result.notice_drain = found_notices.drain
     result.due(found_notices.wake, now)
-    # Items that give machines away are fixed before max_ttl retirements (which only lower their supply).
-    givers = () if wanted is None else [d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available]
+    # Items that give machines away are fixed before max_ttl retirements (which only lower their supply). In
+    # demand_id order: what the plan does with their idle machines must not depend on the order facts were folded in.
+    givers = (
+        () if wanted is None else sorted(d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available)
+    )
     idle = result.idle
     aged: set[str] = set()
     if policy.any_max_ttl:  # every joined machine may be past its provider's max_ttl (planner.drain), busy or not

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from reconcile_world import CLUSTER, NOW, World, fuzz_settings, item, offer, snapshot
 
 from provisionerd.domain.actions import RequestMachines, ReturnMachines
-from provisionerd.domain.model import HostStatus
+from provisionerd.domain.model import RELEASE_ON_COMPLETION, DemandItem, HostStatus, ResourceShape
 from provisionerd.planner import budget
 from provisionerd.planner.policy import Policy, ProviderPolicy
 
@@ -103,3 +103,39 @@ def test_no_window_ever_holds_more_voluntary_returns_than_the_budget(limit, mach
                 log.append((world.now, len(r.machine_ids)))
     for at, _ in log:
         assert sum(n for t, n in log if at <= t < at + INTERVAL) <= limit
+
+
+def two_items(first: str, policy: Policy, *, release: str = "idle") -> World:
+    """Items ``a`` (4 CPUs: the cheaper template ``t1``) and ``b`` (8 CPUs: only ``t2``) of one provider, three
+    machines each, requested and made item ``first`` first; ``b``'s went idle 400 s before ``a``'s."""
+    world = World([offer(template="t1", ncpus=4, price=0.1), offer(template="t2", ncpus=8, price=0.2)], policy=policy)
+    items = {
+        "a": DemandItem("a", ResourceShape(ncpus=4), 3, reservation="ra", release=release),
+        "b": DemandItem("b", ResourceShape(ncpus=8), 3, reservation="rb", release=release),
+    }
+    second = "b" if first == "a" else "a"
+    for seq, demand_id in enumerate((first, second), start=1):
+        result = world.plan(snapshot(seq, *(items[d] for d in sorted(items) if d in (first, demand_id))))
+        requests = [a for a in result.actions if isinstance(a, RequestMachines)]
+        assert [(r.demand_id, r.count) for r in requests] == [(demand_id, 3)]
+        world.commit_actions(requests)
+        for machine_id in world.fulfil(requests[0].op_id):
+            world.host(machine_id, HostStatus.IDLE, since=NOW - (100 if demand_id == "a" else 500))
+    return world
+
+
+def test_idle_returns_under_a_budget_go_longest_idle_first_across_the_providers_templates() -> None:
+    world = two_items("a", paced(disruption_budget=2, idle_time=50.0))
+    (returns,) = returned(world, snapshot(3))  # neither item wanted any more: six machines due, two may go
+    made_for = {m: world.view.machines[m].demand_id for m in returns.machine_ids}
+    assert returns.reason == "idle" and set(made_for.values()) == {"b"}  # idle 500 s, not a's 100 s
+
+
+def test_which_released_machines_a_budget_lets_go_does_not_depend_on_which_item_was_made_first() -> None:
+    chosen = []
+    for first in ("a", "b"):
+        world = two_items(first, paced(disruption_budget=2), release=RELEASE_ON_COMPLETION)
+        (returns,) = returned(world, snapshot(3))  # both reservations completed
+        assert returns.reason == "released"
+        chosen.append(sorted(world.view.machines[m].demand_id for m in returns.machine_ids))
+    assert chosen[0] == chosen[1] == ["a", "a"]  # demand_id order, whatever the facts' order
