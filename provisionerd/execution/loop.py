@@ -243,9 +243,7 @@ class ReconcileLoop:
         now = self.wall()
         health: dict[str, dict[str, Any]] = {}
         view = self.session.view
-        live: dict[str, int] = {}
-        for (owner, _), n in ({} if view is None else view.facts.live_by_offer).items():
-            live[owner] = live.get(owner, 0) + n
+        live = {} if view is None else view.facts.live_by_provider
         for provider in self.leases:
             entry = self.state.capacity.unhealthy.get(provider)
             # Its machines' health (planner.health): shown once it has a max_unhealthy or an unhealthy machine.

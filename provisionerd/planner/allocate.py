@@ -19,6 +19,7 @@ import attrs
 from provisionerd.domain.actions import Note
 from provisionerd.domain.model import DemandItem, Offer
 from provisionerd.planner import unmet_rules
+from provisionerd.planner.idle_pool import IdlePool
 from provisionerd.planner.offers import Catalog, OfferKey, ParsedOffer, Rejection, Requirement, requirement_of
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.state import PlannerState, ramp_step
@@ -64,12 +65,13 @@ class DemandDecision:
 
 def excess_pool(
     counts: Tally, items: Mapping[str, DemandItem], policy: Policy | None = None, lend: Collection[str] = ()
-) -> dict[OfferKey, list[IdleEntry]]:
-    """Idle machines beyond what their own item keeps, per offer; each list ends with the most recently idle. The
-    ones given away are the first in ``Policy.surplus_key`` order (the highest priority number, then the longest
-    idle). Every idle machine of an item in ``lend`` is in the pool (warm headroom: lent first,
-    ``planner.headroom.settle_pool`` takes back what nobody borrowed)."""
-    pool: dict[OfferKey, list[IdleEntry]] = {}
+) -> IdlePool:
+    """Idle machines beyond what their own item keeps, per offer (:class:`IdlePool`). The ones given away are the
+    first in ``Policy.surplus_key`` order (the highest priority number, then the longest idle). Every idle machine
+    of an item in ``lend`` is in the pool (warm headroom: lent first, ``planner.headroom.settle_pool`` takes back
+    what nobody borrowed). An item whose idle machines are all of one offer (``Tally.idle_offer``) gives its surplus
+    as one slice, without reading its machines."""
+    pool = IdlePool()
     ranked = policy is not None and bool(policy.priorities)
     for demand_id, idles in counts.idle.items():
         item = items.get(demand_id)
@@ -80,13 +82,20 @@ def excess_pool(
             continue
         if ranked:
             assert policy is not None
-            idles.sort(key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1], e[2].template_id))
-        # else: the tally lists them longest idle first, ties by machine id (Tally.idle)
-        for entry in idles[:excess]:
+            given = sorted(idles, key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1], e[2].template_id))
+            given = sorted(given[:excess])  # a run is longest idle first (IdlePool)
+        else:  # the tally lists them longest idle first, ties by machine id (Tally.idle)
+            given = idles[:excess]
+        key = counts.idle_offer.get(demand_id)
+        if key is not None:
+            pool.add(key, given)
+            continue
+        split: dict[OfferKey, list[IdleEntry]] = {}
+        for entry in given:
             machine = entry[2]
-            pool.setdefault((machine.provider, machine.template_id), []).append(entry)
-    for entries in pool.values():
-        entries.sort()
+            split.setdefault((machine.provider, machine.template_id), []).append(entry)
+        for key, run in split.items():
+            pool.add(key, run)
     return pool
 
 
@@ -127,6 +136,8 @@ class Allocator:
         #: provider -> offer attribute -> what its machines (live + requested + returning) add up to, for the
         #: providers with resource limits (``ProviderPolicy.resource_limits``), read on first use.
         self._resource_use: dict[str, dict[str, float]] = {}
+        self._pool: IdlePool | None = None  # the pool _pool_order was found for
+        self._pool_order: dict[Requirement, list[OfferKey]] = {}
 
     def _room_of(self, provider: str) -> int | None:
         """What ``provider``'s own step limit leaves in this window (``None``: it has none)."""
@@ -137,10 +148,21 @@ class Allocator:
         self._provider_room[provider] = room
         return room
 
+    def _reusable(self, requirement: Requirement, pool: IdlePool) -> list[OfferKey]:
+        """The pool's offers compatible with ``requirement``, cheapest first: found once per requirement and pool
+        (a pool's offers never change while items take from it; many items share a requirement)."""
+        if pool is not self._pool:
+            self._pool, self._pool_order = pool, {}
+        found = self._pool_order.get(requirement)
+        if found is None:
+            rank = self.catalog.rank_index(requirement)
+            found = self._pool_order[requirement] = sorted((k for k in pool.keys() if k in rank), key=rank.__getitem__)
+        return found
+
     def serve(
         self,
         item: DemandItem,
-        pool: dict[OfferKey, list[IdleEntry]],
+        pool: IdlePool,
         notes: list[Note],
         requirement_of: Callable[[DemandItem], Requirement] = requirement_of,
     ) -> None:
@@ -158,13 +180,14 @@ class Allocator:
             return
         reused = 0
         if pool:  # reuse before buying: idle machines of compatible offers, cheapest offer first
-            rank = self.catalog.rank_index(requirement)
-            for key in sorted((k for k in pool if k in rank and pool[k]), key=rank.__getitem__):
-                entries = pool[key]
+            for key in self._reusable(requirement, pool):
+                entries = pool.entries(key)
                 while entries and deficit > 0:
                     entries.pop()
                     reused += 1
                     deficit -= 1
+                if not deficit:
+                    break
         blocked: list[Rejection] = []
         requested: list[tuple[OfferKey, int]] = []
         filled: list[Rejection] = []
@@ -242,7 +265,7 @@ class Allocator:
     def _serve_whole(
         self,
         item: DemandItem,
-        pool: dict[OfferKey, list[IdleEntry]],
+        pool: IdlePool,
         compatible: tuple[ParsedOffer, ...],
         incompatible: tuple[Rejection, ...],
         figures: tuple[int, int, int, int],
@@ -258,7 +281,7 @@ class Allocator:
         reused = need = 0
         for parsed in compatible:
             key = parsed.key
-            reused = min(len(pool.get(key, ())), deficit)
+            reused = min(pool.count(key), deficit)
             need = deficit - reused
             if not need:
                 chosen = parsed
@@ -276,7 +299,7 @@ class Allocator:
         requested: tuple[tuple[OfferKey, int], ...] = ()
         if chosen is not None:
             key = chosen.key
-            entries = pool.get(key)
+            entries = pool.entries(key) if reused else None
             if entries and reused:
                 del entries[len(entries) - reused :]  # the most recently idle go first, as in serve
             if need:

@@ -38,12 +38,15 @@ class DemandIndex:
     #: Every reservation an item names (``planner.release``: machines of the others are released).
     reservations: frozenset[str] = frozenset()
     _requirements: dict[str, Requirement] = attrs.field(factory=dict)
+    _shared: dict[Requirement, Requirement] = attrs.field(factory=dict)
 
     def requirement(self, item: DemandItem) -> Requirement:
-        """``requirement_of(item)``, computed once per item of this snapshot."""
+        """``requirement_of(item)``, computed once per item of this snapshot; items with equal requirements share
+        one object (a catalog's caches keyed on it then find it by identity, not by comparing every field)."""
         found = self._requirements.get(item.demand_id)
         if found is None:
-            found = self._requirements[item.demand_id] = requirement_of(item)
+            made = requirement_of(item)
+            found = self._requirements[item.demand_id] = self._shared.setdefault(made, made)
         return found
 
 

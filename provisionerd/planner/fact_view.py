@@ -38,6 +38,7 @@ from provisionerd.domain.model import (
     Returned,
     ReturnIntent,
 )
+from provisionerd.planner.demand_balance import DemandBalance
 from provisionerd.planner.host_table import HostTable
 
 
@@ -136,6 +137,11 @@ class FactView:
     # The controller's hosts, joined against ``active_refs`` as both change (see provisionerd.planner.host_table). Owned
     # here because only the view sees every machine change; a holder of hosts may use it as its dict of hosts.
     hosts: HostTable = attrs.field(init=False)
+    #: provider -> live machines: ``live_by_offer`` summed per provider, kept with it (derived at construction).
+    live_by_provider: dict[str, int] = attrs.field(init=False)
+    #: The demand items short of and over a snapshot's wanted counts, kept as ``active_by_demand`` changes
+    #: (:mod:`provisionerd.planner.demand_balance`).
+    balance: DemandBalance = attrs.field(init=False, eq=False, repr=False)
     #: Drop ended lifecycles as they end (the module's docstring); the daemon's view does, an audit fold does not.
     prune: bool = False
     # Kept only with ``prune``: per request op in the view, its machines not yet returned or lost; per live return,
@@ -146,6 +152,10 @@ class FactView:
 
     def __attrs_post_init__(self) -> None:
         self.hosts = HostTable(self.active_refs)
+        self.live_by_provider = {}
+        for (provider, _), n in self.live_by_offer.items():
+            self.live_by_provider[provider] = self.live_by_provider.get(provider, 0) + n
+        self.balance = DemandBalance(self.active_by_demand)
 
     def live_machines(self, provider: str | None = None) -> list[MachineRecord]:
         return [m for m in self.machines.values() if m.state.live and (provider is None or m.provider == provider)]
@@ -322,9 +332,11 @@ class FactView:
         if machine.instance_ref and machine.instance_ref not in self.active_refs:
             self.active_refs[machine.instance_ref] = machine
             self.hosts.machine_added(machine)
-        self.active_by_demand[machine.demand_id] = self.active_by_demand.get(machine.demand_id, 0) + 1
+        active = self.active_by_demand[machine.demand_id] = self.active_by_demand.get(machine.demand_id, 0) + 1
+        self.balance.counted(machine.demand_id, active)
         key = (machine.provider, machine.template_id)
         self.live_by_offer[key] = self.live_by_offer.get(key, 0) + 1
+        self.live_by_provider[machine.provider] = self.live_by_provider.get(machine.provider, 0) + 1
 
     def _set_state(self, machine: MachineRecord, state: MachineState) -> None:
         """Move ``machine`` to ``state``, keeping the indexes in step."""
@@ -340,6 +352,7 @@ class FactView:
                 self.active_by_demand[machine.demand_id] = left
             else:  # no zero entries: the keys would grow with every demand item ever served
                 del self.active_by_demand[machine.demand_id]
+            self.balance.counted(machine.demand_id, left)
         if old.live and not state.live:
             key = (machine.provider, machine.template_id)
             left = self.live_by_offer[key] - 1
@@ -347,6 +360,11 @@ class FactView:
                 self.live_by_offer[key] = left
             else:
                 del self.live_by_offer[key]
+            left = self.live_by_provider[machine.provider] - 1
+            if left:
+                self.live_by_provider[machine.provider] = left
+            else:
+                del self.live_by_provider[machine.provider]
             if self.prune:
                 self._gone(machine)
 

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from provisionerd.domain.model import ResourceShape
+from provisionerd.planner.idle_pool import IdlePool
 from provisionerd.planner.offers import PinnedItem
 
 #: The demand id of a headroom item: ``headroom:<provider>/<template>`` (a controller's demand ids never start so:
@@ -98,7 +99,7 @@ def items(rules: Sequence[Headroom], now: float) -> tuple[PinnedItem, ...]:
 
 
 def settle_pool(
-    pool: MutableMapping[tuple[str, str], list[Any]],
+    pool: IdlePool,
     listed: Mapping[str, int],
     active: MutableMapping[str, int],
     wanted: Mapping[str, int],
@@ -110,8 +111,8 @@ def settle_pool(
     after ``idle_time``); the rest leave the pool (kept warm). Returns the lent counts."""
     ids = set(ids)
     left: dict[str, list[tuple[tuple[str, str], Any]]] = {h: [] for h in ids}
-    for key, entries in pool.items():
-        for entry in entries:
+    for key in list(pool.keys()):
+        for entry in pool.entries(key):
             demand_id = getattr(entry[2], "demand_id", "")
             if demand_id in ids:
                 left[demand_id].append((key, entry))
@@ -123,7 +124,7 @@ def settle_pool(
         surplus = max(0, own - wanted.get(h, 0))
         mine.sort(key=lambda e: (e[1][0], e[1][1]))  # longest idle first, then machine id
         for key, entry in mine[surplus:]:
-            pool[key].remove(entry)
+            pool.entries(key).remove(entry)
     return lent
 
 

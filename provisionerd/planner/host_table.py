@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequenc
 from typing import TYPE_CHECKING
 
 from provisionerd.domain.model import HostState, HostStatus
+from provisionerd.planner.offers import OfferKey
 
 if TYPE_CHECKING:
     from provisionerd.planner.fact_view import MachineRecord
@@ -74,6 +75,10 @@ class JoinIndex:
         :meth:`HostTable.idle_entries` for the kept ones). Read only."""
         group = self.available.get(demand_id)
         return _idle_entries(group) if group else ()
+
+    def idle_offer(self, demand_id: str) -> OfferKey | None:
+        """Not known here (``None``): see :meth:`HostTable.idle_offer`."""
+        return None
 
     def reprobed_busy(self) -> list[tuple[str, Placed]]:
         """Busy hosts of active machines whose report came from a re-probe (``HostState.probed_at``), built here."""
@@ -151,7 +156,9 @@ class HostTable(MutableMapping[str, HostState]):
         # the group (only items that give machines away are read), dropped whenever the group changes. A pass
         # then copies a list instead of reading every host and machine of the group and sorting them again (at 1M
         # tracked machines that read, each host and record a cache miss, cost 4 of a 22 ms pass).
-        self._idle: dict[str, list[IdleEntry]] = {}
+        # With the entries, the one offer all of the group's machines are of (``None``: several), so that the pass
+        # can give an item's surplus as one slice (``allocate.excess_pool``).
+        self._idle: dict[str, tuple[list[IdleEntry], OfferKey | None]] = {}
         # Busy hosts whose report came from a re-probe after the join (``HostState.probed_at``; planner.health's
         # health after join): judged every pass, few (a fleet re-probes, but only changed reports are sent).
         self._reprobed_busy: dict[str, Placed] = {}
@@ -285,12 +292,23 @@ class HostTable(MutableMapping[str, HostState]):
     def idle_entries(self, demand_id: str) -> Sequence[IdleEntry]:
         """``demand_id``'s available hosts (``available[demand_id]``) as ``(host.since, machine_id, machine)``,
         longest idle first, ties by machine id: kept until the group changes. Read only (copy it to change it)."""
+        kept = self._kept_idle(demand_id)
+        return () if kept is None else kept[0]
+
+    def idle_offer(self, demand_id: str) -> OfferKey | None:
+        """The offer ``(provider, template_id)`` of every one of ``demand_id``'s available hosts' machines, if they
+        share one (``None``: they do not, or it has none); kept with :meth:`idle_entries`."""
+        kept = self._kept_idle(demand_id)
+        return None if kept is None else kept[1]
+
+    def _kept_idle(self, demand_id: str) -> tuple[list[IdleEntry], OfferKey | None] | None:
         kept = self._idle.get(demand_id)
         if kept is None:
             group = self._available.get(demand_id)
             if not group:
-                return ()
-            kept = self._idle[demand_id] = _idle_entries(group)
+                return None
+            offers = {(machine.provider, machine.template_id) for _, machine in group.values()}
+            kept = self._idle[demand_id] = (_idle_entries(group), offers.pop() if len(offers) == 1 else None)
         return kept
 
     def reprobed_busy(self) -> list[tuple[str, Placed]]:

@@ -116,9 +116,10 @@ def offer_sort_key(parsed: ParsedOffer, priority: int = 0) -> tuple[int, int, fl
     return (priority, 0, parsed.price, parsed.offer.provider, parsed.offer.template_id)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Requirement:
-    """Everything about a demand item that decides compatibility (its count does not); hashable, for caching."""
+    """Everything about a demand item that decides compatibility (its count does not); hashable, for caching (the
+    hash computed once per object: every serve looks its requirement up in the catalog's caches)."""
 
     ncpus: int
     mem_mb: int

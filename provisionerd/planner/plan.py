@@ -68,14 +68,15 @@ from provisionerd.planner.budget import VOLUNTARY
 from provisionerd.planner.demand_index import demand_index
 from provisionerd.planner.drain import DRAIN_REASON, DRAIN_TIMEOUT, DRAINED, RECLAIM, RECLAIM_DEADLINE
 from provisionerd.planner.fact_view import FactView, MachineRecord, MachineState
+from provisionerd.planner.idle_pool import IdlePool
 from provisionerd.planner.in_flight import NOTHING_IN_FLIGHT, InFlight
-from provisionerd.planner.offers import Catalog, OfferKey, cluster_cost, format_key
+from provisionerd.planner.offers import Catalog, cluster_cost, format_key
 from provisionerd.planner.policy import Policy
 from provisionerd.planner.ramp import Planned
 from provisionerd.planner.rejoin import NO_HOST, NOT_REJOINED, SETTLED, Rejoin
 from provisionerd.planner.release import RELEASED, release_completed
 from provisionerd.planner.state import PlannerState, ReclaimNotice, advance_ramp
-from provisionerd.planner.supply import IdleEntry, Tally, tally
+from provisionerd.planner.supply import Tally, tally
 
 __all__ = ["DemandDecision", "Plan", "plan"]
 
@@ -187,12 +188,16 @@ def plan(
     warm_items = {item.demand_id: item for item in warm}
     if warm and wanting is not None:
         wanting = headroom.WantedWith(dict.fromkeys(warm_items, 0), wanting)
+    # The items over and short of what the snapshot wants, kept by the view between passes (planner.demand_balance).
+    over = None if demand is None else view.balance.over(demand.wanted)
+    if over is not None and warm_items:
+        over = over | warm_items.keys()  # a warm item wants none (headroom.WantedWith)
     counts = tally(
-        state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog), rejoin, pending
+        state, view, _as_hosts(hosts), now, policy, wanting, health.CapabilityCheck(catalog), rejoin, pending, over
     )
     state, blocked = _health(state, view, counts, now, policy, notes)
     planner = Allocator(state, catalog, counts, now, policy, blocked)
-    idle_pool: dict[OfferKey, list[IdleEntry]] = {}
+    idle_pool = IdlePool()
     released: list[tuple[str, MachineRecord]] = []
     if demand is None:
         notes.append(Note("no_snapshot", "no demand snapshot yet: no requests, no idle returns"))
@@ -204,31 +209,26 @@ def plan(
         if policy.cost_cap is not None or policy.cost_currency:
             requirement = functools.partial(cluster_cost, demand.requirement, policy.cost_cap, policy.cost_currency)
         active, outstanding = counts.active, counts.outstanding
-        for demand_id, wanted in demand.wanted.items():
-            # Only items with a deficit have anything to serve (the test Allocator.serve makes, inlined: most
-            # items of a big snapshot have none, and a call per item would be most of this loop's cost).
-            if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted:
+        # Only items with a deficit have anything to serve, and only an item the view has short, or one this pass
+        # lowered, can have one (outstanding machines only cover a deficit): in demand_id order, the snapshot's.
+        wanted_of = demand.wanted
+        for demand_id in sorted(view.balance.short(wanted_of) | (counts.lowered & wanted_of.keys())):
+            if active.get(demand_id, 0) + outstanding.get(demand_id, 0) < wanted_of[demand_id]:
                 planner.serve(demand.items[demand_id], idle_pool, notes, requirement)
         if warm_items:
             wanted_warm = {h: max(item.count, 0) for h, item in warm_items.items()}
             headroom.settle_pool(idle_pool, listed, active, wanted_warm, warm_items)
             for h, item in warm_items.items():
                 if active.get(h, 0) + outstanding.get(h, 0) < wanted_warm[h]:
-                    planner.serve(item, {}, notes)  # takes what the real items left; lends, never borrows
+                    planner.serve(item, IdlePool(), notes)  # takes what the real items left; lends, never borrows
     retire = [
         (health.mismatch_reason(counts.shortfalls[m.machine_id], r) if r in SHORT_OF_TEMPLATE else r, m)
         for r, m in counts.retire
     ]
     retire += released
-    idle_out: list[IdleEntry] = []
-    for (provider, _), entries in idle_pool.items():
-        idle_time = policy.of(provider).idle_time
-        for entry in entries:
-            if now - entry[0] >= idle_time:
-                idle_out.append(entry)
-            else:
-                counts.due(entry[0] + idle_time, now)
-    idle_out.sort()  # longest idle first over all of a provider's offers (a disruption budget lets the first go)
+    idle_out = idle_pool.due(now, lambda provider: policy.of(provider).idle_time, counts.due)
+    if any(budget.allowance(policy.of(provider), 0) is not None for provider in {k[0] for k in idle_pool.keys()}):
+        idle_out.sort()  # longest idle first over all of a provider's offers (a disruption budget lets the first go)
     retire += [("idle", entry[2]) for entry in idle_out]
     return _emit(state, view, pending, counts, planner, retire, notes, snapshot, now, policy)
 
@@ -256,9 +256,7 @@ def _emit(
         actions.append(MarkLost(op_id, machine.provider, machine.machine_id, "reclaimed"))
     rooms: dict[str, int | None] = {}  # provider -> voluntary returns it may still have now (planner.budget)
     spent: dict[str, int] = {}
-    live: dict[str, int] = {}
-    for (owner, _), n in view.live_by_offer.items():
-        live[owner] = live.get(owner, 0) + n
+    live = view.live_by_provider
     groups: dict[tuple[str, str], list[str]] = {}
     for reason, machine in retire:
         groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
@@ -352,9 +350,7 @@ def _health(
     providers = {p for p, _ in findings} | {e[1] for e in state.unhealthy}
     windows = {p: policy.of(p).max_unhealthy_window for p in providers}
     log = health.recorded(state.unhealthy, findings, now, windows)
-    live: dict[str, int] = {}
-    for (owner, _), n in view.live_by_offer.items():
-        live[owner] = live.get(owner, 0) + n
+    live = view.live_by_provider
     blocked: dict[str, str] = {}
     for provider, found in health.protections(log, live, now, policy.of).items():
         blocked[provider] = found.reason()

@@ -48,7 +48,7 @@ def release_completed(counts: Tally, view: FactView, reservations: Set[str]) -> 
             else:
                 kept.append(entry)
         if len(kept) != len(entries):
-            counts.active[demand_id] -= len(entries) - len(kept)
+            counts.lower(demand_id, len(entries) - len(kept))
             entries[:] = kept
     return released
 

@@ -11,7 +11,7 @@ The same goes for an open intent's outstanding machines.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import attrs
 
@@ -34,10 +34,13 @@ class Tally:
     """Mutable working numbers for one plan call (never escapes it)."""
 
     load: dict[OfferKey, int] = attrs.field(factory=dict)  # live machines + outstanding + pending, per offer
+    provider_loads: dict[str, int] = attrs.field(factory=dict)  # ``load`` summed per provider
     outstanding: dict[str, int] = attrs.field(factory=dict)  # demand_id -> machines still to come
     active: dict[str, int] = attrs.field(factory=dict)  # demand_id -> usable machines (not retiring)
     #: demand_id -> joined idle machines (``IdleEntry``), longest idle first, ties by machine id.
     idle: dict[str, list[IdleEntry]] = attrs.field(factory=dict)
+    #: demand_id -> the one offer all of its ``idle`` machines are of, where the host table knows it.
+    idle_offer: dict[str, OfferKey] = attrs.field(factory=dict)
     retire: list[tuple[str, MachineRecord]] = attrs.field(factory=list)  # (reason, machine) to return
     #: machine_id -> why its host's report falls short of its template (retired as ``capability_mismatch``).
     shortfalls: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
@@ -59,24 +62,30 @@ class Tally:
     wake: float = math.inf
     #: Machines that would retire for not joining, held until the hosts are confirmed (planner.rejoin).
     unconfirmed: int = 0
+    #: The items whose ``active`` count this pass lowered below the view's (:meth:`lower`): with the view's short
+    #: items (``FactView.balance``), every item that can have a deficit.
+    lowered: set[str] = attrs.field(factory=set)
 
     def due(self, at: float, now: float) -> None:
         """Note a deadline at ``at``, if it is after ``now`` and before the earliest one noted."""
         if now < at < self.wake:
             self.wake = at
 
+    def lower(self, demand_id: str, n: int = 1) -> None:
+        """``n`` of ``demand_id``'s active machines are not supply this pass (retiring, in flight, draining)."""
+        self.active[demand_id] -= n
+        self.lowered.add(demand_id)
+
     def provider_load(self) -> dict[str, int]:
-        loads: dict[str, int] = {}
-        for (provider, _), n in self.load.items():
-            loads[provider] = loads.get(provider, 0) + n
-        return loads
+        """A copy of ``provider_loads`` (the allocator adds what it plans)."""
+        return dict(self.provider_loads)
 
 
 def _count_intents(
     tally: Tally, state: PlannerState, view: FactView, now: float, policy: Policy, in_flight: InFlight
 ) -> set[str]:
     """Outstanding machines of open intents and pending requests; returns the op_ids past their timeout."""
-    load, outstanding = tally.load, tally.outstanding
+    load, outstanding, provider_loads = tally.load, tally.outstanding, tally.provider_loads
     timed_out: set[str] = set()
     seen_before, pending = state.intent_seen, in_flight.requests
     timeouts: dict[str, float] = {}  # provider -> its provisioning_timeout (one lookup per provider, not per op)
@@ -86,6 +95,7 @@ def _count_intents(
         missing = record.outstanding
         key = (intent.provider, intent.template_id)
         load[key] = load.get(key, 0) + missing
+        provider_loads[intent.provider] = provider_loads.get(intent.provider, 0) + missing
         outstanding[intent.demand_id] = outstanding.get(intent.demand_id, 0) + missing
         seen = tally.intent_seen[op_id] = seen_before.get(op_id, now)  # planned_at carried over on commit
         timeout = timeouts.get(intent.provider)
@@ -100,6 +110,7 @@ def _count_intents(
     for request in pending.values():  # planned, intent not committed yet
         key = (request.provider, request.template_id)
         load[key] = load.get(key, 0) + request.count
+        provider_loads[request.provider] = provider_loads.get(request.provider, 0) + request.count
         outstanding[request.demand_id] = outstanding.get(request.demand_id, 0) + request.count
     return timed_out
 
@@ -114,6 +125,7 @@ def tally(
     check: CapabilityCheck | None = None,
     rejoin: Rejoin = SETTLED,
     in_flight: InFlight = NOTHING_IN_FLIGHT,
+    over: Collection[str] | None = None,
 ) -> Tally:
     """Count supply and find the machines to retire, in precedence order per machine:
 
@@ -125,7 +137,9 @@ def tally(
     :mod:`provisionerd.planner.drain`), each deadline the machine's (or intent's) own provider's
     (``policy.of(provider)``). Every other active machine counts as supply for its demand item. Joined idle
     machines are listed (``idle``) only for items whose supply exceeds ``wanted`` (demand_id -> count), the only
-    ones that can give machines away (none when ``wanted`` is ``None``: demand unknown).
+    ones that can give machines away (none when ``wanted`` is ``None``: demand unknown). ``over``: the items that
+    may have more active machines than ``wanted`` (a superset: ``FactView.balance``'s, which the plan keeps between
+    passes); ``None``: every item is checked.
 
     ``rejoin`` (:mod:`provisionerd.planner.rejoin`): until a provider's settle window after the last (re)join has
     passed, none of its machines is retired for not joining (timed-out intents, ``never_joined``) or for its
@@ -142,25 +156,23 @@ def tally(
     :mod:`provisionerd.planner.host_table`); any other mapping costs one more C-level pass over every machine and a
     loop over every host to build the same index.
     """
-    result = Tally()
+    result = Tally(load=dict(view.live_by_offer), provider_loads=dict(view.live_by_provider))
     timed_out = _count_intents(result, state, view, now, policy, in_flight)
-    active, load = result.active, result.load
+    active = result.active
     active.update(view.active_by_demand)
-    for key, n in view.live_by_offer.items():
-        load[key] = load.get(key, 0) + n
     machines, active_refs, seen_before = view.machines, view.active_refs, state.machine_seen
     skip = set(in_flight.retiring)
     for machine_id in skip:  # InFlight.unseen kept only machines still ACTIVE
-        active[machines[machine_id].demand_id] -= 1
+        result.lower(machines[machine_id].demand_id)
     for machine_id in state.reclaimed.keys() - skip:
         machine = machines.get(machine_id)
         if machine is not None and machine.state is MachineState.ACTIVE:
             result.lost.append(machine)
-            active[machine.demand_id] -= 1
+            result.lower(machine.demand_id)
             skip.add(machine_id)
     # An all-or-nothing op that ended short (planner.gang): its machines are not supply, returned unless busy.
     for machine, busy in gang.broken_members(view, hosts, skip):
-        active[machine.demand_id] -= 1
+        result.lower(machine.demand_id)
         skip.add(machine.machine_id)
         if not busy:
             result.retire.append((gang.ALL_OR_NOTHING, machine))
@@ -197,7 +209,7 @@ def tally(
         for machine in joins.unjoined_of(op_id):
             if machine.machine_id not in skip and not window.joined_before(machine) and not unconfirmed(machine):
                 result.retire.append(("provisioning_timeout", machine))
-                active[machine.demand_id] -= 1
+                result.lower(machine.demand_id)
     # The cutoff is the shortest deadline of any provider, with a second of slack so float rounding never hides a
     # machine; the test below, with the machine's own provider's deadline, decides.
     cutoff = now - policy.min_join_deadline + 1.0
@@ -214,7 +226,7 @@ def tally(
             if unconfirmed(machine):
                 continue
             result.retire.append((window.reason(machine, launched), machine))
-            active[machine.demand_id] -= 1
+            result.lower(machine.demand_id)
         else:
             result.due(launched + deadline, now)
     # The machines not read above launched after the cutoff: the earliest of them is due no sooner than its launch
@@ -244,7 +256,7 @@ def tally(
                 result.shortfalls[machine.machine_id] = reasons
                 if after_join:
                     result.after_join.add(machine.machine_id)
-                active[machine.demand_id] -= 1
+                result.lower(machine.demand_id)
                 skip.add(machine.machine_id)
             else:
                 joins.judged(ref, host)
@@ -258,7 +270,7 @@ def tally(
                 continue
             result.shortfalls[machine.machine_id] = reasons
             result.after_join.add(machine.machine_id)
-            active[machine.demand_id] -= 1
+            result.lower(machine.demand_id)
             skip.add(machine.machine_id)
             since = drain.drain_started(machine, state.drain_seen)
             if since is None:
@@ -275,16 +287,17 @@ def tally(
         table.noticed() if table is not None else hosts.values(), active_refs, skip, state.drain_seen, now, policy
     )
     for machine in (*(m for _, m in found_notices.retire), *found_notices.drain, *found_notices.draining):
-        active[machine.demand_id] -= 1
+        result.lower(machine.demand_id)
         skip.add(machine.machine_id)
     result.retire.extend(found_notices.retire)
     result.notice_drain = found_notices.drain
     result.due(found_notices.wake, now)
     # Items that give machines away are fixed before max_ttl retirements (which only lower their supply). In
     # demand_id order: what the plan does with their idle machines must not depend on the order facts were folded in.
-    givers = (
-        () if wanted is None else sorted(d for d, n in active.items() if n > wanted.get(d, 0) and d in joins.available)
-    )
+    givers: list[str] = []
+    if wanted is not None:
+        candidates = active if over is None else over
+        givers = sorted(d for d in candidates if active.get(d, 0) > wanted.get(d, 0) and d in joins.available)
     idle = result.idle
     aged: set[str] = set()
     if policy.any_max_ttl:  # every joined machine may be past its provider's max_ttl (planner.drain), busy or not
@@ -292,7 +305,7 @@ def tally(
         for reason_machine in found.retire:
             result.retire.append(reason_machine)
         for machine in (*(m for _, m in found.retire), *found.draining):
-            active[machine.demand_id] -= 1
+            result.lower(machine.demand_id)
             aged.add(machine.machine_id)
         result.drain = found.drain
         aged.update(m.machine_id for m in found.drain)  # busy: never idle-listed anyway
@@ -315,4 +328,7 @@ def tally(
             entries = list(kept)
         if entries:
             idle[demand_id] = entries
+            offer = joins.idle_offer(demand_id)
+            if offer is not None:
+                result.idle_offer[demand_id] = offer
     return result

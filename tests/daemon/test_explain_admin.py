@@ -221,7 +221,7 @@ def test_the_metrics_count_the_cap_and_the_missing_gpu_apart():
     from provisionerd.telemetry.metrics import DaemonMetrics
 
     policy = Policy(cluster="c", step_limit=100, providers={"p": ProviderPolicy(max_machines=10)})
-    counts = Tally(load={("p", "t"): 10})  # at the cap
+    counts = Tally(load={("p", "t"): 10}, provider_loads={"p": 10})  # at the cap
     allocator = Allocator(PlannerState.initial("i"), Catalog([OFFER]), counts, 0.0, policy)
     notes: list = []
     allocator.serve(DemandItem("cap", ResourceShape(ncpus=1), 5), {}, notes)

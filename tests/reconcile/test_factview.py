@@ -180,17 +180,28 @@ def recount(view: FactView):
     return active_refs, by_demand, by_offer, open_ops
 
 
+WANTED = st.dictionaries(st.sampled_from(["d1", "d2", "d3"]), st.integers(0, 4))
+
+
 @fuzz_settings(150)
-@given(fact_sequences(), st.integers(0, 40))
-def test_indexes_match_a_recount_and_incremental_equals_batch(facts, split):
+@given(fact_sequences(), st.integers(0, 40), WANTED, WANTED)
+def test_indexes_match_a_recount_and_incremental_equals_batch(facts, split, wanted, wanted_later):
     log = committed(*facts)
     view = fold(log[:split])
+    view.balance.bind(wanted)  # a snapshot's counts, bound between two folds (the balance is kept from then on)
     fold(log[split:], view)
     assert view == fold(log)
     active_refs, by_demand, by_offer, open_ops = recount(view)
     assert {ref: m.machine_id for ref, m in view.active_refs.items()} == active_refs
     assert {k: v for k, v in view.active_by_demand.items() if v} == by_demand
     assert {k: v for k, v in view.live_by_offer.items() if v} == by_offer
+    by_provider: dict[str, int] = {}
+    for (provider, _), n in by_offer.items():
+        by_provider[provider] = by_provider.get(provider, 0) + n
+    assert view.live_by_provider == by_provider
+    for counts in (wanted, wanted_later):  # the kept sets, and the sets rebuilt for another snapshot
+        assert set(view.balance.short(counts)) == {d for d, n in counts.items() if by_demand.get(d, 0) < n}
+        assert set(view.balance.over(counts)) == {d for d, n in by_demand.items() if n > counts.get(d, 0)}
     assert sorted(view.open_ops) == sorted(open_ops)
     assert all(n >= 0 for n in (*view.active_by_demand.values(), *view.live_by_offer.values()))
     assert sorted(r.intent.op_id for r in view.open_intents()) == sorted(open_ops)

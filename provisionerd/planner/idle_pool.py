@@ -1,0 +1,81 @@
+"""The idle pool of one plan pass: idle machines other items do not need, per offer, kept as the runs they came in.
+
+:func:`provisionerd.planner.allocate.excess_pool` fills it with each giving item's surplus (the head of the item's
+idle entries, longest idle first); demand items reuse from it (the most recently idle first); what is left and idle
+for its provider's ``idle_time`` is returned (:meth:`IdlePool.due`).
+
+Each giving item's surplus is added as a *run*, already in order: a slice of the entries the host table keeps
+between passes. An offer's runs are merged and sorted only when an item first takes from it (:meth:`entries`), and
+the due machines are read from the head of each run. So a pass where nothing is reused reads only the entries that
+are due plus one per run, instead of every surplus entry twice (a per-offer sort, then a loop over all of them to
+find the due ones: at 1M tracked machines, 10,000 surplus entries and 2.7 of a 13 ms pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from provisionerd.planner.host_table import IdleEntry
+from provisionerd.planner.offers import OfferKey
+
+
+class IdlePool:
+    """Per offer: runs of idle entries (each longest idle first, ties by machine id), or once taken from, one list
+    in that order (the most recently idle last: :meth:`entries`)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[OfferKey, list[Sequence[IdleEntry]]] = {}
+        self._merged: dict[OfferKey, list[IdleEntry]] = {}
+
+    def add(self, key: OfferKey, run: Sequence[IdleEntry]) -> None:
+        """Add ``run`` (in order, not empty; not changed afterwards) to ``key``'s machines."""
+        merged = self._merged.get(key)
+        if merged is not None:
+            merged.extend(run)
+            merged.sort()
+        else:
+            self._runs.setdefault(key, []).append(run)
+
+    def __bool__(self) -> bool:
+        return any(self._runs.values()) or any(self._merged.values())
+
+    def keys(self) -> Iterator[OfferKey]:
+        """Every offer that has (or had) machines in the pool."""
+        yield from self._runs
+        yield from self._merged
+
+    def count(self, key: OfferKey) -> int:
+        """How many of ``key``'s machines are in the pool."""
+        merged = self._merged.get(key)
+        if merged is not None:
+            return len(merged)
+        return sum(len(run) for run in self._runs.get(key, ()))
+
+    def entries(self, key: OfferKey) -> list[IdleEntry]:
+        """``key``'s machines, longest idle first, ties by machine id: the list to take from (``pop()``: the most
+        recently idle) or remove from; the pool holds it from now on."""
+        merged = self._merged.get(key)
+        if merged is None:
+            runs = self._runs.pop(key, ())
+            merged = [entry for run in runs for entry in run]
+            if len(runs) > 1:
+                merged.sort()
+            self._merged[key] = merged
+        return merged
+
+    def due(
+        self, now: float, idle_time_of: Callable[[str], float], wake: Callable[[float, float], None]
+    ) -> list[IdleEntry]:
+        """The machines idle for their provider's ``idle_time`` at ``now`` (``now - since >= idle_time``), in no
+        particular order; ``wake(at, now)`` is told when the first of each run or list that is not due will be."""
+        found: list[IdleEntry] = []
+        for key, runs in (*self._runs.items(), *((k, (m,)) for k, m in self._merged.items())):
+            idle_time = idle_time_of(key[0])
+            for run in runs:
+                for entry in run:  # longest idle first: the due ones are a head of the run
+                    if now - entry[0] >= idle_time:
+                        found.append(entry)
+                    else:
+                        wake(entry[0] + idle_time, now)
+                        break
+        return found
