@@ -12,7 +12,7 @@ ids.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import attrs
 
@@ -80,16 +80,17 @@ def excess_pool(
             excess = len(idles)
         if excess <= 0:
             continue
+        given: Sequence[IdleEntry]
         if ranked:
             assert policy is not None
             given = sorted(idles, key=lambda e: policy.surplus_key(e[2].provider, e[0], e[1], e[2].template_id))
             given = sorted(given[:excess])  # a run is longest idle first (IdlePool)
         else:  # the tally lists them longest idle first, ties by machine id (Tally.idle)
+            key = counts.idle_offer.get(demand_id)
+            if key is not None:
+                pool.add(key, idles, excess)  # the head of the kept list, not a copy
+                continue
             given = idles[:excess]
-        key = counts.idle_offer.get(demand_id)
-        if key is not None:
-            pool.add(key, given)
-            continue
         split: dict[OfferKey, list[IdleEntry]] = {}
         for entry in given:
             machine = entry[2]

@@ -4,11 +4,12 @@
 idle entries, longest idle first); demand items reuse from it (the most recently idle first); what is left and idle
 for its provider's ``idle_time`` is returned (:meth:`IdlePool.due`).
 
-Each giving item's surplus is added as a *run*, already in order: a slice of the entries the host table keeps
-between passes. An offer's runs are merged and sorted only when an item first takes from it (:meth:`entries`), and
-the due machines are read from the head of each run. So a pass where nothing is reused reads only the entries that
-are due plus one per run, instead of every surplus entry twice (a per-offer sort, then a loop over all of them to
-find the due ones: at 1M tracked machines, 10,000 surplus entries and 2.7 of a 13 ms pass).
+Each giving item's surplus is added as a *run*, already in order: the head of the entries the host table keeps
+between passes (not copied: a copy writes every entry's reference count, a cache miss each at 1M machines). An
+offer's runs are merged and sorted only when an item first takes from it (:meth:`entries`), and the due machines are
+read from the head of each run. So a pass where nothing is reused reads only the entries that are due plus one per
+run, instead of every surplus entry twice (a per-offer sort, then a loop over all of them to find the due ones: at
+1M tracked machines, 10,000 surplus entries and 2.7 of a 13 ms pass).
 """
 
 from __future__ import annotations
@@ -24,20 +25,23 @@ class IdlePool:
     in that order (the most recently idle last: :meth:`entries`)."""
 
     def __init__(self) -> None:
-        self._runs: dict[OfferKey, list[Sequence[IdleEntry]]] = {}
+        self._runs: dict[OfferKey, list[tuple[Sequence[IdleEntry], int]]] = {}  # (entries, how many of them)
         self._merged: dict[OfferKey, list[IdleEntry]] = {}
 
-    def add(self, key: OfferKey, run: Sequence[IdleEntry]) -> None:
-        """Add ``run`` (in order, not empty; not changed afterwards) to ``key``'s machines."""
+    def add(self, key: OfferKey, entries: Sequence[IdleEntry], stop: int | None = None) -> None:
+        """Add the first ``stop`` (default: all) of ``entries`` (in order; not changed afterwards) to ``key``'s."""
+        stop = len(entries) if stop is None else min(stop, len(entries))
+        if stop <= 0:
+            return
         merged = self._merged.get(key)
         if merged is not None:
-            merged.extend(run)
+            merged.extend(entries[:stop])
             merged.sort()
         else:
-            self._runs.setdefault(key, []).append(run)
+            self._runs.setdefault(key, []).append((entries, stop))
 
     def __bool__(self) -> bool:
-        return any(self._runs.values()) or any(self._merged.values())
+        return bool(self._runs) or any(self._merged.values())
 
     def keys(self) -> Iterator[OfferKey]:
         """Every offer that has (or had) machines in the pool."""
@@ -49,7 +53,7 @@ class IdlePool:
         merged = self._merged.get(key)
         if merged is not None:
             return len(merged)
-        return sum(len(run) for run in self._runs.get(key, ()))
+        return sum(stop for _, stop in self._runs.get(key, ()))
 
     def entries(self, key: OfferKey) -> list[IdleEntry]:
         """``key``'s machines, longest idle first, ties by machine id: the list to take from (``pop()``: the most
@@ -57,7 +61,7 @@ class IdlePool:
         merged = self._merged.get(key)
         if merged is None:
             runs = self._runs.pop(key, ())
-            merged = [entry for run in runs for entry in run]
+            merged = [entry for entries, stop in runs for entry in entries[:stop]]
             if len(runs) > 1:
                 merged.sort()
             self._merged[key] = merged
@@ -69,10 +73,11 @@ class IdlePool:
         """The machines idle for their provider's ``idle_time`` at ``now`` (``now - since >= idle_time``), in no
         particular order; ``wake(at, now)`` is told when the first of each run or list that is not due will be."""
         found: list[IdleEntry] = []
-        for key, runs in (*self._runs.items(), *((k, (m,)) for k, m in self._merged.items())):
+        for key, runs in (*self._runs.items(), *((k, ((m, len(m)),)) for k, m in self._merged.items())):
             idle_time = idle_time_of(key[0])
-            for run in runs:
-                for entry in run:  # longest idle first: the due ones are a head of the run
+            for entries, stop in runs:
+                for i in range(stop):  # longest idle first: the due ones are a head of the run
+                    entry = entries[i]
                     if now - entry[0] >= idle_time:
                         found.append(entry)
                     else:

@@ -49,7 +49,7 @@ def release_completed(counts: Tally, view: FactView, reservations: Set[str]) -> 
                 kept.append(entry)
         if len(kept) != len(entries):
             counts.lower(demand_id, len(entries) - len(kept))
-            entries[:] = kept
+            counts.idle[demand_id] = kept  # the list is the host table's: replaced, not changed
     return released
 
 

@@ -26,7 +26,9 @@ def pools(draw):
         for since in sinces:
             serial += 1
             run.append((since, f"m{serial:03d}", object()))
-        runs.append((key, sorted(run, key=lambda e: (e[0], e[1]))))
+        run.sort(key=lambda e: (e[0], e[1]))
+        stop = draw(st.none() | st.integers(0, len(run) + 1))  # only the head of a kept list, or all of it
+        runs.append((key, run, stop))
     takes = draw(st.lists(st.tuples(st.sampled_from(KEYS), st.integers(0, 3)), max_size=4))
     return runs, takes
 
@@ -36,9 +38,9 @@ def pools(draw):
 def test_the_pool_takes_and_finds_due_machines_as_one_sorted_list_per_offer_would(case):
     runs, takes = case
     pool, plain = IdlePool(), {}
-    for key, run in runs:
-        pool.add(key, run)
-        plain.setdefault(key, []).extend(run)
+    for key, run, stop in runs:
+        pool.add(key, run, stop)
+        plain.setdefault(key, []).extend(run[:stop])
     for entries in plain.values():
         entries.sort(key=lambda e: (e[0], e[1]))
     assert bool(pool) == any(plain.values())
