@@ -69,12 +69,14 @@ class IdlePool:
 
     def due(
         self, now: float, idle_time_of: Callable[[str], float], wake: Callable[[float, float], None]
-    ) -> list[IdleEntry]:
-        """The machines idle for their provider's ``idle_time`` at ``now`` (``now - since >= idle_time``), in no
-        particular order; ``wake(at, now)`` is told when the first of each run or list that is not due will be."""
-        found: list[IdleEntry] = []
+    ) -> dict[str, list[IdleEntry]]:
+        """The machines idle for their provider's ``idle_time`` at ``now`` (``now - since >= idle_time``), by
+        provider, in no particular order; ``wake(at, now)`` is told when the first of each run or list that is not
+        due will be."""
+        by_provider: dict[str, list[IdleEntry]] = {}
         for key, runs in (*self._runs.items(), *((k, ((m, len(m)),)) for k, m in self._merged.items())):
             idle_time = idle_time_of(key[0])
+            found = by_provider.setdefault(key[0], [])
             for entries, stop in runs:
                 for i in range(stop):  # longest idle first: the due ones are a head of the run
                     entry = entries[i]
@@ -83,4 +85,4 @@ class IdlePool:
                     else:
                         wake(entry[0] + idle_time, now)
                         break
-        return found
+        return by_provider

@@ -221,16 +221,21 @@ def plan(
             for h, item in warm_items.items():
                 if active.get(h, 0) + outstanding.get(h, 0) < wanted_warm[h]:
                     planner.serve(item, IdlePool(), notes)  # takes what the real items left; lends, never borrows
-    retire = [
-        (health.mismatch_reason(counts.shortfalls[m.machine_id], r) if r in SHORT_OF_TEMPLATE else r, m)
-        for r, m in counts.retire
-    ]
-    retire += released
-    idle_out = idle_pool.due(now, lambda provider: policy.of(provider).idle_time, counts.due)
-    if any(budget.allowance(policy.of(provider), 0) is not None for provider in {k[0] for k in idle_pool.keys()}):
-        idle_out.sort()  # longest idle first over all of a provider's offers (a disruption budget lets the first go)
-    retire += [("idle", entry[2]) for entry in idle_out]
+    # (provider, reason, machine_id) of every machine to return, grouped and batched by _emit.
+    retire = [(m.provider, _reason(r, m, counts), m.machine_id) for r, m in counts.retire]
+    retire += [(m.provider, reason, m.machine_id) for reason, m in released]
+    for provider, entries in idle_pool.due(now, lambda p: policy.of(p).idle_time, counts.due).items():
+        if budget.allowance(policy.of(provider), 0) is not None:
+            entries.sort()  # longest idle first over all of the provider's offers (the budget lets the first go)
+        retire += [(provider, "idle", entry[1]) for entry in entries]  # no record read: the entry has the id
     return _emit(state, view, pending, counts, planner, retire, notes, snapshot, now, policy)
+
+
+def _reason(reason: str, machine: MachineRecord, counts: Tally) -> str:
+    """A retire reason as the return names it: what the machine fell short of, for the two reasons that say so."""
+    return (
+        health.mismatch_reason(counts.shortfalls[machine.machine_id], reason) if reason in SHORT_OF_TEMPLATE else reason
+    )
 
 
 def _emit(
@@ -239,7 +244,7 @@ def _emit(
     pending: InFlight,
     counts: Tally,
     planner: Allocator,
-    retire: list[tuple[str, MachineRecord]],
+    retire: list[tuple[str, str, str]],
     notes: list[Note],
     snapshot: DemandSnapshot | None,
     now: float,
@@ -258,8 +263,8 @@ def _emit(
     spent: dict[str, int] = {}
     live = view.live_by_provider
     groups: dict[tuple[str, str], list[str]] = {}
-    for reason, machine in retire:
-        groups.setdefault((machine.provider, reason), []).append(machine.machine_id)
+    for provider, reason, machine_id in retire:
+        groups.setdefault((provider, reason), []).append(machine_id)
     order = {reason: i for i, reason in enumerate(RETIRE_REASONS)}
     by_order = sorted(groups.items(), key=lambda g: (g[0][0], order[health.reason_kind(g[0][1])], g[0][1]))
     for (provider, reason), machine_ids in by_order:

@@ -52,8 +52,15 @@ def test_the_pool_takes_and_finds_due_machines_as_one_sorted_list_per_offer_woul
     assert {key: pool.count(key) for key in KEYS} == {key: len(plain.get(key, ())) for key in KEYS}
     wakes = []
     due = pool.due(NOW, IDLE_TIME.__getitem__, lambda at, now: wakes.append(at))
-    expected = [e for key, entries in plain.items() for e in entries if NOW - e[0] >= IDLE_TIME[key[0]]]
-    assert sorted(due, key=lambda e: e[1]) == sorted(expected, key=lambda e: e[1])
+    for provider in IDLE_TIME:
+        expected = [
+            e
+            for key, entries in plain.items()
+            if key[0] == provider
+            for e in entries
+            if NOW - e[0] >= IDLE_TIME[key[0]]
+        ]
+        assert sorted(due.get(provider, []), key=lambda e: e[1]) == sorted(expected, key=lambda e: e[1])
     later = [
         e[0] + IDLE_TIME[key[0]] for key, entries in plain.items() for e in entries if NOW - e[0] < IDLE_TIME[key[0]]
     ]
