@@ -62,7 +62,7 @@ class ControllerView:
     def apply_hosts(self, hosts: Iterable[HostState]) -> None:
         for host in hosts:
             self.hosts[host.instance_ref] = host
-            self.joined.add(host.instance_ref)
+            self.joined.add(self.hosts[host.instance_ref].instance_ref)  # the string the table keeps (HostTable)
         self.version += 1
 
     def apply_fact(self, committed: CommittedFact) -> None:

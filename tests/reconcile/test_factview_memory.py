@@ -7,8 +7,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reconcile_world import EPOCH, token_hash
 
-from provisionerd.controller.view import ResyncCollector
-from provisionerd.domain.model import NO_QUOTE, CommittedFact, InstanceFact, PriceQuote, RequestFailed, RequestIntent
+from provisionerd.controller.view import ControllerView, ResyncCollector
+from provisionerd.domain.model import (
+    NO_QUOTE,
+    CommittedFact,
+    HostState,
+    HostStatus,
+    InstanceFact,
+    PriceQuote,
+    RequestFailed,
+    RequestIntent,
+)
+from provisionerd.planner import host_table
 from provisionerd.planner.fact_view import MachineRecord, fold
 from provisionerd.wire.codec import decode, encode
 from provisionerd.wire.messages import ResyncPage
@@ -158,3 +168,48 @@ def test_records_order_as_the_launch_time_heaps_tuples_did(keys) -> None:
     popped = [heapq.heappop(heap) for _ in records]
     expected = [heapq.heappop(tuples) for _ in by_tuple]
     assert [(m.launch_time, m.instance_ref, m.machine_id) for m in popped] == expected
+
+
+def _hosts(facts: list[CommittedFact], report: dict[str, str], *, status=HostStatus.IDLE) -> tuple[HostState, ...]:
+    """A host per instance fact, decoded from a resync page as the daemon gets it (its own copy of every string)."""
+    hosts = tuple(
+        HostState(f.fact.instance_ref, "p", f.fact.machine_id, status, 100.0, capabilities=dict(report))
+        for f in facts
+        if isinstance(f.fact, InstanceFact)
+    )
+    return decode(encode(ResyncPage(0, 1, (), hosts))).msg.hosts
+
+
+def test_a_stored_host_shares_its_machines_strings_and_an_equal_report() -> None:
+    """At 100,000 joined machines each host's own copies of its ref, id, name, address and report cost ~45 MB."""
+    facts = _facts("op1", 3, 1)
+    view = fold(facts)
+    report = {"ncpus": "8", "mem": "32000", "type": "X86_64"}
+    hosts = _hosts(facts, report)
+    collector_view = ControllerView(1, "ctl0", 1, view, view.hosts)
+    collector_view.apply_hosts(hosts)
+    stored = [view.hosts[h.instance_ref] for h in hosts]
+    assert stored == list(hosts)  # equal in every field
+    for host in stored:
+        machine = view.machines[host.machine_id]
+        assert host.instance_ref is machine.instance_ref and host.machine_id is machine.machine_id
+        assert host.capabilities is stored[0].capabilities  # one report for the three
+        assert any(ref is machine.instance_ref for ref in collector_view.joined)  # the joined set keeps that one too
+    other = _hosts(facts, {**report, "mem": "64000"})[0]
+    view.hosts[other.instance_ref] = other
+    assert view.hosts[other.instance_ref].capabilities == other.capabilities  # not the other report
+    assert view.hosts[other.instance_ref].capabilities is not stored[0].capabilities
+
+
+def test_reports_beyond_the_shared_ones_are_kept_as_they_came(monkeypatch) -> None:
+    monkeypatch.setattr(host_table, "SHARED_REPORTS", 1)
+    facts = _facts("op1", 2, 1)
+    view = fold(facts)
+    first, second = _hosts(facts, {"ncpus": "8"})
+    view.hosts[first.instance_ref] = first
+    odd = attrs.evolve(second, capabilities={"ncpus": "4"})
+    view.hosts[odd.instance_ref] = odd
+    assert view.hosts[odd.instance_ref].capabilities is odd.capabilities  # the table shares one report at most
+    orphan = HostState("ghost/0", "p", "g-0", HostStatus.IDLE, 1.0, capabilities={"ncpus": "8"})
+    view.hosts[orphan.instance_ref] = orphan  # no machine of the view: only its report is shared
+    assert view.hosts["ghost/0"] == orphan and view.hosts["ghost/0"].capabilities is first.capabilities
