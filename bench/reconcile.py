@@ -108,12 +108,16 @@ def make_world(
     facts: list[CommittedFact] = []
     hosts: dict[str, HostState] = {}
     items = []
+    reports: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
     machine = 0
     for d in range(n_items):
         demand_id = f"d{d:06d}"
         shape = shapes[d % SHAPES]
         template = next(o for o in offers[d % 500 :] if _fits(o, shape))
-        report = confirming_report(template)  # what its machines' agents report: healthy machines (planner.health)
+        # What its machines' agents report: healthy machines (planner.health). One dict per distinct report, as the
+        # host table keeps them (HostTable shares equal reports: a dict per item would be copied there, host by host).
+        report = confirming_report(template)
+        report = reports.setdefault(tuple(report.items()), report)
         for k in range(per_item // PER_INTENT):
             op_id = f"bench:{template.provider}:0:{d}-{k}"
             refs = tuple(f"ref-{machine + j}" for j in range(PER_INTENT))
