@@ -267,6 +267,7 @@ def test_every_field_read_through_its_slot_is_found_in_the_value_itself() -> Non
     native_codec, _ = fast()
     plans = native_codec.slot_offsets()  # type: ignore[attr-defined]
     assert any(cls is model.InstanceFact for cls, _, _ in plans)
+    assert plans[-1][:2] == (m.Envelope, True)  # the envelope's corr and msg, stored at their offsets
     for cls, slots, offsets in plans:
         if slots:
             assert all(offsets), cls.__name__

@@ -95,6 +95,16 @@ struct Plan {
     offsets: Vec<isize>,
 }
 
+/// The codec's caches (`Codec::memo`, `Codec::interned`, `Codec::scratch`), reached only with the GIL held: a
+/// `RefCell` behind it, where a `Mutex` cost two atomic operations a lookup (about 6% of a decode). Each borrow
+/// ends before any Python code may run (a value dropped out of one is dropped after the borrow), so no call that
+/// re-enters the codec finds one still borrowed.
+type Held<T> = pyo3::sync::GILProtected<std::cell::RefCell<T>>;
+
+fn held<T>(value: T) -> Held<T> {
+    pyo3::sync::GILProtected::new(std::cell::RefCell::new(value))
+}
+
 /// Slots of `Codec::interned` and the longest text it keeps (`Codec::interned`).
 const INTERNED_SLOTS: usize = 256;
 const INTERNED_KEY_MAX: usize = 64;
@@ -526,16 +536,18 @@ struct Codec {
     frame_words: (u16, u16),
     members: Vec<Option<(u32, usize, i64, i64)>>, // body discriminant -> (pointer, plan, max units, max body bytes or -1)
     member_names: Vec<Option<Py<PyString>>>, // body discriminant -> its member's name (`units_now`)
-    bounds: PyObject,                        // the module `provisionerd.wire.bounds` (`units_now`)
-    by_class: ByType,                        // message class -> body discriminant
+    bounds: Py<PyDict>, // the namespace of the module `provisionerd.wire.bounds` (`units_now`)
+    by_class: ByType,   // message class -> body discriminant
     envelope: PyObject,
     envelope_raw: bool, // made as `raw_new` makes values: its `__init__` would only store `corr` and `msg`
     envelope_names: (Py<PyString>, Py<PyString>),
-    memo: std::sync::Mutex<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
+    /// With `envelope_raw`: where `corr` and `msg` sit in an envelope (`slot_offset`), when both are confirmed.
+    envelope_slots: Option<(isize, isize)>,
+    memo: Held<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
     access: SlotAccess, // the member descriptors' `__get__` and `__set__`
     #[allow(clippy::type_complexity)]
-    interned: std::sync::Mutex<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
-    scratch: std::sync::Mutex<Vec<u64>>, // the words of the last frames written, kept for the next (`Codec::frames`)
+    interned: Held<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
+    scratch: Held<Vec<u64>>, // the words of the last frames written, kept for the next (`Codec::frames`)
 }
 
 impl Codec {
@@ -591,6 +603,14 @@ impl Codec {
                     return Err(PyErr::fetch(py));
                 }
                 let obj = Bound::from_owned_ptr(py, obj);
+                if let Some((at_corr, at_msg)) = self.envelope_slots {
+                    // straight into the two confirmed slots of the new (empty) envelope, as `raw_set` stores a
+                    // field: each takes over its value's reference
+                    let base = obj.as_ptr().cast::<u8>();
+                    *base.offset(at_corr).cast::<*mut pyo3::ffi::PyObject>() = corr.into_ptr();
+                    *base.offset(at_msg).cast::<*mut pyo3::ffi::PyObject>() = msg.into_ptr();
+                    return Ok((obj, m.units));
+                }
                 if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), c.as_ptr(), corr.as_ptr()) != 0
                     || pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), n.as_ptr(), msg.as_ptr())
                         != 0
@@ -613,19 +633,23 @@ impl Codec {
             Some(Some(name)) => name.bind(py),
             _ => return Err(refused("unknown frame kind")),
         };
+        // read from the module's namespace, where its attributes are (and where a test's setattr puts them)
         let odd = |_| refused("bounds holds no unit budgets");
+        let missing = || refused("bounds holds no unit budgets");
         let bounds = self.bounds.bind(py);
         let table = bounds
-            .getattr(pyo3::intern!(py, "MAX_UNITS"))
-            .map_err(odd)?;
+            .get_item(pyo3::intern!(py, "MAX_UNITS"))
+            .map_err(odd)?
+            .ok_or_else(missing)?;
         let table = table
             .downcast_exact::<PyDict>()
             .map_err(|_| refused("bounds.MAX_UNITS is not a dict"))?;
         let units = match table.get_item(name).map_err(odd)? {
             Some(units) => units,
             None => bounds
-                .getattr(pyo3::intern!(py, "DEFAULT_MAX_UNITS"))
-                .map_err(odd)?,
+                .get_item(pyo3::intern!(py, "DEFAULT_MAX_UNITS"))
+                .map_err(odd)?
+                .ok_or_else(missing)?,
         };
         units
             .downcast_exact::<pyo3::types::PyInt>()
@@ -701,7 +725,7 @@ impl Codec {
     fn interned<'py>(&self, py: Python<'py>, raw: &[u8]) -> R<Bound<'py, PyString>> {
         let slot = (raw.len() <= INTERNED_KEY_MAX).then(|| fnv1a(raw) % INTERNED_SLOTS);
         if let Some(i) = slot {
-            if let Some((key, text)) = &self.interned.lock().unwrap()[i] {
+            if let Some((key, text)) = &self.interned.get(py).borrow()[i] {
                 if **key == *raw {
                     return Ok(text.bind(py).clone());
                 }
@@ -709,8 +733,9 @@ impl Codec {
         }
         let text = py_text(py, raw, true)?;
         if let Some(i) = slot {
-            let old = self.interned.lock().unwrap()[i].replace((raw.into(), text.clone().unbind()));
-            drop(old); // after the lock: dropping a str may run no Python code, but it need not hold the lock
+            let old =
+                self.interned.get(py).borrow_mut()[i].replace((raw.into(), text.clone().unbind()));
+            drop(old); // once the cell is free again (`Held`)
         }
         Ok(text)
     }
@@ -883,7 +908,7 @@ impl Codec {
         }
         let key = key.get();
         if let Some(key) = key {
-            if let Some(v) = self.memo.lock().unwrap().get(key) {
+            if let Some(v) = self.memo.get(py).borrow().get(key) {
                 return Ok(v.bind(py).clone());
             }
         }
@@ -899,11 +924,15 @@ impl Codec {
         }
         let value = p.cls.bind(py).call1(PyTuple::new(py, args)?)?;
         if let Some(key) = key {
-            let mut memo = self.memo.lock().unwrap();
-            if memo.len() >= MEMO_CAP {
-                memo.clear();
-            }
-            memo.insert(key.to_vec(), value.clone().unbind());
+            let mut memo = self.memo.get(py).borrow_mut();
+            let full = if memo.len() >= MEMO_CAP {
+                std::mem::take(&mut *memo)
+            } else {
+                Default::default()
+            };
+            let old = memo.insert(key.to_vec(), value.clone().unbind());
+            drop(memo);
+            drop((full, old)); // once the cell is free again (`Held`)
         }
         Ok(value)
     }
@@ -1443,6 +1472,29 @@ impl Codec {
     }
 }
 
+/// Where an envelope (`cls`) holds `corr` and `msg` (`names`), when `slot_offset` confirms both for the descriptors
+/// the class finds by those names; None otherwise (then they are set by name).
+fn envelope_slots(
+    py: Python<'_>,
+    cls: &PyObject,
+    names: &(Py<PyString>, Py<PyString>),
+    slot_type: &Bound<'_, pyo3::types::PyType>,
+) -> PyResult<Option<(isize, isize)>> {
+    let Ok(cls) = cls.bind(py).downcast::<pyo3::types::PyType>() else {
+        return Ok(None);
+    };
+    let basicsize: isize = cls.getattr("__basicsize__")?.extract()?;
+    let find = |name: &Py<PyString>| {
+        let descr = cls.getattr(name.bind(py)).ok()?;
+        descr
+            .get_type()
+            .is(slot_type)
+            .then(|| slot_offset(cls, &descr, name, basicsize))
+            .flatten()
+    };
+    Ok(find(&names.0).zip(find(&names.1)))
+}
+
 /// `Plan.offsets` for the fields of `cls`: each slot's offset where `slot_offset` confirms it (only for a plan read
 /// through its slots, whose descriptors are of `slot_type`), else 0.
 fn slot_offsets(
@@ -1499,6 +1551,10 @@ impl Codec {
         bounds: PyObject,
     ) -> PyResult<Self> {
         let access = SlotAccess::of(slot_type)?;
+        let envelope_names = (
+            PyString::intern(py, "corr").unbind(),
+            PyString::intern(py, "msg").unbind(),
+        );
         let n = plans.len();
         let nf = facts.len();
         let plans: Vec<Plan> = plans
@@ -1578,27 +1634,37 @@ impl Codec {
             frame_words,
             members,
             member_names,
-            bounds,
+            bounds: bounds
+                .bind(py)
+                .downcast::<pyo3::types::PyModule>()?
+                .dict()
+                .unbind(),
             by_class: ByType::of(by_class.bind(py))?,
+            envelope_slots: envelope_slots(py, &envelope.0, &envelope_names, slot_type)?,
             envelope: envelope.0,
             envelope_raw: envelope.1,
-            envelope_names: (
-                PyString::intern(py, "corr").unbind(),
-                PyString::intern(py, "msg").unbind(),
-            ),
-            memo: std::sync::Mutex::new(std::collections::HashMap::new()),
+            envelope_names,
+            memo: held(std::collections::HashMap::new()),
             access,
-            interned: std::sync::Mutex::new((0..INTERNED_SLOTS).map(|_| None).collect()),
-            scratch: std::sync::Mutex::new(Vec::new()),
+            interned: held((0..INTERNED_SLOTS).map(|_| None).collect()),
+            scratch: held(Vec::new()),
         })
     }
 
     /// `(class, read through slots, offsets)` of each plan: whether its values' fields are read and written through
-    /// their slots, and where each slot was confirmed to sit in a value (`slot_offset`; 0: through its descriptor).
+    /// their slots, and where each slot was confirmed to sit in a value (`slot_offset`; 0: through its descriptor);
+    /// then the envelope's, `corr` and `msg` (stored at their offsets when both are confirmed, else by name).
     fn slot_offsets<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyAny>, bool, Vec<isize>)> {
+        let (at_corr, at_msg) = self.envelope_slots.unwrap_or((0, 0));
+        let envelope = (
+            self.envelope.bind(py).clone(),
+            self.envelope_slots.is_some(),
+            vec![at_corr, at_msg],
+        );
         self.plans
             .iter()
             .map(|p| (p.cls.bind(py).clone(), p.slots, p.offsets.clone()))
+            .chain(std::iter::once(envelope))
             .collect()
     }
 
@@ -1729,13 +1795,13 @@ impl Codec {
         write: impl FnOnce(&mut Out) -> PyResult<()>,
         skip: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let mut words = std::mem::take(&mut *self.scratch.lock().unwrap());
+        let mut words = std::mem::take(&mut *self.scratch.get(py).borrow_mut());
         words.clear();
         let mut o = Out { words };
         let written = write(&mut o);
         let out = written.map(|()| bytes_of(py, &o.words[skip.min(o.words.len())..]));
         if o.words.capacity() <= SCRATCH_KEEP_WORDS {
-            *self.scratch.lock().unwrap() = o.words;
+            *self.scratch.get(py).borrow_mut() = o.words;
         }
         out
     }
