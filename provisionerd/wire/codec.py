@@ -604,11 +604,6 @@ def encode(msg: Message, corr: int = 0) -> bytes:
     return encode_reference(msg, corr)
 
 
-def native_available() -> bool:
-    """Whether the native codec is there (built, of these sources, not switched off): ``native.load``."""
-    return _native_codec() is not None
-
-
 def framed_writer() -> (
     tuple[Callable[[Message, int, int], bytes], Callable[[list[tuple[Message, int]], int], bytes], type[BaseException]]
     | None
