@@ -2,7 +2,7 @@
 
 Run from the repository root inside the project's environment::
 
-    python bench/wire.py [--frames 20000] [--batch 1] [--rounds 3] [--breakdown]
+    python bench/wire.py [--frames 20000] [--batch 1] [--rounds 5] [--breakdown]
 
 One process, one trio loop, both ends on loopback over mutual TLS with the cluster's certificates (a controller
 server context, a provisioner client): the sender writes ``--frames`` frames in batches of ``--batch`` (one write
@@ -18,7 +18,9 @@ per batch; 1 by default: a frame per write, as a request and its reply go) and t
   what the daemon and the controller pay per frame.
 
 The message is a ``ResyncPage`` of three instance facts (~1 KB, the issue's "1 KB message"). Each figure is the
-best of ``--rounds``; ``encode_us``/``decode_us`` are the codec alone (CPU time, best of 9 runs). The last line is
+best of ``--rounds``; each round runs every row once, in turn, and every other round in the opposite order (raw
+first, then codec first), so that on a machine shared with other work no row is always measured right after
+another. ``encode_us``/``decode_us`` are the codec alone (CPU time, best of 9 runs). The last line is
 ``{"codec_frames_s": ..., "raw_frames_s": ..., "codec_vs_raw": ..., ...}`` (the issue's target: codec >= 70% of raw);
 ``codec_cpu_us_per_frame``, ``framing_cpu_us_per_frame``, ``raw_cpu_us_per_frame`` and ``codec_vs_raw_cpu`` are
 the same rounds in the process's CPU time (both ends run in it), which the load of other processes on a shared
@@ -194,8 +196,8 @@ async def run(certs: Path, frames: int, batch: int, rounds: int, breakdown: bool
     names = ROWS + (BREAKDOWN if breakdown else ())
     wall = dict.fromkeys(names, float("inf"))
     cpu = dict.fromkeys(names, float("inf"))
-    for _ in range(rounds):
-        for name, (w, c) in (await one_round(certs, ends, names)).items():
+    for i in range(rounds):
+        for name, (w, c) in (await one_round(certs, ends, names[:: -1 if i % 2 else 1])).items():
             wall[name], cpu[name] = min(wall[name], w), min(cpu[name], c)
     body = codec.encode(msg, 5)
 
@@ -231,7 +233,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--frames", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--breakdown", action="store_true", help="also the rows that change one end at a time")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-wire-") as tmp:

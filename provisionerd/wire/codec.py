@@ -498,17 +498,20 @@ class _NativePlans:
                 by_class[cls] = proto.discriminantValue
         return 0
 
-    def frame(self) -> tuple[int, int, tuple[int, int], dict[int, tuple[int, int, int, int]], dict[type, int]]:
+    def frame(
+        self,
+    ) -> tuple[int, int, tuple[int, int], dict[int, tuple[int, int, int, int]], dict[type, int], dict[int, str]]:
         corr_field, body_field, members = _frame_fields()
-        out, by_class = {}, {}
+        out, by_class, names = {}, {}, {}
         for member, cls in _MESSAGE_BY_MEMBER.items():
             proto = members[member].proto
             named = bounds.MAX_BODY_BYTES.get(member, -1)  # -1: the frame limit alone
             out[proto.discriminantValue] = (proto.slot.offset, self.struct(cls), bounds.max_units(member), named)
             by_class[cls] = proto.discriminantValue
+            names[proto.discriminantValue] = sys.intern(member)  # the key of bounds.MAX_UNITS, read at each frame
         node = schema().Frame.schema.node.struct
         disc = body_field.schema.node.struct.discriminantOffset
-        return corr_field.proto.slot.offset, disc, (node.dataWordCount, node.pointerCount), out, by_class
+        return corr_field.proto.slot.offset, disc, (node.dataWordCount, node.pointerCount), out, by_class, names
 
 
 def _slot(cls: type, name: str) -> Any:
@@ -563,7 +566,8 @@ def _native_codec() -> tuple[Any, type[BaseException]] | None:
     plans = _NativePlans()
     frame = plans.frame()
     envelope = (Envelope, _stores_only(Envelope))
-    return module.Codec(plans.plans, plans.facts, frame, envelope, types.MemberDescriptorType), module.Refused
+    made = module.Codec(plans.plans, plans.facts, frame, envelope, types.MemberDescriptorType, bounds)
+    return made, module.Refused
 
 
 #: How many frames the native codec handed back to the reference path since the process started: bodies it did
@@ -598,11 +602,6 @@ def encode(msg: Message, corr: int = 0) -> bytes:
         except refused:  # a value the reference path must judge (or a layout it writes otherwise)
             NATIVE_HANDED_BACK[0] += 1
     return encode_reference(msg, corr)
-
-
-def native_available() -> bool:
-    """Whether the native codec is there (built, of these sources, not switched off): ``native.load``."""
-    return _native_codec() is not None
 
 
 def framed_writer() -> (
@@ -760,30 +759,39 @@ def decode_metered(body: bytes) -> tuple[Envelope, int]:
     return decode_reference(body)
 
 
+def framed_reader() -> (
+    tuple[
+        Callable[[bytes | bytearray, Collection[type], int], tuple[Envelope, int, int] | None],
+        tuple[type[BaseException], ...],
+    ]
+    | None
+):
+    """The native codec's ``decode_framed(data, allowed, max_frame)`` and the exceptions by which it declines a frame
+    (its ``Refused``, and what building a value may raise), or None when the native codec is not there:
+    ``decode_framed_native`` is the two together. A ``FramedStream`` keeps them, and calls the reader in place."""
+    fast = _native_codec()
+    return None if fast is None else (fast[0].decode_framed, (fast[1], *_MALFORMED))
+
+
 def decode_framed_native(
     data: bytes | bytearray, allowed: Collection[type], max_frame: int
 ) -> tuple[Envelope, int, int] | None:
     """``(envelope, units, end)`` for the frame at the start of ``data`` (its header and body as a link received
     them, maybe more after it; ``end`` is where it ends), decoded as ``decode_metered`` decodes its body, by the
     native codec in one call, which first checks on the frame's head that its kind is in ``allowed`` and its length
-    within its kind's bound (``bounds.max_body_bytes`` for ``max_frame``). None when ``data`` does not hold the whole
-    frame, its header says more than ``max_frame``, or the native codec is not there or does not answer (any
-    refusal, a check above included): the caller's reference path then checks and decodes the frame and gives the
-    typed error. A ``bytes`` is read where it is; a ``bytearray`` is copied first."""
-    fast = _native_codec()
-    if fast is None:
+    within its kind's bound (``bounds.max_body_bytes`` for ``max_frame``), and charges it against its kind's unit
+    budget as ``bounds`` has it now (``bounds.max_units``). None when ``data`` does not hold the whole frame, its
+    header says more than ``max_frame``, or the native codec is not there or does not answer (any refusal, a check
+    above included): the caller's reference path then checks and decodes the frame and gives the typed error. A
+    ``bytes`` is read where it is; a ``bytearray`` is copied first."""
+    reader = framed_reader()
+    if reader is None:
         return None
-    codec, refused = fast
+    decode_framed, declined = reader
     try:  # the native reader refuses a body that is not a whole number of words (``_check_length``)
-        got: tuple[Envelope, int, int] | None = codec.decode_framed(data, allowed, max_frame)
-    except (refused, *_MALFORMED):
+        return decode_framed(data, allowed, max_frame)
+    except declined:
         return None
-    # the plans hold the caps of when they were compiled: the frame's budget is read now (``bounds.max_units``)
-    if got is not None and got[1] > bounds.MAX_UNITS.get(
-        _MEMBER_BY_MESSAGE[type(got[0].msg)], bounds.DEFAULT_MAX_UNITS
-    ):
-        return None
-    return got
 
 
 def _traversal_words(body: bytes) -> int:

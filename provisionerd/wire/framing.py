@@ -32,11 +32,10 @@ from provisionerd.wire import bounds
 from provisionerd.wire.codec import (
     PREFIX_BYTES,
     FrameHead,
-    decode_framed_native,
     decode_metered,
     encode,
+    framed_reader,
     framed_writer,
-    native_available,
     peek,
     peek_prefix,
 )
@@ -162,7 +161,7 @@ class FramedStream:
         self._writers = trio.lowlevel.ParkingLot()
         self._parked = 0  # writers in ``_writers`` or leaving it: a free turn is then one attribute test
         self._writer = framed_writer()  # the native codec's framed encoders, when it is there
-        self._native = native_available()  # ``receive`` takes a whole frame in hand in one native call
+        self._reader = framed_reader()  # ``receive`` takes a whole frame in hand in one native call
         self._read_size = min(_READ_CHUNK, HEADER_SIZE + max_frame)  # what ``receive`` asks a chunk of
 
     # --- sending -----------------------------------------------------------------------------------------------
@@ -366,21 +365,29 @@ class FramedStream:
         ``DecodeError`` (all ``ProtocolError``: drop the peer), and the stream's own errors
         (``trio.BrokenResourceError``, ``trio.ClosedResourceError``).
         """
-        budget = self.budget
-        if allowed is not None and (budget is None or budget.level >= 0) and self._native:
+        budget, reader = self.budget, self._reader
+        if reader is not None and allowed is not None and (budget is None or budget.level >= 0):
             # A whole small frame in hand (the common case): the native codec checks its kind and bound on its
             # head, then decodes it, in one call, with no copy into the buffer when it came in a chunk of its own.
             # Whatever it does not answer, the path below checks and decodes as always, with its typed errors.
+            # (``codec.decode_framed_native``, called in place: a function call more costs a frame ~0.3 us.)
+            decode_framed, declined = reader
             buffer = self._buffer
             if buffer:
-                got = decode_framed_native(buffer, allowed, self.max_frame)
+                try:
+                    got = decode_framed(buffer, allowed, self.max_frame)
+                except declined:
+                    got = None
                 if got is not None:
                     self._consume(got[2])
             else:
                 chunk = await self.stream.receive_some(self._read_size)
                 if not chunk:
                     return None  # EOF between frames
-                got = decode_framed_native(chunk, allowed, self.max_frame)
+                try:
+                    got = decode_framed(chunk, allowed, self.max_frame)
+                except declined:
+                    got = None
                 if got is None:
                     self._charge(len(chunk))
                     buffer += chunk

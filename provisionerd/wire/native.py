@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 #: The environment variable that turns the native reader off when set to ``0``.
 SWITCH = "PROVISIONERD_NATIVE_CODEC"
 #: The shape of the plans ``codec`` hands the extension (``PLAN_VERSION`` in rust/fastwire/src/lib.rs).
-PLAN_VERSION = 5
+PLAN_VERSION = 6
 
 
 def load() -> ModuleType | None:

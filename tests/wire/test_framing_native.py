@@ -11,6 +11,7 @@ Skipped where the extension is not built (a checkout without Rust), except in CI
 from __future__ import annotations
 
 import os
+import types
 from unittest import mock
 
 import pytest
@@ -217,3 +218,35 @@ def test_a_value_of_a_subclass_is_written_as_getattr_reads_it_not_from_its_class
     assert codec.decode(codec.encode(msg, 1)).msg.epoch == Epoch(3, 99)
     framed = codec.encode_framed_native(msg, 1, 1 << 20)
     assert framed is not None and codec.decode(framed[8:]).msg == LeaseGrant("sim", Epoch(3, 99), 5000)
+
+
+async def test_a_frame_over_its_unit_budget_as_it_stands_now_is_left_to_the_reference_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The native codec's plans hold each kind's unit budget of when they were made; the framed reader charges a
+    # frame against the budget as ``bounds`` has it at that frame (MAX_UNITS, else DEFAULT_MAX_UNITS), and declines
+    # one over it, which the path through decode_metered then refuses with FrameOverBounds.
+    page = _big_page(3)
+    framed = frame_bytes(codec.encode(page, 4))
+    envelope, units = codec.decode_metered(framed[8:])
+    assert codec.decode_framed_native(framed, ALL_KINDS, 1 << 20) == (envelope, units, len(framed))
+    native_codec, refused = fast()
+    for table, default in [({}, units - 1), ({"resyncPage": units - 1}, units + 10)]:
+        monkeypatch.setattr(bounds, "MAX_UNITS", table)
+        monkeypatch.setattr(bounds, "DEFAULT_MAX_UNITS", default)
+        with pytest.raises(refused, match="unit budget"):
+            native_codec.decode_framed(framed, ALL_KINDS, 1 << 20)  # type: ignore[attr-defined]
+        left, right = trio.testing.memory_stream_pair()
+        await left.send_all(framed)
+        with pytest.raises(FrameOverBounds, match="decoding budget"):
+            await FramedStream(right).receive(ALL_KINDS, "controller")  # type: ignore[arg-type]
+    # at the budget exactly, read natively; a budget the native reader cannot read is left to the reference path
+    monkeypatch.setattr(bounds, "MAX_UNITS", {"resyncPage": units})
+    assert native_codec.decode_framed(framed, ALL_KINDS, 1 << 20) == (envelope, units, len(framed))  # type: ignore[attr-defined]
+    monkeypatch.setattr(bounds, "MAX_UNITS", types.MappingProxyType({"resyncPage": units - 1}))
+    with pytest.raises(refused, match="not a dict"):
+        native_codec.decode_framed(framed, ALL_KINDS, 1 << 20)  # type: ignore[attr-defined]
+    assert codec.decode_framed_native(framed, ALL_KINDS, 1 << 20) is None
+    monkeypatch.delattr(bounds, "DEFAULT_MAX_UNITS")
+    monkeypatch.setattr(bounds, "MAX_UNITS", {})
+    assert codec.decode_framed_native(framed, ALL_KINDS, 1 << 20) is None

@@ -267,6 +267,7 @@ def test_every_field_read_through_its_slot_is_found_in_the_value_itself() -> Non
     native_codec, _ = fast()
     plans = native_codec.slot_offsets()  # type: ignore[attr-defined]
     assert any(cls is model.InstanceFact for cls, _, _ in plans)
+    assert plans[-1][:2] == (m.Envelope, True)  # the envelope's corr and msg, stored at their offsets
     for cls, slots, offsets in plans:
         if slots:
             assert all(offsets), cls.__name__
@@ -288,3 +289,79 @@ def test_a_value_with_a_field_never_set_is_refused_as_the_reference_refuses_it()
         codec.encode_reference(page)
     with pytest.raises(AttributeError, match="seq"):
         codec.encode(page)
+
+
+@given(frames=st.lists(st.tuples(messages, u64), max_size=5))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_many_frames_written_in_one_call_are_each_frame_written_alone(frames):
+    # encode_framed_many writes every frame into one buffer (kept from call to call), each with its header and
+    # its segment table: the same bytes as encode_framed of each, joined, and the body as encode writes it
+    native_codec, _ = fast()
+    alone = [native_codec.encode_framed(msg, corr, 1 << 20) for msg, corr in frames]  # type: ignore[attr-defined]
+    assert native_codec.encode_framed_many(list(frames), 1 << 20) == b"".join(alone)  # type: ignore[attr-defined]
+    for (msg, corr), framed in zip(frames, alone, strict=True):
+        assert framed[8:] == native_codec.encode(msg, corr) == codec.encode(msg, corr)  # type: ignore[attr-defined]
+        assert int.from_bytes(framed[:8], "little") == len(framed) - 8
+
+
+def test_a_frame_refused_part_way_leaves_nothing_in_the_next_one():
+    # a refusal (a value out of range, a body over the limit, not a pair) after frames written into the kept
+    # buffer, and a body larger than the buffer keeps: the next call writes its own frames alone
+    native_codec, refused = fast()
+    page = _facts(3)
+    expected = native_codec.encode_framed(page, 5, 1 << 20)  # type: ignore[attr-defined]
+    big = _facts(400)  # about 170 KiB: a buffer larger than the one kept (64 KiB)
+    for items, limit in [
+        ([(page, 5), (m.Heartbeat(2**64), 1)], 1 << 20),
+        ([(page, 5), (big, 6)], 1 << 16),
+        ([(page, 5), (page,)], 1 << 20),
+        ([(page, 5), page], 1 << 20),
+        ([(page, 5), (page, -1)], 1 << 20),
+    ]:
+        with pytest.raises(refused):
+            native_codec.encode_framed_many(items, limit)  # type: ignore[attr-defined]
+        assert native_codec.encode_framed(page, 5, 1 << 20) == expected  # type: ignore[attr-defined]
+    assert codec.decode(native_codec.encode(big, 6)) == m.Envelope(6, big)  # type: ignore[attr-defined]
+    assert native_codec.encode_framed_many([(page, 5)], 1 << 20) == expected  # type: ignore[attr-defined]
+    assert native_codec.encode_framed_many([], 1 << 20) == b""  # type: ignore[attr-defined]
+
+
+class _Text(str):
+    pass
+
+
+class _Count(int):
+    pass
+
+
+class _Index:
+    """Not an int, but one to ``operator.index`` (the reference writer takes it)."""
+
+    def __index__(self) -> int:
+        return 7
+
+
+class _Ratio(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("msg", "plain"),
+    [
+        (m.LeaseAcquire(_Text("aws")), m.LeaseAcquire("aws")),
+        (m.Heartbeat(_Count(5)), m.Heartbeat(5)),
+        (m.Heartbeat(_Index()), m.Heartbeat(7)),  # type: ignore[arg-type]
+        (m.Heartbeat(True), m.Heartbeat(1)),
+        (m.FactAck(_Count(43), _Ratio(1765000002.5)), m.FactAck(43, 1765000002.5)),
+        (m.FactAck(43, 1765000002), m.FactAck(43, 1765000002.0)),  # type: ignore[arg-type]
+    ],
+    ids=["str-subclass", "int-subclass", "index", "bool-for-int", "float-subclasses", "int-for-float"],
+)
+def test_a_scalar_of_a_subclass_or_another_type_is_written_as_the_plain_value(msg, plain):
+    # Exact str, int, float and bool are written borrowed from their slot; anything else the long way, through a
+    # reference of its own, to the same bytes as before: those of the plain value. (The reference writer refuses
+    # some of these, an int subclass or a bool for an integer, which the native writer has always written.)
+    native_codec, _ = fast()
+    expected = codec.encode_reference(plain, 3)
+    assert native_codec.encode(msg, 3) == expected  # type: ignore[attr-defined]
+    assert native_codec.encode_framed_many([(msg, 3)], 1 << 20) == len(expected).to_bytes(8, "little") + expected  # type: ignore[attr-defined]

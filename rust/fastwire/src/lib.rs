@@ -16,6 +16,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyString, PyTuple};
+use pyo3::Borrowed;
 
 create_exception!(
     _fastwire,
@@ -94,6 +95,16 @@ struct Plan {
     offsets: Vec<isize>,
 }
 
+/// The codec's caches (`Codec::memo`, `Codec::interned`, `Codec::scratch`), reached only with the GIL held: a
+/// `RefCell` behind it, where a `Mutex` cost two atomic operations a lookup (about 6% of a decode). Each borrow
+/// ends before any Python code may run (a value dropped out of one is dropped after the borrow), so no call that
+/// re-enters the codec finds one still borrowed.
+type Held<T> = pyo3::sync::GILProtected<std::cell::RefCell<T>>;
+
+fn held<T>(value: T) -> Held<T> {
+    pyo3::sync::GILProtected::new(std::cell::RefCell::new(value))
+}
+
 /// Slots of `Codec::interned` and the longest text it keeps (`Codec::interned`).
 const INTERNED_SLOTS: usize = 256;
 const INTERNED_KEY_MAX: usize = 64;
@@ -146,7 +157,32 @@ struct FactPlan {
     dw: u16,
     pc: u16,
     members: Vec<Option<(u32, usize)>>, // discriminant -> (pointer index in Fact, plan)
-    by_class: Py<PyDict>,               // class -> discriminant
+    by_class: ByType,                   // class -> discriminant
+}
+
+/// A `{class: discriminant}` dict's entries, which the writer finds a value's own class in by its address (a value
+/// of a subclass is not found, as in the dict), with no hashing and no reference taken to the class or the number.
+struct ByType(Vec<(PyObject, usize)>);
+
+impl ByType {
+    fn of(by_class: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let mut entries = Vec::with_capacity(by_class.len());
+        for (cls, disc) in by_class.iter() {
+            entries.push((cls.unbind(), disc.extract::<usize>()?));
+        }
+        Ok(ByType(entries))
+    }
+
+    /// The discriminant of `v`'s class, if it is one of them.
+    #[inline]
+    fn get(&self, v: &Bound<'_, PyAny>) -> Option<usize> {
+        // SAFETY: `v` is a live object; its type is compared by address, not followed
+        let tp = unsafe { pyo3::ffi::Py_TYPE(v.as_ptr()) }.cast::<pyo3::ffi::PyObject>();
+        self.0
+            .iter()
+            .find(|(cls, _)| std::ptr::eq(cls.as_ptr(), tp))
+            .map(|(_, disc)| *disc)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -499,14 +535,19 @@ struct Codec {
     body_disc: usize,
     frame_words: (u16, u16),
     members: Vec<Option<(u32, usize, i64, i64)>>, // body discriminant -> (pointer, plan, max units, max body bytes or -1)
-    by_class: Py<PyDict>,                         // message class -> body discriminant
+    member_names: Vec<Option<Py<PyString>>>, // body discriminant -> its member's name (`units_now`)
+    bounds: Py<PyDict>, // the namespace of the module `provisionerd.wire.bounds` (`units_now`)
+    by_class: ByType,   // message class -> body discriminant
     envelope: PyObject,
     envelope_raw: bool, // made as `raw_new` makes values: its `__init__` would only store `corr` and `msg`
     envelope_names: (Py<PyString>, Py<PyString>),
-    memo: std::sync::Mutex<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
+    /// With `envelope_raw`: where `corr` and `msg` sit in an envelope (`slot_offset`), when both are confirmed.
+    envelope_slots: Option<(isize, isize)>,
+    memo: Held<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
     access: SlotAccess, // the member descriptors' `__get__` and `__set__`
     #[allow(clippy::type_complexity)]
-    interned: std::sync::Mutex<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
+    interned: Held<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
+    scratch: Held<Vec<u64>>, // the words of the last frames written, kept for the next (`Codec::frames`)
 }
 
 impl Codec {
@@ -537,8 +578,12 @@ impl Codec {
             if !allowed.contains(self.plans[*plan].cls.bind(py))? {
                 return Err(refused("kind not allowed"));
             }
+            // the plans hold the kind's budget of when they were made: the frame is charged against the lower of
+            // that and the budget as it stands now (`units_now`), which the reference path reads
+            m.max_units = (*max_units).min(self.units_now(py, disc)?);
+        } else {
+            m.max_units = *max_units;
         }
-        m.max_units = *max_units;
         let inner = self.ptr_struct(&mut m, &root, *ptr)?;
         m.spend(1)?;
         let msg = self.build(py, &mut m, *plan, &inner, None)?;
@@ -558,6 +603,14 @@ impl Codec {
                     return Err(PyErr::fetch(py));
                 }
                 let obj = Bound::from_owned_ptr(py, obj);
+                if let Some((at_corr, at_msg)) = self.envelope_slots {
+                    // straight into the two confirmed slots of the new (empty) envelope, as `raw_set` stores a
+                    // field: each takes over its value's reference
+                    let base = obj.as_ptr().cast::<u8>();
+                    *base.offset(at_corr).cast::<*mut pyo3::ffi::PyObject>() = corr.into_ptr();
+                    *base.offset(at_msg).cast::<*mut pyo3::ffi::PyObject>() = msg.into_ptr();
+                    return Ok((obj, m.units));
+                }
                 if pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), c.as_ptr(), corr.as_ptr()) != 0
                     || pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), n.as_ptr(), msg.as_ptr())
                         != 0
@@ -570,6 +623,39 @@ impl Codec {
             self.envelope.bind(py).call1((corr, msg))?
         };
         Ok((envelope, m.units))
+    }
+
+    /// `bounds.max_units(member)` of the frame kind `disc` as it stands now: `bounds.MAX_UNITS.get(member,
+    /// bounds.DEFAULT_MAX_UNITS)`, read from the module at each call (tests and benches change them). `Refused`
+    /// when the module holds something else there than a dict and integers.
+    fn units_now(&self, py: Python<'_>, disc: usize) -> R<i64> {
+        let name = match self.member_names.get(disc) {
+            Some(Some(name)) => name.bind(py),
+            _ => return Err(refused("unknown frame kind")),
+        };
+        // read from the module's namespace, where its attributes are (and where a test's setattr puts them)
+        let odd = |_| refused("bounds holds no unit budgets");
+        let missing = || refused("bounds holds no unit budgets");
+        let bounds = self.bounds.bind(py);
+        let table = bounds
+            .get_item(pyo3::intern!(py, "MAX_UNITS"))
+            .map_err(odd)?
+            .ok_or_else(missing)?;
+        let table = table
+            .downcast_exact::<PyDict>()
+            .map_err(|_| refused("bounds.MAX_UNITS is not a dict"))?;
+        let units = match table.get_item(name).map_err(odd)? {
+            Some(units) => units,
+            None => bounds
+                .get_item(pyo3::intern!(py, "DEFAULT_MAX_UNITS"))
+                .map_err(odd)?
+                .ok_or_else(missing)?,
+        };
+        units
+            .downcast_exact::<pyo3::types::PyInt>()
+            .map_err(|_| refused("a unit budget is not an int"))?
+            .extract::<i64>()
+            .map_err(|_| refused("a unit budget out of range"))
     }
 
     fn element(&self, l: &L, i: usize) -> S {
@@ -639,7 +725,7 @@ impl Codec {
     fn interned<'py>(&self, py: Python<'py>, raw: &[u8]) -> R<Bound<'py, PyString>> {
         let slot = (raw.len() <= INTERNED_KEY_MAX).then(|| fnv1a(raw) % INTERNED_SLOTS);
         if let Some(i) = slot {
-            if let Some((key, text)) = &self.interned.lock().unwrap()[i] {
+            if let Some((key, text)) = &self.interned.get(py).borrow()[i] {
                 if **key == *raw {
                     return Ok(text.bind(py).clone());
                 }
@@ -647,8 +733,9 @@ impl Codec {
         }
         let text = py_text(py, raw, true)?;
         if let Some(i) = slot {
-            let old = self.interned.lock().unwrap()[i].replace((raw.into(), text.clone().unbind()));
-            drop(old); // after the lock: dropping a str may run no Python code, but it need not hold the lock
+            let old =
+                self.interned.get(py).borrow_mut()[i].replace((raw.into(), text.clone().unbind()));
+            drop(old); // once the cell is free again (`Held`)
         }
         Ok(text)
     }
@@ -821,7 +908,7 @@ impl Codec {
         }
         let key = key.get();
         if let Some(key) = key {
-            if let Some(v) = self.memo.lock().unwrap().get(key) {
+            if let Some(v) = self.memo.get(py).borrow().get(key) {
                 return Ok(v.bind(py).clone());
             }
         }
@@ -837,11 +924,15 @@ impl Codec {
         }
         let value = p.cls.bind(py).call1(PyTuple::new(py, args)?)?;
         if let Some(key) = key {
-            let mut memo = self.memo.lock().unwrap();
-            if memo.len() >= MEMO_CAP {
-                memo.clear();
-            }
-            memo.insert(key.to_vec(), value.clone().unbind());
+            let mut memo = self.memo.get(py).borrow_mut();
+            let full = if memo.len() >= MEMO_CAP {
+                std::mem::take(&mut *memo)
+            } else {
+                Default::default()
+            };
+            let old = memo.insert(key.to_vec(), value.clone().unbind());
+            drop(memo);
+            drop((full, old)); // once the cell is free again (`Held`)
         }
         Ok(value)
     }
@@ -1254,16 +1345,60 @@ impl Codec {
             } else {
                 s
             };
-            self.put(py, o, f, to, &self.attr(py, p, i, v, direct)?)?;
+            self.put_field(o, p, i, to, v, direct)?;
         }
         Ok(())
+    }
+
+    /// Field `i` of plan `p` read from `v` (`attr`) and written into `to` (`put`). A str, int, float or bool of
+    /// exactly those types found in its slot is written borrowed from `v`, with no reference of its own taken and
+    /// given back: writing one runs no Python code, so no other code can replace the slot's value meanwhile.
+    #[inline]
+    fn put_field(
+        &self,
+        o: &mut Out,
+        p: &Plan,
+        i: usize,
+        to: &S,
+        v: &Bound<'_, PyAny>,
+        direct: bool,
+    ) -> R<()> {
+        let (py, f) = (v.py(), &p.fields[i]);
+        if direct && p.offsets[i] != 0 && f.kind <= K_TEXT_INTERN {
+            // SAFETY: as in `attr`: a confirmed slot inside `v`, a value of `p.cls` itself. The value found there
+            // is used only while `v` holds it, in `put` of a scalar or text kind, which for these exact types calls
+            // no Python code (no `__index__`, `__float__` or `__str__` of a subclass).
+            unsafe {
+                let got = *v
+                    .as_ptr()
+                    .cast::<u8>()
+                    .offset(p.offsets[i])
+                    .cast::<*mut pyo3::ffi::PyObject>();
+                if !got.is_null() {
+                    let tp = pyo3::ffi::Py_TYPE(got);
+                    if std::ptr::eq(tp, &raw mut pyo3::ffi::PyUnicode_Type)
+                        || std::ptr::eq(tp, &raw mut pyo3::ffi::PyLong_Type)
+                        || std::ptr::eq(tp, &raw mut pyo3::ffi::PyFloat_Type)
+                        || std::ptr::eq(tp, &raw mut pyo3::ffi::PyBool_Type)
+                    {
+                        return self.put(py, o, f, to, &Borrowed::from_ptr(py, got));
+                    }
+                }
+            }
+        }
+        self.put(py, o, f, to, &self.attr(py, p, i, v, direct)?)
     }
 
     /// Whether `v`'s fields may be read through their slots: `v` is of the plan's own class (not a subclass,
     /// which could define them otherwise) and the plan has them.
     #[inline]
-    fn direct(&self, py: Python<'_>, p: &Plan, v: &Bound<'_, PyAny>) -> bool {
-        p.slots && v.get_type().is(p.cls.bind(py))
+    fn direct(&self, _py: Python<'_>, p: &Plan, v: &Bound<'_, PyAny>) -> bool {
+        // SAFETY: `v` is a live object; its type is compared by address, not followed
+        p.slots
+            && std::ptr::eq(
+                unsafe { pyo3::ffi::Py_TYPE(v.as_ptr()) }.cast(),
+                p.cls.as_ptr(),
+            )
     }
 
     /// `getattr(v, name)` of field `i` of plan `p`, through the field's slot when `direct`: read straight from
@@ -1317,14 +1452,7 @@ impl Codec {
         v: &Bound<'_, PyAny>,
     ) -> R<()> {
         let fp = &self.facts[fact_plan];
-        let disc: usize = fp
-            .by_class
-            .bind(py)
-            .get_item(v.get_type())
-            .ok()
-            .flatten()
-            .ok_or_else(|| refused("not a fact"))?
-            .extract()?;
+        let disc = fp.by_class.get(v).ok_or_else(|| refused("not a fact"))?;
         let Some(Some((ptr, plan))) = fp.members.get(disc) else {
             return Err(refused("not a fact"));
         };
@@ -1333,15 +1461,38 @@ impl Codec {
         let p = &self.plans[*plan];
         let direct = self.direct(py, p, v);
         // the header first (the reference writes it before it initialises the member), then the member
-        for (i, f) in p.fields.iter().enumerate().filter(|(_, f)| f.outer) {
-            self.put(py, o, f, &fact, &self.attr(py, p, i, v, direct)?)?;
+        for (i, _) in p.fields.iter().enumerate().filter(|(_, f)| f.outer) {
+            self.put_field(o, p, i, &fact, v, direct)?;
         }
         let member = o.new_struct(fact.data + fact.dw + *ptr as usize, p.dw, p.pc);
-        for (i, f) in p.fields.iter().enumerate().filter(|(_, f)| !f.outer) {
-            self.put(py, o, f, &member, &self.attr(py, p, i, v, direct)?)?;
+        for (i, _) in p.fields.iter().enumerate().filter(|(_, f)| !f.outer) {
+            self.put_field(o, p, i, &member, v, direct)?;
         }
         Ok(())
     }
+}
+
+/// Where an envelope (`cls`) holds `corr` and `msg` (`names`), when `slot_offset` confirms both for the descriptors
+/// the class finds by those names; None otherwise (then they are set by name).
+fn envelope_slots(
+    py: Python<'_>,
+    cls: &PyObject,
+    names: &(Py<PyString>, Py<PyString>),
+    slot_type: &Bound<'_, pyo3::types::PyType>,
+) -> PyResult<Option<(isize, isize)>> {
+    let Ok(cls) = cls.bind(py).downcast::<pyo3::types::PyType>() else {
+        return Ok(None);
+    };
+    let basicsize: isize = cls.getattr("__basicsize__")?.extract()?;
+    let find = |name: &Py<PyString>| {
+        let descr = cls.getattr(name.bind(py)).ok()?;
+        descr
+            .get_type()
+            .is(slot_type)
+            .then(|| slot_offset(cls, &descr, name, basicsize))
+            .flatten()
+    };
+    Ok(find(&names.0).zip(find(&names.1)))
 }
 
 /// `Plan.offsets` for the fields of `cls`: each slot's offset where `slot_offset` confirms it (only for a plan read
@@ -1393,11 +1544,17 @@ impl Codec {
             (u16, u16),
             std::collections::HashMap<usize, (u32, usize, i64, i64)>,
             Py<PyDict>,
+            std::collections::HashMap<usize, Py<PyString>>,
         ),
         envelope: (PyObject, bool),
         slot_type: &Bound<'_, pyo3::types::PyType>,
+        bounds: PyObject,
     ) -> PyResult<Self> {
         let access = SlotAccess::of(slot_type)?;
+        let envelope_names = (
+            PyString::intern(py, "corr").unbind(),
+            PyString::intern(py, "msg").unbind(),
+        );
         let n = plans.len();
         let nf = facts.len();
         let plans: Vec<Plan> = plans
@@ -1437,9 +1594,9 @@ impl Codec {
                 }
             }
         }
-        fn dense<T: Clone>(m: std::collections::HashMap<usize, T>) -> Vec<Option<T>> {
+        fn dense<T>(m: std::collections::HashMap<usize, T>) -> Vec<Option<T>> {
             let len = m.keys().max().map_or(0, |k| k + 1);
-            let mut v = vec![None; len];
+            let mut v: Vec<Option<T>> = (0..len).map(|_| None).collect();
             for (k, x) in m {
                 v[k] = Some(x);
             }
@@ -1447,22 +1604,25 @@ impl Codec {
         }
         let facts: Vec<FactPlan> = facts
             .into_iter()
-            .map(|(disc_offset, dw, pc, members, by_class)| FactPlan {
-                disc_offset,
-                dw,
-                pc,
-                members: dense(members),
-                by_class,
+            .map(|(disc_offset, dw, pc, members, by_class)| {
+                Ok(FactPlan {
+                    disc_offset,
+                    dw,
+                    pc,
+                    members: dense(members),
+                    by_class: ByType::of(by_class.bind(py))?,
+                })
             })
-            .collect();
+            .collect::<PyResult<_>>()?;
         if facts
             .iter()
             .any(|fp| fp.members.iter().flatten().any(|(_, p)| *p >= n))
         {
             return Err(bad("a fact plan refers to no plan"));
         }
-        let (corr_offset, body_disc, frame_words, members, by_class) = frame;
+        let (corr_offset, body_disc, frame_words, members, by_class, member_names) = frame;
         let members = dense(members);
+        let member_names = dense(member_names);
         if members.iter().flatten().any(|(_, p, _, _)| *p >= n) {
             return Err(bad("a frame member refers to no plan"));
         }
@@ -1473,25 +1633,38 @@ impl Codec {
             body_disc,
             frame_words,
             members,
-            by_class,
+            member_names,
+            bounds: bounds
+                .bind(py)
+                .downcast::<pyo3::types::PyModule>()?
+                .dict()
+                .unbind(),
+            by_class: ByType::of(by_class.bind(py))?,
+            envelope_slots: envelope_slots(py, &envelope.0, &envelope_names, slot_type)?,
             envelope: envelope.0,
             envelope_raw: envelope.1,
-            envelope_names: (
-                PyString::intern(py, "corr").unbind(),
-                PyString::intern(py, "msg").unbind(),
-            ),
-            memo: std::sync::Mutex::new(std::collections::HashMap::new()),
+            envelope_names,
+            memo: held(std::collections::HashMap::new()),
             access,
-            interned: std::sync::Mutex::new((0..INTERNED_SLOTS).map(|_| None).collect()),
+            interned: held((0..INTERNED_SLOTS).map(|_| None).collect()),
+            scratch: held(Vec::new()),
         })
     }
 
     /// `(class, read through slots, offsets)` of each plan: whether its values' fields are read and written through
-    /// their slots, and where each slot was confirmed to sit in a value (`slot_offset`; 0: through its descriptor).
+    /// their slots, and where each slot was confirmed to sit in a value (`slot_offset`; 0: through its descriptor);
+    /// then the envelope's, `corr` and `msg` (stored at their offsets when both are confirmed, else by name).
     fn slot_offsets<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyAny>, bool, Vec<isize>)> {
+        let (at_corr, at_msg) = self.envelope_slots.unwrap_or((0, 0));
+        let envelope = (
+            self.envelope.bind(py).clone(),
+            self.envelope_slots.is_some(),
+            vec![at_corr, at_msg],
+        );
         self.plans
             .iter()
             .map(|p| (p.cls.bind(py).clone(), p.slots, p.offsets.clone()))
+            .chain(std::iter::once(envelope))
             .collect()
     }
 
@@ -1558,11 +1731,8 @@ impl Codec {
         msg: &Bound<'py, PyAny>,
         corr: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let words = self.words_of(py, msg, corr)?;
-        PyBytes::new_with(py, 8 + 8 * words.len(), |buf| {
-            put_body(buf, &words);
-            Ok(())
-        })
+        // the frame as `encode_framed` writes it, less its header word
+        self.frames(py, |o| self.put_frame(py, o, msg, corr, u64::MAX), 1)
     }
 
     /// What goes on the stream for `msg` with correlation id `corr`: the frame header (the body's length, 8
@@ -1575,16 +1745,7 @@ impl Codec {
         corr: u64,
         max_frame: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let words = self.words_of(py, msg, corr)?;
-        let body = 8 + 8 * words.len();
-        if body as u64 > max_frame {
-            return Err(refused("over the frame limit"));
-        }
-        PyBytes::new_with(py, 8 + body, |buf| {
-            buf[..8].copy_from_slice(&(body as u64).to_le_bytes());
-            put_body(&mut buf[8..], &words);
-            Ok(())
-        })
+        self.frames(py, |o| self.put_frame(py, o, msg, corr, max_frame), 0)
     }
 
     /// `encode_framed` of each `(msg, corr)` of `items` (a list), one after the other in one `bytes`: what one
@@ -1595,78 +1756,115 @@ impl Codec {
         items: &Bound<'py, pyo3::types::PyList>,
         max_frame: u64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let mut all = Vec::with_capacity(items.len());
-        let mut total = 0usize;
-        for item in items.iter() {
-            let (msg, corr): (Bound<'py, PyAny>, u64) = item
-                .extract()
-                .map_err(|_| refused("not a (msg, corr) pair"))?;
-            let words = self.words_of(py, &msg, corr)?;
-            let body = 8 + 8 * words.len();
-            if body as u64 > max_frame {
-                return Err(refused("over the frame limit"));
-            }
-            total += 8 + body;
-            all.push(words);
-        }
-        PyBytes::new_with(py, total, |buf| {
-            let mut at = 0;
-            for words in &all {
-                let body = 8 + 8 * words.len();
-                buf[at..at + 8].copy_from_slice(&(body as u64).to_le_bytes());
-                put_body(&mut buf[at + 8..at + 8 + body], words);
-                at += 8 + body;
-            }
-            Ok(())
-        })
+        self.frames(
+            py,
+            |o| {
+                for item in items.iter() {
+                    // the pair is held (`item`) and a tuple never changes: its two items are borrowed
+                    let pair = item
+                        .downcast::<PyTuple>()
+                        .ok()
+                        .filter(|t| t.len() == 2)
+                        .ok_or_else(|| refused("not a (msg, corr) pair"))?;
+                    let msg = pair.get_borrowed_item(0)?;
+                    let corr: u64 = pair
+                        .get_borrowed_item(1)?
+                        .extract()
+                        .map_err(|_| refused("not a (msg, corr) pair"))?;
+                    self.put_frame(py, o, &msg, corr, max_frame)?;
+                }
+                Ok(())
+            },
+            0,
+        )
     }
 }
 
-/// A one-segment body: the segment table (0 = one segment, then its length in words), then the words.
-fn put_body(buf: &mut [u8], words: &[u64]) {
-    buf[..4].copy_from_slice(&0u32.to_le_bytes());
-    buf[4..8].copy_from_slice(&(words.len() as u32).to_le_bytes());
-    for (chunk, w) in buf[8..].chunks_exact_mut(8).zip(words) {
-        chunk.copy_from_slice(&w.to_le_bytes());
-    }
-}
+/// `Codec::frames` keeps its buffer for the next call up to this many words (64 KiB); a larger one is dropped.
+const SCRATCH_KEEP_WORDS: usize = 8192;
 
 impl Codec {
-    /// The one segment's words for `msg` in a frame with `corr`, or `Refused`.
-    fn words_of(&self, py: Python<'_>, msg: &Bound<'_, PyAny>, corr: u64) -> PyResult<Vec<u64>> {
-        let disc: usize = self
+    /// The `bytes` of the frames `write` puts into an empty `Out` (each by `put_frame`), less their first `skip`
+    /// words. The words are written into the buffer the last call used (no allocation and no growing it again
+    /// for frames of the usual size), then copied once into the `bytes`. Taken out of `scratch` for the call, not
+    /// borrowed from it: Python code run by `write` (an enum's `__hash__`) may let another thread encode, which
+    /// then finds no buffer there and makes its own.
+    fn frames<'py>(
+        &self,
+        py: Python<'py>,
+        write: impl FnOnce(&mut Out) -> PyResult<()>,
+        skip: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let mut words = std::mem::take(&mut *self.scratch.get(py).borrow_mut());
+        words.clear();
+        let mut o = Out { words };
+        let written = write(&mut o);
+        let out = written.map(|()| bytes_of(py, &o.words[skip.min(o.words.len())..]));
+        if o.words.capacity() <= SCRATCH_KEEP_WORDS {
+            *self.scratch.get(py).borrow_mut() = o.words;
+        }
+        out
+    }
+
+    /// The frame for `msg` with `corr` appended to `o`: its header word (the body's length in bytes), the body's
+    /// segment table (one segment: 0, then its length in words) and the segment's words; `Refused` when the body
+    /// would pass `max_frame` bytes or `msg` is not written (what was appended is then of no use).
+    fn put_frame(
+        &self,
+        py: Python<'_>,
+        o: &mut Out,
+        msg: &Bound<'_, PyAny>,
+        corr: u64,
+        max_frame: u64,
+    ) -> PyResult<()> {
+        let disc = self
             .by_class
-            .bind(py)
-            .get_item(msg.get_type())
-            .ok()
-            .flatten()
-            .ok_or_else(|| refused("not a wire message"))?
-            .extract()?;
+            .get(msg)
+            .ok_or_else(|| refused("not a wire message"))?;
         let Some(Some((ptr, plan, _, _))) = self.members.get(disc) else {
             return Err(refused("not a wire message"));
         };
-        let mut o = Out {
-            words: Vec::with_capacity(128),
-        };
-        o.alloc(1); // the root pointer
-        let root = o.new_struct(0, self.frame_words.0, self.frame_words.1);
+        let head = o.alloc(2);
+        // Pointers hold offsets relative to where they sit, so the segment starting at `base` instead of 0 changes
+        // none of its words.
+        let base = o.alloc(1); // the root pointer
+        let root = o.new_struct(base, self.frame_words.0, self.frame_words.1);
         o.set_bits(&root, self.corr_offset, 64, corr);
         o.set_bits(&root, self.body_disc, 16, disc as u64);
         let p = &self.plans[*plan];
         let inner = o.new_struct(root.data + root.dw + *ptr as usize, p.dw, p.pc);
-        self.put_struct(py, &mut o, *plan, &inner, msg, None)?;
-        if o.words.len() > u32::MAX as usize {
+        self.put_struct(py, o, *plan, &inner, msg, None)?;
+        let words = o.words.len() - base;
+        if words > u32::MAX as usize {
             return Err(refused("message too large"));
         }
-        Ok(o.words)
+        let body = 8 + 8 * words as u64;
+        if body > max_frame {
+            return Err(refused("over the frame limit"));
+        }
+        o.words[head] = body; // little-endian on the wire, as every word (`bytes_of`)
+        o.words[head + 1] = (words as u64) << 32; // segment count less one (0), then the segment's words
+        Ok(())
     }
+}
+
+/// `words` as the stream carries them: each little-endian, one after the other, in one copy.
+fn bytes_of<'py>(py: Python<'py>, words: &[u64]) -> Bound<'py, PyBytes> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: any u64s are valid bytes; the slice covers exactly the words' memory, live for the call.
+        let raw =
+            unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), 8 * words.len()) };
+        return PyBytes::new(py, raw);
+    }
+    let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    PyBytes::new(py, &raw)
 }
 
 #[pymodule]
 fn _fastwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Codec>()?;
     // The shape of the plans `Codec` takes; provisionerd/wire/native.py loads no other (a stale build).
-    m.add("PLAN_VERSION", 5)?;
+    m.add("PLAN_VERSION", 6)?;
     m.add("Refused", m.py().get_type::<Refused>())?;
     Ok(())
 }
