@@ -1198,6 +1198,18 @@ impl SlotAccess {
     }
 }
 
+/// The object pointer stored in the slot at `offset` bytes into `v` (NULL: the slot is unset), not a reference.
+///
+/// # Safety
+/// `offset` must be a confirmed object slot inside `v`'s instance (`slot_offset`, checked for `v`'s exact class).
+#[inline]
+unsafe fn slot_value(v: &Bound<'_, PyAny>, offset: isize) -> *mut pyo3::ffi::PyObject {
+    *v.as_ptr()
+        .cast::<u8>()
+        .offset(offset)
+        .cast::<*mut pyo3::ffi::PyObject>()
+}
+
 /// The UTF-8 of a str, borrowed from it (CPython keeps it with the str: no copy before it goes into the words).
 fn text_of<'a>(v: &'a Bound<'_, PyAny>) -> R<&'a str> {
     let s = v.downcast::<PyString>().map_err(|_| refused("not a str"))?;
@@ -1369,11 +1381,7 @@ impl Codec {
             // is used only while `v` holds it, in `put` of a scalar or text kind, which for these exact types calls
             // no Python code (no `__index__`, `__float__` or `__str__` of a subclass).
             unsafe {
-                let got = *v
-                    .as_ptr()
-                    .cast::<u8>()
-                    .offset(p.offsets[i])
-                    .cast::<*mut pyo3::ffi::PyObject>();
+                let got = slot_value(v, p.offsets[i]);
                 if !got.is_null() {
                     let tp = pyo3::ffi::Py_TYPE(got);
                     if std::ptr::eq(tp, &raw mut pyo3::ffi::PyUnicode_Type)
@@ -1418,11 +1426,7 @@ impl Codec {
             // SAFETY: `v` is a live value of `p.cls` itself (`direct`), so the confirmed offset is a slot inside
             // it (`slot_offset`); a value found there is borrowed for a new reference.
             unsafe {
-                let got = *v
-                    .as_ptr()
-                    .cast::<u8>()
-                    .offset(p.offsets[i])
-                    .cast::<*mut pyo3::ffi::PyObject>();
+                let got = slot_value(v, p.offsets[i]);
                 if !got.is_null() {
                     return Ok(Bound::from_borrowed_ptr(py, got));
                 }
