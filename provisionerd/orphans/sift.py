@@ -18,7 +18,9 @@ exactly as the joined listing does (tests/orphans/test_sift.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
 from typing import TypeVar
 
 import attrs
@@ -44,86 +46,105 @@ class SiftKeys:
     join_deadline: float = 0.0
 
 
-def clearer(keys: SiftKeys) -> Callable[[ListedMachine], MachineRecord | None]:
-    """The rule of the module docstring for ``keys``: given a listed machine, the fact that clears it, or ``None``.
-    ``keys`` are read once here (the rule runs once per listed machine, 100k a pass: ~0.5 us each)."""
-    cluster_id, provider, protect_tag, now, deadline = (
-        keys.cluster_id,
-        keys.provider,
-        keys.protect_tag,
-        keys.now,
-        keys.join_deadline,
-    )
-    machines, hosts = keys.machines.get, keys.hosts.get
-    active, returning = MachineState.ACTIVE, MachineState.RETURNING
-
-    def cleared(machine: ListedMachine) -> MachineRecord | None:
-        tags = machine.tags
-        if (
-            not cluster_id
-            or machine.status in GONE_STATUSES
-            or tags.get(TAG_CLUSTER) != cluster_id
-            or tags.get(TAG_PROVIDER) != provider
-            or protect_tag in tags
-        ):
-            return None
-        record = machines(machine.machine_id)
-        if record is None or record.provider != provider:
-            return None
-        state = record.state
-        if state is returning:
-            return record
-        if state is not active:
-            return None
-        if record.adopted:
-            return record
-        host = hosts(record.instance_ref) if record.instance_ref else None
-        if host is not None and host.provider == provider:
-            return record
-        launch = launch_of(machine.launch_time, record.launch_time)
-        return record if launch is not None and now - launch < deadline else None
-
-    return cleared
-
-
 M = TypeVar("M", bound=ListedMachine)
 
 
 @attrs.define
 class Sifting:
-    """One listing sifted page by page: the cleared ids, and where the last cleared and the last kept copy of each
-    id stood in the listing, so that ``resolve`` gives what a join of every page gives (``provider.paging.PageJoin``:
+    """One listing sifted page by page: the cleared ids, and where each cleared and the last kept copy of each id
+    stood in the listing, so that ``resolve`` gives what a join of every page gives (``provider.paging.PageJoin``:
     the later copy of an id wins). Copies of one id can disagree (a launch time, a protect tag) and clear or not
-    alike only by their fact."""
+    alike only by their fact.
 
-    #: id -> position of its last cleared copy (the id is the view's own string).
-    cleared: dict[str, int] = attrs.field(factory=dict)
+    The cleared ids are kept in listing order, in a list and their positions in an array (no int object each),
+    rather than in a dict: 100k appends a pass cost ~30 ms less than 100k dict stores, and only ``resolve`` reads
+    positions, for the few ids also kept."""
+
+    #: The cleared ids (the view's own strings) and each one's position in the listing, in listing order.
+    cleared_ids: list[str] = attrs.field(factory=list)
+    cleared_at: array[int] = attrs.field(factory=lambda: array("q"))
     #: id -> position of its last kept copy.
     kept_at: dict[str, int] = attrs.field(factory=dict)
     position: int = 0
 
     def page(self, rows: Iterable[M], keys: SiftKeys | None) -> list[M]:
-        """The rows of one page to keep (all of them without ``keys``: no view to sift against)."""
-        clear = clearer(keys) if keys is not None else None
-        cleared, kept_at, position = self.cleared, self.kept_at, self.position
+        """The rows of one page to keep (all of them without ``keys``, or without a cluster id: no view to sift
+        against), the others cleared by the rule of the module docstring.
+
+        The rule is written out in this one loop, with no call per row: it runs once per listed machine, 100k a
+        pass, and a call and its keys read per row were a third of a pass's sifting (111 against 71 ms at 100k,
+        measured in one run)."""
         kept: list[M] = []
-        for machine in rows:
-            position += 1
-            record = clear(machine) if clear is not None else None
-            if record is None:
+        kept_at, position = self.kept_at, self.position
+        if keys is None or not keys.cluster_id:
+            for machine in rows:
+                position += 1
                 kept.append(machine)
                 kept_at[machine.machine_id] = position
-            else:
-                cleared[record.machine_id] = position
+            self.position = position
+            return kept
+        cluster_id, provider, protect_tag, now, deadline = (
+            keys.cluster_id,
+            keys.provider,
+            keys.protect_tag,
+            keys.now,
+            keys.join_deadline,
+        )
+        machines, hosts = keys.machines.get, keys.hosts.get
+        active, returning, gone, inf = MachineState.ACTIVE, MachineState.RETURNING, GONE_STATUSES, math.inf
+        cleared_id, cleared_at = self.cleared_ids.append, self.cleared_at.append
+        for machine in rows:
+            position += 1
+            tags = machine.tags
+            if (
+                machine.status not in gone
+                and tags.get(TAG_CLUSTER) == cluster_id
+                and tags.get(TAG_PROVIDER) == provider
+                and protect_tag not in tags
+                and (record := machines(machine.machine_id)) is not None
+                and record.provider == provider
+            ):
+                state = record.state
+                if state is returning or (
+                    state is active
+                    and (
+                        record.adopted
+                        or (
+                            (ref := record.instance_ref)
+                            and (host := hosts(ref)) is not None
+                            and host.provider == provider
+                        )
+                        or (
+                            (
+                                launch := (
+                                    listed
+                                    if type(listed := machine.launch_time) is float and 0 < listed < inf
+                                    else launch_of(listed, record.launch_time)
+                                )
+                            )
+                            is not None
+                            and now - launch < deadline
+                        )
+                    )
+                ):
+                    cleared_id(record.machine_id)
+                    cleared_at(position)
+                    continue
+            kept.append(machine)
+            kept_at[machine.machine_id] = position
         self.position = position
         return kept
 
     def resolve(self, joined: Sequence[M]) -> tuple[tuple[M, ...], frozenset[str]]:
         """(the listing, the cleared ids) from ``joined``, the join of the kept rows: an id both cleared and kept
         keeps only its later copy."""
-        cleared, kept_at = self.cleared, self.kept_at
-        clash = {i: kept_at[i] < at for i in kept_at if (at := cleared.get(i)) is not None}  # True: cleared later
+        ids, kept_at = self.cleared_ids, self.kept_at
+        if not kept_at:
+            return tuple(joined), frozenset(ids)
+        # The last cleared copy of each id also kept (the kept ids are the few: a scan in C, no dict of 100k).
+        last = dict(compress(zip(ids, self.cleared_at, strict=True), map(kept_at.__contains__, ids)))
+        clash = {i: kept_at[i] < at for i, at in last.items()}  # True: the cleared copy is the later one
         if not clash:
-            return tuple(joined), frozenset(cleared)
+            return tuple(joined), frozenset(ids)
         rows = tuple(m for m in joined if not clash.get(m.machine_id, False))
-        return rows, frozenset(i for i in cleared if clash.get(i, True))
+        return rows, frozenset(i for i in ids if clash.get(i, True))

@@ -23,13 +23,15 @@ from provisionerd.domain.model import (
     ProviderMachine,
 )
 from provisionerd.orphans.classify import ClassifierMemory, Observation, OrphanPolicy, Unreadable, classify
-from provisionerd.orphans.sift import Sifting, SiftKeys, clearer
+from provisionerd.orphans.sift import Sifting, SiftKeys
 from provisionerd.planner.fact_view import FactView, fold
 from provisionerd.provider.paging import PageJoin
 
 
 def cleared_by(machine: ProviderMachine, keys: SiftKeys) -> object:
-    return clearer(keys)(machine)
+    """The fact that clears ``machine`` (a page of it alone sifted), or ``None``."""
+    sifting = Sifting()
+    return None if sifting.page([machine], keys) else keys.machines[sifting.cleared_ids[0]]
 
 
 def hosts_by_ref(hosts: tuple[HostState, ...]) -> dict[str, HostState]:
@@ -125,7 +127,7 @@ def test_an_active_joined_machine_is_cleared_and_anything_else_is_kept() -> None
     machine = ProviderMachine("m1", "h", "succeed", "running", NOW - 10, "10.0.0.1", "ref-1", ours)
     assert cleared_by(machine, keys) is view.machines["m1"]
     sifting = Sifting()
-    assert sifting.page([machine], keys) == [] and list(sifting.cleared) == ["m1"]
+    assert sifting.page([machine], keys) == [] and sifting.cleared_ids == ["m1"]
     for other in (
         attrs.evolve(machine, tags={**ours, PROTECT: ""}),  # protected: the classifier reads its tag
         attrs.evolve(machine, status="terminated"),
@@ -142,6 +144,10 @@ def test_an_active_joined_machine_is_cleared_and_anything_else_is_kept() -> None
         assert cleared_by(machine, other_keys) is None
     young = attrs.evolve(keys, hosts={}, now=NOW, join_deadline=10.5)  # not joined, still on its way up
     assert cleared_by(machine, young) is view.machines["m1"]
+    # A listing without a usable launch time is timed by the fact's (``detect.launch_of``), the listing's first.
+    for unknown in (0.0, float("nan"), -1.0):
+        assert cleared_by(attrs.evolve(machine, launch_time=unknown), young) is view.machines["m1"]
+    assert cleared_by(attrs.evolve(machine, launch_time=NOW - 20), young) is None
 
 
 def test_an_unreadable_view_clears_nothing() -> None:
