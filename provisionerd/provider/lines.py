@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import msgspec
 
 from provisionerd.provider.runtime import parse_json
 
@@ -81,27 +80,3 @@ def parse_answer(line: bytes) -> Answer:
     if "error" in frame:
         return Answer(ident, error=frame["error"], is_error=True)
     return Answer(ident, result=frame["result"])
-
-
-class RawAnswer(msgspec.Struct, frozen=True):
-    """An answer line with its ``result`` or ``error`` left as undecoded JSON (``parse_raw_answer``); an empty
-    ``Raw`` is a member the line does not have."""
-
-    id: int
-    result: msgspec.Raw = msgspec.Raw(b"")
-    error: msgspec.Raw = msgspec.Raw(b"")
-
-
-_RAW_DECODE = msgspec.json.Decoder(RawAnswer).decode
-
-
-def parse_raw_answer(line: bytes) -> RawAnswer | None:
-    """The line's id and its ``result`` or ``error`` still as JSON text, so the caller can decode the body into the
-    types it expects (a ``listMachines`` page into its rows). ``None`` for any line ``parse_answer`` would not take
-    as it stands (not JSON, no integer id, not exactly one of ``result``/``error``): ``parse_answer`` then reads it
-    and says what is wrong. A member given twice counts once, its last value, as ``parse_answer`` reads it."""
-    try:
-        answer = _RAW_DECODE(line)
-    except msgspec.MsgspecError:
-        return None
-    return answer if (len(answer.result) == 0) != (len(answer.error) == 0) else None

@@ -38,8 +38,8 @@ import attrs
 import trio
 
 from provisionerd.domain.errors import ProviderCrashed, ProviderError, ProviderProtocolViolation, ProviderTimeout
-from provisionerd.provider.contract import decode_listing_page
-from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer, parse_raw_answer
+from provisionerd.provider.contract import decode_page_answer
+from provisionerd.provider.lines import Answer, BadFrame, LineSplitter, LineTooLong, parse_answer
 from provisionerd.provider.process import StderrTail, kill_group, open_group_process
 from provisionerd.provider.runtime import (
     ProviderConfig,
@@ -86,7 +86,8 @@ class _Pending:
     done: trio.Event = attrs.field(factory=trio.Event)
     answer: Answer | None = None
     failure: ProviderError | None = None
-    #: ``list_page``'s: a regular page is decoded straight into ``page`` (``contract.decode_listing_page``).
+    #: ``list_page``'s: a regular page is decoded straight into ``page``, with its line
+    #: (``contract.decode_page_answer``).
     typed: bool = False
     page: ListingPage | None = None
 
@@ -147,8 +148,9 @@ class PersistentProvider:
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ListingPage | dict[str, Any]:
         """``call("listMachines", input)``, with a regular page decoded straight into its rows as the line arrives
-        (``contract.decode_listing_page``: checked by its types, no dicts made), else the checked document as
-        ``call`` gives it. ~0.07 s of CPU less for an orphan pass over 100,000 machines (issue 36)."""
+        (``contract.decode_page_answer``: the line and its page in one pass, checked by their types, no dicts made),
+        else the checked document as ``call`` gives it. ~0.07 s of CPU less for an orphan pass over 100,000
+        machines (issue 36), and ~0.02 s more for reading the line in the same pass."""
         return await self._call("listMachines", input, timeout, typed=True)
 
     async def _call(
@@ -373,17 +375,14 @@ class PersistentProvider:
         """Hand a ``list_page`` call its page decoded into rows, if ``line`` answers one with a regular page;
         ``False`` for any other line (``_dispatch`` reads it as every other answer, so its faults are told as
         before)."""
-        raw = parse_raw_answer(line)
-        if raw is None or not raw.result:
+        answer = decode_page_answer(line)
+        if answer is None:
             return False
-        pending = self._pending.get(raw.id)
+        pending = self._pending.get(answer.id)
         if pending is None or not pending.typed:
             return False
-        page = decode_listing_page(raw.result)
-        if page is None:
-            return False
-        del self._pending[raw.id]
-        pending.page = page
+        del self._pending[answer.id]
+        pending.page = answer.result
         pending.done.set()
         return True
 

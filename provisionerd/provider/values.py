@@ -124,6 +124,14 @@ class ListingPage(msgspec.Struct, frozen=True, gc=False):
     nextCursor: _CURSOR | None = None  # noqa: N815 (the contract's name)
 
 
+class PageAnswer(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """A persistent plugin's answer line whose result is a regular ``ListingPage``
+    (``contract.decode_page_answer``). No other member: a line that also has an ``error`` is not an answer."""
+
+    id: int
+    result: ListingPage
+
+
 # --- describeProvider ----------------------------------------------------------------------------------------------
 
 

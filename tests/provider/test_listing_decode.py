@@ -17,7 +17,7 @@ from test_schemas import mutated
 from provisionerd.domain.errors import ProviderAnswerInvalid, ProviderProtocolViolation
 from provisionerd.provider import contract
 from provisionerd.provider.client import PluginClient
-from provisionerd.provider.lines import parse_answer, parse_raw_answer
+from provisionerd.provider.lines import parse_answer
 from provisionerd.provider.paging import next_cursor
 from provisionerd.provider.runtime import parse_json
 from provisionerd.provider.schemas import contract as schemas
@@ -106,32 +106,49 @@ def test_pages_it_leaves_to_the_old_way() -> None:
     assert contract.decode_listing_page(b'{"machines": [], "nextCursor": ""}') is None
 
 
+PAGE = b'{"machines": [{"machineId": "i-1", "name": "n", "status": "running", "launchtime": 5, "tags": {}}]}'
+LAST = b'{"machines": [], "nextCursor": "c"}'
+
+
 @pytest.mark.parametrize(
     "line",
     [
+        b'{"id": 1, "result": %s}' % PAGE,
+        b'{"result": %s, "id": 7}' % PAGE,
+        b'{"id": 1, "result": %s, "id": 2}' % PAGE,  # a member given twice: its last value
+        b'{"id": 1, "result": %s, "result": %s}' % (PAGE, LAST),
+        b'{"id": 1, "result": %s, "error": {"code": "x"}}' % PAGE,  # both: not an answer
+        b'{"id": 1, "result": %s, "jsonrpc": "2.0"}' % PAGE,  # another member: read the old way
+        b'{"id": 1.0, "result": %s}' % PAGE,
+        b'{"id": true, "result": %s}' % PAGE,
+        b'{"id": 99999999999999999999999, "result": %s}' % PAGE,
         b'{"id": 1, "result": {"a": 1}}',
         b'{"id": 1, "error": {"code": "x"}}',
-        b'{"id": 1.0, "result": {}}',
-        b'{"id": true, "result": {}}',
         b'{"id": 1, "result": 1, "error": 2}',
         b'{"id": 1}',
         b"[1]",
         b"not json",
-        b'{"id": 1, "result": {}, "id": 2}',
         b'{"id": 1, "result": null}',
-        b'{"id": 99999999999999999999999, "result": 1}',
     ],
 )
-def test_a_raw_answer_is_the_answer_parse_answer_reads(line: bytes) -> None:
-    raw = parse_raw_answer(line)
+def test_a_page_answer_is_the_answer_parse_answer_reads(line: bytes) -> None:
+    """A line read in one pass is the answer ``parse_answer`` reads, its result the page ``decode_listing_page``
+    reads; any other line is left to ``parse_answer`` (which refuses the ones that are no answer at all)."""
+    got = contract.decode_page_answer(line)
     try:
         answer = parse_answer(line)
     except ValueError:
-        assert raw is None
+        assert got is None
         return
-    assert raw is not None and raw.id == answer.id
-    body = raw.error if answer.is_error else raw.result
-    assert parse_json(bytes(body)) == (answer.error if answer.is_error else answer.result)
+    if got is not None:
+        assert got.id == answer.id and not answer.is_error
+        assert got.result == contract.decode_listing_page(json.dumps(answer.result).encode())
+
+
+def test_a_regular_page_answer_is_read_in_one_pass() -> None:
+    got = contract.decode_page_answer(b'{"id": 3, "result": %s}' % PAGE)
+    assert got is not None and got.id == 3 and [row.machine_id for row in got.result.machines] == ["i-1"]
+    assert contract.decode_page_answer(b'{"id": 3, "result": %s, "error": {}}' % PAGE) is None
 
 
 @pytest.mark.process
