@@ -1049,23 +1049,27 @@ impl Out {
     fn text(&mut self, at: usize, v: &str) {
         let n = v.len() + 1;
         let words = n.div_ceil(8);
-        let start = self.alloc(words);
-        self.pointer(at, start, 1, 2 | ((n as u64) << 3));
         let bytes = v.as_bytes();
         if cfg!(target_endian = "little") {
-            // the words are laid out as the body's bytes already: the text in one copy (its NUL and padding are
-            // the zeros `alloc` wrote)
-            // SAFETY: `words` words from `start` are inside `self.words` (just allocated), and any bytes are a
-            // valid u8 view of u64s; `bytes.len() < 8 * words`.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(
-                    self.words.as_mut_ptr().add(start).cast::<u8>(),
-                    8 * words,
-                )
-            };
-            out[..bytes.len()].copy_from_slice(bytes);
+            // the words are laid out as the body's bytes already: the text in one copy, its NUL and padding the
+            // zeros of its last word, written first (no zero fill of all its words, as `alloc` does)
+            let start = self.words.len();
+            self.words.reserve(words);
+            // SAFETY: `words` words from `start` are inside the capacity just reserved; the last is written whole,
+            // then the text's bytes from the first (`bytes.len() < 8 * words`, and they reach at least into the
+            // last word: `8 * (words - 1) <= bytes.len()`), so every one of the `words` words is written before the
+            // length takes them in. Any bytes are a valid u8 view of u64s.
+            unsafe {
+                let out = self.words.as_mut_ptr().add(start);
+                out.add(words - 1).write(0);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), bytes.len());
+                self.words.set_len(start + words);
+            }
+            self.pointer(at, start, 1, 2 | ((n as u64) << 3));
             return;
         }
+        let start = self.alloc(words);
+        self.pointer(at, start, 1, 2 | ((n as u64) << 3));
         for (i, chunk) in bytes.chunks(8).enumerate() {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
