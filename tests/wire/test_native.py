@@ -100,8 +100,8 @@ def test_shared_text_fields_come_back_as_one_string():
 
 
 def test_distinct_small_values_stay_distinct_past_the_memo_s_size():
-    # more distinct epochs than the memo holds (4096; it starts over when full): each decodes to its own value,
-    # over pages of at most 500 facts (the list cap), twice round
+    # more distinct epochs than the memo holds (4096 slots, direct-mapped: a key whose slot holds another replaces
+    # it): each decodes to its own value, over pages of at most 500 facts (the list cap), twice round
     for _ in range(2):
         for first in range(0, 5000, 500):
             facts = tuple(
@@ -365,3 +365,18 @@ def test_a_scalar_of_a_subclass_or_another_type_is_written_as_the_plain_value(ms
     expected = codec.encode_reference(plain, 3)
     assert native_codec.encode(msg, 3) == expected  # type: ignore[attr-defined]
     assert native_codec.encode_framed_many([(msg, 3)], 1 << 20) == len(expected).to_bytes(8, "little") + expected  # type: ignore[attr-defined]
+
+
+def test_texts_read_from_their_pointer_word_equal_the_reference_s():
+    # a text whose pointer is a near pointer to a list of bytes is read straight from the pointer word
+    # (``Msg::text_bytes``); texts of every length around a word's edge, empty ones and shared ones among them
+    texts = ["", "a", "x" * 7, "y" * 8, "z" * 9, "é" * 4, "w" * 63, "v" * 64, "u" * 65, "t" * 300]
+    facts = []
+    for i, text in enumerate(texts):
+        fact = model.InstanceFact(text, model.Epoch(1, i), text, text, text, text, text, text, text)
+        facts.append(model.CommittedFact(i, fact))
+    page = m.ResyncPage(0, 1, tuple(facts), (), True, len(texts), 1)
+    before = handed_back()
+    for body in (codec.encode(page, 3), codec.encode_reference(page, 3)):
+        assert codec.decode_metered(body) == codec.decode_reference(body)
+    assert handed_back() == before

@@ -118,8 +118,26 @@ fn fnv1a(bytes: &[u8]) -> usize {
     h as usize
 }
 
-/// At most this many shared values are kept; past it the memo starts over (a peer cannot grow it).
-const MEMO_CAP: usize = 4096;
+/// A slot of `Codec::memo` for a key: a hash of its bytes a word at a time (a key is mostly whole data words), mixed
+/// so that every byte moves the low bits. Direct-mapped as `Codec::interned`: whatever a peer sends, a lookup is one
+/// comparison, and a colliding key only replaces the value in its slot.
+fn memo_slot(bytes: &[u8]) -> usize {
+    let mut h: u64 = bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        h = (h ^ u64::from_le_bytes(c.try_into().unwrap())).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+    }
+    let mut tail = [0u8; 8];
+    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = (h ^ u64::from_le_bytes(tail)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h ^ (h >> 32)) as usize % MEMO_SLOTS
+}
+
+/// Slots of `Codec::memo`: at most this many shared values are kept (a peer cannot grow it).
+const MEMO_SLOTS: usize = 4096;
+/// Text fields a shared value may have (`Plan.share`): their bytes are kept on the stack while the key is made.
+const MEMO_TEXTS: usize = 8;
 /// Only values whose key (data words and texts) is at most this long are shared.
 const MEMO_KEY_MAX: usize = 256;
 
@@ -432,6 +450,30 @@ impl<'a> Msg<'a> {
         }))
     }
 
+    /// `text_slice`, reading a text whose pointer is a near pointer to a list of bytes (how every writer lays a text
+    /// out) straight from the pointer word: the same checks in the same order as `resolve`, `pointer_at` and
+    /// `list_at` make (the offset, the nesting limit, the list inside its segment, the traversal budget, a
+    /// non-empty list ending in NUL), without the general path's far pointers, element sizes and composite tags.
+    /// Any other pointer, or one that fails a check, goes the general way (`text_slice`), which answers it.
+    #[inline(always)]
+    fn text_bytes(&mut self, seg: usize, pos: usize, depth: u32) -> R<&'a [u8]> {
+        let w = self.word(seg, pos)?;
+        if w & 3 == 1 && (w >> 32) & 7 == 2 && depth < NESTING_LIMIT {
+            let n = (w >> 35) as usize;
+            let start = target(pos, w)?;
+            let segment: &'a [u8] = self.segs[seg];
+            if n > 0 && start + n.div_ceil(8) <= segment.len() / 8 {
+                self.charge(n.div_ceil(8))?;
+                let bytes = &segment[start * 8..start * 8 + n];
+                if bytes[n - 1] != 0 {
+                    return Err(refused("text not NUL-terminated"));
+                }
+                return Ok(&bytes[..n - 1]);
+            }
+        }
+        self.text_slice(seg, pos, depth)
+    }
+
     /// The bytes of the text at (seg, pos) without its NUL, checked as `text_at` checks them but for UTF-8
     /// (the caller checks that before it makes a string of them); empty for a null pointer.
     fn text_slice(&mut self, seg: usize, pos: usize, depth: u32) -> R<&'a [u8]> {
@@ -543,7 +585,8 @@ struct Codec {
     envelope_names: (Py<PyString>, Py<PyString>),
     /// With `envelope_raw`: where `corr` and `msg` sit in an envelope (`slot_offset`), when both are confirmed.
     envelope_slots: Option<(isize, isize)>,
-    memo: Held<std::collections::HashMap<Vec<u8>, PyObject>>, // `Plan.share` values by their bytes
+    #[allow(clippy::type_complexity)]
+    memo: Held<Vec<Option<(Box<[u8]>, PyObject)>>>, // `Plan.share` values by their bytes (`memo_slot`)
     access: SlotAccess, // the member descriptors' `__get__` and `__set__`
     #[allow(clippy::type_complexity)]
     interned: Held<Vec<Option<(Box<[u8]>, Py<PyString>)>>>, // `Codec::interned`'s slots
@@ -709,12 +752,11 @@ impl Codec {
         if (index as usize) >= s.pc {
             return Ok(PyString::new(py, "").into_any());
         }
-        let pos = s.data + s.dw + index as usize;
+        let raw = m.text_bytes(s.seg, s.data + s.dw + index as usize, s.depth)?;
         if intern {
-            let raw = m.text_slice(s.seg, pos, s.depth)?;
             return Ok(self.interned(py, raw)?.into_any());
         }
-        Ok(m.text_at(py, s.seg, pos, s.depth, false)?.into_any())
+        Ok(py_text(py, raw, false)?.into_any())
     }
 
     /// The interned str of the UTF-8 `raw` (`Refused` when it is not UTF-8). The last one made for a slot of
@@ -858,7 +900,12 @@ impl Codec {
                 } else {
                     s
                 };
-                let value = self.value(py, m, f, from)?;
+                // a text (most fields) read here, without `value`'s dispatch over every kind
+                let value = if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
+                    self.text(py, m, from, f.offset, f.kind == K_TEXT_INTERN)?
+                } else {
+                    self.value(py, m, f, from)?
+                };
                 raw_set(py, self.access, p, i, &obj, value)?;
             }
             return Ok(obj);
@@ -893,27 +940,32 @@ impl Codec {
         for i in 0..s.dw {
             key.push(&m.word(s.seg, s.data + i)?.to_le_bytes());
         }
-        let mut texts: Vec<&[u8]> = Vec::new(); // allocates only for a plan with texts, and only on a miss
+        let mut texts: [&[u8]; MEMO_TEXTS] = [&[]; MEMO_TEXTS]; // a shared plan has at most MEMO_TEXTS (`new`)
+        let mut n = 0;
         for f in &p.fields {
             if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
                 let bytes = if (f.offset as usize) < s.pc {
-                    m.text_slice(s.seg, s.data + s.dw + f.offset as usize, s.depth)?
+                    m.text_bytes(s.seg, s.data + s.dw + f.offset as usize, s.depth)?
                 } else {
                     &[]
                 };
                 key.push(&(bytes.len() as u32).to_le_bytes());
                 key.push(bytes);
-                texts.push(bytes);
+                texts[n] = bytes;
+                n += 1;
             }
         }
         let key = key.get();
-        if let Some(key) = key {
-            if let Some(v) = self.memo.get(py).borrow().get(key) {
-                return Ok(v.bind(py).clone());
+        let slot = key.map(memo_slot);
+        if let (Some(key), Some(i)) = (key, slot) {
+            if let Some((held, v)) = &self.memo.get(py).borrow()[i] {
+                if **held == *key {
+                    return Ok(v.bind(py).clone());
+                }
             }
         }
         let mut args = Vec::with_capacity(p.fields.len());
-        let mut next = texts.iter();
+        let mut next = texts[..n].iter();
         for f in &p.fields {
             if f.kind == K_TEXT || f.kind == K_TEXT_INTERN {
                 let bytes = next.next().expect("one slice per text field");
@@ -923,16 +975,10 @@ impl Codec {
             }
         }
         let value = p.cls.bind(py).call1(PyTuple::new(py, args)?)?;
-        if let Some(key) = key {
-            let mut memo = self.memo.get(py).borrow_mut();
-            let full = if memo.len() >= MEMO_CAP {
-                std::mem::take(&mut *memo)
-            } else {
-                Default::default()
-            };
-            let old = memo.insert(key.to_vec(), value.clone().unbind());
-            drop(memo);
-            drop((full, old)); // once the cell is free again (`Held`)
+        if let (Some(key), Some(i)) = (key, slot) {
+            let old =
+                self.memo.get(py).borrow_mut()[i].replace((key.into(), value.clone().unbind()));
+            drop(old); // once the cell is free again (`Held`)
         }
         Ok(value)
     }
@@ -1003,23 +1049,27 @@ impl Out {
     fn text(&mut self, at: usize, v: &str) {
         let n = v.len() + 1;
         let words = n.div_ceil(8);
-        let start = self.alloc(words);
-        self.pointer(at, start, 1, 2 | ((n as u64) << 3));
         let bytes = v.as_bytes();
         if cfg!(target_endian = "little") {
-            // the words are laid out as the body's bytes already: the text in one copy (its NUL and padding are
-            // the zeros `alloc` wrote)
-            // SAFETY: `words` words from `start` are inside `self.words` (just allocated), and any bytes are a
-            // valid u8 view of u64s; `bytes.len() < 8 * words`.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(
-                    self.words.as_mut_ptr().add(start).cast::<u8>(),
-                    8 * words,
-                )
-            };
-            out[..bytes.len()].copy_from_slice(bytes);
+            // the words are laid out as the body's bytes already: the text in one copy, its NUL and padding the
+            // zeros of its last word, written first (no zero fill of all its words, as `alloc` does)
+            let start = self.words.len();
+            self.words.reserve(words);
+            // SAFETY: `words` words from `start` are inside the capacity just reserved; the last is written whole,
+            // then the text's bytes from the first (`bytes.len() < 8 * words`, and they reach at least into the
+            // last word: `8 * (words - 1) <= bytes.len()`), so every one of the `words` words is written before the
+            // length takes them in. Any bytes are a valid u8 view of u64s.
+            unsafe {
+                let out = self.words.as_mut_ptr().add(start);
+                out.add(words - 1).write(0);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), bytes.len());
+                self.words.set_len(start + words);
+            }
+            self.pointer(at, start, 1, 2 | ((n as u64) << 3));
             return;
         }
+        let start = self.alloc(words);
+        self.pointer(at, start, 1, 2 | ((n as u64) << 3));
         for (i, chunk) in bytes.chunks(8).enumerate() {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
@@ -1216,6 +1266,26 @@ fn text_of<'a>(v: &'a Bound<'_, PyAny>) -> R<&'a str> {
     s.to_str().map_err(|_| refused("not encodable as UTF-8"))
 }
 
+/// `text_of` of an object known to be an exact str (the caller checked its type), read by one call: the bytes are
+/// borrowed from the str, which the caller holds (or borrows from a value that holds it) while it uses them.
+///
+/// # Safety
+/// `obj` must be a live `str` that outlives the returned bytes.
+#[inline(always)]
+unsafe fn str_utf8<'a>(py: Python<'_>, obj: *mut pyo3::ffi::PyObject) -> R<&'a str> {
+    let mut size: pyo3::ffi::Py_ssize_t = 0;
+    let data = pyo3::ffi::PyUnicode_AsUTF8AndSize(obj, &mut size);
+    if data.is_null() {
+        drop(PyErr::take(py)); // a lone surrogate: the reference path gives the answer
+        return Err(refused("not encodable as UTF-8"));
+    }
+    // the UTF-8 CPython made (or keeps) for a str: valid UTF-8, `size` bytes, kept with the str
+    Ok(std::str::from_utf8_unchecked(std::slice::from_raw_parts(
+        data.cast::<u8>(),
+        size as usize,
+    )))
+}
+
 impl Codec {
     fn put(&self, py: Python<'_>, o: &mut Out, f: &Field, s: &S, v: &Bound<'_, PyAny>) -> R<()> {
         let at = s.data + s.dw + f.offset as usize;
@@ -1378,12 +1448,20 @@ impl Codec {
         let (py, f) = (v.py(), &p.fields[i]);
         if direct && p.offsets[i] != 0 && f.kind <= K_TEXT_INTERN {
             // SAFETY: as in `attr`: a confirmed slot inside `v`, a value of `p.cls` itself. The value found there
-            // is used only while `v` holds it, in `put` of a scalar or text kind, which for these exact types calls
-            // no Python code (no `__index__`, `__float__` or `__str__` of a subclass).
+            // is used only while `v` holds it, in `put` of a scalar or text kind (or `str_utf8` and `Out::text` of
+            // an exact str), which for these exact types calls no Python code (no `__index__`, `__float__` or
+            // `__str__` of a subclass).
             unsafe {
                 let got = slot_value(v, p.offsets[i]);
                 if !got.is_null() {
                     let tp = pyo3::ffi::Py_TYPE(got);
+                    if std::ptr::eq(tp, &raw mut pyo3::ffi::PyUnicode_Type)
+                        && (f.kind == K_TEXT || f.kind == K_TEXT_INTERN)
+                    {
+                        // a text (most fields): its UTF-8 straight into the words, without `put`'s dispatch
+                        o.text(to.data + to.dw + f.offset as usize, str_utf8(py, got)?);
+                        return Ok(());
+                    }
                     if std::ptr::eq(tp, &raw mut pyo3::ffi::PyUnicode_Type)
                         || std::ptr::eq(tp, &raw mut pyo3::ffi::PyLong_Type)
                         || std::ptr::eq(tp, &raw mut pyo3::ffi::PyFloat_Type)
@@ -1565,12 +1643,16 @@ impl Codec {
             .into_iter()
             .map(|(cls, dw, pc, fields, share, raw_new, slots)| {
                 let offsets = slot_offsets(py, &cls, &fields, slots, slot_type)?;
+                let texts = fields
+                    .iter()
+                    .filter(|f| f.kind == K_TEXT || f.kind == K_TEXT_INTERN)
+                    .count();
                 Ok(Plan {
                     cls,
                     dw,
                     pc,
+                    share: share && texts <= MEMO_TEXTS, // `shared` keeps at most MEMO_TEXTS on the stack
                     fields,
-                    share,
                     raw_new,
                     slots,
                     offsets,
@@ -1648,7 +1730,7 @@ impl Codec {
             envelope: envelope.0,
             envelope_raw: envelope.1,
             envelope_names,
-            memo: held(std::collections::HashMap::new()),
+            memo: held((0..MEMO_SLOTS).map(|_| None).collect()),
             access,
             interned: held((0..INTERNED_SLOTS).map(|_| None).collect()),
             scratch: held(Vec::new()),
