@@ -195,19 +195,8 @@ class FramedStream:
             except writer[2]:
                 pass  # one the native writer leaves: each is framed (and checked) on its own below
             else:
-                if not data:
-                    return
-                if self._sending:
-                    await self.send_raw(data)  # another writer has the turn: wait for it in ``send_raw``
-                    return
-                # the turn is free (nearly always): ``send_raw``'s own steps, without a coroutine more around
-                # ``send_all`` (each of a frame's suspensions in it then resumes through one frame less)
-                self._sending = True
-                try:
-                    await self.stream.send_all(data)
-                finally:
-                    if not (self._parked and self._writers.unpark()):
-                        self._sending = False
+                if data:
+                    await self.send_raw(data)
                 return
         frames = [self._frame(msg, corr) for msg, corr in items]
         if frames:
